@@ -1,0 +1,5 @@
+"""``python -m minou`` is the ``minou`` command."""
+
+from .cli import main
+
+main()

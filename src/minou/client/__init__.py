@@ -1,0 +1,1 @@
+"""The Python client: asyncio first (``aio``), with a blocking facade (``sync``)."""

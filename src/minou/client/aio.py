@@ -1,0 +1,637 @@
+"""The asyncio client.
+
+Publishes are coalesced: every ``send`` made in one turn of the event loop
+goes out in one PUBLISH frame, and its CONFIRM resolves each caller's future.
+Acks are coalesced the same way. On a lost connection the client reconnects
+to the next URL (with backoff), subscribes again and resends every publish
+that was not confirmed (at-least-once; give a ``dedup`` key to make resends
+harmless). While disconnected, sends wait in a bounded queue; past its
+limit ``send`` raises ``SendQueueFull``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import logging
+import os
+import random
+import socket
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import msgspec
+
+from ..errors import (
+    BadRequest,
+    ConnectionClosed,
+    MinouError,
+    RequestError,
+    SendQueueFull,
+    Timeout,
+    error_from_code,
+)
+from ..limits import (
+    CLIENT_RECONNECT_MAX_S,
+    CLIENT_RECONNECT_MIN_S,
+    CLIENT_REQUEST_TIMEOUT_S,
+    CLIENT_SEND_QUEUE,
+    DEFAULT_PORT,
+    MAX_BATCH,
+    PROTOCOL_VERSION,
+)
+from ..protocol import frames as f
+from ..protocol.reader import BadFrame, FrameReader
+from .message import Message, Receipt, Settlement
+
+log = logging.getLogger("minou.client")
+_json_encode = msgspec.json.encode
+Handler = Callable[[Message], Awaitable[Any] | Any]
+
+
+def parse_url(url: str) -> tuple[str, str, int]:
+    """``minou://host:port`` or ``host:port`` -> (scheme, host, port)."""
+    if "://" not in url:
+        url = "minou://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("minou", "tcp"):
+        raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port")
+    return "minou", parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.reader = FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.receive_data(data)
+        try:
+            while (ev := self.reader.next_event()) is not None:
+                self.client._on_frame(self, ev)
+        except MinouError as exc:
+            log.error("broker sent an unreadable stream: %s", exc)
+            assert self.transport is not None
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        self.client._on_lost(self)
+
+
+class Subscription:
+    """A listen or consume registration. Iterate it, or give it a handler."""
+
+    def __init__(self, client: Client, sid: int, frame: f.Subscribe,
+                 handler: Handler | None) -> None:
+        self.client = client
+        self.sid = sid
+        self.frame = frame
+        self.handler = handler
+        self.patterns = list(frame.patterns)
+        self._queue: deque[Message] = deque()
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        if handler is not None:
+            self._task = asyncio.create_task(self._run_handler())
+
+    def _push(self, msgs: list[Message]) -> None:
+        self._queue.extend(msgs)
+        self._wakeup.set()
+
+    async def get(self, timeout: float | None = None) -> Message:
+        """The next message; raises Timeout after ``timeout`` seconds."""
+        while not self._queue:
+            if self._closed:
+                raise ConnectionClosed("subscription closed")
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                raise Timeout(f"no message within {timeout} s") from None
+        return self._queue.popleft()
+
+    def get_nowait(self) -> Message | None:
+        return self._queue.popleft() if self._queue else None
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        while True:
+            try:
+                yield await self.get()
+            except ConnectionClosed:
+                return
+
+    async def _run_handler(self) -> None:
+        assert self.handler is not None
+        async for msg in self:
+            try:
+                result = self.handler(msg)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("handler failed on %r; returning it to the back", msg)
+                msg.nack(front=False)
+
+    def _pattern_for(self, ident: str) -> str:
+        if "/" in ident:
+            return ident
+        base = self.patterns[0]
+        endpoint_version = base.rsplit("/", 1)[0] if base.count("/") >= 2 else None
+        if endpoint_version is None:
+            raise BadRequest(f"give a full channel: {base!r} does not name a version")
+        return f"{endpoint_version}/{ident}"
+
+    async def add_id(self, ident: str) -> None:
+        """Also receive channel ``ident`` (an id under this subscription's version, or a
+        full channel name)."""
+        pattern = self._pattern_for(ident)
+        await self.client._request(f.SubAdd(self.client._next_req(), self.sid, pattern))
+        self.patterns.append(pattern)
+        self.frame = f.Subscribe(**{**msgspec.structs.asdict(self.frame),
+                                    "patterns": list(self.patterns)})
+
+    async def remove_id(self, ident: str) -> None:
+        pattern = self._pattern_for(ident)
+        await self.client._request(f.SubRemove(self.client._next_req(), self.sid, pattern))
+        self.patterns.remove(pattern)
+        self.frame = f.Subscribe(**{**msgspec.structs.asdict(self.frame),
+                                    "patterns": list(self.patterns)})
+
+    async def close(self) -> None:
+        """Stop receiving; undelivered messages stay on the broker."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup.set()
+        self.client._subs.pop(self.sid, None)
+        with contextlib.suppress(MinouError):
+            await self.client._request(f.Unsubscribe(self.client._next_req(), self.sid))
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class Client:
+    """Connect with ``await minou.connect(...)``."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        client_id: str | None = None,
+        max_pending: int = CLIENT_SEND_QUEUE,
+        request_timeout: float = CLIENT_REQUEST_TIMEOUT_S,
+        reconnect: bool = True,
+    ) -> None:
+        if not urls:
+            raise ValueError("give at least one broker URL")
+        self.urls = [parse_url(u) for u in urls]
+        self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.max_pending = max_pending
+        self.request_timeout = request_timeout
+        self.reconnect = reconnect
+        self.broker_id: str | None = None
+        self.last_error: RequestError | None = None
+        self._proto: _Protocol | None = None
+        self._epoch = 0
+        self._reqs = itertools.count(1)
+        self._sids = itertools.count(1)
+        self._requests: dict[int, tuple[f.Frame, asyncio.Future[Any]]] = {}
+        self._outbox: list[tuple[f.Send, asyncio.Future[Receipt]]] = []
+        self._unconfirmed: dict[int, list[tuple[f.Send, asyncio.Future[Receipt]]]] = {}
+        self._pending_count = 0
+        self._acks: list[int] = []
+        self._ack_future: asyncio.Future[list[tuple[int, int, str]]] | None = None
+        self._flush_scheduled = False
+        self._subs: dict[int, Subscription] = {}
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._supervisor: asyncio.Task[None] | None = None
+        self._url_index = 0
+        self._settle_waiters: dict[int, asyncio.Future[list[tuple[int, int, str]]]] = {}
+
+    # ------------------------------------------------------------ connection
+    async def _open(self) -> None:
+        """Connect to the first URL that answers HELLO; raise ConnectionClosed if none."""
+        loop = asyncio.get_running_loop()
+        errors = []
+        for i in range(len(self.urls)):
+            idx = (self._url_index + i) % len(self.urls)
+            _, host, port = self.urls[idx]
+            try:
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(lambda: _Protocol(self), host, port),
+                    self.request_timeout,
+                )
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            self._proto = proto
+            self._epoch += 1
+            fut = loop.create_future()
+            self._requests[0] = (f.Hello(self.client_id), fut)
+            proto.transport.write(f.encode(f.Hello(self.client_id, PROTOCOL_VERSION)))
+            try:
+                welcome = await asyncio.wait_for(fut, self.request_timeout)
+            except (TimeoutError, MinouError) as exc:
+                self._requests.pop(0, None)
+                proto.transport.close()
+                self._proto = None
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            self.broker_id = welcome.broker_id
+            self._url_index = idx
+            await self._restore()
+            self._connected.set()
+            return
+        raise ConnectionClosed("no broker answered: " + "; ".join(errors))
+
+    async def _restore(self) -> None:
+        """After a (re)connect: subscribe again, resend what was never confirmed."""
+        for sub in list(self._subs.values()):
+            await self._request(sub.frame, wait_connected=False)
+        resend = [item for req in sorted(self._unconfirmed) for item in self._unconfirmed[req]]
+        self._unconfirmed.clear()
+        self._outbox[:0] = resend
+        pending = [(frame, fut) for req, (frame, fut) in self._requests.items() if req]
+        for frame, _ in pending:
+            self._write(f.encode(frame))
+        self._schedule_flush()
+
+    def _on_lost(self, proto: _Protocol) -> None:
+        if proto is not self._proto:
+            return
+        self._proto = None
+        self._connected.clear()
+        self._ack_future_fail()
+        for sub in self._subs.values():
+            sub._queue.clear()  # their tags died with the connection; the broker redelivers
+        if self._closing or not self.reconnect:
+            self._fail_all(ConnectionClosed("connection closed"))
+            return
+        if self._supervisor is None or self._supervisor.done():
+            self._supervisor = asyncio.create_task(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        delay = CLIENT_RECONNECT_MIN_S
+        while not self._closing:
+            self._url_index = (self._url_index + 1) % len(self.urls)
+            try:
+                await self._open()
+                log.info("reconnected to %s", self.urls[self._url_index][1:])
+                return
+            except ConnectionClosed as exc:
+                log.warning("reconnect failed: %s", exc)
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, CLIENT_RECONNECT_MAX_S)
+
+    def _fail_all(self, exc: MinouError) -> None:
+        for _, fut in self._requests.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._requests.clear()
+        for items in [*self._unconfirmed.values(), self._outbox]:
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+        self._unconfirmed.clear()
+        self._outbox.clear()
+        self._pending_count = 0
+        for sub in self._subs.values():
+            sub._closed = True
+            sub._wakeup.set()
+
+    def _ack_future_fail(self) -> None:
+        if self._ack_future is not None and not self._ack_future.done():
+            self._ack_future.set_result([])
+        self._ack_future = None
+        self._acks.clear()
+
+    async def close(self) -> None:
+        """Flush, wait for outstanding confirms (bounded), and disconnect."""
+        if self._closing:
+            return
+        if self._proto is not None:
+            self._flush()
+            waiting = [fut for items in self._unconfirmed.values() for _, fut in items]
+            if waiting:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
+        self._closing = True
+        for sub in list(self._subs.values()):
+            if sub._task is not None:
+                sub._task.cancel()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.write(f.encode(f.Bye("client closed")))
+            self._proto.transport.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._proto.lost, 2)
+        self._fail_all(ConnectionClosed("client closed"))
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        return self._proto is not None and self._connected.is_set()
+
+    # ----------------------------------------------------------- frames in
+    def _on_frame(self, proto: _Protocol, ev: f.Frame | BadFrame) -> None:
+        if isinstance(ev, BadFrame):
+            log.error("unreadable frame from broker: %s", ev.error)
+            return
+        kind = type(ev)
+        if kind is f.Deliver:
+            sub = self._subs.get(ev.sid)
+            if sub is not None:
+                epoch = self._epoch
+                sub._push([Message(self, epoch, ev.sid, d) for d in ev.items])
+        elif kind is f.Confirm:
+            self._on_confirm(ev)
+        elif kind is f.Welcome:
+            self._resolve(0, ev)
+        elif kind is f.Error:
+            self._on_error(ev)
+        elif hasattr(ev, "req"):
+            self._resolve(ev.req, ev)
+
+    def _resolve(self, req: int, value: Any) -> None:
+        entry = self._requests.pop(req, None)
+        if entry is not None and not entry[1].done():
+            entry[1].set_result(value)
+        settle = self._settle_waiters.pop(req, None) if req else None
+        if settle is not None and not settle.done():
+            settle.set_result(value.failed if isinstance(value, f.Settled) else [])
+
+    def _on_confirm(self, ev: f.Confirm) -> None:
+        items = self._unconfirmed.pop(ev.req, None)
+        if items is None:
+            return
+        self._pending_count -= len(items)
+        for (_, fut), out in zip(items, ev.outcomes, strict=False):
+            if fut.done():
+                continue
+            if out.code:
+                fut.set_exception(error_from_code(out.code, out.error, {"channel": out.channel}))
+            else:
+                fut.set_result(Receipt(out.channel, out.seq, out.id, out.duplicate, out.fanout))
+
+    def _on_error(self, ev: f.Error) -> None:
+        exc = error_from_code(ev.code, ev.message, dict(ev.detail))
+        if ev.req and ev.req in self._requests:
+            _, fut = self._requests.pop(ev.req)
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        if ev.req and ev.req in self._unconfirmed:
+            items = self._unconfirmed.pop(ev.req)
+            self._pending_count -= len(items)
+            for _, fut in items:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        if 0 in self._requests and not self.connected:
+            _, fut = self._requests.pop(0)
+            if not fut.done():
+                fut.set_exception(exc)
+            return
+        self.last_error = exc
+        log.warning("broker error: %s", exc)
+
+    # ---------------------------------------------------------- frames out
+    def _next_req(self) -> int:
+        return next(self._reqs)
+
+    def _write(self, data: bytes) -> None:
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.write(data)
+
+    async def _request(self, frame: f.Frame, *, wait_connected: bool = True) -> Any:
+        if self._closing:
+            raise ConnectionClosed("client closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        req = frame.req  # type: ignore[attr-defined]
+        self._requests[req] = (frame, fut)
+        if self.connected or not wait_connected:
+            self._write(f.encode(frame))
+        try:
+            return await asyncio.wait_for(fut, self.request_timeout)
+        except TimeoutError:
+            self._requests.pop(req, None)
+            raise Timeout(f"no answer to {type(frame).__name__} in {self.request_timeout} s") \
+                from None
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self.connected:
+            return
+        out: list[bytes] = []
+        while self._outbox:
+            chunk, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+            req = self._next_req()
+            self._unconfirmed[req] = chunk
+            out.append(f.encode(f.Publish(req, [s for s, _ in chunk])))
+        if self._acks:
+            req = self._next_req()
+            out.append(f.encode(f.Ack(req, self._acks)))
+            if self._ack_future is not None:
+                self._settle_waiters[req] = self._ack_future
+            self._acks = []
+            self._ack_future = None
+        if out:
+            self._write(b"".join(out))
+
+    # -------------------------------------------------------------- publish
+    def send(
+        self,
+        channel: str,
+        payload: Any,
+        *,
+        headers: dict[str, str] | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
+        delay: float | None = None,
+        dedup: str | None = None,
+        key: str | None = None,
+    ) -> asyncio.Future[Receipt]:
+        """Publish; the returned future resolves to a Receipt once the message is durable.
+
+        ``payload`` is any JSON value; ``bytes`` are sent raw. Sending to
+        ``endpoint/v1/*`` broadcasts to every id of that version with a reader.
+        """
+        if self._closing:
+            raise ConnectionClosed("client closed")
+        if self._pending_count >= self.max_pending:
+            raise SendQueueFull(
+                f"{self._pending_count} messages are waiting to be sent or confirmed "
+                f"(max_pending={self.max_pending}); is the broker reachable?"
+            )
+        raw = isinstance(payload, bytes | bytearray | memoryview)
+        data = bytes(payload) if raw else _json_encode(payload)
+        send = f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key)
+        fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
+        self._outbox.append((send, fut))
+        self._pending_count += 1
+        self._schedule_flush()
+        return fut
+
+    async def send_many(
+        self, items: Iterable[tuple[str, Any] | dict[str, Any]]
+    ) -> list[Receipt]:
+        """Publish many messages in as few frames as possible; wait for all confirms."""
+        futs = []
+        for item in items:
+            if isinstance(item, dict):
+                futs.append(self.send(**item))
+            else:
+                futs.append(self.send(item[0], item[1]))
+        return list(await asyncio.gather(*futs))
+
+    # ---------------------------------------------------------- subscribing
+    async def _subscribe(self, kind: str, patterns: str | list[str], handler: Handler | None,
+                         **kw: Any) -> Subscription:
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        sid = next(self._sids)
+        frame = f.Subscribe(self._next_req(), sid, kind, list(patterns), **kw)
+        # Registered first: deliveries may arrive before the broker's reply does.
+        sub = Subscription(self, sid, frame, handler)
+        self._subs[sid] = sub
+        try:
+            await self._request(frame)
+        except BaseException:
+            self._subs.pop(sid, None)
+            if sub._task is not None:
+                sub._task.cancel()
+            raise
+        return sub
+
+    async def listen(
+        self,
+        pattern: str | list[str],
+        handler: Handler | None = None,
+        *,
+        name: str | None = None,
+        start: str | int = "",
+        prefetch: int = 0,
+        lease: float = 0.0,
+    ) -> Subscription:
+        """Fan-out: this client gets its own copy of every message on ``pattern``.
+
+        Durable per client id and ``name`` (default: the pattern). ``start`` is
+        ``"new"`` (default), ``"oldest"`` or a seq to replay from.
+        """
+        return await self._subscribe("listen", pattern, handler, name=name,
+                                     start=_start(start), prefetch=prefetch, lease=lease)
+
+    async def consume(
+        self,
+        pattern: str | list[str],
+        handler: Handler | None = None,
+        *,
+        group: str | None = None,
+        start: str | int = "",
+        prefetch: int = 0,
+        lease: float = 0.0,
+    ) -> Subscription:
+        """Competing consumers: members of ``group`` (default: the pattern) share messages."""
+        return await self._subscribe("consume", pattern, handler, group=group,
+                                     start=_start(start), prefetch=prefetch, lease=lease)
+
+    # ------------------------------------------------------------ settling
+    def _settle(self, msg: Message, op: str, **kw: Any) -> Settlement:
+        if msg._epoch != self._epoch or not self.connected:
+            # The connection this came on is gone: the broker requeued it already.
+            return Settlement(None, msg.tag)
+        if op == "ack":
+            if self._ack_future is None:
+                self._ack_future = asyncio.get_running_loop().create_future()
+            self._acks.append(msg.tag)
+            self._schedule_flush()
+            return Settlement(self._ack_future, msg.tag)
+        fut: asyncio.Future[list[tuple[int, int, str]]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        req = self._next_req()
+        self._settle_waiters[req] = fut
+        if op == "nack":
+            frame: f.Frame = f.Nack(req, [msg.tag], kw["delay"], kw["front"])
+        else:
+            frame = f.Extend(req, [msg.tag], kw["seconds"])
+        self._flush()  # keep acks queued before this frame in order
+        self._write(f.encode(frame))
+        return Settlement(fut, msg.tag)
+
+    # --------------------------------------------------------------- admin
+    async def admin(self, op: str, **args: Any) -> Any:
+        res = await self._request(f.Admin(self._next_req(), op, args))
+        return res.value
+
+    async def read(self, channel: str, from_seq: int = 1, *, limit: int = 1000,
+                   to_seq: int = 0) -> tuple[list[Message], int]:
+        """Read retained messages of ``channel`` by seq (no delivery, no ack).
+
+        Returns the messages and the seq to continue from.
+        """
+        res = await self._request(f.Read(self._next_req(), channel, from_seq, limit, to_seq))
+        return [Message(self, -1, 0, d) for d in res.items], res.next_seq
+
+    async def ping(self) -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self._request(f.Ping(self._next_req()))
+        return loop.time() - t0
+
+
+def _start(start: str | int) -> str:
+    if isinstance(start, int) and not isinstance(start, bool):
+        return f"seq:{start}"
+    return start
+
+
+async def connect(
+    urls: str | list[str] = f"minou://127.0.0.1:{DEFAULT_PORT}",
+    *,
+    client_id: str | None = None,
+    max_pending: int = CLIENT_SEND_QUEUE,
+    request_timeout: float = CLIENT_REQUEST_TIMEOUT_S,
+    reconnect: bool = True,
+) -> Client:
+    """Connect to the first broker of ``urls`` that answers; fail over to the others."""
+    if isinstance(urls, str):
+        urls = [u.strip() for u in urls.split(",") if u.strip()]
+    client = Client(urls, client_id=client_id, max_pending=max_pending,
+                    request_timeout=request_timeout, reconnect=reconnect)
+    await client._open()
+    return client

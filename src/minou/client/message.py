@@ -1,0 +1,107 @@
+"""What the client hands to the application: delivered messages and receipts."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import error_from_code
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from .aio import Client
+
+_json_decode = msgspec.json.decode
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A confirmed publish: durable on the broker."""
+
+    channel: str
+    seq: int
+    id: str
+    duplicate: bool = False
+    fanout: int = 1
+
+
+class Settlement:
+    """Awaitable result of ack/nack: resolves once the broker has made it durable.
+
+    Not awaiting it is fine (fire and forget); awaiting raises UnknownDelivery if
+    the broker refused the tag (stale lease, already settled).
+    """
+
+    __slots__ = ("_fut", "_tag")
+
+    def __init__(self, fut: asyncio.Future[list[tuple[int, int, str]]] | None, tag: int) -> None:
+        self._fut = fut
+        self._tag = tag
+
+    def __await__(self) -> Generator[Any, None, bool]:
+        if self._fut is None:
+            return False
+        failed = yield from self._fut.__await__()
+        for tag, code, text in failed:
+            if tag == self._tag:
+                raise error_from_code(code, text, {"tag": tag})
+        return True
+
+
+class Message:
+    """A delivery. Settle it with ``ack()``, ``nack()``; ``extend()`` its lease."""
+
+    __slots__ = (
+        "_client", "_epoch", "_payload", "attempts", "channel", "data", "headers", "id", "key",
+        "priority", "published_at", "raw", "seq", "sid", "tag",
+    )
+
+    def __init__(self, client: Client, epoch: int, sid: int, d: Any) -> None:
+        self._client = client
+        self._epoch = epoch
+        self.sid = sid
+        self.tag: int = d.tag
+        self.channel: str = d.channel
+        self.seq: int = d.seq
+        self.id: str = d.id
+        self.data: bytes = d.data
+        self.raw: bool = d.raw
+        self.headers: dict[str, str] = d.headers or {}
+        self.attempts: int = d.attempts
+        self.published_at: float = d.published_at
+        self.priority: int = d.priority
+        self.key: str | None = d.key
+        self._payload: Any = _UNSET
+
+    @property
+    def payload(self) -> Any:
+        """The JSON value (decoded on first use), or the bytes of a raw message."""
+        if self._payload is _UNSET:
+            self._payload = self.data if self.raw else _json_decode(self.data)
+        return self._payload
+
+    def ack(self) -> Settlement:
+        return self._client._settle(self, "ack")
+
+    def nack(self, *, delay: float = 0.0, front: bool = True) -> Settlement:
+        """Return the message: to the front (retry now), the back, or after ``delay`` s."""
+        return self._client._settle(self, "nack", delay=delay, front=front)
+
+    def extend(self, seconds: float) -> Settlement:
+        """Extend this delivery's lease to ``seconds`` from now."""
+        return self._client._settle(self, "extend", seconds=seconds)
+
+    def __repr__(self) -> str:
+        return f"<Message {self.channel} seq={self.seq} attempts={self.attempts}>"
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_UNSET = _Unset()

@@ -1,0 +1,159 @@
+"""A blocking facade over the asyncio client, for scripts.
+
+The asyncio client runs on its own event loop in a daemon thread; every call
+here submits a coroutine to it and waits for the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
+
+from ..errors import ConnectionClosed, Timeout
+from .aio import Client, Subscription, connect
+from .message import Message, Receipt
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="minou-client",
+                                       daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class SyncMessage:
+    """A delivered message; ``ack``/``nack``/``extend`` block until the broker has it."""
+
+    def __init__(self, runner: _LoopThread, msg: Message) -> None:
+        self._runner = runner
+        self._msg = msg
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._msg, name)
+
+    @property
+    def payload(self) -> Any:
+        return self._msg.payload
+
+    def _settle(self, op: str, **kw: Any) -> bool:
+        async def run() -> bool:
+            return await getattr(self._msg, op)(**kw)
+
+        return self._runner.call(run())
+
+    def ack(self) -> bool:
+        return self._settle("ack")
+
+    def nack(self, *, delay: float = 0.0, front: bool = True) -> bool:
+        return self._settle("nack", delay=delay, front=front)
+
+    def extend(self, seconds: float) -> bool:
+        return self._settle("extend", seconds=seconds)
+
+    def __repr__(self) -> str:
+        return repr(self._msg)
+
+
+class SyncSubscription:
+    def __init__(self, runner: _LoopThread, sub: Subscription) -> None:
+        self._runner = runner
+        self._sub = sub
+
+    def get(self, timeout: float | None = None) -> SyncMessage:
+        """The next message; raises minou.Timeout after ``timeout`` seconds."""
+        return SyncMessage(self._runner, self._runner.call(self._sub.get(timeout)))
+
+    def __iter__(self) -> Iterator[SyncMessage]:
+        while True:
+            try:
+                yield self.get()
+            except ConnectionClosed:
+                return
+
+    def iter(self, timeout: float) -> Iterator[SyncMessage]:
+        """Iterate until no message arrives for ``timeout`` seconds."""
+        while True:
+            try:
+                yield self.get(timeout)
+            except (Timeout, ConnectionClosed):
+                return
+
+    def add_id(self, ident: str) -> None:
+        self._runner.call(self._sub.add_id(ident))
+
+    def remove_id(self, ident: str) -> None:
+        self._runner.call(self._sub.remove_id(ident))
+
+    def close(self) -> None:
+        self._runner.call(self._sub.close())
+
+
+class SyncClient:
+    """Blocking client: ``with minou.connect_sync("minou://127.0.0.1:7700") as c: ...``"""
+
+    def __init__(self, urls: str | list[str], **kw: Any) -> None:
+        self._runner = _LoopThread()
+        try:
+            self._client: Client = self._runner.call(connect(urls, **kw))
+        except BaseException:
+            self._runner.stop()
+            raise
+
+    @property
+    def client_id(self) -> str:
+        return self._client.client_id
+
+    def send(self, channel: str, payload: Any, **kw: Any) -> Receipt:
+        """Publish and wait until the message is durable."""
+
+        async def run() -> Receipt:
+            return await self._client.send(channel, payload, **kw)
+
+        return self._runner.call(run())
+
+    def send_many(self, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> list[Receipt]:
+        return self._runner.call(self._client.send_many(list(items)))
+
+    def listen(self, pattern: str | list[str], **kw: Any) -> SyncSubscription:
+        return SyncSubscription(self._runner, self._runner.call(self._client.listen(pattern, **kw)))
+
+    def consume(self, pattern: str | list[str], **kw: Any) -> SyncSubscription:
+        return SyncSubscription(self._runner,
+                                self._runner.call(self._client.consume(pattern, **kw)))
+
+    def read(self, channel: str, from_seq: int = 1, **kw: Any) -> tuple[list[Message], int]:
+        return self._runner.call(self._client.read(channel, from_seq, **kw))
+
+    def admin(self, op: str, **args: Any) -> Any:
+        return self._runner.call(self._client.admin(op, **args))
+
+    def close(self) -> None:
+        try:
+            self._runner.call(self._client.close(), timeout=10)
+        finally:
+            self._runner.stop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_sync(urls: str | list[str] = "minou://127.0.0.1:7700", **kw: Any) -> SyncClient:
+    """Blocking twin of ``minou.connect``."""
+    return SyncClient(urls, **kw)

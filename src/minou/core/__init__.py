@@ -1,0 +1,1 @@
+"""The broker domain, without I/O: logs, groups, deliveries, settlement."""

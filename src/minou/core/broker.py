@@ -1,0 +1,722 @@
+"""The broker domain: channels, groups, deliveries, settlement. No I/O, no awaits.
+
+Theory of operation
+-------------------
+``publish`` validates and assigns seqs, and adds the messages to the pending
+``WriteBatch``; they become visible to readers only in ``on_committed``, after
+the adapter has made that batch durable, so nothing a consumer sees can be
+lost or have its seq reused after a crash. Acks, nacks and subscriptions
+change memory at once and are made durable with the next batch; their replies
+wait for that commit too (``WriteBatch.on_commit``).
+
+``pump`` hands ready messages to subscriptions with credit (round-robin inside
+a group, rotating over the group's channels) and returns the deliveries per
+subscription. When a message body is only in storage, the group channel waits
+and ``pump`` returns a load request; the adapter reads a page and calls
+``on_loaded``. ``tick`` expires leases and releases delayed messages.
+
+Time is always passed in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..errors import (
+    BadRequest,
+    InvalidPayload,
+    MessageTooLarge,
+    QueueFull,
+    RequestError,
+    UnknownDelivery,
+    UnknownSubscription,
+)
+from ..limits import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_LEASE_S,
+    MAX_HEADER_SIZE,
+    MAX_HEADERS,
+    MAX_LEASE_S,
+    MAX_MESSAGE_SIZE,
+    MAX_PREFETCH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+)
+from ..names import (
+    broadcast_prefix,
+    dead_letter_channel,
+    is_dead_letter,
+    parse_pattern,
+    schema_key,
+    validate_channel,
+)
+from ..protocol.frames import Delivery, Outcome, Send
+from ..storage.base import Snapshot
+from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
+from .log import ChannelLog, ChannelOptions, Msg
+from .stats import Counters
+from .writes import WriteBatch
+
+_json_check = msgspec.json.Decoder()
+
+
+@dataclass(eq=False)
+class Session:
+    """One connected client as the core sees it. ``conn`` belongs to the adapter."""
+
+    client_id: str
+    conn: Any = None
+    subs: dict[int, Subscription] = field(default_factory=dict)
+    leases: dict[int, Lease] = field(default_factory=dict)
+
+
+class Broker:
+    def __init__(
+        self,
+        *,
+        broker_id: str = "minou",
+        channel_options: Callable[[str], ChannelOptions] | None = None,
+        max_message_size: int = MAX_MESSAGE_SIZE,
+        dedup_window: float = DEFAULT_DEDUP_WINDOW_S,
+        default_lease: float = DEFAULT_LEASE_S,
+    ) -> None:
+        self.broker_id = broker_id
+        self._options_for = channel_options or (lambda key: ChannelOptions())
+        self.max_message_size = max_message_size
+        self.dedup_window = dedup_window
+        self.default_lease = default_lease
+        self.channels: dict[str, ChannelLog] = {}
+        self.groups: dict[str, Group] = {}
+        self.counters = Counters()
+        self.batch = WriteBatch()
+        self._ready_groups: dict[Group, None] = {}
+        self._dirty: dict[GroupChannel, None] = {}
+        self._timed: dict[GroupChannel, None] = {}
+        self._lease_heap: list[tuple[float, int, Lease]] = []
+        self._tags = itertools.count(1)
+        self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
+        self._id_prefix = os.urandom(6).hex()
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ logs
+    def options(self, channel: str) -> ChannelOptions:
+        base = channel[len("_dead/"):] if is_dead_letter(channel) else channel
+        return self._options_for(schema_key(base))
+
+    def _log(self, name: str, now: float) -> ChannelLog:
+        log = self.channels.get(name)
+        if log is None:
+            log = ChannelLog(name, self.options(name))
+            self.channels[name] = log
+            self.batch.channels[name] = log.next_seq
+            for group in self.groups.values():
+                if group.matches(name):
+                    self._attach(group, log, log.first_seq, now)
+        return log
+
+    def _attach(self, group: Group, log: ChannelLog, cursor: int, now: float) -> GroupChannel:
+        gc = GroupChannel(group, log, cursor)
+        group.gcs[log.name] = gc
+        log.states.append(gc)
+        gc.load_specials(now)
+        self._mark(gc)
+        return gc
+
+    def _mark(self, gc: GroupChannel) -> None:
+        """Note that ``gc`` changed (persist it) and may have something to deliver."""
+        self._dirty[gc] = None
+        gc.group.ready[gc] = None
+        if gc.group.members:
+            self._ready_groups[gc.group] = None
+
+    # --------------------------------------------------------------- publish
+    def new_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids):010x}"
+
+    def publish(self, sends: Iterable[Send], now: float) -> tuple[list[Outcome], list[Msg]]:
+        """Validate and stage ``sends``; return one outcome each and the staged messages."""
+        outcomes: list[Outcome] = []
+        staged: list[Msg] = []
+        for send in sends:
+            try:
+                outcomes.append(self._publish_one(send, now, staged))
+            except RequestError as exc:
+                self.counters.refuse(exc.reason)
+                outcomes.append(Outcome(channel=str(send.channel)[:255], code=int(exc.code),
+                                        error=exc.message))
+        return outcomes, staged
+
+    def _check(self, send: Send) -> None:
+        size = len(send.data)
+        if size > self.max_message_size:
+            raise MessageTooLarge(
+                f"message of {size} bytes is over the {self.max_message_size} byte limit",
+                limit=self.max_message_size, size=size,
+            )
+        if not send.raw:
+            try:
+                _json_check.decode(send.data)
+            except msgspec.DecodeError as exc:
+                raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+        if send.headers:
+            if len(send.headers) > MAX_HEADERS:
+                raise BadRequest(f"{len(send.headers)} headers, the limit is {MAX_HEADERS}")
+            if sum(len(k) + len(v) for k, v in send.headers.items()) > MAX_HEADER_SIZE:
+                raise BadRequest(f"headers are over the {MAX_HEADER_SIZE} byte limit")
+        if not MIN_PRIORITY <= send.priority <= MAX_PRIORITY:
+            raise BadRequest(
+                f"priority {send.priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
+            )
+        for label, value in (("ttl", send.ttl), ("delay", send.delay)):
+            if value is not None and not 0 <= value <= 10 * 365 * 86400:
+                raise BadRequest(f"{label} must be a number of seconds >= 0, got {value}")
+
+    def _publish_one(self, send: Send, now: float, staged: list[Msg]) -> Outcome:
+        target = send.channel
+        prefix = broadcast_prefix(target) if target.endswith("*") else None
+        if prefix is None:
+            validate_channel(target)
+        self._check(send)
+        if send.dedup:
+            seen = self._dedup.get((target, send.dedup))
+            if seen is not None and seen[0] > now:
+                self.counters.duplicates += 1
+                return Outcome(seq=seen[1], id=seen[2], channel=target, duplicate=True)
+        if prefix is None:
+            msg = self._stage(self._log(target, now), send, now)
+            staged.append(msg)
+            outcome = Outcome(seq=msg.seq, id=msg.id, channel=target)
+        else:
+            targets = [log for name, log in self.channels.items()
+                       if name.startswith(prefix) and log.states]
+            first: Msg | None = None
+            for log in targets:
+                msg = self._stage(log, send, now)
+                staged.append(msg)
+                first = first or msg
+            outcome = Outcome(seq=first.seq if first else 0, id=first.id if first else "",
+                              channel=target, fanout=len(targets))
+        if send.dedup:
+            self._dedup[(target, send.dedup)] = (now + self.dedup_window, outcome.seq, outcome.id)
+            self.batch.dedup.append(
+                (target, send.dedup, now + self.dedup_window, outcome.seq, outcome.id)
+            )
+        return outcome
+
+    def _stage(self, log: ChannelLog, send: Send, now: float) -> Msg:
+        opts = log.options
+        if opts.max_items is not None and log.count + log.inflight >= opts.max_items:
+            oldest = log.oldest_live() if opts.overflow == "drop_oldest" else None
+            if oldest is None:
+                raise QueueFull(
+                    f"channel {log.name!r} holds {opts.max_items} messages (max_items)",
+                    channel=log.name, limit=opts.max_items,
+                )
+            log.delete_one(oldest)
+            log.dropped += 1
+            self.counters.dropped += 1
+            self.batch.deletes.append((log.name, oldest))
+        ttl = send.ttl if send.ttl is not None else opts.ttl
+        msg = Msg(
+            log.name, log.next_seq, self.new_id(), send.data, send.raw, send.headers,
+            send.priority, now, now + ttl if ttl else None,
+            now + send.delay if send.delay else None, send.key,
+        )
+        log.next_seq += 1
+        log.inflight += 1
+        self.batch.channels[log.name] = log.next_seq
+        self.batch.messages.append(msg)
+        self.batch.bytes += len(send.data)
+        return msg
+
+    # ---------------------------------------------------------------- commit
+    def take_writes(self) -> WriteBatch:
+        """Hand the pending batch to the writer; start a new one."""
+        batch = self.batch
+        touched: dict[ChannelLog, None] = {}
+        for gc in self._dirty:
+            if gc.group.gcs.get(gc.log.name) is not gc:
+                continue  # detached meanwhile
+            batch.group_states[(gc.group.key, gc.log.name)] = gc.durable_state()
+            gc.dirty = False
+            touched[gc.log] = None
+        self._dirty = {}
+        for log in touched:
+            if not log.states or log.options.retention is not None:
+                continue
+            floor = min(gc.floor for gc in log.states)
+            if floor > log.first_seq:
+                log.truncate_below(floor)
+                batch.truncates[log.name] = log.first_seq
+        self.batch = WriteBatch()
+        return batch
+
+    def on_committed(self, batch: WriteBatch, now: float) -> None:
+        """The batch is durable: make its messages visible."""
+        for msg in batch.messages:
+            log = self.channels.get(msg.channel)
+            if log is None:
+                continue
+            log.inflight -= 1
+            if msg.seq < log.first_seq or msg.seq in log.gone:
+                continue  # dropped (overflow) before it was committed
+            log.append_committed(msg)
+            log.count += 1
+            log.published += 1
+            self.counters.published += 1
+            for gc in log.states:
+                if msg.special:
+                    gc.add_special(msg.seq, msg.priority, msg.deliver_at, now)
+                    if msg.deliver_at is not None:
+                        self._timed[gc] = None
+                gc.group.ready[gc] = None
+                if gc.group.members:
+                    self._ready_groups[gc.group] = None
+        for callback in batch.on_commit:
+            callback()
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        self.batch.on_commit.append(callback)
+
+    # ------------------------------------------------------------- subscribe
+    def subscribe(
+        self,
+        session: Session,
+        sid: int,
+        *,
+        kind: str,
+        patterns: list[str],
+        group: str | None = None,
+        start: str = "",
+        prefetch: int = 0,
+        lease: float = 0.0,
+        name: str | None = None,
+        now: float,
+    ) -> Subscription:
+        if kind not in ("listen", "consume"):
+            raise BadRequest(f"kind must be 'listen' or 'consume', not {kind!r}")
+        if not patterns:
+            raise BadRequest("subscribe needs at least one pattern")
+        parsed = [parse_pattern(p) for p in patterns]
+        if sid in session.subs:
+            raise BadRequest(f"subscription id {sid} is already in use on this connection")
+        if kind == "consume":
+            key = f"consume:{group or patterns[0]}"
+        else:
+            key = f"listen:{session.client_id}:{name or patterns[0]}"
+        start_cursor = self._parse_start(start, kind)
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise BadRequest(f"prefetch must be 0..{MAX_PREFETCH}, got {prefetch}")
+        if not 0 <= lease <= MAX_LEASE_S:
+            raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
+        grp = self.groups.get(key)
+        if grp is None:
+            grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
+            self.groups[key] = grp
+        elif start.startswith("seq:") and not grp.members:
+            self._reset(grp, start_cursor, now)
+        for pattern in parsed:
+            self._add_pattern(grp, pattern.text, start_cursor, now)
+        if not prefetch:
+            first = next(iter(grp.gcs.values()), None)
+            prefetch = first.log.options.prefetch if first else self.options_prefetch(patterns[0])
+        sub = Subscription(session, sid, grp, prefetch, lease or self.default_lease)
+        grp.members.append(sub)
+        session.subs[sid] = sub
+        if grp.ready:
+            self._ready_groups[grp] = None
+        return sub
+
+    def options_prefetch(self, pattern: str) -> int:
+        body = pattern[len("_dead/"):] if is_dead_letter(pattern) else pattern
+        parts = body.split("/")
+        if len(parts) >= 2 and parts[1] != "*":
+            return self._options_for(f"{parts[0]}/{parts[1]}").prefetch
+        return ChannelOptions().prefetch
+
+    @staticmethod
+    def _parse_start(start: str, kind: str) -> int | str:
+        if start in ("", "new", "oldest"):
+            return start or ("new" if kind == "listen" else "oldest")
+        if start.startswith("seq:") and start[4:].isdigit():
+            return int(start[4:])
+        raise BadRequest(f"start must be 'new', 'oldest' or 'seq:<n>', not {start!r}")
+
+    def _cursor_for(self, log: ChannelLog, start: int | str) -> int:
+        if start == "new":
+            return log.end
+        if start == "oldest":
+            return log.first_seq
+        return max(int(start), log.first_seq)
+
+    def _add_pattern(self, grp: Group, text: str, start: int | str, now: float) -> None:
+        if any(p.text == text for p in grp.patterns):
+            return
+        pattern = parse_pattern(text)
+        grp.patterns.append(pattern)
+        self.batch.group_defs[grp.key] = grp.definition()
+        if pattern.concrete:
+            self._log(text, now)  # a named channel exists from its first reader on
+        for name, log in self.channels.items():
+            if name not in grp.gcs and pattern.matches(name):
+                self._attach(grp, log, self._cursor_for(log, start), now)
+
+    def _reset(self, grp: Group, start: int | str, now: float) -> None:
+        for name, gc in list(grp.gcs.items()):
+            log = gc.log
+            log.states.remove(gc)
+            fresh = GroupChannel(grp, log, self._cursor_for(log, start))
+            grp.gcs[name] = fresh
+            log.states.append(fresh)
+            fresh.load_specials(now)
+            grp.ready.pop(gc, None)
+            self._dirty.pop(gc, None)
+            self._mark(fresh)
+
+    def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
+        sub = self._sub(session, sid)
+        grp = sub.group
+        self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
+        if grp.ready and grp.members:
+            self._ready_groups[grp] = None
+
+    def remove_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
+        sub = self._sub(session, sid)
+        grp = sub.group
+        kept = [p for p in grp.patterns if p.text != pattern]
+        if len(kept) == len(grp.patterns):
+            raise BadRequest(f"subscription {sid} has no pattern {pattern!r}")
+        if not kept:
+            raise BadRequest("cannot remove the last pattern; unsubscribe instead")
+        grp.patterns = kept
+        self.batch.group_defs[grp.key] = grp.definition()
+        for name, gc in list(grp.gcs.items()):
+            if not grp.matches(name):
+                self._detach(gc, now)
+
+    def _detach(self, gc: GroupChannel, now: float) -> None:
+        grp = gc.group
+        for lease in list(gc.pending.values()):
+            lease.sub.unsettled -= 1
+            lease.sub.session.leases.pop(lease.tag, None)
+        gc.pending.clear()
+        del grp.gcs[gc.log.name]
+        gc.log.states.remove(gc)
+        grp.ready.pop(gc, None)
+        self._dirty.pop(gc, None)
+        self._timed.pop(gc, None)
+        self.batch.group_states[(grp.key, gc.log.name)] = None
+
+    def _sub(self, session: Session, sid: int) -> Subscription:
+        sub = session.subs.get(sid)
+        if sub is None:
+            raise UnknownSubscription(f"no subscription {sid} on this connection", sid=sid)
+        return sub
+
+    def unsubscribe(self, session: Session, sid: int, now: float) -> None:
+        sub = self._sub(session, sid)
+        self._drop_sub(sub, now)
+        del session.subs[sid]
+
+    def _drop_sub(self, sub: Subscription, now: float) -> None:
+        sub.active = False
+        for lease in [ls for ls in sub.session.leases.values() if ls.sub is sub]:
+            self._return(lease, now, front=True, delay=0.0)
+            del sub.session.leases[lease.tag]
+        if sub in sub.group.members:
+            sub.group.members.remove(sub)
+
+    def disconnect(self, session: Session, now: float) -> None:
+        """Return every unsettled delivery of ``session`` to the front of its queue."""
+        for sub in list(session.subs.values()):
+            self._drop_sub(sub, now)
+        session.subs.clear()
+        session.leases.clear()
+
+    # ----------------------------------------------------------------- pump
+    def pump(self, now: float) -> tuple[dict[Subscription, list[Delivery]], list[NeedLoad]]:
+        out: dict[Subscription, list[Delivery]] = {}
+        loads: list[NeedLoad] = []
+        for grp in list(self._ready_groups):
+            if not self._pump_group(grp, now, out, loads):
+                del self._ready_groups[grp]
+        return out, loads
+
+    def _pump_group(
+        self, grp: Group, now: float, out: dict[Subscription, list[Delivery]],
+        loads: list[NeedLoad],
+    ) -> bool:
+        """Deliver what ``grp`` can; True while it still has both ready work and credit."""
+        ready = grp.ready
+        while ready:
+            sub = grp.next_member()
+            if sub is None:
+                return False
+            gc = next(iter(ready))
+            try:
+                msg = gc.next_ready(now)
+            except NeedLoad as need:
+                del ready[gc]
+                if not need.log.loading:
+                    need.log.loading = True
+                    loads.append(need)
+                need.log.waiters[gc] = None
+                continue
+            if msg is None:
+                del ready[gc]
+                continue
+            if msg.expires_at is not None and msg.expires_at <= now:
+                self._expire(msg.channel, msg.seq, msg)
+                continue
+            del ready[gc]
+            ready[gc] = None  # rotate: the group's channels take turns
+            out.setdefault(sub, []).append(self._deliver(sub, gc, msg, now))
+        return False
+
+    def _deliver(self, sub: Subscription, gc: GroupChannel, msg: Msg, now: float) -> Delivery:
+        tag = next(self._tags)
+        lease = Lease(tag, gc, msg, sub, now + sub.lease_s)
+        gc.pending[msg.seq] = lease
+        attempts = gc.attempts.get(msg.seq, 0) + 1
+        gc.attempts[msg.seq] = attempts
+        gc.delivered += 1
+        sub.unsettled += 1
+        sub.session.leases[tag] = lease
+        heapq.heappush(self._lease_heap, (lease.expires, tag, lease))
+        self.counters.delivered += 1
+        if attempts > 1:
+            self.counters.redelivered += 1
+        return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, msg.headers,
+                        attempts, msg.published_at, msg.priority, msg.key)
+
+    def on_loaded(self, channel: str, from_seq: int, msgs: list[Msg], upto: int) -> None:
+        """Storage returned the live messages of ``[from_seq, upto)``."""
+        log = self.channels.get(channel)
+        if log is None:
+            return
+        log.loading = False
+        log.readback = {m.seq: m for m in msgs}
+        log.rb_lo, log.rb_hi = from_seq, upto
+        for gc in log.waiters:
+            if gc.group.gcs.get(channel) is gc:
+                gc.group.ready[gc] = None
+                if gc.group.members:
+                    self._ready_groups[gc.group] = None
+        log.waiters = {}
+
+    # ------------------------------------------------------------ settlement
+    def _lease(self, session: Session, tag: int) -> Lease:
+        lease = session.leases.pop(tag, None)
+        if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+            raise UnknownDelivery(
+                f"delivery tag {tag} is unknown, already settled, expired, or not yours",
+                tag=tag,
+            )
+        return lease
+
+    def ack(self, session: Session, tags: Iterable[int]) -> list[tuple[int, int, str]]:
+        failed: list[tuple[int, int, str]] = []
+        for tag in tags:
+            try:
+                lease = self._lease(session, tag)
+            except UnknownDelivery as exc:
+                self.counters.refuse(exc.reason)
+                failed.append((tag, int(exc.code), exc.message))
+                continue
+            gc = lease.gc
+            gc.settle(lease.seq)
+            lease.sub.unsettled -= 1
+            self.counters.acked += 1
+            self._mark(gc)
+        return failed
+
+    def nack(
+        self, session: Session, tags: Iterable[int], *, delay: float, front: bool, now: float
+    ) -> list[tuple[int, int, str]]:
+        failed: list[tuple[int, int, str]] = []
+        if delay < 0:
+            raise BadRequest(f"delay must be >= 0 seconds, got {delay}")
+        for tag in tags:
+            try:
+                lease = self._lease(session, tag)
+            except UnknownDelivery as exc:
+                self.counters.refuse(exc.reason)
+                failed.append((tag, int(exc.code), exc.message))
+                continue
+            self.counters.nacked += 1
+            self._return(lease, now, front=front, delay=delay)
+        return failed
+
+    def extend(
+        self, session: Session, tags: Iterable[int], seconds: float, now: float
+    ) -> list[tuple[int, int, str]]:
+        if not 0 < seconds <= MAX_LEASE_S:
+            raise BadRequest(f"seconds must be in (0, {MAX_LEASE_S}], got {seconds}")
+        failed: list[tuple[int, int, str]] = []
+        for tag in tags:
+            lease = session.leases.get(tag)
+            if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+                exc = UnknownDelivery(f"delivery tag {tag} is unknown or expired", tag=tag)
+                self.counters.refuse(exc.reason)
+                failed.append((tag, int(exc.code), exc.message))
+                continue
+            lease.expires = now + seconds
+            heapq.heappush(self._lease_heap, (lease.expires, tag, lease))
+        return failed
+
+    def _return(self, lease: Lease, now: float, *, front: bool, delay: float) -> None:
+        """A delivery came back unsettled: requeue it, or dead-letter past the limit."""
+        gc, sub = lease.gc, lease.sub
+        if gc.pending.get(lease.seq) is not lease:
+            return
+        sub.unsettled -= 1
+        limit = gc.log.options.requeue_limit
+        if gc.attempts.get(lease.seq, 0) > limit:
+            gc.settle(lease.seq)
+            gc.acks -= 1
+            self._dead_letter(lease.msg, "requeue_limit", gc.group.key,
+                              f"requeued more than {limit} times")
+        else:
+            gc.requeue(lease.seq, front=front, delay=delay, now=now)
+            if delay > 0:
+                self._timed[gc] = None
+        self._mark(gc)
+
+    # ----------------------------------------------------------------- time
+    def tick(self, now: float) -> None:
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            expires, tag, lease = heapq.heappop(heap)
+            if lease.expires != expires or lease.gc.pending.get(lease.seq) is not lease:
+                continue  # settled or extended
+            lease.sub.session.leases.pop(tag, None)
+            self.counters.lease_expired += 1
+            self._return(lease, now, front=True, delay=0.0)
+        for gc in list(self._timed):
+            if gc.release_due(now):
+                self._mark(gc)
+            if not gc.delayed and not gc.sched:
+                del self._timed[gc]
+        self._expire_dedup(now)
+
+    def _expire_dedup(self, now: float) -> None:
+        if len(self._dedup) > 1000 or (self._dedup and now % 5 < 0.3):
+            self._dedup = {k: v for k, v in self._dedup.items() if v[0] > now}
+
+    def expire(self, items: Iterable[tuple[str, int]], now: float) -> int:
+        """Storage found these messages past their TTL; dead-letter them."""
+        n = 0
+        for channel, seq in items:
+            log = self.channels.get(channel)
+            if log is None:
+                continue
+            found = log.lookup(seq)
+            if self._expire(channel, seq, found if isinstance(found, Msg) else None):
+                n += 1
+        return n
+
+    def _expire(self, channel: str, seq: int, msg: Msg | None) -> bool:
+        log = self.channels[channel]
+        if not log.delete_one(seq):
+            return False
+        log.expired += 1
+        self.counters.expired += 1
+        self.batch.deletes.append((channel, seq))
+        if msg is not None:
+            self._dead_letter(msg, "ttl", "", "message TTL expired")
+        return True
+
+    def _dead_letter(self, msg: Msg, reason: str, group: str, text: str) -> None:
+        self.counters.dead_lettered += 1
+        src = self.channels.get(msg.channel)
+        if src is None or not src.options.dead_letter or is_dead_letter(msg.channel):
+            return
+        log = self._log(dead_letter_channel(msg.channel), msg.published_at)
+        headers = dict(msg.headers or {})
+        headers.update({
+            "x-dead-reason": reason, "x-dead-detail": text,
+            "x-original-channel": msg.channel, "x-original-seq": str(msg.seq),
+            "x-original-id": msg.id,
+        })
+        if group:
+            headers["x-dead-group"] = group
+        dead = Msg(log.name, log.next_seq, self.new_id(), msg.data, msg.raw, headers,
+                   0, msg.published_at, None, None, msg.key)
+        log.next_seq += 1
+        log.inflight += 1
+        self.batch.channels[log.name] = log.next_seq
+        self.batch.messages.append(dead)
+
+    # -------------------------------------------------------------- restore
+    def restore(self, snap: Snapshot, now: float) -> None:
+        """Rebuild memory from storage after a start."""
+        for rec in snap.channels:
+            log = ChannelLog(rec.name, self.options(rec.name))
+            log.next_seq = log.end = rec.next_seq
+            log.first_seq = min(rec.first_seq, rec.next_seq)
+            log.cache_lo = rec.next_seq
+            log.count = rec.count
+            self.channels[rec.name] = log
+        for channel, seq, priority, deliver_at in snap.specials:
+            if channel in self.channels:
+                self.channels[channel].special[seq] = (priority, deliver_at)
+        tail_by_channel: dict[str, list[Msg]] = {}
+        for msg in snap.tail:
+            tail_by_channel.setdefault(msg.channel, []).append(msg)
+        for name, msgs in tail_by_channel.items():
+            log = self.channels[name]
+            log.cache_lo = msgs[0].seq
+            for m in msgs:
+                log.cache[m.seq] = m
+                log.cache_bytes += m.size()
+        for gdef in snap.groups:
+            self.groups[gdef.key] = Group(
+                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns], gdef.start
+            )
+        for key, channel, floor, blob in snap.group_states:
+            grp, log = self.groups.get(key), self.channels.get(channel)
+            if grp is None or log is None:
+                continue
+            gc = GroupChannel(grp, log, floor)
+            gc.restore(floor, blob, now)
+            grp.gcs[channel] = gc
+            log.states.append(gc)
+            gc.load_specials(now)
+            if gc.delayed or gc.sched:
+                self._timed[gc] = None
+            grp.ready[gc] = None
+        for grp in self.groups.values():  # channels created after the group's last save
+            for name, log in self.channels.items():
+                if name not in grp.gcs and grp.matches(name):
+                    self._attach(grp, log, log.first_seq, now)
+        for channel, key, expires, seq, ident in snap.dedup:
+            if expires > now:
+                self._dedup[(channel, key)] = (expires, seq, ident)
+
+    # ---------------------------------------------------------------- stats
+    def channel_stats(self, log: ChannelLog, now: float) -> dict[str, Any]:
+        unsettled = sum(len(gc.pending) for gc in log.states)
+        return {
+            "channel": log.name, "depth": log.count, "first_seq": log.first_seq,
+            "next_seq": log.end, "unsettled": unsettled, "published": log.published,
+            "dropped": log.dropped, "expired": log.expired,
+            "readers": [gc.group.key for gc in log.states],
+        }
+
+    def group_stats(self, grp: Group, now: float) -> dict[str, Any]:
+        lag = sum(max(0, gc.log.end - gc.cursor) for gc in grp.gcs.values())
+        return {
+            "group": grp.key, "kind": grp.kind, "patterns": [p.text for p in grp.patterns],
+            "members": len(grp.members), "channels": len(grp.gcs),
+            "unsettled": sum(len(gc.pending) for gc in grp.gcs.values()),
+            "lag": lag,
+            "delivered": sum(gc.delivered for gc in grp.gcs.values()),
+            "acked": sum(gc.acks for gc in grp.gcs.values()),
+        }

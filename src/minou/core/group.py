@@ -1,0 +1,278 @@
+"""Groups: the one reader model under listen, consume and replay.
+
+A ``Group`` reads every channel its patterns match. For each channel it keeps
+a ``GroupChannel``: a cursor into the log (messages below it were handed out
+at least once or skipped) plus the out-of-order sets: leases of unsettled
+deliveries, returned messages (front / back / delayed), and the priority and
+publish-delay heaps for "special" messages, which the cursor skips.
+
+Everything below ``floor`` is settled for this group. What must survive a
+restart is ``floor`` and the small state above it (acked seqs, attempts,
+delayed retries): see ``GroupChannel.durable_state``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..names import Pattern
+from .log import GONE, MISSING, ChannelLog, Msg
+
+
+class Lease:
+    __slots__ = ("expires", "gc", "msg", "seq", "sub", "tag")
+
+    def __init__(
+        self, tag: int, gc: GroupChannel, msg: Msg, sub: Subscription, expires: float
+    ) -> None:
+        self.tag = tag
+        self.gc = gc
+        self.msg = msg
+        self.seq = msg.seq
+        self.sub = sub
+        self.expires = expires
+
+
+class NeedLoad(Exception):
+    """The next message's body is in storage only; the adapter must load it."""
+
+    def __init__(self, log: ChannelLog, seq: int) -> None:
+        self.log = log
+        self.seq = seq
+
+
+class _State(msgspec.Struct, array_like=True):
+    acked: list[int] = []
+    attempts: dict[int, int] = {}
+    delayed: list[tuple[float, int]] = []
+
+
+_state_encoder = msgspec.msgpack.Encoder()
+_state_decoder = msgspec.msgpack.Decoder(_State)
+
+
+class GroupChannel:
+    def __init__(self, group: Group, log: ChannelLog, cursor: int) -> None:
+        self.group = group
+        self.log = log
+        self.cursor = cursor
+        self.floor = cursor
+        self.pending: dict[int, Lease] = {}
+        self.front: list[int] = []  # returned for retry now: a heap, lowest seq first
+        self.skip: set[int] = set()  # seqs the cursor must pass (restored delayed retries)
+        self.back: deque[tuple[int, int]] = deque()  # (serve once cursor >= this, seq)
+        self.delayed: list[tuple[float, int]] = []  # nack(delay=): (not_before, seq)
+        self.prio: list[tuple[int, int]] = []  # (-priority, seq), ready now
+        self.sched: list[tuple[float, int]] = []  # publish-time delay: (deliver_at, seq)
+        self.attempts: dict[int, int] = {}
+        self.acked: set[int] = set()
+        self.dirty = True
+        self.delivered = 0
+        self.acks = 0
+
+    def __repr__(self) -> str:
+        return f"GroupChannel({self.group.key!r}, {self.log.name!r}, cursor={self.cursor})"
+
+    # -- specials ---------------------------------------------------------
+    def add_special(self, seq: int, priority: int, deliver_at: float | None, now: float) -> None:
+        if seq < self.cursor and seq not in self.pending and seq in self.acked:
+            return
+        if deliver_at is not None and deliver_at > now:
+            heapq.heappush(self.sched, (deliver_at, seq))
+        else:
+            heapq.heappush(self.prio, (-priority, seq))
+
+    def load_specials(self, now: float) -> None:
+        for seq, (priority, deliver_at) in self.log.special.items():
+            if seq >= self.floor and seq not in self.acked:
+                self.add_special(seq, priority, deliver_at, now)
+
+    # -- picking the next message -----------------------------------------
+    def _take(self, seq: int) -> Msg | None:
+        """Look ``seq`` up; None if it is gone or already out; NeedLoad if not in memory."""
+        m = self.log.lookup(seq)
+        if m is MISSING:
+            raise NeedLoad(self.log, seq)
+        if m is GONE or seq in self.pending or seq in self.acked:
+            return None
+        return m  # type: ignore[return-value]
+
+    def next_ready(self, now: float) -> Msg | None:
+        while self.front:
+            m = self._take(self.front[0])
+            heapq.heappop(self.front)
+            if m is not None:
+                return m
+        sched = self.sched
+        while sched and sched[0][0] <= now:
+            _, seq = heapq.heappop(sched)
+            prio = self.log.special.get(seq, (0, None))[0]
+            heapq.heappush(self.prio, (-prio, seq))
+        while self.prio:
+            m = self._take(self.prio[0][1])
+            heapq.heappop(self.prio)
+            if m is not None:
+                return m
+        while self.back and self.back[0][0] <= self.cursor:
+            m = self._take(self.back[0][1])
+            self.back.popleft()
+            if m is not None:
+                return m
+        log = self.log
+        special, acked, skip = log.special, self.acked, self.skip
+        while self.cursor < log.end:
+            seq = self.cursor
+            if seq in special or seq in acked or seq in skip:
+                self.cursor += 1
+                continue
+            m = self._take(seq)
+            self.cursor += 1
+            if m is not None:
+                return m
+        while self.back:
+            m = self._take(self.back[0][1])
+            self.back.popleft()
+            if m is not None:
+                return m
+        return None
+
+    def has_ready(self, now: float) -> bool:
+        return bool(
+            self.front
+            or self.prio
+            or self.back
+            or (self.sched and self.sched[0][0] <= now)
+            or self.cursor < self.log.end
+        )
+
+    # -- settling ---------------------------------------------------------
+    def settle(self, seq: int) -> None:
+        self.pending.pop(seq, None)
+        self.attempts.pop(seq, None)
+        self.acked.add(seq)
+        self.acks += 1
+        self.dirty = True
+
+    def requeue(self, seq: int, *, front: bool, delay: float, now: float) -> None:
+        self.pending.pop(seq, None)
+        if delay > 0:
+            heapq.heappush(self.delayed, (now + delay, seq))
+        elif front:
+            heapq.heappush(self.front, seq)
+        else:
+            self.back.append((self.log.next_seq, seq))
+        self.dirty = True
+
+    def release_due(self, now: float) -> bool:
+        moved = False
+        while self.delayed and self.delayed[0][0] <= now:
+            _, seq = heapq.heappop(self.delayed)
+            heapq.heappush(self.front, seq)
+            moved = True
+        return moved or bool(self.sched and self.sched[0][0] <= now)
+
+    # -- durability -------------------------------------------------------
+    def compute_floor(self) -> int:
+        lo = self.cursor
+        if self.pending:
+            lo = min(lo, min(self.pending))
+        for seq in self.front:
+            lo = min(lo, seq)
+        for _, seq in self.back:
+            lo = min(lo, seq)
+        for _, seq in self.delayed:
+            lo = min(lo, seq)
+        for _, seq in self.prio:
+            if seq not in self.acked:
+                lo = min(lo, seq)
+        for _, seq in self.sched:
+            if seq not in self.acked:
+                lo = min(lo, seq)
+        if lo > self.floor:
+            self.acked = {s for s in self.acked if s >= lo}
+            self.attempts = {s: a for s, a in self.attempts.items() if s >= lo}
+            if self.skip:
+                self.skip = {s for s in self.skip if s >= lo}
+        self.floor = lo
+        return lo
+
+    def durable_state(self) -> tuple[int, bytes]:
+        floor = self.compute_floor()
+        state = _State(
+            acked=sorted(self.acked),
+            attempts={s: a for s, a in self.attempts.items() if a},
+            delayed=list(self.delayed),
+        )
+        return floor, _state_encoder.encode(state)
+
+    def restore(self, floor: int, blob: bytes, now: float) -> None:
+        state = _state_decoder.decode(blob) if blob else _State()
+        self.cursor = self.floor = floor
+        self.acked = set(state.acked)
+        self.attempts = dict(state.attempts)
+        self.delayed = [tuple(d) for d in state.delayed]  # type: ignore[misc]
+        heapq.heapify(self.delayed)
+        # Delayed retries are served from their heap, not again by the cursor.
+        self.skip = {seq for _, seq in self.delayed}
+        self.dirty = False
+
+
+@dataclass(eq=False)
+class Subscription:
+    session: Any
+    sid: int
+    group: Group
+    prefetch: int
+    lease_s: float
+    unsettled: int = 0
+    paused: bool = False
+    active: bool = True
+
+    @property
+    def credit(self) -> int:
+        if self.paused or not self.active:
+            return 0
+        return self.prefetch - self.unsettled
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDef:
+    """What is persisted about a group."""
+
+    key: str
+    kind: str  # "listen" | "consume"
+    patterns: tuple[str, ...]
+    start: str
+
+
+@dataclass(eq=False)
+class Group:
+    key: str
+    kind: str
+    patterns: list[Pattern]
+    start: str
+    gcs: dict[str, GroupChannel] = field(default_factory=dict)
+    members: list[Subscription] = field(default_factory=list)
+    ready: dict[GroupChannel, None] = field(default_factory=dict)
+    rr: int = 0
+
+    def matches(self, channel: str) -> bool:
+        return any(p.matches(channel) for p in self.patterns)
+
+    def definition(self) -> GroupDef:
+        return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns), self.start)
+
+    def next_member(self) -> Subscription | None:
+        members = self.members
+        n = len(members)
+        for i in range(n):
+            sub = members[(self.rr + i) % n]
+            if sub.credit > 0:
+                self.rr = (self.rr + i + 1) % n
+                return sub
+        return None

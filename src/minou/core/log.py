@@ -1,0 +1,191 @@
+"""A channel's append-only log as the broker core sees it.
+
+Only recent message bodies live in memory (``cache``, which covers every live
+seq in ``[cache_lo, end)``) plus one page read back from storage
+(``readback``, covering ``[rb_lo, rb_hi)``). A seq in neither window is
+``MISSING``: the core asks the adapter to load it. A seq inside a window but
+absent from its dict was deleted (``GONE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from ..limits import (
+    DEFAULT_PREFETCH,
+    DEFAULT_REQUEUE_LIMIT,
+)
+
+
+class Msg:
+    """One stored message. Bodies are bytes; JSON is not parsed past validation."""
+
+    __slots__ = (
+        "channel", "data", "deliver_at", "expires_at", "headers", "id", "key",
+        "priority", "published_at", "raw", "seq",
+    )
+
+    def __init__(
+        self,
+        channel: str,
+        seq: int,
+        id: str,
+        data: bytes,
+        raw: bool = False,
+        headers: dict[str, str] | None = None,
+        priority: int = 0,
+        published_at: float = 0.0,
+        expires_at: float | None = None,
+        deliver_at: float | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.id = id
+        self.data = data
+        self.raw = raw
+        self.headers = headers
+        self.priority = priority
+        self.published_at = published_at
+        self.expires_at = expires_at
+        self.deliver_at = deliver_at
+        self.key = key
+
+    @property
+    def special(self) -> bool:
+        """Served outside the plain seq order (priority or publish-time delay)."""
+        return self.priority > 0 or self.deliver_at is not None
+
+    def size(self) -> int:
+        return len(self.data) + 96
+
+    def __repr__(self) -> str:
+        return f"Msg({self.channel!r}, seq={self.seq})"
+
+
+class _Sentinel:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+GONE: Final = _Sentinel("GONE")
+MISSING: Final = _Sentinel("MISSING")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOptions:
+    """Per channel-version options (SPEC §4 ``channels."orders/v1"``)."""
+
+    prefetch: int = DEFAULT_PREFETCH
+    ttl: float | None = None
+    max_items: int | None = None
+    overflow: str = "refuse"  # or "drop_oldest"
+    requeue_limit: int = DEFAULT_REQUEUE_LIMIT
+    dead_letter: bool = True
+    retention: float | None = None  # seconds to keep settled messages for replay
+
+
+@dataclass(eq=False)
+class ChannelLog:
+    name: str
+    options: ChannelOptions = field(default_factory=ChannelOptions)
+    first_seq: int = 1  # lowest seq that may still be live
+    end: int = 1  # one past the highest committed (visible) seq
+    next_seq: int = 1  # next seq to assign (assigned but uncommitted in [end, next_seq))
+    count: int = 0  # live messages
+    inflight: int = 0  # assigned, not yet committed
+    cache: dict[int, Msg] = field(default_factory=dict)
+    cache_lo: int = 1
+    cache_bytes: int = 0
+    readback: dict[int, Msg] = field(default_factory=dict)
+    rb_lo: int = 0
+    rb_hi: int = 0
+    special: dict[int, tuple[int, float | None]] = field(default_factory=dict)
+    gone: set[int] = field(default_factory=set)  # deleted seqs above first_seq
+    states: list = field(default_factory=list)  # GroupChannel readers
+    dropped: int = 0
+    expired: int = 0
+    published: int = 0
+    loading: bool = False
+    waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
+
+    def lookup(self, seq: int) -> Msg | _Sentinel:
+        if seq < self.first_seq or seq in self.gone:
+            return GONE
+        if self.cache_lo <= seq < self.end:
+            return self.cache.get(seq, GONE)
+        if self.rb_lo <= seq < self.rb_hi:
+            return self.readback.get(seq, GONE)
+        if seq >= self.end:
+            return GONE  # not committed yet: not visible
+        return MISSING
+
+    def append_committed(self, msg: Msg) -> None:
+        self.cache[msg.seq] = msg
+        self.cache_bytes += msg.size()
+        if msg.seq >= self.end:
+            self.end = msg.seq + 1
+        if msg.special:
+            self.special[msg.seq] = (msg.priority, msg.deliver_at)
+
+    def evict_below(self, seq: int) -> int:
+        """Drop cached bodies below ``seq``; return bytes freed."""
+        freed = 0
+        if seq <= self.cache_lo:
+            return 0
+        for s in range(self.cache_lo, min(seq, self.end)):
+            m = self.cache.pop(s, None)
+            if m is not None:
+                freed += m.size()
+        self.cache_lo = seq
+        self.cache_bytes -= freed
+        return freed
+
+    def truncate_below(self, seq: int) -> int:
+        """Forget every seq below ``seq`` (settled by all readers); return messages removed."""
+        if seq <= self.first_seq:
+            return 0
+        seq = min(seq, self.end)
+        gone_in_range = sum(1 for s in self.gone if s < seq)
+        removed = (seq - self.first_seq) - gone_in_range
+        self.gone = {s for s in self.gone if s >= seq}
+        for s in [s for s in self.special if s < seq]:
+            del self.special[s]
+        if self.cache_lo < seq:
+            self.evict_below(seq)
+        if self.rb_hi and seq >= self.rb_lo:
+            for s in [s for s in self.readback if s < seq]:
+                del self.readback[s]
+        self.first_seq = seq
+        self.count -= removed
+        return removed
+
+    def delete_one(self, seq: int) -> bool:
+        """Delete one live message (TTL, dead-lettered, dropped). True if it was live."""
+        if seq < self.first_seq or seq in self.gone or seq >= self.end:
+            return False
+        if seq == self.first_seq:
+            self.first_seq += 1
+            while self.first_seq in self.gone:
+                self.gone.discard(self.first_seq)
+                self.first_seq += 1
+        else:
+            self.gone.add(seq)
+        m = self.cache.pop(seq, None)
+        if m is not None:
+            self.cache_bytes -= m.size()
+        self.readback.pop(seq, None)
+        self.special.pop(seq, None)
+        self.count -= 1
+        return True
+
+    def oldest_live(self) -> int | None:
+        """The lowest live seq, if known without storage."""
+        s = self.first_seq
+        while s < self.end and s in self.gone:
+            s += 1
+        return s if s < self.end else None

@@ -1,0 +1,28 @@
+"""What one storage transaction must make durable (group commit)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .group import GroupDef
+from .log import Msg
+
+
+@dataclass(eq=False)
+class WriteBatch:
+    messages: list[Msg] = field(default_factory=list)
+    deletes: list[tuple[str, int]] = field(default_factory=list)  # one message each
+    truncates: dict[str, int] = field(default_factory=dict)  # channel -> new first seq
+    channels: dict[str, int] = field(default_factory=dict)  # channel -> next seq to assign
+    group_defs: dict[str, GroupDef | None] = field(default_factory=dict)  # None: delete
+    group_states: dict[tuple[str, str], tuple[int, bytes] | None] = field(default_factory=dict)
+    dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
+    bytes: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.messages or self.deletes or self.truncates or self.channels or self.group_defs
+            or self.group_states or self.dedup or self.on_commit
+        )

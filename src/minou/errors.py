@@ -1,0 +1,202 @@
+"""Every exception minou raises, and the one table of wire error codes.
+
+::
+
+    MinouError
+    ├── ProtocolError          malformed frame, frame too large, unexpected frame
+    ├── RequestError           sent back to the peer with its code
+    │   ├── InvalidChannel  InvalidPayload  NotAuthorized  NotAuthenticated
+    │   ├── MessageTooLarge  QueueFull  UnknownDelivery  BadRequest  ShuttingDown
+    ├── StorageError           StorageUnavailable
+    └── ClientError            ConnectionClosed, Timeout, SendQueueFull
+
+Each adapter turns these into an error frame (or an HTTP response) in exactly
+one place; the ``code`` is what crosses the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+
+class ErrorCode(IntEnum):
+    # 1xx: framing and protocol; the connection may be closed after these.
+    MALFORMED_FRAME = 100
+    FRAME_TOO_LARGE = 101
+    UNKNOWN_COMMAND = 102
+    UNEXPECTED_FRAME = 103
+    # 2xx: a request was refused; the connection stays usable.
+    BAD_REQUEST = 200
+    INVALID_CHANNEL = 201
+    INVALID_PAYLOAD = 202
+    MESSAGE_TOO_LARGE = 203
+    QUEUE_FULL = 204
+    UNKNOWN_DELIVERY = 205
+    UNKNOWN_SUBSCRIPTION = 206
+    NOT_AUTHENTICATED = 207
+    NOT_AUTHORIZED = 208
+    SHUTTING_DOWN = 209
+    # 3xx: the broker could not do it.
+    STORAGE_UNAVAILABLE = 300
+    INTERNAL = 301
+    SLOW_CONSUMER = 302
+
+
+@dataclass(frozen=True, slots=True)
+class CodeInfo:
+    http_status: int
+    reason: str  # short snake_case label, used as the metrics "reason"
+    text: str
+
+
+ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
+    ErrorCode.MALFORMED_FRAME: CodeInfo(400, "malformed_frame", "malformed frame"),
+    ErrorCode.FRAME_TOO_LARGE: CodeInfo(413, "frame_too_large", "frame too large"),
+    ErrorCode.UNKNOWN_COMMAND: CodeInfo(400, "unknown_command", "unknown command"),
+    ErrorCode.UNEXPECTED_FRAME: CodeInfo(400, "unexpected_frame", "unexpected frame"),
+    ErrorCode.BAD_REQUEST: CodeInfo(400, "bad_request", "bad request"),
+    ErrorCode.INVALID_CHANNEL: CodeInfo(400, "invalid_channel", "invalid channel name"),
+    ErrorCode.INVALID_PAYLOAD: CodeInfo(400, "invalid_payload", "invalid payload"),
+    ErrorCode.MESSAGE_TOO_LARGE: CodeInfo(413, "message_too_large", "message too large"),
+    ErrorCode.QUEUE_FULL: CodeInfo(429, "queue_full", "queue full"),
+    ErrorCode.UNKNOWN_DELIVERY: CodeInfo(404, "unknown_delivery", "unknown delivery tag"),
+    ErrorCode.UNKNOWN_SUBSCRIPTION: CodeInfo(404, "unknown_subscription", "unknown subscription"),
+    ErrorCode.NOT_AUTHENTICATED: CodeInfo(401, "not_authenticated", "not authenticated"),
+    ErrorCode.NOT_AUTHORIZED: CodeInfo(403, "not_authorized", "not authorized"),
+    ErrorCode.SHUTTING_DOWN: CodeInfo(503, "shutting_down", "broker is shutting down"),
+    ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
+    ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
+    ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
+}
+
+
+class MinouError(Exception):
+    """Base of every minou exception."""
+
+
+class RequestError(MinouError):
+    """A request was refused; sent back to the peer with ``code``."""
+
+    code: ErrorCode = ErrorCode.BAD_REQUEST
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    @property
+    def reason(self) -> str:
+        return ERROR_TABLE[self.code].reason
+
+
+class ProtocolError(RequestError):
+    """The peer broke the framing or the protocol."""
+
+    code = ErrorCode.MALFORMED_FRAME
+
+
+class FrameTooLarge(ProtocolError):
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class UnknownCommand(ProtocolError):
+    code = ErrorCode.UNKNOWN_COMMAND
+
+
+class UnexpectedFrame(ProtocolError):
+    code = ErrorCode.UNEXPECTED_FRAME
+
+
+class BadRequest(RequestError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class InvalidChannel(RequestError):
+    code = ErrorCode.INVALID_CHANNEL
+
+
+class InvalidPayload(RequestError):
+    code = ErrorCode.INVALID_PAYLOAD
+
+
+class MessageTooLarge(RequestError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class QueueFull(RequestError):
+    code = ErrorCode.QUEUE_FULL
+
+
+class UnknownDelivery(RequestError):
+    code = ErrorCode.UNKNOWN_DELIVERY
+
+
+class UnknownSubscription(RequestError):
+    code = ErrorCode.UNKNOWN_SUBSCRIPTION
+
+
+class NotAuthenticated(RequestError):
+    code = ErrorCode.NOT_AUTHENTICATED
+
+
+class NotAuthorized(RequestError):
+    code = ErrorCode.NOT_AUTHORIZED
+
+
+class ShuttingDown(RequestError):
+    code = ErrorCode.SHUTTING_DOWN
+
+
+class SlowConsumer(RequestError):
+    code = ErrorCode.SLOW_CONSUMER
+
+
+class StorageError(MinouError):
+    """The storage backend failed."""
+
+
+class StorageUnavailable(StorageError):
+    pass
+
+
+class ClientError(MinouError):
+    """Raised by the client library."""
+
+
+class ConnectionClosed(ClientError):
+    pass
+
+
+class Timeout(ClientError):
+    pass
+
+
+class SendQueueFull(ClientError):
+    """The client's bounded send queue is full (the broker is unreachable or slow)."""
+
+
+class ConfigError(MinouError):
+    """The configuration is invalid; the message names the bad key."""
+
+
+_BY_CODE: dict[int, type[RequestError]] = {}
+for _cls in (
+    ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, BadRequest, InvalidChannel,
+    InvalidPayload, MessageTooLarge, QueueFull, UnknownDelivery, UnknownSubscription,
+    NotAuthenticated, NotAuthorized, ShuttingDown, SlowConsumer,
+):
+    _BY_CODE.setdefault(int(_cls.code), _cls)
+
+
+def error_from_code(code: int, message: str, detail: dict[str, Any] | None = None) -> RequestError:
+    """Rebuild the exception a peer reported (used by the client)."""
+    cls = _BY_CODE.get(code, RequestError)
+    err = cls(message, **(detail or {}))
+    if cls is RequestError:
+        try:
+            err.code = ErrorCode(code)
+        except ValueError:
+            err.code = ErrorCode.INTERNAL
+    return err

@@ -1,0 +1,130 @@
+"""Channel names and patterns: parse, validate, match.
+
+A channel is ``endpoint/version/id``; its dead-letter channel is
+``_dead/endpoint/version/id``. Patterns are a concrete channel,
+``endpoint/version/*`` or ``endpoint/*`` (each optionally under ``_dead/``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import InvalidChannel
+from .limits import MAX_CHANNEL_LENGTH
+
+DEAD_PREFIX = "_dead/"
+_ENDPOINT = re.compile(r"[A-Za-z0-9_-]+")
+_VERSION = re.compile(r"v[1-9][0-9]{0,5}")
+# An id is URL-encoded: unreserved characters and %XX escapes. "/" must be %2F.
+_ID = re.compile(r"(?:[A-Za-z0-9._~!$&'()+,;=:@-]|%[0-9A-Fa-f]{2})+")
+
+
+def _check_endpoint_version(endpoint: str, version: str, text: str) -> None:
+    if not _ENDPOINT.fullmatch(endpoint):
+        raise InvalidChannel(
+            f"invalid channel {text!r}: endpoint {endpoint!r} must be letters, digits, '-' or '_'",
+            channel=text,
+        )
+    if not _VERSION.fullmatch(version):
+        raise InvalidChannel(
+            f"invalid channel {text!r}: version {version!r} must look like v1, v2, ...",
+            channel=text,
+        )
+
+
+@lru_cache(maxsize=65536)
+def validate_channel(name: str) -> str:
+    """Return ``name`` if it is a valid concrete channel, else raise InvalidChannel."""
+    if not isinstance(name, str) or not name:
+        raise InvalidChannel("channel name is empty", channel=name)
+    body = name[len(DEAD_PREFIX):] if name.startswith(DEAD_PREFIX) else name
+    # The limit is on the channel itself, so every channel has a valid dead-letter twin.
+    if len(body) > MAX_CHANNEL_LENGTH:
+        raise InvalidChannel(
+            f"channel name is {len(body)} characters, the limit is {MAX_CHANNEL_LENGTH}",
+            channel=name[:64],
+        )
+    parts = body.split("/")
+    if len(parts) != 3:
+        raise InvalidChannel(
+            f"invalid channel {name!r}: expected endpoint/version/id"
+            + (" (a '/' inside the id must be written %2F)" if len(parts) > 3 else ""),
+            channel=name,
+        )
+    endpoint, version, ident = parts
+    _check_endpoint_version(endpoint, version, name)
+    if ident == "*":
+        raise InvalidChannel(
+            f"{name!r} is a pattern, not a channel; send() to it to broadcast", channel=name
+        )
+    if not _ID.fullmatch(ident):
+        raise InvalidChannel(
+            f"invalid channel {name!r}: id {ident!r} must be URL-encoded", channel=name
+        )
+    return name
+
+
+def dead_letter_channel(channel: str) -> str:
+    return channel if channel.startswith(DEAD_PREFIX) else DEAD_PREFIX + channel
+
+
+def is_dead_letter(channel: str) -> bool:
+    return channel.startswith(DEAD_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """A parsed pattern. ``prefix`` is what a matching channel starts with."""
+
+    text: str
+    prefix: str
+    concrete: bool
+
+    def matches(self, channel: str) -> bool:
+        if self.concrete:
+            return channel == self.text
+        return channel.startswith(self.prefix)
+
+
+@lru_cache(maxsize=4096)
+def parse_pattern(text: str) -> Pattern:
+    """Parse ``endpoint/version/id``, ``endpoint/version/*`` or ``endpoint/*``."""
+    if not isinstance(text, str) or not text:
+        raise InvalidChannel("pattern is empty", channel=text)
+    dead = text.startswith(DEAD_PREFIX)
+    body = text[len(DEAD_PREFIX):] if dead else text
+    parts = body.split("/")
+    if len(parts) == 2 and parts[1] == "*":
+        _check_endpoint_version(parts[0], "v1", text)
+        return Pattern(text, text[:-1], concrete=False)
+    if len(parts) == 3 and parts[2] == "*":
+        _check_endpoint_version(parts[0], parts[1], text)
+        return Pattern(text, text[:-1], concrete=False)
+    try:
+        validate_channel(text)
+    except InvalidChannel as exc:
+        raise InvalidChannel(
+            f"invalid pattern {text!r}: use endpoint/version/id, endpoint/version/* or "
+            f"endpoint/* ({exc.message})",
+            channel=text,
+        ) from None
+    return Pattern(text, text, concrete=True)
+
+
+def broadcast_prefix(target: str) -> str | None:
+    """For ``endpoint/version/*`` return the prefix of its channels, else None."""
+    body = target[len(DEAD_PREFIX):] if target.startswith(DEAD_PREFIX) else target
+    parts = body.split("/")
+    if len(parts) == 3 and parts[2] == "*":
+        _check_endpoint_version(parts[0], parts[1], target)
+        return target[:-1]
+    return None
+
+
+def schema_key(channel: str) -> str:
+    """``orders/v1/42`` -> ``orders/v1``: the pair that fixes one JSON format."""
+    body = channel[len(DEAD_PREFIX):] if channel.startswith(DEAD_PREFIX) else channel
+    endpoint, version, _ = body.split("/", 2)
+    return f"{endpoint}/{version}"

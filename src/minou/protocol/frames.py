@@ -1,0 +1,269 @@
+"""The native wire format: frame types and pure encoders/decoders.
+
+A frame is ``u32 length | u8 type | body`` (big-endian length counting the type
+byte and the body). The body is a MessagePack array whose shape is the msgspec
+Struct registered for that type (``array_like``: field order is the wire
+order, so new optional fields go at the end). No I/O here.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+
+from ..errors import ProtocolError, UnknownCommand
+
+HEADER = struct.Struct(">IB")
+HEADER_SIZE = HEADER.size
+
+
+class FrameType(IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    PUBLISH = 3
+    CONFIRM = 4
+    SUBSCRIBE = 5
+    UNSUBSCRIBE = 6
+    SUB_ADD = 7
+    SUB_REMOVE = 8
+    DELIVER = 9
+    ACK = 10
+    NACK = 11
+    EXTEND = 12
+    SETTLED = 13
+    READ = 14
+    READ_RESULT = 15
+    ADMIN = 16
+    RESULT = 17
+    ERROR = 18
+    PING = 19
+    PONG = 20
+    BYE = 21
+
+
+class Frame(msgspec.Struct, array_like=True, frozen=True, omit_defaults=False):
+    """Base of every frame body."""
+
+
+class Hello(Frame):
+    client_id: str
+    version: int = 1
+    token: str | None = None
+    session: str | None = None
+
+
+class Welcome(Frame):
+    broker_id: str
+    version: int
+    session: str
+    max_message_size: int
+
+
+class Send(msgspec.Struct, array_like=True, frozen=True):
+    """One message inside a Publish. ``data`` is JSON text unless ``raw``."""
+
+    channel: str
+    data: bytes
+    raw: bool = False
+    headers: dict[str, str] | None = None
+    priority: int = 0
+    ttl: float | None = None  # seconds
+    delay: float | None = None  # seconds before first delivery
+    dedup: str | None = None
+    key: str | None = None
+
+
+class Publish(Frame):
+    req: int
+    msgs: list[Send]
+
+
+class Outcome(msgspec.Struct, array_like=True, frozen=True):
+    """The fate of one Send: stored (seq, id), a dedup hit, or an error."""
+
+    seq: int = 0
+    id: str = ""
+    channel: str = ""
+    duplicate: bool = False
+    code: int = 0
+    error: str = ""
+    fanout: int = 1  # how many channels a broadcast reached
+
+
+class Confirm(Frame):
+    req: int
+    outcomes: list[Outcome]
+
+
+class Subscribe(Frame):
+    req: int
+    sid: int
+    kind: str  # "listen" | "consume"
+    patterns: list[str]
+    group: str | None = None
+    start: str = ""  # "new" | "oldest" | "seq:<n>"; "" means the kind's default
+    prefetch: int = 0  # 0: the channel default
+    lease: float = 0.0  # 0: the broker default
+    name: str | None = None  # durable listener name (defaults to the pattern)
+
+
+class Unsubscribe(Frame):
+    req: int
+    sid: int
+
+
+class SubAdd(Frame):
+    req: int
+    sid: int
+    pattern: str
+
+
+class SubRemove(Frame):
+    req: int
+    sid: int
+    pattern: str
+
+
+class Delivery(msgspec.Struct, array_like=True, frozen=True):
+    tag: int
+    channel: str
+    seq: int
+    id: str
+    data: bytes
+    raw: bool
+    headers: dict[str, str] | None
+    attempts: int
+    published_at: float
+    priority: int = 0
+    key: str | None = None
+
+
+class Deliver(Frame):
+    sid: int
+    items: list[Delivery]
+
+
+class Ack(Frame):
+    req: int  # 0: no Settled reply wanted
+    tags: list[int]
+
+
+class Nack(Frame):
+    req: int
+    tags: list[int]
+    delay: float = 0.0
+    front: bool = True
+
+
+class Extend(Frame):
+    req: int
+    tags: list[int]
+    seconds: float
+
+
+class Settled(Frame):
+    """Reply to Ack/Nack/Extend once durable. ``failed`` lists (tag, code, text)."""
+
+    req: int
+    failed: list[tuple[int, int, str]]
+
+
+class Read(Frame):
+    req: int
+    channel: str
+    from_seq: int
+    limit: int
+    to_seq: int = 0  # exclusive; 0 means no upper bound
+
+
+class ReadResult(Frame):
+    req: int
+    items: list[Delivery]
+    next_seq: int
+
+
+class Admin(Frame):
+    """A request/response call with a JSON-like argument map (list, status...)."""
+
+    req: int
+    op: str
+    args: dict[str, Any] = {}
+
+
+class Result(Frame):
+    req: int
+    value: Any = None
+
+
+class Error(Frame):
+    req: int  # 0 when not tied to a request
+    code: int
+    message: str
+    detail: dict[str, Any] = {}
+    fatal: bool = False
+
+
+class Ping(Frame):
+    req: int
+
+
+class Pong(Frame):
+    req: int
+
+
+class Bye(Frame):
+    reason: str = ""
+
+
+FRAME_CLASSES: dict[FrameType, type[Frame]] = {
+    FrameType.HELLO: Hello,
+    FrameType.WELCOME: Welcome,
+    FrameType.PUBLISH: Publish,
+    FrameType.CONFIRM: Confirm,
+    FrameType.SUBSCRIBE: Subscribe,
+    FrameType.UNSUBSCRIBE: Unsubscribe,
+    FrameType.SUB_ADD: SubAdd,
+    FrameType.SUB_REMOVE: SubRemove,
+    FrameType.DELIVER: Deliver,
+    FrameType.ACK: Ack,
+    FrameType.NACK: Nack,
+    FrameType.EXTEND: Extend,
+    FrameType.SETTLED: Settled,
+    FrameType.READ: Read,
+    FrameType.READ_RESULT: ReadResult,
+    FrameType.ADMIN: Admin,
+    FrameType.RESULT: Result,
+    FrameType.ERROR: Error,
+    FrameType.PING: Ping,
+    FrameType.PONG: Pong,
+    FrameType.BYE: Bye,
+}
+TYPE_OF: dict[type[Frame], FrameType] = {cls: t for t, cls in FRAME_CLASSES.items()}
+_DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in FRAME_CLASSES.items()}
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(frame: Frame) -> bytes:
+    """Encode one frame, header included."""
+    body = _encoder.encode(frame)
+    return HEADER.pack(len(body) + 1, TYPE_OF[type(frame)]) + body
+
+
+def decode_body(frame_type: int, body: bytes | memoryview) -> Frame:
+    """Decode a frame body; raise ProtocolError/UnknownCommand with a precise reason."""
+    try:
+        decoder = _DECODERS[FrameType(frame_type)]
+    except ValueError:
+        raise UnknownCommand(f"unknown frame type {frame_type}", frame_type=frame_type) from None
+    try:
+        return decoder.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        name = FrameType(frame_type).name
+        raise ProtocolError(f"malformed {name} frame: {exc}", frame_type=frame_type) from None
+    except RecursionError:
+        name = FrameType(frame_type).name
+        raise ProtocolError(f"malformed {name} frame: nested too deeply",
+                            frame_type=frame_type) from None

@@ -1,0 +1,85 @@
+"""Bytes in, frames out: the sans-IO frame reader shared by broker and client.
+
+``receive_data`` appends bytes; ``next_event`` returns the next complete frame,
+a ``BadFrame`` (the framing held but the body did not decode: the stream is
+still in sync and the peer gets an error), or ``None`` when more bytes are
+needed. A frame whose declared length is over the limit cannot be skipped
+safely, so it raises ``FrameTooLarge`` and the reader is dead afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import FrameTooLarge, ProtocolError, RequestError
+from ..limits import MAX_FRAME_SIZE
+from .frames import HEADER, HEADER_SIZE, Frame, decode_body
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    error: RequestError
+    frame_type: int
+
+
+class FrameReader:
+    def __init__(self, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._max = max_frame_size
+        self._dead: ProtocolError | None = None
+
+    def receive_data(self, data: bytes) -> None:
+        if self._dead is not None:
+            return
+        if self._pos and self._pos == len(self._buf):
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet consumed (a partial frame at EOF means truncation)."""
+        return len(self._buf) - self._pos
+
+    def next_event(self) -> Frame | BadFrame | None:
+        if self._dead is not None:
+            raise self._dead
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            self._compact()
+            return None
+        length, frame_type = HEADER.unpack_from(buf, pos)
+        if length < 1:
+            self._dead = ProtocolError("frame length 0 is invalid: a frame has at least a type")
+            raise self._dead
+        if length > self._max:
+            self._dead = FrameTooLarge(
+                f"frame of {length} bytes is over the {self._max} byte limit",
+                limit=self._max,
+                size=length,
+            )
+            raise self._dead
+        end = pos + 4 + length
+        if len(buf) < end:
+            self._compact()
+            return None
+        body = bytes(memoryview(buf)[pos + HEADER_SIZE : end])
+        self._pos = end
+        try:
+            return decode_body(frame_type, body)
+        except RequestError as exc:
+            return BadFrame(exc, frame_type)
+
+    def events(self) -> list[Frame | BadFrame]:
+        out: list[Frame | BadFrame] = []
+        while (ev := self.next_event()) is not None:
+            out.append(ev)
+        return out
+
+    def _compact(self) -> None:
+        # Drop consumed bytes only when they dominate, so a large frame arriving
+        # in small pieces is not copied once per piece.
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._pos = 0

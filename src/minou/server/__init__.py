@@ -1,0 +1,1 @@
+"""Thin asyncio adapters around the core: TCP, WebSocket, HTTP, lifecycle."""

@@ -1,0 +1,349 @@
+"""The broker process: storage writer, pump, timers, listeners, lifecycle.
+
+One event loop runs everything. Storage work goes to two threads (one writer
+connection that group-commits, one reader connection for pages and range
+reads), so the loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+from .. import __version__
+from ..config import Settings
+from ..core.broker import Broker, Session
+from ..core.log import Msg
+from ..errors import ShuttingDown
+from ..limits import (
+    CONSUMER_WRITE_HIGH,
+    CONSUMER_WRITE_LOW,
+    MAX_FRAME_SIZE,
+    PUBLISH_PAUSE_BYTES,
+    PUBLISH_RESUME_BYTES,
+    STORAGE_READ_PAGE,
+    SWEEP_INTERVAL_S,
+)
+from ..protocol import frames as f
+from ..storage.sqlite import SQLiteStorage
+from .connection import NativeConnection
+
+log = logging.getLogger("minou.server")
+
+
+class _TcpProtocol(asyncio.Protocol):
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.conn: NativeConnection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        transport.set_write_buffer_limits(CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.conn = NativeConnection(self.server, transport, str(peer))
+        self.server.connections.add(self.conn)
+
+    def data_received(self, data: bytes) -> None:
+        assert self.conn is not None
+        self.conn.receive(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.conn is not None:
+            self.conn.lost()
+            self.server.connections.discard(self.conn)
+
+    def pause_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.set_paused(True)
+
+    def resume_writing(self) -> None:
+        if self.conn is not None:
+            self.conn.set_paused(False)
+
+
+class BrokerServer:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.core = Broker(
+            broker_id=settings.broker_id,
+            channel_options=settings.channel_options,
+            max_message_size=settings.max_message_size,
+            dedup_window=settings.dedup_window,
+            default_lease=settings.default_lease,
+        )
+        self.storage = SQLiteStorage(settings.data_dir)
+        self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
+        self.connections: set[NativeConnection] = set()
+        self.counters_internal = 0
+        self.started_at = time.time()
+        self.accepting = True
+        self.native_address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
+        self.commit_seconds_total = 0.0
+        self.commits = 0
+        self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
+        self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
+        self._write_wanted = asyncio.Event()
+        self._pump_scheduled = False
+        self._uncommitted = 0
+        self._publishers_paused: set[NativeConnection] = set()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Future[Any]] = set()
+        self._tcp: asyncio.base_events.Server | None = None
+        self._http: Any = None
+        self._stopping = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        now = time.time()
+        snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
+        self.core.restore(snap, now)
+        # Everything restored is recorded again so the next commit is complete.
+        self._tcp = await self.loop.create_server(
+            lambda: _TcpProtocol(self), self.settings.host, self.settings.port,
+            reuse_address=True, backlog=1024,
+        )
+        sock = self._tcp.sockets[0].getsockname()
+        self.native_address = (sock[0], sock[1])
+        if self.settings.http_port is not None:
+            from .http import start_http
+
+            self._http, self.http_address = await start_http(self)
+        self._tasks = [
+            asyncio.create_task(self._writer(), name="minou-writer"),
+            asyncio.create_task(self._ticker(), name="minou-ticker"),
+        ]
+        self.request_write()
+        self.request_pump()
+
+    async def serve_forever(self) -> None:
+        await self._stopping.wait()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def stop(self) -> None:
+        self.accepting = False
+        if self._tcp is not None:
+            self._tcp.close()
+        if self._http is not None:
+            self._http.should_exit = True
+        for conn in list(self.connections):
+            conn.close()
+        # Let the writer commit what is staged (confirms for accepted publishes).
+        self.request_write()
+        for _ in range(200):
+            if not self.core.batch and self._uncommitted == 0:
+                break
+            await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._http_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._http_task, 5)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer_pool, self.storage.close)
+        await loop.run_in_executor(self._reader_pool, self.storage.close)
+        self._writer_pool.shutdown()
+        self._reader_pool.shutdown()
+
+    _http_task: asyncio.Task[Any] | None = None
+
+    def check_accepting(self) -> None:
+        if not self.accepting:
+            raise ShuttingDown("the broker is stopping and accepts no new work")
+
+    # -------------------------------------------------------------- sessions
+    def open_session(self, client_id: str, conn: NativeConnection) -> Session:
+        return Session(client_id, conn)
+
+    def close_session(self, session: Session) -> None:
+        self.core.disconnect(session, time.time())
+        self._publishers_paused.discard(session.conn)
+        self.request_write()
+        self.request_pump()
+
+    def wake_groups(self, session: Session) -> None:
+        for sub in session.subs.values():
+            if sub.group.ready:
+                self.core._ready_groups[sub.group] = None
+        self.request_pump()
+
+    # ------------------------------------------------------------- writing
+    def publish_staged(self, conn: NativeConnection, staged: list[Msg]) -> None:
+        self._uncommitted += sum(len(m.data) for m in staged)
+        if self._uncommitted > PUBLISH_PAUSE_BYTES:
+            # Flow control: the disk is behind; stop reading from this publisher.
+            conn.pause_reading()
+            self._publishers_paused.add(conn)
+        self.request_write()
+
+    def after_input(self) -> None:
+        """A read was handled: commit what it staged, deliver what it freed."""
+        if self.core.batch:
+            self.request_write()
+        self.request_pump()
+
+    def request_write(self) -> None:
+        self._write_wanted.set()
+
+    async def _writer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._write_wanted.wait()
+            self._write_wanted.clear()
+            while True:
+                batch = self.core.take_writes()
+                if not batch:
+                    break
+                started = time.perf_counter()
+                try:
+                    await loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
+                except Exception:
+                    log.exception("storage commit failed; stopping the broker")
+                    self.request_stop()
+                    return
+                self.commit_seconds_total += time.perf_counter() - started
+                self.commits += 1
+                self._uncommitted = max(0, self._uncommitted - batch.bytes)
+                self.core.on_committed(batch, time.time())
+                if self._publishers_paused and self._uncommitted < PUBLISH_RESUME_BYTES:
+                    for conn in self._publishers_paused:
+                        conn.resume_reading()
+                    self._publishers_paused.clear()
+                self.request_pump()
+
+    # ---------------------------------------------------------------- pump
+    def request_pump(self) -> None:
+        if not self._pump_scheduled and self.loop is not None:
+            self._pump_scheduled = True
+            self.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        out, loads = self.core.pump(time.time())
+        for sub, items in out.items():
+            sub.session.conn.send_deliveries(sub.sid, items)
+        for need in loads:
+            self._spawn(self._load(need.log.name, need.seq, need.log.cache_lo))
+        if self.core.batch:
+            self.request_write()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _load(self, channel: str, from_seq: int, upto: int) -> None:
+        loop = asyncio.get_running_loop()
+        msgs = await loop.run_in_executor(
+            self._reader_pool, self.storage.read_range, channel, from_seq, upto, STORAGE_READ_PAGE
+        )
+        hi = msgs[-1].seq + 1 if len(msgs) == STORAGE_READ_PAGE else upto
+        self.core.on_loaded(channel, from_seq, msgs, hi)
+        self.request_pump()
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_expiry_scan = 0.0
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.time()
+            self.core.tick(now)
+            if now - last_expiry_scan >= 1.0:
+                last_expiry_scan = now
+                expired = await loop.run_in_executor(
+                    self._reader_pool, self.storage.expired, now, 1000
+                )
+                if expired:
+                    self.core.expire(expired, time.time())
+            if self.core.batch:
+                self.request_write()
+            self.request_pump()
+
+    # ------------------------------------------------------------ reading
+    def read_range(self, conn: NativeConnection, frame: f.Read) -> None:
+        from ..names import validate_channel
+
+        validate_channel(frame.channel)
+        log_ = self.core.channels.get(frame.channel)
+        if log_ is None:
+            conn.send(f.ReadResult(frame.req, [], 1))
+            return
+        upper = log_.end if not frame.to_seq else min(frame.to_seq, log_.end)
+        limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+            msgs = await loop.run_in_executor(
+                self._reader_pool, self.storage.read_range, frame.channel,
+                max(frame.from_seq, 1), upper, limit,
+            )
+            items = [
+                f.Delivery(0, m.channel, m.seq, m.id, m.data, m.raw, m.headers, 0,
+                           m.published_at, m.priority, m.key)
+                for m in msgs
+            ]
+            next_seq = msgs[-1].seq + 1 if len(msgs) == limit else upper
+            conn.send(f.ReadResult(frame.req, items, next_seq))
+
+        self._spawn(run())
+
+    # -------------------------------------------------------------- admin
+    def admin(self, op: str, args: dict[str, Any]) -> Any:
+        from .admin import run_admin
+
+        return run_admin(self, op, args)
+
+    def status(self) -> dict[str, Any]:
+        now = time.time()
+        return {
+            "broker_id": self.core.broker_id,
+            "version": __version__,
+            "uptime_s": round(now - self.started_at, 3),
+            "storage": {"backend": "sqlite", "path": self.storage.path,
+                        "bytes": self.storage.size_bytes(), "commits": self.commits},
+            "native": _addr(self.native_address, "minou"),
+            "http": _addr(self.http_address, "http"),
+            "connections": len(self.connections),
+            "channels": len(self.core.channels),
+            "groups": len(self.core.groups),
+            "counters": self.core.counters.as_dict(),
+            "accepting": self.accepting,
+        }
+
+
+def _addr(addr: tuple[str, int] | None, scheme: str) -> str | None:
+    return f"{scheme}://{addr[0]}:{addr[1]}" if addr else None
+
+
+async def run_broker(settings: Settings, *, announce: Any = print) -> int:
+    """Start, announce the addresses, run until SIGTERM/SIGINT, stop cleanly."""
+    server = BrokerServer(settings)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, server.request_stop)
+    announce(server)
+    await server.serve_forever()
+    await server.stop()
+    return 0

@@ -1,0 +1,277 @@
+"""One native-protocol connection: frames in, core calls, frames out.
+
+The byte transport is abstract (``Transport`` below) so the TCP adapter and
+the WebSocket adapter share this class. Every complete frame of one read is
+handled before a single ``write`` of all the replies; confirms and settled
+replies wait for the storage commit that makes them true.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..errors import (
+    ERROR_TABLE,
+    ErrorCode,
+    ProtocolError,
+    RequestError,
+    SlowConsumer,
+    UnexpectedFrame,
+)
+from ..limits import CONSUMER_HARD_LIMIT, MAX_BATCH, PROTOCOL_VERSION
+from ..protocol import frames as f
+from ..protocol.reader import BadFrame, FrameReader
+
+if TYPE_CHECKING:
+    from .app import BrokerServer
+
+log = logging.getLogger("minou.connection")
+
+
+class Transport(Protocol):
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class NativeConnection:
+    def __init__(self, server: BrokerServer, transport: Transport, peer: str) -> None:
+        self.server = server
+        self.core = server.core
+        self.transport = transport
+        self.peer = peer
+        self.reader = FrameReader(max_frame_size=server.max_frame_size)
+        self.session: Any = None
+        self.closed = False
+        self.reading_paused = False
+        self._out: list[bytes] = []
+        self._handlers = {
+            f.Publish: self._on_publish,
+            f.Subscribe: self._on_subscribe,
+            f.Unsubscribe: self._on_unsubscribe,
+            f.SubAdd: self._on_sub_add,
+            f.SubRemove: self._on_sub_remove,
+            f.Ack: self._on_ack,
+            f.Nack: self._on_nack,
+            f.Extend: self._on_extend,
+            f.Read: self._on_read,
+            f.Admin: self._on_admin,
+            f.Ping: self._on_ping,
+            f.Bye: self._on_bye,
+        }
+
+    # ------------------------------------------------------------------ input
+    def receive(self, data: bytes) -> None:
+        self.reader.receive_data(data)
+        try:
+            while (event := self.reader.next_event()) is not None:
+                if self.closed:
+                    return
+                self._handle(event)
+        except ProtocolError as exc:  # framing lost (too large, zero length): fatal
+            self._refused(exc)
+            self._error(0, exc, fatal=True)
+            self.flush()
+            self.close()
+            return
+        self.flush()
+        self.server.after_input()
+
+    def _handle(self, event: f.Frame | BadFrame) -> None:
+        if isinstance(event, BadFrame):
+            self._refused(event.error)
+            self._error(0, event.error)
+            return
+        if self.session is None:
+            if isinstance(event, f.Hello):
+                self._on_hello(event)
+            else:
+                exc = UnexpectedFrame(f"expected HELLO first, got {type(event).__name__.upper()}")
+                self._refused(exc)
+                self._error(getattr(event, "req", 0), exc, fatal=True)
+                self.flush()
+                self.close()
+            return
+        handler = self._handlers.get(type(event))
+        req = getattr(event, "req", 0)
+        if handler is None:
+            exc = UnexpectedFrame(f"a client may not send {type(event).__name__.upper()}")
+            self._refused(exc)
+            self._error(req, exc)
+            return
+        try:
+            handler(event)
+        except RequestError as exc:
+            self._refused(exc)
+            self._error(req, exc)
+        except Exception:  # a bug must cost one request, never the broker
+            log.exception("internal error handling %s from %s", type(event).__name__, self.peer)
+            self.server.counters_internal += 1
+            self._send(f.Error(req, int(ErrorCode.INTERNAL), "internal error"))
+
+    def _refused(self, exc: RequestError) -> None:
+        self.core.counters.refuse(exc.reason)
+
+    # ------------------------------------------------------------ handlers
+    def _on_hello(self, hello: f.Hello) -> None:
+        if hello.version != PROTOCOL_VERSION:
+            raise_later = UnexpectedFrame(
+                f"protocol version {hello.version} is not supported (this broker speaks "
+                f"{PROTOCOL_VERSION})"
+            )
+            self._refused(raise_later)
+            self._error(0, raise_later, fatal=True)
+            self.flush()
+            self.close()
+            return
+        if not hello.client_id or len(hello.client_id) > 200:
+            exc = UnexpectedFrame("client_id must be 1..200 characters")
+            self._refused(exc)
+            self._error(0, exc, fatal=True)
+            self.flush()
+            self.close()
+            return
+        self.session = self.server.open_session(hello.client_id, self)
+        self._send(f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
+                             self.core.max_message_size))
+
+    def _on_publish(self, frame: f.Publish) -> None:
+        if len(frame.msgs) > MAX_BATCH:
+            raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
+        self.server.check_accepting()
+        outcomes, staged = self.core.publish(frame.msgs, time.time())
+        confirm = f.Confirm(frame.req, outcomes)
+        if staged:
+            self.core.after_commit(lambda: self.send(confirm))
+            self.server.publish_staged(self, staged)
+        else:
+            self._send(confirm)
+
+    def _on_subscribe(self, frame: f.Subscribe) -> None:
+        self.server.check_accepting()
+        self.core.subscribe(
+            self.session, frame.sid, kind=frame.kind, patterns=list(frame.patterns),
+            group=frame.group, start=frame.start, prefetch=frame.prefetch, lease=frame.lease,
+            name=frame.name, now=time.time(),
+        )
+        self._reply_after_commit(f.Result(frame.req, {"sid": frame.sid}))
+
+    def _on_unsubscribe(self, frame: f.Unsubscribe) -> None:
+        self.core.unsubscribe(self.session, frame.sid, time.time())
+        self._reply_after_commit(f.Result(frame.req, None))
+
+    def _on_sub_add(self, frame: f.SubAdd) -> None:
+        self.core.add_pattern(self.session, frame.sid, frame.pattern, time.time())
+        self._reply_after_commit(f.Result(frame.req, None))
+
+    def _on_sub_remove(self, frame: f.SubRemove) -> None:
+        self.core.remove_pattern(self.session, frame.sid, frame.pattern, time.time())
+        self._reply_after_commit(f.Result(frame.req, None))
+
+    def _settled(self, req: int, failed: list[tuple[int, int, str]]) -> None:
+        if req:
+            self._reply_after_commit(f.Settled(req, failed))
+        elif failed:
+            for tag, code, text in failed:
+                self._send(f.Error(0, code, text, {"tag": tag}))
+
+    def _on_ack(self, frame: f.Ack) -> None:
+        self._settled(frame.req, self.core.ack(self.session, frame.tags))
+
+    def _on_nack(self, frame: f.Nack) -> None:
+        failed = self.core.nack(self.session, frame.tags, delay=frame.delay, front=frame.front,
+                                now=time.time())
+        self._settled(frame.req, failed)
+
+    def _on_extend(self, frame: f.Extend) -> None:
+        failed = self.core.extend(self.session, frame.tags, frame.seconds, time.time())
+        if frame.req:
+            self._send(f.Settled(frame.req, failed))
+
+    def _on_read(self, frame: f.Read) -> None:
+        self.server.read_range(self, frame)
+
+    def _on_admin(self, frame: f.Admin) -> None:
+        self._send(f.Result(frame.req, self.server.admin(frame.op, frame.args)))
+
+    def _on_ping(self, frame: f.Ping) -> None:
+        self._send(f.Pong(frame.req))
+
+    def _on_bye(self, frame: f.Bye) -> None:
+        self.flush()
+        self.close()
+
+    # ----------------------------------------------------------------- output
+    def _reply_after_commit(self, frame: f.Frame) -> None:
+        self.core.after_commit(lambda: self.send(frame))
+        self.server.request_write()
+
+    def _send(self, frame: f.Frame) -> None:
+        self._out.append(f.encode(frame))
+
+    def _error(self, req: int, exc: RequestError, *, fatal: bool = False) -> None:
+        detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
+        detail.setdefault("reason", ERROR_TABLE[exc.code].reason)
+        self._send(f.Error(req, int(exc.code), exc.message, detail, fatal))
+
+    def flush(self) -> None:
+        if self._out and not self.closed:
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
+
+    def send(self, frame: f.Frame) -> None:
+        """Write one frame now (used from commit callbacks and the pump)."""
+        if not self.closed:
+            self.transport.write(f.encode(frame))
+
+    def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
+        if self.closed:
+            return
+        if self.transport.get_write_buffer_size() > CONSUMER_HARD_LIMIT:
+            exc = SlowConsumer(
+                f"more than {CONSUMER_HARD_LIMIT} bytes of deliveries are waiting to be read; "
+                "the connection is closed and its deliveries requeued"
+            )
+            self._refused(exc)
+            self._error(0, exc, fatal=True)
+            self.flush()
+            self.close()
+            return
+        self.transport.write(f.encode(f.Deliver(sid, items)))
+
+    def set_paused(self, paused: bool) -> None:
+        """The transport's write buffer crossed a water mark: stop or resume deliveries."""
+        if self.session is None:
+            return
+        for sub in self.session.subs.values():
+            sub.paused = paused
+        if not paused:
+            self.server.wake_groups(self.session)
+
+    def pause_reading(self) -> None:
+        if not self.reading_paused and not self.closed:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.reading_paused and not self.closed:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.close()
+
+    def lost(self) -> None:
+        """The transport is gone: return unsettled deliveries."""
+        if self.reader.buffered:
+            self.core.counters.refuse("truncated_frame")
+        self.closed = True
+        if self.session is not None:
+            self.server.close_session(self.session)
+            self.session = None

@@ -1,0 +1,134 @@
+"""The HTTP listener in the broker's own loop: health, status, and the native
+protocol over WebSocket (``/v1/ws``: binary messages carry native frames).
+
+The HTTP API proper (publish, consume, admin, metrics) grows here (issue #4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from .connection import NativeConnection
+
+if TYPE_CHECKING:
+    from .app import BrokerServer
+
+
+class _WebSocketTransport:
+    """Gives NativeConnection the transport surface it expects, over a WebSocket."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.buffered = 0
+        self.closed = False
+        self.paused = asyncio.Event()
+        self.paused.set()
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            self.buffered += len(data)
+            self.queue.put_nowait(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def pause_reading(self) -> None:
+        self.paused.clear()
+
+    def resume_reading(self) -> None:
+        self.paused.set()
+
+
+def build_app(server: BrokerServer) -> Starlette:
+    async def health(request: Request) -> JSONResponse:
+        ok = server.accepting
+        body = {"status": "ok" if ok else "stopping", "storage": "ok"}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def native_ws(ws: WebSocket) -> None:
+        await ws.accept()
+        transport = _WebSocketTransport(ws)
+        conn = NativeConnection(server, transport, f"ws:{ws.client}")
+        server.connections.add(conn)
+
+        async def pump_out() -> None:
+            while (data := await transport.queue.get()) is not None:
+                transport.buffered -= len(data)
+                await ws.send_bytes(data)
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+        sender = asyncio.create_task(pump_out())
+        try:
+            while not transport.closed:
+                await transport.paused.wait()
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                data = message.get("bytes")
+                if data is None:
+                    data = (message.get("text") or "").encode()
+                conn.receive(data)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            conn.lost()
+            server.connections.discard(conn)
+            transport.close()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(sender, 2)
+
+    return Starlette(routes=[
+        Route("/health", health),
+        WebSocketRoute("/v1/ws", native_ws),
+    ])
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield  # the broker owns the process signals
+
+
+async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
+    settings = server.settings
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.http_port or 0))
+    sock.listen(1024)
+    sock.setblocking(False)
+    config = uvicorn.Config(build_app(server), log_level="warning", lifespan="off",
+                            ws="websockets-sansio" if _has_sansio() else "auto",
+                            access_log=False)
+    http = _EmbeddedServer(config)
+    server._http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    while not http.started:
+        if server._http_task.done():
+            server._http_task.result()
+        await asyncio.sleep(0.01)
+    addr = sock.getsockname()
+    return http, (addr[0], addr[1])
+
+
+def _has_sansio() -> bool:
+    try:
+        import uvicorn.protocols.websockets.websockets_sansio_impl  # noqa: F401
+    except ImportError:
+        return False
+    return True

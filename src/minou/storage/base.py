@@ -1,0 +1,54 @@
+"""The storage interface: small, blocking, called from one writer thread.
+
+The broker core keeps the working state in memory; storage makes it durable
+and gives it back at start (``open``) and when a reader falls behind the body
+cache (``read_range``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..core.group import GroupDef
+from ..core.log import Msg
+from ..core.writes import WriteBatch
+
+
+@dataclass
+class ChannelRecord:
+    name: str
+    next_seq: int
+    first_seq: int
+    count: int
+    bytes: int = 0
+
+
+@dataclass
+class Snapshot:
+    """Everything the core needs to rebuild its state after a restart."""
+
+    channels: list[ChannelRecord] = field(default_factory=list)
+    specials: list[tuple[str, int, int, float | None]] = field(default_factory=list)
+    groups: list[GroupDef] = field(default_factory=list)
+    group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
+    dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
+
+
+class Storage(Protocol):
+    path: str
+
+    def open(self, now: float) -> Snapshot: ...
+
+    def apply(self, batch: WriteBatch) -> None:
+        """Make the whole batch durable in one transaction, or raise StorageError."""
+
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+        """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most ``limit``."""
+
+    def expired(self, now: float, limit: int) -> list[tuple[str, int]]: ...
+
+    def size_bytes(self) -> int: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,231 @@
+"""Embedded storage: one SQLite file in WAL mode, one transaction per batch.
+
+``synchronous=FULL`` makes every commit fsync the WAL, so a batch is on disk
+when ``apply`` returns; the broker confirms publishes only after that. The
+writer and the reader each use their own connection (WAL lets reads run
+beside the writer); every method is called from one thread per connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+import msgspec
+
+from ..core.group import GroupDef
+from ..core.log import Msg
+from ..core.writes import WriteBatch
+from ..errors import StorageUnavailable
+from .base import ChannelRecord, Snapshot
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS channels(
+    cid INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, next_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS messages(
+    cid INTEGER NOT NULL, seq INTEGER NOT NULL, id TEXT NOT NULL, data BLOB NOT NULL,
+    raw INTEGER NOT NULL, headers BLOB, priority INTEGER NOT NULL, published_at REAL NOT NULL,
+    expires_at REAL, deliver_at REAL, key TEXT,
+    PRIMARY KEY (cid, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS messages_expiry ON messages(expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_special ON messages(cid, seq)
+    WHERE priority > 0 OR deliver_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS groups(
+    key TEXT PRIMARY KEY, kind TEXT NOT NULL, patterns TEXT NOT NULL, start TEXT NOT NULL)
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS group_states(
+    grp TEXT NOT NULL, channel TEXT NOT NULL, floor INTEGER NOT NULL, state BLOB NOT NULL,
+    PRIMARY KEY (grp, channel)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup(
+    channel TEXT NOT NULL, key TEXT NOT NULL, expires_at REAL NOT NULL, seq INTEGER NOT NULL,
+    id TEXT NOT NULL, PRIMARY KEY (channel, key)) WITHOUT ROWID;
+"""
+
+_COLUMNS = "seq, id, data, raw, headers, priority, published_at, expires_at, deliver_at, key"
+_enc = msgspec.msgpack.Encoder()
+_headers_dec = msgspec.msgpack.Decoder(dict[str, str])
+
+
+class SQLiteStorage:
+    def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db") -> None:
+        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        self.path = str(Path(data_dir) / filename)
+        self._local = threading.local()
+        self._cids: dict[str, int] = {}
+        self._cid_lock = threading.Lock()
+        self._commits = 0
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            try:
+                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=FULL")
+                db.execute("PRAGMA busy_timeout=5000")
+                db.execute("PRAGMA cache_size=-32000")
+            except sqlite3.Error as exc:
+                raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
+            self._local.db = db
+        return db
+
+    def open(self, now: float) -> Snapshot:
+        db = self._db()
+        try:
+            db.executescript(SCHEMA)
+            return self._snapshot(db, now)
+        except sqlite3.DatabaseError as exc:
+            raise StorageUnavailable(f"cannot read {self.path}: {exc}") from exc
+
+    def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
+        snap = Snapshot()
+        names: dict[int, str] = {}
+        for cid, name, next_seq in db.execute("SELECT cid, name, next_seq FROM channels"):
+            names[cid] = name
+            self._cids[name] = cid
+            row = db.execute(
+                "SELECT min(seq), count(*) FROM messages WHERE cid = ?", (cid,)
+            ).fetchone()
+            first = row[0] if row[0] is not None else next_seq
+            snap.channels.append(ChannelRecord(name, next_seq, first, row[1]))
+        for cid, seq, priority, deliver_at in db.execute(
+            "SELECT cid, seq, priority, deliver_at FROM messages "
+            "WHERE priority > 0 OR deliver_at IS NOT NULL"
+        ):
+            snap.specials.append((names[cid], seq, priority, deliver_at))
+        groups = db.execute("SELECT key, kind, patterns, start FROM groups")
+        for key, kind, patterns, start in groups:
+            snap.groups.append(GroupDef(key, kind, tuple(msgspec.json.decode(patterns)), start))
+        snap.group_states = [
+            tuple(r) for r in db.execute("SELECT grp, channel, floor, state FROM group_states")
+        ]  # type: ignore[misc]
+        snap.dedup = [
+            tuple(r)
+            for r in db.execute(
+                "SELECT channel, key, expires_at, seq, id FROM dedup WHERE expires_at > ?", (now,)
+            )
+        ]  # type: ignore[misc]
+        return snap
+
+    def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
+        cid = self._cids.get(name)
+        if cid is None:
+            cur = db.execute(
+                "INSERT INTO channels(name, next_seq) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET next_seq = max(next_seq, excluded.next_seq) "
+                "RETURNING cid",
+                (name, next_seq),
+            )
+            cid = cur.fetchone()[0]
+            with self._cid_lock:
+                self._cids[name] = cid
+        return cid
+
+    def apply(self, batch: WriteBatch) -> None:
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._apply(db, batch)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StorageUnavailable(f"commit failed: {exc}") from exc
+        self._commits += 1
+
+    def _apply(self, db: sqlite3.Connection, batch: WriteBatch) -> None:
+        for name, next_seq in batch.channels.items():
+            if name in self._cids:
+                db.execute("UPDATE channels SET next_seq = max(next_seq, ?) WHERE cid = ?",
+                           (next_seq, self._cids[name]))
+            else:
+                self._cid(db, name, next_seq)
+        if batch.messages:
+            cids = self._cids
+            db.executemany(
+                f"INSERT OR REPLACE INTO messages(cid, {_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (cids[m.channel], m.seq, m.id, m.data, m.raw,
+                     _enc.encode(m.headers) if m.headers else None, m.priority,
+                     m.published_at, m.expires_at, m.deliver_at, m.key)
+                    for m in batch.messages
+                ],
+            )
+        if batch.deletes:
+            db.executemany(
+                "DELETE FROM messages WHERE cid = ? AND seq = ?",
+                [(self._cids[c], s) for c, s in batch.deletes if c in self._cids],
+            )
+        for name, first in batch.truncates.items():
+            db.execute("DELETE FROM messages WHERE cid = ? AND seq < ?", (self._cids[name], first))
+        for key, gdef in batch.group_defs.items():
+            if gdef is None:
+                db.execute("DELETE FROM groups WHERE key = ?", (key,))
+                db.execute("DELETE FROM group_states WHERE grp = ?", (key,))
+            else:
+                db.execute(
+                    "INSERT OR REPLACE INTO groups(key, kind, patterns, start) VALUES (?,?,?,?)",
+                    (key, gdef.kind, msgspec.json.encode(list(gdef.patterns)).decode(),
+                     gdef.start),
+                )
+        upserts = [(g, c, v[0], v[1]) for (g, c), v in batch.group_states.items() if v]
+        if upserts:
+            db.executemany(
+                "INSERT OR REPLACE INTO group_states(grp, channel, floor, state) VALUES (?,?,?,?)",
+                upserts,
+            )
+        removed = [(g, c) for (g, c), v in batch.group_states.items() if v is None]
+        if removed:
+            db.executemany("DELETE FROM group_states WHERE grp = ? AND channel = ?", removed)
+        if batch.dedup:
+            db.executemany(
+                "INSERT OR REPLACE INTO dedup(channel, key, expires_at, seq, id) "
+                "VALUES (?,?,?,?,?)",
+                batch.dedup,
+            )
+            if self._commits % 1000 == 0:
+                db.execute("DELETE FROM dedup WHERE expires_at < ?", (batch.dedup[0][2] - 3600,))
+
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+        cid = self._cids.get(channel)
+        if cid is None:
+            return []
+        rows = self._db().execute(
+            f"SELECT {_COLUMNS} FROM messages WHERE cid = ? AND seq >= ? AND seq < ? "
+            "ORDER BY seq LIMIT ?",
+            (cid, from_seq, to_seq, limit),
+        )
+        return [
+            Msg(channel, seq, ident, data, bool(raw), _headers_dec.decode(h) if h else None,
+                prio, pub, exp, dl, key)
+            for seq, ident, data, raw, h, prio, pub, exp, dl, key in rows
+        ]
+
+    def expired(self, now: float, limit: int) -> list[tuple[str, int]]:
+        names = {cid: name for name, cid in list(self._cids.items())}
+        rows = self._db().execute(
+            "SELECT cid, seq FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ? "
+            "LIMIT ?",
+            (now, limit),
+        )
+        return [(names[cid], seq) for cid, seq in rows if cid in names]
+
+    def size_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(self.path + suffix)
+        return total
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
