@@ -25,6 +25,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import msgspec
+from websockets.exceptions import InvalidHandshake, InvalidURI
 
 from ..errors import (
     BadRequest,
@@ -53,14 +54,70 @@ _json_encode = msgspec.json.encode
 Handler = Callable[[Message], Awaitable[Any] | Any]
 
 
-def parse_url(url: str) -> tuple[str, str, int]:
-    """``minou://host:port`` or ``host:port`` -> (scheme, host, port)."""
+def parse_url(url: str) -> tuple[str, str, int, str]:
+    """``minou://host:port``, ``host:port`` or ``ws://host:port[/v1/ws]``.
+
+    Returns (scheme, host, port, path); ``ws``/``wss`` carry the same frames
+    over WebSocket (for proxies and firewalls).
+    """
     if "://" not in url:
         url = "minou://" + url
     parts = urlsplit(url)
-    if parts.scheme not in ("minou", "tcp"):
-        raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port")
-    return "minou", parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT
+    if parts.scheme in ("minou", "tcp"):
+        return "minou", parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, ""
+    if parts.scheme in ("ws", "wss"):
+        default = 443 if parts.scheme == "wss" else 80
+        return parts.scheme, parts.hostname or "127.0.0.1", parts.port or default, (
+            parts.path or "/v1/ws")
+    raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port or ws://host:port")
+
+
+class _WebSocketTransport:
+    """The few transport methods the client uses, over a websockets connection."""
+
+    def __init__(self, ws: Any, proto: _Protocol) -> None:
+        self.ws = ws
+        self.proto = proto
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._recv())]
+
+    def write(self, data: bytes) -> None:
+        self.queue.put_nowait(data)
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    async def _send_loop(self) -> None:
+        try:
+            while (data := await self.queue.get()) is not None:
+                await self.ws.send(data)
+        except Exception:  # the receive side reports the loss
+            pass
+        finally:
+            await self.ws.close()
+
+    async def _recv(self) -> None:
+        exc: Exception | None = None
+        try:
+            async for message in self.ws:
+                self.proto.data_received(message if isinstance(message, bytes)
+                                         else message.encode())
+        except Exception as e:
+            exc = e
+        self.queue.put_nowait(None)
+        self.proto.connection_lost(exc)
+
+
+async def _connect_ws(client: Client, scheme: str, host: str, port: int, path: str) -> _Protocol:
+    from websockets.asyncio.client import connect as ws_connect
+
+    ws = await ws_connect(f"{scheme}://{host}:{port}{path}", max_size=None, compression=None)
+    proto = _Protocol(client)
+    proto.connection_made(_WebSocketTransport(ws, proto))  # type: ignore[arg-type]
+    return proto
 
 
 class _Protocol(asyncio.Protocol):
@@ -237,13 +294,17 @@ class Client:
         errors = []
         for i in range(len(self.urls)):
             idx = (self._url_index + i) % len(self.urls)
-            _, host, port = self.urls[idx]
+            scheme, host, port, path = self.urls[idx]
             try:
-                _, proto = await asyncio.wait_for(
-                    loop.create_connection(lambda: _Protocol(self), host, port),
-                    self.request_timeout,
-                )
-            except (OSError, TimeoutError) as exc:
+                if scheme == "minou":
+                    _, proto = await asyncio.wait_for(
+                        loop.create_connection(lambda: _Protocol(self), host, port),
+                        self.request_timeout,
+                    )
+                else:
+                    proto = await asyncio.wait_for(_connect_ws(self, scheme, host, port, path),
+                                                   self.request_timeout)
+            except (OSError, TimeoutError, InvalidURI, InvalidHandshake) as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             self._proto = proto

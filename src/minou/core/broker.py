@@ -126,6 +126,8 @@ class Broker:
         group.gcs[log.name] = gc
         log.states.append(gc)
         gc.load_specials(now)
+        if gc.sched:
+            self._timed[gc] = None
         self._mark(gc)
         return gc
 
@@ -285,6 +287,23 @@ class Broker:
     def after_commit(self, callback: Callable[[], None]) -> None:
         self.batch.on_commit.append(callback)
 
+    def retention_candidates(self) -> list[tuple[str, int]]:
+        """Channels with a retention period and the seq below which all readers settled."""
+        out = []
+        for log in self.channels.values():
+            if log.options.retention is not None and log.states:
+                floor = min(gc.compute_floor() for gc in log.states)
+                if floor > log.first_seq:
+                    out.append((log.name, floor))
+        return out
+
+    def truncate(self, channel: str, first_seq: int) -> None:
+        """Retention passed for every seq below ``first_seq``: forget them."""
+        log = self.channels.get(channel)
+        if log is not None and first_seq > log.first_seq:
+            log.truncate_below(first_seq)
+            self.batch.truncates[channel] = log.first_seq
+
     # ------------------------------------------------------------- subscribe
     def subscribe(
         self,
@@ -376,6 +395,8 @@ class Broker:
             grp.gcs[name] = fresh
             log.states.append(fresh)
             fresh.load_specials(now)
+            if fresh.sched:
+                self._timed[fresh] = None
             grp.ready.pop(gc, None)
             self._dirty.pop(gc, None)
             self._mark(fresh)

@@ -275,9 +275,20 @@ class BrokerServer:
                 )
                 if expired:
                     self.core.expire(expired, time.time())
+                await self._apply_retention(now)
             if self.core.batch:
                 self.request_write()
             self.request_pump()
+
+    async def _apply_retention(self, now: float) -> None:
+        loop = asyncio.get_running_loop()
+        for channel, floor in self.core.retention_candidates():
+            retention = self.core.channels[channel].options.retention or 0.0
+            first = await loop.run_in_executor(
+                self._reader_pool, self.storage.retained_until, channel, floor, now - retention
+            )
+            if first is not None:
+                self.core.truncate(channel, first)
 
     # ------------------------------------------------------------ reading
     def read_range(self, conn: NativeConnection, frame: f.Read) -> None:

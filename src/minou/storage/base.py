@@ -49,6 +49,9 @@ class Storage(Protocol):
 
     def expired(self, now: float, limit: int) -> list[tuple[str, int]]: ...
 
+    def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
+        """For retention: one past the last seq < ``below`` published before ``cutoff``."""
+
     def size_bytes(self) -> int: ...
 
     def close(self) -> None: ...

@@ -217,6 +217,17 @@ class SQLiteStorage:
         )
         return [(names[cid], seq) for cid, seq in rows if cid in names]
 
+    def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
+        """The seq after the last message below ``below`` published before ``cutoff``."""
+        cid = self._cids.get(channel)
+        if cid is None:
+            return None
+        row = self._db().execute(
+            "SELECT max(seq) FROM messages WHERE cid = ? AND seq < ? AND published_at < ?",
+            (cid, below, cutoff),
+        ).fetchone()
+        return row[0] + 1 if row[0] is not None else None
+
     def size_bytes(self) -> int:
         total = 0
         for suffix in ("", "-wal", "-shm"):

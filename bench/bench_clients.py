@@ -1,0 +1,229 @@
+"""The minou side of the benchmark, shaped like the peer classes of
+/work/shared/bench/peers.py (same methods, same return values), so that every
+system runs through peers.py's own worker code (``peers._worker``: spawn, uvloop,
+barrier start, CLOCK_MONOTONIC) and is measured the same way.
+
+This module is imported in every worker process (multiprocessing spawn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import queue as queue_mod
+import struct
+import time
+from typing import Any
+
+CHANNEL = "bench/v1/q"
+GROUP = "bench_g"
+TS = struct.Struct("<q")  # as peers.py: monotonic ns at publish time, then padding
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
+
+
+def make_body(size: int, ts: int | None = None) -> bytes:
+    if ts is None:
+        return b"x" * size
+    return TS.pack(ts) + b"x" * (size - TS.size)
+
+
+class MinouPeer:
+    """minou's asyncio client; payloads are bytes, so they travel raw (no JSON)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def connect(self) -> None:
+        import os
+
+        import minou
+
+        self.c = await minou.connect(self.url, client_id=f"bench-{os.getpid()}",
+                                     reconnect=False)
+
+    async def close(self) -> None:
+        await self.c.close()
+
+    async def reset(self) -> None:  # the orchestrator restarts the broker on a fresh dir
+        return None
+
+    async def depth(self) -> int:
+        data = await self.c.admin("list", channel=CHANNEL)
+        return sum(ch["depth"] for ch in data["channels"] if ch["channel"] == CHANNEL)
+
+    async def publish(self, n: int, size: int, window: int, deadline: float) -> tuple[int, int]:
+        """``client.send`` futures, at most ``window`` unconfirmed (sliding window).
+
+        A confirm means the message is in a committed (fsync'd) SQLite transaction.
+        """
+        body = make_body(size)
+        sem = asyncio.Semaphore(window)
+        release = sem.release
+        errors = 0
+        ok = 0
+        finished = False
+        all_done = asyncio.Event()
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            nonlocal errors, ok
+            release()
+            if fut.cancelled() or fut.exception() is not None:
+                errors += 1
+            else:
+                ok += 1
+            if finished and ok + errors >= sent:
+                all_done.set()
+
+        send = self.c.send
+        acquire = sem.acquire
+        sent = 0
+        while sent < n and time.monotonic() < deadline:
+            await acquire()
+            send(CHANNEL, body).add_done_callback(done)
+            sent += 1
+        finished = True
+        if ok + errors < sent:
+            await asyncio.wait_for(all_done.wait(), 60)
+        return ok, sent - ok
+
+    async def publish_paced(self, rate: float, duration: float, size: int) -> int:
+        total = int(rate * duration)
+        futs = []
+        send = self.c.send
+        t0 = time.monotonic()
+        sent = 0
+        while sent < total:
+            due = min(total, int((time.monotonic() - t0) * rate) + 1)
+            while sent < due:
+                futs.append(send(CHANNEL, make_body(size, now_ns())))
+                sent += 1
+            await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+        await asyncio.wait_for(asyncio.gather(*futs), 30)
+        return sent
+
+    async def consume(self, target: int, batch: int, deadline: float, idle_s: float,
+                      name: str, lat: list[int] | None = None) -> tuple[int, float]:
+        """Competing consumer in one group, prefetch ``batch``, one ack per message
+        (acks are coalesced by the client); the last ack is awaited (durable)."""
+        from minou import Timeout
+
+        sub = await self.c.consume(CHANNEL, group=GROUP, prefetch=batch)
+        get_nowait = sub.get_nowait
+        unpack = TS.unpack_from
+        count = 0
+        last = time.monotonic()
+        got = False  # a message was handled since `last` was taken
+        settlement = None
+        while count < target:
+            msg = get_nowait()
+            if msg is None:
+                t = time.monotonic()
+                if got:
+                    last, got = t, False
+                if t >= deadline or t - last > idle_s:
+                    break
+                try:
+                    msg = await sub.get(0.2)
+                except Timeout:
+                    continue
+            if lat is not None:
+                lat.append(now_ns() - unpack(msg.data)[0])
+            settlement = msg.ack()
+            count += 1
+            got = True
+            if not count % 1000 and time.monotonic() >= deadline:
+                break
+        if got:
+            last = time.monotonic()
+        if settlement is not None:
+            await asyncio.wait_for(settlement, 30)
+            if count >= target:  # include making the last acks durable
+                last = time.monotonic()
+        return count, last
+
+
+_MINOU_URL: str | None = None
+
+
+def _make_peer_factory(original):
+    def make_peer(name: str):
+        if name == "minou":
+            assert _MINOU_URL is not None
+            return MinouPeer(_MINOU_URL)
+        return original(name)
+
+    return make_peer
+
+
+def worker_entry(job: dict[str, Any], barrier: Any, outq: Any) -> None:
+    """Spawned process: point peers.py at this run's ports / broker, then run
+    peers.py's own worker (uvloop, barrier, monotonic clock, CPU accounting)."""
+    global _MINOU_URL
+    import peers
+
+    for name, port in job.get("ports", {}).items():
+        peers.PEERS[name]["port"] = port
+    _MINOU_URL = job.get("url")
+    if not getattr(peers.make_peer, "_minou", False):
+        peers.make_peer = _make_peer_factory(peers.make_peer)
+        peers.make_peer._minou = True  # type: ignore[attr-defined]
+    peers.worker_entry(job, barrier, outq)
+
+
+def run_jobs(jobs: list[dict[str, Any]], timeout: float = 180.0) -> list[dict[str, Any]]:
+    """peers.run_jobs with our entry point, and no hang: on timeout the workers
+    (ours) are terminated and a RuntimeError says what was missing."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(jobs))
+    outq = ctx.Queue()
+    procs = [ctx.Process(target=worker_entry, args=(j, barrier, outq)) for j in jobs]
+    for p in procs:
+        p.start()
+    results = []
+    t_end = time.monotonic() + timeout
+    try:
+        for _ in jobs:
+            left = t_end - time.monotonic()
+            try:
+                results.append(outq.get(timeout=max(0.1, left)))
+            except queue_mod.Empty:
+                raise RuntimeError(
+                    f"timeout: {len(results)}/{len(jobs)} workers reported within {timeout:g} s"
+                    f" ({jobs[0].get('peer')} {jobs[0].get('role')})"
+                ) from None
+    finally:
+        for p in procs:
+            p.join(10 if results and len(results) == len(jobs) else 0.5)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    errs = [r["error"] for r in results if "error" in r]
+    if errs:
+        raise RuntimeError("; ".join(errs))
+    return results
+
+
+def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] | None = None):
+    """reset / depth in this process (like peers.admin, for any system)."""
+    import peers
+    import uvloop
+
+    for name, port in (ports or {}).items():
+        peers.PEERS[name]["port"] = port
+
+    async def go():
+        peer = MinouPeer(url) if system == "minou" else peers.make_peer(system)
+        await peer.connect()
+        try:
+            if what == "reset":
+                await peer.reset()
+                return None
+            return await peer.depth()
+        finally:
+            await peer.close()
+
+    uvloop.install()
+    return asyncio.run(go())

@@ -1,0 +1,259 @@
+"""Start and stop the servers the benchmark needs: a minou broker on a fresh data
+directory, and the peers (redis-server with AOF everysec and without persistence,
+nats-server with JetStream, optionally rabbitmq-server), all on 127.0.0.1 and on
+free ports. Every process started here is remembered by pid and stopped by pid;
+nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode} before listening")
+        with socket.socket() as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g} s")
+
+
+def dir_bytes(path: str | os.PathLike[str] | None) -> int | None:
+    """Apparent size of every file under ``path``."""
+    if path is None or not Path(path).exists():
+        return None
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM, wait, then SIGKILL: only this one process (we started it)."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(5)
+
+
+class MinouBroker:
+    """``python -m minou start --data DIR --port 0 --http-port 0`` as a subprocess."""
+
+    def __init__(self, workdir: Path, python: str = sys.executable) -> None:
+        self.workdir = workdir
+        self.python = python
+        self.proc: subprocess.Popen | None = None
+        self.url: str | None = None
+        self.data_dir: Path | None = None
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def start(self, fresh: bool = True, timeout: float = 30.0) -> str:
+        if self.proc is not None:
+            self.stop()
+        if fresh or self.data_dir is None:
+            if self.data_dir is not None:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = Path(tempfile.mkdtemp(prefix="minou-data-", dir=self.workdir))
+        self.starts += 1
+        log = open(self.workdir / "minou-broker.log", "ab")  # noqa: SIM115 (owned by Popen)
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
+             "--port", "0", "--http-port", "0", "--log-level", "warning"],
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+        )
+        log.close()
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(stream) -> None:  # keep draining stdout so the broker never blocks on it
+            for line in stream:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
+        url = None
+        t0 = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - t0)
+            try:
+                line = lines.get(timeout=max(0.01, left))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError(f"minou broker did not start (see {self.workdir}/minou-broker.log)")
+            m = re.search(r"native\s+(minou://\S+)", line)
+            if m:
+                url = m.group(1)
+            if "stop with" in line and url:
+                break
+        self.url = url
+        return url
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.data_dir = None
+
+
+class PeerServer:
+    """One peer server process. ``name`` is a peers.py peer name."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.port = free_port()
+        self.data_dir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+        self._pid: int | None = None
+        self._stop_cmd: list[str] | None = None
+        self._epmd_pid: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        if self.proc is not None:
+            return self.proc.pid if self.proc.poll() is None else None
+        return self._pid
+
+    def start(self) -> None:
+        kind = self.name.split("-")[0]
+        getattr(self, f"_start_{kind}")()
+
+    def _log(self, suffix: str = "log") -> str:
+        return str(self.workdir / f"{self.name}.{suffix}")
+
+    def _start_redis(self) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.workdir))
+        persist = ["--appendonly", "yes", "--appendfsync", "everysec"] \
+            if self.name == "redis-aof" else ["--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+             "--protected-mode", "yes", "--save", "", *persist, "--dir", str(self.data_dir),
+             "--daemonize", "no", "--logfile", self._log()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port, 20, self.proc)
+
+    def _start_nats(self) -> None:
+        self.data_dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=self.workdir))
+        self.proc = subprocess.Popen(
+            ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js",
+             "-sd", str(self.data_dir), "-l", self._log()],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port, 20, self.proc)
+        time.sleep(0.5)  # JetStream finishes initialising just after the port opens
+
+    def _start_rabbitmq(self) -> None:
+        """Like /work/shared/bench/servers.sh, but on a private node name, free ports
+        and a temporary data directory; the Debian wrapper runs it as user rabbitmq."""
+        base = Path(tempfile.mkdtemp(prefix="rabbitmq-", dir=self.workdir))
+        base.chmod(0o755)
+        self.workdir.chmod(0o755)
+        with contextlib.suppress(Exception):
+            shutil.chown(base, "rabbitmq", "rabbitmq")
+        self.data_dir = base / "mnesia"
+        node = f"minoubench{os.getpid()}@localhost"
+        pidfile = base / "rabbitmq.pid"
+        env = dict(
+            os.environ,
+            RABBITMQ_NODENAME=node, RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
+            RABBITMQ_NODE_PORT=str(self.port), RABBITMQ_DIST_PORT=str(free_port()),
+            ERL_EPMD_ADDRESS="127.0.0.1",
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_MNESIA_BASE=str(base / "mnesia"), RABBITMQ_LOG_BASE=str(base / "log"),
+            RABBITMQ_PID_FILE=str(pidfile),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
+        )
+        (base / "enabled_plugins").write_text("[].\n")
+        with contextlib.suppress(Exception):
+            shutil.chown(base / "enabled_plugins", "rabbitmq", "rabbitmq")
+        epmd_before = set(_pgrep_exact("epmd"))
+        subprocess.run(["rabbitmq-server", "-detached"], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._stop_cmd = ["rabbitmqctl", "-q", "-n", node, "stop", str(pidfile)]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            r = subprocess.run(["rabbitmqctl", "-q", "-n", node, "await_startup",
+                                "--timeout", "5"], env=env, capture_output=True)
+            if r.returncode == 0:
+                break
+            time.sleep(1)
+        else:
+            raise RuntimeError("rabbitmq did not start in 120 s")
+        self._pid = int(pidfile.read_text().strip())
+        new_epmd = [p for p in _pgrep_exact("epmd") if p not in epmd_before]
+        self._epmd_pid = new_epmd[0] if new_epmd else None
+        wait_port(self.port, 30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+        if self._stop_cmd is not None:
+            r = subprocess.run(self._stop_cmd, capture_output=True, timeout=120)
+            if r.returncode != 0 and self._pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self._pid, signal.SIGTERM)
+            self._stop_cmd = None
+            self._pid = None
+        if self._epmd_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._epmd_pid, signal.SIGTERM)
+            self._epmd_pid = None
+
+
+def _pgrep_exact(name: str) -> list[int]:
+    r = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def installed_peers() -> list[str]:
+    out = []
+    if shutil.which("redis-server"):
+        out += ["redis-aof", "redis-mem"]
+    if shutil.which("nats-server"):
+        out.append("nats-js")
+    if shutil.which("rabbitmq-server"):
+        out.append("rabbitmq")
+    return out

@@ -1,0 +1,503 @@
+#!/usr/bin/env python3
+"""minou benchmark, side by side with Redis Streams, NATS JetStream and RabbitMQ in
+the same run, with the method of /work/shared/bench/peers.py (whose worker code it
+reuses): every producer / consumer is its own OS process (multiprocessing spawn,
+uvloop), the processes of a test start on a barrier and time with CLOCK_MONOTONIC,
+throughput = messages / (first start .. last finish).
+
+Tests (--only takes the letters or the row keys):
+  a  pub_100B, pub_1KiB, pub4_100B, pub4_1KiB: confirmed publish, window 1000,
+     1 and 4 producers, N = 100,000 in total or 10 s
+  b  con_p1000, con4_p1000: consume+ack a channel pre-filled with N x 100 B,
+     prefetch (batch) 1000, 1 consumer and 4 competing consumers of one group
+  c  lat: end-to-end latency p50 / p99, 2,000 msg/s for 5 s, 100 B,
+     1 producer + 1 consumer (prefetch 100) concurrently
+  d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size
+
+The minou broker is started here (python -m minou start --port 0, fresh temp data
+dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
+The peers are started here too, on 127.0.0.1 and free ports, and stopped by pid.
+
+Usage:  .venv/bin/python bench/minou_bench.py [--runs 3] [--only a,b] [--peers redis-aof,nats-js]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_PEERS_DIR = Path(os.environ.get("MINOU_PEERS_DIR", REPO.parent / "shared" / "bench"))
+
+GROUPS = {
+    "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB"],
+    "b": ["con_p1000", "con4_p1000"],
+    "c": ["lat"],
+    "d": ["mem"],
+}
+ALL_TESTS = [t for g in GROUPS.values() for t in g]
+
+# key, description, unit direction ("hi" = higher is better), minou target
+ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
+    ("pub_100B", "publish 100 B, 1 producer (msg/s)", "hi", (">=", 100_000)),
+    ("pub_1KiB", "publish 1 KiB, 1 producer (msg/s)", "hi", None),
+    ("pub4_100B", "publish 100 B, 4 producers (msg/s)", "hi", (">=", 100_000)),
+    ("pub4_1KiB", "publish 1 KiB, 4 producers (msg/s)", "hi", None),
+    ("con_p1000", "consume+ack, 1 consumer, prefetch 1000 (msg/s)", "hi", (">=", 100_000)),
+    ("con4_p1000", "consume+ack, 4 consumers, prefetch 1000 (msg/s)", "hi", (">=", 100_000)),
+    ("lat_p50_ms", "e2e latency p50 @ RATE/s (ms)", "lo", None),
+    ("lat_p99_ms", "e2e latency p99 @ RATE/s (ms)", "lo", ("<=", 2.0)),
+    ("mem_rss_mib", "server RSS, MEMN x 100 B stored (MiB)", "lo", ("<", 150)),
+    ("mem_hwm_mib", "server peak RSS while storing them (MiB)", "lo", None),
+    ("mem_disk_mib", "data dir size, MEMN x 100 B stored (MiB)", "lo", None),
+    ("mem_restart_mib", "server RSS after a restart with them stored (MiB)", "lo", None),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, peers_mod: Any, clients: Any,
+                 servers: Any, workdir: Path) -> None:
+        self.args = args
+        self.peers = peers_mod
+        self.clients = clients
+        self.servers = servers
+        self.workdir = workdir
+        self.minou = servers.MinouBroker(workdir, python=sys.executable)
+        self.peer_servers: dict[str, Any] = {}
+
+    # --------------------------------------------------------------- servers
+    def start_peers(self, names: list[str]) -> list[str]:
+        started = []
+        for name in names:
+            srv = self.servers.PeerServer(name, self.workdir)
+            try:
+                srv.start()
+            except Exception as exc:
+                log(f"  ! {name}: cannot start ({exc}); left out")
+                srv.stop()
+                continue
+            self.peer_servers[name] = srv
+            started.append(name)
+            log(f"  started {name} on 127.0.0.1:{srv.port} (pid {srv.pid})")
+        return started
+
+    def stop_all(self) -> None:
+        self.minou.close()
+        for srv in self.peer_servers.values():
+            with contextlib.suppress(Exception):
+                srv.stop()
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {n: s.port for n, s in self.peer_servers.items()}
+
+    def pid(self, system: str) -> int | None:
+        return self.minou.pid if system == "minou" else self.peer_servers[system].pid
+
+    def data_dir(self, system: str) -> Path | None:
+        if system == "minou":
+            return self.minou.data_dir
+        return None if system == "redis-mem" else self.peer_servers[system].data_dir
+
+    def admin(self, system: str, what: str) -> Any:
+        return self.clients.admin(system, what, url=self.minou.url, ports=self.ports)
+
+    def reset(self, system: str, fresh_server: bool = False) -> None:
+        if system == "minou":
+            self.minou.start(fresh=True)
+        elif fresh_server:
+            srv = self.peer_servers[system]
+            srv.stop()
+            srv.port = self.servers.free_port()
+            srv.start()
+            self.admin(system, "reset")
+        else:
+            self.admin(system, "reset")
+        self.peers.settle(self.pid(system))
+
+    def base(self, system: str) -> dict[str, Any]:
+        return dict(peer=system, window=self.args.window, limit_s=self.args.limit_s,
+                    srv_pid=self.pid(system), ports=self.ports, url=self.minou.url)
+
+    def prefill(self, system: str, n: int, size: int, procs: int, limit_s: float) -> int:
+        per = -(-n // procs)
+        jobs = [dict(self.base(system), role="pub", n=min(per, n - i * per), size=size,
+                     limit_s=limit_s) for i in range(procs)]
+        self.clients.run_jobs(jobs, timeout=limit_s + 120)
+        self.peers.settle(self.pid(system))
+        return self.admin(system, "depth")
+
+    # ----------------------------------------------------------------- tests
+    def run_test(self, test: str, system: str, res: dict[str, Any], cpu: dict[str, Any]) -> None:
+        a = self.args
+
+        def timed(key: str, jobs: list[dict[str, Any]]) -> None:
+            out = self.clients.run_jobs(jobs, timeout=a.limit_s + 120)
+            count, rate, wall = self.peers.throughput(out, cpu, key)
+            res[key] = round(rate)
+            res[f"{key}_count"] = count
+            errors = sum(r.get("errors", 0) or 0 for r in out)
+            if errors:
+                res[f"{key}_errors"] = errors
+            c = cpu.get(key, {})
+            log(f"  {system:10s} {key:11s} {self.peers.fmt(res[key]):>10s} msg/s  "
+                f"({count:,} msgs in {wall:.2f} s; CPU% server {c.get('server')}, "
+                f"clients {c.get('clients')}{f'; {errors} errors' if errors else ''})")
+
+        if test.startswith("pub"):
+            procs = a.procs if test.startswith("pub4") else 1
+            size = 100 if test.endswith("100B") else 1024
+            self.reset(system)
+            per = a.n // procs
+            timed(test, [dict(self.base(system), role="pub", n=per, size=size)
+                         for _ in range(procs)])
+        elif test.startswith("con"):
+            procs = a.procs if test.startswith("con4") else 1
+            self.reset(system)
+            depth = self.prefill(system, a.n, 100, 1, a.prefill_limit_s)
+            res[f"{test}_depth"] = depth
+            timed(test, [dict(self.base(system), role="con", n=depth, batch=a.batch,
+                              idle_s=2.0 if procs == 1 else 1.0, name=f"c{i}")
+                         for i in range(procs)])
+        elif test == "lat":
+            self.reset(system)
+            total = int(a.rate * a.duration)
+            out = self.clients.run_jobs([
+                dict(self.base(system), role="paced", rate=a.rate, duration=a.duration, size=100),
+                dict(self.base(system), role="con", n=total, batch=a.lat_batch, idle_s=5.0,
+                     name="c0", latency=True, limit_s=a.duration + 15),
+            ], timeout=a.duration + 120)
+            prod = next(r for r in out if "lat_ns" not in r)
+            lat = sorted(next(r for r in out if "lat_ns" in r)["lat_ns"])
+            if lat:
+                def q(p: float) -> float:
+                    return lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6
+
+                res.update(lat_p50_ms=round(q(0.50), 3), lat_p99_ms=round(q(0.99), 3),
+                           lat_max_ms=round(lat[-1] / 1e6, 3), lat_received=len(lat),
+                           lat_rate=round(prod["count"] / (prod["t1"] - prod["t0"])))
+            log(f"  {system:10s} latency     p50 {res.get('lat_p50_ms')} ms  p99 "
+                f"{res.get('lat_p99_ms')} ms  max {res.get('lat_max_ms')} ms "
+                f"({res.get('lat_received')}/{total} msgs, achieved {res.get('lat_rate')} msg/s)")
+        elif test == "mem":
+            self.reset(system, fresh_server=True)
+            pid = self.pid(system)
+            res["mem_idle_mib"] = self.peers.proc_rss_mib(pid)
+            t0 = time.monotonic()
+            depth = self.prefill(system, a.mem_n, 100, a.mem_procs, a.mem_limit_s)
+            took = time.monotonic() - t0
+            time.sleep(1.0)
+            res["mem_depth"] = depth
+            res["mem_rss_mib"] = self.peers.proc_rss_mib(pid)
+            res["mem_hwm_mib"] = self.peers.proc_rss_mib(pid, "VmHWM")
+            disk = self.servers.dir_bytes(self.data_dir(system))
+            res["mem_disk_mib"] = round(disk / 2**20, 1) if disk is not None else None
+            if system == "minou":
+                t1 = time.monotonic()
+                self.minou.start(fresh=False)
+                res["mem_restart_s"] = round(time.monotonic() - t1, 2)
+                self.peers.settle(self.minou.pid)
+                res["mem_restart_depth"] = self.admin(system, "depth")
+                res["mem_restart_mib"] = self.peers.proc_rss_mib(self.minou.pid)
+            log(f"  {system:10s} memory      RSS {res['mem_rss_mib']} MiB with {depth:,} stored "
+                f"(idle {res['mem_idle_mib']}, peak {res['mem_hwm_mib']}, data "
+                f"{res['mem_disk_mib']} MiB, filled in {took:.1f} s"
+                + (f"; after restart {res.get('mem_restart_mib')} MiB, "
+                   f"depth {res.get('mem_restart_depth'):,}, start {res.get('mem_restart_s')} s)"
+                   if system == "minou" else ")"))
+            if system == "minou":
+                self.minou.start(fresh=True)  # drop the 1M-message data dir now
+            else:
+                self.admin(system, "reset")
+        else:
+            raise ValueError(test)
+
+
+# ------------------------------------------------------------------- report
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v < 1000:
+        return f"{v:.2f}" if v < 100 else f"{v:.1f}"
+    return f"{int(v):,}"
+
+
+def ratio(a: Any, b: Any) -> str:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return "-"
+    return f"{a / b:.2f}×"
+
+
+def verdict(v: Any, target: tuple[str, float] | None) -> str:
+    if target is None:
+        return ""
+    op, x = target
+    label = f"{op} {fmt(x) if x >= 1000 else f'{x:g}'}"
+    if not isinstance(v, int | float):
+        return label
+    ok = {">=": v >= x, "<=": v <= x, "<": v < x}[op]
+    return f"{label} {'✓' if ok else '✗'}"
+
+
+def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
+          spread: dict[str, dict[str, tuple[Any, Any]]] | None = None) -> str:
+    peers = [s for s in systems if s != "minou"]
+    head = ["test", "minou", "target (minou)", *peers, *[f"minou/{p}" for p in peers]]
+    lines = ["| " + " | ".join(head) + " |",
+             "|---|" + "---:|" * (2 + len(peers)) + "---:|" * len(peers)]
+    for key, desc, _better, target in ROWS:
+        if not any(med.get(s, {}).get(key) is not None for s in systems):
+            continue
+        desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
+
+        def cell(s: str, key: str = key) -> str:
+            v = med.get(s, {}).get(key)
+            text = fmt(v)
+            if spread and v is not None and key in spread.get(s, {}):
+                lo, hi = spread[s][key]
+                if lo != hi:
+                    text += f" ({fmt(lo)}–{fmt(hi)})"
+            return text
+
+        mv = med.get("minou", {}).get(key)
+        cells = [desc, cell("minou"), verdict(mv, target), *[cell(p) for p in peers],
+                 *[ratio(mv, med.get(p, {}).get(key)) for p in peers]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def medians(runs: list[dict[str, dict[str, Any]]], systems: list[str]):
+    med: dict[str, dict[str, Any]] = {}
+    spread: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for s in systems:
+        med[s], spread[s] = {}, {}
+        keys = {k for r in runs for k in r.get(s, {})}
+        for key in sorted(keys):
+            vals = [r[s][key] for r in runs if isinstance(r.get(s, {}).get(key), int | float)
+                    and not isinstance(r[s][key], bool)]
+            if vals:
+                m = statistics.median(vals)
+                med[s][key] = round(m, 3) if isinstance(m, float) and m < 1000 else round(m)
+                spread[s][key] = (min(vals), max(vals))
+        cpu: dict[str, dict[str, Any]] = {}
+        for r in runs:
+            for test, sides in r.get(s, {}).get("cpu_pct", {}).items():
+                for side, v in sides.items():
+                    if v is not None:
+                        cpu.setdefault(test, {}).setdefault(side, []).append(v)
+        med[s]["cpu_pct"] = {t: {side: round(statistics.median(v), 1) for side, v in d.items()}
+                             for t, d in cpu.items()}
+    return med, spread
+
+
+def cpu_table(med: dict[str, dict[str, Any]], systems: list[str]) -> str:
+    tests = [t for t in ALL_TESTS if any(t in med[s].get("cpu_pct", {}) for s in systems)]
+    lines = ["| test | " + " | ".join(systems) + " |", "|---|" + "---:|" * len(systems)]
+    for t in tests:
+        cells = []
+        for s in systems:
+            c = med[s].get("cpu_pct", {}).get(t)
+            cells.append(f"{c.get('server')} / {c.get('clients')}" if c else "-")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def versions(peers_mod: Any) -> dict[str, Any]:
+    v = peers_mod.versions()
+    try:
+        v["minou"] = metadata.version("minou")
+    except Exception:
+        v["minou"] = None
+    with contextlib.suppress(Exception):
+        v["minou_git"] = subprocess.run(
+            ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, timeout=10).stdout.strip() or None
+    with contextlib.suppress(Exception):
+        v["sqlite"] = __import__("sqlite3").sqlite_version
+    return v
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "kernel": platform.release(),
+                            "python": platform.python_version()}
+    with contextlib.suppress(Exception):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    with contextlib.suppress(Exception):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["mem_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    with contextlib.suppress(Exception):
+        info["os"] = platform.freedesktop_os_release().get("PRETTY_NAME")
+    return info
+
+
+def parse_only(text: str | None) -> list[str]:
+    if not text:
+        return list(ALL_TESTS)
+    out: list[str] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item in GROUPS:
+            out += GROUPS[item]
+        elif item in ALL_TESTS:
+            out.append(item)
+        else:
+            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, "
+                             f"{', '.join(ALL_TESTS)})")
+    return [t for t in ALL_TESTS if t in out]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
+    ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
+    ap.add_argument("--only", help="tests: a,b,c,d or row keys (pub_100B, con4_p1000, lat, mem)")
+    ap.add_argument("--peers", default=None,
+                    help="comma separated: redis-aof,redis-mem,nats-js,rabbitmq; 'none' for "
+                         "minou alone (default: each whose server binary is installed)")
+    ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR),
+                    help="folder holding peers.py (default %(default)s)")
+    ap.add_argument("--limit-s", type=float, default=10.0, help="time cap per throughput test")
+    ap.add_argument("--prefill-limit-s", type=float, default=120.0)
+    ap.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight")
+    ap.add_argument("--batch", type=int, default=1000, help="consumer prefetch / batch (test b)")
+    ap.add_argument("--procs", type=int, default=4, help="producers / consumers in the 4x rows")
+    ap.add_argument("--rate", type=float, default=2000.0, help="latency test rate, msg/s")
+    ap.add_argument("--duration", type=float, default=5.0, help="latency test duration, s")
+    ap.add_argument("--lat-batch", type=int, default=100, help="latency consumer prefetch")
+    ap.add_argument("--mem-n", type=int, default=1_000_000, help="messages stored in test d")
+    ap.add_argument("--mem-procs", type=int, default=2, help="producers filling test d")
+    ap.add_argument("--mem-limit-s", type=float, default=300.0, help="time cap to fill test d")
+    ap.add_argument("--mem-runs", type=int, default=1,
+                    help="runs that include test d (it is slow and steady)")
+    ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    args = ap.parse_args()
+
+    peers_dir = Path(args.peers_dir)
+    if not (peers_dir / "peers.py").exists():
+        print(f"peers.py not found in {peers_dir} (use --peers-dir)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(peers_dir))  # spawned workers inherit sys.path
+    sys.path.insert(0, str(HERE))
+    import bench_clients as clients
+    import bench_servers as servers
+    import peers as peers_mod
+
+    tests = parse_only(args.only)
+    if args.peers is None:
+        wanted = servers.installed_peers()
+    elif args.peers.strip().lower() in ("", "none"):
+        wanted = []
+    else:
+        wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
+    for p in wanted:
+        if p not in peers_mod.PEERS:
+            print(f"unknown peer {p!r} (known: {', '.join(peers_mod.PEERS)})", file=sys.stderr)
+            return 2
+
+    workdir = Path(tempfile.mkdtemp(prefix="minou-bench-"))
+    bench = Bench(args, peers_mod, clients, servers, workdir)
+    log(f"minou bench: tests {', '.join(tests)}; {args.runs} run(s); work dir {workdir}")
+    runs: list[dict[str, dict[str, Any]]] = []
+    errors: list[str] = []
+    started = time.monotonic()
+    try:
+        peers_on = bench.start_peers(wanted)
+        systems = ["minou", *peers_on]
+        for i in range(args.runs):
+            log(f"=== run {i + 1}/{args.runs}")
+            run: dict[str, dict[str, Any]] = {s: {"cpu_pct": {}} for s in systems}
+            for test in tests:
+                if test == "mem" and i >= args.mem_runs:
+                    continue
+                for system in systems:  # interleaved: every system runs a test in turn
+                    try:
+                        bench.run_test(test, system, run[system], run[system]["cpu_pct"])
+                    except Exception as exc:
+                        msg = f"run {i + 1} {system} {test}: {type(exc).__name__}: {exc}"
+                        log(f"  ! {msg}")
+                        if os.environ.get("MINOU_BENCH_DEBUG"):
+                            traceback.print_exc()
+                        errors.append(msg)
+                        run[system].setdefault("errors", []).append(msg)
+            runs.append(run)
+    except KeyboardInterrupt:
+        log("interrupted; stopping the servers started here")
+        bench.stop_all()
+        return 130
+    finally:
+        rss_after = {s: peers_mod.proc_rss_mib(bench.pid(s)) for s in ["minou", *bench.peer_servers]}
+        bench.stop_all()
+        if not errors:  # keep the logs when something went wrong
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    med, spread = medians(runs, systems)
+    elapsed = time.monotonic() - started
+    log("")
+    log(f"medians of {args.runs} run(s) (min–max in brackets); N={args.n:,} or {args.limit_s:g} s "
+        f"per test, window {args.window}, prefetch {args.batch}, {args.procs} processes in the 4x "
+        f"rows, latency at {args.rate:g}/s for {args.duration:g} s; ratio = minou / peer "
+        f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)")
+    log(table(med, systems, args, spread if args.runs > 1 else None))
+    log("")
+    log("server CPU % / client CPU % (of one core, medians):")
+    log(cpu_table(med, systems))
+    if errors:
+        log("")
+        log("errors (logs kept in " + str(workdir) + "):")
+        for e in errors:
+            log("  " + e)
+    doc = {
+        "meta": {
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "machine": machine(),
+            "versions": versions(peers_mod),
+            "params": {k: getattr(args, k) for k in (
+                "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
+                "lat_batch", "mem_n", "mem_procs", "mem_runs")},
+            "tests": tests,
+            "systems": systems,
+            "elapsed_s": round(elapsed, 1),
+            "units": "throughput keys msg/s; lat_* ms; mem_* MiB; cpu_pct % of one core",
+        },
+        "median": med,
+        "spread": {s: {k: list(v) for k, v in d.items()} for s, d in spread.items()},
+        "runs": runs,
+        "errors": errors,
+        "server_rss_mib_at_end": rss_after,
+        "table_markdown": table(med, systems, args, spread if args.runs > 1 else None),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    log(f"wrote {out} ({elapsed / 60:.1f} min)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""Consume (competing consumers), listen (fan-out, durable), start positions, patterns."""
+
+from __future__ import annotations
+
+import pytest
+
+from minou.core.broker import Session
+from minou.core.log import ChannelOptions
+from minou.errors import BadRequest, UnknownSubscription
+
+from .helpers import Harness, payloads, send, seqs
+
+CH = "orders/v1/1"
+
+
+# -------------------------------------------------------------------- consume
+def test_consumers_of_one_group_share_round_robin() -> None:
+    h = Harness()
+    sessions = [Session(f"c{i}") for i in range(3)]
+    subs = [h.subscribe(s, patterns=CH, group="g", prefetch=1) for s in sessions]
+    h.publish_values(CH, list(range(6)))
+    got = h.pump()
+    assert [seqs(got[sub]) for sub in subs] == [[1], [2], [3]]
+    for s, sub in zip(sessions, subs, strict=True):
+        assert h.ack(s, got[sub]) == []
+    got = h.pump()
+    assert [seqs(got[sub]) for sub in subs] == [[4], [5], [6]]
+
+
+def test_round_robin_with_larger_prefetch_alternates() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=3)
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=3)
+    h.publish_values(CH, list(range(6)))
+    got = h.pump()
+    assert seqs(got[sa]) == [1, 3, 5]
+    assert seqs(got[sb]) == [2, 4, 6]
+
+
+def test_prefetch_bounds_unsettled_and_ack_frees_credit() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, list(range(5)))
+    first = h.take(sub)
+    assert seqs(first) == [1, 2]
+    assert sub.unsettled == 2 and sub.credit == 0
+    assert h.pump() == {}
+    assert h.ack(s, first[:1]) == []
+    assert sub.credit == 1
+    assert seqs(h.take(sub)) == [3]
+    assert h.pump() == {}
+    h.ack(s, first[1:])
+    assert seqs(h.take(sub)) == [4]
+
+
+def test_default_prefetch_comes_from_channel_options() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(prefetch=3 if key == "orders/v1"
+                                                           else 1))
+    h.publish_values(CH, list(range(5)))
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    assert sub.prefetch == 3
+    assert seqs(h.take(sub)) == [1, 2, 3]
+    sub2 = h.subscribe(Session("d"), patterns="other/v1/*", group="g2")
+    assert sub2.prefetch == 1
+
+
+def test_two_groups_each_get_every_message() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="billing", prefetch=10)
+    sb = h.subscribe(b, patterns=CH, group="shipping", prefetch=10)
+    h.publish_values(CH, ["x", "y", "z"])
+    got = h.pump()
+    assert payloads(got[sa]) == ["x", "y", "z"]
+    assert payloads(got[sb]) == ["x", "y", "z"]
+
+
+def test_messages_wait_for_a_consumer_that_was_not_connected() -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2])
+    sub = h.subscribe(Session("late"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [1, 2]
+
+
+def test_a_group_rotates_over_its_channels() -> None:
+    h = Harness()
+    h.publish_values("orders/v1/a", ["a1", "a2"])
+    h.publish_values("orders/v1/b", ["b1", "b2"])
+    sub = h.subscribe(Session("c"), patterns="orders/v1/*", group="g", prefetch=10)
+    got = payloads(h.take(sub))
+    assert sorted(got) == ["a1", "a2", "b1", "b2"]
+    assert got.index("a1") < got.index("a2") and got.index("b1") < got.index("b2")
+    assert got[:2] in (["a1", "b1"], ["b1", "a1"])  # the channels take turns
+
+
+def test_wildcard_consumer_picks_up_channels_created_later() -> None:
+    h = Harness()
+    sub = h.subscribe(Session("c"), patterns="orders/*", group="g", prefetch=10)
+    h.publish(send("orders/v1/1", 1), send("orders/v2/9", 2), send("other/v1/1", 3))
+    assert sorted(payloads(h.take(sub))) == [1, 2]
+
+
+# --------------------------------------------------------------------- listen
+def test_each_listener_gets_its_own_copy() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    la = h.subscribe(a, kind="listen", patterns=CH, prefetch=10)
+    lb = h.subscribe(b, kind="listen", patterns=CH, prefetch=10)
+    h.publish_values(CH, [1, 2])
+    got = h.pump()
+    assert payloads(got[la]) == [1, 2]
+    assert payloads(got[lb]) == [1, 2]
+    assert la.group is not lb.group
+
+
+def test_durable_listener_gets_the_backlog_after_reconnecting() -> None:
+    h = Harness()
+    s1 = Session("svc")
+    sub = h.subscribe(s1, kind="listen", patterns=CH, name="audit", prefetch=10)
+    h.publish_values(CH, [1])
+    got = h.take(sub)
+    h.ack(s1, got)
+    h.disconnect(s1)
+    h.publish_values(CH, [2, 3])
+    assert h.pump() == {}
+    s2 = Session("svc")  # same client id, new connection
+    sub2 = h.subscribe(s2, kind="listen", patterns=CH, name="audit", prefetch=10)
+    assert sub2.group is sub.group
+    assert payloads(h.take(sub2)) == [2, 3]
+
+
+def test_listener_with_other_client_id_or_name_is_not_the_durable_one() -> None:
+    h = Harness()
+    s1 = Session("svc")
+    h.subscribe(s1, kind="listen", patterns=CH, name="audit")
+    h.disconnect(s1)
+    h.publish_values(CH, [1])
+    other_client = h.subscribe(Session("other"), kind="listen", patterns=CH, name="audit")
+    other_name = h.subscribe(Session("svc"), kind="listen", patterns=CH, name="other")
+    assert h.pump() == {}  # both start at new messages
+    assert other_client.group.key != other_name.group.key
+
+
+def test_unacked_listener_deliveries_come_back_after_reconnect() -> None:
+    h = Harness()
+    s1 = Session("svc")
+    sub = h.subscribe(s1, kind="listen", patterns=CH, prefetch=10)
+    h.publish_values(CH, [1, 2])
+    assert seqs(h.take(sub)) == [1, 2]
+    h.disconnect(s1)
+    s2 = Session("svc")
+    sub2 = h.subscribe(s2, kind="listen", patterns=CH, prefetch=10)
+    got = h.take(sub2)
+    assert seqs(got) == [1, 2]
+    assert [d.attempts for d in got] == [2, 2]
+
+
+@pytest.mark.parametrize(
+    ("start", "expected"),
+    [("", [4, 5]), ("new", [4, 5]), ("oldest", [1, 2, 3, 4, 5]), ("seq:2", [2, 3, 4, 5]),
+     ("seq:0", [1, 2, 3, 4, 5]), ("seq:99", [])],
+)
+def test_listen_start_positions(start: str, expected: list[int]) -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2, 3])
+    sub = h.subscribe(Session("c"), kind="listen", patterns=CH, start=start, prefetch=10)
+    h.publish_values(CH, [4, 5])
+    assert seqs(h.take(sub)) == expected
+
+
+def test_consume_defaults_to_oldest_and_can_start_new() -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2])
+    old = h.subscribe(Session("a"), patterns=CH, group="g1", prefetch=10)
+    new = h.subscribe(Session("b"), patterns=CH, group="g2", start="new", prefetch=10)
+    h.publish_values(CH, [3])
+    got = h.pump()
+    assert seqs(got[old]) == [1, 2, 3]
+    assert seqs(got[new]) == [3]
+
+
+def test_replay_resets_an_idle_durable_listener() -> None:
+    h = Harness()
+    s1 = Session("svc")
+    sub = h.subscribe(s1, kind="listen", patterns=CH, prefetch=10)
+    h.publish_values(CH, [1, 2, 3])
+    h.ack(s1, h.take(sub))
+    h.disconnect(s1)
+    s2 = Session("svc")
+    sub2 = h.subscribe(s2, kind="listen", patterns=CH, start="seq:2", prefetch=10)
+    assert seqs(h.take(sub2)) == [2, 3]
+
+
+def test_bad_start_prefetch_kind_and_duplicate_sid_are_refused() -> None:
+    h = Harness()
+    s = Session("c")
+    with pytest.raises(BadRequest):
+        h.subscribe(s, patterns=CH, start="seq:x")
+    with pytest.raises(BadRequest):
+        h.subscribe(s, patterns=CH, prefetch=-1)
+    with pytest.raises(BadRequest):
+        h.subscribe(s, kind="watch", patterns=CH)
+    with pytest.raises(BadRequest):
+        h.subscribe(s, patterns=[])
+    h.subscribe(s, 7, patterns=CH)
+    with pytest.raises(BadRequest):
+        h.subscribe(s, 7, patterns=CH)
+
+
+# ------------------------------------------------------------------ patterns
+def test_add_pattern_and_remove_pattern() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns="orders/v1/a", group="g", prefetch=10)
+    h.publish(send("orders/v1/a", "a1"), send("orders/v1/b", "b1"))
+    assert payloads(h.take(sub)) == ["a1"]
+    h.broker.add_pattern(s, 1, "orders/v1/b", h.now)
+    assert payloads(h.take(sub)) == ["b1"]  # consume: from the oldest message
+    assert [p.text for p in sub.group.patterns] == ["orders/v1/a", "orders/v1/b"]
+    assert h.broker.batch.group_defs["consume:g"].patterns == ("orders/v1/a", "orders/v1/b")
+    h.broker.remove_pattern(s, 1, "orders/v1/a", h.now)
+    assert "orders/v1/a" not in sub.group.gcs
+    assert h.broker.batch.group_states[("consume:g", "orders/v1/a")] is None
+    h.publish(send("orders/v1/a", "a2"), send("orders/v1/b", "b2"))
+    assert payloads(h.take(sub)) == ["b2"]
+
+
+def test_remove_pattern_releases_the_credit_of_its_unsettled_deliveries() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=["orders/v1/a", "orders/v1/b"], group="g", prefetch=1)
+    h.publish(send("orders/v1/a", "a1"))
+    (d,) = h.take(sub)
+    assert sub.credit == 0
+    h.broker.remove_pattern(s, 1, "orders/v1/a", h.now)
+    assert sub.credit == 1
+    assert h.ack(s, [d])[0][0] == d.tag  # that delivery is gone with the pattern
+    h.publish(send("orders/v1/b", "b1"))
+    assert payloads(h.take(sub)) == ["b1"]
+
+
+def test_add_pattern_on_a_listener_starts_at_new_messages() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/a", prefetch=10)
+    h.publish(send("orders/v1/b", "old"))
+    h.broker.add_pattern(s, 1, "orders/v1/b", h.now)
+    assert h.pump() == {}
+    h.publish(send("orders/v1/b", "new"))
+    assert payloads(h.take(sub)) == ["new"]
+
+
+def test_pattern_errors() -> None:
+    h = Harness()
+    s = Session("c")
+    h.subscribe(s, patterns="orders/v1/a", group="g")
+    with pytest.raises(BadRequest):
+        h.broker.remove_pattern(s, 1, "orders/v1/zzz", h.now)
+    with pytest.raises(BadRequest):
+        h.broker.remove_pattern(s, 1, "orders/v1/a", h.now)  # the last one
+    with pytest.raises(UnknownSubscription):
+        h.broker.add_pattern(s, 2, "orders/v1/b", h.now)
+
+
+def test_unsubscribe_returns_unsettled_to_the_group() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, [1, 2])
+    assert seqs(h.take(sa)) == [1, 2]
+    h.broker.unsubscribe(a, 1, h.now)
+    assert a.subs == {} and a.leases == {}
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=2)
+    assert seqs(h.take(sb)) == [1, 2]

@@ -1,0 +1,325 @@
+"""Settlement: fenced acks, nack front/back/delay, leases, disconnect, requeue limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from minou.core.broker import Session
+from minou.core.log import ChannelOptions
+from minou.errors import BadRequest, ErrorCode
+
+from .helpers import Harness, payloads, seqs
+
+CH = "orders/v1/1"
+
+
+def _codes(failed: list[tuple[int, int, str]]) -> list[tuple[int, int]]:
+    return [(tag, code) for tag, code, _ in failed]
+
+
+# ---------------------------------------------------------------- fenced tags
+def test_ack_with_unknown_tag_is_refused() -> None:
+    h = Harness()
+    s = Session("c")
+    h.subscribe(s, patterns=CH, group="g")
+    failed = h.ack(s, [424242])
+    assert _codes(failed) == [(424242, ErrorCode.UNKNOWN_DELIVERY)]
+    assert failed[0][2]
+    assert h.broker.counters.refused["unknown_delivery"] == 1
+
+
+def test_ack_twice_is_refused_the_second_time() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    assert h.ack(s, [d]) == []
+    assert _codes(h.ack(s, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    assert h.broker.counters.acked == 1
+
+
+def test_only_the_session_a_message_was_delivered_to_can_settle_it() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g")
+    h.subscribe(b, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sa)
+    assert _codes(h.ack(b, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    assert _codes(h.nack(b, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    assert _codes(h.extend(b, [d], 30)) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    assert h.ack(a, [d]) == []  # b's attempts did not disturb a's lease
+
+
+def test_stale_tag_after_lease_expiry_is_refused_and_redelivery_can_be_acked() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", lease=10.0)
+    h.publish_values(CH, ["job"])
+    (old,) = h.take(sa)
+    sb = h.subscribe(b, patterns=CH, group="g", lease=10.0)
+    h.tick(9.9)
+    assert h.pump() == {}
+    h.tick(0.1)  # the lease has run out
+    assert h.broker.counters.lease_expired == 1
+    assert sa.unsettled == 0
+    got = h.pump()
+    new = (got.get(sa) or []) + (got.get(sb) or [])
+    assert len(new) == 1
+    (new_d,) = new
+    assert new_d.seq == old.seq and new_d.tag != old.tag
+    assert new_d.attempts == 2
+    failed = h.ack(a, [old])
+    assert _codes(failed) == [(old.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    owner = a if sa in got else b
+    assert h.ack(owner, [new_d]) == []
+    assert h.broker.counters.acked == 1
+
+
+def test_stale_tag_is_refused_even_when_redelivered_to_the_same_session() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    (old,) = h.take(sub)
+    h.tick(5.0)
+    (new,) = h.take(sub)
+    assert new.seq == old.seq
+    assert _codes(h.ack(s, [old, new])) == [(old.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    h.tick(100.0)
+    assert h.pump() == {}
+
+
+def test_mixed_ack_reports_only_the_bad_tags() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3)
+    h.publish_values(CH, [1, 2, 3])
+    got = h.take(sub)
+    failed = h.ack(s, [got[0].tag, 999, got[2].tag])
+    assert _codes(failed) == [(999, ErrorCode.UNKNOWN_DELIVERY)]
+    assert sub.unsettled == 1
+
+
+# ---------------------------------------------------------------------- nack
+def test_nack_front_keeps_order_for_a_single_consumer() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3)
+    h.publish_values(CH, [1, 2, 3, 4, 5])
+    got = h.take(sub)
+    assert seqs(got) == [1, 2, 3]
+    assert h.nack(s, list(reversed(got)), front=True) == []
+    again = h.take(sub)
+    assert seqs(again) == [1, 2, 3]
+    assert [d.attempts for d in again] == [2, 2, 2]
+    h.ack(s, again)
+    assert seqs(h.take(sub)) == [4, 5]
+    assert h.broker.counters.nacked == 3
+
+
+def test_nack_back_goes_after_the_messages_already_queued() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2, 3])
+    (d1,) = h.take(sub)
+    h.nack(s, [d1], front=False)
+    h.publish_values(CH, [4])  # published after the nack: comes after the requeued one
+    order = []
+    for _ in range(4):
+        (d,) = h.take(sub)
+        order.append((d.seq, d.attempts))
+        h.ack(s, [d])
+    assert order == [(2, 1), (3, 1), (1, 2), (4, 1)]
+
+
+def test_nack_with_delay_waits_then_redelivers() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2])
+    (d1,) = h.take(sub)
+    h.nack(s, [d1], delay=30.0)
+    (d2,) = h.take(sub)
+    assert d2.seq == 2
+    h.ack(s, [d2])
+    h.tick(29.9)
+    assert h.pump() == {}
+    h.tick(0.1)
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 2)
+
+
+def test_attempts_grow_with_each_redelivery() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    attempts = []
+    for how in ("front", "back", "delay", "lease", "front"):
+        (d,) = h.take(sub)
+        attempts.append(d.attempts)
+        if how == "lease":
+            h.tick(5.0)
+        else:
+            h.nack(s, [d], front=how == "front", delay=1.0 if how == "delay" else 0.0)
+            h.tick(1.0)
+    (d,) = h.take(sub)
+    attempts.append(d.attempts)
+    assert attempts == [1, 2, 3, 4, 5, 6]
+    assert h.broker.counters.redelivered == 5
+
+
+def test_negative_nack_delay_is_refused() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    with pytest.raises(BadRequest):
+        h.nack(s, [d], delay=-1.0)
+    assert h.ack(s, [d]) == []
+
+
+# ---------------------------------------------------------------------- leases
+def test_extend_keeps_a_lease_alive_past_its_original_expiry() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=10.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.tick(8.0)
+    assert h.extend(s, [d], 20.0) == []
+    h.tick(5.0)  # 13 s after delivery: past the original 10 s lease
+    assert h.broker.counters.lease_expired == 0
+    h.tick(14.0)  # 27 s: still inside the extension (8 + 20)
+    assert h.pump() == {}
+    assert h.ack(s, [d]) == []
+
+
+def test_extended_lease_still_expires_eventually() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=10.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.extend(s, [d], 20.0)
+    h.tick(20.0)
+    assert h.broker.counters.lease_expired == 1
+    (again,) = h.take(sub)
+    assert again.attempts == 2
+    assert _codes(h.extend(s, [d], 5.0)) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+
+
+def test_extend_rejects_bad_durations() -> None:
+    h = Harness()
+    s = Session("c")
+    with pytest.raises(BadRequest):
+        h.extend(s, [1], 0)
+    with pytest.raises(BadRequest):
+        h.extend(s, [1], 10 * 86400)
+
+
+def test_default_lease_comes_from_the_broker() -> None:
+    h = Harness(default_lease=3.0)
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    h.take(sub)
+    h.tick(3.0)
+    assert h.broker.counters.lease_expired == 1
+
+
+# ------------------------------------------------------------------ disconnect
+def test_disconnect_returns_unsettled_to_the_front_in_seq_order() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=3)
+    h.publish_values(CH, [1, 2, 3, 4, 5])
+    got = h.take(sa)
+    assert seqs(got) == [1, 2, 3]
+    h.ack(a, got[1:2])  # seq 2 is done
+    h.disconnect(a)
+    assert a.subs == {} and a.leases == {}
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=10)
+    again = h.take(sb)
+    assert [(d.seq, d.attempts) for d in again] == [(1, 2), (3, 2), (4, 1), (5, 1)]
+    assert _codes(h.ack(a, got[:1])) == [(got[0].tag, ErrorCode.UNKNOWN_DELIVERY)]
+
+
+# --------------------------------------------------------------- requeue limit
+def test_requeue_limit_dead_letters_the_message() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=2))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    (o,) = h.publish_values(CH, [{"n": 1}])
+    h.publish_values(CH, [{"n": 2}])
+    deliveries = 0
+    while True:
+        got = h.take(sub)
+        assert got, "message neither delivered nor dead-lettered"
+        (d,) = got
+        if d.seq != 1:
+            break
+        deliveries += 1
+        h.nack(s, [d])
+    assert deliveries == 3  # the first delivery and two requeues
+    assert d.seq == 2  # the next message flows on
+    assert h.broker.counters.dead_lettered == 1
+    batch = h.commit()
+    (dead,) = [m for m in batch.messages if m.channel == "_dead/orders/v1/1"]
+    assert dead.headers is not None
+    assert dead.headers["x-dead-reason"] == "requeue_limit"
+    assert dead.headers["x-original-channel"] == CH
+    assert dead.headers["x-original-seq"] == "1"
+    assert dead.headers["x-original-id"] == o.id
+    assert dead.headers["x-dead-group"] == "consume:g"
+    assert dead.data == b'{"n": 1}'
+    # The original is settled for this group: never delivered again.
+    h.ack(s, [d])
+    h.tick(3600)
+    assert h.pump() == {}
+    # The dead-letter channel can be consumed like any other.
+    reader = h.subscribe(Session("ops"), patterns="_dead/orders/v1/1", group="ops")
+    (dl,) = h.take(reader)
+    assert payloads([dl]) == [{"n": 1}]
+    assert dl.headers is not None and dl.headers["x-dead-reason"] == "requeue_limit"
+
+
+def test_requeue_limit_only_settles_for_the_group_that_gave_up() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0))
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="flaky")
+    sb = h.subscribe(b, patterns=CH, group="fine")
+    h.publish_values(CH, [1])
+    got = h.pump()
+    h.nack(a, got[sa])
+    assert h.broker.counters.dead_lettered == 1
+    assert h.take(sa) == []
+    assert h.ack(b, got[sb]) == []
+
+
+def test_lease_expiry_counts_toward_the_requeue_limit() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=1))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=1.0)
+    h.publish_values(CH, [1])
+    for _ in range(2):
+        assert seqs(h.take(sub)) == [1]
+        h.tick(1.0)
+    assert h.take(sub) == []
+    assert h.broker.counters.dead_lettered == 1
+    assert "_dead/orders/v1/1" in h.broker.channels
+
+
+def test_dead_lettering_off_drops_but_counts() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0, dead_letter=False))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    h.nack(s, h.take(sub))
+    assert h.broker.counters.dead_lettered == 1
+    assert "_dead/orders/v1/1" not in h.broker.channels
+    assert h.commit().messages == []

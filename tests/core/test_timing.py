@@ -1,0 +1,225 @@
+"""Time-driven behaviour: TTL, publish-time delay, priorities, and log truncation."""
+
+from __future__ import annotations
+
+import pytest
+
+from minou.core.broker import Session
+from minou.core.log import ChannelOptions
+
+from .helpers import Harness, payloads, send, seqs
+
+CH = "orders/v1/1"
+DEAD = "_dead/orders/v1/1"
+
+
+def _dead_messages(h: Harness) -> list:
+    return [m for m in h.commit().messages if m.channel == DEAD]
+
+
+# ------------------------------------------------------------------------ TTL
+def test_per_message_ttl_expired_messages_are_not_delivered_and_are_dead_lettered() -> None:
+    h = Harness()
+    h.publish(send(CH, "short", ttl=10.0), send(CH, "forever"), send(CH, "long", ttl=100.0))
+    h.advance(10.0)
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == ["forever", "long"]
+    assert h.broker.counters.expired == 1
+    assert h.broker.channels[CH].expired == 1
+    assert h.broker.counters.dead_lettered == 1
+    batch = h.commit()
+    assert (CH, 1) in batch.deletes
+    (dead,) = [m for m in batch.messages if m.channel == DEAD]
+    assert dead.headers is not None
+    assert dead.headers["x-dead-reason"] == "ttl"
+    assert dead.headers["x-original-seq"] == "1"
+    assert dead.expires_at is None  # a dead letter does not expire again
+
+
+def test_message_delivered_before_its_ttl_is_not_expired() -> None:
+    h = Harness()
+    h.publish(send(CH, "x", ttl=10.0))
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    h.advance(9.9)
+    assert payloads(h.take(sub)) == ["x"]
+    assert h.broker.counters.expired == 0
+
+
+def test_per_channel_ttl() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(ttl=5.0) if key == "orders/v1"
+                else ChannelOptions())
+    h.publish(send(CH, "a"), send("other/v1/1", "b"))
+    h.advance(4.0)
+    h.publish(send(CH, "c"))
+    h.advance(1.0)
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    other = h.subscribe(s, 2, patterns="other/v1/1", group="g2")
+    got = h.pump()
+    assert payloads(got[sub]) == ["c"]
+    assert payloads(got[other]) == ["b"]
+    assert h.broker.counters.expired == 1
+    (dead,) = _dead_messages(h)
+    assert dead.headers is not None and dead.headers["x-dead-reason"] == "ttl"
+
+
+def test_per_message_ttl_overrides_the_channel_ttl() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(ttl=5.0))
+    h.publish(send(CH, "a", ttl=60.0))
+    h.advance(30.0)
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    assert payloads(h.take(sub)) == ["a"]
+
+
+def test_expire_from_a_storage_scan() -> None:
+    h = Harness()
+    s = Session("c")
+    h.publish(send(CH, "a", ttl=1.0), send(CH, "b", ttl=1.0), send(CH, "c"))
+    h.advance(2.0)
+    assert h.broker.expire([(CH, 1), (CH, 2), ("orders/v1/unknown", 1)], h.now) == 2
+    assert h.broker.expire([(CH, 1)], h.now) == 0  # already gone
+    assert h.broker.counters.expired == 2
+    assert h.broker.channels[CH].count == 1
+    batch = h.commit()
+    assert sorted(batch.deletes) == [(CH, 1), (CH, 2)]
+    assert [m.headers["x-dead-reason"] for m in batch.messages if m.headers] == ["ttl", "ttl"]
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == ["c"]
+
+
+def test_ttl_dead_letter_off() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(dead_letter=False))
+    h.publish(send(CH, "a", ttl=1.0))
+    h.advance(1.0)
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    assert h.take(sub) == []
+    assert h.broker.counters.expired == 1
+    assert DEAD not in h.broker.channels
+
+
+# ---------------------------------------------------------------------- delay
+def test_publish_time_delay() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "later", delay=10.0), send(CH, "now"))
+    assert payloads(h.take(sub)) == ["now"]
+    h.tick(9.9)
+    assert h.pump() == {}
+    h.tick(0.1)
+    (d,) = h.take(sub)
+    assert (payloads([d]), d.seq, d.attempts) == (["later"], 1, 1)
+
+
+def test_publish_time_delay_for_a_reader_that_attaches_later() -> None:
+    # Regression: _attach used to leave the GroupChannel out of Broker._timed, so tick
+    # never released a delay that was committed before the reader existed.
+    h = Harness()
+    h.publish(send(CH, "later", delay=10.0))
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    assert h.pump() == {}
+    h.tick(10.0)
+    assert payloads(h.take(sub)) == ["later"]
+
+
+def test_delayed_message_reaches_a_late_reader_once_something_else_wakes_the_channel() -> None:
+    h = Harness()
+    h.publish(send(CH, "later", delay=10.0))
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    h.tick(10.0)
+    h.publish(send(CH, "poke"))
+    assert sorted(payloads(h.take(sub))) == ["later", "poke"]
+
+
+# ----------------------------------------------------------------- priorities
+def test_higher_priority_first_among_ready_messages() -> None:
+    h = Harness()
+    h.publish(send(CH, "p0-a"), send(CH, "p5-a", priority=5), send(CH, "p9", priority=9),
+              send(CH, "p0-b"), send(CH, "p5-b", priority=5))
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    got = h.take(sub)
+    assert payloads(got) == ["p9", "p5-a", "p5-b", "p0-a", "p0-b"]
+    assert [d.priority for d in got] == [9, 5, 5, 0, 0]
+
+
+def test_priority_message_overtakes_the_queue_of_a_busy_consumer() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2, 3])
+    (first,) = h.take(sub)
+    h.publish(send(CH, "urgent", priority=9))
+    h.ack(s, [first])
+    (d,) = h.take(sub)
+    assert payloads([d]) == ["urgent"]
+    h.ack(s, [d])
+    order = []
+    for _ in range(2):
+        (d,) = h.take(sub)
+        order.append(d.seq)
+        h.ack(s, [d])
+    assert order == [2, 3]
+
+
+def test_priority_and_delay_together() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "delayed-high", priority=9, delay=5.0), send(CH, "plain"))
+    assert payloads(h.take(sub)) == ["plain"]
+    h.tick(5.0)
+    assert payloads(h.take(sub)) == ["delayed-high"]
+
+
+# ----------------------------------------------------------------- truncation
+def test_truncates_once_every_group_acked() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g1", prefetch=10)
+    sb = h.subscribe(b, patterns=CH, group="g2", prefetch=10)
+    h.publish_values(CH, [1, 2, 3])
+    log = h.broker.channels[CH]
+    got = h.pump()
+    h.ack(a, got[sa])
+    batch = h.broker.take_writes()
+    assert batch.truncates == {}
+    assert log.count == 3
+    h.ack(b, got[sb][1:])  # seq 1 still out for g2
+    assert h.broker.take_writes().truncates == {}
+    h.ack(b, got[sb][:1])
+    batch = h.broker.take_writes()
+    assert batch.truncates == {CH: 4}
+    assert (log.count, log.first_seq) == (0, 4)
+    assert batch.group_states[("consume:g2", CH)][0] == 4
+
+
+def test_truncation_stops_below_the_lowest_unsettled_seq() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4])
+    got = h.take(sub)
+    h.ack(s, [got[0], got[1], got[3]])
+    assert h.broker.take_writes().truncates == {CH: 3}
+    assert h.broker.channels[CH].count == 2
+
+
+def test_without_a_group_messages_stay() -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2, 3])
+    for _ in range(3):
+        assert h.broker.take_writes().truncates == {}
+    assert h.broker.channels[CH].count == 3
+    sub = h.subscribe(Session("late"), patterns=CH, group="g", prefetch=10)
+    assert seqs(h.take(sub)) == [1, 2, 3]
+
+
+def test_retention_keeps_settled_messages_for_replay() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(retention=3600.0))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2])
+    h.ack(s, h.take(sub))
+    assert h.broker.take_writes().truncates == {}
+    replay = h.subscribe(Session("r"), kind="listen", patterns=CH, start="oldest", prefetch=10)
+    assert seqs(h.take(replay)) == [1, 2]

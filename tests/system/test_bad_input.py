@@ -1,0 +1,226 @@
+"""Bad input over a raw socket: a precise error frame, counted, nobody else hurt."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgspec
+import pytest
+
+import minou
+from minou.errors import ErrorCode
+from minou.protocol import frames as f
+from minou.protocol.reader import FrameReader
+
+from ..conftest import wait_until
+
+
+class RawPeer:
+    """A hand-driven native connection: write any bytes, read frames back."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("minou://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        self.reader = FrameReader()
+
+    def write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def hello(self, client_id: str = "raw") -> f.Welcome:
+        self.write(f.encode(f.Hello(client_id)))
+        frame = self.read()
+        assert isinstance(frame, f.Welcome), frame
+        return frame
+
+    def read(self) -> f.Frame:
+        while True:
+            ev = self.reader.next_event()
+            if ev is not None:
+                assert not hasattr(ev, "error"), ev
+                return ev  # type: ignore[return-value]
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by broker")
+            self.reader.receive_data(data)
+
+    def closed_by_peer(self) -> bool:
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+                self.reader.receive_data(data)
+        except (ConnectionResetError, TimeoutError):
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(broker):
+    peers: list[RawPeer] = []
+
+    def make() -> RawPeer:
+        p = RawPeer(broker.url)
+        peers.append(p)
+        return p
+
+    yield make
+    for p in peers:
+        p.close()
+
+
+@pytest.fixture
+def bystander(broker):
+    """A well-behaved client with a backlog: it must not notice anybody's bad input."""
+    client = minou.connect_sync(broker.url, client_id="bystander")
+    client.send("calm/v1/1", {"n": 1})
+    yield client
+    sub = client.consume("calm/v1/1")
+    msg = sub.get(timeout=5)
+    assert msg.payload == {"n": 1}
+    assert msg.ack()
+    client.send("calm/v1/1", {"n": 2})
+    client.close()
+
+
+def raw_frame(frame_type: int, body: bytes) -> bytes:
+    return struct.pack(">IB", len(body) + 1, frame_type) + body
+
+
+def refused(client: minou.SyncClient) -> dict[str, int]:
+    return client.admin("status")["counters"]["refused"]
+
+
+def test_unknown_command_gets_error_and_connection_goes_on(raw, bystander):
+    peer = raw()
+    peer.hello()
+    peer.write(raw_frame(99, b"\x90"))
+    err = peer.read()
+    assert isinstance(err, f.Error)
+    assert err.code == ErrorCode.UNKNOWN_COMMAND and "99" in err.message
+    peer.write(f.encode(f.Ping(7)))
+    assert peer.read() == f.Pong(7)
+    assert refused(bystander)["unknown_command"] == 1
+
+
+def test_malformed_body_names_the_frame_and_the_field(raw, bystander):
+    peer = raw()
+    peer.hello()
+    body = msgspec.msgpack.encode(["not-an-int", []])
+    peer.write(raw_frame(f.FrameType.PUBLISH, body))
+    err = peer.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.MALFORMED_FRAME
+    assert "PUBLISH" in err.message and "Expected `int`" in err.message
+    peer.write(f.encode(f.Ping(1)))
+    assert peer.read() == f.Pong(1)
+    assert refused(bystander)["malformed_frame"] == 1
+
+
+def test_frame_over_the_limit_is_fatal_with_an_error_first(raw, bystander):
+    peer = raw()
+    peer.hello()
+    peer.write(struct.pack(">IB", 1 << 30, f.FrameType.PUBLISH))
+    err = peer.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.FRAME_TOO_LARGE and err.fatal
+    assert peer.closed_by_peer()
+    assert refused(bystander)["frame_too_large"] == 1
+
+
+def test_truncated_frame_then_disconnect_is_counted(raw, bystander):
+    peer = raw()
+    peer.hello()
+    whole = f.encode(f.Publish(1, [f.Send("calm/v1/1", b'{"half": true}')]))
+    peer.write(whole[: len(whole) // 2])
+    peer.close()
+    wait_until(lambda: refused(bystander).get("truncated_frame") == 1, what="truncation counted")
+    # Half a publish stores nothing.
+    assert client_depth(bystander, "calm/v1/1") == 1
+
+
+def client_depth(client: minou.SyncClient, channel: str) -> int:
+    rows = client.admin("list", channel=channel)["channels"]
+    return sum(r["depth"] for r in rows if r["channel"] == channel)
+
+
+def test_frames_before_hello_are_refused(raw, bystander):
+    peer = raw()
+    peer.write(f.encode(f.Publish(3, [f.Send("calm/v1/1", b"1")])))
+    err = peer.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.UNEXPECTED_FRAME
+    assert "HELLO" in err.message and err.fatal
+    assert peer.closed_by_peer()
+    assert client_depth(bystander, "calm/v1/1") == 1
+
+
+def test_bad_messages_in_a_batch_fail_alone(raw, bystander):
+    peer = raw()
+    peer.hello()
+    sends = [
+        f.Send("calm/v1/1", b'{"ok": 1}'),
+        f.Send("calm/v1/1", b"{bad json"),
+        f.Send("calm//1", b"1"),
+        f.Send("calm/v1/1", b'"' + b"x" * (2 << 20) + b'"'),
+        f.Send("calm/v1/1", b"2", priority=42),
+        f.Send("calm/v1/1", b'{"ok": 2}'),
+    ]
+    peer.write(f.encode(f.Publish(5, sends)))
+    confirm = peer.read()
+    assert isinstance(confirm, f.Confirm) and confirm.req == 5
+    codes = [o.code for o in confirm.outcomes]
+    assert codes == [0, ErrorCode.INVALID_PAYLOAD, ErrorCode.INVALID_CHANNEL,
+                     ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.BAD_REQUEST, 0]
+    assert "not valid JSON" in confirm.outcomes[1].error
+    assert "version" in confirm.outcomes[2].error
+    assert "limit" in confirm.outcomes[3].error
+    assert "priority 42" in confirm.outcomes[4].error
+    assert [o.seq for o in confirm.outcomes if not o.code] == [2, 3]
+    counts = refused(bystander)
+    assert counts["invalid_payload"] == 1 and counts["invalid_channel"] == 1
+    assert counts["message_too_large"] == 1 and counts["bad_request"] == 1
+
+
+def test_ack_of_unknown_tag_is_refused_precisely(raw, bystander):
+    peer = raw()
+    peer.hello()
+    peer.write(f.encode(f.Ack(9, [123456])))
+    settled = peer.read()
+    assert isinstance(settled, f.Settled) and settled.req == 9
+    [(tag, code, text)] = settled.failed
+    assert tag == 123456 and code == ErrorCode.UNKNOWN_DELIVERY and "123456" in text
+    peer.write(f.encode(f.Ack(0, [55])))  # fire-and-forget ack: the error comes unasked
+    err = peer.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.UNKNOWN_DELIVERY
+    assert err.detail["tag"] == 55
+    assert refused(bystander)["unknown_delivery"] == 2
+
+
+def test_a_client_cannot_settle_another_clients_delivery(broker, raw):
+    owner = minou.connect_sync(broker.url, client_id="owner")
+    owner.send("jobs/v1/1", {"job": 1})
+    sub = owner.consume("jobs/v1/1", group="workers")
+    msg = sub.get(timeout=5)
+    thief = raw()
+    thief.hello("thief")
+    thief.write(f.encode(f.Ack(1, [msg.tag])))
+    settled = thief.read()
+    assert isinstance(settled, f.Settled)
+    assert settled.failed and settled.failed[0][1] == ErrorCode.UNKNOWN_DELIVERY
+    assert msg.ack() is True  # still the owner's to settle
+    owner.close()
+
+
+def test_random_garbage_never_hurts_the_broker(broker, raw, bystander):
+    import random
+
+    rng = random.Random(7)
+    for _ in range(30):
+        peer = raw()
+        if rng.random() < 0.5:
+            peer.hello()
+        peer.write(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 400))))
+        peer.close()
+    with minou.connect_sync(broker.url) as other:
+        assert other.send("calm/v1/2", {"still": "fine"}).seq == 1

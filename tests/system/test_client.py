@@ -1,0 +1,243 @@
+"""The Python client against a real broker: the API a user writes against."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import minou
+from minou.errors import InvalidChannel, SendQueueFull, UnknownDelivery
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_callback_handler_and_async_for(broker):
+    async def main():
+        client = await minou.connect(broker.url, client_id="cb")
+        got: list[int] = []
+        done = asyncio.Event()
+
+        async def handle(msg: minou.Message) -> None:
+            got.append(msg.payload["n"])
+            await msg.ack()
+            if len(got) == 5:
+                done.set()
+
+        await client.consume("cb/v1/*", handle, group="g1")
+        other = await client.consume("cb/v1/*", group="g2")
+        receipts = await client.send_many([("cb/v1/a", {"n": i}) for i in range(5)])
+        assert [r.seq for r in receipts] == [1, 2, 3, 4, 5]
+        await asyncio.wait_for(done.wait(), 10)
+        assert got == [0, 1, 2, 3, 4]
+
+        seen = []
+        async for msg in other:
+            seen.append(msg.seq)
+            msg.ack()
+            if len(seen) == 5:
+                break
+        assert seen == [1, 2, 3, 4, 5]  # a second group sees every message too
+        await client.close()
+
+    run(main())
+
+
+def test_listen_is_fan_out_and_durable_per_client(broker):
+    async def main():
+        a = await minou.connect(broker.url, client_id="listener-a")
+        b = await minou.connect(broker.url, client_id="listener-b")
+        sub_a = await a.listen("news/v1/*")
+        sub_b = await b.listen("news/v1/*")
+        pub = await minou.connect(broker.url, client_id="pub")
+        await pub.send("news/v1/1", "first")
+        for sub in (sub_a, sub_b):
+            msg = await sub.get(5)
+            assert msg.payload == "first"
+            await msg.ack()
+        await a.close()  # a goes away; its durable listener keeps collecting
+        await pub.send("news/v1/1", "while away")
+        (await sub_b.get(5)).ack()
+        a2 = await minou.connect(broker.url, client_id="listener-a")
+        again = await a2.listen("news/v1/*")
+        msg = await again.get(5)
+        assert msg.payload == "while away" and msg.seq == 2
+        await msg.ack()
+        for c in (a2, b, pub):
+            await c.close()
+
+    run(main())
+
+
+def test_replay_from_seq_and_range_read(broker_factory, tmp_path):
+    config = tmp_path / "minou.toml"
+    config.write_text('[channels."log/v1"]\nretention = 3600\n')
+    broker = broker_factory.make(config=config).start()
+
+    async def main():
+        c = await minou.connect(broker.url)
+        await c.send_many([("log/v1/x", i) for i in range(10)])
+        replay = await c.listen("log/v1/x", start=7, prefetch=10)
+        got = [(await replay.get(5)).payload for _ in range(4)]
+        assert got == [6, 7, 8, 9]
+        oldest = await c.listen("log/v1/x", name="from-start", start="oldest", prefetch=20)
+        assert (await oldest.get(5)).seq == 1
+        msgs, next_seq = await c.read("log/v1/x", 3, limit=4)
+        assert [m.seq for m in msgs] == [3, 4, 5, 6] and next_seq == 7
+        msgs, next_seq = await c.read("log/v1/x", next_seq, limit=100)
+        assert [m.payload for m in msgs] == [6, 7, 8, 9] and next_seq == 11
+        await c.close()
+
+    run(main())
+
+
+def test_broadcast_reaches_every_id_with_a_reader(broker):
+    async def main():
+        c = await minou.connect(broker.url)
+        subs = {i: await c.listen(f"alerts/v1/{i}", name=i) for i in ("eu", "us")}
+        receipt = await c.send("alerts/v1/*", {"level": "high"})
+        assert receipt.fanout == 2
+        for sub in subs.values():
+            msg = await sub.get(5)
+            assert msg.payload == {"level": "high"}
+            assert msg.channel.startswith("alerts/v1/")
+        none = await c.send("nobody/v1/*", 1)
+        assert none.fanout == 0
+        await c.close()
+
+    run(main())
+
+
+def test_add_id_and_remove_id_at_runtime(broker):
+    async def main():
+        c = await minou.connect(broker.url)
+        sub = await c.listen("room/v1/a", prefetch=10)
+        await sub.add_id("b")
+        await c.send("room/v1/b", "to b")
+        msg = await sub.get(5)
+        assert (msg.channel, msg.payload) == ("room/v1/b", "to b")
+        await msg.ack()
+        await sub.remove_id("b")
+        await c.send("room/v1/b", "not for us")
+        await c.send("room/v1/a", "for us")
+        msg = await sub.get(5)
+        assert msg.payload == "for us"
+        await c.close()
+
+    run(main())
+
+
+def test_nack_delay_attempts_and_extend(broker):
+    async def main():
+        c = await minou.connect(broker.url)
+        await c.send("retry/v1/1", {"job": 1})
+        sub = await c.consume("retry/v1/1", lease=30)
+        msg = await sub.get(5)
+        assert msg.attempts == 1
+        assert await msg.extend(60)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        assert await msg.nack(delay=0.5)
+        again = await sub.get(5)
+        assert loop.time() - t0 >= 0.45  # not before the delay
+        assert again.attempts == 2 and again.seq == msg.seq
+        with pytest.raises(UnknownDelivery):
+            await msg.ack()  # the first delivery's tag is fenced off
+        assert await again.ack()
+        await c.close()
+
+    run(main())
+
+
+def test_priority_and_publish_delay(broker):
+    async def main():
+        c = await minou.connect(broker.url)
+        await c.send("prio/v1/1", "low")
+        await c.send("prio/v1/1", "later", delay=0.6)
+        await c.send("prio/v1/1", "high", priority=9)
+        sub = await c.consume("prio/v1/1", prefetch=10)
+        first, second = await sub.get(5), await sub.get(5)
+        assert [first.payload, second.payload] == ["high", "low"]
+        third = await sub.get(5)
+        assert third.payload == "later"
+        import time
+
+        assert time.time() >= third.published_at + 0.6
+        await c.close()
+
+    run(main())
+
+
+def test_errors_reach_the_caller(broker):
+    async def main():
+        c = await minou.connect(broker.url)
+        with pytest.raises(InvalidChannel, match="version"):
+            await c.send("bad/1/x", 1)
+        with pytest.raises(InvalidChannel):
+            await c.consume("no pattern here")
+        assert (await c.send("fine/v1/1", 1)).seq == 1
+        await c.close()
+
+    run(main())
+
+
+def test_websocket_transport_speaks_the_same_frames(broker):
+    async def main():
+        ws_url = broker.http.replace("http://", "ws://") + "/v1/ws"
+        c = await minou.connect(ws_url, client_id="over-ws")
+        receipt = await c.send("ws/v1/1", {"via": "websocket"})
+        assert receipt.seq == 1
+        sub = await c.consume("ws/v1/1")
+        msg = await sub.get(5)
+        assert msg.payload == {"via": "websocket"}
+        assert await msg.ack()
+        await c.close()
+
+    run(main())
+
+
+def test_failover_to_the_next_url(broker):
+    async def main():
+        dead = "minou://127.0.0.1:1"
+        c = await minou.connect([dead, broker.url])
+        assert (await c.send("fo/v1/1", 1)).seq == 1
+        await c.close()
+
+    run(main())
+
+
+def test_reconnects_and_resubscribes_after_restart(broker):
+    async def main():
+        c = await minou.connect(broker.url, client_id="survivor")
+        sub = await c.consume("rs/v1/1", prefetch=5)
+        await c.send("rs/v1/1", "before")
+        assert await (await sub.get(5)).ack()  # durable before the crash
+        broker.kill()
+        fut = c.send("rs/v1/1", "during")  # queued while the broker is down
+        await asyncio.sleep(0.2)
+        broker.start()
+        receipt = await asyncio.wait_for(fut, 20)
+        assert receipt.seq == 2
+        msg = await sub.get(20)
+        assert msg.payload == "during"
+        assert await msg.ack()
+        await c.close()
+
+    run(main())
+
+
+def test_send_queue_is_bounded(broker):
+    async def main():
+        c = await minou.connect(broker.url, max_pending=50)
+        broker.kill()
+        futs = [c.send("q/v1/1", i) for i in range(50)]
+        with pytest.raises(SendQueueFull, match="max_pending=50"):
+            c.send("q/v1/1", "one too many")
+        c.reconnect = False
+        await c.close()
+        for fut in futs:
+            fut.cancel() if not fut.done() else fut.exception()
+
+    run(main())

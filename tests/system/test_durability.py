@@ -1,0 +1,582 @@
+"""The proof by killing (issue item 8): kill -9 the broker under load, restart it, and check
+the guarantees of SPEC §1 from what the clients saw.
+
+* a confirmed publish is delivered until acknowledged, across crashes and restarts;
+* a delivery whose ack was confirmed (``await msg.ack()`` returned True) never comes back;
+* a message comes back only if it was in flight (delivered, ack not confirmed) at a crash;
+* per channel, ``seq`` identifies one message and is never reused after a restart;
+* after the final drain the broker holds nothing: depth 0, nothing unsettled.
+
+Each broker restart reuses the data dir and ports; the clients reconnect on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import minou
+from minou.client.message import Settlement
+
+from ..conftest import BrokerProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+CHANNELS = [f"load/v1/{i}" for i in range(4)]
+PATTERN = "load/v1/*"
+GROUP = "dur-workers"
+PRODUCERS = 3
+CONSUMERS = 3
+KILLS = 4
+BATCH = 25  # a producer sends this many, then waits for their receipts
+MAX_PER_PRODUCER = 20_000  # bound on the producer loop, far above what a run sends
+PREFETCH = 16
+SETTLE_TIMEOUT = 5.0  # an ack's Settlement that takes longer than this counts as unresolved
+
+
+# --------------------------------------------------------------------------- helpers
+def pump_output(broker: BrokerProcess) -> threading.Thread:
+    """Keep reading the broker's output after ``start()`` (into ``broker.output``), so a
+    chatty broker can never block on a full pipe. The stream is ours from now on."""
+    assert broker.proc is not None and broker.proc.stdout is not None
+    stream = broker.proc.stdout
+    broker.proc.stdout = None  # stop() and the fixture leave it to us
+
+    def run() -> None:
+        with stream:
+            for line in stream:
+                broker.output.append(line)
+
+    thread = threading.Thread(target=run, name="broker-output", daemon=True)
+    thread.start()
+    return thread
+
+
+class Broker:
+    """A BrokerProcess with kill -9 / restart usable from the event loop."""
+
+    def __init__(self, proc: BrokerProcess) -> None:
+        self.proc = proc
+        self.pumps = [pump_output(proc)]
+        self.kills = 0
+
+    def start_sync(self) -> None:
+        self.proc.start()
+        self.pumps.append(pump_output(self.proc))
+
+    def kill_sync(self) -> None:
+        self.proc.kill()
+        self.pumps[-1].join(10)
+        self.kills += 1
+
+    async def kill(self) -> None:
+        await asyncio.to_thread(self.kill_sync)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.start_sync)
+
+    def stop(self) -> int:
+        rc = self.proc.stop()
+        self.pumps[-1].join(10)
+        return rc
+
+    @property
+    def output(self) -> str:
+        return "".join(self.proc.output)
+
+
+async def await_until(predicate: Callable[[], Any], timeout: float, what: str,
+                      interval: float = 0.02) -> None:
+    """Poll ``predicate`` (sync or async) until true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def settle(st: Settlement, timeout: float = SETTLE_TIMEOUT) -> bool | None:
+    """True: the broker made the ack durable. False: it did not happen (or was refused).
+    None: no answer within ``timeout`` (the client never resolved the Settlement)."""
+
+    async def wait() -> bool:
+        return await st
+
+    try:
+        return await asyncio.wait_for(wait(), timeout)
+    except TimeoutError:
+        return None
+    except minou.MinouError:
+        return False
+
+
+async def broker_state(admin: minou.Client, prefix: str = "load/") -> dict[str, Any]:
+    listing = await asyncio.wait_for(admin.admin("list", channel=prefix), 10)
+    return {
+        "depth": sum(c["depth"] for c in listing["channels"]),
+        "unsettled": sum(c["unsettled"] for c in listing["channels"]),
+        "group_unsettled": sum(g["unsettled"] for g in listing["groups"]),
+        "lag": sum(g["lag"] for g in listing["groups"]),
+        "channels": {c["channel"]: c for c in listing["channels"]},
+        "groups": {g["group"]: g for g in listing["groups"]},
+    }
+
+
+async def broker_empty(admin: minou.Client, prefix: str = "load/") -> bool:
+    s = await broker_state(admin, prefix)
+    return s["depth"] == 0 and s["unsettled"] == 0 and s["group_unsettled"] == 0 \
+        and s["lag"] == 0
+
+
+async def expect_only_sentinels(client: minou.Client, sub: minou.Subscription,
+                                channels: list[str], timeout: float = 10.0) -> list[Any]:
+    """Send one sentinel per channel and consume until every sentinel is back.
+
+    Per channel a consumer sees messages in seq order and a sentinel has the highest seq,
+    so anything still queued on a channel arrives before its sentinel: the returned list
+    is what was left over (it should be empty). No blind wait."""
+    marks = {ch: f"sentinel-{time.monotonic_ns()}-{ch}" for ch in channels}
+    await asyncio.wait_for(asyncio.gather(*(client.send(ch, {"sentinel": m})
+                                            for ch, m in marks.items())), timeout)
+    leftovers: list[Any] = []
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    while seen != set(marks.values()):
+        left = deadline - time.monotonic()
+        assert left > 0, f"sentinels not all back in {timeout}s: {seen}, leftovers {leftovers}"
+        msg = await sub.get(timeout=left)
+        payload = msg.payload
+        if isinstance(payload, dict) and payload.get("sentinel") in marks.values():
+            seen.add(payload["sentinel"])
+        else:
+            leftovers.append((msg.channel, msg.seq, msg.attempts, payload))
+        assert await settle(msg.ack()) is True
+    return leftovers
+
+
+# ------------------------------------------------------------------ the load test
+@dataclass
+class Delivery:
+    id: str
+    producer: int
+    n: int
+    channel: str
+    seq: int
+    attempts: int
+    consumer: int
+    epoch: int  # the consumer's connection number (client._epoch)
+    order: int
+    acked: bool | None = None  # Settlement result; None until known (or unresolved)
+    settled: bool = False  # the settle task finished
+    run: int = -1  # broker run the delivery happened in (filled in at the end)
+
+
+@dataclass
+class Sent:
+    producer: int
+    n: int
+    channel: str
+    seq: int
+    id: str
+    epoch: int  # the producer's connection number when the receipt arrived
+    run: int = -1
+
+
+@dataclass
+class World:
+    receipts: dict[str, Sent] = field(default_factory=dict)  # by message id
+    deliveries: list[Delivery] = field(default_factory=list)
+    send_errors: list[str] = field(default_factory=list)
+    settle_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    clients: dict[str, minou.Client] = field(default_factory=dict)
+    # kill k -> client name -> that client's connection number (client._epoch) just before
+    epochs_at_kill: list[dict[str, int]] = field(default_factory=list)
+    sent: int = 0
+    ack_confirmed: int = 0
+    order: int = 0
+
+    def next_order(self) -> int:
+        self.order += 1
+        return self.order
+
+    def note_kill(self) -> None:
+        self.epochs_at_kill.append({name: cl._epoch for name, cl in self.clients.items()})
+
+    def run_of(self, name: str, epoch: int) -> int:
+        """The broker run a client's connection was talking to: connections opened before
+        kill k carry epochs <= the one recorded at kill k."""
+        return sum(1 for at_kill in self.epochs_at_kill if at_kill[name] < epoch)
+
+
+async def producer(url: str, p: int, world: World, stop: asyncio.Event) -> None:
+    name = f"p{p}"
+    client = await minou.connect(url, client_id=f"dur-producer-{p}", reconnect=True)
+    world.clients[name] = client
+    try:
+        n = 0
+        while not stop.is_set() and n < MAX_PER_PRODUCER:
+            batch = []
+            for _ in range(BATCH):
+                ch = CHANNELS[(n + p) % len(CHANNELS)]
+                fut = client.send(ch, {"producer": p, "n": n})
+                # The epoch of the connection the confirm came on, read as it resolves.
+                epoch: dict[str, int] = {}
+                fut.add_done_callback(lambda _f, e=epoch: e.setdefault("at", client._epoch))
+                batch.append((n, ch, fut, epoch))
+                n += 1
+                world.sent += 1
+            for i, ch, fut, epoch in batch:
+                try:
+                    r = await asyncio.wait_for(fut, 20)
+                except Exception as exc:  # recorded, asserted on at the end
+                    world.send_errors.append(f"producer {p} n={i}: {exc!r}")
+                    continue
+                assert r.channel == ch
+                world.receipts[r.id] = Sent(p, i, r.channel, r.seq, r.id, epoch["at"])
+    finally:
+        await client.close()
+
+
+async def consumer(url: str, c: int, world: World, stop: asyncio.Event) -> None:
+    client = await minou.connect(url, client_id=f"dur-consumer-{c}", reconnect=True)
+    world.clients[f"c{c}"] = client
+    try:
+        sub = await client.consume(PATTERN, group=GROUP, prefetch=PREFETCH)
+        while not stop.is_set():
+            try:
+                msg = await sub.get(timeout=0.1)
+            except minou.Timeout:
+                continue
+            body = msg.payload
+            d = Delivery(msg.id, body["producer"], body["n"], msg.channel, msg.seq,
+                         msg.attempts, c, msg._epoch, world.next_order())
+            world.deliveries.append(d)
+            task = asyncio.create_task(record_ack(world, d, msg.ack()))
+            world.settle_tasks.add(task)
+            task.add_done_callback(world.settle_tasks.discard)
+    finally:
+        await client.close()
+
+
+async def record_ack(world: World, d: Delivery, st: Settlement) -> None:
+    d.acked = await settle(st)
+    d.settled = True
+    if d.acked:
+        world.ack_confirmed += 1
+
+
+def check_world(world: World) -> dict[str, int]:
+    """Every assertion of the load test; returns a few numbers for the report."""
+    problems: list[str] = []
+    for d in world.deliveries:
+        d.run = world.run_of(f"c{d.consumer}", d.epoch)
+    for s in world.receipts.values():
+        s.run = world.run_of(f"p{s.producer}", s.epoch)
+    by_id: dict[str, list[Delivery]] = defaultdict(list)
+    for d in world.deliveries:
+        by_id[d.id].append(d)
+
+    # 1. every confirmed publish was delivered, with the channel, seq and payload confirmed
+    for mid, s in world.receipts.items():
+        ds = by_id.get(mid)
+        if not ds:
+            problems.append(f"confirmed message never delivered: {s}")
+            continue
+        for d in ds:
+            if (d.channel, d.seq, d.producer, d.n) != (s.channel, s.seq, s.producer, s.n):
+                problems.append(f"delivery {d} does not match its receipt {s}")
+
+    in_doubt = 0
+    unresolved = [d for d in world.deliveries if d.acked is None]
+    for mid, ds in by_id.items():
+        ds.sort(key=lambda d: (d.run, d.order))
+        # 2. duplicates only across a crash: at most one delivery per broker run, and a
+        #    redelivered message was unsettled (ack not confirmed) when its run ended.
+        for prev, nxt in itertools.pairwise(ds):
+            if nxt.run <= prev.run:
+                problems.append(f"{mid} delivered twice in broker run {prev.run}: {prev} {nxt}")
+            if prev.acked:
+                problems.append(f"{mid} delivered again after a confirmed ack: {prev} -> {nxt}")
+        # 3. acked at least once: the last delivery's ack was confirmed, or it was in flight
+        #    when the broker was killed (the ack may have been made durable just before the
+        #    crash while its confirmation was lost with the connection: the broker's final
+        #    depth 0 checks that it really was acked).
+        last = ds[-1]
+        if not last.acked:
+            if last.run < world_runs(world):
+                in_doubt += 1
+            else:
+                problems.append(f"{mid}: last delivery not ack-confirmed, no crash after it: "
+                                f"{last}")
+        if any(d.attempts < 1 for d in ds):
+            problems.append(f"{mid}: attempts < 1: {ds}")
+
+    # 4. seq identifies one message per channel, and is never reused after a restart
+    by_seq: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for d in world.deliveries:
+        by_seq[(d.channel, d.seq)].add(d.id)
+    for s in world.receipts.values():
+        by_seq[(s.channel, s.seq)].add(s.id)
+    problems += [f"seq {k} carries several messages: {v}" for k, v in by_seq.items()
+                 if len(v) > 1]
+    #    receipts of later runs have higher seqs than receipts of earlier runs
+    per_run: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for s in world.receipts.values():
+        per_run[s.channel][s.run].append(s.seq)
+    for ch, runs in per_run.items():
+        top = 0
+        for r in sorted(runs):
+            if min(runs[r]) <= top:
+                problems.append(f"{ch}: run {r} confirmed seq {min(runs[r])} <= {top} "
+                                f"confirmed before a crash")
+            top = max(top, max(runs[r]))
+    # 5. a single consumer sees a channel's messages in seq order (one connection = one run)
+    last_seq: dict[tuple[int, int, str], Delivery] = {}
+    for d in sorted(world.deliveries, key=lambda d: d.order):
+        key = (d.consumer, d.epoch, d.channel)
+        prev = last_seq.get(key)
+        if prev is not None and d.seq <= prev.seq:
+            problems.append(f"consumer {d.consumer} saw {d.channel} out of order: "
+                            f"seq {prev.seq} then {d.seq}")
+        last_seq[key] = d
+
+    assert not problems, f"{len(problems)} problems, first ones:\n" + "\n".join(problems[:20])
+    return {
+        "sent": world.sent, "confirmed": len(world.receipts),
+        "deliveries": len(world.deliveries), "messages": len(by_id),
+        "redelivered": sum(len(ds) - 1 for ds in by_id.values()),
+        "publisher_duplicates": len(by_id) - len(world.receipts),
+        "acks_confirmed": world.ack_confirmed, "acks_in_doubt_at_crash": in_doubt,
+        "settlements_unresolved": len(unresolved),
+    }
+
+
+async def explain(world: World, broker: Broker, admin: minou.Client) -> str:
+    """What the clients and the broker looked like when an assertion failed."""
+    pending = [d for d in world.deliveries if not d.settled]
+    lines = [
+        f"kills={broker.kills} sent={world.sent} confirmed={len(world.receipts)} "
+        f"deliveries={len(world.deliveries)} acks_confirmed={world.ack_confirmed} "
+        f"settlements_pending={len(pending)} "
+        f"settlements_false={sum(1 for d in world.deliveries if d.acked is False)} "
+        f"settlements_unresolved="
+        f"{sum(1 for d in world.deliveries if d.settled and d.acked is None)}",
+        "clients: " + ", ".join(f"{n}: connected={c.connected} epoch={c._epoch} "
+                                f"unconfirmed={c._pending_count}"
+                                for n, c in sorted(world.clients.items())),
+        f"recent deliveries: {world.deliveries[-5:]}",
+    ]
+    try:
+        state = await broker_state(admin)
+        lines.append(f"broker: depth={state['depth']} unsettled={state['unsettled']} "
+                     f"lag={state['lag']} groups={state['groups']}")
+    except Exception as exc:
+        lines.append(f"broker state unavailable: {exc!r}")
+    lines.append("broker output:\n" + broker.output[-4000:])
+    return "\n".join(lines)
+
+
+def world_runs(world: World) -> int:
+    return len(world.epochs_at_kill)
+
+
+def test_kill_minus_nine_under_load(broker_factory: Any) -> None:
+    broker = Broker(broker_factory.make().start())
+    stats = asyncio.run(asyncio.wait_for(_load_scenario(broker), 90))
+    print("durability under load:", stats)
+    assert broker.stop() == 0, broker.output
+
+
+async def _load_scenario(broker: Broker) -> dict[str, Any]:
+    url = broker.proc.url
+    world = World()
+    stop_producing = asyncio.Event()
+    stop_consuming = asyncio.Event()
+    t0 = time.monotonic()
+    admin = await minou.connect(url, client_id="dur-admin", reconnect=True)
+    tasks = [asyncio.create_task(consumer(url, c, world, stop_consuming))
+             for c in range(CONSUMERS)]
+    await await_until(lambda: len(world.clients) == CONSUMERS, 10, "consumers connected")
+    tasks += [asyncio.create_task(producer(url, p, world, stop_producing))
+              for p in range(PRODUCERS)]
+    await await_until(lambda: len(world.clients) == CONSUMERS + PRODUCERS, 10,
+                      "producers connected")
+
+    def failed() -> None:
+        for t in tasks:
+            if t.done() and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+    try:
+        for k in range(KILLS):
+            # Let real work happen in this run (more each time, so kills land at different
+            # points), then kill -9 in the middle of it and restart on the same data dir.
+            confirmed0, acked0 = len(world.receipts), world.ack_confirmed
+            want = 150 + 100 * k
+
+            def progressed(c0: int = confirmed0, a0: int = acked0, w: int = want) -> bool:
+                failed()
+                return len(world.receipts) >= c0 + w and world.ack_confirmed >= a0 + w // 2
+
+            await await_until(progressed, 15, f"progress in broker run {k}")
+            world.note_kill()
+            await broker.kill()
+            await broker.start()
+        # After the last restart: some more work, then stop producing and drain.
+        confirmed0 = len(world.receipts)
+        await await_until(lambda: len(world.receipts) >= confirmed0 + 100, 15,
+                          "progress after the last restart")
+        stop_producing.set()
+        await asyncio.wait_for(asyncio.gather(*tasks[CONSUMERS:]), 30)
+        failed()
+        assert not world.send_errors, world.send_errors[:10]
+
+        await await_until(lambda: broker_empty(admin), 30, "the broker to drain",
+                          interval=0.1)
+        await await_until(lambda: not world.settle_tasks, SETTLE_TIMEOUT + 5,
+                          "every ack's settlement")
+        state = await broker_state(admin)
+        assert state["depth"] == 0 and state["unsettled"] == 0, state
+        status = await admin.admin("status")
+        assert status["channels"] >= len(CHANNELS), status
+        stats = check_world(world)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{await explain(world, broker, admin)}") from None
+    finally:
+        stop_producing.set()
+        stop_consuming.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 15)
+        for t in tasks:
+            t.cancel()
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+
+    # The acks are durable: one more kill -9, and nothing comes back.
+    await broker.kill()
+    await broker.start()
+    await await_until(lambda: admin.connected, 10, "the admin client to reconnect")
+    assert await broker_empty(admin), await broker_state(admin)
+    sub = await admin.consume(PATTERN, group=GROUP, prefetch=PREFETCH)
+    leftovers = await expect_only_sentinels(admin, sub, CHANNELS)
+    assert leftovers == [], f"acked messages came back after a restart: {leftovers[:10]}"
+    await admin.close()
+    stats["kills"] = broker.kills
+    stats["seconds"] = round(time.monotonic() - t0, 1)
+    stats["broker_counters_last_run"] = status["counters"]
+    return stats
+
+
+# ------------------------------------------------- no consumer ever connected
+def test_confirmed_messages_survive_kill_without_consumer(broker_factory: Any) -> None:
+    broker = Broker(broker_factory.make().start())
+    n = 300
+    channels = CHANNELS[:3]
+    with minou.connect_sync(broker.proc.url, client_id="dur-publisher") as client:
+        receipts = client.send_many(
+            (channels[i % len(channels)], {"producer": 0, "n": i}) for i in range(n))
+    assert len(receipts) == n
+    assert {r.channel: r.seq for r in receipts} == {ch: n // len(channels) for ch in channels}
+
+    broker.kill_sync()
+    broker.start_sync()
+
+    async def consume_all() -> None:
+        client = await minou.connect(broker.proc.url, client_id="dur-late-consumer")
+        try:
+            state = await broker_state(client)
+            assert state["depth"] == n, state
+            sub = await client.consume(PATTERN, group="dur-late", prefetch=50)
+            got: dict[str, minou.Message] = {}
+            for _ in range(n):
+                msg = await sub.get(timeout=10)
+                assert msg.id not in got, f"delivered twice: {msg}"
+                got[msg.id] = msg
+                assert msg.attempts == 1, msg
+                assert await settle(msg.ack()) is True
+            assert {m.id for m in got.values()} == {r.id for r in receipts}
+            by_id = {r.id: (i, r) for i, r in enumerate(receipts)}
+            for m in got.values():
+                i, r = by_id[m.id]
+                assert (m.channel, m.seq, m.payload) == (r.channel, r.seq, {"producer": 0, "n": i})
+            leftovers = await expect_only_sentinels(client, sub, channels)
+            assert leftovers == []
+            await await_until(lambda: broker_empty(client), 10, "an empty broker")
+        finally:
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(consume_all(), 60))
+    assert broker.stop() == 0, broker.output
+
+
+# ------------------------------------- unacked deliveries return, acked ones do not
+def test_unacked_deliveries_come_back_after_kill_acked_ones_do_not(broker_factory: Any) -> None:
+    broker = Broker(broker_factory.make().start())
+    asyncio.run(asyncio.wait_for(_unacked_scenario(broker), 60))
+    assert broker.stop() == 0, broker.output
+
+
+async def _unacked_scenario(broker: Broker) -> None:
+    n, prefetch = 10, 4
+    channel = "jobs/v1/a"
+    client = await minou.connect(broker.proc.url, client_id="dur-worker", reconnect=True)
+    try:
+        receipts = await client.send_many((channel, {"n": i}) for i in range(n))
+        assert [r.seq for r in receipts] == list(range(1, n + 1))
+        sub = await client.consume("jobs/v1/*", group="dur-jobs", prefetch=prefetch)
+        held = [await sub.get(timeout=5) for _ in range(prefetch)]
+        assert [m.seq for m in held] == list(range(1, prefetch + 1))
+        assert all(m.attempts == 1 for m in held), held
+        # The broker has them as unsettled (the prefetch limit holds back the rest).
+        await await_until(
+            lambda: _unsettled(client, channel, prefetch), 5, f"{prefetch} unsettled")
+
+        await broker.kill()
+        await await_until(lambda: not client.connected, 5, "the client to see the crash")
+        assert await settle(held[0].ack()) is False, "an ack on a dead connection"
+        await broker.start()
+        await await_until(lambda: client.connected, 15, "the client to reconnect")
+
+        # The same messages come back first, then the rest; ack them all.
+        again = []
+        for _ in range(n):
+            again.append(await sub.get(timeout=10))
+            assert await settle(again[-1].ack()) is True, again[-1]
+        assert [m.id for m in again] == [r.id for r in receipts]
+        assert [m.seq for m in again] == list(range(1, n + 1))
+        assert all(m.attempts >= 1 for m in again), again
+        assert all(m.attempts == 1 for m in again[prefetch:]), again
+        redelivered_attempts = [m.attempts for m in again[:prefetch]]
+        await await_until(lambda: broker_empty(client, "jobs/"), 10, "an empty broker")
+
+        # kill -9 again: acked means gone for good.
+        await broker.kill()
+        await broker.start()
+        await await_until(lambda: client.connected, 15, "the client to reconnect")
+        state = await broker_state(client, "jobs/")
+        assert state["depth"] == 0 and state["unsettled"] == 0, state
+        leftovers = await expect_only_sentinels(client, sub, [channel])
+        assert leftovers == [], f"acked messages came back: {leftovers}"
+        print("attempts of the redelivered messages:", redelivered_attempts)
+    finally:
+        await client.close()
+
+
+async def _unsettled(client: minou.Client, channel: str, want: int) -> bool:
+    state = await broker_state(client, channel)
+    return state["channels"][channel]["unsettled"] == want
