@@ -29,7 +29,7 @@ class BrokerProcess:
     http: str = ""
     port: int = 0
     http_port: int = 0
-    output: list[str] = field(default_factory=list)
+    log_path: Path = Path("/dev/null")
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         # Restarts reuse the ports of the first start, like a real restart would.
@@ -39,26 +39,35 @@ class BrokerProcess:
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
+        # Output goes to a file, never a pipe nobody drains (a full pipe blocks the broker).
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "a") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                         env=env)
         deadline = time.monotonic() + timeout
-        assert self.proc.stdout is not None
         while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.output.append(line)
-            m = ADDRESS.match(line)
-            if m and m.group(1) == "native":
-                self.url = m.group(2)
-                self.port = int(self.url.rsplit(":", 1)[1])
-            elif m and m.group(1) == "http":
-                self.http = m.group(2)
-                self.http_port = int(self.http.rsplit(":", 1)[1])
-            if line.startswith("  stop with"):
+            text = self.log_path.read_text()[offset:]
+            if "  stop with" in text:
+                for line in text.splitlines():
+                    m = ADDRESS.match(line)
+                    if m and m.group(1) == "native":
+                        self.url = m.group(2)
+                        self.port = int(self.url.rsplit(":", 1)[1])
+                    elif m and m.group(1) == "http":
+                        self.http = m.group(2)
+                        self.http_port = int(self.http.rsplit(":", 1)[1])
                 return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
         self.kill()
-        raise RuntimeError("broker did not start:\n" + "".join(self.output))
+        raise RuntimeError("broker did not start:\n" + self.log_path.read_text()[offset:])
+
+    @property
+    def output(self) -> str:
+        """Everything the broker printed, over all its starts."""
+        return self.log_path.read_text() if self.log_path.exists() else ""
 
     def kill(self) -> None:
         """kill -9: no flush, no goodbye."""
@@ -78,9 +87,6 @@ class BrokerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
                 raise
-        if self.proc.stdout is not None:
-            self.output.append(self.proc.stdout.read())
-            self.proc.stdout.close()
         return self.proc.returncode
 
     @property
@@ -102,8 +108,6 @@ def broker_factory(tmp_path: Path) -> Iterator[type]:
     yield Factory
     for b in started:
         b.kill()
-        if b.proc is not None and b.proc.stdout is not None:
-            b.proc.stdout.close()
 
 
 @pytest.fixture
