@@ -39,7 +39,7 @@ MAX_UNSETTLED_PER_CONNECTION = 200_000
 
 # Memory: recent message bodies are kept in memory for fast delivery; older
 # ones are read back from storage in pages.
-BODY_CACHE_BYTES = 64 << 20
+BODY_CACHE_BYTES = 48 << 20
 STORAGE_READ_PAGE = 2_000
 
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL

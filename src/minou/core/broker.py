@@ -39,6 +39,7 @@ from ..errors import (
     UnknownSubscription,
 )
 from ..limits import (
+    BODY_CACHE_BYTES,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_LEASE_S,
     MAX_HEADER_SIZE,
@@ -86,7 +87,9 @@ class Broker:
         max_message_size: int = MAX_MESSAGE_SIZE,
         dedup_window: float = DEFAULT_DEDUP_WINDOW_S,
         default_lease: float = DEFAULT_LEASE_S,
+        cache_budget: int = BODY_CACHE_BYTES,
     ) -> None:
+        self.cache_budget = cache_budget
         self.broker_id = broker_id
         self._options_for = channel_options or (lambda key: ChannelOptions())
         self.max_message_size = max_message_size
@@ -198,6 +201,8 @@ class Broker:
         else:
             targets = [log for name, log in self.channels.items()
                        if name.startswith(prefix) and log.states]
+            for log in targets:  # a broadcast is stored everywhere or nowhere
+                self._check_room(log)
             first: Msg | None = None
             for log in targets:
                 msg = self._stage(log, send, now)
@@ -212,16 +217,25 @@ class Broker:
             )
         return outcome
 
+    @staticmethod
+    def _check_room(log: ChannelLog) -> None:
+        opts = log.options
+        if (opts.max_items is not None and opts.overflow != "drop_oldest"
+                and log.count + log.inflight >= opts.max_items):
+            raise QueueFull(
+                f"channel {log.name!r} holds {opts.max_items} messages (max_items)",
+                channel=log.name, limit=opts.max_items,
+            )
+
     def _stage(self, log: ChannelLog, send: Send, now: float) -> Msg:
         opts = log.options
+        self._check_room(log)
         if opts.max_items is not None and log.count + log.inflight >= opts.max_items:
-            oldest = log.oldest_live() if opts.overflow == "drop_oldest" else None
-            if oldest is None:
-                raise QueueFull(
-                    f"channel {log.name!r} holds {opts.max_items} messages (max_items)",
-                    channel=log.name, limit=opts.max_items,
-                )
-            log.delete_one(oldest)
+            oldest = log.oldest_live()
+            if oldest is not None:
+                log.delete_one(oldest)
+            else:  # everything is still on its way to disk: drop the oldest of those
+                oldest = log.drop_inflight()
             log.dropped += 1
             self.counters.dropped += 1
             self.batch.deletes.append((log.name, oldest))
@@ -266,9 +280,9 @@ class Broker:
             log = self.channels.get(msg.channel)
             if log is None:
                 continue
-            log.inflight -= 1
             if msg.seq < log.first_seq or msg.seq in log.gone:
                 continue  # dropped (overflow) before it was committed
+            log.inflight -= 1
             log.append_committed(msg)
             log.count += 1
             log.published += 1
@@ -421,12 +435,15 @@ class Broker:
         for name, gc in list(grp.gcs.items()):
             if not grp.matches(name):
                 self._detach(gc, now)
+        if grp.ready and grp.members:  # credit freed by the detach may serve the rest
+            self._ready_groups[grp] = None
 
     def _detach(self, gc: GroupChannel, now: float) -> None:
         grp = gc.group
         for lease in list(gc.pending.values()):
             lease.sub.unsettled -= 1
             lease.sub.session.leases.pop(lease.tag, None)
+            lease.sub.leases.pop(lease.tag, None)
         gc.pending.clear()
         del grp.gcs[gc.log.name]
         gc.log.states.remove(gc)
@@ -451,6 +468,7 @@ class Broker:
         for lease in [ls for ls in sub.session.leases.values() if ls.sub is sub]:
             self._return(lease, now, front=True, delay=0.0)
             del sub.session.leases[lease.tag]
+        sub.leases.clear()
         if sub in sub.group.members:
             sub.group.members.remove(sub)
 
@@ -508,9 +526,10 @@ class Broker:
         attempts = gc.attempts.get(msg.seq, 0) + 1
         gc.attempts[msg.seq] = attempts
         gc.delivered += 1
+        self._dirty[gc] = None  # attempts survive a crash
         sub.unsettled += 1
         sub.session.leases[tag] = lease
-        heapq.heappush(self._lease_heap, (lease.expires, tag, lease))
+        sub.leases[tag] = lease
         self.counters.delivered += 1
         if attempts > 1:
             self.counters.redelivered += 1
@@ -535,6 +554,8 @@ class Broker:
     # ------------------------------------------------------------ settlement
     def _lease(self, session: Session, tag: int) -> Lease:
         lease = session.leases.pop(tag, None)
+        if lease is not None:
+            lease.sub.leases.pop(tag, None)
         if lease is None or lease.gc.pending.get(lease.seq) is not lease:
             raise UnknownDelivery(
                 f"delivery tag {tag} is unknown, already settled, expired, or not yours",
@@ -589,6 +610,8 @@ class Broker:
                 failed.append((tag, int(exc.code), exc.message))
                 continue
             lease.expires = now + seconds
+            # An extended lease leaves its subscription's expiry order for the heap.
+            lease.sub.leases.pop(tag, None)
             heapq.heappush(self._lease_heap, (lease.expires, tag, lease))
         return failed
 
@@ -612,12 +635,21 @@ class Broker:
 
     # ----------------------------------------------------------------- time
     def tick(self, now: float) -> None:
+        expired: list[Lease] = []
+        for grp in self.groups.values():
+            for sub in grp.members:
+                for lease in sub.leases.values():
+                    if lease.expires > now:
+                        break
+                    expired.append(lease)
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
-            expires, tag, lease = heapq.heappop(heap)
-            if lease.expires != expires or lease.gc.pending.get(lease.seq) is not lease:
-                continue  # settled or extended
-            lease.sub.session.leases.pop(tag, None)
+            expires, _tag, lease = heapq.heappop(heap)
+            if lease.expires == expires and lease.gc.pending.get(lease.seq) is lease:
+                expired.append(lease)
+        for lease in expired:
+            lease.sub.leases.pop(lease.tag, None)
+            lease.sub.session.leases.pop(lease.tag, None)
             self.counters.lease_expired += 1
             self._return(lease, now, front=True, delay=0.0)
         for gc in list(self._timed):
@@ -626,19 +658,39 @@ class Broker:
             if not gc.delayed and not gc.sched:
                 del self._timed[gc]
         self._expire_dedup(now)
+        self.trim_cache()
+
+    def trim_cache(self) -> int:
+        """Keep message bodies in memory under the budget; return bytes freed."""
+        logs = self.channels.values()
+        total = sum(log.cache_bytes for log in logs)
+        if total <= self.cache_budget:
+            return 0
+        need = total - self.cache_budget * 3 // 4
+        freed = 0
+        for log in sorted(logs, key=lambda lg: lg.cache_bytes, reverse=True):
+            if freed >= need:
+                break
+            freed += log.evict_bytes(min(log.cache_bytes, need - freed))
+        return freed
 
     def _expire_dedup(self, now: float) -> None:
         if len(self._dedup) > 1000 or (self._dedup and now % 5 < 0.3):
             self._dedup = {k: v for k, v in self._dedup.items() if v[0] > now}
 
-    def expire(self, items: Iterable[tuple[str, int]], now: float) -> int:
-        """Storage found these messages past their TTL; dead-letter them."""
+    def expire(self, items: Iterable[Msg | tuple[str, int]], now: float) -> int:
+        """Storage found these messages past their TTL; dead-letter them.
+
+        Items are the messages read back from storage (so their bodies can be
+        dead-lettered), or ``(channel, seq)`` pairs when only memory knows them.
+        """
         n = 0
-        for channel, seq in items:
+        for item in items:
+            channel, seq = (item.channel, item.seq) if isinstance(item, Msg) else item
             log = self.channels.get(channel)
             if log is None:
                 continue
-            found = log.lookup(seq)
+            found = item if isinstance(item, Msg) else log.lookup(seq)
             if self._expire(channel, seq, found if isinstance(found, Msg) else None):
                 n += 1
         return n
@@ -684,6 +736,7 @@ class Broker:
             log.first_seq = min(rec.first_seq, rec.next_seq)
             log.cache_lo = rec.next_seq
             log.count = rec.count
+            log.gone = set(rec.gone)
             self.channels[rec.name] = log
         for channel, seq, priority, deliver_at in snap.specials:
             if channel in self.channels:

@@ -232,6 +232,9 @@ class Subscription:
     unsettled: int = 0
     paused: bool = False
     active: bool = True
+    # Leases in delivery order: with one lease length per subscription this is also
+    # expiry order, so expiry scans stop at the first live one (no heap garbage).
+    leases: dict[int, Lease] = field(default_factory=dict)
 
     @property
     def credit(self) -> int:

@@ -58,7 +58,8 @@ class Msg:
         return self.priority > 0 or self.deliver_at is not None
 
     def size(self) -> int:
-        return len(self.data) + 96
+        # The object, its bytes and its cache dict slot, roughly, on CPython 3.11.
+        return len(self.data) + 280
 
     def __repr__(self) -> str:
         return f"Msg({self.channel!r}, seq={self.seq})"
@@ -145,6 +146,18 @@ class ChannelLog:
         self.cache_bytes -= freed
         return freed
 
+    def evict_bytes(self, need: int) -> int:
+        """Drop the oldest cached bodies until ``need`` bytes are freed (they stay in storage)."""
+        seq, freed = self.cache_lo, 0
+        while seq < self.end and freed < need:
+            m = self.cache.pop(seq, None)
+            if m is not None:
+                freed += m.size()
+            seq += 1
+        self.cache_lo = seq
+        self.cache_bytes -= freed
+        return freed
+
     def truncate_below(self, seq: int) -> int:
         """Forget every seq below ``seq`` (settled by all readers); return messages removed."""
         if seq <= self.first_seq:
@@ -182,6 +195,15 @@ class ChannelLog:
         self.special.pop(seq, None)
         self.count -= 1
         return True
+
+    def drop_inflight(self) -> int:
+        """Drop the oldest message not yet committed; its commit will skip it."""
+        seq = self.end
+        while seq in self.gone:
+            seq += 1
+        self.gone.add(seq)
+        self.inflight -= 1
+        return seq
 
     def oldest_live(self) -> int | None:
         """The lowest live seq, if known without storage."""

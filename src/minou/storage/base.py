@@ -22,6 +22,7 @@ class ChannelRecord:
     first_seq: int
     count: int
     bytes: int = 0
+    gone: list[int] = field(default_factory=list)  # deleted seqs inside [first_seq, next_seq)
 
 
 @dataclass
@@ -47,7 +48,8 @@ class Storage(Protocol):
     def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
         """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most ``limit``."""
 
-    def expired(self, now: float, limit: int) -> list[tuple[str, int]]: ...
+    def expired(self, now: float, limit: int) -> list[Msg]:
+        """Messages whose TTL has passed (with their bodies, to dead-letter them)."""
 
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """For retention: one past the last seq < ``below`` published before ``cutoff``."""

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -51,6 +52,12 @@ _enc = msgspec.msgpack.Encoder()
 _headers_dec = msgspec.msgpack.Decoder(dict[str, str])
 
 
+def _msg(channel: str, row: Any) -> Msg:
+    seq, ident, data, raw, h, prio, pub, exp, dl, key = row
+    return Msg(channel, seq, ident, data, bool(raw), _headers_dec.decode(h) if h else None,
+               prio, pub, exp, dl, key)
+
+
 class SQLiteStorage:
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db") -> None:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
@@ -68,7 +75,7 @@ class SQLiteStorage:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
                 db.execute("PRAGMA busy_timeout=5000")
-                db.execute("PRAGMA cache_size=-32000")
+                db.execute("PRAGMA cache_size=-8000")  # KiB; bodies are cached by the core
             except sqlite3.Error as exc:
                 raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
             self._local.db = db
@@ -92,7 +99,12 @@ class SQLiteStorage:
                 "SELECT min(seq), count(*) FROM messages WHERE cid = ?", (cid,)
             ).fetchone()
             first = row[0] if row[0] is not None else next_seq
-            snap.channels.append(ChannelRecord(name, next_seq, first, row[1]))
+            rec = ChannelRecord(name, next_seq, first, row[1])
+            if rec.count < next_seq - first:  # holes (TTL, dead-lettered): name them
+                present = {s for (s,) in db.execute(
+                    "SELECT seq FROM messages WHERE cid = ?", (cid,))}
+                rec.gone = [s for s in range(first, next_seq) if s not in present]
+            snap.channels.append(rec)
         for cid, seq, priority, deliver_at in db.execute(
             "SELECT cid, seq, priority, deliver_at FROM messages "
             "WHERE priority > 0 OR deliver_at IS NOT NULL"
@@ -130,11 +142,15 @@ class SQLiteStorage:
         db = self._db()
         try:
             db.execute("BEGIN IMMEDIATE")
+            known = set(self._cids)
             try:
                 self._apply(db, batch)
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
+                with self._cid_lock:  # channels created in the rolled-back transaction
+                    for name in set(self._cids) - known:
+                        del self._cids[name]
                 raise
         except sqlite3.Error as exc:
             raise StorageUnavailable(f"commit failed: {exc}") from exc
@@ -202,20 +218,16 @@ class SQLiteStorage:
             "ORDER BY seq LIMIT ?",
             (cid, from_seq, to_seq, limit),
         )
-        return [
-            Msg(channel, seq, ident, data, bool(raw), _headers_dec.decode(h) if h else None,
-                prio, pub, exp, dl, key)
-            for seq, ident, data, raw, h, prio, pub, exp, dl, key in rows
-        ]
+        return [_msg(channel, row) for row in rows]
 
-    def expired(self, now: float, limit: int) -> list[tuple[str, int]]:
+    def expired(self, now: float, limit: int) -> list[Msg]:
         names = {cid: name for name, cid in list(self._cids.items())}
         rows = self._db().execute(
-            "SELECT cid, seq FROM messages WHERE expires_at IS NOT NULL AND expires_at <= ? "
-            "LIMIT ?",
+            f"SELECT cid, {_COLUMNS} FROM messages "
+            "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?",
             (now, limit),
         )
-        return [(names[cid], seq) for cid, seq in rows if cid in names]
+        return [_msg(names[cid], row) for cid, *row in rows if cid in names]
 
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """The seq after the last message below ``below`` published before ``cutoff``."""
