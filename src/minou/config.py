@@ -41,6 +41,8 @@ class Settings:
     max_connections: int = 10_000
     default_lease: float = limits.DEFAULT_LEASE_S
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
+    publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
+    slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
     config_path: str | None = None
 
@@ -62,6 +64,8 @@ _TOP_KEYS = {
     "max_connections": (int, "an integer >= 1"),
     "default_lease": ((int, float), "a number of seconds > 0"),
     "dedup_window": ((int, float), "a number of seconds >= 0"),
+    "publish_pause_bytes": (int, "a number of bytes >= 1"),
+    "slow_consumer_bytes": (int, "a number of bytes >= 1"),
 }
 
 
@@ -126,6 +130,8 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         types, what = _TOP_KEYS[key]
         _expect(key, value, types, what)
         if key in ("port", "http_port") and not 0 <= value <= 65535:
+            raise ConfigError(f"{key}: expected {what}, got {value}")
+        if ("bytes" in what or key == "max_connections") and value < 1:
             raise ConfigError(f"{key}: expected {what}, got {value}")
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):

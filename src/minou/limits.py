@@ -34,7 +34,9 @@ PUBLISH_PAUSE_BYTES = 32 << 20  # stop reading publishers past this many uncommi
 PUBLISH_RESUME_BYTES = 8 << 20
 CONSUMER_WRITE_HIGH = 4 << 20  # stop pushing deliveries to a connection past this
 CONSUMER_WRITE_LOW = 1 << 20
+BURST_BYTES = 1 << 20  # deliveries per subscription per pump round, so writes can pause us
 CONSUMER_HARD_LIMIT = 64 << 20  # then cut it, with an error frame first (nats-server)
+SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the socket drops
 MAX_UNSETTLED_PER_CONNECTION = 200_000
 
 # Memory: recent message bodies are kept in memory for fast delivery; older

@@ -169,12 +169,16 @@ def test_max_items_drop_oldest() -> None:
     assert payloads(h.take(sub)) == [2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: drop_oldest refuses with QueueFull when the "
-                   "uncommitted messages alone reach max_items (oldest_live only sees committed)")
 def test_drop_oldest_never_refuses_even_within_one_batch() -> None:
+    # Regression: it used to answer QueueFull once uncommitted messages alone filled max_items.
     h = Harness(channel_options=lambda key: ChannelOptions(max_items=2, overflow="drop_oldest"))
-    outcomes = h.publish_values("orders/v1/1", [1, 2, 3])
-    assert [o.code for o in outcomes] == [0, 0, 0]
+    outcomes = h.publish_values("orders/v1/1", [1, 2, 3, 4])
+    assert [o.code for o in outcomes] == [0, 0, 0, 0]
+    assert h.broker.counters.dropped == 2
+    log = h.broker.channels["orders/v1/1"]
+    assert (log.count, log.inflight) == (2, 0)
+    sub = h.subscribe(Session("c"), patterns="orders/v1/1", group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [3, 4]
 
 
 # ---------------------------------------------------------------------- dedup
@@ -260,3 +264,29 @@ def test_broadcast_to_a_bad_pattern_is_refused() -> None:
     h = Harness()
     (o,) = h.publish(send("orders/x1/*", 1))
     assert o.code == ErrorCode.INVALID_CHANNEL
+
+
+def test_broadcast_refused_by_a_full_target_stores_nothing() -> None:
+    # Regression: the targets staged before the full one used to keep the message.
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    s = Session("c")
+    for i, ch in enumerate(["orders/v1/a", "orders/v1/b", "orders/v1/c"], start=1):
+        h.subscribe(s, i, patterns=ch, group=f"g{i}")
+    h.publish(send("orders/v1/b", "fill"))
+    (o,) = h.publish(send("orders/v1/*", "all"))
+    assert o.code == ErrorCode.QUEUE_FULL
+    assert {n: log.count for n, log in h.broker.channels.items()} == {
+        "orders/v1/a": 0, "orders/v1/b": 1, "orders/v1/c": 0}
+
+
+def test_a_refused_message_does_not_record_its_dedup_key() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    s = Session("c")
+    sub = h.subscribe(s, patterns="orders/v1/1", group="g")
+    h.publish(send("orders/v1/1", "fill"))
+    (refused,) = h.publish(send("orders/v1/1", "x", dedup="k"))
+    assert refused.code == ErrorCode.QUEUE_FULL
+    h.ack(s, h.take(sub))
+    h.commit()
+    (retry,) = h.publish(send("orders/v1/1", "x", dedup="k"))
+    assert (retry.code, retry.duplicate, retry.seq) == (0, False, 2)

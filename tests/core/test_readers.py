@@ -6,7 +6,7 @@ import pytest
 
 from minou.core.broker import Session
 from minou.core.log import ChannelOptions
-from minou.errors import BadRequest, UnknownSubscription
+from minou.errors import BadRequest, InvalidChannel, UnknownSubscription
 
 from .helpers import Harness, payloads, send, seqs
 
@@ -274,3 +274,29 @@ def test_unsubscribe_returns_unsettled_to_the_group() -> None:
     assert a.subs == {} and a.leases == {}
     sb = h.subscribe(b, patterns=CH, group="g", prefetch=2)
     assert seqs(h.take(sb)) == [1, 2]
+
+
+def test_credit_freed_by_remove_pattern_delivers_the_waiting_backlog() -> None:
+    # Regression: _detach freed credit without putting the group back in _ready_groups.
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=["orders/v1/a", "orders/v1/b"], group="g", prefetch=1)
+    h.publish(send("orders/v1/a", "a1"))
+    assert payloads(h.take(sub)) == ["a1"]
+    h.publish(send("orders/v1/b", "b1"))
+    assert h.pump() == {}  # no credit
+    h.broker.remove_pattern(s, 1, "orders/v1/a", h.now)
+    h.tick(1.0)
+    assert payloads(h.take(sub)) == ["b1"]
+
+
+def test_invalid_patterns_are_refused_without_side_effects() -> None:
+    h = Harness()
+    s = Session("c")
+    with pytest.raises(InvalidChannel):
+        h.subscribe(s, patterns=["orders/v1/a", "orders/x/*"], group="g")
+    assert s.subs == {} and h.broker.groups == {} and h.broker.channels == {}
+    h.subscribe(s, patterns="orders/v1/a", group="g")
+    with pytest.raises(InvalidChannel):
+        h.broker.add_pattern(s, 1, "orders//*", h.now)
+    assert [p.text for p in h.broker.groups["consume:g"].patterns] == ["orders/v1/a"]

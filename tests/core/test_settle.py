@@ -323,3 +323,16 @@ def test_dead_lettering_off_drops_but_counts() -> None:
     assert h.broker.counters.dead_lettered == 1
     assert "_dead/orders/v1/1" not in h.broker.channels
     assert h.commit().messages == []
+
+
+def test_extending_one_lease_does_not_hold_back_the_expiry_of_the_others() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3, lease=10.0)
+    h.publish_values(CH, [1, 2, 3])
+    d1, d2, d3 = h.take(sub)
+    h.extend(s, [d1], 100.0)
+    h.tick(10.0)
+    assert h.broker.counters.lease_expired == 2
+    assert [(d.seq, d.attempts) for d in h.take(sub)] == [(2, 2), (3, 2)]
+    assert [tag for tag, _, _ in h.ack(s, [d1, d2, d3])] == [d2.tag, d3.tag]

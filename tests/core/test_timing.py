@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from minou.core.broker import Session
 from minou.core.log import ChannelOptions
 
@@ -122,6 +120,18 @@ def test_publish_time_delay_for_a_reader_that_attaches_later() -> None:
     assert payloads(h.take(sub)) == ["later"]
 
 
+def test_publish_time_delay_after_a_replay_reset() -> None:
+    h = Harness()
+    s1 = Session("svc")
+    h.subscribe(s1, kind="listen", patterns=CH)
+    h.disconnect(s1)
+    h.publish(send(CH, "later", delay=10.0))
+    sub = h.subscribe(Session("svc"), kind="listen", patterns=CH, start="seq:1")
+    assert h.pump() == {}
+    h.tick(10.0)
+    assert payloads(h.take(sub)) == ["later"]
+
+
 def test_delayed_message_reaches_a_late_reader_once_something_else_wakes_the_channel() -> None:
     h = Harness()
     h.publish(send(CH, "later", delay=10.0))
@@ -223,3 +233,18 @@ def test_retention_keeps_settled_messages_for_replay() -> None:
     assert h.broker.take_writes().truncates == {}
     replay = h.subscribe(Session("r"), kind="listen", patterns=CH, start="oldest", prefetch=10)
     assert seqs(h.take(replay)) == [1, 2]
+
+
+def test_truncation_counts_expired_messages_once() -> None:
+    h = Harness()
+    s = Session("c")
+    h.publish(send(CH, 1), send(CH, 2, ttl=1.0), send(CH, 3))
+    h.advance(1.0)
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    got = h.take(sub)
+    assert seqs(got) == [1, 3]
+    log = h.broker.channels[CH]
+    assert log.count == 2
+    h.ack(s, got)
+    assert h.commit().truncates == {CH: 4}
+    assert (log.count, log.first_seq) == (0, 4)

@@ -486,7 +486,14 @@ class Broker:
         for grp in list(self._ready_groups):
             if not self._pump_group(grp, now, out, loads):
                 del self._ready_groups[grp]
+        for sub in out:
+            sub.burst = 0
         return out, loads
+
+    @property
+    def has_ready(self) -> bool:
+        """Work is left that a further pump round can deliver (burst limits hit)."""
+        return bool(self._ready_groups)
 
     def _pump_group(
         self, grp: Group, now: float, out: dict[Subscription, list[Delivery]],
@@ -497,7 +504,9 @@ class Broker:
         while ready:
             sub = grp.next_member()
             if sub is None:
-                return False
+                # Members that only hit their burst limit get more in the next round.
+                return any(m.burst and m.active and not m.paused
+                           and m.prefetch > m.unsettled for m in grp.members)
             gc = next(iter(ready))
             try:
                 msg = gc.next_ready(now)
@@ -517,6 +526,7 @@ class Broker:
             del ready[gc]
             ready[gc] = None  # rotate: the group's channels take turns
             out.setdefault(sub, []).append(self._deliver(sub, gc, msg, now))
+            sub.burst += len(msg.data) + 64
         return False
 
     def _deliver(self, sub: Subscription, gc: GroupChannel, msg: Msg, now: float) -> Delivery:

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from ..limits import BURST_BYTES
 from ..names import Pattern
 from .log import GONE, MISSING, ChannelLog, Msg
 
@@ -236,9 +237,11 @@ class Subscription:
     # expiry order, so expiry scans stop at the first live one (no heap garbage).
     leases: dict[int, Lease] = field(default_factory=dict)
 
+    burst: int = 0  # bytes handed out in the current pump round
+
     @property
     def credit(self) -> int:
-        if self.paused or not self.active:
+        if self.paused or not self.active or self.burst >= BURST_BYTES:
             return 0
         return self.prefetch - self.unsettled
 

@@ -25,7 +25,6 @@ from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     MAX_FRAME_SIZE,
-    PUBLISH_PAUSE_BYTES,
     PUBLISH_RESUME_BYTES,
     STORAGE_READ_PAGE,
     SWEEP_INTERVAL_S,
@@ -88,6 +87,8 @@ class BrokerServer:
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
         self.counters_internal = 0
+        self.flow_pauses = 0  # times a publisher was paused because the disk was behind
+        self.slow_consumers = 0
         self.started_at = time.time()
         self.accepting = True
         self.native_address: tuple[str, int] | None = None
@@ -190,8 +191,10 @@ class BrokerServer:
     # ------------------------------------------------------------- writing
     def publish_staged(self, conn: NativeConnection, staged: list[Msg]) -> None:
         self._uncommitted += sum(len(m.data) for m in staged)
-        if self._uncommitted > PUBLISH_PAUSE_BYTES:
+        if self._uncommitted > self.settings.publish_pause_bytes:
             # Flow control: the disk is behind; stop reading from this publisher.
+            if conn not in self._publishers_paused:
+                self.flow_pauses += 1
             conn.pause_reading()
             self._publishers_paused.add(conn)
         self.request_write()
@@ -225,7 +228,8 @@ class BrokerServer:
                 self.commits += 1
                 self._uncommitted = max(0, self._uncommitted - batch.bytes)
                 self.core.on_committed(batch, time.time())
-                if self._publishers_paused and self._uncommitted < PUBLISH_RESUME_BYTES:
+                resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
+                if self._publishers_paused and self._uncommitted <= resume_below:
                     for conn in self._publishers_paused:
                         conn.resume_reading()
                     self._publishers_paused.clear()
@@ -242,6 +246,8 @@ class BrokerServer:
         out, loads = self.core.pump(time.time())
         for sub, items in out.items():
             sub.session.conn.send_deliveries(sub.sid, items)
+        if self.core.has_ready:
+            self.request_pump()  # after this turn's writes, which may pause slow readers
         for need in loads:
             self._spawn(self._load(need.log.name, need.seq, need.log.cache_lo))
         if self.core.batch:
@@ -335,6 +341,8 @@ class BrokerServer:
             "native": _addr(self.native_address, "minou"),
             "http": _addr(self.http_address, "http"),
             "connections": len(self.connections),
+            "flow": {"publisher_pauses": self.flow_pauses,
+                     "slow_consumers_cut": self.slow_consumers},
             "channels": len(self.core.channels),
             "groups": len(self.core.groups),
             "counters": self.core.counters.as_dict(),

@@ -8,6 +8,7 @@ replies wait for the storage commit that makes them true.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,7 +21,7 @@ from ..errors import (
     SlowConsumer,
     UnexpectedFrame,
 )
-from ..limits import CONSUMER_HARD_LIMIT, MAX_BATCH, PROTOCOL_VERSION
+from ..limits import MAX_BATCH, PROTOCOL_VERSION, SLOW_CONSUMER_GRACE_S
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 
@@ -33,6 +34,7 @@ log = logging.getLogger("minou.connection")
 class Transport(Protocol):
     def write(self, data: bytes) -> None: ...
     def close(self) -> None: ...
+    def abort(self) -> None: ...
     def get_write_buffer_size(self) -> int: ...
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
@@ -231,17 +233,25 @@ class NativeConnection:
     def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
         if self.closed:
             return
-        if self.transport.get_write_buffer_size() > CONSUMER_HARD_LIMIT:
+        self.transport.write(f.encode(f.Deliver(sid, items)))
+        limit = self.server.settings.slow_consumer_bytes
+        if self.transport.get_write_buffer_size() > limit:
+            self.server.slow_consumers += 1
             exc = SlowConsumer(
-                f"more than {CONSUMER_HARD_LIMIT} bytes of deliveries are waiting to be read; "
-                "the connection is closed and its deliveries requeued"
+                f"more than {limit} bytes of deliveries are waiting to be read; "
+                "the connection is closed and its deliveries requeued",
+                limit=limit,
             )
             self._refused(exc)
             self._error(0, exc, fatal=True)
             self.flush()
             self.close()
-            return
-        self.transport.write(f.encode(f.Deliver(sid, items)))
+            # Its deliveries go back now, not when the peer has read the backlog; and the
+            # peer gets a short grace to read the error before the socket is dropped.
+            if self.session is not None:
+                self.server.close_session(self.session)
+                self.session = None
+            asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.transport.abort)
 
     def set_paused(self, paused: bool) -> None:
         """The transport's write buffer crossed a water mark: stop or resume deliveries."""

@@ -45,6 +45,9 @@ class _WebSocketTransport:
             self.closed = True
             self.queue.put_nowait(None)
 
+    def abort(self) -> None:
+        self.close()
+
     def get_write_buffer_size(self) -> int:
         return self.buffered
 

@@ -1,0 +1,349 @@
+"""Restart: every batch goes to a real SQLiteStorage, then a fresh Broker restores from it.
+
+After a restore no message body is in memory, so the first deliveries go through the
+NeedLoad -> storage.read_range -> Broker.on_loaded round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.storage.sqlite import SQLiteStorage
+
+from .helpers import Harness, payloads, send, seqs
+
+CH = "orders/v1/1"
+_opened: list[SQLiteStorage] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_storages() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def _storage(path: Path) -> SQLiteStorage:
+    st = SQLiteStorage(path)
+    _opened.append(st)
+    st.open(0.0)
+    return st
+
+
+def _restart(h: Harness, path: Path, *, after: float = 1.0, **broker_kw) -> Harness:
+    """Drop ``h`` (as a crash would: the uncommitted batch is lost) and restore."""
+    assert h.storage is not None
+    h.storage.close()
+    now = h.now + after
+    st = SQLiteStorage(path)
+    _opened.append(st)
+    broker = Broker(**broker_kw)
+    broker.restore(st.open(now), now)
+    return Harness(broker=broker, storage=st, now=now)
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Harness:
+    return Harness(storage=_storage(tmp_path))
+
+
+def test_unsettled_come_back_acked_do_not_and_bodies_load_from_storage(
+    h: Harness, tmp_path: Path
+) -> None:
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4, 5])
+    got = h.take(sub)
+    assert seqs(got) == [1, 2, 3, 4, 5]
+    h.ack(a, [got[0], got[1], got[3]])
+    h.commit()
+
+    h2 = _restart(h, tmp_path)
+    log = h2.broker.channels[CH]
+    assert (log.first_seq, log.end, log.next_seq) == (3, 6, 6)  # 1 and 2 were truncated
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g", prefetch=10)
+    out, loads = h2.broker.pump(h2.now)
+    assert out == {}
+    assert [(need.log.name, need.seq) for need in loads] == [(CH, 3)]
+    assert h2.broker.pump(h2.now) == ({}, [])  # one load in flight per channel
+    h2.serve_load(loads[0])
+    out, loads = h2.broker.pump(h2.now)
+    assert loads == []
+    again = out[sub2]
+    assert [(d.seq, d.attempts) for d in again] == [(3, 2), (5, 2)]
+    assert payloads(again) == [3, 5]
+    assert h2.ack(b, again) == []
+    (o,) = h2.publish(send(CH, 6))
+    assert o.seq == 6  # seqs are never reused
+    assert seqs(h2.take(sub2)) == [6]
+
+
+def test_messages_published_before_any_reader_survive(h: Harness, tmp_path: Path) -> None:
+    h.publish(send(CH, "a", headers={"k": "v"}, key="key-1"), send(CH, "b"))
+    h.publish(send(CH, "lost"), commit=False)  # never committed: not confirmed, not kept
+    h2 = _restart(h, tmp_path)
+    assert h2.broker.channels[CH].count == 2
+    sub = h2.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    got = h2.take(sub)
+    assert payloads(got) == ["a", "b"]
+    assert (got[0].headers, got[0].key) == ({"k": "v"}, "key-1")
+    assert len(h2.loads) == 1
+    (o,) = h2.publish(send(CH, "c"))
+    assert o.seq == 3
+
+
+def test_group_cursor_survives_without_a_member(h: Harness, tmp_path: Path) -> None:
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, [1, 2, 3, 4])
+    h.ack(a, h.take(sub))
+    h.disconnect(a)
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    assert h2.broker.groups["consume:g"].members == []
+    sub2 = h2.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
+    assert seqs(h2.take(sub2)) == [3, 4]
+
+
+def test_attempts_survive(h: Harness, tmp_path: Path) -> None:
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1])
+    for _ in range(3):
+        h.nack(a, h.take(sub))
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    sub2 = h2.subscribe(Session("b"), patterns=CH, group="g")
+    (d,) = h2.take(sub2)
+    assert (d.seq, d.attempts) == (1, 4)
+
+
+def test_requeue_limit_counts_attempts_from_before_the_restart(
+    h: Harness, tmp_path: Path
+) -> None:
+    opts = {"channel_options": lambda key: ChannelOptions(requeue_limit=2)}
+    h.broker = Broker(**opts)
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    for _ in range(2):
+        h.nack(a, h.take(sub))
+    h.commit()
+    h2 = _restart(h, tmp_path, **opts)
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g")
+    (d,) = h2.take(sub2)
+    assert d.attempts == 3
+    h2.nack(b, [d])
+    assert h2.take(sub2) == []
+    assert h2.broker.counters.dead_lettered == 1
+
+
+def test_delayed_retry_survives_and_waits_for_its_time(h: Harness, tmp_path: Path) -> None:
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2])
+    d1, d2 = h.take(sub)
+    h.nack(a, [d1], delay=100.0)
+    h.ack(a, [d2])
+    h.commit()
+    h2 = _restart(h, tmp_path, after=10.0)
+    sub2 = h2.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
+    assert h2.pump() == {}  # neither the delayed seq 1 nor the acked seq 2
+    h2.tick(89.9)
+    assert h2.pump() == {}
+    h2.tick(0.1)
+    got = h2.take(sub2)
+    assert [(d.seq, d.attempts) for d in got] == [(1, 2)]
+
+
+def test_publish_time_delay_survives(h: Harness, tmp_path: Path) -> None:
+    h.subscribe(Session("a"), patterns=CH, group="g")
+    h.publish(send(CH, "later", delay=100.0))
+    h2 = _restart(h, tmp_path, after=10.0)
+    sub = h2.subscribe(Session("b"), patterns=CH, group="g")
+    assert h2.pump() == {}
+    h2.tick(90.0)
+    assert payloads(h2.take(sub)) == ["later"]
+
+
+def test_priorities_survive(h: Harness, tmp_path: Path) -> None:
+    h.publish(send(CH, "low"), send(CH, "high", priority=9), send(CH, "mid", priority=4))
+    h2 = _restart(h, tmp_path)
+    sub = h2.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h2.take(sub)) == ["high", "mid", "low"]
+
+
+def test_durable_listener_survives_and_gets_its_backlog(h: Harness, tmp_path: Path) -> None:
+    s = Session("svc")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/*", name="audit", prefetch=10)
+    h.publish_values(CH, [1])
+    h.ack(s, h.take(sub))
+    h.disconnect(s)
+    h.publish_values(CH, [2])
+    h.publish_values("orders/v1/2", [3])  # a channel created while the listener was away
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    s2 = Session("svc")
+    sub2 = h2.subscribe(s2, kind="listen", patterns="orders/v1/*", name="audit", prefetch=10)
+    assert sorted(payloads(h2.take(sub2))) == [2, 3]
+    stranger = h2.subscribe(Session("other"), kind="listen", patterns="orders/v1/*",
+                            prefetch=10)
+    assert h2.take(stranger) == []
+
+
+def test_dedup_survives(h: Harness, tmp_path: Path) -> None:
+    (first,) = h.publish(send(CH, 1, dedup="k"))
+    h2 = _restart(h, tmp_path, after=5.0)
+    (again,) = h2.publish(send(CH, 2, dedup="k"))
+    assert (again.duplicate, again.seq, again.id) == (True, first.seq, first.id)
+    h3 = _restart(h2, tmp_path, after=h2.broker.dedup_window)
+    (late,) = h3.publish(send(CH, 3, dedup="k"))
+    assert (late.duplicate, late.seq) == (False, 2)
+
+
+def test_dead_letters_survive(h: Harness, tmp_path: Path) -> None:
+    h.broker = Broker(channel_options=lambda key: ChannelOptions(requeue_limit=0))
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g")
+    h.publish_values(CH, ["poison"])
+    h.nack(a, h.take(sub))
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    reader = h2.subscribe(Session("ops"), patterns="_dead/orders/v1/1", group="ops")
+    (d,) = h2.take(reader)
+    assert payloads([d]) == ["poison"]
+    assert d.headers is not None and d.headers["x-dead-reason"] == "requeue_limit"
+
+
+def test_ttl_expiry_of_a_loaded_message_after_restore_dead_letters_it(
+    h: Harness, tmp_path: Path
+) -> None:
+    h.publish(send(CH, "short", ttl=5.0), send(CH, "keep"))
+    h2 = _restart(h, tmp_path, after=10.0)
+    sub = h2.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h2.take(sub)) == ["keep"]
+    assert h2.broker.counters.expired == 1
+    dead = [m for m in h2.commit().messages if m.channel == "_dead/orders/v1/1"]
+    assert [m.headers["x-dead-reason"] for m in dead if m.headers] == ["ttl"]
+
+
+def test_ttl_expiry_from_the_storage_scan_after_restore_dead_letters_it(
+    h: Harness, tmp_path: Path
+) -> None:
+    # Regression: expire() got (channel, seq) only and could not dead-letter a body that
+    # was in storage alone (every body, after a restart).
+    h.subscribe(Session("a"), patterns=CH, group="g")
+    h.publish(send(CH, "short", ttl=5.0), send(CH, "keep"))
+    h2 = _restart(h, tmp_path, after=10.0)
+    assert h2.storage is not None
+    expired = h2.storage.expired(h2.now, 100)
+    assert [(m.channel, m.seq, m.data) for m in expired] == [(CH, 1, b'"short"')]
+    assert h2.broker.expire(expired, h2.now) == 1
+    batch = h2.commit()
+    assert (CH, 1) in batch.deletes
+    assert h2.broker.counters.dead_lettered == 1
+    dead = [m for m in batch.messages if m.channel == "_dead/orders/v1/1"]
+    assert [m.headers["x-dead-reason"] for m in dead if m.headers] == ["ttl"]
+    assert [m.data for m in dead] == [b'"short"']
+    assert h2.broker.expire(expired, h2.now) == 0  # a second scan finds it gone
+
+
+def test_depth_stays_right_when_truncating_across_a_deleted_seq_after_restore(
+    h: Harness, tmp_path: Path
+) -> None:
+    # Regression: restore did not know the holes, so truncation subtracted them twice.
+    h.publish(send(CH, 1), send(CH, 2, ttl=1.0), send(CH, 3))
+    h.advance(1.0)
+    assert h.broker.expire([(CH, 2)], h.now) == 1
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    log = h2.broker.channels[CH]
+    assert log.count == 2
+    s = Session("c")
+    sub = h2.subscribe(s, patterns=CH, group="g", prefetch=10)
+    got = h2.take(sub)
+    assert seqs(got) == [1, 3]
+    h2.ack(s, got)
+    assert h2.commit().truncates == {CH: 4}
+    assert log.count == 0
+
+
+def test_a_delivery_unsettled_at_a_crash_counts_as_an_attempt(
+    h: Harness, tmp_path: Path
+) -> None:
+    # Regression: deliveries did not dirty the group state, so attempts restarted at 1.
+    sub = h.subscribe(Session("a"), patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    assert d.attempts == 1
+    h.commit()  # the adapter commits whatever is pending; the broker then crashes
+    h2 = _restart(h, tmp_path)
+    sub2 = h2.subscribe(Session("b"), patterns=CH, group="g")
+    (again,) = h2.take(sub2)
+    assert again.attempts == 2
+
+
+# ------------------------------------------------- bodies evicted from memory
+def test_bodies_over_the_cache_budget_are_evicted_and_read_back(tmp_path: Path) -> None:
+    st = _storage(tmp_path)
+    h = Harness(storage=st, cache_budget=4_000)
+    h.publish_values(CH, [f"m{i}" for i in range(40)])
+    log = h.broker.channels[CH]
+    h.tick(0.0)
+    assert log.cache_bytes <= 4_000
+    assert log.cache_lo > 1  # the oldest bodies are now in storage only
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=100)
+    got = h.take(sub)
+    assert seqs(got) == list(range(1, 41))
+    assert payloads(got) == [f"m{i}" for i in range(40)]
+    assert h.loads and h.loads[0].seq == 1
+
+
+def test_retention_truncates_only_what_is_settled_and_old_enough(tmp_path: Path) -> None:
+    st = _storage(tmp_path)
+    h = Harness(storage=st, channel_options=lambda key: ChannelOptions(retention=60.0))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=100)
+    h.publish_values(CH, [1, 2, 3])
+    h.advance(50.0)
+    h.publish_values(CH, [4, 5, 6])
+    got = h.take(sub)
+    h.ack(s, got[:5])  # seq 6 stays unsettled
+    h.commit()
+    assert h.broker.channels[CH].count == 6  # retention: acked messages stay for now
+    assert h.broker.retention_candidates() == [(CH, 6)]
+    h.advance(20.0)  # seqs 1-3 are 70 s old, 4-6 are 20 s old
+    first = st.retained_until(CH, 6, h.now - 60.0)
+    assert first == 4
+    h.broker.truncate(CH, first)
+    batch = h.commit()
+    assert batch.truncates == {CH: 4}
+    assert h.broker.channels[CH].count == 3
+    replay = h.subscribe(Session("r"), kind="listen", patterns=CH, start="oldest", prefetch=10)
+    assert seqs(h.take(replay)) == [4, 5, 6]
+    assert [m.seq for m in st.read_range(CH, 1, 100, 100)] == [4, 5, 6]
+    assert st.retained_until(CH, 6, 0.0) is None
+    assert st.retained_until("orders/v1/none", 6, h.now) is None
+
+
+def test_messages_dropped_before_their_commit_are_not_stored(h: Harness, tmp_path: Path) -> None:
+    opts = {"channel_options": lambda key: ChannelOptions(max_items=2, overflow="drop_oldest")}
+    h.broker = Broker(**opts)
+    h.publish_values(CH, [1, 2, 3, 4])
+    assert h.storage is not None
+    assert [m.seq for m in h.storage.read_range(CH, 1, 100, 100)] == [3, 4]
+    h2 = _restart(h, tmp_path, **opts)
+    log = h2.broker.channels[CH]
+    assert (log.count, log.end) == (2, 5)
+    sub = h2.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h2.take(sub)) == [3, 4]
+    (o,) = h2.publish(send(CH, 5))
+    assert o.seq == 5 and h2.broker.counters.dropped == 1
+    assert payloads(h2.take(sub)) == [5]
