@@ -42,6 +42,7 @@ class ErrorCode(IntEnum):
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
     SLOW_CONSUMER = 302
+    TOO_MANY_CONNECTIONS = 303
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +70,7 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
+    ErrorCode.TOO_MANY_CONNECTIONS: CodeInfo(503, "too_many_connections", "too many connections"),
 }
 
 
@@ -153,6 +155,10 @@ class SlowConsumer(RequestError):
     code = ErrorCode.SLOW_CONSUMER
 
 
+class TooManyConnections(RequestError):
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+
+
 class StorageError(MinouError):
     """The storage backend failed."""
 
@@ -185,7 +191,7 @@ _BY_CODE: dict[int, type[RequestError]] = {}
 for _cls in (
     ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, BadRequest, InvalidChannel,
     InvalidPayload, MessageTooLarge, QueueFull, UnknownDelivery, UnknownSubscription,
-    NotAuthenticated, NotAuthorized, ShuttingDown, SlowConsumer,
+    NotAuthenticated, NotAuthorized, ShuttingDown, SlowConsumer, TooManyConnections,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

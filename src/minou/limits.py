@@ -24,11 +24,6 @@ DEFAULT_REQUEUE_LIMIT = 10  # then the message goes to _dead/<channel>
 DEFAULT_DEDUP_WINDOW_S = 120.0  # SPEC §1: "default 2 minutes"
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # higher is served first; 0 is the default
 
-# Group commit: the writer takes everything queued since its last commit.
-# It never waits to fill a batch: under light load a publish is confirmed as
-# soon as one fsync allows, under heavy load batches grow by themselves.
-MAX_COMMIT_BATCH = 50_000
-
 # Flow control (DESIGN: bound every buffer).
 PUBLISH_PAUSE_BYTES = 32 << 20  # stop reading publishers past this many uncommitted bytes
 PUBLISH_RESUME_BYTES = 8 << 20
@@ -37,7 +32,6 @@ CONSUMER_WRITE_LOW = 1 << 20
 BURST_BYTES = 1 << 20  # deliveries per subscription per pump round, so writes can pause us
 CONSUMER_HARD_LIMIT = 64 << 20  # then cut it, with an error frame first (nats-server)
 SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the socket drops
-MAX_UNSETTLED_PER_CONNECTION = 200_000
 
 # Memory: recent message bodies are kept in memory for fast delivery; older
 # ones are read back from storage in pages.

@@ -224,3 +224,19 @@ def test_random_garbage_never_hurts_the_broker(broker, raw, bystander):
         peer.close()
     with minou.connect_sync(broker.url) as other:
         assert other.send("calm/v1/2", {"still": "fine"}).seq == 1
+
+
+def test_max_connections_and_hello_deadline(broker_factory, tmp_path):
+    cfg = tmp_path / "small.toml"
+    cfg.write_text("max_connections = 2\n")
+    broker = broker_factory.make(config=cfg).start()
+    first = RawPeer(broker.url)
+    first.hello("one")
+    second = RawPeer(broker.url)
+    second.hello("two")
+    third = RawPeer(broker.url)
+    err = third.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.TOO_MANY_CONNECTIONS
+    assert "max_connections = 2" in err.message and third.closed_by_peer()
+    for p in (first, second, third):
+        p.close()

@@ -20,10 +20,11 @@ from .. import __version__
 from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
-from ..errors import ShuttingDown
+from ..errors import ShuttingDown, TooManyConnections, UnexpectedFrame
 from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
+    HELLO_TIMEOUT_S,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
     STORAGE_READ_PAGE,
@@ -50,7 +51,7 @@ class _TcpProtocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.conn = NativeConnection(self.server, transport, str(peer))
-        self.server.connections.add(self.conn)
+        self.server.admit(self.conn)
 
     def data_received(self, data: bytes) -> None:
         assert self.conn is not None
@@ -173,6 +174,22 @@ class BrokerServer:
             raise ShuttingDown("the broker is stopping and accepts no new work")
 
     # -------------------------------------------------------------- sessions
+    def admit(self, conn: NativeConnection) -> None:
+        """A new connection: enforce max_connections and the HELLO deadline."""
+        if len(self.connections) >= self.settings.max_connections:
+            conn.refuse(TooManyConnections(
+                f"the broker already has {len(self.connections)} connections "
+                f"(max_connections = {self.settings.max_connections})"))
+            return
+        self.connections.add(conn)
+        assert self.loop is not None
+
+        def hello_deadline() -> None:
+            if conn.session is None and not conn.closed:
+                conn.refuse(UnexpectedFrame(f"no HELLO within {HELLO_TIMEOUT_S:g} s"))
+
+        self.loop.call_later(HELLO_TIMEOUT_S, hello_deadline)
+
     def open_session(self, client_id: str, conn: NativeConnection) -> Session:
         return Session(client_id, conn)
 

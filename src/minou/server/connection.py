@@ -115,6 +115,13 @@ class NativeConnection:
             self.server.counters_internal += 1
             self._send(f.Error(req, int(ErrorCode.INTERNAL), "internal error"))
 
+    def refuse(self, exc: RequestError) -> None:
+        """Refuse the whole connection: a fatal error frame, then close."""
+        self._refused(exc)
+        self._error(0, exc, fatal=True)
+        self.flush()
+        self.close()
+
     def _refused(self, exc: RequestError) -> None:
         self.core.counters.refuse(exc.reason)
 

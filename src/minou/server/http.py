@@ -68,7 +68,7 @@ def build_app(server: BrokerServer) -> Starlette:
         await ws.accept()
         transport = _WebSocketTransport(ws)
         conn = NativeConnection(server, transport, f"ws:{ws.client}")
-        server.connections.add(conn)
+        server.admit(conn)
 
         async def pump_out() -> None:
             while (data := await transport.queue.get()) is not None:
