@@ -98,6 +98,8 @@ class BrokerServer:
         self.commits = 0
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
+        self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
+        self._checkpoint: asyncio.Future[None] | None = None
         self._write_wanted = asyncio.Event()
         self._pump_scheduled = False
         self._uncommitted = 0
@@ -164,8 +166,9 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
-        self._writer_pool.shutdown()
-        self._reader_pool.shutdown()
+        await loop.run_in_executor(self._house_pool, self.storage.close)
+        for pool in (self._writer_pool, self._reader_pool, self._house_pool):
+            pool.shutdown()
 
     _http_task: asyncio.Task[Any] | None = None
 
@@ -299,6 +302,9 @@ class BrokerServer:
                 if expired:
                     self.core.expire(expired, time.time())
                 await self._apply_retention(now)
+                if self._checkpoint is None or self._checkpoint.done():
+                    self._checkpoint = loop.run_in_executor(self._house_pool,
+                                                            self.storage.checkpoint)
             if self.core.batch:
                 self.request_write()
             self.request_pump()
