@@ -38,6 +38,9 @@ SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the 
 BODY_CACHE_BYTES = 48 << 20
 STORAGE_READ_PAGE = 2_000
 
+# Acks, nacks and subscriptions wait at most this long for a commit to share; publishes
+# never wait (a commit starts as soon as the writer is free).
+SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
 HELLO_TIMEOUT_S = 10.0
 

@@ -491,6 +491,11 @@ class Broker:
         return out, loads
 
     @property
+    def has_dirty(self) -> bool:
+        """Group states changed that no commit has carried yet."""
+        return bool(self._dirty)
+
+    @property
     def has_ready(self) -> bool:
         """Work is left that a further pump round can deliver (burst limits hit)."""
         return bool(self._ready_groups)

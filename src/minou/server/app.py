@@ -27,6 +27,7 @@ from ..limits import (
     HELLO_TIMEOUT_S,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
+    SETTLE_COMMIT_DELAY_S,
     STORAGE_READ_PAGE,
     SWEEP_INTERVAL_S,
 )
@@ -101,6 +102,8 @@ class BrokerServer:
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
         self._write_wanted = asyncio.Event()
+        self._write_timer = False
+        self._force_write = False
         self._pump_scheduled = False
         self._uncommitted = 0
         self._publishers_paused: set[NativeConnection] = set()
@@ -150,6 +153,7 @@ class BrokerServer:
         for conn in list(self.connections):
             conn.close()
         # Let the writer commit what is staged (confirms for accepted publishes).
+        self._force_write = True
         self.request_write()
         for _ in range(200):
             if not self.core.batch and self._uncommitted == 0:
@@ -199,7 +203,7 @@ class BrokerServer:
     def close_session(self, session: Session) -> None:
         self.core.disconnect(session, time.time())
         self._publishers_paused.discard(session.conn)
-        self.request_write()
+        self.request_write(urgent=False)
         self.request_pump()
 
     def wake_groups(self, session: Session) -> None:
@@ -222,18 +226,33 @@ class BrokerServer:
     def after_input(self) -> None:
         """A read was handled: commit what it staged, deliver what it freed."""
         if self.core.batch:
-            self.request_write()
+            self.request_write(urgent=False)
         self.request_pump()
 
-    def request_write(self) -> None:
-        self._write_wanted.set()
+    def request_write(self, *, urgent: bool = True) -> None:
+        """Ask the writer for a commit: now for publishes (their latency is the product),
+        within SETTLE_COMMIT_DELAY_S for acks and subscriptions so they share commits."""
+        if urgent:
+            self._write_wanted.set()
+        elif not self._write_timer and self.loop is not None:
+            self._write_timer = True
+
+            def fire() -> None:
+                self._write_timer = False
+                self._write_wanted.set()
+
+            self.loop.call_later(SETTLE_COMMIT_DELAY_S, fire)
 
     async def _writer(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await self._write_wanted.wait()
             self._write_wanted.clear()
-            while True:
+            # Group states changed by deliveries alone ride along with the next commit
+            # (or the ticker's), instead of costing an fsync each.
+            force, self._force_write = self._force_write, False
+            while self.core.batch or force:
+                force = False
                 batch = self.core.take_writes()
                 if not batch:
                     break
@@ -271,7 +290,7 @@ class BrokerServer:
         for need in loads:
             self._spawn(self._load(need.log.name, need.seq, need.log.cache_lo))
         if self.core.batch:
-            self.request_write()
+            self.request_write(urgent=False)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -305,7 +324,8 @@ class BrokerServer:
                 if self._checkpoint is None or self._checkpoint.done():
                     self._checkpoint = loop.run_in_executor(self._house_pool,
                                                             self.storage.checkpoint)
-            if self.core.batch:
+            if self.core.batch or self.core.has_dirty:
+                self._force_write = True
                 self.request_write()
             self.request_pump()
 

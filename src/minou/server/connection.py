@@ -217,7 +217,7 @@ class NativeConnection:
     # ----------------------------------------------------------------- output
     def _reply_after_commit(self, frame: f.Frame) -> None:
         self.core.after_commit(lambda: self.send(frame))
-        self.server.request_write()
+        self.server.request_write(urgent=False)
 
     def _send(self, frame: f.Frame) -> None:
         self._out.append(f.encode(frame))
