@@ -285,7 +285,9 @@ class Client:
         self._closing = False
         self._supervisor: asyncio.Task[None] | None = None
         self._url_index = 0
-        self._settle_waiters: dict[int, asyncio.Future[list[tuple[int, int, str]]]] = {}
+        self._settle_waiters: dict[int, asyncio.Future[list[tuple[int, int, str]] | None]] = {}
+        self._live = False  # handshake done on the current connection
+        self._restoring: set[int] = set()  # re-subscribe requests of the current connection
 
     # ------------------------------------------------------------ connection
     async def _open(self) -> None:
@@ -322,15 +324,31 @@ class Client:
                 continue
             self.broker_id = welcome.broker_id
             self._url_index = idx
-            await self._restore()
+            self._live = True  # acks for this connection's deliveries may flow from now on
+            try:
+                await self._restore()
+            except MinouError as exc:
+                if self._proto is proto and proto.transport is not None:
+                    proto.transport.close()
+                self._proto = None
+                self._live = False
+                errors.append(f"{host}:{port}: {exc}")
+                continue
             self._connected.set()
             return
         raise ConnectionClosed("no broker answered: " + "; ".join(errors))
 
     async def _restore(self) -> None:
         """After a (re)connect: subscribe again, resend what was never confirmed."""
+        # Deliveries may arrive before these replies (which wait for a commit);
+        # their acks go out at once since the connection is live.
         for sub in list(self._subs.values()):
-            await self._request(sub.frame, wait_connected=False)
+            req = sub.frame.req
+            self._restoring.add(req)
+            try:
+                await self._request(sub.frame, wait_connected=False)
+            finally:
+                self._restoring.discard(req)
         resend = [item for req in sorted(self._unconfirmed) for item in self._unconfirmed[req]]
         self._unconfirmed.clear()
         self._outbox[:0] = resend
@@ -343,7 +361,21 @@ class Client:
         if proto is not self._proto:
             return
         self._proto = None
+        self._live = False
         self._connected.clear()
+        lost = ConnectionClosed("connection lost")
+        hello = self._requests.get(0)
+        if hello is not None and not hello[1].done():
+            hello[1].set_exception(lost)  # a handshake cut short fails now, not at a timeout
+        for req in list(self._restoring):
+            entry = self._requests.pop(req, None)
+            if entry is not None and not entry[1].done():
+                entry[1].set_exception(lost)
+        # Settlements written on the lost connection: unknown, so "not done" (False).
+        for fut in self._settle_waiters.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._settle_waiters.clear()
         self._ack_future_fail()
         for sub in self._subs.values():
             sub._queue.clear()  # their tags died with the connection; the broker redelivers
@@ -361,7 +393,7 @@ class Client:
                 await self._open()
                 log.info("reconnected to %s", self.urls[self._url_index][1:])
                 return
-            except ConnectionClosed as exc:
+            except MinouError as exc:  # whatever failed, try again: never give up silently
                 log.warning("reconnect failed: %s", exc)
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, CLIENT_RECONNECT_MAX_S)
@@ -383,8 +415,9 @@ class Client:
             sub._wakeup.set()
 
     def _ack_future_fail(self) -> None:
+        # Acks queued but never written: not done (the broker will redeliver).
         if self._ack_future is not None and not self._ack_future.done():
-            self._ack_future.set_result([])
+            self._ack_future.set_result(None)
         self._ack_future = None
         self._acks.clear()
 
@@ -515,10 +548,11 @@ class Client:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if not self.connected:
+        if not self._live:
             return
         out: list[bytes] = []
-        while self._outbox:
+        # Publishes wait until re-subscription is done; acks need only a live connection.
+        while self._outbox and self.connected:
             chunk, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
             req = self._next_req()
             self._unconfirmed[req] = chunk
@@ -632,7 +666,7 @@ class Client:
 
     # ------------------------------------------------------------ settling
     def _settle(self, msg: Message, op: str, **kw: Any) -> Settlement:
-        if msg._epoch != self._epoch or not self.connected:
+        if msg._epoch != self._epoch or not self._live:
             # The connection this came on is gone: the broker requeued it already.
             return Settlement(None, msg.tag)
         if op == "ack":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -11,8 +12,6 @@ import msgspec
 from ..errors import error_from_code
 
 if TYPE_CHECKING:
-    import asyncio
-
     from .aio import Client
 
 _json_decode = msgspec.json.decode
@@ -32,20 +31,28 @@ class Receipt:
 class Settlement:
     """Awaitable result of ack/nack: resolves once the broker has made it durable.
 
-    Not awaiting it is fine (fire and forget); awaiting raises UnknownDelivery if
-    the broker refused the tag (stale lease, already settled).
+    Not awaiting it is fine (fire and forget). Awaiting returns True once the
+    broker has made it durable, False if the connection was lost first (the
+    broker then redelivers the message), and raises UnknownDelivery if the
+    broker refused the tag (stale lease, already settled).
     """
 
     __slots__ = ("_fut", "_tag")
 
-    def __init__(self, fut: asyncio.Future[list[tuple[int, int, str]]] | None, tag: int) -> None:
+    def __init__(
+        self, fut: asyncio.Future[list[tuple[int, int, str]] | None] | None, tag: int
+    ) -> None:
         self._fut = fut
         self._tag = tag
 
     def __await__(self) -> Generator[Any, None, bool]:
         if self._fut is None:
             return False
-        failed = yield from self._fut.__await__()
+        # Shielded: the future is shared by every ack of one frame, so one caller's
+        # timeout must not cancel the others' answer.
+        failed = yield from asyncio.shield(self._fut).__await__()
+        if failed is None:
+            return False  # the connection was lost before the broker answered
         for tag, code, text in failed:
             if tag == self._tag:
                 raise error_from_code(code, text, {"tag": tag})
