@@ -45,7 +45,11 @@ SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
 HELLO_TIMEOUT_S = 10.0
 
 # Client
-CLIENT_SEND_QUEUE = 100_000  # messages waiting to be sent or confirmed
+CLIENT_SEND_QUEUE = 100_000
+# Publishes per frame: small enough that the broker commits the first frames of a
+# burst while it still reads the rest (and confirms come back sooner), large enough
+# to keep per-frame costs low.
+CLIENT_FRAME_MESSAGES = 256  # messages waiting to be sent or confirmed
 CLIENT_RECONNECT_MIN_S = 0.05
 CLIENT_RECONNECT_MAX_S = 2.0
 CLIENT_REQUEST_TIMEOUT_S = 30.0

@@ -37,12 +37,12 @@ from ..errors import (
     error_from_code,
 )
 from ..limits import (
+    CLIENT_FRAME_MESSAGES,
     CLIENT_RECONNECT_MAX_S,
     CLIENT_RECONNECT_MIN_S,
     CLIENT_REQUEST_TIMEOUT_S,
     CLIENT_SEND_QUEUE,
     DEFAULT_PORT,
-    MAX_BATCH,
     PROTOCOL_VERSION,
 )
 from ..protocol import frames as f
@@ -553,7 +553,8 @@ class Client:
         out: list[bytes] = []
         # Publishes wait until re-subscription is done; acks need only a live connection.
         while self._outbox and self.connected:
-            chunk, self._outbox = self._outbox[:MAX_BATCH], self._outbox[MAX_BATCH:]
+            n = CLIENT_FRAME_MESSAGES
+            chunk, self._outbox = self._outbox[:n], self._outbox[n:]
             req = self._next_req()
             self._unconfirmed[req] = chunk
             out.append(f.encode(f.Publish(req, [s for s, _ in chunk])))

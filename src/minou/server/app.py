@@ -20,6 +20,7 @@ from .. import __version__
 from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
+from ..core.writes import WriteBatch
 from ..errors import ShuttingDown, TooManyConnections, UnexpectedFrame
 from ..limits import (
     CONSUMER_WRITE_HIGH,
@@ -101,7 +102,8 @@ class BrokerServer:
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
-        self._write_wanted = asyncio.Event()
+        self._writing: asyncio.Future[None] | None = None
+        self._stopped_writing = False
         self._write_timer = False
         self._force_write = False
         self._pump_scheduled = False
@@ -132,7 +134,6 @@ class BrokerServer:
 
             self._http, self.http_address = await start_http(self)
         self._tasks = [
-            asyncio.create_task(self._writer(), name="minou-writer"),
             asyncio.create_task(self._ticker(), name="minou-ticker"),
         ]
         self.request_write()
@@ -153,11 +154,12 @@ class BrokerServer:
         for conn in list(self.connections):
             conn.close()
         # Let the writer commit what is staged (confirms for accepted publishes).
-        self._force_write = True
-        self.request_write()
-        for _ in range(200):
-            if not self.core.batch and self._uncommitted == 0:
+        self.request_write(force=True)
+        for _ in range(500):
+            if self._writing is None and not self.core.batch and not self.core.has_dirty:
                 break
+            if self._writing is None:
+                self.request_write(force=True)
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
@@ -229,50 +231,63 @@ class BrokerServer:
             self.request_write(urgent=False)
         self.request_pump()
 
-    def request_write(self, *, urgent: bool = True) -> None:
+    def request_write(self, *, urgent: bool = True, force: bool = False) -> None:
         """Ask the writer for a commit: now for publishes (their latency is the product),
-        within SETTLE_COMMIT_DELAY_S for acks and subscriptions so they share commits."""
-        if urgent:
-            self._write_wanted.set()
+        within SETTLE_COMMIT_DELAY_S for acks and subscriptions so they share commits.
+        ``force`` commits group states that deliveries alone changed."""
+        self._force_write = self._force_write or force
+        if urgent or force:
+            self._kick_writer()
         elif not self._write_timer and self.loop is not None:
             self._write_timer = True
 
             def fire() -> None:
                 self._write_timer = False
-                self._write_wanted.set()
+                self._kick_writer()
 
             self.loop.call_later(SETTLE_COMMIT_DELAY_S, fire)
 
-    async def _writer(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._write_wanted.wait()
-            self._write_wanted.clear()
-            # Group states changed by deliveries alone ride along with the next commit
-            # (or the ticker's), instead of costing an fsync each.
-            force, self._force_write = self._force_write, False
-            while self.core.batch or force:
-                force = False
-                batch = self.core.take_writes()
-                if not batch:
-                    break
-                started = time.perf_counter()
-                try:
-                    await loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
-                except Exception:
-                    log.exception("storage commit failed; stopping the broker")
-                    self.request_stop()
-                    return
-                self.commit_seconds_total += time.perf_counter() - started
-                self.commits += 1
-                self._uncommitted = max(0, self._uncommitted - batch.bytes)
-                self.core.on_committed(batch, time.time())
-                resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
-                if self._publishers_paused and self._uncommitted <= resume_below:
-                    for conn in self._publishers_paused:
-                        conn.resume_reading()
-                    self._publishers_paused.clear()
-                self.request_pump()
+    def _kick_writer(self) -> None:
+        """Start a commit now if the writer thread is idle.
+
+        Called synchronously (even between two frames of one read), so the writer
+        fsyncs one batch while this thread parses the next: the two overlap. What
+        arrives meanwhile forms the next batch (group commit).
+        """
+        if self._writing is not None or self._stopped_writing:
+            return
+        if not (self.core.batch or self._force_write):
+            return
+        self._force_write = False
+        batch = self.core.take_writes()
+        if not batch:
+            return
+        assert self.loop is not None
+        started = time.perf_counter()
+        self._writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
+        self._writing.add_done_callback(lambda fut: self._committed(fut, batch, started))
+
+    def _committed(self, fut: asyncio.Future[None], batch: WriteBatch, started: float) -> None:
+        self._writing = None
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("storage commit failed; stopping the broker", exc_info=fut.exception())
+            self._stopped_writing = True
+            self.request_stop()
+            return
+        self.commit_seconds_total += time.perf_counter() - started
+        self.commits += 1
+        self._uncommitted = max(0, self._uncommitted - batch.bytes)
+        self.core.on_committed(batch, time.time())
+        resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
+        if self._publishers_paused and self._uncommitted <= resume_below:
+            for conn in self._publishers_paused:
+                conn.resume_reading()
+            self._publishers_paused.clear()
+        self.request_pump()
+        if self.core.batch.messages:
+            self._kick_writer()  # publishes waited for this commit: go on at once
+        elif self.core.batch:
+            self.request_write(urgent=False)
 
     # ---------------------------------------------------------------- pump
     def request_pump(self) -> None:
@@ -325,8 +340,7 @@ class BrokerServer:
                     self._checkpoint = loop.run_in_executor(self._house_pool,
                                                             self.storage.checkpoint)
             if self.core.batch or self.core.has_dirty:
-                self._force_write = True
-                self.request_write()
+                self.request_write(force=True)
             self.request_pump()
 
     async def _apply_retention(self, now: float) -> None:
