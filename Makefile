@@ -35,3 +35,40 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+
+# ---- bench: begin -------------------------------------------------------------
+# `make bench`: minou side by side with the peers (Redis Streams AOF everysec and
+# no persistence, NATS JetStream; RabbitMQ too with PEERS=all) in one run; prints
+# the table and writes bench/results/latest.json. See docs/benchmarks.md.
+#   make bench PEERS=all                 also install and measure rabbitmq-server
+#   make bench BENCH_ARGS='--runs 1 --only a,b'
+PEERS      ?=
+BENCH_ARGS ?=
+BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+BENCH_DEBS := redis-server nats-server $(if $(filter all,$(PEERS)),rabbitmq-server)
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	rm -f $(VENV)/.bench-installed-*
+	touch $@
+
+bench-deps:
+	@missing=""; for d in $(BENCH_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \
+	    || missing="$$missing $$d"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ -z "$(APT)" ]; then echo "no apt-get: peers$$missing are left out"; exit 0; fi; \
+	  echo "installing$$missing (peers are optional: failure is tolerated)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
+	  || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -q --no-install-recommends $$missing; } \
+	  || echo "could not install$$missing: the bench runs without them"; \
+	fi
+
+## bench: minou vs the installed peers, every test, medians of 3 runs (PEERS=all adds RabbitMQ)
+bench: $(BENCH_STAMP) bench-deps
+	$(BIN)/python bench/minou_bench.py $(if $(filter-out all,$(PEERS)),--peers $(PEERS)) $(BENCH_ARGS)
+
+.PHONY: bench-deps
+# ---- bench: end ---------------------------------------------------------------

@@ -115,7 +115,8 @@ class MinouBroker:
                 line = None
             if line is None:
                 self.stop()
-                raise RuntimeError(f"minou broker did not start (see {self.workdir}/minou-broker.log)")
+                raise RuntimeError(
+                    f"minou broker did not start (see {self.workdir}/minou-broker.log)")
             m = re.search(r"native\s+(minou://\S+)", line)
             if m:
                 url = m.group(1)

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,6 +72,16 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+def host_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
 
 
 class Bench:
@@ -150,8 +162,13 @@ class Bench:
         a = self.args
 
         def timed(key: str, jobs: list[dict[str, Any]]) -> None:
+            h0 = host_cpu()
             out = self.clients.run_jobs(jobs, timeout=a.limit_s + 120)
+            h1 = host_cpu()
             count, rate, wall = self.peers.throughput(out, cpu, key)
+            if h1[1] > h0[1] and key in cpu:  # whole machine, incl. process start-up
+                cpu[key]["host_busy_cores"] = round((os.cpu_count() or 1) * (h1[0] - h0[0])
+                                                    / (h1[1] - h0[1]), 2)
             res[key] = round(rate)
             res[f"{key}_count"] = count
             errors = sum(r.get("errors", 0) or 0 for r in out)
@@ -160,7 +177,8 @@ class Bench:
             c = cpu.get(key, {})
             log(f"  {system:10s} {key:11s} {self.peers.fmt(res[key]):>10s} msg/s  "
                 f"({count:,} msgs in {wall:.2f} s; CPU% server {c.get('server')}, "
-                f"clients {c.get('clients')}{f'; {errors} errors' if errors else ''})")
+                f"clients {c.get('clients')}; host busy {c.get('host_busy_cores')} cores"
+                f"{f'; {errors} errors' if errors else ''})")
 
         if test.startswith("pub"):
             procs = a.procs if test.startswith("pub4") else 1
@@ -243,7 +261,7 @@ def fmt(v: Any) -> str:
 def ratio(a: Any, b: Any) -> str:
     if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
         return "-"
-    return f"{a / b:.2f}×"
+    return f"{a / b:.2f}x"
 
 
 def verdict(v: Any, target: tuple[str, float] | None) -> str:
@@ -274,7 +292,7 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
             if spread and v is not None and key in spread.get(s, {}):
                 lo, hi = spread[s][key]
                 if lo != hi:
-                    text += f" ({fmt(lo)}–{fmt(hi)})"
+                    text += f" ({fmt(lo)} - {fmt(hi)})"
             return text
 
         mv = med.get("minou", {}).get(key)
@@ -315,7 +333,8 @@ def cpu_table(med: dict[str, dict[str, Any]], systems: list[str]) -> str:
         cells = []
         for s in systems:
             c = med[s].get("cpu_pct", {}).get(t)
-            cells.append(f"{c.get('server')} / {c.get('clients')}" if c else "-")
+            cells.append(f"{c.get('server')} / {c.get('clients')} / {c.get('host_busy_cores')}"
+                         if c else "-")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -350,6 +369,23 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(Exception):
         info["os"] = platform.freedesktop_os_release().get("PRETTY_NAME")
     return info
+
+
+def snapshot_src(workdir: Path) -> dict[str, Any]:
+    """Copy src/minou into the work dir and put it first on the import path of the
+    broker and of every worker, so one run measures one version of the code even
+    when the work tree changes meanwhile."""
+    src = REPO / "src" / "minou"
+    dest = workdir / "src"
+    shutil.copytree(src, dest / "minou", ignore=shutil.ignore_patterns("__pycache__"))
+    digest = hashlib.sha256()
+    for f in sorted((dest / "minou").rglob("*")):
+        if f.is_file():
+            digest.update(str(f.relative_to(dest)).encode() + b"\0" + f.read_bytes())
+    sys.path.insert(0, str(dest))  # spawned workers inherit sys.path
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])])  # the broker
+    return {"snapshot": str(dest), "sha256": digest.hexdigest()[:16]}
 
 
 def parse_only(text: str | None) -> list[str]:
@@ -394,6 +430,8 @@ def main() -> int:
     ap.add_argument("--mem-limit-s", type=float, default=300.0, help="time cap to fill test d")
     ap.add_argument("--mem-runs", type=int, default=1,
                     help="runs that include test d (it is slow and steady)")
+    ap.add_argument("--live-src", action="store_true",
+                    help="run src/ as it is at each moment (default: a copy taken at the start)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     args = ap.parse_args()
 
@@ -403,9 +441,10 @@ def main() -> int:
         return 2
     sys.path.insert(0, str(peers_dir))  # spawned workers inherit sys.path
     sys.path.insert(0, str(HERE))
+    import peers as peers_mod
+
     import bench_clients as clients
     import bench_servers as servers
-    import peers as peers_mod
 
     tests = parse_only(args.only)
     if args.peers is None:
@@ -419,10 +458,18 @@ def main() -> int:
             print(f"unknown peer {p!r} (known: {', '.join(peers_mod.PEERS)})", file=sys.stderr)
             return 2
 
+    def on_term(signum: int, frame: Any) -> None:  # make `finally` stop our servers
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
     workdir = Path(tempfile.mkdtemp(prefix="minou-bench-"))
+    src_info = snapshot_src(workdir) if not args.live_src else {"snapshot": None}
+    versions_at_start = versions(peers_mod)  # git describe of the tree that was copied
     bench = Bench(args, peers_mod, clients, servers, workdir)
-    log(f"minou bench: tests {', '.join(tests)}; {args.runs} run(s); work dir {workdir}")
+    log(f"minou bench: tests {', '.join(tests)}; {args.runs} run(s); work dir {workdir}; "
+        f"minou source {src_info.get('snapshot') or 'live src/'} {src_info.get('sha256', '')}")
     runs: list[dict[str, dict[str, Any]]] = []
+    run_loads: list[tuple[float, float, float]] = []
     errors: list[str] = []
     started = time.monotonic()
     try:
@@ -431,6 +478,8 @@ def main() -> int:
         for i in range(args.runs):
             log(f"=== run {i + 1}/{args.runs}")
             run: dict[str, dict[str, Any]] = {s: {"cpu_pct": {}} for s in systems}
+            log(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            run_loads.append(os.getloadavg())
             for test in tests:
                 if test == "mem" and i >= args.mem_runs:
                     continue
@@ -450,7 +499,8 @@ def main() -> int:
         bench.stop_all()
         return 130
     finally:
-        rss_after = {s: peers_mod.proc_rss_mib(bench.pid(s)) for s in ["minou", *bench.peer_servers]}
+        rss_after = {s: peers_mod.proc_rss_mib(bench.pid(s))
+                     for s in ["minou", *bench.peer_servers]}
         bench.stop_all()
         if not errors:  # keep the logs when something went wrong
             shutil.rmtree(workdir, ignore_errors=True)
@@ -458,13 +508,14 @@ def main() -> int:
     med, spread = medians(runs, systems)
     elapsed = time.monotonic() - started
     log("")
-    log(f"medians of {args.runs} run(s) (min–max in brackets); N={args.n:,} or {args.limit_s:g} s "
+    log(f"medians of {args.runs} run(s) (min - max); N={args.n:,} or {args.limit_s:g} s "
         f"per test, window {args.window}, prefetch {args.batch}, {args.procs} processes in the 4x "
         f"rows, latency at {args.rate:g}/s for {args.duration:g} s; ratio = minou / peer "
         f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)")
     log(table(med, systems, args, spread if args.runs > 1 else None))
     log("")
-    log("server CPU % / client CPU % (of one core, medians):")
+    log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
+        f"{os.cpu_count()}), medians:")
     log(cpu_table(med, systems))
     if errors:
         log("")
@@ -476,13 +527,15 @@ def main() -> int:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "machine": machine(),
-            "versions": versions(peers_mod),
+            "versions": versions_at_start,
+            "minou_src": src_info,
             "params": {k: getattr(args, k) for k in (
                 "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
                 "lat_batch", "mem_n", "mem_procs", "mem_runs")},
             "tests": tests,
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
+            "load_average_at_run_start": run_loads,
             "units": "throughput keys msg/s; lat_* ms; mem_* MiB; cpu_pct % of one core",
         },
         "median": med,

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Where minou's time goes: py-spy samples the broker process and one client
+process during a publish or a consume+ack workload (the same client code as
+bench/minou_bench.py), and prints function-level hotspots per process and thread.
+
+  .venv/bin/pip install py-spy
+  .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,con] [--seconds 8]
+
+Collapsed stacks (flamegraph.pl / speedscope input) go to bench/results/profile/.
+py-spy runs without --idle, so a sample is taken only while a thread is on the CPU
+(or at least not blocked): a function's percentage is its share of that thread's
+busy samples. How busy each thread was (CPU seconds / wall seconds, from
+/proc/PID/task/TID/stat) is printed beside it. C code (uvloop, sqlite3, msgspec)
+is charged to the Python function that called it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+# ----------------------------------------------------------------- the client
+async def _client(role: str, url: str, seconds: float, size: int) -> None:
+    import bench_clients as bc
+
+    peer = bc.MinouPeer(url)
+    await peer.connect()
+    await asyncio.sleep(1.0)  # let py-spy attach
+    t0 = time.monotonic()
+    if role == "pub":
+        count, _ = await peer.publish(10**9, size, 1000, t0 + seconds)
+        dt = time.monotonic() - t0
+    else:
+        count, last = await peer.consume(10**9, 1000, t0 + seconds, 2.0, "c0")
+        dt = last - t0
+    print(f"{role}: {count:,} msgs in {dt:.2f} s = {count / dt:,.0f} msg/s", flush=True)
+    await peer.close()
+
+
+def client_main(args: argparse.Namespace) -> None:
+    import uvloop
+
+    uvloop.install()
+    asyncio.run(_client(args.client, args.url, args.seconds, args.size))
+
+
+# --------------------------------------------------------------- the analysis
+FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def short(frame: str) -> str:
+    m = FRAME.match(frame)
+    if not m:
+        return frame
+    path = m.group("file")
+    for marker in ("site-packages/", "src/", "lib/python3.11/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{m.group('func')} ({path})"
+
+
+def summarize(raw: Path, top: int, cpu: dict[str, float] | None = None) -> str:
+    """Self and inclusive time per function, per thread, from py-spy's raw output."""
+    threads: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    incl: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    totals: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames = stack.split(";")
+        thread = "?"
+        if frames and frames[0].startswith("process "):
+            frames = frames[1:]
+        if frames and frames[0].startswith("thread "):
+            thread, frames = frames[0], frames[1:]
+        count = int(n)
+        fr = [short(f) for f in frames]
+        totals[thread] += count
+        if fr:
+            threads[thread][fr[-1]] += count
+            for f in set(fr):
+                incl[thread][f] += count
+    out = []
+    for thread, total in totals.most_common():
+        name = thread
+        if any("_worker (concurrent" in f for f in incl[thread]):
+            name += "  [executor thread: SQLite writer/reader]"
+        m = re.search(r"\((\d+)\)", thread)
+        pct = (cpu or {}).get(m.group(1)) if m else None
+        on_cpu = f", on CPU {pct:.0f}% of the time" if pct is not None else ""
+        out.append(f"  {name}: {total} busy samples{on_cpu}")
+        out.append(f"    {'self %':>7s}  {'incl %':>7s}  function")
+        seen = set()
+        for f, c in threads[thread].most_common(top):
+            seen.add(f)
+            out.append(f"    {100 * c / total:7.1f}  {100 * incl[thread][f] / total:7.1f}  {f}")
+        out.append("    -- inclusive (top, not shown above):")
+        shown = 0
+        for f, c in incl[thread].most_common():
+            if f in seen or 100 * c / total < 3:
+                continue
+            out.append(f"    {'':7s}  {100 * c / total:7.1f}  {f}")
+            shown += 1
+            if shown >= top:
+                break
+    return "\n".join(out)
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread id."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def busy(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Percent of one core per thread id over ``wall`` seconds."""
+    return {tid: 100 * (after[tid] - before.get(tid, 0.0)) / wall for tid in after}
+
+
+# ------------------------------------------------------------- orchestration
+def pyspy() -> str:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        raise SystemExit("py-spy not found: .venv/bin/pip install py-spy")
+    return exe
+
+
+def record(pid: int, out: Path, fmt: str, rate: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [pyspy(), "record", "--pid", str(pid), "--rate", str(rate), "--threads",
+         "--nonblocking", "--format", fmt, "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -> str:
+    import bench_clients as bc
+    import bench_servers as bs
+
+    sys.path.insert(0, str(args.peers_dir))
+    broker = bs.MinouBroker(workdir, python=sys.executable)
+    report = []
+    try:
+        url = broker.start()
+        role, size = {"pub": ("pub", 100), "pub1k": ("pub", 1024), "con": ("con", 100)}[name]
+        if role == "con":
+            n = args.prefill
+            jobs = [dict(peer="minou", url=url, role="pub", n=n // 2, size=100, window=1000,
+                         limit_s=300) for _ in range(2)]
+            bc.run_jobs(jobs, timeout=400)
+            time.sleep(1)
+        client = subprocess.Popen(
+            [sys.executable, __file__, "--client", role, "--url", url,
+             "--seconds", str(args.seconds), "--size", str(size)],
+            stdout=subprocess.PIPE, text=True,
+        )
+        time.sleep(0.5)
+        cpu0 = {"broker": thread_cpu(broker.pid), "client": thread_cpu(client.pid)}
+        t_cpu0 = time.monotonic()
+        spies = []
+        for who, pid in (("broker", broker.pid), ("client", client.pid)):
+            path = outdir / f"{name}-{who}.txt"
+            spies.append((who, "raw", path, record(pid, path, "raw", args.rate)))
+        cpu1: dict[str, dict[str, float]] = {"broker": {}, "client": {}}
+        while client.poll() is None:  # the last reading before the client exits
+            cpu1 = {"broker": thread_cpu(broker.pid), "client": thread_cpu(client.pid)
+                    or cpu1["client"]}
+            t_cpu1 = time.monotonic()
+            time.sleep(0.2)
+        out, _ = client.communicate(timeout=args.seconds + 60)
+        for who, _fmt, _path, proc in spies:
+            if who == "broker":
+                proc.send_signal(signal.SIGINT)
+        for _who, _fmt, _path, proc in spies:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        report.append(f"== {name}: {out.strip()}")
+        for who in ("broker", "client"):
+            raw = outdir / f"{name}-{who}.txt"
+            if raw.exists():
+                wall = t_cpu1 - t_cpu0
+                pcts = busy(cpu0[who], cpu1[who], wall)
+                report.append(f" {who} ({raw.name}: collapsed stacks); whole process "
+                              f"{sum(pcts.values()):.0f}% of one core over {wall:.1f} s")
+                report.append(summarize(raw, args.top, pcts))
+            else:
+                report.append(f" {who}: no samples (py-spy failed?)")
+    finally:
+        broker.close()
+    return "\n".join(report)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default="pub,pub1k,con")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--prefill", type=int, default=600_000, help="messages before 'con'")
+    ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--peers-dir", default=str(HERE.parent.parent / "shared" / "bench"))
+    ap.add_argument("--out", default=str(HERE / "results" / "profile"))
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--size", type=int, default=100, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.client:
+        client_main(args)
+        return 0
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="minou-profile-"))
+    reports = []
+    try:
+        for name in args.scenario.split(","):
+            rep = scenario(name.strip(), args, outdir, workdir)
+            print(rep, flush=True)
+            reports.append(rep)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    rev = subprocess.run(["git", "-C", str(HERE.parent), "describe", "--always", "--dirty"],
+                         capture_output=True, text=True).stdout.strip()
+    where = subprocess.run([sys.executable, "-c", "import minou; print(minou.__file__)"],
+                           capture_output=True, text=True).stdout.strip()
+    head = (f"minou from {where} (work tree {rev}), py-spy at {args.rate} Hz, "
+            f"{args.seconds:g} s per scenario")
+    (outdir / "summary.txt").write_text(head + "\n\n" + "\n\n".join(reports) + "\n")
+    print(f"wrote {outdir}/summary.txt", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
