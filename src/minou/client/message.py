@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
 _json_decode = msgspec.json.decode
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(msgspec.Struct, frozen=True, gc=False):
     """A confirmed publish: durable on the broker."""
 
     channel: str

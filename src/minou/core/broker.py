@@ -66,6 +66,7 @@ from .stats import Counters
 from .writes import WriteBatch
 
 _json_check = msgspec.json.Decoder()
+MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
 
 
 @dataclass(eq=False)
@@ -175,13 +176,14 @@ class Broker:
                 raise BadRequest(f"{len(send.headers)} headers, the limit is {MAX_HEADERS}")
             if sum(len(k) + len(v) for k, v in send.headers.items()) > MAX_HEADER_SIZE:
                 raise BadRequest(f"headers are over the {MAX_HEADER_SIZE} byte limit")
-        if not MIN_PRIORITY <= send.priority <= MAX_PRIORITY:
+        if send.priority and not MIN_PRIORITY <= send.priority <= MAX_PRIORITY:
             raise BadRequest(
                 f"priority {send.priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
             )
-        for label, value in (("ttl", send.ttl), ("delay", send.delay)):
-            if value is not None and not 0 <= value <= 10 * 365 * 86400:
-                raise BadRequest(f"{label} must be a number of seconds >= 0, got {value}")
+        if send.ttl is not None or send.delay is not None:
+            for label, value in (("ttl", send.ttl), ("delay", send.delay)):
+                if value is not None and not 0 <= value <= MAX_DELAY_S:
+                    raise BadRequest(f"{label} must be 0..{MAX_DELAY_S:g} seconds, got {value}")
 
     def _publish_one(self, send: Send, now: float, staged: list[Msg]) -> Outcome:
         target = send.channel

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -25,6 +26,7 @@ from ..errors import ShuttingDown, TooManyConnections, UnexpectedFrame
 from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
+    GC_THRESHOLD,
     HELLO_TIMEOUT_S,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
@@ -103,6 +105,7 @@ class BrokerServer:
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
         self._writing: asyncio.Future[None] | None = None
+        self._last_commit_at = 0.0
         self._stopped_writing = False
         self._write_timer = False
         self._force_write = False
@@ -119,6 +122,9 @@ class BrokerServer:
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        # Millions of small long-lived objects (messages, leases) make the default cyclic
+        # GC thresholds stall the loop for milliseconds; nothing here relies on cycles.
+        gc.set_threshold(GC_THRESHOLD, 50, 100)
         now = time.time()
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
@@ -276,6 +282,7 @@ class BrokerServer:
             return
         self.commit_seconds_total += time.perf_counter() - started
         self.commits += 1
+        self._last_commit_at = time.time()
         self._uncommitted = max(0, self._uncommitted - batch.bytes)
         self.core.on_committed(batch, time.time())
         resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
@@ -337,8 +344,10 @@ class BrokerServer:
                     self.core.expire(expired, time.time())
                 await self._apply_retention(now)
                 if self._checkpoint is None or self._checkpoint.done():
-                    self._checkpoint = loop.run_in_executor(self._house_pool,
-                                                            self.storage.checkpoint)
+                    # Idle for a while: also give the WAL file's space back.
+                    idle = now - self._last_commit_at > 2.0
+                    self._checkpoint = loop.run_in_executor(
+                        self._house_pool, self.storage.checkpoint, idle)
             if self.core.batch or self.core.has_dirty:
                 self.request_write(force=True)
             self.request_pump()

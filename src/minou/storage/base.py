@@ -54,7 +54,7 @@ class Storage(Protocol):
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """For retention: one past the last seq < ``below`` published before ``cutoff``."""
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, truncate: bool = False) -> None:
         """Housekeeping the writer should not wait for (SQLite: WAL checkpoint)."""
 
     def size_bytes(self) -> int: ...

@@ -272,9 +272,20 @@ class SQLiteStorage:
                 hi = mid  # nothing old in [mid, hi)
         return lo + 1
 
-    def checkpoint(self) -> None:
-        """Copy committed WAL pages into the database file without blocking the writer."""
-        self._db().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    def checkpoint(self, truncate: bool = False) -> None:
+        """Copy committed WAL pages into the database file without blocking the writer;
+        with ``truncate`` (the broker is idle) also shrink the WAL file to nothing."""
+        db = self._db()
+        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if truncate and os.path.exists(self.path + "-wal") and \
+                os.path.getsize(self.path + "-wal") > (4 << 20):
+            db.execute("PRAGMA busy_timeout=50")  # never hold a waking writer back long
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.OperationalError:
+                pass  # busy: try again next time
+            finally:
+                db.execute("PRAGMA busy_timeout=5000")
 
     def size_bytes(self) -> int:
         total = 0
