@@ -338,3 +338,18 @@ def test_path_names_the_database_file(tmp_path: Path) -> None:
         assert Path(st.path).exists()
     finally:
         st.close()
+
+
+def test_next_seq_comes_from_stored_messages_and_survives_removing_them(
+    backend: Factory, store: Storage
+) -> None:
+    # Created with next seq 1; later publishes need not rewrite the channel row.
+    store.apply(WriteBatch(channels={CH: 1}))
+    store.apply(WriteBatch(messages=[msg(CH, s) for s in (1, 2, 3)]))
+    store, snap = reopen(backend, store)
+    assert [(c.name, c.next_seq, c.count) for c in snap.channels] == [(CH, 4, 3)]
+    # Removing every message stores the next seq with the removal: no seq is reused.
+    store.apply(WriteBatch(truncates={CH: 4}, channels={CH: 4}))
+    store, snap = reopen(backend, store)
+    assert [(c.name, c.next_seq, c.first_seq, c.count) for c in snap.channels] == [
+        (CH, 4, 4, 0)]

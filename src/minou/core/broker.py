@@ -273,6 +273,7 @@ class Broker:
             if floor > log.first_seq:
                 log.truncate_below(floor)
                 batch.truncates[log.name] = log.first_seq
+                batch.channels[log.name] = log.next_seq  # stored with the removal
         self.batch = WriteBatch()
         return batch
 
@@ -319,6 +320,7 @@ class Broker:
         if log is not None and first_seq > log.first_seq:
             log.truncate_below(first_seq)
             self.batch.truncates[channel] = log.first_seq
+            self.batch.channels[channel] = log.next_seq
 
     # ------------------------------------------------------------- subscribe
     def subscribe(
@@ -719,6 +721,7 @@ class Broker:
         log.expired += 1
         self.counters.expired += 1
         self.batch.deletes.append((channel, seq))
+        self.batch.channels[channel] = log.next_seq
         if msg is not None:
             self._dead_letter(msg, "ttl", "", "message TTL expired")
         return True

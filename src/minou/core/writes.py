@@ -14,7 +14,9 @@ class WriteBatch:
     messages: list[Msg] = field(default_factory=list)
     deletes: list[tuple[str, int]] = field(default_factory=list)  # one message each
     truncates: dict[str, int] = field(default_factory=dict)  # channel -> new first seq
-    channels: dict[str, int] = field(default_factory=dict)  # channel -> next seq to assign
+    # channel -> next seq to assign; present for new channels and whenever messages are
+    # removed (otherwise storage derives it from the highest stored seq)
+    channels: dict[str, int] = field(default_factory=dict)
     group_defs: dict[str, GroupDef | None] = field(default_factory=dict)  # None: delete
     group_states: dict[tuple[str, str], tuple[int, bytes] | None] = field(default_factory=dict)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)

@@ -106,6 +106,7 @@ class BrokerServer:
         self._checkpoint: asyncio.Future[None] | None = None
         self._writing: asyncio.Future[None] | None = None
         self._last_commit_at = 0.0
+        self._last_publish_commit = 0.0
         self._stopped_writing = False
         self._write_timer = False
         self._force_write = False
@@ -242,7 +243,10 @@ class BrokerServer:
         within SETTLE_COMMIT_DELAY_S for acks and subscriptions so they share commits.
         ``force`` commits group states that deliveries alone changed."""
         self._force_write = self._force_write or force
-        if urgent or force:
+        # While publishes flow, settlements ride along with their commits (which come
+        # within SETTLE_COMMIT_DELAY_S) instead of queueing an fsync in front of them.
+        publishing = time.monotonic() - self._last_publish_commit < SETTLE_COMMIT_DELAY_S * 2
+        if urgent or force or not publishing:
             self._kick_writer()
         elif not self._write_timer and self.loop is not None:
             self._write_timer = True
@@ -283,6 +287,8 @@ class BrokerServer:
         self.commit_seconds_total += time.perf_counter() - started
         self.commits += 1
         self._last_commit_at = time.time()
+        if batch.messages:
+            self._last_publish_commit = time.monotonic()
         self._uncommitted = max(0, self._uncommitted - batch.bytes)
         self.core.on_committed(batch, time.time())
         resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
@@ -403,7 +409,8 @@ class BrokerServer:
             "version": __version__,
             "uptime_s": round(now - self.started_at, 3),
             "storage": {"backend": "sqlite", "path": self.storage.path,
-                        "bytes": self.storage.size_bytes(), "commits": self.commits},
+                        "bytes": self.storage.size_bytes(), "commits": self.commits,
+                        "commit_seconds": round(self.commit_seconds_total, 3)},
             "native": _addr(self.native_address, "minou"),
             "http": _addr(self.http_address, "http"),
             "connections": len(self.connections),

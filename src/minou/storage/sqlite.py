@@ -111,10 +111,13 @@ class SQLiteStorage:
             self._cids[name] = cid
             lo, hi = _rid(cid, 0), _rid(cid, SEQ_MASK)
             row = db.execute(
-                "SELECT min(rid), count(*) FROM messages WHERE rid BETWEEN ? AND ?", (lo, hi)
+                "SELECT min(rid), max(rid), count(*) FROM messages WHERE rid BETWEEN ? AND ?",
+                (lo, hi),
             ).fetchone()
+            if row[1] is not None:
+                next_seq = max(next_seq, (row[1] & SEQ_MASK) + 1)
             first = row[0] & SEQ_MASK if row[0] is not None else next_seq
-            rec = ChannelRecord(name, next_seq, first, row[1])
+            rec = ChannelRecord(name, next_seq, first, row[2])
             if rec.count < next_seq - first:  # holes (TTL, dead-lettered): name them
                 present = {r & SEQ_MASK for (r,) in db.execute(
                     "SELECT rid FROM messages WHERE rid BETWEEN ? AND ?", (lo, hi))}
@@ -172,12 +175,15 @@ class SQLiteStorage:
         self._commits += 1
 
     def _apply(self, db: sqlite3.Connection, batch: WriteBatch) -> None:
+        # A channel's next seq is also max(seq) + 1 of its stored messages, so the row
+        # needs updating only when messages are removed (one page less per commit).
+        removing = set(batch.truncates) | {c for c, _ in batch.deletes}
         for name, next_seq in batch.channels.items():
-            if name in self._cids:
+            if name not in self._cids:
+                self._cid(db, name, next_seq)
+            elif name in removing:
                 db.execute("UPDATE channels SET next_seq = max(next_seq, ?) WHERE cid = ?",
                            (next_seq, self._cids[name]))
-            else:
-                self._cid(db, name, next_seq)
         if batch.messages:
             cids = self._cids
             db.executemany(
