@@ -674,7 +674,10 @@ class Client:
             if self._ack_future is None:
                 self._ack_future = asyncio.get_running_loop().create_future()
             self._acks.append(msg.tag)
-            self._schedule_flush()
+            if len(self._acks) >= CLIENT_FRAME_MESSAGES:
+                self._flush()  # a consumer working through a big batch frees credit early
+            else:
+                self._schedule_flush()
             return Settlement(self._ack_future, msg.tag)
         fut: asyncio.Future[list[tuple[int, int, str]]] = (
             asyncio.get_running_loop().create_future()
