@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -582,15 +582,20 @@ class Broker:
             )
         return lease
 
-    def ack(self, session: Session, tags: Iterable[int]) -> list[tuple[int, int, str]]:
-        failed: list[tuple[int, int, str]] = []
+    def _settling(
+        self, session: Session, tags: Iterable[int], failed: list[tuple[int, int, str]]
+    ) -> Iterator[Lease]:
+        """The leases ``tags`` name; refused tags go to ``failed`` (tag, code, text)."""
         for tag in tags:
             try:
-                lease = self._lease(session, tag)
+                yield self._lease(session, tag)
             except UnknownDelivery as exc:
                 self.counters.refuse(exc.reason)
                 failed.append((tag, int(exc.code), exc.message))
-                continue
+
+    def ack(self, session: Session, tags: Iterable[int]) -> list[tuple[int, int, str]]:
+        failed: list[tuple[int, int, str]] = []
+        for lease in self._settling(session, tags, failed):
             gc = lease.gc
             gc.settle(lease.seq)
             lease.sub.unsettled -= 1
@@ -604,13 +609,7 @@ class Broker:
         failed: list[tuple[int, int, str]] = []
         if delay < 0:
             raise BadRequest(f"delay must be >= 0 seconds, got {delay}")
-        for tag in tags:
-            try:
-                lease = self._lease(session, tag)
-            except UnknownDelivery as exc:
-                self.counters.refuse(exc.reason)
-                failed.append((tag, int(exc.code), exc.message))
-                continue
+        for lease in self._settling(session, tags, failed):
             self.counters.nacked += 1
             self._return(lease, now, front=front, delay=delay)
         return failed
