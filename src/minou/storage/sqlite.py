@@ -71,7 +71,7 @@ def _msg(channel: str, row: Any) -> Msg:
 class SQLiteStorage:
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db") -> None:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
-        self.path = str(Path(data_dir) / filename)
+        self.path = str(Path(data_dir).resolve() / filename)
         self._local = threading.local()
         self._cids: dict[str, int] = {}
         self._cid_lock = threading.Lock()
