@@ -258,8 +258,8 @@ def test_expired(backend: Factory, store: Storage) -> None:
 
 # ---------------------------------------------------------------------- failure
 def _bad_batch() -> WriteBatch:
-    # data is NOT NULL: the second message makes the whole transaction fail.
-    return batch_of(msg(CH, 3), Msg(CH, 4, "id-bad", None),  # type: ignore[arg-type]
+    # The second message cannot be stored: the whole transaction fails.
+    return batch_of(msg(CH, 3), Msg(CH, 4, "id-bad", object()),  # type: ignore[arg-type]
                     deletes=[(CH, 1)], truncates={CH: 2},
                     group_defs={"consume:g": None},
                     group_states={("consume:g", CH): (9, b"x")},
@@ -303,7 +303,7 @@ def test_a_channel_created_in_a_failed_batch_can_be_created_again(
     # so later messages were written under a cid with no channels row.
     new = "orders/v1/new"
     with pytest.raises(StorageUnavailable):
-        store.apply(batch_of(Msg(new, 1, "id-bad", None)))  # type: ignore[arg-type]
+        store.apply(batch_of(Msg(new, 1, "id-bad", object())))  # type: ignore[arg-type]
     store.apply(batch_of(msg(new, 1)))
     st, snap = reopen(backend, store)
     assert new in records(snap)

@@ -26,15 +26,15 @@ from .base import ChannelRecord, Snapshot
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS channels(
-    cid INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, next_seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS messages(
-    rid INTEGER PRIMARY KEY, id TEXT NOT NULL, data BLOB NOT NULL,
-    raw INTEGER NOT NULL, headers BLOB, priority INTEGER NOT NULL, published_at REAL NOT NULL,
-    expires_at REAL, deliver_at REAL, key TEXT);
-CREATE INDEX IF NOT EXISTS messages_expiry ON messages(expires_at)
-    WHERE expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS messages_special ON messages(rid)
-    WHERE priority > 0 OR deliver_at IS NOT NULL;
+    cid INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, next_seq INTEGER NOT NULL,
+    first_seq INTEGER NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS segments(
+    rid INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, published_at REAL NOT NULL,
+    expires_min REAL, special INTEGER, body BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS segments_expiry ON segments(expires_min)
+    WHERE expires_min IS NOT NULL;
+CREATE INDEX IF NOT EXISTS segments_special ON segments(rid) WHERE special IS NOT NULL;
+CREATE TABLE IF NOT EXISTS removed(rid INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS groups(
     key TEXT PRIMARY KEY, kind TEXT NOT NULL, patterns TEXT NOT NULL, start TEXT NOT NULL)
     WITHOUT ROWID;
@@ -46,26 +46,49 @@ CREATE TABLE IF NOT EXISTS dedup(
     id TEXT NOT NULL, PRIMARY KEY (channel, key)) WITHOUT ROWID;
 """
 
-# A message's row id is its channel id and seq in one integer (cid << 40 | seq): the
-# table's own B-tree is the (channel, seq) index, a channel's messages are one key range,
-# and appends land at the end of it. Rows up to ~4 KiB stay inline on their page.
+# Messages are stored in segments: one row per channel per committed batch, holding
+# consecutive seqs [first, last] as one MessagePack array of Msg structs (encoded and
+# decoded by msgspec without Python per message). A row id is the channel id and the
+# segment's first seq in one integer (cid << 40 | seq), so the table's own B-tree is
+# the (channel, seq) index and a channel's segments are one key range. Single
+# messages removed from inside a segment (TTL, overflow, dead-lettered) are listed in
+# ``removed``; whole segments go once every reader is past them (``channels.first_seq``
+# marks how far, within a segment, that is).
 SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1
-_COLUMNS = (f"rid & {SEQ_MASK}, id, data, raw, headers, priority, published_at, expires_at, "
-            "deliver_at, key")
-_INSERT_COLUMNS = "rid, id, data, raw, headers, priority, published_at, expires_at, deliver_at, key"
+_enc = msgspec.msgpack.Encoder()
+_segment = msgspec.msgpack.Decoder(list[Msg])
 
 
 def _rid(cid: int, seq: int) -> int:
     return (cid << SEQ_BITS) | seq
-_enc = msgspec.msgpack.Encoder()
-_headers_dec = msgspec.msgpack.Decoder(dict[str, str])
 
 
-def _msg(channel: str, row: Any) -> Msg:
-    seq, ident, data, raw, h, prio, pub, exp, dl, key = row
-    return Msg(channel, seq, ident, data, bool(raw), _headers_dec.decode(h) if h else None,
-               prio, pub, exp, dl, key)
+def _runs(msgs: list[Msg]) -> list[list[Msg]]:
+    """Split one channel's messages into runs of consecutive seqs (a segment each).
+
+    The broker hands them over in order and consecutive (one run); anything else is
+    sorted and split, so a segment always covers exactly [first seq, last seq].
+    """
+    first = msgs[0].seq
+    if msgs[-1].seq - first + 1 == len(msgs) and all(
+        m.seq == first + i for i, m in enumerate(msgs)
+    ):
+        return [msgs]
+    runs: list[list[Msg]] = []
+    for m in sorted({m.seq: m for m in msgs}.values(), key=lambda m: m.seq):
+        if runs and runs[-1][-1].seq + 1 == m.seq:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    return runs
+
+
+def _segment_row(cid: int, msgs: list[Msg]) -> tuple[Any, ...]:
+    expires = [m.expires_at for m in msgs if m.expires_at is not None]
+    special = any(m.priority or m.deliver_at is not None for m in msgs)
+    return (_rid(cid, msgs[0].seq), msgs[-1].seq, msgs[0].published_at,
+            min(expires) if expires else None, 1 if special else None, _enc.encode(msgs))
 
 
 class SQLiteStorage:
@@ -76,6 +99,7 @@ class SQLiteStorage:
         self._cids: dict[str, int] = {}
         self._cid_lock = threading.Lock()
         self._commits = 0
+        self._expiry_done: set[int] = set()  # segments with nothing left to expire
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -105,29 +129,45 @@ class SQLiteStorage:
 
     def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
         snap = Snapshot()
-        names: dict[int, str] = {}
-        for cid, name, next_seq in db.execute("SELECT cid, name, next_seq FROM channels"):
-            names[cid] = name
+        firsts: dict[str, int] = {}
+        removed: dict[str, set[int]] = {}
+        for cid, name, next_seq, first_seq in db.execute(
+            "SELECT cid, name, next_seq, first_seq FROM channels"
+        ):
             self._cids[name] = cid
             lo, hi = _rid(cid, 0), _rid(cid, SEQ_MASK)
-            row = db.execute(
-                "SELECT min(rid), max(rid), count(*) FROM messages WHERE rid BETWEEN ? AND ?",
-                (lo, hi),
-            ).fetchone()
-            if row[1] is not None:
-                next_seq = max(next_seq, (row[1] & SEQ_MASK) + 1)
-            first = row[0] & SEQ_MASK if row[0] is not None else next_seq
-            rec = ChannelRecord(name, next_seq, first, row[2])
-            if rec.count < next_seq - first:  # holes (TTL, dead-lettered): name them
-                present = {r & SEQ_MASK for (r,) in db.execute(
-                    "SELECT rid FROM messages WHERE rid BETWEEN ? AND ?", (lo, hi))}
-                rec.gone = [s for s in range(first, next_seq) if s not in present]
+            spans = [(r & SEQ_MASK, last) for r, last in db.execute(
+                "SELECT rid, last_seq FROM segments WHERE rid BETWEEN ? AND ? ORDER BY rid",
+                (lo, hi))]
+            gone = {r & SEQ_MASK for (r,) in db.execute(
+                "SELECT rid FROM removed WHERE rid BETWEEN ? AND ?", (lo, hi))}
+            if spans:
+                next_seq = max(next_seq, spans[-1][1] + 1)
+                first = max(first_seq, spans[0][0])
+            else:
+                first = next_seq
+            expected = first
+            count = 0
+            for start, last in spans:
+                if last < first:
+                    continue
+                start = max(start, first)
+                gone.update(range(expected, start))  # a hole between segments
+                count += last - start + 1
+                expected = last + 1
+            gone = {g for g in gone if first <= g < next_seq}
+            count -= len([g for g in gone if g < expected])
+            while first in gone:  # leading removed messages: the channel starts after them
+                gone.discard(first)
+                first += 1
+            rec = ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
             snap.channels.append(rec)
-        for rid, priority, deliver_at in db.execute(
-            "SELECT rid, priority, deliver_at FROM messages "
-            "WHERE priority > 0 OR deliver_at IS NOT NULL"
-        ):
-            snap.specials.append((names[rid >> SEQ_BITS], rid & SEQ_MASK, priority, deliver_at))
+            firsts[name], removed[name] = first, gone
+        for (body,) in db.execute("SELECT body FROM segments WHERE special IS NOT NULL"):
+            for m in _segment.decode(body):
+                if m.special and m.seq >= firsts.get(m.channel, 0) and \
+                        m.seq not in removed.get(m.channel, ()):
+                    snap.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
         groups = db.execute("SELECT key, kind, patterns, start FROM groups")
         for key, kind, patterns, start in groups:
             snap.groups.append(GroupDef(key, kind, tuple(msgspec.json.decode(patterns)), start))
@@ -146,7 +186,7 @@ class SQLiteStorage:
         cid = self._cids.get(name)
         if cid is None:
             cur = db.execute(
-                "INSERT INTO channels(name, next_seq) VALUES (?, ?) "
+                "INSERT INTO channels(name, next_seq, first_seq) VALUES (?, ?, 1) "
                 "ON CONFLICT(name) DO UPDATE SET next_seq = max(next_seq, excluded.next_seq) "
                 "RETURNING cid",
                 (name, next_seq),
@@ -170,7 +210,7 @@ class SQLiteStorage:
                     for name in set(self._cids) - known:
                         del self._cids[name]
                 raise
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, msgspec.EncodeError, TypeError, ValueError) as exc:
             raise StorageUnavailable(f"commit failed: {exc}") from exc
         self._commits += 1
 
@@ -185,24 +225,27 @@ class SQLiteStorage:
                 db.execute("UPDATE channels SET next_seq = max(next_seq, ?) WHERE cid = ?",
                            (next_seq, self._cids[name]))
         if batch.messages:
-            cids = self._cids
+            by_channel: dict[str, list[Msg]] = {}
+            for m in batch.messages:
+                by_channel.setdefault(m.channel, []).append(m)
             db.executemany(
-                f"INSERT OR REPLACE INTO messages({_INSERT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                [
-                    ((cids[m.channel] << SEQ_BITS) | m.seq, m.id, m.data, m.raw,
-                     _enc.encode(m.headers) if m.headers else None, m.priority,
-                     m.published_at, m.expires_at, m.deliver_at, m.key)
-                    for m in batch.messages
-                ],
+                "INSERT OR REPLACE INTO segments(rid, last_seq, published_at, expires_min, "
+                "special, body) VALUES (?,?,?,?,?,?)",
+                [_segment_row(self._cids[c], run) for c, msgs in by_channel.items()
+                 for run in _runs(msgs)],
             )
         if batch.deletes:
             db.executemany(
-                "DELETE FROM messages WHERE rid = ?",
+                "INSERT OR IGNORE INTO removed(rid) VALUES (?)",
                 [(_rid(self._cids[c], s),) for c, s in batch.deletes if c in self._cids],
             )
         for name, first in batch.truncates.items():
             cid = self._cids[name]
-            db.execute("DELETE FROM messages WHERE rid >= ? AND rid < ?",
+            db.execute("UPDATE channels SET first_seq = max(first_seq, ?) WHERE cid = ?",
+                       (first, cid))
+            db.execute("DELETE FROM segments WHERE rid >= ? AND rid < ? AND last_seq < ?",
+                       (_rid(cid, 0), _rid(cid, first), first))
+            db.execute("DELETE FROM removed WHERE rid >= ? AND rid < ?",
                        (_rid(cid, 0), _rid(cid, first)))
         for key, gdef in batch.group_defs.items():
             if gdef is None:
@@ -232,24 +275,63 @@ class SQLiteStorage:
             if self._commits % 1000 == 0:
                 db.execute("DELETE FROM dedup WHERE expires_at < ?", (batch.dedup[0][2] - 3600,))
 
+    def _first_seq(self, db: sqlite3.Connection, cid: int) -> int:
+        row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()
+        return row[0] if row else 1
+
     def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
         cid = self._cids.get(channel)
-        if cid is None:
+        if cid is None or limit <= 0:
             return []
-        rows = self._db().execute(
-            f"SELECT {_COLUMNS} FROM messages WHERE rid >= ? AND rid < ? ORDER BY rid LIMIT ?",
-            (_rid(cid, max(from_seq, 0)), _rid(cid, min(to_seq, SEQ_MASK)), limit),
-        )
-        return [_msg(channel, row) for row in rows]
+        db = self._db()
+        lo = max(from_seq, self._first_seq(db, cid), 0)
+        hi = min(to_seq, SEQ_MASK)
+        if lo >= hi:
+            return []
+        start = db.execute(
+            "SELECT max(rid) FROM segments WHERE rid >= ? AND rid <= ?", (_rid(cid, 0),
+                                                                         _rid(cid, lo))
+        ).fetchone()[0]
+        removed = {r & SEQ_MASK for (r,) in db.execute(
+            "SELECT rid FROM removed WHERE rid >= ? AND rid < ?", (_rid(cid, lo),
+                                                                   _rid(cid, hi)))}
+        out: list[Msg] = []
+        for (body,) in db.execute(
+            "SELECT body FROM segments WHERE rid >= ? AND rid < ? ORDER BY rid",
+            (start if start is not None else _rid(cid, lo), _rid(cid, hi)),
+        ):
+            for m in _segment.decode(body):
+                if lo <= m.seq < hi and m.seq not in removed:
+                    out.append(m)
+                    if len(out) >= limit:
+                        return out
+        return out
 
     def expired(self, now: float, limit: int) -> list[Msg]:
-        names = {cid: name for name, cid in list(self._cids.items())}
-        rows = self._db().execute(
-            f"SELECT rid >> {SEQ_BITS}, {_COLUMNS} FROM messages "
-            "WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?",
-            (now, limit),
-        )
-        return [_msg(names[cid], row) for cid, *row in rows if cid in names]
+        db = self._db()
+        out: list[Msg] = []
+        firsts: dict[int, int] = {}
+        for rid, body in db.execute(
+            "SELECT rid, body FROM segments WHERE expires_min IS NOT NULL AND expires_min <= ?",
+            (now,),
+        ):
+            if rid in self._expiry_done:
+                continue
+            cid = rid >> SEQ_BITS
+            if cid not in firsts:
+                firsts[cid] = self._first_seq(db, cid)
+            msgs = _segment.decode(body)
+            removed = {r & SEQ_MASK for (r,) in db.execute(
+                "SELECT rid FROM removed WHERE rid >= ? AND rid <= ?",
+                (rid, _rid(cid, msgs[-1].seq)))}
+            due = [m for m in msgs if m.expires_at is not None and m.expires_at <= now
+                   and m.seq >= firsts[cid] and m.seq not in removed]
+            if not due and all(m.expires_at is None or m.expires_at <= now for m in msgs):
+                self._expiry_done.add(rid)  # nothing left to expire here: skip it from now on
+            out.extend(due)
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """The seq after the last message below ``below`` published before ``cutoff``."""
@@ -260,23 +342,28 @@ class SQLiteStorage:
 
         def first_at_or_after(seq: int) -> tuple[int, float] | None:
             row = db.execute(
-                "SELECT rid, published_at FROM messages WHERE rid >= ? AND rid < ? "
+                "SELECT rid, published_at FROM segments WHERE rid >= ? AND rid < ? "
                 "ORDER BY rid LIMIT 1", (_rid(cid, seq), _rid(cid, below))).fetchone()
             return (row[0] & SEQ_MASK, row[1]) if row else None
 
-        # Publish times grow with seq: binary search on the primary key, no scan.
+        # Publish times grow with seq, and a segment's published_at is its first
+        # message's: binary search for the last segment that starts before the cutoff
+        # (primary-key lookups, no scan), then look inside it.
         first = first_at_or_after(0)
         if first is None or first[1] >= cutoff:
             return None
-        lo, hi = first[0], below  # lo is known old; the answer lies in (lo, hi]
+        lo, hi = first[0], below  # lo starts an old segment; none old starts in [hi, below)
         while hi - lo > 1:
             mid = (lo + hi) // 2
             found = first_at_or_after(mid)
             if found is not None and found[1] < cutoff:
-                lo = found[0]  # an old live message at or after mid
+                lo = found[0]
             else:
-                hi = mid  # nothing old in [mid, hi)
-        return lo + 1
+                hi = mid
+        body = db.execute("SELECT body FROM segments WHERE rid = ?", (_rid(cid, lo),)).fetchone()
+        old = [m.seq for m in _segment.decode(body[0]) if m.seq < below
+               and m.published_at < cutoff]
+        return old[-1] + 1 if old else None
 
     def checkpoint(self, truncate: bool = False) -> None:
         """Copy committed WAL pages into the database file without blocking the writer;
