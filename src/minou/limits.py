@@ -42,6 +42,7 @@ STORAGE_READ_PAGE = 2_000
 # never wait (a commit starts as soon as the writer is free).
 SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
+CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)
 GC_THRESHOLD = 100_000  # allocations before a young-generation collection (default 700)
 HELLO_TIMEOUT_S = 10.0
 

@@ -24,6 +24,7 @@ from ..core.log import Msg
 from ..core.writes import WriteBatch
 from ..errors import ShuttingDown, TooManyConnections, UnexpectedFrame
 from ..limits import (
+    CHECKPOINT_WAL_BYTES,
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     GC_THRESHOLD,
@@ -349,9 +350,12 @@ class BrokerServer:
                 if expired:
                     self.core.expire(expired, time.time())
                 await self._apply_retention(now)
-                if self._checkpoint is None or self._checkpoint.done():
-                    # Idle for a while: also give the WAL file's space back.
-                    idle = now - self._last_commit_at > 2.0
+                idle = now - self._last_commit_at > 2.0
+                wal = self.storage.wal_bytes()
+                # Checkpoints compete with commits for the disk: run one only when the WAL
+                # has grown, or when idle (then also giving the WAL file's space back).
+                if (self._checkpoint is None or self._checkpoint.done()) and (
+                        wal > CHECKPOINT_WAL_BYTES or (idle and wal > 0)):
                     self._checkpoint = loop.run_in_executor(
                         self._house_pool, self.storage.checkpoint, idle)
             if self.core.batch or self.core.has_dirty:

@@ -57,6 +57,9 @@ class Storage(Protocol):
     def checkpoint(self, truncate: bool = False) -> None:
         """Housekeeping the writer should not wait for (SQLite: WAL checkpoint)."""
 
+    def wal_bytes(self) -> int:
+        """Bytes waiting in a write-ahead log, if the backend has one (else 0)."""
+
     def size_bytes(self) -> int: ...
 
     def close(self) -> None: ...

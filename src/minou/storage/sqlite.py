@@ -370,8 +370,7 @@ class SQLiteStorage:
         with ``truncate`` (the broker is idle) also shrink the WAL file to nothing."""
         db = self._db()
         db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        if truncate and os.path.exists(self.path + "-wal") and \
-                os.path.getsize(self.path + "-wal") > (4 << 20):
+        if truncate and self.wal_bytes() > 0:
             db.execute("PRAGMA busy_timeout=50")  # never hold a waking writer back long
             try:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -379,6 +378,12 @@ class SQLiteStorage:
                 pass  # busy: try again next time
             finally:
                 db.execute("PRAGMA busy_timeout=5000")
+
+    def wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
 
     def size_bytes(self) -> int:
         total = 0
