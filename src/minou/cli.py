@@ -212,6 +212,30 @@ def list_(url: str, channel: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("client_id")
+@click.option("--out", "out_dir", default="keys", show_default=True,
+              type=click.Path(file_okay=False), help="Directory for the key files.")
+def keygen(client_id: str, out_dir: str) -> None:
+    """Make an Ed25519 key pair for CLIENT_ID: CLIENT_ID.key (mode 0600) and .pub."""
+    from .auth import keys
+
+    if not client_id or "/" in client_id or len(client_id) > 200:
+        err.print("[red]CLIENT_ID must be 1..200 characters without '/'[/red]")
+        sys.exit(2)
+    key = keys.generate()
+    try:
+        private, public = keys.save(key, out_dir, client_id)
+    except ConfigError as exc:
+        err.print(f"[red]{exc}[/red]")
+        sys.exit(1)
+    click.echo(f"private key  {private}  (keep it secret: mode 0600)")
+    click.echo(f"public key   {public}")
+    click.echo(f"fingerprint  {keys.fingerprint(key)}")
+    click.echo("the client signs short-lived tokens with the private key; the broker knows it by "
+               "the public key")
+
+
+@main.command()
 @url_option
 @json_option
 def status(url: str, as_json: bool) -> None:

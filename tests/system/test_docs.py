@@ -57,7 +57,7 @@ def test_cli_says_when_no_broker_answers():
 
 
 def test_every_command_has_help():
-    for cmd in ("start", "publish", "consume", "list", "status"):
+    for cmd in ("start", "publish", "consume", "list", "status", "keygen"):
         out = minou(cmd, "--help")
         assert out.returncode == 0 and "Usage:" in out.stdout
 
@@ -68,3 +68,12 @@ def test_bad_config_refuses_to_start(tmp_path):
     out = minou("start", "--config", str(cfg), "--data", str(tmp_path / "d"))
     assert out.returncode == 2
     assert 'channels."orders/v1".prefetch' in out.stderr
+
+
+def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
+    out = minou("keygen", "billing-1", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "fingerprint  SHA256:" in out.stdout
+    assert oct((tmp_path / "billing-1.key").stat().st_mode & 0o777) == "0o600"
+    again = minou("keygen", "billing-1", "--out", str(tmp_path))
+    assert again.returncode == 1 and "already exists" in again.stderr

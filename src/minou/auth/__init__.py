@@ -1,0 +1,1 @@
+"""Client identity: key pairs, self-signed short-lived tokens (issue #3, in progress)."""
