@@ -43,6 +43,7 @@ class Settings:
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
+    hello_timeout: float = limits.HELLO_TIMEOUT_S
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
     config_path: str | None = None
 
@@ -66,6 +67,7 @@ _TOP_KEYS = {
     "dedup_window": ((int, float), "a number of seconds >= 0"),
     "publish_pause_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_bytes": (int, "a number of bytes >= 1"),
+    "hello_timeout": ((int, float), "a number of seconds > 0"),
 }
 
 
@@ -131,7 +133,8 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         _expect(key, value, types, what)
         if key in ("port", "http_port") and not 0 <= value <= 65535:
             raise ConfigError(f"{key}: expected {what}, got {value}")
-        if ("bytes" in what or key == "max_connections") and value < 1:
+        if (("bytes" in what or key == "max_connections") and value < 1) or (
+                key == "hello_timeout" and value <= 0):
             raise ConfigError(f"{key}: expected {what}, got {value}")
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):

@@ -228,7 +228,7 @@ def test_random_garbage_never_hurts_the_broker(broker, raw, bystander):
 
 def test_max_connections_and_hello_deadline(broker_factory, tmp_path):
     cfg = tmp_path / "small.toml"
-    cfg.write_text("max_connections = 2\n")
+    cfg.write_text("max_connections = 2\nhello_timeout = 0.5\n")
     broker = broker_factory.make(config=cfg).start()
     first = RawPeer(broker.url)
     first.hello("one")
@@ -240,3 +240,8 @@ def test_max_connections_and_hello_deadline(broker_factory, tmp_path):
     assert "max_connections = 2" in err.message and third.closed_by_peer()
     for p in (first, second, third):
         p.close()
+    silent = RawPeer(broker.url)  # connects and says nothing
+    err = silent.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.UNEXPECTED_FRAME and err.fatal
+    assert "no HELLO within 0.5 s" in err.message and silent.closed_by_peer()
+    silent.close()

@@ -28,7 +28,6 @@ from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     GC_THRESHOLD,
-    HELLO_TIMEOUT_S,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
     SETTLE_COMMIT_DELAY_S,
@@ -203,9 +202,10 @@ class BrokerServer:
 
         def hello_deadline() -> None:
             if conn.session is None and not conn.closed:
-                conn.refuse(UnexpectedFrame(f"no HELLO within {HELLO_TIMEOUT_S:g} s"))
+                conn.refuse(UnexpectedFrame(f"no HELLO within {deadline:g} s"))
 
-        self.loop.call_later(HELLO_TIMEOUT_S, hello_deadline)
+        deadline = self.settings.hello_timeout
+        self.loop.call_later(deadline, hello_deadline)
 
     def open_session(self, client_id: str, conn: NativeConnection) -> Session:
         return Session(client_id, conn)
