@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-## run: create .venv, install minou, start a broker on ./data (Ctrl-C stops it)
+## run: create .venv, install minou, start a development broker on ./data (loopback, no auth)
 run: $(STAMP)
-	$(BIN)/minou start --data ./data
+	$(BIN)/minou start --dev --data ./data
 
 ## system-deps: Debian packages the tests need (none yet beyond Python)
 system-deps:

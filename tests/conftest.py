@@ -2,19 +2,99 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-ADDRESS = re.compile(r"^\s+(native|http)\s+(\S+)")
+import minou
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
+from minou.protocol import frames as f
+from minou.protocol.reader import FrameReader
+
+ADDRESS = re.compile(r"^\s+(native|http|tls)\s+(\S+)")
+# Brokers in tests run the default, authenticated mode. Unless a test brings its own
+# rules, this one auto-accepts every client and lets it read and write everything.
+OPEN_RULES = '\n[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
+_KEY_DIR = Path(tempfile.mkdtemp(prefix="minou-test-keys-"))
+_KEYS: dict[str, Path] = {}
+_anonymous = itertools.count(1)
+
+
+def auth(client_id: str | None = None) -> dict[str, Any]:
+    """connect() keyword arguments: ``client_id`` and its own key pair."""
+    client_id = client_id or f"test-client-{next(_anonymous)}"
+    return {"client_id": client_id, "key": str(client_key(client_id))}
+
+
+def signed_hello(client_id: str, *, audience: str = "minou", **kw: Any) -> f.Hello:
+    """The HELLO a real client sends: a fresh token signed with its key, and the key."""
+    key = keyfiles.load_private(client_key(client_id))
+    return f.Hello(client_id, 1, make_token(client_id, key, audience), None,
+                   keyfiles.public_pem(key).decode(), **kw)
+
+
+class RawPeer:
+    """A hand-driven native connection: write any bytes, read frames back."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("minou://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        self.reader = FrameReader()
+
+    def write(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def hello(self, client_id: str = "raw") -> f.Welcome:
+        self.write(f.encode(signed_hello(client_id)))
+        frame = self.read()
+        assert isinstance(frame, f.Welcome), frame
+        return frame
+
+    def read(self) -> f.Frame:
+        while True:
+            ev = self.reader.next_event()
+            if ev is not None:
+                assert not hasattr(ev, "error"), ev
+                return ev  # type: ignore[return-value]
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by broker")
+            self.reader.receive_data(data)
+
+    def closed_by_peer(self) -> bool:
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+                self.reader.receive_data(data)
+        except (ConnectionResetError, TimeoutError):
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def client_key(client_id: str) -> Path:
+    """A private key file for ``client_id`` (made once per test session)."""
+    path = _KEYS.get(client_id)
+    if path is None:
+        path, _ = keyfiles.save(keyfiles.generate(), _KEY_DIR, client_id)
+        _KEYS[client_id] = path
+    return path
 
 
 @dataclass
@@ -30,14 +110,59 @@ class BrokerProcess:
     port: int = 0
     http_port: int = 0
     log_path: Path = Path("/dev/null")
+    tls_fingerprint: str | None = None
+    open_rules: bool = True  # add OPEN_RULES unless the config declares rules
+
+    # ------------------------------------------------------------- identities
+    @property
+    def admin_key(self) -> Path:
+        return self.data_dir / "admin.key"
+
+    def auth(self, client_id: str | None = None, **kw: Any) -> dict[str, Any]:
+        """connect() keyword arguments for ``client_id`` (its own key pair)."""
+        out = auth(client_id)
+        if self.tls_fingerprint:
+            out["tls_fingerprint"] = self.tls_fingerprint
+        return {**out, **kw}
+
+    def admin_auth(self, **kw: Any) -> dict[str, Any]:
+        return {"client_id": "admin", "key": str(self.admin_key), **kw}
+
+    async def connect(self, client_id: str | None = None, *, url: str | None = None,
+                      **kw: Any) -> minou.Client:
+        return await minou.connect(url or self.url, **self.auth(client_id), **kw)
+
+    def connect_sync(self, client_id: str | None = None, **kw: Any) -> Any:
+        return minou.connect_sync(self.url, **self.auth(client_id), **kw)
+
+    def cli_env(self) -> dict[str, str]:
+        """Environment for ``minou`` CLI calls as the broker's admin."""
+        env = {**os.environ, "MINOU_URL": self.url, "MINOU_KEY": str(self.admin_key),
+               "MINOU_CLIENT_ID": "admin"}
+        if self.tls_fingerprint:
+            env["MINOU_TLS_FINGERPRINT"] = self.tls_fingerprint
+        return env
+
+    def _config_file(self) -> Path | None:
+        if not self.open_rules:
+            return self.config
+        text = self.config.read_text() if self.config is not None else ""
+        if self.config is not None and self.config.suffix != ".toml":
+            return self.config
+        if "[[rules]]" in text or "mode =" in text:
+            return self.config
+        path = self.data_dir.parent / f"{self.data_dir.name}-config.toml"
+        path.write_text(text + OPEN_RULES)
+        return path
 
     def start(self, timeout: float = 20.0) -> BrokerProcess:
         # Restarts reuse the ports of the first start, like a real restart would.
         cmd = [sys.executable, "-m", "minou", "start", "--data", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port),
                "--http-port", str(self.http_port), "--log-level", "warning", *self.extra]
-        if self.config is not None:
-            cmd += ["--config", str(self.config)]
+        config = self._config_file()
+        if config is not None:
+            cmd += ["--config", str(config)]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Output goes to a file, never a pipe nobody drains (a full pipe blocks the broker).
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}.log"
@@ -57,6 +182,8 @@ class BrokerProcess:
                     elif m and m.group(1) == "http":
                         self.http = m.group(2)
                         self.http_port = int(self.http.rsplit(":", 1)[1])
+                    elif m and m.group(1) == "tls":
+                        self.tls_fingerprint = m.group(2)
                 return self
             if self.proc.poll() is not None:
                 break

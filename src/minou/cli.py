@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import getpass
 import json
 import logging
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -22,7 +27,50 @@ url_option = click.option(
     help="Broker URL(s), comma separated (env MINOU_URL).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # errors stay on one line for scripts
+
+_CONNECTION_OPTIONS = [
+    click.option("--key", "-k", envvar="MINOU_KEY", type=click.Path(dir_okay=False),
+                 help="Private key file (env MINOU_KEY; default: your own key, made on first "
+                      "use under ~/.config/minou/keys)."),
+    click.option("--client-id", envvar="MINOU_CLIENT_ID",
+                 help="Client id (env MINOU_CLIENT_ID; default: the key file's name, or "
+                      "cli-<user>)."),
+    click.option("--broker-token", envvar="MINOU_BROKER_TOKEN",
+                 help="Shared broker token, when the broker requires one "
+                      "(env MINOU_BROKER_TOKEN)."),
+    click.option("--tls-fingerprint", envvar="MINOU_TLS_FINGERPRINT",
+                 help="Pin the broker's TLS certificate (SHA256:.. as the broker printed it)."),
+    click.option("--cafile", envvar="MINOU_CAFILE", type=click.Path(dir_okay=False),
+                 help="CA file to verify the broker's TLS certificate."),
+]
+
+
+def connection_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--url plus the identity options; the command gets them as one ``conn`` dict."""
+
+    @functools.wraps(func)
+    def wrapper(**kw: Any) -> Any:
+        conn = {k: kw.pop(k) for k in ("url", "key", "client_id", "broker_token",
+                                       "tls_fingerprint", "cafile")}
+        return func(conn=conn, **kw)
+
+    for option in reversed(_CONNECTION_OPTIONS):
+        wrapper = option(wrapper)
+    return url_option(wrapper)
+
+
+def _user_key_path(client_id: str) -> Path:
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "minou" / "keys" / f"{client_id}.key"
+
+
+def _default_client_id() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "user"
+    return f"cli-{user}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -48,14 +96,17 @@ def _install_uvloop() -> None:
 @click.option("--http-port", type=int, help="HTTP/WebSocket port (default 7701; 0 = any free).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--dev", is_flag=True,
+              help="Development mode: no authentication, loopback only (what `make run` uses).")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
-          http_port: int | None, log_level: str) -> None:
+          http_port: int | None, log_level: str, dev: bool) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {"data_dir": data_dir, "host": host, "port": port, "http_port": http_port,
+                 "auth_mode": "off" if dev else None}
     try:
-        settings = load_settings(config, data_dir=data_dir, host=host, port=port,
-                                 http_port=http_port)
+        settings = load_settings(config, **overrides)
     except ConfigError as exc:
         err.print(f"[red]invalid configuration:[/red] {exc}")
         sys.exit(2)
@@ -67,12 +118,33 @@ def start(config: str | None, data_dir: str | None, host: str | None, port: int 
         print(f"  native  {st['native']}", flush=True)
         if st["http"]:
             print(f"  http    {st['http']}   (GET /health)", flush=True)
+        if st["tls"]:
+            kind = "self-signed, pin it: --tls-fingerprint" if st["tls"]["self_signed"] else \
+                "from the config"
+            print(f"  tls     {st['tls']['fingerprint']}  ({kind})", flush=True)
+        auth = st["auth"]
+        if auth["mode"] == "off":
+            print("  auth    OFF: development mode, loopback only, every client is admin",
+                  flush=True)
+        elif auth["mode"] == "token":
+            print("  auth    broker token (its holders are admins)", flush=True)
+        else:
+            extra = " + broker token" if auth["broker_token"] else ""
+            print(f"  auth    client key pairs{extra}; {auth['clients']} registered, "
+                  f"{auth['pending']} pending", flush=True)
+            if auth["admin_key"]:
+                print(f"  admin   {auth['admin_key']}  (client id 'admin': "
+                      f"minou --key {auth['admin_key']} ...)", flush=True)
+        for line in st["schemas"]["compatibility"]:
+            verdict = "compatible" if line["compatible"] else "BREAKING"
+            print(f"  schema  {line['old']} -> {line['new']}: {verdict}"
+                  + (f" ({'; '.join(line['changes'])})" if line["changes"] else ""), flush=True)
         print(f"  data    {st['storage']['path']}", flush=True)
         print("  stop with Ctrl-C", flush=True)
 
     _install_uvloop()
     try:
-        code = asyncio.run(run_broker(settings, announce=announce))
+        code = asyncio.run(run_broker(settings, announce=announce, overrides=overrides))
     except OSError as exc:
         err.print(f"[red]cannot start:[/red] {exc}")
         sys.exit(1)
@@ -82,18 +154,57 @@ def start(config: str | None, data_dir: str | None, host: str | None, port: int 
     sys.exit(code)
 
 
-def _client(url: str) -> Any:
+def _client(conn: dict[str, Any]) -> Any:
+    """Connect as the CLI user: the --key given, or the user's own key (made on first use,
+    only when the broker asks for one)."""
+    from .auth import keys
     from .client.sync import connect_sync
+    from .errors import NotAuthenticated, PendingApproval
 
+    url, key = conn["url"], conn["key"]
+    client_id = conn["client_id"] or (Path(key).stem if key else _default_client_id())
+    own = _user_key_path(client_id)
+    if key is None and own.exists():
+        key = str(own)
+    options = {"reconnect": False, "request_timeout": 5, "client_id": client_id,
+               "broker_token": conn["broker_token"], "tls_fingerprint": conn["tls_fingerprint"],
+               "cafile": conn["cafile"]}
     try:
-        return connect_sync(url, reconnect=False, request_timeout=5)
+        try:
+            return connect_sync(url, key=key, **options)
+        except NotAuthenticated as exc:
+            if key is not None or exc.detail.get("why") != "no_key":
+                raise
+            made = keys.generate()
+            keys.save(made, own.parent, client_id)
+            err.print(f"made a key for [bold]{client_id}[/bold]: {own} "
+                      f"({keys.fingerprint(made)})")
+            return connect_sync(url, key=str(own), **options)
+    except PendingApproval as exc:
+        err.print(f"[yellow]pending:[/yellow] {exc}")
+        sys.exit(4)
+    except NotAuthenticated as exc:
+        err.print(f"[red]not authenticated:[/red] {exc}")
+        sys.exit(4)
     except MinouError as exc:
         err.print(f"[red]no broker answered at {url}[/red]: {exc}")
         sys.exit(3)
 
 
+def _admin(conn: dict[str, Any], op: str, **args: Any) -> Any:
+    """Run one admin operation; a refusal is printed, not a traceback."""
+    from .errors import RequestError
+
+    with _client(conn) as client:
+        try:
+            return client.admin(op, **args)
+        except RequestError as exc:
+            err.print(f"[red]refused:[/red] {exc}")
+            sys.exit(1)
+
+
 @main.command()
-@url_option
+@connection_options
 @click.argument("channel")
 @click.argument("payload")
 @click.option("--header", "-H", multiple=True, help="KEY=VALUE (repeatable).")
@@ -102,8 +213,9 @@ def _client(url: str) -> Any:
 @click.option("--delay", type=float, help="Seconds before it may be delivered.")
 @click.option("--dedup", help="Dedup key: a repeat within the window is dropped.")
 @json_option
-def publish(url: str, channel: str, payload: str, header: tuple[str, ...], priority: int,
-            ttl: float | None, delay: float | None, dedup: str | None, as_json: bool) -> None:
+def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str, ...],
+            priority: int, ttl: float | None, delay: float | None, dedup: str | None,
+            as_json: bool) -> None:
     """Publish PAYLOAD (JSON text) to CHANNEL; waits until it is durable."""
     try:
         value = json.loads(payload)
@@ -117,7 +229,7 @@ def publish(url: str, channel: str, payload: str, header: tuple[str, ...], prior
             err.print(f"[red]--header {h!r}: expected KEY=VALUE[/red]")
             sys.exit(2)
         headers[key] = val
-    with _client(url) as client:
+    with _client(conn) as client:
         try:
             r = client.send(channel, value, headers=headers or None, priority=priority,
                             ttl=ttl, delay=delay, dedup=dedup)
@@ -135,7 +247,7 @@ def publish(url: str, channel: str, payload: str, header: tuple[str, ...], prior
 
 
 @main.command()
-@url_option
+@connection_options
 @click.argument("pattern")
 @click.option("--group", "-g", help="Consumer group (default: the pattern).")
 @click.option("--count", "-n", type=int, default=0, help="Stop after N messages (0 = forever).")
@@ -143,13 +255,13 @@ def publish(url: str, channel: str, payload: str, header: tuple[str, ...], prior
               help="Stop when nothing arrives for this many seconds (0 = wait forever).")
 @click.option("--no-ack", is_flag=True, help="Return the messages instead of acking them.")
 @json_option
-def consume(url: str, pattern: str, group: str | None, count: int, timeout: float,
+def consume(conn: dict[str, Any], pattern: str, group: str | None, count: int, timeout: float,
             no_ack: bool, as_json: bool) -> None:
     """Consume from PATTERN as a competing consumer, acking each message."""
     from .errors import Timeout
 
     seen = 0
-    with _client(url) as client:
+    with _client(conn) as client:
         try:
             sub = client.consume(pattern, group=group, prefetch=max(1, min(count or 100, 100)))
         except MinouError as exc:
@@ -183,13 +295,12 @@ def _print_message(msg: Any, as_json: bool) -> None:
 
 
 @main.command(name="list")
-@url_option
+@connection_options
 @click.option("--channel", "-C", default="", help="Only channels starting with this.")
 @json_option
-def list_(url: str, channel: str, as_json: bool) -> None:
+def list_(conn: dict[str, Any], channel: str, as_json: bool) -> None:
     """List channels and reader groups with their depth and unsettled counts."""
-    with _client(url) as client:
-        data = client.admin("list", channel=channel)
+    data = _admin(conn, "list", channel=channel)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -236,12 +347,11 @@ def keygen(client_id: str, out_dir: str) -> None:
 
 
 @main.command()
-@url_option
+@connection_options
 @json_option
-def status(url: str, as_json: bool) -> None:
+def status(conn: dict[str, Any], as_json: bool) -> None:
     """Show the broker's identity, uptime, storage and counters."""
-    with _client(url) as client:
-        st = client.admin("status")
+    st = _admin(conn, "status")
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
@@ -259,6 +369,130 @@ def status(url: str, as_json: bool) -> None:
     for key, value in st["counters"].items():
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
     console.print(table)
+
+
+@main.group()
+def clients() -> None:
+    """Registered client keys: list, approve, revoke, rotate, forget (admin only)."""
+
+
+@clients.command(name="list")
+@connection_options
+@json_option
+def clients_list(conn: dict[str, Any], as_json: bool) -> None:
+    """Registered and pending clients with their key fingerprints and rights."""
+    data = _admin(conn, "clients.list")
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    console = Console()
+    table = Table(title="clients")
+    for col in ("client", "status", "fingerprint", "admin", "online", "last seen", "note"):
+        table.add_column(col)
+    for c in data["clients"]:
+        style = {"pending": "yellow", "revoked": "red"}.get(c["status"], "")
+        seen = (f"{max(0.0, _now() - c['last_seen']):.0f} s ago" if c["last_seen"] else "-")
+        table.add_row(c["client_id"], f"[{style}]{c['status']}[/{style}]" if style
+                      else c["status"], c["fingerprint"], "yes" if c["admin"] else "",
+                      str(c["connections"]), seen, c["note"])
+    console.print(table)
+    if data["reservations"]:
+        res = Table(title="reserved channels (!)")
+        res.add_column("channel")
+        res.add_column("owner")
+        for channel, owner in data["reservations"].items():
+            res.add_row(channel, owner)
+        console.print(res)
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def _client_command(op: str, verb: str) -> Callable[..., Any]:
+    @connection_options
+    @click.argument("target")
+    @json_option
+    def command(conn: dict[str, Any], target: str, as_json: bool) -> None:
+        field = "channel" if op == "reservations.release" else "client_id"
+        result = _admin(conn, op, **{field: target})
+        if as_json:
+            click.echo(json.dumps(result, indent=2))
+        elif op == "reservations.release":
+            click.echo(f"released {result['channel']} (was {result['released_from']}'s)")
+        else:
+            closed = result.get("connections_closed")
+            tail = f"; {closed} connection(s) closed" if closed else ""
+            click.echo(f"{verb} {result['client_id']} ({result['fingerprint']}): "
+                       f"{result['status']}{tail}")
+
+    return command
+
+
+clients.command(name="approve", help="Approve a pending (or revoked) client.")(
+    _client_command("clients.approve", "approved"))
+clients.command(name="revoke", help="Revoke a client: its connections close, its key stops "
+                                    "working.")(_client_command("clients.revoke", "revoked"))
+clients.command(name="forget", help="Remove a client's record (reject a pending one; the id may "
+                                    "register afresh).")(
+    _client_command("clients.forget", "forgot"))
+clients.command(name="release", help="Release a reserved (!) channel for its next reader.")(
+    _client_command("reservations.release", "released"))
+
+
+@clients.command(name="rotate")
+@connection_options
+@click.argument("client_id")
+@click.argument("public_key", type=click.Path(exists=True, dir_okay=False))
+@json_option
+def clients_rotate(conn: dict[str, Any], client_id: str, public_key: str,
+                   as_json: bool) -> None:
+    """Give CLIENT_ID a new key (PUBLIC_KEY: its .pub file from minou keygen)."""
+    pem = Path(public_key).read_text(encoding="utf-8")
+    result = _admin(conn, "clients.rotate", client_id=client_id, public_key=pem)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"rotated {client_id}: now {result['fingerprint']}")
+
+
+@main.command()
+@connection_options
+@json_option
+def reload(conn: dict[str, Any], as_json: bool) -> None:
+    """Re-read the broker's config file: rules, schemas, limits and channel options apply at
+    once, without dropping connections. A config that does not validate changes nothing."""
+    result = _admin(conn, "reload")
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    changed = ", ".join(result["changed"]) or "nothing"
+    click.echo(f"reloaded {result['reloaded']}: changed {changed}")
+    if result["needs_restart"]:
+        click.echo(f"not applied (needs a restart): {', '.join(result['needs_restart'])}")
+    for sub in result["subscriptions_closed"]:
+        click.echo(f"ended subscription {sub['sid']} of {sub['client_id']}: {sub['reason']}")
+    for line in result["schemas"]:
+        click.echo(f"schema {line}")
+
+
+@main.command()
+@connection_options
+@json_option
+def whoami(conn: dict[str, Any], as_json: bool) -> None:
+    """Who the broker thinks you are, and what you may read and write."""
+    with _client(conn) as client:
+        me = client.admin("whoami")
+    if as_json:
+        click.echo(json.dumps(me, indent=2))
+        return
+    click.echo(f"{me['client_id']} ({me['method']}{', admin' if me['admin'] else ''}) "
+               f"{me['fingerprint']}")
+    if me["access"]:
+        click.echo(f"read:  {', '.join(me['access']['read']) or '-'}")
+        click.echo(f"write: {', '.join(me['access']['write']) or '-'}")
 
 
 if __name__ == "__main__":

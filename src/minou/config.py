@@ -15,8 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from . import limits
+from .auth.rules import Rules
 from .core.log import ChannelOptions
 from .errors import ConfigError
+from .schemas import (
+    Compatibility,
+    CompiledSchema,
+    compatibility_report,
+    compile_schema,
+    load_schema,
+)
+
+AUTH_MODES = ("keys", "token", "off")
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "prefetch": (int, "an integer >= 1"),
@@ -44,8 +55,34 @@ class Settings:
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     hello_timeout: float = limits.HELLO_TIMEOUT_S
+    strict_schemas: bool = False
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
+    # [auth]: "keys" (every client proves itself with its key pair), "token" (the shared
+    # broker token alone; its holders are admins) or "off" (development, loopback only)
+    auth_mode: str = "keys"
+    broker_token: str | None = None
+    admins: frozenset[str] = frozenset({"admin"})
+    rules: Rules = field(default_factory=lambda: Rules.parse(None))
+    # [tls]: files, or a self-signed pair in the data dir; None = self-signed unless the
+    # broker listens on loopback only
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_self_signed: bool | None = None
+    schema_report: tuple[Compatibility, ...] = ()
     config_path: str | None = None
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in LOOPBACK_HOSTS
+
+    @property
+    def tls_enabled(self) -> bool:
+        if self.tls_cert:
+            return True
+        return self.tls_self_signed if self.tls_self_signed is not None else not self.loopback
+
+    def schemas(self) -> dict[str, CompiledSchema]:
+        return {k: o.schema for k, o in self.channels.items() if o.schema is not None}
 
     def channel_options(self, key: str) -> ChannelOptions:
         """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults)."""
@@ -68,7 +105,9 @@ _TOP_KEYS = {
     "publish_pause_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_bytes": (int, "a number of bytes >= 1"),
     "hello_timeout": ((int, float), "a number of seconds > 0"),
+    "strict_schemas": (bool, "true or false"),
 }
+_TABLES = ("auth", "channels", "rules", "tls")
 
 
 def _expect(key: str, value: Any, types: Any, what: str) -> None:
@@ -90,7 +129,9 @@ def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
         types, what = _CHANNEL_KEYS[key]
         _expect(f"{where}.{key}", value, types, what)
         if key == "schema":
-            continue  # validated and compiled by the schema layer (issue #3)
+            kwargs[key] = compile_schema(load_schema(value, key=name, base_dir=base_dir),
+                                         key=name)
+            continue
         if key in ("prefetch", "max_items") and value < 1:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key in ("ttl", "retention") and value <= 0:
@@ -112,11 +153,93 @@ def _check_channel_key(name: str) -> None:
         )
 
 
+def _secret(table: dict[str, Any], key: str, base_dir: Path) -> str | None:
+    """A secret given inline or, better, in a file (``<key>_file``) kept out of the config."""
+    inline, path = table.get(key), table.get(f"{key}_file")
+    if inline is not None and path is not None:
+        raise ConfigError(f"auth.{key}: give {key} or {key}_file, not both")
+    if path is not None:
+        _expect(f"auth.{key}_file", path, str, "a file path")
+        try:
+            inline = (base_dir / path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"auth.{key}_file: cannot read {path}: {exc.strerror}") from exc
+    if inline is None:
+        return None
+    _expect(f"auth.{key}", inline, str, "a string of at least 16 characters")
+    if len(inline) < 16:
+        raise ConfigError(f"auth.{key}: expected a string of at least 16 characters "
+                          f"(got {len(inline)})")
+    return str(inline)
+
+
+def _auth(raw: Any, base_dir: Path) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError("auth: expected a table (mode, broker_token, admins)")
+    known = {"mode", "broker_token", "broker_token_file", "admins"}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"auth.{key}: unknown setting (known: {', '.join(sorted(known))})")
+    out: dict[str, Any] = {}
+    if "mode" in raw:
+        mode = raw["mode"]
+        if mode not in AUTH_MODES:
+            raise ConfigError(f"auth.mode: expected one of {', '.join(AUTH_MODES)}, got "
+                              f"{json.dumps(mode)}")
+        out["auth_mode"] = mode
+    out["broker_token"] = _secret(raw, "broker_token", base_dir)
+    if "admins" in raw:
+        admins = raw["admins"]
+        if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+            raise ConfigError("auth.admins: expected a list of client ids")
+        out["admins"] = frozenset(admins)
+    return out
+
+
+def _tls(raw: Any, base_dir: Path) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError("tls: expected a table (cert, key, self_signed)")
+    known = {"cert", "key", "self_signed"}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"tls.{key}: unknown setting (known: {', '.join(sorted(known))})")
+    out: dict[str, Any] = {}
+    if ("cert" in raw) != ("key" in raw):
+        raise ConfigError("tls: give both cert and key (PEM files), or neither")
+    for key in ("cert", "key"):
+        if key in raw:
+            _expect(f"tls.{key}", raw[key], str, "a PEM file path")
+            out[f"tls_{key}"] = str(base_dir / raw[key])
+    if "self_signed" in raw:
+        _expect("tls.self_signed", raw["self_signed"], bool, "true or false")
+        if raw["self_signed"] and "cert" in raw:
+            raise ConfigError("tls.self_signed: cannot be true when cert and key are given")
+        out["tls_self_signed"] = raw["self_signed"]
+    return out
+
+
+def _check_consistency(settings: Settings) -> None:
+    if settings.auth_mode == "off" and not settings.loopback:
+        raise ConfigError(f"auth.mode: 'off' (development mode) listens on loopback only; "
+                          f"host is {settings.host!r}")
+    if settings.auth_mode == "token" and not settings.broker_token:
+        raise ConfigError("auth.mode: 'token' needs auth.broker_token (or broker_token_file)")
+
+
 def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = None) -> Settings:
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a table at the top level")
     values: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == "auth":
+            values.update(_auth(value, base_dir))
+            continue
+        if key == "tls":
+            values.update(_tls(value, base_dir))
+            continue
+        if key == "rules":
+            values["rules"] = Rules.parse(value)
+            continue
         if key == "channels":
             if not isinstance(value, dict):
                 raise ConfigError("channels: expected a table keyed by endpoint/version")
@@ -127,7 +250,7 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
             values["channels"] = channels
             continue
         if key not in _TOP_KEYS:
-            known = ", ".join(sorted([*_TOP_KEYS, "channels"]))
+            known = ", ".join(sorted([*_TOP_KEYS, *_TABLES]))
             raise ConfigError(f"{key}: unknown setting (known: {known})")
         types, what = _TOP_KEYS[key]
         _expect(key, value, types, what)
@@ -139,7 +262,12 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):
         values["data_dir"] = str(base_dir / values["data_dir"])
-    return Settings(**values, config_path=path)
+    channels = values.get("channels", {})
+    values["schema_report"] = tuple(compatibility_report(
+        {k: o.schema.source for k, o in channels.items() if o.schema is not None}))
+    settings = Settings(**values, config_path=path)
+    _check_consistency(settings)
+    return settings
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
@@ -159,4 +287,6 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p))
     known = {f.name for f in fields(Settings)}
     clean = {k: v for k, v in overrides.items() if v is not None and k in known}
-    return replace(settings, **clean)
+    settings = replace(settings, **clean)
+    _check_consistency(settings)
+    return settings

@@ -38,6 +38,8 @@ class ErrorCode(IntEnum):
     NOT_AUTHENTICATED = 207
     NOT_AUTHORIZED = 208
     SHUTTING_DOWN = 209
+    PENDING_APPROVAL = 210
+    SCHEMA_MISMATCH = 211
     # 3xx: the broker could not do it.
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
@@ -67,6 +69,10 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.NOT_AUTHENTICATED: CodeInfo(401, "not_authenticated", "not authenticated"),
     ErrorCode.NOT_AUTHORIZED: CodeInfo(403, "not_authorized", "not authorized"),
     ErrorCode.SHUTTING_DOWN: CodeInfo(503, "shutting_down", "broker is shutting down"),
+    ErrorCode.PENDING_APPROVAL: CodeInfo(403, "pending_approval",
+                                         "client waits for an admin's approval"),
+    ErrorCode.SCHEMA_MISMATCH: CodeInfo(422, "schema_mismatch",
+                                        "payload does not match the channel's schema"),
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
@@ -123,6 +129,10 @@ class InvalidPayload(RequestError):
     code = ErrorCode.INVALID_PAYLOAD
 
 
+class SchemaMismatch(InvalidPayload):
+    code = ErrorCode.SCHEMA_MISMATCH
+
+
 class MessageTooLarge(RequestError):
     code = ErrorCode.MESSAGE_TOO_LARGE
 
@@ -141,6 +151,12 @@ class UnknownSubscription(RequestError):
 
 class NotAuthenticated(RequestError):
     code = ErrorCode.NOT_AUTHENTICATED
+
+
+class PendingApproval(NotAuthenticated):
+    """A new client's key is registered but waits for an admin (``minou clients approve``)."""
+
+    code = ErrorCode.PENDING_APPROVAL
 
 
 class NotAuthorized(RequestError):
@@ -190,8 +206,9 @@ class ConfigError(MinouError):
 _BY_CODE: dict[int, type[RequestError]] = {}
 for _cls in (
     ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, BadRequest, InvalidChannel,
-    InvalidPayload, MessageTooLarge, QueueFull, UnknownDelivery, UnknownSubscription,
-    NotAuthenticated, NotAuthorized, ShuttingDown, SlowConsumer, TooManyConnections,
+    InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
+    UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
+    SlowConsumer, TooManyConnections,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

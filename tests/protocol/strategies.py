@@ -111,9 +111,11 @@ deliveries = st.builds(
 )
 
 FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
-    Hello: st.builds(Hello, client_id=text, version=small_int, token=opt_text, session=opt_text),
+    Hello: st.builds(Hello, client_id=text, version=small_int, token=opt_text, session=opt_text,
+                    public_key=opt_text, broker_token=opt_text),
     Welcome: st.builds(
-        Welcome, broker_id=text, version=small_int, session=text, max_message_size=u32
+        Welcome, broker_id=text, version=small_int, session=text, max_message_size=u32,
+        client_id=text, admin=st.booleans(),
     ),
     Publish: st.builds(Publish, req=u32, msgs=st.lists(sends, max_size=3)),
     Confirm: st.builds(Confirm, req=u32, outcomes=st.lists(outcomes, max_size=3)),

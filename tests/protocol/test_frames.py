@@ -79,7 +79,7 @@ def test_golden_ping():
 
 def test_golden_hello_keeps_defaults_on_the_wire():
     # array_like, omit_defaults=False: every field is sent, in declaration order.
-    body = b"\x94\xa1c\x01\xc0\xc0"
+    body = b"\x96\xa1c\x01\xc0\xc0\xc0\xc0"
     assert encode(Hello(client_id="c")) == len(body + b"x").to_bytes(4, "big") + b"\x01" + body
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import struct
 
 import msgspec
@@ -11,51 +10,8 @@ import pytest
 import minou
 from minou.errors import ErrorCode
 from minou.protocol import frames as f
-from minou.protocol.reader import FrameReader
 
-from ..conftest import wait_until
-
-
-class RawPeer:
-    """A hand-driven native connection: write any bytes, read frames back."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.removeprefix("minou://").rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=5)
-        self.reader = FrameReader()
-
-    def write(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def hello(self, client_id: str = "raw") -> f.Welcome:
-        self.write(f.encode(f.Hello(client_id)))
-        frame = self.read()
-        assert isinstance(frame, f.Welcome), frame
-        return frame
-
-    def read(self) -> f.Frame:
-        while True:
-            ev = self.reader.next_event()
-            if ev is not None:
-                assert not hasattr(ev, "error"), ev
-                return ev  # type: ignore[return-value]
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by broker")
-            self.reader.receive_data(data)
-
-    def closed_by_peer(self) -> bool:
-        try:
-            while True:
-                data = self.sock.recv(65536)
-                if not data:
-                    return True
-                self.reader.receive_data(data)
-        except (ConnectionResetError, TimeoutError):
-            return True
-
-    def close(self) -> None:
-        self.sock.close()
+from ..conftest import RawPeer, wait_until
 
 
 @pytest.fixture
@@ -75,7 +31,7 @@ def raw(broker):
 @pytest.fixture
 def bystander(broker):
     """A well-behaved client with a backlog: it must not notice anybody's bad input."""
-    client = minou.connect_sync(broker.url, client_id="bystander")
+    client = minou.connect_sync(broker.url, **broker.admin_auth())
     client.send("calm/v1/1", {"n": 1})
     yield client
     sub = client.consume("calm/v1/1")
@@ -198,7 +154,7 @@ def test_ack_of_unknown_tag_is_refused_precisely(raw, bystander):
 
 
 def test_a_client_cannot_settle_another_clients_delivery(broker, raw):
-    owner = minou.connect_sync(broker.url, client_id="owner")
+    owner = broker.connect_sync("owner")
     owner.send("jobs/v1/1", {"job": 1})
     sub = owner.consume("jobs/v1/1", group="workers")
     msg = sub.get(timeout=5)
@@ -222,7 +178,7 @@ def test_random_garbage_never_hurts_the_broker(broker, raw, bystander):
             peer.hello()
         peer.write(bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 400))))
         peer.close()
-    with minou.connect_sync(broker.url) as other:
+    with broker.connect_sync() as other:
         assert other.send("calm/v1/2", {"still": "fine"}).seq == 1
 
 

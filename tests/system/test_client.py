@@ -16,7 +16,7 @@ def run(coro):
 
 def test_callback_handler_and_async_for(broker):
     async def main():
-        client = await minou.connect(broker.url, client_id="cb")
+        client = await broker.connect("cb")
         got: list[int] = []
         done = asyncio.Event()
 
@@ -47,11 +47,11 @@ def test_callback_handler_and_async_for(broker):
 
 def test_listen_is_fan_out_and_durable_per_client(broker):
     async def main():
-        a = await minou.connect(broker.url, client_id="listener-a")
-        b = await minou.connect(broker.url, client_id="listener-b")
+        a = await broker.connect("listener-a")
+        b = await broker.connect("listener-b")
         sub_a = await a.listen("news/v1/*")
         sub_b = await b.listen("news/v1/*")
-        pub = await minou.connect(broker.url, client_id="pub")
+        pub = await broker.connect("pub")
         await pub.send("news/v1/1", "first")
         for sub in (sub_a, sub_b):
             msg = await sub.get(5)
@@ -60,7 +60,7 @@ def test_listen_is_fan_out_and_durable_per_client(broker):
         await a.close()  # a goes away; its durable listener keeps collecting
         await pub.send("news/v1/1", "while away")
         (await sub_b.get(5)).ack()
-        a2 = await minou.connect(broker.url, client_id="listener-a")
+        a2 = await broker.connect("listener-a")
         again = await a2.listen("news/v1/*")
         msg = await again.get(5)
         assert msg.payload == "while away" and msg.seq == 2
@@ -77,7 +77,7 @@ def test_replay_from_seq_and_range_read(broker_factory, tmp_path):
     broker = broker_factory.make(config=config).start()
 
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         await c.send_many([("log/v1/x", i) for i in range(10)])
         replay = await c.listen("log/v1/x", start=7, prefetch=10)
         got = [(await replay.get(5)).payload for _ in range(4)]
@@ -95,7 +95,7 @@ def test_replay_from_seq_and_range_read(broker_factory, tmp_path):
 
 def test_broadcast_reaches_every_id_with_a_reader(broker):
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         subs = {i: await c.listen(f"alerts/v1/{i}", name=i) for i in ("eu", "us")}
         receipt = await c.send("alerts/v1/*", {"level": "high"})
         assert receipt.fanout == 2
@@ -112,7 +112,7 @@ def test_broadcast_reaches_every_id_with_a_reader(broker):
 
 def test_add_id_and_remove_id_at_runtime(broker):
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         sub = await c.listen("room/v1/a", prefetch=10)
         await sub.add_id("b")
         await c.send("room/v1/b", "to b")
@@ -131,7 +131,7 @@ def test_add_id_and_remove_id_at_runtime(broker):
 
 def test_nack_delay_attempts_and_extend(broker):
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         await c.send("retry/v1/1", {"job": 1})
         sub = await c.consume("retry/v1/1", lease=30)
         msg = await sub.get(5)
@@ -153,7 +153,7 @@ def test_nack_delay_attempts_and_extend(broker):
 
 def test_priority_and_publish_delay(broker):
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         await c.send("prio/v1/1", "low")
         await c.send("prio/v1/1", "later", delay=0.6)
         await c.send("prio/v1/1", "high", priority=9)
@@ -172,7 +172,7 @@ def test_priority_and_publish_delay(broker):
 
 def test_errors_reach_the_caller(broker):
     async def main():
-        c = await minou.connect(broker.url)
+        c = await broker.connect()
         with pytest.raises(InvalidChannel, match="version"):
             await c.send("bad/1/x", 1)
         with pytest.raises(InvalidChannel):
@@ -186,7 +186,7 @@ def test_errors_reach_the_caller(broker):
 def test_websocket_transport_speaks_the_same_frames(broker):
     async def main():
         ws_url = broker.http.replace("http://", "ws://") + "/v1/ws"
-        c = await minou.connect(ws_url, client_id="over-ws")
+        c = await broker.connect("over-ws", url=ws_url)
         receipt = await c.send("ws/v1/1", {"via": "websocket"})
         assert receipt.seq == 1
         sub = await c.consume("ws/v1/1")
@@ -201,7 +201,7 @@ def test_websocket_transport_speaks_the_same_frames(broker):
 def test_failover_to_the_next_url(broker):
     async def main():
         dead = "minou://127.0.0.1:1"
-        c = await minou.connect([dead, broker.url])
+        c = await minou.connect([dead, broker.url], **broker.auth())
         assert (await c.send("fo/v1/1", 1)).seq == 1
         await c.close()
 
@@ -210,7 +210,7 @@ def test_failover_to_the_next_url(broker):
 
 def test_reconnects_and_resubscribes_after_restart(broker):
     async def main():
-        c = await minou.connect(broker.url, client_id="survivor")
+        c = await broker.connect("survivor")
         sub = await c.consume("rs/v1/1", prefetch=5)
         await c.send("rs/v1/1", "before")
         assert await (await sub.get(5)).ack()  # durable before the crash
@@ -230,7 +230,7 @@ def test_reconnects_and_resubscribes_after_restart(broker):
 
 def test_send_queue_is_bounded(broker):
     async def main():
-        c = await minou.connect(broker.url, max_pending=50)
+        c = await broker.connect(max_pending=50)
         broker.kill()
         futs = [c.send("q/v1/1", i) for i in range(50)]
         with pytest.raises(SendQueueFull, match="max_pending=50"):

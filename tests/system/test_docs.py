@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..conftest import client_key
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,19 +22,20 @@ def test_readme_python_examples_run_as_pasted(broker):
     assert len(blocks) >= 2
     for code in blocks:
         code = code.replace("minou://127.0.0.1:7700", broker.url)
+        code = code.replace('key="keys/app-1.key"', f'key="{client_key("app-1")}"')
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr
         assert "total" in out.stdout or "stored as seq" in out.stdout
 
 
-def minou(*args: str) -> subprocess.CompletedProcess[str]:
+def minou(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "minou", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
 
 
 def test_cli_publish_consume_list_status(broker):
-    url = ["--url", broker.url]
+    url = ["--url", broker.url, "--key", str(broker.admin_key)]
     out = minou("publish", *url, "orders/v1/7", '{"total": 3}', "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["seq"] == 1
@@ -57,9 +60,11 @@ def test_cli_says_when_no_broker_answers():
 
 
 def test_every_command_has_help():
-    for cmd in ("start", "publish", "consume", "list", "status", "keygen"):
-        out = minou(cmd, "--help")
-        assert out.returncode == 0 and "Usage:" in out.stdout
+    for cmd in ("start", "publish", "consume", "list", "status", "keygen", "reload", "whoami",
+                "clients", "clients list", "clients approve", "clients revoke", "clients rotate",
+                "clients forget", "clients release"):
+        out = minou(*cmd.split(), "--help")
+        assert out.returncode == 0 and "Usage:" in out.stdout, (cmd, out.stderr)
 
 
 def test_bad_config_refuses_to_start(tmp_path):
@@ -77,3 +82,15 @@ def test_keygen_writes_a_private_key_only_its_owner_can_read(tmp_path):
     assert oct((tmp_path / "billing-1.key").stat().st_mode & 0o777) == "0o600"
     again = minou("keygen", "billing-1", "--out", str(tmp_path))
     assert again.returncode == 1 and "already exists" in again.stderr
+
+
+def test_example_config_starts_a_broker_that_enforces_it(broker_factory):
+    import minou
+
+    from ..conftest import auth
+
+    broker = broker_factory.make(config=ROOT / "examples" / "minou.toml",
+                                 open_rules=False).start()
+    with minou.connect_sync(broker.url, **auth("billing-7")) as billing:
+        assert billing.send("invoice/v1/7", {"amount": 3}).seq == 1
+        assert billing.admin("whoami")["access"]["write"] == ["invoice/v1/*"]

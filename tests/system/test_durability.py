@@ -34,7 +34,7 @@ import pytest
 import minou
 from minou.client.message import Settlement
 
-from ..conftest import BrokerProcess
+from ..conftest import BrokerProcess, auth
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,7 +248,7 @@ class World:
 
 async def producer(url: str, p: int, world: World, stop: asyncio.Event) -> None:
     name = f"p{p}"
-    client = await minou.connect(url, client_id=f"dur-producer-{p}", reconnect=True,
+    client = await minou.connect(url, **auth(f"dur-producer-{p}"), reconnect=True,
                                  request_timeout=REQUEST_TIMEOUT)
     world.clients[name] = client
     try:
@@ -280,7 +280,7 @@ async def producer(url: str, p: int, world: World, stop: asyncio.Event) -> None:
 
 
 async def consumer(url: str, c: int, world: World, stop: asyncio.Event) -> None:
-    client = await minou.connect(url, client_id=f"dur-consumer-{c}", reconnect=True,
+    client = await minou.connect(url, **auth(f"dur-consumer-{c}"), reconnect=True,
                                  request_timeout=REQUEST_TIMEOUT)
     world.clients[f"c{c}"] = client
     try:
@@ -470,7 +470,7 @@ def test_kill_minus_nine_under_load(broker_factory: Any) -> None:
 
 async def _load_scenario(broker: Broker) -> dict[str, Any]:
     t0 = time.monotonic()
-    admin = await minou.connect(broker.proc.url, client_id="dur-admin", reconnect=True,
+    admin = await minou.connect(broker.proc.url, **broker.proc.admin_auth(), reconnect=True,
                                 request_timeout=REQUEST_TIMEOUT)
     try:
         stats = await _load_and_kill(broker, admin)
@@ -565,7 +565,7 @@ def test_confirmed_messages_survive_kill_without_consumer(broker_factory: Any) -
     broker = Broker(broker_factory.make().start())
     n = 300
     channels = CHANNELS[:3]
-    with minou.connect_sync(broker.proc.url, client_id="dur-publisher") as client:
+    with minou.connect_sync(broker.proc.url, **auth("dur-publisher")) as client:
         receipts = client.send_many(
             (channels[i % len(channels)], {"producer": 0, "n": i}) for i in range(n))
     assert len(receipts) == n
@@ -575,7 +575,7 @@ def test_confirmed_messages_survive_kill_without_consumer(broker_factory: Any) -
     broker.start_sync()
 
     async def consume_all() -> None:
-        client = await minou.connect(broker.proc.url, client_id="dur-late-consumer")
+        client = await minou.connect(broker.proc.url, **broker.proc.admin_auth())
         try:
             state = await broker_state(client)
             assert state["depth"] == n, state
@@ -612,7 +612,7 @@ def test_unacked_deliveries_come_back_after_kill_acked_ones_do_not(broker_factor
 async def _unacked_scenario(broker: Broker) -> None:
     n, prefetch = 10, 4
     channel = "jobs/v1/a"
-    client = await minou.connect(broker.proc.url, client_id="dur-worker", reconnect=True,
+    client = await minou.connect(broker.proc.url, **broker.proc.admin_auth(), reconnect=True,
                                  request_timeout=REQUEST_TIMEOUT)
     try:
         receipts = await client.send_many((channel, {"n": i}) for i in range(n))
@@ -666,7 +666,7 @@ async def _unsettled(client: minou.Client, channel: str, want: int) -> bool:
 async def _connected_consumer(broker: Broker, n: int, *, client_id: str
                               ) -> tuple[minou.Client, minou.Subscription, list[minou.Message]]:
     """A client holding ``n`` unacked deliveries of ``crash/v1/a``."""
-    client = await minou.connect(broker.proc.url, client_id=client_id, reconnect=True,
+    client = await minou.connect(broker.proc.url, **broker.proc.admin_auth(), reconnect=True,
                                  request_timeout=REQUEST_TIMEOUT)
     await client.send_many(("crash/v1/a", {"n": i}) for i in range(n))
     sub = await client.consume("crash/v1/*", group=client_id, prefetch=n)
@@ -738,7 +738,7 @@ def test_client_recovers_when_the_connection_drops_while_resubscribing(
         proxy = CuttingProxy(broker.proc.port)
         server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
         url = f"minou://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        client = await minou.connect(url, client_id="dur-resub", request_timeout=1)
+        client = await minou.connect(url, **auth("dur-resub"), request_timeout=1)
         try:
             sub = await client.consume("resub/v1/*", group="dur-resub")
             proxy.to_cut = 1  # the next connection dies right after its WELCOME
@@ -811,7 +811,7 @@ def test_ack_during_resubscribe_reaches_the_broker(broker_factory: Any) -> None:
         proxy = CuttingProxy(broker.proc.port)
         server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
         url = f"minou://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        client = await minou.connect(url, client_id="dur-early-ack",
+        client = await minou.connect(url, **broker.proc.admin_auth(),
                                      request_timeout=REQUEST_TIMEOUT)
         try:
             await client.send("early/v1/a", "job")

@@ -11,7 +11,7 @@ from minou.errors import ErrorCode
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
 
-from ..conftest import wait_until
+from ..conftest import signed_hello, wait_until
 
 
 def test_publisher_outrunning_the_disk_is_paused_and_loses_nothing(broker_factory, tmp_path):
@@ -20,7 +20,7 @@ def test_publisher_outrunning_the_disk_is_paused_and_loses_nothing(broker_factor
     broker = broker_factory.make(config=cfg).start()
 
     async def main() -> None:
-        c = await minou.connect(broker.url)
+        c = await minou.connect(broker.url, **broker.admin_auth())
         body = "x" * 1000
         receipts = await asyncio.gather(*(c.send("flow/v1/1", body) for _ in range(3000)))
         assert [r.seq for r in receipts] == list(range(1, 3001))
@@ -38,10 +38,10 @@ def test_consumer_that_stops_reading_is_cut_with_an_error_first(broker_factory, 
     cfg.write_text("slow_consumer_bytes = 200000\n")
     broker = broker_factory.make(config=cfg).start()
     host, port = broker.url.removeprefix("minou://").rsplit(":", 1)
-    with minou.connect_sync(broker.url, client_id="producer") as producer:
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as producer:
         producer.send_many([("slow/v1/1", "y" * 20_000) for _ in range(400)])
         sock = socket.create_connection((host, int(port)))
-        sock.sendall(f.encode(f.Hello("sleepy")) + f.encode(
+        sock.sendall(f.encode(signed_hello("sleepy")) + f.encode(
             f.Subscribe(1, 1, "consume", ["slow/v1/1"], "g", "", 1000, 0.0)))
         # Do not read: the broker's buffer for us grows past the limit and it cuts us.
         wait_until(lambda: producer.admin("status")["flow"]["slow_consumers_cut"] == 1,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import minou
-
 
 def test_send_consume_ack_round_trip(broker):
-    with minou.connect_sync(broker.url) as client:
+    with broker.connect_sync() as client:
         receipt = client.send("orders/v1/42", {"total": 12.5})
         assert receipt.seq == 1 and receipt.channel == "orders/v1/42"
         sub = client.consume("orders/v1/*", group="billing")

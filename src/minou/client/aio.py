@@ -27,10 +27,14 @@ from urllib.parse import urlsplit
 import msgspec
 from websockets.exceptions import InvalidHandshake, InvalidURI
 
+from ..auth.keys import PrivateKey, load_private, public_pem
+from ..auth.tokens import make_token
 from ..errors import (
     BadRequest,
     ConnectionClosed,
     MinouError,
+    NotAuthenticated,
+    PendingApproval,
     RequestError,
     SendQueueFull,
     Timeout,
@@ -55,7 +59,8 @@ Handler = Callable[[Message], Awaitable[Any] | Any]
 
 
 def parse_url(url: str) -> tuple[str, str, int, str]:
-    """``minou://host:port``, ``host:port`` or ``ws://host:port[/v1/ws]``.
+    """``minou://host:port`` (``minous://`` with TLS), ``host:port`` or
+    ``ws://host:port[/v1/ws]`` (``wss://`` with TLS).
 
     Returns (scheme, host, port, path); ``ws``/``wss`` carry the same frames
     over WebSocket (for proxies and firewalls).
@@ -63,13 +68,15 @@ def parse_url(url: str) -> tuple[str, str, int, str]:
     if "://" not in url:
         url = "minou://" + url
     parts = urlsplit(url)
-    if parts.scheme in ("minou", "tcp"):
-        return "minou", parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, ""
+    if parts.scheme in ("minou", "tcp", "minous"):
+        scheme = "minous" if parts.scheme == "minous" else "minou"
+        return scheme, parts.hostname or "127.0.0.1", parts.port or DEFAULT_PORT, ""
     if parts.scheme in ("ws", "wss"):
         default = 443 if parts.scheme == "wss" else 80
         return parts.scheme, parts.hostname or "127.0.0.1", parts.port or default, (
             parts.path or "/v1/ws")
-    raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port or ws://host:port")
+    raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port, minous://host:port "
+                     "(TLS), ws:// or wss://")
 
 
 class _WebSocketTransport:
@@ -114,7 +121,17 @@ class _WebSocketTransport:
 async def _connect_ws(client: Client, scheme: str, host: str, port: int, path: str) -> _Protocol:
     from websockets.asyncio.client import connect as ws_connect
 
-    ws = await ws_connect(f"{scheme}://{host}:{port}{path}", max_size=None, compression=None)
+    extra: dict[str, Any] = {"ssl": client._tls_context()} if scheme == "wss" else {}
+    ws = await ws_connect(f"{scheme}://{host}:{port}{path}", max_size=None, compression=None,
+                          **extra)
+    if scheme == "wss" and client.tls_fingerprint:
+        from ..tls import check_pin
+
+        try:
+            check_pin(ws.transport.get_extra_info("ssl_object"), client.tls_fingerprint)
+        except BaseException:
+            await ws.close()
+            raise
     proto = _Protocol(client)
     proto.connection_made(_WebSocketTransport(ws, proto))  # type: ignore[arg-type]
     return proto
@@ -259,11 +276,23 @@ class Client:
         max_pending: int = CLIENT_SEND_QUEUE,
         request_timeout: float = CLIENT_REQUEST_TIMEOUT_S,
         reconnect: bool = True,
+        key: str | os.PathLike[str] | PrivateKey | None = None,
+        broker_token: str | None = None,
+        tls_fingerprint: str | None = None,
+        cafile: str | None = None,
     ) -> None:
         if not urls:
             raise ValueError("give at least one broker URL")
         self.urls = [parse_url(u) for u in urls]
         self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.key: PrivateKey | None = (
+            load_private(key) if isinstance(key, str | os.PathLike) else key)
+        self._public_pem = public_pem(self.key).decode() if self.key is not None else None
+        self.broker_token = broker_token
+        self.tls_fingerprint = tls_fingerprint
+        self.cafile = cafile
+        self._ssl: Any = None
+        self._audiences: dict[int, str] = {}  # url index -> broker id (the token audience)
         self.max_pending = max_pending
         self.request_timeout = request_timeout
         self.reconnect = reconnect
@@ -294,32 +323,37 @@ class Client:
         """Connect to the first URL that answers HELLO; raise ConnectionClosed if none."""
         loop = asyncio.get_running_loop()
         errors = []
+        refused: NotAuthenticated | None = None
         for i in range(len(self.urls)):
             idx = (self._url_index + i) % len(self.urls)
             scheme, host, port, path = self.urls[idx]
             try:
-                if scheme == "minou":
-                    _, proto = await asyncio.wait_for(
-                        loop.create_connection(lambda: _Protocol(self), host, port),
+                if scheme in ("minou", "minous"):
+                    tls = self._tls_context() if scheme == "minous" else None
+                    transport, proto = await asyncio.wait_for(
+                        loop.create_connection(lambda: _Protocol(self), host, port, ssl=tls,
+                                               server_hostname=host if tls else None),
                         self.request_timeout,
                     )
+                    if tls is not None and self.tls_fingerprint:
+                        self._check_pin(transport)
                 else:
                     proto = await asyncio.wait_for(_connect_ws(self, scheme, host, port, path),
                                                    self.request_timeout)
-            except (OSError, TimeoutError, InvalidURI, InvalidHandshake) as exc:
+            except (OSError, TimeoutError, InvalidURI, InvalidHandshake, MinouError) as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             self._proto = proto
             self._epoch += 1
-            fut = loop.create_future()
-            self._requests[0] = (f.Hello(self.client_id), fut)
-            proto.transport.write(f.encode(f.Hello(self.client_id, PROTOCOL_VERSION)))
             try:
-                welcome = await asyncio.wait_for(fut, self.request_timeout)
+                welcome = await self._handshake(proto, idx)
             except (TimeoutError, MinouError) as exc:
                 self._requests.pop(0, None)
-                proto.transport.close()
+                if proto.transport is not None:
+                    proto.transport.close()
                 self._proto = None
+                if isinstance(exc, NotAuthenticated):
+                    refused = refused or exc  # the broker answered: say why, not "no broker"
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             self.broker_id = welcome.broker_id
@@ -336,7 +370,57 @@ class Client:
                 continue
             self._connected.set()
             return
+        if refused is not None:
+            raise refused
         raise ConnectionClosed("no broker answered: " + "; ".join(errors))
+
+    def _tls_context(self) -> Any:
+        if self._ssl is None:
+            from ..tls import client_context
+
+            self._ssl = client_context(cafile=self.cafile, fingerprint=self.tls_fingerprint)
+        return self._ssl
+
+    def _check_pin(self, transport: asyncio.BaseTransport) -> None:
+        from ..tls import check_pin
+
+        try:
+            check_pin(transport.get_extra_info("ssl_object"), str(self.tls_fingerprint))
+        except BaseException:
+            transport.abort()  # type: ignore[attr-defined]
+            raise
+
+    def _hello(self, idx: int) -> f.Hello:
+        audience = self._audiences.get(idx)
+        token = None
+        if self.key is not None and audience is not None:
+            # A fresh token per connection: short-lived, single use (jti).
+            token = make_token(self.client_id, self.key, audience)
+        return f.Hello(self.client_id, PROTOCOL_VERSION, token, None, self._public_pem,
+                       self.broker_token)
+
+    async def _handshake(self, proto: _Protocol, idx: int) -> f.Welcome:
+        """HELLO until WELCOME: a broker that wants a token names itself (the audience)
+        in a non-fatal NOT_AUTHENTICATED reply; sign for it and say HELLO again."""
+        assert proto.transport is not None
+        for _ in range(2):
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            hello = self._hello(idx)
+            self._requests[0] = (hello, fut)
+            proto.transport.write(f.encode(hello))
+            try:
+                return await asyncio.wait_for(fut, self.request_timeout)
+            except NotAuthenticated as exc:
+                audience = exc.detail.get("broker_id")
+                if (exc.detail.get("why") != "token_required" or self.key is None
+                        or hello.token is not None or not isinstance(audience, str)):
+                    if exc.detail.get("why") == "token_required" and self.key is None:
+                        raise NotAuthenticated(
+                            f"broker {audience!r} requires a key: pass key= (a private key file "
+                            f"made by `minou keygen {self.client_id}`)", why="no_key") from None
+                    raise
+                self._audiences[idx] = audience
+        raise NotAuthenticated("broker kept asking for a token")
 
     async def _restore(self) -> None:
         """After a (re)connect: subscribe again, resend what was never confirmed."""
@@ -514,6 +598,8 @@ class Client:
             if not fut.done():
                 fut.set_exception(exc)
             return
+        if ev.fatal and isinstance(exc, NotAuthenticated):
+            log.error("the broker refused this client: %s", exc)
         self.last_error = exc
         log.warning("broker error: %s", exc)
 
@@ -726,11 +812,34 @@ async def connect(
     max_pending: int = CLIENT_SEND_QUEUE,
     request_timeout: float = CLIENT_REQUEST_TIMEOUT_S,
     reconnect: bool = True,
+    key: str | os.PathLike[str] | PrivateKey | None = None,
+    broker_token: str | None = None,
+    tls_fingerprint: str | None = None,
+    cafile: str | None = None,
+    wait_for_approval: float = 0.0,
 ) -> Client:
-    """Connect to the first broker of ``urls`` that answers; fail over to the others."""
+    """Connect to the first broker of ``urls`` that answers; fail over to the others.
+
+    ``key`` is the client's private key (a file from ``minou keygen``, or a key object):
+    each connection signs a fresh short-lived token with it, and presents the public
+    key so a first connection can register it. ``broker_token`` is the shared secret
+    of brokers that require one. ``minous://`` and ``wss://`` URLs use TLS, verified
+    with ``cafile`` or pinned to ``tls_fingerprint`` (``SHA256:..`` as the broker
+    printed it). A new client may have to wait for an admin's approval: with
+    ``wait_for_approval`` > 0 it retries for that many seconds instead of raising
+    ``PendingApproval`` at once.
+    """
     if isinstance(urls, str):
         urls = [u.strip() for u in urls.split(",") if u.strip()]
     client = Client(urls, client_id=client_id, max_pending=max_pending,
-                    request_timeout=request_timeout, reconnect=reconnect)
-    await client._open()
-    return client
+                    request_timeout=request_timeout, reconnect=reconnect, key=key,
+                    broker_token=broker_token, tls_fingerprint=tls_fingerprint, cafile=cafile)
+    deadline = asyncio.get_running_loop().time() + wait_for_approval
+    while True:
+        try:
+            await client._open()
+            return client
+        except PendingApproval:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            await asyncio.sleep(min(1.0, max(0.05, deadline - asyncio.get_running_loop().time())))

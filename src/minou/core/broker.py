@@ -29,12 +29,15 @@ from typing import Any
 
 import msgspec
 
+from ..auth.rules import ALLOW_ALL, Access, Rules
 from ..errors import (
     BadRequest,
     InvalidPayload,
     MessageTooLarge,
+    NotAuthorized,
     QueueFull,
     RequestError,
+    SchemaMismatch,
     UnknownDelivery,
     UnknownSubscription,
 )
@@ -59,6 +62,7 @@ from ..names import (
     validate_channel,
 )
 from ..protocol.frames import Delivery, Outcome, Send
+from ..schemas import SchemaViolation
 from ..storage.base import Snapshot
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import ChannelLog, ChannelOptions, Msg
@@ -66,6 +70,7 @@ from .stats import Counters
 from .writes import WriteBatch
 
 _json_check = msgspec.json.Decoder()
+_json_value = msgspec.json.decode
 MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
 
 
@@ -77,6 +82,8 @@ class Session:
     conn: Any = None
     subs: dict[int, Subscription] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
+    access: Access = ALLOW_ALL  # what the rules let this client read and write
+    admin: bool = False
 
 
 class Broker:
@@ -108,6 +115,10 @@ class Broker:
         self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
         self._id_prefix = os.urandom(6).hex()
         self._ids = itertools.count(1)
+        self.rules = Rules.parse(None)
+        self.strict_schemas = False
+        self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
+        self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
 
     # ------------------------------------------------------------------ logs
     def options(self, channel: str) -> ChannelOptions:
@@ -146,27 +157,37 @@ class Broker:
     def new_id(self) -> str:
         return f"{self._id_prefix}{next(self._ids):010x}"
 
-    def publish(self, sends: Iterable[Send], now: float) -> tuple[list[Outcome], list[Msg]]:
+    def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
+                ) -> tuple[list[Outcome], list[Msg]]:
         """Validate and stage ``sends``; return one outcome each and the staged messages."""
         outcomes: list[Outcome] = []
         staged: list[Msg] = []
         for send in sends:
             try:
-                outcomes.append(self._publish_one(send, now, staged))
+                outcomes.append(self._publish_one(send, now, staged, access))
             except RequestError as exc:
                 self.counters.refuse(exc.reason)
                 outcomes.append(Outcome(channel=str(send.channel)[:255], code=int(exc.code),
                                         error=exc.message))
         return outcomes, staged
 
-    def _check(self, send: Send) -> None:
+    def _check(self, send: Send, target: str) -> None:
         size = len(send.data)
         if size > self.max_message_size:
             raise MessageTooLarge(
                 f"message of {size} bytes is over the {self.max_message_size} byte limit",
                 limit=self.max_message_size, size=size,
             )
-        if not send.raw:
+        log = self.channels.get(target)
+        schema = (log.options if log is not None else self.options(target)).schema
+        if schema is not None:
+            self._check_schema(send, schema)
+        elif self.strict_schemas and not is_dead_letter(target):
+            key = schema_key(target)
+            self.schema_refusals[key] = self.schema_refusals.get(key, 0) + 1
+            raise SchemaMismatch(f"{key} declares no schema and strict_schemas is on: "
+                                 "declare channels.\"" + key + "\".schema", schema=key)
+        elif not send.raw:
             try:
                 _json_check.decode(send.data)
             except msgspec.DecodeError as exc:
@@ -185,12 +206,32 @@ class Broker:
                 if value is not None and not 0 <= value <= MAX_DELAY_S:
                     raise BadRequest(f"{label} must be 0..{MAX_DELAY_S:g} seconds, got {value}")
 
-    def _publish_one(self, send: Send, now: float, staged: list[Msg]) -> Outcome:
+    def _check_schema(self, send: Send, schema: Any) -> None:
+        if send.raw:
+            self.schema_refusals[schema.key] = self.schema_refusals.get(schema.key, 0) + 1
+            raise SchemaMismatch(f"{schema.key} has a JSON schema; raw payloads are refused",
+                                 schema=schema.key)
+        try:
+            value = _json_value(send.data)
+        except msgspec.DecodeError as exc:
+            raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+        try:
+            schema.validate(value)
+        except SchemaViolation as exc:
+            self.schema_refusals[schema.key] = self.schema_refusals.get(schema.key, 0) + 1
+            raise SchemaMismatch(
+                f"payload does not match the schema of {schema.key}: {exc.path}: {exc.reason}",
+                schema=schema.key, path=exc.path, why=exc.reason,
+            ) from None
+
+    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access) -> Outcome:
         target = send.channel
         prefix = broadcast_prefix(target) if target.endswith("*") else None
         if prefix is None:
             validate_channel(target)
-        self._check(send)
+        if not access.unrestricted:
+            access.check_write(target)
+        self._check(send, target)
         if send.dedup:
             seen = self._dedup.get((target, send.dedup))
             if seen is not None and seen[0] > now:
@@ -344,6 +385,8 @@ class Broker:
         parsed = [parse_pattern(p) for p in patterns]
         if sid in session.subs:
             raise BadRequest(f"subscription id {sid} is already in use on this connection")
+        for p in parsed:
+            self.check_read(session, p.text)
         if kind == "consume":
             key = f"consume:{group or patterns[0]}"
         else:
@@ -353,6 +396,7 @@ class Broker:
             raise BadRequest(f"prefetch must be 0..{MAX_PREFETCH}, got {prefetch}")
         if not 0 <= lease <= MAX_LEASE_S:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
+        self._reserve(session, [p.text for p in parsed])
         grp = self.groups.get(key)
         if grp is None:
             grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
@@ -419,8 +463,35 @@ class Broker:
             self._dirty.pop(gc, None)
             self._mark(fresh)
 
+    # ---------------------------------------------------------- access rules
+    def check_read(self, session: Session, pattern: str) -> None:
+        """Rules, then reservations: an exclusive (!) channel belongs to its first reader."""
+        if session.admin:
+            return
+        session.access.check_read(pattern)
+        owner = self.reservations.get(pattern)
+        if owner is not None and owner != session.client_id:
+            raise NotAuthorized(f"channel {pattern!r} is reserved by client {owner!r}",
+                                channel=pattern, owner=owner)
+
+    def _reserve(self, session: Session, patterns: list[str]) -> None:
+        for pattern in patterns:
+            if (pattern not in self.reservations and "*" not in pattern
+                    and self.rules.is_exclusive(pattern) and not session.admin):
+                self.reservations[pattern] = session.client_id
+                self.batch.reservations[pattern] = session.client_id
+
+    def release(self, channel: str) -> str | None:
+        """Admin: free a reserved channel for the next reader to claim."""
+        owner = self.reservations.pop(channel, None)
+        if owner is not None:
+            self.batch.reservations[channel] = None
+        return owner
+
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
         sub = self._sub(session, sid)
+        self.check_read(session, parse_pattern(pattern).text)
+        self._reserve(session, [pattern])
         grp = sub.group
         self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
         if grp.ready and grp.members:
@@ -792,6 +863,7 @@ class Broker:
         for channel, key, expires, seq, ident in snap.dedup:
             if expires > now:
                 self._dedup[(channel, key)] = (expires, seq, ident)
+        self.reservations = dict(snap.reservations)
 
     # ---------------------------------------------------------------- stats
     def channel_stats(self, log: ChannelLog, now: float) -> dict[str, Any]:

@@ -10,7 +10,7 @@ absent from its dict was deleted (``GONE``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -75,6 +75,7 @@ class ChannelOptions:
     requeue_limit: int = DEFAULT_REQUEUE_LIMIT
     dead_letter: bool = True
     retention: float | None = None  # seconds to keep settled messages for replay
+    schema: Any = None  # minou.schemas.CompiledSchema: payloads are validated before storing
 
 
 @dataclass(eq=False)

@@ -20,11 +20,14 @@ class WriteBatch:
     group_defs: dict[str, GroupDef | None] = field(default_factory=dict)  # None: delete
     group_states: dict[tuple[str, str], tuple[int, bytes] | None] = field(default_factory=dict)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    clients: dict[str, bytes | None] = field(default_factory=dict)  # key registry; None: drop
+    reservations: dict[str, str | None] = field(default_factory=dict)  # channel -> owner
     on_commit: list[Callable[[], None]] = field(default_factory=list)
     bytes: int = 0
 
     def __bool__(self) -> bool:
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
-            or self.group_states or self.dedup or self.on_commit
+            or self.group_states or self.dedup or self.clients or self.reservations
+            or self.on_commit
         )

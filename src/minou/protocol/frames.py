@@ -49,10 +49,18 @@ class Frame(msgspec.Struct, array_like=True, frozen=True, omit_defaults=False):
 
 
 class Hello(Frame):
+    """The first frame. ``token`` is a JWT the client signed with its key (aud = broker
+    id); ``public_key`` (PEM) registers the key on first contact; ``broker_token`` is the
+    shared secret when the broker requires one. A HELLO without a token is answered
+    with a non-fatal NOT_AUTHENTICATED error carrying ``broker_id`` (the audience to
+    sign for), then the client sends HELLO again."""
+
     client_id: str
     version: int = 1
     token: str | None = None
     session: str | None = None
+    public_key: str | None = None
+    broker_token: str | None = None
 
 
 class Welcome(Frame):
@@ -60,6 +68,8 @@ class Welcome(Frame):
     version: int
     session: str
     max_message_size: int
+    client_id: str = ""
+    admin: bool = False
 
 
 class Send(msgspec.Struct, array_like=True, frozen=True):

@@ -10,19 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import logging
 import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, cast
 
 from .. import __version__
+from ..auth import keys as keyfiles
+from ..auth.registry import Identity, Registry, decode_record, encode_record
 from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
 from ..core.writes import WriteBatch
-from ..errors import ShuttingDown, TooManyConnections, UnexpectedFrame
+from ..errors import NotAuthenticated, ShuttingDown, TooManyConnections, UnexpectedFrame
 from ..limits import (
     CHECKPOINT_WAL_BYTES,
     CONSUMER_WRITE_HIGH,
@@ -88,6 +92,13 @@ class BrokerServer:
             dedup_window=settings.dedup_window,
             default_lease=settings.default_lease,
         )
+        self.core.rules = settings.rules
+        self.core.strict_schemas = settings.strict_schemas
+        self.registry = Registry()
+        self.admin_key_path: Path | None = None
+        self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
+        self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
+        self.reloads = 0
         self.storage = SQLiteStorage(settings.data_dir)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
@@ -129,10 +140,12 @@ class BrokerServer:
         now = time.time()
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
-        # Everything restored is recorded again so the next commit is complete.
+        self.registry = Registry(decode_record(blob) for blob in snap.clients)
+        self._ensure_admin_key()
+        ssl_context = self._tls_context()
         self._tcp = await self.loop.create_server(
             lambda: _TcpProtocol(self), self.settings.host, self.settings.port,
-            reuse_address=True, backlog=1024,
+            reuse_address=True, backlog=1024, ssl=ssl_context,
         )
         sock = self._tcp.sockets[0].getsockname()
         self.native_address = (sock[0], sock[1])
@@ -207,8 +220,163 @@ class BrokerServer:
         deadline = self.settings.hello_timeout
         self.loop.call_later(deadline, hello_deadline)
 
-    def open_session(self, client_id: str, conn: NativeConnection) -> Session:
-        return Session(client_id, conn)
+    # ------------------------------------------------------------ security
+    def _ensure_admin_key(self) -> None:
+        """Secure by default: a fresh broker makes the key of its first admin."""
+        if self.settings.auth_mode != "keys" or "admin" not in self.settings.admins:
+            return
+        path = Path(self.settings.data_dir) / "admin.key"
+        if "admin" not in self.registry.records:
+            if path.exists():
+                key = keyfiles.load_private(path)
+            else:
+                key = keyfiles.generate()
+                keyfiles.save(key, self.settings.data_dir, "admin")
+            self.registry.register("admin", keyfiles.public_pem(key).decode(),
+                                   note="made by the broker at first start")
+            self._persist_registry()
+        self.admin_key_path = path if path.exists() else None
+
+    def _tls_context(self) -> Any:
+        if not self.settings.tls_enabled:
+            return None
+        from ..tls import ensure_self_signed, load_files, server_context
+
+        s = self.settings
+        if s.tls_cert and s.tls_key:
+            self.tls = load_files(Path(s.tls_cert), Path(s.tls_key))
+        else:
+            self.tls = ensure_self_signed(Path(s.data_dir) / "tls", hosts=[s.host])
+        return server_context(self.tls)
+
+    def authenticate(self, hello: f.Hello) -> Identity:
+        """Who the HELLO proves to be, or NotAuthenticated with the precise reason."""
+        s = self.settings
+        if s.broker_token is not None:
+            why = None
+            if not hello.broker_token:
+                why, text = "broker_token_required", "this broker requires the broker token"
+            elif not hmac.compare_digest(hello.broker_token.encode(), s.broker_token.encode()):
+                why, text = "bad_broker_token", "the broker token does not match"
+            if why is not None:
+                self.registry.failures[why] += 1
+                raise NotAuthenticated(text, why=why)
+        if s.auth_mode == "off":
+            return Identity(hello.client_id, True, method="development")
+        if s.auth_mode == "token":
+            return Identity(hello.client_id, True, method="broker_token")
+        if not hello.token:
+            raise NotAuthenticated(
+                f"broker {self.core.broker_id!r} requires a token signed with the client's "
+                f"key (aud = {self.core.broker_id!r})",
+                why="token_required", broker_id=self.core.broker_id)
+        try:
+            return self.registry.authenticate(
+                client_id=hello.client_id, token=hello.token, public_key=hello.public_key,
+                audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts)
+        finally:
+            self._persist_registry()
+
+    def _persist_registry(self) -> None:
+        changes = self.registry.take_changes()
+        for client_id, record in changes.items():
+            self.core.batch.clients[client_id] = (
+                encode_record(record) if record is not None else None)
+        if changes:
+            self.request_write()
+
+    def access_for(self, identity: Identity) -> Any:
+        from ..auth.rules import ALLOW_ALL
+
+        return ALLOW_ALL if identity.admin else self.settings.rules.for_client(identity.client_id)
+
+    def open_session(self, identity: Identity, conn: NativeConnection) -> Session:
+        return Session(identity.client_id, conn, access=self.access_for(identity),
+                       admin=identity.admin)
+
+    def drop_client(self, client_id: str, reason: str) -> int:
+        """Close every connection of ``client_id`` (revoked or its key rotated)."""
+        dropped = 0
+        for conn in list(self.connections):
+            if conn.identity is not None and conn.identity.client_id == client_id \
+                    and conn.identity.method == "key":
+                conn.refuse(NotAuthenticated(reason, why="revoked"))
+                dropped += 1
+        return dropped
+
+    # --------------------------------------------------------------- reload
+    def reload(self) -> dict[str, Any]:
+        """Re-read the config file and apply rules, schemas, limits and channel options
+        to the running broker without dropping a connection. A config that does not
+        validate changes nothing (BadRequest says why)."""
+        from dataclasses import replace
+
+        from ..config import load_settings
+        from ..errors import BadRequest, ConfigError
+
+        old = self.settings
+        if old.config_path is None:
+            raise BadRequest("the broker was started without --config: nothing to reload")
+        try:
+            new = load_settings(old.config_path, **self.overrides)
+        except ConfigError as exc:
+            raise BadRequest(f"reload refused, nothing changed: {exc}") from None
+        restart = [k for k in _RESTART_KEYS if getattr(new, k) != getattr(old, k)]
+        new = replace(new, **{k: getattr(old, k) for k in _RESTART_KEYS})
+        changed = [k for k in _RELOAD_KEYS if _comparable(getattr(new, k)) !=
+                   _comparable(getattr(old, k))]
+        self.settings = new
+        core = self.core
+        core._options_for = new.channel_options
+        for name, log_ in core.channels.items():
+            log_.options = core.options(name)
+        core.rules = new.rules
+        core.strict_schemas = new.strict_schemas
+        core.max_message_size = new.max_message_size
+        core.dedup_window = new.dedup_window
+        core.default_lease = new.default_lease
+        self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
+        closed = self._reapply_access()
+        self.reloads += 1
+        log.info("configuration reloaded: changed %s", ", ".join(changed) or "nothing")
+        return {
+            "reloaded": old.config_path, "changed": changed, "needs_restart": restart,
+            "subscriptions_closed": closed,
+            "schemas": [c.summary() for c in new.schema_report],
+        }
+
+    def _reapply_access(self) -> list[dict[str, Any]]:
+        """New rules apply to live sessions too: subscriptions they forbid now end (the
+        connection stays)."""
+        from ..errors import RequestError
+
+        closed: list[dict[str, Any]] = []
+        now = time.time()
+        for conn in list(self.connections):
+            session, identity = conn.session, conn.identity
+            if session is None or identity is None:
+                continue
+            if identity.method == "key":
+                identity = conn.identity = Identity(identity.client_id,
+                                                    identity.client_id in self.settings.admins,
+                                                    identity.fingerprint, identity.method)
+            session.admin = identity.admin
+            session.access = self.access_for(identity)
+            for sid, sub in list(session.subs.items()):
+                try:
+                    for pattern in sub.group.patterns:
+                        self.core.check_read(session, pattern.text)
+                except RequestError as exc:
+                    self.core.unsubscribe(session, sid, now)
+                    conn.send(f.Error(0, int(exc.code),
+                                      f"subscription {sid} ended by a reload: {exc.message}",
+                                      {"sid": sid, "reason": exc.reason}))
+                    closed.append({"client_id": session.client_id, "sid": sid,
+                                   "reason": exc.message})
+        if closed:
+            self.request_write(urgent=False)
+            self.request_pump()
+        return closed
 
     def close_session(self, session: Session) -> None:
         self.core.disconnect(session, time.time())
@@ -377,6 +545,7 @@ class BrokerServer:
         from ..names import validate_channel
 
         validate_channel(frame.channel)
+        self.core.check_read(conn.session, frame.channel)
         log_ = self.core.channels.get(frame.channel)
         if log_ is None:
             conn.send(f.ReadResult(frame.req, [], 1))
@@ -401,10 +570,10 @@ class BrokerServer:
         self._spawn(run())
 
     # -------------------------------------------------------------- admin
-    def admin(self, op: str, args: dict[str, Any]) -> Any:
+    def admin(self, op: str, args: dict[str, Any], conn: NativeConnection | None = None) -> Any:
         from .admin import run_admin
 
-        return run_admin(self, op, args)
+        return run_admin(self, op, args, conn)
 
     def status(self) -> dict[str, Any]:
         now = time.time()
@@ -415,8 +584,23 @@ class BrokerServer:
             "storage": {"backend": "sqlite", "path": self.storage.path,
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": round(self.commit_seconds_total, 3)},
-            "native": _addr(self.native_address, "minou"),
-            "http": _addr(self.http_address, "http"),
+            "native": _addr(self.native_address, "minous" if self.tls else "minou"),
+            "http": _addr(self.http_address, "https" if self.tls else "http"),
+            "auth": {"mode": self.settings.auth_mode,
+                     "broker_token": self.settings.broker_token is not None,
+                     "admin_key": str(self.admin_key_path) if self.admin_key_path else None,
+                     "clients": len(self.registry.records),
+                     "pending": sum(r.status == "pending"
+                                    for r in self.registry.records.values()),
+                     "failures": dict(self.registry.failures),
+                     "rules": len(self.settings.rules.rules)},
+            "tls": ({"fingerprint": self.tls.fingerprint, "cert": str(self.tls.cert),
+                     "self_signed": self.settings.tls_cert is None} if self.tls else None),
+            "schemas": {"strict": self.settings.strict_schemas,
+                        "declared": sorted(self.settings.schemas()),
+                        "refused": dict(self.core.schema_refusals),
+                        "compatibility": [c.as_dict() for c in self.settings.schema_report]},
+            "reloads": self.reloads,
             "connections": len(self.connections),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "slow_consumers_cut": self.slow_consumers},
@@ -427,18 +611,53 @@ class BrokerServer:
         }
 
 
+_RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "tls_cert", "tls_key",
+                 "tls_self_signed")
+_RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
+                "publish_pause_bytes", "slow_consumer_bytes", "hello_timeout", "strict_schemas",
+                "channels", "auth_mode", "broker_token", "admins", "rules")
+
+
+def _comparable(value: Any) -> Any:
+    """Settings values in a form ``!=`` can compare (compiled objects by their source)."""
+    if hasattr(value, "describe"):
+        return value.describe()
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        return {k: _comparable(getattr(value, k)) for k in value.__dataclass_fields__}
+    if hasattr(value, "fingerprint") and hasattr(value, "source"):
+        return value.fingerprint
+    return value
+
+
 def _addr(addr: tuple[str, int] | None, scheme: str) -> str | None:
     return f"{scheme}://{addr[0]}:{addr[1]}" if addr else None
 
 
-async def run_broker(settings: Settings, *, announce: Any = print) -> int:
+async def run_broker(settings: Settings, *, announce: Any = print,
+                     overrides: dict[str, Any] | None = None) -> int:
     """Start, announce the addresses, run until SIGTERM/SIGINT, stop cleanly."""
     server = BrokerServer(settings)
+    server.overrides = dict(overrides or {})
     await server.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, server.request_stop)
+
+    def on_sighup() -> None:
+        try:
+            result = server.reload()
+        except Exception as exc:  # a bad config must never stop the broker
+            log.error("reload on SIGHUP failed: %s", getattr(exc, "message", exc))
+            print(f"  reload failed: {getattr(exc, 'message', exc)}", flush=True)
+        else:
+            print(f"  reloaded: changed {', '.join(result['changed']) or 'nothing'}",
+                  flush=True)
+
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     announce(server)
     await server.serve_forever()
     await server.stop()

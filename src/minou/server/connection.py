@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..errors import (
     ERROR_TABLE,
     ErrorCode,
+    NotAuthenticated,
+    NotAuthorized,
     ProtocolError,
     RequestError,
     SlowConsumer,
@@ -48,6 +50,8 @@ class NativeConnection:
         self.peer = peer
         self.reader = FrameReader(max_frame_size=server.max_frame_size)
         self.session: Any = None
+        self.identity: Any = None  # auth.registry.Identity once HELLO succeeded
+        self.hellos = 0
         self.closed = False
         self.reading_paused = False
         self._out: list[bytes] = []
@@ -144,15 +148,29 @@ class NativeConnection:
             self.flush()
             self.close()
             return
-        self.session = self.server.open_session(hello.client_id, self)
-        self._send(f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
-                             self.core.max_message_size))
+        self.hellos += 1
+        try:
+            identity = self.server.authenticate(hello)
+        except NotAuthenticated as exc:
+            if exc.detail.get("why") == "token_required" and self.hellos == 1:
+                self._error(0, exc)  # a challenge, not a failure: sign for broker_id
+                return
+            self.refuse(exc)
+            return
+        self.identity = identity
+        self.session = self.server.open_session(identity, self)
+        welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
+                            self.core.max_message_size, identity.client_id, identity.admin)
+        if self.core.batch.clients:  # a first registration: welcome once it is durable
+            self._reply_after_commit(welcome)
+        else:
+            self._send(welcome)
 
     def _on_publish(self, frame: f.Publish) -> None:
         if len(frame.msgs) > MAX_BATCH:
             raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
         self.server.check_accepting()
-        outcomes, staged = self.core.publish(frame.msgs, time.time())
+        outcomes, staged = self.core.publish(frame.msgs, time.time(), self.session.access)
         confirm = f.Confirm(frame.req, outcomes)
         if staged:
             self.core.after_commit(lambda: self.send(confirm))
@@ -205,7 +223,15 @@ class NativeConnection:
         self.server.read_range(self, frame)
 
     def _on_admin(self, frame: f.Admin) -> None:
-        self._send(f.Result(frame.req, self.server.admin(frame.op, frame.args)))
+        if not self.session.admin and frame.op not in ("whoami",):
+            raise NotAuthorized(
+                f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
+                f"client {self.session.client_id!r} is not one", op=frame.op)
+        result = self.server.admin(frame.op, frame.args, self)
+        if self.core.batch:  # the operation changed state: answer once it is durable
+            self._reply_after_commit(f.Result(frame.req, result))
+        else:
+            self._send(f.Result(frame.req, result))
 
     def _on_ping(self, frame: f.Ping) -> None:
         self._send(f.Pong(frame.req))

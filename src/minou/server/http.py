@@ -116,9 +116,12 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
     sock.bind((settings.host, settings.http_port or 0))
     sock.listen(1024)
     sock.setblocking(False)
+    tls: dict[str, Any] = {}
+    if server.tls is not None:
+        tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
     config = uvicorn.Config(build_app(server), log_level="warning", lifespan="off",
                             ws="websockets-sansio" if _has_sansio() else "auto",
-                            access_log=False)
+                            access_log=False, **tls)
     http = _EmbeddedServer(config)
     server._http_task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started:

@@ -35,6 +35,8 @@ class Snapshot:
     group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
     tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
+    clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
+    reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
 
 
 class Storage(Protocol):

@@ -44,6 +44,10 @@ CREATE TABLE IF NOT EXISTS group_states(
 CREATE TABLE IF NOT EXISTS dedup(
     channel TEXT NOT NULL, key TEXT NOT NULL, expires_at REAL NOT NULL, seq INTEGER NOT NULL,
     id TEXT NOT NULL, PRIMARY KEY (channel, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS clients(client_id TEXT PRIMARY KEY, record BLOB NOT NULL)
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reservations(channel TEXT PRIMARY KEY, owner TEXT NOT NULL)
+    WITHOUT ROWID;
 """
 
 # Messages are stored in segments: one row per channel per committed batch, holding
@@ -180,6 +184,8 @@ class SQLiteStorage:
                 "SELECT channel, key, expires_at, seq, id FROM dedup WHERE expires_at > ?", (now,)
             )
         ]  # type: ignore[misc]
+        snap.clients = [body for (body,) in db.execute("SELECT record FROM clients")]
+        snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
         return snap
 
     def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
@@ -274,6 +280,18 @@ class SQLiteStorage:
             )
             if self._commits % 1000 == 0:
                 db.execute("DELETE FROM dedup WHERE expires_at < ?", (batch.dedup[0][2] - 3600,))
+        for client_id, record in batch.clients.items():
+            if record is None:
+                db.execute("DELETE FROM clients WHERE client_id = ?", (client_id,))
+            else:
+                db.execute("INSERT OR REPLACE INTO clients(client_id, record) VALUES (?, ?)",
+                           (client_id, record))
+        for channel, owner in batch.reservations.items():
+            if owner is None:
+                db.execute("DELETE FROM reservations WHERE channel = ?", (channel,))
+            else:
+                db.execute("INSERT OR REPLACE INTO reservations(channel, owner) VALUES (?, ?)",
+                           (channel, owner))
 
     def _first_seq(self, db: sqlite3.Connection, cid: int) -> int:
         row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()
