@@ -40,9 +40,12 @@ class MinouPeer:
         import os
 
         import minou
+        from minou.auth import keys
 
+        # Each worker process is its own client with its own key pair (auto-accepted by
+        # the bench broker's rule), as a deployed client would be.
         self.c = await minou.connect(self.url, client_id=f"bench-{os.getpid()}",
-                                     reconnect=False)
+                                     key=keys.generate(), reconnect=False)
 
     async def close(self) -> None:
         await self.c.close()
@@ -51,7 +54,16 @@ class MinouPeer:
         return None
 
     async def depth(self) -> int:
-        data = await self.c.admin("list", channel=CHANNEL)
+        import os
+
+        import minou
+
+        admin = await minou.connect(self.url, client_id="admin", reconnect=False,
+                                    key=os.environ["MINOU_BENCH_ADMIN_KEY"])
+        try:
+            data = await admin.admin("list", channel=CHANNEL)
+        finally:
+            await admin.close()
         return sum(ch["depth"] for ch in data["channels"] if ch["channel"] == CHANNEL)
 
     async def publish(self, n: int, size: int, window: int, deadline: float) -> tuple[int, int]:

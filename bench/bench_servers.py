@@ -91,8 +91,14 @@ class MinouBroker:
             self.data_dir = Path(tempfile.mkdtemp(prefix="minou-data-", dir=self.workdir))
         self.starts += 1
         log = open(self.workdir / "minou-broker.log", "ab")  # noqa: SIM115 (owned by Popen)
+        # Measured as deployed: authenticated clients (key pairs) under a rule, so the
+        # per-message rule check is part of every number.
+        config = self.workdir / "minou-bench.toml"
+        config.write_text('[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
+        os.environ["MINOU_BENCH_ADMIN_KEY"] = str(self.data_dir / "admin.key")
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
+             "--config", str(config),
              "--port", "0", "--http-port", "0", "--log-level", "warning"],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
         )

@@ -365,6 +365,14 @@ def status(conn: dict[str, Any], as_json: bool) -> None:
     table.add_row("storage", f"{st['storage']['backend']} {st['storage']['path']} "
                              f"({st['storage']['bytes'] / 1e6:.1f} MB)")
     table.add_row("connections", str(st["connections"]))
+    auth = st["auth"]
+    table.add_row("auth", f"{auth['mode']}: {auth['clients']} clients, {auth['pending']} pending, "
+                          f"{auth['rules']} rules; failures {json.dumps(auth['failures'])}")
+    if st["tls"]:
+        table.add_row("tls", st["tls"]["fingerprint"])
+    if st["schemas"]["declared"]:
+        table.add_row("schemas", f"{', '.join(st['schemas']['declared'])}; refused "
+                                 f"{json.dumps(st['schemas']['refused'])}")
     table.add_row("channels / groups", f"{st['channels']} / {st['groups']}")
     for key, value in st["counters"].items():
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))

@@ -166,9 +166,10 @@ def _secret(table: dict[str, Any], key: str, base_dir: Path) -> str | None:
             raise ConfigError(f"auth.{key}_file: cannot read {path}: {exc.strerror}") from exc
     if inline is None:
         return None
-    _expect(f"auth.{key}", inline, str, "a string of at least 16 characters")
+    where = f"auth.{key}_file" if path is not None else f"auth.{key}"
+    _expect(where, inline, str, "a string of at least 16 characters")
     if len(inline) < 16:
-        raise ConfigError(f"auth.{key}: expected a string of at least 16 characters "
+        raise ConfigError(f"{where}: expected a string of at least 16 characters "
                           f"(got {len(inline)})")
     return str(inline)
 
@@ -226,7 +227,10 @@ def _check_consistency(settings: Settings) -> None:
         raise ConfigError("auth.mode: 'token' needs auth.broker_token (or broker_token_file)")
 
 
-def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = None) -> Settings:
+def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = None,
+                   check: bool = True) -> Settings:
+    """Settings from a parsed file; ``check=False`` leaves the cross-key checks to the
+    caller (load_settings runs them after the command-line overrides)."""
     if not isinstance(raw, dict):
         raise ConfigError("config: expected a table at the top level")
     values: dict[str, Any] = {}
@@ -266,7 +270,8 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
     values["schema_report"] = tuple(compatibility_report(
         {k: o.schema.source for k, o in channels.items() if o.schema is not None}))
     settings = Settings(**values, config_path=path)
-    _check_consistency(settings)
+    if check:
+        _check_consistency(settings)
     return settings
 
 
@@ -284,7 +289,7 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: "
                               f"{exc}") from exc
-        settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p))
+        settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p), check=False)
     known = {f.name for f in fields(Settings)}
     clean = {k: v for k, v in overrides.items() if v is not None and k in known}
     settings = replace(settings, **clean)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from minou.config import load_settings
+from minou.config import Settings, load_settings, parse_settings
 from minou.errors import ConfigError
+from minou.schemas import Compatibility, SchemaViolation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +56,227 @@ def test_bad_config_names_the_key(tmp_path, text, message):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_settings(tmp_path / "nope.toml")
+
+
+# --- [auth], [tls], [[rules]], schemas --------------------------------------------------------
+
+SECRET = "s3cret-s3cret-s3cret"
+
+
+def parse(raw: dict, base_dir: Path) -> Settings:
+    return parse_settings(raw, base_dir=base_dir)
+
+
+def config_error(raw: dict, base_dir: Path) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse(raw, base_dir)
+    return str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("auth", "mode"),
+    [({}, "keys"), ({"mode": "keys"}, "keys"), ({"mode": "off"}, "off"),
+     ({"mode": "token", "broker_token": SECRET}, "token")],
+)
+def test_auth_modes(tmp_path, auth, mode):
+    s = parse({"auth": auth}, tmp_path)
+    assert s.auth_mode == mode and s.admins == frozenset({"admin"})
+    assert s.broker_token == auth.get("broker_token")
+
+
+@pytest.mark.parametrize(
+    ("auth", "message"),
+    [
+        ({"mode": "none"}, 'auth.mode: expected one of keys, token, off, got "none"'),
+        ({"mode": True}, "auth.mode: expected one of keys, token, off, got true"),
+        ({"token": SECRET}, "auth.token: unknown setting (known: admins, broker_token"),
+        ({"admins": "admin"}, "auth.admins: expected a list of client ids"),
+        ({"admins": ["admin", 3]}, "auth.admins: expected a list of client ids"),
+        ({"admins": [""]}, "auth.admins: expected a list of client ids"),
+        ({"broker_token": "short"},
+         "auth.broker_token: expected a string of at least 16 characters (got 5)"),
+        ({"broker_token": "x" * 15},
+         "auth.broker_token: expected a string of at least 16 characters (got 15)"),
+        ({"broker_token": 12345678901234567}, "auth.broker_token: expected a string"),
+        ({"broker_token": SECRET, "broker_token_file": "secret.txt"},
+         "auth.broker_token: give broker_token or broker_token_file, not both"),
+        ({"broker_token_file": "missing.txt"},
+         "auth.broker_token_file: cannot read missing.txt"),
+    ],
+)
+def test_bad_auth_names_the_key(tmp_path, auth, message):
+    assert message in config_error({"auth": auth}, tmp_path)
+
+
+def test_a_16_character_broker_token_is_enough(tmp_path):
+    assert parse({"auth": {"broker_token": "x" * 16}}, tmp_path).broker_token == "x" * 16
+
+
+def test_auth_admins_replace_the_default(tmp_path):
+    assert parse({"auth": {"admins": ["ops", "root"]}}, tmp_path).admins == {"ops", "root"}
+
+
+def test_broker_token_file_is_read_next_to_the_config_and_stripped(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "secret.txt").write_text(f"  {SECRET}\n\n")
+    (conf / "minou.toml").write_text('[auth]\nmode = "token"\nbroker_token_file = "secret.txt"\n')
+    # A decoy in the working directory: the path is relative to the config file, not the cwd.
+    (tmp_path / "secret.txt").write_text("decoy-decoy-decoy-decoy")
+    monkeypatch.chdir(tmp_path)
+    s = load_settings(Path("conf") / "minou.toml")
+    assert s.broker_token == SECRET and s.auth_mode == "token"
+    (conf / "secret.txt").write_text("short\n")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        load_settings(conf / "minou.toml")
+
+
+def test_auth_consistency(tmp_path):
+    message = config_error({"host": "0.0.0.0", "auth": {"mode": "off"}}, tmp_path)
+    assert message.startswith("auth.mode:") and "loopback" in message and "'0.0.0.0'" in message
+    assert parse({"host": "::1", "auth": {"mode": "off"}}, tmp_path).auth_mode == "off"
+    assert "auth.mode: 'token' needs auth.broker_token" in config_error(
+        {"auth": {"mode": "token"}}, tmp_path)
+
+
+def test_overrides_are_checked_too(tmp_path):
+    cfg = tmp_path / "minou.toml"
+    cfg.write_text('port = 7800\n')
+    with pytest.raises(ConfigError, match=r"loopback only; host is '0\.0\.0\.0'"):
+        load_settings(cfg, auth_mode="off", host="0.0.0.0")
+    with pytest.raises(ConfigError, match="loopback"):
+        load_settings(None, auth_mode="off", host="0.0.0.0")
+    s = load_settings(cfg, auth_mode="off", host=None)  # None = flag not given
+    assert (s.auth_mode, s.host, s.port) == ("off", "127.0.0.1", 7800)
+
+
+def test_a_host_override_can_make_a_dev_config_valid(tmp_path):
+    """`minou start --config f.toml --host 127.0.0.1` with f.toml saying host = "0.0.0.0" and
+    mode = "off": the final settings (loopback, off) are valid, yet loading fails on the file's
+    intermediate value: consistency is checked after the overrides."""
+    cfg = tmp_path / "minou.toml"
+    cfg.write_text('host = "0.0.0.0"\n[auth]\nmode = "off"\n')
+    assert load_settings(cfg, host="127.0.0.1").host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("tls", "message"),
+    [
+        ({"cert": "c.pem"}, "tls: give both cert and key"),
+        ({"key": "k.pem"}, "tls: give both cert and key"),
+        ({"cert": "c.pem", "key": "k.pem", "self_signed": True},
+         "tls.self_signed: cannot be true when cert and key are given"),
+        ({"self_signed": "yes"}, 'tls.self_signed: expected true or false, got "yes"'),
+        ({"cert": 1, "key": "k.pem"}, "tls.cert: expected a PEM file path"),
+        ({"ca": "x"}, "tls.ca: unknown setting"),
+    ],
+)
+def test_bad_tls_names_the_key(tmp_path, tls, message):
+    assert message in config_error({"tls": tls}, tmp_path)
+
+
+def test_tls_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "minou.toml").write_text('[tls]\ncert = "tls/broker.pem"\nkey = "/abs/broker.key"\n')
+    monkeypatch.chdir(tmp_path)
+    s = load_settings(Path("conf") / "minou.toml")
+    assert s.tls_cert == str(conf.resolve() / "tls" / "broker.pem")
+    assert s.tls_key == "/abs/broker.key"
+    assert s.tls_enabled is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "enabled"),
+    [
+        ({}, False),  # loopback: plain text
+        ({"host": "0.0.0.0"}, True),  # beyond loopback: self-signed by default
+        ({"tls": {"self_signed": True}}, True),
+        ({"host": "0.0.0.0", "tls": {"self_signed": False}}, False),
+        ({"tls": {"cert": "c.pem", "key": "k.pem"}}, True),
+        ({"tls": {"cert": "c.pem", "key": "k.pem", "self_signed": False}}, True),
+    ],
+)
+def test_tls_enabled(tmp_path, raw, enabled):
+    assert parse(raw, tmp_path).tls_enabled is enabled
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ([{"client": "*"}, {"read": ["*"]}], "rules[1].client: missing"),
+        ([{"client": "a", "read": "orders/*"}], "rules[0].read: expected a list"),
+        ([{"client": "a", "write": ["!orders/*"]}], "rules[0].write[0]: '!orders/*'"),
+        ([{"client": "a", "accept": "yes"}], "rules[0].accept: expected true or false"),
+        ({"client": "a"}, "rules: expected a list of tables"),
+    ],
+)
+def test_bad_rules_name_the_rule(tmp_path, rules, message):
+    assert message in config_error({"rules": rules}, tmp_path)
+
+
+def test_rules_are_parsed(tmp_path):
+    s = parse({"rules": [{"client": "billing-*", "write": ["invoice/v1/*"]}]}, tmp_path)
+    assert s.rules.accepts("billing-1") is True and s.rules.accepts("shop-1") is False
+    assert s.rules.for_client("billing-1").may_write("invoice/v1/7")
+    assert parse({}, tmp_path).rules.accepts("anyone") is None
+
+
+@pytest.mark.parametrize("value", [1, "true", 0])
+def test_strict_schemas_must_be_a_bool(tmp_path, value):
+    assert "strict_schemas: expected true or false" in config_error(
+        {"strict_schemas": value}, tmp_path)
+    assert parse({"strict_schemas": True}, tmp_path).strict_schemas is True
+
+
+ORDER_V1 = {"type": "object", "required": ["customer"],
+            "properties": {"customer": {"type": "string"}}}
+ORDER_V2 = {"type": "object", "required": ["customer", "total"],
+            "properties": {"customer": {"type": "string"}, "total": {"type": "number"}}}
+
+
+def test_inline_schema_compiles(tmp_path):
+    s = parse({"channels": {"orders/v1": {"schema": ORDER_V1, "prefetch": 5}}}, tmp_path)
+    compiled = s.schemas()["orders/v1"]
+    assert compiled.key == "orders/v1" and compiled.source == ORDER_V1
+    compiled.validate({"customer": "ada"})
+    with pytest.raises(SchemaViolation, match=r"\$.customer: must be string"):
+        compiled.validate({"customer": 7})
+    assert s.channel_options("orders/v1").prefetch == 5
+    assert s.schema_report == ()  # a single version has nothing to compare with
+
+
+def test_schema_file_is_relative_to_the_config_file(tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    (conf / "schemas").mkdir(parents=True)
+    (conf / "schemas" / "orders-v1.json").write_text(json.dumps(ORDER_V1))
+    (conf / "minou.toml").write_text(
+        '[channels."orders/v1"]\nschema = "schemas/orders-v1.json"\n')
+    monkeypatch.chdir(tmp_path)
+    s = load_settings(Path("conf") / "minou.toml")
+    assert s.schemas()["orders/v1"].source == ORDER_V1
+
+
+def test_schema_report_compares_consecutive_versions(tmp_path):
+    s = parse({"channels": {"orders/v1": {"schema": ORDER_V1},
+                            "orders/v2": {"schema": ORDER_V2}}}, tmp_path)
+    assert len(s.schema_report) == 1
+    report = s.schema_report[0]
+    assert isinstance(report, Compatibility)
+    assert (report.old, report.new, report.compatible) == ("orders/v1", "orders/v2", False)
+    assert any("total" in change for change in report.changes)
+    same = parse({"channels": {"orders/v1": {"schema": ORDER_V1},
+                               "orders/v2": {"schema": ORDER_V1}}}, tmp_path)
+    assert same.schema_report == (Compatibility("orders/v1", "orders/v2", True, []),)
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "nonsense"}, 'channels."orders/v1".schema: invalid JSON Schema'),
+        ("missing.json", 'channels."orders/v1".schema: cannot read schema file'),
+        (3, 'channels."orders/v1".schema: expected a JSON Schema object or a file path'),
+    ],
+)
+def test_bad_schema_names_the_channel(tmp_path, schema, message):
+    assert message in config_error({"channels": {"orders/v1": {"schema": schema}}}, tmp_path)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ..errors import ConfigError, NotAuthenticated, PendingApproval
-from .keys import PublicKey, fingerprint, load_public
+from .keys import PublicKey, fingerprint, load_public, public_pem
 from .tokens import ReplayGuard, algorithm_for, verify_token
 
 ACTIVE, PENDING, REVOKED = "active", "pending", "revoked"
@@ -80,9 +80,14 @@ def parse_public_key(pem: str | bytes) -> PublicKey:
     try:
         key = load_public(data)
         algorithm_for(key)
-    except ConfigError as exc:
-        raise NotAuthenticated(f"public key refused: {exc}") from None
+    except (ConfigError, NotAuthenticated) as exc:
+        raise NotAuthenticated(f"public key refused: {exc}", why="bad_key") from None
     return key
+
+
+def canonical_pem(key: PublicKey) -> str:
+    """One text per key (SubjectPublicKeyInfo PEM), whatever encoding was presented."""
+    return public_pem(key).decode().strip()
 
 
 class Registry:
@@ -141,8 +146,8 @@ class Registry:
         if record.status == REVOKED:
             raise NotAuthenticated(f"client {client_id!r} is revoked; an admin can approve it "
                                    "again", why="revoked")
-        if public_key is not None and public_key.strip() != record.public_key.strip():
-            presented = fingerprint(parse_public_key(public_key))
+        if public_key is not None and public_key.strip() != record.public_key.strip() and \
+                (presented := fingerprint(parse_public_key(public_key))) != record.fingerprint:
             raise NotAuthenticated(
                 f"client {client_id!r} is registered with key {record.fingerprint}, not "
                 f"{presented}; an admin can rotate it (minou clients rotate)", why="other_key")
@@ -173,7 +178,7 @@ class Registry:
                                    "new ones are refused until an admin decides",
                                    why="too_many_pending")
         record = ClientRecord(
-            client_id=client_id, public_key=public_key.strip(), fingerprint=fingerprint(key),
+            client_id=client_id, public_key=canonical_pem(key), fingerprint=fingerprint(key),
             algorithm=algorithm_for(key), status=ACTIVE if accepted else PENDING,
             created_at=now, updated_at=now,
             note="auto-accepted by a rule" if accepted else "first connection",
@@ -200,7 +205,7 @@ class Registry:
         key = parse_public_key(public_key)
         moment = time.time() if now is None else now
         record = ClientRecord(
-            client_id=client_id, public_key=public_key.strip(), fingerprint=fingerprint(key),
+            client_id=client_id, public_key=canonical_pem(key), fingerprint=fingerprint(key),
             algorithm=algorithm_for(key), status=ACTIVE, created_at=moment, updated_at=moment,
             note=note)
         self._save(record)
@@ -226,7 +231,7 @@ class Registry:
         """Replace the key of ``client_id``; tokens signed by the old key stop working."""
         record = self._get(client_id)
         key = parse_public_key(public_key)
-        record.public_key = public_key.strip()
+        record.public_key = canonical_pem(key)
         record.fingerprint = fingerprint(key)
         record.algorithm = algorithm_for(key)
         record.status = ACTIVE
