@@ -30,6 +30,19 @@ def make_body(size: int, ts: int | None = None) -> bytes:
     return TS.pack(ts) + b"x" * (size - TS.size)
 
 
+_KEY: Any = None
+
+
+def _process_key() -> Any:
+    """One key per process: a client id is bound to the first key it registered."""
+    global _KEY
+    if _KEY is None:
+        from minou.auth import keys
+
+        _KEY = keys.generate()
+    return _KEY
+
+
 class MinouPeer:
     """minou's asyncio client; payloads are bytes, so they travel raw (no JSON)."""
 
@@ -40,12 +53,10 @@ class MinouPeer:
         import os
 
         import minou
-        from minou.auth import keys
-
         # Each worker process is its own client with its own key pair (auto-accepted by
         # the bench broker's rule), as a deployed client would be.
         self.c = await minou.connect(self.url, client_id=f"bench-{os.getpid()}",
-                                     key=keys.generate(), reconnect=False)
+                                     key=_process_key(), reconnect=False)
 
     async def close(self) -> None:
         await self.c.close()
