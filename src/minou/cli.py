@@ -296,11 +296,20 @@ def _print_message(msg: Any, as_json: bool) -> None:
 
 @main.command(name="list")
 @connection_options
-@click.option("--channel", "-C", default="", help="Only channels starting with this.")
+@click.option("--queue", "-q", help="Only this queue (endpoint/version, e.g. orders/v1).")
+@click.option("--channel", "-C", default="",
+              help="With -q: one channel id of the queue; alone: channels starting with this.")
+@click.option("--messages", "-m", is_flag=True, help="Also show the stored messages.")
+@click.option("--limit", default=20, show_default=True, help="Messages shown per channel (-m).")
 @json_option
-def list_(conn: dict[str, Any], channel: str, as_json: bool) -> None:
-    """List channels and reader groups with their depth and unsettled counts."""
-    data = _admin(conn, "list", channel=channel)
+def list_(conn: dict[str, Any], queue: str | None, channel: str, messages: bool, limit: int,
+          as_json: bool) -> None:
+    """List channels and reader groups with their depth and unsettled counts (admin)."""
+    data = _admin(conn, "list", channel=channel, queue=queue)
+    if messages:
+        for ch in data["channels"]:
+            ch["messages"] = _admin(conn, "browse", channel=ch["channel"],
+                                    limit=limit)["messages"]
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -320,6 +329,90 @@ def list_(conn: dict[str, Any], channel: str, as_json: bool) -> None:
         groups.add_row(g["group"], g["kind"], ", ".join(g["patterns"]), str(g["members"]),
                        str(g["lag"]), str(g["unsettled"]))
     console.print(groups)
+    for ch in data["channels"] if messages else []:
+        rows = Table(title=f"messages of {ch['channel']}")
+        for col in ("seq", "id", "age", "attempts", "headers", "payload"):
+            rows.add_column(col)
+        for m in ch["messages"]:
+            payload = m["payload"] if m["payload_base64"] is None else \
+                f"<{m['size']} raw bytes>"
+            rows.add_row(str(m["seq"]), m["id"], f"{max(0.0, _now() - m['published_at']):.0f} s",
+                         str(m["attempts"]), json.dumps(m["headers"]) if m["headers"] else "",
+                         json.dumps(payload)[:200])
+        console.print(rows)
+
+
+@main.command()
+@connection_options
+@click.option("--queue", "-q", required=True, help="The queue (endpoint/version).")
+@click.option("--channel", "-C", help="Only this channel id of the queue.")
+@click.option("--dead", is_flag=True, help="Empty the queue's dead letters instead.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def delete(conn: dict[str, Any], queue: str, channel: str | None, dead: bool, yes: bool,
+           as_json: bool) -> None:
+    """Empty a queue (or one of its channels): its stored messages are removed (admin)."""
+    what = f"{'dead letters of ' if dead else ''}{queue}" + (f"/{channel}" if channel else "")
+    if not yes and not click.confirm(f"remove every message of {what}?"):
+        sys.exit(1)
+    result = _admin(conn, "dead.purge" if dead else "purge", queue=queue, channel=channel)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"removed {result['messages']} message(s) from {what}")
+
+
+@main.command(name="soft-stop")
+@connection_options
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until the broker has stopped.")
+@json_option
+def soft_stop(conn: dict[str, Any], wait: bool, as_json: bool) -> None:
+    """Stop a broker gracefully: no new publishes or consumers, deliveries settle (up to
+    the default lease), everything is committed, then it exits 0 (admin)."""
+    import time
+
+    result = _admin(conn, "soft_stop")
+    if wait:
+        from .client.sync import connect_sync
+
+        deadline = time.monotonic() + float(result["deadline_s"]) + 30
+        while time.monotonic() < deadline:
+            try:
+                connect_sync(conn["url"], reconnect=False, request_timeout=1,
+                             client_id="soft-stop-probe", cafile=conn["cafile"],
+                             tls_fingerprint=conn["tls_fingerprint"]).close()
+            except MinouError as exc:
+                if "no broker answered" in str(exc):
+                    result["stopped"] = True
+                    break
+            time.sleep(0.2)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"stopping: {result['unsettled']} deliveries to settle (at most "
+                   f"{result['deadline_s']:.0f} s)" + ("; stopped" if result.get("stopped")
+                                                        else ""))
+
+
+@main.command()
+@connection_options
+@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(10, 3600),
+              help="Seconds the token lives.")
+def token(conn: dict[str, Any], ttl: int) -> None:
+    """Print a bearer token for the HTTP API, signed with your key:
+    curl -H "Authorization: Bearer $(minou token)" ..."""
+    from .auth.tokens import make_token
+
+    with _client(conn) as client:
+        key = client._client.key
+        broker_id = client._client.broker_id
+        client_id = client.client_id
+    if key is None:
+        err.print("[red]no key: this broker did not ask for one (development mode needs no "
+                  "token)[/red]")
+        sys.exit(2)
+    click.echo(make_token(client_id, key, broker_id, ttl=ttl))
 
 
 @main.command()

@@ -40,6 +40,7 @@ class ErrorCode(IntEnum):
     SHUTTING_DOWN = 209
     PENDING_APPROVAL = 210
     SCHEMA_MISMATCH = 211
+    NOT_FOUND = 212
     # 3xx: the broker could not do it.
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
@@ -73,6 +74,7 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
                                          "client waits for an admin's approval"),
     ErrorCode.SCHEMA_MISMATCH: CodeInfo(422, "schema_mismatch",
                                         "payload does not match the channel's schema"),
+    ErrorCode.NOT_FOUND: CodeInfo(404, "not_found", "no such queue, channel, group or client"),
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
@@ -159,6 +161,12 @@ class PendingApproval(NotAuthenticated):
     code = ErrorCode.PENDING_APPROVAL
 
 
+class NotFound(RequestError):
+    """An admin operation named a queue, channel, group or client that does not exist."""
+
+    code = ErrorCode.NOT_FOUND
+
+
 class NotAuthorized(RequestError):
     code = ErrorCode.NOT_AUTHORIZED
 
@@ -208,7 +216,7 @@ for _cls in (
     ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, BadRequest, InvalidChannel,
     InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
-    SlowConsumer, TooManyConnections,
+    SlowConsumer, TooManyConnections, NotFound,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

@@ -20,9 +20,9 @@ Time is always passed in.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,12 +113,14 @@ class Broker:
         self._lease_heap: list[tuple[float, int, Lease]] = []
         self._tags = itertools.count(1)
         self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
-        self._id_prefix = os.urandom(6).hex()
-        self._ids = itertools.count(1)
+        self._by_hash: dict[int, list[str]] = {}
         self.rules = Rules.parse(None)
         self.strict_schemas = False
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
         self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
+        # Histograms the adapter may plug in (anything with observe(seconds)).
+        self.delivery_latency: Any = None  # published -> first delivered
+        self.ack_latency: Any = None  # delivered -> acked
 
     # ------------------------------------------------------------------ logs
     def options(self, channel: str) -> ChannelOptions:
@@ -154,8 +156,35 @@ class Broker:
             self._ready_groups[gc.group] = None
 
     # --------------------------------------------------------------- publish
-    def new_id(self) -> str:
-        return f"{self._id_prefix}{next(self._ids):010x}"
+    def new_id(self, log: ChannelLog, seq: int) -> str:
+        """A message id names its channel (a 64-bit hash) and seq, so a receipt lookup
+        finds the message without an index: ``<16 hex digits><seq in hex>``."""
+        return f"{self.channel_hash(log):016x}{seq:x}"
+
+    def channel_hash(self, log: ChannelLog) -> int:
+        h = log.id_hash
+        if not h:
+            h = log.id_hash = int.from_bytes(
+                hashlib.blake2b(log.name.encode(), digest_size=8).digest(), "big") or 1
+            self._by_hash.setdefault(h, []).append(log.name)
+        return h
+
+    def find_message(self, message_id: str) -> tuple[ChannelLog, int] | None:
+        """The channel and seq a message id names, if that channel is known."""
+        if len(message_id) < 17 or len(message_id) > 32:
+            return None
+        try:
+            h, seq = int(message_id[:16], 16), int(message_id[16:], 16)
+        except ValueError:
+            return None
+        if not self._by_hash:  # ids of channels created before this run: hash them once
+            for log in self.channels.values():
+                self.channel_hash(log)
+        for name in self._by_hash.get(h, ()):
+            log = self.channels.get(name)
+            if log is not None:
+                return log, seq
+        return None
 
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
                 ) -> tuple[list[Outcome], list[Msg]]:
@@ -284,7 +313,8 @@ class Broker:
             self.batch.deletes.append((log.name, oldest))
         ttl = send.ttl if send.ttl is not None else opts.ttl
         msg = Msg(
-            log.name, log.next_seq, self.new_id(), send.data, send.raw, send.headers,
+            log.name, log.next_seq, self.new_id(log, log.next_seq), send.data, send.raw,
+            send.headers,
             send.priority, now, now + ttl if ttl else None,
             now + send.delay if send.delay else None, send.key,
         )
@@ -623,6 +653,8 @@ class Broker:
         self.counters.delivered += 1
         if attempts > 1:
             self.counters.redelivered += 1
+        elif self.delivery_latency is not None:
+            self.delivery_latency.observe(now - msg.published_at)
         return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, msg.headers,
                         attempts, msg.published_at, msg.priority, msg.key)
 
@@ -664,14 +696,18 @@ class Broker:
                 self.counters.refuse(exc.reason)
                 failed.append((tag, int(exc.code), exc.message))
 
-    def ack(self, session: Session, tags: Iterable[int]) -> list[tuple[int, int, str]]:
+    def ack(self, session: Session, tags: Iterable[int],
+            now: float | None = None) -> list[tuple[int, int, str]]:
         failed: list[tuple[int, int, str]] = []
+        latency = self.ack_latency if now is not None else None
         for lease in self._settling(session, tags, failed):
             gc = lease.gc
             gc.settle(lease.seq)
             lease.sub.unsettled -= 1
             self.counters.acked += 1
             self._mark(gc)
+            if latency is not None:
+                latency.observe(now - (lease.expires - lease.sub.lease_s))  # type: ignore[operator]
         return failed
 
     def nack(
@@ -810,7 +846,8 @@ class Broker:
         })
         if group:
             headers["x-dead-group"] = group
-        dead = Msg(log.name, log.next_seq, self.new_id(), msg.data, msg.raw, headers,
+        dead = Msg(log.name, log.next_seq, self.new_id(log, log.next_seq), msg.data, msg.raw,
+                   headers,
                    0, msg.published_at, None, None, msg.key)
         log.next_seq += 1
         log.inflight += 1

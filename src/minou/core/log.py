@@ -101,6 +101,7 @@ class ChannelLog:
     published: int = 0
     loading: bool = False
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
+    id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
 
     def lookup(self, seq: int) -> Msg | _Sentinel:
         if seq < self.first_seq or seq in self.gone:

@@ -1,77 +1,218 @@
-"""Admin operations reachable over the native protocol (``ADMIN`` frames).
+"""Admin operations, shared by the native ``ADMIN`` frame, the HTTP API and the CLI.
 
-The connection checks the caller is an admin before any of these runs
-(``whoami`` excepted). Operations that change state answer after the commit
-that makes the change durable.
+Each operation takes the server, its arguments and the caller's identity. The
+adapters check the caller is an admin before any of these runs (``whoami``
+excepted). An operation returns a JSON-able value, or an awaitable of one when
+it must read storage. Operations that change state are answered after the
+commit that makes the change durable (the adapters wait for it).
 """
 
 from __future__ import annotations
 
+import base64
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BadRequest, NotAuthenticated
+from ..core import maintenance
+from ..core.log import Msg
+from ..errors import BadRequest, NotAuthenticated, NotFound
+from ..names import DEAD_PREFIX, validate_channel
 
 if TYPE_CHECKING:
+    from ..auth.registry import Identity
     from .app import BrokerServer
-    from .connection import NativeConnection
 
-Op = Callable[["BrokerServer", dict[str, Any], "NativeConnection | None"], Any]
+Op = Callable[["BrokerServer", dict[str, Any], "Identity | None"], Any]
+PUBLIC_OPS = frozenset({"whoami"})
+MAX_BROWSE = 1000
 
 
-def _status(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = args.get(name)
+    if value is None or value == "":
+        if required:
+            raise BadRequest(f"give {name}")
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    return value
+
+
+def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    value = args.get(name, default)
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise BadRequest(f"{name} must be an integer {lo}..{hi}")
+    return value
+
+
+def _queue_arg(args: dict[str, Any]) -> str:
+    queue = _str_arg(args, "queue")
+    assert queue is not None
+    body = queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX) else queue
+    parts = body.split("/")
+    if len(parts) != 2:
+        raise BadRequest(f"queue {queue!r} must be endpoint/version, e.g. orders/v1")
+    validate_channel(f"{body}/x")
+    return queue
+
+
+def _by(caller: Identity | None) -> str:
+    return caller.client_id if caller is not None else "the broker"
+
+
+# ------------------------------------------------------------------ status
+def _status(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.status()
 
 
-def _list(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _list(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     core = server.core
     now = time.time()
     prefix = str(args.get("channel") or "")
-    return {
-        "channels": [
-            core.channel_stats(log, now)
-            for name, log in sorted(core.channels.items())
-            if name.startswith(prefix)
-        ],
-        "groups": [core.group_stats(g, now) for _, g in sorted(core.groups.items())],
-    }
+    exact = None
+    if args.get("queue"):
+        queue = _queue_arg(args)
+        exact, prefix = (f"{queue}/{prefix}", "") if prefix else (None, f"{queue}/")
+    channels = [core.channel_stats(log, now) for name, log in sorted(core.channels.items())
+                if (name == exact if exact else name.startswith(prefix))]
+    prefix = exact or prefix
+    names = {c["channel"] for c in channels}
+    groups = [core.group_stats(g, now) for _, g in sorted(core.groups.items())
+              if not prefix or any(n in g.gcs for n in names)]
+    return {"channels": channels, "groups": groups}
 
 
-def _whoami(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
-    identity = conn.identity if conn is not None else None
-    if identity is None:
+def _whoami(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    if caller is None:
         return None
-    session = conn.session if conn is not None else None
-    return {"client_id": identity.client_id, "admin": identity.admin,
-            "method": identity.method, "fingerprint": identity.fingerprint,
-            "access": session.access.describe() if session is not None else None}
+    return {"client_id": caller.client_id, "admin": caller.admin, "method": caller.method,
+            "fingerprint": caller.fingerprint,
+            "access": server.access_for(caller).describe()}
 
 
+async def _queue(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    queue = _queue_arg(args)
+    channel_id = _str_arg(args, "channel", required=False)
+    group = _str_arg(args, "group", required=False)
+    logs = maintenance.channels_of(server.core, queue, channel_id)
+    if not logs:
+        raise NotFound(f"no channel in queue {queue!r}" +
+                         (f" with id {channel_id!r}" if channel_id else ""))
+    oldest = {log.name: await server.oldest_published(log, group) for log in logs}
+    stats = maintenance.queue_stats(server.core, queue, channel_id, oldest, time.time())
+    stats["rates"] = server.queue_rates(queue)
+    return stats
+
+
+def message_view(m: Msg, attempts: int = 0) -> dict[str, Any]:
+    """A stored message as JSON: the payload parsed (JSON) or base64 (raw)."""
+    import msgspec
+
+    if m.raw:
+        payload: Any = None
+        payload_base64: str | None = base64.b64encode(m.data).decode()
+    else:
+        payload, payload_base64 = msgspec.json.decode(m.data), None
+    return {"channel": m.channel, "seq": m.seq, "id": m.id, "published_at": m.published_at,
+            "priority": m.priority, "headers": m.headers or {}, "key": m.key,
+            "expires_at": m.expires_at, "deliver_at": m.deliver_at, "size": len(m.data),
+            "attempts": attempts, "payload": payload, "payload_base64": payload_base64}
+
+
+async def _browse(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    channel = _str_arg(args, "channel")
+    assert channel is not None
+    validate_channel(channel)
+    from_seq = _int_arg(args, "from_seq", 0, 0, 2**53)
+    limit = _int_arg(args, "limit", 50, 1, MAX_BROWSE)
+    log = server.core.channels.get(channel)
+    if log is None:
+        raise NotFound(f"no channel {channel!r}")
+    msgs = await server.read_messages(channel, max(from_seq, log.first_seq), log.end, limit)
+    attempts = {}
+    for gc in log.states:
+        for seq, n in gc.attempts.items():
+            attempts[seq] = max(attempts.get(seq, 0), n)
+    next_seq = msgs[-1].seq + 1 if len(msgs) == limit else log.end
+    return {"channel": channel, "first_seq": log.first_seq, "next_seq": next_seq,
+            "end": log.end, "messages": [message_view(m, attempts.get(m.seq, 0)) for m in msgs]}
+
+
+def _purge(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    queue = _queue_arg(args)
+    channel_id = _str_arg(args, "channel", required=False)
+    logs = maintenance.channels_of(server.core, queue, channel_id)
+    removed = {log.name: maintenance.purge(server.core, log) for log in logs}
+    server.after_maintenance()
+    return {"queue": queue, "purged": removed, "messages": sum(removed.values())}
+
+
+def _delete_group(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    group = _str_arg(args, "group")
+    assert group is not None
+    members = [m for m in server.core.groups[group].members] if group in server.core.groups \
+        else []
+    result = maintenance.delete_group(server.core, group, time.time(),
+                                      force=bool(args.get("force")))
+    server.ended_subscriptions(members, f"group {group!r} was deleted by {_by(caller)}")
+    server.after_maintenance()
+    return result
+
+
+async def _requeue_dead(server: BrokerServer, args: dict[str, Any],
+                        caller: Identity | None) -> Any:
+    queue = _queue_arg(args)
+    if queue.startswith(DEAD_PREFIX):
+        queue = queue[len(DEAD_PREFIX):]
+    channel_id = _str_arg(args, "channel", required=False)
+    limit = _int_arg(args, "limit", 10_000, 1, 100_000)
+    moved: dict[str, int] = {}
+    for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
+        msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)
+        moved[dead.name] = maintenance.requeue_dead(server.core, dead, msgs, time.time())
+    server.after_maintenance()
+    return {"queue": queue, "requeued": moved, "messages": sum(moved.values())}
+
+
+def _purge_dead(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    queue = _queue_arg(args)
+    if not queue.startswith(DEAD_PREFIX):
+        queue = DEAD_PREFIX + queue
+    return _purge(server, {**args, "queue": queue}, caller)
+
+
+async def _receipt(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    message_id = _str_arg(args, "id")
+    assert message_id is not None
+    return await server.message_receipt(message_id)
+
+
+def _soft_stop(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    return server.soft_stop(_by(caller))
+
+
+# ----------------------------------------------------------------- clients
 def _client_id(args: dict[str, Any]) -> str:
-    client_id = args.get("client_id")
-    if not isinstance(client_id, str) or not client_id:
-        raise BadRequest("give client_id")
+    client_id = _str_arg(args, "client_id")
+    assert client_id is not None
     return client_id
-
-
-def _by(conn: NativeConnection | None) -> str:
-    return conn.identity.client_id if conn is not None and conn.identity else "the broker"
 
 
 def _registry_op(server: BrokerServer, action: Callable[[], Any]) -> Any:
     try:
         record = action()
     except KeyError as exc:
-        raise BadRequest(str(exc.args[0])) from None
+        raise NotFound(str(exc.args[0])) from None
     except NotAuthenticated as exc:  # a bad public key given to rotate
         raise BadRequest(exc.message) from None
     server._persist_registry()
     return record.public()
 
 
-def _clients_list(server: BrokerServer, args: dict[str, Any],
-                  conn: NativeConnection | None) -> Any:
+def _clients_list(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     online: dict[str, int] = {}
     for c in server.connections:
         if c.identity is not None:
@@ -88,57 +229,62 @@ def _clients_list(server: BrokerServer, args: dict[str, Any],
             "rules": rules.describe(), "admins": sorted(server.settings.admins)}
 
 
-def _approve(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _approve(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
-    return _registry_op(server, lambda: server.registry.approve(client_id, by=_by(conn)))
+    return _registry_op(server, lambda: server.registry.approve(client_id, by=_by(caller)))
 
 
-def _revoke(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _self(caller: Identity | None, client_id: str) -> bool:
+    return caller is not None and caller.client_id == client_id
+
+
+def _revoke(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
-    if conn is not None and conn.identity is not None and conn.identity.client_id == client_id:
+    if _self(caller, client_id):
         raise BadRequest("an admin cannot revoke itself (ask another admin)")
-    result = _registry_op(server, lambda: server.registry.revoke(client_id, by=_by(conn)))
+    result = _registry_op(server, lambda: server.registry.revoke(client_id, by=_by(caller)))
     result["connections_closed"] = server.drop_client(
-        client_id, f"client {client_id!r} was revoked by {_by(conn)}")
+        client_id, f"client {client_id!r} was revoked by {_by(caller)}")
     return result
 
 
-def _rotate(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _rotate(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
+    if client_id not in server.registry.records:
+        raise NotFound(f"no client {client_id!r} is registered or pending")
     public_key = args.get("public_key")
     if not isinstance(public_key, str) or not public_key.strip():
         raise BadRequest("give public_key: the new public key (PEM), e.g. from minou keygen")
     result = _registry_op(
-        server, lambda: server.registry.rotate(client_id, public_key, by=_by(conn)))
+        server, lambda: server.registry.rotate(client_id, public_key, by=_by(caller)))
     # Connections authenticated with the old key end now; the new key must reconnect.
-    if conn is None or conn.identity is None or conn.identity.client_id != client_id:
+    if not _self(caller, client_id):
         result["connections_closed"] = server.drop_client(
-            client_id, f"the key of client {client_id!r} was rotated by {_by(conn)}")
+            client_id, f"the key of client {client_id!r} was rotated by {_by(caller)}")
     return result
 
 
-def _forget(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _forget(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
-    if conn is not None and conn.identity is not None and conn.identity.client_id == client_id:
+    if _self(caller, client_id):
         raise BadRequest("an admin cannot forget itself (ask another admin)")
     result = _registry_op(server, lambda: server.registry.forget(client_id))
     result["connections_closed"] = server.drop_client(
-        client_id, f"client {client_id!r} was removed by {_by(conn)}")
+        client_id, f"client {client_id!r} was removed by {_by(caller)}")
     return result
 
 
-def _release(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
-    channel = args.get("channel")
-    if not isinstance(channel, str) or not channel:
-        raise BadRequest("give channel: the reserved channel to release")
+def _release(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+    channel = _str_arg(args, "channel")
+    assert channel is not None
     owner = server.core.release(channel)
     if owner is None:
-        raise BadRequest(f"channel {channel!r} is not reserved")
+        raise NotFound(f"channel {channel!r} is not reserved")
     server.request_write(urgent=False)
     return {"channel": channel, "released_from": owner}
 
 
-def _reload(server: BrokerServer, args: dict[str, Any], conn: NativeConnection | None) -> Any:
+def _reload(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.reload()
 
 
@@ -146,6 +292,14 @@ OPERATIONS: dict[str, Op] = {
     "status": _status,
     "list": _list,
     "whoami": _whoami,
+    "queue": _queue,
+    "browse": _browse,
+    "purge": _purge,
+    "group.delete": _delete_group,
+    "dead.requeue": _requeue_dead,
+    "dead.purge": _purge_dead,
+    "receipt": _receipt,
+    "soft_stop": _soft_stop,
     "clients.list": _clients_list,
     "clients.approve": _approve,
     "clients.revoke": _revoke,
@@ -157,8 +311,10 @@ OPERATIONS: dict[str, Op] = {
 
 
 def run_admin(server: BrokerServer, op: str, args: dict[str, Any],
-              conn: NativeConnection | None = None) -> Any:
+              caller: Identity | None = None) -> Any | Awaitable[Any]:
     handler = OPERATIONS.get(op)
     if handler is None:
         raise BadRequest(f"unknown admin operation {op!r} (known: {', '.join(OPERATIONS)})")
-    return handler(server, args, conn)
+    if not isinstance(args, dict):
+        raise BadRequest("admin arguments must be a map")
+    return handler(server, args, caller)

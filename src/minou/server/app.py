@@ -99,6 +99,14 @@ class BrokerServer:
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
         self.reloads = 0
+        from .metrics import Metrics
+
+        self.metrics = Metrics(self.metrics_snapshot)
+        self.rates = self.metrics.rates
+        self.core.delivery_latency = self.metrics.delivery_latency
+        self.core.ack_latency = self.metrics.ack_latency
+        self._snapshot: dict[str, Any] | None = None
+        self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
         self.storage = SQLiteStorage(settings.data_dir)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
@@ -151,6 +159,9 @@ class BrokerServer:
         self.native_address = (sock[0], sock[1])
         if self.settings.http_port is not None:
             from .http import start_http
+            from .http_consumers import HttpConsumers
+
+            self.http_consumers = HttpConsumers(self)
 
             self._http, self.http_address = await start_http(self)
         self._tasks = [
@@ -453,7 +464,9 @@ class BrokerServer:
             self._stopped_writing = True
             self.request_stop()
             return
-        self.commit_seconds_total += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.commit_seconds_total += took
+        self.metrics.commit_duration.observe(took)
         self.commits += 1
         self._last_commit_at = time.time()
         if batch.messages:
@@ -512,6 +525,9 @@ class BrokerServer:
             self.core.tick(now)
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
+                self._sample_rates(now)
+                if self.http_consumers is not None:
+                    self.http_consumers.sweep(now)
                 expired = await loop.run_in_executor(
                     self._reader_pool, self.storage.expired, now, 1000
                 )
@@ -570,10 +586,186 @@ class BrokerServer:
         self._spawn(run())
 
     # -------------------------------------------------------------- admin
-    def admin(self, op: str, args: dict[str, Any], conn: NativeConnection | None = None) -> Any:
+    def admin(self, op: str, args: dict[str, Any], caller: Identity | None = None) -> Any:
+        """Run an admin operation: a value, or an awaitable of one (storage reads)."""
         from .admin import run_admin
 
-        return run_admin(self, op, args, conn)
+        return run_admin(self, op, args, caller)
+
+    async def read_messages(self, channel: str, from_seq: int, upto: int,
+                            limit: int) -> list[Msg]:
+        """Committed, live messages of ``channel`` from storage (the reader thread)."""
+        assert self.loop is not None
+        return await self.loop.run_in_executor(
+            self._reader_pool, self.storage.read_range, channel, from_seq, upto, limit)
+
+    async def oldest_published(self, log_: Any, group: str | None = None) -> float | None:
+        """When the oldest message not yet settled (by ``group``) was published."""
+        from ..core import maintenance
+        from ..core.log import Msg as _Msg
+
+        seq = maintenance.oldest_unsettled(self.core, log_, group)
+        if seq is None:
+            return None
+        found = log_.lookup(seq)
+        if isinstance(found, _Msg):
+            return found.published_at
+        msgs = await self.read_messages(log_.name, seq, log_.end, 1)
+        return msgs[0].published_at if msgs else None
+
+    def metrics_snapshot(self) -> dict[str, Any]:
+        """What a scrape shows (see metrics.Metrics); ages come from the last refresh."""
+        if self._snapshot is not None:
+            return self._snapshot
+        return self._build_snapshot({})
+
+    def _build_snapshot(self, oldest: dict[str, float | None]) -> dict[str, Any]:
+        now = time.time()
+        channels = []
+        for name, log_ in self.core.channels.items():
+            st = self.core.channel_stats(log_, now)
+            published = oldest.get(name)
+            st["oldest_age_s"] = round(now - published, 3) if published else 0.0
+            channels.append(st)
+        return {
+            "uptime_s": now - self.started_at,
+            "connections": len(self.connections),
+            "counters": self.core.counters.as_dict(),
+            "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
+                        "commit_seconds": self.commit_seconds_total},
+            "auth_failures": dict(self.registry.failures),
+            "schema_refused": dict(self.core.schema_refusals),
+            "channels": channels,
+            "groups": [self.core.group_stats(g, now) for g in self.core.groups.values()],
+        }
+
+    async def render_metrics(self) -> bytes:
+        """The Prometheus text of one scrape."""
+        await self.refresh_metrics_snapshot()
+        try:
+            return self.metrics.render()
+        finally:
+            self._snapshot = None
+
+    async def refresh_metrics_snapshot(self, max_reads: int = 200) -> None:
+        """Build the scrape's snapshot, reading the oldest unsettled message of each
+        channel from storage when memory does not have it (at most ``max_reads``)."""
+        oldest: dict[str, float | None] = {}
+        for name, log_ in list(self.core.channels.items())[:max_reads]:
+            oldest[name] = await self.oldest_published(log_)
+        self._snapshot = self._build_snapshot(oldest)
+
+    def queue_rates(self, queue: str) -> dict[str, float]:
+        return {name: round(self.rates.rate(f"{queue}|{name}"), 3)
+                for name in ("published", "delivered", "acked")}
+
+    def _sample_rates(self, now: float) -> None:
+        from ..core.maintenance import queue_of
+
+        totals: dict[str, float] = {}
+        for name, log_ in self.core.channels.items():
+            q = queue_of(name)
+            totals[f"{q}|published"] = totals.get(f"{q}|published", 0) + log_.published
+            delivered = sum(gc.delivered for gc in log_.states)
+            acked = sum(gc.acks for gc in log_.states)
+            totals[f"{q}|delivered"] = totals.get(f"{q}|delivered", 0) + delivered
+            totals[f"{q}|acked"] = totals.get(f"{q}|acked", 0) + acked
+        c = self.core.counters
+        totals.update(published=c.published, delivered=c.delivered, acked=c.acked)
+        self.rates.sample(now, totals)
+
+    def spawn_reply(self, conn: NativeConnection, req: int, pending: Any) -> None:
+        """Finish an admin operation that reads storage; reply (after its commit, if it
+        changed state) or send the error."""
+        from ..errors import RequestError
+
+        async def run() -> None:
+            try:
+                result = await pending
+            except RequestError as exc:
+                conn._refused(exc)
+                conn._error(req, exc)
+                conn.flush()
+                return
+            except Exception:
+                log.exception("admin operation failed")
+                conn.send(f.Error(req, 301, "internal error"))
+                return
+            if self.core.batch or self.core.has_dirty:
+                self.core.after_commit(lambda: conn.send(f.Result(req, result)))
+                self.request_write(urgent=False)
+            else:
+                conn.send(f.Result(req, result))
+
+        self._spawn(run())
+
+    def after_maintenance(self) -> None:
+        self.request_write(urgent=False)
+        self.request_pump()
+
+    def ended_subscriptions(self, subs: list[Any], reason: str) -> None:
+        """Tell the connections whose subscriptions an admin ended."""
+        for sub in subs:
+            conn = sub.session.conn
+            if conn is not None and hasattr(conn, "send"):
+                conn.send(f.Error(0, 208, f"subscription {sub.sid} ended: {reason}",
+                                  {"sid": sub.sid, "reason": "not_authorized"}))
+
+    def soft_stop(self, by: str) -> dict[str, Any]:
+        """Stop taking publishes and subscriptions, let deliveries settle (up to the
+        default lease), commit, then stop with exit status 0."""
+        self.accepting = False
+        unsettled = sum(len(s.leases) for c in self.connections
+                        if c.session is not None for s in [c.session])
+        log.warning("soft stop requested by %s: %d deliveries to settle", by, unsettled)
+
+        async def drain() -> None:
+            deadline = time.monotonic() + self.settings.default_lease
+            while time.monotonic() < deadline:
+                if not any(c.session is not None and c.session.leases
+                           for c in self.connections) and not self.http_consumers_busy():
+                    break
+                await asyncio.sleep(0.05)
+            self.request_stop()
+
+        self._spawn(drain())
+        return {"stopping": True, "unsettled": unsettled,
+                "deadline_s": self.settings.default_lease}
+
+    def http_consumers_busy(self) -> bool:
+        consumers = getattr(self, "http_consumers", None)
+        return bool(consumers and consumers.unsettled())
+
+    async def message_receipt(self, message_id: str) -> dict[str, Any]:
+        from ..core import maintenance
+        from ..errors import UnknownDelivery
+
+        found = self.core.find_message(message_id)
+        if found is None:
+            raise UnknownDelivery(f"no message {message_id!r} is known to this broker",
+                                  id=message_id)
+        log_, seq = found
+        out = {"id": message_id, **maintenance.receipt(self.core, log_, seq)}
+        if out["state"] == "unknown":
+            raise UnknownDelivery(f"no message {message_id!r} is known to this broker",
+                                  id=message_id)
+        if out["state"] == "removed":
+            dead = self.core.channels.get("_dead/" + log_.name)
+            if dead is not None:
+                for m in await self.read_messages(dead.name, dead.first_seq, dead.end, 10_000):
+                    headers = m.headers or {}
+                    if headers.get("x-original-id") == message_id:
+                        out["state"] = "dead_lettered"
+                        out["dead_letter"] = {
+                            "channel": m.channel, "seq": m.seq, "id": m.id,
+                            "reason": headers.get("x-dead-reason"),
+                            "detail": headers.get("x-dead-detail"),
+                            "group": headers.get("x-dead-group")}
+                        break
+            if out["state"] == "removed":
+                out["detail"] = ("settled by every reader, expired, dropped or purged; "
+                                 "no longer stored")
+        return out
 
     def status(self) -> dict[str, Any]:
         now = time.time()

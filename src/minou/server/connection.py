@@ -9,6 +9,7 @@ replies wait for the storage commit that makes them true.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -170,10 +171,17 @@ class NativeConnection:
         if len(frame.msgs) > MAX_BATCH:
             raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
         self.server.check_accepting()
+        received = time.perf_counter()
         outcomes, staged = self.core.publish(frame.msgs, time.time(), self.session.access)
         confirm = f.Confirm(frame.req, outcomes)
         if staged:
-            self.core.after_commit(lambda: self.send(confirm))
+            latency = self.server.metrics.publish_latency
+
+            def confirmed() -> None:
+                self.send(confirm)
+                latency.observe(time.perf_counter() - received)
+
+            self.core.after_commit(confirmed)
             self.server.publish_staged(self, staged)
         else:
             self._send(confirm)
@@ -207,7 +215,7 @@ class NativeConnection:
                 self._send(f.Error(0, code, text, {"tag": tag}))
 
     def _on_ack(self, frame: f.Ack) -> None:
-        self._settled(frame.req, self.core.ack(self.session, frame.tags))
+        self._settled(frame.req, self.core.ack(self.session, frame.tags, time.time()))
 
     def _on_nack(self, frame: f.Nack) -> None:
         failed = self.core.nack(self.session, frame.tags, delay=frame.delay, front=frame.front,
@@ -227,8 +235,10 @@ class NativeConnection:
             raise NotAuthorized(
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)
-        result = self.server.admin(frame.op, frame.args, self)
-        if self.core.batch:  # the operation changed state: answer once it is durable
+        result = self.server.admin(frame.op, frame.args, self.identity)
+        if inspect.isawaitable(result):
+            self.server.spawn_reply(self, frame.req, result)
+        elif self.core.batch or self.core.has_dirty:  # changed state: answer once durable
             self._reply_after_commit(f.Result(frame.req, result))
         else:
             self._send(f.Result(frame.req, result))

@@ -1,7 +1,7 @@
-"""The HTTP listener in the broker's own loop: health, status, and the native
-protocol over WebSocket (``/v1/ws``: binary messages carry native frames).
-
-The HTTP API proper (publish, consume, admin, metrics) grows here (issue #4).
+"""The HTTP listener in the broker's own loop (uvicorn): the HTTP API
+(``http_api``), the JSON stream (``http_stream``), the native protocol over
+WebSocket (``/v1/ws``: binary messages carry native frames) and the OpenAPI
+document.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -59,10 +59,19 @@ class _WebSocketTransport:
 
 
 def build_app(server: BrokerServer) -> Starlette:
-    async def health(request: Request) -> JSONResponse:
-        ok = server.accepting
-        body = {"status": "ok" if ok else "stopping", "storage": "ok"}
-        return JSONResponse(body, status_code=200 if ok else 503)
+    from ..errors import BadRequest, NotFound
+    from .http_api import HttpApi, error_response
+    from .http_stream import serve_stream
+    from .openapi import document
+
+    api = HttpApi(server)
+    spec = document()
+
+    async def openapi(request: Request) -> JSONResponse:
+        return JSONResponse(spec)
+
+    async def stream(ws: WebSocket) -> None:
+        await serve_stream(api, ws)
 
     async def native_ws(ws: WebSocket) -> None:
         await ws.accept()
@@ -97,9 +106,18 @@ def build_app(server: BrokerServer) -> Starlette:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(sender, 2)
 
-    return Starlette(routes=[
-        Route("/health", health),
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return error_response(BadRequest(f"{request.method} is not allowed on "
+                                         f"{request.url.path}"))
+
+    return Starlette(exception_handlers={404: not_found, 405: not_allowed}, routes=[
+        *api.routes(),
+        Route("/openapi.json", openapi, methods=["GET"]),
         WebSocketRoute("/v1/ws", native_ws),
+        WebSocketRoute("/v1/stream", stream),
     ])
 
 

@@ -1,0 +1,194 @@
+"""Operator actions on the broker's state: purge, delete a group, requeue dead letters,
+queue statistics. No I/O: storage reads happen in the adapter, which passes the
+messages in; every change goes to storage with the broker's next batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from ..errors import BadRequest, NotFound
+from ..names import DEAD_PREFIX, schema_key
+from ..protocol.frames import Send
+from .broker import Broker
+from .group import GroupChannel
+from .log import ChannelLog, Msg
+
+_DEAD_HEADERS = ("x-dead-reason", "x-dead-detail", "x-dead-group", "x-original-channel",
+                 "x-original-seq", "x-original-id")
+
+
+def queue_of(channel: str) -> str:
+    """``orders/v1/42`` -> ``orders/v1``; ``_dead/orders/v1/42`` -> ``_dead/orders/v1``."""
+    key = schema_key(channel)
+    return DEAD_PREFIX + key if channel.startswith(DEAD_PREFIX) else key
+
+
+def channels_of(core: Broker, queue: str, channel_id: str | None = None) -> list[ChannelLog]:
+    """The channels of ``queue`` (``endpoint/version``), or its one channel ``channel_id``."""
+    if channel_id:
+        log = core.channels.get(f"{queue}/{channel_id}")
+        return [log] if log is not None else []
+    return [log for name, log in sorted(core.channels.items()) if queue_of(name) == queue]
+
+
+def _heap(items: list[Any]) -> list[Any]:
+    heapq.heapify(items)
+    return items
+
+
+def _drop_leases(gc: GroupChannel, below: int) -> None:
+    """Forget deliveries of seqs < ``below``: their tags become unknown."""
+    for seq, lease in list(gc.pending.items()):
+        if seq < below:
+            lease.sub.unsettled -= 1
+            lease.sub.session.leases.pop(lease.tag, None)
+            lease.sub.leases.pop(lease.tag, None)
+            del gc.pending[seq]
+
+
+def purge(core: Broker, log: ChannelLog) -> int:
+    """Remove every committed message of ``log``; readers go on from its end."""
+    upto = log.end
+    for gc in list(log.states):
+        _drop_leases(gc, upto)
+        gc.front = _heap([s for s in gc.front if s >= upto])
+        gc.back.clear()
+        gc.delayed = _heap([d for d in gc.delayed if d[1] >= upto])
+        gc.prio = _heap([p for p in gc.prio if p[1] >= upto])
+        gc.sched = _heap([s for s in gc.sched if s[1] >= upto])
+        gc.skip = {s for s in gc.skip if s >= upto}
+        gc.acked = {s for s in gc.acked if s >= upto}
+        gc.attempts = {s: n for s, n in gc.attempts.items() if s >= upto}
+        gc.cursor = max(gc.cursor, upto)
+        gc.floor = max(gc.floor, upto)
+        core._mark(gc)
+    removed = log.truncate_below(upto)
+    core.batch.truncates[log.name] = log.first_seq
+    core.batch.channels[log.name] = log.next_seq
+    return removed
+
+
+def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> dict[str, Any]:
+    """Forget a reader group (a durable listener that will not come back, a consumer
+    group that is retired), so retention stops waiting for it."""
+    grp = core.groups.get(key)
+    if grp is None:
+        raise NotFound(f"no group {key!r} (see minou list)")
+    if grp.members and not force:
+        raise BadRequest(f"group {key!r} has {len(grp.members)} connected member(s); "
+                         "they must unsubscribe first (or force it)")
+    for sub in list(grp.members):
+        core.unsubscribe(sub.session, sub.sid, now)
+        # The member's connection is told by the adapter.
+    logs = [gc.log for gc in grp.gcs.values()]
+    for gc in list(grp.gcs.values()):
+        core._detach(gc, now)
+    del core.groups[key]
+    core._ready_groups.pop(grp, None)
+    core.batch.group_defs[key] = None
+    for log in logs:  # the other readers' floors may now let storage truncate
+        for other in log.states:
+            core._dirty[other] = None
+    return {"group": key, "channels": len(logs)}
+
+
+def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) -> int:
+    """Move dead letters back to their channel (new seqs, attempts start again);
+    those a reader of the dead-letter channel holds right now stay."""
+    if not dead.name.startswith(DEAD_PREFIX):
+        raise BadRequest(f"{dead.name!r} is not a dead-letter channel")
+    target = core._log(dead.name[len(DEAD_PREFIX):], now)
+    held = {seq for gc in dead.states for seq in gc.pending}
+    moved = 0
+    for m in msgs:
+        if m.seq in held or not dead.delete_one(m.seq):
+            continue
+        headers = {k: v for k, v in (m.headers or {}).items() if k not in _DEAD_HEADERS}
+        send = Send(target.name, m.data, m.raw, headers or None, m.priority, None, None, None,
+                    m.key)
+        core._stage(target, send, now)
+        core.batch.deletes.append((dead.name, m.seq))
+        moved += 1
+    for gc in dead.states:
+        core._mark(gc)
+    return moved
+
+
+def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
+                oldest: dict[str, float | None] | None = None,
+                now: float = 0.0) -> dict[str, Any]:
+    """Depth, unsettled, consumers and listeners of a queue (``endpoint/version``)."""
+    logs = channels_of(core, queue, channel_id)
+    names = {log.name for log in logs}
+    groups = [g for g in core.groups.values() if any(n in g.gcs for n in names)]
+    ages = [now - t for t in (oldest or {}).values() if t is not None]
+    return {
+        "queue": queue,
+        "channels": [core.channel_stats(log, now) for log in logs],
+        "depth": sum(log.count for log in logs),
+        "unsettled": sum(len(gc.pending) for log in logs for gc in log.states),
+        "published": sum(log.published for log in logs),
+        "dropped": sum(log.dropped for log in logs),
+        "expired": sum(log.expired for log in logs),
+        "oldest_age_s": round(max(ages), 3) if ages else None,
+        "consumers": sum(len(g.members) for g in groups if g.kind == "consume"),
+        "listeners": sum(len(g.members) for g in groups if g.kind == "listen"),
+        "groups": [core.group_stats(g, now) for g in groups],
+        "options": _options(logs[0] if logs else None, core, queue),
+    }
+
+
+def _options(log: ChannelLog | None, core: Broker, queue: str) -> dict[str, Any]:
+    opts = log.options if log is not None else core._options_for(
+        queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX) else queue)
+    return {"prefetch": opts.prefetch, "ttl": opts.ttl, "max_items": opts.max_items,
+            "overflow": opts.overflow, "requeue_limit": opts.requeue_limit,
+            "dead_letter": opts.dead_letter, "retention": opts.retention,
+            "schema": opts.schema.key if opts.schema is not None else None}
+
+
+def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) -> int | None:
+    """The lowest seq of ``log`` not yet settled (by ``group``, or by any reader);
+    None when everything is settled. With no reader, the oldest live message."""
+    gcs = [gc for gc in log.states if group is None or gc.group.key == group]
+    if group is not None and not gcs:
+        return None
+    floors = [gc.compute_floor() for gc in gcs] if gcs else [log.first_seq]
+    seq = min(floors)
+    while seq < log.end and (seq in log.gone or any(seq in gc.acked for gc in gcs)):
+        seq += 1
+    return seq if seq < log.end and seq >= log.first_seq else None
+
+
+def receipt(core: Broker, log: ChannelLog, seq: int) -> dict[str, Any]:
+    """What happened to message ``seq`` of ``log``, as far as memory knows: per reader
+    group waiting, delivered (with attempts) or acked; ``removed`` once gone (the
+    adapter then looks for a dead-letter copy)."""
+    found = log.lookup(seq) if seq < log.end else None
+    groups = []
+    for gc in log.states:
+        if seq < gc.floor or seq in gc.acked:
+            state = "acked"
+        elif seq in gc.pending:
+            state = "delivered"
+        else:
+            state = "requeued" if gc.attempts.get(seq) else "waiting"
+        groups.append({"group": gc.group.key, "state": state,
+                       "attempts": gc.attempts.get(seq, 0)})
+    if seq >= log.end:
+        overall = "unknown"
+    elif seq < log.first_seq or seq in log.gone:
+        overall = "removed"
+    elif groups and all(g["state"] == "acked" for g in groups):
+        overall = "acked"
+    elif any(g["state"] == "delivered" for g in groups):
+        overall = "delivered"
+    else:
+        overall = "stored"
+    out: dict[str, Any] = {"channel": log.name, "seq": seq, "state": overall,
+                           "groups": groups if overall not in ("removed", "unknown") else []}
+    if isinstance(found, Msg):
+        out["published_at"] = found.published_at
+    return out

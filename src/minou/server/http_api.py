@@ -1,0 +1,394 @@
+"""The HTTP API: routes over the same broker core, the same identities and rules.
+
+Every route that shows or changes messages needs ``Authorization: Bearer``
+(see ``http_auth``); admin routes need an admin identity. Errors are JSON
+``{"error": {"code", "reason", "message", "detail"}}`` with the HTTP status of
+the error table, and are counted like native refusals. The OpenAPI document
+(``openapi.py``) describes exactly these routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..auth.registry import Identity
+from ..errors import (
+    ERROR_TABLE,
+    BadRequest,
+    ErrorCode,
+    InvalidChannel,
+    NotAuthenticated,
+    NotAuthorized,
+    RequestError,
+    error_from_code,
+)
+from ..names import validate_channel
+from ..protocol.frames import Delivery, Send
+from . import nagios
+from .http_auth import HttpAuth
+from .http_consumers import MAX_WAIT_S
+
+if TYPE_CHECKING:
+    from .app import BrokerServer
+
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+HEADER_PREFIX = "x-minou-header-"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(_encode(value), status_code=status, media_type="application/json")
+
+
+def error_response(exc: RequestError) -> Response:
+    info = ERROR_TABLE[exc.code]
+    detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
+    headers = {"WWW-Authenticate": 'Bearer realm="minou"'} \
+        if exc.code == ErrorCode.NOT_AUTHENTICATED else None
+    body = {"error": {"code": int(exc.code), "reason": info.reason, "message": exc.message,
+                      "detail": detail}}
+    return Response(_encode(body), status_code=info.http_status, headers=headers,
+                    media_type="application/json")
+
+
+class HttpApi:
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.core = server.core
+        self.auth = HttpAuth(server)
+
+    # ------------------------------------------------------------- plumbing
+    def guard(self, handler: Callable[[Request, Identity], Awaitable[Response]], *,
+              admin: bool = False) -> Handler:
+        """Authenticate, authorize, and turn every refusal into a counted JSON error."""
+
+        async def run(request: Request) -> Response:
+            try:
+                identity = self.auth.identify(request.headers.get("authorization"),
+                                              request.query_params.get("access_token"))
+                if admin and not identity.admin:
+                    raise NotAuthorized(
+                        f"this route needs an admin identity (auth.admins); "
+                        f"{identity.client_id!r} is not one")
+                return await handler(request, identity)
+            except RequestError as exc:
+                if not getattr(exc, "counted", False):
+                    self.core.counters.refuse(exc.reason)
+                return error_response(exc)
+
+        return run
+
+    async def committed(self) -> None:
+        """Wait until what the request changed is durable (settlements only mark group
+        states dirty: those count too)."""
+        if not self.core.batch and not self.core.has_dirty:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.core.after_commit(lambda: fut.done() or fut.set_result(None))
+        self.server.request_write()
+        await fut
+
+    async def admin_op(self, op: str, args: dict[str, Any], identity: Identity) -> Any:
+        result = self.server.admin(op, args, identity)
+        if inspect.isawaitable(result):
+            result = await result
+        await self.committed()
+        return result
+
+    # -------------------------------------------------------------- messages
+    async def publish(self, request: Request, identity: Identity) -> Response:
+        p = request.path_params
+        channel = f"{p['endpoint']}/{p['version']}/{_raw_id(request)}"
+        q = request.query_params
+        if "payload" in q:
+            data = _encode(q["payload"])
+        else:
+            data = await request.body()
+            if not data:
+                raise BadRequest("give the message as a JSON body, or a string as ?payload=")
+        headers = {k[len(HEADER_PREFIX):]: v for k, v in request.headers.items()
+                   if k.startswith(HEADER_PREFIX)} or None
+        self.server.check_accepting()
+        send = Send(channel, data, False, headers, _int(q, "priority", 0),
+                    _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
+                    q.get("key") or None)
+        outcomes, staged = self.core.publish([send], time.time(), self.server.access_for(identity))
+        out = outcomes[0]
+        if out.code:
+            exc = error_from_code(out.code, out.error, {"channel": out.channel})
+            exc.counted = True  # type: ignore[attr-defined]  # core.publish counted it
+            raise exc
+        if staged:
+            await self.committed()
+        return json_response({"channel": out.channel, "seq": out.seq, "id": out.id,
+                              "duplicate": out.duplicate, "fanout": out.fanout}, 201)
+
+    async def consume(self, request: Request, identity: Identity, dead: bool = False
+                      ) -> Response:
+        p = request.path_params
+        pattern = ("_dead/" if dead else "") + f"{p['endpoint']}/{p['version']}/" \
+            + _raw_id(request)
+        q = request.query_params
+        wait = min(_float(q, "wait") or 0.0, MAX_WAIT_S)
+        lease = _float(q, "lease")
+        consumers = self.server.http_consumers
+        consumer = consumers.get(identity, pattern, q.get("group") or None, lease)
+        delivery = await consumer.next(wait)
+        if delivery is None:
+            return Response(status_code=204)
+        return json_response(delivery_view(delivery, f"{consumer.token}.{delivery.tag}"))
+
+    async def ack(self, request: Request, identity: Identity) -> Response:
+        receipt = request.path_params["receipt"]
+        self.server.http_consumers.settle(identity, receipt, "ack")
+        await self.committed()
+        return json_response({"receipt": receipt, "settled": "ack"})
+
+    async def nack(self, request: Request, identity: Identity) -> Response:
+        receipt = request.path_params["receipt"]
+        q = request.query_params
+        front = q.get("front", "true").lower() not in ("false", "0", "no")
+        self.server.http_consumers.settle(identity, receipt, "nack",
+                                          delay=_float(q, "delay") or 0.0, front=front)
+        await self.committed()
+        return json_response({"receipt": receipt, "settled": "nack"})
+
+    async def receipt(self, request: Request, identity: Identity) -> Response:
+        message_id = request.path_params["message_id"]
+        found = self.core.find_message(message_id)
+        if not identity.admin and found is not None:
+            access = self.server.access_for(identity)
+            name = found[0].name
+            if not (access.may_read(name) or access.may_write(name)):
+                raise NotAuthorized(f"client {identity.client_id!r} may not see messages "
+                                    f"of {name!r}", channel=name)
+        return json_response(await self.server.message_receipt(message_id))
+
+    # ----------------------------------------------------------------- admin
+    async def queues(self, request: Request, identity: Identity) -> Response:
+        from ..core import maintenance
+
+        now = time.time()
+        names = sorted({maintenance.queue_of(n) for n in self.core.channels})
+        out = []
+        for queue in names:
+            stats = maintenance.queue_stats(self.core, queue, None, None, now)
+            out.append({k: stats[k] for k in ("queue", "depth", "unsettled", "published",
+                                              "dropped", "expired", "consumers", "listeners")}
+                       | {"channels": len(stats["channels"]),
+                          "rates": self.server.queue_rates(queue)})
+        return json_response({"queues": out,
+                              "groups": [self.core.group_stats(g, now)
+                                         for _, g in sorted(self.core.groups.items())]})
+
+    async def queue(self, request: Request, identity: Identity, dead: bool = False
+                    ) -> Response:
+        q = request.query_params
+        args = {"queue": _queue(request, dead), "channel": q.get("channel"),
+                "group": q.get("group")}
+        return json_response(await self.admin_op("queue", args, identity))
+
+    async def browse(self, request: Request, identity: Identity, dead: bool = False
+                     ) -> Response:
+        q = request.query_params
+        args = {"channel": f"{_queue(request, dead)}/{_raw_id(request, tail='/messages')}",
+                "from_seq": _int(q, "from_seq", 0), "limit": _int(q, "limit", 50)}
+        return json_response(await self.admin_op("browse", args, identity))
+
+    def admin_route(self, op: str, *, query: tuple[str, ...] = (),
+                    queue: bool = False, body: bool = False) -> Handler:
+        async def run(request: Request, identity: Identity) -> Response:
+            args: dict[str, Any] = {k: request.query_params[k] for k in query
+                                    if k in request.query_params}
+            args.update({k: v for k, v in request.path_params.items()
+                         if k not in ("endpoint", "version")})
+            if queue:
+                args["queue"] = _queue(request)
+            if body:
+                raw = await request.body()
+                try:
+                    extra = _decode(raw) if raw else {}
+                except msgspec.DecodeError as exc:
+                    raise BadRequest(f"body is not valid JSON: {exc}") from None
+                if not isinstance(extra, dict):
+                    raise BadRequest("body must be a JSON object")
+                args.update(extra)
+            if "force" in args:
+                args["force"] = str(args["force"]).lower() in ("1", "true", "yes")
+            return json_response(await self.admin_op(op, args, identity))
+
+        return self.guard(run, admin=True)
+
+    # ------------------------------------------------------------ monitoring
+    async def metrics(self, request: Request, identity: Identity) -> Response:
+        body = await self.server.render_metrics()
+        return Response(body, media_type=self.server.metrics.content_type)
+
+    async def nagios(self, request: Request, identity: Identity) -> Response:
+        q = request.query_params
+        minutes = _float(q, "minutes")
+        minutes = 10.0 if minutes is None else minutes
+        queue, channel = _split_queue(request.path_params["queue"])
+        try:
+            stats = await self.admin_op("queue", {"queue": queue, "channel": channel,
+                                                  "group": q.get("group")}, identity)
+        except RequestError as exc:
+            result = nagios.unknown(exc.message)
+        else:
+            if q.get("group") and not any(g["group"] == q["group"] for g in stats["groups"]):
+                result = nagios.unknown(f"no group {q['group']!r} reads {queue}")
+            else:
+                result = nagios.check_queue(stats, minutes=minutes, group=q.get("group"))
+        return PlainTextResponse(result.text + "\n",
+                                 headers={"X-Nagios-Exit": str(result.code)})
+
+    async def queue_status(self, request: Request, identity: Identity) -> Response:
+        queue, channel = _split_queue(request.path_params["queue"])
+        args = {"queue": queue, "channel": channel, "group": request.query_params.get("group")}
+        return json_response(await self.admin_op("queue", args, identity))
+
+    async def health(self, request: Request) -> Response:
+        storage_ok = not self.server._stopped_writing
+        ok = self.server.accepting and storage_ok
+        body = {"status": "ok" if ok else ("stopping" if storage_ok else "failing"),
+                "storage": "ok" if storage_ok else "failed",
+                "accepting": self.server.accepting,
+                "uptime_s": round(time.time() - self.server.started_at, 3)}
+        return json_response(body, 200 if ok else 503)
+
+    # ---------------------------------------------------------------- routes
+    def routes(self) -> list[BaseRoute]:
+        g = self.guard
+        msg = "/{endpoint}/{version}/{id:path}"
+        queue = "/{endpoint}/{version}"
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", g(self.metrics, admin=True), methods=["GET"]),
+            Route("/statistics", g(self.metrics, admin=True), methods=["GET"]),
+            Route("/status/nagios/{queue:path}", g(self.nagios, admin=True), methods=["GET"]),
+            Route("/status/queues/{queue:path}", g(self.queue_status, admin=True),
+                  methods=["GET"]),
+            Route("/v1/messages" + msg, g(self.publish), methods=["POST"]),
+            Route("/v1/messages/{message_id}/receipt", g(self.receipt), methods=["GET"]),
+            Route("/v1/consume" + msg, g(self.consume), methods=["POST"]),
+            Route("/v1/consume/_dead" + msg, g(partial(self.consume, dead=True)),
+                  methods=["POST"]),
+            Route("/v1/ack/{receipt}", g(self.ack), methods=["POST"]),
+            Route("/v1/nack/{receipt}", g(self.nack), methods=["POST"]),
+            Route("/v1/status", self.admin_route("status"), methods=["GET"]),
+            Route("/v1/whoami", g(self.whoami), methods=["GET"]),
+            Route("/v1/queues", g(self.queues, admin=True), methods=["GET"]),
+            Route("/v1/queues" + queue, g(self.queue, admin=True), methods=["GET"]),
+            Route("/v1/queues/_dead" + queue, g(partial(self.queue, dead=True), admin=True),
+                  methods=["GET"]),
+            Route("/v1/queues" + msg + "/messages", g(self.browse, admin=True),
+                  methods=["GET"]),
+            Route("/v1/queues/_dead" + msg + "/messages",
+                  g(partial(self.browse, dead=True), admin=True), methods=["GET"]),
+            Route("/v1/queues" + queue + "/purge",
+                  self.admin_route("purge", query=("channel",), queue=True), methods=["POST"]),
+            Route("/v1/dead" + queue + "/requeue",
+                  self.admin_route("dead.requeue", query=("channel", "limit"), queue=True),
+                  methods=["POST"]),
+            Route("/v1/dead" + queue + "/purge",
+                  self.admin_route("dead.purge", query=("channel",), queue=True),
+                  methods=["POST"]),
+            Route("/v1/groups/{group:path}",
+                  self.admin_route("group.delete", query=("force",)), methods=["DELETE"]),
+            Route("/v1/clients", self.admin_route("clients.list"), methods=["GET"]),
+            Route("/v1/clients/{client_id}/approve", self.admin_route("clients.approve"),
+                  methods=["POST"]),
+            Route("/v1/clients/{client_id}/revoke", self.admin_route("clients.revoke"),
+                  methods=["POST"]),
+            Route("/v1/clients/{client_id}/forget", self.admin_route("clients.forget"),
+                  methods=["POST"]),
+            Route("/v1/clients/{client_id}/rotate",
+                  self.admin_route("clients.rotate", body=True), methods=["POST"]),
+            Route("/v1/admin/reload", self.admin_route("reload"), methods=["POST"]),
+            Route("/v1/admin/soft-stop", self.admin_route("soft_stop"), methods=["POST"]),
+        ]
+
+    async def whoami(self, request: Request, identity: Identity) -> Response:
+        return json_response(self.server.admin("whoami", {}, identity))
+
+
+def delivery_view(d: Delivery, receipt: str) -> dict[str, Any]:
+    if d.raw:
+        payload, payload_base64 = None, base64.b64encode(d.data).decode()
+    else:
+        payload, payload_base64 = _decode(d.data), None
+    return {"receipt": receipt, "channel": d.channel, "seq": d.seq, "id": d.id,
+            "payload": payload, "payload_base64": payload_base64, "headers": d.headers or {},
+            "attempts": d.attempts, "published_at": d.published_at, "priority": d.priority,
+            "key": d.key}
+
+
+def _queue(request: Request, dead: bool = False) -> str:
+    p = request.path_params
+    queue = f"{p['endpoint']}/{p['version']}"
+    try:
+        validate_channel(f"{queue}/x")
+    except InvalidChannel as exc:
+        raise InvalidChannel(exc.message.replace("/x'", "'")) from None
+    return "_dead/" + queue if dead else queue
+
+
+def _raw_id(request: Request, tail: str = "") -> str:
+    """The channel id exactly as sent: ids are URL-encoded inside channel names, so an
+    id ``a%2Fb`` must not become ``a/b`` (the router sees the decoded path)."""
+    raw = request.scope.get("raw_path")
+    if not raw:
+        return str(request.path_params["id"])
+    path = raw.decode("latin-1").split("?", 1)[0]
+    if tail and path.endswith(tail):
+        path = path[: -len(tail)]
+    p = request.path_params
+    # /v1/<route>[/_dead]/<endpoint>/<version>/<id...>
+    _, _, rest = path.partition(f"/{p['endpoint']}/{p['version']}/")
+    return rest or str(p["id"])
+
+
+def _split_queue(text: str) -> tuple[str, str | None]:
+    """``[_dead/]endpoint/version[/id]`` -> (queue, channel id or None)."""
+    dead = text.startswith("_dead/")
+    parts = text[len("_dead/"):].split("/", 2) if dead else text.split("/", 2)
+    queue = ("_dead/" if dead else "") + "/".join(parts[:2])
+    return queue, (parts[2] if len(parts) > 2 else None)
+
+
+def _float(q: Any, name: str) -> float | None:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be a number, not {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise BadRequest(f"{name} must be a finite number")
+    return value
+
+
+def _int(q: Any, name: str, default: int) -> int:
+    raw = q.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer, not {raw!r}") from None
+
+
+__all__ = ["HttpApi", "NotAuthenticated", "error_response", "json_response"]

@@ -1,0 +1,101 @@
+"""Who an HTTP request is: ``Authorization: Bearer <token>``.
+
+The bearer is either a JWT the client signed with its registered key (the same
+claims as on the native protocol: ``iss`` client id, ``aud`` broker id, at most
+an hour long), or the broker token when one is configured (its holders are
+admins). A JWT may be reused until it expires, as bearer tokens are; verified
+ones are cached until then, and every use re-checks that the client is still
+active with the same key, so a revocation or rotation applies at once. In the
+development mode (``--dev``, loopback only) requests need no token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import TYPE_CHECKING
+
+from ..auth.registry import ACTIVE, PENDING, Identity
+from ..auth.tokens import unverified_issuer, verify_token
+from ..errors import NotAuthenticated, PendingApproval
+
+if TYPE_CHECKING:
+    from .app import BrokerServer
+
+CACHE_LIMIT = 10_000
+
+
+class HttpAuth:
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self._cache: dict[str, tuple[Identity, float]] = {}
+
+    def identify(self, authorization: str | None, query_token: str | None = None) -> Identity:
+        """The caller's identity, or NotAuthenticated saying what is missing or wrong."""
+        settings = self.server.settings
+        if settings.auth_mode == "off":
+            return Identity("http-dev", True, method="development")
+        token = _bearer(authorization) if authorization else query_token
+        if not token:
+            raise NotAuthenticated(
+                "this request needs Authorization: Bearer <token> (a JWT signed with your "
+                "client key, e.g. from `minou token`, or the broker token)", why="no_token")
+        if settings.broker_token is not None and hmac.compare_digest(
+                token.encode(), settings.broker_token.encode()):
+            return Identity("broker-token", True, method="broker_token")
+        if settings.auth_mode == "token":
+            self.server.registry.failures["bad_broker_token"] += 1
+            raise NotAuthenticated("the broker token does not match", why="bad_broker_token")
+        return self._jwt(token)
+
+    def _jwt(self, token: str) -> Identity:
+        now = time.time()
+        registry = self.server.registry
+        cached = self._cache.get(token)
+        if cached is not None and cached[1] > now:
+            identity = cached[0]
+            record = registry.records.get(identity.client_id)
+            if record is not None and record.status == ACTIVE and \
+                    record.fingerprint == identity.fingerprint:
+                return self._with_admin(identity)
+            del self._cache[token]
+        try:
+            client_id = unverified_issuer(token)
+            record = registry.records.get(client_id)
+            if record is None:
+                raise NotAuthenticated(
+                    f"client {client_id!r} is not registered: connect once with its key "
+                    "(e.g. `minou whoami --key ...`) so an admin can approve it",
+                    why="unknown_client")
+            claims = verify_token(token, registry._key(record), client_id=client_id,
+                                  audience=self.server.core.broker_id, now=now)
+            if record.status == PENDING:
+                raise PendingApproval(f"client {client_id!r} waits for an admin's approval",
+                                      why="pending")
+            if record.status != ACTIVE:
+                raise NotAuthenticated(f"client {client_id!r} is {record.status}",
+                                       why=record.status)
+        except NotAuthenticated as exc:
+            registry.failures[str(exc.detail.get("why", "token"))] += 1
+            raise
+        record.last_seen = now
+        identity = Identity(client_id, False, record.fingerprint)
+        if len(self._cache) >= CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[token] = (identity, float(claims["exp"]))
+        return self._with_admin(identity)
+
+    def _with_admin(self, identity: Identity) -> Identity:
+        # Admin rights follow the live config (a reload may change auth.admins).
+        admin = identity.client_id in self.server.settings.admins
+        if admin == identity.admin:
+            return identity
+        return Identity(identity.client_id, admin, identity.fingerprint, identity.method)
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise NotAuthenticated("the Authorization header must be 'Bearer <token>'",
+                               why="bad_header")
+    return value.strip()

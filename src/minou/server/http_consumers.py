@@ -1,0 +1,157 @@
+"""Consumers over plain HTTP: ``POST /v1/consume/...`` long-polls for one message.
+
+HTTP has no connection to hang deliveries on, so each (client, group, pattern)
+gets a broker session of its own, kept while it is used. Its credit is the
+number of requests waiting: the broker hands a message out only when somebody
+is there to take it. A delivered message carries a receipt (``<consumer>.<tag>``)
+for ``/v1/ack`` and ``/v1/nack``; it is leased like any delivery and comes back
+if the lease runs out. An idle consumer with nothing unsettled is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from ..core.broker import Session
+from ..errors import UnknownDelivery
+from ..protocol.frames import Delivery
+
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+    from ..core.group import Subscription
+    from .app import BrokerServer
+
+IDLE_CLOSE_S = 60.0
+MAX_WAIT_S = 30.0
+POLL_S = 0.05
+
+
+class HttpConsumer:
+    def __init__(self, owner: HttpConsumers, key: tuple[str, str, str], identity: Identity
+                 ) -> None:
+        self.owner = owner
+        self.key = key
+        self.identity = identity
+        self.token = secrets.token_hex(8)
+        self.buffer: deque[Delivery] = deque()
+        self.waiters: deque[asyncio.Future[Delivery]] = deque()
+        self.last_used = time.monotonic()
+        self.session: Session | None = None
+        self.sub: Subscription | None = None
+
+    # the broker's pump calls this like it calls a native connection
+    def send_deliveries(self, sid: int, items: list[Delivery]) -> None:
+        for item in items:
+            while self.waiters and self.waiters[0].done():
+                self.waiters.popleft()
+            if self.waiters:
+                self.waiters.popleft().set_result(item)
+            else:
+                self.buffer.append(item)  # its taker gave up meanwhile: the next one gets it
+
+    def send(self, frame: Any) -> None:
+        """Errors the broker would push to a connection (an ended subscription)."""
+        self.owner.close(self)
+
+    def _credit(self) -> None:
+        sub = self.sub
+        if sub is None:
+            return
+        wanted = max(0, sum(not w.done() for w in self.waiters) - len(self.buffer))
+        sub.prefetch = sub.unsettled + wanted
+        if wanted and self.session is not None:
+            self.owner.server.wake_groups(self.session)
+
+    async def next(self, wait: float) -> Delivery | None:
+        self.last_used = time.monotonic()
+        if self.buffer:
+            return self.buffer.popleft()
+        fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        self._credit()
+        try:
+            # wait=0 still gives the broker a moment to hand over a message that is ready.
+            return await asyncio.wait_for(fut, max(wait, POLL_S))
+        except TimeoutError:
+            return None
+        finally:
+            if fut in self.waiters:
+                self.waiters.remove(fut)
+            self.last_used = time.monotonic()
+            self._credit()
+
+
+class HttpConsumers:
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.by_key: dict[tuple[str, str, str], HttpConsumer] = {}
+        self.by_token: dict[str, HttpConsumer] = {}
+
+    def get(self, identity: Identity, pattern: str, group: str | None,
+            lease: float | None) -> HttpConsumer:
+        key = (identity.client_id, group or pattern, pattern)
+        consumer = self.by_key.get(key)
+        if consumer is not None:
+            return consumer
+        server = self.server
+        server.check_accepting()
+        consumer = HttpConsumer(self, key, identity)
+        session = Session(identity.client_id, consumer, access=server.access_for(identity),
+                          admin=identity.admin)
+        sub = server.core.subscribe(
+            session, 1, kind="consume", patterns=[pattern], group=group, prefetch=1,
+            lease=lease or 0.0, now=time.time())
+        sub.prefetch = 0  # credit comes from waiting requests only
+        consumer.session, consumer.sub = session, sub
+        self.by_key[key] = consumer
+        self.by_token[consumer.token] = consumer
+        server.request_write(urgent=False)
+        return consumer
+
+    def _find(self, identity: Identity, receipt: str) -> tuple[HttpConsumer, int]:
+        token, _, tag = receipt.partition(".")
+        consumer = self.by_token.get(token)
+        if consumer is None or consumer.identity.client_id != identity.client_id \
+                or not tag.isdigit():
+            raise UnknownDelivery(f"receipt {receipt!r} is unknown, already settled or "
+                                  "expired", receipt=receipt)
+        consumer.last_used = time.monotonic()
+        return consumer, int(tag)
+
+    def settle(self, identity: Identity, receipt: str, op: str, **kw: Any) -> None:
+        consumer, tag = self._find(identity, receipt)
+        core = self.server.core
+        assert consumer.session is not None
+        if op == "ack":
+            failed = core.ack(consumer.session, [tag], time.time())
+        else:
+            failed = core.nack(consumer.session, [tag], now=time.time(), **kw)
+        if failed:
+            raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=receipt)
+        consumer._credit()
+
+    def close(self, consumer: HttpConsumer) -> None:
+        self.by_key.pop(consumer.key, None)
+        self.by_token.pop(consumer.token, None)
+        for fut in consumer.waiters:
+            if not fut.done():
+                fut.cancel()
+        if consumer.session is not None:
+            self.server.close_session(consumer.session)
+            consumer.session = None
+
+    def sweep(self, now: float) -> None:
+        """Close consumers nobody used for a while once nothing of theirs is unsettled."""
+        mono = time.monotonic()
+        for consumer in list(self.by_key.values()):
+            sub = consumer.sub
+            idle = mono - consumer.last_used > max(IDLE_CLOSE_S, sub.lease_s if sub else 0)
+            if idle and not consumer.waiters and (sub is None or sub.unsettled == 0):
+                self.close(consumer)
+
+    def unsettled(self) -> int:
+        return sum(c.sub.unsettled for c in self.by_key.values() if c.sub is not None)

@@ -1,0 +1,209 @@
+"""``/v1/stream``: subscribe, receive and settle over one WebSocket, in JSON.
+
+For browsers and scripts that cannot speak the binary native frames
+(``/v1/ws``). Client -> broker text messages::
+
+    {"op": "consume" | "listen", "pattern": "orders/v1/*", "group": "g",
+     "prefetch": 10, "start": "oldest", "name": "...", "ref": "any"}
+    {"op": "ack", "receipt": "3.17"}
+    {"op": "nack", "receipt": "3.17", "delay": 5, "front": false}
+    {"op": "publish", "channel": "orders/v1/1", "payload": {...}, "ref": "any"}
+    {"op": "unsubscribe", "sid": 3}
+
+Broker -> client: ``{"type": "subscribed", "sid", "ref"}``, ``{"type": "message",
+"sid", "receipt", ...}``, ``{"type": "settled", "receipt", "op"}`` and
+``{"type": "published", "seq", "id", "channel", "ref"}`` (both after the commit),
+``{"type": "error", "code", "reason", "message", "ref"}``. Authentication is the
+HTTP one (``Authorization: Bearer`` or ``?access_token=``); rules apply as on
+every other interface. The prefetch bounds what is in flight per subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..core.broker import Session
+from ..errors import ERROR_TABLE, BadRequest, RequestError, UnknownDelivery, error_from_code
+from ..protocol import frames as f
+from .http_api import delivery_view
+
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+    from .app import BrokerServer
+    from .http_api import HttpApi
+
+_encode = msgspec.json.encode
+_decode = msgspec.json.decode
+MAX_STREAM_PREFETCH = 1000
+
+
+class StreamSession:
+    """The broker's view of one /v1/stream socket (what the pump writes to)."""
+
+    def __init__(self, server: BrokerServer, identity: Identity) -> None:
+        self.server = server
+        self.identity = identity
+        self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.session = Session(identity.client_id, self, access=server.access_for(identity),
+                               admin=identity.admin)
+        self.next_sid = 1
+
+    def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
+        for d in items:
+            self.emit({"type": "message", "sid": sid,
+                       **delivery_view(d, f"{sid}.{d.tag}")})
+
+    def send(self, frame: Any) -> None:
+        if isinstance(frame, f.Error):
+            reason = frame.detail.get("reason") if frame.detail else None
+            self.emit({"type": "error", "code": frame.code, "reason": reason,
+                       "message": frame.message, "sid": frame.detail.get("sid")})
+
+    def emit(self, value: dict[str, Any]) -> None:
+        self.out.put_nowait(_encode(value))
+
+    def error(self, exc: RequestError, ref: Any = None) -> None:
+        self.server.core.counters.refuse(exc.reason)
+        self.emit({"type": "error", "code": int(exc.code), "reason": ERROR_TABLE[exc.code].reason,
+                   "message": exc.message, "ref": ref})
+
+    # ----------------------------------------------------------------- ops
+    def handle(self, api: HttpApi, raw: str | bytes) -> None:
+        ref = None
+        try:
+            try:
+                msg = _decode(raw)
+            except msgspec.DecodeError as exc:
+                raise BadRequest(f"not a JSON message: {exc}") from None
+            if not isinstance(msg, dict):
+                raise BadRequest("a stream message is a JSON object with an 'op'")
+            ref = msg.get("ref")
+            op = msg.get("op")
+            if op in ("consume", "listen"):
+                self._subscribe(op, msg, ref)
+            elif op in ("ack", "nack"):
+                self._settle(op, msg)
+            elif op == "publish":
+                self._publish(msg, ref)
+            elif op == "unsubscribe":
+                self.server.core.unsubscribe(self.session, _int(msg, "sid"), time.time())
+                self.server.request_write(urgent=False)
+            else:
+                raise BadRequest(f"unknown op {op!r} (consume, listen, ack, nack, publish, "
+                                 "unsubscribe)")
+        except RequestError as exc:
+            self.error(exc, ref)
+        self.server.request_pump()
+
+    def _subscribe(self, kind: str, msg: dict[str, Any], ref: Any) -> None:
+        self.server.check_accepting()
+        pattern = msg.get("pattern")
+        if not isinstance(pattern, str):
+            raise BadRequest("give pattern")
+        prefetch = _int(msg, "prefetch", 10)
+        if not 1 <= prefetch <= MAX_STREAM_PREFETCH:
+            raise BadRequest(f"prefetch must be 1..{MAX_STREAM_PREFETCH}")
+        sid = self.next_sid
+        self.server.core.subscribe(
+            self.session, sid, kind=kind, patterns=[pattern], group=_str(msg, "group"),
+            start=_str(msg, "start") or "", prefetch=prefetch, name=_str(msg, "name"),
+            now=time.time())
+        self.next_sid += 1
+        reply = {"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref}
+        self.server.core.after_commit(lambda: self.emit(reply))
+        self.server.request_write(urgent=False)
+
+    def _settle(self, op: str, msg: dict[str, Any]) -> None:
+        receipt = msg.get("receipt")
+        sid, _, tag = str(receipt).partition(".")
+        if not (sid.isdigit() and tag.isdigit()):
+            raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's")
+        core = self.server.core
+        if op == "ack":
+            failed = core.ack(self.session, [int(tag)], time.time())
+        else:
+            front = msg.get("front", True) is not False
+            delay = msg.get("delay") or 0.0
+            if not isinstance(delay, int | float) or isinstance(delay, bool):
+                raise BadRequest("delay must be a number of seconds")
+            failed = core.nack(self.session, [int(tag)], delay=float(delay), front=front,
+                               now=time.time())
+        if failed:
+            raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}")
+        reply = {"type": "settled", "receipt": receipt, "op": op}
+        core.after_commit(lambda: self.emit(reply))
+        self.server.request_write(urgent=False)
+
+    def _publish(self, msg: dict[str, Any], ref: Any) -> None:
+        self.server.check_accepting()
+        channel = msg.get("channel")
+        if not isinstance(channel, str) or "payload" not in msg:
+            raise BadRequest("publish needs channel and payload")
+        send = f.Send(channel, _encode(msg["payload"]), False, None, _int(msg, "priority", 0))
+        outcomes, staged = self.server.core.publish([send], time.time(), self.session.access)
+        out = outcomes[0]
+        if out.code:
+            exc = error_from_code(out.code, out.error, {"channel": out.channel})
+            self.emit({"type": "error", "code": out.code,
+                       "reason": ERROR_TABLE[exc.code].reason, "message": out.error,
+                       "ref": ref})
+            return
+        reply = {"type": "published", "channel": out.channel, "seq": out.seq, "id": out.id,
+                 "duplicate": out.duplicate, "fanout": out.fanout, "ref": ref}
+        if staged:
+            self.server.core.after_commit(lambda: self.emit(reply))
+            self.server.request_write()
+        else:
+            self.emit(reply)
+
+
+async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
+    server = api.server
+    try:
+        identity = api.auth.identify(ws.headers.get("authorization"),
+                                     ws.query_params.get("access_token"))
+    except RequestError as exc:
+        server.core.counters.refuse(exc.reason)
+        await ws.close(code=4401, reason=exc.message[:120])
+        return
+    await ws.accept()
+    stream = StreamSession(server, identity)
+
+    async def pump_out() -> None:
+        while (data := await stream.out.get()) is not None:
+            await ws.send_text(data.decode())
+
+    sender = asyncio.create_task(pump_out())
+    try:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            stream.handle(api, message.get("text") or message.get("bytes") or b"")
+    except WebSocketDisconnect:
+        pass
+    finally:
+        server.close_session(stream.session)
+        stream.out.put_nowait(None)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(sender, 2)
+
+
+def _int(msg: dict[str, Any], name: str, default: int | None = None) -> int:
+    value = msg.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise BadRequest(f"{name} must be an integer")
+    return value
+
+
+def _str(msg: dict[str, Any], name: str) -> str | None:
+    value = msg.get(name)
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    return value

@@ -1,0 +1,250 @@
+"""The OpenAPI 3.1 document of the HTTP API, served at ``/openapi.json``.
+
+Written out by hand, next to the routes it describes (``http_api.py``); the
+test suite runs schemathesis against it and a live broker, so the two cannot
+drift apart silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from ..errors import ERROR_TABLE
+
+# The channel name rules of minou.names (a channel is at most 255 characters).
+_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "minLength": 1, "maxLength": 50}
+_VERSION = {"type": "string", "pattern": "^v[1-9][0-9]{0,5}$"}
+_ID_CHARS = r"(?:[A-Za-z0-9._~!$&'()+,;=:@-]|%[0-9A-Fa-f]{2})"
+_ID = {"type": "string", "pattern": f"^(?:{_ID_CHARS}+|\\*)$", "minLength": 1,
+       "maxLength": 190}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": 315360000}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _path(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": schema,
+            "description": description}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for status in sorted({400, 401, 403, 404, *codes}):
+        reasons = sorted({i.reason for i in ERROR_TABLE.values() if i.http_status == status})
+        out[str(status)] = _json(_ref("Error"), ", ".join(reasons) or "error")
+    return out
+
+
+def _op(summary: str, *, tag: str, params: list[dict[str, Any]] | None = None,
+        ok: dict[str, Any], ok_status: str = "200", errors: tuple[int, ...] = (),
+        body: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+        public: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "tags": [tag], "parameters": params or [],
+                          "responses": {ok_status: ok, **(extra or {}), **_errors(*errors)}}
+    if public:
+        op["security"] = []
+        op["responses"] = {ok_status: ok, **(extra or {})}
+    if body is not None:
+        op["requestBody"] = body
+    return op
+
+
+MESSAGE_PARAMS = [_path("endpoint", _NAME), _path("version", _VERSION),
+                  _path("id", _ID, "the channel id (URL-encoded); '*' broadcasts")]
+QUEUE_PARAMS = [_path("endpoint", _NAME), _path("version", _VERSION)]
+OBJECT = {"type": "object"}
+TEXT = {"description": "Prometheus text format 0.0.4",
+        "content": {"text/plain": {"schema": {"type": "string"}}}}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["code", "reason", "message", "detail"],
+        "properties": {"code": {"type": "integer"}, "reason": {"type": "string"},
+                       "message": {"type": "string"}, "detail": {"type": "object"}}}}},
+    "Published": {"type": "object", "required": ["channel", "seq", "id", "duplicate", "fanout"],
+                  "properties": {"channel": {"type": "string"}, "seq": {"type": "integer"},
+                                 "id": {"type": "string"}, "duplicate": {"type": "boolean"},
+                                 "fanout": {"type": "integer"}}},
+    "Delivery": {"type": "object",
+                 "required": ["receipt", "channel", "seq", "id", "headers", "attempts",
+                              "published_at", "priority"],
+                 "properties": {"receipt": {"type": "string"}, "channel": {"type": "string"},
+                                "seq": {"type": "integer"}, "id": {"type": "string"},
+                                "payload": {}, "payload_base64": {"type": ["string", "null"]},
+                                "headers": {"type": "object",
+                                            "additionalProperties": {"type": "string"}},
+                                "attempts": {"type": "integer"},
+                                "published_at": {"type": "number"},
+                                "priority": {"type": "integer"},
+                                "key": {"type": ["string", "null"]}}},
+    "Settled": {"type": "object", "required": ["receipt", "settled"],
+                "properties": {"receipt": {"type": "string"},
+                               "settled": {"enum": ["ack", "nack"]}}},
+    "Queue": {"type": "object", "required": ["queue", "depth", "unsettled", "channels",
+                                             "consumers", "listeners", "groups", "options"],
+              "properties": {"queue": {"type": "string"}, "depth": {"type": "integer"},
+                             "unsettled": {"type": "integer"},
+                             "oldest_age_s": {"type": ["number", "null"]},
+                             "channels": {"type": "array"}, "groups": {"type": "array"},
+                             "consumers": {"type": "integer"},
+                             "listeners": {"type": "integer"},
+                             "rates": {"type": "object"}, "options": {"type": "object"}}},
+    "Receipt": {"type": "object", "required": ["id", "channel", "seq", "state"],
+                "properties": {"id": {"type": "string"}, "channel": {"type": "string"},
+                               "seq": {"type": "integer"},
+                               "state": {"enum": ["stored", "delivered", "acked", "removed",
+                                                  "dead_lettered"]},
+                               "groups": {"type": "array"},
+                               "dead_letter": {"type": "object"}}},
+}
+
+
+def document(server_url: str | None = None) -> dict[str, Any]:
+    paths: dict[str, Any] = {
+        "/health": {"get": _op("Liveness and storage readiness", tag="monitoring",
+                               ok=_json(OBJECT, "serving"), public=True,
+                               extra={"503": _json(OBJECT, "stopping or storage failed")})},
+        "/metrics": {"get": _op("Prometheus metrics (kitten_mq_* and minou_*)",
+                                tag="monitoring", ok=TEXT)},
+        "/statistics": {"get": _op("Same as /metrics", tag="monitoring", ok=TEXT)},
+        "/v1/messages/{endpoint}/{version}/{id}": {"post": _op(
+            "Publish a message (durable when this returns)", tag="messages",
+            params=[*MESSAGE_PARAMS,
+                    _query("payload", {"type": "string"}, "a string payload instead of a body"),
+                    _query("priority", {"type": "integer", "minimum": 0, "maximum": 9},
+                           "0..9, higher first"),
+                    _query("ttl", _SECONDS, "seconds to live"),
+                    _query("delay", _SECONDS, "seconds before delivery"),
+                    _query("dedup", {"type": "string"}, "drop repeats of this key"),
+                    _query("key", {"type": "string"}, "a message key")],
+            body={"required": True, "description": "the message (any JSON value); ignored "
+                  "when ?payload= is given", "content": {"application/json": {"schema": {}}}},
+            ok=_json(_ref("Published"), "stored"), ok_status="201",
+            errors=(404, 413, 422, 429, 503))},
+        "/v1/messages/{message_id}/receipt": {"get": _op(
+            "What happened to a message: stored, delivered, acked, dead-lettered (and why)",
+            tag="messages", params=[_path("message_id", {"type": "string"})],
+            ok=_json(_ref("Receipt"), "the message's state"), errors=(404,))},
+        "/v1/consume/{endpoint}/{version}/{id}": {"post": _op(
+            "Take the next message as a competing consumer (long-poll)", tag="messages",
+            params=[*MESSAGE_PARAMS,
+                    _query("group", {"type": "string"}, "consumer group (default: pattern)"),
+                    _query("wait", {"type": "number", "minimum": 0, "maximum": 30},
+                           "seconds to wait for a message"),
+                    _query("lease", {"type": "number", "minimum": 0, "maximum": 43200},
+                           "seconds before an unsettled message comes back")],
+            ok=_json(_ref("Delivery"), "a message and its receipt"),
+            extra={"204": {"description": "nothing arrived within wait"}}, errors=(503,))},
+        "/v1/ack/{receipt}": {"post": _op(
+            "Acknowledge a delivered message", tag="messages",
+            params=[_path("receipt", {"type": "string"})],
+            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404,))},
+        "/v1/nack/{receipt}": {"post": _op(
+            "Return a delivered message", tag="messages",
+            params=[_path("receipt", {"type": "string"}),
+                    _query("delay", _SECONDS, "seconds before retry"),
+                    _query("front", {"type": "boolean"}, "retry first (default) or last")],
+            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404,))},
+        "/v1/whoami": {"get": _op("The caller's identity and rights", tag="messages",
+                                  ok=_json(OBJECT, "identity"))},
+        "/v1/status": {"get": _op("Broker status", tag="admin", ok=_json(OBJECT, "status"))},
+        "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups", tag="admin",
+                                  ok=_json(OBJECT, "queues"))},
+        "/v1/queues/{endpoint}/{version}": {"get": _op(
+            "Inspect a queue: depth, unsettled, oldest age, consumers, rates", tag="admin",
+            params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
+                    _query("group", {"type": "string"}, "oldest unsettled for this group")],
+            ok=_json(_ref("Queue"), "the queue"))},
+        "/v1/queues/{endpoint}/{version}/{id}/messages": {"get": _op(
+            "Browse a channel's stored messages", tag="admin",
+            params=[*MESSAGE_PARAMS,
+                    _query("from_seq", {"type": "integer", "minimum": 0, "maximum": 2**53},
+                           "first seq"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
+                           "at most this many (default 50)")],
+            ok=_json(OBJECT, "a page of messages"))},
+        "/v1/queues/{endpoint}/{version}/purge": {"post": _op(
+            "Remove every message of a queue (or one channel)", tag="admin",
+            params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id")],
+            ok=_json(OBJECT, "messages removed per channel"))},
+        "/v1/dead/{endpoint}/{version}/requeue": {"post": _op(
+            "Move dead letters back to their channels", tag="admin",
+            params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000},
+                           "at most this many per channel")],
+            ok=_json(OBJECT, "messages requeued per channel"))},
+        "/v1/dead/{endpoint}/{version}/purge": {"post": _op(
+            "Remove dead letters", tag="admin",
+            params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id")],
+            ok=_json(OBJECT, "messages removed per channel"))},
+        "/v1/groups/{group}": {"delete": _op(
+            "Delete a reader group (a durable listener that will not come back)", tag="admin",
+            params=[_path("group", {"type": "string"}, "e.g. consume:billing"),
+                    _query("force", {"type": "boolean"}, "even with connected members")],
+            ok=_json(OBJECT, "deleted"))},
+        "/v1/clients": {"get": _op("Registered and pending clients, rules, reservations",
+                                   tag="admin", ok=_json(OBJECT, "clients"))},
+        "/v1/admin/reload": {"post": _op("Re-read the config file", tag="admin",
+                                         ok=_json(OBJECT, "what changed"))},
+        "/v1/admin/soft-stop": {"post": _op(
+            "Stop accepting, let deliveries settle, exit", tag="admin",
+            ok=_json(OBJECT, "stopping"), errors=(503,))},
+    }
+    for suffix, params in (("{endpoint}/{version}", QUEUE_PARAMS),
+                           ("{endpoint}/{version}/{id}", MESSAGE_PARAMS)):
+        paths[f"/status/nagios/{suffix}"] = {"get": _op(
+            "Nagios plugin output for a queue or channel (X-Nagios-Exit header: 0..3)",
+            tag="monitoring",
+            params=[*params,
+                    _query("minutes", {"type": "number", "minimum": 0, "maximum": 1e6},
+                           "warn when the oldest unsettled message is older (default 10)"),
+                    _query("group", {"type": "string"}, "one reader group only")],
+            ok={"description": "OK/WARNING/CRITICAL/UNKNOWN line with perfdata",
+                "content": {"text/plain": {"schema": {"type": "string"}}}})}
+        paths[f"/status/queues/{suffix}"] = {"get": _op(
+            "A queue's (or channel's) state as JSON", tag="monitoring",
+            params=[*params, _query("group", {"type": "string"},
+                                    "oldest unsettled for this group")],
+            ok=_json(_ref("Queue"), "the queue"))}
+    for action, summary in (("approve", "Approve a pending client"),
+                            ("revoke", "Revoke a client"),
+                            ("forget", "Remove a client's record")):
+        paths[f"/v1/clients/{{client_id}}/{action}"] = {"post": _op(
+            summary, tag="admin", params=[_path("client_id", {"type": "string"})],
+            ok=_json(OBJECT, "the client record"))}
+    paths["/v1/clients/{client_id}/rotate"] = {"post": _op(
+        "Give a client a new public key", tag="admin",
+        params=[_path("client_id", {"type": "string"})],
+        body={"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["public_key"],
+            "properties": {"public_key": {"type": "string"}}}}}},
+        ok=_json(OBJECT, "the client record"))}
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": "minou", "version": __version__,
+                 "description": "The HTTP API of a minou broker. Messages: any client with "
+                                "a token, under its rules. Admin and monitoring routes: admin "
+                                "identities. Also: the native frames over WebSocket at /v1/ws "
+                                "and a JSON stream at /v1/stream."},
+        "components": {"schemas": SCHEMAS, "securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "a JWT signed with the client's key (minou token), or the broker "
+                           "token"}}},
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }
+    if server_url:
+        doc["servers"] = [{"url": server_url}]
+    return doc

@@ -1,0 +1,332 @@
+"""The HTTP API as its users use it: curl-style requests through a real HTTP client
+against a real broker process, with real tokens, rules and storage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import minou
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
+
+from ..conftest import auth, client_key, wait_until
+
+RULES = """
+[[rules]]
+client = "app-*"
+read = ["orders/*", "_dead/orders/*"]
+write = ["orders/*"]
+
+[[rules]]
+client = "viewer-*"
+read = ["orders/*"]
+
+[channels."orders/v1"]
+requeue_limit = 1
+"""
+
+
+@pytest.fixture
+def http_broker(broker_factory, tmp_path):
+    cfg = tmp_path / "http.toml"
+    cfg.write_text(RULES)
+    return broker_factory.make(config=cfg).start()
+
+
+def bearer(broker, client_id: str) -> dict[str, str]:
+    """A client registers its key once (native HELLO), then signs bearer tokens."""
+    with minou.connect_sync(broker.url, **auth(client_id)):
+        pass
+    key = keyfiles.load_private(client_key(client_id))
+    return {"Authorization": f"Bearer {make_token(client_id, key, 'minou', ttl=600)}"}
+
+
+def admin_bearer(broker) -> dict[str, str]:
+    key = keyfiles.load_private(broker.admin_key)
+    return {"Authorization": f"Bearer {make_token('admin', key, 'minou', ttl=600)}"}
+
+
+@pytest.fixture
+def http(http_broker):
+    with httpx.Client(base_url=http_broker.http, timeout=15) as client:
+        yield client
+
+
+def test_publish_consume_ack_over_http(http_broker, http):
+    h = bearer(http_broker, "app-1")
+    r = http.post("/v1/messages/orders/v1/42", json={"total": 12.5}, headers=h)
+    assert r.status_code == 201, r.text
+    published = r.json()
+    assert published["seq"] == 1 and published["channel"] == "orders/v1/42"
+    r = http.post("/v1/messages/orders/v1/42", params={"payload": "plain text"},
+                  headers={**h, "X-Minou-Header-Source": "curl"})
+    assert r.status_code == 201 and r.json()["seq"] == 2
+    got = http.post("/v1/consume/orders/v1/42", params={"group": "billing", "wait": 2},
+                    headers=h)
+    assert got.status_code == 200, got.text
+    first = got.json()
+    assert first["payload"] == {"total": 12.5} and first["id"] == published["id"]
+    second = http.post("/v1/consume/orders/v1/*", params={"group": "billing", "wait": 2},
+                       headers=h)
+    # A different pattern is a different consumer of the same group: it gets message 2.
+    assert second.status_code == 200 and second.json()["payload"] == "plain text"
+    assert second.json()["headers"] == {"source": "curl"}
+    assert http.post(f"/v1/ack/{first['receipt']}", headers=h).json()["settled"] == "ack"
+    again = http.post(f"/v1/ack/{first['receipt']}", headers=h)
+    assert again.status_code == 404 and again.json()["error"]["reason"] == "unknown_delivery"
+    # Nothing more: a long-poll that times out answers 204.
+    t0 = time.monotonic()
+    empty = http.post("/v1/consume/orders/v1/42", params={"group": "billing", "wait": 0.5},
+                      headers=h)
+    assert empty.status_code == 204 and time.monotonic() - t0 >= 0.45
+
+
+def test_long_poll_wakes_when_a_message_arrives(http_broker, http):
+    h = bearer(http_broker, "app-2")
+
+    async def scenario() -> tuple[int, float]:
+        async with httpx.AsyncClient(base_url=http_broker.http, timeout=15) as c:
+            waiting = asyncio.create_task(c.post("/v1/consume/orders/v1/7",
+                                                 params={"group": "g", "wait": 10}, headers=h))
+            await asyncio.sleep(0.3)
+            t0 = time.monotonic()
+            await c.post("/v1/messages/orders/v1/7", json={"n": 1}, headers=h)
+            r = await waiting
+            return r.status_code, time.monotonic() - t0
+
+    status, took = asyncio.run(scenario())
+    assert status == 200 and took < 5
+
+
+def test_nack_with_delay_and_dead_letter_after_the_requeue_limit(http_broker, http):
+    h = bearer(http_broker, "app-3")
+    message_id = http.post("/v1/messages/orders/v1/9", json={"bad": True}, headers=h).json()["id"]
+    for _ in range(2):  # requeue_limit = 1: the second return dead-letters it
+        d = http.post("/v1/consume/orders/v1/9", params={"group": "w", "wait": 3},
+                      headers=h).json()
+        r = http.post(f"/v1/nack/{d['receipt']}", params={"delay": 0.2, "front": "false"},
+                      headers=h)
+        assert r.status_code == 200, r.text
+    dead = http.post("/v1/consume/_dead/orders/v1/9", params={"group": "ops", "wait": 3},
+                     headers=h)
+    assert dead.status_code == 200, dead.text
+    assert dead.json()["headers"]["x-dead-reason"] == "requeue_limit"
+    receipt = http.get(f"/v1/messages/{message_id}/receipt", headers=h).json()
+    assert receipt["state"] == "dead_lettered"
+    assert receipt["dead_letter"]["reason"] == "requeue_limit"
+
+
+def test_the_same_message_crosses_protocols(http_broker, http):
+    h = bearer(http_broker, "app-4")
+    with minou.connect_sync(http_broker.url, **auth("app-4")) as native:
+        sub = native.consume("orders/v2/*", group="x")
+        http.post("/v1/messages/orders/v2/1", json={"from": "http"}, headers=h)
+        msg = sub.get(timeout=5)
+        assert msg.payload == {"from": "http"} and msg.ack()
+        native.send("orders/v3/1", {"from": "native"})
+    got = http.post("/v1/consume/orders/v3/1", params={"wait": 3}, headers=h).json()
+    assert got["payload"] == {"from": "native"}
+
+
+def test_authentication_and_rules_over_http(http_broker, http):
+    none = http.post("/v1/messages/orders/v1/1", json={})
+    assert none.status_code == 401 and "Bearer" in none.headers["www-authenticate"]
+    assert none.json()["error"]["reason"] == "not_authenticated"
+    garbage = http.get("/v1/whoami", headers={"Authorization": "Bearer x.y.z"})
+    assert garbage.status_code == 401
+    basic = http.get("/v1/whoami", headers={"Authorization": "Basic abc"})
+    assert basic.status_code == 401 and "Bearer" in basic.json()["error"]["message"]
+    viewer = bearer(http_broker, "viewer-1")
+    assert http.get("/v1/whoami", headers=viewer).json()["client_id"] == "viewer-1"
+    forbidden = http.post("/v1/messages/orders/v1/1", json={}, headers=viewer)
+    assert forbidden.status_code == 403
+    assert "may not write to 'orders/v1/1'" in forbidden.json()["error"]["message"]
+    for path in ("/v1/queues", "/metrics", "/v1/clients", "/status/nagios/orders/v1"):
+        r = http.get(path, headers=viewer)
+        assert r.status_code == 403 and "admin" in r.json()["error"]["message"], path
+    # Another client's receipt is not yours to settle.
+    app = bearer(http_broker, "app-5")
+    http.post("/v1/messages/orders/v1/5", json={"n": 5}, headers=app)
+    d = http.post("/v1/consume/orders/v1/5", params={"wait": 3}, headers=app).json()
+    stolen = http.post(f"/v1/ack/{d['receipt']}", headers=bearer(http_broker, "app-6"))
+    assert stolen.status_code == 404
+    assert http.post(f"/v1/ack/{d['receipt']}", headers=app).status_code == 200
+    # Revocation applies to a token already in use.
+    with minou.connect_sync(http_broker.url, **http_broker.admin_auth()) as a:
+        a.admin("clients.revoke", client_id="viewer-1")
+    revoked = http.get("/v1/whoami", headers=viewer)
+    assert revoked.status_code == 401 and "revoked" in revoked.json()["error"]["message"]
+    with minou.connect_sync(http_broker.url, **http_broker.admin_auth()) as a:
+        refused = a.admin("status")["counters"]["refused"]
+    assert refused["not_authenticated"] >= 3 and refused["not_authorized"] >= 5
+
+
+def test_broker_token_is_an_admin_bearer(broker_factory, tmp_path):
+    cfg = tmp_path / "bt.toml"
+    cfg.write_text('[auth]\nbroker_token = "a-long-shared-secret"\n' + RULES)
+    broker = broker_factory.make(config=cfg).start()
+    with httpx.Client(base_url=broker.http) as http:
+        h = {"Authorization": "Bearer a-long-shared-secret"}
+        assert http.get("/v1/whoami", headers=h).json()["method"] == "broker_token"
+        assert http.post("/v1/messages/any/v1/1", json=1, headers=h).status_code == 201
+        assert http.get("/v1/queues", headers=h).status_code == 200
+
+
+def test_metrics_parse_with_prometheus_own_parser(http_broker, http):
+    h = bearer(http_broker, "app-7")
+    for i in range(3):
+        http.post("/v1/messages/orders/v1/m", json={"i": i}, headers=h)
+    d = http.post("/v1/consume/orders/v1/m", params={"wait": 3}, headers=h).json()
+    http.post(f"/v1/ack/{d['receipt']}", headers=h)
+    http.post("/v1/messages/orders/x/m", json={}, headers=h)  # refused: bad version
+    r = http.get("/metrics", headers=admin_bearer(http_broker))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert samples[("kitten_mq_messages_received_count", ())] == 3
+    assert samples[("kitten_mq_messages_sent_count", ())] == 1
+    assert samples[("kitten_mq_messages_acked_count", ())] == 1
+    assert samples[("kitten_mq_queue_messages_count", (("queue", "orders/v1"),))] == 3
+    assert samples[("minou_queue_depth", (("queue", "orders/v1"),))] == 2
+    assert samples[("minou_requests_refused_total", (("reason", "invalid_channel"),))] == 1
+    assert samples[("kitten_mq_info_uptime", ())] > 0
+    assert samples[("minou_storage_commit_duration_seconds_count", ())] > 0
+    assert samples[("minou_delivery_latency_seconds_count", ())] == 1
+    assert samples[("minou_ack_latency_seconds_count", ())] == 1
+    assert ("kitten_mq_messages_received_per_seconds_average", ()) in samples
+    assert http.get("/statistics", headers=admin_bearer(http_broker)).text.count(
+        "kitten_mq_messages_received_count") >= 1
+
+
+def test_nagios_and_queue_status(http_broker, http):
+    h = bearer(http_broker, "app-8")
+    admin = admin_bearer(http_broker)
+    http.post("/v1/messages/orders/v1/n", json={"n": 1}, headers=h)
+    http.post("/v1/consume/orders/v1/n", params={"group": "slow", "wait": 0}, headers=h)
+    ok = http.get("/status/nagios/orders/v1", params={"minutes": 5}, headers=admin)
+    assert ok.text.startswith("OK - orders/v1") and ok.headers["x-nagios-exit"] == "0"
+    assert "| oldest_age=" in ok.text
+    time.sleep(1.2)
+    warn = http.get("/status/nagios/orders/v1", params={"minutes": 0.015}, headers=admin)
+    assert warn.text.startswith("WARNING"), warn.text
+    assert warn.headers["x-nagios-exit"] == "1"
+    crit = http.get("/status/nagios/orders/v1/n", params={"minutes": 0.005, "group":
+                                                          "consume:slow"}, headers=admin)
+    assert crit.text.startswith("CRITICAL") and crit.headers["x-nagios-exit"] == "2"
+    unknown = http.get("/status/nagios/nothing/v1", headers=admin)
+    assert unknown.text.startswith("UNKNOWN") and unknown.headers["x-nagios-exit"] == "3"
+    status = http.get("/status/queues/orders/v1", headers=admin).json()
+    assert status["depth"] == 1 and status["unsettled"] == 1 and status["consumers"] == 1
+    assert status["oldest_age_s"] >= 1.0
+
+
+def test_admin_routes_browse_purge_requeue_delete(http_broker, http):
+    h = bearer(http_broker, "app-9")
+    admin = admin_bearer(http_broker)
+    for i in range(5):
+        http.post("/v1/messages/orders/v1/b", json={"i": i}, headers={
+            **h, "X-Minou-Header-Trace": f"t{i}"})
+    page = http.get("/v1/queues/orders/v1/b/messages", params={"limit": 2}, headers=admin)
+    body = page.json()
+    assert [m["payload"] for m in body["messages"]] == [{"i": 0}, {"i": 1}]
+    assert body["messages"][0]["headers"] == {"trace": "t0"} and body["next_seq"] == 3
+    rest = http.get("/v1/queues/orders/v1/b/messages", params={"from_seq": body["next_seq"]},
+                    headers=admin).json()
+    assert [m["seq"] for m in rest["messages"]] == [3, 4, 5]
+    inspect = http.get("/v1/queues/orders/v1", headers=admin).json()
+    assert inspect["depth"] == 5 and inspect["options"]["requeue_limit"] == 1
+    listing = http.get("/v1/queues", headers=admin).json()
+    assert any(q["queue"] == "orders/v1" and q["depth"] == 5 for q in listing["queues"])
+    purged = http.post("/v1/queues/orders/v1/purge", params={"channel": "b"}, headers=admin)
+    assert purged.json()["messages"] == 5
+    assert http.get("/v1/queues/orders/v1", headers=admin).json()["depth"] == 0
+    # Dead letters: make two, requeue them, consume them again.
+    for i in range(2):
+        http.post("/v1/messages/orders/v1/d", json={"d": i}, headers=h)
+    for _ in range(4):
+        d = http.post("/v1/consume/orders/v1/d", params={"group": "dl", "wait": 3},
+                      headers=h).json()
+        http.post(f"/v1/nack/{d['receipt']}", headers=h)
+    wait_until(lambda: http.get("/v1/queues/_dead/orders/v1", headers=admin).json()[
+        "depth"] == 2, 10, what="two dead letters")
+    moved = http.post("/v1/dead/orders/v1/requeue", headers=admin).json()
+    assert moved["messages"] == 2
+    back = http.post("/v1/consume/orders/v1/d", params={"group": "dl", "wait": 3}, headers=h)
+    assert back.json()["payload"] in ({"d": 0}, {"d": 1}) and back.json()["attempts"] == 1
+    assert "x-dead-reason" not in back.json()["headers"]
+    # A durable group nobody will use again can be deleted.
+    with minou.connect_sync(http_broker.url, **auth("app-9")) as c:
+        c.listen("orders/v9/*", name="gone").close()
+    groups = {g["group"] for g in http.get("/v1/queues", headers=admin).json()["groups"]}
+    assert "listen:app-9:gone" in groups
+    deleted = http.delete("/v1/groups/listen:app-9:gone", headers=admin)
+    assert deleted.status_code == 200, deleted.text
+    missing = http.delete("/v1/groups/listen:app-9:gone", headers=admin)
+    assert missing.status_code == 404 and "no group" in missing.json()["error"]["message"]
+
+
+def test_receipt_follows_a_message(http_broker, http):
+    h = bearer(http_broker, "app-10")
+    mid = http.post("/v1/messages/orders/v1/r", json={"r": 1}, headers=h).json()["id"]
+    http.post("/v1/consume/orders/v1/zz", params={"group": "other", "wait": 0}, headers=h)
+    assert http.get(f"/v1/messages/{mid}/receipt", headers=h).json()["state"] == "stored"
+    d = http.post("/v1/consume/orders/v1/r", params={"group": "rg", "wait": 3},
+                  headers=h).json()
+    receipt = http.get(f"/v1/messages/{mid}/receipt", headers=h).json()
+    assert receipt["state"] == "delivered"
+    assert receipt["groups"] == [{"group": "consume:rg", "state": "delivered", "attempts": 1}]
+    http.post(f"/v1/ack/{d['receipt']}", headers=h)
+    wait_until(lambda: http.get(f"/v1/messages/{mid}/receipt", headers=h).json()["state"]
+               in ("acked", "removed"), 5, what="acked")
+    assert http.get("/v1/messages/ffffffffffffffff1/receipt", headers=h).status_code == 404
+
+
+def test_stream_over_websocket(http_broker):
+    import websockets.sync.client as wsc
+
+    h = bearer(http_broker, "app-11")
+    url = http_broker.http.replace("http://", "ws://") + "/v1/stream"
+    with wsc.connect(url, additional_headers=h) as ws:
+        ws.send(json.dumps({"op": "consume", "pattern": "orders/v1/*", "group": "ws",
+                            "prefetch": 5, "ref": "sub"}))
+        assert json.loads(ws.recv(5))["type"] == "subscribed"
+        ws.send(json.dumps({"op": "publish", "channel": "orders/v1/s", "payload": {"w": 1},
+                            "ref": "p1"}))
+        seen = {}
+        while "message" not in seen or "published" not in seen:
+            m = json.loads(ws.recv(5))
+            seen[m["type"]] = m
+        assert seen["published"]["ref"] == "p1" and seen["message"]["payload"] == {"w": 1}
+        ws.send(json.dumps({"op": "ack", "receipt": seen["message"]["receipt"]}))
+        assert json.loads(ws.recv(5)) == {"type": "settled",
+                                          "receipt": seen["message"]["receipt"], "op": "ack"}
+        ws.send(json.dumps({"op": "publish", "channel": "secret/v1/1", "payload": 1}))
+        err = json.loads(ws.recv(5))
+        assert err["type"] == "error" and err["reason"] == "not_authorized"
+        ws.send("not json")
+        assert json.loads(ws.recv(5))["reason"] == "bad_request"
+    # Refused before the upgrade: no token, no socket.
+    with pytest.raises(Exception, match="HTTP 403"), wsc.connect(url) as ws:
+        ws.recv(5)
+
+
+def test_openapi_document_is_served(http_broker, http):
+    doc = http.get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.")
+    for path in ("/v1/messages/{endpoint}/{version}/{id}",
+                 "/v1/consume/{endpoint}/{version}/{id}",
+                 "/v1/ack/{receipt}", "/v1/nack/{receipt}", "/metrics", "/statistics",
+                 "/status/nagios/{endpoint}/{version}", "/status/queues/{endpoint}/{version}",
+                 "/health",
+                 "/v1/messages/{message_id}/receipt", "/v1/queues/{endpoint}/{version}/purge",
+                 "/v1/dead/{endpoint}/{version}/requeue"):
+        assert path in doc["paths"], path
+    assert http.get("/health").json()["status"] == "ok"
