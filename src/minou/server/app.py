@@ -115,6 +115,7 @@ class BrokerServer:
         self.slow_consumers = 0
         self.started_at = time.time()
         self.accepting = True
+        self.draining = False  # soft stop: no new deliveries either
         self.native_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self.commit_seconds_total = 0.0
@@ -384,10 +385,30 @@ class BrokerServer:
                                       {"sid": sid, "reason": exc.reason}))
                     closed.append({"client_id": session.client_id, "sid": sid,
                                    "reason": exc.message})
+        consumers = self.http_consumers
+        for consumer in list(consumers.by_key.values()) if consumers is not None else []:
+            consumer.identity = self.http_identity(consumer.identity)
+            if consumer.session is None:
+                continue
+            consumer.session.access = self.access_for(consumer.identity)
+            consumer.session.admin = consumer.identity.admin
+            try:
+                self.core.check_read(consumer.session, consumer.key[2])
+            except RequestError as exc:
+                consumers.close(consumer)
+                closed.append({"client_id": consumer.identity.client_id, "sid": 0,
+                               "reason": f"HTTP consumer {consumer.key[2]!r}: {exc.message}"})
         if closed:
             self.request_write(urgent=False)
             self.request_pump()
         return closed
+
+    def http_identity(self, identity: Identity) -> Identity:
+        """An identity with admin rights as the live config says (after a reload)."""
+        if identity.method != "key":
+            return identity
+        return Identity(identity.client_id, identity.client_id in self.settings.admins,
+                        identity.fingerprint, identity.method)
 
     def close_session(self, session: Session) -> None:
         self.core.disconnect(session, time.time())
@@ -492,6 +513,8 @@ class BrokerServer:
 
     def _pump(self) -> None:
         self._pump_scheduled = False
+        if self.draining:
+            return  # soft stop: what is out settles, nothing new goes out
         out, loads = self.core.pump(time.time())
         for sub, items in out.items():
             sub.session.conn.send_deliveries(sub.sid, items)
@@ -715,6 +738,7 @@ class BrokerServer:
         """Stop taking publishes and subscriptions, let deliveries settle (up to the
         default lease), commit, then stop with exit status 0."""
         self.accepting = False
+        self.draining = True
         unsettled = sum(len(s.leases) for c in self.connections
                         if c.session is not None for s in [c.session])
         log.warning("soft stop requested by %s: %d deliveries to settle", by, unsettled)
