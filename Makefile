@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench clean system-deps
+.PHONY: run test lint bench clean system-deps dashboard
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,24 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/minou start --dev --data ./data
 
-## system-deps: Debian packages the tests need (none yet beyond Python)
+## system-deps: Debian packages the tests need: chromium (the dashboard's browser tests)
+TEST_DEBS := chromium
 system-deps:
-	@true
+	@missing=""; for d in $(TEST_DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \
+	    || missing="$$missing $$d"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ -z "$(APT)" ]; then echo "no apt-get: install$$missing yourself"; exit 1; fi; \
+	  echo "installing$$missing"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing \
+	  || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -q --no-install-recommends $$missing; }; \
+	fi
+
+## dashboard: vendor the dashboard's JavaScript dependency from npm (output is committed)
+dashboard:
+	bash dashboard/build.sh
 
 ## test: install what the tests need, lint, and run the whole suite
 test: $(STAMP) system-deps

@@ -402,6 +402,10 @@ def soft_stop(conn: dict[str, Any], wait: bool, as_json: bool) -> None:
 def token(conn: dict[str, Any], ttl: int) -> None:
     """Print a bearer token for the HTTP API, signed with your key:
     curl -H "Authorization: Bearer $(minou token)" ..."""
+    _print_token(conn, ttl)
+
+
+def _print_token(conn: dict[str, Any], ttl: int) -> None:
     from .auth.tokens import make_token
 
     with _client(conn) as client:
@@ -413,6 +417,31 @@ def token(conn: dict[str, Any], ttl: int) -> None:
                   "token)[/red]")
         sys.exit(2)
     click.echo(make_token(client_id, key, broker_id, ttl=ttl))
+
+
+@main.command(name="admin-token")
+@click.option("--url", "-u", envvar="MINOU_URL", default=DEFAULT_URL, show_default=True,
+              help="The broker (its id is the token's audience).")
+@click.option("--data", "data_dir", default="data", show_default=True,
+              type=click.Path(file_okay=False), help="The broker's data dir (admin.key).")
+@click.option("--key", "-k", "key_path", envvar="MINOU_KEY",
+              help="An admin's key file instead of <data>/admin.key.")
+@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(10, 3600),
+              help="Seconds the token lives.")
+@click.option("--tls-fingerprint", envvar="MINOU_TLS_FINGERPRINT", help="Pin the broker's TLS "
+              "certificate.")
+@click.option("--cafile", envvar="MINOU_CAFILE", help="CA file for the broker's certificate.")
+def admin_token(url: str, data_dir: str, key_path: str | None, ttl: int,
+                tls_fingerprint: str | None, cafile: str | None) -> None:
+    """Print an admin bearer token: sign in to the dashboard with it (or use it with curl)."""
+    key = key_path or str(Path(data_dir) / "admin.key")
+    if not Path(key).exists():
+        err.print(f"[red]no admin key at {key}[/red]: give --data (the broker's data dir) or "
+                  "--key")
+        sys.exit(2)
+    conn = {"url": url, "key": key, "client_id": Path(key).stem if key_path else "admin",
+            "broker_token": None, "tls_fingerprint": tls_fingerprint, "cafile": cafile}
+    _print_token(conn, ttl)
 
 
 @main.command()

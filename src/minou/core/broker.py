@@ -118,6 +118,7 @@ class Broker:
         self.strict_schemas = False
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
         self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
+        self.read_refusals: dict[str, list[Any]] = {}  # pattern -> [refusals, last client]
         # Histograms the adapter may plug in (anything with observe(seconds)).
         self.delivery_latency: Any = None  # published -> first delivered
         self.ack_latency: Any = None  # delivered -> acked
@@ -498,11 +499,18 @@ class Broker:
         """Rules, then reservations: an exclusive (!) channel belongs to its first reader."""
         if session.admin:
             return
-        session.access.check_read(pattern)
-        owner = self.reservations.get(pattern)
-        if owner is not None and owner != session.client_id:
-            raise NotAuthorized(f"channel {pattern!r} is reserved by client {owner!r}",
-                                channel=pattern, owner=owner)
+        try:
+            session.access.check_read(pattern)
+            owner = self.reservations.get(pattern)
+            if owner is not None and owner != session.client_id:
+                raise NotAuthorized(f"channel {pattern!r} is reserved by client {owner!r}",
+                                    channel=pattern, owner=owner)
+        except NotAuthorized:
+            # Kept for "why is nothing flowing?": a consumer the rules keep out.
+            seen = self.read_refusals.setdefault(pattern, [0, ""])
+            seen[0] += 1
+            seen[1] = session.client_id
+            raise
 
     def _reserve(self, session: Session, patterns: list[str]) -> None:
         for pattern in patterns:

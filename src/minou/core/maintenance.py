@@ -6,6 +6,7 @@ messages in; every change goes to storage with the broker's next batch.
 from __future__ import annotations
 
 import heapq
+import time
 from typing import Any
 
 from ..errors import BadRequest, NotFound
@@ -192,3 +193,62 @@ def receipt(core: Broker, log: ChannelLog, seq: int) -> dict[str, Any]:
     if isinstance(found, Msg):
         out["published_at"] = found.published_at
     return out
+
+
+def _touches(pattern: str, queue: str) -> bool:
+    """Whether a subscription pattern reads (part of) ``queue``."""
+    if pattern.endswith("/*"):
+        prefix = pattern[:-1]
+        return queue.startswith(prefix) or prefix.startswith(queue + "/")
+    return pattern.startswith(queue + "/")
+
+
+def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
+             draining: bool = False, schema_recent: float = 0.0,
+             deliver_rate: float = 0.0) -> str:
+    """One sentence: why messages of ``queue`` are (not) flowing, from what the broker
+    can see. ``stats`` is queue_stats output; rates come from the adapter."""
+    if draining:
+        return "The broker is stopping (soft stop): nothing new is delivered."
+    refused = [(p, n, who) for p, (n, who) in core.read_refusals.items() if _touches(p, queue)]
+    if schema_recent > 0:
+        return (f"Publishes are being refused by the schema of {queue} "
+                f"({schema_recent:.1f}/s over the last minute): producers send the wrong format.")
+    if stats["depth"] == 0:
+        if stats["published"] == 0:
+            return f"Nothing has been published to {queue} yet."
+        return "The queue is empty: everything published has been settled."
+    groups = stats["groups"]
+    if not groups:
+        if refused:
+            p, n, who = max(refused, key=lambda r: r[1])
+            return (f"No reader: client {who!r} was refused reading {p!r} by the rules "
+                    f"({n} time(s)); messages wait.")
+        return (f"No consumer or listener has ever subscribed to {queue}: messages wait "
+                "until one does.")
+    members = [m for g in core.groups.values() if g.key in {x["group"] for x in groups}
+               for m in g.members]
+    if not members:
+        names = ", ".join(g["group"] for g in groups[:3])
+        extra = ""
+        if refused:
+            p, n, who = max(refused, key=lambda r: r[1])
+            extra = f" Client {who!r} was refused reading {p!r} by the rules ({n} time(s))."
+        return f"No consumer is connected (group(s) {names} have no members).{extra}"
+    if all(m.paused for m in members):
+        return "Every consumer is paused: their connections are not reading fast enough."
+    if all(m.unsettled >= m.prefetch for m in members) and stats["unsettled"]:
+        return (f"All {len(members)} consumer(s) are at their prefetch limit: they hold "
+                f"{stats['unsettled']} unsettled message(s) and are not acking.")
+    logs = channels_of(core, queue)
+    due = [t for log in logs for gc in log.states for t in
+           ([gc.delayed[0][0]] if gc.delayed else []) + ([gc.sched[0][0]] if gc.sched else [])]
+    ready = any(gc in gc.group.ready for log in logs for gc in log.states)
+    if due and not ready:
+        when = min(due)
+        return (f"Messages are delayed (publish delay or nack delay) until "
+                f"{time.strftime('%H:%M:%S', time.localtime(when))}, in {when - now:.0f} s.")
+    if deliver_rate > 0:
+        return f"Messages are flowing: {deliver_rate:.1f} delivered per second."
+    return (f"{stats['depth']} message(s) wait and {len(members)} reader(s) are connected; "
+            "deliveries should follow.")

@@ -102,8 +102,12 @@ async def _queue(server: BrokerServer, args: dict[str, Any], caller: Identity | 
         raise NotFound(f"no channel in queue {queue!r}" +
                          (f" with id {channel_id!r}" if channel_id else ""))
     oldest = {log.name: await server.oldest_published(log, group) for log in logs}
-    stats = maintenance.queue_stats(server.core, queue, channel_id, oldest, time.time())
-    stats["rates"] = server.queue_rates(queue)
+    now = time.time()
+    stats = maintenance.queue_stats(server.core, queue, channel_id, oldest, now)
+    rates = stats["rates"] = server.queue_rates(queue)
+    stats["diagnosis"] = maintenance.diagnose(
+        server.core, queue, stats, now, draining=server.draining,
+        schema_recent=rates["schema_refused"], deliver_rate=rates["delivered"])
     return stats
 
 

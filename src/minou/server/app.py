@@ -680,7 +680,7 @@ class BrokerServer:
 
     def queue_rates(self, queue: str) -> dict[str, float]:
         return {name: round(self.rates.rate(f"{queue}|{name}"), 3)
-                for name in ("published", "delivered", "acked")}
+                for name in ("published", "delivered", "acked", "schema_refused")}
 
     def _sample_rates(self, now: float) -> None:
         from ..core.maintenance import queue_of
@@ -693,6 +693,8 @@ class BrokerServer:
             acked = sum(gc.acks for gc in log_.states)
             totals[f"{q}|delivered"] = totals.get(f"{q}|delivered", 0) + delivered
             totals[f"{q}|acked"] = totals.get(f"{q}|acked", 0) + acked
+        for key, refused in self.core.schema_refusals.items():
+            totals[f"{key}|schema_refused"] = refused
         c = self.core.counters
         totals.update(published=c.published, delivered=c.delivered, acked=c.acked)
         self.rates.sample(now, totals)

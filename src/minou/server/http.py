@@ -15,7 +15,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .connection import NativeConnection
@@ -58,7 +58,7 @@ class _WebSocketTransport:
         self.paused.set()
 
 
-def build_app(server: BrokerServer) -> Starlette:
+def build_app(server: BrokerServer) -> Any:
     from ..errors import BadRequest, NotFound
     from .http_api import HttpApi, error_response
     from .http_stream import serve_stream
@@ -113,12 +113,50 @@ def build_app(server: BrokerServer) -> Starlette:
         return error_response(BadRequest(f"{request.method} is not allowed on "
                                          f"{request.url.path}"))
 
-    return Starlette(exception_handlers={404: not_found, 405: not_allowed}, routes=[
+    routes: list[Any] = [
         *api.routes(),
         Route("/openapi.json", openapi, methods=["GET"]),
         WebSocketRoute("/v1/ws", native_ws),
         WebSocketRoute("/v1/stream", stream),
-    ])
+    ]
+    from ..dashboard import STATIC_DIR
+
+    if (STATIC_DIR / "index.html").exists():
+        from starlette.staticfiles import StaticFiles
+
+        routes.append(Mount("/", app=StaticFiles(directory=STATIC_DIR, html=True),
+                            name="dashboard"))
+    app = Starlette(exception_handlers={404: not_found, 405: not_allowed}, routes=routes)
+    return _SecurityHeaders(app)
+
+
+class _SecurityHeaders:
+    """Headers every response carries: the dashboard runs only its own scripts, is never
+    framed, and leaks no URLs (ASGI middleware, so streaming and WebSockets pass)."""
+
+    HEADERS = [
+        (b"content-security-policy",
+         b"default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+         b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"no-referrer"),
+    ]
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class _EmbeddedServer(uvicorn.Server):
