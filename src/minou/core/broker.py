@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ from .writes import WriteBatch
 
 _json_check = msgspec.json.Decoder()
 _json_value = msgspec.json.decode
+_MESSAGE_ID = re.compile(r"[0-9a-f]{16}[1-9a-f][0-9a-f]{0,14}")  # what new_id makes
 MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
 
 
@@ -172,12 +174,9 @@ class Broker:
 
     def find_message(self, message_id: str) -> tuple[ChannelLog, int] | None:
         """The channel and seq a message id names, if that channel is known."""
-        if len(message_id) < 17 or len(message_id) > 32:
+        if not _MESSAGE_ID.fullmatch(message_id):
             return None
-        try:
-            h, seq = int(message_id[:16], 16), int(message_id[16:], 16)
-        except ValueError:
-            return None
+        h, seq = int(message_id[:16], 16), int(message_id[16:], 16)
         if not self._by_hash:  # ids of channels created before this run: hash them once
             for log in self.channels.values():
                 self.channel_hash(log)

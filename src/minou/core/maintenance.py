@@ -9,7 +9,7 @@ import heapq
 import time
 from typing import Any
 
-from ..errors import BadRequest, NotFound
+from ..errors import BadRequest, NotFound, QueueFull
 from ..names import DEAD_PREFIX, schema_key
 from ..protocol.frames import Send
 from .broker import Broker
@@ -104,7 +104,13 @@ def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) ->
     held = {seq for gc in dead.states for seq in gc.pending}
     moved = 0
     for m in msgs:
-        if m.seq in held or not dead.delete_one(m.seq):
+        if m.seq in held:
+            continue
+        try:
+            core._check_room(target)  # before the dead copy goes: a full channel keeps it
+        except QueueFull:
+            break
+        if not dead.delete_one(m.seq):
             continue
         headers = {k: v for k, v in (m.headers or {}).items() if k not in _DEAD_HEADERS}
         send = Send(target.name, m.data, m.raw, headers or None, m.priority, None, None, None,
@@ -157,7 +163,7 @@ def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) ->
     if group is not None and not gcs:
         return None
     floors = [gc.compute_floor() for gc in gcs] if gcs else [log.first_seq]
-    seq = min(floors)
+    seq = max(min(floors), log.first_seq)
     while seq < log.end and (seq in log.gone or any(seq in gc.acked for gc in gcs)):
         seq += 1
     return seq if seq < log.end and seq >= log.first_seq else None
