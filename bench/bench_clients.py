@@ -44,10 +44,15 @@ def _process_key() -> Any:
 
 
 class MinouPeer:
-    """minou's asyncio client; payloads are bytes, so they travel raw (no JSON)."""
+    """minou's asyncio client; payloads are bytes, so they travel raw (no JSON).
 
-    def __init__(self, url: str) -> None:
+    With ``json=True`` (peer name ``minou-json``, the pre-fill of the HTTP test e) the
+    payload is a JSON string encoding to ``size`` bytes, as an HTTP client would send.
+    """
+
+    def __init__(self, url: str, json: bool = False) -> None:
         self.url = url
+        self.json = json
 
     async def connect(self) -> None:
         import os
@@ -82,7 +87,7 @@ class MinouPeer:
 
         A confirm means the message is in a committed (fsync'd) SQLite transaction.
         """
-        body = make_body(size)
+        body: Any = "x" * (size - 2) if self.json else make_body(size)
         sem = asyncio.Semaphore(window)
         release = sem.release
         errors = 0
@@ -169,13 +174,18 @@ class MinouPeer:
 
 
 _MINOU_URL: str | None = None
+_JOB: dict[str, Any] = {}  # this worker process's job (one job per process)
 
 
 def _make_peer_factory(original):
     def make_peer(name: str):
-        if name == "minou":
+        if name in ("minou", "minou-json"):
             assert _MINOU_URL is not None
-            return MinouPeer(_MINOU_URL)
+            return MinouPeer(_MINOU_URL, json=name == "minou-json")
+        if name == "minou-http":  # test e: the HTTP API (bench/http_bench.py)
+            import http_bench
+
+            return http_bench.HttpPeer(_JOB)
         return original(name)
 
     return make_peer
@@ -184,12 +194,13 @@ def _make_peer_factory(original):
 def worker_entry(job: dict[str, Any], barrier: Any, outq: Any) -> None:
     """Spawned process: point peers.py at this run's ports / broker, then run
     peers.py's own worker (uvloop, barrier, monotonic clock, CPU accounting)."""
-    global _MINOU_URL
+    global _MINOU_URL, _JOB
     import peers
 
     for name, port in job.get("ports", {}).items():
         peers.PEERS[name]["port"] = port
     _MINOU_URL = job.get("url")
+    _JOB = job
     if not getattr(peers.make_peer, "_minou", False):
         peers.make_peer = _make_peer_factory(peers.make_peer)
         peers.make_peer._minou = True  # type: ignore[attr-defined]

@@ -75,6 +75,7 @@ class MinouBroker:
         self.python = python
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
+        self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
         self.data_dir: Path | None = None
         self.starts = 0
 
@@ -111,7 +112,7 @@ class MinouBroker:
             lines.put(None)
 
         threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
-        url = None
+        url = http_url = None
         t0 = time.monotonic()
         while True:
             left = timeout - (time.monotonic() - t0)
@@ -126,9 +127,13 @@ class MinouBroker:
             m = re.search(r"native\s+(minou://\S+)", line)
             if m:
                 url = m.group(1)
+            m = re.search(r"http\s+(https?://\S+)", line)
+            if m:
+                http_url = m.group(1)
             if "stop with" in line and url:
                 break
         self.url = url
+        self.http_url = http_url
         return url
 
     def stop(self) -> None:

@@ -13,12 +13,19 @@ Tests (--only takes the letters or the row keys):
   c  lat: end-to-end latency p50 / p99, 2,000 msg/s for 5 s, 100 B,
      1 producer + 1 consumer (prefetch 100) concurrently
   d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size
+  e  http_pub, http_con: minou's HTTP API (minou only: no peer has one in this
+     harness), --http-procs processes x --http-conns keep-alive connections, one
+     request in flight per connection, each process a client with its own key and
+     JWT (bearer), 100 B JSON string payloads: publish (201 once fsync'd), N in
+     total or 10 s; consume (long poll, wait=1) + ack (200 once durable) of a
+     channel pre-filled with N messages (bench/http_bench.py)
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
 The peers are started here too, on 127.0.0.1 and free ports, and stopped by pid.
 
 Usage:  .venv/bin/python bench/minou_bench.py [--runs 3] [--only a,b] [--peers redis-aof,nats-js]
+        .venv/bin/python bench/minou_bench.py --only e --peers none   (the HTTP rows alone)
 """
 
 from __future__ import annotations
@@ -50,7 +57,9 @@ GROUPS = {
     "b": ["con_p1000", "con4_p1000"],
     "c": ["lat"],
     "d": ["mem"],
+    "e": ["http_pub", "http_con"],
 }
+HTTP_TESTS = GROUPS["e"]  # minou only
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
 
 # key, description, unit direction ("hi" = higher is better), minou target
@@ -67,6 +76,11 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("mem_hwm_mib", "server peak RSS while storing them (MiB)", "lo", None),
     ("mem_disk_mib", "data dir size, MEMN x 100 B stored (MiB)", "lo", None),
     ("mem_restart_mib", "server RSS after a restart with them stored (MiB)", "lo", None),
+    # targets: the small reference queues over HTTP (6-core laptop), see docs/benchmarks.md
+    ("http_pub", "HTTP publish 100 B, HTTPC keep-alive (msg/s, minou only)", "hi",
+     (">=", 14_000)),
+    ("http_con", "HTTP consume+ack, HTTPC keep-alive (msg/s, minou only)", "hi",
+     (">=", 4_300)),
 ]
 
 
@@ -149,10 +163,12 @@ class Bench:
         return dict(peer=system, window=self.args.window, limit_s=self.args.limit_s,
                     srv_pid=self.pid(system), ports=self.ports, url=self.minou.url)
 
-    def prefill(self, system: str, n: int, size: int, procs: int, limit_s: float) -> int:
+    def prefill(self, system: str, n: int, size: int, procs: int, limit_s: float,
+                peer: str | None = None) -> int:
         per = -(-n // procs)
         jobs = [dict(self.base(system), role="pub", n=min(per, n - i * per), size=size,
-                     limit_s=limit_s) for i in range(procs)]
+                     limit_s=limit_s, **({"peer": peer} if peer else {}))
+                for i in range(procs)]
         self.clients.run_jobs(jobs, timeout=limit_s + 120)
         self.peers.settle(self.pid(system))
         return self.admin(system, "depth")
@@ -180,7 +196,24 @@ class Bench:
                 f"clients {c.get('clients')}; host busy {c.get('host_busy_cores')} cores"
                 f"{f'; {errors} errors' if errors else ''})")
 
-        if test.startswith("pub"):
+        if test in HTTP_TESTS:
+            if system != "minou":
+                return  # no peer has an HTTP API in this harness
+            self.reset(system)
+            if not self.minou.http_url:
+                raise RuntimeError("the minou broker printed no HTTP URL")
+            http = dict(self.base(system), peer="minou-http", http_url=self.minou.http_url,
+                        conns=a.http_conns, http_client=a.http_client)
+            procs = a.http_procs
+            if test == "http_pub":
+                per = a.n // procs
+                timed(test, [dict(http, role="pub", n=per, size=100) for _ in range(procs)])
+            else:  # pre-filled with the native client, JSON payloads as HTTP would send
+                depth = self.prefill(system, a.n, 100, 1, a.prefill_limit_s, peer="minou-json")
+                res[f"{test}_depth"] = depth
+                timed(test, [dict(http, role="con", n=depth, batch=a.http_conns, idle_s=2.0,
+                                  name=f"h{i}") for i in range(procs)])
+        elif test.startswith("pub"):
             procs = a.procs if test.startswith("pub4") else 1
             size = 100 if test.endswith("100B") else 1024
             self.reset(system)
@@ -285,6 +318,9 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
         if not any(med.get(s, {}).get(key) is not None for s in systems):
             continue
         desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
+        desc = desc.replace("HTTPC", f"{args.http_procs} x {args.http_conns} "
+                            f"{'conn' if args.http_conns == 1 else 'conns'}"
+                            f"{'' if args.http_client == 'raw' else f', {args.http_client}'}")
 
         def cell(s: str, key: str = key) -> str:
             v = med.get(s, {}).get(key)
@@ -401,7 +437,7 @@ def parse_only(text: str | None) -> list[str]:
         elif item in ALL_TESTS:
             out.append(item)
         else:
-            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, "
+            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, e, "
                              f"{', '.join(ALL_TESTS)})")
     return [t for t in ALL_TESTS if t in out]
 
@@ -411,7 +447,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
     ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
-    ap.add_argument("--only", help="tests: a,b,c,d or row keys (pub_100B, con4_p1000, lat, mem)")
+    ap.add_argument("--only", help="tests: a,b,c,d,e or row keys (pub_100B, con4_p1000, lat, "
+                                   "mem, http_pub, http_con)")
     ap.add_argument("--peers", default=None,
                     help="comma separated: redis-aof,redis-mem,nats-js,rabbitmq; 'none' for "
                          "minou alone (default: each whose server binary is installed)")
@@ -430,6 +467,14 @@ def main() -> int:
     ap.add_argument("--mem-limit-s", type=float, default=300.0, help="time cap to fill test d")
     ap.add_argument("--mem-runs", type=int, default=1,
                     help="runs that include test d (it is slow and steady)")
+    ap.add_argument("--http-procs", type=int, default=4,
+                    help="client processes in the HTTP rows (test e)")
+    ap.add_argument("--http-conns", type=int, default=16,
+                    help="keep-alive connections per process in test e, one request in "
+                         "flight on each")
+    ap.add_argument("--http-client", choices=["raw", "httpx"], default="raw",
+                    help="test e's client: raw (asyncio + httptools parser, cheap) or "
+                         "httpx.AsyncClient (see bench/http_bench.py)")
     ap.add_argument("--live-src", action="store_true",
                     help="run src/ as it is at each moment (default: a copy taken at the start)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
@@ -531,7 +576,8 @@ def main() -> int:
             "minou_src": src_info,
             "params": {k: getattr(args, k) for k in (
                 "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
-                "lat_batch", "mem_n", "mem_procs", "mem_runs")},
+                "lat_batch", "mem_n", "mem_procs", "mem_runs", "http_procs", "http_conns",
+                "http_client")},
             "tests": tests,
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
