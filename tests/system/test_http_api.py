@@ -330,3 +330,22 @@ def test_openapi_document_is_served(http_broker, http):
                  "/v1/dead/{endpoint}/{version}/requeue"):
         assert path in doc["paths"], path
     assert http.get("/health").json()["status"] == "ok"
+
+
+def test_batch_publish_one_result_per_message(http_broker, http):
+    h = bearer(http_broker, "app-12")
+    batch = [{"channel": "orders/v1/batch", "payload": {"n": i}, "headers": {"k": "v"}}
+             for i in range(3)]
+    batch.append({"channel": "secret/v1/1", "payload": 1})  # refused alone by the rules
+    batch.append({"channel": "orders/v1/batch", "payload": 4, "priority": 12})  # bad priority
+    r = http.post("/v1/messages", json=batch, headers=h)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x.get("seq") for x in results[:3]] == [1, 2, 3]
+    assert results[3]["error"]["reason"] == "not_authorized"
+    assert results[4]["error"]["reason"] == "bad_request"
+    assert http.post("/v1/messages", json=[], headers=h).status_code == 400
+    assert http.post("/v1/messages", json=[{"channel": "a/v1/1"}], headers=h).status_code == 400
+    got = [http.post("/v1/consume/orders/v1/batch", params={"wait": 2}, headers=h).json()
+           for _ in range(3)]
+    assert [g["payload"] for g in got] == [{"n": 0}, {"n": 1}, {"n": 2}]

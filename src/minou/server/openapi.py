@@ -89,6 +89,15 @@ SCHEMAS: dict[str, Any] = {
                                 "published_at": {"type": "number"},
                                 "priority": {"type": "integer"},
                                 "key": {"type": ["string", "null"]}}},
+    "Message": {"type": "object", "required": ["channel", "payload"],
+                "additionalProperties": False,
+                "properties": {"channel": {"type": "string"}, "payload": {},
+                               "headers": {"type": "object",
+                                           "additionalProperties": {"type": "string"}},
+                               "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+                               "ttl": {"type": "number", "minimum": 0},
+                               "delay": {"type": "number", "minimum": 0},
+                               "dedup": {"type": "string"}, "key": {"type": "string"}}},
     "Settled": {"type": "object", "required": ["receipt", "settled"],
                 "properties": {"receipt": {"type": "string"},
                                "settled": {"enum": ["ack", "nack"]}}},
@@ -134,6 +143,14 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                   "when ?payload= is given", "content": {"application/json": {"schema": {}}}},
             ok=_json(_ref("Published"), "stored"), ok_status="201",
             errors=(404, 413, 422, 429, 503))},
+        "/v1/messages": {"post": _op(
+            "Publish many messages in one request (each durable when this returns)",
+            tag="messages",
+            body={"required": True, "content": {"application/json": {"schema": {
+                "type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("Message")}}}},
+            ok=_json({"type": "object", "required": ["results"], "properties": {"results": {
+                "type": "array", "items": {"type": "object"}}}},
+                "one result per message, in order: a receipt or an error"))},
         "/v1/messages/{message_id}/receipt": {"get": _op(
             "What happened to a message: stored, delivered, acked, dead-lettered (and why)",
             tag="messages", params=[_path("message_id", {"type": "string"})],

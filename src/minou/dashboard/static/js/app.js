@@ -1,0 +1,288 @@
+// The minou admin dashboard: sign-in, the shell, hash routing and polling.
+// Plain ES modules, no build step; uPlot (vendor/) is the only library.
+
+import { api, ApiError, onUnauthorized, saveToken, session } from "./api.js";
+import { h } from "./dom.js";
+import * as clientsPage from "./pages/clients.js";
+import * as overviewPage from "./pages/overview.js";
+import * as queuePage from "./pages/queue.js";
+import * as queuesPage from "./pages/queues.js";
+
+const POLL_MS = 2000;
+const NOT_ADMIN = "this identity is not an admin";
+
+const $ = (sel) => document.querySelector(sel);
+const els = {
+  boot: $("#boot"),
+  signin: $("#signin-screen"),
+  form: $("[data-testid=signin]"),
+  input: $("[data-testid=token-input]"),
+  signinError: $("[data-testid=signin-error]"),
+  signinButton: $("[data-testid=signin-button]"),
+  shell: $("#shell"),
+  view: $("#view"),
+  banner: $("#banner"),
+  identity: $("#identity"),
+  devSlot: $("#dev-badge-slot"),
+  theme: $("[data-testid=theme-toggle]"),
+  signout: $("[data-testid=signout]"),
+};
+
+/* ------------------------------------------------------------------ theme */
+
+const THEME_KEY = "minou.theme";
+const darkQuery = window.matchMedia("(prefers-color-scheme: dark)");
+
+function effectiveTheme() {
+  return document.documentElement.dataset.theme || (darkQuery.matches ? "dark" : "light");
+}
+
+function syncThemeButton() {
+  const next = effectiveTheme() === "dark" ? "light" : "dark";
+  els.theme.setAttribute("aria-label", `Switch to the ${next} theme`);
+  els.theme.title = `Switch to the ${next} theme`;
+  els.theme.dataset.theme = effectiveTheme();
+}
+
+els.theme.addEventListener("click", () => {
+  const next = effectiveTheme() === "dark" ? "light" : "dark";
+  document.documentElement.dataset.theme = next;
+  try {
+    localStorage.setItem(THEME_KEY, next);
+  } catch { /* not persisted */ }
+  syncThemeButton();
+  window.dispatchEvent(new Event("minou:theme"));
+});
+darkQuery.addEventListener("change", () => {
+  syncThemeButton();
+  if (!document.documentElement.dataset.theme) window.dispatchEvent(new Event("minou:theme"));
+});
+syncThemeButton();
+
+/* ------------------------------------------------------------------ routes */
+
+const ROUTES = [
+  { re: /^\/overview$/, page: overviewPage, nav: "overview" },
+  { re: /^\/queues$/, page: queuesPage, nav: "queues" },
+  {
+    re: /^\/queues\/(_dead\/)?([A-Za-z0-9_-]+)\/([^/]+)$/, page: queuePage, nav: "queues",
+    params: (m) => ({ dead: !!m[1], endpoint: m[2], version: decodeURIComponent(m[3]) }),
+  },
+  { re: /^\/clients$/, page: clientsPage, nav: "clients" },
+];
+
+function parseHash() {
+  const path = (location.hash || "").replace(/^#/, "").replace(/\/+$/, "") || "/overview";
+  for (const r of ROUTES) {
+    const m = path.match(r.re);
+    if (m) return { ...r, path, params: r.params ? r.params(m) : {} };
+  }
+  return null;
+}
+
+let current = null; // {page instance, path}
+
+function route() {
+  if (els.shell.hidden) return;
+  const r = parseHash();
+  if (!r) {
+    location.replace("#/overview");
+    return;
+  }
+  if (current && current.path === r.path) return;
+  unmount();
+  for (const a of document.querySelectorAll(".nav a")) {
+    if (a.dataset.route === r.nav) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  setBanner(null);
+  const instance = r.page.mount(els.view, r.params, { refreshNow: poll });
+  current = { instance, path: r.path };
+  document.title = `${instance.title} · minou`;
+  poll();
+}
+
+function unmount() {
+  if (current) {
+    current.instance.destroy();
+    current = null;
+  }
+  els.view.replaceChildren();
+}
+
+window.addEventListener("hashchange", route);
+
+/* ------------------------------------------------------------------ polling */
+
+let timer = null;
+let inflight = null;
+let again = false;
+
+/** Refresh the visible page now, then every POLL_MS (never two at once). */
+async function poll() {
+  clearTimeout(timer);
+  timer = null;
+  if (!current) return;
+  if (inflight) {
+    again = true;
+    return inflight;
+  }
+  const mine = current;
+  inflight = (async () => {
+    if (document.hidden) return; // a hidden tab polls nothing; it catches up when shown
+    try {
+      await mine.instance.refresh();
+      if (mine === current) setBanner(null);
+    } catch (exc) {
+      if (mine === current) pollFailed(exc);
+    }
+  })();
+  await inflight;
+  inflight = null;
+  if (again) {
+    again = false;
+    return poll();
+  }
+  if (current && !timer) timer = setTimeout(poll, POLL_MS);
+}
+
+document.addEventListener("visibilitychange", () => {
+  if (!document.hidden && current) poll();
+});
+
+function pollFailed(exc) {
+  if (!(exc instanceof ApiError)) {
+    console.error(exc);
+    setBanner(`This page failed: ${exc && exc.message ? exc.message : exc}`, true);
+    return;
+  }
+  if (exc.status === 401) return; // back to the sign-in screen already
+  if (exc.status === 0) setBanner(`The broker is not answering (${exc.message}). Retrying every ${POLL_MS / 1000} s…`);
+  else setBanner(`${exc.message} (HTTP ${exc.status})`, true);
+}
+
+function setBanner(text, error = false) {
+  if (!text) {
+    els.banner.hidden = true;
+    return;
+  }
+  els.banner.textContent = text;
+  els.banner.classList.toggle("error", error);
+  els.banner.hidden = false;
+}
+
+/* ------------------------------------------------------------------ sign-in */
+
+function showSignin(message = null) {
+  stop();
+  els.boot.hidden = true;
+  els.shell.hidden = true;
+  els.signin.hidden = false;
+  setSigninError(message);
+  document.title = "Sign in · minou";
+  els.input.focus();
+}
+
+function setSigninError(message) {
+  els.signinError.textContent = message || "";
+  els.signinError.hidden = !message;
+  els.input.setAttribute("aria-invalid", message ? "true" : "false");
+}
+
+function stop() {
+  clearTimeout(timer);
+  timer = null;
+  unmount();
+}
+
+/** Ask the broker who this token is; resolve the identity or throw a message. */
+async function whoami(token) {
+  let who;
+  try {
+    who = await api("GET", "/v1/whoami", { token, signin: true });
+  } catch (exc) {
+    throw exc instanceof ApiError ? exc.message : String(exc);
+  }
+  if (!who || !who.admin) throw NOT_ADMIN;
+  return who;
+}
+
+els.form.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const token = els.input.value.trim();
+  if (!token) {
+    setSigninError("paste a token first");
+    return;
+  }
+  els.signinButton.disabled = true;
+  try {
+    const who = await whoami(token);
+    saveToken(token);
+    els.input.value = "";
+    enter(who, false);
+  } catch (message) {
+    setSigninError(String(message));
+  } finally {
+    els.signinButton.disabled = false;
+  }
+});
+
+els.signout.addEventListener("click", () => {
+  saveToken(null);
+  session.identity = null;
+  session.dev = false;
+  showSignin(null);
+});
+
+onUnauthorized((message) => {
+  if (els.shell.hidden) return;
+  saveToken(null);
+  session.identity = null;
+  showSignin(message);
+});
+
+function enter(who, dev) {
+  session.identity = who;
+  session.dev = dev;
+  els.boot.hidden = true;
+  els.signin.hidden = true;
+  els.shell.hidden = false;
+  setSigninError(null);
+  els.devSlot.replaceChildren(dev
+    ? h("span", { class: "badge badge-dev", "data-testid": "dev-badge",
+      title: "The broker runs with --dev: no authentication, loopback only" }, "development mode")
+    : "");
+  els.identity.textContent = dev
+    ? `no token needed (${who.client_id})`
+    : `signed in as ${who.client_id}${who.method ? ` (${who.method})` : ""}`;
+  if (!location.hash || location.hash === "#" || location.hash === "#/") location.replace("#/overview");
+  route();
+}
+
+async function boot() {
+  // Development mode: the broker answers without a token.
+  try {
+    const who = await api("GET", "/v1/whoami", { token: null, signin: true });
+    if (who && who.admin) {
+      enter(who, true);
+      return;
+    }
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.status === 0) {
+      showSignin(`The broker is not answering: ${exc.message}`);
+      return;
+    }
+  }
+  if (session.token) {
+    try {
+      enter(await whoami(session.token), false);
+    } catch (message) {
+      saveToken(null);
+      showSignin(String(message));
+    }
+    return;
+  }
+  showSignin(null);
+}
+
+boot();

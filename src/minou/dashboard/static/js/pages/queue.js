@@ -1,0 +1,484 @@
+// #/queues/<endpoint>/<version> (and #/queues/_dead/<endpoint>/<version>):
+// one queue: diagnosis, numbers, options, live rates, dead letters, channels,
+// a message browser and the reader groups, with purge / requeue actions.
+
+import { api, channelId, queuePath } from "../api.js";
+import { RateChart, RateSeries } from "../chart.js";
+import { card, confirmAction, createTable, emptyState, fill, h, setAttr, setText, show, stat, toast } from "../dom.js";
+import { DASH, fmtAgo, fmtBytes, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
+import { publishExample } from "./queues.js";
+
+const DEAD = "_dead/";
+const PAGE_SIZE = 20;
+const MAX_CHANNEL_BUTTONS = 200;
+const MAX_PAYLOAD_CHARS = 100_000;
+
+// Chart history per queue, kept across visits (a few queues).
+const histories = new Map();
+
+function historyFor(queue) {
+  let s = histories.get(queue);
+  if (!s) {
+    if (histories.size >= 20) histories.delete(histories.keys().next().value);
+    s = new RateSeries();
+    histories.set(queue, s);
+  }
+  return s;
+}
+
+const OPTIONS = [
+  ["prefetch", "Prefetch", (v) => fmtInt(v)],
+  ["ttl", "TTL", (v) => (v == null ? "none" : fmtDuration(v))],
+  ["max_items", "Max items", (v) => (v == null ? "unlimited" : fmtInt(v))],
+  ["overflow", "Overflow", (v) => v ?? DASH],
+  ["requeue_limit", "Requeue limit", (v) => fmtInt(v)],
+  ["dead_letter", "Dead letter", (v) => (v == null ? DASH : v ? "yes" : "no (dropped)")],
+  ["retention", "Retention", (v) => (v == null ? "none" : fmtDuration(v))],
+  ["schema", "Schema", (v) => v ?? "none"],
+];
+
+/** A payload as text: JSON pretty-printed, raw bytes as "N raw bytes" + base64. */
+function payloadView(m) {
+  if (m.payload_base64 != null) {
+    const n = m.size ?? Math.floor((m.payload_base64.length * 3) / 4) - (m.payload_base64.match(/=*$/)[0].length);
+    return [
+      h("div", { class: "raw-label" }, `${plural(n, "raw byte")} (base64)`),
+      h("pre", { class: "raw", "data-testid": "message-payload" }, truncate(m.payload_base64)),
+    ];
+  }
+  return h("pre", { "data-testid": "message-payload" }, truncate(JSON.stringify(m.payload, null, 2)));
+}
+
+function truncate(text) {
+  if (text.length <= MAX_PAYLOAD_CHARS) return text;
+  return text.slice(0, MAX_PAYLOAD_CHARS) + `\n… (${fmtInt(text.length - MAX_PAYLOAD_CHARS)} more characters)`;
+}
+
+function field(label, value, attrs = {}) {
+  return h("span", { class: "field", ...attrs }, h("span", { class: "k" }, label), h("span", { class: "v" }, value));
+}
+
+export function mount(view, params, ctx) {
+  const base = `${params.endpoint}/${params.version}`;
+  const isDead = params.dead;
+  const queue = isDead ? DEAD + base : base;
+  const qp = queuePath(queue);
+  const deadQueue = DEAD + base;
+
+  // ------------------------------------------------------------ layout
+  const purgeBtn = h("button", { type: "button", class: "btn btn-danger", "data-testid": "purge" }, "Purge queue");
+  const head = h("div", { class: "page-head" },
+    h("div", null,
+      h("div", { class: "crumbs muted" }, h("a", { href: "#/queues" }, "Queues"), " / ",
+        isDead ? h("a", { href: `#/queues/${base}` }, base) : null, isDead ? " / " : null),
+      h("h1", { "data-testid": "queue-title" }, queue),
+      h("div", { class: "sub muted" })),
+    isDead ? null : h("div", { class: "btn-row" }, purgeBtn));
+  const sub = head.querySelector(".sub");
+
+  const diagnosis = h("p", { class: "diagnosis", "data-testid": "diagnosis", role: "status", hidden: true });
+  const notFound = h("div", { class: "card", hidden: true },
+    emptyState(`No queue ${queue}`,
+      "It has no channel (yet): it appears when a message is published to it. This page updates by itself.",
+      isDead ? null : publishExample().replace("orders/v1", base)));
+
+  const sDepth = stat("Depth", "q-depth");
+  const sUnsettled = stat("Unsettled", "q-unsettled");
+  const sOldest = stat("Oldest unsettled", "q-oldest", { small: true });
+  const sConsumers = stat("Consumers", "q-consumers");
+  const sListeners = stat("Listeners", "q-listeners");
+  const sPublished = stat("Published", "q-published");
+  const stats = h("div", { class: "stats" }, sDepth.el, sUnsettled.el, sOldest.el, sConsumers.el, sListeners.el, sPublished.el);
+
+  // chart
+  const history = historyFor(queue);
+  const chartCard = card("Rates", { id: "queue-rates-title",
+    extra: h("span", { class: "hint muted" }, "publish · deliver · ack, msg/s") });
+  const chartBox = h("div", { class: "chart", "data-testid": "queue-chart", role: "img",
+    "aria-label": `Publish, deliver and ack rates of ${queue}` });
+  chartCard.body.className = "";
+  chartCard.body.append(chartBox);
+
+  // options
+  const optionsCard = card("Options", { id: "queue-options-title" });
+  const optionsList = h("dl", { class: "kv", "data-testid": "options" });
+  const optionEls = {};
+  for (const [key, label] of OPTIONS) {
+    optionEls[key] = h("dd", { "data-option": key }, DASH);
+    optionsList.append(h("dt", null, label), optionEls[key]);
+  }
+  optionsCard.body.append(optionsList);
+
+  // dead letters
+  const deadCount = h("span", { "data-testid": "dead-count", class: "tabular" }, "0");
+  const requeueBtn = h("button", { type: "button", class: "btn", "data-testid": "dead-requeue" }, "Requeue dead letters");
+  const deadPurgeBtn = h("button", { type: "button", class: "btn btn-danger", "data-testid": "dead-purge" }, "Purge dead letters");
+  const deadLink = h("a", { href: `#/queues/${deadQueue}` }, isDead ? "" : "browse them");
+  const deadCard = card("Dead letters", { id: "dead-title", testid: "dead-letters" });
+  deadCard.body.append(
+    h("p", null,
+      h("strong", { class: "big" }, deadCount), " ",
+      isDead ? `dead letter(s) of ${base}, moved here after too many redeliveries or on expiry.`
+        : h("span", null, `in `, h("code", null, deadQueue), h("span", { class: "dead-link" }, " (", deadLink, ")"))),
+    h("div", { class: "btn-row" }, requeueBtn, deadPurgeBtn));
+
+  // channels
+  const channelsCard = card("Channels", { id: "channels-title",
+    extra: h("span", { class: "hint muted" }, "select one to browse its messages") });
+  const channelsBox = h("div", { class: "channels", "data-testid": "channels", role: "group", "aria-label": "Channels" });
+  const channelsMore = h("p", { class: "muted", hidden: true });
+  channelsCard.body.append(channelsBox, channelsMore);
+
+  // messages
+  const prevBtn = h("button", { type: "button", class: "btn btn-sm", "data-testid": "messages-prev", disabled: true }, "← Previous");
+  const nextBtn = h("button", { type: "button", class: "btn btn-sm", "data-testid": "messages-next", disabled: true }, "Next →");
+  const pageInfo = h("span", { class: "info" });
+  const msgTitle = h("h2", { id: "messages-title" }, "Messages");
+  const msgList = h("div", { class: "messages" });
+  const msgNote = h("div", { hidden: true });
+  const messagesCard = h("section", { class: "card", "data-testid": "messages", "aria-labelledby": "messages-title" },
+    h("div", { class: "card-head" }, msgTitle, h("div", { class: "pager" }, prevBtn, pageInfo, nextBtn)),
+    h("div", { class: "card-body" }, msgNote, msgList));
+
+  // groups
+  const groupRates = new Map();
+  const groupsTable = createTable({
+    testid: "queue-groups-table",
+    label: "Reader groups",
+    sort: { key: "group", dir: "asc" },
+    columns: [
+      { key: "group", label: "Group", sort: true, cell: (td, g) => fill(td, g.group, () => h("code", null, g.group)) },
+      { key: "kind", label: "Kind", cell: (td, g) => setText(td, g.kind) },
+      { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, (g.patterns || []).join(", ")) },
+      { key: "members", label: "Members", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.members)) },
+      { key: "unsettled", label: "Unsettled", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.unsettled)) },
+      { key: "lag", label: "Lag", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.lag)) },
+      { key: "delivered", label: "Delivered", num: true, cell: (td, g) => setText(td, fmtInt(g.delivered)) },
+      { key: "acked", label: "Acked", num: true, cell: (td, g) => setText(td, fmtInt(g.acked)) },
+      {
+        key: "rates", label: "Deliver / ack", num: true,
+        cell: (td, g) => {
+          const r = groupRates.get(g.group);
+          setText(td, r ? `${fmtRateShort(r.d)} / ${fmtRateShort(r.a)}` : DASH);
+        },
+      },
+      {
+        key: "actions", label: "", class: "actions",
+        cell: (td, g) => fill(td, g.group, () => h("button", {
+          type: "button", class: "btn btn-sm btn-danger", "data-testid": "group-forget",
+          onclick: () => forgetGroup(g),
+        }, "Forget")),
+      },
+    ],
+    rowKey: (g) => g.group,
+    rowAttrs: (g) => ({ "data-group": g.group }),
+    empty: () => emptyState(null, "No reader group reads this queue yet."),
+  });
+  const groupsCard = card("Reader groups", { id: "queue-groups-title" });
+  groupsCard.body.className = "";
+  groupsCard.body.append(groupsTable.el);
+
+  const content = h("div", { class: "grid" },
+    stats,
+    h("div", { class: "grid grid-2" }, chartCard.el, optionsCard.el),
+    deadCard.el, channelsCard.el, messagesCard, groupsCard.el);
+  view.replaceChildren(head, diagnosis, notFound, content);
+
+  history.gap();
+  const chart = new RateChart(chartBox, history);
+
+  // ------------------------------------------------------------ state
+  let alive = true;
+  let detail = null;
+  const browse = { channel: null, from: 0, stack: [], req: 0 };
+  const groupCounters = new Map(); // group -> {t, d, a}
+
+  function fmtRateShort(v) {
+    if (v == null) return DASH;
+    return v < 10 ? String(Math.round(v * 10) / 10) + "/s" : Math.round(v) + "/s";
+  }
+
+  function selectChannel(id) {
+    if (browse.channel === id) return;
+    browse.channel = id;
+    browse.from = 0;
+    browse.stack = [];
+    browse.req++;
+    msgList.replaceChildren();
+    renderChannels();
+    ctx.refreshNow();
+  }
+
+  prevBtn.addEventListener("click", () => {
+    if (!browse.stack.length) return;
+    browse.from = browse.stack.pop();
+    browse.req++;
+    ctx.refreshNow();
+  });
+  nextBtn.addEventListener("click", () => {
+    if (browse.next == null) return;
+    browse.stack.push(browse.from);
+    browse.from = browse.next;
+    browse.req++;
+    ctx.refreshNow();
+  });
+
+  function renderChannels() {
+    const channels = detail ? detail.channels || [] : [];
+    const shown = channels.slice(0, MAX_CHANNEL_BUTTONS);
+    fill(channelsBox, { ids: shown.map((c) => c.channel) }, () => shown.map((c) => {
+      const id = channelId(c.channel, queue);
+      return h("button", {
+        type: "button", "data-testid": "channel", "data-channel": id,
+        onclick: () => selectChannel(id),
+      }, h("span", { class: "id" }, id), h("span", { class: "count" }));
+    }));
+    for (const btn of channelsBox.children) {
+      const c = channels.find((x) => channelId(x.channel, queue) === btn.dataset.channel);
+      setAttr(btn, "aria-pressed", btn.dataset.channel === browse.channel ? "true" : "false");
+      if (c) {
+        setText(btn.querySelector(".count"), fmtInt(c.depth));
+        btn.title = `${c.channel}: depth ${c.depth}, unsettled ${c.unsettled}, seq ${c.first_seq}–${c.next_seq - 1}` +
+          (c.readers && c.readers.length ? `, read by ${c.readers.join(", ")}` : "");
+      }
+    }
+    show(channelsMore, channels.length > shown.length);
+    setText(channelsMore, `Showing ${shown.length} of ${fmtInt(channels.length)} channels.`);
+    if (!channels.length) channelsBox.replaceChildren(h("span", { class: "muted" }, "No channel."));
+  }
+
+  function renderMessages(res, depth) {
+    const now = Date.now() / 1000;
+    const msgs = res.messages || [];
+    const keep = new Set();
+    const rows = new Map(Array.from(msgList.children).map((el) => [el.dataset.key, el]));
+    const order = [];
+    for (const m of msgs) {
+      const key = `${m.seq}:${m.id}`;
+      keep.add(key);
+      let row = rows.get(key);
+      if (!row) {
+        const headers = Object.entries(m.headers || {});
+        row = h("article", { class: "message", "data-testid": "message-row", "data-key": key, "data-seq": m.seq, "data-id": m.id },
+          h("div", { class: "message-head" },
+            h("span", { class: "seq", "data-field": "seq" }, `#${m.seq}`),
+            field("id", h("span", { class: "mono" }, m.id), { "data-field": "id" }),
+            field("age", "", { "data-field": "age", title: fmtTime(m.published_at) }),
+            field("attempts", "", { "data-field": "attempts" }),
+            m.priority ? field("priority", String(m.priority), { "data-field": "priority" }) : null,
+            m.key != null ? field("key", h("span", { class: "mono" }, m.key), { "data-field": "key" }) : null,
+            field("size", fmtBytes(m.size), { "data-field": "size" }),
+            m.expires_at ? field("expires", fmtAgo(m.expires_at, now), { title: fmtTime(m.expires_at) }) : null,
+            m.deliver_at && m.deliver_at > now ? field("delayed until", fmtTime(m.deliver_at)) : null),
+          h("div", { class: "message-headers", "data-field": "headers" },
+            headers.length
+              ? headers.map(([k, v]) => h("span", { class: "badge", "data-header": k }, `${k}: ${v}`))
+              : h("span", { class: "muted small" }, "no headers")),
+          payloadView(m));
+      }
+      setText(row.querySelector("[data-field=age] .v"), fmtAgo(m.published_at, now));
+      setText(row.querySelector("[data-field=attempts] .v"), String(m.attempts ?? 0));
+      order.push(row);
+    }
+    for (const [key, el] of rows) if (!keep.has(key)) el.remove();
+    order.forEach((row, i) => {
+      if (msgList.children[i] !== row) msgList.insertBefore(row, msgList.children[i] || null);
+    });
+
+    browse.next = res.next_seq < res.end && msgs.length ? res.next_seq : null;
+    prevBtn.disabled = browse.stack.length === 0;
+    nextBtn.disabled = browse.next == null;
+    const stored = depth ?? Math.max(0, res.end - res.first_seq);
+    setText(pageInfo, msgs.length
+      ? `seq ${msgs[0].seq}–${msgs[msgs.length - 1].seq} · ${fmtInt(stored)} stored`
+      : `${fmtInt(stored)} stored`);
+    if (!msgs.length) {
+      fill(msgNote, "empty", () => emptyState(null, browse.stack.length
+        ? "No more messages on this page: go back."
+        : "No message stored in this channel (settled messages are removed unless the queue has retention)."));
+      msgNote.hidden = false;
+    } else {
+      msgNote.hidden = true;
+    }
+  }
+
+  function messagesError(exc) {
+    msgList.replaceChildren();
+    fill(msgNote, `err:${exc.message}`, () => h("p", { class: "form-error" }, `Could not browse the messages: ${exc.message}`));
+    msgNote.hidden = false;
+    prevBtn.disabled = browse.stack.length === 0;
+    nextBtn.disabled = true;
+    setText(pageInfo, "");
+  }
+
+  // ------------------------------------------------------------ refresh
+  async function refresh() {
+    const req = browse.req;
+    const [detailRes, listRes] = await Promise.allSettled([
+      api("GET", `/v1/queues/${qp}`),
+      api("GET", "/v1/queues"),
+    ]);
+    if (!alive) return;
+    if (detailRes.status === "rejected") {
+      if (detailRes.reason.status === 404) {
+        detail = null;
+        show(notFound, true);
+        show(content, false);
+        show(diagnosis, false);
+        purgeBtn.hidden = true;
+        setText(sub, "");
+        return;
+      }
+      throw detailRes.reason;
+    }
+    if (listRes.status === "rejected") throw listRes.reason;
+    detail = detailRes.value;
+    // Channels in natural order (7 before 42), as listed; the browser defaults to the first.
+    const naturally = new Intl.Collator("en", { numeric: true });
+    (detail.channels || []).sort((a, b) => naturally.compare(channelId(a.channel, queue), channelId(b.channel, queue)));
+    show(notFound, false);
+    show(content, true);
+    purgeBtn.hidden = false;
+
+    const d = detail;
+    const t = performance.now() / 1000;
+    setText(sub, `${plural(d.channels ? d.channels.length : 0, "channel")} · ` +
+      `${fmtInt(d.dropped ?? 0)} dropped · ${fmtInt(d.expired ?? 0)} expired`);
+    if (d.diagnosis) setText(diagnosis, d.diagnosis);
+    show(diagnosis, !!d.diagnosis);
+
+    setText(sDepth.value, String(d.depth ?? 0));
+    setText(sUnsettled.value, String(d.unsettled ?? 0));
+    setText(sOldest.value, d.oldest_age_s == null ? "none" : fmtDuration(d.oldest_age_s));
+    setText(sOldest.extra, d.oldest_age_s == null ? "nothing waiting" : "");
+    setText(sConsumers.value, String(d.consumers ?? 0));
+    setText(sListeners.value, String(d.listeners ?? 0));
+    setText(sPublished.value, String(d.published ?? 0));
+    for (const [key, , fmt] of OPTIONS) setText(optionEls[key], fmt(d.options ? d.options[key] : null));
+
+    // dead letters: the depth of _dead/<queue> (0 when it does not exist)
+    const queues = listRes.value.queues || [];
+    const dq = queues.find((q) => q.queue === deadQueue);
+    const dead = dq ? dq.depth : 0;
+    setText(deadCount, String(dead));
+    deadCard.el.classList.toggle("has-dead", dead > 0);
+    if (!isDead) {
+      show(deadCard.el.querySelector(".dead-link"), !!dq);
+    }
+
+    // rates: publish from the counter; deliver/ack from counters when the API has
+    // them, otherwise its own recent averages.
+    const api_rates = d.rates || {};
+    const counters = { p: d.published };
+    if (typeof d.delivered === "number") counters.d = d.delivered;
+    if (typeof d.acked === "number") counters.a = d.acked;
+    const delta = history.rates.sample(t, counters);
+    const pick = (k, name) => (delta && delta[k] !== undefined ? delta[k] : api_rates[name] ?? null);
+    history.push([pick("p", "published"), pick("d", "delivered"), pick("a", "acked")]);
+    chart.update();
+
+    for (const g of d.groups || []) {
+      const prev = groupCounters.get(g.group);
+      groupCounters.set(g.group, { t, d: g.delivered, a: g.acked });
+      if (prev && t > prev.t) {
+        groupRates.set(g.group, {
+          d: g.delivered >= prev.d ? (g.delivered - prev.d) / (t - prev.t) : null,
+          a: g.acked >= prev.a ? (g.acked - prev.a) / (t - prev.t) : null,
+        });
+      }
+    }
+    groupsTable.update(d.groups || []);
+
+    // channels and the message browser
+    const ids = (d.channels || []).map((c) => channelId(c.channel, queue));
+    if (!browse.channel || !ids.includes(browse.channel)) {
+      browse.channel = ids[0] || null;
+      browse.from = 0;
+      browse.stack = [];
+      msgList.replaceChildren();
+    }
+    renderChannels();
+    if (!browse.channel) {
+      setText(msgTitle, "Messages");
+      msgList.replaceChildren();
+      msgNote.hidden = true;
+      return;
+    }
+    setText(msgTitle, `Messages in ${queue}/${browse.channel}`);
+    if (req !== browse.req) return; // the page or channel changed meanwhile: the next poll follows
+    try {
+      const res = await api("GET", `/v1/queues/${qp}/${encodeURIComponent(browse.channel)}/messages`,
+        { query: { from_seq: browse.from || null, limit: PAGE_SIZE } });
+      if (!alive || req !== browse.req) return;
+      const ch = (d.channels || []).find((c) => channelId(c.channel, queue) === browse.channel);
+      renderMessages(res, ch ? ch.depth : null);
+    } catch (exc) {
+      if (!alive || req !== browse.req) return;
+      if (exc.status === 0 || exc.status === 401) throw exc;
+      messagesError(exc);
+    }
+  }
+
+  // ------------------------------------------------------------ actions
+  async function run(button, { title, text, yes, method = "POST", path, done }) {
+    if (!(await confirmAction({ title, text, yes }))) return;
+    button.disabled = true;
+    try {
+      const res = await api(method, path);
+      toast(done(res || {}));
+    } catch (exc) {
+      toast(exc.message, { error: true });
+    } finally {
+      button.disabled = false;
+      ctx.refreshNow();
+    }
+  }
+
+  purgeBtn.addEventListener("click", () => run(purgeBtn, {
+    title: `Purge ${queue}?`,
+    text: `Every stored message of its ${plural(detail?.channels?.length ?? 0, "channel")} is removed ` +
+      `(depth ${fmtInt(detail?.depth ?? 0)}). Reader groups go on from the end. This cannot be undone.`,
+    yes: "Purge",
+    path: `/v1/queues/${qp}/purge`,
+    done: (r) => `purged ${plural(r.messages ?? 0, "message")}`,
+  }));
+
+  requeueBtn.addEventListener("click", () => run(requeueBtn, {
+    title: `Requeue the dead letters of ${base}?`,
+    text: `The messages of ${deadQueue} (${deadCount.textContent} now) go back to their channels in ${base} ` +
+      "and are delivered again.",
+    yes: "Requeue",
+    path: `/v1/dead/${queuePath(base)}/requeue`,
+    done: (r) => `requeued ${plural(r.messages ?? 0, "message")}`,
+  }));
+
+  deadPurgeBtn.addEventListener("click", () => run(deadPurgeBtn, {
+    title: `Purge the dead letters of ${base}?`,
+    text: `The ${deadCount.textContent} message(s) of ${deadQueue} are removed. This cannot be undone.`,
+    yes: "Purge",
+    path: `/v1/dead/${queuePath(base)}/purge`,
+    done: (r) => `purged ${plural(r.messages ?? 0, "dead letter")}`,
+  }));
+
+  function forgetGroup(g) {
+    const button = groupsTable.table.querySelector(`tr[data-group="${CSS.escape(g.group)}"] [data-testid=group-forget]`);
+    run(button || purgeBtn, {
+      title: `Forget the reader group ${g.group}?`,
+      text: `Its position and unsettled deliveries on every channel are dropped` +
+        (g.members ? ` (${plural(g.members, "member")} connected: the broker refuses unless they leave).` : "."),
+      yes: "Forget",
+      method: "DELETE",
+      path: `/v1/groups/${encodeURIComponent(g.group)}`,
+      done: () => `forgot group ${g.group}`,
+    });
+  }
+
+  return {
+    title: queue,
+    refresh,
+    destroy() {
+      alive = false;
+      chart.destroy();
+    },
+  };
+}

@@ -1,0 +1,222 @@
+"""The dashboard in a real browser: Playwright driving Debian's headless Chromium against a
+real broker. ``MINOU_SCREENSHOTS=1`` also writes the screenshots in docs/screenshots/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import minou
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
+from minou.errors import PendingApproval
+
+from ..conftest import BrokerProcess, auth, wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+CONFIG = """
+[[rules]]
+client = "app-*"
+read = ["*"]
+write = ["*"]
+
+[[rules]]
+client = "shop-*"
+read = ["orders/*"]
+write = ["orders/*"]
+accept = false
+
+[channels."orders/v1"]
+requeue_limit = 0
+
+[channels."orders/v1".schema]
+type = "object"
+required = ["total"]
+
+[channels."orders/v2".schema]
+type = "object"
+required = ["total", "currency"]
+"""
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="chromium is not installed (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def dash_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    base = tmp_path_factory.mktemp("dash")
+    cfg = base / "dash.toml"
+    cfg.write_text(CONFIG)
+    broker = BrokerProcess(base / "data", config=cfg).start()
+    yield broker
+    broker.kill()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                              args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+def admin_token(broker: BrokerProcess) -> str:
+    key = keyfiles.load_private(broker.admin_key)
+    return make_token("admin", key, "minou", ttl=600)
+
+
+@pytest.fixture
+def page(browser, dash_broker):
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    pg = context.new_page()
+    pg.set_default_timeout(10_000)
+    yield pg
+    context.close()
+
+
+def sign_in(page, broker: BrokerProcess) -> None:
+    page.goto(broker.http + "/")
+    page.get_by_test_id("token-input").fill(admin_token(broker))
+    page.get_by_test_id("signin-button").click()
+    page.get_by_test_id("broker-id").wait_for()
+
+
+def shot(page, name: str) -> None:
+    if os.environ.get("MINOU_SCREENSHOTS"):
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_refused_without_a_token(page, dash_broker):
+    page.goto(dash_broker.http + "/")
+    page.get_by_test_id("signin").wait_for()
+    assert page.get_by_test_id("broker-id").count() == 0
+    page.get_by_test_id("token-input").fill("not-a-token")
+    page.get_by_test_id("signin-button").click()
+    error = page.get_by_test_id("signin-error")
+    error.wait_for()
+    assert "token" in error.inner_text().lower()
+    # The data behind the page needs a token too.
+    assert httpx.get(dash_broker.http + "/v1/queues").status_code == 401
+    assert httpx.get(dash_broker.http + "/metrics").status_code == 401
+    headers = httpx.get(dash_broker.http + "/").headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-frame-options"] == "DENY"
+
+
+def test_a_non_admin_cannot_sign_in(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **auth("app-viewer")):
+        pass
+    key = keyfiles.load_private(Path(auth("app-viewer")["key"]))
+    page.goto(dash_broker.http + "/")
+    page.get_by_test_id("token-input").fill(make_token("app-viewer", key, "minou"))
+    page.get_by_test_id("signin-button").click()
+    page.get_by_test_id("signin-error").wait_for()
+    assert "admin" in page.get_by_test_id("signin-error").inner_text()
+
+
+def test_overview_and_a_queue_appearing_with_a_moving_rate_chart(page, dash_broker):
+    sign_in(page, dash_broker)
+    assert page.get_by_test_id("broker-id").inner_text().strip() == "minou"
+    assert "sqlite" in page.get_by_test_id("storage").inner_text().lower()
+    chart = page.get_by_test_id("rates-chart")
+    chart.wait_for()
+    with minou.connect_sync(dash_broker.url, **auth("app-publisher")) as c:
+        start = int(chart.get_attribute("data-points") or 0)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:  # publish for a few polls: the chart moves
+            c.send_many([("orders/v1/42", {"total": i}) for i in range(50)])
+            time.sleep(0.25)
+        wait_until(lambda: int(chart.get_attribute("data-points") or 0) >= start + 2, 10,
+                   what="the rate chart to gain points")
+        total = int(page.get_by_test_id("total-published").inner_text().replace(",", ""))
+        assert total >= 50
+        shot(page, "overview")
+        page.get_by_test_id("nav-queues").click()
+        row = page.locator('tr[data-queue="orders/v1"]')
+        row.wait_for()
+        page.get_by_test_id("queue-filter").fill("nothing-like-this")
+        wait_until(lambda: page.locator('tr[data-queue="orders/v1"]').count() == 0, 5,
+                   what="the filter to hide the queue")
+        page.get_by_test_id("queue-filter").fill("orders")
+        row.wait_for()
+        shot(page, "queues")
+
+
+def test_browse_a_message_and_requeue_a_dead_letter(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **auth("app-worker")) as c:
+        c.send("orders/v1/7", {"total": 7, "note": "browse me"})
+        sub = c.consume("orders/v1/7", group="dash-workers")
+        msg = sub.get(timeout=5)
+        assert msg.nack()  # requeue_limit = 0: dead-lettered at once
+        sign_in(page, dash_broker)
+        page.goto(dash_broker.http + "/#/queues/orders/v1")
+        assert page.get_by_test_id("queue-title").inner_text().strip() == "orders/v1"
+        page.get_by_test_id("diagnosis").wait_for()
+        wait_until(lambda: page.get_by_test_id("dead-count").inner_text().strip() not in
+                   ("", "0"), 10, what="the dead letter to show")
+        page.get_by_test_id("dead-requeue").click()
+        page.get_by_test_id("confirm-dialog").wait_for()
+        page.get_by_test_id("confirm-yes").click()
+        page.get_by_test_id("toast").wait_for()
+        assert "requeued" in page.get_by_test_id("toast").inner_text().lower()
+        wait_until(lambda: page.get_by_test_id("dead-count").inner_text().strip() == "0", 10,
+                   what="the dead letters to be gone")
+        back = sub.get(timeout=5)
+        assert back.payload == {"total": 7, "note": "browse me"}
+        # The message browser shows it, pretty-printed.
+        page.goto(dash_broker.http + "/#/queues/orders/v1")
+        page.get_by_test_id("message-row").first.wait_for()
+        payloads = page.get_by_test_id("message-payload").all_inner_texts()
+        assert any('"note": "browse me"' in p for p in payloads), payloads
+        shot(page, "queue")
+        assert back.ack()
+
+
+def test_approve_a_pending_client(page, dash_broker):
+    with pytest.raises(PendingApproval):
+        minou.connect_sync(dash_broker.url, **auth("shop-1"), reconnect=False)
+    sign_in(page, dash_broker)
+    page.get_by_test_id("nav-clients").click()
+    row = page.locator('tr[data-client="shop-1"]')
+    row.wait_for()
+    assert row.get_by_test_id("client-status").inner_text().strip() == "pending"
+    page.get_by_test_id("schemas").wait_for()
+    assert "BREAKING" in page.get_by_test_id("schemas").inner_text()
+    shot(page, "clients")
+    row.get_by_test_id("approve").click()
+    wait_until(lambda: row.get_by_test_id("client-status").inner_text().strip() == "active",
+               10, what="the client to be approved")
+    with minou.connect_sync(dash_broker.url, **auth("shop-1"), reconnect=False) as c:
+        assert c.send("orders/v1/1", {"total": 1}).seq >= 1
+
+
+def test_dark_theme_and_a_phone_sized_screen(browser, dash_broker):
+    context = browser.new_context(viewport={"width": 390, "height": 844},
+                                  color_scheme="dark")
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        sign_in(page, dash_broker)
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        r, g, b = (int(x) for x in background.strip("rgba()").split(",")[:3])
+        assert r + g + b < 200, background  # dark
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 400, "the page overflows a phone screen"
+        shot(page, "overview-phone-dark")
+        page.get_by_test_id("theme-toggle").click()
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        r, g, b = (int(x) for x in background.strip("rgba()").split(",")[:3])
+        assert r + g + b > 500, background  # light after the toggle
+    finally:
+        context.close()
