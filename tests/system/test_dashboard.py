@@ -94,7 +94,13 @@ def sign_in(page, broker: BrokerProcess) -> None:
 def shot(page, name: str) -> None:
     if os.environ.get("MINOU_SCREENSHOTS"):
         SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        # A viewport as tall as the page (not full_page): the sticky sidebar then
+        # reaches the bottom, as it does on screen.
+        size = page.viewport_size
+        height = page.evaluate("document.documentElement.scrollHeight")
+        page.set_viewport_size({"width": size["width"], "height": height})
+        page.screenshot(path=str(SHOTS / f"{name}.png"))
+        page.set_viewport_size(size)
 
 
 def test_refused_without_a_token(page, dash_broker):
@@ -176,6 +182,7 @@ def test_browse_a_message_and_requeue_a_dead_letter(page, dash_broker):
         assert back.payload == {"total": 7, "note": "browse me"}
         # The message browser shows it, pretty-printed.
         page.goto(dash_broker.http + "/#/queues/orders/v1")
+        page.locator('[data-testid=channel][data-channel="7"]').click()
         page.get_by_test_id("message-row").first.wait_for()
         payloads = page.get_by_test_id("message-payload").all_inner_texts()
         assert any('"note": "browse me"' in p for p in payloads), payloads

@@ -229,10 +229,17 @@ class HttpApi:
         now = time.time()
         names = sorted({maintenance.queue_of(n) for n in self.core.channels})
         out = []
+        reads = 0
         for queue in names:
-            stats = maintenance.queue_stats(self.core, queue, None, None, now)
+            oldest: dict[str, float | None] = {}
+            for log in maintenance.channels_of(self.core, queue):
+                if reads < 200 and log.count:  # a storage read at most per channel
+                    oldest[log.name] = await self.server.oldest_published(log)
+                    reads += 1
+            stats = maintenance.queue_stats(self.core, queue, None, oldest, now)
             out.append({k: stats[k] for k in ("queue", "depth", "unsettled", "published",
-                                              "dropped", "expired", "consumers", "listeners")}
+                                              "delivered", "acked", "dropped", "expired",
+                                              "oldest_age_s", "consumers", "listeners")}
                        | {"channels": len(stats["channels"]),
                           "rates": self.server.queue_rates(queue)})
         return json_response({"queues": out,
@@ -310,6 +317,7 @@ class HttpApi:
         ok = self.server.accepting and storage_ok
         body = {"status": "ok" if ok else ("stopping" if storage_ok else "failing"),
                 "storage": "ok" if storage_ok else "failed",
+                "auth": self.server.settings.auth_mode,
                 "accepting": self.server.accepting,
                 "uptime_s": round(time.time() - self.server.started_at, 3)}
         return json_response(body, 200 if ok else 503)
@@ -340,10 +348,11 @@ class HttpApi:
             Route("/v1/queues" + queue, g(self.queue, admin=True), methods=["GET"]),
             Route("/v1/queues/_dead" + queue, g(partial(self.queue, dead=True), admin=True),
                   methods=["GET"]),
-            Route("/v1/queues" + msg + "/messages", g(self.browse, admin=True),
-                  methods=["GET"]),
+            # The _dead route first: the generic one would read "_dead" as an endpoint.
             Route("/v1/queues/_dead" + msg + "/messages",
                   g(partial(self.browse, dead=True), admin=True), methods=["GET"]),
+            Route("/v1/queues" + msg + "/messages", g(self.browse, admin=True),
+                  methods=["GET"]),
             Route("/v1/queues" + queue + "/purge",
                   self.admin_route("purge", query=("channel",), queue=True), methods=["POST"]),
             Route("/v1/dead" + queue + "/requeue",
@@ -355,6 +364,8 @@ class HttpApi:
             Route("/v1/groups/{group:path}",
                   self.admin_route("group.delete", query=("force",)), methods=["DELETE"]),
             Route("/v1/clients", self.admin_route("clients.list"), methods=["GET"]),
+            Route("/v1/reservations/{channel:path}/release",
+                  self.admin_route("reservations.release"), methods=["POST"]),
             Route("/v1/clients/{client_id}/approve", self.admin_route("clients.approve"),
                   methods=["POST"]),
             Route("/v1/clients/{client_id}/revoke", self.admin_route("clients.revoke"),

@@ -212,6 +212,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             params=[_path("group", {"type": "string"}, "e.g. consume:billing"),
                     _query("force", {"type": "boolean"}, "even with connected members")],
             ok=_json(OBJECT, "deleted"))},
+        "/v1/reservations/{channel}/release": {"post": _op(
+            "Release a reserved (!) channel for its next reader", tag="admin",
+            params=[_path("channel", {"type": "string"}, "the reserved channel")],
+            ok=_json(OBJECT, "released"))},
         "/v1/clients": {"get": _op("Registered and pending clients, rules, reservations",
                                    tag="admin", ok=_json(OBJECT, "clients"))},
         "/v1/admin/reload": {"post": _op("Re-read the config file", tag="admin",
