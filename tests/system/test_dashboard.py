@@ -89,6 +89,9 @@ def sign_in(page, broker: BrokerProcess) -> None:
     page.get_by_test_id("token-input").fill(admin_token(broker))
     page.get_by_test_id("signin-button").click()
     page.get_by_test_id("broker-id").wait_for()
+    # The page is drawn before its first poll answers: wait for the data.
+    wait_until(lambda: page.get_by_test_id("broker-id").inner_text().strip() not in ("", "—"),
+               10, what="the overview's first data")
 
 
 def shot(page, name: str) -> None:
@@ -167,7 +170,8 @@ def test_browse_a_message_and_requeue_a_dead_letter(page, dash_broker):
         assert msg.nack()  # requeue_limit = 0: dead-lettered at once
         sign_in(page, dash_broker)
         page.goto(dash_broker.http + "/#/queues/orders/v1")
-        assert page.get_by_test_id("queue-title").inner_text().strip() == "orders/v1"
+        wait_until(lambda: page.get_by_test_id("queue-title").inner_text().strip() ==
+                   "orders/v1", 10, what="the queue page")
         page.get_by_test_id("diagnosis").wait_for()
         wait_until(lambda: page.get_by_test_id("dead-count").inner_text().strip() not in
                    ("", "0"), 10, what="the dead letter to show")
