@@ -228,7 +228,10 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
     config = uvicorn.Config(build_app(server), log_level="warning", lifespan="off",
                             http=_protocol_class(),
                             ws="websockets-sansio" if _has_sansio() else "auto",
-                            access_log=False, **tls)
+                            access_log=False, server_header=False,
+                            # X-Forwarded-* are not trusted: nothing here reads the peer
+                            # address, and the middleware cost 9 % of each request.
+                            proxy_headers=False, **tls)
     http = _EmbeddedServer(config)
     server._http_task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started:
