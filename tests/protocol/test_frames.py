@@ -65,6 +65,7 @@ def test_frame_type_numbers_are_stable():
         ("UNSUBSCRIBE", 6), ("SUB_ADD", 7), ("SUB_REMOVE", 8), ("DELIVER", 9), ("ACK", 10),
         ("NACK", 11), ("EXTEND", 12), ("SETTLED", 13), ("READ", 14), ("READ_RESULT", 15),
         ("ADMIN", 16), ("RESULT", 17), ("ERROR", 18), ("PING", 19), ("PONG", 20), ("BYE", 21),
+        ("STAGE", 22), ("TXN_COMMIT", 23), ("TXN_ABORT", 24), ("OFFSETS", 25), ("POSITION", 26),
     ]
     # fmt: on
 

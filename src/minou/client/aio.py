@@ -679,9 +679,8 @@ class Client:
                 f"{self._pending_count} messages are waiting to be sent or confirmed "
                 f"(max_pending={self.max_pending}); is the broker reachable?"
             )
-        raw = isinstance(payload, bytes | bytearray | memoryview)
-        data = bytes(payload) if raw else _json_encode(payload)
-        send = f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key)
+        send = _make_send(channel, payload, headers=headers, priority=priority, ttl=ttl,
+                          delay=delay, dedup=dedup, key=key)
         fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
         self._outbox.append((send, fut))
         self._pending_count += 1
@@ -783,6 +782,44 @@ class Client:
         res = await self._request(f.Admin(self._next_req(), op, args))
         return res.value
 
+    # ------------------------------------------- staged publishes, positions
+    async def stage(self, txn: str, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> int:
+        """Stage messages under transaction ``txn`` (invisible until committed); return
+        how many it holds. Staged data lives in the broker's memory: commit soon."""
+        sends = [_make_send(**i) if isinstance(i, dict) else _make_send(i[0], i[1])
+                 for i in items]
+        total = 0
+        for i in range(0, len(sends), CLIENT_FRAME_MESSAGES):
+            res = await self._request(f.Stage(self._next_req(), txn,
+                                              sends[i:i + CLIENT_FRAME_MESSAGES]))
+            total = int(res.value["staged"])
+        return total
+
+    async def commit_transactions(self, writer_id: str, batch_id: int,
+                                  txns: list[str]) -> dict[str, Any]:
+        """Publish the staged transactions at once (durable when this returns), fenced per
+        (writer_id, channel) on batch_id: a replayed batch is discarded, not duplicated."""
+        res = await self._request(f.TxnCommit(self._next_req(), writer_id, batch_id,
+                                              list(txns)))
+        return dict(res.value)
+
+    async def abort_transactions(self, txns: list[str]) -> int:
+        res = await self._request(f.TxnAbort(self._next_req(), list(txns)))
+        return int(res.value["aborted"])
+
+    async def offsets(self, patterns: str | list[str]) -> dict[str, tuple[int, int]]:
+        """``{channel: (first_seq, next_seq)}`` for every channel the patterns match."""
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        res = await self._request(f.Offsets(self._next_req(), list(patterns)))
+        return {k: (int(v[0]), int(v[1])) for k, v in res.value.items()}
+
+    async def set_position(self, group: str, positions: dict[str, int]) -> dict[str, int]:
+        """Tell the broker consumer ``group`` is done below ``positions[channel]`` (for
+        retention and lag, when the reader keeps its own offsets); returns the lags."""
+        res = await self._request(f.Position(self._next_req(), group, dict(positions)))
+        return dict(res.value["lag"])
+
     async def read(self, channel: str, from_seq: int = 1, *, limit: int = 1000,
                    to_seq: int = 0) -> tuple[list[Message], int]:
         """Read retained messages of ``channel`` by seq (no delivery, no ack).
@@ -797,6 +834,14 @@ class Client:
         t0 = loop.time()
         await self._request(f.Ping(self._next_req()))
         return loop.time() - t0
+
+
+def _make_send(channel: str, payload: Any, *, headers: dict[str, str] | None = None,
+               priority: int = 0, ttl: float | None = None, delay: float | None = None,
+               dedup: str | None = None, key: str | None = None) -> f.Send:
+    raw = isinstance(payload, bytes | bytearray | memoryview)
+    data = bytes(payload) if raw else _json_encode(payload)
+    return f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key)
 
 
 def _start(start: str | int) -> str:

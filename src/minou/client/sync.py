@@ -141,6 +141,22 @@ class SyncClient:
     def admin(self, op: str, **args: Any) -> Any:
         return self._runner.call(self._client.admin(op, **args))
 
+    def stage(self, txn: str, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> int:
+        return self._runner.call(self._client.stage(txn, list(items)))
+
+    def commit_transactions(self, writer_id: str, batch_id: int,
+                            txns: list[str]) -> dict[str, Any]:
+        return self._runner.call(self._client.commit_transactions(writer_id, batch_id, txns))
+
+    def abort_transactions(self, txns: list[str]) -> int:
+        return self._runner.call(self._client.abort_transactions(txns))
+
+    def offsets(self, patterns: str | list[str]) -> dict[str, tuple[int, int]]:
+        return self._runner.call(self._client.offsets(patterns))
+
+    def set_position(self, group: str, positions: dict[str, int]) -> dict[str, int]:
+        return self._runner.call(self._client.set_position(group, positions))
+
     def close(self) -> None:
         try:
             self._runner.call(self._client.close(), timeout=10)

@@ -68,6 +68,7 @@ from ..storage.base import Snapshot
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import ChannelLog, ChannelOptions, Msg
 from .stats import Counters
+from .transactions import Transactions
 from .writes import WriteBatch
 
 _json_check = msgspec.json.Decoder()
@@ -117,6 +118,7 @@ class Broker:
         self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
         self._by_hash: dict[int, list[str]] = {}
         self.rules = Rules.parse(None)
+        self.transactions = Transactions()
         self.strict_schemas = False
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
         self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
@@ -253,7 +255,9 @@ class Broker:
                 schema=schema.key, path=exc.path, why=exc.reason,
             ) from None
 
-    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access) -> Outcome:
+    def validate(self, send: Send, access: Access) -> str | None:
+        """Everything a publish checks before storing (name, rules, size, JSON, schema);
+        return the broadcast prefix, or None for a concrete channel."""
         target = send.channel
         prefix = broadcast_prefix(target) if target.endswith("*") else None
         if prefix is None:
@@ -261,6 +265,11 @@ class Broker:
         if not access.unrestricted:
             access.check_write(target)
         self._check(send, target)
+        return prefix
+
+    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access) -> Outcome:
+        target = send.channel
+        prefix = self.validate(send, access)
         if send.dedup:
             seen = self._dedup.get((target, send.dedup))
             if seen is not None and seen[0] > now:
@@ -908,6 +917,75 @@ class Broker:
             if expires > now:
                 self._dedup[(channel, key)] = (expires, seq, ident)
         self.reservations = dict(snap.reservations)
+        self.transactions.fences = {(w, c): b for w, c, b in snap.fences}
+
+    # --------------------------------------------------- staged, fenced publishes
+    def stage(self, session: Session, txn: str, sends: list[Send], now: float) -> int:
+        """Validate and hold ``sends`` under ``txn`` (refused messages refuse the frame)."""
+        for send in sends:
+            if send.channel.endswith("*"):
+                raise BadRequest("a transaction publishes to channels, not broadcasts")
+            self.validate(send, session.access)
+        return self.transactions.stage(session.client_id, txn, sends, now)
+
+    def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
+                    now: float) -> dict[str, Any]:
+        """Publish the transactions in the pending batch, fenced per (writer, channel)."""
+        sends = self.transactions.take(session.client_id, txns)
+        keep, skipped, fences = self.transactions.fence(writer_id, batch_id, sends)
+        outcomes, staged = self.publish(keep, now, session.access)
+        self.transactions.fences.update(fences)
+        self.batch.fences.update(fences)
+        failed = [{"channel": o.channel, "code": o.code, "error": o.error}
+                  for o in outcomes if o.code]
+        return {"published": len(staged), "discarded": len(sends) - len(keep),
+                "replayed_channels": skipped, "failed": failed[:20]}
+
+    # ----------------------------------------------------------- positions
+    def offsets(self, session: Session, patterns: list[str]) -> dict[str, list[int]]:
+        """``{channel: [first_seq, next_seq]}`` for every channel the patterns match."""
+        out: dict[str, list[int]] = {}
+        for text in patterns:
+            pattern = parse_pattern(text)
+            self.check_read(session, pattern.text)
+            if pattern.concrete:
+                log = self.channels.get(pattern.text)
+                if log is not None:
+                    out[log.name] = [log.first_seq, log.end]
+                continue
+            for name, log in self.channels.items():
+                if pattern.matches(name) and (session.admin or (
+                        not self.rules.is_exclusive(name)
+                        or self.reservations.get(name) == session.client_id)):
+                    out[name] = [log.first_seq, log.end]
+        return out
+
+    def set_position(self, session: Session, group: str, positions: dict[str, int],
+                     now: float) -> dict[str, int]:
+        """Everything below ``positions[channel]`` is settled for consumer ``group``."""
+        if not group:
+            raise BadRequest("give the group name")
+        key = f"consume:{group}"
+        grp = self.groups.get(key)
+        for channel, next_seq in positions.items():
+            validate_channel(channel)
+            self.check_read(session, channel)
+            if next_seq < 1:
+                raise BadRequest(f"position of {channel!r} must be >= 1")
+        if grp is None:
+            grp = Group(key, "consume", [], "oldest")
+            self.groups[key] = grp
+        lags: dict[str, int] = {}
+        for channel, next_seq in positions.items():
+            self._add_pattern(grp, channel, "oldest", now)
+            gc = grp.gcs[channel]
+            upto = min(next_seq, gc.log.end)
+            if upto > gc.floor:
+                from .maintenance import advance
+
+                advance(self, gc, upto)
+            lags[channel] = max(0, gc.log.end - gc.cursor)
+        return lags
 
     # ---------------------------------------------------------------- stats
     def channel_stats(self, log: ChannelLog, now: float) -> dict[str, Any]:

@@ -49,22 +49,28 @@ def _drop_leases(gc: GroupChannel, below: int) -> None:
             del gc.pending[seq]
 
 
+def advance(core: Broker, gc: GroupChannel, upto: int) -> None:
+    """Settle everything of ``gc`` below ``upto`` for its group (a reader that keeps its
+    own offsets reports progress); its deliveries below are forgotten."""
+    _drop_leases(gc, upto)
+    gc.front = _heap([s for s in gc.front if s >= upto])
+    gc.back = type(gc.back)(b for b in gc.back if b[1] >= upto)
+    gc.delayed = _heap([d for d in gc.delayed if d[1] >= upto])
+    gc.prio = _heap([p for p in gc.prio if p[1] >= upto])
+    gc.sched = _heap([s for s in gc.sched if s[1] >= upto])
+    gc.skip = {s for s in gc.skip if s >= upto}
+    gc.acked = {s for s in gc.acked if s >= upto}
+    gc.attempts = {s: n for s, n in gc.attempts.items() if s >= upto}
+    gc.cursor = max(gc.cursor, upto)
+    gc.floor = max(gc.floor, upto)
+    core._mark(gc)
+
+
 def purge(core: Broker, log: ChannelLog) -> int:
     """Remove every committed message of ``log``; readers go on from its end."""
     upto = log.end
     for gc in list(log.states):
-        _drop_leases(gc, upto)
-        gc.front = _heap([s for s in gc.front if s >= upto])
-        gc.back.clear()
-        gc.delayed = _heap([d for d in gc.delayed if d[1] >= upto])
-        gc.prio = _heap([p for p in gc.prio if p[1] >= upto])
-        gc.sched = _heap([s for s in gc.sched if s[1] >= upto])
-        gc.skip = {s for s in gc.skip if s >= upto}
-        gc.acked = {s for s in gc.acked if s >= upto}
-        gc.attempts = {s: n for s, n in gc.attempts.items() if s >= upto}
-        gc.cursor = max(gc.cursor, upto)
-        gc.floor = max(gc.floor, upto)
-        core._mark(gc)
+        advance(core, gc, upto)
     removed = log.truncate_below(upto)
     core.batch.truncates[log.name] = log.first_seq
     core.batch.channels[log.name] = log.next_seq

@@ -22,6 +22,7 @@ class WriteBatch:
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
     clients: dict[str, bytes | None] = field(default_factory=dict)  # key registry; None: drop
     reservations: dict[str, str | None] = field(default_factory=dict)  # channel -> owner
+    fences: dict[tuple[str, str], int] = field(default_factory=dict)  # (writer, channel) -> batch
     on_commit: list[Callable[[], None]] = field(default_factory=list)
     bytes: int = 0
 
@@ -29,5 +30,6 @@ class WriteBatch:
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.reservations
+            or self.fences
             or self.on_commit
         )

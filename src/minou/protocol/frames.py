@@ -42,6 +42,11 @@ class FrameType(IntEnum):
     PING = 19
     PONG = 20
     BYE = 21
+    STAGE = 22
+    TXN_COMMIT = 23
+    TXN_ABORT = 24
+    OFFSETS = 25
+    POSITION = 26
 
 
 class Frame(msgspec.Struct, array_like=True, frozen=True, omit_defaults=False):
@@ -228,6 +233,45 @@ class Bye(Frame):
     reason: str = ""
 
 
+class Stage(Frame):
+    """Stage messages under a transaction id (invisible until TXN_COMMIT)."""
+
+    req: int
+    txn: str
+    msgs: list[Send]
+
+
+class TxnCommit(Frame):
+    """Publish the named transactions at once, fenced per (writer_id, channel) on
+    batch_id: a channel already at or past batch_id discards its messages."""
+
+    req: int
+    writer_id: str
+    batch_id: int
+    txns: list[str]
+
+
+class TxnAbort(Frame):
+    req: int
+    txns: list[str]
+
+
+class Offsets(Frame):
+    """Earliest and next seq of every channel the patterns match (one round trip)."""
+
+    req: int
+    patterns: list[str]
+
+
+class Position(Frame):
+    """Move a consumer group's position: everything below ``positions[channel]`` is
+    settled for it (a reader that keeps its own offsets, e.g. Spark, reports progress)."""
+
+    req: int
+    group: str
+    positions: dict[str, int]
+
+
 FRAME_CLASSES: dict[FrameType, type[Frame]] = {
     FrameType.HELLO: Hello,
     FrameType.WELCOME: Welcome,
@@ -250,6 +294,11 @@ FRAME_CLASSES: dict[FrameType, type[Frame]] = {
     FrameType.PING: Ping,
     FrameType.PONG: Pong,
     FrameType.BYE: Bye,
+    FrameType.STAGE: Stage,
+    FrameType.TXN_COMMIT: TxnCommit,
+    FrameType.TXN_ABORT: TxnAbort,
+    FrameType.OFFSETS: Offsets,
+    FrameType.POSITION: Position,
 }
 TYPE_OF: dict[type[Frame], FrameType] = {cls: t for t, cls in FRAME_CLASSES.items()}
 _DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in FRAME_CLASSES.items()}

@@ -549,6 +549,7 @@ class BrokerServer:
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
                 self._sample_rates(now)
+                self.core.transactions.expire(now)
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
                 expired = await loop.run_in_executor(
@@ -819,6 +820,7 @@ class BrokerServer:
                         "refused": dict(self.core.schema_refusals),
                         "compatibility": [c.as_dict() for c in self.settings.schema_report]},
             "reloads": self.reloads,
+            "transactions": self.core.transactions.stats(),
             "connections": len(self.connections),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "slow_consumers_cut": self.slow_consumers},

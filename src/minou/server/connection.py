@@ -68,6 +68,11 @@ class NativeConnection:
             f.Read: self._on_read,
             f.Admin: self._on_admin,
             f.Ping: self._on_ping,
+            f.Stage: self._on_stage,
+            f.TxnCommit: self._on_txn_commit,
+            f.TxnAbort: self._on_txn_abort,
+            f.Offsets: self._on_offsets,
+            f.Position: self._on_position,
             f.Bye: self._on_bye,
         }
 
@@ -242,6 +247,30 @@ class NativeConnection:
             self._reply_after_commit(f.Result(frame.req, result))
         else:
             self._send(f.Result(frame.req, result))
+
+    def _on_stage(self, frame: f.Stage) -> None:
+        self.server.check_accepting()
+        held = self.core.stage(self.session, frame.txn, list(frame.msgs), time.time())
+        self._send(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
+
+    def _on_txn_commit(self, frame: f.TxnCommit) -> None:
+        self.server.check_accepting()
+        result = self.core.commit_txns(self.session, frame.writer_id, frame.batch_id,
+                                       list(frame.txns), time.time())
+        self._reply_after_commit(f.Result(frame.req, result))
+        self.server.request_write()
+
+    def _on_txn_abort(self, frame: f.TxnAbort) -> None:
+        dropped = self.core.transactions.abort(self.session.client_id, list(frame.txns))
+        self._send(f.Result(frame.req, {"aborted": dropped}))
+
+    def _on_offsets(self, frame: f.Offsets) -> None:
+        self._send(f.Result(frame.req, self.core.offsets(self.session, list(frame.patterns))))
+
+    def _on_position(self, frame: f.Position) -> None:
+        lags = self.core.set_position(self.session, frame.group, dict(frame.positions),
+                                      time.time())
+        self._reply_after_commit(f.Result(frame.req, {"lag": lags}))
 
     def _on_ping(self, frame: f.Ping) -> None:
         self._send(f.Pong(frame.req))

@@ -37,6 +37,7 @@ class Snapshot:
     tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
+    fences: list[tuple[str, str, int]] = field(default_factory=list)  # writer, channel, batch
 
 
 class Storage(Protocol):

@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS clients(client_id TEXT PRIMARY KEY, record BLOB NOT N
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reservations(channel TEXT PRIMARY KEY, owner TEXT NOT NULL)
     WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fences(writer TEXT NOT NULL, channel TEXT NOT NULL,
+    batch INTEGER NOT NULL, PRIMARY KEY (writer, channel)) WITHOUT ROWID;
 """
 
 # Messages are stored in segments: one row per channel per committed batch, holding
@@ -186,6 +188,8 @@ class SQLiteStorage:
         ]  # type: ignore[misc]
         snap.clients = [body for (body,) in db.execute("SELECT record FROM clients")]
         snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
+        snap.fences = [tuple(r) for r in db.execute(
+            "SELECT writer, channel, batch FROM fences")]  # type: ignore[misc]
         return snap
 
     def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
@@ -286,6 +290,10 @@ class SQLiteStorage:
             else:
                 db.execute("INSERT OR REPLACE INTO clients(client_id, record) VALUES (?, ?)",
                            (client_id, record))
+        if batch.fences:
+            db.executemany(
+                "INSERT OR REPLACE INTO fences(writer, channel, batch) VALUES (?, ?, ?)",
+                [(w, c, b) for (w, c), b in batch.fences.items()])
         for channel, owner in batch.reservations.items():
             if owner is None:
                 db.execute("DELETE FROM reservations WHERE channel = ?", (channel,))

@@ -1,0 +1,123 @@
+"""Staged publishes and fenced commits: the exactly-once sink's broker side. No I/O.
+
+A writer (a Spark job's tasks, say) stages messages under transaction ids; nothing
+of a staged transaction is visible. One ``commit`` then publishes every message of
+the named transactions in one storage batch, fenced per ``(writer_id, channel)``
+on a batch id: a channel whose fence is already at or past ``batch_id`` has seen
+this batch, so its messages are discarded (a replayed batch after a crash). The
+fences are stored with the messages they let through, in the same commit, so a
+crash can never separate the two.
+
+Staged data lives in memory only: a broker restart loses it, the commit then
+fails (unknown transaction), the writer's job fails and is replayed, and the
+fence makes the replay safe. Orphans (failed attempts) expire after a TTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import BadRequest, NotFound, QueueFull
+from ..limits import MAX_BATCH
+from ..protocol.frames import Send
+
+STAGED_TTL_S = 3600.0
+MAX_STAGED_BYTES = 256 * 1024 * 1024  # everything staged, all writers together
+MAX_TXN_ID = 200
+
+
+@dataclass
+class StagedTxn:
+    owner: str  # the client that staged it; only it may commit or abort it
+    created: float
+    sends: list[Send] = field(default_factory=list)
+    bytes: int = 0
+
+
+class Transactions:
+    def __init__(self) -> None:
+        self.staged: dict[str, StagedTxn] = {}
+        self.fences: dict[tuple[str, str], int] = {}  # (writer_id, channel) -> last batch id
+        self.bytes = 0
+        self.committed = 0  # transactions committed since start
+        self.discarded = 0  # messages dropped by a fence (replayed batches)
+        self.expired = 0
+
+    def stage(self, owner: str, txn: str, sends: list[Send], now: float) -> int:
+        """Add ``sends`` to transaction ``txn``; return how many it holds."""
+        if not txn or len(txn) > MAX_TXN_ID:
+            raise BadRequest(f"a transaction id is 1..{MAX_TXN_ID} characters")
+        if len(sends) > MAX_BATCH:
+            raise BadRequest(f"{len(sends)} messages in one frame; the limit is {MAX_BATCH}")
+        size = sum(len(s.data) for s in sends)
+        if self.bytes + size > MAX_STAGED_BYTES:
+            raise QueueFull(f"{self.bytes} bytes are staged already (limit {MAX_STAGED_BYTES}); "
+                            "commit or abort transactions first")
+        staged = self.staged.get(txn)
+        if staged is None:
+            staged = self.staged[txn] = StagedTxn(owner, now)
+        elif staged.owner != owner:
+            raise BadRequest(f"transaction {txn!r} belongs to another client")
+        staged.sends.extend(sends)
+        staged.bytes += size
+        self.bytes += size
+        return len(staged.sends)
+
+    def take(self, owner: str, txns: list[str]) -> list[Send]:
+        """Remove ``txns`` (all must exist and be ``owner``'s) and return their messages."""
+        missing = [t for t in txns if t not in self.staged]
+        if missing:
+            raise NotFound(f"unknown transaction(s) {missing[:5]}: never staged, already "
+                           "committed or aborted, expired, or lost in a broker restart",
+                           txns=", ".join(missing[:5]))
+        foreign = [t for t in txns if self.staged[t].owner != owner]
+        if foreign:
+            raise BadRequest(f"transaction(s) {foreign[:5]} belong to another client")
+        sends: list[Send] = []
+        for t in txns:
+            staged = self.staged.pop(t)
+            self.bytes -= staged.bytes
+            sends.extend(staged.sends)
+        self.committed += len(txns)
+        return sends
+
+    def fence(self, writer_id: str, batch_id: int, sends: list[Send]
+              ) -> tuple[list[Send], list[str], dict[tuple[str, str], int]]:
+        """Split ``sends`` by the fence: (to publish, channels skipped as replays, the
+        fence values to store with the publish)."""
+        if not writer_id or len(writer_id) > MAX_TXN_ID:
+            raise BadRequest(f"writer_id is 1..{MAX_TXN_ID} characters")
+        keep: list[Send] = []
+        skipped: set[str] = set()
+        updates: dict[tuple[str, str], int] = {}
+        for send in sends:
+            key = (writer_id, send.channel)
+            if self.fences.get(key, -1) >= batch_id:
+                skipped.add(send.channel)
+                self.discarded += 1
+                continue
+            keep.append(send)
+            updates[key] = batch_id
+        return keep, sorted(skipped), updates
+
+    def abort(self, owner: str, txns: list[str]) -> int:
+        dropped = 0
+        for t in txns:
+            staged = self.staged.get(t)
+            if staged is not None and staged.owner == owner:
+                del self.staged[t]
+                self.bytes -= staged.bytes
+                dropped += 1
+        return dropped
+
+    def expire(self, now: float, ttl: float = STAGED_TTL_S) -> int:
+        old = [t for t, s in self.staged.items() if now - s.created > ttl]
+        for t in old:
+            self.bytes -= self.staged.pop(t).bytes
+        self.expired += len(old)
+        return len(old)
+
+    def stats(self) -> dict[str, int]:
+        return {"staged": len(self.staged), "staged_bytes": self.bytes,
+                "committed": self.committed, "discarded_by_fence": self.discarded,
+                "expired": self.expired, "fences": len(self.fences)}
