@@ -6,14 +6,14 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench clean system-deps dashboard
+.PHONY: run test lint bench clean system-deps dashboard spark-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,spark]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -21,13 +21,14 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/minou start --dev --data ./data
 
-## system-deps: Debian packages the tests need: chromium (the dashboard's browser tests)
+## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark tests)
 TEST_DEBS := chromium
 system-deps:
 	@missing=""; for d in $(TEST_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \
 	    || missing="$$missing $$d"; \
 	done; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
 	  if [ -z "$(APT)" ]; then echo "no apt-get: install$$missing yourself"; exit 1; fi; \
 	  echo "installing$$missing"; \
@@ -36,13 +37,17 @@ system-deps:
 	       apt-get install -y -q --no-install-recommends $$missing; }; \
 	fi
 
+## spark-demo: a broker, some orders, the example Spark pipeline (examples/spark_orders.py), results
+spark-demo: $(STAMP)
+	$(BIN)/python examples/spark_demo.py
+
 ## dashboard: vendor the dashboard's JavaScript dependency from npm (output is committed)
 dashboard:
 	bash dashboard/build.sh
 
 ## test: install what the tests need, lint, and run the whole suite
 test: $(STAMP) system-deps
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
