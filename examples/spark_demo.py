@@ -94,14 +94,18 @@ def main() -> None:
             with minou.connect_sync(url) as client:
                 reports, _ = client.read("reports/v1/revenue", limit=10_000)
                 dead, _ = client.read("_dead/orders/v1/spark", limit=10_000)
-            rows = sorted((m.payload for m in reports),
-                          key=lambda r: (r["minute"], r["customer"]))
+            # Each report row is one micro-batch's revenue for a (minute, customer): the
+            # totals are their sums.
+            totals: dict[tuple[str, str], list[float]] = {}
+            for m in reports:
+                t = totals.setdefault((m.payload["minute"], m.payload["customer"]), [0, 0.0])
+                t[0] += m.payload["orders"]
+                t[1] += m.payload["revenue"]
             print(f"\n{'minute':<26} {'customer':<10} {'orders':>6} {'revenue':>10}")
-            for r in rows:
-                print(f"{r['minute']:<26} {r['customer']:<10} {r['orders']:>6} "
-                      f"{r['revenue']:>10.2f}")
-            total = sum(r["orders"] for r in rows)
-            print(f"\n{len(rows)} report rows covering {total} orders; {len(dead)} invalid "
+            for (minute, customer), (orders, revenue) in sorted(totals.items()):
+                print(f"{minute:<26} {customer:<10} {orders:>6} {revenue:>10.2f}")
+            total = sum(int(t[0]) for t in totals.values())
+            print(f"\n{len(reports)} report rows covering {total} orders; {len(dead)} invalid "
                   f"orders dead-lettered (e.g. {json.dumps(dead[0].payload) if dead else '-'})"
                   f"; {time.monotonic() - t0:.1f} s")
         finally:

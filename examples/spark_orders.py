@@ -8,7 +8,9 @@ not parse (or have no customer/total) to ``_dead/orders/v1/spark`` with the reas
 writes the revenue of each customer per minute to ``reports/v1/revenue``. The
 aggregation is an Update-mode one, so it goes through ``foreachBatch`` and the batch
 writer with ``writerId`` and ``batchId``: a batch Spark replays after a crash is
-fenced by the broker, never written twice. ``make spark-demo`` runs it end to end.
+fenced by the broker, never written twice. Each report row is the revenue of one
+customer in one minute within one micro-batch; a reader sums the rows of a
+(customer, minute) for its total. ``make spark-demo`` runs it end to end.
 """
 
 from __future__ import annotations

@@ -1,0 +1,147 @@
+"""Option parsing and the lazily opened broker client shared by readers and writers.
+
+Spark hands every data source its options as a ``CaseInsensitiveDict`` of strings
+(P8 of the research report): copying it with ``dict()`` lower-cases the keys, so
+this module copies it once into a plain dict with lower-case keys and every lookup
+uses lower-case names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import minou
+from minou.client.sync import SyncClient
+
+SCHEMA_DDL = (
+    "channel string, seq long, id string, key string, payload string, "
+    "headers map<string,string>, published_at timestamp"
+)
+
+
+class MinouSparkError(ValueError):
+    """A misconfigured option or an unrecoverable condition the user must act on."""
+
+
+def normalize(options: Mapping[str, str]) -> dict[str, str]:
+    """A plain dict with lower-case keys (see the module docstring for why)."""
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def opt(options: Mapping[str, str], name: str, default: str | None = None) -> str | None:
+    value = options.get(name.lower())
+    return default if value is None or value == "" else value
+
+
+def opt_int(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+    value = opt(options, name)
+    if value is None:
+        return default
+    try:
+        out = int(value)
+    except ValueError:
+        raise MinouSparkError(f"option {name}={value!r}: expected an integer") from None
+    if out < 1:
+        raise MinouSparkError(f"option {name}={value!r}: must be >= 1")
+    return out
+
+
+def opt_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    value = opt(options, name)
+    if value is None:
+        return default
+    if value.strip().lower() in ("true", "1", "yes"):
+        return True
+    if value.strip().lower() in ("false", "0", "no"):
+        return False
+    raise MinouSparkError(f"option {name}={value!r}: expected true or false")
+
+
+def parse_offsets_json(name: str, value: str) -> dict[str, int]:
+    """``{"channel": seq}``; seq -2 means earliest and -1 latest (as Kafka's source)."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise MinouSparkError(
+            f"option {name}: expected earliest, latest or a JSON object "
+            f'{{"channel": seq}}, got {value!r} ({exc})') from None
+    if not isinstance(data, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        raise MinouSparkError(f"option {name}: expected a JSON object of channel -> integer "
+                              f"seq, got {value!r}")
+    return {str(k): int(v) for k, v in data.items()}
+
+
+DEFAULT_CLIENT_ID = "spark"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """How to reach and authenticate to the broker; picklable (no socket in it)."""
+
+    brokers: str
+    client_id: str | None = None
+    key_file: str | None = None
+    broker_token: str | None = None
+    tls_fingerprint: str | None = None
+    cafile: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ClientConfig:
+        brokers = opt(options, "brokers")
+        if not brokers:
+            raise MinouSparkError(
+                "option brokers is required: comma-separated broker URLs, e.g. "
+                "minou://host:7700")
+        key_file = opt(options, "keyFile")
+        # One id for the driver and every executor: staged transactions belong to the
+        # client that staged them, and the driver commits them.
+        client_id = opt(options, "clientId") or (
+            Path(key_file).stem if key_file else DEFAULT_CLIENT_ID)
+        return cls(brokers, client_id, key_file, opt(options, "brokerToken"),
+                   opt(options, "tlsFingerprint"), opt(options, "cafile"))
+
+    def connect(self) -> SyncClient:
+        # No reconnect: a task that loses its broker should fail and let Spark retry it,
+        # rather than block on a reconnect loop with half a partition read or staged.
+        return minou.connect_sync(self.brokers, client_id=self.client_id, key=self.key_file,
+                                  broker_token=self.broker_token,
+                                  tls_fingerprint=self.tls_fingerprint, cafile=self.cafile,
+                                  reconnect=False)
+
+
+class LazyClient:
+    """Mixin: ``self.client()`` opens a connection on first use, in whatever process runs.
+
+    Readers and writers are pickled from the planner to executors (P6); a live client
+    holds a socket and an event-loop thread, so it is dropped from the pickled state.
+    """
+
+    config: ClientConfig
+    _client: SyncClient | None = None
+
+    def client(self) -> SyncClient:
+        if self._client is None:
+            self._client = self.config.connect()
+        return self._client
+
+    def close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            # Closing is best effort: the work is already done, or failed anyway.
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_client", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._client = None

@@ -1,0 +1,93 @@
+"""Batch reads and writes through spark.read/df.write.format("minou")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pyspark.sql import functions as F
+
+from ..conftest import BrokerProcess
+from .conftest import client_options
+from .helpers import payloads, publish, unique
+
+
+def reader(spark: Any, opts: dict[str, str], **more: str) -> Any:
+    return spark.read.format("minou").options(**opts, **more).load()
+
+
+def test_pattern_over_two_channels_in_several_partitions(spark: Any, opts: dict[str, str],
+                                                         client: Any) -> None:
+    ep = unique("bread")
+    publish(client, f"{ep}/v1/a", 120)
+    publish(client, f"{ep}/v1/b", 45)
+    df = reader(spark, opts, pattern=f"{ep}/v1/*", maxRecordsPerPartition="50")
+    # format("minou") resolved with no register() call: DefaultSource of pyspark_minou.
+    assert df.rdd.getNumPartitions() == 3 + 1
+    assert df.count() == 165
+    rows = df.orderBy("channel", "seq").collect()
+    a = [r for r in rows if r.channel == f"{ep}/v1/a"]
+    assert [r.seq for r in a] == list(range(1, 121))
+    first = a[0]
+    assert json.loads(first.payload) == {"n": 0, "ch": f"{ep}/v1/a"}
+    assert first.key == "k0" and first.headers == {"i": "0"} and first.id
+    assert first.published_at is not None
+    assert df.schema.simpleString() == (
+        "struct<channel:string,seq:bigint,id:string,key:string,payload:string,"
+        "headers:map<string,string>,published_at:timestamp>")
+    # Per-channel seqs are consecutive inside each partition: no partition mixes channels.
+    per_part = df.rdd.mapPartitions(lambda it: [sorted({r.channel for r in it})]).collect()
+    assert all(len(p) <= 1 for p in per_part)
+
+
+def test_starting_and_ending_offsets(spark: Any, opts: dict[str, str], client: Any) -> None:
+    ep = unique("boff")
+    a, b = f"{ep}/v1/a", f"{ep}/v1/b"
+    publish(client, a, 20)
+    publish(client, b, 20)
+    df = reader(spark, opts, pattern=f"{ep}/v1/*",
+                startingOffsets=json.dumps({a: 5, b: -2}), endingOffsets=json.dumps({a: 10}))
+    got = {(r.channel, r.seq) for r in df.collect()}
+    assert got == {(a, s) for s in range(5, 10)} | {(b, s) for s in range(1, 21)}
+    assert reader(spark, opts, channel=a, startingOffsets="latest").count() == 0
+    assert reader(spark, opts, channel=f"{ep}/v1/none").count() == 0  # empty placeholder
+
+
+def test_data_loss_is_detected_after_a_purge(spark: Any, opts: dict[str, str], client: Any,
+                                            admin: Any) -> None:
+    ep = unique("bloss")
+    ch = f"{ep}/v1/a"
+    publish(client, ch, 10)
+    admin.admin("purge", queue=f"{ep}/v1")
+    publish(client, ch, 5, start=10)
+    start = json.dumps({ch: 1})
+    with pytest.raises(Exception, match="data loss on channel"):
+        reader(spark, opts, channel=ch, startingOffsets=start).count()
+    rows = reader(spark, opts, channel=ch, startingOffsets=start,
+                  failOnDataLoss="false").collect()
+    assert sorted(r.seq for r in rows) == list(range(11, 16))
+
+
+def test_forbidden_channel_fails_with_not_authorized(spark: Any, minou_broker: BrokerProcess,
+                                                     client: Any) -> None:
+    ep = unique("secret")
+    publish(client, f"{ep}/v1/a", 3)
+    limited = client_options(minou_broker, "limited-reader")
+    with pytest.raises(Exception, match="NotAuthorized") as info:
+        reader(spark, limited, pattern=f"{ep}/v1/*").count()
+    assert "limited-reader" in str(info.value)
+
+
+@pytest.mark.parametrize("mode", ["transactional", "direct"])
+def test_batch_write(spark: Any, opts: dict[str, str], client: Any, mode: str) -> None:
+    ep = unique("bwrite")
+    df = spark.range(0, 50, numPartitions=3).select(
+        F.to_json(F.struct(F.col("id").alias("n"))).alias("payload"),
+        F.when(F.col("id") % 2 == 0, F.lit(f"{ep}/v1/even")).alias("channel"),
+        F.col("id").cast("string").alias("key"))
+    (df.write.format("minou").options(**opts).option("channel", f"{ep}/v1/odd")
+     .option("sinkMode", mode).option("writerId", f"w-{ep}").mode("append").save())
+    even, odd = payloads(client, f"{ep}/v1/even"), payloads(client, f"{ep}/v1/odd")
+    assert sorted(p["n"] for p in even) == list(range(0, 50, 2))
+    assert sorted(p["n"] for p in odd) == list(range(1, 50, 2))
