@@ -19,6 +19,12 @@ Tests (--only takes the letters or the row keys):
      JWT (bearer), 100 B JSON string payloads: publish (201 once fsync'd), N in
      total or 10 s; consume (long poll, wait=1) + ack (200 once durable) of a
      channel pre-filled with N messages (bench/http_bench.py)
+  f  spark_read, spark_stream, spark_batch_latency: the PySpark connector (minou only,
+     about 1 min a run, `--only f` alone; skipped when pyspark/pyarrow are missing): one
+     SparkSession (local[2]) in a subprocess (bench/spark_bench.py), one client key
+     registered here; batch read of N x 100 B JSON (count + sum(length(payload))),
+     availableNow drain of them (maxRecordsPerBatch 50,000) to the transactional minou
+     sink, and the median micro-batch duration at --spark-rate msg/s (processingTime=0)
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
@@ -26,6 +32,7 @@ The peers are started here too, on 127.0.0.1 and free ports, and stopped by pid.
 
 Usage:  .venv/bin/python bench/minou_bench.py [--runs 3] [--only a,b] [--peers redis-aof,nats-js]
         .venv/bin/python bench/minou_bench.py --only e --peers none   (the HTTP rows alone)
+        .venv/bin/python bench/minou_bench.py --only f --peers none   (the Spark rows)
 """
 
 from __future__ import annotations
@@ -58,9 +65,11 @@ GROUPS = {
     "c": ["lat"],
     "d": ["mem"],
     "e": ["http_pub", "http_con"],
+    "f": ["spark"],
 }
 HTTP_TESTS = GROUPS["e"]  # minou only
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
+SPARK_ROWS = ["spark_read", "spark_stream", "spark_batch_latency"]  # test "spark"
 
 # key, description, unit direction ("hi" = higher is better), minou target
 ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
@@ -81,6 +90,14 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
      (">=", 14_000)),
     ("http_con", "HTTP consume+ack, HTTPC keep-alive (msg/s, minou only)", "hi",
      (">=", 4_300)),
+    # targets: a prototype of the connector on this machine (2 cores, local[2]), see
+    # /work/shared/research/spark-connector.md section 4 and docs/benchmarks.md "Spark"
+    ("spark_read", "Spark batch read, N x 100 B JSON, arrow (rows/s, minou only)", "hi",
+     (">=", 50_000)),
+    ("spark_stream", "Spark drain availableNow -> transactional sink (rows/s wall, minou only)",
+     "hi", (">=", 20_000)),
+    ("spark_batch_latency", "Spark median micro-batch @ SPARKRATE/s, processingTime=0 (s)",
+     "lo", ("<=", 0.5)),
 ]
 
 
@@ -196,6 +213,10 @@ class Bench:
                 f"clients {c.get('clients')}; host busy {c.get('host_busy_cores')} cores"
                 f"{f'; {errors} errors' if errors else ''})")
 
+        if test == "spark":
+            if system == "minou":  # no peer has a Spark connector here
+                self.run_spark(res, cpu)
+            return
         if test in HTTP_TESTS:
             if system != "minou":
                 return  # no peer has an HTTP API in this harness
@@ -281,6 +302,64 @@ class Bench:
         else:
             raise ValueError(test)
 
+    def run_spark(self, res: dict[str, Any], cpu: dict[str, Any]) -> None:
+        """Test f: bench/spark_bench.py in a subprocess (its own SparkSession, JVM and
+        Python workers), against a fresh broker pre-filled with N x 100 B JSON."""
+        import importlib.util
+
+        missing = [m for m in ("pyspark", "pyarrow") if importlib.util.find_spec(m) is None]
+        if missing:
+            log(f"  minou      spark       skipped: {' and '.join(missing)} not installed in "
+                f"{sys.executable} (pip install pyspark pyarrow)")
+            return
+        a = self.args
+        self.reset("minou")
+        depth = self.prefill("minou", a.n, 100, 1, a.prefill_limit_s, peer="minou-json")
+        res["spark_depth"] = depth
+        # One client as deployed: its own key pair, registered by one native connection
+        # (the bench broker's rule accepts bench-*), then handed to Spark as a key file.
+        import minou
+        from minou.auth import keys as keyfiles
+
+        client_id = f"bench-spark-{os.getpid()}-{self.minou.starts}"
+        key_file, _ = keyfiles.save(self.clients._process_key(), self.workdir / "keys",
+                                    client_id)
+        minou.connect_sync(self.minou.url, client_id=client_id, key=str(key_file),
+                           reconnect=False).close()
+        work = Path(tempfile.mkdtemp(prefix="spark-", dir=self.workdir))
+        cmd = [sys.executable, str(HERE / "spark_bench.py"), "--url", self.minou.url,
+               "--client-id", client_id, "--key-file", str(key_file), "--workdir", str(work),
+               "--broker-pid", str(self.minou.pid), "--rate", str(a.spark_rate),
+               "--duration", str(a.spark_duration)]
+        t0 = time.monotonic()
+        with open(self.workdir / "spark.log", "ab") as err:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                  timeout=900, stdin=subprocess.DEVNULL)
+        took = time.monotonic() - t0
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"spark_bench.py exited with {proc.returncode} "
+                               f"(see {self.workdir}/spark.log)")
+        out = json.loads(lines[-1][len("RESULT "):])
+        cpu.update(out.pop("cpu_pct", {}))
+        res.update(out)
+        res["spark_total_s"] = round(took, 1)
+        for key in SPARK_ROWS:
+            c = cpu.get(key, {})
+            unit = "s" if key == "spark_batch_latency" else "rows/s"
+            log(f"  minou      {key:19s} {fmt(res.get(key)):>8s} {unit}  (CPU% "
+                f"server {c.get('server')}, Spark driver+JVM+workers {c.get('clients')}; "
+                f"host busy {c.get('host_busy_cores')} cores)")
+        log(f"  minou      spark: read {res.get('spark_read_count'):,} rows in "
+            f"{res.get('spark_read_s')} s; drain {res.get('spark_stream_rows'):,} -> "
+            f"{res.get('spark_stream_out'):,} in {res.get('spark_stream_s')} s, "
+            f"{res.get('spark_stream_batches')} batches, median "
+            f"{res.get('spark_stream_median_batch_ms')} ms; live {res.get('spark_lat_batches')}"
+            f" batches of ~{res.get('spark_lat_rows_per_batch')} rows at "
+            f"{res.get('spark_lat_rate')} msg/s, p90 {res.get('spark_lat_p90_ms')} ms, phases "
+            f"{res.get('spark_lat_phases_ms')}; session start {res.get('spark_session_s')} s, "
+            f"warm-up {res.get('spark_warmup_s')} s, {took:.0f} s in all")
+
 
 # ------------------------------------------------------------------- report
 def fmt(v: Any) -> str:
@@ -317,6 +396,7 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
     for key, desc, _better, target in ROWS:
         if not any(med.get(s, {}).get(key) is not None for s in systems):
             continue
+        desc = desc.replace("SPARKRATE", f"{int(args.spark_rate):,}")
         desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
         desc = desc.replace("HTTPC", f"{args.http_procs} x {args.http_conns} "
                             f"{'conn' if args.http_conns == 1 else 'conns'}"
@@ -363,7 +443,8 @@ def medians(runs: list[dict[str, dict[str, Any]]], systems: list[str]):
 
 
 def cpu_table(med: dict[str, dict[str, Any]], systems: list[str]) -> str:
-    tests = [t for t in ALL_TESTS if any(t in med[s].get("cpu_pct", {}) for s in systems)]
+    tests = [t for t in [*ALL_TESTS, *SPARK_ROWS]
+             if any(t in med[s].get("cpu_pct", {}) for s in systems)]
     lines = ["| test | " + " | ".join(systems) + " |", "|---|" + "---:|" * len(systems)]
     for t in tests:
         cells = []
@@ -418,10 +499,20 @@ def snapshot_src(workdir: Path) -> dict[str, Any]:
     for f in sorted((dest / "minou").rglob("*")):
         if f.is_file():
             digest.update(str(f.relative_to(dest)).encode() + b"\0" + f.read_bytes())
+    info = {"snapshot": str(dest), "sha256": digest.hexdigest()[:16]}
+    spark_src = REPO / "src" / "pyspark_minou"  # the connector test f runs (the Spark workers)
+    if spark_src.is_dir():
+        shutil.copytree(spark_src, dest / "pyspark_minou",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        sdigest = hashlib.sha256()
+        for f in sorted((dest / "pyspark_minou").rglob("*")):
+            if f.is_file():
+                sdigest.update(str(f.relative_to(dest)).encode() + b"\0" + f.read_bytes())
+        info["pyspark_minou_sha256"] = sdigest.hexdigest()[:16]
     sys.path.insert(0, str(dest))  # spawned workers inherit sys.path
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])])  # the broker
-    return {"snapshot": str(dest), "sha256": digest.hexdigest()[:16]}
+        [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])])  # the broker, Spark
+    return info
 
 
 def parse_only(text: str | None) -> list[str]:
@@ -437,7 +528,7 @@ def parse_only(text: str | None) -> list[str]:
         elif item in ALL_TESTS:
             out.append(item)
         else:
-            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, e, "
+            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, e, f, "
                              f"{', '.join(ALL_TESTS)})")
     return [t for t in ALL_TESTS if t in out]
 
@@ -447,8 +538,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
     ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
-    ap.add_argument("--only", help="tests: a,b,c,d,e or row keys (pub_100B, con4_p1000, lat, "
-                                   "mem, http_pub, http_con)")
+    ap.add_argument("--only", help="tests: a,b,c,d,e,f or row keys (pub_100B, con4_p1000, lat, "
+                                   "mem, http_pub, http_con, spark); default: all")
     ap.add_argument("--peers", default=None,
                     help="comma separated: redis-aof,redis-mem,nats-js,rabbitmq; 'none' for "
                          "minou alone (default: each whose server binary is installed)")
@@ -475,6 +566,10 @@ def main() -> int:
     ap.add_argument("--http-client", choices=["raw", "httpx"], default="raw",
                     help="test e's client: raw (asyncio + httptools parser, cheap) or "
                          "httpx.AsyncClient (see bench/http_bench.py)")
+    ap.add_argument("--spark-rate", type=float, default=1000.0,
+                    help="producer rate while test f measures micro-batch durations, msg/s")
+    ap.add_argument("--spark-duration", type=float, default=10.0,
+                    help="how long test f's producer publishes, s")
     ap.add_argument("--live-src", action="store_true",
                     help="run src/ as it is at each moment (default: a copy taken at the start)")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
@@ -577,12 +672,13 @@ def main() -> int:
             "params": {k: getattr(args, k) for k in (
                 "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
                 "lat_batch", "mem_n", "mem_procs", "mem_runs", "http_procs", "http_conns",
-                "http_client")},
+                "http_client", "spark_rate", "spark_duration")},
             "tests": tests,
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
             "load_average_at_run_start": run_loads,
-            "units": "throughput keys msg/s; lat_* ms; mem_* MiB; cpu_pct % of one core",
+            "units": "throughput keys msg/s; lat_* ms; mem_* MiB; cpu_pct % of one core; "
+                     "spark_read/spark_stream rows/s, spark_batch_latency s",
         },
         "median": med,
         "spread": {s: {k: list(v) for k, v in d.items()} for s, d in spread.items()},
