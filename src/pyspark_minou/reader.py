@@ -142,11 +142,23 @@ class _ReadOptions:
         return first
 
 
-def read_range(client: Any, part: MinouPartition) -> Iterator[pa.RecordBatch]:
+def read_range(client: Any, part: MinouPartition, fail_on_data_loss: bool = True,
+               ) -> Iterator[pa.RecordBatch]:
     pos = part.start
     while pos < part.end:
-        msgs, nxt = client.read(part.channel, pos, limit=min(READ_PAGE, part.end - pos),
-                                to_seq=part.end)
+        msgs, nxt, first = client.read_page(part.channel, pos,
+                                            limit=min(READ_PAGE, part.end - pos),
+                                            to_seq=part.end)
+        if first > pos:
+            # Retention or a purge removed [pos, first) after the batch was planned.
+            lost_to = min(first, part.end)
+            if fail_on_data_loss:
+                raise MinouSparkError(
+                    f"data loss on channel {part.channel!r}: messages [{pos}, {lost_to}) "
+                    "were removed while the query was reading them (retention or purge). "
+                    "Set failOnDataLoss=false to skip the gap.")
+            log.warning("channel %s: skipping lost messages [%d, %d)", part.channel, pos,
+                        lost_to)
         if msgs:
             yield to_record_batch(msgs)
         if nxt <= pos:  # defensive: never spin on a broker that makes no progress
@@ -159,7 +171,9 @@ class _PartitionReader(LazyClient):
         if not isinstance(partition, MinouPartition):
             return  # the placeholder Spark passes when partitions() is empty (P10)
         try:
-            yield from read_range(self.client(), partition)
+            opts = getattr(self, "opts", None)
+            yield from read_range(self.client(), partition,
+                                  opts.fail_on_data_loss if opts is not None else True)
         finally:
             # One connection per task: executors' Python workers are reused, but a task
             # must not leave an idle connection (and its loop thread) behind.

@@ -146,7 +146,7 @@ FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
     Settled: st.builds(Settled, req=u32, failed=st.lists(st.tuples(u64, u32, text), max_size=3)),
     Read: st.builds(Read, req=u32, channel=channel, from_seq=u64, limit=u32, to_seq=u64),
     ReadResult: st.builds(
-        ReadResult, req=u32, items=st.lists(deliveries, max_size=3), next_seq=u64
+        ReadResult, req=u32, items=st.lists(deliveries, max_size=3), next_seq=u64, first_seq=u64
     ),
     Admin: st.builds(
         Admin, req=u32, op=st.sampled_from(["list", "status", "purge"]) | text, args=args_map

@@ -91,3 +91,18 @@ def test_batch_write(spark: Any, opts: dict[str, str], client: Any, mode: str) -
     even, odd = payloads(client, f"{ep}/v1/even"), payloads(client, f"{ep}/v1/odd")
     assert sorted(p["n"] for p in even) == list(range(0, 50, 2))
     assert sorted(p["n"] for p in odd) == list(range(1, 50, 2))
+
+
+def test_messages_removed_while_a_task_reads_are_data_loss(minou_broker, client, admin):
+    """Planning saw seqs 1..6; a purge removes them before the task reads: the task fails
+    (or, with failOnDataLoss=false, skips the gap) instead of silently missing rows."""
+    from pyspark_minou import MinouSparkError
+    from pyspark_minou.reader import MinouPartition, read_range
+
+    channel = unique("lossread") + "/v1/x"
+    publish(client, channel, 6)
+    part = MinouPartition(channel, 1, 7)
+    admin.admin("purge", queue=channel.rsplit("/", 1)[0])
+    with pytest.raises(MinouSparkError, match=r"messages \[1, 7\) were removed"):
+        list(read_range(client, part))
+    assert list(read_range(client, part, fail_on_data_loss=False)) == []

@@ -98,3 +98,16 @@ def test_offsets_and_positions(txn_broker):
         # The group now exists for retention and lag; a consumer of it starts at 4.
         sub = c.consume("orders/v1/x", group="spark:q1")
         assert sub.get(timeout=5).seq == 4
+
+
+def test_a_read_page_says_what_the_channel_still_retains(txn_broker):
+    with minou.connect_sync(txn_broker.url, **txn_broker.admin_auth()) as a:
+        for i in range(6):
+            a.send("orders/v1/r", {"i": i})
+        page = a.read_page("orders/v1/r", 1, limit=2)
+        assert (page.next_seq, page.first_seq) == (3, 1)
+        assert [m.seq for m in page.messages] == [1, 2]
+        a.admin("purge", queue="orders/v1", channel="r")
+        a.send("orders/v1/r", {"i": 6})
+        after = a.read_page("orders/v1/r", 3)
+        assert after.first_seq == 7 and [m.seq for m in after.messages] == [7]

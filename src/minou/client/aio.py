@@ -21,7 +21,7 @@ import random
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -826,14 +826,28 @@ class Client:
 
         Returns the messages and the seq to continue from.
         """
+        page = await self.read_page(channel, from_seq, limit=limit, to_seq=to_seq)
+        return page.messages, page.next_seq
+
+    async def read_page(self, channel: str, from_seq: int = 1, *, limit: int = 1000,
+                        to_seq: int = 0) -> ReadPage:
+        """``read`` plus the channel's oldest retained seq at the time of the read, so a
+        reader can tell that messages it wanted were removed (retention, purge)."""
         res = await self._request(f.Read(self._next_req(), channel, from_seq, limit, to_seq))
-        return [Message(self, -1, 0, d) for d in res.items], res.next_seq
+        return ReadPage([Message(self, -1, 0, d) for d in res.items], res.next_seq,
+                        res.first_seq)
 
     async def ping(self) -> float:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await self._request(f.Ping(self._next_req()))
         return loop.time() - t0
+
+
+class ReadPage(NamedTuple):
+    messages: list[Message]
+    next_seq: int  # where to read on from
+    first_seq: int  # the oldest seq the channel retained (0 if the broker did not say)
 
 
 def _make_send(channel: str, payload: Any, *, headers: dict[str, str] | None = None,

@@ -141,6 +141,9 @@ class SyncClient:
     def admin(self, op: str, **args: Any) -> Any:
         return self._runner.call(self._client.admin(op, **args))
 
+    def read_page(self, channel: str, from_seq: int = 1, **kw: Any) -> Any:
+        return self._runner.call(self._client.read_page(channel, from_seq, **kw))
+
     def stage(self, txn: str, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> int:
         return self._runner.call(self._client.stage(txn, list(items)))
 

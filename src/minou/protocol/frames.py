@@ -198,6 +198,7 @@ class ReadResult(Frame):
     req: int
     items: list[Delivery]
     next_seq: int
+    first_seq: int = 0  # the channel's oldest retained seq when read (0: not known)
 
 
 class Admin(Frame):

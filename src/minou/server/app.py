@@ -588,7 +588,7 @@ class BrokerServer:
         self.core.check_read(conn.session, frame.channel)
         log_ = self.core.channels.get(frame.channel)
         if log_ is None:
-            conn.send(f.ReadResult(frame.req, [], 1))
+            conn.send(f.ReadResult(frame.req, [], 1, 1))
             return
         upper = log_.end if not frame.to_seq else min(frame.to_seq, log_.end)
         limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
@@ -605,7 +605,7 @@ class BrokerServer:
                 for m in msgs
             ]
             next_seq = msgs[-1].seq + 1 if len(msgs) == limit else upper
-            conn.send(f.ReadResult(frame.req, items, next_seq))
+            conn.send(f.ReadResult(frame.req, items, next_seq, log_.first_seq))
 
         self._spawn(run())
 
