@@ -118,7 +118,7 @@ def start(config: str | None, data_dir: str | None, host: str | None, port: int 
         print(f"  native  {st['native']}", flush=True)
         if st["http"]:
             print(f"  http    {st['http']}   (GET /health, API: /openapi.json)", flush=True)
-            how = "no sign-in (development mode)" if st["auth"]["mode"] == "off" else \
+            how = "no sign-in: development mode" if st["auth"]["mode"] == "off" else \
                 f"sign in with: minou admin-token --data {settings.data_dir}"
             print(f"  dashboard {st['http']}/   ({how})", flush=True)
         if st["tls"]:
