@@ -36,6 +36,7 @@ const darkQuery = window.matchMedia("(prefers-color-scheme: dark)");
 function effectiveTheme() {
   return document.documentElement.dataset.theme || (darkQuery.matches ? "dark" : "light");
 }
+const root = document.documentElement;
 
 function syncThemeButton() {
   const next = effectiveTheme() === "dark" ? "light" : "dark";
@@ -46,7 +47,8 @@ function syncThemeButton() {
 
 els.theme.addEventListener("click", () => {
   const next = effectiveTheme() === "dark" ? "light" : "dark";
-  document.documentElement.dataset.theme = next;
+  root.dataset.theme = next;
+  delete root.dataset.themeAuto;
   try {
     localStorage.setItem(THEME_KEY, next);
   } catch { /* not persisted */ }
@@ -54,8 +56,10 @@ els.theme.addEventListener("click", () => {
   window.dispatchEvent(new Event("minou:theme"));
 });
 darkQuery.addEventListener("change", () => {
+  if (!root.dataset.themeAuto) return;  // the user chose a theme: keep it
+  root.dataset.theme = darkQuery.matches ? "dark" : "light";
   syncThemeButton();
-  if (!document.documentElement.dataset.theme) window.dispatchEvent(new Event("minou:theme"));
+  window.dispatchEvent(new Event("minou:theme"));
 });
 syncThemeButton();
 

@@ -1,8 +1,13 @@
-// Applies the saved theme before the first paint. Without a saved choice the
-// page follows prefers-color-scheme (no data-theme attribute).
+// Sets the theme before the first paint: the saved choice, else the system's
+// (data-theme-auto marks the latter, so app.js follows later system changes).
+// The stylesheet keys its dark palette on data-theme alone.
 (function () {
-  try {
-    var t = localStorage.getItem("minou.theme");
-    if (t === "light" || t === "dark") document.documentElement.dataset.theme = t;
-  } catch (e) { /* storage disabled: follow the system */ }
+  var root = document.documentElement, saved = null;
+  try { saved = localStorage.getItem("minou.theme"); } catch (e) { /* storage disabled */ }
+  if (saved === "light" || saved === "dark") {
+    root.dataset.theme = saved;
+  } else {
+    root.dataset.theme = matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+    root.dataset.themeAuto = "1";
+  }
 })();
