@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from minou.server.openapi import document
 
@@ -16,6 +17,9 @@ from ..conftest import BrokerProcess
 
 TOKEN = "schemathesis-broker-token"
 SKIP = {("POST", "/v1/admin/soft-stop")}  # it would stop the broker under test
+# Valid per the document but refused on meaning, which JSON Schema cannot say: a
+# public key must be a PEM key (400 otherwise). Every other check still runs.
+NOT_EXPRESSIBLE = {("POST", "/v1/clients/{client_id}/rotate")}
 OPERATIONS = sorted((method.upper(), path) for path, item in document()["paths"].items()
                     for method in item if (method.upper(), path) not in SKIP)
 
@@ -45,7 +49,9 @@ def test_operation_conforms_to_the_document(api_schema, fuzz_broker, method, pat
     def run(case: schemathesis.Case) -> None:
         if case.query and "wait" in case.query:
             case.query["wait"] = 0.1  # a long-poll would only make the run slow
-        case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"})
+        excluded = [positive_data_acceptance] if (method, path) in NOT_EXPRESSIBLE else None
+        case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"},
+                               excluded_checks=excluded)
 
     run()
     assert fuzz_broker.alive

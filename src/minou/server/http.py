@@ -19,6 +19,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .connection import NativeConnection
+from .http_fast import protocol_class
 
 if TYPE_CHECKING:
     from .app import BrokerServer
@@ -160,55 +161,6 @@ class _SecurityHeaders:
         await self.app(scope, receive, with_headers)
 
 
-class _CoalescingTransport:
-    """Writes made in one turn of the loop leave in one send(): uvicorn writes a
-    response's head and its body separately, and the second syscall was a tenth of
-    each small request's cost. Everything else goes to the real transport."""
-
-    __slots__ = ("_buf", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._loop = asyncio.get_running_loop()
-        self._buf: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._buf:
-            self._loop.call_soon(self._flush)
-        self._buf.append(bytes(data))
-
-    def writelines(self, items: Any) -> None:
-        for data in items:
-            self.write(data)
-
-    def _flush(self) -> None:
-        if self._buf:
-            data = b"".join(self._buf)
-            self._buf.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _protocol_class() -> Any:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # no httptools: uvicorn's default, unmodified
-        return "auto"
-
-    class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(_CoalescingTransport(transport))  # type: ignore[arg-type]
-
-    return CoalescingHttpToolsProtocol
-
-
 class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]
@@ -225,8 +177,9 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
     tls: dict[str, Any] = {}
     if server.tls is not None:
         tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
-    config = uvicorn.Config(build_app(server), log_level="warning", lifespan="off",
-                            http=_protocol_class(),
+    app = build_app(server)
+    config = uvicorn.Config(app, log_level="warning", lifespan="off",
+                            http=protocol_class(app.api, _SecurityHeaders.HEADERS),
                             ws="websockets-sansio" if _has_sansio() else "auto",
                             access_log=False, server_header=False,
                             # X-Forwarded-* are not trusted: nothing here reads the peer

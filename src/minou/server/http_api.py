@@ -13,7 +13,7 @@ import asyncio
 import base64
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,9 @@ from ..errors import (
     ERROR_TABLE,
     BadRequest,
     ErrorCode,
+    FrameTooLarge,
     InvalidChannel,
+    MessageTooLarge,
     NotAuthenticated,
     NotAuthorized,
     RequestError,
@@ -70,15 +72,31 @@ def json_response(value: Any, status: int = 200) -> Response:
     return Response(_encode(value), status_code=status, media_type="application/json")
 
 
-def error_response(exc: RequestError) -> Response:
+def error_parts(exc: RequestError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """Status, JSON body and extra headers of the answer to a refused request (the
+    ASGI routes and the protocol's fast path answer alike)."""
     info = ERROR_TABLE[exc.code]
     detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
-    headers = {"WWW-Authenticate": 'Bearer realm="minou"'} \
-        if exc.code == ErrorCode.NOT_AUTHENTICATED else None
+    headers = [(b"www-authenticate", b'Bearer realm="minou"')] \
+        if exc.code == ErrorCode.NOT_AUTHENTICATED else []
     body = {"error": {"code": int(exc.code), "reason": info.reason, "message": exc.message,
                       "detail": detail}}
-    return Response(_encode(body), status_code=info.http_status, headers=headers,
-                    media_type="application/json")
+    return info.http_status, _encode(body), headers
+
+
+def body_too_large(size: int, limit: int, *, one_message: bool) -> RequestError:
+    if one_message:
+        return MessageTooLarge(f"message of at least {size} bytes is over the {limit} byte "
+                               "limit", limit=limit)
+    return FrameTooLarge(f"request body over the {limit} byte limit: send fewer messages "
+                         "per request", limit=limit)
+
+
+def error_response(exc: RequestError) -> Response:
+    status, body, headers = error_parts(exc)
+    response = Response(body, status_code=status, media_type="application/json")
+    response.raw_headers.extend(headers)
+    return response
 
 
 class HttpApi:
@@ -102,8 +120,7 @@ class HttpApi:
                         f"{identity.client_id!r} is not one")
                 return await handler(request, identity)
             except RequestError as exc:
-                if not getattr(exc, "counted", False):
-                    self.core.counters.refuse(exc.reason)
+                self.count_refusal(exc)
                 return error_response(exc)
 
         return run
@@ -111,7 +128,7 @@ class HttpApi:
     async def committed(self) -> None:
         """Wait until what the request changed is durable (settlements only mark group
         states dirty: those count too)."""
-        if not self.core.batch and not self.core.has_dirty:
+        if not self.needs_commit():
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.core.after_commit(lambda: fut.done() or fut.set_result(None))
@@ -125,21 +142,31 @@ class HttpApi:
         await self.committed()
         return result
 
-    # -------------------------------------------------------------- messages
-    async def publish(self, request: Request, identity: Identity) -> Response:
-        p = request.path_params
-        channel = f"{p['endpoint']}/{p['version']}/{_raw_id(request)}"
-        q = request.query_params
+    def count_refusal(self, exc: RequestError) -> None:
+        if not getattr(exc, "counted", False):
+            self.core.counters.refuse(exc.reason)
+
+    def needs_commit(self) -> bool:
+        """Whether the request's changes wait for a commit (settlements only mark group
+        states dirty: those count too)."""
+        return bool(self.core.batch) or self.core.has_dirty
+
+    # ------------------------------------------------- messages (no I/O: both paths)
+    # Each returns (status, JSON value, whether the answer waits for a commit). The
+    # Starlette routes below and the protocol's fast path (http_fast) call these.
+    def publish_now(self, identity: Identity, channel: str, q: Mapping[str, str],
+                    headers: Iterable[tuple[str, str]], body: bytes
+                    ) -> tuple[int, Any, bool]:
         if "payload" in q:
             data = _encode(q["payload"])
         else:
-            data = await request.body()
+            data = body
             if not data:
                 raise BadRequest("give the message as a JSON body, or a string as ?payload=")
-        headers = {k[len(HEADER_PREFIX):]: v for k, v in request.headers.items()
-                   if k.startswith(HEADER_PREFIX)} or None
+        message_headers = {k[len(HEADER_PREFIX):]: v for k, v in headers
+                           if k.startswith(HEADER_PREFIX)} or None
         self.server.check_accepting()
-        send = Send(channel, data, False, headers, _int(q, "priority", 0),
+        send = Send(channel, data, False, message_headers, _int(q, "priority", 0),
                     _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
                     q.get("key") or None)
         outcomes, staged = self.core.publish([send], time.time(), self.server.access_for(identity))
@@ -148,16 +175,14 @@ class HttpApi:
             exc = error_from_code(out.code, out.error, {"channel": out.channel})
             exc.counted = True  # type: ignore[attr-defined]  # core.publish counted it
             raise exc
-        if staged:
-            await self.committed()
-        return json_response({"channel": out.channel, "seq": out.seq, "id": out.id,
-                              "duplicate": out.duplicate, "fanout": out.fanout}, 201)
+        return 201, {"channel": out.channel, "seq": out.seq, "id": out.id,
+                     "duplicate": out.duplicate, "fanout": out.fanout}, bool(staged)
 
-    async def publish_batch(self, request: Request, identity: Identity) -> Response:
+    def publish_batch_now(self, identity: Identity, body: bytes) -> tuple[int, Any, bool]:
         """Many messages in one request: one outcome each, in order, once all are durable;
         a refused message fails alone (its outcome carries the error)."""
         try:
-            items = _batch_decode(await request.body())
+            items = _batch_decode(body)
         except msgspec.ValidationError as exc:
             raise BadRequest(f"body must be a JSON array of messages: {exc}") from None
         except msgspec.DecodeError as exc:
@@ -168,8 +193,6 @@ class HttpApi:
         sends = [Send(m.channel, _encode(m.payload), False, m.headers, m.priority, m.ttl,
                       m.delay, m.dedup, m.key) for m in items]
         outcomes, staged = self.core.publish(sends, time.time(), self.server.access_for(identity))
-        if staged:
-            await self.committed()
         out = []
         for o in outcomes:
             if o.code:
@@ -179,7 +202,51 @@ class HttpApi:
             else:
                 out.append({"channel": o.channel, "seq": o.seq, "id": o.id,
                             "duplicate": o.duplicate, "fanout": o.fanout})
-        return json_response({"results": out}, 200)
+        return 200, {"results": out}, bool(staged)
+
+    def settle_now(self, identity: Identity, receipt: str, op: str, q: Mapping[str, str]
+                   ) -> tuple[int, Any, bool]:
+        if op == "ack":
+            self.server.http_consumers.settle(identity, receipt, "ack")
+        else:
+            front = q.get("front", "true").lower() not in ("false", "0", "no")
+            self.server.http_consumers.settle(identity, receipt, "nack",
+                                              delay=_float(q, "delay") or 0.0, front=front)
+        return 200, {"receipt": receipt, "settled": op}, self.needs_commit()
+
+    # ------------------------------------------------------- messages (Starlette)
+    def body_limit(self, one_message: bool) -> int:
+        return self.core.max_message_size if one_message else self.server.max_frame_size
+
+    async def body(self, request: Request, *, one_message: bool = False) -> bytes:
+        """The request body, refused as soon as it is over the limit (a message's for
+        one message, the frame limit for anything else): no upload can take the
+        broker's memory."""
+        limit = self.body_limit(one_message)
+        chunks = bytearray()
+        async for chunk in request.stream():
+            chunks += chunk
+            if len(chunks) > limit:
+                raise body_too_large(len(chunks), limit, one_message=one_message)
+        return bytes(chunks)
+
+    async def answer(self, reply: tuple[int, Any, bool]) -> Response:
+        status, value, wait = reply
+        if wait:
+            await self.committed()
+        return json_response(value, status)
+
+    async def publish(self, request: Request, identity: Identity) -> Response:
+        p = request.path_params
+        channel = f"{p['endpoint']}/{p['version']}/{_raw_id(request)}"
+        q = request.query_params
+        body = b"" if "payload" in q else await self.body(request, one_message=True)
+        return await self.answer(self.publish_now(identity, channel, q,
+                                                  request.headers.items(), body))
+
+    async def publish_batch(self, request: Request, identity: Identity) -> Response:
+        return await self.answer(self.publish_batch_now(
+            identity, await self.body(request)))
 
     async def consume(self, request: Request, identity: Identity, dead: bool = False
                       ) -> Response:
@@ -197,19 +264,12 @@ class HttpApi:
         return json_response(delivery_view(delivery, f"{consumer.token}.{delivery.tag}"))
 
     async def ack(self, request: Request, identity: Identity) -> Response:
-        receipt = request.path_params["receipt"]
-        self.server.http_consumers.settle(identity, receipt, "ack")
-        await self.committed()
-        return json_response({"receipt": receipt, "settled": "ack"})
+        return await self.answer(self.settle_now(identity, request.path_params["receipt"],
+                                                 "ack", request.query_params))
 
     async def nack(self, request: Request, identity: Identity) -> Response:
-        receipt = request.path_params["receipt"]
-        q = request.query_params
-        front = q.get("front", "true").lower() not in ("false", "0", "no")
-        self.server.http_consumers.settle(identity, receipt, "nack",
-                                          delay=_float(q, "delay") or 0.0, front=front)
-        await self.committed()
-        return json_response({"receipt": receipt, "settled": "nack"})
+        return await self.answer(self.settle_now(identity, request.path_params["receipt"],
+                                                 "nack", request.query_params))
 
     async def receipt(self, request: Request, identity: Identity) -> Response:
         message_id = request.path_params["message_id"]
@@ -270,7 +330,7 @@ class HttpApi:
             if queue:
                 args["queue"] = _queue(request)
             if body:
-                raw = await request.body()
+                raw = await self.body(request)
                 try:
                     extra = _decode(raw) if raw else {}
                 except msgspec.DecodeError as exc:
@@ -404,18 +464,10 @@ def _queue(request: Request, dead: bool = False) -> str:
 
 
 def _raw_id(request: Request, tail: str = "") -> str:
-    """The channel id exactly as sent: ids are URL-encoded inside channel names, so an
-    id ``a%2Fb`` must not become ``a/b`` (the router sees the decoded path)."""
     raw = request.scope.get("raw_path")
     if not raw:
         return str(request.path_params["id"])
-    path = raw.decode("latin-1").split("?", 1)[0]
-    if tail and path.endswith(tail):
-        path = path[: -len(tail)]
-    p = request.path_params
-    # /v1/<route>[/_dead]/<endpoint>/<version>/<id...>
-    _, _, rest = path.partition(f"/{p['endpoint']}/{p['version']}/")
-    return rest or str(p["id"])
+    return raw_channel_id(raw, request.path_params, tail)
 
 
 def _split_queue(text: str) -> tuple[str, str | None]:
@@ -452,50 +504,66 @@ def _int(q: Any, name: str, default: int) -> int:
 __all__ = ["HttpApi", "NotAuthenticated", "error_response", "json_response"]
 
 
+def hot_route(path: str) -> tuple[str, dict[str, str]] | None:
+    """The hot POST routes by their (decoded) path, without the router: ``publish``,
+    ``publish_batch``, ``consume``, ``consume_dead``, ``ack`` or ``nack`` with their
+    path parameters; None for any other path."""
+    parts = path.split("/", 5)
+    if len(parts) < 3 or parts[1] != "v1" or (len(parts) == 3 and parts[2] != "messages"):
+        return None
+    kind = parts[2]
+    if kind in ("ack", "nack") and len(parts) == 4 and parts[3]:
+        return kind, {"receipt": parts[3]}
+    if kind == "messages" and len(parts) == 3:
+        return "publish_batch", {}
+    if kind == "consume" and parts[3] == "_dead":
+        parts = ["", "v1", "consume", *path.split("/", 6)[4:]]
+        kind = "consume_dead"
+    elif kind == "messages":
+        kind = "publish"
+    elif kind != "consume":
+        return None
+    if len(parts) != 6 or not parts[3] or not parts[4] or not parts[5]:
+        return None
+    return kind, {"endpoint": parts[3], "version": parts[4], "id": parts[5]}
+
+
+def raw_channel_id(raw_path: bytes, params: dict[str, str], tail: str = "") -> str:
+    """The channel id exactly as sent: ids are URL-encoded inside channel names, so an
+    id ``a%2Fb`` must not become ``a/b`` (routers see the decoded path)."""
+    path = raw_path.decode("latin-1").split("?", 1)[0]
+    if tail and path.endswith(tail):
+        path = path[: -len(tail)]
+    # /v1/<route>[/_dead]/<endpoint>/<version>/<id...>
+    _, _, rest = path.partition(f"/{params['endpoint']}/{params['version']}/")
+    return rest or str(params["id"])
+
+
 class FastLane:
     """ASGI front for the hot routes (publish, consume, ack, nack): they skip the
     router and the middleware stack, which cost a quarter of each request here. The
-    handlers are the same ones the Starlette routes use (and the OpenAPI describes)."""
+    handlers are the same ones the Starlette routes use (and the OpenAPI describes).
+    Most publishes and settlements do not even get here: the HTTP protocol answers
+    them itself (http_fast); this lane serves consumes and pipelined requests."""
 
     SECURITY_HEADERS: list[tuple[bytes, bytes]] = []  # set by http.build_app
 
     def __init__(self, api: HttpApi, app: Any) -> None:
-        self.app = app
+        self.api, self.app = api, app
         g = api.guard
-        self.publish, self.consume = g(api.publish), g(api.consume)
-        self.publish_batch = g(api.publish_batch)
-        self.consume_dead = g(partial(api.consume, dead=True))
-        self.ack, self.nack = g(api.ack), g(api.nack)
-
-    def _route(self, path: str) -> tuple[Handler, dict[str, str]] | None:
-        parts = path.split("/", 5)
-        if len(parts) < 3 or parts[1] != "v1" or (len(parts) == 3 and parts[2] != "messages"):
-            return None
-        kind = parts[2]
-        if kind in ("ack", "nack") and len(parts) == 4 and parts[3]:
-            return (self.ack if kind == "ack" else self.nack), {"receipt": parts[3]}
-        if kind == "messages" and len(parts) == 3:
-            return self.publish_batch, {}
-        if kind == "consume" and parts[3] == "_dead":
-            parts = ["", "v1", "consume", *path.split("/", 6)[4:]]
-            handler = self.consume_dead
-        elif kind == "messages":
-            handler = self.publish
-        elif kind == "consume":
-            handler = self.consume
-        else:
-            return None
-        if len(parts) != 6 or not parts[3] or not parts[4] or not parts[5]:
-            return None
-        return handler, {"endpoint": parts[3], "version": parts[4], "id": parts[5]}
+        self.handlers: dict[str, Handler] = {
+            "publish": g(api.publish), "publish_batch": g(api.publish_batch),
+            "consume": g(api.consume), "consume_dead": g(partial(api.consume, dead=True)),
+            "ack": g(api.ack), "nack": g(api.nack),
+        }
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            found = self._route(scope["path"])
+            found = hot_route(scope["path"])
             if found is not None:
-                handler, params = found
+                kind, params = found
                 scope["path_params"] = params
-                response = await handler(Request(scope, receive))
+                response = await self.handlers[kind](Request(scope, receive))
                 response.raw_headers.extend(self.SECURITY_HEADERS)
                 await response(scope, receive, send)
                 return
