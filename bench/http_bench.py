@@ -20,6 +20,9 @@ connection:
 * publish: ``POST /v1/messages/bench/v1/q`` with a JSON string body of ``size``
   bytes; a 201 comes back once the message is in a committed (fsync'd) SQLite
   transaction (the broker group-commits concurrent requests).
+* batch publish (``http_batch`` > 1): ``POST /v1/messages`` with a JSON array of
+  ``http_batch`` such messages; a 200 comes back once all are committed, with one
+  result each (a message counts when its result has no error).
 * consume+ack: ``POST /v1/consume/bench/v1/q?group=bench_g&wait=1`` (200 with
   ``{"receipt", "payload", ...}``, or 204 after a second without a message), then
   ``POST /v1/ack/<receipt>``, whose 200 comes back once the ack is durable. A
@@ -48,6 +51,7 @@ import msgspec
 from bench_clients import CHANNEL, GROUP, _process_key
 
 PUB_PATH = f"/v1/messages/{CHANNEL}"
+BATCH_PATH = "/v1/messages"
 CON_PATH = f"/v1/consume/{CHANNEL}?group={GROUP}&wait=1"
 ACK_PATH = "/v1/ack/"
 
@@ -161,6 +165,7 @@ class HttpPeer:
         self.http_url: str = job["http_url"]
         self.nconns: int = int(job.get("conns", 16))
         self.kind: str = job.get("http_client", "raw")
+        self.batch: int = int(job.get("http_batch", 1))  # > 1: POST /v1/messages arrays
         self.conns: list[Any] = []
         self.httpx: Any = None
 
@@ -225,18 +230,23 @@ class HttpPeer:
         """``n`` publishes over ``conns`` connections, one in flight on each (``window``
         is the native rows' parameter; here the in-flight count is ``conns``)."""
         body = b'"' + b"x" * (size - 2) + b'"'  # a JSON string of `size` bytes
+        path, expect, per = PUB_PATH, 201, 1
+        if self.batch > 1:  # the batch route: one JSON array of `batch` messages
+            item = b'{"channel": "%s", "payload": %s}' % (CHANNEL.encode(), body)
+            path, expect, per = BATCH_PATH, 200, self.batch
+            body = b"[" + b",".join([item] * self.batch) + b"]"
         ok = errors = started = 0
         first_error: str | None = None
 
         async def loop(conn: Any) -> None:
             nonlocal ok, errors, started, first_error
             while started < n and time.monotonic() < deadline:
-                started += 1
-                status, text = await conn.post(PUB_PATH, body)
-                if status == 201:
-                    ok += 1
+                started += per
+                status, text = await conn.post(path, body)
+                if status == expect and (per == 1 or b'"error"' not in text):
+                    ok += per
                 else:
-                    errors += 1
+                    errors += per
                     first_error = first_error or f"HTTP {status}: {text[:300]!r}"
                     if errors >= 100 and not ok:
                         return

@@ -13,11 +13,12 @@ Tests (--only takes the letters or the row keys):
   c  lat: end-to-end latency p50 / p99, 2,000 msg/s for 5 s, 100 B,
      1 producer + 1 consumer (prefetch 100) concurrently
   d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size
-  e  http_pub, http_con: minou's HTTP API (minou only: no peer has one in this
-     harness), --http-procs processes x --http-conns keep-alive connections, one
+  e  http_pub, http_pubb, http_con: minou's HTTP API (minou only: no peer has one in
+     this harness), --http-procs processes x --http-conns keep-alive connections, one
      request in flight per connection, each process a client with its own key and
      JWT (bearer), 100 B JSON string payloads: publish (201 once fsync'd), N in
-     total or 10 s; consume (long poll, wait=1) + ack (200 once durable) of a
+     total or 10 s; batch publish (POST /v1/messages, --http-batch messages per
+     request, N in total or 10 s); consume (long poll, wait=1) + ack (200 once durable) of a
      channel pre-filled with N messages (bench/http_bench.py)
   f  spark_read, spark_stream, spark_batch_latency: the PySpark connector (minou only,
      about 1 min a run, `--only f` alone; skipped when pyspark/pyarrow are missing): one
@@ -64,7 +65,7 @@ GROUPS = {
     "b": ["con_p1000", "con4_p1000"],
     "c": ["lat"],
     "d": ["mem"],
-    "e": ["http_pub", "http_con"],
+    "e": ["http_pub", "http_pubb", "http_con"],
     "f": ["spark"],
 }
 HTTP_TESTS = GROUPS["e"]  # minou only
@@ -88,6 +89,8 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     # targets: the small reference queues over HTTP (6-core laptop), see docs/benchmarks.md
     ("http_pub", "HTTP publish 100 B, HTTPC keep-alive (msg/s, minou only)", "hi",
      (">=", 14_000)),
+    ("http_pubb", "HTTP batch publish 100 B x HTTPB per request, HTTPC keep-alive "
+     "(msg/s, minou only)", "hi", None),
     ("http_con", "HTTP consume+ack, HTTPC keep-alive (msg/s, minou only)", "hi",
      (">=", 4_300)),
     # targets: a prototype of the connector on this machine (2 cores, local[2]), see
@@ -226,9 +229,11 @@ class Bench:
             http = dict(self.base(system), peer="minou-http", http_url=self.minou.http_url,
                         conns=a.http_conns, http_client=a.http_client)
             procs = a.http_procs
-            if test == "http_pub":
+            if test in ("http_pub", "http_pubb"):
                 per = a.n // procs
-                timed(test, [dict(http, role="pub", n=per, size=100) for _ in range(procs)])
+                batch = a.http_batch if test == "http_pubb" else 1
+                timed(test, [dict(http, role="pub", n=per, size=100, http_batch=batch)
+                             for _ in range(procs)])
             else:  # pre-filled with the native client, JSON payloads as HTTP would send
                 depth = self.prefill(system, a.n, 100, 1, a.prefill_limit_s, peer="minou-json")
                 res[f"{test}_depth"] = depth
@@ -398,6 +403,7 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
             continue
         desc = desc.replace("SPARKRATE", f"{int(args.spark_rate):,}")
         desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
+        desc = desc.replace("HTTPB", f"{args.http_batch}")
         desc = desc.replace("HTTPC", f"{args.http_procs} x {args.http_conns} "
                             f"{'conn' if args.http_conns == 1 else 'conns'}"
                             f"{'' if args.http_client == 'raw' else f', {args.http_client}'}")
@@ -563,6 +569,8 @@ def main() -> int:
     ap.add_argument("--http-conns", type=int, default=16,
                     help="keep-alive connections per process in test e, one request in "
                          "flight on each")
+    ap.add_argument("--http-batch", type=int, default=100,
+                    help="messages per request in test e's batch publish row")
     ap.add_argument("--http-client", choices=["raw", "httpx"], default="raw",
                     help="test e's client: raw (asyncio + httptools parser, cheap) or "
                          "httpx.AsyncClient (see bench/http_bench.py)")
@@ -672,7 +680,7 @@ def main() -> int:
             "params": {k: getattr(args, k) for k in (
                 "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
                 "lat_batch", "mem_n", "mem_procs", "mem_runs", "http_procs", "http_conns",
-                "http_client", "spark_rate", "spark_duration")},
+                "http_batch", "http_client", "spark_rate", "spark_duration")},
             "tests": tests,
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
