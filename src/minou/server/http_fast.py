@@ -11,7 +11,7 @@ small requests a broker lives on.
   and friends), so answers, errors and counters are the same on both paths;
   everything else (consume, admin, pipelined requests, ``Expect: 100-continue``,
   upgrades) goes through uvicorn's cycle to the ASGI app as before. This took the
-  single-message HTTP publish from ~11k to ~?k msg/s (docs/benchmarks.md).
+  single-message HTTP publish from ~10.5k to ~16.5k msg/s (docs/benchmarks.md).
 """
 
 from __future__ import annotations
