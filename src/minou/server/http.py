@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +20,11 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .connection import NativeConnection
-from .http_fast import protocol_class
 
 if TYPE_CHECKING:
     from .app import BrokerServer
+
+log = logging.getLogger("minou.http")
 
 
 class _WebSocketTransport:
@@ -179,7 +181,7 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
         tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
     app = build_app(server)
     config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                            http=protocol_class(app.api, _SecurityHeaders.HEADERS),
+                            http=_http_protocol(app),
                             ws="websockets-sansio" if _has_sansio() else "auto",
                             access_log=False, server_header=False,
                             # X-Forwarded-* are not trusted: nothing here reads the peer
@@ -193,6 +195,18 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
         await asyncio.sleep(0.01)
     addr = sock.getsockname()
     return http, (addr[0], addr[1])
+
+
+def _http_protocol(app: Any) -> Any:
+    """minou's protocol (http_fast), or uvicorn's own if this uvicorn lacks what it
+    builds on: slower, never broken."""
+    try:
+        from .http_fast import protocol_class
+
+        return protocol_class(app.api, _SecurityHeaders.HEADERS)
+    except (ImportError, AttributeError) as exc:
+        log.warning("HTTP fast path off (%s): uvicorn's protocol serves every route", exc)
+        return "auto"
 
 
 def _has_sansio() -> bool:

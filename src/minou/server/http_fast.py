@@ -246,5 +246,10 @@ class MinouHttpProtocol(HttpToolsProtocol):
 
 
 def protocol_class(api: HttpApi, security_headers: list[tuple[bytes, bytes]]) -> type:
+    """The protocol for ``uvicorn.Config(http=...)``; AttributeError if this uvicorn's
+    protocol lacks what the fast path uses."""
+    for name in ("on_response_complete", "on_headers_complete", "on_body",
+                 "on_message_complete", "connection_made"):
+        getattr(HttpToolsProtocol, name)
     return type("MinouHttpProtocol", (MinouHttpProtocol,),
                 {"api": api, "security_headers": security_headers})
