@@ -39,7 +39,7 @@ from ..names import validate_channel
 from ..protocol.frames import Delivery, Send
 from . import nagios
 from .http_auth import HttpAuth
-from .http_consumers import MAX_WAIT_S
+from .http_consumers import MAX_WAIT_S, HttpConsumer
 
 if TYPE_CHECKING:
     from .app import BrokerServer
@@ -214,6 +214,23 @@ class HttpApi:
                                               delay=_float(q, "delay") or 0.0, front=front)
         return 200, {"receipt": receipt, "settled": op}, self.needs_commit()
 
+    def consumer_for(self, identity: Identity, p: Mapping[str, str], raw_id: str,
+                     q: Mapping[str, str], dead: bool) -> tuple[HttpConsumer, float]:
+        """The HTTP consumer a consume request waits on, and how long it may wait."""
+        pattern = f"{'_dead/' if dead else ''}{p['endpoint']}/{p['version']}/{raw_id}"
+        wait = min(_float(q, "wait") or 0.0, MAX_WAIT_S)
+        lease = _float(q, "lease")
+        consumer = self.server.http_consumers.get(identity, pattern, q.get("group") or None,
+                                                  lease)
+        return consumer, wait
+
+    @staticmethod
+    def delivered(consumer: HttpConsumer, delivery: Delivery | None) -> tuple[int, Any]:
+        """200 with the message and its receipt, or 204 (None) if none came."""
+        if delivery is None:
+            return 204, None
+        return 200, delivery_view(delivery, f"{consumer.token}.{delivery.tag}")
+
     # ------------------------------------------------------- messages (Starlette)
     def body_limit(self, one_message: bool) -> int:
         return self.core.max_message_size if one_message else self.server.max_frame_size
@@ -251,17 +268,10 @@ class HttpApi:
     async def consume(self, request: Request, identity: Identity, dead: bool = False
                       ) -> Response:
         p = request.path_params
-        pattern = ("_dead/" if dead else "") + f"{p['endpoint']}/{p['version']}/" \
-            + _raw_id(request)
-        q = request.query_params
-        wait = min(_float(q, "wait") or 0.0, MAX_WAIT_S)
-        lease = _float(q, "lease")
-        consumers = self.server.http_consumers
-        consumer = consumers.get(identity, pattern, q.get("group") or None, lease)
-        delivery = await consumer.next(wait)
-        if delivery is None:
-            return Response(status_code=204)
-        return json_response(delivery_view(delivery, f"{consumer.token}.{delivery.tag}"))
+        consumer, wait = self.consumer_for(identity, p, _raw_id(request),
+                                           request.query_params, dead)
+        status, value = self.delivered(consumer, await consumer.next(wait))
+        return Response(status_code=204) if value is None else json_response(value, status)
 
     async def ack(self, request: Request, identity: Identity) -> Response:
         return await self.answer(self.settle_now(identity, request.path_params["receipt"],
@@ -543,8 +553,8 @@ class FastLane:
     """ASGI front for the hot routes (publish, consume, ack, nack): they skip the
     router and the middleware stack, which cost a quarter of each request here. The
     handlers are the same ones the Starlette routes use (and the OpenAPI describes).
-    Most publishes and settlements do not even get here: the HTTP protocol answers
-    them itself (http_fast); this lane serves consumes and pipelined requests."""
+    Most requests to them do not even get here: the HTTP protocol answers them itself
+    (http_fast); this lane serves the pipelined ones and ``Expect: 100-continue``."""
 
     SECURITY_HEADERS: list[tuple[bytes, bytes]] = []  # set by http.build_app
 

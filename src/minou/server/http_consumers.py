@@ -14,6 +14,7 @@ import asyncio
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
@@ -46,12 +47,24 @@ class HttpConsumer:
     # the broker's pump calls this like it calls a native connection
     def send_deliveries(self, sid: int, items: list[Delivery]) -> None:
         for item in items:
-            while self.waiters and self.waiters[0].done():
-                self.waiters.popleft()
-            if self.waiters:
-                self.waiters.popleft().set_result(item)
-            else:
-                self.buffer.append(item)  # its taker gave up meanwhile: the next one gets it
+            self._hand(item)
+
+    def _hand(self, item: Delivery, *, front: bool = False) -> None:
+        """To the first request still waiting, else kept for the next one."""
+        while self.waiters and self.waiters[0].done():
+            self.waiters.popleft()
+        if self.waiters:
+            self.waiters.popleft().set_result(item)
+        elif front:
+            self.buffer.appendleft(item)
+        else:
+            self.buffer.append(item)  # its taker gave up meanwhile: the next one gets it
+
+    def give_back(self, item: Delivery) -> None:
+        """A delivery whose request went away before it could be answered: the next
+        request of this consumer gets it (its lease runs on; if nobody asks, the
+        lease ends and the group hands it out again)."""
+        self._hand(item, front=True)
 
     def send(self, frame: Any) -> None:
         """Errors the broker would push to a connection (an ended subscription)."""
@@ -66,23 +79,51 @@ class HttpConsumer:
         if wanted and self.session is not None:
             self.owner.server.wake_groups(self.session)
 
-    async def next(self, wait: float) -> Delivery | None:
+    def take(self, wait: float, done: Callable[[Delivery | None], None]
+             ) -> Callable[[], object]:
+        """Call ``done`` with the next delivery, or with None after ``wait`` seconds
+        without one (``wait=0`` still gives the broker a moment to hand over a message
+        that is ready). Returns a function that gives up waiting."""
         self.last_used = time.monotonic()
         if self.buffer:
-            return self.buffer.popleft()
-        fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+            done(self.buffer.popleft())
+            return _nothing
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Delivery] = loop.create_future()
         self.waiters.append(fut)
         self._credit()
-        try:
-            # wait=0 still gives the broker a moment to hand over a message that is ready.
-            return await asyncio.wait_for(fut, max(wait, POLL_S))
-        except TimeoutError:
-            return None
-        finally:
+        timer = loop.call_later(max(wait, POLL_S), fut.cancel)
+
+        def finished(fut: asyncio.Future[Delivery]) -> None:
+            timer.cancel()
             if fut in self.waiters:
                 self.waiters.remove(fut)
             self.last_used = time.monotonic()
             self._credit()
+            done(None if fut.cancelled() else fut.result())
+
+        fut.add_done_callback(finished)
+        return fut.cancel
+
+    async def next(self, wait: float) -> Delivery | None:
+        got: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
+
+        def done(item: Delivery | None) -> None:
+            if not got.done():
+                got.set_result(item)
+            elif item is not None:
+                self.give_back(item)  # the request was cancelled meanwhile
+
+        give_up = self.take(wait, done)
+        try:
+            return await got
+        except asyncio.CancelledError:
+            give_up()
+            raise
+
+
+def _nothing() -> None:
+    return None
 
 
 class HttpConsumers:

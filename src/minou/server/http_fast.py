@@ -4,13 +4,14 @@ small requests a broker lives on.
 * Writes made in one turn of the loop leave in one ``send()`` (uvicorn writes a
   response's head and body separately; the second syscall was a tenth of each
   small request's cost).
-* The hot routes that need no waiting but for a commit -- publish, batch publish,
-  ack, nack -- are answered by the protocol itself, as the parser hands it the
-  request: no ASGI task, no ``Request``/``Response`` objects, no ASGI messages.
-  They call the very operations the Starlette routes call (``HttpApi.publish_now``
-  and friends), so answers, errors and counters are the same on both paths;
-  everything else (consume, admin, pipelined requests, ``Expect: 100-continue``,
-  upgrades) goes through uvicorn's cycle to the ASGI app as before. This took the
+* The hot routes -- publish, batch publish, ack, nack and consume -- are answered by
+  the protocol itself, as the parser hands it the request, from a callback (the
+  commit, or a delivery for a consume's long poll): no ASGI task, no
+  ``Request``/``Response`` objects, no ASGI messages. They call the very operations
+  the Starlette routes call (``HttpApi.publish_now`` and friends), so answers,
+  errors and counters are the same on both paths; everything else (admin,
+  pipelined requests, ``Expect: 100-continue``, upgrades) goes through uvicorn's
+  cycle to the ASGI app as before. This took the
   single-message HTTP publish from ~10.5k to ~16.5k msg/s (docs/benchmarks.md).
 """
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 
@@ -29,11 +32,14 @@ from ..errors import RequestError
 from .http_api import body_too_large, error_parts, hot_route, raw_channel_id
 
 if TYPE_CHECKING:
+    from ..protocol.frames import Delivery
     from .http_api import HttpApi
+    from .http_consumers import HttpConsumer
 
 log = logging.getLogger("minou.http")
 _encode = msgspec.json.encode
-HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack"))
+HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack", "consume",
+                       "consume_dead"))
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; "
                    b"charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n"
@@ -99,7 +105,7 @@ class HotCycle:
     its ``RequestResponseCycle`` (body, more_body, response_complete, disconnected,
     keep_alive, message_event) so the protocol's own bookkeeping works unchanged."""
 
-    __slots__ = ("body", "disconnected", "headers", "keep_alive", "kind", "limit",
+    __slots__ = ("body", "disconnected", "give_up", "headers", "keep_alive", "kind", "limit",
                  "message_event", "more_body", "params", "protocol", "query", "raw_path",
                  "response_complete")
 
@@ -114,6 +120,7 @@ class HotCycle:
         self.response_complete = False
         self.disconnected = False
         self.message_event = _NO_EVENT
+        self.give_up: Callable[[], object] | None = None  # a consume that waits
         self.limit = protocol.api.body_limit(one_message=kind == "publish")
 
     def add_body(self, chunk: bytes) -> None:
@@ -148,6 +155,13 @@ class HotCycle:
                                                       bytes(self.body))
             elif self.kind == "publish_batch":
                 status, value, wait = api.publish_batch_now(identity, bytes(self.body))
+            elif self.kind in ("consume", "consume_dead"):
+                p = self.params
+                consumer, seconds = api.consumer_for(
+                    identity, p, raw_channel_id(self.raw_path, p), query,
+                    dead=self.kind == "consume_dead")
+                self.give_up = consumer.take(seconds, partial(self.delivered, consumer))
+                return
             else:
                 status, value, wait = api.settle_now(identity, self.params["receipt"],
                                                      self.kind, query)
@@ -166,22 +180,34 @@ class HotCycle:
         else:
             self.answer(status, body)
 
+    def delivered(self, consumer: HttpConsumer, delivery: Delivery | None) -> None:
+        self.give_up = None
+        if self.response_complete or self.disconnected or \
+                self.protocol.transport.is_closing():
+            if delivery is not None:
+                consumer.give_back(delivery)  # nobody to answer: the next request gets it
+            return
+        status, value = self.protocol.api.delivered(consumer, delivery)
+        self.answer(status, None if value is None else _encode(value))
+
     def refuse(self, exc: RequestError) -> None:
         self.protocol.api.count_refusal(exc)
         status, body, headers = error_parts(exc)
         self.answer(status, body, headers)
 
-    def answer(self, status: int, body: bytes,
+    def answer(self, status: int, body: bytes | None,
                headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        """``body`` None: no content (a 204)."""
         head = [STATUS_LINE[status]]
         for name, value in self.protocol.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
-        head += (_JSON_HEAD, b"%d\r\n" % len(body))
+        if body is not None:
+            head += (_JSON_HEAD, b"%d\r\n" % len(body))
         for name, value in (*(headers or ()), *self.protocol.security_headers):
             head += (name, b": ", value, b"\r\n")
         if not self.keep_alive:
             head.append(b"connection: close\r\n")
-        head += (b"\r\n", body)
+        head += (b"\r\n", body or b"")
         self._send(b"".join(head))
 
     def _send(self, response: bytes) -> None:
@@ -229,6 +255,12 @@ class MinouHttpProtocol(HttpToolsProtocol):
         self.cycle = HotCycle(self, found[0], found[1], url.path,  # type: ignore[assignment]
                               url.query or b"", keep_alive)
         return self.cycle  # type: ignore[return-value]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        if isinstance(cycle, HotCycle) and cycle.give_up is not None:
+            cycle.give_up()  # a consume stops waiting for a client that is gone
+        super().connection_lost(exc)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
