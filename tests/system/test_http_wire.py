@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -141,6 +142,35 @@ def test_connection_closes_when_the_client_asks(wire_broker, version, extra):
     assert wire.closed_by_peer()
 
 
+def test_nothing_behind_a_closing_answer_is_done(wire_broker):
+    # The 413 closes the connection: the client must assume the request behind it was
+    # not done, so it must not be.
+    h = bearer(wire_broker, "app-after")
+    wire = Wire(wire_broker.http)
+    big = request("/v1/messages/orders/v1/after", b'"' + b"x" * 4000 + b'"', headers=h)
+    wire.send(big + request("/v1/messages/orders/v1/after", b'"second"', headers=h))
+    status, headers, _ = wire.response()
+    assert status == 413 and headers["connection"] == "close"
+    assert wire.closed_by_peer()
+    # Same behind a Connection: close answered at once.
+    wire = Wire(wire_broker.http)
+    wire.send(request("/v1/ack/nope.1", headers={**h, "Connection": "close"})
+              + request("/v1/messages/orders/v1/after", b'"third"', headers=h))
+    assert wire.response()[0] == 404 and wire.closed_by_peer()
+    assert consume_all(wire_broker, h, "orders/v1/after", "g") == []
+
+
+def test_a_long_poll_behind_an_instant_answer_keeps_its_connection(wire_broker):
+    # An answer given while a read is parsed re-arms uvicorn's keep-alive timer (5 s);
+    # a long poll parsed from the same read must not be cut by it.
+    h = bearer(wire_broker, "app-ka")
+    wire = Wire(wire_broker.http)
+    wire.send(request("/v1/ack/nope.1", headers=h)
+              + request("/v1/consume/orders/v1/ka?group=g&wait=6", headers=h))
+    assert wire.response()[0] == 404
+    assert wire.response()[0] == 204  # after its 6 s, on a connection still open
+
+
 def test_chunked_request_body(wire_broker):
     h = bearer(wire_broker, "app-chunk")
     wire = Wire(wire_broker.http)
@@ -214,6 +244,27 @@ def test_a_consume_whose_client_left_does_not_keep_the_message(wire_broker):
         assert http.post(f"/v1/ack/{r.json()['receipt']}", headers=h).status_code == 200
 
 
+def test_a_kept_delivery_whose_lease_ran_out_is_not_handed_out(wire_broker):
+    h = bearer(wire_broker, "app-stale")
+    wire = Wire(wire_broker.http)
+    # A long poll with a pipelined request behind it, then the client leaves: the
+    # message published next is kept for this consumer's next request...
+    wire.send(request("/v1/consume/orders/v1/st?group=g&wait=20&lease=1", headers=h)
+              + b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+    wire.close()
+    with httpx.Client(base_url=wire_broker.http, timeout=10) as http:
+        assert http.post("/v1/messages/orders/v1/st", json="m", headers=h).status_code == 201
+        time.sleep(2.5)  # ... until its 1 s lease runs out and the group takes it back
+        r = http.post("/v1/consume/orders/v1/st", params={"group": "g", "wait": 5,
+                                                           "lease": 30}, headers=h)
+        assert r.status_code == 200 and r.json()["payload"] == "m", r.text
+        # Its receipt is a live one (not the expired delivery's).
+        assert http.post(f"/v1/ack/{r.json()['receipt']}", headers=h).status_code == 200
+        r = http.post("/v1/consume/orders/v1/st", params={"group": "g", "wait": 0.5},
+                      headers=h)
+        assert r.status_code == 204, r.text
+
+
 def test_consume_delivers_to_waiting_requests_in_turn(wire_broker):
     h = bearer(wire_broker, "app-turn")
     waiting = [Wire(wire_broker.http) for _ in range(3)]
@@ -234,6 +285,7 @@ CASES = [
     # (name, path, body, headers beyond the client's bearer; None = no bearer at all)
     ("good publish", "/v1/messages/orders/v1/x?priority=3&key=k", b'{"n": 1}', {}),
     ("payload query", "/v1/messages/orders/v1/x?payload=hello", b"", {}),
+    ("payload query and a body", "/v1/messages/orders/v1/x?payload=hi", b"z" * 2000, {}),
     ("message header", "/v1/messages/orders/v1/x", b"1", {"X-Minou-Header-Source": "t"}),
     ("no token", "/v1/messages/orders/v1/x", b"1", None),
     ("bad bearer", "/v1/messages/orders/v1/x", b"1", {"Authorization": "Bearer nope"}),
@@ -252,6 +304,7 @@ CASES = [
     ("consume forbidden", "/v1/consume/billing/v1/x?group=g&wait=0", b"", {}),
     ("consume dead forbidden", "/v1/consume/_dead/orders/v1/x?group=g&wait=0", b"", {}),
     ("consume bad wait", "/v1/consume/orders/v1/x?group=g&wait=soon", b"", {}),
+    ("consume with a body", "/v1/consume/orders/v1/none?group=g&wait=0", b"z" * 2000, {}),
     ("consume no token", "/v1/consume/orders/v1/x?group=g&wait=0", b"", None),
     ("ack unknown receipt", "/v1/ack/nope.1", b"", {}),
     ("nack unknown receipt", "/v1/nack/nope.1?delay=1", b"", {}),

@@ -60,6 +60,16 @@ class HttpConsumer:
         else:
             self.buffer.append(item)  # its taker gave up meanwhile: the next one gets it
 
+    def _buffered(self) -> Delivery | None:
+        """The oldest kept delivery still leased to this consumer (a kept one whose lease
+        ran out went back to the group, and may already be out again)."""
+        leases = self.session.leases if self.session is not None else {}
+        while self.buffer:
+            item = self.buffer.popleft()
+            if item.tag in leases:
+                return item
+        return None
+
     def give_back(self, item: Delivery) -> None:
         """A delivery whose request went away before it could be answered: the next
         request of this consumer gets it (its lease runs on; if nobody asks, the
@@ -85,8 +95,9 @@ class HttpConsumer:
         without one (``wait=0`` still gives the broker a moment to hand over a message
         that is ready). Returns a function that gives up waiting."""
         self.last_used = time.monotonic()
-        if self.buffer:
-            done(self.buffer.popleft())
+        item = self._buffered()
+        if item is not None:
+            done(item)
             return _nothing
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Delivery] = loop.create_future()

@@ -107,12 +107,18 @@ class HotCycle:
 
     __slots__ = ("body", "disconnected", "give_up", "headers", "keep_alive", "kind", "limit",
                  "message_event", "more_body", "params", "protocol", "query", "raw_path",
-                 "response_complete")
+                 "response_complete", "takes_body")
 
     def __init__(self, protocol: MinouHttpProtocol, kind: str, params: dict[str, str],
                  raw_path: bytes, query: bytes, keep_alive: bool) -> None:
         self.protocol = protocol
-        self.kind, self.params, self.raw_path, self.query = kind, params, raw_path, query
+        self.kind, self.params, self.raw_path = kind, params, raw_path
+        self.query = dict(parse_qsl(query.decode("latin-1"), keep_blank_values=True)) \
+            if query else {}
+        # As on Starlette's path, only publishes read their body (and not with ?payload=):
+        # any other body is let pass unread and unlimited, never kept.
+        self.takes_body = kind == "publish_batch" or (
+            kind == "publish" and "payload" not in self.query)
         self.headers: list[tuple[bytes, bytes]] = protocol.headers
         self.keep_alive = keep_alive
         self.body = bytearray()
@@ -124,7 +130,7 @@ class HotCycle:
         self.limit = protocol.api.body_limit(one_message=kind == "publish")
 
     def add_body(self, chunk: bytes) -> None:
-        if self.response_complete:
+        if self.response_complete or not self.takes_body:
             return
         self.body += chunk
         if len(self.body) > self.limit:
@@ -140,9 +146,8 @@ class HotCycle:
             return
         self.more_body = False
         api = self.protocol.api
+        query = self.query
         try:
-            query = dict(parse_qsl(self.query.decode("latin-1"), keep_blank_values=True)) \
-                if self.query else {}
             authorization = next((v.decode("latin-1") for k, v in self.headers
                                   if k == b"authorization"), None)
             identity = api.auth.identify(authorization, query.get("access_token"))
@@ -160,6 +165,7 @@ class HotCycle:
                 consumer, seconds = api.consumer_for(
                     identity, p, raw_channel_id(self.raw_path, p), query,
                     dead=self.kind == "consume_dead")
+                self.protocol.waiting = self
                 self.give_up = consumer.take(seconds, partial(self.delivered, consumer))
                 return
             else:
@@ -169,9 +175,7 @@ class HotCycle:
             self.refuse(exc)
             return
         except Exception:
-            log.exception("HTTP %s failed", self.kind)
-            self.keep_alive = False
-            self._send(_INTERNAL_ERROR)
+            self._failed()
             return
         body = _encode(value)
         if wait:
@@ -180,15 +184,29 @@ class HotCycle:
         else:
             self.answer(status, body)
 
+    def _failed(self) -> None:
+        """A bug on this path: the client gets a 500 and the connection ends; the
+        broker and the other requests carry on."""
+        log.exception("HTTP %s failed", self.kind)
+        self.keep_alive = False
+        self._send(_INTERNAL_ERROR)
+
     def delivered(self, consumer: HttpConsumer, delivery: Delivery | None) -> None:
         self.give_up = None
+        if self.protocol.waiting is self:
+            self.protocol.waiting = None
         if self.response_complete or self.disconnected or \
                 self.protocol.transport.is_closing():
             if delivery is not None:
                 consumer.give_back(delivery)  # nobody to answer: the next request gets it
             return
-        status, value = self.protocol.api.delivered(consumer, delivery)
-        self.answer(status, None if value is None else _encode(value))
+        try:
+            status, value = self.protocol.api.delivered(consumer, delivery)
+            self.answer(status, None if value is None else _encode(value))
+        except Exception:
+            if delivery is not None:
+                consumer.give_back(delivery)
+            self._failed()
 
     def refuse(self, exc: RequestError) -> None:
         self.protocol.api.count_refusal(exc)
@@ -197,7 +215,15 @@ class HotCycle:
 
     def answer(self, status: int, body: bytes | None,
                headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        """``body`` None: no content (a 204)."""
+        """``body`` None: no content (a 204). Never raises: it runs in commit callbacks,
+        where an exception would cost the other requests of the batch their answers."""
+        try:
+            self._answer(status, body, headers)
+        except Exception:
+            self._failed()
+
+    def _answer(self, status: int, body: bytes | None,
+                headers: list[tuple[bytes, bytes]] | None) -> None:
         head = [STATUS_LINE[status]]
         for name, value in self.protocol.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
@@ -224,17 +250,43 @@ class HotCycle:
         protocol.on_response_complete()
 
 
+class _Done:
+    """The cycle of a request that is ignored: uvicorn's callbacks see it complete."""
+
+    __slots__ = ()
+    response_complete = True
+    disconnected = True
+    keep_alive = False
+    more_body = False
+    message_event = _NO_EVENT
+
+
+_DONE = _Done()
+
+
 class MinouHttpProtocol(HttpToolsProtocol):
     """uvicorn's protocol with coalesced writes and the hot routes answered in place."""
 
     api: HttpApi  # set by protocol_class
     security_headers: list[tuple[bytes, bytes]]
+    waiting: HotCycle | None = None  # a consume's long poll, even behind pipelined requests
+
+    def on_message_begin(self) -> None:
+        # uvicorn arms the keep-alive timer when an answer completes and cancels it when
+        # data arrives; an answer given while this read is parsed must not leave it
+        # armed over the next request.
+        self._unset_keepalive_if_required()
+        super().on_message_begin()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]
 
     def on_headers_complete(self) -> None:
-        if self._hot_cycle() is None:
+        if self.transport.is_closing():
+            # Requests behind one answered with "connection: close" (or a 413): the
+            # client must assume they were not done, so none is.
+            self.cycle = _DONE  # type: ignore[assignment]
+        elif self._hot_cycle() is None:
             super().on_headers_complete()
 
     def _hot_cycle(self) -> HotCycle | None:
@@ -257,9 +309,9 @@ class MinouHttpProtocol(HttpToolsProtocol):
         return self.cycle  # type: ignore[return-value]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
-        if isinstance(cycle, HotCycle) and cycle.give_up is not None:
-            cycle.give_up()  # a consume stops waiting for a client that is gone
+        waiting = self.waiting
+        if waiting is not None and waiting.give_up is not None:
+            waiting.give_up()  # a consume stops waiting for a client that is gone
         super().connection_lost(exc)
 
     def on_body(self, body: bytes) -> None:
