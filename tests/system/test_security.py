@@ -235,6 +235,24 @@ def test_replayed_token(secure, bystander):
     assert "replayed" in err.message
 
 
+def test_replayed_token_after_a_crash(secure, bystander):
+    # The welcome comes once the token's id is stored, so even kill -9 right after it
+    # does not make the captured token usable again.
+    key = keyfiles.load_private(client_key("billing-1"))
+    token = make_token("billing-1", key, BROKER_ID)
+    peer = RawPeer(secure.url)
+    peer.write(f.encode(_hello("billing-1", token)))
+    assert isinstance(peer.read(), f.Welcome)
+    peer.close()
+    secure.kill()
+    secure.start()
+    err = hello_refused(secure, _hello("billing-1", token))
+    assert "replayed" in err.message
+    # A fresh token still works.
+    with connect(secure, "billing-1") as client:
+        assert client.admin("whoami")["client_id"] == "billing-1"
+
+
 def test_oversized_token(secure, bystander):
     err = hello_refused(secure, _hello("billing-1", "x" * 5000))
     assert "5000 bytes, the limit is 4096" in err.message

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import jwt
@@ -49,11 +50,23 @@ def make_token(client_id: str, key: PrivateKey, audience: str, *,
 
 
 class ReplayGuard:
-    """Remembers every jti until its token expires, to refuse a replayed token."""
+    """Remembers every jti until its token expires, to refuse a replayed token. The
+    broker stores them too (``take_new``, ``load``), so a restart forgets none."""
 
     def __init__(self, *, capacity: int = 100_000) -> None:
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._capacity = capacity
+        self._new: list[tuple[str, float]] = []
+
+    def load(self, used: Iterable[tuple[str, float]], now: float) -> None:
+        for jti, expires in sorted(used, key=lambda item: item[1]):
+            if expires > now:
+                self._seen[jti] = expires
+
+    def take_new(self) -> list[tuple[str, float]]:
+        """The jtis remembered since the last call, for storage."""
+        new, self._new = self._new, []
+        return new
 
     def check_and_remember(self, jti: str, expires: float, now: float) -> None:
         while self._seen and (next(iter(self._seen.values())) < now
@@ -63,6 +76,7 @@ class ReplayGuard:
             raise NotAuthenticated("token already used (replayed jti); sign a new one",
                                    reason_detail="replayed_jti")
         self._seen[jti] = expires
+        self._new.append((jti, expires))
 
 
 def unverified_issuer(token: str) -> str:

@@ -23,6 +23,7 @@ class WriteBatch:
     clients: dict[str, bytes | None] = field(default_factory=dict)  # key registry; None: drop
     reservations: dict[str, str | None] = field(default_factory=dict)  # channel -> owner
     fences: dict[tuple[str, str], int] = field(default_factory=dict)  # (writer, channel) -> batch
+    used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires
     on_commit: list[Callable[[], None]] = field(default_factory=list)
     bytes: int = 0
 
@@ -30,6 +31,6 @@ class WriteBatch:
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.reservations
-            or self.fences
+            or self.fences or self.used_tokens
             or self.on_commit
         )

@@ -150,6 +150,7 @@ class BrokerServer:
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
         self.registry = Registry(decode_record(blob) for blob in snap.clients)
+        self.registry.replay.load(snap.used_tokens, time.time())
         self._ensure_admin_key()
         ssl_context = self._tls_context()
         self._tcp = await self.loop.create_server(
@@ -262,7 +263,9 @@ class BrokerServer:
         return server_context(self.tls)
 
     def authenticate(self, hello: f.Hello) -> Identity:
-        """Who the HELLO proves to be, or NotAuthenticated with the precise reason."""
+        """Who the HELLO proves to be, or NotAuthenticated with the precise reason.
+        What it learnt (a first registration, the token's id) is staged in the core's
+        batch but not written yet: the caller first hangs its answer on that commit."""
         s = self.settings
         if s.broker_token is not None:
             why = None
@@ -287,14 +290,21 @@ class BrokerServer:
                 client_id=hello.client_id, token=hello.token, public_key=hello.public_key,
                 audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts)
         finally:
-            self._persist_registry()
+            self._stage_registry()
 
-    def _persist_registry(self) -> None:
+    def _stage_registry(self) -> bool:
+        """Key registrations and used token ids into the next commit (a restart must not
+        make a captured token usable again); whether there were any."""
         changes = self.registry.take_changes()
         for client_id, record in changes.items():
             self.core.batch.clients[client_id] = (
                 encode_record(record) if record is not None else None)
-        if changes:
+        used = self.registry.replay.take_new()
+        self.core.batch.used_tokens.extend(used)
+        return bool(changes or used)
+
+    def _persist_registry(self) -> None:
+        if self._stage_registry():
             self.request_write()
 
     def access_for(self, identity: Identity) -> Any:

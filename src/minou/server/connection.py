@@ -158,6 +158,7 @@ class NativeConnection:
         try:
             identity = self.server.authenticate(hello)
         except NotAuthenticated as exc:
+            self.server.request_write()  # e.g. a pending registration
             if exc.detail.get("why") == "token_required" and self.hellos == 1:
                 self._error(0, exc)  # a challenge, not a failure: sign for broker_id
                 return
@@ -167,8 +168,11 @@ class NativeConnection:
         self.session = self.server.open_session(identity, self)
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
                             self.core.max_message_size, identity.client_id, identity.admin)
-        if self.core.batch.clients:  # a first registration: welcome once it is durable
+        if self.core.batch.clients or self.core.batch.used_tokens:
+            # A first registration, or the token's id: welcome once they are durable
+            # (hung on the batch before the write request hands it to the writer).
             self._reply_after_commit(welcome)
+            self.server.request_write()
         else:
             self._send(welcome)
 

@@ -38,6 +38,7 @@ class Snapshot:
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
     fences: list[tuple[str, str, int]] = field(default_factory=list)  # writer, channel, batch
+    used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires (unexpired)
 
 
 class Storage(Protocol):

@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS reservations(channel TEXT PRIMARY KEY, owner TEXT NOT
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS fences(writer TEXT NOT NULL, channel TEXT NOT NULL,
     batch INTEGER NOT NULL, PRIMARY KEY (writer, channel)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS used_tokens(jti TEXT PRIMARY KEY, expires REAL NOT NULL)
+    WITHOUT ROWID;
 """
 
 # Messages are stored in segments: one row per channel per committed batch, holding
@@ -190,6 +192,8 @@ class SQLiteStorage:
         snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
         snap.fences = [tuple(r) for r in db.execute(
             "SELECT writer, channel, batch FROM fences")]  # type: ignore[misc]
+        snap.used_tokens = [tuple(r) for r in db.execute(
+            "SELECT jti, expires FROM used_tokens WHERE expires > ?", (now,))]  # type: ignore[misc]
         return snap
 
     def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
@@ -294,6 +298,13 @@ class SQLiteStorage:
             db.executemany(
                 "INSERT OR REPLACE INTO fences(writer, channel, batch) VALUES (?, ?, ?)",
                 [(w, c, b) for (w, c), b in batch.fences.items()])
+        if batch.used_tokens:
+            db.executemany("INSERT OR IGNORE INTO used_tokens(jti, expires) VALUES (?, ?)",
+                           batch.used_tokens)
+            # Every token lives at most an hour, so an expiry an hour before the oldest
+            # one being stored is surely past.
+            db.execute("DELETE FROM used_tokens WHERE expires < ?",
+                       (min(e for _, e in batch.used_tokens) - 3600,))
         for channel, owner in batch.reservations.items():
             if owner is None:
                 db.execute("DELETE FROM reservations WHERE channel = ?", (channel,))
