@@ -41,6 +41,7 @@ _encode = msgspec.json.encode
 HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack", "consume",
                        "consume_dead"))
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
+LINGER_S = 2.0
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; "
                    b"charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n"
                    b"Internal Server Error")
@@ -246,7 +247,7 @@ class HotCycle:
             return
         transport.write_now(response)  # type: ignore[attr-defined]
         if not self.keep_alive:
-            transport.close()
+            protocol.finish(lingering=self.more_body)
         protocol.on_response_complete()
 
 
@@ -281,8 +282,21 @@ class MinouHttpProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]
 
+    closing = False  # answered with "connection: close"; nothing more is done
+
+    def finish(self, *, lingering: bool) -> None:
+        """Close after an answer with "connection: close". With the request's body
+        still arriving (a 413), read and drop it for a moment first: closing with
+        unread data makes the kernel send a reset, which can destroy the answer
+        before the client reads it (nginx's lingering close)."""
+        self.closing = True
+        if lingering:
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+
     def on_headers_complete(self) -> None:
-        if self.transport.is_closing():
+        if self.closing or self.transport.is_closing():
             # Requests behind one answered with "connection: close" (or a 413): the
             # client must assume they were not done, so none is.
             self.cycle = _DONE  # type: ignore[assignment]
