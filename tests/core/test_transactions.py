@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from minou.core.transactions import Transactions
-from minou.errors import BadRequest, NotFound, QueueFull
+from minou.auth.rules import Rules
+from minou.core.broker import Session
+from minou.core.log import ChannelOptions
+from minou.core.transactions import STAGED_TTL_S, Transactions
+from minou.errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from minou.protocol.frames import Send
+
+from .helpers import Harness, js
 
 
 def s(channel: str, body: bytes = b"{}") -> Send:
@@ -46,7 +51,7 @@ def test_fence_discards_what_a_batch_already_published() -> None:
     keep, _, _ = t.fence("other-writer", 3, [s("a/v1/1")])
     assert len(keep) == 1  # fences are per writer
     keep, _, _ = t.fence("w", 4, [s("a/v1/1")])
-    assert len(keep) == 1 and t.discarded == 1
+    assert len(keep) == 1
 
 
 def test_limits_and_expiry(monkeypatch) -> None:
@@ -60,3 +65,51 @@ def test_limits_and_expiry(monkeypatch) -> None:
     with pytest.raises(BadRequest):
         t.stage("c", "", [s("a/v1/1")], 0.0)
     assert t.expire(now=10.0, ttl=5.0) == 1 and t.bytes == 0 and t.expired == 1
+
+
+def test_a_transaction_being_staged_does_not_expire_and_an_expired_one_stays_dead() -> None:
+    t = Transactions()
+    t.stage("c", "t", [s("a/v1/1")], 0.0)
+    t.stage("c", "t", [s("a/v1/2")], STAGED_TTL_S - 10)  # still staging an hour later
+    assert t.expire(now=STAGED_TTL_S + 10) == 0 and len(t.peek("c", ["t"])) == 2
+    assert t.expire(now=2 * STAGED_TTL_S) == 1
+    # A late STAGE must not start a fresh "t" that a commit would publish alone.
+    with pytest.raises(NotFound, match="expired"):
+        t.stage("c", "t", [s("a/v1/3")], 2 * STAGED_TTL_S + 1)
+    with pytest.raises(NotFound):
+        t.take("c", ["t"])
+    t.expire(now=4 * STAGED_TTL_S)  # forgotten after another TTL
+    assert t.stage("c", "t", [s("a/v1/3")], 4 * STAGED_TTL_S) == 1
+
+
+def _commit(h: Harness, session: Session, batch: int, txns: list[str]) -> dict:
+    result = h.broker.commit_txns(session, "w", batch, txns, h.now)
+    h.commit()
+    return result
+
+
+def test_a_commit_without_room_publishes_nothing_and_moves_no_fence() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=5))
+    c = Session("spark")
+    h.broker.stage(c, "t1", [Send("out/v1/a", js(i)) for i in range(8)], h.now)
+    with pytest.raises(QueueFull, match="room for 5"):
+        h.broker.commit_txns(c, "w", 3, ["t1"], h.now)
+    assert "out/v1/a" not in h.broker.channels or h.broker.channels["out/v1/a"].count == 0
+    assert h.broker.transactions.fences == {} and "t1" in h.broker.transactions.staged
+    # The writer aborts and replays batch 3 with fewer rows: nothing was fenced away.
+    h.broker.transactions.abort("spark", ["t1"])
+    h.broker.stage(c, "t2", [Send("out/v1/a", js(i)) for i in range(5)], h.now)
+    assert _commit(h, c, 3, ["t2"])["published"] == 5
+    assert h.broker.transactions.fences == {("w", "out/v1/a"): 3}
+
+
+def test_a_commit_checks_rules_and_schemas_again() -> None:
+    h = Harness()
+    c = Session("spark", access=Rules.parse([{"client": "*", "write": ["out/*"]}])
+                .for_client("spark"))
+    h.broker.stage(c, "t1", [Send("out/v1/a", js(1)), Send("out/v1/b", js(2))], h.now)
+    # A reload takes the write right on out/v1/b away before the driver commits.
+    c.access = Rules.parse([{"client": "*", "write": ["out/v1/a"]}]).for_client("spark")
+    with pytest.raises(NotAuthorized):
+        h.broker.commit_txns(c, "w", 0, ["t1"], h.now)
+    assert h.broker.transactions.fences == {} and "out/v1/a" not in h.broker.channels

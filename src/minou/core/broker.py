@@ -24,6 +24,7 @@ import hashlib
 import heapq
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -930,16 +931,41 @@ class Broker:
 
     def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
                     now: float) -> dict[str, Any]:
-        """Publish the transactions in the pending batch, fenced per (writer, channel)."""
-        sends = self.transactions.take(session.client_id, txns)
+        """Publish the transactions in the pending batch, fenced per (writer, channel):
+        all of it or, if anything would be refused, nothing (the transactions stay
+        staged and the fences where they were, so the writer may abort and replay)."""
+        sends = self.transactions.peek(session.client_id, txns)
         keep, skipped, fences = self.transactions.fence(writer_id, batch_id, sends)
+        self._check_commit(keep, session.access)
+        self.transactions.take(session.client_id, txns)
+        self.transactions.discarded += len(sends) - len(keep)
         outcomes, staged = self.publish(keep, now, session.access)
-        self.transactions.fences.update(fences)
-        self.batch.fences.update(fences)
         failed = [{"channel": o.channel, "code": o.code, "error": o.error}
                   for o in outcomes if o.code]
+        # Not expected after the check; if it happens, the replay must not be fenced.
+        refused = {f["channel"] for f in failed}
+        fences = {k: b for k, b in fences.items() if k[1] not in refused}
+        self.transactions.fences.update(fences)
+        self.batch.fences.update(fences)
         return {"published": len(staged), "discarded": len(sends) - len(keep),
                 "replayed_channels": skipped, "failed": failed[:20]}
+
+    def _check_commit(self, sends: list[Send], access: Access) -> None:
+        """Raise what publishing ``sends`` would refuse: rules and schemas (either may
+        have changed since STAGE) and room in channels that refuse when full."""
+        for send in sends:
+            self.validate(send, access)
+        for name, n in Counter(s.channel for s in sends).items():
+            log = self.channels.get(name)
+            opts = log.options if log is not None else self.options(name)
+            if opts.max_items is None or opts.overflow == "drop_oldest":
+                continue
+            held = log.count + log.inflight if log is not None else 0
+            if held + n > opts.max_items:
+                raise QueueFull(
+                    f"the commit would put {n} messages into {name!r}, which has room for "
+                    f"{max(0, opts.max_items - held)} (max_items {opts.max_items}); nothing "
+                    "was published", channel=name, limit=opts.max_items)
 
     # ----------------------------------------------------------- positions
     def offsets(self, session: Session, patterns: list[str]) -> dict[str, list[int]]:

@@ -10,7 +10,9 @@ crash can never separate the two.
 
 Staged data lives in memory only: a broker restart loses it, the commit then
 fails (unknown transaction), the writer's job fails and is replayed, and the
-fence makes the replay safe. Orphans (failed attempts) expire after a TTL.
+fence makes the replay safe. Orphans (failed attempts) expire a TTL after their last
+STAGE; a STAGE to an expired id fails. A commit publishes everything it names or
+nothing: it is checked whole (rules, schemas, room) before anything is published.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MAX_TXN_ID = 200
 @dataclass
 class StagedTxn:
     owner: str  # the client that staged it; only it may commit or abort it
-    created: float
+    touched: float  # the last STAGE: a transaction still being staged never expires
     sends: list[Send] = field(default_factory=list)
     bytes: int = 0
 
@@ -37,6 +39,9 @@ class StagedTxn:
 class Transactions:
     def __init__(self) -> None:
         self.staged: dict[str, StagedTxn] = {}
+        # Expired ids, for a TTL more: a late STAGE must fail, not silently start a new
+        # transaction that a commit would then publish without the expired part.
+        self.gone: dict[str, float] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (writer_id, channel) -> last batch id
         self.bytes = 0
         self.committed = 0  # transactions committed since start
@@ -53,18 +58,23 @@ class Transactions:
         if self.bytes + size > MAX_STAGED_BYTES:
             raise QueueFull(f"{self.bytes} bytes are staged already (limit {MAX_STAGED_BYTES}); "
                             "commit or abort transactions first")
+        if txn in self.gone:
+            raise NotFound(f"transaction {txn!r} expired (nothing staged for "
+                           f"{STAGED_TTL_S:.0f} s); stage the whole of it again under a new id",
+                           txns=txn)
         staged = self.staged.get(txn)
         if staged is None:
             staged = self.staged[txn] = StagedTxn(owner, now)
         elif staged.owner != owner:
             raise BadRequest(f"transaction {txn!r} belongs to another client")
+        staged.touched = now
         staged.sends.extend(sends)
         staged.bytes += size
         self.bytes += size
         return len(staged.sends)
 
-    def take(self, owner: str, txns: list[str]) -> list[Send]:
-        """Remove ``txns`` (all must exist and be ``owner``'s) and return their messages."""
+    def peek(self, owner: str, txns: list[str]) -> list[Send]:
+        """The messages of ``txns`` (all must exist and be ``owner``'s), left staged."""
         missing = [t for t in txns if t not in self.staged]
         if missing:
             raise NotFound(f"unknown transaction(s) {missing[:5]}: never staged, already "
@@ -73,11 +83,13 @@ class Transactions:
         foreign = [t for t in txns if self.staged[t].owner != owner]
         if foreign:
             raise BadRequest(f"transaction(s) {foreign[:5]} belong to another client")
-        sends: list[Send] = []
+        return [send for t in txns for send in self.staged[t].sends]
+
+    def take(self, owner: str, txns: list[str]) -> list[Send]:
+        """Remove ``txns`` (as ``peek`` checks them) and return their messages."""
+        sends = self.peek(owner, txns)
         for t in txns:
-            staged = self.staged.pop(t)
-            self.bytes -= staged.bytes
-            sends.extend(staged.sends)
+            self.bytes -= self.staged.pop(t).bytes
         self.committed += len(txns)
         return sends
 
@@ -94,7 +106,6 @@ class Transactions:
             key = (writer_id, send.channel)
             if self.fences.get(key, -1) >= batch_id:
                 skipped.add(send.channel)
-                self.discarded += 1
                 continue
             keep.append(send)
             updates[key] = batch_id
@@ -111,9 +122,11 @@ class Transactions:
         return dropped
 
     def expire(self, now: float, ttl: float = STAGED_TTL_S) -> int:
-        old = [t for t, s in self.staged.items() if now - s.created > ttl]
+        old = [t for t, s in self.staged.items() if now - s.touched > ttl]
         for t in old:
             self.bytes -= self.staged.pop(t).bytes
+            self.gone[t] = now
+        self.gone = {t: at for t, at in self.gone.items() if now - at <= ttl}
         self.expired += len(old)
         return len(old)
 
