@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import minou
-from minou.errors import InvalidChannel, SendQueueFull, UnknownDelivery
+from minou.errors import ConnectionClosed, InvalidChannel, SendQueueFull, UnknownDelivery
 
 
 def run(coro):
@@ -223,6 +223,24 @@ def test_reconnects_and_resubscribes_after_restart(broker):
         msg = await sub.get(20)
         assert msg.payload == "during"
         assert await msg.ack()
+        await c.close()
+
+    run(main())
+
+
+def test_a_client_without_reconnect_fails_fast_once_its_connection_is_lost(broker):
+    async def main():
+        c = await broker.connect("one-shot", reconnect=False, request_timeout=30)
+        assert await c.offsets(["nr/v1/*"]) == {}
+        broker.kill()
+        while c.connected:  # the client sees the connection end (run() bounds the wait)
+            await asyncio.sleep(0.01)
+        broker.start()
+        # Not a 30 s Timeout: the connection is gone and this client says so.
+        with pytest.raises(ConnectionClosed, match="does not reconnect"):
+            await c.offsets(["nr/v1/*"])
+        with pytest.raises(ConnectionClosed, match="does not reconnect"):
+            c.send("nr/v1/1", "x")
         await c.close()
 
     run(main())

@@ -312,6 +312,7 @@ class Client:
         self._subs: dict[int, Subscription] = {}
         self._connected = asyncio.Event()
         self._closing = False
+        self._gone = False  # the connection was lost and reconnect=False: unusable
         self._supervisor: asyncio.Task[None] | None = None
         self._url_index = 0
         self._settle_waiters: dict[int, asyncio.Future[list[tuple[int, int, str]] | None]] = {}
@@ -464,6 +465,7 @@ class Client:
         for sub in self._subs.values():
             sub._queue.clear()  # their tags died with the connection; the broker redelivers
         if self._closing or not self.reconnect:
+            self._gone = not self._closing
             self._fail_all(ConnectionClosed("connection closed"))
             return
         if self._supervisor is None or self._supervisor.done():
@@ -614,6 +616,9 @@ class Client:
     async def _request(self, frame: f.Frame, *, wait_connected: bool = True) -> Any:
         if self._closing:
             raise ConnectionClosed("client closed")
+        if self._gone:
+            raise ConnectionClosed("the connection was lost and this client does not "
+                                   "reconnect (reconnect=False): connect again")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         req = frame.req  # type: ignore[attr-defined]
@@ -674,6 +679,9 @@ class Client:
         """
         if self._closing:
             raise ConnectionClosed("client closed")
+        if self._gone:
+            raise ConnectionClosed("the connection was lost and this client does not "
+                                   "reconnect (reconnect=False): connect again")
         if self._pending_count >= self.max_pending:
             raise SendQueueFull(
                 f"{self._pending_count} messages are waiting to be sent or confirmed "
