@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import minou
 from minou.client.sync import SyncClient
+from minou.errors import ConnectionClosed
+
+T = TypeVar("T")
 
 SCHEMA_DDL = (
     "channel string, seq long, id string, key string, payload string, "
@@ -129,6 +132,19 @@ class LazyClient:
         if self._client is None:
             self._client = self.config.connect()
         return self._client
+
+    def with_client(self, call: Callable[[SyncClient], T]) -> T:
+        """``call(client)`` for long-lived driver-side objects: a connection found lost
+        (the broker restarted, say) is replaced and the call made once more; any other
+        failure drops the connection too, so the next call starts on a fresh one."""
+        try:
+            return call(self.client())
+        except ConnectionClosed:
+            self.close_client()
+            return call(self.client())
+        except BaseException:
+            self.close_client()
+            raise
 
     def close_client(self) -> None:
         client, self._client = self._client, None

@@ -217,7 +217,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         self._latest: dict[str, int] | None = None
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
-        offsets = self.client().offsets(self.opts.patterns)
+        offsets = self.with_client(lambda c: c.offsets(self.opts.patterns))
         self._first = {c: fn[0] for c, fn in offsets.items()}
         self._latest = {c: fn[1] for c, fn in offsets.items()}
         return offsets
@@ -288,7 +288,8 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         if self.opts.group is None or not end:
             return
         try:
-            self.client().set_position(self.opts.group, {c: int(s) for c, s in end.items()})
+            positions = {c: int(s) for c, s in end.items()}
+            self.with_client(lambda c: c.set_position(self.opts.group or "", positions))
         except Exception as exc:  # an ack is advisory: it must not kill the query
             log.warning("set_position(%s) failed: %s", self.opts.group, exc)
 

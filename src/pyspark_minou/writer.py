@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,10 @@ class _Sink(LazyClient):
     # ------------------------------------------------------------- executor side
     def _item(self, channel: str | None, text: str | None, key: str | None,
               headers: Any) -> dict[str, Any]:
-        channel = channel or self.channel
+        # The option wins over a channel column (Kafka's rule for topic): a frame read
+        # from minou carries its source channels, and writing it on must not send the
+        # rows back where they came from.
+        channel = self.channel or channel
         if not channel:
             raise MinouSparkError("a row has a null channel and no option channel is set")
         # The payload column is JSON text already: it goes to the broker as is (Raw),
@@ -73,7 +77,8 @@ class _Sink(LazyClient):
             item["key"] = key
         if headers:
             pairs = headers.items() if isinstance(headers, dict) else headers
-            item["headers"] = {str(k): str(v) for k, v in pairs}
+            # A null value means no such header (not the text "None").
+            item["headers"] = {str(k): str(v) for k, v in pairs if v is not None}
         return item
 
     def _rows_of(self, batches: Iterator[Any]) -> Iterator[dict[str, Any]]:
@@ -90,7 +95,10 @@ class _Sink(LazyClient):
 
         ctx = TaskContext.get()
         part, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx else (0, 0)
-        txn = f"{self.writer_id}:b{batch_id}:p{part}:a{attempt}"
+        # Unique per task run: Spark reuses (partition, attempt) after a restart or a
+        # stage retry, and staging into a leftover transaction of a killed run would
+        # publish its rows too.
+        txn = f"{(self.writer_id or '')[:100]}:b{batch_id}:p{part}:a{attempt}:{uuid.uuid4().hex}"
         client = self.client()
         staged = False
         rows = 0

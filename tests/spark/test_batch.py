@@ -84,9 +84,10 @@ def test_batch_write(spark: Any, opts: dict[str, str], client: Any, mode: str) -
     ep = unique("bwrite")
     df = spark.range(0, 50, numPartitions=3).select(
         F.to_json(F.struct(F.col("id").alias("n"))).alias("payload"),
-        F.when(F.col("id") % 2 == 0, F.lit(f"{ep}/v1/even")).alias("channel"),
+        F.when(F.col("id") % 2 == 0, F.lit(f"{ep}/v1/even"))
+        .otherwise(F.lit(f"{ep}/v1/odd")).alias("channel"),
         F.col("id").cast("string").alias("key"))
-    (df.write.format("minou").options(**opts).option("channel", f"{ep}/v1/odd")
+    (df.write.format("minou").options(**opts)
      .option("sinkMode", mode).option("writerId", f"w-{ep}").mode("append").save())
     even, odd = payloads(client, f"{ep}/v1/even"), payloads(client, f"{ep}/v1/odd")
     assert sorted(p["n"] for p in even) == list(range(0, 50, 2))

@@ -1,0 +1,94 @@
+"""The connector's reader and writer objects driven directly, as Spark's driver and
+executors call them, against a real broker but without a SparkSession: the failure
+cases Spark itself cannot be made to produce on demand (a killed task's leftovers, a
+broker restart under a running query)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import ReadAllAvailable
+from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+from pyspark_minou.reader import MinouStreamReader
+from pyspark_minou.writer import MinouBatchWriter
+
+from ..conftest import BrokerProcess
+from .conftest import RULES, client_options
+from .helpers import publish, read_all, unique
+
+
+def spark_options(**options: str) -> dict[str, str]:
+    """As Spark hands options to a data source: case-insensitive, keys lower-cased."""
+    return {k.lower(): v for k, v in options.items()}
+
+
+SINK_SCHEMA = StructType([StructField("payload", StringType()),
+                          StructField("headers", MapType(StringType(), StringType()))])
+
+
+def rows(values: list[int], headers: dict[str, str | None] | None = None) -> Any:
+    return iter([pa.RecordBatch.from_pydict(
+        {"payload": [str(v) for v in values], "headers": [headers] * len(values)},
+        schema=pa.schema([("payload", pa.string()),
+                          ("headers", pa.map_(pa.string(), pa.string()))]))])
+
+
+def test_a_killed_attempts_leftovers_are_not_published_with_its_replay(
+        opts: dict[str, str], client: Any) -> None:
+    out = f"{unique('leftover')}/v1/out"
+    sink = MinouBatchWriter(spark_options(**opts, channel=out, writerId=unique("w"),
+                                          batchId="7"), SINK_SCHEMA)
+    # Attempt 0 of partition 0 stages 4 rows and is killed before its commit message
+    # reaches the driver (its staged data stays on the broker, unnamed by any commit).
+    sink.write(rows([90, 91, 92, 93]))
+    # The replay runs partition 0 again, attempt 0 again (as Spark numbers it after a
+    # restart), and the driver commits what it reported.
+    message = sink.write(rows(list(range(10))))
+    sink.commit([message])
+    assert [m.payload for m in read_all(client, out)] == list(range(10))
+
+
+def test_a_null_header_value_is_no_header(opts: dict[str, str], client: Any) -> None:
+    out = f"{unique('hdr')}/v1/out"
+    sink = MinouBatchWriter(spark_options(**opts, channel=out, writerId=unique("w")),
+                            SINK_SCHEMA)
+    sink.commit([sink.write(rows([1], {"source": "spark", "trace": None}))])
+    (msg,) = read_all(client, out)
+    assert msg.headers == {"source": "spark"}
+
+
+def test_a_running_query_survives_a_broker_restart(broker_factory: Any, tmp_path: Any
+                                                   ) -> None:
+    config = tmp_path / "rules.toml"
+    config.write_text(RULES)
+    broker: BrokerProcess = broker_factory.make(config=config).start()
+    channel = f"{unique('restart')}/v1/a"
+    with broker.connect_sync("spark-writer") as c:
+        publish(c, channel, 5)
+    source = MinouStreamReader(spark_options(**client_options(broker, "spark-restart"),
+                                             pattern=channel))
+    start = source.initialOffset()
+    assert source.latestOffset(start, ReadAllAvailable()) == {channel: 6}
+    broker.kill()
+    broker.start()
+    with broker.connect_sync("spark-writer") as c:
+        publish(c, channel, 3, start=5)
+    # The driver's connection died with the broker: the next call reconnects at once.
+    assert source.latestOffset(start, ReadAllAvailable()) == {channel: 9}
+    source.stop()
+
+
+def test_the_channel_option_wins_over_a_channel_column(opts: dict[str, str],
+                                                       client: Any) -> None:
+    # A frame read from minou carries its source channel; written on with the option,
+    # its rows must not go back where they came from.
+    src, out = f"{unique('loop')}/v1/in", f"{unique('loop')}/v1/out"
+    schema = StructType([StructField("channel", StringType()),
+                         StructField("payload", StringType())])
+    sink = MinouBatchWriter(spark_options(**opts, channel=out, writerId=unique("w")), schema)
+    batch = pa.RecordBatch.from_pydict({"channel": [src, src], "payload": ["1", "2"]})
+    sink.commit([sink.write(iter([batch]))])
+    assert [m.payload for m in read_all(client, out)] == [1, 2]
+    assert read_all(client, src) == []
