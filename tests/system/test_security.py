@@ -253,6 +253,20 @@ def test_replayed_token_after_a_crash(secure, bystander):
         assert client.admin("whoami")["client_id"] == "billing-1"
 
 
+def test_a_group_name_is_no_way_around_the_rules(secure, bystander):
+    with connect(secure, "billing-1") as billing:
+        billing.consume("orders/v1/*", group="shared")  # the group now reads orders
+    with connect(secure, "shop-1") as shop:
+        # shop-* may not read orders/*: joining the group would hand it orders.
+        with pytest.raises(NotAuthorized, match="group 'shared' also reads 'orders/v1/\\*'"):
+            shop.consume("calm/v1/*", group="shared")
+        shop.consume("calm/v1/*", group="calm-workers")
+        with admin(secure) as a:
+            # Nor may anyone widen a group past what its members may read.
+            with pytest.raises(NotAuthorized, match="member, client 'shop-1'"):
+                a.consume("orders/v1/*", group="calm-workers")
+
+
 def test_oversized_token(secure, bystander):
     err = hello_refused(secure, _hello("billing-1", "x" * 5000))
     assert "5000 bytes, the limit is 4096" in err.message

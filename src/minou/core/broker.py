@@ -53,6 +53,7 @@ from ..limits import (
     MAX_MESSAGE_SIZE,
     MAX_PREFETCH,
     MAX_PRIORITY,
+    MAX_SUBSCRIPTIONS,
     MIN_PRIORITY,
 )
 from ..names import (
@@ -425,6 +426,10 @@ class Broker:
         parsed = [parse_pattern(p) for p in patterns]
         if sid in session.subs:
             raise BadRequest(f"subscription id {sid} is already in use on this connection")
+        if len(session.subs) >= MAX_SUBSCRIPTIONS:
+            raise BadRequest(f"{len(session.subs)} subscriptions on one connection already "
+                             f"(the limit is {MAX_SUBSCRIPTIONS}); use patterns to cover more "
+                             "channels with one")
         for p in parsed:
             self.check_read(session, p.text)
         if kind == "consume":
@@ -436,8 +441,10 @@ class Broker:
             raise BadRequest(f"prefetch must be 0..{MAX_PREFETCH}, got {prefetch}")
         if not 0 <= lease <= MAX_LEASE_S:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
-        self._reserve(session, [p.text for p in parsed])
         grp = self.groups.get(key)
+        if grp is not None and kind == "consume":
+            self._check_group_rights(session, grp, [p.text for p in parsed])
+        self._reserve(session, [p.text for p in parsed])
         if grp is None:
             grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
             self.groups[key] = grp
@@ -455,6 +462,34 @@ class Broker:
             self._ready_groups[grp] = None
         return sub
 
+    def _check_group_rights(self, session: Session, grp: Group, patterns: list[str]) -> None:
+        """A consumer group hands its members messages of every pattern it reads, so a
+        member must be allowed all of them: the joiner the group's patterns, and the
+        members the joiner's new ones (a group name is no way around the rules)."""
+        name = grp.key.removeprefix("consume:")
+        have = {p.text for p in grp.patterns}
+        for text in have:
+            try:
+                self.check_read(session, text)
+            except NotAuthorized as exc:
+                raise NotAuthorized(
+                    f"group {name!r} also reads {text!r}, which client {session.client_id!r} "
+                    f"may not ({exc.message}); consume under a group of your own",
+                    group=name, pattern=text) from None
+        for member in grp.members:
+            if member.session is session:
+                continue
+            for text in patterns:
+                if text in have:
+                    continue
+                try:
+                    self.check_read(member.session, text)
+                except NotAuthorized:
+                    raise NotAuthorized(
+                        f"group {name!r} has a member, client {member.session.client_id!r}, "
+                        f"that may not read {text!r}; consume it under another group",
+                        group=name, pattern=text) from None
+
     def options_prefetch(self, pattern: str) -> int:
         body = pattern[len("_dead/"):] if is_dead_letter(pattern) else pattern
         parts = body.split("/")
@@ -466,7 +501,7 @@ class Broker:
     def _parse_start(start: str, kind: str) -> int | str:
         if start in ("", "new", "oldest"):
             return start or ("new" if kind == "listen" else "oldest")
-        if start.startswith("seq:") and start[4:].isdigit():
+        if start.startswith("seq:") and start[4:].isascii() and start[4:].isdigit():
             return int(start[4:])
         raise BadRequest(f"start must be 'new', 'oldest' or 'seq:<n>', not {start!r}")
 
@@ -731,8 +766,8 @@ class Broker:
         self, session: Session, tags: Iterable[int], *, delay: float, front: bool, now: float
     ) -> list[tuple[int, int, str]]:
         failed: list[tuple[int, int, str]] = []
-        if delay < 0:
-            raise BadRequest(f"delay must be >= 0 seconds, got {delay}")
+        if not 0 <= delay <= MAX_DELAY_S:  # also refuses NaN
+            raise BadRequest(f"delay must be 0..{MAX_DELAY_S:g} seconds, got {delay}")
         for lease in self._settling(session, tags, failed):
             self.counters.nacked += 1
             self._return(lease, now, front=front, delay=delay)
@@ -794,6 +829,12 @@ class Broker:
             lease.sub.session.leases.pop(lease.tag, None)
             self.counters.lease_expired += 1
             self._return(lease, now, front=True, delay=0.0)
+        # Adapters whose credit is not a fixed prefetch (HTTP long polls) recount it.
+        for conn in {id(lease.sub.session.conn): lease.sub.session.conn
+                     for lease in expired}.values():
+            hook = getattr(conn, "leases_expired", None)
+            if hook is not None:
+                hook()
         for gc in list(self._timed):
             if gc.release_due(now):
                 self._mark(gc)
