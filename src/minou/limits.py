@@ -15,6 +15,9 @@ MAX_HEADERS = 64
 MAX_HEADER_SIZE = 8 << 10
 MAX_CHANNEL_LENGTH = 255
 MAX_BATCH = 10_000  # messages in one publish frame
+# Subscriptions of one connection (or stream or HTTP client): each costs a scan of the
+# channels and groups when made, so thousands would stall the broker for everyone.
+MAX_SUBSCRIPTIONS = 256
 
 DEFAULT_PREFETCH = 1  # SPEC §1: per channel config, default 1
 MAX_PREFETCH = 100_000

@@ -337,3 +337,18 @@ def test_fast_and_asgi_paths_answer_alike(wire_broker, name, path, body, extra):
                         resp_headers.get("x-frame-options"), _comparable(resp_body)))
     assert answers[0] == answers[1], name
     assert answers[0][3] == "DENY"
+
+
+def test_each_consume_gets_the_lease_it_asks_for(wire_broker):
+    h = bearer(wire_broker, "app-lease")
+    with httpx.Client(base_url=wire_broker.http, timeout=10) as http:
+        q = {"group": "lease", "wait": 0}
+        assert http.post("/v1/consume/orders/v1/l", params={**q, "lease": 1},
+                         headers=h).status_code == 204
+        http.post("/v1/messages/orders/v1/l", json="m", headers=h)
+        d = http.post("/v1/consume/orders/v1/l", params={**q, "wait": 3, "lease": 600},
+                      headers=h).json()
+        time.sleep(2)  # past the first request's 1 s lease, well inside 600 s
+        assert http.post("/v1/consume/orders/v1/l", params={**q, "wait": 0.5},
+                         headers=h).status_code == 204
+        assert http.post(f"/v1/ack/{d['receipt']}", headers=h).status_code == 200

@@ -41,7 +41,7 @@ def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str |
 
 def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
     value = args.get(name, default)
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
         raise BadRequest(f"{name} must be an integer {lo}..{hi}")

@@ -17,7 +17,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import __version__
 from ..auth import keys as keyfiles
@@ -41,6 +41,9 @@ from ..limits import (
 from ..protocol import frames as f
 from ..storage.sqlite import SQLiteStorage
 from .connection import NativeConnection
+
+if TYPE_CHECKING:
+    from .http_stream import StreamSession
 
 log = logging.getLogger("minou.server")
 
@@ -110,6 +113,7 @@ class BrokerServer:
         self.storage = SQLiteStorage(settings.data_dir)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
+        self.streams: set[StreamSession] = set()  # /v1/stream sockets
         self.counters_internal = 0
         self.flow_pauses = 0  # times a publisher was paused because the disk was behind
         self.slow_consumers = 0
@@ -324,6 +328,10 @@ class BrokerServer:
                     and conn.identity.method == "key":
                 conn.refuse(NotAuthenticated(reason, why="revoked"))
                 dropped += 1
+        for stream in list(self.streams):
+            if stream.identity.client_id == client_id and stream.identity.method == "key":
+                stream.end(int(NotAuthenticated.code), reason, "not_authenticated")
+                dropped += 1
         return dropped
 
     # --------------------------------------------------------------- reload
@@ -395,6 +403,8 @@ class BrokerServer:
                                       {"sid": sid, "reason": exc.reason}))
                     closed.append({"client_id": session.client_id, "sid": sid,
                                    "reason": exc.message})
+        for stream in list(self.streams):
+            closed += stream.reapply_access(now)
         consumers = self.http_consumers
         for consumer in list(consumers.by_key.values()) if consumers is not None else []:
             consumer.identity = self.http_identity(consumer.identity)
@@ -403,7 +413,9 @@ class BrokerServer:
             consumer.session.access = self.access_for(consumer.identity)
             consumer.session.admin = consumer.identity.admin
             try:
-                self.core.check_read(consumer.session, consumer.key[2])
+                patterns = consumer.sub.group.patterns if consumer.sub is not None else []
+                for pattern in patterns:
+                    self.core.check_read(consumer.session, pattern.text)
             except RequestError as exc:
                 consumers.close(consumer)
                 closed.append({"client_id": consumer.identity.client_id, "sid": 0,
@@ -752,15 +764,14 @@ class BrokerServer:
         default lease), commit, then stop with exit status 0."""
         self.accepting = False
         self.draining = True
-        unsettled = sum(len(s.leases) for c in self.connections
-                        if c.session is not None for s in [c.session])
+        unsettled = sum(len(s.leases) for s in self._live_sessions())
         log.warning("soft stop requested by %s: %d deliveries to settle", by, unsettled)
 
         async def drain() -> None:
             deadline = time.monotonic() + self.settings.default_lease
             while time.monotonic() < deadline:
-                if not any(c.session is not None and c.session.leases
-                           for c in self.connections) and not self.http_consumers_busy():
+                if not any(s.leases for s in self._live_sessions()) \
+                        and not self.http_consumers_busy():
                     break
                 await asyncio.sleep(0.05)
             self.request_stop()
@@ -768,6 +779,11 @@ class BrokerServer:
         self._spawn(drain())
         return {"stopping": True, "unsettled": unsettled,
                 "deadline_s": self.settings.default_lease}
+
+    def _live_sessions(self) -> list[Session]:
+        """Sessions of native connections (TCP, /v1/ws) and JSON streams."""
+        return [*(c.session for c in self.connections if c.session is not None),
+                *(s.session for s in self.streams)]
 
     def http_consumers_busy(self) -> bool:
         consumers = getattr(self, "http_consumers", None)

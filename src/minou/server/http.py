@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW
 from .connection import NativeConnection
 
 if TYPE_CHECKING:
@@ -28,7 +29,9 @@ log = logging.getLogger("minou.http")
 
 
 class _WebSocketTransport:
-    """Gives NativeConnection the transport surface it expects, over a WebSocket."""
+    """Gives NativeConnection the transport surface it expects, over a WebSocket: with
+    the same write water marks as TCP (deliveries pause past CONSUMER_WRITE_HIGH and
+    resume under CONSUMER_WRITE_LOW), and an abort that really ends the socket."""
 
     def __init__(self, ws: WebSocket) -> None:
         self.ws = ws
@@ -37,11 +40,24 @@ class _WebSocketTransport:
         self.closed = False
         self.paused = asyncio.Event()
         self.paused.set()
+        self.conn: NativeConnection | None = None
+        self.writing_paused = False
+        self.task: asyncio.Task[Any] | None = None  # the socket's reader
 
     def write(self, data: bytes) -> None:
         if not self.closed:
             self.buffered += len(data)
             self.queue.put_nowait(data)
+            if not self.writing_paused and self.buffered > CONSUMER_WRITE_HIGH \
+                    and self.conn is not None:
+                self.writing_paused = True
+                self.conn.set_paused(True)
+
+    def sent(self, size: int) -> None:
+        self.buffered -= size
+        if self.writing_paused and self.buffered < CONSUMER_WRITE_LOW and self.conn is not None:
+            self.writing_paused = False
+            self.conn.set_paused(False)
 
     def close(self) -> None:
         if not self.closed:
@@ -49,7 +65,14 @@ class _WebSocketTransport:
             self.queue.put_nowait(None)
 
     def abort(self) -> None:
-        self.close()
+        """Drop what is queued and end the socket, even if its peer reads nothing."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.buffered = 0
+        self.closed = True
+        self.queue.put_nowait(None)
+        if self.task is not None:
+            self.task.cancel()
 
     def get_write_buffer_size(self) -> int:
         return self.buffered
@@ -62,7 +85,7 @@ class _WebSocketTransport:
 
 
 def build_app(server: BrokerServer) -> Any:
-    from ..errors import BadRequest, NotFound
+    from ..errors import BadRequest, NotFound, UnexpectedFrame
     from .http_api import FastLane, HttpApi, error_response
     from .http_stream import serve_stream
     from .openapi import document
@@ -80,12 +103,13 @@ def build_app(server: BrokerServer) -> Any:
         await ws.accept()
         transport = _WebSocketTransport(ws)
         conn = NativeConnection(server, transport, f"ws:{ws.client}")
+        transport.conn, transport.task = conn, asyncio.current_task()
         server.admit(conn)
 
         async def pump_out() -> None:
             while (data := await transport.queue.get()) is not None:
-                transport.buffered -= len(data)
                 await ws.send_bytes(data)
+                transport.sent(len(data))
             with contextlib.suppress(Exception):
                 await ws.close()
 
@@ -98,9 +122,12 @@ def build_app(server: BrokerServer) -> Any:
                     break
                 data = message.get("bytes")
                 if data is None:
-                    data = (message.get("text") or "").encode()
+                    conn.refuse(UnexpectedFrame(
+                        "/v1/ws carries native frames in binary messages, not text; JSON "
+                        "messages go to /v1/stream"))
+                    break
                 conn.receive(data)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, asyncio.CancelledError):
             pass
         finally:
             conn.lost()

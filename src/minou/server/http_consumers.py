@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
-from ..errors import UnknownDelivery
+from ..errors import BadRequest, UnknownDelivery
+from ..limits import MAX_SUBSCRIPTIONS
 from ..protocol.frames import Delivery
 
 if TYPE_CHECKING:
@@ -32,8 +33,8 @@ POLL_S = 0.05
 
 
 class HttpConsumer:
-    def __init__(self, owner: HttpConsumers, key: tuple[str, str, str], identity: Identity
-                 ) -> None:
+    def __init__(self, owner: HttpConsumers, key: tuple[str, str, str, float | None],
+                 identity: Identity) -> None:
         self.owner = owner
         self.key = key
         self.identity = identity
@@ -79,6 +80,10 @@ class HttpConsumer:
     def send(self, frame: Any) -> None:
         """Errors the broker would push to a connection (an ended subscription)."""
         self.owner.close(self)
+
+    def leases_expired(self) -> None:
+        """The core took deliveries back: what they held of the credit is free again."""
+        self._credit()
 
     def _credit(self) -> None:
         sub = self.sub
@@ -140,17 +145,24 @@ def _nothing() -> None:
 class HttpConsumers:
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
-        self.by_key: dict[tuple[str, str, str], HttpConsumer] = {}
+        # (client, group, pattern, lease): a lease is a subscription's, so requests asking
+        # for another one get a consumer of their own.
+        self.by_key: dict[tuple[str, str, str, float | None], HttpConsumer] = {}
         self.by_token: dict[str, HttpConsumer] = {}
 
     def get(self, identity: Identity, pattern: str, group: str | None,
             lease: float | None) -> HttpConsumer:
-        key = (identity.client_id, group or pattern, pattern)
+        key = (identity.client_id, group or pattern, pattern, lease)
         consumer = self.by_key.get(key)
         if consumer is not None:
             return consumer
         server = self.server
         server.check_accepting()
+        mine = sum(k[0] == identity.client_id for k in self.by_key)
+        if mine >= MAX_SUBSCRIPTIONS:
+            raise BadRequest(f"client {identity.client_id!r} has {mine} HTTP consumers (one per "
+                             f"group and pattern; the limit is {MAX_SUBSCRIPTIONS}): use "
+                             "fewer patterns, or a pattern with * for many channels")
         consumer = HttpConsumer(self, key, identity)
         session = Session(identity.client_id, consumer, access=server.access_for(identity),
                           admin=identity.admin)
@@ -168,7 +180,7 @@ class HttpConsumers:
         token, _, tag = receipt.partition(".")
         consumer = self.by_token.get(token)
         if consumer is None or consumer.identity.client_id != identity.client_id \
-                or not tag.isdigit():
+                or not (tag.isascii() and tag.isdigit()):
             raise UnknownDelivery(f"receipt {receipt!r} is unknown, already settled or "
                                   "expired", receipt=receipt)
         consumer.last_used = time.monotonic()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,15 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.broker import Session
-from ..errors import ERROR_TABLE, BadRequest, RequestError, UnknownDelivery, error_from_code
+from ..errors import (
+    ERROR_TABLE,
+    BadRequest,
+    ErrorCode,
+    RequestError,
+    UnknownDelivery,
+    error_from_code,
+)
+from ..limits import SLOW_CONSUMER_GRACE_S
 from ..protocol import frames as f
 from .http_api import delivery_view
 
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
     from .app import BrokerServer
     from .http_api import HttpApi
 
+log = logging.getLogger("minou.stream")
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
 MAX_STREAM_PREFETCH = 1000
@@ -50,6 +60,9 @@ class StreamSession:
         self.server = server
         self.identity = identity
         self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued = 0  # bytes in ``out``: bounded like a TCP connection's buffer
+        self.closed = False
+        self.task: asyncio.Task[Any] | None = None  # the socket's reader, ended by a cut
         self.session = Session(identity.client_id, self, access=server.access_for(identity),
                                admin=identity.admin)
         self.next_sid = 1
@@ -66,7 +79,51 @@ class StreamSession:
                        "message": frame.message, "sid": frame.detail.get("sid")})
 
     def emit(self, value: dict[str, Any]) -> None:
-        self.out.put_nowait(_encode(value))
+        if self.closed:
+            return
+        data = _encode(value)
+        self.queued += len(data)
+        self.out.put_nowait(data)
+        if self.queued > self.server.settings.slow_consumer_bytes:
+            self.server.slow_consumers += 1
+            self.end(1008, f"slow consumer: {self.queued} bytes waiting to be read (limit "
+                           f"{self.server.settings.slow_consumer_bytes})", "slow_consumer")
+
+    def end(self, code: int, message: str, reason: str) -> None:
+        """Close the stream from the broker's side: a last error message replaces what
+        is still queued, its deliveries go back to their groups, and the socket closes
+        (at once, or after a grace if the client does not read the error)."""
+        if self.closed:
+            return
+        self.closed = True
+        while not self.out.empty():
+            self.out.get_nowait()
+        self.out.put_nowait(_encode({"type": "error", "code": code, "reason": reason,
+                                     "message": message}))
+        self.out.put_nowait(None)
+        self.server.close_session(self.session)
+        if self.task is not None:
+            asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.task.cancel)
+
+    def reapply_access(self, now: float) -> list[dict[str, Any]]:
+        """After a reload: the live rules for this client; subscriptions they forbid end
+        with an error message (the stream stays)."""
+        self.identity = self.server.http_identity(self.identity)
+        self.session.access = self.server.access_for(self.identity)
+        self.session.admin = self.identity.admin
+        closed = []
+        for sid, sub in list(self.session.subs.items()):
+            try:
+                for pattern in sub.group.patterns:
+                    self.server.core.check_read(self.session, pattern.text)
+            except RequestError as exc:
+                self.server.core.unsubscribe(self.session, sid, now)
+                self.emit({"type": "error", "code": int(exc.code), "reason": exc.reason,
+                           "message": f"subscription {sid} ended by a reload: {exc.message}",
+                           "sid": sid})
+                closed.append({"client_id": self.session.client_id, "sid": sid,
+                               "reason": exc.message})
+        return closed
 
     def error(self, exc: RequestError, ref: Any = None) -> None:
         self.server.core.counters.refuse(exc.reason)
@@ -76,6 +133,8 @@ class StreamSession:
     # ----------------------------------------------------------------- ops
     def handle(self, api: HttpApi, raw: str | bytes) -> None:
         ref = None
+        if self.closed:
+            return
         try:
             try:
                 msg = _decode(raw)
@@ -98,6 +157,11 @@ class StreamSession:
                 raise BadRequest(f"unknown op {op!r} (consume, listen, ack, nack, publish, "
                                  "unsubscribe)")
         except RequestError as exc:
+            self.error(exc, ref)
+        except Exception:  # a bug must cost this message, not the stream or the broker
+            log.exception("stream message failed")
+            exc = RequestError("internal error handling this message")
+            exc.code = ErrorCode.INTERNAL
             self.error(exc, ref)
         self.server.request_pump()
 
@@ -122,7 +186,7 @@ class StreamSession:
     def _settle(self, op: str, msg: dict[str, Any]) -> None:
         receipt = msg.get("receipt")
         sid, _, tag = str(receipt).partition(".")
-        if not (sid.isdigit() and tag.isdigit()):
+        if not (sid.isascii() and sid.isdigit() and tag.isascii() and tag.isdigit()):
             raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's")
         core = self.server.core
         if op == "ack":
@@ -174,10 +238,16 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
         return
     await ws.accept()
     stream = StreamSession(server, identity)
+    stream.task = asyncio.current_task()
+    server.streams.add(stream)
 
     async def pump_out() -> None:
         while (data := await stream.out.get()) is not None:
+            stream.queued -= len(data)
             await ws.send_text(data.decode())
+        if stream.closed:  # ended by the broker: say so, then close
+            with contextlib.suppress(Exception):
+                await ws.close(code=1008)
 
     sender = asyncio.create_task(pump_out())
     try:
@@ -185,12 +255,20 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
-            stream.handle(api, message.get("text") or message.get("bytes") or b"")
-    except WebSocketDisconnect:
+            text = message.get("text")
+            if text is None:
+                stream.error(BadRequest("send stream messages as text (JSON); binary "
+                                        "messages carry native frames, on /v1/ws"))
+                continue
+            stream.handle(api, text)
+    except (WebSocketDisconnect, asyncio.CancelledError):
         pass
     finally:
-        server.close_session(stream.session)
-        stream.out.put_nowait(None)
+        server.streams.discard(stream)
+        if not stream.closed:
+            stream.closed = True
+            server.close_session(stream.session)
+            stream.out.put_nowait(None)
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(sender, 2)
 

@@ -1,0 +1,191 @@
+"""The JSON stream (/v1/stream) and the native frames over WebSocket (/v1/ws) under
+the same rules as TCP connections: reloads and revocations reach them, a reader that
+stops reading is cut (not buffered without end), bad input gets a precise error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import httpx
+import pytest
+import websockets.sync.client as wsc
+from websockets.exceptions import ConnectionClosed
+
+from minou.protocol import frames as f
+from minou.protocol.reader import FrameReader
+
+from ..conftest import wait_until
+from .test_http_api import admin_bearer, bearer
+
+RULES = """
+slow_consumer_bytes = 2097152
+
+[[rules]]
+client = "app-*"
+read = ["orders/*", "big/*"]
+write = ["orders/*", "big/*"]
+"""
+
+
+@pytest.fixture
+def stream_broker(broker_factory, tmp_path):
+    cfg = tmp_path / "stream.toml"
+    cfg.write_text(RULES)
+    broker = broker_factory.make(config=cfg).start()
+    broker.config_text = RULES  # type: ignore[attr-defined]
+    return broker
+
+
+def stream(broker, headers: dict[str, str]) -> Any:
+    return wsc.connect(broker.http.replace("http://", "ws://") + "/v1/stream",
+                       additional_headers=headers, max_size=None)
+
+
+def receive(ws: Any, kind: str, timeout: float = 5) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        message = json.loads(ws.recv(max(0.01, deadline - time.monotonic())))
+        if message["type"] == kind:
+            return message
+
+
+def raw_websocket(http_url: str, path: str, headers: dict[str, str]) -> socket.socket:
+    """A WebSocket that never reads (a small receive buffer, and nobody calls recv)."""
+    host, port = http_url.removeprefix("http://").rsplit(":", 1)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    key = base64.b64encode(os.urandom(16)).decode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                  f"Sec-WebSocket-Version: 13\r\n{extra}\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return sock
+
+
+def ws_frame(payload: bytes, opcode: int = 1) -> bytes:
+    """One masked client frame (1 = text, 2 = binary)."""
+    mask = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+    elif n < 65536:
+        head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_reload_and_revoke_reach_streams(stream_broker, tmp_path):
+    h = bearer(stream_broker, "app-reload")
+    admin = admin_bearer(stream_broker)
+    with stream(stream_broker, h) as ws, httpx.Client(base_url=stream_broker.http,
+                                                      timeout=10) as http:
+        ws.send(json.dumps({"op": "consume", "pattern": "orders/v1/*", "group": "r"}))
+        receive(ws, "subscribed")
+        (tmp_path / "stream.toml").write_text(RULES.replace(
+            'read = ["orders/*", "big/*"]', 'read = ["big/*"]'))
+        closed = http.post("/v1/admin/reload", headers=admin).json()["subscriptions_closed"]
+        assert [c["client_id"] for c in closed] == ["app-reload"]
+        error = receive(ws, "error")
+        assert "ended by a reload" in error["message"] and error["sid"] == 1
+        http.post("/v1/messages/orders/v1/1", json={"x": 1}, headers=admin)
+        ws.send(json.dumps({"op": "publish", "channel": "orders/v1/2", "payload": 1}))
+        assert receive(ws, "published")["seq"] == 1  # writing is still allowed
+        # A revocation ends the stream itself.
+        assert http.post("/v1/clients/app-reload/revoke", headers=admin).status_code == 200
+        error = receive(ws, "error")
+        assert error["reason"] == "not_authenticated"
+        with pytest.raises(ConnectionClosed):  # by the broker
+            while True:
+                ws.recv(5)
+
+
+def test_a_stream_that_does_not_read_is_cut_and_its_deliveries_return(stream_broker):
+    h = bearer(stream_broker, "app-slow")
+    admin = admin_bearer(stream_broker)
+    with httpx.Client(base_url=stream_broker.http, timeout=30) as http:
+        for i in range(20):
+            assert http.post("/v1/messages/big/v1/1", json={"i": i, "pad": "x" * 400_000},
+                             headers=h).status_code == 201
+        sock = raw_websocket(stream_broker.http, "/v1/stream", h)
+        try:
+            sock.sendall(ws_frame(json.dumps({"op": "consume", "pattern": "big/v1/*",
+                                              "group": "slow", "prefetch": 1000}).encode()))
+            # 8 MB of deliveries against a 2 MiB limit: cut, not buffered.
+            wait_until(lambda: http.get("/v1/status", headers=admin).json()
+                       ["flow"]["slow_consumers_cut"] == 1, 10, what="the cut")
+        finally:
+            sock.close()
+        # Its deliveries went back to the group: a reader that reads gets all 20.
+        got = set()
+        with stream(stream_broker, h) as ws:
+            ws.send(json.dumps({"op": "consume", "pattern": "big/v1/*", "group": "slow",
+                                "prefetch": 5}))
+            while len(got) < 20:
+                message = receive(ws, "message", 10)
+                got.add(message["payload"]["i"])
+                ws.send(json.dumps({"op": "ack", "receipt": message["receipt"]}))
+        assert got == set(range(20))
+
+
+def test_bad_stream_messages_get_errors_and_the_stream_lives(stream_broker):
+    h = bearer(stream_broker, "app-bad")
+    with stream(stream_broker, h) as ws:
+        for bad, reason in [
+            ({"op": "ack", "receipt": "1.\u00b2"}, "unknown_delivery"),  # a Unicode digit
+            ({"op": "consume", "pattern": "orders/v1/*", "start": "seq:\u00b2"},
+             "bad_request"),
+            ({"op": "nack", "receipt": "1.1", "delay": 1e300}, "bad_request"),
+            ({"op": "teleport"}, "bad_request"),
+        ]:
+            ws.send(json.dumps(bad))
+            assert receive(ws, "error")["reason"] == reason, bad
+        ws.send(b"\x00binary")
+        assert "send stream messages as text" in receive(ws, "error")["message"]
+        for sid in range(257):
+            ws.send(json.dumps({"op": "listen", "pattern": f"orders/v1/{sid}"}))
+        assert "the limit is 256" in receive(ws, "error", 10)["message"]
+        ws.send(json.dumps({"op": "publish", "channel": "orders/v1/x", "payload": 1}))
+        assert receive(ws, "published")["channel"] == "orders/v1/x"
+    with httpx.Client(base_url=stream_broker.http, timeout=10) as http:
+        r = http.post("/v1/ack/abc.\u00b2", headers=h)
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "unknown_delivery"
+        consumed = http.post("/v1/messages/orders/v1/n", json=1, headers=h)
+        assert consumed.status_code == 201
+        d = http.post("/v1/consume/orders/v1/n", params={"group": "n", "wait": 3},
+                      headers=h).json()
+        r = http.post(f"/v1/nack/{d['receipt']}", params={"delay": "1e300"}, headers=h)
+        assert r.status_code == 400 and "delay must be 0.." in r.json()["error"]["message"]
+
+
+def test_text_on_the_native_websocket_is_refused_precisely(stream_broker):
+    h = bearer(stream_broker, "app-text")
+    sock = raw_websocket(stream_broker.http, "/v1/ws", h)
+    try:
+        sock.sendall(ws_frame(b'{"op": "publish"}'))
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    # The broker's binary message holds a fatal ERROR frame, then the socket closes.
+    start = data.index(b"\x82") + 2  # a binary frame, unmasked, short length
+    reader = FrameReader()
+    reader.receive_data(data[start:])
+    frame = reader.next_event()
+    assert isinstance(frame, f.Error) and frame.fatal, frame
+    assert "binary messages, not text" in frame.message
