@@ -189,3 +189,20 @@ def test_text_on_the_native_websocket_is_refused_precisely(stream_broker):
     frame = reader.next_event()
     assert isinstance(frame, f.Error) and frame.fatal, frame
     assert "binary messages, not text" in frame.message
+
+
+def test_stream_publishers_get_flow_control(broker_factory, tmp_path):
+    # With a 1-byte threshold every publish waits for the disk before the stream reads
+    # on: all are still answered, and the pauses are counted as for TCP publishers.
+    cfg = tmp_path / "flow.toml"
+    cfg.write_text(RULES.replace("slow_consumer_bytes = 2097152",
+                                 "publish_pause_bytes = 1"))
+    broker = broker_factory.make(config=cfg).start()
+    h = bearer(broker, "app-flow")
+    with stream(broker, h) as ws:
+        for i in range(5):
+            ws.send(json.dumps({"op": "publish", "channel": "orders/v1/f", "payload": i}))
+        assert sorted(receive(ws, "published")["seq"] for _ in range(5)) == [1, 2, 3, 4, 5]
+    with httpx.Client(base_url=broker.http, timeout=10) as http:
+        flow = http.get("/v1/status", headers=admin_bearer(broker)).json()["flow"]
+    assert flow["publisher_pauses"] >= 1

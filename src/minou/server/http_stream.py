@@ -63,6 +63,8 @@ class StreamSession:
         self.queued = 0  # bytes in ``out``: bounded like a TCP connection's buffer
         self.closed = False
         self.task: asyncio.Task[Any] | None = None  # the socket's reader, ended by a cut
+        self.reading = asyncio.Event()  # cleared while the disk is behind (flow control)
+        self.reading.set()
         self.session = Session(identity.client_id, self, access=server.access_for(identity),
                                admin=identity.admin)
         self.next_sid = 1
@@ -88,6 +90,13 @@ class StreamSession:
             self.server.slow_consumers += 1
             self.end(1008, f"slow consumer: {self.queued} bytes waiting to be read (limit "
                            f"{self.server.settings.slow_consumer_bytes})", "slow_consumer")
+
+    # Publisher flow control, as for a TCP connection (BrokerServer.publish_staged).
+    def pause_reading(self) -> None:
+        self.reading.clear()
+
+    def resume_reading(self) -> None:
+        self.reading.set()
 
     def end(self, code: int, message: str, reason: str) -> None:
         """Close the stream from the broker's side: a last error message replaces what
@@ -222,7 +231,7 @@ class StreamSession:
                  "duplicate": out.duplicate, "fanout": out.fanout, "ref": ref}
         if staged:
             self.server.core.after_commit(lambda: self.emit(reply))
-            self.server.request_write()
+            self.server.publish_staged(self, staged)  # type: ignore[arg-type]
         else:
             self.emit(reply)
 
@@ -252,6 +261,7 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
     sender = asyncio.create_task(pump_out())
     try:
         while True:
+            await stream.reading.wait()
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
