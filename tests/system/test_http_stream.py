@@ -206,3 +206,16 @@ def test_stream_publishers_get_flow_control(broker_factory, tmp_path):
     with httpx.Client(base_url=broker.http, timeout=10) as http:
         flow = http.get("/v1/status", headers=admin_bearer(broker)).json()["flow"]
     assert flow["publisher_pauses"] >= 1
+
+
+def test_subscribed_comes_before_the_first_message(stream_broker):
+    h = bearer(stream_broker, "app-order")
+    with httpx.Client(base_url=stream_broker.http, timeout=10) as http:
+        for i in range(3):
+            http.post("/v1/messages/orders/v1/o", json=i, headers=h)
+    with stream(stream_broker, h) as ws:
+        ws.send(json.dumps({"op": "consume", "pattern": "orders/v1/o", "group": "o",
+                            "prefetch": 3, "ref": "s"}))
+        first = json.loads(ws.recv(5))
+        assert (first["type"], first["ref"]) == ("subscribed", "s")
+        assert json.loads(ws.recv(5))["sid"] == first["sid"]

@@ -188,8 +188,9 @@ class StreamSession:
             start=_str(msg, "start") or "", prefetch=prefetch, name=_str(msg, "name"),
             now=time.time())
         self.next_sid += 1
-        reply = {"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref}
-        self.server.core.after_commit(lambda: self.emit(reply))
+        # Now, not after the commit: the broker picks the sid, so the client must learn
+        # it before the first message that carries it (which may come before the commit).
+        self.emit({"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref})
         self.server.request_write(urgent=False)
 
     def _settle(self, op: str, msg: dict[str, Any]) -> None:
