@@ -150,7 +150,10 @@ def test_bad_stream_messages_get_errors_and_the_stream_lives(stream_broker):
             ({"op": "teleport"}, "bad_request"),
         ]:
             ws.send(json.dumps(bad))
-            assert receive(ws, "error")["reason"] == reason, bad
+            error = receive(ws, "error")
+            assert error["reason"] == reason, bad
+            if bad["op"] == "ack":
+                assert error["receipt"] == bad["receipt"]
         ws.send(b"\x00binary")
         assert "send stream messages as text" in receive(ws, "error")["message"]
         for sid in range(257):

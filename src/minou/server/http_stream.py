@@ -136,8 +136,11 @@ class StreamSession:
 
     def error(self, exc: RequestError, ref: Any = None) -> None:
         self.server.core.counters.refuse(exc.reason)
-        self.emit({"type": "error", "code": int(exc.code), "reason": ERROR_TABLE[exc.code].reason,
-                   "message": exc.message, "ref": ref})
+        error = {"type": "error", "code": int(exc.code), "reason": ERROR_TABLE[exc.code].reason,
+                 "message": exc.message, "ref": ref}
+        if "receipt" in exc.detail:  # which settlement failed, without a ref to match
+            error["receipt"] = exc.detail["receipt"]
+        self.emit(error)
 
     # ----------------------------------------------------------------- ops
     def handle(self, api: HttpApi, raw: str | bytes) -> None:
@@ -197,7 +200,8 @@ class StreamSession:
         receipt = msg.get("receipt")
         sid, _, tag = str(receipt).partition(".")
         if not (sid.isascii() and sid.isdigit() and tag.isascii() and tag.isdigit()):
-            raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's")
+            raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's",
+                                  receipt=str(receipt))
         core = self.server.core
         if op == "ack":
             failed = core.ack(self.session, [int(tag)], time.time())
@@ -209,7 +213,7 @@ class StreamSession:
             failed = core.nack(self.session, [int(tag)], delay=float(delay), front=front,
                                now=time.time())
         if failed:
-            raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}")
+            raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=str(receipt))
         reply = {"type": "settled", "receipt": receipt, "op": op}
         core.after_commit(lambda: self.emit(reply))
         self.server.request_write(urgent=False)
