@@ -261,8 +261,14 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
             take = available
         end = dict(start)  # channels that vanished keep their offset
         for channel, s in begin.items():
-            if channel in start or take[channel] > 0:
+            if channel in start:
                 end[channel] = s + take[channel]
+            elif take[channel] > 0:
+                # A new channel enters the offsets at its first retained seq, with no rows
+                # in this batch: where it began is then in the offset log, and a replay
+                # after a restart checks that start for data loss instead of silently
+                # starting wherever the channel's first seq has moved to since.
+                end[channel] = s
         return {c: end[c] for c in sorted(end)}
 
     def reportLatestOffset(self) -> dict[str, int] | None:

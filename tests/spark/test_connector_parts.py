@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from pyspark.sql.datasource import ReadAllAvailable
 from pyspark.sql.types import MapType, StringType, StructField, StructType
 
+from pyspark_minou import MinouSparkError
 from pyspark_minou.reader import MinouStreamReader
 from pyspark_minou.writer import MinouBatchWriter
 
@@ -92,3 +94,29 @@ def test_the_channel_option_wins_over_a_channel_column(opts: dict[str, str],
     sink.commit([sink.write(iter([batch]))])
     assert [m.payload for m in read_all(client, out)] == [1, 2]
     assert read_all(client, src) == []
+
+
+def test_a_replayed_batch_knows_where_a_new_channel_began(minou_broker: BrokerProcess,
+                                                          opts: dict[str, str], client: Any,
+                                                          admin: Any) -> None:
+    ep = unique("newch")
+    publish(client, f"{ep}/v1/a", 3)
+    options = spark_options(**opts, pattern=f"{ep}/v1/*")
+    source = MinouStreamReader(options)
+    start = source.initialOffset()
+    publish(client, f"{ep}/v1/b", 3)  # a channel appears under the pattern
+    first = source.latestOffset(start, ReadAllAvailable())
+    # It enters the offsets where it begins, with no rows yet...
+    assert first == {f"{ep}/v1/a": 4, f"{ep}/v1/b": 1}
+    second = source.latestOffset(first, ReadAllAvailable())
+    assert second == {f"{ep}/v1/a": 4, f"{ep}/v1/b": 4}  # ... and is read next.
+    source.stop()
+    # The broker purges b before the batch ran; the driver restarts and replays the
+    # batch (first -> second) from its offset log: the loss is reported, not skipped.
+    admin.admin("purge", queue=f"{ep}/v1")
+    replay = MinouStreamReader(options)
+    parts = replay.partitions(first, second)  # planned on the driver, read by tasks:
+    with pytest.raises(MinouSparkError, match=f"data loss on channel '{ep}/v1/b'"):
+        for part in parts:
+            list(replay.read(part))
+    replay.stop()
