@@ -572,7 +572,10 @@ class Broker:
 
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
         sub = self._sub(session, sid)
-        self.check_read(session, parse_pattern(pattern).text)
+        text = parse_pattern(pattern).text
+        self.check_read(session, text)
+        if sub.group.kind == "consume":
+            self._check_group_rights(session, sub.group, [text])
         self._reserve(session, [pattern])
         grp = sub.group
         self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)

@@ -1,0 +1,51 @@
+"""A consumer group hands each member messages of every pattern it reads, so the
+rules are checked against the whole group: on joining and on adding a pattern."""
+
+from __future__ import annotations
+
+import pytest
+
+from minou.auth.rules import Rules
+from minou.core.broker import Session
+from minou.errors import NotAuthorized
+
+from .helpers import Harness
+
+RULES = Rules.parse([{"client": "narrow", "read": ["orders/v1/1"]},
+                     {"client": "wide", "read": ["orders/*"]}])
+
+
+def session(client_id: str) -> Session:
+    return Session(client_id, access=RULES.for_client(client_id))
+
+
+def test_joining_needs_every_pattern_of_the_group() -> None:
+    h = Harness()
+    h.subscribe(session("wide"), patterns="orders/v1/*", group="g")
+    with pytest.raises(NotAuthorized, match="group 'g' also reads 'orders/v1/\\*'"):
+        h.subscribe(session("narrow"), patterns="orders/v1/1", group="g")
+    # Its own group, or a group reading only what it may: fine.
+    h.subscribe(session("narrow"), patterns="orders/v1/1", group="mine")
+    h.subscribe(session("wide"), 2, patterns="orders/v1/1", group="mine")
+
+
+def test_no_member_may_widen_the_group_past_another_member() -> None:
+    h = Harness()
+    narrow, wide = session("narrow"), session("wide")
+    h.subscribe(narrow, patterns="orders/v1/1", group="g")
+    h.subscribe(wide, patterns="orders/v1/1", group="g")
+    with pytest.raises(NotAuthorized, match="member, client 'narrow'"):
+        h.broker.add_pattern(wide, 1, "orders/v1/2", h.now)  # add_id / SUB_ADD
+    with pytest.raises(NotAuthorized, match="member, client 'narrow'"):
+        h.subscribe(wide, 2, patterns="orders/v1/2", group="g")
+    # Once the narrow member has left, the group may grow.
+    h.broker.unsubscribe(narrow, 1, h.now)
+    h.broker.add_pattern(wide, 1, "orders/v1/2", h.now)
+    assert {p.text for p in h.broker.groups["consume:g"].patterns} == {
+        "orders/v1/1", "orders/v1/2"}
+
+
+def test_listen_subscriptions_are_per_client_and_unaffected() -> None:
+    h = Harness()
+    h.subscribe(session("wide"), kind="listen", patterns="orders/v1/*", name="g")
+    h.subscribe(session("narrow"), kind="listen", patterns="orders/v1/1", name="g")
