@@ -49,3 +49,26 @@ def test_listen_subscriptions_are_per_client_and_unaffected() -> None:
     h = Harness()
     h.subscribe(session("wide"), kind="listen", patterns="orders/v1/*", name="g")
     h.subscribe(session("narrow"), kind="listen", patterns="orders/v1/1", name="g")
+
+
+def test_set_position_cannot_widen_a_group_either() -> None:
+    h = Harness()
+    h.subscribe(session("narrow"), patterns="orders/v1/1", group="g")
+    with pytest.raises(NotAuthorized, match="member, client 'narrow'"):
+        h.broker.set_position(session("wide"), "g", {"orders/v1/2": 1}, h.now)
+    # A caller must be allowed everything the group reads to move it at all.
+    h.subscribe(session("wide"), patterns="orders/v1/*", group="w")
+    with pytest.raises(NotAuthorized, match="group 'w' also reads"):
+        h.broker.set_position(session("narrow"), "w", {"orders/v1/1": 1}, h.now)
+
+
+def test_an_exclusive_channel_is_not_handed_to_another_member() -> None:
+    rules = Rules.parse([{"client": "*", "read": ["orders/*", "!invoice/*"]}])
+    h = Harness()
+    h.broker.rules = rules
+    first = Session("first", access=rules.for_client("first"))
+    second = Session("second", access=rules.for_client("second"))
+    h.subscribe(first, patterns="orders/v1/*", group="g")
+    with pytest.raises(NotAuthorized, match="member, client 'first'"):
+        h.subscribe(second, patterns="invoice/v1/1", group="g")
+    assert "invoice/v1/1" not in h.broker.reservations

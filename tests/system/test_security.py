@@ -266,6 +266,20 @@ def test_a_group_name_is_no_way_around_the_rules(secure, bystander):
             a.consume("orders/v1/*", group="calm-workers")
 
 
+def test_nothing_is_answered_before_the_welcome(secure, bystander):
+    # Frames sent right behind the HELLO wait until the token's id is stored and the
+    # WELCOME is out.
+    key = keyfiles.load_private(client_key("billing-1"))
+    peer = RawPeer(secure.url)
+    try:
+        peer.write(f.encode(_hello("billing-1", make_token("billing-1", key, BROKER_ID)))
+                   + f.encode(f.Ping(7)) + f.encode(f.Offsets(8, ["orders/v1/*"])))
+        kinds = [type(peer.read()).__name__ for _ in range(3)]
+    finally:
+        peer.close()
+    assert kinds == ["Welcome", "Pong", "Result"]
+
+
 def test_oversized_token(secure, bystander):
     err = hello_refused(secure, _hello("billing-1", "x" * 5000))
     assert "5000 bytes, the limit is 4096" in err.message

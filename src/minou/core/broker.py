@@ -484,6 +484,10 @@ class Broker:
                     continue
                 try:
                     self.check_read(member.session, text)
+                    if ("*" not in text and self.rules.is_exclusive(text)
+                            and not member.session.admin
+                            and member.session.client_id != session.client_id):
+                        raise NotAuthorized(f"channel {text!r} is exclusive")
                 except NotAuthorized:
                     raise NotAuthorized(
                         f"group {name!r} has a member, client {member.session.client_id!r}, "
@@ -1042,6 +1046,8 @@ class Broker:
             self.check_read(session, channel)
             if next_seq < 1:
                 raise BadRequest(f"position of {channel!r} must be >= 1")
+        if grp is not None:  # moving a group: the rules of every member still hold
+            self._check_group_rights(session, grp, list(positions))
         if grp is None:
             grp = Group(key, "consume", [], "oldest")
             self.groups[key] = grp

@@ -55,6 +55,9 @@ class NativeConnection:
         self.hellos = 0
         self.closed = False
         self.reading_paused = False
+        # Frames that came behind a HELLO whose WELCOME waits for a commit: nothing is
+        # answered before the WELCOME (and before the token's id is durable).
+        self._held: list[f.Frame | BadFrame] | None = None
         self._out: list[bytes] = []
         self._handlers = {
             f.Publish: self._on_publish,
@@ -83,6 +86,9 @@ class NativeConnection:
             while (event := self.reader.next_event()) is not None:
                 if self.closed:
                     return
+                if self._held is not None:
+                    self._held.append(event)
+                    continue
                 self._handle(event)
         except ProtocolError as exc:  # framing lost (too large, zero length): fatal
             self._refused(exc)
@@ -171,10 +177,26 @@ class NativeConnection:
         if self.core.batch.clients or self.core.batch.used_tokens:
             # A first registration, or the token's id: welcome once they are durable
             # (hung on the batch before the write request hands it to the writer).
-            self._reply_after_commit(welcome)
+            self._held = []
+            self.pause_reading()
+            self.core.after_commit(lambda: self._welcome(welcome))
             self.server.request_write()
         else:
             self._send(welcome)
+
+    def _welcome(self, welcome: f.Welcome) -> None:
+        """The HELLO's changes are durable: WELCOME, then what came behind it."""
+        self.send(welcome)
+        held, self._held = self._held or [], None
+        if self.closed:
+            return
+        self.resume_reading()  # first: a held publish may pause it again (flow control)
+        for event in held:
+            if self.closed:
+                return
+            self._handle(event)
+        self.flush()
+        self.server.after_input()
 
     def _on_publish(self, frame: f.Publish) -> None:
         if len(frame.msgs) > MAX_BATCH:
