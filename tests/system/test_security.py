@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import minou
@@ -278,6 +279,20 @@ def test_nothing_is_answered_before_the_welcome(secure, bystander):
     finally:
         peer.close()
     assert kinds == ["Welcome", "Pong", "Result"]
+
+
+def test_a_native_hello_token_is_no_http_bearer(secure, bystander):
+    key = keyfiles.load_private(client_key("billing-1"))
+    token = make_token("billing-1", key, BROKER_ID)
+    peer = RawPeer(secure.url)
+    peer.write(f.encode(_hello("billing-1", token)))
+    assert isinstance(peer.read(), f.Welcome)
+    peer.close()
+    r = httpx.get(f"{secure.http}/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 401 and "opened a native connection" in r.text
+    fresh = make_token("billing-1", key, BROKER_ID)  # a token made for HTTP works
+    assert httpx.get(f"{secure.http}/v1/whoami",
+                     headers={"Authorization": f"Bearer {fresh}"}).status_code == 200
 
 
 def test_oversized_token(secure, bystander):

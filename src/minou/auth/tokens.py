@@ -63,6 +63,9 @@ class ReplayGuard:
             if expires > now:
                 self._seen[jti] = expires
 
+    def __contains__(self, jti: str) -> bool:
+        return jti in self._seen
+
     def take_new(self) -> list[tuple[str, float]]:
         """The jtis remembered since the last call, for storage."""
         new, self._new = self._new, []

@@ -69,6 +69,10 @@ class HttpAuth:
                     why="unknown_client")
             claims = verify_token(token, registry._key(record), client_id=client_id,
                                   audience=self.server.core.broker_id, now=now)
+            if str(claims.get("jti")) in registry.replay:
+                raise NotAuthenticated(
+                    "this token opened a native connection (single use there); sign "
+                    "another one for HTTP", why="replayed_jti")
             if record.status == PENDING:
                 raise PendingApproval(f"client {client_id!r} waits for an admin's approval",
                                       why="pending")

@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS fences(writer TEXT NOT NULL, channel TEXT NOT NULL,
     batch INTEGER NOT NULL, PRIMARY KEY (writer, channel)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS used_tokens(jti TEXT PRIMARY KEY, expires REAL NOT NULL)
     WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS used_tokens_expiry ON used_tokens(expires);
 """
 
 # Messages are stored in segments: one row per channel per committed batch, holding
@@ -302,9 +303,10 @@ class SQLiteStorage:
             db.executemany("INSERT OR IGNORE INTO used_tokens(jti, expires) VALUES (?, ?)",
                            batch.used_tokens)
             # Every token lives at most an hour, so an expiry an hour before the oldest
-            # one being stored is surely past.
-            db.execute("DELETE FROM used_tokens WHERE expires < ?",
-                       (min(e for _, e in batch.used_tokens) - 3600,))
+            # one being stored is surely past (an index range, now and then).
+            if self._commits % 64 == 0:
+                db.execute("DELETE FROM used_tokens WHERE expires < ?",
+                           (min(e for _, e in batch.used_tokens) - 3600,))
         for channel, owner in batch.reservations.items():
             if owner is None:
                 db.execute("DELETE FROM reservations WHERE channel = ?", (channel,))
