@@ -225,13 +225,20 @@ def test_expired_future_and_wrong_audience_tokens(secure, bystander, when, audie
     assert expected in err.message
 
 
+def _welcomed_token(broker) -> str:
+    """A token billing-1 has just opened a native connection with (then closed)."""
+    token = make_token("billing-1", keyfiles.load_private(client_key("billing-1")), BROKER_ID)
+    peer = RawPeer(broker.url)
+    try:
+        peer.write(f.encode(_hello("billing-1", token)))
+        assert isinstance(peer.read(), f.Welcome)
+    finally:
+        peer.close()
+    return token
+
+
 def test_replayed_token(secure, bystander):
-    key = keyfiles.load_private(client_key("billing-1"))
-    token = make_token("billing-1", key, BROKER_ID)
-    peer = RawPeer(secure.url)
-    peer.write(f.encode(_hello("billing-1", token)))
-    assert isinstance(peer.read(), f.Welcome)
-    peer.close()
+    token = _welcomed_token(secure)
     err = hello_refused(secure, _hello("billing-1", token))
     assert "replayed" in err.message
 
@@ -239,12 +246,7 @@ def test_replayed_token(secure, bystander):
 def test_replayed_token_after_a_crash(secure, bystander):
     # The welcome comes once the token's id is stored, so even kill -9 right after it
     # does not make the captured token usable again.
-    key = keyfiles.load_private(client_key("billing-1"))
-    token = make_token("billing-1", key, BROKER_ID)
-    peer = RawPeer(secure.url)
-    peer.write(f.encode(_hello("billing-1", token)))
-    assert isinstance(peer.read(), f.Welcome)
-    peer.close()
+    token = _welcomed_token(secure)
     secure.kill()
     secure.start()
     err = hello_refused(secure, _hello("billing-1", token))
@@ -282,15 +284,11 @@ def test_nothing_is_answered_before_the_welcome(secure, bystander):
 
 
 def test_a_native_hello_token_is_no_http_bearer(secure, bystander):
-    key = keyfiles.load_private(client_key("billing-1"))
-    token = make_token("billing-1", key, BROKER_ID)
-    peer = RawPeer(secure.url)
-    peer.write(f.encode(_hello("billing-1", token)))
-    assert isinstance(peer.read(), f.Welcome)
-    peer.close()
+    token = _welcomed_token(secure)
     r = httpx.get(f"{secure.http}/v1/whoami", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 401 and "opened a native connection" in r.text
-    fresh = make_token("billing-1", key, BROKER_ID)  # a token made for HTTP works
+    fresh = make_token("billing-1", keyfiles.load_private(client_key("billing-1")),
+                       BROKER_ID)  # a token made for HTTP works
     assert httpx.get(f"{secure.http}/v1/whoami",
                      headers={"Authorization": f"Bearer {fresh}"}).status_code == 200
 
