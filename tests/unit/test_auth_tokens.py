@@ -118,6 +118,17 @@ def test_replayed_jti_is_refused_and_forgotten_after_expiry(key):
     guard.check_and_remember(first["jti"], NOW + 60, now=NOW + 61)  # expired: forgotten
 
 
+def test_a_full_replay_guard_refuses_rather_than_forgets() -> None:
+    guard = ReplayGuard(capacity=2)
+    guard.check_and_remember("a", NOW + 60, now=NOW)
+    guard.check_and_remember("b", NOW + 60, now=NOW)
+    with pytest.raises(NotAuthenticated, match="try again in a minute"):
+        guard.check_and_remember("c", NOW + 60, now=NOW)
+    with pytest.raises(NotAuthenticated, match="replayed jti"):  # "a" is still known
+        guard.check_and_remember("a", NOW + 60, now=NOW)
+    guard.check_and_remember("c", NOW + 120, now=NOW + 61)  # a and b expired: room again
+
+
 def test_oversized_garbage_and_long_lived_tokens(key):
     with pytest.raises(NotAuthenticated, match="the limit is 4096"):
         verify("x" * 5000, key)

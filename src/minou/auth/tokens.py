@@ -72,12 +72,18 @@ class ReplayGuard:
         return new
 
     def check_and_remember(self, jti: str, expires: float, now: float) -> None:
-        while self._seen and (next(iter(self._seen.values())) < now
-                              or len(self._seen) >= self._capacity):
+        while self._seen and next(iter(self._seen.values())) < now:
             self._seen.popitem(last=False)
         if jti in self._seen:
             raise NotAuthenticated("token already used (replayed jti); sign a new one",
                                    reason_detail="replayed_jti")
+        if len(self._seen) >= self._capacity:
+            # Forgetting an unexpired id would let a captured token in again: refuse
+            # (for at most a token's lifetime) rather than evict.
+            raise NotAuthenticated(
+                f"{len(self._seen)} connections were opened with tokens that have not "
+                "expired yet; try again in a minute", reason_detail="replay_guard_full",
+                why="busy")
         self._seen[jti] = expires
         self._new.append((jti, expires))
 
