@@ -1,5 +1,5 @@
 """The minou side of the benchmark, shaped like the peer classes of
-/work/shared/bench/peers.py (same methods, same return values), so that every
+bench/peers.py (same methods, same return values), so that every
 system runs through peers.py's own worker code (``peers._worker``: spawn, uvloop,
 barrier start, CLOCK_MONOTONIC) and is measured the same way.
 
@@ -242,8 +242,9 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float = 180.0) -> list[dict[st
 
 def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] | None = None):
     """reset / depth in this process (like peers.admin, for any system)."""
-    import peers
     import uvloop
+
+    import peers
 
     for name, port in (ports or {}).items():
         peers.PEERS[name]["port"] = port

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """minou benchmark, side by side with Redis Streams, NATS JetStream and RabbitMQ in
-the same run, with the method of /work/shared/bench/peers.py (whose worker code it
-reuses): every producer / consumer is its own OS process (multiprocessing spawn,
-uvloop), the processes of a test start on a barrier and time with CLOCK_MONOTONIC,
-throughput = messages / (first start .. last finish).
+the same run. The peer drivers and the worker code every row runs through are in
+bench/peers.py: every producer / consumer is its own OS process (multiprocessing
+spawn, uvloop), the processes of a test start on a barrier and time with
+CLOCK_MONOTONIC, throughput = messages / (first start .. last finish).
 
 Tests (--only takes the letters or the row keys):
   a  pub_100B, pub_1KiB, pub4_100B, pub4_1KiB: confirmed publish, window 1000,
@@ -58,7 +58,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-DEFAULT_PEERS_DIR = Path(os.environ.get("MINOU_PEERS_DIR", REPO.parent / "shared" / "bench"))
 
 GROUPS = {
     "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB"],
@@ -550,8 +549,6 @@ def main() -> int:
     ap.add_argument("--peers", default=None,
                     help="comma separated: redis-aof,redis-mem,nats-js,rabbitmq; 'none' for "
                          "minou alone (default: each whose server binary is installed)")
-    ap.add_argument("--peers-dir", default=str(DEFAULT_PEERS_DIR),
-                    help="folder holding peers.py (default %(default)s)")
     ap.add_argument("--limit-s", type=float, default=10.0, help="time cap per throughput test")
     ap.add_argument("--prefill-limit-s", type=float, default=120.0)
     ap.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight")
@@ -584,16 +581,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     args = ap.parse_args()
 
-    peers_dir = Path(args.peers_dir)
-    if not (peers_dir / "peers.py").exists():
-        print(f"peers.py not found in {peers_dir} (use --peers-dir)", file=sys.stderr)
-        return 2
-    sys.path.insert(0, str(peers_dir))  # spawned workers inherit sys.path
+    # bench/ first on the path: peers.py (the peer drivers), bench_clients.py and
+    # bench_servers.py live here; spawned workers inherit sys.path and import them too
     sys.path.insert(0, str(HERE))
-    import peers as peers_mod
-
     import bench_clients as clients
     import bench_servers as servers
+    import peers as peers_mod
 
     tests = parse_only(args.only)
     if args.peers is None:

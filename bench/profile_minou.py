@@ -164,7 +164,6 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
     import bench_clients as bc
     import bench_servers as bs
 
-    sys.path.insert(0, str(args.peers_dir))
     broker = bs.MinouBroker(workdir, python=sys.executable)
     report = []
     try:
@@ -227,7 +226,6 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=600_000, help="messages before 'con'")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=15)
-    ap.add_argument("--peers-dir", default=str(HERE.parent.parent / "shared" / "bench"))
     ap.add_argument("--out", default=str(HERE / "results" / "profile"))
     ap.add_argument("--client", help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
