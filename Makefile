@@ -2,7 +2,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CKSUM  := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# One stamp per install set: `make run` installs minou alone; the test and Spark stacks
+# (pyspark, pyarrow, playwright: most of a 1 GB .venv) only for the targets that use them.
+STAMP       := $(VENV)/.installed-core-$(CKSUM)
+TEST_STAMP  := $(VENV)/.installed-test-$(CKSUM)
+SPARK_STAMP := $(VENV)/.installed-spark-$(CKSUM)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -13,8 +18,18 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	rm -f $(VENV)/.installed-core-*
+	touch $@
+
+$(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,spark]'
-	rm -f $(VENV)/.installed-*
+	rm -f $(VENV)/.installed-test-*
+	touch $@
+
+$(SPARK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[spark]'
+	rm -f $(VENV)/.installed-spark-*
 	touch $@
 
 ## run: create .venv, install minou, start a development broker on ./data (loopback, no auth)
@@ -38,7 +53,7 @@ system-deps:
 	fi
 
 ## spark-demo: a broker, some orders, the example Spark pipeline (examples/spark_orders.py), results
-spark-demo: $(STAMP)
+spark-demo: $(SPARK_STAMP)
 	$(BIN)/python examples/spark_demo.py
 
 ## dashboard: vendor the dashboard's JavaScript dependency from npm (output is committed)
@@ -46,12 +61,12 @@ dashboard:
 	bash dashboard/build.sh
 
 ## test: install what the tests need, lint, and run the whole suite
-test: $(STAMP) system-deps
+test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest
 
-lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check src tests bench examples
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
@@ -68,7 +83,7 @@ BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml | cksum | cut
 BENCH_DEBS := redis-server nats-server $(if $(filter all,$(PEERS)),rabbitmq-server)
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m pip install -q -e '.[bench,spark]'
 	rm -f $(VENV)/.bench-installed-*
 	touch $@
 

@@ -8,26 +8,47 @@ import getpass
 import json
 import logging
 import os
+import shlex
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from . import __version__
 from .config import load_settings
 from .errors import ConfigError, MinouError
 
 DEFAULT_URL = "minou://127.0.0.1:7700"
+CONSUME_WAIT_S = 10.0  # `minou consume` gives up after this much silence (0 = never)
 url_option = click.option(
     "--url", "-u", envvar="MINOU_URL", default=DEFAULT_URL, show_default=True,
     help="Broker URL(s), comma separated (env MINOU_URL).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-err = Console(stderr=True, soft_wrap=True)  # errors stay on one line for scripts
+# Errors stay on one line for scripts. Broker and user data (ids, fingerprints, payloads)
+# is never read as Rich markup or emoji codes: ":ab:" in a fingerprint became an emoji.
+err = Console(stderr=True, soft_wrap=True, emoji=False, highlight=False, markup=False)
+
+
+def out() -> Console:
+    """The console for tables on stdout, with the same protection as ``err``."""
+    return Console(emoji=False, highlight=False, markup=False)
+
+
+def say(label: str, detail: object = "", style: str = "red") -> None:
+    """One line on stderr: ``label`` styled, ``detail`` verbatim."""
+    err.print(Text.assemble((label, style), " " if detail != "" else "", str(detail)))
+
+
+def fail(label: str, detail: object = "", code: int = 1) -> NoReturn:
+    say(label, detail)
+    sys.exit(code)
 
 _CONNECTION_OPTIONS = [
     click.option("--key", "-k", envvar="MINOU_KEY", type=click.Path(dir_okay=False),
@@ -108,53 +129,79 @@ def start(config: str | None, data_dir: str | None, host: str | None, port: int 
     try:
         settings = load_settings(config, **overrides)
     except ConfigError as exc:
-        err.print(f"[red]invalid configuration:[/red] {exc}")
-        sys.exit(2)
+        fail("invalid configuration:", exc, 2)
     from .server.app import run_broker
 
     def announce(server: Any) -> None:
-        st = server.status()
-        print(f"minou {__version__} broker {st['broker_id']!r} ready", flush=True)
-        print(f"  native  {st['native']}", flush=True)
-        if st["http"]:
-            print(f"  http    {st['http']}   (GET /health, API: /openapi.json)", flush=True)
-            how = "no sign-in: development mode" if st["auth"]["mode"] == "off" else \
-                f"sign in with: minou admin-token --data {settings.data_dir}"
-            print(f"  dashboard {st['http']}/   ({how})", flush=True)
-        if st["tls"]:
-            kind = "self-signed, pin it: --tls-fingerprint" if st["tls"]["self_signed"] else \
-                "from the config"
-            print(f"  tls     {st['tls']['fingerprint']}  ({kind})", flush=True)
-        auth = st["auth"]
-        if auth["mode"] == "off":
-            print("  auth    OFF: development mode, loopback only, every client is admin",
-                  flush=True)
-        elif auth["mode"] == "token":
-            print("  auth    broker token (its holders are admins)", flush=True)
-        else:
-            extra = " + broker token" if auth["broker_token"] else ""
-            print(f"  auth    client key pairs{extra}; {auth['clients']} registered, "
-                  f"{auth['pending']} pending", flush=True)
-            if auth["admin_key"]:
-                print(f"  admin   {auth['admin_key']}  (client id 'admin': "
-                      f"minou --key {auth['admin_key']} ...)", flush=True)
-        for line in st["schemas"]["compatibility"]:
-            verdict = "compatible" if line["compatible"] else "BREAKING"
-            print(f"  schema  {line['old']} -> {line['new']}: {verdict}"
-                  + (f" ({'; '.join(line['changes'])})" if line["changes"] else ""), flush=True)
-        print(f"  data    {st['storage']['path']}", flush=True)
-        print("  stop with Ctrl-C", flush=True)
+        for line in banner(server.status(), settings.data_dir):
+            print(line, flush=True)
 
     _install_uvloop()
     try:
         code = asyncio.run(run_broker(settings, announce=announce, overrides=overrides))
-    except OSError as exc:
-        err.print(f"[red]cannot start:[/red] {exc}")
-        sys.exit(1)
-    except MinouError as exc:
-        err.print(f"[red]cannot start:[/red] {exc}")
-        sys.exit(1)
+    except (OSError, MinouError) as exc:
+        fail("cannot start:", exc)
     sys.exit(code)
+
+
+def banner(st: dict[str, Any], data_dir: str) -> list[str]:
+    """What a starting broker prints: where to look, and commands that work when pasted
+    (this program as it was invoked, this broker's URL, its TLS pin)."""
+    lines = [f"minou {__version__} broker {st['broker_id']!r} ready", f"  native  {st['native']}"]
+    tls = st["tls"]
+    reach = f"--url {_reachable(st['native'])}"
+    if tls and tls["self_signed"]:
+        reach += f" --tls-fingerprint {tls['fingerprint']}"
+    prog = _prog()
+    if st["http"]:
+        lines.append(f"  http    {st['http']}   (GET /health, API: /openapi.json)")
+        how = "no sign-in: development mode" if st["auth"]["mode"] == "off" else \
+            f"sign in with the token of: {prog} admin-token --data {shlex.quote(data_dir)} {reach}"
+        lines.append(f"  dashboard {_reachable(st['http'])}/   ({how})")
+    if tls:
+        kind = "self-signed: clients pin it with --tls-fingerprint" if tls["self_signed"] \
+            else "from the config"
+        lines.append(f"  tls     {tls['fingerprint']}  ({kind})")
+    auth = st["auth"]
+    if auth["mode"] == "off":
+        lines.append("  auth    OFF: development mode, loopback only, every client is admin")
+    elif auth["mode"] == "token":
+        lines.append("  auth    broker token (its holders are admins)")
+    else:
+        extra = " + broker token" if auth["broker_token"] else ""
+        lines.append(f"  auth    client key pairs{extra}; {auth['clients']} registered, "
+                     f"{auth['pending']} pending")
+        if auth["admin_key"]:
+            key = shlex.quote(str(auth["admin_key"]))
+            lines.append(f"  admin   {auth['admin_key']}  (client id 'admin'; e.g. "
+                         f"{prog} clients list --key {key} {reach})")
+    for line in st["schemas"]["compatibility"]:
+        verdict = "compatible" if line["compatible"] else "BREAKING"
+        lines.append(f"  schema  {line['old']} -> {line['new']}: {verdict}"
+                     + (f" ({'; '.join(line['changes'])})" if line["changes"] else ""))
+    lines.append(f"  data    {st['storage']['path']}")
+    lines.append("  stop with Ctrl-C")
+    return lines
+
+
+def _reachable(url: str) -> str:
+    """A URL a local client can use: a wildcard listen address becomes loopback."""
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "::": "[::1]"}.get(host, host)
+    return f"{scheme}://{host}:{port}"
+
+
+def _prog() -> str:
+    """How to run this program again: ``minou`` if that is what PATH finds, else the
+    path it was started by (``.venv/bin/minou`` under ``make run``)."""
+    argv0 = sys.argv[0]
+    if argv0.endswith("__main__.py"):
+        return f"{shlex.quote(sys.executable)} -m minou"
+    found = shutil.which("minou")
+    if found and Path(found).resolve() == Path(argv0).resolve():
+        return "minou"
+    return shlex.quote(argv0) if "/" in argv0 else "minou"
 
 
 def _client(conn: dict[str, Any]) -> Any:
@@ -180,30 +227,30 @@ def _client(conn: dict[str, Any]) -> Any:
                 raise
             made = keys.generate()
             keys.save(made, own.parent, client_id)
-            err.print(f"made a key for [bold]{client_id}[/bold]: {own} "
-                      f"({keys.fingerprint(made)})")
+            say("made a key for", f"{client_id}: {own} ({keys.fingerprint(made)})", "bold")
             return connect_sync(url, key=str(own), **options)
     except PendingApproval as exc:
-        err.print(f"[yellow]pending:[/yellow] {exc}")
+        say("pending:", exc, "yellow")
         sys.exit(4)
     except NotAuthenticated as exc:
-        err.print(f"[red]not authenticated:[/red] {exc}")
-        sys.exit(4)
-    except MinouError as exc:
-        err.print(f"[red]no broker answered at {url}[/red]: {exc}")
-        sys.exit(3)
+        fail("not authenticated:", exc, 4)
+    except ConfigError as exc:  # a local mistake (key file, fingerprint, CA file)
+        fail("cannot connect:", exc, 2)
+    except MinouError as exc:  # "cannot connect to URL: why", from the client
+        fail(str(exc), code=3)
 
 
 def _admin(conn: dict[str, Any], op: str, **args: Any) -> Any:
     """Run one admin operation; a refusal is printed, not a traceback."""
-    from .errors import RequestError
+    from .errors import NotFound, RequestError
 
     with _client(conn) as client:
         try:
             return client.admin(op, **args)
+        except NotFound as exc:
+            fail("not found:", exc)
         except RequestError as exc:
-            err.print(f"[red]refused:[/red] {exc}")
-            sys.exit(1)
+            fail("refused:", exc)
 
 
 @main.command()
@@ -219,26 +266,27 @@ def _admin(conn: dict[str, Any], op: str, **args: Any) -> Any:
 def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str, ...],
             priority: int, ttl: float | None, delay: float | None, dedup: str | None,
             as_json: bool) -> None:
-    """Publish PAYLOAD (JSON text) to CHANNEL; waits until it is durable."""
+    """Publish PAYLOAD (JSON text) to CHANNEL; waits until it is durable.
+
+    PAYLOAD may be '-' to read the JSON from standard input, or @FILE to read it from a
+    file (for payloads beyond the shell's argument limit)."""
+    text = _read_payload(payload)
     try:
-        value = json.loads(payload)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
-        err.print(f"[red]PAYLOAD is not valid JSON:[/red] {exc} (quote strings: '\"text\"')")
-        sys.exit(2)
+        fail("PAYLOAD is not valid JSON:", f"{exc} (quote strings: '\"text\"')", 2)
     headers = {}
     for h in header:
         key, sep, val = h.partition("=")
         if not sep:
-            err.print(f"[red]--header {h!r}: expected KEY=VALUE[/red]")
-            sys.exit(2)
+            fail(f"--header {h!r}:", "expected KEY=VALUE", 2)
         headers[key] = val
     with _client(conn) as client:
         try:
             r = client.send(channel, value, headers=headers or None, priority=priority,
                             ttl=ttl, delay=delay, dedup=dedup)
         except MinouError as exc:
-            err.print(f"[red]refused:[/red] {exc}")
-            sys.exit(1)
+            fail("refused:", exc)
     if as_json:
         click.echo(json.dumps({"channel": r.channel, "seq": r.seq, "id": r.id,
                                "duplicate": r.duplicate, "fanout": r.fanout}))
@@ -249,18 +297,33 @@ def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str,
         click.echo(f"stored {r.channel} seq={r.seq} id={r.id}{extra}")
 
 
+def _read_payload(payload: str) -> str:
+    """'-' is standard input, '@path' a file (no JSON text starts with either)."""
+    if payload == "-":
+        return sys.stdin.read()
+    if payload.startswith("@"):
+        try:
+            return Path(payload[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            fail(f"cannot read the payload file {payload[1:]}:", exc, 2)
+    return payload
+
+
 @main.command()
 @connection_options
 @click.argument("pattern")
 @click.option("--group", "-g", help="Consumer group (default: the pattern).")
-@click.option("--count", "-n", type=int, default=0, help="Stop after N messages (0 = forever).")
-@click.option("--timeout", type=float, default=0.0,
-              help="Stop when nothing arrives for this many seconds (0 = wait forever).")
+@click.option("--count", "-n", type=int, default=0, help="Stop after N messages (0 = no limit).")
+@click.option("--timeout", "-t", type=float, default=CONSUME_WAIT_S, show_default=True,
+              help="Stop when nothing arrives for this many seconds (0 = wait until Ctrl-C).")
 @click.option("--no-ack", is_flag=True, help="Return the messages instead of acking them.")
 @json_option
 def consume(conn: dict[str, Any], pattern: str, group: str | None, count: int, timeout: float,
             no_ack: bool, as_json: bool) -> None:
-    """Consume from PATTERN as a competing consumer, acking each message."""
+    """Consume from PATTERN as a competing consumer, acking each message.
+
+    Stops after --count messages, or when nothing arrives for --timeout seconds, or on
+    Ctrl-C; --timeout 0 follows the queue until Ctrl-C."""
     from .errors import Timeout
 
     seen = 0
@@ -268,13 +331,15 @@ def consume(conn: dict[str, Any], pattern: str, group: str | None, count: int, t
         try:
             sub = client.consume(pattern, group=group, prefetch=max(1, min(count or 100, 100)))
         except MinouError as exc:
-            err.print(f"[red]refused:[/red] {exc}")
-            sys.exit(1)
+            fail("refused:", exc)
         try:
             while not count or seen < count:
                 try:
                     msg = sub.get(timeout or None)
                 except Timeout:
+                    if count:
+                        say(f"nothing for {timeout:g} s:", f"stopped after {seen} of {count} "
+                            "message(s) (--timeout 0 waits until Ctrl-C)", "yellow")
                     break
                 _print_message(msg, as_json)
                 if no_ack:
@@ -307,7 +372,8 @@ def _print_message(msg: Any, as_json: bool) -> None:
 @json_option
 def list_(conn: dict[str, Any], queue: str | None, channel: str, messages: bool, limit: int,
           as_json: bool) -> None:
-    """List channels and reader groups with their depth and unsettled counts (admin)."""
+    """List channels and reader groups: depth, lag, and messages in flight (delivered, not
+    yet settled) (admin)."""
     data = _admin(conn, "list", channel=channel, queue=queue)
     if messages:
         for ch in data["channels"]:
@@ -316,17 +382,18 @@ def list_(conn: dict[str, Any], queue: str | None, channel: str, messages: bool,
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    console = Console()
+    console = out()
     table = Table(title="channels")
-    for col in ("channel", "depth", "unsettled", "next seq", "readers"):
-        table.add_column(col, justify="right" if col in ("depth", "unsettled", "next seq")
+    # "in flight": delivered, not yet settled (the JSON keeps the name "unsettled").
+    for col in ("channel", "depth", "in flight", "next seq", "readers"):
+        table.add_column(col, justify="right" if col in ("depth", "in flight", "next seq")
                          else "left")
     for ch in data["channels"]:
         table.add_row(ch["channel"], str(ch["depth"]), str(ch["unsettled"]),
                       str(ch["next_seq"]), ", ".join(ch["readers"]) or "-")
     console.print(table)
     groups = Table(title="groups")
-    for col in ("group", "kind", "patterns", "members", "lag", "unsettled"):
+    for col in ("group", "kind", "patterns", "members", "lag", "in flight"):
         groups.add_column(col)
     for g in data["groups"]:
         groups.add_row(g["group"], g["kind"], ", ".join(g["patterns"]), str(g["members"]),
@@ -416,9 +483,7 @@ def _print_token(conn: dict[str, Any], ttl: int) -> None:
         broker_id = client._client.broker_id
         client_id = client.client_id
     if key is None:
-        err.print("[red]no key: this broker did not ask for one (development mode needs no "
-                  "token)[/red]")
-        sys.exit(2)
+        fail("no key:", "this broker did not ask for one (development mode needs no token)", 2)
     click.echo(make_token(client_id, key, broker_id, ttl=ttl))
 
 
@@ -439,9 +504,7 @@ def admin_token(url: str, data_dir: str, key_path: str | None, ttl: int,
     """Print an admin bearer token: sign in to the dashboard with it (or use it with curl)."""
     key = key_path or str(Path(data_dir) / "admin.key")
     if not Path(key).exists():
-        err.print(f"[red]no admin key at {key}[/red]: give --data (the broker's data dir) or "
-                  "--key")
-        sys.exit(2)
+        fail(f"no admin key at {key}:", "give --data (the broker's data dir) or --key", 2)
     conn = {"url": url, "key": key, "client_id": Path(key).stem if key_path else "admin",
             "broker_token": None, "tls_fingerprint": tls_fingerprint, "cafile": cafile}
     _print_token(conn, ttl)
@@ -456,14 +519,12 @@ def keygen(client_id: str, out_dir: str) -> None:
     from .auth import keys
 
     if not client_id or "/" in client_id or len(client_id) > 200:
-        err.print("[red]CLIENT_ID must be 1..200 characters without '/'[/red]")
-        sys.exit(2)
+        fail("CLIENT_ID must be 1..200 characters without '/'", code=2)
     key = keys.generate()
     try:
         private, public = keys.save(key, out_dir, client_id)
     except ConfigError as exc:
-        err.print(f"[red]{exc}[/red]")
-        sys.exit(1)
+        fail("cannot write the key:", exc)
     click.echo(f"private key  {private}  (keep it secret: mode 0600)")
     click.echo(f"public key   {public}")
     click.echo(f"fingerprint  {keys.fingerprint(key)}")
@@ -480,7 +541,7 @@ def status(conn: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
-    console = Console()
+    console = out()
     table = Table(show_header=False, title=f"minou {st['version']} — {st['broker_id']}")
     table.add_column("key", style="bold")
     table.add_column("value")
@@ -518,17 +579,20 @@ def clients_list(conn: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    console = Console()
+    console = out()
     table = Table(title="clients")
-    for col in ("client", "status", "fingerprint", "admin", "online", "last seen", "note"):
+    for col in ("client", "status", "admin", "online", "last seen", "note"):
         table.add_column(col)
     for c in data["clients"]:
         style = {"pending": "yellow", "revoked": "red"}.get(c["status"], "")
         seen = (f"{max(0.0, _now() - c['last_seen']):.0f} s ago" if c["last_seen"] else "-")
-        table.add_row(c["client_id"], f"[{style}]{c['status']}[/{style}]" if style
-                      else c["status"], c["fingerprint"], "yes" if c["admin"] else "",
-                      str(c["connections"]), seen, c["note"])
+        table.add_row(c["client_id"], Text(c["status"], style=style),
+                      "yes" if c["admin"] else "", str(c["connections"]), seen, c["note"])
     console.print(table)
+    # Fingerprints are compared whole, so each gets a line of its own rather than a
+    # table cell that a narrow terminal would fold or cut.
+    for c in data["clients"]:
+        console.print(f"{c['fingerprint']}  {c['client_id']}", soft_wrap=True)
     if data["reservations"]:
         res = Table(title="reserved channels (!)")
         res.add_column("channel")
@@ -577,18 +641,19 @@ clients.command(name="release", help="Release a reserved (!) channel for its nex
 
 @clients.command(name="rotate")
 @connection_options
-@click.argument("client_id")
-@click.argument("public_key", type=click.Path(exists=True, dir_okay=False))
+# Not "client_id": that is the --client-id option's parameter (who runs the command).
+@click.argument("target", metavar="CLIENT_ID")
+@click.argument("public_key", metavar="PUBFILE", type=click.Path(exists=True, dir_okay=False))
 @json_option
-def clients_rotate(conn: dict[str, Any], client_id: str, public_key: str,
-                   as_json: bool) -> None:
-    """Give CLIENT_ID a new key (PUBLIC_KEY: its .pub file from minou keygen)."""
+def clients_rotate(conn: dict[str, Any], target: str, public_key: str, as_json: bool) -> None:
+    """Give CLIENT_ID a new key (PUBFILE: its .pub file from minou keygen); its
+    connections close and only the new key works from now on."""
     pem = Path(public_key).read_text(encoding="utf-8")
-    result = _admin(conn, "clients.rotate", client_id=client_id, public_key=pem)
+    result = _admin(conn, "clients.rotate", client_id=target, public_key=pem)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
-        click.echo(f"rotated {client_id}: now {result['fingerprint']}")
+        click.echo(f"rotated {target}: now {result['fingerprint']}")
 
 
 @main.command()

@@ -8,6 +8,7 @@
     │   ├── InvalidChannel  InvalidPayload  NotAuthorized  NotAuthenticated
     │   ├── MessageTooLarge  QueueFull  UnknownDelivery  BadRequest  ShuttingDown
     ├── StorageError           StorageUnavailable
+    ├── StartupError           data directory in use, port busy
     └── ClientError            ConnectionClosed, Timeout, SendQueueFull
 
 Each adapter turns these into an error frame (or an HTTP response) in exactly
@@ -191,6 +192,10 @@ class StorageUnavailable(StorageError):
     pass
 
 
+class StartupError(MinouError):
+    """The broker cannot start: its data directory is in use, a port is taken, ..."""
+
+
 class ClientError(MinouError):
     """Raised by the client library."""
 
@@ -199,8 +204,9 @@ class ConnectionClosed(ClientError):
     pass
 
 
-class Timeout(ClientError):
-    pass
+class Timeout(ClientError, TimeoutError):
+    """No answer in time; also a ``TimeoutError``, so ``except TimeoutError`` works as
+    with asyncio."""
 
 
 class SendQueueFull(ClientError):

@@ -59,6 +59,12 @@ def validate_channel(name: str) -> str:
         raise InvalidChannel(
             f"{name!r} is a pattern, not a channel; send() to it to broadcast", channel=name
         )
+    if not ident:
+        raise InvalidChannel(
+            f"invalid channel {name!r}: the id after {endpoint}/{version}/ is empty "
+            f"(e.g. {endpoint}/{version}/42, or {endpoint}/{version}/* to broadcast)",
+            channel=name,
+        )
     if not _ID.fullmatch(ident):
         raise InvalidChannel(
             f"invalid channel {name!r}: id {ident!r} must be URL-encoded", channel=name

@@ -728,7 +728,7 @@ def test_diagnose_every_member_at_its_prefetch_limit() -> None:
     got = h.pump()
     assert (len(got[sa]), len(got[sb])) == (1, 2)
     assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit: they hold 3 "
-                            "unsettled message(s) and are not acking.")
+                            "message(s) in flight and are not acking.")
     h.ack(a, got[sa])
     assert "prefetch limit" not in _diagnose(h)
 
@@ -766,5 +766,122 @@ def test_diagnose_flowing_and_waiting() -> None:
     h.publish_values(CH, [1, 2])
     assert len(h.take(sub)) == 2
     assert _diagnose(h, deliver_rate=3.04) == "Messages are flowing: 3.0 delivered per second."
-    assert _diagnose(h) == ("2 message(s) wait and 1 reader(s) are connected; deliveries "
+    # Both are in flight: nothing waits (they were "2 message(s) wait" before).
+    assert _diagnose(h) == ("Nothing waits: 2 message(s) are in flight (delivered, not yet "
+                            "acked).")
+    h.publish_values(CH, [3])
+    assert _diagnose(h) == ("1 message(s) wait and 1 reader(s) are connected; deliveries "
                             "should follow.")
+
+
+def _http_consumer(h: Harness, client: str = "poller") -> Any:
+    """A subscription as an HTTP consumer session makes it: credit only while a request
+    waits, none now."""
+    sub = h.subscribe(Session(client), patterns="orders/v1/*", group="g", prefetch=1)
+    sub.prefetch = 0
+    sub.on_demand = True
+    return sub
+
+
+def test_diagnose_an_http_consumer_with_no_request_waiting_is_not_a_flowing_reader() -> None:
+    h = Harness()
+    _http_consumer(h)
+    h.publish_values(CH, [1])
+    assert h.pump() == {}  # no credit: nothing is taken from the queue
+    expected = ("Nobody is asking for messages: 1 HTTP consumer(s) are connected but no "
+                "consume request is waiting (an HTTP consumer takes messages only while a "
+                "POST /v1/consume request waits); 1 message(s) wait.")
+    assert _diagnose(h) == expected
+    # Deliveries earlier in the rate window do not make it "flowing" (it said "0.0").
+    assert _diagnose(h, deliver_rate=1 / 60) == expected
+
+
+def test_diagnose_names_http_consumers_among_consumers_at_their_limit() -> None:
+    h = Harness()
+    _http_consumer(h)
+    native = h.subscribe(Session("worker"), 2, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2])
+    assert len(h.take(native)) == 1
+    assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit: they hold 1 "
+                            "message(s) in flight and are not acking. 1 of them are HTTP "
+                            "consumer(s) with no request waiting.")
+
+
+def test_diagnose_is_not_flowing_when_the_oldest_waiting_message_is_older_than_the_window(
+) -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g", prefetch=5)
+    h.publish_values(CH, [1])
+    stats = mt.queue_stats(h.broker, Q, now=h.now, oldest_waiting={CH: h.now - 30.0})
+    assert mt.diagnose(h.broker, Q, stats, h.now, deliver_rate=2.0) == (
+        "Messages are flowing: 2.0 delivered per second.")
+    stats = mt.queue_stats(h.broker, Q, now=h.now, oldest_waiting={CH: h.now - 90.0})
+    text = mt.diagnose(h.broker, Q, stats, h.now, deliver_rate=2.0)
+    assert "flowing" not in text
+    assert text == ("Deliveries do not keep up: 2.0 delivered per second, but the oldest of 1 "
+                    "waiting message(s) has waited 90 s (longer than the last 60 s).")
+    text = mt.diagnose(h.broker, Q, stats, h.now, rate_window=300.0, deliver_rate=2.0)
+    assert text.startswith("Messages are flowing")
+    assert mt.diagnose(h.broker, Q, stats, h.now) == (
+        "1 message(s) wait, the oldest for 90 s, and nothing was delivered in the last 60 s "
+        "although 1 reader(s) could take more.")
+
+
+@pytest.mark.parametrize(("rate", "text"), [
+    (1 / 60, ("1.0", "minute")), (0.02, ("1.2", "minute")), (0.0004, ("1.4", "hour")),
+    (0.25, ("0.25", "second")), (3.04, ("3.0", "second")), (12.4, ("12", "second")),
+    (0.002, ("0.12", "minute")),
+])
+def test_rate_text_never_shows_a_positive_rate_as_zero(rate: float, text: tuple[str, str]
+                                                       ) -> None:
+    assert mt.rate_text(rate) == text
+
+
+def test_diagnose_a_slow_flow_in_readable_units() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=5)
+    h.publish_values(CH, [1])
+    assert len(h.take(sub)) == 1
+    assert _diagnose(h, deliver_rate=0.02) == "Messages are flowing: 1.2 delivered per minute."
+
+
+def test_queue_stats_names_waiting_and_in_flight_apart() -> None:
+    h = Harness()
+    c, lis = Session("c"), Session("l")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2, 3])
+    h.advance(10.0)
+    h.publish_values(CH2, [4])  # nobody reads channel 2: it waits
+    got = h.take(sub)
+    stats = mt.queue_stats(h.broker, Q, now=h.now + 5.0, oldest_waiting={CH: h.now - 8.0})
+    assert (stats["waiting"], stats["in_flight"], stats["unsettled"]) == (2 + 1, 1, 1)
+    assert stats["oldest_in_flight_age_s"] == 15.0  # since it was published
+    assert stats["oldest_waiting_age_s"] == 13.0
+    (g,) = stats["groups"]
+    assert (g["waiting"], g["in_flight"], g["unsettled"]) == (2, 1, 1)
+    assert mt.oldest_waiting(h.broker, _log(h), None) == 2
+    assert mt.oldest_waiting(h.broker, _log(h, CH2), None) == 1  # no reader: oldest live
+    h.ack(c, got)
+    # A listener from the oldest: the channel's furthest-behind reader counts, once.
+    h.subscribe(lis, kind="listen", patterns=CH, start="oldest", prefetch=1)
+    stats = mt.queue_stats(h.broker, Q, now=h.now)
+    assert (stats["waiting"], stats["in_flight"]) == (3 + 1, 0)
+    assert stats["oldest_in_flight_age_s"] is None and stats["oldest_waiting_age_s"] is None
+    one = mt.queue_stats(h.broker, Q, now=h.now, group="consume:g")
+    assert (one["waiting"], one["in_flight"]) == (2, 0)
+    assert mt.oldest_waiting(h.broker, _log(h), "consume:g") == 2
+    assert mt.oldest_waiting(h.broker, _log(h), "nobody") is None
+    h.nack(c, h.take(sub), delay=30.0)  # a delayed retry still waits
+    assert mt.queue_stats(h.broker, Q, "1", now=h.now, group="consume:g")["waiting"] == 2
+
+
+def test_diagnose_names_channels_nobody_reads() -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g", prefetch=5)
+    h.publish_values(CH2, [1, 2])  # channel 2: no reader
+    stats = mt.queue_stats(h.broker, Q, now=h.now, oldest_waiting={CH2: h.now - 300.0})
+    assert mt.diagnose(h.broker, Q, stats, h.now, deliver_rate=4.0) == (
+        "Deliveries do not keep up: 4.0 delivered per second, but the oldest of 2 waiting "
+        "message(s) has waited 300 s (longer than the last 60 s). 1 of its channels "
+        "(orders/v1/2) have no reader at all: their messages wait for one.")

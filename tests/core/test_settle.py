@@ -336,3 +336,21 @@ def test_extending_one_lease_does_not_hold_back_the_expiry_of_the_others() -> No
     assert h.broker.counters.lease_expired == 2
     assert [(d.seq, d.attempts) for d in h.take(sub)] == [(2, 2), (3, 2)]
     assert [tag for tag, _, _ in h.ack(s, [d1, d2, d3])] == [d2.tag, d3.tag]
+
+
+# ------------------------------------------------------------------- withdraw
+def test_withdraw_puts_a_delivery_nobody_took_back_in_front_as_if_never_sent() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0))
+    poller, worker = Session("poller"), Session("worker")
+    sp = h.subscribe(poller, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2])
+    (d,) = h.take(sp)
+    sp.prefetch = 0  # the request that was to take it went away: no credit left
+    h.broker.withdraw(poller, [d.tag, 999], h.now)  # an unknown tag is ignored
+    assert sp.unsettled == 0 and not poller.leases
+    assert _codes(h.ack(poller, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    sw = h.subscribe(worker, 2, patterns=CH, group="g", prefetch=5)
+    got = h.take(sw)
+    # Not a retry: the same first attempt, in order, and no dead letter (requeue_limit=0).
+    assert seqs(got) == [1, 2] and [m.attempts for m in got] == [1, 1]
+    assert h.broker.counters.dead_lettered == 0

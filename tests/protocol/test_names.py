@@ -56,7 +56,7 @@ INVALID = [
     ("orders/v1/*", ["is a pattern, not a channel", "broadcast"]),
     ("orders/v1/a b", ["id 'a b'", "URL-encoded"]),
     ("orders/v1/é", ["id 'é'", "URL-encoded"]),
-    ("orders/v1/", ["id ''", "URL-encoded"]),
+    ("orders/v1/", ["id after orders/v1/ is empty", "orders/v1/42"]),
     ("orders/v1/%", ["id '%'", "URL-encoded"]),
     ("orders/v1/%2", ["URL-encoded"]),
     ("orders/v1/%GG", ["URL-encoded"]),

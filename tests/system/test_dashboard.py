@@ -231,3 +231,138 @@ def test_dark_theme_and_a_phone_sized_screen(browser, dash_broker):
         assert r + g + b > 500, background  # light after the toggle
     finally:
         context.close()
+
+
+def test_charts_start_with_the_brokers_last_minutes(browser, dash_broker):
+    """A fresh page's charts are not empty: they start from the rates the broker kept
+    (one sample a second), before the page's own polls could draw anything."""
+    with minou.connect_sync(dash_broker.url, **auth("app-history")) as c:
+        sub = c.consume("audit/v1/*", group="history")
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:  # a few of the broker's one-second samples
+            c.send_many([("audit/v1/1", {"n": i}) for i in range(20)])
+            for _ in range(20):
+                sub.get(timeout=5).ack()
+        admin = {"Authorization": f"Bearer {admin_token(dash_broker)}"}
+        kept = httpx.get(dash_broker.http + "/v1/rates/history", params={"queue": "audit/v1"},
+                         headers=admin).json()
+        assert len(kept["t"]) >= 3 and max(r or 0 for r in kept["published"]) > 0, kept
+        assert max(r or 0 for r in kept["acked"]) > 0, kept
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        sign_in(page, dash_broker)  # returns once the overview's first poll is drawn
+        assert int(page.get_by_test_id("rates-chart").get_attribute("data-points")) >= 3
+        page.goto(dash_broker.http + "/#/queues/audit/v1")
+        wait_until(lambda: page.get_by_test_id("q-depth").inner_text().strip() not in
+                   ("", "—"), 10, what="the queue page's first data")
+        assert int(page.get_by_test_id("queue-chart").get_attribute("data-points")) >= 3
+    finally:
+        context.close()
+
+
+def _hue(css_color: str) -> float:
+    r, g, b = (int(css_color.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    hi, lo = max(r, g, b), min(r, g, b)
+    if hi == lo:
+        return 0.0
+    if hi == r:
+        h = (g - b) / (hi - lo) % 6
+    elif hi == g:
+        h = (b - r) / (hi - lo) + 2
+    else:
+        h = (r - g) / (hi - lo) + 4
+    return h * 60
+
+
+def test_the_three_rate_lines_differ_in_colour_and_dash_in_both_themes(page, dash_broker):
+    sign_in(page, dash_broker)
+    for theme in ("light", "dark"):
+        page.evaluate(f"document.documentElement.dataset.theme = '{theme}'")
+        colours = page.evaluate("""['--chart-publish', '--chart-deliver', '--chart-ack'].map(
+            (v) => getComputedStyle(document.documentElement).getPropertyValue(v).trim())""")
+        hues = [_hue(c) for c in colours]
+        gaps = [min(abs(a - b), 360 - abs(a - b)) for i, a in enumerate(hues)
+                for b in hues[i + 1:]]
+        assert min(gaps) >= 60, (theme, colours, hues)  # not three blues
+    swatches = page.get_by_test_id("rates-chart").locator("xpath=ancestor::section[1]")
+    dashes = swatches.locator("svg.sw").evaluate_all("(els) => els.map((e) => e.dataset.dash)")
+    assert len(dashes) == 3 and len(set(dashes)) == 3, dashes
+
+
+def test_queue_page_names_waiting_and_in_flight_apart(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **auth("app-terms")) as c:
+        c.send_many([("audit/v2/1", {"n": 1}), ("audit/v2/1", {"n": 2})])
+        held = c.consume("audit/v2/1", group="terms").get(timeout=5)  # in flight
+        sign_in(page, dash_broker)
+        page.goto(dash_broker.http + "/#/queues/audit/v2")
+        wait_until(lambda: page.get_by_test_id("q-in-flight").inner_text().strip() == "1",
+                   10, what="the in-flight count")
+        assert page.get_by_test_id("q-waiting").inner_text().strip() == "1"
+        assert page.get_by_test_id("q-oldest-waiting").inner_text().startswith("oldest ")
+        assert page.get_by_test_id("q-oldest-in-flight").inner_text().startswith("oldest ")
+        assert page.get_by_text("Unsettled", exact=True).count() == 0
+        assert held.ack()
+
+
+def _pixel_rgb(browser, png: bytes, x: int, y: int) -> tuple[int, int, int]:
+    """A pixel of a PNG, decoded by the browser itself (no imaging library needed)."""
+    import base64
+
+    page = browser.new_page()
+    try:
+        return tuple(page.evaluate("""async ([src, x, y]) => {
+            const img = new Image();
+            img.src = src;
+            await img.decode();
+            const canvas = document.createElement('canvas');
+            canvas.width = img.width;
+            canvas.height = img.height;
+            const ctx = canvas.getContext('2d');
+            ctx.drawImage(img, 0, 0);
+            return Array.from(ctx.getImageData(x, y, 1, 1).data.slice(0, 3));
+        }""", ["data:image/png;base64," + base64.b64encode(png).decode(), x, y]))
+    finally:
+        page.close()
+
+
+def test_the_sidebar_reaches_the_bottom_of_a_long_page(browser, page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **auth("app-long")) as c:
+        c.send_many([(f"audit/v3/{i}", {"n": i}) for i in range(150)])
+    sign_in(page, dash_broker)
+    page.set_viewport_size({"width": 1280, "height": 600})
+    page.goto(dash_broker.http + "/#/queues/audit/v3")
+    page.get_by_test_id("message-row").first.wait_for()
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height > 2 * 600, height  # a long page
+    page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    # In view at the bottom: the whole screen's height, from its top.
+    box = page.evaluate("(({top, height}) => ({top, height}))(document.querySelector("
+                        "'.sidebar').getBoundingClientRect())")
+    assert abs(box["top"]) < 1 and abs(box["height"] - 600) < 1, box
+    # And its column all the way down the page, even where 100vh is one screen (a
+    # full-page capture): the sidebar's colour at the top and at the bottom.
+    surface = page.evaluate("getComputedStyle(document.querySelector('.sidebar'))"
+                            ".backgroundColor")
+    want = tuple(int(v) for v in surface.strip("rgba()").split(",")[:3])
+    png = page.screenshot(full_page=True)
+    x = 226  # inside the column, right of every nav item and label
+    for y in (5, height // 2, height - 5):
+        assert _pixel_rgb(browser, png, x, y) == want, (y, surface)
+
+
+def test_development_mode_has_no_sign_out(browser, tmp_path):
+    broker = BrokerProcess(tmp_path / "dev", extra=["--dev"], open_rules=False).start()
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        page.goto(broker.http + "/")
+        page.get_by_test_id("dev-badge").wait_for()
+        assert not page.get_by_test_id("signout").is_visible()  # nobody to sign out
+        assert page.locator("#identity").inner_text() == "development mode: no sign-in"
+        assert page.get_by_test_id("signin").is_hidden()
+    finally:
+        context.close()
+        broker.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -226,6 +227,58 @@ def test_nagios_and_queue_status(http_broker, http):
     status = http.get("/status/queues/orders/v1", headers=admin).json()
     assert status["depth"] == 1 and status["unsettled"] == 1 and status["consumers"] == 1
     assert status["oldest_age_s"] >= 1.0
+    # Waiting and in flight are named apart, each with the age of its own oldest.
+    assert (status["waiting"], status["in_flight"]) == (0, 1)
+    assert status["oldest_in_flight_age_s"] >= 1.0 and status["oldest_waiting_age_s"] is None
+    assert "; 0 waiting (oldest none), 1 in flight (oldest 1 s)" in warn.text, warn.text
+    assert " waiting=0;;;0 in_flight=1;;;0 " in warn.text and " unsettled=1;;;0 " in warn.text
+
+
+def test_an_http_consumer_with_no_request_waiting_holds_nothing(http_broker, http):
+    h = bearer(http_broker, "app-20")
+    admin = admin_bearer(http_broker)
+    consume = {"group": "pollers", "wait": 0}
+    http.post("/v1/messages/orders/v1/p", json={"n": 1}, headers=h)
+    got = http.post("/v1/consume/orders/v1/p", params=consume, headers=h)
+    assert http.post(f"/v1/ack/{got.json()['receipt']}", headers=h).status_code == 200
+    assert http.post("/v1/consume/orders/v1/p", params=consume, headers=h).status_code == 204
+    http.post("/v1/messages/orders/v1/p", json={"n": 2}, headers=h)
+    status = http.get("/status/queues/orders/v1", headers=admin).json()
+    assert (status["waiting"], status["in_flight"], status["consumers"]) == (1, 0, 1)
+    # Not "flowing", not "deliveries should follow": its one consumer is not asking.
+    assert status["diagnosis"].startswith(
+        "Nobody is asking for messages: 1 HTTP consumer(s) are connected but no consume "
+        "request is waiting"), status["diagnosis"]
+    listed = http.get("/v1/queues", headers=admin).json()["queues"]
+    (row,) = [q for q in listed if q["queue"] == "orders/v1"]
+    assert (row["waiting"], row["in_flight"]) == (1, 0) and row["oldest_waiting_age_s"] >= 0
+    # Another consumer of the group gets it at once; the poller's next request gets none.
+    with minou.connect_sync(http_broker.url, **auth("app-21")) as c:
+        msg = c.consume("orders/v1/*", group="pollers").get(timeout=5)
+        assert msg.payload == {"n": 2} and msg.attempts == 1
+        assert msg.ack()
+
+
+def test_a_consume_whose_client_left_does_not_keep_the_next_message(http_broker, http):
+    """A long poll on the Starlette path (``Expect: 100-continue`` sends it there) whose
+    client disconnects stops waiting: the message published next goes to a consumer that
+    is there, not into an answer nobody reads (it was leased to nobody for a minute)."""
+    h = bearer(http_broker, "app-22")
+    host, port = http_broker.http.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall((f"POST /v1/consume/orders/v1/gone?group=leavers&wait=20 HTTP/1.1\r\n"
+                      f"Host: {host}\r\nAuthorization: {h['Authorization']}\r\n"
+                      "Expect: 100-continue\r\nContent-Length: 0\r\n\r\n").encode())
+        admin = admin_bearer(http_broker)
+        wait_until(lambda: any(
+            g["group"] == "consume:leavers" and g["members"] == 1
+            for g in http.get("/v1/queues", headers=admin).json()["groups"]), 10,
+            what="the long poll to wait")
+    http.post("/v1/messages/orders/v1/gone", json={"n": 3}, headers=h)
+    with minou.connect_sync(http_broker.url, **auth("app-23")) as c:
+        msg = c.consume("orders/v1/gone", group="leavers").get(timeout=5)
+        assert msg.payload == {"n": 3} and msg.attempts == 1
+        assert msg.ack()
 
 
 def test_admin_routes_browse_purge_requeue_delete(http_broker, http):

@@ -87,18 +87,60 @@ def test_a_bad_config_on_reload_changes_nothing_and_says_why(reloadable):
         assert app.send("orders/v1/9", {"any": 1}).seq >= 1
 
 
-def test_sighup_reloads(reloadable):
-    broker, cfg = reloadable
+def test_sighup_reloads_and_says_so_once(broker_factory, tmp_path):
+    cfg = tmp_path / "live.toml"
+    cfg.write_text(RULES_V1)
+    broker = broker_factory.make(config=cfg, extra=["--log-level", "info"]).start()
     cfg.write_text(RULES_V2)
     os.kill(broker.proc.pid, signal.SIGHUP)
-    wait_until(lambda: "reloaded: changed" in broker.output, 10, what="the SIGHUP reload")
+    wait_until(lambda: "configuration reloaded (SIGHUP): changed" in broker.output, 10,
+               what="the SIGHUP reload")
     with minou.connect_sync(broker.url, **auth("app-3")) as app, \
             pytest.raises(NotAuthorized):
         app.listen("orders/v1/*")
     cfg.write_text("max_message_size = -1\n")
     os.kill(broker.proc.pid, signal.SIGHUP)
-    wait_until(lambda: "reload failed" in broker.output, 10, what="the failed reload")
+    wait_until(lambda: "reload on SIGHUP failed" in broker.output, 10,
+               what="the failed reload")
     assert broker.alive
+    broker.stop()  # every line is out
+    lines = broker.output.splitlines()
+    assert len([line for line in lines if "reloaded" in line]) == 1, lines
+    assert len([line for line in lines if "failed" in line]) == 1, lines
+
+
+UNCHANGED = """
+max_message_size = 4096
+
+[[rules]]
+client = "app-*"
+read = ["orders/*"]
+write = ["orders/*"]
+
+[channels."orders/v1"]
+prefetch = 4
+requeue_limit = 2
+
+[channels."orders/v1".schema]
+type = "object"
+required = ["id"]
+"""
+
+
+def test_reloading_an_unchanged_file_changes_nothing(broker_factory, tmp_path):
+    cfg = tmp_path / "same.toml"
+    cfg.write_text(UNCHANGED)
+    broker = broker_factory.make(config=cfg).start()
+    out = minou_cli(broker, "reload", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["changed"] == [] and result["needs_restart"] == [], result
+    out = minou_cli(broker, "reload")
+    assert out.returncode == 0 and "changed nothing" in out.stdout, out.stdout
+    # A real change is still seen, and only that one.
+    cfg.write_text(UNCHANGED.replace("prefetch = 4", "prefetch = 5"))
+    result = json.loads(minou_cli(broker, "reload", "--json").stdout)
+    assert result["changed"] == ["channels"], result
 
 
 SCHEMA_V1 = {"type": "object", "required": ["id"],

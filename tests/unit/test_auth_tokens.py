@@ -7,6 +7,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import stat
 
 import pytest
@@ -51,7 +52,7 @@ def test_keygen_files_mode_and_fingerprint(tmp_path, key):
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     loaded = keys.load_private(private)
     assert keys.fingerprint(loaded) == keys.fingerprint(public.read_bytes())
-    assert keys.fingerprint(key).startswith("SHA256:") and len(keys.fingerprint(key)) == 54
+    assert re.fullmatch(r"SHA256:(?:[0-9A-F]{2}:){31}[0-9A-F]{2}", keys.fingerprint(key))
     with pytest.raises(ConfigError, match="already exists"):
         keys.save(keys.generate(), tmp_path, "billing-1")
     (tmp_path / "junk.key").write_text("not a key")

@@ -32,14 +32,15 @@ def public_pem(key: PrivateKey | PublicKey) -> bytes:
 
 
 def fingerprint(key: PrivateKey | PublicKey | bytes) -> str:
-    """SHA-256 of the public key (DER), as ``SHA256:ab:cd:...`` (first 16 bytes)."""
+    """SHA-256 of the public key (DER), as ``SHA256:AB:CD:...``: the format of TLS
+    certificate fingerprints (``openssl x509 -fingerprint -sha256``), so every
+    fingerprint minou prints reads the same."""
     public = load_public(key) if isinstance(key, bytes) else key
     if hasattr(public, "private_bytes"):
         public = public.public_key()  # type: ignore[union-attr]
     der = public.public_bytes(serialization.Encoding.DER,  # type: ignore[union-attr]
                               serialization.PublicFormat.SubjectPublicKeyInfo)
-    digest = hashlib.sha256(der).hexdigest()[:32]
-    return "SHA256:" + ":".join(digest[i:i + 2] for i in range(0, 32, 2))
+    return "SHA256:" + ":".join(f"{byte:02X}" for byte in hashlib.sha256(der).digest())
 
 
 def save(key: PrivateKey, directory: str | os.PathLike[str], client_id: str) -> tuple[Path, Path]:

@@ -14,6 +14,7 @@ server writes them with its next storage commit.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -59,7 +60,12 @@ def encode_record(record: ClientRecord) -> bytes:
 
 
 def decode_record(blob: bytes) -> ClientRecord:
-    return _decode(blob)
+    record = _decode(blob)
+    # Recomputed, not trusted: records written before fingerprints took the TLS format
+    # (full SHA-256, uppercase) must still match the keys their clients present.
+    with contextlib.suppress(ConfigError):
+        record.fingerprint = fingerprint(load_public(record.public_key.encode()))
+    return record
 
 
 @dataclass(frozen=True)

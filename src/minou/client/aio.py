@@ -19,6 +19,7 @@ import logging
 import os
 import random
 import socket
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NamedTuple, cast
@@ -31,6 +32,7 @@ from ..auth.keys import PrivateKey, load_private, public_pem
 from ..auth.tokens import make_token
 from ..errors import (
     BadRequest,
+    ConfigError,
     ConnectionClosed,
     MinouError,
     NotAuthenticated,
@@ -93,6 +95,10 @@ class _WebSocketTransport:
 
     def close(self) -> None:
         self.queue.put_nowait(None)
+
+    def abort(self) -> None:
+        self.ws.transport.abort()
+        self.close()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
@@ -318,6 +324,7 @@ class Client:
         self._settle_waiters: dict[int, asyncio.Future[list[tuple[int, int, str]] | None]] = {}
         self._live = False  # handshake done on the current connection
         self._restoring: set[int] = set()  # re-subscribe requests of the current connection
+        self._ever_connected = False  # until then a lost connection is connect()'s failure
 
     # ------------------------------------------------------------ connection
     async def _open(self) -> None:
@@ -328,6 +335,7 @@ class Client:
         for i in range(len(self.urls)):
             idx = (self._url_index + i) % len(self.urls)
             scheme, host, port, path = self.urls[idx]
+            where = f"{scheme}://{host}:{port}"
             try:
                 if scheme in ("minou", "minous"):
                     tls = self._tls_context() if scheme == "minous" else None
@@ -341,8 +349,16 @@ class Client:
                 else:
                     proto = await asyncio.wait_for(_connect_ws(self, scheme, host, port, path),
                                                    self.request_timeout)
+            except ConfigError:
+                raise  # a local mistake (bad cafile or fingerprint): no broker to blame
+            except ssl.SSLCertVerificationError as exc:
+                errors.append(f"{where}: {_untrusted(exc)}")
+                continue
             except (OSError, TimeoutError, InvalidURI, InvalidHandshake, MinouError) as exc:
-                errors.append(f"{host}:{port}: {exc}")
+                hint = await _plain_to_tls_hint(scheme, host, port, exc)
+                why = hint if isinstance(hint, str) else \
+                    f"no broker answered ({exc or type(exc).__name__})"
+                errors.append(f"{where}: {why}")
                 continue
             self._proto = proto
             self._epoch += 1
@@ -351,11 +367,16 @@ class Client:
             except (TimeoutError, MinouError) as exc:
                 self._requests.pop(0, None)
                 if proto.transport is not None:
-                    proto.transport.close()
+                    # Abort, not close: a TLS close waits for the broker's goodbye, and a
+                    # failed connect() may stop this loop before it comes (a leaked socket).
+                    proto.transport.abort()
+                    await asyncio.sleep(0)
                 self._proto = None
                 if isinstance(exc, NotAuthenticated):
                     refused = refused or exc  # the broker answered: say why, not "no broker"
-                errors.append(f"{host}:{port}: {exc}")
+                elif isinstance(exc, ConnectionClosed):
+                    exc = await _plain_to_tls_hint(scheme, host, port, exc)
+                errors.append(f"{where}: {exc or type(exc).__name__}")
                 continue
             self.broker_id = welcome.broker_id
             self._url_index = idx
@@ -367,13 +388,14 @@ class Client:
                     proto.transport.close()
                 self._proto = None
                 self._live = False
-                errors.append(f"{host}:{port}: {exc}")
+                errors.append(f"{where}: {exc}")
                 continue
             self._connected.set()
+            self._ever_connected = True
             return
         if refused is not None:
             raise refused
-        raise ConnectionClosed("no broker answered: " + "; ".join(errors))
+        raise ConnectionClosed("cannot connect to " + "; ".join(errors))
 
     def _tls_context(self) -> Any:
         if self._ssl is None:
@@ -464,6 +486,8 @@ class Client:
         self._ack_future_fail()
         for sub in self._subs.values():
             sub._queue.clear()  # their tags died with the connection; the broker redelivers
+        if not self._ever_connected:
+            return  # connect() is still trying its URLs and reports the failure itself
         if self._closing or not self.reconnect:
             self._gone = not self._closing
             self._fail_all(ConnectionClosed("connection closed"))
@@ -870,6 +894,41 @@ def _start(start: str | int) -> str:
     if isinstance(start, int) and not isinstance(start, bool):
         return f"seq:{start}"
     return start
+
+
+def _untrusted(exc: ssl.SSLCertVerificationError) -> str:
+    return (f"the broker's TLS certificate is not trusted ({exc.reason}: {exc.verify_message})"
+            ": pin it with "
+            "tls_fingerprint= (CLI: --tls-fingerprint SHA256:..., as the broker printed it at "
+            "start) or give cafile= with the CA that signed it")
+
+
+async def _plain_to_tls_hint(scheme: str, host: str, port: int, exc: BaseException) -> object:
+    """A plain connection the broker closed unanswered: if the port speaks TLS, say so
+    (one unverified probe, only on this failure path) instead of "connection lost"."""
+    if scheme not in ("minou", "ws"):
+        return exc
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    probe.check_hostname = False
+    probe.verify_mode = ssl.CERT_NONE
+    try:
+        transport, _ = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+            asyncio.Protocol, host, port, ssl=probe), 2)
+    except (OSError, TimeoutError, ssl.SSLError):
+        return exc
+    try:
+        from ..tls import cert_fingerprint
+
+        der = transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        seen = f" (it presents {cert_fingerprint(der)}; check it against the broker's banner)"
+    except Exception:  # the hint is a courtesy; never fail on it
+        seen = ""
+    finally:
+        transport.abort()  # no TLS goodbye: nothing was said, and the caller may stop the loop
+        await asyncio.sleep(0)  # let the socket close now
+    secure = "minous" if scheme == "minou" else "wss"
+    return (f"the broker speaks TLS: use {secure}://{host}:{port} and pin its certificate "
+            f"with tls_fingerprint= (CLI: --tls-fingerprint){seen}")
 
 
 async def connect(

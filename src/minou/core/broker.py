@@ -799,6 +799,22 @@ class Broker:
             heapq.heappush(self._lease_heap, (lease.expires, tag, lease))
         return failed
 
+    def withdraw(self, session: Session, tags: Iterable[int], now: float) -> None:
+        """Deliveries the adapter could hand to nobody (the request waiting for them went
+        away): back to the front of their queue at once, as if never sent (the attempt
+        does not count). Unknown tags are ignored."""
+        for tag in tags:
+            lease = session.leases.get(tag)
+            if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+                continue
+            self._lease(session, tag)
+            attempts = lease.gc.attempts
+            if attempts.get(lease.seq, 0) > 1:
+                attempts[lease.seq] -= 1
+            else:
+                attempts.pop(lease.seq, None)
+            self._return(lease, now, front=True, delay=0.0)
+
     def _return(self, lease: Lease, now: float, *, front: bool, delay: float) -> None:
         """A delivery came back unsettled: requeue it, or dead-letter past the limit."""
         gc, sub = lease.gc, lease.sub
@@ -1075,10 +1091,13 @@ class Broker:
 
     def group_stats(self, grp: Group, now: float) -> dict[str, Any]:
         lag = sum(max(0, gc.log.end - gc.cursor) for gc in grp.gcs.values())
+        in_flight = sum(len(gc.pending) for gc in grp.gcs.values())
         return {
             "group": grp.key, "kind": grp.kind, "patterns": [p.text for p in grp.patterns],
             "members": len(grp.members), "channels": len(grp.gcs),
-            "unsettled": sum(len(gc.pending) for gc in grp.gcs.values()),
+            "unsettled": in_flight,  # the old name of in_flight
+            "waiting": sum(gc.waiting()[0] for gc in grp.gcs.values()),
+            "in_flight": in_flight,
             "lag": lag,
             "delivered": sum(gc.delivered for gc in grp.gcs.values()),
             "acked": sum(gc.acks for gc in grp.gcs.values()),

@@ -151,6 +151,22 @@ class GroupChannel:
             or self.cursor < self.log.end
         )
 
+    def waiting(self) -> tuple[int, int | None]:
+        """How many stored messages wait for this group (neither delivered nor settled
+        yet: new, requeued or delayed), and the lowest of their seqs."""
+        log = self.log
+        lo, end = max(self.compute_floor(), log.first_seq), log.end
+        if lo >= end:
+            return 0, None
+        gone, acked, pending = log.gone, self.acked, self.pending
+        taken = sum(1 for s in gone if lo <= s < end)
+        taken += sum(1 for s in acked if lo <= s < end and s not in gone)
+        taken += sum(1 for s in pending if lo <= s < end and s not in gone and s not in acked)
+        seq = lo
+        while seq < end and (seq in gone or seq in acked or seq in pending):
+            seq += 1
+        return max(0, end - lo - taken), seq if seq < end else None
+
     # -- settling ---------------------------------------------------------
     def settle(self, seq: int) -> None:
         self.pending.pop(seq, None)
@@ -233,6 +249,8 @@ class Subscription:
     unsettled: int = 0
     paused: bool = False
     active: bool = True
+    # Credit only while a request waits (an HTTP long poll); with none, no credit at all.
+    on_demand: bool = False
     # Leases in delivery order: with one lease length per subscription this is also
     # expiry order, so expiry scans stop at the first live one (no heap garbage).
     leases: dict[int, Lease] = field(default_factory=dict)

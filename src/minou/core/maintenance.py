@@ -13,7 +13,7 @@ from ..errors import BadRequest, NotFound, QueueFull
 from ..names import DEAD_PREFIX, schema_key
 from ..protocol.frames import Send
 from .broker import Broker
-from .group import GroupChannel
+from .group import GroupChannel, Subscription
 from .log import ChannelLog, Msg
 
 _DEAD_HEADERS = ("x-dead-reason", "x-dead-detail", "x-dead-group", "x-original-channel",
@@ -129,19 +129,65 @@ def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) ->
     return moved
 
 
+def _readers(log: ChannelLog, group: str | None) -> list[GroupChannel]:
+    return [gc for gc in log.states if group is None or gc.group.key == group]
+
+
+def oldest_waiting(core: Broker, log: ChannelLog, group: str | None = None) -> int | None:
+    """The lowest seq of ``log`` still waiting (stored, neither delivered nor settled) for
+    ``group``, or for any reader; with no reader, the oldest live message."""
+    gcs = _readers(log, group)
+    if not gcs:
+        return None if group is not None else log.oldest_live()
+    seqs = [seq for seq in (gc.waiting()[1] for gc in gcs) if seq is not None]
+    return min(seqs) if seqs else None
+
+
+def waiting_and_in_flight(logs: list[ChannelLog], group: str | None = None,
+                          now: float = 0.0) -> dict[str, Any]:
+    """Messages *waiting* (stored, not yet delivered) and *in flight* (delivered, not
+    yet settled), for ``group`` or for every reader. A channel's waiting count is its
+    furthest-behind reader's (a message waiting for two groups counts once); with no
+    reader, every stored message waits. The in-flight age is its oldest message's,
+    since publish."""
+    waiting = in_flight = 0
+    published: list[float] = []
+    for log in logs:
+        gcs = _readers(log, group)
+        if gcs:
+            waiting += max(gc.waiting()[0] for gc in gcs)
+        elif group is None:
+            waiting += log.count
+        for gc in gcs:
+            in_flight += len(gc.pending)
+            published.extend(lease.msg.published_at for lease in gc.pending.values())
+    return {"waiting": waiting, "in_flight": in_flight,
+            "oldest_in_flight_age_s": round(now - min(published), 3) if published else None}
+
+
 def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
                 oldest: dict[str, float | None] | None = None,
-                now: float = 0.0) -> dict[str, Any]:
-    """Depth, unsettled, consumers and listeners of a queue (``endpoint/version``)."""
+                now: float = 0.0, *, group: str | None = None,
+                oldest_waiting: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """Depth, waiting, in flight, consumers and listeners of a queue (``endpoint/version``).
+
+    ``oldest`` and ``oldest_waiting`` are, per channel, when its oldest message not yet
+    settled (waiting or in flight) and its oldest waiting message were published (the
+    adapter reads them; see oldest_unsettled and oldest_waiting). ``group`` narrows
+    those and waiting / in_flight to one reader group."""
     logs = channels_of(core, queue, channel_id)
     names = {log.name for log in logs}
     groups = [g for g in core.groups.values() if any(n in g.gcs for n in names)]
     ages = [now - t for t in (oldest or {}).values() if t is not None]
+    waiting_ages = [now - t for t in (oldest_waiting or {}).values() if t is not None]
     return {
         "queue": queue,
         "channels": [core.channel_stats(log, now) for log in logs],
         "depth": sum(log.count for log in logs),
+        # "unsettled" is the old name of in_flight (for every group): kept for scripts.
         "unsettled": sum(len(gc.pending) for log in logs for gc in log.states),
+        **waiting_and_in_flight(logs, group, now),
+        "oldest_waiting_age_s": round(max(waiting_ages), 3) if waiting_ages else None,
         "published": sum(log.published for log in logs),
         "delivered": sum(gc.delivered for log in logs for gc in log.states),
         "acked": sum(gc.acks for log in logs for gc in log.states),
@@ -217,11 +263,49 @@ def _touches(pattern: str, queue: str) -> bool:
     return pattern.startswith(queue + "/")
 
 
+def rate_text(per_second: float) -> tuple[str, str]:
+    """A positive rate as (number, unit), never rounded down to 0: ("12", "second"),
+    ("3.0", "second"), ("0.25", "second"), ("1.2", "minute"), ("0.36", "hour")."""
+    r = per_second
+    if r >= 10:
+        return f"{r:.0f}", "second"
+    if r >= 1:
+        return f"{r:.1f}", "second"
+    if r >= 0.1:
+        return f"{r:.2f}", "second"
+    if r * 60 >= 1:
+        return f"{r * 60:.1f}", "minute"
+    if r * 60 >= 0.1:
+        return f"{r * 60:.2f}", "minute"
+    return f"{r * 3600:.2g}", "hour"
+
+
+def _no_room(members: list[Subscription], waiting: int, in_flight: int) -> str:
+    """Why no member can take a message now."""
+    polls = [m for m in members if m.on_demand]
+    if len(polls) == len(members):
+        text = (f"Nobody is asking for messages: {len(polls)} HTTP consumer(s) are connected "
+                "but no consume request is waiting (an HTTP consumer takes messages only while "
+                "a POST /v1/consume request waits)")
+        if waiting:
+            text += f"; {waiting} message(s) wait"
+        if in_flight:
+            text += f"; they hold {in_flight} message(s) in flight (delivered, not yet acked)"
+        return text + "."
+    text = (f"All {len(members)} consumer(s) are at their prefetch limit: they hold "
+            f"{in_flight} message(s) in flight and are not acking.")
+    if polls:
+        text += f" {len(polls)} of them are HTTP consumer(s) with no request waiting."
+    return text
+
+
 def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
              draining: bool = False, schema_recent: float = 0.0,
-             deliver_rate: float = 0.0) -> str:
+             deliver_rate: float = 0.0, rate_window: float = 60.0) -> str:
     """One sentence: why messages of ``queue`` are (not) flowing, from what the broker
-    can see. ``stats`` is queue_stats output; rates come from the adapter."""
+    can see. ``stats`` is queue_stats output; rates come from the adapter, averaged over
+    the last ``rate_window`` seconds. A queue whose oldest waiting message is older than
+    that window is never called flowing, whatever was delivered meanwhile."""
     if draining:
         return "The broker is stopping (soft stop): nothing new is delivered."
     refused = [(p, n, who) for p, (n, who) in core.read_refusals.items() if _touches(p, queue)]
@@ -251,10 +335,25 @@ def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
         return f"No consumer is connected (group(s) {names} have no members).{extra}"
     if all(m.paused for m in members):
         return "Every consumer is paused: their connections are not reading fast enough."
-    if all(m.unsettled >= m.prefetch for m in members) and stats["unsettled"]:
-        return (f"All {len(members)} consumer(s) are at their prefetch limit: they hold "
-                f"{stats['unsettled']} unsettled message(s) and are not acking.")
+    in_flight = stats.get("in_flight", stats["unsettled"])
+    waiting = stats.get("waiting", max(0, stats["depth"] - in_flight))
     logs = channels_of(core, queue)
+    unread = [log.name for log in logs if log.count and not log.states]
+    hint = (f" {len(unread)} of its channels ({unread[0]}{', …' if len(unread) > 1 else ''}) "
+            "have no reader at all: their messages wait for one." if unread else "")
+    asking = [m for m in members if m.active and not m.paused and m.prefetch > m.unsettled]
+    if not asking and (waiting or in_flight):
+        return _no_room(members, waiting, in_flight) + hint
+    flowing = ("Messages are flowing: {} delivered per {}.".format(*rate_text(deliver_rate))
+               if deliver_rate > 0 else None)
+    if not waiting:
+        if flowing:
+            return flowing
+        if in_flight:
+            return (f"Nothing waits: {in_flight} message(s) are in flight (delivered, not "
+                    "yet acked).")
+        return (f"Nothing waits and nothing is in flight: the {stats['depth']} stored "
+                "message(s) are settled (kept for replay by retention, or removed soon).")
     due = [t for log in logs for gc in log.states for t in
            ([gc.delayed[0][0]] if gc.delayed else []) + ([gc.sched[0][0]] if gc.sched else [])]
     ready = any(gc in gc.group.ready for log in logs for gc in log.states)
@@ -262,7 +361,17 @@ def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
         when = min(due)
         return (f"Messages are delayed (publish delay or nack delay) until "
                 f"{time.strftime('%H:%M:%S', time.localtime(when))}, in {when - now:.0f} s.")
-    if deliver_rate > 0:
-        return f"Messages are flowing: {deliver_rate:.1f} delivered per second."
-    return (f"{stats['depth']} message(s) wait and {len(members)} reader(s) are connected; "
-            "deliveries should follow.")
+    age = stats.get("oldest_waiting_age_s")
+    if age is None or age <= rate_window:
+        if flowing:
+            return flowing
+        return (f"{waiting} message(s) wait and {len(members)} reader(s) are connected; "
+                f"deliveries should follow.{hint}")
+    if flowing:
+        number, unit = rate_text(deliver_rate)
+        return (f"Deliveries do not keep up: {number} delivered per {unit}, but the oldest "
+                f"of {waiting} waiting message(s) has waited {age:.0f} s (longer than the "
+                f"last {rate_window:.0f} s).{hint}")
+    return (f"{waiting} message(s) wait, the oldest for {age:.0f} s, and nothing was "
+            f"delivered in the last {rate_window:.0f} s although {len(asking)} reader(s) "
+            f"could take more.{hint}")

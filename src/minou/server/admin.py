@@ -102,13 +102,29 @@ async def _queue(server: BrokerServer, args: dict[str, Any], caller: Identity | 
         raise NotFound(f"no channel in queue {queue!r}" +
                          (f" with id {channel_id!r}" if channel_id else ""))
     oldest = {log.name: await server.oldest_published(log, group) for log in logs}
+    waiting = {log.name: await published_at(
+        server, log, maintenance.oldest_waiting(server.core, log, group)) for log in logs}
     now = time.time()
-    stats = maintenance.queue_stats(server.core, queue, channel_id, oldest, now)
+    stats = maintenance.queue_stats(server.core, queue, channel_id, oldest, now,
+                                    group=group, oldest_waiting=waiting)
     rates = stats["rates"] = server.queue_rates(queue)
     stats["diagnosis"] = maintenance.diagnose(
         server.core, queue, stats, now, draining=server.draining,
-        schema_recent=rates["schema_refused"], deliver_rate=rates["delivered"])
+        schema_recent=rates["schema_refused"], deliver_rate=rates["delivered"],
+        rate_window=server.rates.window_s)
     return stats
+
+
+async def published_at(server: BrokerServer, log: Any, seq: int | None) -> float | None:
+    """When message ``seq`` of ``log`` (or the next live one) was published; from memory
+    when it is there, else one storage read."""
+    if seq is None:
+        return None
+    found = log.lookup(seq)
+    if isinstance(found, Msg):
+        return found.published_at
+    msgs = await server.read_messages(log.name, seq, log.end, 1)
+    return msgs[0].published_at if msgs else None
 
 
 def message_view(m: Msg, attempts: int = 0) -> dict[str, Any]:
@@ -149,9 +165,23 @@ def _purge(server: BrokerServer, args: dict[str, Any], caller: Identity | None) 
     queue = _queue_arg(args)
     channel_id = _str_arg(args, "channel", required=False)
     logs = maintenance.channels_of(server.core, queue, channel_id)
+    if not logs:
+        _known_or_not_found(server, queue, channel_id)
     removed = {log.name: maintenance.purge(server.core, log) for log in logs}
     server.after_maintenance()
     return {"queue": queue, "purged": removed, "messages": sum(removed.values())}
+
+
+def _known_or_not_found(server: BrokerServer, queue: str, channel_id: str | None) -> None:
+    """Nothing to remove: fine for a known queue's dead letters, NotFound otherwise (an
+    unknown name is more often a typo than an empty queue)."""
+    live = queue.removeprefix(DEAD_PREFIX)
+    if queue.startswith(DEAD_PREFIX) and maintenance.channels_of(server.core, live, channel_id):
+        return
+    if channel_id:
+        raise NotFound(f"queue {live!r} has no channel {channel_id!r}", queue=live,
+                       channel=channel_id)
+    raise NotFound(f"no queue {live!r}: no channel of it exists (see minou list)", queue=live)
 
 
 def _delete_group(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:

@@ -26,7 +26,13 @@ from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
 from ..core.writes import WriteBatch
-from ..errors import NotAuthenticated, ShuttingDown, TooManyConnections, UnexpectedFrame
+from ..errors import (
+    NotAuthenticated,
+    ShuttingDown,
+    StartupError,
+    TooManyConnections,
+    UnexpectedFrame,
+)
 from ..limits import (
     CHECKPOINT_WAL_BYTES,
     CONSUMER_WRITE_HIGH,
@@ -40,7 +46,11 @@ from ..limits import (
 )
 from ..protocol import frames as f
 from ..storage.sqlite import SQLiteStorage
+from . import oplog
+from .binding import bind_listener
 from .connection import NativeConnection
+from .datadir import DataDirLock
+from .oplog import watch_handshakes
 
 if TYPE_CHECKING:
     from .http_stream import StreamSession
@@ -61,7 +71,7 @@ class _TcpProtocol(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
-        self.conn = NativeConnection(self.server, transport, str(peer))
+        self.conn = NativeConnection(self.server, transport, oplog.peer_text(peer))
         self.server.admit(self.conn)
 
     def data_received(self, data: bytes) -> None:
@@ -111,6 +121,7 @@ class BrokerServer:
         self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
         self.storage = SQLiteStorage(settings.data_dir)
+        self._dir_lock = DataDirLock(settings.data_dir)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
         self.streams: set[StreamSession] = set()  # /v1/stream sockets
@@ -124,6 +135,8 @@ class BrokerServer:
         self.http_address: tuple[str, int] | None = None
         self.commit_seconds_total = 0.0
         self.commits = 0
+        self.messages_committed = 0
+        self.stop_reason = ""  # what asked for the stop (a signal, a soft stop, a failure)
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
@@ -150,6 +163,36 @@ class BrokerServer:
         # Millions of small long-lived objects (messages, leases) make the default cyclic
         # GC thresholds stall the loop for milliseconds; nothing here relies on cycles.
         gc.set_threshold(GC_THRESHOLD, 50, 100)
+        # Lock the directory, then bind, then open storage: a second broker on this
+        # directory or a busy port fails here, before anything is written.
+        self._dir_lock.acquire()
+        sockets: list[socket.socket] = []
+        try:
+            s = self.settings
+            sockets.append(bind_listener(s.host, s.port, "native protocol", "--port"))
+            if s.http_port is not None:
+                sockets.append(bind_listener(s.host, s.http_port, "HTTP", "--http-port"))
+        except StartupError:
+            for sock in sockets:
+                sock.close()
+            self._dir_lock.remove_if_fresh()
+            raise
+        try:
+            await self._open_and_listen(*sockets)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            self._dir_lock.release()
+            raise
+        self._tasks = [
+            asyncio.create_task(self._ticker(), name="minou-ticker"),
+        ]
+        self.request_write()
+        self.request_pump()
+
+    async def _open_and_listen(self, native: socket.socket,
+                               http: socket.socket | None = None) -> None:
+        assert self.loop is not None
         now = time.time()
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
@@ -158,23 +201,17 @@ class BrokerServer:
         self._ensure_admin_key()
         ssl_context = self._tls_context()
         self._tcp = await self.loop.create_server(
-            lambda: _TcpProtocol(self), self.settings.host, self.settings.port,
-            reuse_address=True, backlog=1024, ssl=ssl_context,
+            lambda: _TcpProtocol(self), sock=native, ssl=ssl_context,
         )
-        sock = self._tcp.sockets[0].getsockname()
-        self.native_address = (sock[0], sock[1])
-        if self.settings.http_port is not None:
+        name = native.getsockname()
+        self.native_address = (name[0], name[1])
+        if http is not None:
             from .http import start_http
             from .http_consumers import HttpConsumers
 
             self.http_consumers = HttpConsumers(self)
 
-            self._http, self.http_address = await start_http(self)
-        self._tasks = [
-            asyncio.create_task(self._ticker(), name="minou-ticker"),
-        ]
-        self.request_write()
-        self.request_pump()
+            self._http, self.http_address = await start_http(self, http)
 
     async def serve_forever(self) -> None:
         await self._stopping.wait()
@@ -188,8 +225,10 @@ class BrokerServer:
             self._tcp.close()
         if self._http is not None:
             self._http.should_exit = True
+        closed = len(self.connections) + len(self.streams)
         for conn in list(self.connections):
             conn.close()
+        commits, messages = self.commits, self.messages_committed
         # Let the writer commit what is staged (confirms for accepted publishes).
         self.request_write(force=True)
         for _ in range(500):
@@ -212,6 +251,12 @@ class BrokerServer:
         await loop.run_in_executor(self._house_pool, self.storage.close)
         for pool in (self._writer_pool, self._reader_pool, self._house_pool):
             pool.shutdown()
+        self._dir_lock.release()
+        left = len(self.core.batch.messages)
+        log.info("stopped%s: %d connection(s) closed; flushed %d message(s) in %d commit(s)%s; "
+                 "%s closed", f" on {self.stop_reason}" if self.stop_reason else "", closed,
+                 self.messages_committed - messages, self.commits - commits,
+                 f"; {left} staged message(s) NOT committed" if left else "", self.storage.path)
 
     _http_task: asyncio.Task[Any] | None = None
 
@@ -264,7 +309,10 @@ class BrokerServer:
             self.tls = load_files(Path(s.tls_cert), Path(s.tls_key))
         else:
             self.tls = ensure_self_signed(Path(s.data_dir) / "tls", hosts=[s.host])
-        return server_context(self.tls)
+        return watch_handshakes(server_context(self.tls), "native", self.count_tls_failure)
+
+    def count_tls_failure(self) -> None:
+        self.registry.failures["tls_handshake"] += 1
 
     def authenticate(self, hello: f.Hello) -> Identity:
         """Who the HELLO proves to be, or NotAuthenticated with the precise reason.
@@ -335,10 +383,11 @@ class BrokerServer:
         return dropped
 
     # --------------------------------------------------------------- reload
-    def reload(self) -> dict[str, Any]:
+    def reload(self, *, by: str = "admin request") -> dict[str, Any]:
         """Re-read the config file and apply rules, schemas, limits and channel options
         to the running broker without dropping a connection. A config that does not
-        validate changes nothing (BadRequest says why)."""
+        validate changes nothing (BadRequest says why). Logs one line; ``by`` says what
+        asked for it."""
         from dataclasses import replace
 
         from ..config import load_settings
@@ -368,7 +417,7 @@ class BrokerServer:
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
         closed = self._reapply_access()
         self.reloads += 1
-        log.info("configuration reloaded: changed %s", ", ".join(changed) or "nothing")
+        log.info("configuration reloaded (%s): changed %s", by, ", ".join(changed) or "nothing")
         return {
             "reloaded": old.config_path, "changed": changed, "needs_restart": restart,
             "subscriptions_closed": closed,
@@ -511,6 +560,7 @@ class BrokerServer:
         self.commit_seconds_total += took
         self.metrics.commit_duration.observe(took)
         self.commits += 1
+        self.messages_committed += len(batch.messages)
         self._last_commit_at = time.time()
         if batch.messages:
             self._last_publish_commit = time.monotonic()
@@ -865,20 +915,25 @@ _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_w
 
 
 def _comparable(value: Any) -> Any:
-    """Settings values in a form ``!=`` can compare (compiled objects by their source)."""
+    """Settings values in a form ``!=`` can compare (compiled objects by their source).
+    A compiled schema is its fingerprint: it is a dataclass too, but its validator is a
+    new function object at every load, so comparing its fields would always differ."""
     if hasattr(value, "describe"):
         return value.describe()
+    if hasattr(value, "fingerprint") and hasattr(value, "source"):
+        return value.fingerprint
     if isinstance(value, dict):
         return {k: _comparable(v) for k, v in value.items()}
     if hasattr(value, "__dataclass_fields__"):
         return {k: _comparable(getattr(value, k)) for k in value.__dataclass_fields__}
-    if hasattr(value, "fingerprint") and hasattr(value, "source"):
-        return value.fingerprint
     return value
 
 
 def _addr(addr: tuple[str, int] | None, scheme: str) -> str | None:
-    return f"{scheme}://{addr[0]}:{addr[1]}" if addr else None
+    if not addr:
+        return None
+    host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+    return f"{scheme}://{host}:{addr[1]}"
 
 
 async def run_broker(settings: Settings, *, announce: Any = print,
@@ -888,19 +943,23 @@ async def run_broker(settings: Settings, *, announce: Any = print,
     server.overrides = dict(overrides or {})
     await server.start()
     loop = asyncio.get_running_loop()
+    def on_signal(sig: signal.Signals) -> None:
+        if not server.stop_reason:
+            server.stop_reason = sig.name
+            log.info("%s received: stopping (no new connections, committing what is staged)",
+                     sig.name)
+        server.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, server.request_stop)
+            loop.add_signal_handler(sig, on_signal, sig)
 
     def on_sighup() -> None:
+        # One line per reload: reload() logs what changed, this only what failed.
         try:
-            result = server.reload()
+            server.reload(by="SIGHUP")
         except Exception as exc:  # a bad config must never stop the broker
             log.error("reload on SIGHUP failed: %s", getattr(exc, "message", exc))
-            print(f"  reload failed: {getattr(exc, 'message', exc)}", flush=True)
-        else:
-            print(f"  reloaded: changed {', '.join(result['changed']) or 'nothing'}",
-                  flush=True)
 
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, on_sighup)

@@ -27,6 +27,7 @@ from ..errors import (
 from ..limits import MAX_BATCH, PROTOCOL_VERSION, SLOW_CONSUMER_GRACE_S
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
+from . import oplog
 
 if TYPE_CHECKING:
     from .app import BrokerServer
@@ -164,6 +165,7 @@ class NativeConnection:
         try:
             identity = self.server.authenticate(hello)
         except NotAuthenticated as exc:
+            oplog.refused(exc, hello.client_id, self.peer, "native")
             self.server.request_write()  # e.g. a pending registration
             if exc.detail.get("why") == "token_required" and self.hellos == 1:
                 self._error(0, exc)  # a challenge, not a failure: sign for broker_id

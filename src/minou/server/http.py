@@ -20,6 +20,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW
+from . import oplog
 from .connection import NativeConnection
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ def build_app(server: BrokerServer) -> Any:
     async def native_ws(ws: WebSocket) -> None:
         await ws.accept()
         transport = _WebSocketTransport(ws)
-        conn = NativeConnection(server, transport, f"ws:{ws.client}")
+        conn = NativeConnection(server, transport, oplog.peer_text(ws.client, "ws"))
         transport.conn, transport.task = conn, asyncio.current_task()
         server.admit(conn)
 
@@ -196,13 +197,8 @@ class _EmbeddedServer(uvicorn.Server):
         yield  # the broker owns the process signals
 
 
-async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
-    settings = server.settings
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.http_port or 0))
-    sock.listen(1024)
-    sock.setblocking(False)
+async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tuple[str, int]]:
+    """Serve the HTTP API on ``sock`` (bound by the caller: see binding.py)."""
     tls: dict[str, Any] = {}
     if server.tls is not None:
         tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
@@ -214,6 +210,14 @@ async def start_http(server: BrokerServer) -> tuple[Any, tuple[str, int]]:
                             # X-Forwarded-* are not trusted: nothing here reads the peer
                             # address, and the middleware cost 9 % of each request.
                             proxy_headers=False, **tls)
+    if tls:
+        from ..tls import server_context
+        from .oplog import watch_handshakes
+
+        config.load()
+        # Our context (hardened as the native one), reporting failed handshakes.
+        config.ssl = watch_handshakes(server_context(server.tls), "HTTP",
+                                      server.count_tls_failure)
     http = _EmbeddedServer(config)
     server._http_task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -113,7 +114,8 @@ class HttpApi:
         async def run(request: Request) -> Response:
             try:
                 identity = self.auth.identify(request.headers.get("authorization"),
-                                              request.query_params.get("access_token"))
+                                              request.query_params.get("access_token"),
+                                              request.client)
                 if admin and not identity.admin:
                     raise NotAuthorized(
                         f"this route needs an admin identity (auth.admins); "
@@ -270,7 +272,8 @@ class HttpApi:
         p = request.path_params
         consumer, wait = self.consumer_for(identity, p, _raw_id(request),
                                            request.query_params, dead)
-        status, value = self.delivered(consumer, await consumer.next(wait))
+        status, value = self.delivered(consumer, await _next_while_connected(
+            request, consumer, wait))
         return Response(status_code=204) if value is None else json_response(value, status)
 
     async def ack(self, request: Request, identity: Identity) -> Response:
@@ -295,6 +298,7 @@ class HttpApi:
     # ----------------------------------------------------------------- admin
     async def queues(self, request: Request, identity: Identity) -> Response:
         from ..core import maintenance
+        from .admin import published_at
 
         now = time.time()
         names = sorted({maintenance.queue_of(n) for n in self.core.channels})
@@ -302,14 +306,20 @@ class HttpApi:
         reads = 0
         for queue in names:
             oldest: dict[str, float | None] = {}
+            waiting: dict[str, float | None] = {}
             for log in maintenance.channels_of(self.core, queue):
-                if reads < 200 and log.count:  # a storage read at most per channel
+                if reads < 200 and log.count:  # two storage reads at most per channel
                     oldest[log.name] = await self.server.oldest_published(log)
+                    waiting[log.name] = await published_at(
+                        self.server, log, maintenance.oldest_waiting(self.core, log))
                     reads += 1
-            stats = maintenance.queue_stats(self.core, queue, None, oldest, now)
+            stats = maintenance.queue_stats(self.core, queue, None, oldest, now,
+                                            oldest_waiting=waiting)
             out.append({k: stats[k] for k in ("queue", "depth", "unsettled", "published",
                                               "delivered", "acked", "dropped", "expired",
-                                              "oldest_age_s", "consumers", "listeners")}
+                                              "oldest_age_s", "consumers", "listeners",
+                                              "waiting", "in_flight", "oldest_waiting_age_s",
+                                              "oldest_in_flight_age_s")}
                        | {"channels": len(stats["channels"]),
                           "rates": self.server.queue_rates(queue)})
         return json_response({"queues": out,
@@ -415,6 +425,7 @@ class HttpApi:
             Route("/v1/status", self.admin_route("status"), methods=["GET"]),
             Route("/v1/whoami", g(self.whoami), methods=["GET"]),
             Route("/v1/queues", g(self.queues, admin=True), methods=["GET"]),
+            Route("/v1/rates/history", g(self.rate_history, admin=True), methods=["GET"]),
             Route("/v1/queues" + queue, g(self.queue, admin=True), methods=["GET"]),
             Route("/v1/queues/_dead" + queue, g(partial(self.queue, dead=True), admin=True),
                   methods=["GET"]),
@@ -451,6 +462,13 @@ class HttpApi:
     async def whoami(self, request: Request, identity: Identity) -> Response:
         return json_response(self.server.admin("whoami", {}, identity))
 
+    async def rate_history(self, request: Request, identity: Identity) -> Response:
+        """The last minutes of publish, deliver and ack rates (one sample a second), of
+        the broker or of ``?queue=endpoint/version``: the dashboard's charts start here."""
+        queue = request.query_params.get("queue") or None
+        return json_response({"queue": queue, "now": time.time(),
+                              **self.server.metrics.history.series(queue)})
+
 
 def delivery_view(d: Delivery, receipt: str) -> dict[str, Any]:
     if d.raw:
@@ -461,6 +479,35 @@ def delivery_view(d: Delivery, receipt: str) -> dict[str, Any]:
             "payload": payload, "payload_base64": payload_base64, "headers": d.headers or {},
             "attempts": d.attempts, "published_at": d.published_at, "priority": d.priority,
             "key": d.key}
+
+
+async def _next_while_connected(request: Request, consumer: HttpConsumer, wait: float
+                                ) -> Delivery | None:
+    """``consumer.next(wait)``, given up as soon as the client disconnects. uvicorn does
+    not cancel a request whose client left and drops what it answers: a message handed
+    to it would stay leased to nobody until its lease ran out."""
+    taking = asyncio.ensure_future(consumer.next(wait))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((taking, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left = gone.done() and not gone.cancelled()
+        gone.cancel()
+    if not taking.done():
+        taking.cancel()  # gives up waiting
+        with contextlib.suppress(asyncio.CancelledError):
+            await taking
+        return None
+    item = taking.result()
+    if item is not None and left:
+        consumer.give_back(item)
+        return None
+    return item
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _queue(request: Request, dead: bool = False) -> str:

@@ -11,13 +11,15 @@ development mode (``--dev``, loopback only) requests need no token.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..auth.registry import ACTIVE, PENDING, Identity
 from ..auth.tokens import unverified_issuer, verify_token
 from ..errors import NotAuthenticated, PendingApproval
+from . import oplog
 
 if TYPE_CHECKING:
     from .app import BrokerServer
@@ -30,8 +32,21 @@ class HttpAuth:
         self.server = server
         self._cache: dict[str, tuple[Identity, float]] = {}
 
-    def identify(self, authorization: str | None, query_token: str | None = None) -> Identity:
-        """The caller's identity, or NotAuthenticated saying what is missing or wrong."""
+    def identify(self, authorization: str | None, query_token: str | None = None,
+                 peer: Any = None) -> Identity:
+        """The caller's identity, or NotAuthenticated saying what is missing or wrong
+        (logged for the operator with the peer's address)."""
+        try:
+            return self._identify(authorization, query_token)
+        except NotAuthenticated as exc:
+            token = _bearer(authorization) if authorization else query_token
+            claimed = None
+            with contextlib.suppress(Exception):  # only to name the caller in the log
+                claimed = unverified_issuer(token) if token else None
+            oplog.refused(exc, claimed, peer, "HTTP")
+            raise
+
+    def _identify(self, authorization: str | None, query_token: str | None) -> Identity:
         settings = self.server.settings
         if settings.auth_mode == "off":
             return Identity("http-dev", True, method="development")

@@ -3,7 +3,9 @@
 HTTP has no connection to hang deliveries on, so each (client, group, pattern)
 gets a broker session of its own, kept while it is used. Its credit is the
 number of requests waiting: the broker hands a message out only when somebody
-is there to take it. A delivered message carries a receipt (``<consumer>.<tag>``)
+is there to take it, and a message that finds nobody (the request gave up or its
+client left in the same instant) goes straight back to the queue, never kept for
+a later request. A delivered message carries a receipt (``<consumer>.<tag>``)
 for ``/v1/ack`` and ``/v1/nack``; it is leased like any delivery and comes back
 if the lease runs out. An idle consumer with nothing unsettled is closed.
 """
@@ -39,7 +41,6 @@ class HttpConsumer:
         self.key = key
         self.identity = identity
         self.token = secrets.token_hex(8)
-        self.buffer: deque[Delivery] = deque()
         self.waiters: deque[asyncio.Future[Delivery]] = deque()
         self.last_used = time.monotonic()
         self.session: Session | None = None
@@ -50,32 +51,25 @@ class HttpConsumer:
         for item in items:
             self._hand(item)
 
-    def _hand(self, item: Delivery, *, front: bool = False) -> None:
-        """To the first request still waiting, else kept for the next one."""
+    def _hand(self, item: Delivery) -> None:
+        """To the first request still waiting; with none left, back to the queue."""
         while self.waiters and self.waiters[0].done():
             self.waiters.popleft()
         if self.waiters:
             self.waiters.popleft().set_result(item)
-        elif front:
-            self.buffer.appendleft(item)
         else:
-            self.buffer.append(item)  # its taker gave up meanwhile: the next one gets it
-
-    def _buffered(self) -> Delivery | None:
-        """The oldest kept delivery still leased to this consumer (a kept one whose lease
-        ran out went back to the group, and may already be out again)."""
-        leases = self.session.leases if self.session is not None else {}
-        while self.buffer:
-            item = self.buffer.popleft()
-            if item.tag in leases:
-                return item
-        return None
+            self.give_back(item)
 
     def give_back(self, item: Delivery) -> None:
-        """A delivery whose request went away before it could be answered: the next
-        request of this consumer gets it (its lease runs on; if nobody asks, the
-        lease ends and the group hands it out again)."""
-        self._hand(item, front=True)
+        """A delivery nobody is there to take (its request went away): back to the front
+        of its queue at once, as if never sent. It is never kept for a later request: a
+        consumer with no request waiting holds nothing and has no credit, so the other
+        consumers of the group get the message now, not when a lease runs out."""
+        server = self.owner.server
+        if self.session is not None:
+            server.core.withdraw(self.session, [item.tag], time.time())
+        self._credit()
+        server.after_maintenance()
 
     def send(self, frame: Any) -> None:
         """Errors the broker would push to a connection (an ended subscription)."""
@@ -86,10 +80,11 @@ class HttpConsumer:
         self._credit()
 
     def _credit(self) -> None:
+        """Credit is the number of requests waiting, no more."""
         sub = self.sub
         if sub is None:
             return
-        wanted = max(0, sum(not w.done() for w in self.waiters) - len(self.buffer))
+        wanted = sum(not w.done() for w in self.waiters)
         sub.prefetch = sub.unsettled + wanted
         if wanted and self.session is not None:
             self.owner.server.wake_groups(self.session)
@@ -100,15 +95,19 @@ class HttpConsumer:
         without one (``wait=0`` still gives the broker a moment to hand over a message
         that is ready). Returns a function that gives up waiting."""
         self.last_used = time.monotonic()
-        item = self._buffered()
-        if item is not None:
-            done(item)
-            return _nothing
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Delivery] = loop.create_future()
         self.waiters.append(fut)
         self._credit()
-        timer = loop.call_later(max(wait, POLL_S), fut.cancel)
+
+        def give_up() -> None:
+            # The credit goes at once, not when the callback below runs: the pump may
+            # run first, and must not hand this request a message it will not answer.
+            if not fut.done():
+                fut.cancel()
+                self._credit()
+
+        timer = loop.call_later(max(wait, POLL_S), give_up)
 
         def finished(fut: asyncio.Future[Delivery]) -> None:
             timer.cancel()
@@ -119,7 +118,7 @@ class HttpConsumer:
             done(None if fut.cancelled() else fut.result())
 
         fut.add_done_callback(finished)
-        return fut.cancel
+        return give_up
 
     async def next(self, wait: float) -> Delivery | None:
         got: asyncio.Future[Delivery | None] = asyncio.get_running_loop().create_future()
@@ -136,10 +135,6 @@ class HttpConsumer:
         except asyncio.CancelledError:
             give_up()
             raise
-
-
-def _nothing() -> None:
-    return None
 
 
 class HttpConsumers:
@@ -170,6 +165,7 @@ class HttpConsumers:
             session, 1, kind="consume", patterns=[pattern], group=group, prefetch=1,
             lease=lease or 0.0, now=time.time())
         sub.prefetch = 0  # credit comes from waiting requests only
+        sub.on_demand = True
         consumer.session, consumer.sub = session, sub
         self.by_key[key] = consumer
         self.by_token[consumer.token] = consumer

@@ -155,7 +155,8 @@ class HotCycle:
         try:
             authorization = next((v.decode("latin-1") for k, v in self.headers
                                   if k == b"authorization"), None)
-            identity = api.auth.identify(authorization, query.get("access_token"))
+            identity = api.auth.identify(authorization, query.get("access_token"),
+                                         getattr(self.protocol, "client", None))
             if self.kind == "publish":
                 p = self.params
                 channel = (f"{p['endpoint']}/{p['version']}/"
@@ -203,7 +204,7 @@ class HotCycle:
         if self.response_complete or self.disconnected or \
                 self.protocol.transport.is_closing():
             if delivery is not None:
-                consumer.give_back(delivery)  # nobody to answer: the next request gets it
+                consumer.give_back(delivery)  # nobody to answer: back to the queue
             return
         try:
             status, value = self.protocol.api.delivered(consumer, delivery)

@@ -245,7 +245,7 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
     server = api.server
     try:
         identity = api.auth.identify(ws.headers.get("authorization"),
-                                     ws.query_params.get("access_token"))
+                                     ws.query_params.get("access_token"), ws.client)
     except RequestError as exc:
         server.core.counters.refuse(exc.reason)
         await ws.close(code=4401, reason=exc.message[:120])

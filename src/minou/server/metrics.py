@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from ..core.maintenance import queue_of
+from .rate_history import RateHistory
 
 __all__ = [
     "ACK_LATENCY_BUCKETS",
@@ -128,14 +129,17 @@ class RateTracker:
 
     The broker's once-a-second ticker calls :meth:`sample` with a monotonic clock
     and its current counters; a scrape reads :meth:`rate`. Nothing is computed
-    per message.
+    per message. Each sample also goes to ``history`` when there is one (the
+    dashboard's last minutes, see rate_history).
     """
 
-    def __init__(self, window_s: float = 60.0) -> None:
+    def __init__(self, window_s: float = 60.0, *, history: RateHistory | None = None
+                 ) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be positive, got {window_s!r}")
         self.window_s = float(window_s)
         self._samples: deque[tuple[float, dict[str, float]]] = deque()
+        self.history = history
 
     def sample(self, now: float, counters: Mapping[str, float]) -> None:
         # Copy, so a live dict the broker keeps mutating cannot change history; and
@@ -149,6 +153,8 @@ class RateTracker:
         horizon = now - self.window_s
         while self._samples and self._samples[0][0] < horizon:
             self._samples.popleft()
+        if self.history is not None:
+            self.history.sample(now, values)
 
     def rate(self, name: str) -> float:
         """(latest - oldest) / elapsed over the window; 0.0 until there are two samples."""
@@ -227,7 +233,8 @@ class Metrics:
         self.publish_latency = Histogram(PUBLISH_LATENCY_BUCKETS)
         self.delivery_latency = Histogram(DELIVERY_LATENCY_BUCKETS)
         self.ack_latency = Histogram(ACK_LATENCY_BUCKETS)
-        self.rates = RateTracker()
+        self.history = RateHistory()
+        self.rates = RateTracker(history=self.history)
         # A private registry: no process/platform/gc collectors, nothing global, so two
         # brokers in one process (tests) never collide.
         self.registry = CollectorRegistry(auto_describe=False)

@@ -1,8 +1,8 @@
 """Nagios plugin output for a queue: one status line with perfdata.
 
 ``OK``/``WARNING``/``CRITICAL``/``UNKNOWN`` with the plugin exit codes 0..3:
-warning when the oldest unsettled message is older than ``minutes``, critical
-past twice that. The HTTP route also sends the code as ``X-Nagios-Exit``.
+warning when the oldest message not yet settled (waiting or in flight) is older
+than ``minutes``, critical past twice that. The HTTP route also sends the code as ``X-Nagios-Exit``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ def unknown(message: str) -> NagiosResult:
 
 
 def check_queue(stats: dict[str, Any], *, minutes: float, group: str | None) -> NagiosResult:
-    """``stats`` is maintenance.queue_stats output (with ``oldest_age_s``)."""
+    """``stats`` is maintenance.queue_stats output (with ``oldest_age_s``).
+
+    The summary names the two kinds of unsettled messages apart: *waiting* (stored, not
+    yet delivered) and *in flight* (delivered, not yet acked), each with its oldest age.
+    The perfdata keeps its old labels (``unsettled`` is the in-flight count) and adds
+    ``waiting``, ``in_flight`` and their ages."""
     warn_s, crit_s = minutes * 60, minutes * 120
     age = stats.get("oldest_age_s") or 0.0
     who = f"{stats['queue']}" + (f" for {group}" if group else "")
@@ -40,12 +45,25 @@ def check_queue(stats: dict[str, Any], *, minutes: float, group: str | None) -> 
     else:
         code = OK
     unsettled = stats["unsettled"]
+    in_flight = stats.get("in_flight", unsettled)
+    waiting = stats.get("waiting", max(0, stats["depth"] - in_flight))
+    waiting_age = stats.get("oldest_waiting_age_s")
+    flight_age = stats.get("oldest_in_flight_age_s")
     groups = stats["groups"] if not group else [g for g in stats["groups"] if g["group"] == group]
     lag = sum(g["lag"] for g in groups)
     readers = stats["consumers"] + stats["listeners"]
-    summary = (f"{who}: oldest unsettled message {age:.0f} s old "
-               f"(warn > {warn_s:.0f} s, critical > {crit_s:.0f} s), depth {stats['depth']}, "
-               f"unsettled {unsettled}, lag {lag}, {readers} reader(s) connected")
+    summary = (f"{who}: oldest message not yet settled {age:.0f} s old "
+               f"(warn > {warn_s:.0f} s, critical > {crit_s:.0f} s); "
+               f"{waiting} waiting (oldest {_age(waiting_age)}), "
+               f"{in_flight} in flight (oldest {_age(flight_age)}); depth {stats['depth']}, "
+               f"lag {lag}, {readers} reader(s) connected")
     perf = (f"oldest_age={age:.3f}s;{warn_s:.0f};{crit_s:.0f};0 depth={stats['depth']};;;0 "
-            f"unsettled={unsettled};;;0 lag={lag};;;0 readers={readers};;;0")
+            f"unsettled={unsettled};;;0 lag={lag};;;0 readers={readers};;;0 "
+            f"waiting={waiting};;;0 in_flight={in_flight};;;0 "
+            f"oldest_waiting_age={waiting_age or 0.0:.3f}s;;;0 "
+            f"oldest_in_flight_age={flight_age or 0.0:.3f}s;;;0")
     return NagiosResult(code, f"{LABELS[code]} - {summary} | {perf}")
+
+
+def _age(seconds: float | None) -> str:
+    return "none" if seconds is None else f"{seconds:.0f} s"

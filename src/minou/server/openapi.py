@@ -103,14 +103,53 @@ SCHEMAS: dict[str, Any] = {
                                "settled": {"enum": ["ack", "nack"]}}},
     "Queue": {"type": "object", "required": ["queue", "depth", "unsettled", "channels",
                                              "consumers", "listeners", "groups", "options"],
-              "properties": {"queue": {"type": "string"}, "depth": {"type": "integer"},
-                             "unsettled": {"type": "integer"},
-                             "oldest_age_s": {"type": ["number", "null"]},
+              "properties": {"queue": {"type": "string"},
+                             "depth": {"type": "integer",
+                                       "description": "messages stored (waiting, in flight, "
+                                                      "or settled and kept by retention)"},
+                             "unsettled": {"type": "integer",
+                                           "description": "the old name of in_flight, for "
+                                                         "every group"},
+                             "oldest_age_s": {"type": ["number", "null"],
+                                              "description": "age of the oldest message not "
+                                                             "yet settled (waiting or in "
+                                                             "flight)"},
+                             "waiting": {"type": "integer",
+                                         "description": "messages stored and not yet "
+                                                        "delivered (new, requeued or "
+                                                        "delayed): per channel, its "
+                                                        "furthest-behind reader's"},
+                             "in_flight": {"type": "integer",
+                                           "description": "messages delivered and not yet "
+                                                          "settled (acked or nacked)"},
+                             "oldest_waiting_age_s": {"type": ["number", "null"],
+                                                      "description": "seconds since the "
+                                                                     "oldest waiting message "
+                                                                     "was published"},
+                             "oldest_in_flight_age_s": {"type": ["number", "null"],
+                                                        "description": "seconds since the "
+                                                                       "oldest in-flight "
+                                                                       "message was "
+                                                                       "published"},
                              "channels": {"type": "array"}, "groups": {"type": "array"},
                              "consumers": {"type": "integer"},
                              "listeners": {"type": "integer"},
                              "rates": {"type": "object"}, "options": {"type": "object"},
                              "diagnosis": {"type": "string"}}},
+    "RateHistory": {
+        "type": "object",
+        "required": ["queue", "now", "interval_s", "t", "published", "delivered", "acked"],
+        "properties": {
+            "queue": {"type": ["string", "null"], "description": "null: the whole broker"},
+            "now": {"type": "number", "description": "the broker's clock (unix seconds)"},
+            "interval_s": {"type": "number", "description": "about one sample a second"},
+            "t": {"type": "array", "items": {"type": "number"},
+                  "description": "sample times (unix seconds), oldest first; empty for a "
+                                 "queue with no history (at most 100 queues have one)"},
+            **{name: {"type": "array", "items": {"type": ["number", "null"]},
+                      "description": f"messages {name} per second since the sample before "
+                                     "(null: unknown)"}
+               for name in ("published", "delivered", "acked")}}},
     "Receipt": {"type": "object", "required": ["id", "channel", "seq", "state"],
                 "properties": {"id": {"type": "string"}, "channel": {"type": "string"},
                                "seq": {"type": "integer"},
@@ -180,10 +219,18 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/status": {"get": _op("Broker status", tag="admin", ok=_json(OBJECT, "status"))},
         "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups", tag="admin",
                                   ok=_json(OBJECT, "queues"))},
+        "/v1/rates/history": {"get": _op(
+            "The last ten minutes of publish, deliver and ack rates, one sample a second",
+            tag="admin",
+            params=[_query("queue", {"type": "string"},
+                           "endpoint/version (default: the whole broker)")],
+            ok=_json(_ref("RateHistory"), "rates per second, oldest first"))},
         "/v1/queues/{endpoint}/{version}": {"get": _op(
-            "Inspect a queue: depth, unsettled, oldest age, consumers, rates", tag="admin",
+            "Inspect a queue: depth, waiting, in flight, oldest ages, consumers, rates",
+            tag="admin",
             params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
-                    _query("group", {"type": "string"}, "oldest unsettled for this group")],
+                    _query("group", {"type": "string"},
+                           "waiting, in flight and oldest ages for this group")],
             ok=_json(_ref("Queue"), "the queue"))},
         "/v1/queues/{endpoint}/{version}/{id}/messages": {"get": _op(
             "Browse a channel's stored messages", tag="admin",
@@ -231,14 +278,15 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             tag="monitoring",
             params=[*params,
                     _query("minutes", {"type": "number", "minimum": 0, "maximum": 1e6},
-                           "warn when the oldest unsettled message is older (default 10)"),
+                           "warn when the oldest message not yet settled (waiting or "
+                           "in flight) is older (default 10)"),
                     _query("group", {"type": "string"}, "one reader group only")],
             ok={"description": "OK/WARNING/CRITICAL/UNKNOWN line with perfdata",
                 "content": {"text/plain": {"schema": {"type": "string"}}}})}
         paths[f"/status/queues/{suffix}"] = {"get": _op(
             "A queue's (or channel's) state as JSON", tag="monitoring",
             params=[*params, _query("group", {"type": "string"},
-                                    "oldest unsettled for this group")],
+                                    "waiting, in flight and oldest ages for this group")],
             ok=_json(_ref("Queue"), "the queue"))}
     for action, summary in (("approve", "Approve a pending client"),
                             ("revoke", "Revoke a client"),

@@ -102,7 +102,6 @@ def _segment_row(cid: int, msgs: list[Msg]) -> tuple[Any, ...]:
 
 class SQLiteStorage:
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db") -> None:
-        Path(data_dir).mkdir(parents=True, exist_ok=True)
         self.path = str(Path(data_dir).resolve() / filename)
         self._local = threading.local()
         self._cids: dict[str, int] = {}
@@ -129,6 +128,7 @@ class SQLiteStorage:
         return db
 
     def open(self, now: float) -> Snapshot:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         db = self._db()
         try:
             db.executescript(SCHEMA)

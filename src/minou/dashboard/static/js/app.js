@@ -256,9 +256,11 @@ function enter(who, dev) {
     ? h("span", { class: "badge badge-dev", "data-testid": "dev-badge",
       title: "The broker runs with --dev: no authentication, loopback only" }, "development mode")
     : "");
+  // Development mode has nobody to sign out: the broker lets every local caller in.
   els.identity.textContent = dev
-    ? `no token needed (${who.client_id})`
+    ? "development mode: no sign-in"
     : `signed in as ${who.client_id}${who.method ? ` (${who.method})` : ""}`;
+  els.signout.hidden = dev;
   if (!location.hash || location.hash === "#" || location.hash === "#/") location.replace("#/overview");
   route();
 }

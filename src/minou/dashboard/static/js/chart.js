@@ -1,16 +1,47 @@
-// Live rate charts (uPlot, vendored in vendor/). Rates come from counter deltas
-// between two polls; a RateSeries keeps the samples (so a page shows its
-// history again when you come back), a RateChart draws one.
+// Live rate charts (uPlot, vendored in vendor/). A chart starts from the broker's
+// last ten minutes (GET /v1/rates/history, one sample a second), then goes on
+// with rates from counter deltas between two polls; a RateSeries keeps the
+// samples, a RateChart draws one. The three lines differ in colour (blue,
+// orange, green: apart for colour-blind eyes too) and in dash pattern.
 
+import { api } from "./api.js";
 import { fmtCompact, fmtRate } from "./format.js";
 
-const MAX_POINTS = 180; // 6 minutes at one sample per 2 s
+const MAX_POINTS = 1200; // the broker's 10 minutes at 1/s, then 10 more at one per 2 s poll
 
 export const RATE_SERIES = [
-  { label: "publish", color: "--chart-publish" },
-  { label: "deliver", color: "--chart-deliver" },
-  { label: "ack", color: "--chart-ack" },
+  { label: "publish", color: "--chart-publish", dash: [], history: "published" },
+  { label: "deliver", color: "--chart-deliver", dash: [8, 4], history: "delivered" },
+  { label: "ack", color: "--chart-ack", dash: [2, 3], history: "acked" },
 ];
+
+/** A legend swatch: a short line in the series' colour and dash pattern. */
+export function swatch(s) {
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", `sw sw-${s.label}`);
+  svg.setAttribute("viewBox", "0 0 22 6");
+  svg.setAttribute("aria-hidden", "true");
+  svg.dataset.dash = s.dash.join(",") || "solid";
+  const line = document.createElementNS(ns, "line");
+  for (const [k, v] of [["x1", 1], ["y1", 3], ["x2", 21], ["y2", 3]]) line.setAttribute(k, String(v));
+  line.style.stroke = `var(${s.color})`;
+  line.style.strokeWidth = "2.5";
+  if (s.dash.length) line.style.strokeDasharray = s.dash.join(" ");
+  svg.append(line);
+  return svg;
+}
+
+/** A legend of the three series, for a card's head. */
+export function legend(values = null) {
+  return RATE_SERIES.map((s, i) => {
+    const item = document.createElement("span");
+    item.className = "legend-item";
+    item.append(swatch(s), `${s.label}${values ? " " : ""}`);
+    if (values) item.append(values[i]);
+    return item;
+  });
+}
 
 /** Turns monotonic counters into per-second rates between two samples. */
 export class CounterRates {
@@ -66,6 +97,32 @@ export class RateSeries {
 
   data() {
     return [this.x, ...this.ys];
+  }
+
+  /**
+   * Start again from the broker's history (GET /v1/rates/history): its samples, moved
+   * onto this browser's clock, replace what the series had; live polls go on from there.
+   * Returns false (the series untouched) when the broker has none.
+   */
+  seed(history) {
+    const t = history && history.t;
+    if (!t || !t.length) return false;
+    const shift = Date.now() / 1000 - (history.now ?? t[t.length - 1]);
+    this.x = [];
+    this.ys = this.ys.map(() => []);
+    this.count = 0;
+    this.rates.reset();
+    t.forEach((when, i) => this.push(RATE_SERIES.map((s) => history[s.history]?.[i] ?? null), when + shift));
+    return true;
+  }
+}
+
+/** Seed ``series`` from the broker's last minutes (of ``queue``, or of the broker). */
+export async function loadHistory(series, queue = null) {
+  try {
+    return series.seed(await api("GET", "/v1/rates/history", { query: { queue } }));
+  } catch {
+    return false; // an older broker, or a hiccup: the chart fills from the polls
   }
 }
 
@@ -125,6 +182,7 @@ export class RateChart {
           label: s.label,
           stroke: cssVar(s.color),
           width: 2,
+          dash: s.dash,
           value: (u, v) => fmtRate(v),
         })),
       ],

@@ -148,6 +148,7 @@ export function createTable({ testid, columns, rowKey, rowAttrs, empty, sort = n
     } else {
       th = h("th", { class: cls, scope: "col" }, col.label);
     }
+    if (col.title) th.title = col.title;
     ths.set(col.key, th);
     headRow.append(th);
   }

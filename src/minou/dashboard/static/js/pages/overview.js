@@ -2,11 +2,11 @@
 // refusals and authentication failures (GET /v1/status).
 
 import { api } from "../api.js";
-import { RATE_SERIES, RateChart, RateSeries } from "../chart.js";
+import { legend, loadHistory, RATE_SERIES, RateChart, RateSeries } from "../chart.js";
 import { card, createTable, emptyState, fill, h, setText, stat } from "../dom.js";
 import { fmtBytes, fmtDuration, fmtInt, fmtRate } from "../format.js";
 
-// Kept across visits: the chart shows its history again (with a gap).
+// Kept across visits; each visit starts again from the broker's last ten minutes.
 const history = new RateSeries();
 
 const OTHER_COUNTERS = [
@@ -109,15 +109,17 @@ export function mount(view) {
 
   history.gap();
   const chart = new RateChart(chartBox, history);
-  const legendItems = RATE_SERIES.map((s) => {
-    const v = h("span", { class: "tabular" }, "—");
-    legendNow.append(h("span", null, h("span", { class: `sw sw-${s.label}` }), `${s.label} `, v));
-    return v;
-  });
+  const legendItems = RATE_SERIES.map(() => h("span", { class: "tabular" }, "—"));
+  legendNow.append(...legend(legendItems));
 
   let alive = true;
+  let seeded = false;
 
   async function refresh() {
+    if (!seeded) {
+      seeded = true;
+      if (await loadHistory(history) && alive) chart.update();
+    }
     const st = await api("GET", "/v1/status");
     if (!alive) return;
     const c = st.counters || {};

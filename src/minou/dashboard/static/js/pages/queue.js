@@ -3,17 +3,18 @@
 // a message browser and the reader groups, with purge / requeue actions.
 
 import { api, channelId, queuePath } from "../api.js";
-import { RateChart, RateSeries } from "../chart.js";
+import { legend, loadHistory, RateChart, RateSeries } from "../chart.js";
 import { card, confirmAction, createTable, emptyState, fill, h, setAttr, setText, show, stat, toast } from "../dom.js";
 import { DASH, fmtAgo, fmtBytes, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
-import { publishExample } from "./queues.js";
+import { IN_FLIGHT_HINT, publishExample, WAITING_HINT } from "./queues.js";
 
 const DEAD = "_dead/";
 const PAGE_SIZE = 20;
 const MAX_CHANNEL_BUTTONS = 200;
 const MAX_PAYLOAD_CHARS = 100_000;
 
-// Chart history per queue, kept across visits (a few queues).
+// Chart history per queue, kept across visits (a few queues); each visit starts again
+// from the broker's last ten minutes of the queue.
 const histories = new Map();
 
 function historyFor(queue) {
@@ -83,17 +84,23 @@ export function mount(view, params, ctx) {
       isDead ? null : publishExample().replace("orders/v1", base)));
 
   const sDepth = stat("Depth", "q-depth");
-  const sUnsettled = stat("Unsettled", "q-unsettled");
-  const sOldest = stat("Oldest unsettled", "q-oldest", { small: true });
+  // Two kinds of unsettled messages, each with the age of its own oldest.
+  const sWaiting = stat("Waiting", "q-waiting");
+  const sInFlight = stat("In flight", "q-in-flight");
+  sDepth.el.title = "Depth: messages stored (waiting, in flight, or settled and kept by retention)";
+  sWaiting.el.title = WAITING_HINT;
+  sInFlight.el.title = IN_FLIGHT_HINT;
+  sWaiting.extra.dataset.testid = "q-oldest-waiting";
+  sInFlight.extra.dataset.testid = "q-oldest-in-flight";
   const sConsumers = stat("Consumers", "q-consumers");
   const sListeners = stat("Listeners", "q-listeners");
   const sPublished = stat("Published", "q-published");
-  const stats = h("div", { class: "stats" }, sDepth.el, sUnsettled.el, sOldest.el, sConsumers.el, sListeners.el, sPublished.el);
+  const stats = h("div", { class: "stats" }, sDepth.el, sWaiting.el, sInFlight.el, sConsumers.el, sListeners.el, sPublished.el);
 
   // chart
   const history = historyFor(queue);
   const chartCard = card("Rates", { id: "queue-rates-title",
-    extra: h("span", { class: "hint muted" }, "publish · deliver · ack, msg/s") });
+    extra: h("span", { class: "legend-inline", title: "messages per second" }, ...legend()) });
   const chartBox = h("div", { class: "chart", "data-testid": "queue-chart", role: "img",
     "aria-label": `Publish, deliver and ack rates of ${queue}` });
   chartCard.body.className = "";
@@ -148,10 +155,16 @@ export function mount(view, params, ctx) {
     sort: { key: "group", dir: "asc" },
     columns: [
       { key: "group", label: "Group", sort: true, cell: (td, g) => fill(td, g.group, () => h("code", null, g.group)) },
-      { key: "kind", label: "Kind", cell: (td, g) => setText(td, g.kind) },
       { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, (g.patterns || []).join(", ")) },
       { key: "members", label: "Members", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.members)) },
-      { key: "unsettled", label: "Unsettled", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.unsettled)) },
+      {
+        key: "waiting", label: "Waiting", num: true, sort: true, title: WAITING_HINT,
+        value: (g) => g.waiting ?? null, cell: (td, g) => setText(td, fmtInt(g.waiting)),
+      },
+      {
+        key: "in_flight", label: "In flight", num: true, sort: true, title: IN_FLIGHT_HINT,
+        value: (g) => g.in_flight ?? g.unsettled ?? null, cell: (td, g) => setText(td, fmtInt(g.in_flight ?? g.unsettled)),
+      },
       { key: "lag", label: "Lag", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.lag)) },
       { key: "delivered", label: "Delivered", num: true, cell: (td, g) => setText(td, fmtInt(g.delivered)) },
       { key: "acked", label: "Acked", num: true, cell: (td, g) => setText(td, fmtInt(g.acked)) },
@@ -238,7 +251,7 @@ export function mount(view, params, ctx) {
       setAttr(btn, "aria-pressed", btn.dataset.channel === browse.channel ? "true" : "false");
       if (c) {
         setText(btn.querySelector(".count"), fmtInt(c.depth));
-        btn.title = `${c.channel}: depth ${c.depth}, unsettled ${c.unsettled}, seq ${c.first_seq}–${c.next_seq - 1}` +
+        btn.title = `${c.channel}: depth ${c.depth}, in flight ${c.unsettled}, seq ${c.first_seq}–${c.next_seq - 1}` +
           (c.readers && c.readers.length ? `, read by ${c.readers.join(", ")}` : "");
       }
     }
@@ -312,7 +325,13 @@ export function mount(view, params, ctx) {
   }
 
   // ------------------------------------------------------------ refresh
+  let seeded = false;
+
   async function refresh() {
+    if (!seeded) {
+      seeded = true;
+      if (await loadHistory(history, queue) && alive) chart.update();
+    }
     const req = browse.req;
     const [detailRes, listRes] = await Promise.allSettled([
       api("GET", `/v1/queues/${qp}`),
@@ -348,9 +367,10 @@ export function mount(view, params, ctx) {
     show(diagnosis, !!d.diagnosis);
 
     setText(sDepth.value, String(d.depth ?? 0));
-    setText(sUnsettled.value, String(d.unsettled ?? 0));
-    setText(sOldest.value, d.oldest_age_s == null ? "none" : fmtDuration(d.oldest_age_s));
-    setText(sOldest.extra, d.oldest_age_s == null ? "nothing waiting" : "");
+    setText(sWaiting.value, String(d.waiting ?? 0));
+    setText(sWaiting.extra, d.oldest_waiting_age_s == null ? "" : `oldest ${fmtDuration(d.oldest_waiting_age_s)}`);
+    setText(sInFlight.value, String(d.in_flight ?? d.unsettled ?? 0));
+    setText(sInFlight.extra, d.oldest_in_flight_age_s == null ? "" : `oldest ${fmtDuration(d.oldest_in_flight_age_s)}`);
     setText(sConsumers.value, String(d.consumers ?? 0));
     setText(sListeners.value, String(d.listeners ?? 0));
     setText(sPublished.value, String(d.published ?? 0));

@@ -7,6 +7,11 @@ import { card, createTable, emptyState, fill, h, setText } from "../dom.js";
 import { DASH, fmtDuration, fmtInt, fmtRate } from "../format.js";
 
 const DEAD = "_dead/";
+export const WAITING_HINT = "Waiting: stored, not yet delivered (new, requeued or delayed); " +
+  "its age is the oldest one's, since it was published";
+export const IN_FLIGHT_HINT = "In flight: delivered to a consumer, not yet acked; " +
+  "its age is the oldest one's, since it was published";
+const OLDEST_WAITING_HINT = "How long the oldest waiting message has waited since it was published";
 
 // Kept across visits.
 const state = { filter: "", sort: { key: "queue", dir: "asc" } };
@@ -50,10 +55,18 @@ export function mount(view) {
         ]),
       },
       { key: "depth", label: "Depth", num: true, sort: true, cell: (td, q) => setText(td, fmtInt(q.depth)) },
-      { key: "unsettled", label: "Unsettled", num: true, sort: true, cell: (td, q) => setText(td, fmtInt(q.unsettled)) },
       {
-        key: "oldest", label: "Oldest", num: true, value: (q) => q.oldest_age_s ?? null,
-        cell: (td, q) => setText(td, q.oldest_age_s == null ? DASH : fmtDuration(q.oldest_age_s)),
+        key: "waiting", label: "Waiting", num: true, sort: true, title: WAITING_HINT,
+        value: (q) => q.waiting ?? null, cell: (td, q) => setText(td, fmtInt(q.waiting)),
+      },
+      {
+        key: "oldest_waiting", label: "Oldest waiting", num: true, sort: true, title: OLDEST_WAITING_HINT,
+        value: (q) => q.oldest_waiting_age_s ?? null,
+        cell: (td, q) => setText(td, q.oldest_waiting_age_s == null ? DASH : fmtDuration(q.oldest_waiting_age_s)),
+      },
+      {
+        key: "in_flight", label: "In flight", num: true, sort: true, title: IN_FLIGHT_HINT,
+        value: (q) => q.in_flight ?? q.unsettled ?? null, cell: (td, q) => setText(td, fmtInt(q.in_flight ?? q.unsettled)),
       },
       { key: "consumers", label: "Consumers", num: true, sort: true, cell: (td, q) => setText(td, fmtInt(q.consumers)) },
       { key: "listeners", label: "Listeners", num: true, sort: true, cell: (td, q) => setText(td, fmtInt(q.listeners)) },
@@ -90,7 +103,14 @@ export function mount(view) {
       { key: "kind", label: "Kind", sort: true, cell: (td, g) => setText(td, g.kind) },
       { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, (g.patterns || []).join(", ")) },
       { key: "members", label: "Members", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.members)) },
-      { key: "unsettled", label: "Unsettled", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.unsettled)) },
+      {
+        key: "waiting", label: "Waiting", num: true, sort: true, title: WAITING_HINT,
+        value: (g) => g.waiting ?? null, cell: (td, g) => setText(td, fmtInt(g.waiting)),
+      },
+      {
+        key: "in_flight", label: "In flight", num: true, sort: true, title: IN_FLIGHT_HINT,
+        value: (g) => g.in_flight ?? g.unsettled ?? null, cell: (td, g) => setText(td, fmtInt(g.in_flight ?? g.unsettled)),
+      },
       { key: "lag", label: "Lag", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.lag)) },
       { key: "delivered", label: "Delivered", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.delivered)) },
       { key: "acked", label: "Acked", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.acked)) },

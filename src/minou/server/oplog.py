@@ -1,0 +1,114 @@
+"""The lines an operator reads: refused logins, pending clients, failed TLS handshakes.
+
+Each names what happened, the client id and the peer address, never a token or a key.
+A client can cause these at will, so they are rate limited per kind: a flood of bad
+logins costs a few lines and a count of the rest, not a full disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from typing import Any
+
+from ..errors import NotAuthenticated, PendingApproval
+
+log = logging.getLogger("minou.security")
+
+WINDOW_S = 10.0
+LINES_PER_WINDOW = 20
+
+
+class _Limiter:
+    """At most LINES_PER_WINDOW lines per WINDOW_S for one kind, then one summary."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.window_start = 0.0
+        self.lines = 0
+        self.suppressed = 0
+
+    def allow(self, now: float) -> bool:
+        if now - self.window_start >= WINDOW_S:
+            if self.suppressed:
+                log.warning("%d more %s in the last %.0f s (not logged one by one; see "
+                            "/metrics)", self.suppressed, self.kind, now - self.window_start)
+            self.window_start, self.lines, self.suppressed = now, 0, 0
+        if self.lines < LINES_PER_WINDOW:
+            self.lines += 1
+            return True
+        self.suppressed += 1
+        return False
+
+
+_limits: dict[str, _Limiter] = {}
+
+
+def _allow(kind: str) -> bool:
+    limiter = _limits.get(kind)
+    if limiter is None:
+        limiter = _limits[kind] = _Limiter(kind)
+    return limiter.allow(time.monotonic())
+
+
+def refused(exc: NotAuthenticated, client_id: str | None, peer: Any, via: str) -> None:
+    """A connection or request whose identity was refused (or that waits for approval)."""
+    why = str(exc.detail.get("why", "token"))
+    who = repr(client_id) if client_id else "an unnamed client"
+    if isinstance(exc, PendingApproval):
+        if _allow("pending clients"):
+            log.info("client %s from %s (%s) waits for approval (key %s): minou clients "
+                     "approve %s", who, _peer(peer), via, exc.detail.get("fingerprint", "?"),
+                     client_id)
+        return
+    if why == "token_required":
+        return  # the normal challenge of a first HELLO, not a failure
+    if _allow("authentication failures"):
+        log.warning("authentication failed for %s from %s (%s): %s [%s]", who, _peer(peer),
+                    via, exc.message, why)
+
+
+def tls_failed(exc: BaseException, listener: str) -> None:
+    if not _allow("TLS handshake failures"):
+        return
+    reason = getattr(exc, "reason", None) or type(exc).__name__
+    hint = ""
+    if reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"):
+        hint = " (the client spoke plain text: it should use minous:// or https://)"
+    elif reason in ("TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE",
+                    "SSLV3_ALERT_CERTIFICATE_UNKNOWN"):
+        hint = " (the client does not trust this certificate: it should pin the fingerprint)"
+    log.warning("TLS handshake failed on the %s listener: %s%s", listener, reason, hint)
+
+
+def peer_text(peer: Any, via: str = "") -> str:
+    """``host:port`` (``[v6]:port``) of a socket's peer, as operators grep for it."""
+    if isinstance(peer, tuple | list) and len(peer) >= 2:
+        host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
+        text = f"{host}:{peer[1]}"
+    else:
+        text = str(peer) if peer else "?"
+    return f"{via}:{text}" if via else text
+
+
+_peer = peer_text
+
+
+def watch_handshakes(ctx: ssl.SSLContext, listener: str, count: Any) -> ssl.SSLContext:
+    """Make ``ctx`` report failed server handshakes: asyncio and uvloop drop them
+    silently (an OSError is only logged in debug mode). ``count()`` is called for each."""
+
+    class WatchedSSLObject(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise
+            except (ssl.SSLError, OSError) as exc:
+                count()
+                tls_failed(exc, listener)
+                raise
+
+    ctx.sslobject_class = WatchedSSLObject
+    return ctx
