@@ -11,23 +11,14 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import queue as queue_mod
-import struct
 import time
 from typing import Any
 
+# The same bodies as the peers' (monotonic ns at publish time, then padding).
+from peers import TS, make_body, now_ns
+
 CHANNEL = "bench/v1/q"
 GROUP = "bench_g"
-TS = struct.Struct("<q")  # as peers.py: monotonic ns at publish time, then padding
-
-
-def now_ns() -> int:
-    return time.monotonic_ns()
-
-
-def make_body(size: int, ts: int | None = None) -> bytes:
-    if ts is None:
-        return b"x" * size
-    return TS.pack(ts) + b"x" * (size - TS.size)
 
 
 _KEY: Any = None

@@ -698,16 +698,10 @@ class BrokerServer:
     async def oldest_published(self, log_: Any, group: str | None = None) -> float | None:
         """When the oldest message not yet settled (by ``group``) was published."""
         from ..core import maintenance
-        from ..core.log import Msg as _Msg
+        from .admin import published_at
 
-        seq = maintenance.oldest_unsettled(self.core, log_, group)
-        if seq is None:
-            return None
-        found = log_.lookup(seq)
-        if isinstance(found, _Msg):
-            return found.published_at
-        msgs = await self.read_messages(log_.name, seq, log_.end, 1)
-        return msgs[0].published_at if msgs else None
+        return await published_at(self, log_, maintenance.oldest_unsettled(self.core, log_,
+                                                                           group))
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """What a scrape shows (see metrics.Metrics); ages come from the last refresh."""
