@@ -11,7 +11,7 @@ SPARK_STAMP := $(VENV)/.installed-spark-$(CKSUM)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint bench clean system-deps dashboard spark-demo
+.PHONY: run test fuzz lint bench clean system-deps dashboard spark-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,12 @@ dashboard:
 test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest
+
+## fuzz: the fuzz targets (tests/fuzz) against real brokers, FUZZ_EXAMPLES examples each
+# (`make test` runs them too, with the small default of MINOU_FUZZ_EXAMPLES)
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(TEST_STAMP)
+	MINOU_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest --timeout 0 tests/fuzz
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -179,9 +179,25 @@ def banner(st: dict[str, Any], data_dir: str) -> list[str]:
         verdict = "compatible" if line["compatible"] else "BREAKING"
         lines.append(f"  schema  {line['old']} -> {line['new']}: {verdict}"
                      + (f" ({'; '.join(line['changes'])})" if line["changes"] else ""))
+    if st.get("admission"):
+        lines.append(f"  limits  {_connection_limits(st['admission'])}")
     lines.append(f"  data    {st['storage']['path']}")
     lines.append("  stop with Ctrl-C")
     return lines
+
+
+def _connection_limits(adm: dict[str, Any]) -> str:
+    """The connection limit and the file descriptor limit it derives from."""
+    limit, configured, fds = adm["limit"], adm["max_connections"], adm["descriptors"]
+    text = f"{limit} connections, native + HTTP + WebSocket"
+    if not fds:
+        return f"{text} (max_connections)"
+    before = adm.get("descriptors_before") or fds
+    raised = f", raised from {before}" if before < fds else ""
+    if limit < configured:
+        return (f"{text} (file descriptors: {fds}{raised}; max_connections {configured} is "
+                f"capped by them: raise the hard limit, e.g. ulimit -Hn or LimitNOFILE=)")
+    return f"{text} (max_connections; file descriptors: {fds}{raised})"
 
 
 def _reachable(url: str) -> str:
@@ -586,8 +602,10 @@ def clients_list(conn: dict[str, Any], as_json: bool) -> None:
     for c in data["clients"]:
         style = {"pending": "yellow", "revoked": "red"}.get(c["status"], "")
         seen = (f"{max(0.0, _now() - c['last_seen']):.0f} s ago" if c["last_seen"] else "-")
-        table.add_row(c["client_id"], Text(c["status"], style=style),
-                      "yes" if c["admin"] else "", str(c["connections"]), seen, c["note"])
+        admin = "yes" if c["admin"] else \
+            Text("waits for approval", style="yellow") if c.get("admin_pending") else ""
+        table.add_row(c["client_id"], Text(c["status"], style=style), admin,
+                      str(c["connections"]), seen, c["note"])
     console.print(table)
     # Fingerprints are compared whole, so each gets a line of its own rather than a
     # table cell that a narrow terminal would fold or cut.
@@ -610,7 +628,7 @@ def _now() -> float:
 
 def _client_command(op: str, verb: str) -> Callable[..., Any]:
     @connection_options
-    @click.argument("target")
+    @click.argument("target", metavar="CHANNEL" if op == "reservations.release" else "CLIENT_ID")
     @json_option
     def command(conn: dict[str, Any], target: str, as_json: bool) -> None:
         field = "channel" if op == "reservations.release" else "client_id"
@@ -622,13 +640,17 @@ def _client_command(op: str, verb: str) -> Callable[..., Any]:
         else:
             closed = result.get("connections_closed")
             tail = f"; {closed} connection(s) closed" if closed else ""
+            if result.get("admin"):
+                tail += "; admin"
             click.echo(f"{verb} {result['client_id']} ({result['fingerprint']}): "
                        f"{result['status']}{tail}")
 
     return command
 
 
-clients.command(name="approve", help="Approve a pending (or revoked) client.")(
+clients.command(name="approve", help="Approve a pending (or revoked) client; for an id listed "
+                                     "in auth.admins, also approve its key as an admin's (the "
+                                     "only way a registered key gains admin rights).")(
     _client_command("clients.approve", "approved"))
 clients.command(name="revoke", help="Revoke a client: its connections close, its key stops "
                                     "working.")(_client_command("clients.revoke", "revoked"))
@@ -654,6 +676,32 @@ def clients_rotate(conn: dict[str, Any], target: str, public_key: str, as_json: 
         click.echo(json.dumps(result, indent=2))
     else:
         click.echo(f"rotated {target}: now {result['fingerprint']}")
+
+
+@main.group()
+def writers() -> None:
+    """Writer ids of exactly-once commits (Spark's writerId), each owned by the client that
+    first committed under it (admin only)."""
+
+
+@writers.command(name="release")
+@connection_options
+@click.argument("writer_id")
+@click.option("--drop-fences", is_flag=True,
+              help="Also forget its fences (after a squatter moved them); without this the "
+                   "next owner keeps the job's progress.")
+@json_option
+def writers_release(conn: dict[str, Any], writer_id: str, drop_fences: bool,
+                    as_json: bool) -> None:
+    """Free WRITER_ID for the next client that commits under it (e.g. a job that moved to
+    another client id)."""
+    result = _admin(conn, "writers.release", writer_id=writer_id, drop_fences=drop_fences)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        was = result["released_from"]
+        click.echo(f"released writer id {writer_id}" + (f" (was {was}'s)" if was else "")
+                   + ("; its fences were dropped" if result["fences_dropped"] else ""))
 
 
 @main.command()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -49,12 +50,16 @@ class Settings:
     http_port: int | None = limits.DEFAULT_HTTP_PORT
     data_dir: str = limits.DEFAULT_DATA_DIR
     max_message_size: int = limits.MAX_MESSAGE_SIZE
-    max_connections: int = 10_000
+    max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
     default_lease: float = limits.DEFAULT_LEASE_S
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
+    slow_consumer_seconds: float = limits.CONSUMER_STALL_S
+    delivery_buffer_bytes: int = limits.DELIVERY_BUFFER_BUDGET
     hello_timeout: float = limits.HELLO_TIMEOUT_S
+    http_header_timeout: float = limits.HTTP_HEADER_TIMEOUT_S
+    http_idle_timeout: float = limits.HTTP_IDLE_TIMEOUT_S
     strict_schemas: bool = False
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
     # [auth]: "keys" (every client proves itself with its key pair), "token" (the shared
@@ -68,6 +73,12 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_self_signed: bool | None = None
+    # [storage]: max_size caps the database (past it SQLite fails exactly as on a full
+    # disk: publishes are refused with STORAGE_FULL); reserve is held back for acks
+    storage_max_size: int | None = None
+    storage_reserve: int = limits.STORAGE_RESERVE_BYTES
+    # the WAL size past which it is copied into the database (and what it shrinks to)
+    storage_wal_checkpoint: int = limits.CHECKPOINT_WAL_BYTES
     schema_report: tuple[Compatibility, ...] = ()
     config_path: str | None = None
 
@@ -104,10 +115,19 @@ _TOP_KEYS = {
     "dedup_window": ((int, float), "a number of seconds >= 0"),
     "publish_pause_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_bytes": (int, "a number of bytes >= 1"),
+    "slow_consumer_seconds": ((int, float), "a number of seconds > 0"),
+    "delivery_buffer_bytes": (int, "a number of bytes >= 1"),
     "hello_timeout": ((int, float), "a number of seconds > 0"),
+    "http_header_timeout": ((int, float), "a number of seconds > 0"),
+    "http_idle_timeout": ((int, float), "a number of seconds > 0"),
     "strict_schemas": (bool, "true or false"),
 }
-_TABLES = ("auth", "channels", "rules", "tls")
+_TABLES = ("auth", "channels", "rules", "storage", "tls")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_TIMEOUT_KEYS = ("hello_timeout", "http_header_timeout", "http_idle_timeout",
+                 "slow_consumer_seconds")
 
 
 def _expect(key: str, value: Any, types: Any, what: str) -> None:
@@ -219,6 +239,37 @@ def _tls(raw: Any, base_dir: Path) -> dict[str, Any]:
     return out
 
 
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from an integer or a string such as "40MB" (10^6) or "512MiB" (2^20)."""
+    what = 'a size: bytes, or a string such as "40MB" or "2GiB"'
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{key}: expected {what}, got {value}")
+        return value
+    m = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        raise ConfigError(f"{key}: expected {what}, got {json.dumps(value, default=str)}")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+
+
+def _storage(raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError("storage: expected a table (max_size, reserve, wal_checkpoint)")
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in ("max_size", "reserve", "wal_checkpoint"):
+            raise ConfigError(f"storage.{key}: unknown setting (known: max_size, reserve, "
+                              "wal_checkpoint)")
+        size = parse_size(f"storage.{key}", value)
+        if key == "wal_checkpoint" and size < 1 << 20:
+            raise ConfigError(f"storage.wal_checkpoint: expected at least 1 MiB, got {value!r}")
+        if key == "max_size" and size < limits.MIN_STORAGE_MAX_SIZE:
+            raise ConfigError(f"storage.max_size: expected at least "
+                              f"{limits.MIN_STORAGE_MAX_SIZE >> 20} MiB, got {value!r}")
+        out[f"storage_{key}"] = size
+    return out
+
+
 def _check_consistency(settings: Settings) -> None:
     if settings.auth_mode == "off" and not settings.loopback:
         raise ConfigError(f"auth.mode: 'off' (development mode) listens on loopback only; "
@@ -241,6 +292,9 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         if key == "tls":
             values.update(_tls(value, base_dir))
             continue
+        if key == "storage":
+            values.update(_storage(value))
+            continue
         if key == "rules":
             values["rules"] = Rules.parse(value)
             continue
@@ -261,7 +315,7 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         if key in ("port", "http_port") and not 0 <= value <= 65535:
             raise ConfigError(f"{key}: expected {what}, got {value}")
         if (("bytes" in what or key == "max_connections") and value < 1) or (
-                key == "hello_timeout" and value <= 0):
+                key in _TIMEOUT_KEYS and value <= 0):
             raise ConfigError(f"{key}: expected {what}, got {value}")
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):

@@ -3,11 +3,13 @@
 ::
 
     MinouError
-    ├── ProtocolError          malformed frame, frame too large, unexpected frame
+    ├── ProtocolError          malformed frame, frame too large, unexpected frame,
+    │                          request timeout
     ├── RequestError           sent back to the peer with its code
     │   ├── InvalidChannel  InvalidPayload  NotAuthorized  NotAuthenticated
     │   ├── MessageTooLarge  QueueFull  UnknownDelivery  BadRequest  ShuttingDown
-    ├── StorageError           StorageUnavailable
+    │   └── StorageFull        (also a StorageError) the disk or max_size is full
+    ├── StorageError           StorageUnavailable, StorageFull
     ├── StartupError           data directory in use, port busy
     └── ClientError            ConnectionClosed, Timeout, SendQueueFull
 
@@ -28,6 +30,7 @@ class ErrorCode(IntEnum):
     FRAME_TOO_LARGE = 101
     UNKNOWN_COMMAND = 102
     UNEXPECTED_FRAME = 103
+    REQUEST_TIMEOUT = 104
     # 2xx: a request was refused; the connection stays usable.
     BAD_REQUEST = 200
     INVALID_CHANNEL = 201
@@ -47,6 +50,7 @@ class ErrorCode(IntEnum):
     INTERNAL = 301
     SLOW_CONSUMER = 302
     TOO_MANY_CONNECTIONS = 303
+    STORAGE_FULL = 304
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,7 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.FRAME_TOO_LARGE: CodeInfo(413, "frame_too_large", "frame too large"),
     ErrorCode.UNKNOWN_COMMAND: CodeInfo(400, "unknown_command", "unknown command"),
     ErrorCode.UNEXPECTED_FRAME: CodeInfo(400, "unexpected_frame", "unexpected frame"),
+    ErrorCode.REQUEST_TIMEOUT: CodeInfo(408, "request_timeout", "request not received in time"),
     ErrorCode.BAD_REQUEST: CodeInfo(400, "bad_request", "bad request"),
     ErrorCode.INVALID_CHANNEL: CodeInfo(400, "invalid_channel", "invalid channel name"),
     ErrorCode.INVALID_PAYLOAD: CodeInfo(400, "invalid_payload", "invalid payload"),
@@ -80,6 +85,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
     ErrorCode.TOO_MANY_CONNECTIONS: CodeInfo(503, "too_many_connections", "too many connections"),
+    ErrorCode.STORAGE_FULL: CodeInfo(507, "storage_full",
+                                     "storage full: nothing was stored (or made durable)"),
 }
 
 
@@ -118,6 +125,12 @@ class UnknownCommand(ProtocolError):
 
 class UnexpectedFrame(ProtocolError):
     code = ErrorCode.UNEXPECTED_FRAME
+
+
+class RequestTimeout(ProtocolError):
+    """An HTTP request's headers did not arrive in time (the connection is closed)."""
+
+    code = ErrorCode.REQUEST_TIMEOUT
 
 
 class BadRequest(RequestError):
@@ -192,6 +205,15 @@ class StorageUnavailable(StorageError):
     pass
 
 
+class StorageFull(RequestError, StorageError):
+    """The disk, or the database's ``[storage] max_size``, is full (SQLITE_FULL, ENOSPC):
+    what the request wanted stored was not. ``detail`` names the data directory and
+    the free space. The broker stays up and accepts publishes again by itself once
+    space is freed."""
+
+    code = ErrorCode.STORAGE_FULL
+
+
 class StartupError(MinouError):
     """The broker cannot start: its data directory is in use, a port is taken, ..."""
 
@@ -219,10 +241,10 @@ class ConfigError(MinouError):
 
 _BY_CODE: dict[int, type[RequestError]] = {}
 for _cls in (
-    ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, BadRequest, InvalidChannel,
-    InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
+    ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, RequestTimeout, BadRequest,
+    InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
-    SlowConsumer, TooManyConnections, NotFound,
+    SlowConsumer, TooManyConnections, NotFound, StorageFull,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

@@ -13,6 +13,9 @@ MAX_MESSAGE_SIZE = 1 << 20  # 1 MiB payload, as NATS' max_payload default
 MAX_FRAME_SIZE = 16 << 20  # a batch of publishes may hold many messages
 MAX_HEADERS = 64
 MAX_HEADER_SIZE = 8 << 10
+# Arrays and objects inside one another in a client's JSON (payloads, HTTP bodies, stream
+# messages): decoders recurse per level, so a 1 MiB "[[[[..." would exhaust the stack.
+MAX_JSON_DEPTH = 64
 MAX_CHANNEL_LENGTH = 255
 MAX_BATCH = 10_000  # messages in one publish frame
 # Subscriptions of one connection (or stream or HTTP client): each costs a scan of the
@@ -46,8 +49,42 @@ STORAGE_READ_PAGE = 2_000
 SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
 CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)
+
+# A full disk (or [storage] max_size): publishes are refused, deliveries and acks go on.
+# The reserve is a file of this size in the data dir (and as many pages above max_size),
+# given back on the first SQLITE_FULL so the broker can still record acks and state.
+STORAGE_RESERVE_BYTES = 4 << 20
+STORAGE_RESUME_BYTES = 4 << 20  # publishes are accepted again once this much is free
+STORAGE_PROBE_S = 1.0  # while full, look at the free space this often
+STORAGE_RETRY_S = 1.0  # while full, a failed commit waits this long before the next try
+MIN_STORAGE_MAX_SIZE = 1 << 20  # a smaller max_size is surely a mistake
 GC_THRESHOLD = 100_000  # allocations before a young-generation collection (default 700)
 HELLO_TIMEOUT_S = 10.0
+
+# Connections (docs/http.md, "Connections and timeouts"). Every client socket holds a file
+# descriptor: native, HTTP and WebSocket ones count together against max_connections,
+# capped by what the descriptor limit leaves once these are set aside.
+DEFAULT_MAX_CONNECTIONS = 10_000
+# Not client sockets: storage (three SQLite connections x database, WAL and shm), the
+# data-directory lock, both listeners, the event loop, stdio, files read on demand
+# (config, keys, TLS, the dashboard's static files).
+FD_RESERVED = 64
+# Sockets accepted only to be refused (an error frame or a 503, then closed): past this
+# many at once, a new one is dropped without an answer, so a flood of connects never
+# takes the descriptors the budget leaves to everything else.
+MAX_REFUSING = 64
+# A refused socket is answered when its request (HTTP: a 503) or HELLO (native: the error
+# frame) comes, so that its client reads the refusal as the answer; at most this long.
+REFUSAL_WAIT_S = 1.0
+REFUSAL_LINGER_S = 2.0  # a refused native socket: time to read the error before the close
+# HTTP: a request's headers must be complete within this of its first byte, and a new
+# connection must have sent its first request's headers within this of connecting
+# (slowloris; as the HELLO deadline of native connections).
+HTTP_HEADER_TIMEOUT_S = 10.0
+# An idle keep-alive HTTP connection is closed after this long without a request: longer
+# than the 5 s for which clients such as httpx keep an idle connection, so a client
+# reusing one does not race our close.
+HTTP_IDLE_TIMEOUT_S = 15.0
 
 # Client
 CLIENT_SEND_QUEUE = 100_000
@@ -58,3 +95,25 @@ CLIENT_FRAME_MESSAGES = 256  # messages waiting to be sent or confirmed
 CLIENT_RECONNECT_MIN_S = 0.05
 CLIENT_RECONNECT_MAX_S = 2.0
 CLIENT_REQUEST_TIMEOUT_S = 30.0
+
+# Authentication: what strangers and single clients can make the broker remember.
+REPLAY_GUARD_CAPACITY = 100_000  # unexpired token ids of native HELLOs (admins may pass it)
+REPLAY_GUARD_PER_CLIENT = 5_000  # of which one client id may hold at most this many
+MAX_PENDING_PER_ADDRESS = 20  # clients waiting for approval registered from one address
+PENDING_ATTEMPTS = (10, 10.0)  # HELLOs of one pending client id: at most 10 per 10 s
+
+# Amplification: what one small request may make the broker do.
+MAX_KEY_LENGTH = 256  # characters of a message key or a dedup key (kept in memory per key)
+MAX_BROADCAST_FANOUT = 10_000  # channels one broadcast may be stored in
+MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
+MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
+MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
+MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
+
+# Fair redelivery: per group channel, messages remembered as "came back from member X".
+RETURNED_FROM_LIMIT = 10_000
+
+# Consumers that stop reading: what the broker holds for them.
+CONSUMER_STALL_S = 30.0  # paused at the write water mark this long with deliveries out: cut
+DELIVERY_BUFFER_BUDGET = 128 << 20  # unsent delivery bytes across all connections
+BUDGET_SHARE = 256 << 10  # past the budget, a connection holding more gets no deliveries

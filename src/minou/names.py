@@ -129,6 +129,55 @@ def broadcast_prefix(target: str) -> str | None:
     return None
 
 
+def reservation_key(channel: str) -> str:
+    """The channel whose reservation governs reading ``channel``: its dead letters
+    (``_dead/X``) belong to whoever reserved ``X``."""
+    return channel[len(DEAD_PREFIX):] if channel.startswith(DEAD_PREFIX) else channel
+
+
+# Group keys. A consumer group's name is shared on purpose (``consume:<name>``, one
+# client-supplied part, so unambiguous). A listener is durable per client and name:
+# ``listen:<client>:<name>``, where the client id is escaped ("%" -> "%25", ":" -> "%3A")
+# so that no (client, name) pair spells another pair's key. Ids without "%" or ":"
+# (nearly all) keep the key older versions stored; see ``migrate_listen_key``.
+LISTEN_PREFIX = "listen:"
+LEGACY_LISTEN_PREFIX = "listen-legacy:"  # an old key no client can be told apart in
+
+
+def escape_client(client_id: str) -> str:
+    return client_id.replace("%", "%25").replace(":", "%3A")
+
+
+def listen_group_key(client_id: str, name: str) -> str:
+    return f"{LISTEN_PREFIX}{escape_client(client_id)}:{name}"
+
+
+def consume_group_key(name: str) -> str:
+    return f"consume:{name}"
+
+
+def migrate_listen_key(key: str, registered: set[str], with_colon: list[str]) -> str:
+    """The key an older version's listener ``key`` has now.
+
+    Older versions stored ``listen:<client>:<name>`` unescaped, so for client ids with
+    ":" one key could be two clients' (``a`` + ``b:n`` or ``a:b`` + ``n``). The
+    registered ids that could have made it decide: exactly one is its owner; none: the
+    part before the first ":" (what the old version gave that id too); several: nobody
+    can be told to own it, so it gets a key no client can make (an admin may delete it).
+    ``with_colon`` are the registered ids that contain ":".
+    """
+    if not key.startswith(LISTEN_PREFIX):
+        return key
+    rest = key[len(LISTEN_PREFIX):]
+    first = rest.split(":", 1)[0]
+    owners = [first] if first in registered else []
+    owners += [c for c in with_colon if rest.startswith(c + ":")]
+    if len(owners) > 1:
+        return LEGACY_LISTEN_PREFIX + rest
+    client = owners[0] if owners else first
+    return listen_group_key(client, rest[len(client) + 1:])
+
+
 def schema_key(channel: str) -> str:
     """``orders/v1/42`` -> ``orders/v1``: the pair that fixes one JSON format."""
     body = channel[len(DEAD_PREFIX):] if channel.startswith(DEAD_PREFIX) else channel

@@ -30,14 +30,26 @@ def test_stage_take_and_bytes_accounting() -> None:
         t.take("c", ["t1"])
 
 
-def test_owners_are_enforced() -> None:
+def test_transaction_ids_are_per_client() -> None:
     t = Transactions()
     t.stage("c1", "t", [s("a/v1/1")], 0.0)
-    with pytest.raises(BadRequest, match="another client"):
-        t.stage("c2", "t", [s("a/v1/1")], 0.0)
-    with pytest.raises(BadRequest, match="another client"):
+    # Another client's "t" is another transaction: it neither blocks nor sees c1's.
+    assert t.stage("c2", "t", [s("a/v1/2"), s("a/v1/3")], 0.0) == 2
+    assert [x.channel for x in t.take("c2", ["t"])] == ["a/v1/2", "a/v1/3"]
+    with pytest.raises(NotFound, match="unknown transaction"):
         t.take("c2", ["t"])
     assert t.abort("c2", ["t"]) == 0 and t.abort("c1", ["t"]) == 1
+
+
+def test_a_writer_id_belongs_to_its_first_committer() -> None:
+    t = Transactions()
+    t.check_writer("c1", "job")  # unowned: anyone may
+    t.writers["job"] = "c1"
+    t.check_writer("c1", "job")
+    with pytest.raises(NotAuthorized, match="writer id 'job' belongs to client 'c1'"):
+        t.check_writer("c2", "job")
+    with pytest.raises(BadRequest, match="writer_id is 1"):
+        t.check_writer("c1", "")
 
 
 def test_fence_discards_what_a_batch_already_published() -> None:
@@ -95,7 +107,7 @@ def test_a_commit_without_room_publishes_nothing_and_moves_no_fence() -> None:
     with pytest.raises(QueueFull, match="room for 5"):
         h.broker.commit_txns(c, "w", 3, ["t1"], h.now)
     assert "out/v1/a" not in h.broker.channels or h.broker.channels["out/v1/a"].count == 0
-    assert h.broker.transactions.fences == {} and "t1" in h.broker.transactions.staged
+    assert h.broker.transactions.fences == {} and ("spark", "t1") in h.broker.transactions.staged
     # The writer aborts and replays batch 3 with fewer rows: nothing was fenced away.
     h.broker.transactions.abort("spark", ["t1"])
     h.broker.stage(c, "t2", [Send("out/v1/a", js(i)) for i in range(5)], h.now)

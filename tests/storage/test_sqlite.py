@@ -7,6 +7,7 @@ on the same directory (``reopen``), as the broker does after a restart. The
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,9 +16,9 @@ import pytest
 from minou.core.group import GroupDef
 from minou.core.log import Msg
 from minou.core.writes import WriteBatch
-from minou.errors import StorageError, StorageUnavailable
+from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.storage.base import ChannelRecord, Snapshot, Storage
-from minou.storage.sqlite import SQLiteStorage
+from minou.storage.sqlite import RESERVE_FILE, SQLiteStorage
 
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
@@ -353,3 +354,87 @@ def test_next_seq_comes_from_stored_messages_and_survives_removing_them(
     store, snap = reopen(backend, store)
     assert [(c.name, c.next_seq, c.first_seq, c.count) for c in snap.channels] == [
         (CH, 4, 4, 0)]
+
+
+# -------------------------------------------------------------------- full disk
+def _fill(store: SQLiteStorage, channel: str = CH, size: int = 16 << 10) -> tuple[int, Exception]:
+    """Commit batches of ``size``-byte messages until one fails; (last stored seq, error)."""
+    seq = 0
+    while True:
+        try:
+            store.apply(batch_of(*(msg(channel, seq + i, b"x" * size) for i in (1, 2, 3, 4))))
+        except StorageError as exc:
+            return seq, exc
+        seq += 4
+        assert seq < 10_000, "max_size never filled"
+
+
+def _integrity(path: str) -> str:
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def test_max_size_fails_like_a_full_disk_and_keeps_every_committed_batch(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "quota"
+    store = SQLiteStorage(data, max_size=2 << 20, reserve=256 << 10)
+    store.open(NOW)
+    assert (data / RESERVE_FILE).stat().st_size == 256 << 10
+    last, exc = _fill(store)
+    # The precise error, with SQLite's own words as the cause (not "cannot rollback").
+    assert isinstance(exc, StorageFull) and isinstance(exc, StorageError)
+    assert exc.code == ErrorCode.STORAGE_FULL
+    assert "database or disk is full" in str(exc.__cause__)
+    assert str(data) in exc.message and "max_size" in exc.message
+    assert exc.detail["data_dir"] == str(data) and exc.detail["free_bytes"] >= 0
+    assert exc.detail["reserve_released"] is True
+    assert not (data / RESERVE_FILE).exists()  # given back for the writes that must go on
+    # The reserve's pages let small state writes through; the same connection works on.
+    store.apply(WriteBatch(group_states={("consume:g", CH): (1, b"state")}))
+    # Within the reserve's pages, until they are used up too; no reserve is given twice.
+    more, again = _fill(store, CH2)
+    assert isinstance(again, StorageFull) and again.detail["reserve_released"] is False
+    room, space = store.probe()
+    assert not room and space["used"] > 0
+    st = SQLiteStorage(data)
+    try:
+        snap = st.open(NOW)
+        # Exactly what was committed, nothing of the failed batches.
+        assert (records(snap)[CH].count, records(snap)[CH2].count) == (last, more)
+        assert snap.group_states == [("consume:g", CH, 1, b"state")]
+    finally:
+        st.close()
+    assert _integrity(store.path) == "ok"
+    store.close()
+
+
+def test_probe_finds_room_once_pages_are_freed_and_takes_the_reserve_back(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "quota"
+    store = SQLiteStorage(data, max_size=2 << 20, reserve=256 << 10)
+    store.open(NOW)
+    last, exc = _fill(store)
+    assert isinstance(exc, StorageFull)
+    store.apply(WriteBatch(truncates={CH: last + 1}, channels={CH: last + 1}))  # all settled
+    room, space = store.probe()
+    assert room and space["free"] > 1 << 20
+    assert (data / RESERVE_FILE).stat().st_size == 256 << 10 and not store.reserve_released
+    more, exc = _fill(store)  # SQLite reuses the freed pages
+    assert isinstance(exc, StorageFull) and more > last // 2
+    assert _integrity(store.path) == "ok"
+    store.close()
+
+
+def test_raising_max_size_on_a_running_store_makes_room(tmp_path: Path) -> None:
+    store = SQLiteStorage(tmp_path / "quota", max_size=1 << 20, reserve=0)
+    store.open(NOW)
+    last, exc = _fill(store)
+    assert isinstance(exc, StorageFull) and store.probe()[0] is False
+    store.max_size = 4 << 20  # what a reload does
+    assert store.probe()[0] is True
+    store.apply(batch_of(msg(CH, last + 1, b"y" * (64 << 10))))
+    store.close()

@@ -366,3 +366,34 @@ def test_development_mode_has_no_sign_out(browser, tmp_path):
     finally:
         context.close()
         broker.kill()
+
+
+def test_a_pending_admin_promotion_is_shown_and_approved(browser, tmp_path):
+    """An id listed in auth.admins after it registered as a non-admin shows as waiting;
+    "Approve as admin" (behind a confirmation) makes its key an admin's."""
+    cfg = tmp_path / "promo.toml"
+    rules = '[[rules]]\nclient = "ops-*"\nread = ["*"]\nwrite = ["*"]\n'
+    cfg.write_text(rules)
+    broker = BrokerProcess(tmp_path / "promo", config=cfg, open_rules=False).start()
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        with minou.connect_sync(broker.url, **auth("ops-1"), reconnect=False) as c:
+            assert c.admin("whoami")["admin"] is False
+        cfg.write_text('[auth]\nadmins = ["admin", "ops-1"]\n\n' + rules)
+        with minou.connect_sync(broker.url, **broker.admin_auth(reconnect=False)) as a:
+            a.admin("reload")
+        sign_in(page, broker)
+        page.get_by_test_id("nav-clients").click()
+        row = page.locator('tr[data-client="ops-1"]')
+        row.get_by_test_id("admin-pending").wait_for()
+        row.get_by_test_id("approve-admin").click()
+        page.get_by_test_id("confirm-yes").click()
+        wait_until(lambda: row.get_by_test_id("admin-pending").count() == 0, 10,
+                   what="the promotion to show")
+        with minou.connect_sync(broker.url, **auth("ops-1"), reconnect=False) as c:
+            assert c.admin("whoami")["admin"] is True
+    finally:
+        context.close()
+        broker.kill()

@@ -62,7 +62,8 @@ def test_cli_says_when_no_broker_answers():
 def test_every_command_has_help():
     for cmd in ("start", "publish", "consume", "list", "status", "keygen", "reload", "whoami",
                 "clients", "clients list", "clients approve", "clients revoke", "clients rotate",
-                "clients forget", "clients release", "delete", "soft-stop", "token"):
+                "clients forget", "clients release", "delete", "soft-stop", "token",
+                "writers", "writers release"):
         out = minou(*cmd.split(), "--help")
         assert out.returncode == 0 and "Usage:" in out.stdout, (cmd, out.stderr)
 

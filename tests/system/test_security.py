@@ -24,6 +24,7 @@ import minou
 from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.errors import (
+    BadRequest,
     ErrorCode,
     InvalidPayload,
     NotAuthenticated,
@@ -525,6 +526,107 @@ def test_development_mode_is_loopback_only(tmp_path):
                           "--data", str(tmp_path / "d")], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 2 and "loopback only" in out.stderr
+
+
+# ------------------------------------------------------------ second round: identities
+def test_listing_a_squatted_id_as_admin_needs_an_approval(secure, bystander):
+    """A stranger registers billing-ops through the billing-* rule; the operator later
+    lists billing-ops in auth.admins and reloads: the stranger's key is not promoted
+    (live connection or new one) until an admin approves it as an admin's."""
+    squatter = connect(secure, "billing-ops")
+    assert squatter.admin("whoami")["admin"] is False
+    cfg = Path(secure.config.parent / f"{secure.data_dir.name}-config.toml")
+    cfg = secure.config if "[[rules]]" in secure.config.read_text() else cfg
+    cfg.write_text(cfg.read_text() + '\n[auth]\nadmins = ["admin", "billing-ops"]\n')
+    with admin(secure) as a:
+        assert "admins" in a.admin("reload")["changed"]
+        listed = {c["client_id"]: c for c in a.admin("clients.list")["clients"]}
+        assert listed["billing-ops"]["admin"] is False
+        assert listed["billing-ops"]["admin_pending"] is True
+    for client in (squatter, connect(secure, "billing-ops")):
+        with pytest.raises(NotAuthorized, match="needs an admin identity"):
+            client.admin("status")
+    with admin(secure) as a:
+        approved = a.admin("clients.approve", client_id="billing-ops")
+        assert approved["admin"] is True and "approved as admin" in approved["note"]
+    assert squatter.admin("whoami")["admin"] is True  # the live connection, at once
+    squatter.close()
+
+
+def test_strangers_cannot_fill_the_replay_guard(secure, bystander):
+    """Unapproved clients' token ids are never stored: 24 pending HELLOs leave the guard
+    (and the used_tokens table) as it was, and the admin still gets in."""
+    before = secure_guard_size(secure)
+    for i in range(15):
+        with pytest.raises(PendingApproval):
+            connect(secure, f"stranger-{i}")
+    for _ in range(9):
+        with pytest.raises(PendingApproval):
+            connect(secure, "stranger-0")
+    assert secure_guard_size(secure) == before + 1  # only the admin's own probe
+    with admin(secure) as a:
+        assert a.admin("whoami")["admin"] is True
+
+
+def test_one_address_cannot_register_pending_clients_without_bound(secure, bystander):
+    from minou.limits import MAX_PENDING_PER_ADDRESS
+
+    for i in range(MAX_PENDING_PER_ADDRESS):
+        with pytest.raises(PendingApproval):
+            connect(secure, f"stranger-flood-{i}")
+    with pytest.raises(NotAuthenticated,
+                       match=r"registered from 127\.0\.0\.1 already wait") as info:
+        connect(secure, "stranger-flood-more")
+    assert not isinstance(info.value, PendingApproval)
+    with admin(secure) as a:
+        ids = {c["client_id"] for c in a.admin("clients.list")["clients"]}
+    assert "stranger-flood-more" not in ids
+    assert auth_failures(secure).get("too_many_pending", 0) >= 1
+
+
+def test_one_small_request_cannot_make_the_broker_do_unbounded_work(broker_factory):
+    """Long keys, a broadcast over too many bytes, too many patterns or positions in one
+    request: each refused with its named limit; the connection and a bystander go on."""
+    from minou.limits import (
+        MAX_BROADCAST_BYTES,
+        MAX_KEY_LENGTH,
+        MAX_PATTERNS_PER_REQUEST,
+        MAX_POSITION_CHANNELS,
+    )
+
+    b = broker_factory.make().start()
+    with b.connect_sync("amp-1") as c:
+        for kw in ({"dedup": "d" * (MAX_KEY_LENGTH + 1)}, {"key": "k" * (MAX_KEY_LENGTH + 1)}):
+            with pytest.raises(BadRequest, match=f"the limit is {MAX_KEY_LENGTH}"):
+                c.send("amp/v1/1", {"n": 1}, **kw)
+        ids = MAX_BROADCAST_BYTES // (1 << 20) + 1
+        c.send_many([(f"amp/v1/{i}", {"i": i}) for i in range(ids)])
+        sub = c.consume("amp/v1/*", group="readers")  # every id now has a reader
+        big = "x" * ((1 << 20) - 2)  # a 1 MiB JSON string
+        with pytest.raises(BadRequest, match=r"would store \d+ copies .* MiB per broadcast"):
+            c.send("amp/v1/*", big)
+        with pytest.raises(BadRequest, match="patterns in one OFFSETS request"):
+            c.offsets([f"amp/v1/{i}" for i in range(MAX_PATTERNS_PER_REQUEST + 1)])
+        with pytest.raises(BadRequest, match="channels in one POSITION request"):
+            c.set_position("readers", {f"amp/v1/{i}": 1
+                                       for i in range(MAX_POSITION_CHANNELS + 1)})
+        assert sub.get(timeout=5).payload == {"i": 0}  # the connection goes on
+        assert c.send("amp/v1/0", {"ok": 1}).seq == 2
+    with minou.connect_sync(b.url, **b.admin_auth()) as a:
+        refused_ = a.admin("status")["counters"]["refused"]
+    assert refused_["bad_request"] >= 5
+
+
+def secure_guard_size(broker) -> int:
+    import sqlite3
+
+    with admin(broker):
+        pass
+    db = sqlite3.connect(broker.data_dir / "minou.db")
+    try:
+        return db.execute("SELECT count(*) FROM used_tokens").fetchone()[0]
+    finally:
+        db.close()
 
 
 def test_attack_table_in_the_docs_lists_every_attack():

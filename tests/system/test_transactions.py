@@ -78,7 +78,8 @@ def test_staging_checks_rules_names_and_schemas_at_once(txn_broker):
     with minou.connect_sync(txn_broker.url, **auth("job-3")) as other:
         with minou.connect_sync(txn_broker.url, **auth("job-2")) as c:
             c.stage("mine", [("reports/v1/z", {"total": 1})])
-        with pytest.raises(minou.errors.BadRequest, match="another client"):
+        # Transaction ids are per client: another's "mine" is not this one's to commit.
+        with pytest.raises(minou.errors.NotFound, match="never staged \\(by this client\\)"):
             other.commit_transactions("w2", 0, ["mine"])
 
 

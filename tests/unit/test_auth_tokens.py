@@ -148,3 +148,73 @@ def test_missing_claims_are_named(key):
                        algorithm="EdDSA")
     with pytest.raises(NotAuthenticated, match="lacks the jti claim"):
         verify(token, key)
+
+
+def signed_claims(key, claims_json: str) -> str:
+    """A token whose claims are exactly this JSON text (NaN, Infinity and all)."""
+    head = b64(b'{"alg":"EdDSA","typ":"JWT"}') + "." + b64(claims_json.encode())
+    return head + "." + b64(key.sign(head.encode()))
+
+
+def with_claim(name: str, raw: str) -> str:
+    parts = {k: json.dumps(v) for k, v in claims().items()} | {name: raw}
+    return "{" + ",".join(f'"{k}":{v}' for k, v in parts.items()) + "}"
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("exp", "NaN", "claim exp must be a finite number of seconds since 1970 (before the "
+                   "year 10000), not NaN"),
+    ("exp", "Infinity", "claim exp must be a finite number"),
+    ("exp", "-1", "claim exp must be a finite number"),
+    ("exp", "1e400", "claim exp must be a finite number"),  # json reads it as inf
+    ("exp", "1" + "0" * 30, "claim exp must be a finite number"),  # float() would overflow
+    ("exp", '"1800000060"', 'claim exp must be a number of seconds since 1970, not '
+                            '"1800000060"'),
+    ("exp", "false", "claim exp must be a number of seconds since 1970, not false"),
+    ("iat", "NaN", "claim iat must be a finite number"),
+    ("iat", "[1800000000]", "claim iat must be a number of seconds since 1970, not [18"),
+    ("nbf", "NaN", "claim nbf must be a finite number"),
+    ("iss", "7", "claim iss must be a non-empty string"),
+    ("iss", '""', "claim iss must be a non-empty string"),
+    ("aud", "{}", "claim aud must be a string (the broker id) or a list of strings"),
+    ("aud", '["broker-1", null]', "claim aud must be a string"),
+    ("aud", "[]", "claim aud must be a string"),
+    ("jti", "12", "claim jti must be a string of 1..128 characters, not 12"),
+    ("jti", json.dumps("j" * 129), "claim jti must be a string of 1..128 characters, not "
+                                   '"jjjj'),
+])
+def test_claims_of_the_wrong_type_or_not_finite_are_named(key, name, raw, message):
+    token = signed_claims(key, with_claim(name, raw))
+    guard = ReplayGuard()
+    with pytest.raises(NotAuthenticated) as info:
+        verify(token, key, replay=guard)
+    assert message in info.value.message
+    assert info.value.detail["claim"] == name
+    assert len(guard) == 0  # nothing remembered for a refused token
+
+
+def test_nbf_in_the_future_and_a_list_audience(key):
+    token = signed_claims(key, with_claim("nbf", str(int(NOW) + 120)))
+    with pytest.raises(NotAuthenticated, match="not valid yet") as info:
+        verify(token, key)
+    assert info.value.detail["claim"] == "nbf"
+    assert verify(signed_claims(key, with_claim("nbf", "null")), key)["nbf"] is None  # absent
+    assert verify(signed_claims(key, with_claim("aud", '["other", "broker-1"]')), key)
+    with pytest.raises(NotAuthenticated, match="for another broker"):
+        verify(signed_claims(key, with_claim("aud", '["other"]')), key)
+
+
+def test_the_issuer_lookup_is_strict_too(key):
+    with pytest.raises(NotAuthenticated, match=r"claim iss must be a non-empty string .*, not 7"):
+        unverified_issuer(signed_claims(key, with_claim("iss", "7")))
+    deep = b64(b"[" * 1500 + b"]" * 1500) + "." + b64(b"{}") + ".x"
+    with pytest.raises(NotAuthenticated, match="not a JWT"):
+        unverified_issuer(deep)
+    with pytest.raises(NotAuthenticated, match="not a JWT"):
+        verify(deep, key)
+
+
+def test_no_clock_given_checks_the_same_way(key):
+    token = signed_claims(key, with_claim("exp", "NaN"))
+    with pytest.raises(NotAuthenticated, match="claim exp must be a finite number"):
+        verify_token(token, key.public_key(), client_id="billing-1", audience=AUD)

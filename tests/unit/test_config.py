@@ -280,3 +280,36 @@ def test_schema_report_compares_consecutive_versions(tmp_path):
 )
 def test_bad_schema_names_the_channel(tmp_path, schema, message):
     assert message in config_error({"channels": {"orders/v1": {"schema": schema}}}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("storage", "max_size", "reserve"),
+    [
+        ({}, None, 4 << 20),
+        ({"max_size": "40MB"}, 40_000_000, 4 << 20),
+        ({"max_size": "1.5 GiB", "reserve": "512KiB"}, 3 << 29, 512 << 10),
+        ({"max_size": 2_000_000, "reserve": 0}, 2_000_000, 0),
+    ],
+)
+def test_storage_quota_and_reserve(tmp_path, storage, max_size, reserve):
+    s = parse_settings({"storage": storage}, base_dir=tmp_path)
+    assert (s.storage_max_size, s.storage_reserve) == (max_size, reserve)
+
+
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ('max_size = "40 XB"', 'storage.max_size: expected a size: bytes, or a string such '
+                               'as "40MB" or "2GiB", got "40 XB"'),
+        ("max_size = 1000", "storage.max_size: expected at least 1 MiB"),
+        ("reserve = -1", "storage.reserve: expected a size"),
+        ("reserve = true", "storage.reserve: expected a size"),
+        ("quota = 1", "storage.quota: unknown setting (known: max_size, reserve, wal_checkpoint)"),
+    ],
+)
+def test_bad_storage_names_the_key(tmp_path, storage, message):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text(f"[storage]\n{storage}\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert message in str(info.value)

@@ -73,6 +73,7 @@ GLOBAL_SAMPLES = (
     "minou_leases_expired_total",
     "minou_connections",
     "minou_storage_bytes",
+    "minou_storage_full",
     "minou_storage_commits_total",
     "minou_storage_commit_seconds_total",
     "minou_storage_commit_duration_seconds_count",

@@ -132,7 +132,7 @@ def test_an_admin_id_is_never_auto_accepted():
     # client = "*" must not let whoever comes first claim the admin's name.
     err = pending(reg, "admin", key, accepts=ACCEPT_ALL)
     assert err.detail["why"] == "pending" and reg.records["admin"].status == PENDING
-    reg.approve("admin", by="operator")
+    reg.approve("admin", by="operator", admins=ADMINS)
     assert login(reg, "admin", key, accepts=ACCEPT_ALL, now=NOW + 1) == Identity(
         "admin", True, keys.fingerprint(key))
     # The same rule does accept an ordinary id at once.
@@ -331,3 +331,105 @@ def test_the_same_key_in_another_pem_encoding_is_the_same_key(rsa_key):
                                               serialization.PublicFormat.PKCS1).decode()
     login(reg, "billing-1", rsa_key, present=pkcs1, accepts=ACCEPT_ALL)
     assert login(reg, "billing-1", rsa_key, now=NOW + 1).client_id == "billing-1"
+
+
+# ------------------------------------------------------------ admin rights need approval
+def test_listing_a_squatted_id_as_admin_promotes_nobody_until_approved():
+    reg, stranger = Registry(), keys.generate()
+    billing = Rules.parse([{"client": "billing-*"}]).accepts
+    # A stranger registers billing-ops through the auto-accepting rule ...
+    assert login(reg, "billing-ops", stranger, accepts=billing).admin is False
+    # ... then the operator lists billing-ops as an admin: no promotion by itself.
+    admins = frozenset({"admin", "billing-ops"})
+    assert login(reg, "billing-ops", stranger, accepts=billing, admins=admins,
+                 now=NOW + 1).admin is False
+    assert reg.admin_pending("billing-ops", admins) and not reg.is_admin("billing-ops", admins)
+    reg.approve("billing-ops", by="operator", admins=admins)  # the explicit step
+    assert login(reg, "billing-ops", stranger, accepts=billing, admins=admins,
+                 now=NOW + 2).admin is True
+    assert "approved as admin" in reg.records["billing-ops"].note
+    # A revocation takes the approval away; re-approving without listing it gives none.
+    reg.revoke("billing-ops", by="operator")
+    reg.approve("billing-ops", by="operator")
+    assert not reg.is_admin("billing-ops", admins)
+
+
+def test_records_of_older_versions_keep_their_admin_rights():
+    key, other = keys.generate(), keys.generate()
+    old = [ClientRecord(client_id=cid, public_key=pem(k), fingerprint="", algorithm="EdDSA",
+                        status=ACTIVE, created_at=NOW, updated_at=NOW)
+           for cid, k in (("admin", key), ("app-1", other))]
+    assert all(r.admin_approved is None for r in old)
+    reg = Registry(old, admins=ADMINS)
+    assert reg.is_admin("admin", ADMINS) and not reg.is_admin("app-1", ADMINS)
+    # The answer is saved, so a later reload listing app-1 does not make it admin.
+    saved = reg.take_changes()
+    assert saved["admin"].admin_approved is True and saved["app-1"].admin_approved is False
+    assert not reg.is_admin("app-1", frozenset({"admin", "app-1"}))
+
+
+# ------------------------------------------------------------ the replay guard
+def test_strangers_leave_nothing_in_the_replay_guard():
+    reg = Registry()
+    for i in range(50):
+        pending(reg, f"stranger-{i}", keys.generate())
+    assert len(reg.replay) == 0 and reg.replay.take_new() == []
+    # An active client's token is remembered.
+    login(reg, "app-1", keys.generate(), accepts=ACCEPT_ALL)
+    assert len(reg.replay) == 1
+
+
+def test_one_client_cannot_fill_the_replay_guard_and_admins_pass_a_full_one():
+    from minou.auth.tokens import ReplayGuard
+
+    guard = ReplayGuard(capacity=10, per_client=3)
+    for i in range(3):
+        guard.check_and_remember(f"a{i}", NOW + 60, NOW, client="app-1")
+    with pytest.raises(NotAuthenticated, match="opened 3 connections"):
+        guard.check_and_remember("a3", NOW + 60, NOW, client="app-1")
+    for i in range(7):
+        guard.check_and_remember(f"b{i}", NOW + 60, NOW, client=f"c{i}")
+    with pytest.raises(NotAuthenticated, match="try again in a minute"):
+        guard.check_and_remember("x", NOW + 60, NOW, client="latecomer")
+    guard.check_and_remember("adm", NOW + 60, NOW, client="admin", privileged=True)
+    # Expired ids leave, and their client's count with them.
+    guard.check_and_remember("a4", NOW + 200, NOW + 61, client="app-1")
+    assert len(guard) == 1
+
+
+def test_one_address_registers_a_bounded_number_of_pending_clients():
+    from minou.limits import MAX_PENDING_PER_ADDRESS
+
+    reg = Registry()
+
+    def hello(cid: str, address: str) -> None:
+        key = keys.generate()
+        reg.authenticate(client_id=cid, token=make_token(cid, key, AUD, now=NOW),
+                         public_key=pem(key), audience=AUD, admins=ADMINS, accepts=NO_RULES,
+                         now=NOW, address=address)
+
+    for i in range(MAX_PENDING_PER_ADDRESS):
+        with pytest.raises(PendingApproval):
+            hello(f"s-{i}", "10.0.0.9")
+    with pytest.raises(NotAuthenticated, match=r"registered from 10\.0\.0\.9 already wait") as info:
+        hello("s-more", "10.0.0.9")
+    assert not isinstance(info.value, PendingApproval)
+    assert "s-more" not in reg.records
+    with pytest.raises(PendingApproval):
+        hello("elsewhere", "10.0.0.10")  # another address is not affected
+    reg.approve("s-0", by="op")  # a decision frees a place
+    with pytest.raises(PendingApproval):
+        hello("s-later", "10.0.0.9")
+
+
+def test_a_pending_client_asking_too_often_is_refused_for_a_while():
+    from minou.limits import PENDING_ATTEMPTS
+
+    reg, key = Registry(), keys.generate()
+    pending(reg, "eager", key)
+    for i in range(PENDING_ATTEMPTS[0]):  # after the registration itself
+        pending(reg, "eager", key, now=NOW + i * 0.01)
+    with pytest.raises(NotAuthenticated, match="asked 10 times") as info:
+        login(reg, "eager", key, now=NOW + 0.5)
+    assert info.value.detail["why"] == "too_many_attempts"
+    pending(reg, "eager", key, now=NOW + PENDING_ATTEMPTS[1] + 1)

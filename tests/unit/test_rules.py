@@ -306,9 +306,13 @@ def test_exclusivity_is_global_even_for_read_star() -> None:
         assert err.detail["client"] == "admin"
     # Concrete channels under the exclusive pattern stay readable: the reservation decides.
     admin.check_read("invoice/v1/1")
-    # Wildcards elsewhere, and dead letters of exclusive channels, are not exclusive.
-    for wildcard in ("orders/*", "invoic/*", "invoices/*", "_dead/invoice/*",
-                     "_dead/invoice/v1/*"):
+    admin.check_read("_dead/invoice/v1/1")
+    # The dead letters of exclusive channels are exclusive with them.
+    for wildcard in ("_dead/invoice/*", "_dead/invoice/v1/*"):
+        err = refusal(admin.check_read, wildcard)
+        assert "(the dead letters of !invoice/*)" in err.message
+    # Wildcards elsewhere are not exclusive.
+    for wildcard in ("orders/*", "invoic/*", "invoices/*", "_dead/invoices/*"):
         admin.check_read(wildcard)
 
 
@@ -329,7 +333,8 @@ def test_exclusive_concrete_channel() -> None:
     assert access.may_read("a/v2/*")
     assert rules.is_exclusive("a/v1/1")
     assert not rules.is_exclusive("a/v1/12")  # a concrete pattern is not a prefix
-    assert not rules.is_exclusive("_dead/a/v1/1")
+    assert rules.is_exclusive("_dead/a/v1/1")  # its dead letters, with it
+    assert not rules.is_exclusive("_dead/a/v1/12")
 
 
 def test_is_exclusive_for_prefix_patterns(example: Rules) -> None:
@@ -545,6 +550,8 @@ def test_access_agrees_with_a_set_model(raw: list[dict], client: str, request: s
     reads = [p.lstrip("!") for r in matched for p in r.get("read", [])]
     writes = [p for r in matched for p in r.get("write", [])]
     exclusive = [p[1:] for r in raw for p in r.get("read", []) if p.startswith("!")]
+    # An exclusive pattern's dead letters are exclusive with it.
+    exclusive += ["_dead/" + e for e in exclusive if e != "*" and not e.startswith("_dead/")]
     want = PATTERNS[request]
 
     may_write = any(want <= PATTERNS[p] for p in writes)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import msgspec
 
 from ..errors import ConfigError, NotAuthenticated, PendingApproval
+from ..limits import MAX_PENDING_PER_ADDRESS, PENDING_ATTEMPTS
+from .attempts import AttemptLimiter
 from .keys import PublicKey, fingerprint, load_public, public_pem
 from .tokens import ReplayGuard, algorithm_for, verify_token
 
@@ -41,6 +43,10 @@ class ClientRecord(msgspec.Struct, kw_only=True):
     updated_at: float
     note: str = ""
     last_seen: float | None = None
+    # Whether an admin approved this key as an admin (or the broker made it). Listing an
+    # id in auth.admins is not enough: a stranger may have registered that id first
+    # through an auto-accepting rule. None: written by an older version (see settle).
+    admin_approved: bool | None = None
 
     def public(self) -> dict[str, object]:
         return {
@@ -51,6 +57,8 @@ class ClientRecord(msgspec.Struct, kw_only=True):
         }
 
 
+_GONE = ClientRecord(client_id="", public_key="", fingerprint="", algorithm="", status="",
+                     created_at=0.0, updated_at=0.0)  # what a forgotten id looks up as
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(ClientRecord).decode
 
@@ -97,12 +105,33 @@ def canonical_pem(key: PublicKey) -> str:
 
 
 class Registry:
-    def __init__(self, records: Iterable[ClientRecord] = ()) -> None:
+    def __init__(self, records: Iterable[ClientRecord] = (),
+                 admins: frozenset[str] = frozenset()) -> None:
         self.records: dict[str, ClientRecord] = {r.client_id: r for r in records}
         self.replay = ReplayGuard()
+        self._pending_from: dict[str, str] = {}  # pending client id -> address it came from
+        self._pending_attempts = AttemptLimiter(*PENDING_ATTEMPTS)
         self.failures: Counter[str] = Counter()  # why authentications failed, for metrics
         self._keys: dict[str, PublicKey] = {}
         self._changes: dict[str, ClientRecord | None] = {}
+        for record in self.records.values():
+            if record.admin_approved is None:
+                # Records from before admin approval existed keep the rights they had
+                # (their id was an admin at this start), and are saved with the answer.
+                record.admin_approved = record.client_id in admins
+                self._changes[record.client_id] = record
+
+    # ------------------------------------------------------------------- admins
+    def is_admin(self, client_id: str, admins: frozenset[str]) -> bool:
+        """Listed in auth.admins AND approved as an admin with its current key."""
+        record = self.records.get(client_id)
+        return client_id in admins and record is not None and record.admin_approved is True
+
+    def admin_pending(self, client_id: str, admins: frozenset[str]) -> bool:
+        """Listed in auth.admins but its key was registered as a non-admin: it waits for
+        an admin's approval (``minou clients approve``) before it gets admin rights."""
+        record = self.records.get(client_id)
+        return client_id in admins and record is not None and record.admin_approved is not True
 
     # ------------------------------------------------------------ persistence
     def take_changes(self) -> dict[str, ClientRecord | None]:
@@ -131,24 +160,26 @@ class Registry:
         admins: frozenset[str],
         accepts: Callable[[str], bool | None],
         now: float | None = None,
+        address: str = "",
     ) -> Identity:
         """Verify ``token`` for ``client_id``; register a first-seen key. Raises
-        NotAuthenticated (or PendingApproval) with a precise reason."""
+        NotAuthenticated (or PendingApproval) with a precise reason. ``address`` (the
+        peer's host) bounds what one place can register."""
         moment = time.time() if now is None else now
         try:
             return self._authenticate(client_id, token, public_key, audience, admins, accepts,
-                                      moment)
+                                      moment, address)
         except NotAuthenticated as exc:
             self.failures[str(exc.detail.get("why", "token"))] += 1
             raise
 
     def _authenticate(self, client_id: str, token: str, public_key: str | None, audience: str,
                       admins: frozenset[str], accepts: Callable[[str], bool | None],
-                      now: float) -> Identity:
+                      now: float, address: str) -> Identity:
         record = self.records.get(client_id)
         if record is None:
             return self._first_contact(client_id, token, public_key, audience, admins, accepts,
-                                       now)
+                                       now, address)
         if record.status == REVOKED:
             raise NotAuthenticated(f"client {client_id!r} is revoked; an admin can approve it "
                                    "again", why="revoked")
@@ -157,41 +188,64 @@ class Registry:
             raise NotAuthenticated(
                 f"client {client_id!r} is registered with key {record.fingerprint}, not "
                 f"{presented}; an admin can rotate it (minou clients rotate)", why="other_key")
-        verify_token(token, self._key(record), client_id=client_id, audience=audience,
-                     replay=self.replay, now=now)
+        if record.status == PENDING and not self._pending_attempts.allow(client_id, now):
+            raise NotAuthenticated(
+                f"client {client_id!r} waits for approval and asked {PENDING_ATTEMPTS[0]} "
+                f"times in {PENDING_ATTEMPTS[1]:g} s; ask less often", why="too_many_attempts")
+        claims = verify_token(token, self._key(record), client_id=client_id, audience=audience,
+                              now=now)
         if record.status == PENDING:
             raise PendingApproval(
                 f"client {client_id!r} (key {record.fingerprint}) waits for an admin's "
                 f"approval: minou clients approve {client_id}", why="pending",
                 fingerprint=record.fingerprint)
+        # Remembered only now, for an active client: strangers cannot fill the guard.
+        admin = self.is_admin(client_id, admins)
+        self.replay.check_and_remember(str(claims["jti"]), float(claims["exp"]), now,
+                                       client=client_id, privileged=admin)
         record.last_seen = now  # kept in memory; saved with the record's next change
-        return Identity(client_id, client_id in admins, record.fingerprint)
+        return Identity(client_id, admin, record.fingerprint)
 
     def _first_contact(self, client_id: str, token: str, public_key: str | None, audience: str,
                        admins: frozenset[str], accepts: Callable[[str], bool | None],
-                       now: float) -> Identity:
+                       now: float, address: str) -> Identity:
         if public_key is None:
             raise NotAuthenticated(
                 f"client {client_id!r} is not registered; present its public key on the first "
                 "connection", why="unknown_client")
         key = parse_public_key(public_key)
         # The token must verify with the presented key: only its holder can register it.
-        verify_token(token, key, client_id=client_id, audience=audience, replay=self.replay,
-                     now=now)
+        claims = verify_token(token, key, client_id=client_id, audience=audience, now=now)
         accepted = client_id not in admins and accepts(client_id) is True
         if not accepted and sum(r.status == PENDING for r in self.records.values()) >= MAX_PENDING:
             raise NotAuthenticated(f"{MAX_PENDING} clients already wait for approval; "
                                    "new ones are refused until an admin decides",
                                    why="too_many_pending")
+        if not accepted and address:
+            mine = sum(1 for cid, host in self._pending_from.items()
+                       if host == address and self.records.get(cid, _GONE).status == PENDING)
+            if mine >= MAX_PENDING_PER_ADDRESS:
+                raise NotAuthenticated(
+                    f"{mine} clients registered from {address} already wait for approval; "
+                    "new ones from there are refused until an admin decides",
+                    why="too_many_pending")
+        if accepted:
+            self.replay.check_and_remember(str(claims["jti"]), float(claims["exp"]), now,
+                                           client=client_id)
         record = ClientRecord(
             client_id=client_id, public_key=canonical_pem(key), fingerprint=fingerprint(key),
             algorithm=algorithm_for(key), status=ACTIVE if accepted else PENDING,
             created_at=now, updated_at=now,
             note="auto-accepted by a rule" if accepted else "first connection",
-            last_seen=now,
+            last_seen=now, admin_approved=False,
         )
         self._save(record)
         if not accepted:
+            if address:
+                if len(self._pending_from) >= MAX_PENDING * 2:  # forget decided ones
+                    self._pending_from = {c: h for c, h in self._pending_from.items()
+                                          if self.records.get(c, _GONE).status == PENDING}
+                self._pending_from[client_id] = address
             raise PendingApproval(
                 f"client {client_id!r} (key {record.fingerprint}) is new and waits for an "
                 f"admin's approval: minou clients approve {client_id}", why="pending",
@@ -213,7 +267,7 @@ class Registry:
         record = ClientRecord(
             client_id=client_id, public_key=canonical_pem(key), fingerprint=fingerprint(key),
             algorithm=algorithm_for(key), status=ACTIVE, created_at=moment, updated_at=moment,
-            note=note)
+            note=note, admin_approved=True)
         self._save(record)
         return record
 
@@ -226,10 +280,19 @@ class Registry:
         self._save(record)
         return record
 
-    def approve(self, client_id: str, *, by: str, now: float | None = None) -> ClientRecord:
-        return self._set_status(client_id, ACTIVE, f"approved by {by}", now)
+    def approve(self, client_id: str, *, by: str, admins: frozenset[str] = frozenset(),
+                now: float | None = None) -> ClientRecord:
+        """Activate a pending or revoked client; for an id in ``admins``, also approve its
+        key as an admin's (the one way a registered key gains admin rights)."""
+        record = self._get(client_id)
+        promote = client_id in admins and record.admin_approved is not True
+        if client_id in admins:
+            record.admin_approved = True
+        note = f"approved as admin by {by}" if promote else f"approved by {by}"
+        return self._set_status(client_id, ACTIVE, note, now)
 
     def revoke(self, client_id: str, *, by: str, now: float | None = None) -> ClientRecord:
+        self._get(client_id).admin_approved = False
         return self._set_status(client_id, REVOKED, f"revoked by {by}", now)
 
     def rotate(self, client_id: str, public_key: str, *, by: str,

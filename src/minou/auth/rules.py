@@ -22,7 +22,8 @@ The model, in the order the broker applies it:
   broker, not here). Exclusivity is global: the union of every rule's ``!``
   entries. Any wildcard subscription overlapping one of them is refused, for
   every client, because a wildcard would silently steal messages meant for
-  whoever reserved the channel.
+  whoever reserved the channel. An exclusive channel's dead letters
+  (``_dead/...``) are exclusive with it: the same wildcards are refused there.
 
 Everything here is pure (no I/O) and cheap: :class:`Access` objects are cached
 per client id, and each one caches its answers per channel, because
@@ -42,7 +43,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError, InvalidChannel, NotAuthorized
-from ..names import Pattern, parse_pattern
+from ..names import DEAD_PREFIX, Pattern, parse_pattern
 
 __all__ = ["ALLOW_ALL", "Access", "Rule", "Rules", "covers", "overlaps"]
 
@@ -207,6 +208,16 @@ def _union(groups: Iterable[Iterable[str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(item for group in groups for item in group))
 
 
+def _guarded(exclusive: Iterable[str]) -> tuple[tuple[str, Pattern], ...]:
+    """Each exclusive pattern and its dead letters' twin, with the label errors show."""
+    out: list[tuple[str, Pattern]] = []
+    for text in exclusive:
+        out.append((f"!{text}", _parse(text)))
+        if text != "*" and not text.startswith(DEAD_PREFIX):  # "*" has them already
+            out.append((f"the dead letters of !{text}", _parse(DEAD_PREFIX + text)))
+    return tuple(out)
+
+
 class Rules:
     """Every declared rule, with the per-client :class:`Access` derived from them."""
 
@@ -215,7 +226,7 @@ class Rules:
     def __init__(self, rules: Iterable[Rule] = ()) -> None:
         self.rules: tuple[Rule, ...] = tuple(rules)
         self.exclusive: tuple[str, ...] = _union(rule.exclusive for rule in self.rules)
-        self._exclusive_patterns = tuple((text, _parse(text)) for text in self.exclusive)
+        self._exclusive_patterns = _guarded(self.exclusive)
         self._access: dict[str, Access] = {}
         self._exclusive_seen: dict[str, bool] = {}
 
@@ -267,7 +278,8 @@ class Rules:
         return any(rule.accept for rule in self.rules if rule.matches(client_id))
 
     def is_exclusive(self, channel: str) -> bool:
-        """Whether a concrete channel lies under a (global) exclusive pattern."""
+        """Whether a concrete channel lies under a (global) exclusive pattern (or is the
+        dead-letter channel of one that does)."""
         seen = self._exclusive_seen.get(channel)
         if seen is None:
             seen = any(pattern.matches(channel) for _, pattern in self._exclusive_patterns)
@@ -308,7 +320,7 @@ class Access:
         self._read = tuple(_parse(p) for p in self.read)
         self._write = tuple(_parse(p) for p in self.write)
         self._exclusive = tuple(_parse(p) for p in self.exclusive)
-        self._global = tuple(_parse(p) for p in self.global_exclusive)
+        self._global = _guarded(self.global_exclusive)
         # target -> refusal message, or None when allowed.
         self._writes: dict[str, str | None] = {}
         self._reads: dict[str, str | None] = {}
@@ -411,14 +423,14 @@ class Access:
                     f"(read allowed: {self._listing(self._read_listing())})")
         if requested.concrete:
             return None
-        for text, exclusive in zip(self.global_exclusive, self._global, strict=True):
+        for label, exclusive in self._global:
             if not _overlaps(exclusive, requested):
                 continue
             if _covers(exclusive, requested):
                 what, example = "is exclusive", _example(requested)
             else:
                 what, example = "includes exclusive channels", _example(exclusive)
-            return (f"{pattern!r} {what} (!{text}): listen on a concrete channel such as "
+            return (f"{pattern!r} {what} ({label}): listen on a concrete channel such as "
                     f"{example}, not a wildcard")
         return None
 

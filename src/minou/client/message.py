@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..errors import error_from_code
+from ..errors import ErrorCode, error_from_code
 
 if TYPE_CHECKING:
     from .aio import Client
@@ -30,9 +30,10 @@ class Settlement:
     """Awaitable result of ack/nack: resolves once the broker has made it durable.
 
     Not awaiting it is fine (fire and forget). Awaiting returns True once the
-    broker has made it durable, False if the connection was lost first (the
-    broker then redelivers the message), and raises UnknownDelivery if the
-    broker refused the tag (stale lease, already settled).
+    broker has made it durable, False if it was not (the connection was lost
+    first, or the broker's storage is full: the message may come again), and
+    raises UnknownDelivery if the broker refused the tag (stale lease, already
+    settled).
     """
 
     __slots__ = ("_fut", "_tag")
@@ -53,6 +54,8 @@ class Settlement:
             return False  # the connection was lost before the broker answered
         for tag, code, text in failed:
             if tag == self._tag:
+                if code == ErrorCode.STORAGE_FULL:
+                    return False  # not durable: the broker may deliver it again
                 raise error_from_code(code, text, {"tag": tag})
         return True
 

@@ -7,7 +7,10 @@ Theory of operation
 the adapter has made that batch durable, so nothing a consumer sees can be
 lost or have its seq reused after a crash. Acks, nacks and subscriptions
 change memory at once and are made durable with the next batch; their replies
-wait for that commit too (``WriteBatch.on_commit``).
+wait for that commit too (``WriteBatch.on_commit``). A commit that fails (a full
+disk) wrote nothing: ``on_failed`` drops its publishes (their seqs become gaps,
+their publishers are told) and carries the rest, which memory already holds,
+into the next batch; while ``storage_refusal`` is set, publishes are refused.
 
 ``pump`` hands ready messages to subscriptions with credit (round-robin inside
 a group, rotating over the group's channels) and returns the deliveries per
@@ -29,12 +32,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from ..auth.rules import ALLOW_ALL, Access, Rules
 from ..errors import (
     BadRequest,
-    InvalidPayload,
     MessageTooLarge,
     NotAuthorized,
     QueueFull,
@@ -47,23 +47,32 @@ from ..limits import (
     BODY_CACHE_BYTES,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_LEASE_S,
+    MAX_BROADCAST_BYTES,
+    MAX_BROADCAST_FANOUT,
     MAX_HEADER_SIZE,
     MAX_HEADERS,
+    MAX_KEY_LENGTH,
     MAX_LEASE_S,
     MAX_MESSAGE_SIZE,
     MAX_PREFETCH,
     MAX_PRIORITY,
     MAX_SUBSCRIPTIONS,
     MIN_PRIORITY,
+    RETURNED_FROM_LIMIT,
 )
 from ..names import (
     broadcast_prefix,
+    consume_group_key,
     dead_letter_channel,
     is_dead_letter,
+    listen_group_key,
+    migrate_listen_key,
     parse_pattern,
+    reservation_key,
     schema_key,
     validate_channel,
 )
+from ..payloads import check_json, decode_json
 from ..protocol.frames import Delivery, Outcome, Send
 from ..schemas import SchemaViolation
 from ..storage.base import Snapshot
@@ -73,10 +82,9 @@ from .stats import Counters
 from .transactions import Transactions
 from .writes import WriteBatch
 
-_json_check = msgspec.json.Decoder()
-_json_value = msgspec.json.decode
 _MESSAGE_ID = re.compile(r"[0-9a-f]{16}[1-9a-f][0-9a-f]{0,14}")  # what new_id makes
 MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
+LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
 
 
 @dataclass(eq=False)
@@ -119,11 +127,15 @@ class Broker:
         self._tags = itertools.count(1)
         self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
         self._by_hash: dict[int, list[str]] = {}
+        self._hashed_all = False  # channels restored from storage get hashed on first lookup
         self.rules = Rules.parse(None)
         self.transactions = Transactions()
         self.strict_schemas = False
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
+        self._listen_keys_escaped = False  # restore() reads the storage's marker
         self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
+        # Set by the adapter while storage is full: every publish is refused with it.
+        self.storage_refusal: RequestError | None = None
         self.read_refusals: dict[str, list[Any]] = {}  # pattern -> [refusals, last client]
         # Histograms the adapter may plug in (anything with observe(seconds)).
         self.delivery_latency: Any = None  # published -> first delivered
@@ -177,17 +189,27 @@ class Broker:
         return h
 
     def find_message(self, message_id: str) -> tuple[ChannelLog, int] | None:
-        """The channel and seq a message id names, if that channel is known."""
+        """The channel and seq a message id names, if that channel is known.
+
+        Raises UnknownDelivery when two known channels share the id's 64-bit hash (a
+        collision someone made on purpose): the id then names no single message, and
+        answering for either channel could hand one client's receipt to another.
+        """
         if not _MESSAGE_ID.fullmatch(message_id):
             return None
         h, seq = int(message_id[:16], 16), int(message_id[16:], 16)
-        if not self._by_hash:  # ids of channels created before this run: hash them once
+        if not self._hashed_all:  # ids of channels created before this run: hash them once
             for log in self.channels.values():
                 self.channel_hash(log)
-        for name in self._by_hash.get(h, ()):
-            log = self.channels.get(name)
-            if log is not None:
-                return log, seq
+            self._hashed_all = True
+        logs = {name: log for name in self._by_hash.get(h, ())
+                if (log := self.channels.get(name)) is not None and log.id_hash == h}
+        if len(logs) > 1:
+            raise UnknownDelivery(f"message id {message_id!r} is ambiguous: more than one "
+                                  "channel shares its hash, so it names no single message",
+                                  id=message_id)
+        for log in logs.values():
+            return log, seq
         return None
 
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
@@ -195,13 +217,17 @@ class Broker:
         """Validate and stage ``sends``; return one outcome each and the staged messages."""
         outcomes: list[Outcome] = []
         staged: list[Msg] = []
+        full = self.storage_refusal
         for send in sends:
             try:
+                if full is not None:
+                    raise type(full)(full.message, **full.detail)
                 outcomes.append(self._publish_one(send, now, staged, access))
             except RequestError as exc:
                 self.counters.refuse(exc.reason)
                 outcomes.append(Outcome(channel=str(send.channel)[:255], code=int(exc.code),
                                         error=exc.message))
+        self.batch.publishes += staged
         return outcomes, staged
 
     def _check(self, send: Send, target: str) -> None:
@@ -221,15 +247,16 @@ class Broker:
             raise SchemaMismatch(f"{key} declares no schema and strict_schemas is on: "
                                  "declare channels.\"" + key + "\".schema", schema=key)
         elif not send.raw:
-            try:
-                _json_check.decode(send.data)
-            except msgspec.DecodeError as exc:
-                raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+            check_json(send.data)
         if send.headers:
             if len(send.headers) > MAX_HEADERS:
                 raise BadRequest(f"{len(send.headers)} headers, the limit is {MAX_HEADERS}")
             if sum(len(k) + len(v) for k, v in send.headers.items()) > MAX_HEADER_SIZE:
                 raise BadRequest(f"headers are over the {MAX_HEADER_SIZE} byte limit")
+        for label, text in (("dedup key", send.dedup), ("message key", send.key)):
+            if text is not None and len(text) > MAX_KEY_LENGTH:
+                raise BadRequest(f"{label} is {len(text)} characters, the limit is "
+                                 f"{MAX_KEY_LENGTH}", limit=MAX_KEY_LENGTH)
         if send.priority and not MIN_PRIORITY <= send.priority <= MAX_PRIORITY:
             raise BadRequest(
                 f"priority {send.priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
@@ -244,10 +271,7 @@ class Broker:
             self.schema_refusals[schema.key] = self.schema_refusals.get(schema.key, 0) + 1
             raise SchemaMismatch(f"{schema.key} has a JSON schema; raw payloads are refused",
                                  schema=schema.key)
-        try:
-            value = _json_value(send.data)
-        except msgspec.DecodeError as exc:
-            raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+        value = decode_json(send.data)
         try:
             schema.validate(value)
         except SchemaViolation as exc:
@@ -284,6 +308,13 @@ class Broker:
         else:
             targets = [log for name, log in self.channels.items()
                        if name.startswith(prefix) and log.states]
+            if len(targets) > MAX_BROADCAST_FANOUT or \
+                    len(targets) * len(send.data) > MAX_BROADCAST_BYTES:
+                raise BadRequest(
+                    f"broadcast to {target!r} would store {len(targets)} copies of "
+                    f"{len(send.data)} bytes; the limits are {MAX_BROADCAST_FANOUT} channels "
+                    f"and {MAX_BROADCAST_BYTES >> 20} MiB per broadcast: send to fewer ids",
+                    fanout=len(targets), limit=MAX_BROADCAST_FANOUT)
             for log in targets:  # a broadcast is stored everywhere or nowhere
                 self._check_room(log)
             first: Msg | None = None
@@ -383,8 +414,64 @@ class Broker:
         for callback in batch.on_commit:
             callback()
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
+    def on_failed(self, batch: WriteBatch, error: RequestError) -> None:
+        """The commit of ``batch`` failed and wrote nothing (a full disk).
+
+        Its publishes are dropped: their seqs become gaps (never visible, never
+        confirmed to anyone), their dedup keys and transaction fences are undone, and their
+        publishers get ``error``. Everything else (acks, group states, deletes, dead
+        letters, registrations) is what memory already holds: it is carried into the
+        pending batch and written with it, first. A callback with a failure handler
+        gets ``error`` (e.g. an ack's "not durable"); one without waits for that
+        commit. Nothing is confirmed that was not written.
+        """
+        dropped = {id(m) for m in batch.publishes}
+        keep: list[Msg] = []
+        for msg in batch.messages:
+            if id(msg) not in dropped:
+                keep.append(msg)
+                continue
+            log = self.channels.get(msg.channel)
+            if log is None or msg.seq < log.first_seq or msg.seq in log.gone:
+                continue  # dropped (overflow) before the commit: already a gap
+            log.gone.add(msg.seq)
+            log.inflight -= 1
+        for channel, key, _, seq, msg_id in batch.dedup:
+            seen = self._dedup.get((channel, key))
+            if seen is not None and seen[1:] == (seq, msg_id):
+                del self._dedup[(channel, key)]
+        fences, pending = self.transactions.fences, self.batch
+        for key, value in batch.fences.items():
+            before = batch.fence_undo.get(key)
+            if fences.get(key) == value:
+                if before is None:
+                    fences.pop(key, None)
+                else:
+                    fences[key] = before
+            elif key in pending.fence_undo and pending.fence_undo[key] == value:
+                pending.fence_undo[key] = before  # a later commit moved it on meanwhile
+        pending.carry(batch, keep)
+        waiting = [(ok, fail) for ok, fail in
+                   itertools.zip_longest(batch.on_commit, batch.on_fail) if ok is not None]
+        pending.on_commit[:0] = [ok for ok, fail in waiting if fail is None]
+        pending.on_fail[:0] = [None for ok, fail in waiting if fail is None]
+        first: Exception | None = None
+        for _, fail in waiting:
+            if fail is not None:
+                try:
+                    fail(error)
+                except Exception as exc:  # one handler's bug must not silence the others
+                    first = first or exc
+        if first is not None:
+            raise first
+
+    def after_commit(self, callback: Callable[[], None],
+                     failed: Callable[[RequestError], None] | None = None) -> None:
+        """Call ``callback`` once what is staged now is durable; ``failed`` (with the
+        error) if that commit fails. Without ``failed``, the callback waits for the
+        commit that makes it durable."""
         self.batch.on_commit.append(callback)
+        self.batch.on_fail.append(failed)
 
     def retention_candidates(self) -> list[tuple[str, int]]:
         """Channels with a retention period and the seq below which all readers settled."""
@@ -430,21 +517,22 @@ class Broker:
             raise BadRequest(f"{len(session.subs)} subscriptions on one connection already "
                              f"(the limit is {MAX_SUBSCRIPTIONS}); use patterns to cover more "
                              "channels with one")
-        for p in parsed:
-            self.check_read(session, p.text)
+        texts = [p.text for p in parsed]
+        self.check_read(session, *texts, claim=False)
         if kind == "consume":
-            key = f"consume:{group or patterns[0]}"
+            key = consume_group_key(group or patterns[0])
         else:
-            key = f"listen:{session.client_id}:{name or patterns[0]}"
+            key = listen_group_key(session.client_id, name or patterns[0])
         start_cursor = self._parse_start(start, kind)
         if not 0 <= prefetch <= MAX_PREFETCH:
             raise BadRequest(f"prefetch must be 0..{MAX_PREFETCH}, got {prefetch}")
         if not 0 <= lease <= MAX_LEASE_S:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
         grp = self.groups.get(key)
-        if grp is not None and kind == "consume":
-            self._check_group_rights(session, grp, [p.text for p in parsed])
-        self._reserve(session, [p.text for p in parsed])
+        if grp is not None:
+            self._check_group_rights(session, grp, texts)
+        # Checked: now this read claims what it reads (the group's channels too).
+        self.check_read(session, *texts, *(p.text for p in grp.patterns) if grp else ())
         if grp is None:
             grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
             self.groups[key] = grp
@@ -463,36 +551,36 @@ class Broker:
         return sub
 
     def _check_group_rights(self, session: Session, grp: Group, patterns: list[str]) -> None:
-        """A consumer group hands its members messages of every pattern it reads, so a
-        member must be allowed all of them: the joiner the group's patterns, and the
-        members the joiner's new ones (a group name is no way around the rules)."""
-        name = grp.key.removeprefix("consume:")
+        """A group hands its members messages of every pattern it reads, so a member
+        must be allowed all of them: the joiner the group's patterns (also a durable
+        listener's, which rules or reservations may have changed under), and the members
+        the joiner's new ones (a group name is no way around the rules)."""
+        if grp.kind == "listen":
+            name = grp.key[len(listen_group_key(session.client_id, "")):]
+            what, instead = f"listener {name!r}", "listen under another name"
+        else:
+            name = grp.key.removeprefix("consume:")
+            what, instead = f"group {name!r}", "consume under a group of your own"
         have = {p.text for p in grp.patterns}
         for text in have:
             try:
-                self.check_read(session, text)
+                self.check_read(session, text, claim=False)
             except NotAuthorized as exc:
                 raise NotAuthorized(
-                    f"group {name!r} also reads {text!r}, which client {session.client_id!r} "
-                    f"may not ({exc.message}); consume under a group of your own",
+                    f"{what} also reads {text!r}, which client {session.client_id!r} "
+                    f"may not ({exc.message}); {instead}",
                     group=name, pattern=text) from None
         for member in grp.members:
-            if member.session is session:
+            if member.session is session or member.session.admin:
                 continue
             for text in patterns:
-                if text in have:
-                    continue
-                try:
-                    self.check_read(member.session, text)
-                    if ("*" not in text and self.rules.is_exclusive(text)
-                            and not member.session.admin
-                            and member.session.client_id != session.client_id):
-                        raise NotAuthorized(f"channel {text!r} is exclusive")
-                except NotAuthorized:
+                # Reserved for the joiner once it reads: another client may not share it.
+                if text not in have and self.read_refusal(
+                        member.session, text, owner_to_be=session.client_id) is not None:
                     raise NotAuthorized(
                         f"group {name!r} has a member, client {member.session.client_id!r}, "
                         f"that may not read {text!r}; consume it under another group",
-                        group=name, pattern=text) from None
+                        group=name, pattern=text)
 
     def options_prefetch(self, pattern: str) -> int:
         body = pattern[len("_dead/"):] if is_dead_letter(pattern) else pattern
@@ -543,32 +631,78 @@ class Broker:
             self._mark(fresh)
 
     # ---------------------------------------------------------- access rules
-    def check_read(self, session: Session, pattern: str) -> None:
-        """Rules, then reservations: an exclusive (!) channel belongs to its first reader."""
+    def check_read(self, session: Session, *patterns: str, claim: bool = True) -> None:
+        """The one check every read makes: listen, consume, add_id, range reads, OFFSETS,
+        POSITION, HTTP consume, ``/v1/stream``, receipts, dead letters.
+
+        The rules first, then the reservations: an exclusive (!) channel and its dead
+        letters belong to the first client that reads either. With ``claim`` this read
+        reserves the exclusive channels it names that are still free (after checking
+        every pattern, so a refused read claims nothing). Admins are not restricted
+        and reserve nothing. Raises NotAuthorized (or InvalidChannel).
+        """
         if session.admin:
             return
+        for pattern in patterns:
+            refusal = self.read_refusal(session, pattern)
+            if refusal is not None:
+                # Kept for "why is nothing flowing?": a consumer the rules keep out.
+                seen = self.read_refusals.setdefault(pattern, [0, ""])
+                seen[0] += 1
+                seen[1] = session.client_id
+                raise refusal
+        if claim:
+            for pattern in patterns:
+                key = reservation_key(pattern)
+                if key not in self.reservations and self._exclusive(key):
+                    self.reservations[key] = session.client_id
+                    self.batch.reservations[key] = session.client_id
+
+    def may_read(self, session: Session, pattern: str) -> bool:
+        """``check_read``'s answer, without raising, recording or claiming."""
+        return self.read_refusal(session, pattern) is None
+
+    def _exclusive(self, key: str) -> bool:
+        return "*" not in key and self.rules.is_exclusive(key)
+
+    def read_refusal(self, session: Session, pattern: str,
+                     owner_to_be: str | None = None) -> NotAuthorized | None:
+        """Why ``session`` may not read ``pattern``, or None. ``owner_to_be`` counts a
+        free exclusive channel as reserved by that client (about to claim it)."""
+        if session.admin:
+            return None
         try:
             session.access.check_read(pattern)
-            owner = self.reservations.get(pattern)
-            if owner is not None and owner != session.client_id:
-                raise NotAuthorized(f"channel {pattern!r} is reserved by client {owner!r}",
-                                    channel=pattern, owner=owner)
-        except NotAuthorized:
-            # Kept for "why is nothing flowing?": a consumer the rules keep out.
-            seen = self.read_refusals.setdefault(pattern, [0, ""])
-            seen[0] += 1
-            seen[1] = session.client_id
-            raise
+        except NotAuthorized as exc:
+            return exc
+        owner = self._owner(pattern, owner_to_be)
+        if owner is None or owner == session.client_id:
+            return None
+        key = reservation_key(pattern)
+        what = repr(pattern) if key == pattern else f"{pattern!r} (the dead letters of {key!r})"
+        return NotAuthorized(f"channel {what} is reserved by client {owner!r}",
+                             channel=pattern, owner=owner)
 
-    def _reserve(self, session: Session, patterns: list[str]) -> None:
-        for pattern in patterns:
-            if (pattern not in self.reservations and "*" not in pattern
-                    and self.rules.is_exclusive(pattern) and not session.admin):
-                self.reservations[pattern] = session.client_id
-                self.batch.reservations[pattern] = session.client_id
+    def _owner(self, channel: str, owner_to_be: str | None = None) -> str | None:
+        key = reservation_key(channel)
+        owner = self.reservations.get(key)
+        if owner is None and owner_to_be is not None and self._exclusive(key):
+            return owner_to_be
+        return owner
 
     def release(self, channel: str) -> str | None:
-        """Admin: free a reserved channel for the next reader to claim."""
+        """Admin: free a reserved channel for the next reader to claim. Refused while a
+        client still reads it (or its dead letters) live: it would go on reading beside
+        the next owner."""
+        logs = [log for name in (channel, dead_letter_channel(channel))
+                if (log := self.channels.get(name)) is not None]
+        readers = sorted({sub.session.client_id for log in logs for gc in log.states
+                          for sub in gc.group.members if not sub.session.admin})
+        if readers and channel in self.reservations:
+            raise BadRequest(
+                f"channel {channel!r} is still read by client {readers[0]!r} (a live "
+                "subscription): end it, or revoke the client, then release the channel",
+                channel=channel, client=readers[0])
         owner = self.reservations.pop(channel, None)
         if owner is not None:
             self.batch.reservations[channel] = None
@@ -577,10 +711,9 @@ class Broker:
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
         sub = self._sub(session, sid)
         text = parse_pattern(pattern).text
+        self.check_read(session, text, claim=False)
+        self._check_group_rights(session, sub.group, [text])
         self.check_read(session, text)
-        if sub.group.kind == "consume":
-            self._check_group_rights(session, sub.group, [text])
-        self._reserve(session, [pattern])
         grp = sub.group
         self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
         if grp.ready and grp.members:
@@ -671,8 +804,7 @@ class Broker:
         """Deliver what ``grp`` can; True while it still has both ready work and credit."""
         ready = grp.ready
         while ready:
-            sub = grp.next_member()
-            if sub is None:
+            if grp.member_for() is None:
                 # Members that only hit their burst limit get more in the next round.
                 return any(m.burst and m.active and not m.paused
                            and m.prefetch > m.unsettled for m in grp.members)
@@ -694,6 +826,12 @@ class Broker:
                 continue
             del ready[gc]
             ready[gc] = None  # rotate: the group's channels take turns
+            # A message that came back from a member goes to another one with credit.
+            found = grp.member_for(gc.returned_from.pop(msg.seq, 0) if gc.returned_from
+                                   else 0)
+            assert found is not None  # checked above; nothing since took credit away
+            sub, idx = found
+            grp.took(idx)
             out.setdefault(sub, []).append(self._deliver(sub, gc, msg, now))
             sub.burst += len(msg.data) + 64
         return False
@@ -831,6 +969,10 @@ class Broker:
             gc.requeue(lease.seq, front=front, delay=delay, now=now)
             if delay > 0:
                 self._timed[gc] = None
+            if sub.active:
+                if len(gc.returned_from) >= RETURNED_FROM_LIMIT:
+                    gc.returned_from.clear()  # stale ones (purged, expired): start afresh
+                gc.returned_from[lease.seq] = id(sub)
         self._mark(gc)
 
     # ----------------------------------------------------------------- time
@@ -983,6 +1125,46 @@ class Broker:
                 self._dedup[(channel, key)] = (expires, seq, ident)
         self.reservations = dict(snap.reservations)
         self.transactions.fences = {(w, c): b for w, c, b in snap.fences}
+        self.transactions.writers = dict(snap.writers)
+        self._listen_keys_escaped = snap.meta.get(LISTEN_KEYS_META) == "escaped"
+
+    def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
+        """Once, on the first start after an upgrade: give the listeners older versions
+        stored their unambiguous keys (``names.migrate_listen_key``), deciding by the
+        ``registered`` client ids. Returns ``{old key: new key}`` for the renamed ones."""
+        if self._listen_keys_escaped:
+            return {}
+        ids = set(registered)
+        with_colon = [c for c in ids if ":" in c]
+        renames = {key: new for key, grp in self.groups.items() if grp.kind == "listen"
+                   and (new := migrate_listen_key(key, ids, with_colon)) != key}
+        # Distinct old keys give distinct new ones, so rebuilding the table loses none.
+        self.groups = {renames.get(key, key): grp for key, grp in self.groups.items()}
+        for old, new in renames.items():
+            grp = self.groups[new]
+            grp.key = new
+            self.batch.group_defs[old] = None  # with its states
+            self.batch.group_defs[new] = grp.definition()
+            for name, gc in grp.gcs.items():
+                self.batch.group_states[(new, name)] = gc.durable_state()
+        self.batch.meta[LISTEN_KEYS_META] = "escaped"
+        self._listen_keys_escaped = True
+        return renames
+
+    def release_writer(self, writer_id: str, *, drop_fences: bool = False) -> str | None:
+        """Admin: free a writer id for the next client that commits under it (its
+        fences stay, so a job moved to another client id stays exactly-once, unless
+        ``drop_fences``: after a squatter's commit). Returns the owner it had."""
+        owner = self.transactions.writers.pop(writer_id, None)
+        if owner is not None:
+            self.batch.writers[writer_id] = None
+        if drop_fences:
+            self.transactions.fences = {k: b for k, b in self.transactions.fences.items()
+                                        if k[0] != writer_id}
+            self.batch.fences = {k: b for k, b in self.batch.fences.items()
+                                 if k[0] != writer_id}
+            self.batch.dropped_fences.append(writer_id)
+        return owner
 
     # --------------------------------------------------- staged, fenced publishes
     def stage(self, session: Session, txn: str, sends: list[Send], now: float) -> int:
@@ -998,8 +1180,12 @@ class Broker:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
+        self.transactions.check_writer(session.client_id, writer_id)
         sends = self.transactions.peek(session.client_id, txns)
         keep, skipped, fences = self.transactions.fence(writer_id, batch_id, sends)
+        full = self.storage_refusal
+        if full is not None:
+            raise type(full)(full.message, **full.detail)
         self._check_commit(keep, session.access)
         self.transactions.take(session.client_id, txns)
         self.transactions.discarded += len(sends) - len(keep)
@@ -1009,8 +1195,13 @@ class Broker:
         # Not expected after the check; if it happens, the replay must not be fenced.
         refused = {f["channel"] for f in failed}
         fences = {k: b for k, b in fences.items() if k[1] not in refused}
+        for key in fences:  # to undo if the commit fails
+            self.batch.fence_undo.setdefault(key, self.transactions.fences.get(key))
         self.transactions.fences.update(fences)
         self.batch.fences.update(fences)
+        if writer_id not in self.transactions.writers:  # the first commit binds the id
+            self.transactions.writers[writer_id] = session.client_id
+            self.batch.writers[writer_id] = session.client_id
         return {"published": len(staged), "discarded": len(sends) - len(keep),
                 "replayed_channels": skipped, "failed": failed[:20]}
 
@@ -1035,18 +1226,19 @@ class Broker:
     def offsets(self, session: Session, patterns: list[str]) -> dict[str, list[int]]:
         """``{channel: [first_seq, next_seq]}`` for every channel the patterns match."""
         out: dict[str, list[int]] = {}
-        for text in patterns:
-            pattern = parse_pattern(text)
-            self.check_read(session, pattern.text)
+        parsed = [parse_pattern(text) for text in patterns]
+        self.check_read(session, *(p.text for p in parsed))  # claims a concrete ! channel
+        for pattern in parsed:
             if pattern.concrete:
                 log = self.channels.get(pattern.text)
                 if log is not None:
                     out[log.name] = [log.first_seq, log.end]
                 continue
             for name, log in self.channels.items():
-                if pattern.matches(name) and (session.admin or (
-                        not self.rules.is_exclusive(name)
-                        or self.reservations.get(name) == session.client_id)):
+                # A wildcard the rules allowed reaches no exclusive channel but its
+                # reserver's (and none still free).
+                if pattern.matches(name) and (session.admin or self._owner(
+                        name, owner_to_be="") in (None, session.client_id)):
                     out[name] = [log.first_seq, log.end]
         return out
 
@@ -1055,15 +1247,17 @@ class Broker:
         """Everything below ``positions[channel]`` is settled for consumer ``group``."""
         if not group:
             raise BadRequest("give the group name")
-        key = f"consume:{group}"
+        key = consume_group_key(group)
         grp = self.groups.get(key)
         for channel, next_seq in positions.items():
             validate_channel(channel)
-            self.check_read(session, channel)
+            self.check_read(session, channel, claim=False)
             if next_seq < 1:
                 raise BadRequest(f"position of {channel!r} must be >= 1")
         if grp is not None:  # moving a group: the rules of every member still hold
             self._check_group_rights(session, grp, list(positions))
+        # Positioning a group on a channel reads it, as subscribing would: it claims.
+        self.check_read(session, *positions)
         if grp is None:
             grp = Group(key, "consume", [], "oldest")
             self.groups[key] = grp

@@ -71,6 +71,10 @@ class GroupChannel:
         self.prio: list[tuple[int, int]] = []  # (-priority, seq), ready now
         self.sched: list[tuple[float, int]] = []  # publish-time delay: (deliver_at, seq)
         self.attempts: dict[int, int] = {}
+        # seq -> id() of the member it came back from (lease ran out, nack): its next
+        # delivery prefers another member with credit. An id, not a reference: a stale
+        # entry only costs a preference, never keeps a subscription alive.
+        self.returned_from: dict[int, int] = {}
         self.acked: set[int] = set()
         self.dirty = True
         self.delivered = 0
@@ -291,12 +295,32 @@ class Group:
     def definition(self) -> GroupDef:
         return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns), self.start)
 
-    def next_member(self) -> Subscription | None:
+    def member_for(self, avoid: int = 0) -> tuple[Subscription, int] | None:
+        """The next member with credit in round-robin order (and its index), passing over
+        the member whose ``id()`` is ``avoid`` while another has credit. The turn moves
+        only when a delivery is made (``took``): a pump round that finds nothing to
+        deliver must not use up members' turns."""
         members = self.members
         n = len(members)
+        fallback: tuple[Subscription, int] | None = None
         for i in range(n):
-            sub = members[(self.rr + i) % n]
+            idx = (self.rr + i) % n
+            sub = members[idx]
             if sub.credit > 0:
-                self.rr = (self.rr + i + 1) % n
-                return sub
-        return None
+                if avoid and id(sub) == avoid:
+                    fallback = (sub, idx)
+                    continue
+                return sub, idx
+        return fallback
+
+    def took(self, idx: int) -> None:
+        """Member ``idx`` got a delivery: the next turn is the member after it."""
+        self.rr = (idx + 1) % len(self.members)
+
+    def next_member(self) -> Subscription | None:
+        """The next member with credit, taking its turn (for callers that deliver)."""
+        found = self.member_for()
+        if found is None:
+            return None
+        self.took(found[1])
+        return found[0]

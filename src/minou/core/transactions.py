@@ -13,13 +13,19 @@ fails (unknown transaction), the writer's job fails and is replayed, and the
 fence makes the replay safe. Orphans (failed attempts) expire a TTL after their last
 STAGE; a STAGE to an expired id fails. A commit publishes everything it names or
 nothing: it is checked whole (rules, schemas, room) before anything is published.
+
+Names belong to clients. Transaction ids are per client (two clients may both use
+``t1``), and a writer id belongs to the first client that commits under it: a fence
+is a promise about one writer's batches, so another client (admins included) may not
+move it. Fences stored before owners existed are claimed by the first client that
+commits under their writer id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import BadRequest, NotFound, QueueFull
+from ..errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from ..limits import MAX_BATCH
 from ..protocol.frames import Send
 
@@ -38,11 +44,12 @@ class StagedTxn:
 
 class Transactions:
     def __init__(self) -> None:
-        self.staged: dict[str, StagedTxn] = {}
+        self.staged: dict[tuple[str, str], StagedTxn] = {}  # (owner, txn id) -> staged
         # Expired ids, for a TTL more: a late STAGE must fail, not silently start a new
         # transaction that a commit would then publish without the expired part.
-        self.gone: dict[str, float] = {}
+        self.gone: dict[tuple[str, str], float] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (writer_id, channel) -> last batch id
+        self.writers: dict[str, str] = {}  # writer_id -> the client that owns it
         self.bytes = 0
         self.committed = 0  # transactions committed since start
         self.discarded = 0  # messages dropped by a fence (replayed batches)
@@ -58,15 +65,13 @@ class Transactions:
         if self.bytes + size > MAX_STAGED_BYTES:
             raise QueueFull(f"{self.bytes} bytes are staged already (limit {MAX_STAGED_BYTES}); "
                             "commit or abort transactions first")
-        if txn in self.gone:
+        if (owner, txn) in self.gone:
             raise NotFound(f"transaction {txn!r} expired (nothing staged for "
                            f"{STAGED_TTL_S:.0f} s); stage the whole of it again under a new id",
                            txns=txn)
-        staged = self.staged.get(txn)
+        staged = self.staged.get((owner, txn))
         if staged is None:
-            staged = self.staged[txn] = StagedTxn(owner, now)
-        elif staged.owner != owner:
-            raise BadRequest(f"transaction {txn!r} belongs to another client")
+            staged = self.staged[(owner, txn)] = StagedTxn(owner, now)
         staged.touched = now
         staged.sends.extend(sends)
         staged.bytes += size
@@ -74,31 +79,38 @@ class Transactions:
         return len(staged.sends)
 
     def peek(self, owner: str, txns: list[str]) -> list[Send]:
-        """The messages of ``txns`` (all must exist and be ``owner``'s), left staged."""
-        missing = [t for t in txns if t not in self.staged]
+        """The messages of ``owner``'s transactions ``txns`` (all must exist), left staged."""
+        missing = [t for t in txns if (owner, t) not in self.staged]
         if missing:
-            raise NotFound(f"unknown transaction(s) {missing[:5]}: never staged, already "
-                           "committed or aborted, expired, or lost in a broker restart",
-                           txns=", ".join(missing[:5]))
-        foreign = [t for t in txns if self.staged[t].owner != owner]
-        if foreign:
-            raise BadRequest(f"transaction(s) {foreign[:5]} belong to another client")
-        return [send for t in txns for send in self.staged[t].sends]
+            raise NotFound(f"unknown transaction(s) {missing[:5]}: never staged (by this "
+                           "client), already committed or aborted, expired, or lost in a "
+                           "broker restart", txns=", ".join(missing[:5]))
+        return [send for t in txns for send in self.staged[(owner, t)].sends]
 
     def take(self, owner: str, txns: list[str]) -> list[Send]:
         """Remove ``txns`` (as ``peek`` checks them) and return their messages."""
         sends = self.peek(owner, txns)
         for t in txns:
-            self.bytes -= self.staged.pop(t).bytes
+            self.bytes -= self.staged.pop((owner, t)).bytes
         self.committed += len(txns)
         return sends
+
+    def check_writer(self, client_id: str, writer_id: str) -> None:
+        """Raise unless ``client_id`` may commit under ``writer_id``: its own, or unowned."""
+        if not writer_id or len(writer_id) > MAX_TXN_ID:
+            raise BadRequest(f"writer_id is 1..{MAX_TXN_ID} characters")
+        owner = self.writers.get(writer_id)
+        if owner is not None and owner != client_id:
+            raise NotAuthorized(
+                f"writer id {writer_id!r} belongs to client {owner!r} (the first to commit "
+                f"under it); client {client_id!r} may not commit under it: use a writer id "
+                "of your own (an admin can release it: writers.release)",
+                writer_id=writer_id, owner=owner, client=client_id)
 
     def fence(self, writer_id: str, batch_id: int, sends: list[Send]
               ) -> tuple[list[Send], list[str], dict[tuple[str, str], int]]:
         """Split ``sends`` by the fence: (to publish, channels skipped as replays, the
-        fence values to store with the publish)."""
-        if not writer_id or len(writer_id) > MAX_TXN_ID:
-            raise BadRequest(f"writer_id is 1..{MAX_TXN_ID} characters")
+        fence values to store with the publish). ``check_writer`` comes first."""
         keep: list[Send] = []
         skipped: set[str] = set()
         updates: dict[tuple[str, str], int] = {}
@@ -114,9 +126,8 @@ class Transactions:
     def abort(self, owner: str, txns: list[str]) -> int:
         dropped = 0
         for t in txns:
-            staged = self.staged.get(t)
-            if staged is not None and staged.owner == owner:
-                del self.staged[t]
+            staged = self.staged.pop((owner, t), None)
+            if staged is not None:
                 self.bytes -= staged.bytes
                 dropped += 1
         return dropped
@@ -133,4 +144,5 @@ class Transactions:
     def stats(self) -> dict[str, int]:
         return {"staged": len(self.staged), "staged_bytes": self.bytes,
                 "committed": self.committed, "discarded_by_fence": self.discarded,
-                "expired": self.expired, "fences": len(self.fences)}
+                "expired": self.expired, "fences": len(self.fences),
+                "writers": len(self.writers)}

@@ -1,10 +1,17 @@
-"""What one storage transaction must make durable (group commit)."""
+"""What one storage transaction must make durable (group commit).
+
+A commit that fails (a full disk) wrote nothing. Its publishes are dropped and
+their publishers told (``publishes``); everything else is state the broker's
+memory already holds, so it is carried into the next batch (``carry``) and
+written with it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..errors import RequestError
 from .group import GroupDef
 from .log import Msg
 
@@ -23,14 +30,45 @@ class WriteBatch:
     clients: dict[str, bytes | None] = field(default_factory=dict)  # key registry; None: drop
     reservations: dict[str, str | None] = field(default_factory=dict)  # channel -> owner
     fences: dict[tuple[str, str], int] = field(default_factory=dict)  # (writer, channel) -> batch
+    writers: dict[str, str | None] = field(default_factory=dict)  # writer id -> owner; None: free
+    dropped_fences: list[str] = field(default_factory=list)  # writer ids whose fences go
+    meta: dict[str, str] = field(default_factory=dict)
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires
     on_commit: list[Callable[[], None]] = field(default_factory=list)
+    # Beside on_commit, one each: called instead if the commit fails (None: that
+    # callback waits for the commit that carries this batch's state).
+    on_fail: list[Callable[[RequestError], None] | None] = field(default_factory=list)
+    publishes: list[Msg] = field(default_factory=list)  # messages a publisher waits for
+    fence_undo: dict[tuple[str, str], int | None] = field(default_factory=dict)  # before
     bytes: int = 0
 
     def __bool__(self) -> bool:
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.reservations
-            or self.fences or self.used_tokens
+            or self.fences or self.writers or self.dropped_fences or self.meta
+            or self.used_tokens
             or self.on_commit
         )
+
+    def carry(self, failed: WriteBatch, messages: list[Msg]) -> None:
+        """Take on the state of ``failed``, an earlier batch whose commit wrote nothing,
+        so that this batch writes both: where both set one key, this (newer) batch's
+        value wins. ``messages``: those of ``failed`` still to write (no publisher
+        waits for them: dead letters, requeues). Its dedup entries and fences went
+        with its publishes, and its callbacks are the caller's."""
+        self.messages[:0] = messages
+        self.deletes[:0] = failed.deletes
+        for name, first in failed.truncates.items():
+            self.truncates[name] = max(first, self.truncates.get(name, first))
+        for name, next_seq in failed.channels.items():
+            self.channels[name] = max(next_seq, self.channels.get(name, next_seq))
+        for mine, theirs in ((self.group_defs, failed.group_defs),
+                             (self.group_states, failed.group_states),
+                             (self.clients, failed.clients),
+                             (self.reservations, failed.reservations),
+                             (self.writers, failed.writers), (self.meta, failed.meta)):
+            for key, value in theirs.items():
+                mine.setdefault(key, value)  # type: ignore[attr-defined]
+        self.dropped_fences[:0] = failed.dropped_fences
+        self.used_tokens[:0] = failed.used_tokens

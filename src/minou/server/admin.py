@@ -256,16 +256,24 @@ def _clients_list(server: BrokerServer, args: dict[str, Any], caller: Identity |
     for item in server.registry.listing():
         client_id = str(item["client_id"])
         item["connections"] = online.get(client_id, 0)
-        item["admin"] = client_id in server.settings.admins
+        item["admin"] = server.registry.is_admin(client_id, server.settings.admins)
+        # Listed in auth.admins, but its key was registered as a non-admin's.
+        item["admin_pending"] = server.registry.admin_pending(client_id,
+                                                              server.settings.admins)
         item["access"] = rules.for_client(client_id).describe()
         out.append(item)
     return {"clients": out, "reservations": dict(sorted(server.core.reservations.items())),
+            "writers": dict(sorted(server.core.transactions.writers.items())),
             "rules": rules.describe(), "admins": sorted(server.settings.admins)}
 
 
 def _approve(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
-    return _registry_op(server, lambda: server.registry.approve(client_id, by=_by(caller)))
+    result = _registry_op(server, lambda: server.registry.approve(
+        client_id, by=_by(caller), admins=server.settings.admins))
+    result["admin"] = server.registry.is_admin(client_id, server.settings.admins)
+    server.reapply_identities()  # a promotion applies to live connections at once
+    return result
 
 
 def _self(caller: Identity | None, client_id: str) -> bool:
@@ -318,6 +326,22 @@ def _release(server: BrokerServer, args: dict[str, Any], caller: Identity | None
     return {"channel": channel, "released_from": owner}
 
 
+def _release_writer(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                    ) -> Any:
+    """Free a writer id (TXN_COMMIT) for the next client that commits under it; with
+    ``drop_fences`` also forget its fences (after a squatter moved them)."""
+    writer_id = _str_arg(args, "writer_id")
+    assert writer_id is not None
+    drop = args.get("drop_fences", False)
+    if not isinstance(drop, bool):
+        raise BadRequest("drop_fences must be true or false")
+    owner = server.core.release_writer(writer_id, drop_fences=drop)
+    if owner is None and not drop:
+        raise NotFound(f"writer id {writer_id!r} belongs to no client")
+    server.request_write(urgent=False)
+    return {"writer_id": writer_id, "released_from": owner, "fences_dropped": drop}
+
+
 def _reload(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.reload()
 
@@ -340,6 +364,7 @@ OPERATIONS: dict[str, Op] = {
     "clients.rotate": _rotate,
     "clients.forget": _forget,
     "reservations.release": _release,
+    "writers.release": _release_writer,
     "reload": _reload,
 }
 
@@ -351,4 +376,8 @@ def run_admin(server: BrokerServer, op: str, args: dict[str, Any],
         raise BadRequest(f"unknown admin operation {op!r} (known: {', '.join(OPERATIONS)})")
     if not isinstance(args, dict):
         raise BadRequest("admin arguments must be a map")
+    for name, value in args.items():  # every operation takes scalars: no deep values
+        if not isinstance(value, str | int | float | bool | None):
+            raise BadRequest(f"admin argument {str(name)[:64]!r} must be a string, a number, "
+                             "a boolean or null")
     return handler(server, args, caller)

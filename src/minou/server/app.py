@@ -27,26 +27,35 @@ from ..core.broker import Broker, Session
 from ..core.log import Msg
 from ..core.writes import WriteBatch
 from ..errors import (
+    ErrorCode,
     NotAuthenticated,
+    RequestError,
     ShuttingDown,
     StartupError,
+    StorageError,
+    StorageFull,
     TooManyConnections,
     UnexpectedFrame,
 )
 from ..limits import (
-    CHECKPOINT_WAL_BYTES,
+    BUDGET_SHARE,
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     GC_THRESHOLD,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
+    REFUSAL_LINGER_S,
+    REFUSAL_WAIT_S,
     SETTLE_COMMIT_DELAY_S,
+    STORAGE_PROBE_S,
     STORAGE_READ_PAGE,
+    STORAGE_RETRY_S,
     SWEEP_INTERVAL_S,
 )
 from ..protocol import frames as f
 from ..storage.sqlite import SQLiteStorage
 from . import oplog
+from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
 from .datadir import DataDirLock
@@ -62,26 +71,61 @@ class _TcpProtocol(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.conn: NativeConnection | None = None
+        self.transport: asyncio.Transport | None = None
+        self.refusal: TooManyConnections | None = None  # over the limit: to answer
+        self._refusal_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport = cast(asyncio.Transport, transport)
+        transport = self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        refusal = self.server.admission.enter(transport, "native", peer)
+        if refusal is not None:
+            if not transport.is_closing():
+                # Answered when the HELLO comes (a client reads the error as the answer
+                # to it), or after REFUSAL_WAIT_S; self.conn stays None.
+                self.refusal = refusal
+                self._refusal_timer = asyncio.get_running_loop().call_later(
+                    REFUSAL_WAIT_S, self._refuse)
+            return
         transport.set_write_buffer_limits(CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = transport.get_extra_info("peername")
         self.conn = NativeConnection(self.server, transport, oplog.peer_text(peer))
         self.server.admit(self.conn)
 
     def data_received(self, data: bytes) -> None:
-        assert self.conn is not None
-        self.conn.receive(data)
+        if self.conn is not None:
+            self.conn.receive(data)
+        elif self.refusal is not None:
+            self._refuse()  # and what comes after is dropped
+
+    def _refuse(self) -> None:
+        """The fatal error frame, then our half of the connection closes; the socket is
+        read (and dropped) until the peer closes or REFUSAL_LINGER_S passes: closing it
+        with data unread would make the kernel send a reset, which can destroy the error
+        before the peer reads it."""
+        exc, transport, self.refusal = self.refusal, self.transport, None
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
+        if exc is None or transport is None or transport.is_closing():
+            return
+        detail = {**exc.detail, "reason": exc.reason}
+        transport.write(f.encode(f.Error(0, int(exc.code), exc.message, detail, True)))
+        if not transport.can_write_eof():  # TLS
+            transport.close()
+            return
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
 
     def eof_received(self) -> bool:
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.admission.leave(self.transport)
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
         if self.conn is not None:
             self.conn.lost()
             self.server.connections.discard(self.conn)
@@ -120,14 +164,21 @@ class BrokerServer:
         self.core.ack_latency = self.metrics.ack_latency
         self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
-        self.storage = SQLiteStorage(settings.data_dir)
+        self.storage = SQLiteStorage(settings.data_dir, max_size=settings.storage_max_size,
+                                     wal_limit=settings.storage_wal_checkpoint,
+                                     reserve=settings.storage_reserve)
         self._dir_lock = DataDirLock(settings.data_dir)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
         self.streams: set[StreamSession] = set()  # /v1/stream sockets
+        # Every client socket of both listeners, against one limit (admission.py).
+        self.admission = Admission(max_connections=lambda: self.settings.max_connections,
+                                   count_refusal=self.core.counters.refuse)
         self.counters_internal = 0
         self.flow_pauses = 0  # times a publisher was paused because the disk was behind
         self.slow_consumers = 0
+        self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
+        self._unsent_running = 0  # the same, kept up to date by every delivery write
         self.started_at = time.time()
         self.accepting = True
         self.draining = False  # soft stop: no new deliveries either
@@ -137,6 +188,13 @@ class BrokerServer:
         self.commits = 0
         self.messages_committed = 0
         self.stop_reason = ""  # what asked for the stop (a signal, a soft stop, a failure)
+        self.exit_status = 0  # non-zero when the broker stops because it cannot go on
+        # While the disk (or [storage] max_size) is full: the refusal publishes get.
+        self.storage_full: StorageFull | None = None
+        self.storage_full_since = 0.0
+        self.storage_full_commits = 0  # commits refused for want of space, since start
+        self._retry_at = 0.0  # while full, no commit before this (monotonic)
+        self._retry_timer = False
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
@@ -163,6 +221,8 @@ class BrokerServer:
         # Millions of small long-lived objects (messages, leases) make the default cyclic
         # GC thresholds stall the loop for milliseconds; nothing here relies on cycles.
         gc.set_threshold(GC_THRESHOLD, 50, 100)
+        before, after = raise_descriptor_limit()
+        self.admission.descriptors, self.admission.descriptors_before = after, before
         # Lock the directory, then bind, then open storage: a second broker on this
         # directory or a busy port fails here, before anything is written.
         self._dir_lock.acquire()
@@ -196,12 +256,19 @@ class BrokerServer:
         now = time.time()
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
-        self.registry = Registry(decode_record(blob) for blob in snap.clients)
+        self.registry = Registry((decode_record(blob) for blob in snap.clients),
+                                 admins=self.settings.admins)
+        self._stage_registry()  # records of older versions, with their admin answer
+        for old, new in self.core.migrate_listen_keys(self.registry.records).items():
+            log.warning("durable listener %r of an older version is now %r (its client "
+                        "id has ':' or '%%')", old, new)
         self.registry.replay.load(snap.used_tokens, time.time())
         self._ensure_admin_key()
         ssl_context = self._tls_context()
         self._tcp = await self.loop.create_server(
             lambda: _TcpProtocol(self), sock=native, ssl=ssl_context,
+            # A socket holds a descriptor through its handshake, before it is counted.
+            ssl_handshake_timeout=self.settings.hello_timeout if ssl_context else None,
         )
         name = native.getsockname()
         self.native_address = (name[0], name[1])
@@ -232,7 +299,8 @@ class BrokerServer:
         # Let the writer commit what is staged (confirms for accepted publishes).
         self.request_write(force=True)
         for _ in range(500):
-            if self._writing is None and not self.core.batch and not self.core.has_dirty:
+            if self._writing is None and (self._stopped_writing or (
+                    not self.core.batch and not self.core.has_dirty)):
                 break
             if self._writing is None:
                 self.request_write(force=True)
@@ -266,12 +334,8 @@ class BrokerServer:
 
     # -------------------------------------------------------------- sessions
     def admit(self, conn: NativeConnection) -> None:
-        """A new connection: enforce max_connections and the HELLO deadline."""
-        if len(self.connections) >= self.settings.max_connections:
-            conn.refuse(TooManyConnections(
-                f"the broker already has {len(self.connections)} connections "
-                f"(max_connections = {self.settings.max_connections})"))
-            return
+        """A new native connection (TCP or /v1/ws), its socket already within the
+        connection limit (self.admission): enforce the HELLO deadline."""
         self.connections.add(conn)
         assert self.loop is not None
 
@@ -314,7 +378,7 @@ class BrokerServer:
     def count_tls_failure(self) -> None:
         self.registry.failures["tls_handshake"] += 1
 
-    def authenticate(self, hello: f.Hello) -> Identity:
+    def authenticate(self, hello: f.Hello, peer: str = "") -> Identity:
         """Who the HELLO proves to be, or NotAuthenticated with the precise reason.
         What it learnt (a first registration, the token's id) is staged in the core's
         batch but not written yet: the caller first hangs its answer on that commit."""
@@ -340,7 +404,8 @@ class BrokerServer:
         try:
             return self.registry.authenticate(
                 client_id=hello.client_id, token=hello.token, public_key=hello.public_key,
-                audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts)
+                audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts,
+                address=oplog.peer_host(peer))
         finally:
             self._stage_registry()
 
@@ -415,6 +480,7 @@ class BrokerServer:
         core.dedup_window = new.dedup_window
         core.default_lease = new.default_lease
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
+        self.storage.max_size = new.storage_max_size  # the writer applies it at its next commit
         closed = self._reapply_access()
         self.reloads += 1
         log.info("configuration reloaded (%s): changed %s", by, ", ".join(changed) or "nothing")
@@ -423,6 +489,10 @@ class BrokerServer:
             "subscriptions_closed": closed,
             "schemas": [c.summary() for c in new.schema_report],
         }
+
+    def reapply_identities(self) -> list[dict[str, Any]]:
+        """After an approval: live connections get the admin rights they now have."""
+        return self._reapply_access()
 
     def _reapply_access(self) -> list[dict[str, Any]]:
         """New rules apply to live sessions too: subscriptions they forbid now end (the
@@ -436,9 +506,7 @@ class BrokerServer:
             if session is None or identity is None:
                 continue
             if identity.method == "key":
-                identity = conn.identity = Identity(identity.client_id,
-                                                    identity.client_id in self.settings.admins,
-                                                    identity.fingerprint, identity.method)
+                identity = conn.identity = self.http_identity(identity)
             session.admin = identity.admin
             session.access = self.access_for(identity)
             for sid, sub in list(session.subs.items()):
@@ -469,16 +537,18 @@ class BrokerServer:
                 consumers.close(consumer)
                 closed.append({"client_id": consumer.identity.client_id, "sid": 0,
                                "reason": f"HTTP consumer {consumer.key[2]!r}: {exc.message}"})
-        if closed:
+        if closed or self.core.batch:  # ended subscriptions, reservations claimed
             self.request_write(urgent=False)
             self.request_pump()
         return closed
 
     def http_identity(self, identity: Identity) -> Identity:
-        """An identity with admin rights as the live config says (after a reload)."""
+        """An identity with admin rights as the live config and the registry say (after a
+        reload, an approval or a revocation): listed in auth.admins AND approved as one."""
         if identity.method != "key":
             return identity
-        return Identity(identity.client_id, identity.client_id in self.settings.admins,
+        return Identity(identity.client_id,
+                        self.registry.is_admin(identity.client_id, self.settings.admins),
                         identity.fingerprint, identity.method)
 
     def close_session(self, session: Session) -> None:
@@ -540,6 +610,8 @@ class BrokerServer:
             return
         if not (self.core.batch or self._force_write):
             return
+        if self.storage_full is not None and self._backing_off():
+            return
         self._force_write = False
         batch = self.core.take_writes()
         if not batch:
@@ -552,9 +624,7 @@ class BrokerServer:
     def _committed(self, fut: asyncio.Future[None], batch: WriteBatch, started: float) -> None:
         self._writing = None
         if fut.cancelled() or fut.exception() is not None:
-            log.error("storage commit failed; stopping the broker", exc_info=fut.exception())
-            self._stopped_writing = True
-            self.request_stop()
+            self._commit_failed(batch, None if fut.cancelled() else fut.exception())
             return
         took = time.perf_counter() - started
         self.commit_seconds_total += took
@@ -566,16 +636,120 @@ class BrokerServer:
             self._last_publish_commit = time.monotonic()
         self._uncommitted = max(0, self._uncommitted - batch.bytes)
         self.core.on_committed(batch, time.time())
-        resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
-        if self._publishers_paused and self._uncommitted <= resume_below:
-            for conn in self._publishers_paused:
-                conn.resume_reading()
-            self._publishers_paused.clear()
+        self._resume_publishers()
         self.request_pump()
         if self.core.batch.messages:
             self._kick_writer()  # publishes waited for this commit: go on at once
         elif self.core.batch:
             self.request_write(urgent=False)
+
+    def _resume_publishers(self) -> None:
+        resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
+        if self._publishers_paused and self._uncommitted <= resume_below:
+            for conn in self._publishers_paused:
+                conn.resume_reading()
+            self._publishers_paused.clear()
+
+    # ----------------------------------------------------------- full disk
+    # A commit that fails wrote nothing (SQLite rolled it back). A full disk or quota
+    # (StorageFull) is not a crash: publishes are refused at the door with it, the
+    # failed batch's publishers get it, its other state is carried into the next
+    # commit (core.on_failed), deliveries and acks go on, and a probe every
+    # STORAGE_PROBE_S accepts publishes again once there is room. Any other failure
+    # stops the broker with a non-zero exit status.
+    def _commit_failed(self, batch: WriteBatch, exc: BaseException | None) -> None:
+        self._uncommitted = max(0, self._uncommitted - batch.bytes)
+        if isinstance(exc, StorageFull):
+            self.storage_full_commits += 1
+            self._retry_at = time.monotonic() + STORAGE_RETRY_S
+            self._enter_full(exc)
+            try:
+                self.core.on_failed(batch, exc)
+            finally:
+                self._resume_publishers()  # their next publishes are refused at once
+                if self.core.batch:
+                    self.request_write(urgent=False)
+            return
+        cause = str(exc) if exc is not None else "the commit was cancelled"
+        log.error("storage commit failed, the broker stops: %s", cause,
+                  exc_info=exc if not isinstance(exc, StorageError) else None)
+        self._stopped_writing = True
+        self.exit_status = 1
+        self.stop_reason = self.stop_reason or f"storage failure ({cause})"
+        error = RequestError(f"storage failed, nothing was stored; the broker stops: {cause}")
+        error.code = ErrorCode.STORAGE_UNAVAILABLE
+        try:
+            self.core.on_failed(batch, error)
+        finally:
+            self.request_stop()
+
+    def _enter_full(self, exc: StorageFull) -> None:
+        """Refuse publishes with ``exc``; log the cause once per episode; probe."""
+        first = self.storage_full is None
+        self.storage_full = self.core.storage_refusal = exc
+        if not first:
+            log.debug("a commit found storage still full: %s", exc.message)
+            return
+        self.storage_full_since = time.time()
+        reserve = exc.detail.get("reserve_released")
+        log.error("%s Deliveries and acks go on%s; publishing resumes by itself once there "
+                  "is room (checked every %g s).", exc.message,
+                  f" (the {self.storage.reserve / (1 << 20):g} MiB reserve in "
+                  f"{self.storage.reserve_path} was given back for them)" if reserve else "",
+                  STORAGE_PROBE_S)
+        self._schedule_probe()
+
+    def _backing_off(self) -> bool:
+        """While full, a commit that failed is retried only after STORAGE_RETRY_S."""
+        wait = self._retry_at - time.monotonic()
+        if wait <= 0:
+            return False
+        if not self._retry_timer and self.loop is not None:
+            self._retry_timer = True
+
+            def retry() -> None:
+                self._retry_timer = False
+                self._kick_writer()
+
+            self.loop.call_later(wait, retry)
+        return True
+
+    def _schedule_probe(self) -> None:
+        if self.loop is not None:
+            self.loop.call_later(STORAGE_PROBE_S, self._probe_storage)
+
+    def _probe_storage(self) -> None:
+        if self.storage_full is None or self._stopped_writing or self._stopping.is_set():
+            return
+        assert self.loop is not None
+        try:
+            probe = self.loop.run_in_executor(self._writer_pool, self.storage.probe)
+        except RuntimeError:  # the pool is shut down: the broker is stopping
+            return
+        probe.add_done_callback(self._probed)
+
+    def _probed(self, fut: asyncio.Future[tuple[bool, dict[str, Any]]]) -> None:
+        full = self.storage_full
+        if full is None or fut.cancelled():
+            return
+        if fut.exception() is not None:
+            log.debug("storage probe failed: %s", fut.exception())
+            self._schedule_probe()
+            return
+        room, space = fut.result()
+        if not room:  # the refusal tells the space as it is now
+            text = self.storage.full_message(space, full.detail.get("cause", "full"))
+            detail = {**full.detail, "free_bytes": space["free"],
+                      "disk_free_bytes": space["disk_free"]}
+            self.storage_full = self.core.storage_refusal = StorageFull(text, **detail)
+            self._schedule_probe()
+            return
+        self.storage_full = self.core.storage_refusal = None
+        self._retry_at = 0.0
+        log.warning("storage has room again (%d MiB free for %s after %.0f s full): "
+                    "publishes are accepted", space["free"] >> 20, self.storage.data_dir,
+                    time.time() - self.storage_full_since)
+        self.request_write()
 
     # ---------------------------------------------------------------- pump
     def request_pump(self) -> None:
@@ -618,6 +792,7 @@ class BrokerServer:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.time()
             self.core.tick(now)
+            self.watch_consumers(time.monotonic())
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
                 self._sample_rates(now)
@@ -630,17 +805,54 @@ class BrokerServer:
                 if expired:
                     self.core.expire(expired, time.time())
                 await self._apply_retention(now)
-                idle = now - self._last_commit_at > 2.0
-                wal = self.storage.wal_bytes()
-                # Checkpoints compete with commits for the disk: run one only when the WAL
-                # has grown, or when idle (then also giving the WAL file's space back).
-                if (self._checkpoint is None or self._checkpoint.done()) and (
-                        wal > CHECKPOINT_WAL_BYTES or (idle and wal > 0)):
-                    self._checkpoint = loop.run_in_executor(
-                        self._house_pool, self.storage.checkpoint, idle)
+            self._maybe_checkpoint(now)
             if self.core.batch or self.core.has_dirty:
                 self.request_write(force=True)
             self.request_pump()
+
+    def _maybe_checkpoint(self, now: float) -> None:
+        """Keep the WAL near its threshold: checked every tick (0.25 s); past half of it,
+        or when idle, a passive checkpoint and a TRUNCATE one (so the file's size is
+        what was written since the last one: the measure stays true under steady
+        writes). Checkpoints compete with commits for the disk: one at a time."""
+        if self._checkpoint is not None and not self._checkpoint.done():
+            return
+        wal = self.storage.wal_bytes()
+        if not wal:
+            return
+        idle = now - self._last_commit_at > 2.0
+        if idle or wal > self.settings.storage_wal_checkpoint // 2:
+            assert self.loop is not None
+            self._checkpoint = self.loop.run_in_executor(
+                self._house_pool, self.storage.checkpoint, True)
+
+    def note_unsent(self, conn: NativeConnection, buffered: int) -> bool:
+        """A delivery write left ``buffered`` bytes unsent on ``conn``: keep the running
+        total (between ticks it only grows: reads are seen at the next tick, so it errs
+        on the safe side) and say whether it is over the budget."""
+        self._unsent_running += buffered - conn.unsent_noted
+        conn.unsent_noted = buffered
+        return self._unsent_running > self.settings.delivery_buffer_bytes
+
+    def watch_consumers(self, now: float) -> int:
+        """All connections together may hold ``delivery_buffer_bytes`` of unsent
+        deliveries; past that, a connection holding more than BUDGET_SHARE gets no more
+        until the total is back under the budget (readers that keep up go on). So the
+        memory consumers that stop reading can pin is about the budget plus
+        BUDGET_SHARE per connection, not the water mark per connection. A consumer that
+        stops reading with deliveries out is cut after ``slow_consumer_seconds``
+        (``NativeConnection.watch_progress``). Returns the total; ``now`` is monotonic."""
+        conns = [c for c in self.connections if not c.closed and c.session is not None]
+        sizes = [c.transport.get_write_buffer_size() for c in conns]
+        total = sum(sizes)
+        over = total > self.settings.delivery_buffer_bytes
+        for conn, size in zip(conns, sizes, strict=True):
+            conn.unsent_noted = size
+            conn.set_budget_paused(over and size > BUDGET_SHARE)
+            conn.watch_progress(size, now)
+        self._unsent_running = total  # exact again; writes add to it until the next tick
+        self.unsent_delivery_bytes = total
+        return total
 
     async def _apply_retention(self, now: float) -> None:
         loop = asyncio.get_running_loop()
@@ -720,9 +932,11 @@ class BrokerServer:
         return {
             "uptime_s": now - self.started_at,
             "connections": len(self.connections),
+            "sockets": self.admission.stats(),
             "counters": self.core.counters.as_dict(),
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
-                        "commit_seconds": self.commit_seconds_total},
+                        "commit_seconds": self.commit_seconds_total,
+                        "full": int(self.storage_full is not None)},
             "auth_failures": dict(self.registry.failures),
             "schema_refused": dict(self.core.schema_refusals),
             "channels": channels,
@@ -872,7 +1086,10 @@ class BrokerServer:
             "uptime_s": round(now - self.started_at, 3),
             "storage": {"backend": "sqlite", "path": self.storage.path,
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
-                        "commit_seconds": round(self.commit_seconds_total, 3)},
+                        "commit_seconds": round(self.commit_seconds_total, 3),
+                        "max_size": self.storage.max_size,
+                        "full": self.storage_full.message if self.storage_full else None,
+                        "full_commits": self.storage_full_commits},
             "native": _addr(self.native_address, "minous" if self.tls else "minou"),
             "http": _addr(self.http_address, "https" if self.tls else "http"),
             "auth": {"mode": self.settings.auth_mode,
@@ -892,8 +1109,13 @@ class BrokerServer:
             "reloads": self.reloads,
             "transactions": self.core.transactions.stats(),
             "connections": len(self.connections),
+            "admission": self.admission.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
-                     "slow_consumers_cut": self.slow_consumers},
+                     "slow_consumers_cut": self.slow_consumers,
+                     "unsent_delivery_bytes": self.unsent_delivery_bytes,
+                     "delivery_buffer_budget": self.settings.delivery_buffer_bytes,
+                     "budget_paused_connections": sum(c.budget_paused
+                                                      for c in self.connections)},
             "channels": len(self.core.channels),
             "groups": len(self.core.groups),
             "counters": self.core.counters.as_dict(),
@@ -902,10 +1124,12 @@ class BrokerServer:
 
 
 _RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "tls_cert", "tls_key",
-                 "tls_self_signed")
+                 "tls_self_signed", "storage_reserve", "storage_wal_checkpoint")
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
-                "publish_pause_bytes", "slow_consumer_bytes", "hello_timeout", "strict_schemas",
-                "channels", "auth_mode", "broker_token", "admins", "rules")
+                "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
+                "delivery_buffer_bytes", "hello_timeout",
+                "http_header_timeout", "http_idle_timeout", "strict_schemas",
+                "channels", "auth_mode", "broker_token", "admins", "rules", "storage_max_size")
 
 
 def _comparable(value: Any) -> Any:
@@ -960,4 +1184,4 @@ async def run_broker(settings: Settings, *, announce: Any = print,
     announce(server)
     await server.serve_forever()
     await server.stop()
-    return 0
+    return server.exit_status  # non-zero: it stopped because it could not go on

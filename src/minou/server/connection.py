@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import (
     ERROR_TABLE,
+    BadRequest,
     ErrorCode,
     NotAuthenticated,
     NotAuthorized,
@@ -24,7 +25,15 @@ from ..errors import (
     SlowConsumer,
     UnexpectedFrame,
 )
-from ..limits import MAX_BATCH, PROTOCOL_VERSION, SLOW_CONSUMER_GRACE_S
+from ..limits import (
+    BUDGET_SHARE,
+    MAX_BATCH,
+    MAX_OFFSETS_CHANNELS,
+    MAX_PATTERNS_PER_REQUEST,
+    MAX_POSITION_CHANNELS,
+    PROTOCOL_VERSION,
+    SLOW_CONSUMER_GRACE_S,
+)
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
@@ -56,6 +65,17 @@ class NativeConnection:
         self.hellos = 0
         self.closed = False
         self.reading_paused = False
+        # Deliveries stop for two reasons: the socket's write buffer is above its water
+        # mark (the peer reads slowly), or all connections together hold more unsent
+        # bytes than the broker's budget and this one holds a big share.
+        self._water_paused = False
+        self.budget_paused = False
+        # Read progress: bytes handed to the transport minus those still buffered is what
+        # the kernel took; when that stops moving with deliveries out, the peer stopped.
+        self.bytes_written = 0
+        self.unsent_noted = 0  # this connection's part of the server's running total
+        self._sent_seen = 0
+        self.stalled_since: float | None = None
         # Frames that came behind a HELLO whose WELCOME waits for a commit: nothing is
         # answered before the WELCOME (and before the token's id is durable).
         self._held: list[f.Frame | BadFrame] | None = None
@@ -163,7 +183,7 @@ class NativeConnection:
             return
         self.hellos += 1
         try:
-            identity = self.server.authenticate(hello)
+            identity = self.server.authenticate(hello, self.peer)
         except NotAuthenticated as exc:
             oplog.refused(exc, hello.client_id, self.peer, "native")
             self.server.request_write()  # e.g. a pending registration
@@ -214,7 +234,14 @@ class NativeConnection:
                 self.send(confirm)
                 latency.observe(time.perf_counter() - received)
 
-            self.core.after_commit(confirmed)
+            def not_stored(exc: RequestError) -> None:  # the commit failed (a full disk)
+                for _ in staged:
+                    self._refused(exc)
+                self.send(f.Confirm(frame.req, [
+                    o if o.code else f.Outcome(channel=o.channel, code=int(exc.code),
+                                               error=exc.message) for o in outcomes]))
+
+            self.core.after_commit(confirmed, not_stored)
             self.server.publish_staged(self, staged)
         else:
             self._send(confirm)
@@ -240,20 +267,28 @@ class NativeConnection:
         self.core.remove_pattern(self.session, frame.sid, frame.pattern, time.time())
         self._reply_after_commit(f.Result(frame.req, None))
 
-    def _settled(self, req: int, failed: list[tuple[int, int, str]]) -> None:
+    def _settled(self, req: int, failed: list[tuple[int, int, str]], tags: list[int]) -> None:
         if req:
-            self._reply_after_commit(f.Settled(req, failed))
+            def not_durable(exc: RequestError) -> None:  # the commit failed (a full disk)
+                refused = {tag for tag, _, _ in failed}
+                text = f"not made durable: {exc.message}"
+                self.send(f.Settled(req, [*failed, *((tag, int(exc.code), text)
+                                                     for tag in tags if tag not in refused)]))
+
+            self.core.after_commit(lambda: self.send(f.Settled(req, failed)), not_durable)
+            self.server.request_write(urgent=False)
         elif failed:
             for tag, code, text in failed:
                 self._send(f.Error(0, code, text, {"tag": tag}))
 
     def _on_ack(self, frame: f.Ack) -> None:
-        self._settled(frame.req, self.core.ack(self.session, frame.tags, time.time()))
+        self._settled(frame.req, self.core.ack(self.session, frame.tags, time.time()),
+                      list(frame.tags))
 
     def _on_nack(self, frame: f.Nack) -> None:
         failed = self.core.nack(self.session, frame.tags, delay=frame.delay, front=frame.front,
                                 now=time.time())
-        self._settled(frame.req, failed)
+        self._settled(frame.req, failed, list(frame.tags))
 
     def _on_extend(self, frame: f.Extend) -> None:
         failed = self.core.extend(self.session, frame.tags, frame.seconds, time.time())
@@ -285,7 +320,12 @@ class NativeConnection:
         self.server.check_accepting()
         result = self.core.commit_txns(self.session, frame.writer_id, frame.batch_id,
                                        list(frame.txns), time.time())
-        self._reply_after_commit(f.Result(frame.req, result))
+        # A failed commit (a full disk) published nothing: the error, never the Result.
+        self.core.after_commit(lambda: self.send(f.Result(frame.req, result)),
+                               lambda exc: self.send(f.Error(
+                                   frame.req, int(exc.code),
+                                   f"{exc.message} The transactions are dropped: stage "
+                                   "them again.", {"reason": exc.reason})))
         self.server.request_write()
 
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
@@ -293,9 +333,19 @@ class NativeConnection:
         self._send(f.Result(frame.req, {"aborted": dropped}))
 
     def _on_offsets(self, frame: f.Offsets) -> None:
-        self._send(f.Result(frame.req, self.core.offsets(self.session, list(frame.patterns))))
+        if len(frame.patterns) > MAX_PATTERNS_PER_REQUEST:
+            raise BadRequest(f"{len(frame.patterns)} patterns in one OFFSETS request; the limit "
+                             f"is {MAX_PATTERNS_PER_REQUEST}")
+        found = self.core.offsets(self.session, list(frame.patterns))
+        if len(found) > MAX_OFFSETS_CHANNELS:
+            raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS answer "
+                             f"lists at most {MAX_OFFSETS_CHANNELS}: narrow the patterns")
+        self._send(f.Result(frame.req, found))
 
     def _on_position(self, frame: f.Position) -> None:
+        if len(frame.positions) > MAX_POSITION_CHANNELS:
+            raise BadRequest(f"{len(frame.positions)} channels in one POSITION request; the "
+                             f"limit is {MAX_POSITION_CHANNELS}")
         lags = self.core.set_position(self.session, frame.group, dict(frame.positions),
                                       time.time())
         self._reply_after_commit(f.Result(frame.req, {"lag": lags}))
@@ -322,45 +372,91 @@ class NativeConnection:
 
     def flush(self) -> None:
         if self._out and not self.closed:
-            self.transport.write(b"".join(self._out))
+            data = b"".join(self._out)
+            self.bytes_written += len(data)
+            self.transport.write(data)
         self._out.clear()
 
     def send(self, frame: f.Frame) -> None:
         """Write one frame now (used from commit callbacks and the pump)."""
         if not self.closed:
-            self.transport.write(f.encode(frame))
+            data = f.encode(frame)
+            self.bytes_written += len(data)
+            self.transport.write(data)
 
     def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
         if self.closed:
             return
-        self.transport.write(f.encode(f.Deliver(sid, items)))
+        data = f.encode(f.Deliver(sid, items))
+        self.bytes_written += len(data)
+        self.transport.write(data)
         limit = self.server.settings.slow_consumer_bytes
-        if self.transport.get_write_buffer_size() > limit:
-            self.server.slow_consumers += 1
-            exc = SlowConsumer(
+        buffered = self.transport.get_write_buffer_size()
+        if self.server.note_unsent(self, buffered) and buffered > BUDGET_SHARE:
+            self.set_budget_paused(True)  # at once, not at the next tick
+        if buffered > limit:
+            self._cut_slow(SlowConsumer(
                 f"more than {limit} bytes of deliveries are waiting to be read; "
                 "the connection is closed and its deliveries requeued",
                 limit=limit,
-            )
-            self._refused(exc)
-            self._error(0, exc, fatal=True)
-            self.flush()
-            self.close()
-            # Its deliveries go back now, not when the peer has read the backlog; and the
-            # peer gets a short grace to read the error before the socket is dropped.
-            if self.session is not None:
-                self.server.close_session(self.session)
-                self.session = None
-            asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.transport.abort)
+            ))
+
+    def _cut_slow(self, exc: SlowConsumer) -> None:
+        """A consumer that does not read: error frame, close, deliveries back now."""
+        if self.closed:
+            return
+        self.server.slow_consumers += 1
+        log.warning("slow consumer %s (%s) cut: %s", self.peer,
+                    self.session.client_id if self.session is not None else "?", exc.message)
+        self._refused(exc)
+        self._error(0, exc, fatal=True)
+        self.flush()
+        self.close()
+        # Its deliveries go back now, not when the peer has read the backlog; and the
+        # peer gets a short grace to read the error before the socket is dropped.
+        if self.session is not None:
+            self.server.close_session(self.session)
+            self.session = None
+        asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.transport.abort)
 
     def set_paused(self, paused: bool) -> None:
         """The transport's write buffer crossed a water mark: stop or resume deliveries."""
+        self._water_paused = paused
+        self._apply_pause()
+
+    def set_budget_paused(self, paused: bool) -> None:
+        if paused != self.budget_paused:
+            self.budget_paused = paused
+            self._apply_pause()
+
+    def _apply_pause(self) -> None:
         if self.session is None:
             return
+        paused = self._water_paused or self.budget_paused
         for sub in self.session.subs.values():
             sub.paused = paused
         if not paused:
             self.server.wake_groups(self.session)
+
+    def watch_progress(self, buffered: int, now: float) -> None:
+        """Called every tick: a consumer that has unsettled deliveries and unsent bytes
+        but read nothing for ``slow_consumer_seconds`` is cut, so it holds neither
+        messages nor memory until its leases end."""
+        sent = self.bytes_written - buffered
+        if not buffered or sent != self._sent_seen or self.session is None \
+                or not self.session.leases:
+            self._sent_seen = sent
+            self.stalled_since = None
+            return
+        if self.stalled_since is None:
+            self.stalled_since = now
+            return
+        seconds = self.server.settings.slow_consumer_seconds
+        if now - self.stalled_since >= seconds:
+            self._cut_slow(SlowConsumer(
+                f"no deliveries were read for {seconds:g} s while "
+                f"{len(self.session.leases)} were unsettled; the connection is closed and "
+                "its deliveries requeued", seconds=seconds))
 
     def pause_reading(self) -> None:
         if not self.reading_paused and not self.closed:

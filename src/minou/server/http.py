@@ -205,8 +205,10 @@ async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tu
     app = build_app(server)
     config = uvicorn.Config(app, log_level="warning", lifespan="off",
                             http=_http_protocol(app),
-                            ws="websockets-sansio" if _has_sansio() else "auto",
+                            ws=_ws_protocol(server),
                             access_log=False, server_header=False,
+                            # The protocol (http_fast) reads the live setting per connection.
+                            timeout_keep_alive=server.settings.http_idle_timeout,  # type: ignore[arg-type]
                             # X-Forwarded-* are not trusted: nothing here reads the peer
                             # address, and the middleware cost 9 % of each request.
                             proxy_headers=False, **tls)
@@ -240,9 +242,36 @@ def _http_protocol(app: Any) -> Any:
         return "auto"
 
 
-def _has_sansio() -> bool:
+def _ws_protocol(server: BrokerServer) -> Any:
+    """uvicorn's sans-I/O WebSocket protocol, except that a text message that is not
+    UTF-8 closes the socket with 1007 (RFC 6455) counted as ``invalid_payload``, and
+    without the traceback uvicorn logs for it (a client can send those at will);
+    uvicorn's default if this uvicorn lacks that protocol."""
     try:
-        import uvicorn.protocols.websockets.websockets_sansio_impl  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        from uvicorn.protocols.websockets.websockets_sansio_impl import (
+            WebSocketsSansIOProtocol,
+        )
+        from websockets.protocol import State
+        for name in ("send_receive_event_to_app", "handle_parser_exception"):
+            getattr(WebSocketsSansIOProtocol, name)
+    except (ImportError, AttributeError):
+        return "auto"
+    refuse = server.core.counters.refuse
+
+    class Utf8CheckingProtocol(WebSocketsSansIOProtocol):
+        def send_receive_event_to_app(self) -> None:
+            if getattr(self, "curr_msg_data_type", None) == "text" and not self.close_sent:
+                data = b"".join(self.frames)
+                try:
+                    data.decode()
+                except UnicodeDecodeError:
+                    self.frames = []
+                    refuse("invalid_payload")
+                    if self.conn.state is State.OPEN:  # else a close is under way already
+                        self.conn.send_close(1007, "a text message must be UTF-8")
+                        self.handle_parser_exception()
+                    return
+                self.frames = [data]
+            super().send_receive_event_to_app()
+
+    return Utf8CheckingProtocol

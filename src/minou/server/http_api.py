@@ -24,6 +24,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..auth.registry import Identity
+from ..core.broker import Session
 from ..errors import (
     ERROR_TABLE,
     BadRequest,
@@ -37,6 +38,7 @@ from ..errors import (
     error_from_code,
 )
 from ..names import validate_channel
+from ..payloads import check_depth, decode_json, not_utf8
 from ..protocol.frames import Delivery, Send
 from . import nagios
 from .http_auth import HttpAuth
@@ -133,7 +135,12 @@ class HttpApi:
         if not self.needs_commit():
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.core.after_commit(lambda: fut.done() or fut.set_result(None))
+
+        def failed(exc: RequestError) -> None:  # not durable (a full disk): a 507
+            if not fut.done():
+                fut.set_exception(type(exc)(exc.message, **exc.detail))
+
+        self.core.after_commit(lambda: fut.done() or fut.set_result(None), failed)
         self.server.request_write()
         await fut
 
@@ -143,6 +150,12 @@ class HttpApi:
             result = await result
         await self.committed()
         return result
+
+    def check_room(self) -> None:
+        """Refuse a publish while storage is full: 507, naming the data dir and its space."""
+        full = self.core.storage_refusal
+        if full is not None:
+            raise type(full)(full.message, **full.detail)
 
     def count_refusal(self, exc: RequestError) -> None:
         if not getattr(exc, "counted", False):
@@ -168,6 +181,7 @@ class HttpApi:
         message_headers = {k[len(HEADER_PREFIX):]: v for k, v in headers
                            if k.startswith(HEADER_PREFIX)} or None
         self.server.check_accepting()
+        self.check_room()
         send = Send(channel, data, False, message_headers, _int(q, "priority", 0),
                     _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
                     q.get("key") or None)
@@ -183,15 +197,19 @@ class HttpApi:
     def publish_batch_now(self, identity: Identity, body: bytes) -> tuple[int, Any, bool]:
         """Many messages in one request: one outcome each, in order, once all are durable;
         a refused message fails alone (its outcome carries the error)."""
+        check_depth(body, what="a message's payload", outer=2)  # [{"payload": ...}]
         try:
             items = _batch_decode(body)
         except msgspec.ValidationError as exc:
             raise BadRequest(f"body must be a JSON array of messages: {exc}") from None
         except msgspec.DecodeError as exc:
             raise BadRequest(f"body is not valid JSON: {exc}") from None
+        except UnicodeError as exc:
+            raise not_utf8(exc, "body") from None
         if not 1 <= len(items) <= MAX_BATCH_HTTP:
             raise BadRequest(f"send 1..{MAX_BATCH_HTTP} messages per request, not {len(items)}")
         self.server.check_accepting()
+        self.check_room()  # the whole request: a 507, not 200 with every item refused
         sends = [Send(m.channel, _encode(m.payload), False, m.headers, m.priority, m.ttl,
                       m.delay, m.dedup, m.key) for m in items]
         outcomes, staged = self.core.publish(sends, time.time(), self.server.access_for(identity))
@@ -288,11 +306,14 @@ class HttpApi:
         message_id = request.path_params["message_id"]
         found = self.core.find_message(message_id)
         if not identity.admin and found is not None:
-            access = self.server.access_for(identity)
+            # A receipt is a read of its channel (the one check, reservations included;
+            # it claims nothing), or its publisher's question.
+            session = Session(identity.client_id, access=self.server.access_for(identity))
             name = found[0].name
-            if not (access.may_read(name) or access.may_write(name)):
+            refusal = self.core.read_refusal(session, name)
+            if refusal is not None and not session.access.may_write(name):
                 raise NotAuthorized(f"client {identity.client_id!r} may not see messages "
-                                    f"of {name!r}", channel=name)
+                                    f"of {name!r}: {refusal.message}", channel=name)
         return json_response(await self.server.message_receipt(message_id))
 
     # ----------------------------------------------------------------- admin
@@ -351,10 +372,7 @@ class HttpApi:
                 args["queue"] = _queue(request)
             if body:
                 raw = await self.body(request)
-                try:
-                    extra = _decode(raw) if raw else {}
-                except msgspec.DecodeError as exc:
-                    raise BadRequest(f"body is not valid JSON: {exc}") from None
+                extra = decode_json(raw, what="body", malformed=BadRequest) if raw else {}
                 if not isinstance(extra, dict):
                     raise BadRequest("body must be a JSON object")
                 args.update(extra)
@@ -393,13 +411,22 @@ class HttpApi:
         return json_response(await self.admin_op("queue", args, identity))
 
     async def health(self, request: Request) -> Response:
-        storage_ok = not self.server._stopped_writing
-        ok = self.server.accepting and storage_ok
-        body = {"status": "ok" if ok else ("stopping" if storage_ok else "failing"),
-                "storage": "ok" if storage_ok else "failed",
-                "auth": self.server.settings.auth_mode,
-                "accepting": self.server.accepting,
-                "uptime_s": round(time.time() - self.server.started_at, 3)}
+        server = self.server
+        failed, full = server._stopped_writing, server.storage_full
+        ok = server.accepting and not failed and full is None
+        body: dict[str, Any] = {
+            "status": "ok" if ok else "failing" if failed else "storage_full" if full
+            else "stopping",
+            "storage": "failed" if failed else "full" if full else "ok",
+            "auth": server.settings.auth_mode,
+            "accepting": server.accepting,
+            "uptime_s": round(time.time() - server.started_at, 3)}
+        if failed:
+            body["reason"] = server.stop_reason
+        elif full is not None:  # deliveries and acks go on; publishes are refused
+            body.update(reason=full.message, data_dir=full.detail.get("data_dir"),
+                        free_bytes=full.detail.get("free_bytes"),
+                        since=round(server.storage_full_since, 3))
         return json_response(body, 200 if ok else 503)
 
     # ---------------------------------------------------------------- routes

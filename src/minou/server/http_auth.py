@@ -105,8 +105,9 @@ class HttpAuth:
         return self._with_admin(identity)
 
     def _with_admin(self, identity: Identity) -> Identity:
-        # Admin rights follow the live config (a reload may change auth.admins).
-        admin = identity.client_id in self.server.settings.admins
+        # Admin rights follow the live config (a reload may change auth.admins) and the
+        # registry (an id listed there needs its key approved as an admin's).
+        admin = self.server.registry.is_admin(identity.client_id, self.server.settings.admins)
         if admin == identity.admin:
             return identity
         return Identity(identity.client_id, admin, identity.fingerprint, identity.method)

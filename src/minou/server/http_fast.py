@@ -13,6 +13,12 @@ small requests a broker lives on.
   pipelined requests, ``Expect: 100-continue``, upgrades) goes through uvicorn's
   cycle to the ASGI app as before. This took the
   single-message HTTP publish from ~10.5k to ~16.5k msg/s (docs/benchmarks.md).
+
+It also bounds what a connection may hold: each socket is counted in the broker's
+connection limit (admission.py; past it, a 503 and the close), a request's headers must
+arrive within ``http_header_timeout`` (then a 408 and the close), and an idle keep-alive
+connection is closed after ``http_idle_timeout`` (uvicorn's keep-alive timer). One lazy
+timer per connection watches the header deadline, not one per request.
 """
 
 from __future__ import annotations
@@ -28,10 +34,13 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ..errors import RequestError
+from ..errors import RequestError, RequestTimeout
+from ..limits import REFUSAL_WAIT_S
+from . import oplog
 from .http_api import body_too_large, error_parts, hot_route, raw_channel_id
 
 if TYPE_CHECKING:
+    from ..errors import TooManyConnections
     from ..protocol.frames import Delivery
     from .http_api import HttpApi
     from .http_consumers import HttpConsumer
@@ -184,8 +193,8 @@ class HotCycle:
             self._failed()
             return
         body = _encode(value)
-        if wait:
-            api.core.after_commit(lambda: self.answer(status, body))
+        if wait:  # a failed commit (a full disk) answers the error instead: 507
+            api.core.after_commit(lambda: self.answer(status, body), self.refuse)
             api.server.request_write()
         else:
             self.answer(status, body)
@@ -270,22 +279,136 @@ class _Done:
 _DONE = _Done()
 
 
+class _Upgraded(asyncio.Protocol):
+    """The protocol a WebSocket upgrade handed the socket to, unchanged but for one
+    thing: the socket leaves the connection limit when it closes (uvicorn never tells
+    the HTTP protocol that its connection is gone)."""
+
+    __slots__ = ("left", "protocol")
+
+    def __init__(self, protocol: asyncio.Protocol, left: Callable[[], None]) -> None:
+        self.protocol, self.left = protocol, left
+
+    def data_received(self, data: bytes) -> None:
+        self.protocol.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.protocol.eof_received()
+
+    def pause_writing(self) -> None:
+        self.protocol.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.protocol.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self.protocol.connection_lost(exc)
+        finally:
+            self.left()
+
+
 class MinouHttpProtocol(HttpToolsProtocol):
     """uvicorn's protocol with coalesced writes and the hot routes answered in place."""
 
     api: HttpApi  # set by protocol_class
     security_headers: list[tuple[bytes, bytes]]
     waiting: HotCycle | None = None  # a consume's long poll, even behind pipelined requests
+    socket: asyncio.Transport | None = None  # the real transport: what the limit counts
+    refusal: TooManyConnections | None = None  # over the connection limit: answer this
+    deadline: float | None = None  # loop time by which the headers being read must be in
+    reading = False  # a request has begun and its headers are not complete
+    _watchdog: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
         # uvicorn arms the keep-alive timer when an answer completes and cancels it when
         # data arrives; an answer given while this read is parsed must not leave it
         # armed over the next request.
         self._unset_keepalive_if_required()
+        self.reading = True
+        self.expect_headers(self.api.server.settings.http_header_timeout)
         super().on_message_begin()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]
+        server = self.api.server
+        self.socket = transport
+        self.timeout_keep_alive = server.settings.http_idle_timeout  # type: ignore[assignment]
+        self.refusal = server.admission.enter(transport, "http", self.client)
+        if self.refusal is None:
+            self.expect_headers(server.settings.http_header_timeout)
+        elif not transport.is_closing():
+            self.expect_headers(REFUSAL_WAIT_S)  # for a request to answer with a 503
+
+    # ------------------------------------------------ the header deadline (slowloris)
+    def expect_headers(self, seconds: float) -> None:
+        """The headers being read (or the next request's) must be complete within
+        ``seconds``, or sooner if an earlier deadline still runs: a new connection's
+        first request has ``seconds`` from the connect, not from its first byte."""
+        deadline = self.loop.time() + seconds
+        if self.deadline is None or deadline < self.deadline:
+            self.deadline = deadline
+        if self._watchdog is None:
+            self._watchdog = self.loop.call_at(self.deadline, self._check_deadline)
+
+    def _check_deadline(self) -> None:
+        self._watchdog = None
+        deadline = self.deadline
+        if deadline is None or self.closing or self.transport.is_closing():
+            return
+        if self.loop.time() < deadline:  # moved since the timer was armed
+            self._watchdog = self.loop.call_at(deadline, self._check_deadline)
+            return
+        self.deadline = None
+        if not self.reading:
+            self.transport.close()  # sent no request (or only blank lines): idle
+        elif self.refusal is not None:
+            self.close_with(self.refusal, (b"retry-after", b"1"))
+        else:
+            self._too_slow()
+
+    def _too_slow(self) -> None:
+        seconds = self.api.server.settings.http_header_timeout
+        exc = RequestTimeout(f"the request's headers were not complete within {seconds:g} s "
+                             f"(http_header_timeout)", limit=seconds)
+        self.api.count_refusal(exc)
+        oplog.request_too_slow(self.client, seconds)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False  # the request before this one is answered, then close
+        else:
+            self.close_with(exc)
+
+    def close_with(self, exc: RequestError, *headers: tuple[bytes, bytes]) -> None:
+        """Answer ``exc`` (a refusal, a 408) to the request being read and close: after
+        lingering, as its client may still be sending."""
+        status, body, extra = error_parts(exc)
+        head = [STATUS_LINE[status]]
+        for name, value in (*self.server_state.default_headers, *extra, *headers,
+                            *self.security_headers):
+            head += (name, b": ", value, b"\r\n")
+        head += (_JSON_HEAD, b"%d\r\nconnection: close\r\n\r\n" % len(body), body)
+        self.cycle = _DONE  # type: ignore[assignment]
+        self.transport.write_now(b"".join(head))  # type: ignore[attr-defined]
+        self.finish(lingering=True)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None:  # idle now, nothing in the pipeline
+            # Data cancels uvicorn's idle timer even if it begins no request (blank
+            # lines): the next request's headers are due by idle + header timeout.
+            self.expect_headers(self.timeout_keep_alive
+                                + self.api.server.settings.http_header_timeout)
+
+    def handle_websocket_upgrade(self) -> None:
+        if self.closing or self.transport.is_closing():
+            return  # refused (answered with a 503), or behind a "connection: close"
+        self.deadline = None
+        super().handle_websocket_upgrade()
+        socket = self.socket
+        assert socket is not None
+        socket.set_protocol(_Upgraded(socket.get_protocol(),  # type: ignore[arg-type]
+                                      partial(self.api.server.admission.leave, socket)))
 
     closing = False  # answered with "connection: close"; nothing more is done
 
@@ -301,7 +424,10 @@ class MinouHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def on_headers_complete(self) -> None:
-        if self.closing or self.transport.is_closing():
+        self.reading, self.deadline = False, None
+        if self.refusal is not None and not self.closing:
+            self.close_with(self.refusal, (b"retry-after", b"1"))
+        elif self.closing or self.transport.is_closing():
             # Requests behind one answered with "connection: close" (or a 413): the
             # client must assume they were not done, so none is.
             self.cycle = _DONE  # type: ignore[assignment]
@@ -328,6 +454,9 @@ class MinouHttpProtocol(HttpToolsProtocol):
         return self.cycle  # type: ignore[return-value]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.api.server.admission.leave(self.socket)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         waiting = self.waiting
         if waiting is not None and waiting.give_up is not None:
             waiting.give_up()  # a consume stops waiting for a client that is gone

@@ -39,6 +39,7 @@ from ..errors import (
     error_from_code,
 )
 from ..limits import SLOW_CONSUMER_GRACE_S
+from ..payloads import decode_json
 from ..protocol import frames as f
 from .http_api import delivery_view
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("minou.stream")
 _encode = msgspec.json.encode
-_decode = msgspec.json.decode
 MAX_STREAM_PREFETCH = 1000
 
 
@@ -148,10 +148,7 @@ class StreamSession:
         if self.closed:
             return
         try:
-            try:
-                msg = _decode(raw)
-            except msgspec.DecodeError as exc:
-                raise BadRequest(f"not a JSON message: {exc}") from None
+            msg = decode_json(raw, what="stream message", malformed=BadRequest)
             if not isinstance(msg, dict):
                 raise BadRequest("a stream message is a JSON object with an 'op'")
             ref = msg.get("ref")
@@ -215,7 +212,8 @@ class StreamSession:
         if failed:
             raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=str(receipt))
         reply = {"type": "settled", "receipt": receipt, "op": op}
-        core.after_commit(lambda: self.emit(reply))
+        core.after_commit(lambda: self.emit(reply), lambda exc: self.error(type(exc)(
+            f"{op} not made durable: {exc.message}", receipt=str(receipt))))
         self.server.request_write(urgent=False)
 
     def _publish(self, msg: dict[str, Any], ref: Any) -> None:
@@ -235,7 +233,8 @@ class StreamSession:
         reply = {"type": "published", "channel": out.channel, "seq": out.seq, "id": out.id,
                  "duplicate": out.duplicate, "fanout": out.fanout, "ref": ref}
         if staged:
-            self.server.core.after_commit(lambda: self.emit(reply))
+            self.server.core.after_commit(lambda: self.emit(reply),
+                                          lambda exc: self.error(exc, ref))
             self.server.publish_staged(self, staged)  # type: ignore[arg-type]
         else:
             self.emit(reply)

@@ -215,10 +215,11 @@ class Metrics:
     ``snapshot()`` is called once per scrape and returns the broker state::
 
         {"uptime_s": float, "connections": int,
+         "sockets": {"limit": int, "open": {listener: int}, "refused": {listener: int}},
          "counters": {"published", "delivered", "redelivered", "acked", "nacked",
                       "dead_lettered", "expired", "dropped", "duplicates", "lease_expired": int,
                       "refused": {reason: int}},
-         "storage": {"bytes": int, "commits": int, "commit_seconds": float},
+         "storage": {"bytes": int, "commits": int, "commit_seconds": float, "full": 0|1},
          "auth_failures": {why: int}, "schema_refused": {schema: int},
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
                        "oldest_age_s"}, ...],
@@ -310,6 +311,19 @@ class Metrics:
         )
         yield GaugeMetricFamily("minou_connections", "Open client connections.",
                                 num(snap, "connections"))
+        sockets = snap.get("sockets") or {}
+        gauge = GaugeMetricFamily("minou_sockets", "Open client sockets counted against the "
+                                  "connection limit, by listener (http: requests, idle "
+                                  "keep-alive connections and WebSockets).", labels=["listener"])
+        for listener, count in sorted((sockets.get("open") or {}).items()):
+            gauge.add_metric([listener], float(count))
+        yield gauge
+        yield GaugeMetricFamily("minou_connection_limit", "The connection limit: "
+                                "max_connections, capped by the file descriptor limit.",
+                                num(sockets, "limit"))
+        yield _labelled_counter("minou_connections_refused", "Connections refused over the "
+                                "connection limit, by listener.", "listener",
+                                sockets.get("refused") or {})
         yield GaugeMetricFamily("minou_storage_bytes", "Size of the storage files in bytes.",
                                 num(storage, "bytes"))
         yield CounterMetricFamily("minou_storage_commits", "Storage group commits.",
@@ -317,6 +331,9 @@ class Metrics:
         yield CounterMetricFamily("minou_storage_commit_seconds",
                                   "Seconds spent in storage commits.",
                                   num(storage, "commit_seconds"))
+        yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
+                                "max_size is full (publishes refused with STORAGE_FULL).",
+                                num(storage, "full"))
 
         for name, attr, doc in (
             ("minou_queue_depth", "depth", "Live messages in the queue."),

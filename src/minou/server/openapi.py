@@ -164,7 +164,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/health": {"get": _op("Liveness and storage readiness", tag="monitoring",
                                ok=_json(OBJECT, "serving"), public=True,
-                               extra={"503": _json(OBJECT, "stopping or storage failed")})},
+                               extra={"503": _json(OBJECT, "stopping, storage failed, or "
+                                                   "storage full (with the reason)")})},
         "/metrics": {"get": _op("Prometheus metrics (kitten_mq_* and minou_*)",
                                 tag="monitoring", ok=TEXT)},
         "/statistics": {"get": _op("Same as /metrics", tag="monitoring", ok=TEXT)},
@@ -181,7 +182,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             body={"required": True, "description": "the message (any JSON value); ignored "
                   "when ?payload= is given", "content": {"application/json": {"schema": {}}}},
             ok=_json(_ref("Published"), "stored"), ok_status="201",
-            errors=(404, 413, 422, 429, 503))},
+            errors=(404, 413, 422, 429, 503, 507))},
         "/v1/messages": {"post": _op(
             "Publish many messages in one request (each durable when this returns)",
             tag="messages",
@@ -189,7 +190,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                 "type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("Message")}}}},
             ok=_json({"type": "object", "required": ["results"], "properties": {"results": {
                 "type": "array", "items": {"type": "object"}}}},
-                "one result per message, in order: a receipt or an error"))},
+                "one result per message, in order: a receipt or an error"),
+            errors=(503, 507))},
         "/v1/messages/{message_id}/receipt": {"get": _op(
             "What happened to a message: stored, delivered, acked, dead-lettered (and why)",
             tag="messages", params=[_path("message_id", {"type": "string"})],
@@ -207,13 +209,13 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/ack/{receipt}": {"post": _op(
             "Acknowledge a delivered message", tag="messages",
             params=[_path("receipt", {"type": "string"})],
-            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404,))},
+            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404, 507))},
         "/v1/nack/{receipt}": {"post": _op(
             "Return a delivered message", tag="messages",
             params=[_path("receipt", {"type": "string"}),
                     _query("delay", _SECONDS, "seconds before retry"),
                     _query("front", {"type": "boolean"}, "retry first (default) or last")],
-            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404,))},
+            ok=_json(_ref("Settled"), "settled (durable)"), errors=(404, 507))},
         "/v1/whoami": {"get": _op("The caller's identity and rights", tag="messages",
                                   ok=_json(OBJECT, "identity"))},
         "/v1/status": {"get": _op("Broker status", tag="admin", ok=_json(OBJECT, "status"))},

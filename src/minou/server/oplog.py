@@ -1,4 +1,5 @@
-"""The lines an operator reads: refused logins, pending clients, failed TLS handshakes.
+"""The lines an operator reads: refused logins, pending clients, failed TLS handshakes,
+connections refused over the limit, HTTP requests too slow to arrive.
 
 Each names what happened, the client id and the peer address, never a token or a key.
 A client can cause these at will, so they are rate limited per kind: a flood of bad
@@ -69,6 +70,19 @@ def refused(exc: NotAuthenticated, client_id: str | None, peer: Any, via: str) -
                     via, exc.message, why)
 
 
+def connection_refused(listener: str, peer: Any, reason: str) -> None:
+    """A new connection over the connection limit (see admission.py)."""
+    if _allow("connections refused"):
+        log.warning("%s connection from %s refused: %s", listener, _peer(peer), reason)
+
+
+def request_too_slow(peer: Any, seconds: float) -> None:
+    """An HTTP request whose headers did not arrive in time (slowloris)."""
+    if _allow("slow HTTP requests cut"):
+        log.warning("HTTP connection from %s cut: request headers not complete within %g s",
+                    _peer(peer), seconds)
+
+
 def tls_failed(exc: BaseException, listener: str) -> None:
     if not _allow("TLS handshake failures"):
         return
@@ -93,6 +107,12 @@ def peer_text(peer: Any, via: str = "") -> str:
 
 
 _peer = peer_text
+
+
+def peer_host(peer: str) -> str:
+    """The host part of what ``peer_text`` made ("ws:1.2.3.4:5" -> "1.2.3.4")."""
+    host = peer.removeprefix("ws:").rpartition(":")[0]
+    return host.strip("[]")
 
 
 def watch_handshakes(ctx: ssl.SSLContext, listener: str, count: Any) -> ssl.SSLContext:

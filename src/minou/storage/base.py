@@ -8,7 +8,7 @@ cache (``read_range``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..core.group import GroupDef
 from ..core.log import Msg
@@ -38,6 +38,8 @@ class Snapshot:
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
     fences: list[tuple[str, str, int]] = field(default_factory=list)  # writer, channel, batch
+    writers: dict[str, str] = field(default_factory=dict)  # writer id -> the client owning it
+    meta: dict[str, str] = field(default_factory=dict)  # format markers (e.g. key migrations)
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires (unexpired)
 
 
@@ -47,7 +49,17 @@ class Storage(Protocol):
     def open(self, now: float) -> Snapshot: ...
 
     def apply(self, batch: WriteBatch) -> None:
-        """Make the whole batch durable in one transaction, or raise StorageError."""
+        """Make the whole batch durable in one transaction, or raise StorageError
+        (StorageFull: the disk or the quota is full; nothing of the batch was written)."""
+
+    def space(self) -> dict[str, Any]:
+        """Free space as the writer sees it: ``free``, ``disk_free``, ``used``, ``max_size``."""
+
+    def probe(self) -> tuple[bool, dict[str, Any]]:
+        """After StorageFull: whether there is room again (and the space seen)."""
+
+    def full_message(self, space: dict[str, Any], cause: str = ...) -> str:
+        """The refusal text while full: the data directory and its free space."""
 
     def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
         """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most ``limit``."""

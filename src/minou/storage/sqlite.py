@@ -4,11 +4,20 @@
 when ``apply`` returns; the broker confirms publishes only after that. The
 writer and the reader each use their own connection (WAL lets reads run
 beside the writer); every method is called from one thread per connection.
+
+A full disk, or the ``max_size`` quota (SQLite's ``max_page_count``, which fails
+exactly as a full disk does), makes ``apply`` raise ``StorageFull``: SQLite rolled
+the transaction back, the file is intact, nothing of the batch was written. The
+first time, the reserve is given back (a file of ``reserve`` bytes in the data dir,
+and as many pages above ``max_size``) so that the small writes the broker must
+still make (acks, group states) find room; ``probe`` tells when there is room
+again and takes the reserve back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -20,8 +29,14 @@ import msgspec
 from ..core.group import GroupDef
 from ..core.log import Msg
 from ..core.writes import WriteBatch
-from ..errors import StorageUnavailable
+from ..errors import StorageFull, StorageUnavailable
+from ..limits import CHECKPOINT_WAL_BYTES, STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from .base import ChannelRecord, Snapshot
+
+SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
+SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
+RESERVE_FILE = "minou.reserve"
+log = logging.getLogger("minou.storage")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
@@ -50,6 +65,7 @@ CREATE TABLE IF NOT EXISTS reservations(channel TEXT PRIMARY KEY, owner TEXT NOT
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS fences(writer TEXT NOT NULL, channel TEXT NOT NULL,
     batch INTEGER NOT NULL, PRIMARY KEY (writer, channel)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS writers(writer TEXT PRIMARY KEY, owner TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS used_tokens(jti TEXT PRIMARY KEY, expires REAL NOT NULL)
     WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS used_tokens_expiry ON used_tokens(expires);
@@ -100,9 +116,32 @@ def _segment_row(cid: int, msgs: list[Msg]) -> tuple[Any, ...]:
             min(expires) if expires else None, 1 if special else None, _enc.encode(msgs))
 
 
+def _is_full(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == SQLITE_FULL or code == SQLITE_IOERR_SHMSIZE
+    return "database or disk is full" in str(exc)
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"  # pragma: no cover
+
+
 class SQLiteStorage:
-    def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db") -> None:
-        self.path = str(Path(data_dir).resolve() / filename)
+    def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db",
+                 max_size: int | None = None, reserve: int = STORAGE_RESERVE_BYTES,
+                 wal_limit: int = CHECKPOINT_WAL_BYTES) -> None:
+        self.data_dir = str(Path(data_dir).resolve())
+        self.path = str(Path(self.data_dir) / filename)
+        self.max_size = max_size  # bytes of database pages (None: the disk is the limit)
+        self.reserve = reserve
+        self.wal_limit = wal_limit
+        self.reserve_path = Path(self.data_dir) / RESERVE_FILE
+        self.reserve_released = False  # since the last SQLITE_FULL, until probe() says room
         self._local = threading.local()
         self._cids: dict[str, int] = {}
         self._cid_lock = threading.Lock()
@@ -121,20 +160,46 @@ class SQLiteStorage:
                 # Checkpoints run beside the writer (``checkpoint``), not inside its commits,
                 # so a commit's latency is one WAL append and one fsync.
                 db.execute("PRAGMA wal_autocheckpoint=0")
-                db.execute("PRAGMA journal_size_limit=67108864")
+                # After a WAL reset the file is cut back to the checkpoint threshold.
+                db.execute(f"PRAGMA journal_size_limit={int(self.wal_limit)}")
+                # Settled messages are removed in bulk: zeroing every freed page (the
+                # SECURE_DELETE default of many builds) doubles the writes and, on a
+                # full disk, makes the deletes that would free room need room first.
+                db.execute("PRAGMA secure_delete=FAST")
+                self._local.unlimited = db.execute("PRAGMA max_page_count").fetchone()[0]
+                self._local.page_limit = None
+                self._local.page_size = None
             except sqlite3.Error as exc:
                 raise StorageUnavailable(f"cannot open {self.path}: {exc}") from exc
             self._local.db = db
         return db
+
+    def _limit(self, db: sqlite3.Connection) -> None:
+        """This connection's page limit: ``max_size`` (plus the reserve once given back)."""
+        if self.max_size is None:
+            want = None
+        else:
+            if self._local.page_size is None:
+                self._local.page_size = db.execute("PRAGMA page_size").fetchone()[0]
+            extra = self.reserve if self.reserve_released else 0
+            want = max(1, (self.max_size + extra) // self._local.page_size)
+        if want != self._local.page_limit:
+            db.execute(f"PRAGMA max_page_count={int(want or self._local.unlimited)}")
+            self._local.page_limit = want
 
     def open(self, now: float) -> Snapshot:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         db = self._db()
         try:
             db.executescript(SCHEMA)
-            return self._snapshot(db, now)
+            snap = self._snapshot(db, now)
         except sqlite3.DatabaseError as exc:
             raise StorageUnavailable(f"cannot read {self.path}: {exc}") from exc
+        if not self._make_reserve():
+            log.warning("no room for the %s reserve %s: if the disk fills up, acks may not "
+                        "be recorded until space is freed", _size(self.reserve),
+                        self.reserve_path)
+        return snap
 
     def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
         snap = Snapshot()
@@ -193,6 +258,8 @@ class SQLiteStorage:
         snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
         snap.fences = [tuple(r) for r in db.execute(
             "SELECT writer, channel, batch FROM fences")]  # type: ignore[misc]
+        snap.writers = dict(db.execute("SELECT writer, owner FROM writers"))
+        snap.meta = dict(db.execute("SELECT key, value FROM meta"))
         snap.used_tokens = [tuple(r) for r in db.execute(
             "SELECT jti, expires FROM used_tokens WHERE expires > ?", (now,))]  # type: ignore[misc]
         return snap
@@ -212,22 +279,126 @@ class SQLiteStorage:
         return cid
 
     def apply(self, batch: WriteBatch) -> None:
+        """Make ``batch`` durable in one transaction. Raises StorageFull when the disk or
+        ``max_size`` is full, StorageUnavailable for anything else; either way nothing
+        of the batch was written."""
         db = self._db()
         try:
+            self._limit(db)
             db.execute("BEGIN IMMEDIATE")
             known = set(self._cids)
             try:
                 self._apply(db, batch)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # SQLite has rolled back by itself after SQLITE_FULL and I/O errors: a
+                # ROLLBACK then fails ("no transaction is active") and hid the cause.
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
                 with self._cid_lock:  # channels created in the rolled-back transaction
                     for name in set(self._cids) - known:
                         del self._cids[name]
                 raise
-        except (sqlite3.Error, msgspec.EncodeError, TypeError, ValueError) as exc:
+        except sqlite3.Error as exc:
+            if _is_full(exc):
+                raise self._full(db, exc) from exc
+            name = getattr(exc, "sqlite_errorname", type(exc).__name__)
+            raise StorageUnavailable(f"commit failed: {exc} ({name})") from exc
+        except (msgspec.EncodeError, TypeError, ValueError) as exc:
             raise StorageUnavailable(f"commit failed: {exc}") from exc
         self._commits += 1
+
+    # ------------------------------------------------------------ full disk
+    def _full(self, db: sqlite3.Connection, exc: sqlite3.Error) -> StorageFull:
+        """The StorageFull to raise for ``exc``; gives the reserve back (first time)."""
+        try:
+            space = self.space()
+        except (OSError, sqlite3.Error):
+            space = {"disk_free": 0, "used": 0, "free": 0, "max_size": self.max_size}
+        released = not self.reserve_released and self.reserve > 0
+        self._release_reserve()
+        with contextlib.suppress(sqlite3.Error):
+            self._limit(db)
+        return StorageFull(self.full_message(space, str(exc)), data_dir=self.data_dir,
+                           free_bytes=space["free"], disk_free_bytes=space["disk_free"],
+                           cause=str(exc), reserve_released=released,
+                           **({"max_size": self.max_size} if self.max_size else {}))
+
+    def full_message(self, space: dict[str, Any], cause: str = "database or disk is full"
+                     ) -> str:
+        """What a refused request is told: the data dir, the free space, and why."""
+        text = (f"storage full ({cause}): the data directory {self.data_dir} has "
+                f"{_size(space['disk_free'])} free on its disk")
+        if space.get("max_size"):
+            text += (f", and its database uses {_size(space['used'])} of "
+                     f"[storage] max_size {_size(space['max_size'])}")
+        return text + "; nothing was stored. Publishes are refused until space is freed."
+
+    def space(self) -> dict[str, Any]:
+        """Free space as the writer sees it (call from the writer's thread): ``free`` is
+        what publishes may still use (the disk, and ``max_size`` when set)."""
+        db = self._db()
+        try:
+            st = os.statvfs(self.data_dir)
+            disk_free = st.f_bavail * st.f_frsize
+        except OSError:
+            disk_free = 0
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        unused = db.execute("PRAGMA freelist_count").fetchone()[0]
+        used = (pages - unused) * page_size
+        out = {"disk_free": disk_free, "used": used, "free": disk_free,
+               "max_size": self.max_size}
+        if self.max_size is not None:
+            out["free"] = min(disk_free, max(0, self.max_size - used))
+        return out
+
+    def probe(self) -> tuple[bool, dict[str, Any]]:
+        """After StorageFull: is there room again? If so, take the reserve back first.
+        Returns (room, space)."""
+        space = self.space()
+        need = STORAGE_RESUME_BYTES
+        if self.max_size is not None:
+            need = min(need, self.max_size // 4)
+        try:  # the disk must also have room to hold the reserve again
+            missing = max(0, self.reserve - self.reserve_path.stat().st_size)
+        except OSError:
+            missing = max(0, self.reserve)
+        room = space["disk_free"] - missing >= need and (
+            self.max_size is None or self.max_size - space["used"] >= need)
+        if room:
+            self.reserve_released = False
+            self._make_reserve()
+            self._limit(self._db())
+        return room, space
+
+    def _make_reserve(self) -> bool:
+        """Hold ``reserve`` bytes of the disk in a file of the data dir (really allocated:
+        a sparse file would hold nothing)."""
+        if self.reserve <= 0:
+            return True
+        path = self.reserve_path
+        with contextlib.suppress(OSError):
+            if path.stat().st_size >= self.reserve:
+                return True
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.reserve)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return False
+
+    def _release_reserve(self) -> None:
+        self.reserve_released = True
+        with contextlib.suppress(OSError):
+            self.reserve_path.unlink()
 
     def _apply(self, db: sqlite3.Connection, batch: WriteBatch) -> None:
         # A channel's next seq is also max(seq) + 1 of its stored messages, so the row
@@ -295,6 +466,17 @@ class SQLiteStorage:
             else:
                 db.execute("INSERT OR REPLACE INTO clients(client_id, record) VALUES (?, ?)",
                            (client_id, record))
+        for writer in batch.dropped_fences:
+            db.execute("DELETE FROM fences WHERE writer = ?", (writer,))
+        for writer, owner in batch.writers.items():
+            if owner is None:
+                db.execute("DELETE FROM writers WHERE writer = ?", (writer,))
+            else:
+                db.execute("INSERT OR REPLACE INTO writers(writer, owner) VALUES (?, ?)",
+                           (writer, owner))
+        if batch.meta:
+            db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                           list(batch.meta.items()))
         if batch.fences:
             db.executemany(
                 "INSERT OR REPLACE INTO fences(writer, channel, batch) VALUES (?, ?, ?)",
@@ -406,9 +588,20 @@ class SQLiteStorage:
 
     def checkpoint(self, truncate: bool = False) -> None:
         """Copy committed WAL pages into the database file without blocking the writer;
-        with ``truncate`` (the broker is idle) also shrink the WAL file to nothing."""
+        with ``truncate`` a TRUNCATE checkpoint follows: it copies the few frames the
+        writer appended meanwhile (holding the writer back for just that) and empties
+        the WAL file, so the next commit writes it from its start. Without it a WAL
+        under steady writes is never caught up with, never reset, and only grows; with
+        it the file's size is what was written since, which the caller can watch."""
         db = self._db()
-        db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        if not self._room_to_checkpoint(db):
+            return
+        try:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.OperationalError as exc:
+            if _is_full(exc):
+                return  # no room to grow the database file: the pages wait in the WAL
+            raise
         if truncate and self.wal_bytes() > 0:
             db.execute("PRAGMA busy_timeout=50")  # never hold a waking writer back long
             try:
@@ -417,6 +610,21 @@ class SQLiteStorage:
                 pass  # busy: try again next time
             finally:
                 db.execute("PRAGMA busy_timeout=5000")
+
+    def _room_to_checkpoint(self, db: sqlite3.Connection) -> bool:
+        """Whether the disk can hold what the database file must grow by to take the WAL
+        in. On a full disk a checkpoint that cannot finish would only eat the room left
+        (the reserve given back for acks) and free nothing: the WAL stays until it can."""
+        try:
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            grow = pages * db.execute("PRAGMA page_size").fetchone()[0] \
+                - os.path.getsize(self.path)
+            if grow <= 0:
+                return True
+            st = os.statvfs(self.data_dir)
+            return grow < st.f_bavail * st.f_frsize
+        except (OSError, sqlite3.Error):
+            return True
 
     def wal_bytes(self) -> int:
         try:

@@ -52,7 +52,9 @@ export function mount(view, params, ctx) {
           class: "fingerprint", title: `${c.algorithm || ""} ${c.fingerprint || ""}`.trim(),
         }, c.fingerprint ? (c.fingerprint.length > 24 ? c.fingerprint.slice(0, 24) + "…" : c.fingerprint) : DASH)),
       },
-      { key: "admin", label: "Admin", sort: true, value: (c) => (c.admin ? 0 : 1), cell: (td, c) => fill(td, String(!!c.admin), () => (c.admin ? h("span", { class: "badge badge-accent" }, "admin") : h("span", { class: "muted" }, "no"))) },
+      { key: "admin", label: "Admin", sort: true, value: (c) => (c.admin ? 0 : c.admin_pending ? 1 : 2), cell: (td, c) => fill(td, `${!!c.admin}/${!!c.admin_pending}`, () => (c.admin ? h("span", { class: "badge badge-accent" }, "admin")
+        : c.admin_pending ? h("span", { class: "badge badge-warn", "data-testid": "admin-pending", title: "Listed in auth.admins, but its key was registered as a non-admin's: approve it to make it an admin" }, "admin: waits for approval")
+        : h("span", { class: "muted" }, "no"))) },
       { key: "connections", label: "Online", num: true, sort: true, cell: (td, c) => setText(td, fmtInt(c.connections ?? 0)) },
       {
         key: "last_seen", label: "Last seen", sort: true, value: (c) => -(c.last_seen || 0), class: "nowrap",
@@ -169,6 +171,11 @@ export function mount(view, params, ctx) {
         }, () => `rejected '${c.client_id}'`), true));
     }
     if (c.status === "active") {
+      const promote = c.admin_pending ? btn("approve-admin", "Approve as admin", (b) => act(b, c, "approve", {
+        title: `Make ${c.client_id} an admin?`,
+        text: `Its key (${c.fingerprint || "?"}) was registered as a non-admin's. Approve it only if you know this key is yours.`,
+        yes: "Approve as admin",
+      }, () => `approved '${c.client_id}' as admin`)) : null;
       const revoke = btn("revoke", "Revoke", (b) => act(b, c, "revoke", {
         title: `Revoke ${c.client_id}?`,
         text: `Its key stops working at once and its ${plural(c.connections ?? 0, "live connection")} ` +
@@ -180,7 +187,7 @@ export function mount(view, params, ctx) {
         revoke.disabled = true;
         revoke.title = "You cannot revoke yourself";
       }
-      return h("div", { class: "btn-row" }, revoke);
+      return h("div", { class: "btn-row" }, ...(promote ? [promote] : []), revoke);
     }
     if (c.status === "revoked") return h("div", { class: "btn-row" }, approve);
     return null;

@@ -1,0 +1,94 @@
+"""Fair delivery in a consumer group: the round-robin turn moves only on a delivery,
+and a message that came back from a member goes to another member that can take it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from minou.core.broker import Session
+
+from .helpers import Harness, payloads
+
+CH = "jobs/v1/1"
+
+
+def test_spaced_messages_are_shared_evenly_by_idle_members() -> None:
+    """30 messages published one at a time (pump rounds in between find nothing) over 3
+    idle members: 10 each, not all to the first."""
+    h = Harness()
+    members = {}
+    for name in ("a", "b", "c"):
+        s = Session(name)
+        members[name] = (s, h.subscribe(s, patterns="jobs/v1/*", group="g", prefetch=1))
+    got: Counter[str] = Counter()
+    for i in range(30):
+        h.pump()  # an empty round, as the server's pump runs on every tick
+        h.publish_values(f"jobs/v1/{i % 4}", [i])
+        for sub, items in h.pump().items():
+            name = sub.session.client_id
+            got[name] += len(items)
+            h.ack(members[name][0], items)
+        h.tick(0.1)
+    assert sum(got.values()) == 30
+    assert all(abs(n - 10) <= 1 for n in got.values()), got
+
+
+def test_a_message_whose_lease_expired_goes_to_another_member() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", lease=2.0)
+    sb = h.subscribe(b, patterns=CH, group="g", lease=2.0)
+    h.publish_values(CH, ["job"])
+    first = h.pump()
+    assert list(first) in ([sa], [sb])
+    other = sb if sa in first else sa
+    h.tick(2.5)  # the holder never acks: its lease runs out
+    again = h.pump()
+    assert list(again) == [other] and payloads(again[other]) == ["job"]
+    assert again[other][0].attempts == 2
+    # The holder is not forgotten for new work: the next message is its turn again.
+    h.ack(other.session, again[other])
+    h.publish_values(CH, ["next"])
+    assert sum(len(v) for v in h.pump().values()) == 1
+
+
+def test_a_message_never_acked_by_one_member_reaches_the_idle_one_before_dead_letters(
+) -> None:
+    """Member A takes every message and never settles; B is idle. With a requeue limit
+    of 10, B gets the message on the first redelivery instead of A using up every try."""
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", lease=1.0, prefetch=100)
+    sb = h.subscribe(b, patterns=CH, group="g", lease=1.0, prefetch=1)
+    h.publish_values(CH, ["poison"])
+    to_a = h.pump().get(sa, [])
+    if not to_a:  # B had the first turn: let it time out once so A holds it
+        h.tick(1.5)
+        to_a = h.pump().get(sa, [])
+    assert payloads(to_a) == ["poison"]
+    h.tick(1.5)
+    assert payloads(h.pump().get(sb, [])) == ["poison"]
+
+
+def test_a_nacked_message_goes_to_another_member_with_credit() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g")
+    sb = h.subscribe(b, patterns=CH, group="g")
+    h.publish_values(CH, ["job"])
+    first = h.pump()
+    holder = sa if sa in first else sb
+    other = sb if holder is sa else sa
+    assert h.nack(holder.session, first[holder]) == []
+    assert list(h.pump()) == [other]
+
+
+def test_with_one_member_a_returned_message_still_comes_back_to_it() -> None:
+    h = Harness()
+    a = Session("a")
+    sa = h.subscribe(a, patterns=CH, group="g", lease=1.0)
+    h.publish_values(CH, ["job"])
+    assert payloads(h.take(sa)) == ["job"]
+    h.tick(1.5)
+    again = h.take(sa)
+    assert payloads(again) == ["job"] and again[0].attempts == 2

@@ -1,0 +1,280 @@
+"""A full disk is not a crash (issue 13, item 1): a real broker process, filled up.
+
+``[storage] max_size`` makes SQLite fail with SQLITE_FULL exactly as a full disk does
+(``PRAGMA max_page_count``), so these tests need no privileges and always run. When
+this machine lets the test mount a small tmpfs, one more test fills a real file
+system; it is skipped, saying why, where mounting is not permitted.
+
+In every case: publishes past the space get STORAGE_FULL (native: the precise error,
+the connection goes on; HTTP: 507 with the JSON error), what is stored keeps being
+delivered and acked, ``/health`` says 503 and why, the broker logs the cause once
+and stays up, publishing resumes by itself once there is room, and after kill -9
+every confirmed message is there exactly as confirmed and the database is intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import minou
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
+from minou.errors import StorageFull
+
+from ..conftest import BrokerProcess, auth, client_key, wait_until
+
+pytestmark = pytest.mark.timeout(180)
+
+CH = "fill/v1/1"
+PAD = "x" * 30_000  # each message: about 30 KB
+
+
+# --------------------------------------------------------------------------- helpers
+def fill(client: Any, pad: str = PAD) -> tuple[dict[int, int], StorageFull]:
+    """Publish until the broker refuses: {seq: n} of the confirmed ones, and the error."""
+    confirmed: dict[int, int] = {}
+    for n in range(20_000):
+        try:
+            receipt = client.send(CH, {"n": n, "pad": pad})
+        except StorageFull as exc:
+            return confirmed, exc
+        confirmed[receipt.seq] = n
+    raise AssertionError("the storage never filled up")
+
+
+def bearer(broker: BrokerProcess, client_id: str) -> dict[str, str]:
+    with minou.connect_sync(broker.url, **auth(client_id)):
+        pass  # registers the key (a native HELLO)
+    key = keyfiles.load_private(client_key(client_id))
+    return {"Authorization": f"Bearer {make_token(client_id, key, 'minou', ttl=600)}"}
+
+
+def health(broker: BrokerProcess) -> httpx.Response:
+    return httpx.get(broker.http + "/health", timeout=10)
+
+
+def drain(broker: BrokerProcess, client_id: str, expect: int, *, timeout: float = 2.0,
+          prefetch: int = 64) -> tuple[dict[int, int], set[int]]:
+    """Consume and ack group ``g`` until ``expect`` came and then nothing more for
+    ``timeout`` s: ({seq: n} received, seqs whose ack was made durable)."""
+    got: dict[int, int] = {}
+    durable: set[int] = set()
+    with broker.connect_sync(client_id) as c:
+        sub = c.consume("fill/v1/*", group="g", prefetch=prefetch)
+        while True:
+            try:
+                msg = sub.get(timeout=20 if len(got) < expect else timeout)
+            except (TimeoutError, minou.Timeout):
+                break
+            assert msg.seq not in got, f"seq {msg.seq} delivered twice"
+            got[msg.seq] = msg.payload["n"]
+            if msg.ack():
+                durable.add(msg.seq)
+    return got, durable
+
+
+def integrity(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def check_refusals(broker: BrokerProcess, pub: Any, exc: StorageFull, where: str,
+                   http_auth: dict[str, str]) -> None:
+    """While full: the precise refusal everywhere, and the broker up."""
+    assert "storage full" in exc.message and where in exc.message, exc.message
+    assert "free" in exc.message
+    # The same connection goes on: refused again at once, and it still answers.
+    with pytest.raises(StorageFull):
+        pub.send(CH, {"n": -1})
+    assert CH in pub.offsets("fill/v1/*")
+    r = httpx.post(broker.http + "/v1/messages/" + CH, json={"n": -2}, headers=http_auth,
+                   timeout=10)
+    assert r.status_code == 507, r.text
+    error = r.json()["error"]
+    assert (error["code"], error["reason"]) == (304, "storage_full")
+    assert where in error["message"] and error["detail"]["data_dir"] == where
+    assert isinstance(error["detail"]["free_bytes"], int)
+    r = httpx.post(broker.http + "/v1/messages", json=[{"channel": CH, "payload": 1}],
+                   headers=http_auth, timeout=10)
+    assert r.status_code == 507 and r.json()["error"]["reason"] == "storage_full"
+    r = health(broker)
+    assert r.status_code == 503
+    body = r.json()
+    assert (body["status"], body["storage"]) == ("storage_full", "full")
+    assert where in body["reason"] and body["data_dir"] == where
+    assert broker.alive
+
+
+def check_after_kill(broker: BrokerProcess, before: dict[int, int], after: dict[int, int],
+                     durable: set[int], db: Path) -> None:
+    """kill -9, restart: every confirmed message not durably acked is there exactly
+    as confirmed, nothing else is; the database is intact."""
+    broker.kill()
+    broker.start()
+    got, _ = drain(broker, "recount", len(after))
+    must = {seq: n for seq, n in {**before, **after}.items() if seq not in durable}
+    assert set(after) <= set(got), "a message confirmed after the resume is missing"
+    assert set(got) <= set(must), f"unconfirmed or acked messages came back: " \
+                                  f"{sorted(set(got) - set(must))[:10]}"
+    assert all(got[seq] == must[seq] for seq in got)  # exactly as confirmed
+    assert broker.stop() == 0
+    assert integrity(db) == "ok"
+
+
+# ----------------------------------------------------------------------------- tests
+def test_a_full_quota_refuses_publishes_serves_the_rest_and_resumes(broker_factory, tmp_path):
+    cfg = tmp_path / "quota.toml"
+    cfg.write_text('[storage]\nmax_size = "4MB"\n')
+    b = broker_factory.make(config=cfg).start()
+    where = str(b.data_dir.resolve())
+    http_auth = bearer(b, "http-pub")
+    with b.connect_sync("pub") as pub:
+        before, exc = fill(pub)
+        assert len(before) > 50
+        check_refusals(b, pub, exc, where, http_auth)
+        assert "max_size" in exc.message
+
+        # What is stored is delivered and acked, all of it, once; nothing else.
+        got, durable = drain(b, "worker", len(before))
+        assert got == before
+        assert durable, "no ack could be made durable while full (the reserve is for them)"
+
+        # The acks settled the channel, SQLite reuses its pages: publishing resumes alone.
+        wait_until(lambda: health(b).status_code == 200, timeout=20,
+                   what="publishing to resume once the acks freed the pages")
+        after = {pub.send(CH, {"n": n, "pad": PAD}).seq: n for n in range(100_000, 100_010)}
+    assert b.alive
+    log = b.output
+    assert log.count("storage full") == 1, log  # the cause, once: not a line per publish
+    assert "database or disk is full" in log and "Traceback" not in log
+    assert "storage has room again" in log
+    check_after_kill(b, before, after, durable, b.data_dir / "minou.db")
+
+
+def test_restarted_while_full_it_refuses_instead_of_dying_and_a_reload_makes_room(
+        broker_factory, tmp_path):
+    cfg = tmp_path / "quota.toml"
+    cfg.write_text('[storage]\nmax_size = "2MB"\n')
+    b = broker_factory.make(config=cfg).start()
+    with b.connect_sync("pub") as pub:
+        before, _ = fill(pub)
+    b.kill()
+    b.start()  # still full
+    with b.connect_sync("pub") as pub:
+        with pytest.raises(StorageFull):  # the first publish: refused, not a crash
+            pub.send(CH, {"n": -1, "pad": PAD})
+        assert b.alive and health(b).status_code == 503
+        # Raise the quota in the running broker's config: a reload applies it.
+        live = b.data_dir.parent / f"{b.data_dir.name}-config.toml"
+        live.write_text(live.read_text().replace('max_size = "2MB"', 'max_size = "16MB"'))
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: health(b).status_code == 200, timeout=20,
+                   what="publishing to resume after the reload raised max_size")
+        after = {pub.send(CH, {"n": n, "pad": PAD}).seq: n for n in range(100_000, 100_005)}
+    assert "storage has room again" in b.output
+    check_after_kill(b, before, after, set(), b.data_dir / "minou.db")
+
+
+def _mount_tmpfs(where: Path, size: str) -> None:
+    if not sys.platform.startswith("linux"):
+        pytest.skip("a real full disk needs a Linux tmpfs; the max_size tests cover "
+                    "the same SQLITE_FULL path")
+    where.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                               str(where)], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs here ({exc}); the max_size tests cover the "
+                    "same SQLITE_FULL path")
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}); the "
+                    "max_size tests cover the same SQLITE_FULL path")
+
+
+def test_a_real_full_tmpfs(broker_factory, tmp_path):
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "32m")
+    b: BrokerProcess | None = None
+    try:
+        (mnt / "data").mkdir()
+        data = tmp_path / "data"
+        data.symlink_to(mnt / "data")  # the broker's log and config stay off the tmpfs
+        ballast = mnt / "ballast"
+        with open(ballast, "wb") as out:
+            out.write(b"\0" * (10 << 20))
+        b = broker_factory.make(data_dir=data).start()
+        where = str(data.resolve())
+        http_auth = bearer(b, "http-pub")
+        with b.connect_sync("pub") as pub:
+            before, exc = fill(pub, "x" * 400_000)  # big: few acks to make durable
+            check_refusals(b, pub, exc, where, http_auth)
+            assert "free on its disk" in exc.message
+            # Acks go on in the reserve the broker gave back (once it is used up too, an
+            # ack is answered "not durable", False: that message may come again).
+            got, durable = drain(b, "worker", len(before), prefetch=4)
+            assert got == before and durable
+            time.sleep(1.5)  # probes have seen the disk still full
+            assert health(b).status_code == 503
+            ballast.unlink()  # the operator frees space
+            wait_until(lambda: health(b).status_code == 200, timeout=20,
+                       what="publishing to resume once the disk has room")
+            after = {pub.send(CH, {"n": n, "pad": PAD}).seq: n
+                     for n in range(100_000, 100_005)}
+        assert b.output.count("storage full") == 1 and "Traceback" not in b.output
+        check_after_kill(b, before, after, durable, mnt / "data" / "minou.db")
+    finally:
+        if b is not None:
+            b.kill()  # nothing may hold the mount open
+        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_any_other_storage_failure_stops_the_broker_with_a_non_zero_status(tmp_path):
+    """Not a full disk (here an fsync error, whose outcome is unknown): the waiting
+    publisher gets STORAGE_UNAVAILABLE, never a confirm, and the broker stops with a
+    non-zero exit status and the reason (it used to exit 0)."""
+    import asyncio
+
+    from minou.config import Settings
+    from minou.errors import ErrorCode, RequestError, StorageUnavailable
+    from minou.server.app import BrokerServer
+
+    async def scenario() -> BrokerServer:
+        server = BrokerServer(Settings(data_dir=str(tmp_path / "d"), port=0, http_port=None,
+                                       auth_mode="off"))
+        await server.start()
+        assert server.native_address is not None
+        client = await minou.connect(f"minou://127.0.0.1:{server.native_address[1]}",
+                                     client_id="pub", reconnect=False)
+        try:
+            await client.send(CH, {"n": 1})
+
+            def broken(batch: Any) -> None:
+                raise StorageUnavailable("commit failed: disk I/O error (SQLITE_IOERR_FSYNC)")
+
+            server.storage.apply = broken  # type: ignore[method-assign]
+            with pytest.raises(RequestError) as info:
+                await client.send(CH, {"n": 2})
+            assert info.value.code == ErrorCode.STORAGE_UNAVAILABLE
+            assert "SQLITE_IOERR_FSYNC" in info.value.message
+            await asyncio.wait_for(server.serve_forever(), 10)  # it asked to stop
+        finally:
+            await client.close()
+        await server.stop()
+        return server
+
+    server = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert server.exit_status == 1
+    assert "SQLITE_IOERR_FSYNC" in server.stop_reason
