@@ -10,6 +10,7 @@ Usage:  .venv/bin/python bench/wal_soak.py [--rate 5000] [--seconds 60] [--wal-m
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import subprocess
@@ -55,15 +56,23 @@ def main() -> int:
         acked = [0]
 
         def consume() -> None:
-            with minou.connect_sync(url, client_id="soak-c") as c:
-                sub = c.consume("soak/v1/*", group="g", prefetch=1000)
-                while not stop.is_set():
-                    try:
-                        msg = sub.get(timeout=0.5)
-                    except minou.Timeout:
-                        continue
-                    msg.ack()
+            async def run() -> None:
+                client = await minou.connect(url, client_id="soak-c")
+                pending: set[asyncio.Task[bool]] = set()
+
+                async def handle(msg: minou.Message) -> None:
+                    task = asyncio.ensure_future(msg.ack())  # acks go out in batches
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
                     acked[0] += 1
+
+                await client.consume("soak/v1/*", handle, group="g", prefetch=1000)
+                while not stop.is_set():
+                    await asyncio.sleep(0.1)
+                await asyncio.gather(*pending, return_exceptions=True)
+                await client.close()
+
+            asyncio.run(run())
 
         consumer = threading.Thread(target=consume, daemon=True)
         consumer.start()
