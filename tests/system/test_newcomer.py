@@ -308,3 +308,21 @@ def test_readme_cli_lines_are_runnable(broker, tmp_path):
         for option in (w.split("=")[0].strip("[]") for w in words if w.startswith(("-", "[-"))):
             option = option.strip("[]")
             assert option in out.stdout, (line, option)
+
+
+# ------------------------------------------------------------ the two commands
+def test_make_run_installs_the_broker_alone_and_make_test_its_extras(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+
+    def planned(target: str) -> list[str]:
+        out = subprocess.run(["make", "-n", "-C", str(root), target,
+                              f"VENV={tmp_path / 'venv'}"], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 0, out.stderr
+        return [line for line in out.stdout.splitlines() if "pip install" in line]
+
+    run = planned("run")
+    assert any(line.rstrip().endswith("install -q -e .") for line in run), run
+    assert not any("[" in line for line in run), run  # no test, Spark or browser stack
+    assert any("[test,spark]" in line for line in planned("test"))
+    assert any("[spark]" in line for line in planned("spark-demo"))
