@@ -567,6 +567,18 @@ def status(conn: dict[str, Any], as_json: bool) -> None:
     table.add_row("storage", f"{st['storage']['backend']} {st['storage']['path']} "
                              f"({st['storage']['bytes'] / 1e6:.1f} MB)")
     table.add_row("connections", str(st["connections"]))
+    if st.get("admission"):
+        adm = st["admission"]
+        table.add_row("sockets", f"native {adm['open']['native']}, http {adm['open']['http']} "
+                                 f"of {adm['limit']} (file descriptors {adm['descriptors']}); "
+                                 f"refused {json.dumps(adm['refused'])}")
+    if st["storage"].get("full"):
+        table.add_row("STORAGE FULL", Text(str(st["storage"]["full"]), style="red"))
+    flow = st.get("flow") or {}
+    if flow:
+        table.add_row("slow consumers", f"{flow.get('slow_consumers_cut', 0)} cut; unsent "
+                                        f"deliveries {flow.get('unsent_delivery_bytes', 0)} "
+                                        f"bytes of {flow.get('delivery_buffer_budget', 0)}")
     auth = st["auth"]
     table.add_row("auth", f"{auth['mode']}: {auth['clients']} clients, {auth['pending']} pending, "
                           f"{auth['rules']} rules; failures {json.dumps(auth['failures'])}")
