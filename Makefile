@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
 	rm -f $(VENV)/.installed-test-*
 	touch $@
 
