@@ -22,12 +22,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	rm -f $(VENV)/.installed-core-*
 	touch $@
 
-$(TEST_STAMP): $(STAMP)
+$(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
 	rm -f $(VENV)/.installed-test-*
 	touch $@
 
-$(SPARK_STAMP): $(STAMP)
+$(SPARK_STAMP): $(STAMP) Makefile
 	$(BIN)/python -m pip install -q -e '.[spark]'
 	rm -f $(VENV)/.installed-spark-*
 	touch $@
