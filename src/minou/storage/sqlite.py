@@ -131,6 +131,17 @@ def _size(n: int) -> str:
     return f"{n} bytes"  # pragma: no cover
 
 
+def _put_or_drop(db: sqlite3.Connection, table: str, key: str, value: str,
+                 changes: dict[str, Any]) -> None:
+    """Write ``changes`` to a two-column table: a value replaces the row, None drops it.
+    (Table and column names are this module's constants, never input.)"""
+    for k, v in changes.items():
+        if v is None:
+            db.execute(f"DELETE FROM {table} WHERE {key} = ?", (k,))
+        else:
+            db.execute(f"INSERT OR REPLACE INTO {table}({key}, {value}) VALUES (?, ?)", (k, v))
+
+
 class SQLiteStorage:
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db",
                  max_size: int | None = None, reserve: int = STORAGE_RESERVE_BYTES,
@@ -460,20 +471,10 @@ class SQLiteStorage:
             )
             if self._commits % 1000 == 0:
                 db.execute("DELETE FROM dedup WHERE expires_at < ?", (batch.dedup[0][2] - 3600,))
-        for client_id, record in batch.clients.items():
-            if record is None:
-                db.execute("DELETE FROM clients WHERE client_id = ?", (client_id,))
-            else:
-                db.execute("INSERT OR REPLACE INTO clients(client_id, record) VALUES (?, ?)",
-                           (client_id, record))
+        _put_or_drop(db, "clients", "client_id", "record", batch.clients)
         for writer in batch.dropped_fences:
             db.execute("DELETE FROM fences WHERE writer = ?", (writer,))
-        for writer, owner in batch.writers.items():
-            if owner is None:
-                db.execute("DELETE FROM writers WHERE writer = ?", (writer,))
-            else:
-                db.execute("INSERT OR REPLACE INTO writers(writer, owner) VALUES (?, ?)",
-                           (writer, owner))
+        _put_or_drop(db, "writers", "writer", "owner", batch.writers)
         if batch.meta:
             db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                            list(batch.meta.items()))
@@ -489,12 +490,7 @@ class SQLiteStorage:
             if self._commits % 64 == 0:
                 db.execute("DELETE FROM used_tokens WHERE expires < ?",
                            (min(e for _, e in batch.used_tokens) - 3600,))
-        for channel, owner in batch.reservations.items():
-            if owner is None:
-                db.execute("DELETE FROM reservations WHERE channel = ?", (channel,))
-            else:
-                db.execute("INSERT OR REPLACE INTO reservations(channel, owner) VALUES (?, ?)",
-                           (channel, owner))
+        _put_or_drop(db, "reservations", "channel", "owner", batch.reservations)
 
     def _first_seq(self, db: sqlite3.Connection, cid: int) -> int:
         row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()
