@@ -87,11 +87,15 @@ async def _pace(t0: float, sent: int, rate: float) -> None:
 
 
 # ------------------------------------------------------------------- drivers
-class RedisPeer:
-    """Redis Streams through redis-py's asyncio client (hiredis parser if installed)."""
+class _Peer:
+    """A peer broker's driver: connect, publish, consume, close (on 127.0.0.1:port)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
+
+
+class RedisPeer(_Peer):
+    """Redis Streams through redis-py's asyncio client (hiredis parser if installed)."""
 
     async def connect(self) -> None:
         import redis.asyncio as aioredis
@@ -162,12 +166,9 @@ class RedisPeer:
         return count, last
 
 
-class RabbitPeer:
+class RabbitPeer(_Peer):
     """RabbitMQ through aio-pika: durable classic queue, persistent messages,
     publisher confirms."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
 
     async def connect(self) -> None:
         import aio_pika
@@ -271,12 +272,9 @@ class RabbitPeer:
         return count, last
 
 
-class NatsPeer:
+class NatsPeer(_Peer):
     """NATS JetStream through nats-py: file storage, work-queue stream, one durable
     pull consumer."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
 
     async def connect(self) -> None:
         import nats
