@@ -579,6 +579,8 @@ def status(conn: dict[str, Any], as_json: bool) -> None:
         table.add_row("slow consumers", f"{flow.get('slow_consumers_cut', 0)} cut; unsent "
                                         f"deliveries {flow.get('unsent_delivery_bytes', 0)} "
                                         f"bytes of {flow.get('delivery_buffer_budget', 0)}")
+        table.add_row("dead connections", f"{flow.get('dead_connections_cut', 0)} cut (no "
+                                          "heartbeat for two intervals)")
     auth = st["auth"]
     table.add_row("auth", f"{auth['mode']}: {auth['clients']} clients, {auth['pending']} pending, "
                           f"{auth['rules']} rules; failures {json.dumps(auth['failures'])}")

@@ -53,6 +53,7 @@ class Settings:
     max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
     default_lease: float = limits.DEFAULT_LEASE_S
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
+    max_dedup_keys: int = limits.MAX_DEDUP_KEYS  # past it the oldest keys expire early
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     slow_consumer_seconds: float = limits.CONSUMER_STALL_S
@@ -60,6 +61,9 @@ class Settings:
     hello_timeout: float = limits.HELLO_TIMEOUT_S
     http_header_timeout: float = limits.HTTP_HEADER_TIMEOUT_S
     http_idle_timeout: float = limits.HTTP_IDLE_TIMEOUT_S
+    # WebSocket routes (/v1/ws, /v1/stream): a ping every this many seconds; no pong
+    # within as long again closes the socket (native clients negotiate their own)
+    websocket_heartbeat: float = limits.DEFAULT_HEARTBEAT_S
     strict_schemas: bool = False
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
     # [auth]: "keys" (every client proves itself with its key pair), "token" (the shared
@@ -113,6 +117,7 @@ _TOP_KEYS = {
     "max_connections": (int, "an integer >= 1"),
     "default_lease": ((int, float), "a number of seconds > 0"),
     "dedup_window": ((int, float), "a number of seconds >= 0"),
+    "max_dedup_keys": (int, "an integer >= 1"),
     "publish_pause_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_seconds": ((int, float), "a number of seconds > 0"),
@@ -120,6 +125,7 @@ _TOP_KEYS = {
     "hello_timeout": ((int, float), "a number of seconds > 0"),
     "http_header_timeout": ((int, float), "a number of seconds > 0"),
     "http_idle_timeout": ((int, float), "a number of seconds > 0"),
+    "websocket_heartbeat": ((int, float), "a number of seconds > 0"),
     "strict_schemas": (bool, "true or false"),
 }
 _TABLES = ("auth", "channels", "rules", "storage", "tls")
@@ -127,7 +133,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _TIMEOUT_KEYS = ("hello_timeout", "http_header_timeout", "http_idle_timeout",
-                 "slow_consumer_seconds")
+                 "slow_consumer_seconds", "websocket_heartbeat")
 
 
 def _expect(key: str, value: Any, types: Any, what: str) -> None:
@@ -314,7 +320,7 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         _expect(key, value, types, what)
         if key in ("port", "http_port") and not 0 <= value <= 65535:
             raise ConfigError(f"{key}: expected {what}, got {value}")
-        if (("bytes" in what or key == "max_connections") and value < 1) or (
+        if (("bytes" in what or key in ("max_connections", "max_dedup_keys")) and value < 1) or (
                 key in _TIMEOUT_KEYS and value <= 0):
             raise ConfigError(f"{key}: expected {what}, got {value}")
         values[key] = value

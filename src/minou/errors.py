@@ -45,6 +45,7 @@ class ErrorCode(IntEnum):
     PENDING_APPROVAL = 210
     SCHEMA_MISMATCH = 211
     NOT_FOUND = 212
+    OUT_OF_SEQUENCE = 213
     # 3xx: the broker could not do it.
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
@@ -81,6 +82,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.SCHEMA_MISMATCH: CodeInfo(422, "schema_mismatch",
                                         "payload does not match the channel's schema"),
     ErrorCode.NOT_FOUND: CodeInfo(404, "not_found", "no such queue, channel, group or client"),
+    ErrorCode.OUT_OF_SEQUENCE: CodeInfo(409, "out_of_sequence",
+                                        "a producer sequence skipped messages"),
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
@@ -181,6 +184,13 @@ class NotFound(RequestError):
     code = ErrorCode.NOT_FOUND
 
 
+class OutOfSequence(RequestError):
+    """An idempotent publish skipped sequence numbers: the messages between were never
+    received (``detail.expected``, ``detail.got``)."""
+
+    code = ErrorCode.OUT_OF_SEQUENCE
+
+
 class NotAuthorized(RequestError):
     code = ErrorCode.NOT_AUTHORIZED
 
@@ -244,7 +254,7 @@ for _cls in (
     ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, RequestTimeout, BadRequest,
     InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
-    SlowConsumer, TooManyConnections, NotFound, StorageFull,
+    SlowConsumer, TooManyConnections, NotFound, StorageFull, OutOfSequence,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

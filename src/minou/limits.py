@@ -28,6 +28,12 @@ DEFAULT_LEASE_S = 60.0  # an unsettled delivery returns to its queue after this 
 MAX_LEASE_S = 12 * 3600.0
 DEFAULT_REQUEUE_LIMIT = 10  # then the message goes to _dead/<channel>
 DEFAULT_DEDUP_WINDOW_S = 120.0  # SPEC §1: "default 2 minutes"
+# Dedup keys held in memory (core/dedup.py: ~37 bytes each, ~48 in RSS; 2 million stay
+# under 100 MB). That is a full default window (120 s) up to ~16,000 keyed publishes a
+# second (the report that sized it: 6,000/s, 720,000 keys). Faster keyed publishing
+# narrows the window instead of growing memory with the rate: past the cap the oldest
+# keys expire early, counted and logged (max_dedup_keys raises it).
+MAX_DEDUP_KEYS = 2_000_000
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # higher is served first; 0 is the default
 
 # Flow control (DESIGN: bound every buffer).
@@ -109,6 +115,31 @@ MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
 MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
 MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
+
+# Idempotent producers: one small state per (client, producer id, channel), kept in
+# memory and stored with the messages. Past the cap the least recently used go (a
+# producer whose state went starts afresh: its resends are no longer recognised), and
+# so do those unused this long (a week: a client that comes back later is new anyway).
+MAX_PRODUCER_STATES = 100_000
+PRODUCER_IDLE_S = 7 * 24 * 3600.0
+MAX_SESSION_PRODUCER_STATES = 1_024  # a connection's cache of its own states
+
+# Liveness (docs/protocol.md, "Heartbeats"): the interval a client asks for at HELLO is
+# kept within these bounds; either side declares the connection dead after hearing
+# nothing for HEARTBEAT_MISSES intervals.
+DEFAULT_HEARTBEAT_S = 5.0
+MIN_HEARTBEAT_S = 0.2
+MAX_HEARTBEAT_S = 300.0
+HEARTBEAT_MISSES = 2
+# A client numbers its publishes per channel and never restarts a channel's numbers (the
+# broker would take them for resends): past this many channels, publishes to further
+# ones go unnumbered (at-least-once, as without idempotence) so its memory stays bounded.
+CLIENT_MAX_NUMBERED_CHANNELS = 100_000
+# A client call waits at most this long for its confirm (Client(confirm_timeout=...)).
+CLIENT_CONFIRM_TIMEOUT_S = 30.0
+# A (re)connection's HELLO must be answered within this: a broker whose process is
+# paused accepts TCP connections (the kernel does) but never answers.
+CLIENT_HANDSHAKE_TIMEOUT_S = 10.0
 
 # Fair redelivery: per group channel, messages remembered as "came back from member X".
 RETURNED_FROM_LIMIT = 10_000

@@ -14,6 +14,7 @@ from minou.protocol.frames import (
     Error,
     Extend,
     Frame,
+    Heartbeat,
     Hello,
     Nack,
     Offsets,
@@ -89,6 +90,7 @@ sends = st.builds(
     delay=st.none() | seconds,
     dedup=opt_text,
     key=opt_text,
+    pseq=u64,
 )
 outcomes = st.builds(
     Outcome,
@@ -117,10 +119,11 @@ deliveries = st.builds(
 
 FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
     Hello: st.builds(Hello, client_id=text, version=small_int, token=opt_text, session=opt_text,
-                    public_key=opt_text, broker_token=opt_text),
+                    public_key=opt_text, broker_token=opt_text, heartbeat=seconds,
+                    producer_id=text),
     Welcome: st.builds(
         Welcome, broker_id=text, version=small_int, session=text, max_message_size=u32,
-        client_id=text, admin=st.booleans(),
+        client_id=text, admin=st.booleans(), heartbeat=seconds, producer_id=text,
     ),
     Publish: st.builds(Publish, req=u32, msgs=st.lists(sends, max_size=3)),
     Confirm: st.builds(Confirm, req=u32, outcomes=st.lists(outcomes, max_size=3)),
@@ -163,6 +166,7 @@ FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
     Ping: st.builds(Ping, req=u32),
     Pong: st.builds(Pong, req=u32),
     Bye: st.builds(Bye, reason=text),
+    Heartbeat: st.just(Heartbeat()),
     Stage: st.builds(Stage, req=u32, txn=text, msgs=st.lists(sends, max_size=3)),
     TxnCommit: st.builds(TxnCommit, req=u32, writer_id=text, batch_id=u32,
                          txns=st.lists(text, max_size=3)),

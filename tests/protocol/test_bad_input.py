@@ -39,7 +39,7 @@ def read_all(data: bytes, **kw) -> tuple[list, FrameReader]:
 # -- unknown frame types ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("frame_type", [0, 27, 99, 255])
+@pytest.mark.parametrize("frame_type", [0, 28, 99, 255])
 def test_unknown_type_is_a_bad_frame_and_the_reader_goes_on(frame_type):
     data = encode(Ping(req=1)) + raw_frame(frame_type, b"\x91\x01") + encode(GOOD)
     events, reader = read_all(data)

@@ -21,6 +21,7 @@ from minou.protocol.frames import (
     Publish,
     Send,
     Settled,
+    Welcome,
 )
 
 from .strategies import FRAME_STRATEGIES, frames
@@ -66,6 +67,7 @@ def test_frame_type_numbers_are_stable():
         ("NACK", 11), ("EXTEND", 12), ("SETTLED", 13), ("READ", 14), ("READ_RESULT", 15),
         ("ADMIN", 16), ("RESULT", 17), ("ERROR", 18), ("PING", 19), ("PONG", 20), ("BYE", 21),
         ("STAGE", 22), ("TXN_COMMIT", 23), ("TXN_ABORT", 24), ("OFFSETS", 25), ("POSITION", 26),
+        ("HEARTBEAT", 27),
     ]
     # fmt: on
 
@@ -80,17 +82,33 @@ def test_golden_ping():
 
 def test_golden_hello_keeps_defaults_on_the_wire():
     # array_like, omit_defaults=False: every field is sent, in declaration order.
-    body = b"\x96\xa1c\x01\xc0\xc0\xc0\xc0"
+    # ... then heartbeat (a float64 0.0) and producer_id ("")
+    body = b"\x98\xa1c\x01\xc0\xc0\xc0\xc0\xcb" + bytes(8) + b"\xa0"
     assert encode(Hello(client_id="c")) == len(body + b"x").to_bytes(4, "big") + b"\x01" + body
 
 
 def test_golden_publish_nests_send_as_array():
     f = Publish(req=1, msgs=[Send(channel="o/v1/1", data=b"{}")])
     expected_body = msgspec.msgpack.encode(
-        [1, [["o/v1/1", b"{}", False, None, 0, None, None, None, None]]]
+        [1, [["o/v1/1", b"{}", False, None, 0, None, None, None, None, 0]]]
     )
     assert encode(f)[HEADER_SIZE:] == expected_body
     assert encode(f)[4] == FrameType.PUBLISH
+
+
+def test_new_peer_with_more_trailing_fields_decodes_on_an_old_shape():
+    # An old client reads a newer WELCOME (heartbeat, producer_id appended) unharmed.
+    class OldWelcome(msgspec.Struct, array_like=True):
+        broker_id: str
+        version: int
+        session: str
+        max_message_size: int
+        client_id: str = ""
+        admin: bool = False
+
+    new = encode(Welcome("b", 1, "s", 10, "c", False, 5.0, "00ff00ff00ff00ff"))
+    assert msgspec.msgpack.decode(new[HEADER_SIZE:], type=OldWelcome) == OldWelcome(
+        "b", 1, "s", 10, "c", False)
 
 
 def test_old_peer_without_trailing_optional_fields_decodes_with_defaults():

@@ -29,6 +29,7 @@ SNAP: dict[str, Any] = {
         "refused": {"not_authorized": 2, "rate_limited": 3},
     },
     "storage": {"bytes": 4096, "commits": 5, "commit_seconds": 0.01},
+    "dedup": {"keys": 720_000, "evicted": 11},
     "auth_failures": {"pending": 1, "bad_signature": 4},
     "schema_refused": {"orders/v1": 2},
     "channels": [
@@ -74,6 +75,8 @@ GLOBAL_SAMPLES = (
     "minou_connections",
     "minou_storage_bytes",
     "minou_storage_full",
+    "minou_dedup_keys",
+    "minou_dedup_evicted_total",
     "minou_storage_commits_total",
     "minou_storage_commit_seconds_total",
     "minou_storage_commit_duration_seconds_count",
@@ -150,12 +153,14 @@ def test_minou_metrics_names_types_and_values() -> None:
         "minou_messages_duplicate_total": 7, "minou_leases_expired_total": 2,
         "minou_connections": 3, "minou_storage_bytes": 4096, "minou_storage_commits_total": 5,
         "minou_storage_commit_seconds_total": 0.01,
+        "minou_dedup_keys": 720_000, "minou_dedup_evicted_total": 11,
     }
     for name, want in expected.items():
         assert value(samples, name) == pytest.approx(want), name
     assert "# TYPE minou_messages_published_total counter" in text.splitlines()
     assert types["minou_messages_published"] == "counter"  # the parser strips "_total"
     assert types["minou_connections"] == "gauge"
+    assert types["minou_dedup_keys"] == "gauge" and types["minou_dedup_evicted"] == "counter"
     assert types["minou_storage_commit_duration_seconds"] == "histogram"
     assert value(samples, "minou_auth_failures_total", why="pending") == 1
     assert value(samples, "minou_auth_failures_total", why="bad_signature") == 4

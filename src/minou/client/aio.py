@@ -4,9 +4,11 @@ Publishes are coalesced: every ``send`` made in one turn of the event loop
 goes out in one PUBLISH frame, and its CONFIRM resolves each caller's future.
 Acks are coalesced the same way. On a lost connection the client reconnects
 to the next URL (with backoff), subscribes again and resends every publish
-that was not confirmed (at-least-once; give a ``dedup`` key to make resends
-harmless). While disconnected, sends wait in a bounded queue; past its
-limit ``send`` raises ``SendQueueFull``.
+that was not confirmed; each publish carries its producer sequence, so a
+resend the broker already stored is answered as a duplicate, not stored again.
+While disconnected, sends wait in a bounded queue; past its limit ``send``
+raises ``SendQueueFull``. Heartbeats tell a hung broker or a silent network
+from a quiet one; ``confirm_timeout`` bounds every publish (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import random
 import socket
 import ssl
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NamedTuple, cast
@@ -43,12 +46,17 @@ from ..errors import (
     error_from_code,
 )
 from ..limits import (
+    CLIENT_CONFIRM_TIMEOUT_S,
     CLIENT_FRAME_MESSAGES,
+    CLIENT_HANDSHAKE_TIMEOUT_S,
+    CLIENT_MAX_NUMBERED_CHANNELS,
     CLIENT_RECONNECT_MAX_S,
     CLIENT_RECONNECT_MIN_S,
     CLIENT_REQUEST_TIMEOUT_S,
     CLIENT_SEND_QUEUE,
+    DEFAULT_HEARTBEAT_S,
     DEFAULT_PORT,
+    HEARTBEAT_MISSES,
     PROTOCOL_VERSION,
 )
 from ..protocol import frames as f
@@ -149,6 +157,54 @@ class _Protocol(asyncio.Protocol):
         self.reader = FrameReader()
         self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
+        self.where = ""  # the broker's URL, for errors and logs
+        self.last_heard = time.monotonic()
+        self.sent = 0  # bytes written: unchanged for an interval means a heartbeat is due
+        self.heartbeat = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = self._send_due = 0.0
+        self._sent_seen = 0
+
+    def start_heartbeats(self, interval: float) -> None:
+        """Keep the negotiated heartbeat: send one when nothing else went out for an
+        interval; declare the broker dead when nothing came in for two."""
+        if interval <= 0 or self.transport is None:
+            return
+        self.heartbeat = interval
+        now = time.monotonic()
+        self.last_heard = now
+        self._send_due = now + interval / 2
+        self._sent_seen = self.sent
+        self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        self._due = min(self._send_due, self.last_heard + HEARTBEAT_MISSES * self.heartbeat)
+        self._timer = asyncio.get_running_loop().call_at(max(self._due, now), self._beat)
+
+    def _beat(self) -> None:
+        self._timer = None
+        if self.transport is None or self.lost.done():
+            return
+        now = time.monotonic()
+        interval = self.heartbeat
+        if now - self._due > interval:
+            self.last_heard = now  # this process was paused or its loop blocked: our silence
+        silent = now - self.last_heard
+        if silent >= HEARTBEAT_MISSES * interval:
+            self.client._on_dead(self, silent)
+            return
+        if now >= self._send_due:
+            if self.sent == self._sent_seen:
+                self.transport.write(f.encode(f.Heartbeat()))
+                self.sent += 1
+            self._sent_seen = self.sent
+            self._send_due = now + interval / 2
+        self._schedule(now)
+
+    def stop_heartbeats(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
@@ -159,6 +215,7 @@ class _Protocol(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        self.last_heard = time.monotonic()
         self.reader.receive_data(data)
         try:
             while (ev := self.reader.next_event()) is not None:
@@ -169,6 +226,7 @@ class _Protocol(asyncio.Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.stop_heartbeats()
         if not self.lost.done():
             self.lost.set_result(exc)
         self.client._on_lost(self)
@@ -286,6 +344,9 @@ class Client:
         broker_token: str | None = None,
         tls_fingerprint: str | None = None,
         cafile: str | None = None,
+        heartbeat: float | None = DEFAULT_HEARTBEAT_S,
+        confirm_timeout: float | None = CLIENT_CONFIRM_TIMEOUT_S,
+        idempotent: bool = True,
     ) -> None:
         if not urls:
             raise ValueError("give at least one broker URL")
@@ -302,6 +363,16 @@ class Client:
         self.max_pending = max_pending
         self.request_timeout = request_timeout
         self.reconnect = reconnect
+        self.heartbeat = heartbeat or 0.0
+        self.confirm_timeout = confirm_timeout
+        self.idempotent = idempotent
+        # Idempotent publishing: the broker's producer id for this client (kept across
+        # reconnects) and the last sequence given per channel. Sequences are given when
+        # a publish is first written and never reused, so a resend is recognised.
+        self.producer_id = ""
+        self._pseqs: dict[str, int] = {}
+        self.dead_connections = 0  # connections declared dead after missed heartbeats
+        self._deadlines: asyncio.Task[None] | None = None
         self.broker_id: str | None = None
         self.last_error: RequestError | None = None
         self._proto: _Protocol | None = None
@@ -309,8 +380,9 @@ class Client:
         self._reqs = itertools.count(1)
         self._sids = itertools.count(1)
         self._requests: dict[int, tuple[f.Frame, asyncio.Future[Any]]] = {}
-        self._outbox: list[tuple[f.Send, asyncio.Future[Receipt]]] = []
-        self._unconfirmed: dict[int, list[tuple[f.Send, asyncio.Future[Receipt]]]] = {}
+        # (send, future, deadline): waiting to be written / written and not confirmed
+        self._outbox: list[_Pending] = []
+        self._unconfirmed: dict[int, list[_Pending]] = {}
         self._pending_count = 0
         self._acks: list[int] = []
         self._ack_future: asyncio.Future[list[tuple[int, int, str]]] | None = None
@@ -361,6 +433,7 @@ class Client:
                 errors.append(f"{where}: {why}")
                 continue
             self._proto = proto
+            proto.where = where
             self._epoch += 1
             try:
                 welcome = await self._handshake(proto, idx)
@@ -380,6 +453,12 @@ class Client:
                 continue
             self.broker_id = welcome.broker_id
             self._url_index = idx
+            if self.idempotent and welcome.producer_id:
+                # The same id as before, or a new one from a broker that did not know it:
+                # sequences go on from where they were either way (a broker accepts
+                # any first sequence of a producer it does not know).
+                self.producer_id = welcome.producer_id
+            proto.start_heartbeats(welcome.heartbeat)
             self._live = True  # acks for this connection's deliveries may flow from now on
             try:
                 await self._restore()
@@ -420,7 +499,8 @@ class Client:
             # A fresh token per connection: short-lived, single use (jti).
             token = make_token(self.client_id, self.key, audience)
         return f.Hello(self.client_id, PROTOCOL_VERSION, token, None, self._public_pem,
-                       self.broker_token)
+                       self.broker_token, self.heartbeat,
+                       self.producer_id if self.idempotent else "")
 
     async def _handshake(self, proto: _Protocol, idx: int) -> f.Welcome:
         """HELLO until WELCOME: a broker that wants a token names itself (the audience)
@@ -432,7 +512,10 @@ class Client:
             self._requests[0] = (hello, fut)
             proto.transport.write(f.encode(hello))
             try:
-                return await asyncio.wait_for(fut, self.request_timeout)
+                # Bounded apart from request_timeout: a paused broker's kernel accepts
+                # the connection, and only the missing WELCOME tells.
+                return await asyncio.wait_for(
+                    fut, min(self.request_timeout, CLIENT_HANDSHAKE_TIMEOUT_S))
             except NotAuthenticated as exc:
                 audience = exc.detail.get("broker_id")
                 if (exc.detail.get("why") != "token_required" or self.key is None
@@ -464,7 +547,21 @@ class Client:
             self._write(f.encode(frame))
         self._schedule_flush()
 
+    def _on_dead(self, proto: _Protocol, silent: float) -> None:
+        """The broker sent nothing for two heartbeat intervals (a paused or hung
+        process, a black-holed network): drop the connection and reconnect, next URL
+        first; what was not confirmed is sent again (once, by its sequence)."""
+        self.dead_connections += 1
+        self.last_error = ConnectionClosed(
+            f"broker {proto.where} sent nothing for {silent:.1f} s ({HEARTBEAT_MISSES} "
+            f"heartbeat intervals of {proto.heartbeat:g} s): the connection is dead"
+            + ("; reconnecting" if self.reconnect and not self._closing else ""))
+        log.warning("%s", self.last_error)
+        if proto.transport is not None:
+            proto.transport.abort()
+
     def _on_lost(self, proto: _Protocol) -> None:
+        proto.stop_heartbeats()
         if proto is not self._proto:
             return
         self._proto = None
@@ -514,7 +611,7 @@ class Client:
                 fut.set_exception(exc)
         self._requests.clear()
         for items in [*self._unconfirmed.values(), self._outbox]:
-            for _, fut in items:
+            for _, fut, _ in items:
                 if not fut.done():
                     fut.set_exception(exc)
         self._unconfirmed.clear()
@@ -537,7 +634,8 @@ class Client:
             return
         if self._proto is not None:
             self._flush()
-            waiting = [fut for items in self._unconfirmed.values() for _, fut in items]
+            waiting = [fut for items in self._unconfirmed.values() for _, fut, _ in items
+                       if not fut.done()]
             if waiting:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
@@ -547,6 +645,8 @@ class Client:
                 sub._task.cancel()
         if self._supervisor is not None:
             self._supervisor.cancel()
+        if self._deadlines is not None:
+            self._deadlines.cancel()
         if self._proto is not None and self._proto.transport is not None:
             self._proto.transport.write(f.encode(f.Bye("client closed")))
             self._proto.transport.close()
@@ -597,7 +697,7 @@ class Client:
         if items is None:
             return
         self._pending_count -= len(items)
-        for (_, fut), out in zip(items, ev.outcomes, strict=False):
+        for (_, fut, _), out in zip(items, ev.outcomes, strict=False):
             if fut.done():
                 continue
             if out.code:
@@ -615,9 +715,11 @@ class Client:
         if ev.req and ev.req in self._unconfirmed:
             items = self._unconfirmed.pop(ev.req)
             self._pending_count -= len(items)
-            for _, fut in items:
+            for _, fut, _ in items:
                 if not fut.done():
                     fut.set_exception(exc)
+            if any(send.pseq for send, _, _ in items):
+                self._new_producer()
             return
         if 0 in self._requests and not self.connected:
             _, fut = self._requests.pop(0)
@@ -633,9 +735,27 @@ class Client:
     def _next_req(self) -> int:
         return next(self._reqs)
 
-    def _write(self, data: bytes) -> None:
+    def _new_producer(self) -> None:
+        """The broker refused a whole PUBLISH frame (a bug on one side): the numbered
+        publishes in it left a gap in this producer's sequences that later ones would
+        be refused for. Start a new producer on a new connection: what is unconfirmed
+        is numbered again under it."""
+        log.error("the broker refused a whole publish frame; starting a new producer id")
+        self.producer_id = ""
+        self._pseqs.clear()
+        for items in self._unconfirmed.values():
+            items[:] = [(msgspec.structs.replace(send, pseq=0), fut, deadline)
+                        for send, fut, deadline in items]
+        self._outbox = [(msgspec.structs.replace(send, pseq=0), fut, deadline)
+                        for send, fut, deadline in self._outbox]
         if self._proto is not None and self._proto.transport is not None:
-            self._proto.transport.write(data)
+            self._proto.transport.abort()
+
+    def _write(self, data: bytes) -> None:
+        proto = self._proto
+        if proto is not None and proto.transport is not None:
+            proto.sent += len(data)
+            proto.transport.write(data)
 
     async def _request(self, frame: f.Frame, *, wait_connected: bool = True) -> Any:
         if self._closing:
@@ -653,8 +773,8 @@ class Client:
             return await asyncio.wait_for(fut, self.request_timeout)
         except TimeoutError:
             self._requests.pop(req, None)
-            raise Timeout(f"no answer to {type(frame).__name__} in {self.request_timeout} s") \
-                from None
+            raise Timeout(f"no answer from {self._where()} to {type(frame).__name__.upper()} "
+                          f"within {self.request_timeout:g} s (request_timeout)") from None
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -667,12 +787,22 @@ class Client:
             return
         out: list[bytes] = []
         # Publishes wait until re-subscription is done; acks need only a live connection.
+        numbered = self.idempotent and bool(self.producer_id)
+        pseqs, replace = self._pseqs, msgspec.structs.replace
         while self._outbox and self.connected:
             n = CLIENT_FRAME_MESSAGES
             chunk, self._outbox = self._outbox[:n], self._outbox[n:]
+            if numbered:
+                for i, (send, fut, deadline) in enumerate(chunk):
+                    if not send.pseq:  # first written now: its sequence, for good
+                        last = pseqs.get(send.channel)
+                        if last is None and len(pseqs) >= CLIENT_MAX_NUMBERED_CHANNELS:
+                            continue  # bounded memory: at-least-once on further channels
+                        pseq = pseqs[send.channel] = (last or 0) + 1
+                        chunk[i] = (replace(send, pseq=pseq), fut, deadline)
             req = self._next_req()
             self._unconfirmed[req] = chunk
-            out.append(f.encode(f.Publish(req, [s for s, _ in chunk])))
+            out.append(f.encode(f.Publish(req, [s for s, _, _ in chunk])))
         if self._acks:
             req = self._next_req()
             out.append(f.encode(f.Ack(req, self._acks)))
@@ -713,11 +843,62 @@ class Client:
             )
         send = _make_send(channel, payload, headers=headers, priority=priority, ttl=ttl,
                           delay=delay, dedup=dedup, key=key)
-        fut: asyncio.Future[Receipt] = asyncio.get_running_loop().create_future()
-        self._outbox.append((send, fut))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Receipt] = loop.create_future()
+        timeout = self.confirm_timeout
+        self._outbox.append((send, fut, loop.time() + timeout if timeout else _NEVER))
         self._pending_count += 1
         self._schedule_flush()
+        if timeout and (self._deadlines is None or self._deadlines.done()):
+            self._deadlines = asyncio.create_task(self._watch_deadlines(timeout))
         return fut
+
+    async def _watch_deadlines(self, timeout: float) -> None:
+        """Fail the publishes not confirmed within ``confirm_timeout``: those never
+        written are dropped (certainly not stored); those written stay to be sent again
+        after a reconnect (stored at most once, by their sequence), but their callers
+        are told now."""
+        period = max(0.01, min(0.5, timeout / 10))
+        loop = asyncio.get_running_loop()
+        while not self._closing and self._pending_count:
+            await asyncio.sleep(period)
+            now = loop.time()
+            where = self._where()
+            for items in list(self._unconfirmed.values()):
+                if items and items[0][2] > now:
+                    break  # the oldest first: the rest are younger
+                for send, fut, deadline in items:
+                    if deadline <= now and not fut.done():
+                        fut.set_exception(Timeout(
+                            f"no confirm from {where} within {timeout:g} s for the publish "
+                            f"to {send.channel!r}: it was sent and may still be stored (once:"
+                            " the client sends it again after a reconnect)"))
+            if self._outbox and self._outbox[0][2] <= now:
+                keep = []
+                for item in self._outbox:
+                    send, fut, deadline = item
+                    if deadline > now or send.pseq:
+                        keep.append(item)  # written before: its sequence must go out
+                        if deadline <= now and not fut.done():
+                            fut.set_exception(Timeout(
+                                f"no confirm from {where} within {timeout:g} s for the "
+                                f"publish to {send.channel!r}: it was sent and may still be "
+                                "stored (once: it is sent again when a broker answers)"))
+                        continue
+                    self._pending_count -= 1
+                    if not fut.done():
+                        fut.set_exception(Timeout(
+                            f"no connection to {where} within {timeout:g} s: the publish to "
+                            f"{send.channel!r} was not sent (and will not be)"))
+                self._outbox = keep
+
+    def _where(self) -> str:
+        proto = self._proto
+        if proto is not None and proto.where:
+            return f"broker {proto.where}"
+        scheme, host, port, _ = self.urls[self._url_index]
+        return f"broker {scheme}://{host}:{port}"
+
 
     async def send_many(
         self, items: Iterable[tuple[str, Any] | dict[str, Any]]
@@ -876,6 +1057,10 @@ class Client:
         return loop.time() - t0
 
 
+_NEVER = float("inf")
+_Pending = tuple[f.Send, "asyncio.Future[Receipt]", float]
+
+
 class ReadPage(NamedTuple):
     messages: list[Message]
     next_seq: int  # where to read on from
@@ -943,6 +1128,9 @@ async def connect(
     tls_fingerprint: str | None = None,
     cafile: str | None = None,
     wait_for_approval: float = 0.0,
+    heartbeat: float | None = DEFAULT_HEARTBEAT_S,
+    confirm_timeout: float | None = CLIENT_CONFIRM_TIMEOUT_S,
+    idempotent: bool = True,
 ) -> Client:
     """Connect to the first broker of ``urls`` that answers; fail over to the others.
 
@@ -954,12 +1142,22 @@ async def connect(
     printed it). A new client may have to wait for an admin's approval: with
     ``wait_for_approval`` > 0 it retries for that many seconds instead of raising
     ``PendingApproval`` at once.
+
+    Liveness and deadlines (docs/reliability.md): both sides send a heartbeat every
+    ``heartbeat`` seconds of silence (``None``: none) and a side that hears nothing for
+    two intervals drops the connection (the client then reconnects, next URL first).
+    A publish not confirmed within ``confirm_timeout`` seconds raises ``Timeout``
+    (``None``: wait as long as it takes); other calls wait ``request_timeout``. With
+    ``idempotent`` (the default) publishes are numbered per channel, so a resend after
+    a reconnect is stored once without a dedup key.
     """
     if isinstance(urls, str):
         urls = [u.strip() for u in urls.split(",") if u.strip()]
     client = Client(urls, client_id=client_id, max_pending=max_pending,
                     request_timeout=request_timeout, reconnect=reconnect, key=key,
-                    broker_token=broker_token, tls_fingerprint=tls_fingerprint, cafile=cafile)
+                    broker_token=broker_token, tls_fingerprint=tls_fingerprint, cafile=cafile,
+                    heartbeat=heartbeat, confirm_timeout=confirm_timeout,
+                    idempotent=idempotent)
     deadline = asyncio.get_running_loop().time() + wait_for_approval
     while True:
         try:

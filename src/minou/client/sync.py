@@ -1,7 +1,9 @@
 """A blocking facade over the asyncio client, for scripts.
 
 The asyncio client runs on its own event loop in a daemon thread; every call
-here submits a coroutine to it and waits for the result.
+here submits a coroutine to it and waits for the result. No call waits forever:
+``send`` within ``confirm_timeout``, acks and requests within ``request_timeout``
+(both 30 s), ``get`` within the timeout given; past them ``minou.Timeout``.
 """
 
 from __future__ import annotations
@@ -50,8 +52,15 @@ class SyncMessage:
         return self._msg.payload
 
     def _settle(self, op: str, **kw: Any) -> bool:
+        timeout = self._msg._client.request_timeout
+
         async def run() -> bool:
-            return await getattr(self._msg, op)(**kw)
+            # Bounded like every call: no answer within request_timeout is "not known
+            # to be durable" (False), as a lost connection is; the message may come again.
+            try:
+                return await asyncio.wait_for(_awaited(getattr(self._msg, op)(**kw)), timeout)
+            except TimeoutError:
+                return False
 
         return self._runner.call(run())
 
@@ -66,6 +75,10 @@ class SyncMessage:
 
     def __repr__(self) -> str:
         return repr(self._msg)
+
+
+async def _awaited(settlement: Any) -> bool:
+    return bool(await settlement)
 
 
 class SyncSubscription:

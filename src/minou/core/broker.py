@@ -35,6 +35,7 @@ from typing import Any
 from ..auth.rules import ALLOW_ALL, Access, Rules
 from ..errors import (
     BadRequest,
+    ErrorCode,
     MessageTooLarge,
     NotAuthorized,
     QueueFull,
@@ -56,8 +57,11 @@ from ..limits import (
     MAX_MESSAGE_SIZE,
     MAX_PREFETCH,
     MAX_PRIORITY,
+    MAX_PRODUCER_STATES,
+    MAX_SESSION_PRODUCER_STATES,
     MAX_SUBSCRIPTIONS,
     MIN_PRIORITY,
+    PRODUCER_IDLE_S,
     RETURNED_FROM_LIMIT,
 )
 from ..names import (
@@ -76,8 +80,10 @@ from ..payloads import check_json, decode_json
 from ..protocol.frames import Delivery, Outcome, Send
 from ..schemas import SchemaViolation
 from ..storage.base import Snapshot
+from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import ChannelLog, ChannelOptions, Msg
+from .producers import Producers, ProducerState
 from .stats import Counters
 from .transactions import Transactions
 from .writes import WriteBatch
@@ -97,6 +103,9 @@ class Session:
     leases: dict[int, Lease] = field(default_factory=dict)
     access: Access = ALLOW_ALL  # what the rules let this client read and write
     admin: bool = False
+    producer_id: str = ""  # numbers this connection's idempotent publishes
+    # channel -> its producer state: the publish path looks up the session's own few
+    producer_states: dict[str, ProducerState] = field(default_factory=dict)
 
 
 class Broker:
@@ -125,11 +134,16 @@ class Broker:
         self._timed: dict[GroupChannel, None] = {}
         self._lease_heap: list[tuple[float, int, Lease]] = []
         self._tags = itertools.count(1)
-        self._dedup: dict[tuple[str, str], tuple[float, int, str]] = {}
+        self.dedup = DedupWindow()  # (channel, dedup key) -> seq, id; its max_keys is set
         self._by_hash: dict[int, list[str]] = {}
         self._hashed_all = False  # channels restored from storage get hashed on first lookup
         self.rules = Rules.parse(None)
         self.transactions = Transactions()
+        self.producers = Producers(MAX_PRODUCER_STATES, PRODUCER_IDLE_S)
+        # Set by publish(): outcomes answered from a producer's state, (index, state,
+        # sequence), to be answered again once the commit they follow is durable.
+        self.replays: list[tuple[int, ProducerState, int]] = []
+        self._producers_expired_at = 0.0
         self.strict_schemas = False
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
         self._listen_keys_escaped = False  # restore() reads the storage's marker
@@ -213,22 +227,67 @@ class Broker:
         return None
 
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
+                session: Session | None = None, refuse: RequestError | None = None,
                 ) -> tuple[list[Outcome], list[Msg]]:
-        """Validate and stage ``sends``; return one outcome each and the staged messages."""
+        """Validate and stage ``sends``; return one outcome each and the staged messages.
+
+        A send with a producer sequence (``pseq``) from a ``session`` with a producer id
+        is checked against that producer's state first: a sequence handled before is
+        answered as it was (``self.replays`` lists those), not stored again. ``refuse``
+        refuses every send with it (the broker is stopping), remembered like any refusal.
+        """
         outcomes: list[Outcome] = []
         staged: list[Msg] = []
-        full = self.storage_refusal
+        full = refuse or self.storage_refusal
+        self.replays = []
+        numbered = session is not None and session.producer_id
+        cache = session.producer_states if numbered else None  # type: ignore[union-attr]
         for send in sends:
+            state = None
             try:
+                if send.pseq and numbered:
+                    state = cache.get(send.channel)  # type: ignore[union-attr]
+                    if state is None or state.evicted:
+                        state = self._producer_state(session, send.channel, now)  # type: ignore[arg-type]
+                    else:
+                        state.used = now
+                    if send.pseq == state.last + 1:
+                        replay = None  # the usual case, checked first
+                    else:
+                        replay = self.producers.check(state, send.pseq, send.channel)
+                    if replay is not None:
+                        if replay.duplicate:
+                            self.counters.duplicates += 1
+                        self.replays.append((len(outcomes), state, send.pseq))
+                        outcomes.append(replay)
+                        state = None
+                        continue
                 if full is not None:
                     raise type(full)(full.message, **full.detail)
-                outcomes.append(self._publish_one(send, now, staged, access))
+                outcome = self._publish_one(send, now, staged, access)
+                outcomes.append(outcome)
+                if state is not None:
+                    state.stored(send.pseq, outcome.seq, outcome.id)
+                    self.producers.dirty[state] = None
+                    self.batch.sequenced.append((state, send.pseq))
             except RequestError as exc:
                 self.counters.refuse(exc.reason)
                 outcomes.append(Outcome(channel=str(send.channel)[:255], code=int(exc.code),
                                         error=exc.message))
+                if state is not None and exc.code != ErrorCode.OUT_OF_SEQUENCE:
+                    state.refuse(send.pseq, send.pseq, int(exc.code), exc.message)
+                    self.producers.mark(state)
         self.batch.publishes += staged
         return outcomes, staged
+
+    def _producer_state(self, session: Session, channel: str, now: float) -> ProducerState:
+        known = session.producer_states.get(channel)
+        if len(session.producer_states) >= MAX_SESSION_PRODUCER_STATES:
+            session.producer_states.clear()  # a cache: the states stay in self.producers
+        state = self.producers.state((session.client_id, session.producer_id, channel), now,
+                                     known)
+        session.producer_states[channel] = state
+        return state
 
     def _check(self, send: Send, target: str) -> None:
         size = len(send.data)
@@ -297,10 +356,10 @@ class Broker:
         target = send.channel
         prefix = self.validate(send, access)
         if send.dedup:
-            seen = self._dedup.get((target, send.dedup))
-            if seen is not None and seen[0] > now:
+            seen = self.dedup.get(target, send.dedup, now)
+            if seen is not None:
                 self.counters.duplicates += 1
-                return Outcome(seq=seen[1], id=seen[2], channel=target, duplicate=True)
+                return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
         if prefix is None:
             msg = self._stage(self._log(target, now), send, now)
             staged.append(msg)
@@ -325,10 +384,9 @@ class Broker:
             outcome = Outcome(seq=first.seq if first else 0, id=first.id if first else "",
                               channel=target, fanout=len(targets))
         if send.dedup:
-            self._dedup[(target, send.dedup)] = (now + self.dedup_window, outcome.seq, outcome.id)
-            self.batch.dedup.append(
-                (target, send.dedup, now + self.dedup_window, outcome.seq, outcome.id)
-            )
+            expires = now + self.dedup_window
+            self.dedup.put(target, send.dedup, expires, outcome.seq, outcome.id)
+            self.batch.dedup.append((target, send.dedup, expires, outcome.seq, outcome.id))
         return outcome
 
     @staticmethod
@@ -379,6 +437,8 @@ class Broker:
             gc.dirty = False
             touched[gc.log] = None
         self._dirty = {}
+        if self.producers.dirty or self.producers.gone:
+            batch.producers.update(self.producers.take())
         for log in touched:
             if not log.states or log.options.retention is not None:
                 continue
@@ -437,9 +497,10 @@ class Broker:
             log.gone.add(msg.seq)
             log.inflight -= 1
         for channel, key, _, seq, msg_id in batch.dedup:
-            seen = self._dedup.get((channel, key))
-            if seen is not None and seen[1:] == (seq, msg_id):
-                del self._dedup[(channel, key)]
+            self.dedup.forget(channel, key, seq, msg_id)
+        for state, pseq in batch.sequenced:  # a resend gets this error, not "stored"
+            state.refuse(pseq, pseq, int(error.code), error.message)
+            self.producers.mark(state)
         fences, pending = self.transactions.fences, self.batch
         for key, value in batch.fences.items():
             before = batch.fence_undo.get(key)
@@ -789,8 +850,8 @@ class Broker:
 
     @property
     def has_dirty(self) -> bool:
-        """Group states changed that no commit has carried yet."""
-        return bool(self._dirty)
+        """Group or producer states changed that no commit has carried yet."""
+        return bool(self._dirty or self.producers.dirty or self.producers.gone)
 
     @property
     def has_ready(self) -> bool:
@@ -1005,7 +1066,10 @@ class Broker:
                 self._mark(gc)
             if not gc.delayed and not gc.sched:
                 del self._timed[gc]
-        self._expire_dedup(now)
+        self.dedup.expire(now)
+        if now - self._producers_expired_at >= 60.0:
+            self._producers_expired_at = now
+            self.producers.expire(now)
         self.trim_cache()
 
     def trim_cache(self) -> int:
@@ -1021,10 +1085,6 @@ class Broker:
                 break
             freed += log.evict_bytes(min(log.cache_bytes, need - freed))
         return freed
-
-    def _expire_dedup(self, now: float) -> None:
-        if len(self._dedup) > 1000 or (self._dedup and now % 5 < 0.3):
-            self._dedup = {k: v for k, v in self._dedup.items() if v[0] > now}
 
     def expire(self, items: Iterable[Msg | tuple[str, int]], now: float) -> int:
         """Storage found these messages past their TTL; dead-letter them.
@@ -1120,9 +1180,8 @@ class Broker:
             for name, log in self.channels.items():
                 if name not in grp.gcs and grp.matches(name):
                     self._attach(grp, log, log.first_seq, now)
-        for channel, key, expires, seq, ident in snap.dedup:
-            if expires > now:
-                self._dedup[(channel, key)] = (expires, seq, ident)
+        self.dedup.load(snap.dedup, now)  # built into memory over the next ticks
+        self.producers.load(snap.producers, now)
         self.reservations = dict(snap.reservations)
         self.transactions.fences = {(w, c): b for w, c, b in snap.fences}
         self.transactions.writers = dict(snap.writers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import RequestError
 from .group import GroupDef
@@ -40,6 +41,11 @@ class WriteBatch:
     on_fail: list[Callable[[RequestError], None] | None] = field(default_factory=list)
     publishes: list[Msg] = field(default_factory=list)  # messages a publisher waits for
     fence_undo: dict[tuple[str, str], int | None] = field(default_factory=dict)  # before
+    # Producer states to store, taken from the core at hand-over: key -> row (None: drop)
+    producers: dict[tuple[str, str, str], tuple[Any, ...] | None] = field(default_factory=dict)
+    # (producer state, sequence) of each numbered publish staged in this batch: if the
+    # commit fails, those sequences become refusals (a resend gets the same error)
+    sequenced: list[tuple[Any, int]] = field(default_factory=list)
     bytes: int = 0
 
     def __bool__(self) -> bool:
@@ -47,7 +53,7 @@ class WriteBatch:
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.reservations
             or self.fences or self.writers or self.dropped_fences or self.meta
-            or self.used_tokens
+            or self.used_tokens or self.producers
             or self.on_commit
         )
 
@@ -67,7 +73,8 @@ class WriteBatch:
                              (self.group_states, failed.group_states),
                              (self.clients, failed.clients),
                              (self.reservations, failed.reservations),
-                             (self.writers, failed.writers), (self.meta, failed.meta)):
+                             (self.writers, failed.writers), (self.meta, failed.meta),
+                             (self.producers, failed.producers)):
             for key, value in theirs.items():
                 mine.setdefault(key, value)  # type: ignore[attr-defined]
         self.dropped_fences[:0] = failed.dropped_fences

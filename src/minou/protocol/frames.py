@@ -47,6 +47,7 @@ class FrameType(IntEnum):
     TXN_ABORT = 24
     OFFSETS = 25
     POSITION = 26
+    HEARTBEAT = 27
 
 
 class Frame(msgspec.Struct, array_like=True, frozen=True, omit_defaults=False):
@@ -66,6 +67,11 @@ class Hello(Frame):
     session: str | None = None
     public_key: str | None = None
     broker_token: str | None = None
+    # Seconds between heartbeats the client wants (0: none, as clients before them).
+    heartbeat: float = 0.0
+    # The producer id a WELCOME gave this client before (its publishes' sequences are
+    # kept per producer id, so a resend after a reconnect is stored once); "" for a new one.
+    producer_id: str = ""
 
 
 class Welcome(Frame):
@@ -75,6 +81,8 @@ class Welcome(Frame):
     max_message_size: int
     client_id: str = ""
     admin: bool = False
+    heartbeat: float = 0.0  # the interval both sides keep (0: no heartbeats)
+    producer_id: str = ""  # number publishes with Send.pseq under this id
 
 
 class Send(msgspec.Struct, array_like=True, frozen=True):
@@ -89,6 +97,9 @@ class Send(msgspec.Struct, array_like=True, frozen=True):
     delay: float | None = None  # seconds before first delivery
     dedup: str | None = None
     key: str | None = None
+    # Idempotent publishing: 1, 2, 3... per (producer id, channel) of this connection's
+    # producer; a resend the broker already handled is answered as a duplicate.
+    pseq: int = 0
 
 
 class Publish(Frame):
@@ -230,6 +241,11 @@ class Pong(Frame):
     req: int
 
 
+class Heartbeat(Frame):
+    """Sent by either side when it has sent nothing for one negotiated interval; no
+    reply. A side that hears nothing for two intervals declares the connection dead."""
+
+
 class Bye(Frame):
     reason: str = ""
 
@@ -300,6 +316,7 @@ FRAME_CLASSES: dict[FrameType, type[Frame]] = {
     FrameType.TXN_ABORT: TxnAbort,
     FrameType.OFFSETS: Offsets,
     FrameType.POSITION: Position,
+    FrameType.HEARTBEAT: Heartbeat,
 }
 TYPE_OF: dict[type[Frame], FrameType] = {cls: t for t, cls in FRAME_CLASSES.items()}
 _DECODERS = {t: msgspec.msgpack.Decoder(cls) for t, cls in FRAME_CLASSES.items()}

@@ -151,11 +151,13 @@ class BrokerServer:
         )
         self.core.rules = settings.rules
         self.core.strict_schemas = settings.strict_schemas
+        self.core.dedup.max_keys = settings.max_dedup_keys
         self.registry = Registry()
         self.admin_key_path: Path | None = None
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
         self.reloads = 0
+        self._dedup_warned = (0.0, 0)  # (when, evicted count then): see _warn_dedup_evictions
         from .metrics import Metrics
 
         self.metrics = Metrics(self.metrics_snapshot)
@@ -177,6 +179,7 @@ class BrokerServer:
         self.counters_internal = 0
         self.flow_pauses = 0  # times a publisher was paused because the disk was behind
         self.slow_consumers = 0
+        self.dead_connections = 0  # cut after missing their heartbeats
         self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
         self._unsent_running = 0  # the same, kept up to date by every delivery write
         self.started_at = time.time()
@@ -478,6 +481,7 @@ class BrokerServer:
         core.strict_schemas = new.strict_schemas
         core.max_message_size = new.max_message_size
         core.dedup_window = new.dedup_window
+        core.dedup.max_keys = new.max_dedup_keys
         core.default_lease = new.default_lease
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
         self.storage.max_size = new.storage_max_size  # the writer applies it at its next commit
@@ -792,6 +796,7 @@ class BrokerServer:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.time()
             self.core.tick(now)
+            self._warn_dedup_evictions(now)
             self.watch_consumers(time.monotonic())
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
@@ -809,6 +814,19 @@ class BrokerServer:
             if self.core.batch or self.core.has_dirty:
                 self.request_write(force=True)
             self.request_pump()
+
+    def _warn_dedup_evictions(self, now: float) -> None:
+        """While the dedup window is capped by max_dedup_keys (its oldest keys expire
+        early, so a resend may be stored twice), say so: at most once a minute."""
+        dedup = self.core.dedup
+        when, seen = self._dedup_warned
+        if dedup.evicted > seen and now - when >= 60.0:
+            log.warning("dedup window narrowed: %d keys expired early because "
+                        "max_dedup_keys=%d was reached; a publish repeated after its key "
+                        "went is stored again. Raise max_dedup_keys (~50 bytes a key) or "
+                        "lower dedup_window (%g s)", dedup.evicted - seen, dedup.max_keys,
+                        self.core.dedup_window)
+            self._dedup_warned = (now, dedup.evicted)
 
     def _maybe_checkpoint(self, now: float) -> None:
         """Keep the WAL near its threshold: checked every tick (0.25 s); past half of it,
@@ -934,6 +952,7 @@ class BrokerServer:
             "connections": len(self.connections),
             "sockets": self.admission.stats(),
             "counters": self.core.counters.as_dict(),
+            "dedup": {"keys": len(self.core.dedup), "evicted": self.core.dedup.evicted},
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": self.commit_seconds_total,
                         "full": int(self.storage_full is not None)},
@@ -1112,10 +1131,13 @@ class BrokerServer:
             "admission": self.admission.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "slow_consumers_cut": self.slow_consumers,
+                     "dead_connections_cut": self.dead_connections,
                      "unsent_delivery_bytes": self.unsent_delivery_bytes,
                      "delivery_buffer_budget": self.settings.delivery_buffer_bytes,
                      "budget_paused_connections": sum(c.budget_paused
                                                       for c in self.connections)},
+            "producers": {"states": len(self.core.producers),
+                          "evicted": self.core.producers.evicted},
             "channels": len(self.core.channels),
             "groups": len(self.core.groups),
             "counters": self.core.counters.as_dict(),
@@ -1124,8 +1146,10 @@ class BrokerServer:
 
 
 _RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "tls_cert", "tls_key",
-                 "tls_self_signed", "storage_reserve", "storage_wal_checkpoint")
+                 "tls_self_signed", "storage_reserve", "storage_wal_checkpoint",
+                 "websocket_heartbeat")
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
+                "max_dedup_keys",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",

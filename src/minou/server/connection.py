@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..core.producers import PRODUCER_ID
 from ..errors import (
     ERROR_TABLE,
     BadRequest,
@@ -22,15 +24,19 @@ from ..errors import (
     NotAuthorized,
     ProtocolError,
     RequestError,
+    ShuttingDown,
     SlowConsumer,
     UnexpectedFrame,
 )
 from ..limits import (
     BUDGET_SHARE,
+    HEARTBEAT_MISSES,
     MAX_BATCH,
+    MAX_HEARTBEAT_S,
     MAX_OFFSETS_CHANNELS,
     MAX_PATTERNS_PER_REQUEST,
     MAX_POSITION_CHANNELS,
+    MIN_HEARTBEAT_S,
     PROTOCOL_VERSION,
     SLOW_CONSUMER_GRACE_S,
 )
@@ -80,6 +86,13 @@ class NativeConnection:
         # answered before the WELCOME (and before the token's id is durable).
         self._held: list[f.Frame | BadFrame] | None = None
         self._out: list[bytes] = []
+        # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
+        self.heartbeat = 0.0
+        self.last_heard = time.monotonic()  # any bytes from the peer
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self._beat_due = 0.0
+        self._send_due = 0.0
+        self._written_seen = 0
         self._handlers = {
             f.Publish: self._on_publish,
             f.Subscribe: self._on_subscribe,
@@ -92,6 +105,7 @@ class NativeConnection:
             f.Read: self._on_read,
             f.Admin: self._on_admin,
             f.Ping: self._on_ping,
+            f.Heartbeat: self._on_heartbeat,
             f.Stage: self._on_stage,
             f.TxnCommit: self._on_txn_commit,
             f.TxnAbort: self._on_txn_abort,
@@ -102,6 +116,7 @@ class NativeConnection:
 
     # ------------------------------------------------------------------ input
     def receive(self, data: bytes) -> None:
+        self.last_heard = time.monotonic()
         self.reader.receive_data(data)
         try:
             while (event := self.reader.next_event()) is not None:
@@ -194,8 +209,17 @@ class NativeConnection:
             return
         self.identity = identity
         self.session = self.server.open_session(identity, self)
+        # The producer id a client had keeps its sequences across reconnects; it is
+        # only ever looked up with the authenticated client id, so presenting another
+        # client's id reaches nothing of theirs.
+        producer = hello.producer_id if PRODUCER_ID.fullmatch(hello.producer_id or "") \
+            else secrets.token_hex(8)
+        self.session.producer_id = producer
+        if hello.heartbeat > 0:
+            self.heartbeat = min(max(float(hello.heartbeat), MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
-                            self.core.max_message_size, identity.client_id, identity.admin)
+                            self.core.max_message_size, identity.client_id, identity.admin,
+                            self.heartbeat, producer)
         if self.core.batch.clients or self.core.batch.used_tokens:
             # A first registration, or the token's id: welcome once they are durable
             # (hung on the batch before the write request hands it to the writer).
@@ -205,10 +229,12 @@ class NativeConnection:
             self.server.request_write()
         else:
             self._send(welcome)
+            self._start_heartbeats()
 
     def _welcome(self, welcome: f.Welcome) -> None:
         """The HELLO's changes are durable: WELCOME, then what came behind it."""
         self.send(welcome)
+        self._start_heartbeats()
         held, self._held = self._held or [], None
         if self.closed:
             return
@@ -223,26 +249,49 @@ class NativeConnection:
     def _on_publish(self, frame: f.Publish) -> None:
         if len(frame.msgs) > MAX_BATCH:
             raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
-        self.server.check_accepting()
         received = time.perf_counter()
-        outcomes, staged = self.core.publish(frame.msgs, time.time(), self.session.access)
+        core = self.core
+        try:
+            self.server.check_accepting()
+            stopping = None
+        except ShuttingDown as exc:
+            # Refused send by send, so a numbered publish's refusal is remembered (its
+            # producer's next sequence is then no gap) and told once that is durable.
+            stopping = exc
+        outcomes, staged = core.publish(frame.msgs, time.time(), self.session.access,
+                                        self.session, stopping)
         confirm = f.Confirm(frame.req, outcomes)
-        if staged:
+        if staged or core.replays:
             latency = self.server.metrics.publish_latency
+            # Outcomes answered from a producer's state say what it holds once the
+            # commit they follow is durable (a failed commit turns "stored" into its error).
+            replays = core.replays
 
             def confirmed() -> None:
+                for i, state, pseq in replays:
+                    outcomes[i] = state.replay(pseq, outcomes[i].channel)
                 self.send(confirm)
                 latency.observe(time.perf_counter() - received)
 
             def not_stored(exc: RequestError) -> None:  # the commit failed (a full disk)
                 for _ in staged:
                     self._refused(exc)
+                again = {i: state.replay(pseq, outcomes[i].channel)
+                         for i, state, pseq in replays}
                 self.send(f.Confirm(frame.req, [
-                    o if o.code else f.Outcome(channel=o.channel, code=int(exc.code),
-                                               error=exc.message) for o in outcomes]))
+                    again[i] if i in again else o if o.code else
+                    f.Outcome(channel=o.channel, code=int(exc.code), error=exc.message)
+                    for i, o in enumerate(outcomes)]))
 
-            self.core.after_commit(confirmed, not_stored)
-            self.server.publish_staged(self, staged)
+            core.after_commit(confirmed, not_stored)
+            if staged:
+                self.server.publish_staged(self, staged)
+            else:
+                self.server.request_write()
+        elif core.producers.dirty:
+            # Refusals of numbered publishes: answered once the producer state that
+            # remembers them is durable (else a resend after a crash would be a gap).
+            self._reply_after_commit(confirm)
         else:
             self._send(confirm)
 
@@ -349,6 +398,9 @@ class NativeConnection:
         lags = self.core.set_position(self.session, frame.group, dict(frame.positions),
                                       time.time())
         self._reply_after_commit(f.Result(frame.req, {"lag": lags}))
+
+    def _on_heartbeat(self, frame: f.Heartbeat) -> None:
+        pass  # receive() noted the time: hearing it is all it is for
 
     def _on_ping(self, frame: f.Ping) -> None:
         self._send(f.Pong(frame.req))
@@ -458,6 +510,58 @@ class NativeConnection:
                 f"{len(self.session.leases)} were unsettled; the connection is closed and "
                 "its deliveries requeued", seconds=seconds))
 
+    # ------------------------------------------------------------- heartbeats
+    def _start_heartbeats(self) -> None:
+        if not self.heartbeat or self.closed or self._beat_timer is not None:
+            return
+        now = time.monotonic()
+        self.last_heard = now
+        self._send_due = now + self.heartbeat / 2
+        self._written_seen = self.bytes_written
+        self._schedule_beat(now)
+
+    def _schedule_beat(self, now: float) -> None:
+        self._beat_due = min(self._send_due, self.last_heard + HEARTBEAT_MISSES * self.heartbeat)
+        self._beat_timer = asyncio.get_running_loop().call_at(
+            max(self._beat_due, now), self._beat)
+
+    def _beat(self) -> None:
+        """Send a heartbeat if nothing else went out for an interval; declare the peer
+        dead if nothing came in for HEARTBEAT_MISSES intervals."""
+        self._beat_timer = None
+        if self.closed:
+            return
+        now = time.monotonic()
+        interval = self.heartbeat
+        if now - self._beat_due > interval or self.reading_paused or self._held is not None:
+            # This process was not running (paused, or the loop blocked) or is not
+            # reading this socket (flow control): the silence is ours, not the peer's.
+            self.last_heard = now
+        silent = now - self.last_heard
+        if silent >= HEARTBEAT_MISSES * interval:
+            self._dead(silent)
+            return
+        if now >= self._send_due:
+            if self.bytes_written == self._written_seen:
+                self.send(f.Heartbeat())
+            self._written_seen = self.bytes_written
+            self._send_due = now + interval / 2
+        self._schedule_beat(now)
+
+    def _dead(self, silent: float) -> None:
+        """The peer sent nothing for two intervals (a paused process, a black-holed
+        network, a cable pulled): cut the connection and give its deliveries back now,
+        not when their leases end."""
+        self.server.dead_connections += 1
+        held = len(self.session.leases) if self.session is not None else 0
+        oplog.connection_dead(self.peer, self.session.client_id if self.session else None,
+                              silent, self.heartbeat, held)
+        self.closed = True
+        if self.session is not None:
+            self.server.close_session(self.session)
+            self.session = None
+        self.transport.abort()
+
     def pause_reading(self) -> None:
         if not self.reading_paused and not self.closed:
             self.reading_paused = True
@@ -472,12 +576,19 @@ class NativeConnection:
         if not self.closed:
             self.closed = True
             self.transport.close()
+        self._stop_heartbeats()
+
+    def _stop_heartbeats(self) -> None:
+        if self._beat_timer is not None:
+            self._beat_timer.cancel()
+            self._beat_timer = None
 
     def lost(self) -> None:
         """The transport is gone: return unsettled deliveries."""
         if self.reader.buffered:
             self.core.counters.refuse("truncated_frame")
         self.closed = True
+        self._stop_heartbeats()
         if self.session is not None:
             self.server.close_session(self.session)
             self.session = None

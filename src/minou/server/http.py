@@ -207,6 +207,9 @@ async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tu
                             http=_http_protocol(app),
                             ws=_ws_protocol(server),
                             access_log=False, server_header=False,
+                            # A peer that answers no ping within two intervals is gone.
+                            ws_ping_interval=server.settings.websocket_heartbeat,
+                            ws_ping_timeout=server.settings.websocket_heartbeat,
                             # The protocol (http_fast) reads the live setting per connection.
                             timeout_keep_alive=server.settings.http_idle_timeout,  # type: ignore[arg-type]
                             # X-Forwarded-* are not trusted: nothing here reads the peer

@@ -220,6 +220,7 @@ class Metrics:
                       "dead_lettered", "expired", "dropped", "duplicates", "lease_expired": int,
                       "refused": {reason: int}},
          "storage": {"bytes": int, "commits": int, "commit_seconds": float, "full": 0|1},
+         "dedup": {"keys": int, "evicted": int},
          "auth_failures": {why: int}, "schema_refused": {schema: int},
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
                        "oldest_age_s"}, ...],
@@ -251,6 +252,7 @@ class Metrics:
         snap = self._snapshot() or {}
         counters: Mapping[str, Any] = snap.get("counters") or {}
         storage: Mapping[str, Any] = snap.get("storage") or {}
+        dedup: Mapping[str, Any] = snap.get("dedup") or {}
         queues = _aggregate(snap.get("channels") or ())
         groups: list[Mapping[str, Any]] = sorted(
             snap.get("groups") or (), key=lambda g: str(g.get("group", ""))
@@ -334,6 +336,11 @@ class Metrics:
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))
+        yield GaugeMetricFamily("minou_dedup_keys", "Dedup keys held in memory (the dedup "
+                                "window; max_dedup_keys caps it).", num(dedup, "keys"))
+        yield CounterMetricFamily("minou_dedup_evicted", "Dedup keys expired early because "
+                                  "max_dedup_keys was reached (the window narrowed).",
+                                  num(dedup, "evicted"))
 
         for name, attr, doc in (
             ("minou_queue_depth", "depth", "Live messages in the queue."),

@@ -83,6 +83,16 @@ def request_too_slow(peer: Any, seconds: float) -> None:
                     _peer(peer), seconds)
 
 
+def connection_dead(peer: Any, client_id: str | None, silent: float, interval: float,
+                    held: int) -> None:
+    """A connection that missed its heartbeats: the peer (or the path to it) is gone."""
+    if _allow("dead connections cut"):
+        who = repr(client_id) if client_id else "an unnamed client"
+        log.warning("connection of %s from %s is dead: nothing heard for %.1f s (heartbeat "
+                    "every %g s); cut, %d unsettled deliveries returned to their queues",
+                    who, _peer(peer), silent, interval, held)
+
+
 def tls_failed(exc: BaseException, listener: str) -> None:
     if not _allow("TLS handshake failures"):
         return

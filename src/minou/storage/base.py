@@ -41,6 +41,8 @@ class Snapshot:
     writers: dict[str, str] = field(default_factory=dict)  # writer id -> the client owning it
     meta: dict[str, str] = field(default_factory=dict)  # format markers (e.g. key migrations)
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires (unexpired)
+    # core.producers.ProducerState.row() of every stored idempotent producer state
+    producers: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 class Storage(Protocol):

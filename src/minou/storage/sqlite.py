@@ -69,6 +69,10 @@ CREATE TABLE IF NOT EXISTS writers(writer TEXT PRIMARY KEY, owner TEXT NOT NULL)
 CREATE TABLE IF NOT EXISTS used_tokens(jti TEXT PRIMARY KEY, expires REAL NOT NULL)
     WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS used_tokens_expiry ON used_tokens(expires);
+CREATE TABLE IF NOT EXISTS producers(client TEXT NOT NULL, producer TEXT NOT NULL,
+    channel TEXT NOT NULL, last INTEGER NOT NULL, run_pseq INTEGER NOT NULL,
+    run_last INTEGER NOT NULL, run_seq INTEGER NOT NULL, id_hash TEXT NOT NULL,
+    used REAL NOT NULL, refused BLOB, PRIMARY KEY (client, producer, channel)) WITHOUT ROWID;
 """
 
 # Messages are stored in segments: one row per channel per committed batch, holding
@@ -273,6 +277,9 @@ class SQLiteStorage:
         snap.meta = dict(db.execute("SELECT key, value FROM meta"))
         snap.used_tokens = [tuple(r) for r in db.execute(
             "SELECT jti, expires FROM used_tokens WHERE expires > ?", (now,))]  # type: ignore[misc]
+        snap.producers = [tuple(r) for r in db.execute(
+            "SELECT client, producer, channel, last, run_pseq, run_last, run_seq, id_hash, "
+            "used, refused FROM producers")]
         return snap
 
     def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
@@ -491,6 +498,16 @@ class SQLiteStorage:
                 db.execute("DELETE FROM used_tokens WHERE expires < ?",
                            (min(e for _, e in batch.used_tokens) - 3600,))
         _put_or_drop(db, "reservations", "channel", "owner", batch.reservations)
+        if batch.producers:
+            rows = [row for row in batch.producers.values() if row is not None]
+            if rows:
+                db.executemany("INSERT OR REPLACE INTO producers(client, producer, channel, "
+                               "last, run_pseq, run_last, run_seq, id_hash, used, refused) "
+                               "VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            drop = [key for key, row in batch.producers.items() if row is None]
+            if drop:
+                db.executemany("DELETE FROM producers WHERE client = ? AND producer = ? AND "
+                               "channel = ?", drop)
 
     def _first_seq(self, db: sqlite3.Connection, cid: int) -> int:
         row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()

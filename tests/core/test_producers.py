@@ -1,0 +1,177 @@
+"""Idempotent producers in the core: a sequence handled before is answered as it was,
+a skipped sequence is refused, refusals and failed commits are remembered, and the
+state survives a restart through real SQLite storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.core.producers import Producers, ProducerState
+from minou.errors import ErrorCode, StorageFull
+from minou.protocol.frames import Send
+from minou.storage.sqlite import SQLiteStorage
+
+from .helpers import T0, Harness, js
+
+CH = "orders/v1/1"
+FULL = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+
+
+def producer(client: str = "app", pid: str = "00000000000000aa") -> Session:
+    return Session(client, producer_id=pid)
+
+
+def numbered(channel: str, pseq: int, value: object = None, **kw: object) -> Send:
+    return Send(channel, js(value if value is not None else pseq), pseq=pseq, **kw)
+
+
+def publish(h: Harness, session: Session, *sends: Send, commit: bool = True):
+    outcomes, _ = h.broker.publish(sends, h.now, session=session)
+    if commit:
+        h.commit()
+    return outcomes
+
+
+def test_a_resend_is_answered_with_the_original_seq_and_id_and_stored_once() -> None:
+    h = Harness()
+    p = producer()
+    first = publish(h, p, *(numbered(CH, i) for i in range(1, 6)))
+    again = publish(h, p, *(numbered(CH, i) for i in range(3, 8)))
+    assert [o.duplicate for o in again] == [True, True, True, False, False]
+    assert [(o.seq, o.id) for o in again[:3]] == [(o.seq, o.id) for o in first[2:]]
+    assert h.broker.channels[CH].count == 7
+    assert h.broker.counters.duplicates == 3
+
+
+def test_a_skipped_sequence_is_refused_with_what_was_expected_and_nothing_moves() -> None:
+    h = Harness()
+    p = producer()
+    publish(h, p, numbered(CH, 1), numbered(CH, 2))
+    gap = publish(h, p, numbered(CH, 5))[0]
+    assert gap.code == ErrorCode.OUT_OF_SEQUENCE
+    assert "expected 3, got 5" in gap.error and "3..4 never reached" in gap.error
+    assert publish(h, p, numbered(CH, 3))[0].code == 0  # the expected one still goes
+    assert h.broker.channels[CH].count == 3
+    assert h.broker.counters.refused["out_of_sequence"] == 1
+
+
+def test_a_sequence_that_is_not_positive_is_refused() -> None:
+    h = Harness()
+    out = publish(h, producer(), numbered(CH, 1), Send(CH, js(1), pseq=-3))
+    assert out[0].code == 0
+    assert out[1].code == ErrorCode.OUT_OF_SEQUENCE
+
+
+def test_sequences_are_per_channel_and_per_producer_and_per_client() -> None:
+    h = Harness()
+    a1, a2, b = producer("a", "00000000000000a1"), producer("a", "00000000000000a2"), \
+        producer("b", "00000000000000a1")
+    publish(h, a1, numbered(CH, 1), numbered("orders/v1/2", 1))
+    # Another producer id of the same client, and another client presenting a1's id:
+    # fresh states, never answered from a1's.
+    for session in (a2, b):
+        out = publish(h, session, numbered(CH, 1))
+        assert out[0].duplicate is False and out[0].seq
+    assert h.broker.channels[CH].count == 3
+
+
+def test_a_refused_sequence_gets_the_same_refusal_when_sent_again() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    p = producer()
+    assert publish(h, p, numbered(CH, 1))[0].code == 0
+    full = publish(h, p, numbered(CH, 2))[0]
+    assert full.code == ErrorCode.QUEUE_FULL
+    again = publish(h, p, numbered(CH, 2))[0]
+    assert (again.code, again.error) == (full.code, full.error)
+    assert publish(h, p, numbered(CH, 3))[0].code == ErrorCode.QUEUE_FULL  # no gap
+
+
+def test_a_replay_waits_for_the_commit_and_a_failed_commit_turns_it_into_the_error() -> None:
+    h = Harness()
+    p = producer()
+    publish(h, p, numbered(CH, 1), numbered(CH, 2), commit=False)
+    failing = h.broker.take_writes()
+    # The client reconnected and sends both again before the commit is known.
+    again = publish(h, p, numbered(CH, 1), numbered(CH, 2), commit=False)
+    assert all(o.duplicate for o in again)
+    replays = list(h.broker.replays)
+    h.broker.on_failed(failing, FULL)
+    answers = [state.replay(pseq, CH) for _, state, pseq in replays]
+    assert [a.code for a in answers] == [ErrorCode.STORAGE_FULL] * 2
+    assert not any(a.duplicate for a in answers)
+    # The next sequence goes on (no gap), and is stored.
+    assert publish(h, p, numbered(CH, 3))[0].code == 0
+    assert h.broker.channels[CH].count == 1
+
+
+def test_broadcast_and_single_channels_number_alike() -> None:
+    h = Harness()
+    reader = Session("reader")
+    for i in (1, 2):
+        h.subscribe(reader, i, patterns=f"orders/v1/{i}", kind="listen")
+    p = producer()
+    first = publish(h, p, numbered("orders/v1/*", 1))[0]
+    assert first.fanout == 2
+    again = publish(h, p, numbered("orders/v1/*", 1))[0]
+    assert again.duplicate and (again.seq, again.id) == (first.seq, first.id)
+    assert sum(log.count for log in h.broker.channels.values()) == 2
+
+
+def test_a_session_without_a_producer_id_is_never_numbered() -> None:
+    h = Harness()
+    out = publish(h, Session("legacy"), numbered(CH, 1), numbered(CH, 1))
+    assert [o.duplicate for o in out] == [False, False]
+    assert len(h.broker.producers) == 0
+
+
+def test_the_state_is_stored_with_the_messages_and_survives_a_restart(tmp_path: Path) -> None:
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(T0)
+    h = Harness(storage=st)
+    p = producer()
+    first = publish(h, p, *(numbered(CH, i) for i in range(1, 4)))
+    refused = publish(h, p, Send(CH, b"{not json", pseq=4))[0]
+    assert refused.code == ErrorCode.INVALID_PAYLOAD
+    st.close()
+    st = SQLiteStorage(tmp_path / "m.db")
+    broker = Broker()
+    broker.restore(st.open(T0 + 10), T0 + 10)
+    h2 = Harness(storage=st, broker=broker, now=T0 + 10)
+    again = publish(h2, p, *(numbered(CH, i) for i in range(2, 6)))
+    assert [o.duplicate for o in again[:2]] == [True, True]
+    assert [o.seq for o in again[:2]] == [first[1].seq, first[2].seq]
+    assert (again[2].code, again[2].error) == (refused.code, refused.error)
+    assert again[3].code == 0 and not again[3].duplicate
+    assert broker.channels[CH].count == 4
+    st.close()
+
+
+def test_states_are_bounded_least_recently_used_first_and_expire_when_idle() -> None:
+    prods = Producers(max_states=10, idle=100.0)
+    states = [prods.state(("c", f"{i:016x}", CH), float(i)) for i in range(11)]
+    assert len(prods) <= 10 and prods.evicted >= 1
+    assert states[0].evicted and not states[10].evicted
+    assert ("c", f"{0:016x}", CH) in prods.take()  # its row is deleted
+    # A producer that was evicted while alive is brought back with what it knew.
+    states[0].last = 7
+    back = prods.state(states[0].key, 20.0, states[0])
+    assert back is states[0] and back.last == 7 and not back.evicted
+    alive = len(prods)
+    assert prods.expire(500.0) == alive
+    assert len(prods) == 0
+
+
+@pytest.mark.parametrize("pseqs, expected", [
+    ([1, 2, 3], (1, 3)),  # one run
+    ([5], (5, 5)),  # a fresh producer may start anywhere
+])
+def test_runs_of_consecutive_seqs_are_one_record(pseqs: list[int], expected) -> None:
+    state = ProducerState(("c", "p", CH))
+    for i, pseq in enumerate(pseqs):
+        state.stored(pseq, 10 + i, f"{'ab' * 8}{10 + i:x}")
+    assert (state.run_pseq, state.run_last) == expected
+    assert state.replay(pseqs[-1], CH).seq == 10 + len(pseqs) - 1

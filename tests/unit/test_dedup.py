@@ -1,0 +1,384 @@
+"""The dedup window (core/dedup.py): exact expiry, forget, eviction under max_keys,
+restore, ids rebuilt from their hash, many generations, and its memory per key."""
+
+from __future__ import annotations
+
+import logging
+import random
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from minou.core.dedup import DedupWindow
+
+CH = "orders/v1/1"
+T0 = 1_000_000.0
+
+
+def mid(seq: int, h: int = 0x1234_5678_9ABC_DEF0) -> str:
+    """An id as Broker.new_id makes it."""
+    return f"{h:016x}{seq:x}"
+
+
+def fill(w: DedupWindow, n: int, *, window: float = 100.0, step: float = 1.0,
+         channel: str = CH) -> None:
+    for i in range(n):
+        w.put(channel, f"k{i}", T0 + i * step + window, i + 1, mid(i + 1))
+
+
+# -------------------------------------------------------------------- the window
+def test_a_key_is_a_duplicate_until_it_expires_and_not_a_moment_after() -> None:
+    w = DedupWindow()
+    assert w.get(CH, "k", T0) is None
+    w.put(CH, "k", T0 + 120, 7, mid(7))
+    assert w.get(CH, "k", T0) == (7, mid(7))
+    assert w.get(CH, "k", T0 + 119.999) == (7, mid(7))
+    assert w.get(CH, "k", T0 + 120) is None  # expires_at is the first instant it is gone
+    assert w.get("orders/v1/2", "k", T0) is None  # per channel
+    assert w.get(CH, "K", T0) is None
+    assert len(w) == 1
+    w.expire(T0 + 119)
+    assert len(w) == 1
+    w.expire(T0 + 120)
+    assert len(w) == 0 and w.evicted == 0
+
+
+def test_channel_and_key_do_not_run_into_each_other() -> None:
+    w = DedupWindow()
+    w.put("a", "bc", T0 + 10, 1, mid(1))
+    assert w.get("ab", "c", T0) is None
+    w.put("a\udc80", "k\0x", T0 + 10, 2, mid(2))  # lone surrogates, NUL: no crash
+    assert w.get("a\udc80", "k\0x", T0) == (2, mid(2))
+
+
+def test_a_key_put_again_after_expiry_gets_its_new_outcome() -> None:
+    w = DedupWindow(generation=4)
+    w.put(CH, "k", T0 + 10, 1, mid(1))
+    fill(w, 9, channel="other")  # the first entry is now in a sealed generation
+    assert w.get(CH, "k", T0 + 11) is None
+    w.put(CH, "k", T0 + 30, 2, mid(2))
+    assert w.get(CH, "k", T0 + 12) == (2, mid(2))
+
+
+def test_forget_undoes_only_the_entry_it_names() -> None:
+    w = DedupWindow()
+    w.put(CH, "k", T0 + 60, 5, mid(5))
+    w.forget(CH, "k", 4, mid(4))  # another publish's outcome: kept
+    w.forget(CH, "k", 5, mid(5, 0xFF))
+    assert w.get(CH, "k", T0) == (5, mid(5))
+    w.forget(CH, "k", 5, mid(5))
+    assert w.get(CH, "k", T0) is None
+    assert len(w) == 0
+    w.forget(CH, "k", 5, mid(5))  # twice: nothing more
+    w.forget(CH, "never", 1, mid(1))
+    assert len(w) == 0
+    w.put(CH, "k", T0 + 60, 6, mid(6))  # the retry of the failed publish
+    assert w.get(CH, "k", T0) == (6, mid(6))
+    w.expire(T0 + 61)
+    assert len(w) == 0
+
+
+def test_forget_in_a_sealed_generation_keeps_the_rest_exact() -> None:
+    w = DedupWindow(generation=8)
+    fill(w, 20)
+    w.forget(CH, "k3", 4, mid(4))
+    assert w.get(CH, "k3", T0) is None
+    assert w.get(CH, "k2", T0) == (3, mid(3)) and w.get(CH, "k4", T0) == (5, mid(5))
+    assert len(w) == 19
+    w.expire(T0 + 100 + 5)  # k0..k5 expired: five held (k3 was forgotten)
+    assert len(w) == 14
+    assert [w.get(CH, f"k{i}", T0 + 105) is not None for i in range(20)] == \
+        [False] * 6 + [True] * 14
+    assert w.evicted == 0
+
+
+# ---------------------------------------------------------------- max_keys
+def test_past_max_keys_the_oldest_keys_expire_early_and_are_counted() -> None:
+    w = DedupWindow(max_keys=3)
+    w.get(CH, "-", T0)  # the clock
+    fill(w, 5)
+    assert len(w) == 3 and w.evicted == 2
+    assert [w.get(CH, f"k{i}", T0) for i in range(5)] == \
+        [None, None, (3, mid(3)), (4, mid(4)), (5, mid(5))]
+
+
+def test_keys_already_expired_are_not_counted_as_evicted() -> None:
+    w = DedupWindow(max_keys=2)
+    fill(w, 2, window=1.0)  # expire at T0 + 1 and T0 + 2
+    w.get(CH, "-", T0 + 1.5)  # k0 has expired (not yet passed by expire())
+    w.put(CH, "k2", T0 + 50, 3, mid(3))
+    assert len(w) == 2 and w.evicted == 0
+    w.put(CH, "k3", T0 + 50, 4, mid(4))
+    assert len(w) == 2 and w.evicted == 1  # k1 was live
+    assert w.get(CH, "k1", T0 + 1.5) is None
+
+
+def test_max_keys_applies_at_once_when_lowered_and_raising_it_brings_nothing_back() -> None:
+    w = DedupWindow(max_keys=100, generation=4)
+    w.expire(T0)
+    fill(w, 30)
+    assert len(w) == 30 and w.evicted == 0
+    w.max_keys = 10
+    assert len(w) == 10 and w.evicted == 20
+    assert w.get(CH, "k19", T0) is None and w.get(CH, "k20", T0) == (21, mid(21))
+    w.max_keys = 1000
+    assert len(w) == 10 and w.get(CH, "k19", T0) is None
+    fill(w, 40)  # k0..k39 again: k20..k29 were there, kept, then put again
+    assert w.get(CH, "k0", T0) == (1, mid(1))
+    with pytest.raises(ValueError):
+        w.max_keys = 0
+
+
+def test_eviction_follows_insertion_order_across_generations() -> None:
+    w = DedupWindow(max_keys=1000, generation=16)
+    w.expire(T0)
+    fill(w, 200)
+    w.max_keys = 50
+    assert w.evicted == 150
+    live = [i for i in range(200) if w.get(CH, f"k{i}", T0) is not None]
+    assert live == list(range(150, 200))
+
+
+# -------------------------------------------------------------------- ids
+def test_ids_are_rebuilt_from_their_hash_and_seq() -> None:
+    w = DedupWindow()
+    cases = [
+        ("a", 1, mid(1)),
+        ("b", 0x1F3A, mid(0x1F3A, 0xFFFF_FFFF_FFFF_FFFF)),
+        ("c", 1, mid(1, 1)),
+        ("broadcast-to-none", 0, ""),  # a broadcast that reached no channel
+        ("old-format", 3, "a1b2c3d4e50000000003"),  # not <hash><seq>: kept whole
+        ("odd", 9, "id-9"),
+        ("seq-mismatch", 9, mid(8)),
+        ("upper", 10, mid(10).upper()),
+        ("zero-hash", 4, "0" * 16 + "4"),
+        ("sign", 5, "+" + "1" * 15 + "5"),
+        ("huge-seq", 1 << 64, mid(1 << 64)),
+    ]
+    for key, seq, ident in cases:
+        w.put(CH, key, T0 + 10, seq, ident)
+    for key, seq, ident in cases:
+        assert w.get(CH, key, T0) == (seq, ident), key
+    w.forget(CH, "odd", 9, "id-9")
+    assert w.get(CH, "odd", T0) is None
+    w.put(CH, "old-format", T0 + 20, 4, mid(4))  # replaced by a regular id
+    assert w.get(CH, "old-format", T0) == (4, mid(4))
+    w.expire(T0 + 11)
+    assert w.get(CH, "old-format", T0 + 11) == (4, mid(4)) and len(w) == 1
+    assert not w._odd  # the odd ones went with their window
+
+
+def test_a_broadcast_outcome_round_trips() -> None:
+    """A broadcast stores its first target's seq and id under the broadcast name."""
+    w = DedupWindow()
+    first = mid(42, 0x0BAD_CAFE_0000_0001)
+    w.put("orders/v1/*", "k", T0 + 10, 42, first)
+    assert w.get("orders/v1/*", "k", T0) == (42, first)
+    assert w.get("orders/v1/1", "k", T0) is None
+
+
+# --------------------------------------------------------------- generations
+def test_many_keys_across_generations() -> None:
+    rnd = random.Random(7)
+    w = DedupWindow(max_keys=10**6, generation=64)
+    n = 5000
+    keys = [f"key-{rnd.getrandbits(48):x}-{i}" for i in range(n)]
+    w.expire(T0)
+    for i, k in enumerate(keys):
+        w.put(f"ch/{i % 7}", k, T0 + 100 + i * 0.01, i + 1, mid(i + 1, 0xABC + i % 7))
+    assert len(w._sealed) > 50
+    for i, k in enumerate(keys):
+        assert w.get(f"ch/{i % 7}", k, T0) == (i + 1, mid(i + 1, 0xABC + i % 7))
+    assert all(w.get("ch/0", f"missing-{i}", T0) is None for i in range(2000))
+    cut = T0 + 100 + 2500 * 0.01  # half expired, mid-generation
+    w.expire(cut)
+    assert len(w) == sum(1 for i in range(n) if T0 + 100 + i * 0.01 > cut)
+    for i, k in enumerate(keys):
+        assert (w.get(f"ch/{i % 7}", k, cut) is not None) == (T0 + 100 + i * 0.01 > cut)
+    w.expire(T0 + 1000)
+    assert len(w) == 0 and not w._sealed and w.evicted == 0
+
+
+def test_a_shorter_window_after_a_longer_one_stays_exact() -> None:
+    """Expiries going down (dedup_window reloaded lower): no bisect over them."""
+    w = DedupWindow(generation=8)
+    for i in range(12):
+        w.put(CH, f"long{i}", T0 + 1000, i + 1, mid(i + 1))
+    for i in range(12):
+        w.put(CH, f"short{i}", T0 + 10 + i, 100 + i, mid(100 + i))
+    w.expire(T0 + 15)
+    for i in range(12):
+        assert w.get(CH, f"long{i}", T0 + 15) == (i + 1, mid(i + 1))
+        assert (w.get(CH, f"short{i}", T0 + 15) is not None) == (T0 + 10 + i > T0 + 15)
+    w.expire(T0 + 30)  # every short one expired: the generation of short4.. went whole;
+    assert len(w) == 16  # short0..3 share one with long8..11, and are held as long
+    assert all(w.get(CH, f"short{i}", T0 + 30) is None for i in range(12))
+    w.expire(T0 + 1000)
+    assert len(w) == 0
+
+
+def test_digests_that_collide_the_newest_entry_decides() -> None:
+    class Colliding(DedupWindow):
+        def digest(self, channel: str, key: str) -> int:
+            return 5  # every key the same digest
+
+    w = Colliding(generation=4)
+    w.put(CH, "a", T0 + 10, 1, mid(1))
+    fill(w, 6, channel="x")
+    w.put(CH, "b", T0 + 20, 2, mid(2))
+    assert w.get(CH, "a", T0) == (2, mid(2))  # a false duplicate: what 64 bits make rare
+
+
+# ------------------------------------------------------------------ restore
+def rows(n: int, *, now: float = T0, window: float = 100.0) -> list[tuple[str, str, float,
+                                                                          int, str]]:
+    out = [(f"ch/{i % 3}", f"k{i:05d}", now + window * (i + 1) / n, i + 1, mid(i + 1))
+           for i in range(n)]
+    return sorted(out)  # as SQLite returns them: by (channel, key)
+
+
+def test_load_answers_at_once_and_after_its_rows_are_built() -> None:
+    entries = rows(500)
+    entries.append(("ch/0", "expired", T0 - 1, 9, mid(9)))
+    entries.append(("ch/0", "odd", T0 + 50, 9, "id-9"))
+    entries.append(("ch/0", "none", T0 + 50, 0, ""))
+    w = DedupWindow(generation=64)
+    w.load(list(reversed(entries)), T0)  # not in (channel, key) order: sorted
+    assert len(w) == 502 and w.restoring
+
+    def check(now: float) -> None:
+        for ch, key, exp, seq, ident in entries:
+            assert w.get(ch, key, now) == ((seq, ident) if exp > now else None), key
+
+    check(T0)  # from the rows themselves
+    steps = 0
+    while w.restoring:
+        w.expire(T0)
+        steps += 1
+        check(T0)
+    assert steps >= 8 and len(w._sealed) >= 8 and len(w) == 502
+    check(T0 + 50)
+    w.expire(T0 + 50)
+    assert len(w) == 250  # k's expiring after T0 + 50
+    assert w.evicted == 0
+
+
+def test_keys_put_after_a_restore_are_newer_than_restored_ones() -> None:
+    w = DedupWindow(generation=16)
+    w.load(rows(100), T0)
+    w.put("ch/0", "k00000", T0 + 500, 1000, mid(1000))  # a restored key, replaced
+    w.put("ch/0", "new", T0 + 500, 1001, mid(1001))
+    for _ in range(3):
+        w.expire(T0)
+    assert w.get("ch/0", "k00000", T0 + 1) == (1000, mid(1000))
+    while w.restoring:
+        w.expire(T0)
+    assert w.get("ch/0", "k00000", T0 + 1) == (1000, mid(1000))
+    w.get("ch/0", "k00000", T0)  # clock
+    w.max_keys = 2  # the oldest go first: the restored ones, then the new
+    assert w.get("ch/0", "new", T0) == (1001, mid(1001))
+    assert w.get("ch/0", "k00000", T0) == (1000, mid(1000))
+    assert w.get("ch/1", "k00099", T0) is None
+    assert w.evicted == 99
+
+
+def test_eviction_during_a_restore_takes_the_oldest_restored_keys() -> None:
+    w = DedupWindow(max_keys=1000, generation=16)
+    entries = rows(100)
+    w.load(entries, T0)
+    w.expire(T0)  # one step built
+    w.max_keys = 30
+    assert len(w) == 30 and w.evicted == 70
+    by_expiry = sorted(entries, key=lambda r: r[2])
+    for ch, key, *_ in by_expiry[:70]:
+        assert w.get(ch, key, T0) is None
+    for ch, key, _, seq, ident in by_expiry[70:]:
+        assert w.get(ch, key, T0) == (seq, ident)
+
+
+def test_rows_that_expire_during_the_restore_are_skipped() -> None:
+    w = DedupWindow(generation=16)
+    w.load(rows(100, window=10.0), T0)
+    w.expire(T0 + 5)  # half of them expired
+    assert len(w) <= 50 + 16
+    while w.restoring:
+        w.expire(T0 + 5)
+    assert len(w) == 50
+    w.expire(T0 + 10)
+    assert len(w) == 0 and not w._sealed
+
+
+def test_equal_expiries_are_never_split_between_built_and_not() -> None:
+    entries = [("c", f"k{i:03d}", T0 + 10 + i // 40, i + 1, mid(i + 1)) for i in range(200)]
+    w = DedupWindow(generation=16)
+    w.load(entries, T0)
+    while w.restoring:
+        for ch, key, _, seq, ident in entries:
+            assert w.get(ch, key, T0) == (seq, ident)
+        w.expire(T0)
+    for ch, key, _, seq, ident in entries:
+        assert w.get(ch, key, T0) == (seq, ident)
+
+
+def test_an_empty_or_all_expired_load_restores_nothing() -> None:
+    w = DedupWindow()
+    w.load([], T0)
+    w.load(rows(10), T0 + 1000)
+    assert len(w) == 0 and not w.restoring
+
+
+# -------------------------------------------------------------------- memory
+def test_a_key_costs_at_most_64_bytes() -> None:
+    """Measured: ~38 bytes at 300,000 keys (~37 at a million; restored ones the same)."""
+    n = 300_000
+    keys = [f"order-{i}-{random.getrandbits(40):x}" for i in range(n)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        w = DedupWindow()
+        for i, k in enumerate(keys):
+            w.put(CH, k, T0 + 120 + i / 6000, i + 1, mid(i + 1))
+        per_key = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert len(w) == n
+    assert per_key <= 64, f"{per_key:.1f} bytes per key"
+    assert w.get(CH, keys[12345], T0) == (12346, mid(12346))
+
+
+# -------------------------------------------------------------- in the server
+def test_max_dedup_keys_is_configured_reloaded_and_its_evictions_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from minou.config import load_settings
+    from minou.errors import ConfigError
+    from minou.server.app import BrokerServer
+
+    cfg = tmp_path / "minou.toml"
+    cfg.write_text(f'data_dir = "{tmp_path / "data"}"\nmax_dedup_keys = 5\n')
+    server = BrokerServer(load_settings(cfg))
+    dedup = server.core.dedup
+    assert dedup.max_keys == 5
+    dedup.get(CH, "-", T0)
+    fill(dedup, 8)
+    assert dedup.evicted == 3
+    with caplog.at_level(logging.WARNING, logger="minou.server"):
+        server._warn_dedup_evictions(T0)
+        fill(dedup, 12)
+        server._warn_dedup_evictions(T0 + 30)  # within the minute: nothing more
+        server._warn_dedup_evictions(T0 + 61)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("dedup window narrowed: 3 keys expired early because "
+                               "max_dedup_keys=5 was reached")
+    assert lines[1].startswith("dedup window narrowed: 12 keys expired early")
+    server._warn_dedup_evictions(T0 + 200)  # no new eviction: quiet
+    assert len(caplog.records) == 2
+
+    cfg.write_text(f'data_dir = "{tmp_path / "data"}"\nmax_dedup_keys = 3\n')
+    assert "max_dedup_keys" in server.reload(by="test")["changed"]
+    assert dedup.max_keys == 3 and len(dedup) == 3
+    for bad in ("0", "-1", "1.5", '"many"'):
+        cfg.write_text(f"max_dedup_keys = {bad}\n")
+        with pytest.raises(ConfigError, match="max_dedup_keys: expected an integer >= 1"):
+            load_settings(cfg)
