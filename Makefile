@@ -110,6 +110,13 @@ bench-deps:
 ## bench: minou vs the installed peers, every test, medians of 3 runs (PEERS=all adds RabbitMQ)
 bench: $(BENCH_STAMP) bench-deps
 	$(BIN)/python bench/minou_bench.py $(if $(filter-out all,$(PEERS)),--peers $(PEERS)) $(BENCH_ARGS)
+	$(BIN)/python bench/dedup_soak.py $(or $(DEDUP_ARGS),--window 30 --settle 10)
 
-.PHONY: bench-deps
+## bench-dedup: dedup window memory and restart, a key on every publish vs none, with the
+## default 120 s window (~6 min; `make bench` runs it with a 30 s one). docs/benchmarks.md.
+DEDUP_ARGS ?=
+bench-dedup: $(STAMP)
+	$(BIN)/python bench/dedup_soak.py $(DEDUP_ARGS)
+
+.PHONY: bench-deps bench-dedup
 # ---- bench: end ---------------------------------------------------------------
