@@ -356,3 +356,27 @@ def test_idle_connections_with_heartbeats_stay_up_over_tcp_and_websocket(broker)
         assert status["flow"]["dead_connections_cut"] == 0
 
     asyncio.run(run())
+
+
+def test_a_publish_that_could_not_be_sent_in_time_is_dropped_and_says_so(broker):
+    """confirm_timeout with no broker at all: the Timeout says the publish was not sent,
+    and it is not stored later when a broker comes back."""
+
+    async def run() -> None:
+        client = await broker.connect("no-broker", heartbeat=BEAT, confirm_timeout=1.0)
+        try:
+            await client.send("gone/v1/a", {"n": 0})
+            await asyncio.get_running_loop().run_in_executor(None, broker.kill)
+            await asyncio.wait_for(_until(lambda: not client.connected), 5)
+            t0 = time.monotonic()
+            with pytest.raises(minou.Timeout, match="was not sent"):
+                await client.send("gone/v1/a", {"n": 1})
+            assert time.monotonic() - t0 < 2.5
+            await asyncio.get_running_loop().run_in_executor(None, broker.start)
+            await asyncio.wait_for(_until(lambda: client.connected), 15)
+            assert (await client.send("gone/v1/a", {"n": 2})).seq == 2
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+    assert [m.payload["n"] for m in asyncio.run(_count(broker, "gone/v1/a"))] == [0, 2]

@@ -371,6 +371,11 @@ class Client:
         # a publish is first written and never reused, so a resend is recognised.
         self.producer_id = ""
         self._pseqs: dict[str, int] = {}
+        # Publishes made while none could be numbered (no connection) wait in the outbox
+        # unnumbered: until it is drained, new ones are numbered in _flush, behind them.
+        self._unnumbered = False
+        self._watching = False  # the deadline task runs
+        self._turn_deadline: float | None = None  # of the sends since the last flush
         self.dead_connections = 0  # connections declared dead after missed heartbeats
         self._deadlines: asyncio.Task[None] | None = None
         self.broker_id: str | None = None
@@ -743,6 +748,7 @@ class Client:
         log.error("the broker refused a whole publish frame; starting a new producer id")
         self.producer_id = ""
         self._pseqs.clear()
+        self._unnumbered = True
         for items in self._unconfirmed.values():
             items[:] = [(msgspec.structs.replace(send, pseq=0), fut, deadline)
                         for send, fut, deadline in items]
@@ -783,16 +789,17 @@ class Client:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._turn_deadline = None
         if not self._live:
             return
         out: list[bytes] = []
         # Publishes wait until re-subscription is done; acks need only a live connection.
-        numbered = self.idempotent and bool(self.producer_id)
+        numbered = self.idempotent and bool(self.producer_id) and self._unnumbered
         pseqs, replace = self._pseqs, msgspec.structs.replace
         while self._outbox and self.connected:
             n = CLIENT_FRAME_MESSAGES
             chunk, self._outbox = self._outbox[:n], self._outbox[n:]
-            if numbered:
+            if numbered:  # publishes made while there was no numbering connection
                 for i, (send, fut, deadline) in enumerate(chunk):
                     if not send.pseq:  # first written now: its sequence, for good
                         last = pseqs.get(send.channel)
@@ -803,6 +810,8 @@ class Client:
             req = self._next_req()
             self._unconfirmed[req] = chunk
             out.append(f.encode(f.Publish(req, [s for s, _, _ in chunk])))
+        if not self._outbox and self.idempotent and self.producer_id:
+            self._unnumbered = False
         if self._acks:
             req = self._next_req()
             out.append(f.encode(f.Ack(req, self._acks)))
@@ -841,16 +850,30 @@ class Client:
                 f"{self._pending_count} messages are waiting to be sent or confirmed "
                 f"(max_pending={self.max_pending}); is the broker reachable?"
             )
-        send = _make_send(channel, payload, headers=headers, priority=priority, ttl=ttl,
-                          delay=delay, dedup=dedup, key=key)
         loop = asyncio.get_running_loop()
+        deadline = self._turn_deadline
+        if deadline is None:  # the first send since the last flush
+            timeout = self.confirm_timeout
+            # One clock reading per turn: the sends of one turn share their deadline.
+            deadline = self._turn_deadline = loop.time() + timeout if timeout else _NEVER
+            if timeout and not self._watching:
+                self._watching = True
+                self._deadlines = asyncio.create_task(self._watch_deadlines(timeout))
+            self._schedule_flush()
+        pseq = 0
+        if self._live and not self._unnumbered and self.producer_id and self.idempotent:
+            # Numbered now (it goes out at the end of this turn), unless publishes from
+            # before are still unnumbered: _flush numbers those first, in order.
+            last = self._pseqs.get(channel)
+            if last is not None or len(self._pseqs) < CLIENT_MAX_NUMBERED_CHANNELS:
+                pseq = self._pseqs[channel] = (last or 0) + 1
+        else:
+            self._unnumbered = True
+        send = _make_send(channel, payload, headers=headers, priority=priority, ttl=ttl,
+                          delay=delay, dedup=dedup, key=key, pseq=pseq)
         fut: asyncio.Future[Receipt] = loop.create_future()
-        timeout = self.confirm_timeout
-        self._outbox.append((send, fut, loop.time() + timeout if timeout else _NEVER))
+        self._outbox.append((send, fut, deadline))
         self._pending_count += 1
-        self._schedule_flush()
-        if timeout and (self._deadlines is None or self._deadlines.done()):
-            self._deadlines = asyncio.create_task(self._watch_deadlines(timeout))
         return fut
 
     async def _watch_deadlines(self, timeout: float) -> None:
@@ -858,6 +881,12 @@ class Client:
         written are dropped (certainly not stored); those written stay to be sent again
         after a reconnect (stored at most once, by their sequence), but their callers
         are told now."""
+        try:
+            await self._expire_publishes(timeout)
+        finally:
+            self._watching = False
+
+    async def _expire_publishes(self, timeout: float) -> None:
         period = max(0.01, min(0.5, timeout / 10))
         loop = asyncio.get_running_loop()
         while not self._closing and self._pending_count:
@@ -1069,10 +1098,10 @@ class ReadPage(NamedTuple):
 
 def _make_send(channel: str, payload: Any, *, headers: dict[str, str] | None = None,
                priority: int = 0, ttl: float | None = None, delay: float | None = None,
-               dedup: str | None = None, key: str | None = None) -> f.Send:
+               dedup: str | None = None, key: str | None = None, pseq: int = 0) -> f.Send:
     raw = isinstance(payload, bytes | bytearray | memoryview)
     data = bytes(payload) if raw else _json_encode(payload)
-    return f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key)
+    return f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key, pseq)
 
 
 def _start(start: str | int) -> str:

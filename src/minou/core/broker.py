@@ -240,45 +240,58 @@ class Broker:
         staged: list[Msg] = []
         full = refuse or self.storage_refusal
         self.replays = []
-        numbered = session is not None and session.producer_id
-        cache = session.producer_states if numbered else None  # type: ignore[union-attr]
+        numbered = session is not None and bool(session.producer_id)
         for send in sends:
-            state = None
+            if numbered and send.pseq:
+                self._publish_numbered(send, now, staged, access, session, outcomes, full)  # type: ignore[arg-type]
+                continue
             try:
-                if send.pseq and numbered:
-                    state = cache.get(send.channel)  # type: ignore[union-attr]
-                    if state is None or state.evicted:
-                        state = self._producer_state(session, send.channel, now)  # type: ignore[arg-type]
-                    else:
-                        state.used = now
-                    if send.pseq == state.last + 1:
-                        replay = None  # the usual case, checked first
-                    else:
-                        replay = self.producers.check(state, send.pseq, send.channel)
-                    if replay is not None:
-                        if replay.duplicate:
-                            self.counters.duplicates += 1
-                        self.replays.append((len(outcomes), state, send.pseq))
-                        outcomes.append(replay)
-                        state = None
-                        continue
                 if full is not None:
                     raise type(full)(full.message, **full.detail)
-                outcome = self._publish_one(send, now, staged, access)
-                outcomes.append(outcome)
-                if state is not None:
-                    state.stored(send.pseq, outcome.seq, outcome.id)
-                    self.producers.dirty[state] = None
-                    self.batch.sequenced.append((state, send.pseq))
+                outcomes.append(self._publish_one(send, now, staged, access))
             except RequestError as exc:
-                self.counters.refuse(exc.reason)
-                outcomes.append(Outcome(channel=str(send.channel)[:255], code=int(exc.code),
-                                        error=exc.message))
-                if state is not None and exc.code != ErrorCode.OUT_OF_SEQUENCE:
-                    state.refuse(send.pseq, send.pseq, int(exc.code), exc.message)
-                    self.producers.mark(state)
+                outcomes.append(self._refusal(send, exc))
         self.batch.publishes += staged
         return outcomes, staged
+
+    def _refusal(self, send: Send, exc: RequestError) -> Outcome:
+        self.counters.refuse(exc.reason)
+        return Outcome(channel=str(send.channel)[:255], code=int(exc.code), error=exc.message)
+
+    def _publish_numbered(self, send: Send, now: float, staged: list[Msg], access: Access,
+                          session: Session, outcomes: list[Outcome],
+                          full: RequestError | None) -> None:
+        """A publish with its producer's sequence: answered from the producer's state if
+        that sequence was handled before (even while publishes are refused: it was
+        stored then), else published and the state moved on."""
+        state = session.producer_states.get(send.channel)
+        if state is None or state.evicted:
+            state = self._producer_state(session, send.channel, now)
+        else:
+            state.used = now
+        pseq = send.pseq
+        try:
+            if pseq != state.last + 1:  # not the usual case
+                replay = self.producers.check(state, pseq, send.channel)
+                if replay is not None:
+                    if replay.duplicate:
+                        self.counters.duplicates += 1
+                    self.replays.append((len(outcomes), state, pseq))
+                    outcomes.append(replay)
+                    return
+            if full is not None:
+                raise type(full)(full.message, **full.detail)
+            outcome = self._publish_one(send, now, staged, access)
+        except RequestError as exc:
+            outcomes.append(self._refusal(send, exc))
+            if exc.code != ErrorCode.OUT_OF_SEQUENCE:
+                state.refuse(pseq, pseq, int(exc.code), exc.message)
+                self.producers.mark(state)
+            return
+        outcomes.append(outcome)
+        state.stored(pseq, outcome.seq, outcome.id)
+        self.producers.dirty[state] = None
+        self.batch.sequenced.append((state, pseq))
 
     def _producer_state(self, session: Session, channel: str, now: float) -> ProducerState:
         known = session.producer_states.get(channel)
