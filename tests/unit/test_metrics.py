@@ -30,6 +30,8 @@ SNAP: dict[str, Any] = {
     },
     "storage": {"bytes": 4096, "commits": 5, "commit_seconds": 0.01},
     "dedup": {"keys": 720_000, "evicted": 11},
+    "producers": {"states": 42, "evicted": 3},
+    "dead_connections": 5,
     "auth_failures": {"pending": 1, "bad_signature": 4},
     "schema_refused": {"orders/v1": 2},
     "channels": [
@@ -77,6 +79,9 @@ GLOBAL_SAMPLES = (
     "minou_storage_full",
     "minou_dedup_keys",
     "minou_dedup_evicted_total",
+    "minou_producer_states",
+    "minou_producer_states_evicted_total",
+    "minou_connections_dead_total",
     "minou_storage_commits_total",
     "minou_storage_commit_seconds_total",
     "minou_storage_commit_duration_seconds_count",
@@ -154,6 +159,8 @@ def test_minou_metrics_names_types_and_values() -> None:
         "minou_connections": 3, "minou_storage_bytes": 4096, "minou_storage_commits_total": 5,
         "minou_storage_commit_seconds_total": 0.01,
         "minou_dedup_keys": 720_000, "minou_dedup_evicted_total": 11,
+        "minou_producer_states": 42, "minou_producer_states_evicted_total": 3,
+        "minou_connections_dead_total": 5,
     }
     for name, want in expected.items():
         assert value(samples, name) == pytest.approx(want), name

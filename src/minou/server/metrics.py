@@ -221,6 +221,7 @@ class Metrics:
                       "refused": {reason: int}},
          "storage": {"bytes": int, "commits": int, "commit_seconds": float, "full": 0|1},
          "dedup": {"keys": int, "evicted": int},
+         "producers": {"states": int, "evicted": int}, "dead_connections": int,
          "auth_failures": {why: int}, "schema_refused": {schema: int},
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
                        "oldest_age_s"}, ...],
@@ -253,6 +254,7 @@ class Metrics:
         counters: Mapping[str, Any] = snap.get("counters") or {}
         storage: Mapping[str, Any] = snap.get("storage") or {}
         dedup: Mapping[str, Any] = snap.get("dedup") or {}
+        producers: Mapping[str, Any] = snap.get("producers") or {}
         queues = _aggregate(snap.get("channels") or ())
         groups: list[Mapping[str, Any]] = sorted(
             snap.get("groups") or (), key=lambda g: str(g.get("group", ""))
@@ -341,6 +343,15 @@ class Metrics:
         yield CounterMetricFamily("minou_dedup_evicted", "Dedup keys expired early because "
                                   "max_dedup_keys was reached (the window narrowed).",
                                   num(dedup, "evicted"))
+        yield GaugeMetricFamily("minou_producer_states", "Idempotent producer states held "
+                                "(one per client, producer id and channel).",
+                                num(producers, "states"))
+        yield CounterMetricFamily("minou_producer_states_evicted", "Producer states dropped "
+                                  "past MAX_PRODUCER_STATES (least recently used first).",
+                                  num(producers, "evicted"))
+        yield CounterMetricFamily("minou_connections_dead", "Connections cut because they "
+                                  "sent nothing for two heartbeat intervals.",
+                                  num(snap, "dead_connections"))
 
         for name, attr, doc in (
             ("minou_queue_depth", "depth", "Live messages in the queue."),
