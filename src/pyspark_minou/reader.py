@@ -98,7 +98,7 @@ def fair_share(available: Mapping[str, int], limit: int) -> dict[str, int]:
 class _ReadOptions:
     """Read options shared by batch and stream readers."""
 
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
         self.config = ClientConfig.from_options(options)
         channel, pattern = opt(options, "channel"), opt(options, "pattern")
         if not (channel or pattern):
@@ -113,10 +113,32 @@ class _ReadOptions:
         self.group = f"spark:{name}" if name else None
         self._start_json = (parse_offsets_json("startingOffsets", self.starting)
                             if self.starting not in ("earliest", "latest") else None)
-        if self.ending not in ("latest",):
+        if self.ending not in ("latest", "earliest"):
             self._end_json = parse_offsets_json("endingOffsets", self.ending)
         else:
             self._end_json = None
+        self._refuse_what_kafka_refuses(options, streaming)
+
+    def _refuse_what_kafka_refuses(self, options: Mapping[str, str], streaming: bool) -> None:
+        """Options that would silently read everything or nothing fail at planning,
+        with the reason, as they do with Spark's Kafka source."""
+        if streaming:
+            if opt(options, "endingOffsets") is not None:
+                raise MinouSparkError(
+                    "option endingOffsets is for batch queries (spark.read): a streaming "
+                    "query reads on as messages arrive and has no end. Drop it, or read "
+                    "the bounded range with spark.read")
+            return
+        starts = (self._start_json or {}).values()
+        if self.starting == "latest" or LATEST in starts:
+            raise MinouSparkError(
+                "option startingOffsets=latest is not allowed in a batch query: it would "
+                "always read nothing. Use earliest or a JSON object of seqs, or "
+                "spark.readStream to read what arrives from now on")
+        if self.ending == "earliest" or EARLIEST in (self._end_json or {}).values():
+            raise MinouSparkError(
+                "option endingOffsets=earliest is not allowed in a batch query: it would "
+                "always read nothing. Use latest or a JSON object of seqs")
 
     def start_of(self, channel: str, first: int, nxt: int) -> int:
         if self._start_json is not None:
@@ -182,7 +204,7 @@ class _PartitionReader(LazyClient):
 
 class MinouBatchReader(_PartitionReader, DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.opts = _ReadOptions(options)
+        self.opts = _ReadOptions(options, streaming=False)
         self.config = self.opts.config
         self._client = None
 
@@ -196,7 +218,14 @@ class MinouBatchReader(_PartitionReader, DataSourceReader):
         for channel in sorted(offsets):
             first, nxt = offsets[channel]
             start = o.check_loss(channel, o.start_of(channel, first, nxt), first)
-            parts += split(channel, start, o.end_of(channel, nxt), o.per_partition)
+            end = o.end_of(channel, nxt)
+            if start > end:
+                raise MinouSparkError(
+                    f"startingOffsets for {channel!r} is seq {start}, past the end of the "
+                    f"read (seq {end}: " + ("endingOffsets" if end < nxt else
+                                            "the channel's next seq") + "): nothing "
+                    "would be read. Start at or below the end")
+            parts += split(channel, start, end, o.per_partition)
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -209,7 +238,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
     calls there; read() runs on executors with a fresh unpickled copy (P6)."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.opts = _ReadOptions(options)
+        self.opts = _ReadOptions(options, streaming=True)
         self.config = self.opts.config
         self._client = None
         self._target: dict[str, int] | None = None  # pinned by availableNow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -50,8 +51,28 @@ def test_starting_and_ending_offsets(spark: Any, opts: dict[str, str], client: A
                 startingOffsets=json.dumps({a: 5, b: -2}), endingOffsets=json.dumps({a: 10}))
     got = {(r.channel, r.seq) for r in df.collect()}
     assert got == {(a, s) for s in range(5, 10)} | {(b, s) for s in range(1, 21)}
-    assert reader(spark, opts, channel=a, startingOffsets="latest").count() == 0
     assert reader(spark, opts, channel=f"{ep}/v1/none").count() == 0  # empty placeholder
+    # Starting at the end is an empty read, not an error.
+    assert reader(spark, opts, channel=a, startingOffsets=json.dumps({a: 21})).count() == 0
+
+
+@pytest.mark.parametrize("more, reason", [
+    ({"startingOffsets": "latest"}, "startingOffsets=latest is not allowed in a batch"),
+    ({"startingOffsets": '{"CH": -1}'}, "startingOffsets=latest is not allowed in a batch"),
+    ({"endingOffsets": "earliest"}, "endingOffsets=earliest is not allowed in a batch"),
+    ({"startingOffsets": '{"CH": 30}'}, "is seq 30, past the end of the read (seq 21: the "
+                                        "channel's next seq)"),
+    ({"startingOffsets": '{"CH": 8}', "endingOffsets": '{"CH": 5}'},
+     "is seq 8, past the end of the read (seq 5: endingOffsets)"),
+])
+def test_batch_offsets_that_would_read_nothing_are_refused_as_kafka_does(
+        spark: Any, opts: dict[str, str], client: Any, more: dict[str, str],
+        reason: str) -> None:
+    ch = f"{unique('bkafka')}/v1/a"
+    publish(client, ch, 20)
+    more = {k: v.replace("CH", ch) for k, v in more.items()}
+    with pytest.raises(Exception, match=re.escape(reason)):
+        reader(spark, opts, channel=ch, **more).count()
 
 
 def test_data_loss_is_detected_after_a_purge(spark: Any, opts: dict[str, str], client: Any,

@@ -118,3 +118,15 @@ def test_update_mode_is_refused(spark: Any, opts: dict[str, str], tmp_path: Path
              .option("writerId", "w").outputMode("update")
              .option("checkpointLocation", str(tmp_path / "cp")).start())
         q.awaitTermination(60)
+
+
+def test_ending_offsets_on_a_stream_is_refused(spark: Any, opts: dict[str, str],
+                                               tmp_path: Path) -> None:
+    """Kafka refuses it; ignoring it read everything with no end."""
+    ep = unique("sendoff")
+    df = (spark.readStream.format("minou").options(**opts).option("pattern", f"{ep}/v1/*")
+          .option("endingOffsets", "latest").load())
+    with pytest.raises(Exception, match="endingOffsets is for batch queries"):
+        q = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp"))
+             .start())
+        q.awaitTermination(60)
