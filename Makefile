@@ -11,7 +11,7 @@ SPARK_STAMP := $(VENV)/.installed-spark-$(CKSUM)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test fuzz lint bench clean system-deps dashboard spark-demo
+.PHONY: run test fuzz lint bench clean system-deps java dashboard spark-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,11 @@ run: $(STAMP)
 
 ## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark tests)
 TEST_DEBS := chromium
-system-deps:
+system-deps: java
 	@missing=""; for d in $(TEST_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \
 	    || missing="$$missing $$d"; \
 	done; \
-	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
 	if [ -n "$$missing" ]; then \
 	  if [ -z "$(APT)" ]; then echo "no apt-get: install$$missing yourself"; exit 1; fi; \
 	  echo "installing$$missing"; \
@@ -52,8 +51,20 @@ system-deps:
 	       apt-get install -y -q --no-install-recommends $$missing; }; \
 	fi
 
+## java: Java 17, which Spark runs on (installed with apt-get when `java` is missing)
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  if [ -z "$(APT)" ]; then \
+	    echo "Spark needs Java 17 and there is no apt-get: install a Java 17 runtime"; exit 1; \
+	  fi; \
+	  echo "installing openjdk-17-jre-headless (Spark needs Java 17)"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    openjdk-17-jre-headless \
+	  || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -q --no-install-recommends openjdk-17-jre-headless; }; }
+
 ## spark-demo: a broker, some orders, the example Spark pipeline (examples/spark_orders.py), results
-spark-demo: $(SPARK_STAMP)
+spark-demo: $(SPARK_STAMP) java
 	$(BIN)/python examples/spark_demo.py
 
 ## dashboard: vendor the dashboard's JavaScript dependency from npm (output is committed)
