@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +19,13 @@ from typing import Any, TypeVar
 
 import minou
 from minou.client.sync import SyncClient
-from minou.errors import ConnectionClosed
+from minou.errors import ConnectionClosed, Timeout
 
 T = TypeVar("T")
+log = logging.getLogger("pyspark_minou")
+# What a lost or restarting broker raises: worth reconnecting for, until reconnectTimeout.
+RETRYABLE = (ConnectionClosed, Timeout, OSError)
+DEFAULT_RECONNECT_TIMEOUT_S = 60.0
 
 SCHEMA_DDL = (
     "channel string, seq long, id string, key string, payload string, "
@@ -51,6 +57,20 @@ def opt_int(options: Mapping[str, str], name: str, default: int | None) -> int |
         raise MinouSparkError(f"option {name}={value!r}: expected an integer") from None
     if out < 1:
         raise MinouSparkError(f"option {name}={value!r}: must be >= 1")
+    return out
+
+
+def opt_seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    value = opt(options, name)
+    if value is None:
+        return default
+    try:
+        out = float(value)
+    except ValueError:
+        raise MinouSparkError(f"option {name}={value!r}: expected a number of seconds") \
+            from None
+    if not out >= 0:  # also refuses NaN
+        raise MinouSparkError(f"option {name}={value!r}: must be >= 0 seconds")
     return out
 
 
@@ -93,6 +113,8 @@ class ClientConfig:
     broker_token: str | None = None
     tls_fingerprint: str | None = None
     cafile: str | None = None
+    # How long a task or the driver keeps reconnecting to a lost broker before failing.
+    reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT_S
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> ClientConfig:
@@ -107,7 +129,8 @@ class ClientConfig:
         client_id = opt(options, "clientId") or (
             Path(key_file).stem if key_file else DEFAULT_CLIENT_ID)
         return cls(brokers, client_id, key_file, opt(options, "brokerToken"),
-                   opt(options, "tlsFingerprint"), opt(options, "cafile"))
+                   opt(options, "tlsFingerprint"), opt(options, "cafile"),
+                   opt_seconds(options, "reconnectTimeout", DEFAULT_RECONNECT_TIMEOUT_S))
 
     def connect(self) -> SyncClient:
         # No reconnect: a task that loses its broker should fail and let Spark retry it,
@@ -133,18 +156,37 @@ class LazyClient:
             self._client = self.config.connect()
         return self._client
 
-    def with_client(self, call: Callable[[SyncClient], T]) -> T:
-        """``call(client)`` for long-lived driver-side objects: a connection found lost
-        (the broker restarted, say) is replaced and the call made once more; any other
-        failure drops the connection too, so the next call starts on a fresh one."""
-        try:
-            return call(self.client())
-        except ConnectionClosed:
-            self.close_client()
-            return call(self.client())
-        except BaseException:
-            self.close_client()
-            raise
+    def with_client(self, call: Callable[[SyncClient], T], what: str = "a call") -> T:
+        """``call(client)``; a lost or unreachable broker (it restarted, say) is
+        reconnected to, with backoff, and the call made again until reconnectTimeout,
+        then fails naming the broker. Only for calls that are safe to repeat (reads by
+        seq, offsets, positions, aborts); any other failure drops the connection too,
+        so the next call starts on a fresh one."""
+        deadline: float | None = None
+        delay = 0.2
+        while True:
+            try:
+                return call(self.client())
+            except RETRYABLE as exc:
+                self.close_client()
+                now = time.monotonic()
+                deadline = deadline or now + self.config.reconnect_timeout
+                self.wait_to_retry(exc, what, deadline, delay)
+                delay = min(delay * 2, 2.0)
+            except BaseException:
+                self.close_client()
+                raise
+
+    def wait_to_retry(self, exc: BaseException, what: str, deadline: float,
+                      delay: float) -> None:
+        """Sleep ``delay`` before trying again, or raise if that would pass ``deadline``."""
+        if time.monotonic() + delay > deadline:
+            raise MinouSparkError(
+                f"{what}: lost the broker at {self.config.brokers} and could not get it back "
+                f"within reconnectTimeout={self.config.reconnect_timeout:g} s: {exc}") from exc
+        log.warning("%s: broker at %s lost (%s); reconnecting in %.1f s", what,
+                    self.config.brokers, exc, delay)
+        time.sleep(delay)
 
     def close_client(self) -> None:
         client, self._client = self._client, None

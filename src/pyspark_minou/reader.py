@@ -188,13 +188,25 @@ def read_range(client: Any, part: MinouPartition, fail_on_data_loss: bool = True
         pos = nxt
 
 
+class _Reconnecting:
+    """``read_page`` through ``LazyClient.with_client``: a read by seq is safe to
+    repeat, so a task whose broker restarts reads on from where it was."""
+
+    def __init__(self, owner: LazyClient) -> None:
+        self.owner = owner
+
+    def read_page(self, channel: str, pos: int, **kw: Any) -> Any:
+        return self.owner.with_client(lambda c: c.read_page(channel, pos, **kw),
+                                      f"reading {channel!r} from seq {pos}")
+
+
 class _PartitionReader(LazyClient):
     def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, MinouPartition):
             return  # the placeholder Spark passes when partitions() is empty (P10)
         try:
             opts = getattr(self, "opts", None)
-            yield from read_range(self.client(), partition,
+            yield from read_range(_Reconnecting(self), partition,
                                   opts.fail_on_data_loss if opts is not None else True)
         finally:
             # One connection per task: executors' Python workers are reused, but a task
@@ -211,7 +223,8 @@ class MinouBatchReader(_PartitionReader, DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         o = self.opts
         try:
-            offsets = self.client().offsets(o.patterns)
+            offsets = self.with_client(lambda c: c.offsets(o.patterns),
+                                       f"listing the offsets of {o.patterns}")
         finally:
             self.close_client()
         parts: list[InputPartition] = []
@@ -246,7 +259,8 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         self._latest: dict[str, int] | None = None
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
-        offsets = self.with_client(lambda c: c.offsets(self.opts.patterns))
+        offsets = self.with_client(lambda c: c.offsets(self.opts.patterns),
+                                   f"listing the offsets of {self.opts.patterns}")
         self._first = {c: fn[0] for c, fn in offsets.items()}
         self._latest = {c: fn[1] for c, fn in offsets.items()}
         return offsets
@@ -324,7 +338,8 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
             return
         try:
             positions = {c: int(s) for c, s in end.items()}
-            self.with_client(lambda c: c.set_position(self.opts.group or "", positions))
+            self.with_client(lambda c: c.set_position(self.opts.group or "", positions),
+                             f"reporting the position of group {self.opts.group!r}")
         except Exception as exc:  # an ack is advisory: it must not kill the query
             log.warning("set_position(%s) failed: %s", self.opts.group, exc)
 

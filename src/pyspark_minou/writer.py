@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._common import ClientConfig, LazyClient, MinouSparkError, opt, opt_int
+from ._common import RETRYABLE, ClientConfig, LazyClient, MinouSparkError, opt, opt_int
 
 log = logging.getLogger("pyspark_minou")
 
@@ -95,44 +96,83 @@ class _Sink(LazyClient):
 
         ctx = TaskContext.get()
         part, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx else (0, 0)
-        # Unique per task run: Spark reuses (partition, attempt) after a restart or a
-        # stage retry, and staging into a leftover transaction of a killed run would
-        # publish its rows too.
-        txn = f"{(self.writer_id or '')[:100]}:b{batch_id}:p{part}:a{attempt}:{uuid.uuid4().hex}"
+        base = f"{(self.writer_id or '')[:100]}:b{batch_id}:p{part}:a{attempt}"
+        # The task's Arrow batches so far: after a reconnect, a transactional task stages
+        # them all again under a new transaction id (the broker may have restarted and
+        # lost what was staged, or kept half a call of it); a direct one resends the
+        # batch it was in.
+        kept: list[Any] = []
+        fresh = iter(iterator)
+        deadline: float | None = None
+        delay = 0.2
+        while True:
+            # Unique per task run: Spark reuses (partition, attempt) after a restart or a
+            # stage retry, and staging into a leftover transaction of a killed run would
+            # publish its rows too.
+            txn = f"{base}:{uuid.uuid4().hex}"
+            try:
+                rows, staged = self._stage_all(txn, kept, fresh)
+                break
+            except RETRYABLE as exc:
+                self._forget(txn)
+                deadline = deadline or time.monotonic() + self.config.reconnect_timeout
+                self.wait_to_retry(exc, f"writing partition {part} of batch {batch_id}",
+                                   deadline, delay)
+                delay = min(delay * 2, 2.0)
+            except BaseException:
+                self._forget(txn)
+                raise
+        self.close_client()
+        return MinouCommitMessage([txn] if staged else [], rows)
+
+    def _forget(self, txn: str) -> None:
+        """Drop a transaction that will not be committed (frees the broker's memory
+        now rather than at its expiry; best effort: the broker may be gone)."""
+        if self.mode == "transactional" and self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.abort_transactions([txn])
+        self.close_client()
+
+    def _stage_all(self, txn: str, kept: list[Any], fresh: Iterator[Any]) -> tuple[int, bool]:
         client = self.client()
+        transactional = self.mode == "transactional"
         staged = False
         rows = 0
-        # Grouped per channel so each stage/send call carries one channel's run of rows.
-        pending: dict[str, list[dict[str, Any]]] = {}
+
+        def batches() -> Iterator[Any]:
+            yield from list(kept)
+            for batch in fresh:
+                kept.append(batch)
+                yield batch
 
         def flush(items: list[dict[str, Any]]) -> None:
             nonlocal staged
-            if self.mode == "transactional":
+            if transactional:
                 client.stage(txn, items)
                 staged = True
             else:
                 client.send_many(items)
 
-        try:
-            for item in self._rows_of(iterator):
+        # Grouped per channel so each stage/send call carries one channel's run of rows.
+        pending: dict[str, list[dict[str, Any]]] = {}
+        for batch in batches():
+            for item in self._rows_of([batch]):
                 buf = pending.setdefault(item["channel"], [])
                 buf.append(item)
                 rows += 1
                 if len(buf) >= self.batch_size:
                     flush(buf)
                     pending[item["channel"]] = []
-            for buf in pending.values():
-                if buf:
-                    flush(buf)
-        except BaseException:
-            if staged:
-                # Free the broker's memory now rather than wait for the TTL.
-                with contextlib.suppress(Exception):
-                    client.abort_transactions([txn])
-            self.close_client()
-            raise
-        self.close_client()
-        return MinouCommitMessage([txn] if staged else [], rows)
+            if not transactional:  # sent and confirmed: a reconnect resends from here
+                for channel, buf in pending.items():
+                    if buf:
+                        flush(buf)
+                        pending[channel] = []
+                kept.clear()
+        for buf in pending.values():
+            if buf:
+                flush(buf)
+        return rows, staged
 
     # --------------------------------------------------------------- driver side
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
@@ -143,6 +183,11 @@ class _Sink(LazyClient):
             return
         try:
             result = self.client().commit_transactions(self.writer_id or "", batch_id, txns)
+        except RETRYABLE as exc:
+            raise MinouSparkError(
+                f"committing batch {batch_id} of writer {self.writer_id!r}: lost the broker "
+                f"at {self.config.brokers} ({exc}); the batch was not published and will be "
+                "written again when the query restarts") from exc
         finally:
             self.close_client()
         if result.get("failed"):

@@ -120,3 +120,79 @@ def test_a_replayed_batch_knows_where_a_new_channel_began(minou_broker: BrokerPr
         for part in parts:
             list(replay.read(part))
     replay.stop()
+
+
+# -- a broker restart under a task (issue 14): tasks reconnect within reconnectTimeout --
+
+
+@pytest.fixture
+def own_broker(broker_factory: Any, tmp_path: Any) -> BrokerProcess:
+    """A broker of this test's own, to kill -9 and restart."""
+    config = tmp_path / "rules.toml"
+    config.write_text(RULES)
+    return broker_factory.make(config=config).start()
+
+
+def _restart(broker: BrokerProcess) -> None:
+    broker.kill()
+    broker.start()
+
+
+def test_a_reading_task_reads_on_after_a_broker_restart(own_broker: BrokerProcess) -> None:
+    from pyspark_minou.reader import MinouBatchReader
+
+    ch = f"{unique('rrestart')}/v1/a"
+    with own_broker.connect_sync("spark-feeder") as c:
+        publish(c, ch, 12_000)
+    reader = MinouBatchReader(spark_options(**client_options(own_broker, "spark-rr"),
+                                            channel=ch, maxRecordsPerPartition="20000"))
+    (part,) = reader.partitions()
+    pages = reader.read(part)
+    first = next(pages)  # one page of 5,000 read, then the broker dies and comes back
+    _restart(own_broker)
+    seqs = first.column("seq").to_pylist()
+    for page in pages:
+        seqs += page.column("seq").to_pylist()
+    assert seqs == list(range(1, 12_001))
+
+
+def _batches(values: list[list[int]], between: Any) -> Any:
+    """Arrow batches of the sink's schema; ``between()`` runs after the first one."""
+    for i, chunk in enumerate(values):
+        if i == 1:
+            between()
+        yield from rows(chunk)
+
+
+@pytest.mark.parametrize("mode", ["transactional", "direct"])
+def test_a_writing_task_stages_again_after_a_broker_restart(own_broker: BrokerProcess,
+                                                           mode: str) -> None:
+    out = f"{unique('wrestart')}/v1/out"
+    sink = MinouBatchWriter(spark_options(**client_options(own_broker, "spark-wr"),
+                                          channel=out, writerId=unique("w"), sinkMode=mode,
+                                          sinkBatchSize="100"), SINK_SCHEMA)
+    values = [list(range(0, 300)), list(range(300, 600)), list(range(600, 900))]
+    message = sink.write(_batches(values, lambda: _restart(own_broker)))
+    sink.commit([message])
+    with own_broker.connect_sync("spark-check") as c:
+        got = [m.payload for m in read_all(c, out)]
+    if mode == "transactional":
+        assert got == list(range(900))  # staged again whole, committed once
+    else:
+        assert sorted(set(got)) == list(range(900))  # at-least-once: a batch may repeat
+
+
+def test_a_broker_that_stays_away_fails_the_task_naming_it(own_broker: BrokerProcess) -> None:
+    from pyspark_minou.reader import MinouBatchReader
+
+    ch = f"{unique('gone')}/v1/a"
+    with own_broker.connect_sync("spark-feeder") as c:
+        publish(c, ch, 10)
+    reader = MinouBatchReader(spark_options(**client_options(own_broker, "spark-gone"),
+                                            channel=ch, reconnectTimeout="1"))
+    (part,) = reader.partitions()
+    own_broker.kill()
+    with pytest.raises(MinouSparkError, match=r"lost the broker at minou://127\.0\.0\.1:\d+ "
+                                              r"and could not get it back within "
+                                              r"reconnectTimeout=1 s"):
+        list(reader.read(part))
