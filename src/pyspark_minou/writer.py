@@ -26,6 +26,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from minou.errors import NotFound
+
 from ._common import RETRYABLE, ClientConfig, LazyClient, MinouSparkError, opt, opt_int
 
 log = logging.getLogger("pyspark_minou")
@@ -186,8 +188,16 @@ class _Sink(LazyClient):
         except RETRYABLE as exc:
             raise MinouSparkError(
                 f"committing batch {batch_id} of writer {self.writer_id!r}: lost the broker "
-                f"at {self.config.brokers} ({exc}); the batch was not published and will be "
-                "written again when the query restarts") from exc
+                f"at {self.config.brokers} ({exc}); if the commit did not happen, the batch "
+                "is written when the query restarts, and if it did, its replay is discarded "
+                "(exactly once either way)") from exc
+        except NotFound as exc:
+            raise MinouSparkError(
+                f"committing batch {batch_id} of writer {self.writer_id!r}: the broker at "
+                f"{self.config.brokers} no longer holds the batch's staged transactions "
+                "(staged data lives in its memory: it restarted between the tasks' staging "
+                "and this commit). Nothing of the batch was published; restart the query "
+                f"and it is written again, exactly once. ({exc})") from exc
         finally:
             self.close_client()
         if result.get("failed"):

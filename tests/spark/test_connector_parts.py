@@ -196,3 +196,19 @@ def test_a_broker_that_stays_away_fails_the_task_naming_it(own_broker: BrokerPro
                                               r"and could not get it back within "
                                               r"reconnectTimeout=1 s"):
         list(reader.read(part))
+
+
+def test_a_commit_after_the_broker_lost_the_staged_batch_fails_saying_so(
+        own_broker: BrokerProcess) -> None:
+    out = f"{unique('lostcommit')}/v1/out"
+    sink = MinouBatchWriter(spark_options(**client_options(own_broker, "spark-lc"),
+                                          channel=out, writerId=unique("w")), SINK_SCHEMA)
+    message = sink.write(rows(list(range(5))))
+    _restart(own_broker)  # staged data lives in the broker's memory
+    with pytest.raises(MinouSparkError, match="no longer holds the batch's staged "
+                                              "transactions.*restart the query"):
+        sink.commit([message])
+    # The replay (the query restarted) is written, exactly once.
+    sink.commit([sink.write(rows(list(range(5))))])
+    with own_broker.connect_sync("spark-check") as c:
+        assert [m.payload for m in read_all(c, out)] == list(range(5))
