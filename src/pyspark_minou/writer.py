@@ -37,6 +37,9 @@ log = logging.getLogger("pyspark_minou")
 class MinouCommitMessage(WriterCommitMessage):
     txns: list[str] = field(default_factory=list)
     rows: int = 0
+    # The streaming query's id (Spark keeps it in the checkpoint): the run of batches the
+    # writer's fences belong to. A new checkpoint is a new run.
+    lineage: str = ""
 
 
 class _Sink(LazyClient):
@@ -125,7 +128,8 @@ class _Sink(LazyClient):
                 self._forget(txn)
                 raise
         self.close_client()
-        return MinouCommitMessage([txn] if staged else [], rows)
+        lineage = (ctx.getLocalProperty("sql.streaming.queryId") or "") if ctx else ""
+        return MinouCommitMessage([txn] if staged else [], rows, lineage)
 
     def _forget(self, txn: str) -> None:
         """Drop a transaction that will not be committed (frees the broker's memory
@@ -180,11 +184,14 @@ class _Sink(LazyClient):
     def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         if self.mode != "transactional":
             return
-        txns = [t for m in messages if isinstance(m, MinouCommitMessage) for t in m.txns]
+        mine = [m for m in messages if isinstance(m, MinouCommitMessage)]
+        txns = [t for m in mine for t in m.txns]
         if not txns:
             return
+        lineage = next((m.lineage for m in mine if m.lineage), "")
         try:
-            result = self.client().commit_transactions(self.writer_id or "", batch_id, txns)
+            result = self.client().commit_transactions(self.writer_id or "", batch_id, txns,
+                                                       lineage)
         except RETRYABLE as exc:
             raise MinouSparkError(
                 f"committing batch {batch_id} of writer {self.writer_id!r}: lost the broker "

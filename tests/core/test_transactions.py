@@ -125,3 +125,38 @@ def test_a_commit_checks_rules_and_schemas_again() -> None:
     with pytest.raises(NotAuthorized):
         h.broker.commit_txns(c, "w", 0, ["t1"], h.now)
     assert h.broker.transactions.fences == {} and "out/v1/a" not in h.broker.channels
+
+
+def test_a_writer_fences_one_run_of_batches_across_a_restart(tmp_path) -> None:
+    """The first commit with a lineage (a streaming query's id) binds it to the writer;
+    another run's commit is refused (its batches would be discarded as replays) until
+    the writer is released with its fences; the binding is stored."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(0.0)
+    h = Harness(storage=st)
+    app = Session("app")
+
+    def commit(batch_id: int, lineage: str, txn: str) -> dict:
+        h.broker.transactions.stage("app", txn, [Send("out/v1/x", js(batch_id))], h.now)
+        result = h.broker.commit_txns(app, "job", batch_id, [txn], h.now, lineage)
+        h.commit()
+        return result
+
+    assert commit(0, "query-1", "t0")["published"] == 1
+    assert commit(0, "", "t1")["discarded"] == 1  # no lineage (a batch job): no check
+    st.close()
+    st = SQLiteStorage(tmp_path / "m.db")
+    broker = Broker()
+    broker.restore(st.open(1.0), 1.0)
+    h = Harness(storage=st, broker=broker)
+    with pytest.raises(BadRequest, match="writer id 'job' fences the batches of another run "
+                                         r"\(query query-1"):
+        commit(0, "query-2", "t2")
+    assert commit(1, "query-1", "t3")["published"] == 1  # the same run goes on
+    h.broker.release_writer("job", drop_fences=True)
+    h.commit()
+    assert commit(0, "query-2", "t4")["published"] == 1  # taken over: nothing discarded
+    st.close()

@@ -168,7 +168,7 @@ FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
     Bye: st.builds(Bye, reason=text),
     Heartbeat: st.just(Heartbeat()),
     Stage: st.builds(Stage, req=u32, txn=text, msgs=st.lists(sends, max_size=3)),
-    TxnCommit: st.builds(TxnCommit, req=u32, writer_id=text, batch_id=u32,
+    TxnCommit: st.builds(TxnCommit, req=u32, writer_id=text, batch_id=u32, lineage=text,
                          txns=st.lists(text, max_size=3)),
     TxnAbort: st.builds(TxnAbort, req=u32, txns=st.lists(text, max_size=3)),
     Offsets: st.builds(Offsets, req=u32, patterns=st.lists(text, max_size=3)),

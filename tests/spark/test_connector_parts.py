@@ -205,8 +205,8 @@ def test_a_commit_after_the_broker_lost_the_staged_batch_fails_saying_so(
                                           channel=out, writerId=unique("w")), SINK_SCHEMA)
     message = sink.write(rows(list(range(5))))
     _restart(own_broker)  # staged data lives in the broker's memory
-    with pytest.raises(MinouSparkError, match="no longer holds the batch's staged "
-                                              "transactions.*restart the query"):
+    with pytest.raises(MinouSparkError, match=r"no longer holds the batch's staged "
+                                              r"transactions.*restart the query"):
         sink.commit([message])
     # The replay (the query restarted) is written, exactly once.
     sink.commit([sink.write(rows(list(range(5))))])

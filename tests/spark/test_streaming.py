@@ -130,3 +130,22 @@ def test_ending_offsets_on_a_stream_is_refused(spark: Any, opts: dict[str, str],
         q = (df.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "cp"))
              .start())
         q.awaitTermination(60)
+
+
+def test_a_new_checkpoint_with_an_old_writer_id_fails_instead_of_dropping_rows(
+        spark: Any, opts: dict[str, str], client: Any, admin: Any, tmp_path: Path) -> None:
+    """The second query's batches 0..k would be taken for replays of the first query's
+    and discarded: it fails at its first commit naming the writer and what to do, and
+    nothing of it is lost; after `writers release --drop-fences` it writes everything."""
+    ep = unique("lineage")
+    out, writer = f"{ep}out/v1/x", f"w-{ep}"
+    publish(client, f"{ep}/v1/a", 50)
+    run(spark, opts, f"{ep}/v1/*", out, tmp_path / "cp1", writer=writer)
+    assert len(read_all(client, out)) == 50
+    with pytest.raises(Exception, match=rf"writer id '{writer}' fences the batches of "
+                                        r"another run .* writers release"):
+        run(spark, opts, f"{ep}/v1/*", out, tmp_path / "cp2", writer=writer)
+    assert len(read_all(client, out)) == 50  # nothing published, nothing half-written
+    admin.admin("writers.release", writer_id=writer, drop_fences=True)
+    run(spark, opts, f"{ep}/v1/*", out, tmp_path / "cp2", writer=writer)
+    assert len(read_all(client, out)) == 100  # the second query's own 50, all of them

@@ -1038,11 +1038,13 @@ class Client:
         return total
 
     async def commit_transactions(self, writer_id: str, batch_id: int,
-                                  txns: list[str]) -> dict[str, Any]:
+                                  txns: list[str], lineage: str = "") -> dict[str, Any]:
         """Publish the staged transactions at once (durable when this returns), fenced per
-        (writer_id, channel) on batch_id: a replayed batch is discarded, not duplicated."""
+        (writer_id, channel) on batch_id: a replayed batch is discarded, not duplicated.
+        ``lineage`` names the run of batches (a streaming query's id): a writer id whose
+        fences belong to another run refuses it, rather than discard its batches."""
         res = await self._request(f.TxnCommit(self._next_req(), writer_id, batch_id,
-                                              list(txns)))
+                                              list(txns), lineage))
         return dict(res.value)
 
     async def abort_transactions(self, txns: list[str]) -> int:

@@ -91,6 +91,7 @@ from .writes import WriteBatch
 _MESSAGE_ID = re.compile(r"[0-9a-f]{16}[1-9a-f][0-9a-f]{0,14}")  # what new_id makes
 MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
 LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
+WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
 
 
 @dataclass(eq=False)
@@ -1198,6 +1199,9 @@ class Broker:
         self.reservations = dict(snap.reservations)
         self.transactions.fences = {(w, c): b for w, c, b in snap.fences}
         self.transactions.writers = dict(snap.writers)
+        self.transactions.lineages = {
+            key[len(WRITER_LINEAGE_META):]: value for key, value in snap.meta.items()
+            if key.startswith(WRITER_LINEAGE_META) and value}
         self._listen_keys_escaped = snap.meta.get(LISTEN_KEYS_META) == "escaped"
 
     def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
@@ -1230,7 +1234,9 @@ class Broker:
         owner = self.transactions.writers.pop(writer_id, None)
         if owner is not None:
             self.batch.writers[writer_id] = None
-        if drop_fences:
+        if drop_fences:  # a new run may take the writer over: its lineage goes too
+            if self.transactions.lineages.pop(writer_id, None) is not None:
+                self.batch.meta[WRITER_LINEAGE_META + writer_id] = ""
             self.transactions.fences = {k: b for k, b in self.transactions.fences.items()
                                         if k[0] != writer_id}
             self.batch.fences = {k: b for k, b in self.batch.fences.items()
@@ -1248,11 +1254,12 @@ class Broker:
         return self.transactions.stage(session.client_id, txn, sends, now)
 
     def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
-                    now: float) -> dict[str, Any]:
+                    now: float, lineage: str = "") -> dict[str, Any]:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
         self.transactions.check_writer(session.client_id, writer_id)
+        self.transactions.check_lineage(writer_id, lineage)
         sends = self.transactions.peek(session.client_id, txns)
         keep, skipped, fences = self.transactions.fence(writer_id, batch_id, sends)
         full = self.storage_refusal
@@ -1274,6 +1281,9 @@ class Broker:
         if writer_id not in self.transactions.writers:  # the first commit binds the id
             self.transactions.writers[writer_id] = session.client_id
             self.batch.writers[writer_id] = session.client_id
+        if lineage and self.transactions.lineages.get(writer_id) != lineage:
+            self.transactions.lineages[writer_id] = lineage
+            self.batch.meta[WRITER_LINEAGE_META + writer_id] = lineage
         return {"published": len(staged), "discarded": len(sends) - len(keep),
                 "replayed_channels": skipped, "failed": failed[:20]}
 

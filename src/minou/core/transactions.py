@@ -50,6 +50,7 @@ class Transactions:
         self.gone: dict[tuple[str, str], float] = {}
         self.fences: dict[tuple[str, str], int] = {}  # (writer_id, channel) -> last batch id
         self.writers: dict[str, str] = {}  # writer_id -> the client that owns it
+        self.lineages: dict[str, str] = {}  # writer_id -> the run of batches it fences
         self.bytes = 0
         self.committed = 0  # transactions committed since start
         self.discarded = 0  # messages dropped by a fence (replayed batches)
@@ -106,6 +107,19 @@ class Transactions:
                 f"under it); client {client_id!r} may not commit under it: use a writer id "
                 "of your own (an admin can release it: writers.release)",
                 writer_id=writer_id, owner=owner, client=client_id)
+
+    def check_lineage(self, writer_id: str, lineage: str) -> None:
+        """Raise if ``writer_id`` fences another run of batches than ``lineage``: that
+        run's fences would discard this one's first batches as replays."""
+        bound = self.lineages.get(writer_id)
+        if lineage and bound and bound != lineage:
+            raise BadRequest(
+                f"writer id {writer_id!r} fences the batches of another run (query "
+                f"{bound}, from another checkpoint); this one ({lineage}) would have its "
+                "batches discarded as replays of those. Give this query its own writerId, "
+                "or let it take the writer over (the old run's fences go, so nothing of "
+                f"this one is discarded): minou writers release {writer_id} --drop-fences",
+                writer_id=writer_id, lineage=lineage, bound=bound, why="lineage")
 
     def fence(self, writer_id: str, batch_id: int, sends: list[Send]
               ) -> tuple[list[Send], list[str], dict[tuple[str, str], int]]:

@@ -266,6 +266,10 @@ class TxnCommit(Frame):
     writer_id: str
     batch_id: int
     txns: list[str]
+    # The identity of the run of batches (a streaming query's id, kept in its
+    # checkpoint): bound to the writer id by its first commit; another one is refused,
+    # since its batches would be taken for replays of the first run's and discarded.
+    lineage: str = ""
 
 
 class TxnAbort(Frame):

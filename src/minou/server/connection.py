@@ -368,7 +368,7 @@ class NativeConnection:
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
         self.server.check_accepting()
         result = self.core.commit_txns(self.session, frame.writer_id, frame.batch_id,
-                                       list(frame.txns), time.time())
+                                       list(frame.txns), time.time(), frame.lineage)
         # A failed commit (a full disk) published nothing: the error, never the Result.
         self.core.after_commit(lambda: self.send(f.Result(frame.req, result)),
                                lambda exc: self.send(f.Error(
