@@ -202,9 +202,9 @@ class _Sink(LazyClient):
             raise MinouSparkError(
                 f"committing batch {batch_id} of writer {self.writer_id!r}: the broker at "
                 f"{self.config.brokers} no longer holds the batch's staged transactions "
-                "(staged data lives in its memory: it restarted between the tasks' staging "
-                "and this commit). Nothing of the batch was published; restart the query "
-                f"and it is written again, exactly once. ({exc})") from exc
+                "(they expired, an hour after their last STAGE, or were aborted). Nothing "
+                "of the batch was published; restart the query and it is written again, "
+                f"exactly once. ({exc})") from exc
         finally:
             self.close_client()
         if result.get("failed"):

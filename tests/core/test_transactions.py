@@ -76,15 +76,15 @@ def test_limits_and_expiry(monkeypatch) -> None:
         t.stage("c", "b", [s("a/v1/1", b"123456")], 0.0)
     with pytest.raises(BadRequest):
         t.stage("c", "", [s("a/v1/1")], 0.0)
-    assert t.expire(now=10.0, ttl=5.0) == 1 and t.bytes == 0 and t.expired == 1
+    assert len(t.expire(now=10.0, ttl=5.0)) == 1 and t.bytes == 0 and t.expired == 1
 
 
 def test_a_transaction_being_staged_does_not_expire_and_an_expired_one_stays_dead() -> None:
     t = Transactions()
     t.stage("c", "t", [s("a/v1/1")], 0.0)
     t.stage("c", "t", [s("a/v1/2")], STAGED_TTL_S - 10)  # still staging an hour later
-    assert t.expire(now=STAGED_TTL_S + 10) == 0 and len(t.peek("c", ["t"])) == 2
-    assert t.expire(now=2 * STAGED_TTL_S) == 1
+    assert t.expire(now=STAGED_TTL_S + 10) == [] and len(t.peek("c", ["t"])) == 2
+    assert t.expire(now=2 * STAGED_TTL_S) == [("c", "t")]
     # A late STAGE must not start a fresh "t" that a commit would publish alone.
     with pytest.raises(NotFound, match="expired"):
         t.stage("c", "t", [s("a/v1/3")], 2 * STAGED_TTL_S + 1)
@@ -160,3 +160,37 @@ def test_a_writer_fences_one_run_of_batches_across_a_restart(tmp_path) -> None:
     h.commit()
     assert commit(0, "query-2", "t4")["published"] == 1  # taken over: nothing discarded
     st.close()
+
+
+def test_staged_transactions_are_stored_and_dropped_when_done(tmp_path) -> None:
+    """STAGE parts are written with the next commit and read back at start; a commit,
+    an abort or an expiry removes them, so a restart gives back exactly what is open."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    h = reopen(0.0)
+    app = Session("app")
+    for txn in ("kept", "committed", "aborted", "old"):
+        h.broker.stage(app, txn, [Send("out/v1/x", js(txn)), Send("out/v1/x", js(1))],
+                       0.0 if txn == "old" else 3000.0)
+    h.broker.stage(app, "kept", [Send("out/v1/y", js(2))], 3000.0)  # a second part
+    h.commit()
+    h.broker.commit_txns(app, "job", 0, ["committed"], 3000.0)
+    h.broker.abort_txns(app, ["aborted"])
+    h.broker.expire_txns(3700.0)  # "old" was last staged an hour ago
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(3700.0)
+    staged = h.broker.transactions.staged
+    assert list(staged) == [("app", "kept")]
+    assert [s.channel for s in staged[("app", "kept")].sends] == ["out/v1/x"] * 2 + ["out/v1/y"]
+    assert h.broker.transactions.bytes == staged[("app", "kept")].bytes > 0
+    result = h.broker.commit_txns(app, "job", 1, ["kept"], 3700.0)
+    assert result["published"] == 3
+    h.storage.close()  # type: ignore[union-attr]

@@ -1199,6 +1199,7 @@ class Broker:
         self.reservations = dict(snap.reservations)
         self.transactions.fences = {(w, c): b for w, c, b in snap.fences}
         self.transactions.writers = dict(snap.writers)
+        self.transactions.load(snap.staged)
         self.transactions.lineages = {
             key[len(WRITER_LINEAGE_META):]: value for key, value in snap.meta.items()
             if key.startswith(WRITER_LINEAGE_META) and value}
@@ -1251,7 +1252,20 @@ class Broker:
             if send.channel.endswith("*"):
                 raise BadRequest("a transaction publishes to channels, not broadcasts")
             self.validate(send, session.access)
-        return self.transactions.stage(session.client_id, txn, sends, now)
+        held = self.transactions.stage(session.client_id, txn, sends, now)
+        part = self.transactions.staged[(session.client_id, txn)].parts
+        self.batch.staged.append((session.client_id, txn, part, list(sends), now))
+        return held
+
+    def abort_txns(self, session: Session, txns: list[str]) -> int:
+        dropped = self.transactions.abort(session.client_id, txns)
+        self.batch.unstaged += [(session.client_id, t) for t in txns]
+        return dropped
+
+    def expire_txns(self, now: float) -> int:
+        gone = self.transactions.expire(now)
+        self.batch.unstaged += gone
+        return len(gone)
 
     def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
                     now: float, lineage: str = "") -> dict[str, Any]:
@@ -1267,6 +1281,7 @@ class Broker:
             raise type(full)(full.message, **full.detail)
         self._check_commit(keep, session.access)
         self.transactions.take(session.client_id, txns)
+        self.batch.unstaged += [(session.client_id, t) for t in txns]
         self.transactions.discarded += len(sends) - len(keep)
         outcomes, staged = self.publish(keep, now, session.access)
         failed = [{"channel": o.channel, "code": o.code, "error": o.error}

@@ -40,6 +40,7 @@ class StagedTxn:
     touched: float  # the last STAGE: a transaction still being staged never expires
     sends: list[Send] = field(default_factory=list)
     bytes: int = 0
+    parts: int = 0  # STAGE calls so far: each is stored as one part
 
 
 class Transactions:
@@ -76,6 +77,7 @@ class Transactions:
         staged.touched = now
         staged.sends.extend(sends)
         staged.bytes += size
+        staged.parts += 1
         self.bytes += size
         return len(staged.sends)
 
@@ -146,14 +148,28 @@ class Transactions:
                 dropped += 1
         return dropped
 
-    def expire(self, now: float, ttl: float = STAGED_TTL_S) -> int:
+    def expire(self, now: float, ttl: float = STAGED_TTL_S) -> list[tuple[str, str]]:
+        """Drop what was staged more than ``ttl`` ago; return their (owner, txn)."""
         old = [t for t, s in self.staged.items() if now - s.touched > ttl]
         for t in old:
             self.bytes -= self.staged.pop(t).bytes
             self.gone[t] = now
         self.gone = {t: at for t, at in self.gone.items() if now - at <= ttl}
         self.expired += len(old)
-        return len(old)
+        return old
+
+    def load(self, parts: list[tuple[str, str, int, list[Send], float]]) -> None:
+        """Staged transactions read back from storage (in part order)."""
+        for owner, txn, _, sends, touched in parts:
+            staged = self.staged.get((owner, txn))
+            if staged is None:
+                staged = self.staged[(owner, txn)] = StagedTxn(owner, touched)
+            staged.touched = max(staged.touched, touched)
+            staged.sends.extend(sends)
+            size = sum(len(s.data) for s in sends)
+            staged.bytes += size
+            staged.parts += 1
+            self.bytes += size
 
     def stats(self) -> dict[str, int]:
         return {"staged": len(self.staged), "staged_bytes": self.bytes,

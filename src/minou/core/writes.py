@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RequestError
+from ..protocol.frames import Send
 from .group import GroupDef
 from .log import Msg
 
@@ -43,6 +44,11 @@ class WriteBatch:
     fence_undo: dict[tuple[str, str], int | None] = field(default_factory=dict)  # before
     # Producer states to store, taken from the core at hand-over: key -> row (None: drop)
     producers: dict[tuple[str, str, str], tuple[Any, ...] | None] = field(default_factory=dict)
+    # Staged transactions are stored, so a broker restart between a writer's STAGE and
+    # its TXN_COMMIT loses nothing: parts to add (owner, txn, part, sends, touched) and
+    # transactions to drop (committed, aborted, expired), written after the parts.
+    staged: list[tuple[str, str, int, list[Send], float]] = field(default_factory=list)
+    unstaged: list[tuple[str, str]] = field(default_factory=list)
     # (producer state, sequence) of each numbered publish staged in this batch: if the
     # commit fails, those sequences become refusals (a resend gets the same error)
     sequenced: list[tuple[Any, int]] = field(default_factory=list)
@@ -53,7 +59,7 @@ class WriteBatch:
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.reservations
             or self.fences or self.writers or self.dropped_fences or self.meta
-            or self.used_tokens or self.producers
+            or self.used_tokens or self.producers or self.staged or self.unstaged
             or self.on_commit
         )
 
@@ -79,3 +85,5 @@ class WriteBatch:
                 mine.setdefault(key, value)  # type: ignore[attr-defined]
         self.dropped_fences[:0] = failed.dropped_fences
         self.used_tokens[:0] = failed.used_tokens
+        self.staged[:0] = failed.staged
+        self.unstaged[:0] = failed.unstaged

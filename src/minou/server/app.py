@@ -801,7 +801,7 @@ class BrokerServer:
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
                 self._sample_rates(now)
-                self.core.transactions.expire(now)
+                self.core.expire_txns(now)
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
                 expired = await loop.run_in_executor(

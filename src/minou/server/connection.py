@@ -363,7 +363,8 @@ class NativeConnection:
     def _on_stage(self, frame: f.Stage) -> None:
         self.server.check_accepting()
         held = self.core.stage(self.session, frame.txn, list(frame.msgs), time.time())
-        self._send(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
+        # Once stored: a broker restart before the TXN_COMMIT loses nothing staged.
+        self._reply_after_commit(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
 
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
         self.server.check_accepting()
@@ -378,8 +379,8 @@ class NativeConnection:
         self.server.request_write()
 
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
-        dropped = self.core.transactions.abort(self.session.client_id, list(frame.txns))
-        self._send(f.Result(frame.req, {"aborted": dropped}))
+        dropped = self.core.abort_txns(self.session, list(frame.txns))
+        self._reply_after_commit(f.Result(frame.req, {"aborted": dropped}))
 
     def _on_offsets(self, frame: f.Offsets) -> None:
         if len(frame.patterns) > MAX_PATTERNS_PER_REQUEST:

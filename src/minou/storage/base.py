@@ -43,6 +43,8 @@ class Snapshot:
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires (unexpired)
     # core.producers.ProducerState.row() of every stored idempotent producer state
     producers: list[tuple[Any, ...]] = field(default_factory=list)
+    # staged transactions: (owner, txn, part, sends, touched), in part order
+    staged: list[tuple[str, str, int, list[Any], float]] = field(default_factory=list)
 
 
 class Storage(Protocol):

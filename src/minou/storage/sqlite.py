@@ -31,6 +31,7 @@ from ..core.log import Msg
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
 from ..limits import CHECKPOINT_WAL_BYTES, STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
+from ..protocol.frames import Send
 from .base import ChannelRecord, Snapshot
 
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
@@ -69,6 +70,8 @@ CREATE TABLE IF NOT EXISTS writers(writer TEXT PRIMARY KEY, owner TEXT NOT NULL)
 CREATE TABLE IF NOT EXISTS used_tokens(jti TEXT PRIMARY KEY, expires REAL NOT NULL)
     WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS used_tokens_expiry ON used_tokens(expires);
+CREATE TABLE IF NOT EXISTS staged(owner TEXT NOT NULL, txn TEXT NOT NULL, part INTEGER NOT NULL,
+    body BLOB NOT NULL, touched REAL NOT NULL, PRIMARY KEY (owner, txn, part)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS producers(client TEXT NOT NULL, producer TEXT NOT NULL,
     channel TEXT NOT NULL, last INTEGER NOT NULL, run_pseq INTEGER NOT NULL,
     run_last INTEGER NOT NULL, run_seq INTEGER NOT NULL, id_hash TEXT NOT NULL,
@@ -87,6 +90,7 @@ SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1
 _enc = msgspec.msgpack.Encoder()
 _segment = msgspec.msgpack.Decoder(list[Msg])
+_sends = msgspec.msgpack.Decoder(list[Send])
 
 
 def _rid(cid: int, seq: int) -> int:
@@ -277,6 +281,10 @@ class SQLiteStorage:
         snap.meta = dict(db.execute("SELECT key, value FROM meta"))
         snap.used_tokens = [tuple(r) for r in db.execute(
             "SELECT jti, expires FROM used_tokens WHERE expires > ?", (now,))]  # type: ignore[misc]
+        snap.staged = [(owner, txn, part, _sends.decode(body), touched)
+                       for owner, txn, part, body, touched in db.execute(
+                           "SELECT owner, txn, part, body, touched FROM staged "
+                           "ORDER BY owner, txn, part")]
         snap.producers = [tuple(r) for r in db.execute(
             "SELECT client, producer, channel, last, run_pseq, run_last, run_seq, id_hash, "
             "used, refused FROM producers")]
@@ -498,6 +506,13 @@ class SQLiteStorage:
                 db.execute("DELETE FROM used_tokens WHERE expires < ?",
                            (min(e for _, e in batch.used_tokens) - 3600,))
         _put_or_drop(db, "reservations", "channel", "owner", batch.reservations)
+        if batch.staged:
+            db.executemany("INSERT OR REPLACE INTO staged(owner, txn, part, body, touched) "
+                           "VALUES (?,?,?,?,?)",
+                           [(o, t, p, _enc.encode(sends), at) for o, t, p, sends, at in
+                            batch.staged])
+        if batch.unstaged:
+            db.executemany("DELETE FROM staged WHERE owner = ? AND txn = ?", batch.unstaged)
         if batch.producers:
             rows = [row for row in batch.producers.values() if row is not None]
             if rows:
