@@ -138,15 +138,22 @@ def _restart(broker: BrokerProcess) -> None:
     broker.start()
 
 
-def test_a_reading_task_reads_on_after_a_broker_restart(own_broker: BrokerProcess) -> None:
+def _one_partition(broker: BrokerProcess, prefix: str, n: int, **options: str) -> Any:
+    """A batch reader of a new channel holding ``n`` messages, and its one partition."""
     from pyspark_minou.reader import MinouBatchReader
 
-    ch = f"{unique('rrestart')}/v1/a"
-    with own_broker.connect_sync("spark-feeder") as c:
-        publish(c, ch, 12_000)
-    reader = MinouBatchReader(spark_options(**client_options(own_broker, "spark-rr"),
-                                            channel=ch, maxRecordsPerPartition="20000"))
+    ch = f"{unique(prefix)}/v1/a"
+    with broker.connect_sync("spark-feeder") as c:
+        publish(c, ch, n)
+    reader = MinouBatchReader(spark_options(**client_options(broker, f"spark-{prefix}"),
+                                            channel=ch, **options))
     (part,) = reader.partitions()
+    return reader, part
+
+
+def test_a_reading_task_reads_on_after_a_broker_restart(own_broker: BrokerProcess) -> None:
+    reader, part = _one_partition(own_broker, "rrestart", 12_000,
+                                  maxRecordsPerPartition="20000")
     pages = reader.read(part)
     first = next(pages)  # one page of 5,000 read, then the broker dies and comes back
     _restart(own_broker)
@@ -183,14 +190,7 @@ def test_a_writing_task_stages_again_after_a_broker_restart(own_broker: BrokerPr
 
 
 def test_a_broker_that_stays_away_fails_the_task_naming_it(own_broker: BrokerProcess) -> None:
-    from pyspark_minou.reader import MinouBatchReader
-
-    ch = f"{unique('gone')}/v1/a"
-    with own_broker.connect_sync("spark-feeder") as c:
-        publish(c, ch, 10)
-    reader = MinouBatchReader(spark_options(**client_options(own_broker, "spark-gone"),
-                                            channel=ch, reconnectTimeout="1"))
-    (part,) = reader.partitions()
+    reader, part = _one_partition(own_broker, "gone", 10, reconnectTimeout="1")
     own_broker.kill()
     with pytest.raises(MinouSparkError, match=r"lost the broker at minou://127\.0\.0\.1:\d+ "
                                               r"and could not get it back within "
