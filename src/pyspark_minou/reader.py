@@ -8,6 +8,7 @@ JSON so Spark can checkpoint them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,41 @@ def split(channel: str, start: int, end: int, size: int) -> list[MinouPartition]
     return [MinouPartition(channel, s, min(s + size, end)) for s in range(start, end, size)]
 
 
+def at_least(parts: list[Any], n: int | None) -> list[Any]:
+    """Kafka's minPartitions: halve the largest ranges until there are ``n`` partitions
+    (or every range is one message)."""
+    if not n:
+        return parts
+    parts = list(parts)
+    while len(parts) < n:
+        big = max(parts, key=lambda p: p.end - p.start, default=None)
+        if big is None or big.end - big.start < 2:
+            break
+        mid = big.start + (big.end - big.start) // 2
+        i = parts.index(big)
+        parts[i:i + 1] = [MinouPartition(big.channel, big.start, mid),
+                          MinouPartition(big.channel, mid, big.end)]
+    return parts
+
+
+_DURATION = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(name: str, value: str) -> float:
+    """``500ms``, ``30s``, ``15m``, ``1h`` (a bare number is seconds): seconds."""
+    text = value.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or "s"
+    try:
+        out = float(number) * _DURATION[unit]
+    except (KeyError, ValueError):
+        raise MinouSparkError(f"option {name}={value!r}: expected a duration such as 500ms, "
+                              "30s, 15m or 1h") from None
+    if not out >= 0:
+        raise MinouSparkError(f"option {name}={value!r}: must not be negative")
+    return out
+
+
 def fair_share(available: Mapping[str, int], limit: int) -> dict[str, int]:
     """Split ``limit`` rows across channels by water-filling: small channels take all
     they have, the rest share what is left equally (so one hot channel cannot starve
@@ -107,6 +143,10 @@ class _ReadOptions:
         self.starting = opt(options, "startingOffsets", "earliest") or "earliest"
         self.ending = opt(options, "endingOffsets", "latest") or "latest"
         self.per_partition = opt_int(options, "maxRecordsPerPartition", 50_000) or 50_000
+        self.min_partitions = opt_int(options, "minPartitions", None)
+        self.min_per_trigger = opt_int(options, "minOffsetsPerTrigger", None)
+        self.max_trigger_delay = parse_duration(
+            "maxTriggerDelay", opt(options, "maxTriggerDelay", "15m") or "15m")
         self.max_per_batch = opt_int(options, "maxRecordsPerBatch", None)
         self.fail_on_data_loss = opt_bool(options, "failOnDataLoss", True)
         name = opt(options, "groupName") or opt(options, "queryName")
@@ -239,7 +279,7 @@ class MinouBatchReader(_PartitionReader, DataSourceReader):
                                             "the channel's next seq") + "): nothing "
                     "would be read. Start at or below the end")
             parts += split(channel, start, end, o.per_partition)
-        return parts
+        return at_least(parts, o.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._read(partition)
@@ -257,6 +297,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         self._target: dict[str, int] | None = None  # pinned by availableNow
         self._first: dict[str, int] = {}
         self._latest: dict[str, int] | None = None
+        self._last_trigger = time.monotonic()  # minOffsetsPerTrigger waits from here
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
         offsets = self.with_client(lambda c: c.offsets(self.opts.patterns),
@@ -302,6 +343,8 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
             take = fair_share(available, limit.max_rows)
         else:
             take = available
+        if self._waits_for_more(sum(take.values())):
+            return dict(sorted(start.items()))  # no batch yet
         end = dict(start)  # channels that vanished keep their offset
         for channel, s in begin.items():
             if channel in start:
@@ -313,6 +356,18 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
                 # starting wherever the channel's first seq has moved to since.
                 end[channel] = s
         return {c: end[c] for c in sorted(end)}
+
+    def _waits_for_more(self, rows: int) -> bool:
+        """Kafka's minOffsetsPerTrigger: hold the batch back until that many rows wait,
+        or maxTriggerDelay passed since the last batch (not under availableNow)."""
+        now = time.monotonic()
+        minimum = self.opts.min_per_trigger
+        if (minimum and self._target is None and rows < minimum
+                and now - self._last_trigger < self.opts.max_trigger_delay):
+            return True
+        if rows:
+            self._last_trigger = now
+        return False
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return None if self._latest is None else dict(sorted(self._latest.items()))
@@ -326,7 +381,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
             if channel in self._first and s < self._first[channel]:
                 s = self.opts.check_loss(channel, s, self._first[channel])
             parts += split(channel, s, int(end[channel]), self.opts.per_partition)
-        return parts
+        return at_least(parts, self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self._read(partition)

@@ -224,3 +224,47 @@ def test_a_commit_of_transactions_the_broker_no_longer_holds_fails_saying_so(
     with pytest.raises(MinouSparkError, match=r"no longer holds the batch's staged "
                                               r"transactions.*restart the query"):
         sink.commit([message])
+
+
+# -- Kafka's remaining read options (issue 14) ------------------------------------------
+
+
+def test_min_partitions_splits_the_largest_ranges(opts: dict[str, str], client: Any) -> None:
+    from pyspark_minou.reader import MinouBatchReader, read_range
+
+    ep = unique("minparts")
+    publish(client, f"{ep}/v1/a", 100)
+    publish(client, f"{ep}/v1/b", 3)
+    reader = MinouBatchReader(spark_options(**opts, pattern=f"{ep}/v1/*", minPartitions="6"))
+    parts = reader.partitions()
+    assert len(parts) == 6
+    sizes = sorted(p.end - p.start for p in parts)
+    assert sum(sizes) == 103 and sizes[-1] <= 25  # the big range was halved, not the small
+    seqs = sorted((p.channel, s) for p in parts for batch in read_range(client, p)
+                  for s in batch.column("seq").to_pylist())
+    assert len(seqs) == len(set(seqs)) == 103
+
+
+def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_the_delay(
+        opts: dict[str, str], client: Any) -> None:
+    import time
+
+    ep = unique("mintrig")
+    stream = MinouStreamReader(spark_options(**opts, pattern=f"{ep}/v1/*",
+                                             minOffsetsPerTrigger="50",
+                                             maxTriggerDelay="1s"))
+    publish(client, f"{ep}/v1/a", 10)
+    start = stream.initialOffset()
+    assert stream.latestOffset(start, ReadAllAvailable()) == start  # 10 < 50: wait
+    time.sleep(1.1)  # maxTriggerDelay passed: the 10 go
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {f"{ep}/v1/a": 11}
+    publish(client, f"{ep}/v1/a", 60, start=10)
+    assert stream.latestOffset(end, ReadAllAvailable()) == {f"{ep}/v1/a": 71}  # enough
+    stream.stop()
+
+
+@pytest.mark.parametrize("value", ["soon", "-1s", "5 parsecs"])
+def test_a_bad_max_trigger_delay_is_refused(opts: dict[str, str], value: str) -> None:
+    with pytest.raises(MinouSparkError, match="maxTriggerDelay"):
+        MinouStreamReader(spark_options(**opts, pattern="x/v1/*", maxTriggerDelay=value))
