@@ -131,6 +131,23 @@ def fair_share(available: Mapping[str, int], limit: int) -> dict[str, int]:
     return out
 
 
+def _timestamps(options: Mapping[str, str], every: str, by_channel: str,
+                ) -> tuple[float | None, dict[str, float]]:
+    """(seconds for every channel, or None; seconds per channel) from Kafka's options
+    in milliseconds since the epoch."""
+    raw = opt(options, every)
+    if raw is not None:
+        try:
+            return float(raw) / 1000.0, {}
+        except ValueError:
+            raise MinouSparkError(f"option {every}={raw!r}: expected milliseconds since "
+                                  "the epoch") from None
+    raw = opt(options, by_channel)
+    if raw is None:
+        return None, {}
+    return None, {c: ms / 1000.0 for c, ms in parse_offsets_json(by_channel, raw).items()}
+
+
 class _ReadOptions:
     """Read options shared by batch and stream readers."""
 
@@ -157,7 +174,34 @@ class _ReadOptions:
             self._end_json = parse_offsets_json("endingOffsets", self.ending)
         else:
             self._end_json = None
+        # Kafka's timestamp options, in milliseconds since the epoch; they take
+        # precedence over startingOffsets / endingOffsets (as Kafka's do).
+        self.start_time = _timestamps(options, "startingTimestamp", "startingOffsetsByTimestamp")
+        self.end_time = _timestamps(options, "endingTimestamp", "endingOffsetsByTimestamp")
+        if streaming and self.end_time != (None, {}):
+            raise MinouSparkError("options endingTimestamp and endingOffsetsByTimestamp are "
+                                  "for batch queries (spark.read): a stream has no end")
         self._refuse_what_kafka_refuses(options, streaming)
+
+    def seqs_at(self, reader: LazyClient, offsets: Mapping[str, Any],
+                which: tuple[float | None, dict[str, float]]) -> dict[str, int]:
+        """Per channel of ``offsets``, the first seq published at or after the time the
+        option gives it (the broker answers from storage); channels without one are left
+        out."""
+        every, per_channel = which
+        wanted: dict[float, list[str]] = {}
+        for channel in offsets:
+            at = every if every is not None else per_channel.get(channel)
+            if at is not None:
+                wanted.setdefault(at, []).append(channel)
+        out: dict[str, int] = {}
+        for at, channels in wanted.items():
+            for i in range(0, len(channels), 256):  # MAX_PATTERNS_PER_REQUEST
+                chunk = channels[i:i + 256]
+                found = reader.with_client(lambda c, ch=chunk, t=at: c.offsets_at(ch, t),
+                                           f"finding the seqs published at {at:.3f}")
+                out.update({c: v[2] for c, v in found.items()})
+        return out
 
     def _refuse_what_kafka_refuses(self, options: Mapping[str, str], streaming: bool) -> None:
         """Options that would silently read everything or nothing fail at planning,
@@ -267,11 +311,14 @@ class MinouBatchReader(_PartitionReader, DataSourceReader):
                                        f"listing the offsets of {o.patterns}")
         finally:
             self.close_client()
+        starts = o.seqs_at(self, offsets, o.start_time)
+        ends = o.seqs_at(self, offsets, o.end_time)
         parts: list[InputPartition] = []
         for channel in sorted(offsets):
             first, nxt = offsets[channel]
-            start = o.check_loss(channel, o.start_of(channel, first, nxt), first)
-            end = o.end_of(channel, nxt)
+            start = starts.get(channel) or o.start_of(channel, first, nxt)
+            start = o.check_loss(channel, start, first)
+            end = ends.get(channel) or o.end_of(channel, nxt)
             if start > end:
                 raise MinouSparkError(
                     f"startingOffsets for {channel!r} is seq {start}, past the end of the "
@@ -313,8 +360,10 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         return state
 
     def initialOffset(self) -> dict[str, int]:
-        return {c: self.opts.start_of(c, first, nxt)
-                for c, (first, nxt) in sorted(self._offsets().items())}
+        offsets = self._offsets()
+        starts = self.opts.seqs_at(self, offsets, self.opts.start_time)
+        return {c: starts.get(c) or self.opts.start_of(c, first, nxt)
+                for c, (first, nxt) in sorted(offsets.items())}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_per_batch is None:

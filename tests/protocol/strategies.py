@@ -171,7 +171,7 @@ FRAME_STRATEGIES: dict[type[Frame], st.SearchStrategy[Frame]] = {
     TxnCommit: st.builds(TxnCommit, req=u32, writer_id=text, batch_id=u32, lineage=text,
                          txns=st.lists(text, max_size=3)),
     TxnAbort: st.builds(TxnAbort, req=u32, txns=st.lists(text, max_size=3)),
-    Offsets: st.builds(Offsets, req=u32, patterns=st.lists(text, max_size=3)),
+    Offsets: st.builds(Offsets, req=u32, patterns=st.lists(text, max_size=3), at=seconds),
     Position: st.builds(Position, req=u32, group=text,
                         positions=st.dictionaries(text, u32, max_size=3)),
 }

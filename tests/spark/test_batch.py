@@ -128,3 +128,29 @@ def test_messages_removed_while_a_task_reads_are_data_loss(minou_broker, client,
     with pytest.raises(MinouSparkError, match=r"messages \[1, 7\) were removed"):
         list(read_range(client, part))
     assert list(read_range(client, part, fail_on_data_loss=False)) == []
+
+
+def test_starting_and_ending_timestamps(spark: Any, opts: dict[str, str], client: Any) -> None:
+    """Kafka's startingTimestamp / endingTimestamp / startingOffsetsByTimestamp
+    (milliseconds since the epoch) by the messages' publish times."""
+    import time
+
+    ep = unique("btime")
+    a, b = f"{ep}/v1/a", f"{ep}/v1/b"
+    publish(client, a, 5)
+    publish(client, b, 4)
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish(client, a, 3, start=5)
+
+    def seqs(**more: str) -> set[tuple[str, int]]:
+        return {(r.channel, r.seq) for r in reader(spark, opts, pattern=f"{ep}/v1/*",
+                                                   **more).collect()}
+
+    assert seqs(startingTimestamp=str(cut)) == {(a, 6), (a, 7), (a, 8)}
+    assert seqs(endingTimestamp=str(cut)) == {(a, s) for s in range(1, 6)} | {
+        (b, s) for s in range(1, 5)}
+    by_channel = json.dumps({a: cut})  # b: startingOffsets (earliest)
+    assert seqs(startingOffsetsByTimestamp=by_channel) == {(a, 6), (a, 7), (a, 8)} | {
+        (b, s) for s in range(1, 5)}

@@ -268,3 +268,21 @@ def test_min_offsets_per_trigger_holds_a_batch_back_until_enough_or_the_delay(
 def test_a_bad_max_trigger_delay_is_refused(opts: dict[str, str], value: str) -> None:
     with pytest.raises(MinouSparkError, match="maxTriggerDelay"):
         MinouStreamReader(spark_options(**opts, pattern="x/v1/*", maxTriggerDelay=value))
+
+
+def test_a_stream_starts_at_a_timestamp(opts: dict[str, str], client: Any) -> None:
+    import time
+
+    ep = unique("stime")
+    publish(client, f"{ep}/v1/a", 4)
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    publish(client, f"{ep}/v1/a", 2, start=4)
+    stream = MinouStreamReader(spark_options(**opts, pattern=f"{ep}/v1/*",
+                                             startingTimestamp=str(cut)))
+    assert stream.initialOffset() == {f"{ep}/v1/a": 5}
+    stream.stop()
+    with pytest.raises(MinouSparkError, match="endingTimestamp and endingOffsetsByTimestamp "
+                                              "are for batch queries"):
+        MinouStreamReader(spark_options(**opts, pattern=f"{ep}/v1/*", endingTimestamp="1"))

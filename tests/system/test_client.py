@@ -259,3 +259,23 @@ def test_send_queue_is_bounded(broker):
             fut.cancel() if not fut.done() else fut.exception()
 
     run(main())
+
+
+def test_offsets_at_a_time_find_the_first_seq_published_then(broker):
+    """OFFSETS with ``at``: per channel, the first seq published at or after it (the
+    Spark source's startingTimestamp), from storage."""
+    import time
+
+    with broker.connect_sync() as c:
+        for i in range(5):
+            c.send("when/v1/a", {"i": i})
+        time.sleep(0.05)
+        cut = time.time()
+        time.sleep(0.05)
+        for i in range(5, 8):
+            c.send("when/v1/a", {"i": i})
+        c.send("when/v1/b", {"i": 0})  # only after the cut
+        got = c.offsets_at("when/v1/*", cut)
+        assert got == {"when/v1/a": (1, 9, 6), "when/v1/b": (1, 2, 1)}
+        assert c.offsets_at("when/v1/a", cut - 3600)["when/v1/a"][2] == 1
+        assert c.offsets_at("when/v1/a", time.time() + 1)["when/v1/a"][2] == 9  # none yet

@@ -1058,6 +1058,15 @@ class Client:
         res = await self._request(f.Offsets(self._next_req(), list(patterns)))
         return {k: (int(v[0]), int(v[1])) for k, v in res.value.items()}
 
+    async def offsets_at(self, patterns: str | list[str], at: float,
+                         ) -> dict[str, tuple[int, int, int]]:
+        """``{channel: (first_seq, next_seq, seq_at)}``: ``seq_at`` is the first seq
+        published at or after ``at`` (seconds since the epoch; ``next_seq`` if none)."""
+        if isinstance(patterns, str):
+            patterns = [patterns]
+        res = await self._request(f.Offsets(self._next_req(), list(patterns), float(at)))
+        return {k: (int(v[0]), int(v[1]), int(v[2])) for k, v in res.value.items()}
+
     async def set_position(self, group: str, positions: dict[str, int]) -> dict[str, int]:
         """Tell the broker consumer ``group`` is done below ``positions[channel]`` (for
         retention and lag, when the reader keeps its own offsets); returns the lags."""

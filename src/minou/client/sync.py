@@ -171,6 +171,10 @@ class SyncClient:
     def offsets(self, patterns: str | list[str]) -> dict[str, tuple[int, int]]:
         return self._runner.call(self._client.offsets(patterns))
 
+    def offsets_at(self, patterns: str | list[str], at: float,
+                   ) -> dict[str, tuple[int, int, int]]:
+        return self._runner.call(self._client.offsets_at(patterns, at))
+
     def set_position(self, group: str, positions: dict[str, int]) -> dict[str, int]:
         return self._runner.call(self._client.set_position(group, positions))
 

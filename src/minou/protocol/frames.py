@@ -278,10 +278,12 @@ class TxnAbort(Frame):
 
 
 class Offsets(Frame):
-    """Earliest and next seq of every channel the patterns match (one round trip)."""
+    """Earliest and next seq of every channel the patterns match (one round trip); with
+    ``at`` (seconds since the epoch), also the first seq published at or after it."""
 
     req: int
     patterns: list[str]
+    at: float = 0.0
 
 
 class Position(Frame):

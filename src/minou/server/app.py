@@ -1002,6 +1002,19 @@ class BrokerServer:
         totals.update(published=c.published, delivered=c.delivered, acked=c.acked)
         self.rates.sample(now, totals)
 
+    async def seqs_at(self, found: dict[str, list[int]], at: float) -> dict[str, list[int]]:
+        """``found`` (channel -> [first, next]) with a third seq each: the first one
+        published at or after ``at`` (``next`` if none was), from storage (publish
+        times grow with seqs: a binary search over segments, no scan)."""
+        def lookup() -> dict[str, list[int]]:
+            out = {}
+            for channel, (first, nxt) in found.items():
+                seq = self.storage.retained_until(channel, nxt, at)
+                out[channel] = [first, nxt, first if seq is None else max(first, seq)]
+            return out
+
+        return await asyncio.get_running_loop().run_in_executor(self._reader_pool, lookup)
+
     def spawn_reply(self, conn: NativeConnection, req: int, pending: Any) -> None:
         """Finish an admin operation that reads storage; reply (after its commit, if it
         changed state) or send the error."""

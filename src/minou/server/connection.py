@@ -390,6 +390,9 @@ class NativeConnection:
         if len(found) > MAX_OFFSETS_CHANNELS:
             raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS answer "
                              f"lists at most {MAX_OFFSETS_CHANNELS}: narrow the patterns")
+        if frame.at > 0:  # the seqs by publish time are read from storage
+            self.server.spawn_reply(self, frame.req, self.server.seqs_at(found, frame.at))
+            return
         self._send(f.Result(frame.req, found))
 
     def _on_position(self, frame: f.Position) -> None:
