@@ -21,7 +21,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ._common import SCHEMA_DDL, MinouSparkError, normalize
+from ._common import SCHEMA_DDL, SCHEMA_DDL_BINARY, MinouSparkError, binary_payload, normalize
 from .reader import MinouBatchReader, MinouPartition, MinouStreamReader
 from .writer import MinouBatchWriter, MinouCommitMessage, MinouStreamWriter
 
@@ -38,7 +38,7 @@ class MinouDataSource(DataSource):
         return "minou"
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        return SCHEMA_DDL_BINARY if binary_payload(normalize(self.options)) else SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return MinouBatchReader(normalize(self.options))

@@ -31,6 +31,17 @@ SCHEMA_DDL = (
     "channel string, seq long, id string, key string, payload string, "
     "headers map<string,string>, published_at timestamp"
 )
+# payloadFormat=binary: the payload as stored (JSON text or a raw message's bytes)
+SCHEMA_DDL_BINARY = SCHEMA_DDL.replace("payload string", "payload binary")
+
+
+def binary_payload(options: Mapping[str, str]) -> bool:
+    """The read option payloadFormat: string (JSON text, the default) or binary."""
+    value = (opt(options, "payloadFormat", "string") or "string").lower()
+    if value not in ("string", "binary"):
+        raise MinouSparkError(f"option payloadFormat={value!r}: expected string (JSON text) "
+                              "or binary (the bytes as stored, raw messages included)")
+    return value == "binary"
 
 
 class MinouSparkError(ValueError):

@@ -28,6 +28,7 @@ from ._common import (
     ClientConfig,
     LazyClient,
     MinouSparkError,
+    binary_payload,
     opt,
     opt_bool,
     opt_int,
@@ -48,6 +49,7 @@ ARROW_SCHEMA = pa.schema([
                                 pa.field("value", pa.string()))),
     pa.field("published_at", pa.timestamp("us", tz="UTC")),
 ])
+ARROW_SCHEMA_BINARY = ARROW_SCHEMA.set(4, pa.field("payload", pa.binary()))
 READ_PAGE = 5000  # messages per broker round trip (the broker caps a page at 10,000)
 EARLIEST, LATEST = -2, -1
 
@@ -59,21 +61,23 @@ class MinouPartition(InputPartition):
     end: int  # exclusive
 
 
-def to_record_batch(msgs: list[Message]) -> pa.RecordBatch:
-    payloads = [
-        (m.data.decode("utf-8", errors="replace") if m.raw else m.data.decode("utf-8"))
-        for m in msgs
-    ]
+def to_record_batch(msgs: list[Message], binary: bool = False) -> pa.RecordBatch:
+    if binary:
+        payloads: pa.Array = pa.array([m.data for m in msgs], pa.binary())
+    else:
+        payloads = pa.array([
+            (m.data.decode("utf-8", errors="replace") if m.raw else m.data.decode("utf-8"))
+            for m in msgs], pa.string())
     return pa.RecordBatch.from_arrays([
         pa.array([m.channel for m in msgs], pa.string()),
         pa.array([m.seq for m in msgs], pa.int64()),
         pa.array([m.id for m in msgs], pa.string()),
         pa.array([m.key for m in msgs], pa.string()),
-        pa.array(payloads, pa.string()),
+        payloads,
         pa.array([list(m.headers.items()) for m in msgs], ARROW_SCHEMA.field("headers").type),
         pa.array([round(m.published_at * 1_000_000) for m in msgs],
                  pa.timestamp("us", tz="UTC")),
-    ], schema=ARROW_SCHEMA)
+    ], schema=ARROW_SCHEMA_BINARY if binary else ARROW_SCHEMA)
 
 
 def split(channel: str, start: int, end: int, size: int) -> list[MinouPartition]:
@@ -166,6 +170,7 @@ class _ReadOptions:
             "maxTriggerDelay", opt(options, "maxTriggerDelay", "15m") or "15m")
         self.max_per_batch = opt_int(options, "maxRecordsPerBatch", None)
         self.fail_on_data_loss = opt_bool(options, "failOnDataLoss", True)
+        self.binary = binary_payload(options)
         name = opt(options, "groupName") or opt(options, "queryName")
         self.group = f"spark:{name}" if name else None
         self._start_json = (parse_offsets_json("startingOffsets", self.starting)
@@ -249,7 +254,7 @@ class _ReadOptions:
 
 
 def read_range(client: Any, part: MinouPartition, fail_on_data_loss: bool = True,
-               ) -> Iterator[pa.RecordBatch]:
+               binary: bool = False) -> Iterator[pa.RecordBatch]:
     pos = part.start
     while pos < part.end:
         msgs, nxt, first = client.read_page(part.channel, pos,
@@ -266,7 +271,7 @@ def read_range(client: Any, part: MinouPartition, fail_on_data_loss: bool = True
             log.warning("channel %s: skipping lost messages [%d, %d)", part.channel, pos,
                         lost_to)
         if msgs:
-            yield to_record_batch(msgs)
+            yield to_record_batch(msgs, binary)
         if nxt <= pos:  # defensive: never spin on a broker that makes no progress
             break
         pos = nxt
@@ -291,7 +296,8 @@ class _PartitionReader(LazyClient):
         try:
             opts = getattr(self, "opts", None)
             yield from read_range(_Reconnecting(self), partition,
-                                  opts.fail_on_data_loss if opts is not None else True)
+                                  opts.fail_on_data_loss if opts is not None else True,
+                                  opts.binary if opts is not None else False)
         finally:
             # One connection per task: executors' Python workers are reused, but a task
             # must not leave an idle connection (and its loop thread) behind.

@@ -42,6 +42,24 @@ class MinouCommitMessage(WriterCommitMessage):
     lineage: str = ""
 
 
+def _headers(headers: Any) -> dict[str, str]:
+    """A headers column as the broker takes them: a map<string,string>, or Kafka's
+    array<struct<key: string, value: string or binary>>. Message headers are one value
+    per name: a name that repeats gets its values joined with ", " (HTTP's rule for a
+    repeated header); a null value means no such header (not the text "None")."""
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, value = (pair["key"], pair["value"]) if isinstance(pair, dict) else pair
+        if value is None:
+            continue
+        text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) \
+            else str(value)
+        name = str(key)
+        out[name] = f"{out[name]}, {text}" if name in out else text
+    return out
+
+
 class _Sink(LazyClient):
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
         self.config = ClientConfig.from_options(options)
@@ -59,15 +77,16 @@ class _Sink(LazyClient):
         self.batch_size = opt_int(options, "sinkBatchSize", 1000) or 1000
         names = set(schema.fieldNames())
         if "payload" not in names:
-            raise MinouSparkError("the minou sink needs a string column 'payload' (JSON text; "
-                                  "use to_json(...)); optional: channel, key, headers")
+            raise MinouSparkError("the minou sink needs a column 'payload': a string (JSON "
+                                  "text; use to_json(...)) or binary (raw messages); "
+                                  "optional: channel, key, headers")
         if "channel" not in names and not self.channel:
             raise MinouSparkError("give option channel, or a 'channel' column, to say where "
                                   "rows go")
         self.columns = names & {"payload", "channel", "key", "headers"}
 
     # ------------------------------------------------------------- executor side
-    def _item(self, channel: str | None, text: str | None, key: str | None,
+    def _item(self, channel: str | None, text: str | bytes | None, key: str | None,
               headers: Any) -> dict[str, Any]:
         # The option wins over a channel column (Kafka's rule for topic): a frame read
         # from minou carries its source channels, and writing it on must not send the
@@ -75,16 +94,16 @@ class _Sink(LazyClient):
         channel = self.channel or channel
         if not channel:
             raise MinouSparkError("a row has a null channel and no option channel is set")
-        # The payload column is JSON text already: it goes to the broker as is (Raw),
-        # which checks it is JSON (and matches the channel's schema) when it is staged.
-        payload = msgspec.Raw(b"null" if text is None else text.encode("utf-8"))
+        # A string payload is JSON text already: it goes to the broker as is (Raw), which
+        # checks it is JSON (and matches the channel's schema) when it is staged. A binary
+        # one is sent as a raw message (not JSON: refused where a schema applies).
+        payload: Any = text if isinstance(text, bytes) else msgspec.Raw(
+            b"null" if text is None else text.encode("utf-8"))
         item: dict[str, Any] = {"channel": channel, "payload": payload}
         if key is not None:
             item["key"] = key
         if headers:
-            pairs = headers.items() if isinstance(headers, dict) else headers
-            # A null value means no such header (not the text "None").
-            item["headers"] = {str(k): str(v) for k, v in pairs if v is not None}
+            item["headers"] = _headers(headers)
         return item
 
     def _rows_of(self, batches: Iterator[Any]) -> Iterator[dict[str, Any]]:

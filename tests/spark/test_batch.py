@@ -154,3 +154,37 @@ def test_starting_and_ending_timestamps(spark: Any, opts: dict[str, str], client
     by_channel = json.dumps({a: cut})  # b: startingOffsets (earliest)
     assert seqs(startingOffsetsByTimestamp=by_channel) == {(a, 6), (a, 7), (a, 8)} | {
         (b, s) for s in range(1, 5)}
+
+
+def test_binary_payloads_are_raw_messages_both_ways(spark: Any, opts: dict[str, str],
+                                                     client: Any) -> None:
+    """A binary payload column writes raw (non-JSON) messages; payloadFormat=binary
+    reads every payload as the bytes stored, JSON and raw alike."""
+    out = f"{unique('bbin')}/v1/raw"
+    blobs = [bytes([i, 0, 255, i]) for i in range(5)]
+    df = spark.createDataFrame([(b,) for b in blobs], "payload binary")
+    df.write.format("minou").options(**opts).option("channel", out) \
+        .option("writerId", unique("w")).mode("append").save()
+    client.send(out, {"json": True})
+    got = reader(spark, opts, channel=out, payloadFormat="binary").orderBy("seq").collect()
+    assert [bytes(r.payload) for r in got] == [*blobs, b'{"json":true}']
+    assert reader(spark, opts, channel=out).schema["payload"].dataType.simpleString() == "string"
+    with pytest.raises(Exception, match="payloadFormat='hex'"):
+        reader(spark, opts, channel=out, payloadFormat="hex").count()
+
+
+def test_kafka_shaped_headers_with_repeated_keys(spark: Any, opts: dict[str, str],
+                                                 client: Any) -> None:
+    """Kafka's headers column (array<struct<key, value binary>>) writes as is; a key
+    that repeats has its values joined with ", " (a message has one value per name)."""
+    out = f"{unique('bhdr')}/v1/x"
+    df = spark.sql("""SELECT '{"n":1}' AS payload,
+                      array(named_struct('key', 'trace', 'value', CAST('a' AS BINARY)),
+                            named_struct('key', 'tag', 'value', CAST('x' AS BINARY)),
+                            named_struct('key', 'tag', 'value', CAST('y' AS BINARY)),
+                            named_struct('key', 'gone', 'value', CAST(NULL AS BINARY)))
+                      AS headers""")
+    df.write.format("minou").options(**opts).option("channel", out) \
+        .option("writerId", unique("w")).mode("append").save()
+    (row,) = reader(spark, opts, channel=out).collect()
+    assert row.headers == {"trace": "a", "tag": "x, y"}
