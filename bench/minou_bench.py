@@ -69,7 +69,8 @@ GROUPS = {
 }
 HTTP_TESTS = GROUPS["e"]  # minou only
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
-SPARK_ROWS = ["spark_read", "spark_stream", "spark_batch_latency"]  # test "spark"
+SPARK_ROWS = ["spark_read", "spark_stream", "spark_noop", "spark_rate_noop", "spark_vs_rate",
+              "spark_batch_latency"]  # test "spark"
 
 # key, description, unit direction ("hi" = higher is better), minou target
 ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
@@ -98,6 +99,9 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
      (">=", 50_000)),
     ("spark_stream", "Spark drain availableNow -> transactional sink (rows/s wall, minou only)",
      "hi", (">=", 20_000)),
+    ("spark_noop", "Spark drain availableNow -> noop (rows/s wall, minou only)", "hi", None),
+    ("spark_rate_noop", "Spark's own rate source -> noop, same session (rows/s)", "hi", None),
+    ("spark_vs_rate", "minou -> noop / Spark's rate -> noop (ratio)", "hi", None),
     ("spark_batch_latency", "Spark median micro-batch @ SPARKRATE/s, processingTime=0 (s)",
      "lo", ("<=", 0.5)),
 ]
@@ -350,8 +354,11 @@ class Bench:
         res.update(out)
         res["spark_total_s"] = round(took, 1)
         for key in SPARK_ROWS:
-            c = cpu.get(key, {})
-            unit = "s" if key == "spark_batch_latency" else "rows/s"
+            c = cpu.get(key)
+            if c is None:  # a ratio of two rows
+                log(f"  minou      {key:19s} {fmt(res.get(key)):>8s}")
+                continue
+            unit = {"spark_batch_latency": "s", "spark_vs_rate": "x"}.get(key, "rows/s")
             log(f"  minou      {key:19s} {fmt(res.get(key)):>8s} {unit}  (CPU% "
                 f"server {c.get('server')}, Spark driver+JVM+workers {c.get('clients')}; "
                 f"host busy {c.get('host_busy_cores')} cores)")

@@ -234,6 +234,38 @@ def run_spark(args: argparse.Namespace) -> dict[str, Any]:
             f"({st['rows_per_s_in_batches']} rows/s in batches, median batch "
             f"{st['median_batch_ms']} ms); CPU% {ph.cpu}")
 
+        # --- spark_noop and spark_rate_noop: the Python data-source path against Spark's
+        # own source in the same session. Both are streams into the noop sink: minou's
+        # drain of the N messages (availableNow), and Spark's rate source for as long,
+        # at more rows a second than it can take (its rows/s is what Spark itself does).
+        with Phase(args.broker_pid) as ph:
+            q = (spark.readStream.format("minou").options(**opts).option("channel", CHANNEL)
+                 .option("startingOffsets", "earliest")
+                 .option("maxRecordsPerBatch", str(args.max_per_batch)).load()
+                 .select("payload").writeStream.format("noop")
+                 .option("checkpointLocation", str(work / "cp-noop"))
+                 .trigger(availableNow=True).start())
+            q.awaitTermination(args.timeout)
+        st = progress_stats(q.recentProgress)
+        res["spark_noop"] = round(st["rows"] / ph.wall)
+        res["cpu_pct"]["spark_noop"] = ph.cpu
+        seconds = max(5.0, ph.wall)
+        with Phase(args.broker_pid) as ph:
+            q = (spark.readStream.format("rate").option("rowsPerSecond", 2_000_000)
+                 .option("numPartitions", 2).load()
+                 .selectExpr("repeat('x', 100) AS payload").writeStream.format("noop")
+                 .option("checkpointLocation", str(work / "cp-rate"))
+                 .trigger(processingTime="0 seconds").start())
+            time.sleep(seconds)
+            q.stop()
+        st_rate = progress_stats(q.recentProgress)
+        res["spark_rate_noop"] = round(st_rate["rows"] / ph.wall)
+        res["cpu_pct"]["spark_rate_noop"] = ph.cpu
+        res["spark_vs_rate"] = round(res["spark_noop"] / max(1, res["spark_rate_noop"]), 3)
+        say(f"minou -> noop {res['spark_noop']:,} rows/s; Spark's rate -> noop "
+            f"{res['spark_rate_noop']:,} rows/s over {ph.wall:.1f} s: ratio "
+            f"{res['spark_vs_rate']}")
+
         # --- spark_batch_latency
         client.send(LIVE, "seed")  # the channel exists before the query starts
         q = (spark.readStream.format("minou").options(**opts).option("channel", LIVE)
