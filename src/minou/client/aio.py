@@ -1027,7 +1027,9 @@ class Client:
     # ------------------------------------------- staged publishes, positions
     async def stage(self, txn: str, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> int:
         """Stage messages under transaction ``txn`` (invisible until committed); return
-        how many it holds. Staged data lives in the broker's memory: commit soon."""
+        how many it holds (once stored: a broker restart keeps it). Staged data is held
+        in the broker's memory too, and expires an hour after the last stage: commit
+        soon."""
         sends = [_make_send(**i) if isinstance(i, dict) else _make_send(i[0], i[1])
                  for i in items]
         total = 0

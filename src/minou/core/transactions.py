@@ -86,8 +86,8 @@ class Transactions:
         missing = [t for t in txns if (owner, t) not in self.staged]
         if missing:
             raise NotFound(f"unknown transaction(s) {missing[:5]}: never staged (by this "
-                           "client), already committed or aborted, expired, or lost in a "
-                           "broker restart", txns=", ".join(missing[:5]))
+                           "client), already committed or aborted, or expired (an hour after "
+                           "the last STAGE)", txns=", ".join(missing[:5]))
         return [send for t in txns for send in self.staged[(owner, t)].sends]
 
     def take(self, owner: str, txns: list[str]) -> list[Send]:
