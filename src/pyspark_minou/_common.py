@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -114,6 +116,24 @@ def parse_offsets_json(name: str, value: str) -> dict[str, int]:
 DEFAULT_CLIENT_ID = "spark"
 
 
+def local_file(option: str, path: str) -> str:
+    """A file option as this machine sees it: the path if it exists here, else a file
+    shipped with ``--files`` / ``spark.files`` under that name (``SparkFiles.get``).
+    Otherwise a precise error: the option, the path and the machine."""
+    if os.path.exists(path):
+        return path
+    with contextlib.suppress(Exception):  # no SparkContext or files root in this process
+        from pyspark import SparkFiles
+
+        shipped = SparkFiles.get(os.path.basename(path))
+        if os.path.exists(shipped):
+            return shipped
+    raise MinouSparkError(
+        f"option {option}={path!r}: no such file on {socket.gethostname()}. Give a path "
+        "that exists on the driver and on every executor, or ship the file with --files "
+        "(spark.files) and give its name")
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """How to reach and authenticate to the broker; picklable (no socket in it)."""
@@ -135,6 +155,12 @@ class ClientConfig:
                 "option brokers is required: comma-separated broker URLs, e.g. "
                 "minou://host:7700")
         key_file = opt(options, "keyFile")
+        # Checked where the query is planned, so a missing file fails it at once rather
+        # than in every task (executors resolve the same names again: local_file).
+        for option in ("keyFile", "cafile"):
+            path = opt(options, option)
+            if path is not None:
+                local_file(option, path)
         # One id for the driver and every executor: staged transactions belong to the
         # client that staged them, and the driver commits them.
         client_id = opt(options, "clientId") or (
@@ -146,9 +172,11 @@ class ClientConfig:
     def connect(self) -> SyncClient:
         # No reconnect: a task that loses its broker should fail and let Spark retry it,
         # rather than block on a reconnect loop with half a partition read or staged.
-        return minou.connect_sync(self.brokers, client_id=self.client_id, key=self.key_file,
+        key = local_file("keyFile", self.key_file) if self.key_file else None
+        cafile = local_file("cafile", self.cafile) if self.cafile else None
+        return minou.connect_sync(self.brokers, client_id=self.client_id, key=key,
                                   broker_token=self.broker_token,
-                                  tls_fingerprint=self.tls_fingerprint, cafile=self.cafile,
+                                  tls_fingerprint=self.tls_fingerprint, cafile=cafile,
                                   reconnect=False)
 
 

@@ -188,3 +188,24 @@ def test_kafka_shaped_headers_with_repeated_keys(spark: Any, opts: dict[str, str
         .option("writerId", unique("w")).mode("append").save()
     (row,) = reader(spark, opts, channel=out).collect()
     assert row.headers == {"trace": "a", "tag": "x, y"}
+
+
+def test_file_options_resolve_files_shipped_with_spark_and_name_a_missing_one(
+        spark: Any, opts: dict[str, str], client: Any, tmp_path: Any) -> None:
+    """A keyFile (or cafile) given by name is found among the files shipped with
+    --files / addFile; one found nowhere fails the query at planning, naming the option,
+    the path and the machine."""
+    import shutil
+    import socket
+
+    ch = f"{unique('shipped')}/v1/a"
+    publish(client, ch, 3)
+    name = f"{unique('shipped-key')}.key"
+    shutil.copy(opts["keyFile"], tmp_path / name)
+    spark.sparkContext.addFile(str(tmp_path / name))
+    shipped = {**opts, "keyFile": name}  # not a path this process can open as such
+    assert reader(spark, shipped, channel=ch).count() == 3
+    missing = f"/nowhere/not-{name}"  # neither here nor shipped
+    with pytest.raises(Exception, match=re.escape(
+            f"option keyFile='{missing}': no such file on {socket.gethostname()}")):
+        reader(spark, {**opts, "keyFile": missing}, channel=ch).count()
