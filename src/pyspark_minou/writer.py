@@ -209,14 +209,10 @@ class _Sink(LazyClient):
             return
         lineage = next((m.lineage for m in mine if m.lineage), "")
         try:
-            result = self.client().commit_transactions(self.writer_id or "", batch_id, txns,
-                                                       lineage)
-        except RETRYABLE as exc:
-            raise MinouSparkError(
-                f"committing batch {batch_id} of writer {self.writer_id!r}: lost the broker "
-                f"at {self.config.brokers} ({exc}); if the commit did not happen, the batch "
-                "is written when the query restarts, and if it did, its replay is discarded "
-                "(exactly once either way)") from exc
+            # Safe to send again: a commit the broker made already is answered as it was.
+            result = self.with_client(
+                lambda c: c.commit_transactions(self.writer_id or "", batch_id, txns, lineage),
+                f"committing batch {batch_id} of writer {self.writer_id!r}")
         except NotFound as exc:
             raise MinouSparkError(
                 f"committing batch {batch_id} of writer {self.writer_id!r}: the broker at "

@@ -194,3 +194,37 @@ def test_staged_transactions_are_stored_and_dropped_when_done(tmp_path) -> None:
     result = h.broker.commit_txns(app, "job", 1, ["kept"], 3700.0)
     assert result["published"] == 3
     h.storage.close()  # type: ignore[union-attr]
+
+
+def test_a_commit_sent_again_gets_the_same_answer_even_after_a_restart(tmp_path) -> None:
+    """Its answer lost with the connection (or the broker restarted), a writer sends
+    TXN_COMMIT again: the same result, nothing published twice; a commit whose storage
+    write failed is not answered as done."""
+    from minou.core.broker import Broker
+    from minou.errors import StorageFull
+    from minou.storage.sqlite import SQLiteStorage
+
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(0.0)
+    h = Harness(storage=st)
+    app = Session("app")
+    h.broker.stage(app, "t1", [Send("out/v1/x", js(1))], 0.0)
+    first = h.broker.commit_txns(app, "job", 0, ["t1"], 0.0)
+    h.commit()
+    assert h.broker.commit_txns(app, "job", 0, ["t1"], 0.0) == first
+    st.close()
+    st = SQLiteStorage(tmp_path / "m.db")
+    broker = Broker()
+    broker.restore(st.open(10.0), 10.0)
+    assert broker.commit_txns(app, "job", 0, ["t1"], 10.0) == first
+    assert broker.channels["out/v1/x"].count == 1
+    # A commit that is not written (a full disk) is not remembered as answered.
+    h = Harness(storage=st, broker=broker, now=10.0)
+    broker.stage(app, "t2", [Send("out/v1/x", js(2))], 10.0)
+    h.commit()
+    broker.commit_txns(app, "job", 1, ["t2"], 10.0)
+    broker.on_failed(broker.take_writes(), StorageFull("full", data_dir="/x", free_bytes=0))
+    assert broker.transactions.answered("app", ["t2"]) is None
+    broker.expire_txns(10.0 + 3601)  # an hour on, the answer is forgotten too
+    assert broker.transactions.answered("app", ["t1"]) is None
+    st.close()

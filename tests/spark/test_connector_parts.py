@@ -286,3 +286,20 @@ def test_a_stream_starts_at_a_timestamp(opts: dict[str, str], client: Any) -> No
     with pytest.raises(MinouSparkError, match="endingTimestamp and endingOffsetsByTimestamp "
                                               "are for batch queries"):
         MinouStreamReader(spark_options(**opts, pattern=f"{ep}/v1/*", endingTimestamp="1"))
+
+
+def test_the_drivers_commit_waits_for_a_broker_that_is_restarting(
+        own_broker: BrokerProcess) -> None:
+    """The broker is down when the driver commits: the commit is sent again once it is
+    back (a commit it had made would be answered as it was), published once."""
+    import threading
+
+    out = f"{unique('downcommit')}/v1/out"
+    sink = MinouBatchWriter(spark_options(**client_options(own_broker, "spark-dc"),
+                                          channel=out, writerId=unique("w")), SINK_SCHEMA)
+    message = sink.write(rows(list(range(7))))
+    own_broker.kill()
+    threading.Timer(1.5, own_broker.start).start()
+    sink.commit([message])
+    with own_broker.connect_sync("spark-check") as c:
+        assert [m.payload for m in read_all(c, out)] == list(range(7))

@@ -512,6 +512,8 @@ class Broker:
             log.inflight -= 1
         for channel, key, _, seq, msg_id in batch.dedup:
             self.dedup.forget(channel, key, seq, msg_id)
+        for owner, txn, _, _ in batch.txn_done:  # not published: never "answered" as if
+            self.transactions.done.pop((owner, txn), None)
         for state, pseq in batch.sequenced:  # a resend gets this error, not "stored"
             state.refuse(pseq, pseq, int(error.code), error.message)
             self.producers.mark(state)
@@ -1274,6 +1276,9 @@ class Broker:
         staged and the fences where they were, so the writer may abort and replay)."""
         self.transactions.check_writer(session.client_id, writer_id)
         self.transactions.check_lineage(writer_id, lineage)
+        again = self.transactions.answered(session.client_id, txns)
+        if again is not None:  # sent again after its answer was lost: the same answer
+            return again
         sends = self.transactions.peek(session.client_id, txns)
         keep, skipped, fences = self.transactions.fence(writer_id, batch_id, sends)
         full = self.storage_refusal
@@ -1299,8 +1304,12 @@ class Broker:
         if lineage and self.transactions.lineages.get(writer_id) != lineage:
             self.transactions.lineages[writer_id] = lineage
             self.batch.meta[WRITER_LINEAGE_META + writer_id] = lineage
-        return {"published": len(staged), "discarded": len(sends) - len(keep),
-                "replayed_channels": skipped, "failed": failed[:20]}
+        result = {"published": len(staged), "discarded": len(sends) - len(keep),
+                  "replayed_channels": skipped, "failed": failed[:20]}
+        for t in txns:
+            self.transactions.done[(session.client_id, t)] = (now, result)
+        self.batch.txn_done += [(session.client_id, t, result, now) for t in txns]
+        return result
 
     def _check_commit(self, sends: list[Send], access: Access) -> None:
         """Raise what publishing ``sends`` would refuse: rules and schemas (either may

@@ -24,6 +24,7 @@ commits under their writer id.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from ..limits import MAX_BATCH
@@ -52,6 +53,10 @@ class Transactions:
         self.fences: dict[tuple[str, str], int] = {}  # (writer_id, channel) -> last batch id
         self.writers: dict[str, str] = {}  # writer_id -> the client that owns it
         self.lineages: dict[str, str] = {}  # writer_id -> the run of batches it fences
+        # (owner, txn) -> (when, the commit's result): a TXN_COMMIT sent again (its answer
+        # was lost with the connection, or the broker restarted) gets the same answer
+        # instead of "unknown transaction", for as long as a staged one would live.
+        self.done: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
         self.bytes = 0
         self.committed = 0  # transactions committed since start
         self.discarded = 0  # messages dropped by a fence (replayed batches)
@@ -149,18 +154,34 @@ class Transactions:
         return dropped
 
     def expire(self, now: float, ttl: float = STAGED_TTL_S) -> list[tuple[str, str]]:
-        """Drop what was staged more than ``ttl`` ago; return their (owner, txn)."""
+        """Drop what was staged, or committed, more than ``ttl`` ago; return their
+        (owner, txn) (their stored rows go)."""
         old = [t for t, s in self.staged.items() if now - s.touched > ttl]
         for t in old:
             self.bytes -= self.staged.pop(t).bytes
             self.gone[t] = now
         self.gone = {t: at for t, at in self.gone.items() if now - at <= ttl}
         self.expired += len(old)
-        return old
+        done = [t for t, (at, _) in self.done.items() if now - at > ttl]
+        for t in done:
+            del self.done[t]
+        return old + done
+
+    def answered(self, owner: str, txns: list[str]) -> dict[str, Any] | None:
+        """The result of the commit that took all of ``txns`` already, if one did."""
+        results = [self.done.get((owner, t)) for t in txns]
+        if txns and all(r is not None for r in results):
+            first = results[0][1]  # type: ignore[index]
+            if all(r[1] == first for r in results):  # type: ignore[index]
+                return first
+        return None
 
     def load(self, parts: list[tuple[str, str, int, list[Send], float]]) -> None:
         """Staged transactions read back from storage (in part order)."""
-        for owner, txn, _, sends, touched in parts:
+        for owner, txn, part, sends, touched in parts:
+            if part == 0:  # a commit's answer (see ``done``)
+                self.done[(owner, txn)] = (touched, sends)  # type: ignore[assignment]
+                continue
             staged = self.staged.get((owner, txn))
             if staged is None:
                 staged = self.staged[(owner, txn)] = StagedTxn(owner, touched)

@@ -49,6 +49,8 @@ class WriteBatch:
     # transactions to drop (committed, aborted, expired), written after the parts.
     staged: list[tuple[str, str, int, list[Send], float]] = field(default_factory=list)
     unstaged: list[tuple[str, str]] = field(default_factory=list)
+    # committed transactions' answers (owner, txn, result, when), written after unstaged
+    txn_done: list[tuple[str, str, dict[str, Any], float]] = field(default_factory=list)
     # (producer state, sequence) of each numbered publish staged in this batch: if the
     # commit fails, those sequences become refusals (a resend gets the same error)
     sequenced: list[tuple[Any, int]] = field(default_factory=list)
@@ -60,6 +62,7 @@ class WriteBatch:
             or self.group_states or self.dedup or self.clients or self.reservations
             or self.fences or self.writers or self.dropped_fences or self.meta
             or self.used_tokens or self.producers or self.staged or self.unstaged
+            or self.txn_done
             or self.on_commit
         )
 

@@ -281,7 +281,8 @@ class SQLiteStorage:
         snap.meta = dict(db.execute("SELECT key, value FROM meta"))
         snap.used_tokens = [tuple(r) for r in db.execute(
             "SELECT jti, expires FROM used_tokens WHERE expires > ?", (now,))]  # type: ignore[misc]
-        snap.staged = [(owner, txn, part, _sends.decode(body), touched)
+        snap.staged = [(owner, txn, part, _sends.decode(body) if part else
+                        msgspec.msgpack.decode(body), touched)
                        for owner, txn, part, body, touched in db.execute(
                            "SELECT owner, txn, part, body, touched FROM staged "
                            "ORDER BY owner, txn, part")]
@@ -513,6 +514,11 @@ class SQLiteStorage:
                             batch.staged])
         if batch.unstaged:
             db.executemany("DELETE FROM staged WHERE owner = ? AND txn = ?", batch.unstaged)
+        if batch.txn_done:  # part 0: the commit's answer, kept while it may be asked again
+            db.executemany("INSERT OR REPLACE INTO staged(owner, txn, part, body, touched) "
+                           "VALUES (?,?,0,?,?)",
+                           [(o, t, _enc.encode(result), at) for o, t, result, at in
+                            batch.txn_done])
         if batch.producers:
             rows = [row for row in batch.producers.values() if row is not None]
             if rows:
