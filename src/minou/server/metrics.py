@@ -338,20 +338,20 @@ class Metrics:
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))
-        yield GaugeMetricFamily("minou_dedup_keys", "Dedup keys held in memory (the dedup "
-                                "window; max_dedup_keys caps it).", num(dedup, "keys"))
-        yield CounterMetricFamily("minou_dedup_evicted", "Dedup keys expired early because "
-                                  "max_dedup_keys was reached (the window narrowed).",
-                                  num(dedup, "evicted"))
-        yield GaugeMetricFamily("minou_producer_states", "Idempotent producer states held "
-                                "(one per client, producer id and channel).",
-                                num(producers, "states"))
-        yield CounterMetricFamily("minou_producer_states_evicted", "Producer states dropped "
-                                  "past MAX_PRODUCER_STATES (least recently used first).",
-                                  num(producers, "evicted"))
-        yield CounterMetricFamily("minou_connections_dead", "Connections cut because they "
-                                  "sent nothing for two heartbeat intervals.",
-                                  num(snap, "dead_connections"))
+        for family, name, value, doc in (
+            (GaugeMetricFamily, "minou_dedup_keys", num(dedup, "keys"),
+             "Dedup keys held in memory (the dedup window; max_dedup_keys caps it)."),
+            (CounterMetricFamily, "minou_dedup_evicted", num(dedup, "evicted"),
+             "Dedup keys expired early because max_dedup_keys was reached (the window "
+             "narrowed)."),
+            (GaugeMetricFamily, "minou_producer_states", num(producers, "states"),
+             "Idempotent producer states held (one per client, producer id and channel)."),
+            (CounterMetricFamily, "minou_producer_states_evicted", num(producers, "evicted"),
+             "Producer states dropped past MAX_PRODUCER_STATES (least recently used first)."),
+            (CounterMetricFamily, "minou_connections_dead", num(snap, "dead_connections"),
+             "Connections cut because they sent nothing for two heartbeat intervals."),
+        ):
+            yield family(name, doc, value)
 
         for name, attr, doc in (
             ("minou_queue_depth", "depth", "Live messages in the queue."),
