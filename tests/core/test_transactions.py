@@ -228,3 +228,10 @@ def test_a_commit_sent_again_gets_the_same_answer_even_after_a_restart(tmp_path)
     broker.expire_txns(10.0 + 3601)  # an hour on, the answer is forgotten too
     assert broker.transactions.answered("app", ["t1"]) is None
     st.close()
+
+
+def test_a_lineage_is_bounded_like_an_id() -> None:
+    t = Transactions()
+    with pytest.raises(BadRequest, match="a lineage is at most 200 characters, got 201"):
+        t.check_lineage("job", "q" * 201)
+    t.check_lineage("job", "q" * 200)

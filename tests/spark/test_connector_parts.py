@@ -5,6 +5,7 @@ broker restart under a running query)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pyarrow as pa
@@ -303,3 +304,20 @@ def test_the_drivers_commit_waits_for_a_broker_that_is_restarting(
     sink.commit([message])
     with own_broker.connect_sync("spark-check") as c:
         assert [m.payload for m in read_all(c, out)] == list(range(7))
+
+
+@pytest.mark.parametrize("option, value, reason", [
+    ("reconnectTimeout", "soon", "option reconnectTimeout='soon': expected a number of seconds"),
+    ("reconnectTimeout", "-1", "option reconnectTimeout='-1': must be >= 0 seconds"),
+    ("startingTimestamp", "yesterday", "option startingTimestamp='yesterday': expected "
+                                       "milliseconds since the epoch"),
+    ("startingOffsetsByTimestamp", "[1]", "option startingOffsetsByTimestamp: expected a "
+                                          "JSON object"),
+    ("minPartitions", "0", "option minPartitions='0': must be >= 1"),
+])
+def test_bad_new_read_options_are_refused_precisely(opts: dict[str, str], option: str,
+                                                    value: str, reason: str) -> None:
+    from pyspark_minou.reader import MinouBatchReader
+
+    with pytest.raises(MinouSparkError, match=re.escape(reason)):
+        MinouBatchReader(spark_options(**opts, pattern="x/v1/*", **{option: value}))

@@ -21,7 +21,10 @@ from ..conftest import RawPeer, signed_hello, wait_until
 from .netproxy import Proxy
 
 BEAT = 0.5
-SLACK = 1.0  # scheduling on a busy 2-core machine, on top of the two intervals
+# How long a test waits for what only a heartbeat can cause: far more than two intervals
+# (no timing is asserted), far less than what would happen without heartbeats (the 60 s
+# lease, the 15 s pause, a connection no one ever closes).
+WITHIN = 10.0
 
 
 @pytest.fixture
@@ -49,17 +52,20 @@ async def _count(broker, channel: str) -> list:
             msgs += page
 
 
-def _paused(broker, seconds: float) -> threading.Thread:
-    """SIGSTOP the broker now and SIGCONT it after ``seconds`` (from a thread)."""
+def _paused(broker, seconds: float) -> tuple[threading.Thread, threading.Event]:
+    """SIGSTOP the broker now and SIGCONT it after ``seconds`` (from a thread); the event
+    is set once it runs again."""
     os.kill(broker.proc.pid, signal.SIGSTOP)
+    woke = threading.Event()
 
     def wake() -> None:
         time.sleep(seconds)
         os.kill(broker.proc.pid, signal.SIGCONT)
+        woke.set()
 
     t = threading.Thread(target=wake, daemon=True)
     t.start()
-    return t
+    return t, woke
 
 
 def test_a_paused_broker_never_hangs_a_send_and_the_resend_is_stored_once(broker):
@@ -77,37 +83,34 @@ def test_a_paused_broker_never_hangs_a_send_and_the_resend_is_stored_once(broker
         results: dict[str, object] = {}
 
         def send(name: str, client, payload: dict) -> None:
-            t0 = time.monotonic()
             try:
                 results[name] = client.send("hang/v1/a", payload)
             except Exception as exc:  # the test inspects what it was
                 results[name] = exc
-            results[name + "_s"] = time.monotonic() - t0
+            results[name + "_while_paused"] = not woke.is_set()
 
-        waker = _paused(broker, 15.0)
-        paused_at = time.monotonic()
+        waker, woke = _paused(broker, 15.0)
         threads = [threading.Thread(target=send, args=("patient", producer, {"n": 1})),
                    threading.Thread(target=send, args=("impatient", impatient, {"n": 2}))]
         for t in threads:
             t.start()
         aio = consumer._client
-        wait_until(lambda: aio.dead_connections >= 1, timeout=2 * BEAT + SLACK + 1,
+        wait_until(lambda: aio.dead_connections >= 1, timeout=WITHIN,
                    what="the consumer's client to declare the paused broker dead")
-        detected = time.monotonic() - paused_at
-        assert detected <= 2 * BEAT + SLACK, detected
+        assert not woke.is_set()  # noticed while the broker was still paused
         assert "sent nothing for" in str(aio.last_error)
         assert "heartbeat" in str(aio.last_error)
         # The impatient send gives up long before the broker wakes up.
-        threads[1].join(10)
+        threads[1].join(WITHIN)
         assert isinstance(results["impatient"], minou.Timeout), results
-        assert results["impatient_s"] < 6
+        assert results["impatient_while_paused"]
         assert "within 2 s" in str(results["impatient"])
         waker.join()
         threads[0].join(40)
         assert not threads[0].is_alive(), "send() hung after SIGCONT"
         receipt = results["patient"]
         assert isinstance(receipt, minou.Receipt), receipt
-        assert 15 <= results["patient_s"] < 40
+        assert not results["patient_while_paused"]  # confirmed once the broker ran again
         # And the consumer's client is back, reading.
         producer.send("hang/v1/a", {"n": 3})
         producer.send("hangc/v1/a", {"n": 3})
@@ -142,18 +145,14 @@ def test_a_black_holed_consumer_is_cut_by_the_broker_and_its_messages_redelivere
             assert sorted(m.payload["n"] for m in held) == list(range(5))
             other = await healthy.consume("bh/v1/*", group="workers", prefetch=10, lease=60)
             proxy.freeze()
-            frozen_at = time.monotonic()
             # The broker side: the five come to the healthy member, long before 60 s.
-            got = [await other.get(2 * BEAT + SLACK + 2) for _ in range(5)]
-            redelivered = time.monotonic() - frozen_at
+            got = [await other.get(WITHIN) for _ in range(5)]
             assert sorted(m.payload["n"] for m in got) == list(range(5))
             assert all(m.attempts == 2 for m in got)
-            assert redelivered <= 2 * BEAT + SLACK, redelivered
             for m in got:
                 assert await m.ack()
             # The client side: dead within two intervals, then back through the 2nd URL.
-            await asyncio.wait_for(_until(lambda: silent.dead_connections == 1), 2)
-            assert time.monotonic() - frozen_at <= 2 * BEAT + SLACK
+            await asyncio.wait_for(_until(lambda: silent.dead_connections == 1), WITHIN)
             assert "sent nothing for" in str(silent.last_error)
             await asyncio.wait_for(_until(lambda: silent.connected), 10)
             assert silent.broker_id == healthy.broker_id
@@ -203,11 +202,15 @@ def test_the_broker_bounds_the_heartbeat_a_client_asks_for(broker):
         welcome = peer.read()
         assert isinstance(welcome, f.Welcome)
         assert welcome.heartbeat == 0.2  # MIN_HEARTBEAT_S
-        # Silent on our side: a heartbeat comes, then the cut after two intervals.
-        t0 = time.monotonic()
+        # Silent on our side: a heartbeat comes, then the broker closes the connection
+        # (a timeout here means it never did).
+        peer.sock.settimeout(WITHIN)
         assert isinstance(peer.read(), f.Heartbeat)
-        assert peer.closed_by_peer()
-        assert time.monotonic() - t0 < 2
+        try:
+            while peer.sock.recv(65536):
+                pass  # more heartbeats, then the end
+        except ConnectionResetError:
+            pass  # an abort: as good as a close
     finally:
         peer.close()
 
@@ -321,17 +324,15 @@ def test_a_stream_websocket_that_answers_no_ping_is_closed_and_its_messages_go_b
                                           "group": "g", "prefetch": 10,
                                           "lease": 60}).encode()))
         time.sleep(0.3)  # it takes all three, and never reads or answers a ping
-        t0 = time.monotonic()
         got = set()
         with stream(broker, bearer(broker, "ws-alive")) as ws:
             ws.send(json.dumps({"op": "consume", "pattern": "wsb/v1/*", "group": "g",
                                 "prefetch": 10}))
             while len(got) < 3:
-                message = receive(ws, "message", 2 * BEAT + SLACK + 2)
+                message = receive(ws, "message", WITHIN)
                 got.add(message["payload"]["i"])
                 ws.send(json.dumps({"op": "ack", "receipt": message["receipt"]}))
         assert got == {0, 1, 2}
-        assert time.monotonic() - t0 <= 2 * BEAT + SLACK + 0.5
     finally:
         sock.close()
 
@@ -368,10 +369,10 @@ def test_a_publish_that_could_not_be_sent_in_time_is_dropped_and_says_so(broker)
             await client.send("gone/v1/a", {"n": 0})
             await asyncio.get_running_loop().run_in_executor(None, broker.kill)
             await asyncio.wait_for(_until(lambda: not client.connected), 5)
-            t0 = time.monotonic()
             with pytest.raises(minou.Timeout, match="was not sent"):
-                await client.send("gone/v1/a", {"n": 1})
-            assert time.monotonic() - t0 < 2.5
+                # (without a deadline it would wait here; wait_for's own TimeoutError is
+                # not a minou.Timeout, so that fails the test)
+                await asyncio.wait_for(client.send("gone/v1/a", {"n": 1}), WITHIN)
             await asyncio.get_running_loop().run_in_executor(None, broker.start)
             await asyncio.wait_for(_until(lambda: client.connected), 15)
             assert (await client.send("gone/v1/a", {"n": 2})).seq == 2

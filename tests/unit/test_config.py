@@ -43,6 +43,9 @@ def test_flags_override_the_file(tmp_path):
         ('[channels."orders"]\nttl = 3', 'channels."orders": channel options are keyed by'),
         ('[channels."orders/v1"]\nttl = true', 'channels."orders/v1".ttl: expected'),
         ("port = ", "not valid TOML"),
+        ("websocket_heartbeat = 0", "websocket_heartbeat: expected a number of seconds > 0"),
+        ('websocket_heartbeat = "5s"', "websocket_heartbeat: expected a number of seconds"),
+        ("max_dedup_keys = 0", "max_dedup_keys: expected an integer >= 1"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text, message):

@@ -118,6 +118,9 @@ class Transactions:
     def check_lineage(self, writer_id: str, lineage: str) -> None:
         """Raise if ``writer_id`` fences another run of batches than ``lineage``: that
         run's fences would discard this one's first batches as replays."""
+        if len(lineage) > MAX_TXN_ID:  # stored with the writer: bounded like an id
+            raise BadRequest(f"a lineage is at most {MAX_TXN_ID} characters, got "
+                             f"{len(lineage)}", limit=MAX_TXN_ID)
         bound = self.lineages.get(writer_id)
         if lineage and bound and bound != lineage:
             raise BadRequest(
