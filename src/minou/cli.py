@@ -693,6 +693,80 @@ def clients_rotate(conn: dict[str, Any], target: str, public_key: str, as_json: 
 
 
 @main.group()
+def credentials() -> None:
+    """Delegated credentials: secrets that act as a client, under its rules and without
+    admin rights, for work that must not hold its key (Spark executors). A client
+    issues, renews and revokes its own; an admin lists and revokes anyone's."""
+
+
+@credentials.command(name="issue")
+@connection_options
+@click.option("--ttl", type=click.FloatRange(1, 7 * 86400), default=3600.0,
+              show_default=True, help="Seconds it lives (renew to extend).")
+@click.option("--purpose", default="", help="Shown in listings and logs.")
+@json_option
+def credentials_issue(conn: dict[str, Any], ttl: float, purpose: str, as_json: bool) -> None:
+    """Issue a credential for the client running this command (with its key). The
+    secret is printed once, on stdout: pass it to the work as `credential=`."""
+    result = _admin(conn, "credentials.issue", ttl=ttl, purpose=purpose)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(result["credential"])
+    say("issued", f"credential {result['id']} for {result['client_id']}, expires in "
+                  f"{result['expires_at'] - _now():.0f} s", style="green")
+
+
+@credentials.command(name="list")
+@connection_options
+@json_option
+def credentials_list(conn: dict[str, Any], as_json: bool) -> None:
+    """Live credentials (yours; an admin's: everyone's), never their secrets."""
+    data = _admin(conn, "credentials.list")
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    table = Table(title="credentials")
+    for col in ("id", "client", "expires in", "renewed", "purpose"):
+        table.add_column(col)
+    for c in data["credentials"]:
+        renewed = f"{_now() - c['renewed_at']:.0f} s ago" if c["renewed_at"] else "-"
+        table.add_row(c["id"], c["client_id"], f"{c['expires_at'] - _now():.0f} s", renewed,
+                      c["purpose"])
+    out().print(table)
+
+
+@credentials.command(name="renew")
+@connection_options
+@click.argument("credential_id", metavar="ID")
+@click.option("--ttl", type=click.FloatRange(1, 7 * 86400), default=3600.0,
+              show_default=True, help="Seconds from now.")
+@json_option
+def credentials_renew(conn: dict[str, Any], credential_id: str, ttl: float,
+                      as_json: bool) -> None:
+    """Extend a live credential to now + TTL."""
+    result = _admin(conn, "credentials.renew", id=credential_id, ttl=ttl)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"renewed {credential_id}: expires in {result['expires_at'] - _now():.0f} s")
+
+
+@credentials.command(name="revoke")
+@connection_options
+@click.argument("credential_id", metavar="ID")
+@json_option
+def credentials_revoke(conn: dict[str, Any], credential_id: str, as_json: bool) -> None:
+    """Void a credential now; connections that presented it close."""
+    result = _admin(conn, "credentials.revoke", id=credential_id)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(f"revoked {credential_id} of {result['client_id']}; "
+                   f"{result['connections_closed']} connection(s) closed")
+
+
+@main.group()
 def writers() -> None:
     """Writer ids of exactly-once commits (Spark's writerId), each owned by the client that
     first committed under it (admin only)."""

@@ -148,3 +148,11 @@ RETURNED_FROM_LIMIT = 10_000
 CONSUMER_STALL_S = 30.0  # paused at the write water mark this long with deliveries out: cut
 DELIVERY_BUFFER_BUDGET = 128 << 20  # unsent delivery bytes across all connections
 BUDGET_SHARE = 256 << 10  # past the budget, a connection holding more gets no deliveries
+
+# Delegated credentials (auth.credentials): a client that proved itself with its key
+# hands tasks running elsewhere (Spark executors) a secret bound to its identity.
+DEFAULT_CREDENTIAL_TTL_S = 3600.0
+MIN_CREDENTIAL_TTL_S = 1.0
+MAX_CREDENTIAL_TTL_S = 7 * 24 * 3600.0  # as Kafka's delegation tokens' max lifetime
+MAX_CREDENTIALS_PER_CLIENT = 1_000  # unexpired ones; a notebook running a query a minute
+MAX_CREDENTIALS = 50_000  # ... and all clients together (~200 bytes each)

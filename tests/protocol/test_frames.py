@@ -82,8 +82,8 @@ def test_golden_ping():
 
 def test_golden_hello_keeps_defaults_on_the_wire():
     # array_like, omit_defaults=False: every field is sent, in declaration order.
-    # ... then heartbeat (a float64 0.0) and producer_id ("")
-    body = b"\x98\xa1c\x01\xc0\xc0\xc0\xc0\xcb" + bytes(8) + b"\xa0"
+    # ... then heartbeat (a float64 0.0), producer_id ("") and credential (nil)
+    body = b"\x99\xa1c\x01\xc0\xc0\xc0\xc0\xcb" + bytes(8) + b"\xa0\xc0"
     assert encode(Hello(client_id="c")) == len(body + b"x").to_bytes(4, "big") + b"\x01" + body
 
 

@@ -83,7 +83,8 @@ class Identity:
     client_id: str
     admin: bool
     fingerprint: str = ""
-    method: str = "key"  # "key", "broker_token" or "development"
+    method: str = "key"  # "key", "credential", "broker_token" or "development"
+    credential: str = ""  # the id of the delegated credential it presented
 
 
 def parse_public_key(pem: str | bytes) -> PublicKey:

@@ -54,6 +54,7 @@ from ..limits import (
     CLIENT_RECONNECT_MIN_S,
     CLIENT_REQUEST_TIMEOUT_S,
     CLIENT_SEND_QUEUE,
+    DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_PORT,
     HEARTBEAT_MISSES,
@@ -347,9 +348,14 @@ class Client:
         heartbeat: float | None = DEFAULT_HEARTBEAT_S,
         confirm_timeout: float | None = CLIENT_CONFIRM_TIMEOUT_S,
         idempotent: bool = True,
+        credential: str | None = None,
     ) -> None:
         if not urls:
             raise ValueError("give at least one broker URL")
+        if credential is not None and (key is not None or not client_id):
+            raise ValueError("a credential stands in for the key: give client_id (whose "
+                             "credential it is) and no key")
+        self._credential = credential
         self.urls = [parse_url(u) for u in urls]
         self.client_id = client_id or f"{socket.gethostname()}-{os.getpid()}"
         self.key: PrivateKey | None = (
@@ -505,7 +511,7 @@ class Client:
             token = make_token(self.client_id, self.key, audience)
         return f.Hello(self.client_id, PROTOCOL_VERSION, token, None, self._public_pem,
                        self.broker_token, self.heartbeat,
-                       self.producer_id if self.idempotent else "")
+                       self.producer_id if self.idempotent else "", self._credential)
 
     async def _handshake(self, proto: _Protocol, idx: int) -> f.Welcome:
         """HELLO until WELCOME: a broker that wants a token names itself (the audience)
@@ -1024,6 +1030,25 @@ class Client:
         res = await self._request(f.Admin(self._next_req(), op, args))
         return res.value
 
+    async def issue_credential(self, ttl: float = DEFAULT_CREDENTIAL_TTL_S,
+                               purpose: str = "") -> dict[str, Any]:
+        """A delegated credential for this client (which must have connected with its
+        key): ``credential`` (the secret, shown once), ``id`` and ``expires_at``. Hand the
+        secret to work running elsewhere: ``connect(url, client_id=..., credential=...)``
+        acts as this client, under its rules, with no admin rights, until it expires."""
+        return cast(dict[str, Any], await self.admin("credentials.issue", ttl=ttl,
+                                                     purpose=purpose))
+
+    async def renew_credential(self, credential_id: str,
+                               ttl: float = DEFAULT_CREDENTIAL_TTL_S) -> dict[str, Any]:
+        """Extend a credential this client issued to now + ``ttl``."""
+        return cast(dict[str, Any], await self.admin("credentials.renew", id=credential_id,
+                                                     ttl=ttl))
+
+    async def revoke_credential(self, credential_id: str) -> dict[str, Any]:
+        """Void a credential now; connections that presented it are closed."""
+        return cast(dict[str, Any], await self.admin("credentials.revoke", id=credential_id))
+
     # ------------------------------------------- staged publishes, positions
     async def stage(self, txn: str, items: Iterable[tuple[str, Any] | dict[str, Any]]) -> int:
         """Stage messages under transaction ``txn`` (invisible until committed); return
@@ -1173,6 +1198,7 @@ async def connect(
     heartbeat: float | None = DEFAULT_HEARTBEAT_S,
     confirm_timeout: float | None = CLIENT_CONFIRM_TIMEOUT_S,
     idempotent: bool = True,
+    credential: str | None = None,
 ) -> Client:
     """Connect to the first broker of ``urls`` that answers; fail over to the others.
 
@@ -1183,7 +1209,8 @@ async def connect(
     with ``cafile`` or pinned to ``tls_fingerprint`` (``SHA256:..`` as the broker
     printed it). A new client may have to wait for an admin's approval: with
     ``wait_for_approval`` > 0 it retries for that many seconds instead of raising
-    ``PendingApproval`` at once.
+    ``PendingApproval`` at once. ``credential`` (with ``client_id``, without ``key``) is a
+    delegated credential its holder issued (``Client.issue_credential``).
 
     Liveness and deadlines (docs/reliability.md): both sides send a heartbeat every
     ``heartbeat`` seconds of silence (``None``: none) and a side that hears nothing for
@@ -1199,7 +1226,7 @@ async def connect(
                     request_timeout=request_timeout, reconnect=reconnect, key=key,
                     broker_token=broker_token, tls_fingerprint=tls_fingerprint, cafile=cafile,
                     heartbeat=heartbeat, confirm_timeout=confirm_timeout,
-                    idempotent=idempotent)
+                    idempotent=idempotent, credential=credential)
     deadline = asyncio.get_running_loop().time() + wait_for_approval
     while True:
         try:

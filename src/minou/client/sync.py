@@ -151,6 +151,19 @@ class SyncClient:
     def read(self, channel: str, from_seq: int = 1, **kw: Any) -> tuple[list[Message], int]:
         return self._runner.call(self._client.read(channel, from_seq, **kw))
 
+    def issue_credential(self, ttl: float | None = None, purpose: str = "") -> dict[str, Any]:
+        kw: dict[str, Any] = {"purpose": purpose} if ttl is None else \
+            {"ttl": ttl, "purpose": purpose}
+        return self._runner.call(self._client.issue_credential(**kw))
+
+    def renew_credential(self, credential_id: str, ttl: float | None = None
+                         ) -> dict[str, Any]:
+        kw: dict[str, Any] = {} if ttl is None else {"ttl": ttl}
+        return self._runner.call(self._client.renew_credential(credential_id, **kw))
+
+    def revoke_credential(self, credential_id: str) -> dict[str, Any]:
+        return self._runner.call(self._client.revoke_credential(credential_id))
+
     def admin(self, op: str, **args: Any) -> Any:
         return self._runner.call(self._client.admin(op, **args))
 

@@ -30,6 +30,8 @@ class WriteBatch:
     group_states: dict[tuple[str, str], tuple[int, bytes] | None] = field(default_factory=dict)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
     clients: dict[str, bytes | None] = field(default_factory=dict)  # key registry; None: drop
+    # delegated credentials (auth.credentials) by id; None: drop
+    credentials: dict[str, bytes | None] = field(default_factory=dict)
     reservations: dict[str, str | None] = field(default_factory=dict)  # channel -> owner
     fences: dict[tuple[str, str], int] = field(default_factory=dict)  # (writer, channel) -> batch
     writers: dict[str, str | None] = field(default_factory=dict)  # writer id -> owner; None: free
@@ -59,7 +61,8 @@ class WriteBatch:
     def __bool__(self) -> bool:
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
-            or self.group_states or self.dedup or self.clients or self.reservations
+            or self.group_states or self.dedup or self.clients or self.credentials
+            or self.reservations
             or self.fences or self.writers or self.dropped_fences or self.meta
             or self.used_tokens or self.producers or self.staged or self.unstaged
             or self.txn_done
@@ -81,6 +84,7 @@ class WriteBatch:
         for mine, theirs in ((self.group_defs, failed.group_defs),
                              (self.group_states, failed.group_states),
                              (self.clients, failed.clients),
+                             (self.credentials, failed.credentials),
                              (self.reservations, failed.reservations),
                              (self.writers, failed.writers), (self.meta, failed.meta),
                              (self.producers, failed.producers)):

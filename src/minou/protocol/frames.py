@@ -72,6 +72,9 @@ class Hello(Frame):
     # The producer id a WELCOME gave this client before (its publishes' sequences are
     # kept per producer id, so a resend after a reconnect is stored once); "" for a new one.
     producer_id: str = ""
+    # A delegated credential (``mdc1.<id>.<secret>``, from ``credentials.issue``) in place
+    # of a token: for work the key's holder runs elsewhere (Spark executors).
+    credential: str | None = None
 
 
 class Welcome(Frame):

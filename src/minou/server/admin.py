@@ -1,30 +1,36 @@
 """Admin operations, shared by the native ``ADMIN`` frame, the HTTP API and the CLI.
 
 Each operation takes the server, its arguments and the caller's identity. The
-adapters check the caller is an admin before any of these runs (``whoami``
-excepted). An operation returns a JSON-able value, or an awaitable of one when
-it must read storage. Operations that change state are answered after the
+adapters check the caller is an admin before any of these runs (``whoami`` and a
+client's own credentials excepted). An operation returns a JSON-able value, or an
+awaitable of one when it must read storage. Operations that change state are answered after the
 commit that makes the change durable (the adapters wait for it).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from ..auth.credentials import check_ttl
 from ..core import maintenance
 from ..core.log import Msg
-from ..errors import BadRequest, NotAuthenticated, NotFound
+from ..errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
+from ..limits import DEFAULT_CREDENTIAL_TTL_S
 from ..names import DEAD_PREFIX, validate_channel
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
     from .app import BrokerServer
 
+log = logging.getLogger("minou.admin")
 Op = Callable[["BrokerServer", dict[str, Any], "Identity | None"], Any]
-PUBLIC_OPS = frozenset({"whoami"})
+# What a non-admin may run: each acts on the caller's own identity only.
+SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
+                              "credentials.revoke", "credentials.list"})
 MAX_BROWSE = 1000
 
 
@@ -316,6 +322,67 @@ def _forget(server: BrokerServer, args: dict[str, Any], caller: Identity | None)
     return result
 
 
+# ------------------------------------------------------------- credentials
+def _credential_owner(server: BrokerServer, caller: Identity | None) -> str | None:
+    """Whose credentials the caller may handle: its own, or (admins) anyone's."""
+    if caller is None or (caller.admin and caller.method != "credential"):
+        return None
+    return caller.client_id
+
+
+def _issue_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                      ) -> Any:
+    if caller is None or caller.method != "key":
+        how = caller.method if caller is not None else "no identity"
+        raise NotAuthorized(
+            "only a client that proved itself with its own key can issue a credential "
+            f"(this connection used {how}); a credential cannot issue another",
+            op="credentials.issue")
+    owner = server.registry.records.get(caller.client_id)
+    if owner is None:
+        raise NotFound(f"client {caller.client_id!r} is not registered")
+    ttl = check_ttl(args.get("ttl", DEFAULT_CREDENTIAL_TTL_S))
+    purpose = _str_arg(args, "purpose", required=False) or ""
+    secret, record = server.credentials.issue(owner, ttl=ttl, purpose=purpose)
+    server._persist_registry()
+    log.info("credential %s issued to %s for %.0f s%s", record.id, owner.client_id, ttl,
+             f" ({purpose})" if purpose else "")
+    return {**record.public(), "credential": secret}
+
+
+def _renew_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                      ) -> Any:
+    if caller is not None and caller.method == "credential":
+        raise NotAuthorized("a credential cannot renew itself: the holder of the client's "
+                            "key renews it", op="credentials.renew")
+    credential_id = _str_arg(args, "id")
+    assert credential_id is not None
+    record = server.credentials.renew(
+        credential_id, client_id=_credential_owner(server, caller),
+        ttl=check_ttl(args.get("ttl", DEFAULT_CREDENTIAL_TTL_S)))
+    server._persist_registry()
+    return record.public()
+
+
+def _revoke_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                       ) -> Any:
+    credential_id = _str_arg(args, "id")
+    assert credential_id is not None
+    record = server.credentials.revoke(credential_id,
+                                       client_id=_credential_owner(server, caller))
+    server._persist_registry()
+    closed = server.drop_client(
+        record.client_id, f"credential {record.id!r} was revoked by {_by(caller)}",
+        credential=record.id)
+    log.info("credential %s of %s revoked by %s", record.id, record.client_id, _by(caller))
+    return {**record.public(), "connections_closed": closed}
+
+
+def _list_credentials(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                      ) -> Any:
+    return {"credentials": server.credentials.listing(_credential_owner(server, caller))}
+
+
 def _release(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
     channel = _str_arg(args, "channel")
     assert channel is not None
@@ -366,6 +433,10 @@ OPERATIONS: dict[str, Op] = {
     "reservations.release": _release,
     "writers.release": _release_writer,
     "reload": _reload,
+    "credentials.issue": _issue_credential,
+    "credentials.renew": _renew_credential,
+    "credentials.revoke": _revoke_credential,
+    "credentials.list": _list_credentials,
 }
 
 
@@ -380,4 +451,8 @@ def run_admin(server: BrokerServer, op: str, args: dict[str, Any],
         if not isinstance(value, str | int | float | bool | None):
             raise BadRequest(f"admin argument {str(name)[:64]!r} must be a string, a number, "
                              "a boolean or null")
+    if caller is not None and caller.method == "credential" and op not in SELF_SERVICE_OPS:
+        raise NotAuthorized(
+            f"admin operation {op!r} refused: this connection presented a delegated "
+            "credential, which never carries admin rights", op=op)
     return handler(server, args, caller)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import __version__
 from ..auth import keys as keyfiles
+from ..auth.credentials import Credentials, decode_credential, encode_credential
 from ..auth.registry import Identity, Registry, decode_record, encode_record
 from ..config import Settings
 from ..core.broker import Broker, Session
@@ -153,6 +154,7 @@ class BrokerServer:
         self.core.strict_schemas = settings.strict_schemas
         self.core.dedup.max_keys = settings.max_dedup_keys
         self.registry = Registry()
+        self.credentials = Credentials()
         self.admin_key_path: Path | None = None
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
@@ -261,6 +263,7 @@ class BrokerServer:
         self.core.restore(snap, now)
         self.registry = Registry((decode_record(blob) for blob in snap.clients),
                                  admins=self.settings.admins)
+        self.credentials = Credentials(decode_credential(b) for b in snap.credentials)
         self._stage_registry()  # records of older versions, with their admin answer
         for old, new in self.core.migrate_listen_keys(self.registry.records).items():
             log.warning("durable listener %r of an older version is now %r (its client "
@@ -399,6 +402,8 @@ class BrokerServer:
             return Identity(hello.client_id, True, method="development")
         if s.auth_mode == "token":
             return Identity(hello.client_id, True, method="broker_token")
+        if hello.credential:
+            return self.delegated(hello.credential, hello.client_id)
         if not hello.token:
             raise NotAuthenticated(
                 f"broker {self.core.broker_id!r} requires a token signed with the client's "
@@ -412,16 +417,33 @@ class BrokerServer:
         finally:
             self._stage_registry()
 
+    def delegated(self, credential: str, client_id: str | None = None) -> Identity:
+        """Who a delegated credential speaks for (auth.credentials), or NotAuthenticated.
+        Admin operations stay refused to it (admin.run_admin), whatever its owner is."""
+        try:
+            record = self.credentials.verify(credential, self.registry.records,
+                                             client_id=client_id)
+        except NotAuthenticated as exc:
+            self.registry.failures[str(exc.detail.get("why", "bad_credential"))] += 1
+            raise
+        admin = self.registry.is_admin(record.client_id, self.settings.admins)
+        return Identity(record.client_id, admin, record.fingerprint, method="credential",
+                        credential=record.id)
+
     def _stage_registry(self) -> bool:
-        """Key registrations and used token ids into the next commit (a restart must not
-        make a captured token usable again); whether there were any."""
+        """Key registrations, used token ids and credentials into the next commit (a
+        restart must not make a captured token usable again); whether there were any."""
         changes = self.registry.take_changes()
         for client_id, record in changes.items():
             self.core.batch.clients[client_id] = (
                 encode_record(record) if record is not None else None)
         used = self.registry.replay.take_new()
         self.core.batch.used_tokens.extend(used)
-        return bool(changes or used)
+        issued = self.credentials.take_changes()
+        for credential_id, credential in issued.items():
+            self.core.batch.credentials[credential_id] = (
+                encode_credential(credential) if credential is not None else None)
+        return bool(changes or used or issued)
 
     def _persist_registry(self) -> None:
         if self._stage_registry():
@@ -436,16 +458,25 @@ class BrokerServer:
         return Session(identity.client_id, conn, access=self.access_for(identity),
                        admin=identity.admin)
 
-    def drop_client(self, client_id: str, reason: str) -> int:
-        """Close every connection of ``client_id`` (revoked or its key rotated)."""
+    def drop_client(self, client_id: str, reason: str, *, credential: str = "") -> int:
+        """Close every connection of ``client_id`` (revoked or its key rotated) and void
+        its credentials; with ``credential``, only the connections that presented it."""
+        if credential:
+            def gone(identity: Identity) -> bool:
+                return identity.credential == credential
+        else:
+            def gone(identity: Identity) -> bool:
+                return identity.client_id == client_id and \
+                    identity.method in ("key", "credential")
+            if self.credentials.revoke_client(client_id):
+                self._persist_registry()
         dropped = 0
         for conn in list(self.connections):
-            if conn.identity is not None and conn.identity.client_id == client_id \
-                    and conn.identity.method == "key":
+            if conn.identity is not None and gone(conn.identity):
                 conn.refuse(NotAuthenticated(reason, why="revoked"))
                 dropped += 1
         for stream in list(self.streams):
-            if stream.identity.client_id == client_id and stream.identity.method == "key":
+            if gone(stream.identity):
                 stream.end(int(NotAuthenticated.code), reason, "not_authenticated")
                 dropped += 1
         return dropped
@@ -509,7 +540,7 @@ class BrokerServer:
             session, identity = conn.session, conn.identity
             if session is None or identity is None:
                 continue
-            if identity.method == "key":
+            if identity.method in ("key", "credential"):
                 identity = conn.identity = self.http_identity(identity)
             session.admin = identity.admin
             session.access = self.access_for(identity)
@@ -549,11 +580,11 @@ class BrokerServer:
     def http_identity(self, identity: Identity) -> Identity:
         """An identity with admin rights as the live config and the registry say (after a
         reload, an approval or a revocation): listed in auth.admins AND approved as one."""
-        if identity.method != "key":
+        if identity.method not in ("key", "credential"):
             return identity
         return Identity(identity.client_id,
                         self.registry.is_admin(identity.client_id, self.settings.admins),
-                        identity.fingerprint, identity.method)
+                        identity.fingerprint, identity.method, identity.credential)
 
     def close_session(self, session: Session) -> None:
         self.core.disconnect(session, time.time())
@@ -802,6 +833,8 @@ class BrokerServer:
                 last_expiry_scan = now
                 self._sample_rates(now)
                 self.core.expire_txns(now)
+                if self.credentials.expire(now):
+                    self._stage_registry()
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
                 expired = await loop.run_in_executor(

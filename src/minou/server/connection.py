@@ -43,6 +43,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
+from .admin import SELF_SERVICE_OPS
 
 if TYPE_CHECKING:
     from .app import BrokerServer
@@ -348,7 +349,7 @@ class NativeConnection:
         self.server.read_range(self, frame)
 
     def _on_admin(self, frame: f.Admin) -> None:
-        if not self.session.admin and frame.op not in ("whoami",):
+        if not self.session.admin and frame.op not in SELF_SERVICE_OPS:
             raise NotAuthorized(
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)

@@ -362,7 +362,8 @@ class HttpApi:
         return json_response(await self.admin_op("browse", args, identity))
 
     def admin_route(self, op: str, *, query: tuple[str, ...] = (),
-                    queue: bool = False, body: bool = False) -> Handler:
+                    queue: bool = False, body: bool = False,
+                    self_service: bool = False) -> Handler:
         async def run(request: Request, identity: Identity) -> Response:
             args: dict[str, Any] = {k: request.query_params[k] for k in query
                                     if k in request.query_params}
@@ -380,7 +381,8 @@ class HttpApi:
                 args["force"] = str(args["force"]).lower() in ("1", "true", "yes")
             return json_response(await self.admin_op(op, args, identity))
 
-        return self.guard(run, admin=True)
+        # Self-service operations act on the caller's own identity (admin.SELF_SERVICE_OPS).
+        return self.guard(run, admin=not self_service)
 
     # ------------------------------------------------------------ monitoring
     async def metrics(self, request: Request, identity: Identity) -> Response:
@@ -482,6 +484,17 @@ class HttpApi:
                   methods=["POST"]),
             Route("/v1/clients/{client_id}/rotate",
                   self.admin_route("clients.rotate", body=True), methods=["POST"]),
+            Route("/v1/credentials",
+                  self.admin_route("credentials.issue", body=True, self_service=True),
+                  methods=["POST"]),
+            Route("/v1/credentials", self.admin_route("credentials.list", self_service=True),
+                  methods=["GET"]),
+            Route("/v1/credentials/{id}/renew",
+                  self.admin_route("credentials.renew", body=True, self_service=True),
+                  methods=["POST"]),
+            Route("/v1/credentials/{id}",
+                  self.admin_route("credentials.revoke", self_service=True),
+                  methods=["DELETE"]),
             Route("/v1/admin/reload", self.admin_route("reload"), methods=["POST"]),
             Route("/v1/admin/soft-stop", self.admin_route("soft_stop"), methods=["POST"]),
         ]

@@ -16,6 +16,7 @@ import hmac
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..auth.credentials import looks_like_credential
 from ..auth.registry import ACTIVE, PENDING, Identity
 from ..auth.tokens import unverified_issuer, verify_token
 from ..errors import NotAuthenticated, PendingApproval
@@ -61,6 +62,8 @@ class HttpAuth:
         if settings.auth_mode == "token":
             self.server.registry.failures["bad_broker_token"] += 1
             raise NotAuthenticated("the broker token does not match", why="bad_broker_token")
+        if looks_like_credential(token):
+            return self.server.delegated(token)
         return self._jwt(token)
 
     def _jwt(self, token: str) -> Identity:

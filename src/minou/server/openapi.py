@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ERROR_TABLE
+from ..limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
 
 # The channel name rules of minou.names (a channel is at most 255 characters).
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "minLength": 1, "maxLength": 50}
@@ -303,6 +304,29 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "type": "object", "required": ["public_key"],
             "properties": {"public_key": {"type": "string"}}}}}},
         ok=_json(OBJECT, "the client record"))}
+    ttl = {"type": "number", "minimum": MIN_CREDENTIAL_TTL_S, "maximum": MAX_CREDENTIAL_TTL_S,
+           "description": f"seconds it lives (default {DEFAULT_CREDENTIAL_TTL_S:g})"}
+    credential_id = [_path("id", {"type": "string"})]
+    paths["/v1/credentials"] = {
+        "post": _op(
+            "Issue a delegated credential for the caller (key-authenticated only): the "
+            "same client id and rules, no admin rights, for tasks that must not hold the "
+            "key (Spark executors). The secret is in the answer only", tag="credentials",
+            body={"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "properties": {
+                    "ttl": ttl, "purpose": {"type": "string", "maxLength": 200}}}}}},
+            ok=_json(OBJECT, "id, expires_at and credential (the secret)")),
+        "get": _op("The caller's live credentials (an admin's: everyone's), without "
+                   "secrets", tag="credentials", ok=_json(OBJECT, "credentials"))}
+    paths["/v1/credentials/{id}/renew"] = {"post": _op(
+        "Extend a live credential to now + ttl", tag="credentials", params=credential_id,
+        body={"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"ttl": ttl}}}}},
+        ok=_json(OBJECT, "the credential, without its secret"))}
+    paths["/v1/credentials/{id}"] = {"delete": _op(
+        "Revoke a credential and close the connections that presented it",
+        tag="credentials", params=credential_id, ok=_json(OBJECT, "what was revoked"))}
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "minou", "version": __version__,
@@ -312,8 +336,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                                 "and a JSON stream at /v1/stream."},
         "components": {"schemas": SCHEMAS, "securitySchemes": {"bearer": {
             "type": "http", "scheme": "bearer",
-            "description": "a JWT signed with the client's key (minou token), or the broker "
-                           "token"}}},
+            "description": "a JWT signed with the client's key (minou token), a delegated "
+                           "credential (mdc1...), or the broker token"}}},
         "security": [{"bearer": []}],
         "paths": paths,
     }

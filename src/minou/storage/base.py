@@ -36,6 +36,7 @@ class Snapshot:
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
     tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
+    credentials: list[bytes] = field(default_factory=list)  # encoded auth.credentials.Credential
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
     fences: list[tuple[str, str, int]] = field(default_factory=list)  # writer, channel, batch
     writers: dict[str, str] = field(default_factory=dict)  # writer id -> the client owning it

@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS dedup(
     id TEXT NOT NULL, PRIMARY KEY (channel, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS clients(client_id TEXT PRIMARY KEY, record BLOB NOT NULL)
     WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS credentials(id TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS reservations(channel TEXT PRIMARY KEY, owner TEXT NOT NULL)
     WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS fences(writer TEXT NOT NULL, channel TEXT NOT NULL,
@@ -274,6 +275,7 @@ class SQLiteStorage:
             )
         ]  # type: ignore[misc]
         snap.clients = [body for (body,) in db.execute("SELECT record FROM clients")]
+        snap.credentials = [body for (body,) in db.execute("SELECT record FROM credentials")]
         snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
         snap.fences = [tuple(r) for r in db.execute(
             "SELECT writer, channel, batch FROM fences")]  # type: ignore[misc]
@@ -488,6 +490,7 @@ class SQLiteStorage:
             if self._commits % 1000 == 0:
                 db.execute("DELETE FROM dedup WHERE expires_at < ?", (batch.dedup[0][2] - 3600,))
         _put_or_drop(db, "clients", "client_id", "record", batch.clients)
+        _put_or_drop(db, "credentials", "id", "record", batch.credentials)
         for writer in batch.dropped_fences:
             db.execute("DELETE FROM fences WHERE writer = ?", (writer,))
         _put_or_drop(db, "writers", "writer", "owner", batch.writers)

@@ -1,0 +1,76 @@
+"""auth.credentials without a broker: limits, expiry, ownership and what is stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from minou.auth import credentials as creds
+from minou.auth.credentials import Credentials, decode_credential, encode_credential
+from minou.auth.registry import ACTIVE, ClientRecord
+from minou.errors import BadRequest, NotAuthenticated, NotFound
+
+
+def owner(client_id: str = "job", fingerprint: str = "SHA256:AA") -> ClientRecord:
+    return ClientRecord(client_id=client_id, public_key="", fingerprint=fingerprint,
+                        algorithm="EdDSA", status=ACTIVE, created_at=0.0, updated_at=0.0)
+
+
+def test_the_secret_is_never_stored_and_records_round_trip() -> None:
+    store = Credentials()
+    secret, record = store.issue(owner(), ttl=60, purpose="p", now=1000.0)
+    blob = encode_credential(record)
+    assert secret.split(".")[2].encode() not in blob
+    again = Credentials([decode_credential(blob)])
+    assert again.verify(secret, {"job": owner()}, now=1001.0).id == record.id
+    assert store.take_changes() == {record.id: record}
+
+
+def test_a_client_holds_a_bounded_number_and_expired_ones_make_room(monkeypatch) -> None:
+    monkeypatch.setattr(creds, "MAX_CREDENTIALS_PER_CLIENT", 3)
+    store = Credentials()
+    for _ in range(3):
+        store.issue(owner(), ttl=10, now=0.0)
+    with pytest.raises(BadRequest, match="holds 3 unexpired credentials") as refused:
+        store.issue(owner(), ttl=10, now=1.0)
+    assert refused.value.detail["why"] == "too_many_credentials"
+    store.issue(owner("other"), ttl=10, now=1.0)  # another client is not held back
+    store.issue(owner(), ttl=10, now=10.0)  # the first three expired at 10
+    assert len(store) == 2
+
+
+def test_the_whole_broker_is_bounded_too(monkeypatch) -> None:
+    monkeypatch.setattr(creds, "MAX_CREDENTIALS", 2)
+    store = Credentials()
+    store.issue(owner("a"), ttl=10, now=0.0)
+    store.issue(owner("b"), ttl=10, now=0.0)
+    with pytest.raises(BadRequest, match="the broker holds 2"):
+        store.issue(owner("c"), ttl=10, now=0.0)
+
+
+@pytest.mark.parametrize("ttl", [0, 0.5, -1, float("nan"), float("inf"), 8 * 86400, True, "60"])
+def test_ttl_out_of_range_is_refused(ttl: object) -> None:
+    with pytest.raises(BadRequest, match="ttl must be"):
+        Credentials().issue(owner(), ttl=ttl, now=0.0)  # type: ignore[arg-type]
+
+
+def test_verification_names_what_failed() -> None:
+    store = Credentials()
+    secret, record = store.issue(owner(), ttl=10, now=0.0)
+    owners = {"job": owner()}
+    with pytest.raises(NotAuthenticated, match="expired") as expired:
+        store.verify(secret, owners, now=10.0)
+    assert expired.value.detail["why"] == "credential_expired"
+    with pytest.raises(NotAuthenticated, match="rotated"):
+        store.verify(secret, {"job": owner(fingerprint="SHA256:BB")}, now=1.0)
+    with pytest.raises(NotAuthenticated, match="revoked"):
+        store.verify(secret, {}, now=1.0)
+    gone = owner()
+    gone.status = "pending"
+    with pytest.raises(NotAuthenticated, match="pending"):
+        store.verify(secret, {"job": gone}, now=1.0)
+    assert store.renew(record.id, client_id="job", ttl=100, now=5.0).expires_at == 105.0
+    assert store.renew(record.id, client_id="job", ttl=1, now=6.0).expires_at == 105.0
+    with pytest.raises(NotFound, match="no credential"):
+        store.renew(record.id, client_id="other", ttl=100, now=5.0)
+    assert store.revoke_client("job") == [record.id]
+    assert store.take_changes()[record.id] is None
