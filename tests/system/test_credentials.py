@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import minou
-from minou.errors import NotAuthenticated, NotAuthorized, NotFound
+from minou.errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
 
 from ..conftest import client_key, wait_until
 from .test_http_api import admin_bearer, bearer
@@ -168,13 +168,15 @@ def test_revoking_or_rotating_the_client_voids_its_credentials(secure):
             delegated(secure, "job-8", second)
 
 
-def test_credentials_survive_a_kill_and_expire_after_it(secure):
-    with keyed(secure, "job-9") as owner:
-        issued = owner.issue_credential(ttl=600)
-    secure.kill()
-    secure.start()
-    with delegated(secure, "job-9", issued["credential"]) as worker:
-        assert worker.admin("whoami")["client_id"] == "job-9"
+def test_an_issued_credential_survives_a_kill_at_once(secure):
+    """Answered only once durable: kill -9 right after the answer, each time."""
+    for _ in range(4):
+        with keyed(secure, "job-9") as owner:
+            issued = owner.issue_credential(ttl=600)
+            secure.kill()
+        secure.start()
+        with delegated(secure, "job-9", issued["credential"]) as worker:
+            assert worker.admin("whoami")["client_id"] == "job-9"
 
 
 def test_http_bearer_credential_and_routes(secure):
@@ -248,3 +250,23 @@ def test_cli_issue_list_renew_revoke(secure):
     assert cli("revoke", credential_id).returncode == 0
     gone = cli("revoke", credential_id)
     assert gone.returncode != 0 and "no credential" in gone.stderr
+
+
+def test_renew_and_revoke_by_purpose_touch_only_my_credentials_for_it(secure):
+    with keyed(secure, "job-12") as mine, keyed(secure, "job-13") as theirs:
+        a = mine.issue_credential(ttl=30, purpose="spark read q1")
+        b = mine.issue_credential(ttl=30, purpose="spark read q1")
+        other = mine.issue_credential(ttl=30, purpose="spark read q2")
+        foreign = theirs.issue_credential(ttl=30, purpose="spark read q1")
+        renewed = mine.admin("credentials.renew", purpose="spark read q1", ttl=900)["renewed"]
+        assert sorted(r["id"] for r in renewed) == sorted([a["id"], b["id"]])
+        worker = delegated(secure, "job-12", a["credential"])
+        revoked = mine.admin("credentials.revoke", purpose="spark read q1")
+        assert sorted(r["id"] for r in revoked["revoked"]) == sorted([a["id"], b["id"]])
+        assert revoked["connections_closed"] == 1
+        wait_until(lambda: _closed(worker), what="the revoked credential's connection closed")
+        left = {c["id"] for c in mine.admin("credentials.list")["credentials"]}
+        assert left == {other["id"]}
+        assert theirs.admin("credentials.list")["credentials"][0]["id"] == foreign["id"]
+        with pytest.raises(BadRequest, match="give id"):
+            mine.admin("credentials.renew")

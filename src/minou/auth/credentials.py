@@ -155,6 +155,12 @@ class Credentials:
         self._save(record)
         return record
 
+    def tagged(self, client_id: str, purpose: str, now: float) -> list[Credential]:
+        """``client_id``'s live credentials issued for ``purpose`` (a job's name: the
+        process that renews a job's credentials need not know their ids)."""
+        return [r for r in self.records.values() if r.client_id == client_id
+                and r.purpose == purpose and r.expires_at > now]
+
     def revoke(self, credential_id: str, *, client_id: str | None) -> Credential:
         record = self._owned(credential_id, client_id)
         self._drop(credential_id)

@@ -352,30 +352,46 @@ def _issue_credential(server: BrokerServer, args: dict[str, Any], caller: Identi
 
 def _renew_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
                       ) -> Any:
+    """By ``id``, or every live credential of the caller issued for ``purpose``."""
     if caller is not None and caller.method == "credential":
         raise NotAuthorized("a credential cannot renew itself: the holder of the client's "
                             "key renews it", op="credentials.renew")
-    credential_id = _str_arg(args, "id")
-    assert credential_id is not None
-    record = server.credentials.renew(
-        credential_id, client_id=_credential_owner(server, caller),
-        ttl=check_ttl(args.get("ttl", DEFAULT_CREDENTIAL_TTL_S)))
+    ttl = check_ttl(args.get("ttl", DEFAULT_CREDENTIAL_TTL_S))
+    owner = _credential_owner(server, caller)
+    ids = _credential_ids(server, args, caller)
+    renewed = [server.credentials.renew(i, client_id=owner, ttl=ttl).public() for i in ids]
     server._persist_registry()
-    return record.public()
+    return renewed[0] if "id" in args else {"renewed": renewed}
 
 
 def _revoke_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
                        ) -> Any:
-    credential_id = _str_arg(args, "id")
-    assert credential_id is not None
-    record = server.credentials.revoke(credential_id,
-                                       client_id=_credential_owner(server, caller))
+    """By ``id``, or every live credential of the caller issued for ``purpose``; the
+    connections that presented them close."""
+    owner = _credential_owner(server, caller)
+    revoked, closed = [], 0
+    for credential_id in _credential_ids(server, args, caller):
+        record = server.credentials.revoke(credential_id, client_id=owner)
+        closed += server.drop_client(
+            record.client_id, f"credential {record.id!r} was revoked by {_by(caller)}",
+            credential=record.id)
+        log.info("credential %s of %s revoked by %s", record.id, record.client_id,
+                 _by(caller))
+        revoked.append(record.public())
     server._persist_registry()
-    closed = server.drop_client(
-        record.client_id, f"credential {record.id!r} was revoked by {_by(caller)}",
-        credential=record.id)
-    log.info("credential %s of %s revoked by %s", record.id, record.client_id, _by(caller))
-    return {**record.public(), "connections_closed": closed}
+    if "id" in args:
+        return {**revoked[0], "connections_closed": closed}
+    return {"revoked": revoked, "connections_closed": closed}
+
+
+def _credential_ids(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+                    ) -> list[str]:
+    if "id" in args:
+        return [str(_str_arg(args, "id"))]
+    purpose = _str_arg(args, "purpose", required=False)
+    if purpose is None or caller is None:
+        raise BadRequest("give id (one credential) or purpose (all of yours issued for it)")
+    return [r.id for r in server.credentials.tagged(caller.client_id, purpose, time.time())]
 
 
 def _list_credentials(server: BrokerServer, args: dict[str, Any], caller: Identity | None

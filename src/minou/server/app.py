@@ -155,6 +155,7 @@ class BrokerServer:
         self.core.dedup.max_keys = settings.max_dedup_keys
         self.registry = Registry()
         self.credentials = Credentials()
+        self.handoffs = 0  # batches handed to the writer thread
         self.admin_key_path: Path | None = None
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
@@ -651,6 +652,7 @@ class BrokerServer:
         batch = self.core.take_writes()
         if not batch:
             return
+        self.handoffs += 1
         assert self.loop is not None
         started = time.perf_counter()
         self._writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
@@ -949,7 +951,13 @@ class BrokerServer:
         """Run an admin operation: a value, or an awaitable of one (storage reads)."""
         from .admin import run_admin
 
-        return run_admin(self, op, args, caller)
+        before = self.handoffs
+        result = run_admin(self, op, args, caller)
+        if self.handoffs != before:
+            # The operation's changes already went to the writer (it was idle): the
+            # caller answers once the core's next batch commits, which comes after.
+            self.core.after_commit(lambda: None)
+        return result
 
     async def read_messages(self, channel: str, from_seq: int, upto: int,
                             limit: int) -> list[Msg]:
