@@ -9,25 +9,30 @@ uses lower-case names.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import minou
 from minou.client.sync import SyncClient
 from minou.errors import ConnectionClosed, Timeout
+from minou.limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
 
 T = TypeVar("T")
 log = logging.getLogger("pyspark_minou")
 # What a lost or restarting broker raises: worth reconnecting for, until reconnectTimeout.
 RETRYABLE = (ConnectionClosed, Timeout, OSError)
 DEFAULT_RECONNECT_TIMEOUT_S = 60.0
+# A stream renews its credentials at every trigger; a long one also survives a driver
+# that stalls (a long GC, a slow batch) between two renewals.
+DEFAULT_STREAM_CREDENTIAL_TTL_S = 24 * 3600.0
 
 SCHEMA_DDL = (
     "channel string, seq long, id string, key string, payload string, "
@@ -134,6 +139,27 @@ def local_file(option: str, path: str) -> str:
         "(spark.files) and give its name")
 
 
+def in_task() -> bool:
+    """Whether this code runs in a Spark task (an executor), not in the driver's planning
+    and commit processes (which run on the driver's machine and may read its files)."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
+
+
+def job_purpose(kind: str, options: Mapping[str, str]) -> str:
+    """The name under which a query's credentials are issued, renewed and revoked: the
+    same in every driver-side process of the query (they see the same options), so a
+    renewal reaches the credential another process issued without knowing its id."""
+    name = opt(options, "writerId") or opt(options, "groupName") or \
+        opt(options, "queryName") or opt(options, "pattern") or opt(options, "channel") or ""
+    digest = hashlib.sha256(json.dumps(
+        sorted((k, v) for k, v in options.items() if k != "brokertoken")).encode())
+    return f"spark {kind} {name[:80]} {digest.hexdigest()[:16]}"
+
+
 @dataclass(frozen=True)
 class ClientConfig:
     """How to reach and authenticate to the broker; picklable (no socket in it)."""
@@ -141,14 +167,21 @@ class ClientConfig:
     brokers: str
     client_id: str | None = None
     key_file: str | None = None
-    broker_token: str | None = None
+    broker_token: str | None = field(default=None, repr=False)
     tls_fingerprint: str | None = None
     cafile: str | None = None
     # How long a task or the driver keeps reconnecting to a lost broker before failing.
     reconnect_timeout: float = DEFAULT_RECONNECT_TIMEOUT_S
+    # How tasks authenticate when the driver holds a key: "credential" (a delegated
+    # credential the driver issues; the key never leaves its machine) or "keyFile".
+    executor_auth: str = "credential"
+    credential_ttl: float = DEFAULT_CREDENTIAL_TTL_S
+    purpose: str = ""
+    credential: str | None = field(default=None, repr=False)  # the secret: never shown
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> ClientConfig:
+    def from_options(cls, options: Mapping[str, str], *, kind: str = "read",
+                     streaming: bool = False) -> ClientConfig:
         brokers = opt(options, "brokers")
         if not brokers:
             raise MinouSparkError(
@@ -156,7 +189,8 @@ class ClientConfig:
                 "minou://host:7700")
         key_file = opt(options, "keyFile")
         # Checked where the query is planned, so a missing file fails it at once rather
-        # than in every task (executors resolve the same names again: local_file).
+        # than in every task (executors resolve the same names again: local_file, but
+        # never keyFile unless executorAuth=keyFile).
         for option in ("keyFile", "cafile"):
             path = opt(options, option)
             if path is not None:
@@ -165,19 +199,38 @@ class ClientConfig:
         # client that staged them, and the driver commits them.
         client_id = opt(options, "clientId") or (
             Path(key_file).stem if key_file else DEFAULT_CLIENT_ID)
+        executor_auth = opt(options, "executorAuth", "credential") or "credential"
+        if executor_auth not in ("credential", "keyFile"):
+            raise MinouSparkError(
+                f"option executorAuth={executor_auth!r}: expected credential (the driver "
+                "issues a delegated credential; the key stays on its machine) or keyFile "
+                "(every executor reads keyFile itself)")
+        ttl = opt_seconds(options, "credentialTtl", DEFAULT_STREAM_CREDENTIAL_TTL_S
+                          if streaming else DEFAULT_CREDENTIAL_TTL_S)
+        if not MIN_CREDENTIAL_TTL_S <= ttl <= MAX_CREDENTIAL_TTL_S:
+            raise MinouSparkError(f"option credentialTtl={ttl:g}: must be "
+                                  f"{MIN_CREDENTIAL_TTL_S:g}..{MAX_CREDENTIAL_TTL_S:g} s")
         return cls(brokers, client_id, key_file, opt(options, "brokerToken"),
                    opt(options, "tlsFingerprint"), opt(options, "cafile"),
-                   opt_seconds(options, "reconnectTimeout", DEFAULT_RECONNECT_TIMEOUT_S))
+                   opt_seconds(options, "reconnectTimeout", DEFAULT_RECONNECT_TIMEOUT_S),
+                   executor_auth, ttl, job_purpose(kind, options))
+
+    @property
+    def delegates(self) -> bool:
+        """Whether tasks get a credential issued by the driver instead of the key."""
+        return self.key_file is not None and self.executor_auth == "credential"
 
     def connect(self) -> SyncClient:
         # No reconnect: a task that loses its broker should fail and let Spark retry it,
         # rather than block on a reconnect loop with half a partition read or staged.
-        key = local_file("keyFile", self.key_file) if self.key_file else None
         cafile = local_file("cafile", self.cafile) if self.cafile else None
-        return minou.connect_sync(self.brokers, client_id=self.client_id, key=key,
-                                  broker_token=self.broker_token,
-                                  tls_fingerprint=self.tls_fingerprint, cafile=cafile,
-                                  reconnect=False)
+        common: dict[str, Any] = {
+            "client_id": self.client_id, "broker_token": self.broker_token,
+            "tls_fingerprint": self.tls_fingerprint, "cafile": cafile, "reconnect": False}
+        if self.credential is not None and in_task():
+            return minou.connect_sync(self.brokers, credential=self.credential, **common)
+        key = local_file("keyFile", self.key_file) if self.key_file else None
+        return minou.connect_sync(self.brokers, key=key, **common)
 
 
 class LazyClient:
@@ -189,11 +242,50 @@ class LazyClient:
 
     config: ClientConfig
     _client: SyncClient | None = None
+    _reached = False  # whether this object ever connected (here: a task, or the driver)
 
     def client(self) -> SyncClient:
         if self._client is None:
             self._client = self.config.connect()
+            self._reached = True
         return self._client
+
+    # ------------------------------------------------ credentials (driver side)
+    def delegate(self) -> None:
+        """Before this object is pickled for tasks: a credential for them, so executors
+        never need the key (docs/spark.md, "Running on a cluster")."""
+        c = self.config
+        if not c.delegates or c.credential is not None or in_task():
+            return
+        try:
+            issued = self.with_client(
+                lambda cl: cl.issue_credential(ttl=c.credential_ttl, purpose=c.purpose),
+                "issuing a credential for the executors")
+        finally:
+            self.close_client()
+        self.config = replace(c, credential=str(issued["credential"]))
+        log.info("issued credential %s (%s) for the executors of %s, %.0f s", issued["id"],
+                 c.purpose, c.client_id, c.credential_ttl)
+
+    def renew_credentials(self) -> None:
+        """Extend this job's credentials (whichever driver-side process issued them) to
+        now + credentialTtl; tasks keep the secret they were given."""
+        c = self.config
+        if c.delegates:
+            self.with_client(lambda cl: cl.admin("credentials.renew", purpose=c.purpose,
+                                                 ttl=c.credential_ttl),
+                             "renewing the executors' credential")
+
+    def revoke_credentials(self) -> None:
+        """The job is done: its credentials stop working now rather than at expiry."""
+        c = self.config
+        if not c.delegates:
+            return
+        try:
+            self.with_client(lambda cl: cl.admin("credentials.revoke", purpose=c.purpose),
+                             "revoking the executors' credential")
+        except Exception as exc:  # best effort: it expires anyway
+            log.warning("revoking credential %s failed: %s", c.purpose, exc)
 
     def with_client(self, call: Callable[[SyncClient], T], what: str = "a call") -> T:
         """``call(client)``; a lost or unreachable broker (it restarted, say) is
@@ -220,6 +312,14 @@ class LazyClient:
                       delay: float) -> None:
         """Sleep ``delay`` before trying again, or raise if that would pass ``deadline``."""
         if time.monotonic() + delay > deadline:
+            if not self._reached and in_task():
+                raise MinouSparkError(
+                    f"{what}: a task on executor host {socket.gethostname()} cannot reach "
+                    f"the broker at {self.config.brokers} (tried for reconnectTimeout="
+                    f"{self.config.reconnect_timeout:g} s), though the driver reached it to "
+                    "plan the query. Executors must resolve and reach the URLs of option "
+                    "brokers: check DNS, firewalls, and that the broker listens on an "
+                    f"address they can reach (not 127.0.0.1). Last error: {exc}") from exc
             raise MinouSparkError(
                 f"{what}: lost the broker at {self.config.brokers} and could not get it back "
                 f"within reconnectTimeout={self.config.reconnect_timeout:g} s: {exc}") from exc
@@ -235,8 +335,11 @@ class LazyClient:
                 client.close()
 
     def __getstate__(self) -> dict[str, Any]:
+        # Pickled on the driver, for tasks: the one moment to hand them a credential.
+        self.delegate()
         state = dict(self.__dict__)
         state.pop("_client", None)
+        state.pop("_reached", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

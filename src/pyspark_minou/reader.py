@@ -156,7 +156,7 @@ class _ReadOptions:
     """Read options shared by batch and stream readers."""
 
     def __init__(self, options: Mapping[str, str], *, streaming: bool) -> None:
-        self.config = ClientConfig.from_options(options)
+        self.config = ClientConfig.from_options(options, kind="read", streaming=streaming)
         channel, pattern = opt(options, "channel"), opt(options, "pattern")
         if not (channel or pattern):
             raise MinouSparkError("give option pattern (e.g. orders/v1/*) or channel to read")
@@ -351,6 +351,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
         self._first: dict[str, int] = {}
         self._latest: dict[str, int] | None = None
         self._last_trigger = time.monotonic()  # minOffsetsPerTrigger waits from here
+        self._renewed_at: float | None = None  # when this process last renewed credentials
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
         offsets = self.with_client(lambda c: c.offsets(self.opts.patterns),
@@ -362,7 +363,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         # Driver-side caches mean nothing on an executor.
-        state.update(_first={}, _latest=None, _target=None)
+        state.update(_first={}, _latest=None, _target=None, _renewed_at=None)
         return state
 
     def initialOffset(self) -> dict[str, int]:
@@ -383,6 +384,7 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         offsets = self._offsets()
+        self._renew_when_due()
         begin: dict[str, int] = {}
         available: dict[str, int] = {}
         for channel, (first, nxt) in offsets.items():
@@ -411,6 +413,14 @@ class MinouStreamReader(_PartitionReader, DataSourceStreamReader, SupportsTrigge
                 # starting wherever the channel's first seq has moved to since.
                 end[channel] = s
         return {c: end[c] for c in sorted(end)}
+
+    def _renew_when_due(self) -> None:
+        """Every trigger comes here, idle or not: the executors' credential (issued when
+        the query was planned) is extended long before it could expire mid-query."""
+        now = time.monotonic()
+        if self._renewed_at is None or now - self._renewed_at >= self.config.credential_ttl / 4:
+            self.renew_credentials()
+            self._renewed_at = now
 
     def _waits_for_more(self, rows: int) -> bool:
         """Kafka's minOffsetsPerTrigger: hold the batch back until that many rows wait,

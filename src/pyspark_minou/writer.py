@@ -61,8 +61,11 @@ def _headers(headers: Any) -> dict[str, str]:
 
 
 class _Sink(LazyClient):
+    streaming = False
+
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.config = ClientConfig.from_options(options)
+        self.config = ClientConfig.from_options(options, kind="write",
+                                                streaming=self.streaming)
         self._client = None
         self.mode = (opt(options, "sinkMode", "transactional") or "").lower()
         if self.mode not in ("transactional", "direct"):
@@ -264,14 +267,22 @@ class MinouBatchWriter(_Sink, DataSourceArrowWriter):
         return self._write_rows(iterator, self.batch_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._commit(messages, self.batch_id)
+        try:
+            self._commit(messages, self.batch_id)
+        finally:
+            self.revoke_credentials()  # the job's tasks are done
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._abort(messages)
+        try:
+            self._abort(messages)
+        finally:
+            self.revoke_credentials()
 
 
 class MinouStreamWriter(_Sink, DataSourceStreamArrowWriter):
     """Streaming sink (Append and Complete modes; Complete re-appends the whole result)."""
+
+    streaming = True
 
     def write(self, iterator: Iterator[Any]) -> MinouCommitMessage:
         from pyspark import TaskContext
@@ -284,6 +295,15 @@ class MinouStreamWriter(_Sink, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._commit(messages, batchId)
+        # Each micro-batch's commit runs in a fresh driver-side process: renew here, so
+        # the credential the tasks got at planning outlives the query (a stream that
+        # runs no batch for longer than credentialTtl needs a longer one).
+        try:
+            self.renew_credentials()
+        except Exception as exc:  # the batch is committed; the next commit tries again
+            log.warning("renewing the executors' credential failed: %s", exc)
+        finally:
+            self.close_client()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         self._abort(messages)

@@ -74,3 +74,15 @@ def test_verification_names_what_failed() -> None:
         store.renew(record.id, client_id="other", ttl=100, now=5.0)
     assert store.revoke_client("job") == [record.id]
     assert store.take_changes()[record.id] is None
+
+
+def test_an_expired_credential_is_named_expired_for_an_hour_then_forgotten() -> None:
+    store = Credentials()
+    secret, _ = store.issue(owner(), ttl=10, now=0.0)
+    store.expire(100.0)
+    with pytest.raises(NotAuthenticated, match="expired 90 s ago"):
+        store.verify(secret, {"job": owner()}, now=100.0)
+    assert store.listing(now=100.0) == [] and store.live(100.0) == 0
+    store.expire(10.0 + creds.EXPIRED_KEPT_S)
+    with pytest.raises(NotAuthenticated, match="unknown"):
+        store.verify(secret, {"job": owner()}, now=10.0 + creds.EXPIRED_KEPT_S)

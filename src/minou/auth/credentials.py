@@ -36,6 +36,7 @@ from .registry import ACTIVE, REVOKED, ClientRecord
 PREFIX = "mdc1"  # minou delegated credential, format 1: mdc1.<id>.<secret>
 MAX_CREDENTIAL_CHARS = 128  # a real one is 65; more is an attack or a mistake
 MAX_PURPOSE_CHARS = 200
+EXPIRED_KEPT_S = 3600.0  # an expired credential is remembered this long (for its error)
 
 
 class Credential(msgspec.Struct, kw_only=True):
@@ -114,6 +115,9 @@ class Credentials:
             raise BadRequest(f"purpose is {len(purpose)} characters; the limit is "
                              f"{MAX_PURPOSE_CHARS}")
         held = sum(1 for r in self.records.values() if r.client_id == owner.client_id)
+        if held >= MAX_CREDENTIALS_PER_CLIENT or len(self.records) >= MAX_CREDENTIALS:
+            self.expire(moment, kept=0.0)  # expired ones are kept only while there is room
+            held = sum(1 for r in self.records.values() if r.client_id == owner.client_id)
         if held >= MAX_CREDENTIALS_PER_CLIENT:
             raise BadRequest(
                 f"client {owner.client_id!r} holds {held} unexpired credentials, the limit; "
@@ -147,7 +151,6 @@ class Credentials:
         moment = time.time() if now is None else now
         record = self._owned(credential_id, client_id)
         if record.expires_at <= moment:
-            self._drop(credential_id)
             raise NotFound(f"credential {credential_id!r} expired at {record.expires_at:.0f}; "
                              "issue a new one", why="credential_expired")
         record.expires_at = max(record.expires_at, moment + check_ttl(ttl))
@@ -173,15 +176,22 @@ class Credentials:
             self._drop(credential_id)
         return gone
 
-    def expire(self, now: float) -> int:
-        gone = [r.id for r in self.records.values() if r.expires_at <= now]
+    def expire(self, now: float, kept: float = EXPIRED_KEPT_S) -> int:
+        """Forget credentials expired more than ``kept`` seconds ago (until then, one
+        presented is refused as expired rather than as unknown)."""
+        gone = [r.id for r in self.records.values() if r.expires_at <= now - kept]
         for credential_id in gone:
             self._drop(credential_id)
         return len(gone)
 
-    def listing(self, client_id: str | None = None) -> list[dict[str, object]]:
+    def live(self, now: float) -> int:
+        return sum(1 for r in self.records.values() if r.expires_at > now)
+
+    def listing(self, client_id: str | None = None, now: float | None = None
+                ) -> list[dict[str, object]]:
+        moment = time.time() if now is None else now
         return [r.public() for r in sorted(self.records.values(), key=lambda r: r.issued_at)
-                if client_id is None or r.client_id == client_id]
+                if (client_id is None or r.client_id == client_id) and r.expires_at > moment]
 
     # ----------------------------------------------------------------- verify
     def verify(self, token: str, owners: dict[str, ClientRecord], *,

@@ -15,6 +15,7 @@ import logging
 import signal
 import socket
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -156,6 +157,7 @@ class BrokerServer:
         self.registry = Registry()
         self.credentials = Credentials()
         self.handoffs = 0  # batches handed to the writer thread
+        self.authentications: Counter[str] = Counter()  # native HELLOs, by method
         self.admin_key_path: Path | None = None
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
@@ -1001,6 +1003,8 @@ class BrokerServer:
                         "commit_seconds": self.commit_seconds_total,
                         "full": int(self.storage_full is not None)},
             "auth_failures": dict(self.registry.failures),
+            "authentications": dict(self.authentications),
+            "credentials": self.credentials.live(time.time()),
             "schema_refused": dict(self.core.schema_refusals),
             "channels": channels,
             "groups": [self.core.group_stats(g, now) for g in self.core.groups.values()],

@@ -209,6 +209,7 @@ class NativeConnection:
             self.refuse(exc)
             return
         self.identity = identity
+        self.server.authentications[identity.method] += 1
         self.session = self.server.open_session(identity, self)
         # The producer id a client had keeps its sequences across reconnects; it is
         # only ever looked up with the authenticated client id, so presenting another

@@ -223,6 +223,7 @@ class Metrics:
          "dedup": {"keys": int, "evicted": int},
          "producers": {"states": int, "evicted": int}, "dead_connections": int,
          "auth_failures": {why: int}, "schema_refused": {schema: int},
+         "authentications": {method: int}, "credentials": int,
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
                        "oldest_age_s"}, ...],
          "groups": [{"group", "kind", "members", "lag", "unsettled", "delivered", "acked"}, ...]}
@@ -309,6 +310,13 @@ class Metrics:
             "minou_auth_failures", "Failed authentications, by cause.", "why",
             snap.get("auth_failures") or {},
         )
+        yield _labelled_counter(
+            "minou_authentications", "Native and WebSocket connections authenticated, by "
+            "method (key, credential, broker_token, development).", "method",
+            snap.get("authentications") or {},
+        )
+        yield GaugeMetricFamily("minou_credentials", "Live delegated credentials.",
+                                num(snap, "credentials"))
         yield _labelled_counter(
             "minou_schema_refused", "Publishes refused by schema validation, by schema.",
             "schema", snap.get("schema_refused") or {},
