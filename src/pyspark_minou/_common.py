@@ -130,9 +130,14 @@ def local_file(option: str, path: str) -> str:
     with contextlib.suppress(Exception):  # no SparkContext or files root in this process
         from pyspark import SparkFiles
 
-        shipped = SparkFiles.get(os.path.basename(path))
-        if os.path.exists(shipped):
-            return shipped
+        name = os.path.basename(path)
+        root = SparkFiles.getRootDirectory()
+        # The process that plans a streaming source gets <root>/streaming_job as its
+        # root, where the shipped files are not (PySpark 4.3): look one level up too.
+        for shipped in (os.path.join(root, name),
+                        os.path.join(os.path.dirname(root.rstrip(os.sep)), name)):
+            if os.path.exists(shipped):
+                return shipped
     raise MinouSparkError(
         f"option {option}={path!r}: no such file on {socket.gethostname()}. Give a path "
         "that exists on the driver and on every executor, or ship the file with --files "

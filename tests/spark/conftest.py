@@ -6,6 +6,7 @@ everything binds to loopback (P3), and the JVM is stopped at teardown (P16).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -66,16 +67,24 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-@pytest.fixture(scope="session")
-def minou_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    root = tmp_path_factory.mktemp("spark-broker")
+@contextlib.contextmanager
+def rules_broker(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 more_config: str = "") -> Iterator[BrokerProcess]:
+    """A keys-mode broker with RULES (and ``more_config``), killed on exit."""
+    root = tmp_path_factory.mktemp(name)
     config = root / "rules.toml"
-    config.write_text(RULES)
+    config.write_text(RULES + more_config)
     broker = BrokerProcess(root / "data", config=config).start()
     try:
         yield broker
     finally:
         broker.kill()
+
+
+@pytest.fixture(scope="session")
+def minou_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with rules_broker(tmp_path_factory, "spark-broker") as broker:
+        yield broker
 
 
 @pytest.fixture
