@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import minou
 from minou.client.sync import SyncClient
-from minou.errors import ConnectionClosed, Timeout
+from minou.errors import ConnectionClosed, NotAuthenticated, Timeout
 from minou.limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
 
 T = TypeVar("T")
@@ -30,9 +30,11 @@ log = logging.getLogger("pyspark_minou")
 # What a lost or restarting broker raises: worth reconnecting for, until reconnectTimeout.
 RETRYABLE = (ConnectionClosed, Timeout, OSError)
 DEFAULT_RECONNECT_TIMEOUT_S = 60.0
-# A stream renews its credentials at every trigger; a long one also survives a driver
-# that stalls (a long GC, a slow batch) between two renewals.
+# A stream's source renews its credential at every trigger, so a day covers any stall
+# of the driver. Its sink can renew only when a micro-batch commits: an idle stream runs
+# none, so the sink's lives the longest the broker allows (a week).
 DEFAULT_STREAM_CREDENTIAL_TTL_S = 24 * 3600.0
+DEFAULT_STREAM_SINK_CREDENTIAL_TTL_S = MAX_CREDENTIAL_TTL_S
 
 SCHEMA_DDL = (
     "channel string, seq long, id string, key string, payload string, "
@@ -210,8 +212,10 @@ class ClientConfig:
                 f"option executorAuth={executor_auth!r}: expected credential (the driver "
                 "issues a delegated credential; the key stays on its machine) or keyFile "
                 "(every executor reads keyFile itself)")
-        ttl = opt_seconds(options, "credentialTtl", DEFAULT_STREAM_CREDENTIAL_TTL_S
-                          if streaming else DEFAULT_CREDENTIAL_TTL_S)
+        default_ttl = DEFAULT_CREDENTIAL_TTL_S if not streaming else \
+            DEFAULT_STREAM_SINK_CREDENTIAL_TTL_S if kind == "write" else \
+            DEFAULT_STREAM_CREDENTIAL_TTL_S
+        ttl = opt_seconds(options, "credentialTtl", default_ttl)
         if not MIN_CREDENTIAL_TTL_S <= ttl <= MAX_CREDENTIAL_TTL_S:
             raise MinouSparkError(f"option credentialTtl={ttl:g}: must be "
                                   f"{MIN_CREDENTIAL_TTL_S:g}..{MAX_CREDENTIAL_TTL_S:g} s")
@@ -251,7 +255,18 @@ class LazyClient:
 
     def client(self) -> SyncClient:
         if self._client is None:
-            self._client = self.config.connect()
+            try:
+                self._client = self.config.connect()
+            except NotAuthenticated as exc:
+                if exc.detail.get("why") == "credential_expired" and in_task():
+                    raise MinouSparkError(
+                        f"the executors' credential ({self.config.purpose}) expired: the "
+                        "driver renews it at every trigger of a minou source and every "
+                        "micro-batch commit of a minou sink, and this query ran none for "
+                        f"credentialTtl={self.config.credential_ttl:g} s (or its driver "
+                        "stopped). Restart the query, or give a longer credentialTtl (up "
+                        f"to {MAX_CREDENTIAL_TTL_S:g} s). {exc}") from exc
+                raise
             self._reached = True
         return self._client
 

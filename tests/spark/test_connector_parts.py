@@ -321,3 +321,23 @@ def test_bad_new_read_options_are_refused_precisely(opts: dict[str, str], option
 
     with pytest.raises(MinouSparkError, match=re.escape(reason)):
         MinouBatchReader(spark_options(**opts, pattern="x/v1/*", **{option: value}))
+
+
+def test_a_task_whose_credential_expired_says_what_to_do(
+        opts: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle stream's sink renews only at commits: past credentialTtl, its next tasks
+    get an error naming the credential's job, the ttl and the way out."""
+    import pickle
+    import time
+
+    import pyspark_minou._common as common
+
+    sink = MinouBatchWriter(spark_options(**opts, channel="x/v1/y", writerId=unique("w"),
+                                          credentialTtl="1"), SINK_SCHEMA)
+    task = pickle.loads(pickle.dumps(sink))  # the driver issues the credential here
+    assert task.config.credential is not None and sink.config.credential is not None
+    assert task.config.credential not in repr(task.config)
+    time.sleep(1.2)
+    monkeypatch.setattr(common, "in_task", lambda: True)
+    with pytest.raises(MinouSparkError, match=r"expired.*credentialTtl=1 s.*Restart"):
+        task.client()
