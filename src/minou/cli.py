@@ -119,13 +119,16 @@ def _install_uvloop() -> None:
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--dev", is_flag=True,
               help="Development mode: no authentication, loopback only (what `make run` uses).")
+@click.option("--storage", "storage_url", metavar="URL",
+              help="Storage backend (config [storage] url): sqlite:///path/minou.db; "
+                   "default: minou.db in the data directory.")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
-          http_port: int | None, log_level: str, dev: bool) -> None:
+          http_port: int | None, log_level: str, dev: bool, storage_url: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"data_dir": data_dir, "host": host, "port": port, "http_port": http_port,
-                 "auth_mode": "off" if dev else None}
+                 "auth_mode": "off" if dev else None, "storage": storage_url}
     try:
         settings = load_settings(config, **overrides)
     except ConfigError as exc:

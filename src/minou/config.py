@@ -77,6 +77,8 @@ class Settings:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_self_signed: bool | None = None
+    # [storage] url: the backend (storage/factory.py); "" is SQLite in the data dir
+    storage: str = ""
     # [storage]: max_size caps the database (past it SQLite fails exactly as on a full
     # disk: publishes are refused with STORAGE_FULL); reserve is held back for acks
     storage_max_size: int | None = None
@@ -260,12 +262,20 @@ def parse_size(key: str, value: Any) -> int:
 
 def _storage(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
-        raise ConfigError("storage: expected a table (max_size, reserve, wal_checkpoint)")
+        raise ConfigError("storage: expected a table (url, max_size, reserve, "
+                          "wal_checkpoint)")
     out: dict[str, Any] = {}
     for key, value in raw.items():
+        if key == "url":
+            if not isinstance(value, str):
+                raise ConfigError(f"storage.url: expected a URL string, got {value!r}")
+            from .storage.factory import check_url
+
+            out["storage"] = check_url(value)
+            continue
         if key not in ("max_size", "reserve", "wal_checkpoint"):
-            raise ConfigError(f"storage.{key}: unknown setting (known: max_size, reserve, "
-                              "wal_checkpoint)")
+            raise ConfigError(f"storage.{key}: unknown setting (known: url, max_size, "
+                              "reserve, wal_checkpoint)")
         size = parse_size(f"storage.{key}", value)
         if key == "wal_checkpoint" and size < 1 << 20:
             raise ConfigError(f"storage.wal_checkpoint: expected at least 1 MiB, got {value!r}")
@@ -352,6 +362,10 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p), check=False)
     known = {f.name for f in fields(Settings)}
     clean = {k: v for k, v in overrides.items() if v is not None and k in known}
+    if "storage" in clean:
+        from .storage.factory import check_url
+
+        check_url(clean["storage"])
     settings = replace(settings, **clean)
     _check_consistency(settings)
     return settings

@@ -307,7 +307,12 @@ def test_storage_quota_and_reserve(tmp_path, storage, max_size, reserve):
         ("max_size = 1000", "storage.max_size: expected at least 1 MiB"),
         ("reserve = -1", "storage.reserve: expected a size"),
         ("reserve = true", "storage.reserve: expected a size"),
-        ("quota = 1", "storage.quota: unknown setting (known: max_size, reserve, wal_checkpoint)"),
+        ("quota = 1", "storage.quota: unknown setting (known: url, max_size, reserve, "
+                      "wal_checkpoint)"),
+        ('url = "redis://x"', "storage.url 'redis://x': unknown backend 'redis'; known: "
+                              "sqlite:///path/to/minou.db"),
+        ('url = "sqlite://"', "storage.url 'sqlite://': give the database file"),
+        ("url = 3", "storage.url: expected a URL string, got 3"),
     ],
 )
 def test_bad_storage_names_the_key(tmp_path, storage, message):

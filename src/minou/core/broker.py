@@ -79,11 +79,11 @@ from ..names import (
 from ..payloads import check_json, decode_json
 from ..protocol.frames import Delivery, Outcome, Send
 from ..schemas import SchemaViolation
-from ..storage.base import Snapshot
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import ChannelLog, ChannelOptions, Msg
 from .producers import Producers, ProducerState
+from .snapshot import Snapshot
 from .stats import Counters
 from .transactions import Transactions
 from .writes import WriteBatch

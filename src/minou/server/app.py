@@ -55,12 +55,13 @@ from ..limits import (
     SWEEP_INTERVAL_S,
 )
 from ..protocol import frames as f
-from ..storage.sqlite import SQLiteStorage
+from ..storage.base import Housekeeping, Storage
+from ..storage.factory import open_storage
 from . import oplog
 from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
-from .datadir import DataDirLock
+from .datadir import DataDirLocks
 from .oplog import watch_handshakes
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ class _TcpProtocol(asyncio.Protocol):
 
 
 class BrokerServer:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, storage: Storage | None = None) -> None:
         self.settings = settings
         self.core = Broker(
             broker_id=settings.broker_id,
@@ -171,10 +172,10 @@ class BrokerServer:
         self.core.ack_latency = self.metrics.ack_latency
         self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
-        self.storage = SQLiteStorage(settings.data_dir, max_size=settings.storage_max_size,
-                                     wal_limit=settings.storage_wal_checkpoint,
-                                     reserve=settings.storage_reserve)
-        self._dir_lock = DataDirLock(settings.data_dir)
+        # Passed in (tests, the simulator) or chosen by Settings.storage.
+        self.storage: Storage = storage if storage is not None else open_storage(settings)
+        local = [Path(self.storage.path).parent] if self.storage.backend == "sqlite" else []
+        self._dir_lock = DataDirLocks(settings.data_dir, *local)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
         self.connections: set[NativeConnection] = set()
         self.streams: set[StreamSession] = set()  # /v1/stream sockets
@@ -870,6 +871,8 @@ class BrokerServer:
         or when idle, a passive checkpoint and a TRUNCATE one (so the file's size is
         what was written since the last one: the measure stays true under steady
         writes). Checkpoints compete with commits for the disk: one at a time."""
+        if not isinstance(self.storage, Housekeeping):
+            return
         if self._checkpoint is not None and not self._checkpoint.done():
             return
         wal = self.storage.wal_bytes()
@@ -1164,7 +1167,7 @@ class BrokerServer:
             "broker_id": self.core.broker_id,
             "version": __version__,
             "uptime_s": round(now - self.started_at, 3),
-            "storage": {"backend": "sqlite", "path": self.storage.path,
+            "storage": {"backend": self.storage.backend, "path": self.storage.path,
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": round(self.commit_seconds_total, 3),
                         "max_size": self.storage.max_size,
@@ -1206,7 +1209,8 @@ class BrokerServer:
         }
 
 
-_RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "tls_cert", "tls_key",
+_RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "storage", "tls_cert",
+                 "tls_key",
                  "tls_self_signed", "storage_reserve", "storage_wal_checkpoint",
                  "websocket_heartbeat")
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",

@@ -73,3 +73,32 @@ def _read_holder(fd: int) -> str:
     except (OSError, ValueError, IndexError):
         return ""
     return f" (pid {pid})"
+
+
+class DataDirLocks:
+    """The data directory's lock and, when the database lives elsewhere
+    (``[storage] url = "sqlite:///..."``), its directory's too: two brokers on one
+    database must collide whichever data directories they were given."""
+
+    def __init__(self, *dirs: str | os.PathLike[str]) -> None:
+        unique = dict.fromkeys(Path(d).resolve() for d in dirs)
+        self.locks = [DataDirLock(d) for d in unique]
+
+    def acquire(self) -> None:
+        taken: list[DataDirLock] = []
+        try:
+            for lock in self.locks:
+                lock.acquire()
+                taken.append(lock)
+        except BaseException:
+            for lock in taken:
+                lock.remove_if_fresh()
+            raise
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+    def remove_if_fresh(self) -> None:
+        for lock in self.locks:
+            lock.remove_if_fresh()

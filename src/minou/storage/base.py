@@ -7,49 +7,19 @@ cache (``read_range``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from ..core.group import GroupDef
 from ..core.log import Msg
+from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 
-
-@dataclass
-class ChannelRecord:
-    name: str
-    next_seq: int
-    first_seq: int
-    count: int
-    bytes: int = 0
-    gone: list[int] = field(default_factory=list)  # deleted seqs inside [first_seq, next_seq)
-
-
-@dataclass
-class Snapshot:
-    """Everything the core needs to rebuild its state after a restart."""
-
-    channels: list[ChannelRecord] = field(default_factory=list)
-    specials: list[tuple[str, int, int, float | None]] = field(default_factory=list)
-    groups: list[GroupDef] = field(default_factory=list)
-    group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
-    dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
-    tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
-    clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
-    credentials: list[bytes] = field(default_factory=list)  # encoded auth.credentials.Credential
-    reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner
-    fences: list[tuple[str, str, int]] = field(default_factory=list)  # writer, channel, batch
-    writers: dict[str, str] = field(default_factory=dict)  # writer id -> the client owning it
-    meta: dict[str, str] = field(default_factory=dict)  # format markers (e.g. key migrations)
-    used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires (unexpired)
-    # core.producers.ProducerState.row() of every stored idempotent producer state
-    producers: list[tuple[Any, ...]] = field(default_factory=list)
-    # staged transactions: (owner, txn, part, sends, touched), in part order
-    staged: list[tuple[str, str, int, list[Any], float]] = field(default_factory=list)
+__all__ = ["ChannelRecord", "Housekeeping", "Snapshot", "Storage"]
 
 
 class Storage(Protocol):
-    path: str
+    path: str  # where it lives, for messages (a file, a URL)
+    backend: str  # "sqlite", "memory", ...
+    max_size: int | None  # the quota in bytes (None: the disk); the server may change it
 
     def open(self, now: float) -> Snapshot: ...
 
@@ -75,12 +45,18 @@ class Storage(Protocol):
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """For retention: one past the last seq < ``below`` published before ``cutoff``."""
 
+    def size_bytes(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Housekeeping(Protocol):
+    """An optional capability: a backend with a write-ahead log to fold back in the
+    background (SQLite). The server runs it beside the writer when it is there."""
+
     def checkpoint(self, truncate: bool = False) -> None:
         """Housekeeping the writer should not wait for (SQLite: WAL checkpoint)."""
 
     def wal_bytes(self) -> int:
-        """Bytes waiting in a write-ahead log, if the backend has one (else 0)."""
-
-    def size_bytes(self) -> int: ...
-
-    def close(self) -> None: ...
+        """Bytes waiting in the write-ahead log."""

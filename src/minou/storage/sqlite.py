@@ -28,11 +28,11 @@ import msgspec
 
 from ..core.group import GroupDef
 from ..core.log import Msg
+from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
 from ..limits import CHECKPOINT_WAL_BYTES, STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from ..protocol.frames import Send
-from .base import ChannelRecord, Snapshot
 
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
 SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
@@ -152,6 +152,8 @@ def _put_or_drop(db: sqlite3.Connection, table: str, key: str, value: str,
 
 
 class SQLiteStorage:
+    backend = "sqlite"
+
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db",
                  max_size: int | None = None, reserve: int = STORAGE_RESERVE_BYTES,
                  wal_limit: int = CHECKPOINT_WAL_BYTES) -> None:

@@ -1,0 +1,49 @@
+"""Which storage a broker runs on: ``Settings.storage``, a URL, picks the backend.
+
+``""`` (the default) is the embedded SQLite file in the data directory;
+``sqlite:///abs/path/minou.db`` puts it elsewhere; ``memory://name`` keeps everything
+in this process (tests, the simulator: reopening the same name finds what was
+committed). The server receives what this returns and never builds a backend itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..config import Settings
+from ..errors import ConfigError
+from .base import Storage
+
+SCHEMES = ("sqlite", "memory")
+
+
+def check_url(url: str) -> str:
+    """``url`` if it names a backend this version has, else ConfigError saying which do."""
+    if not url:
+        return url
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise ConfigError(f"storage.url {url!r}: unknown backend {scheme or '(none)'!r}; "
+                          "known: sqlite:///path/to/minou.db, memory://name (tests)")
+    if scheme == "sqlite" and not urlsplit(url).path.strip("/"):
+        raise ConfigError(f"storage.url {url!r}: give the database file, "
+                          "e.g. sqlite:///var/lib/minou/minou.db")
+    return url
+
+
+def open_storage(settings: Settings) -> Storage:
+    url = check_url(settings.storage)
+    scheme = urlsplit(url).scheme if url else "sqlite"
+    if scheme == "memory":
+        from .memory import MemoryStorage
+
+        return MemoryStorage(urlsplit(url).netloc or "default",
+                             max_size=settings.storage_max_size)
+    from .sqlite import SQLiteStorage
+
+    where = Path(urlsplit(url).path) if url else Path(settings.data_dir) / "minou.db"
+    where.parent.mkdir(parents=True, exist_ok=True)
+    return SQLiteStorage(where.parent, filename=where.name, max_size=settings.storage_max_size,
+                         wal_limit=settings.storage_wal_checkpoint,
+                         reserve=settings.storage_reserve)
