@@ -48,7 +48,8 @@ def build(spark: Any, args: argparse.Namespace) -> Any:
         batch.persist()
         invalid = batch.where(~valid).select(
             F.lit("_dead/orders/v1/spark").alias("channel"),
-            F.col("payload"),
+            # binary: the message as it came, JSON or not (a string column must be JSON)
+            F.col("payload").cast("binary").alias("payload"),
             F.create_map(F.lit("x-dead-reason"), F.lit("unparseable order"),
                          F.lit("x-original-channel"), F.col("channel"),
                          F.lit("x-original-seq"), F.col("seq").cast("string")).alias("headers"))

@@ -25,6 +25,9 @@ from minou.client.sync import SyncClient
 from minou.errors import ConnectionClosed, NotAuthenticated, Timeout
 from minou.limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
 
+from . import credentials
+from .credentials import CachedCredential
+
 T = TypeVar("T")
 log = logging.getLogger("pyspark_minou")
 # What a lost or restarting broker raises: worth reconnecting for, until reconnectTimeout.
@@ -271,6 +274,10 @@ class LazyClient:
         return self._client
 
     # ------------------------------------------------ credentials (driver side)
+    def _cached(self) -> CachedCredential:
+        c = self.config
+        return CachedCredential(c.brokers, c.client_id, c.key_file, c.purpose)
+
     def delegate(self) -> None:
         """Before this object is pickled for tasks: a credential for them, so executors
         never need the key (docs/spark.md, "Running on a cluster")."""
@@ -278,32 +285,26 @@ class LazyClient:
         if not c.delegates or c.credential is not None or in_task():
             return
         try:
-            issued = self.with_client(
-                lambda cl: cl.issue_credential(ttl=c.credential_ttl, purpose=c.purpose),
-                "issuing a credential for the executors")
+            secret = credentials.obtain(self._cached(), self.with_client, c.credential_ttl,
+                                        c.purpose)
         finally:
             self.close_client()
-        self.config = replace(c, credential=str(issued["credential"]))
-        log.info("issued credential %s (%s) for the executors of %s, %.0f s", issued["id"],
-                 c.purpose, c.client_id, c.credential_ttl)
+        self.config = replace(c, credential=secret)
 
     def renew_credentials(self) -> None:
-        """Extend this job's credentials (whichever driver-side process issued them) to
+        """Extend this job's credential (whichever driver-side process issued it) to
         now + credentialTtl; tasks keep the secret they were given."""
         c = self.config
         if c.delegates:
-            self.with_client(lambda cl: cl.admin("credentials.renew", purpose=c.purpose,
-                                                 ttl=c.credential_ttl),
-                             "renewing the executors' credential")
+            credentials.renew(self._cached(), self.with_client, c.credential_ttl, c.purpose)
 
     def revoke_credentials(self) -> None:
-        """The job is done: its credentials stop working now rather than at expiry."""
+        """The job is done: its credential stops working now rather than at expiry."""
         c = self.config
         if not c.delegates:
             return
         try:
-            self.with_client(lambda cl: cl.admin("credentials.revoke", purpose=c.purpose),
-                             "revoking the executors' credential")
+            credentials.revoke(self._cached(), self.with_client, c.purpose)
         except Exception as exc:  # best effort: it expires anyway
             log.warning("revoking credential %s failed: %s", c.purpose, exc)
 

@@ -19,7 +19,8 @@ def test_the_example_pipeline(spark, minou_broker, client, opts, tmp_path):
         sys.path.remove(str(EXAMPLES))
     orders = [(f"orders/v1/{i % 2}", {"customer": ["ada", "ken"][i % 2], "total": 10.0})
               for i in range(40)]
-    orders += [("orders/v1/0", {"no": "customer"}), ("orders/v1/1", "not an object")]
+    orders += [("orders/v1/0", {"no": "customer"}), ("orders/v1/1", "not an object"),
+               ("orders/v1/0", b"not json at all")]  # a raw message: dead-lettered as is
     client.send_many(orders)
     args = argparse.Namespace(brokers=minou_broker.url, checkpoint=str(tmp_path / "ckpt"),
                               key=opts["keyFile"], client_id=opts["clientId"],
@@ -36,8 +37,9 @@ def test_the_example_pipeline(spark, minou_broker, client, opts, tmp_path):
 
     assert totals() == {"ada": (20, 200.0), "ken": (20, 200.0)}
     dead, _ = client.read("_dead/orders/v1/spark", limit=100)
-    assert len(dead) == 2
+    assert len(dead) == 3
     assert {m.headers["x-dead-reason"] for m in dead} == {"unparseable order"}
+    assert b"not json at all" in {m.data for m in dead}
     # Forget that the last batch was committed: Spark replays it, the broker's fence
     # keeps the reports as they were.
     commits = sorted((tmp_path / "ckpt" / "commits").glob("[0-9]*"), key=lambda p: int(p.name))

@@ -341,7 +341,8 @@ def run_driver(spark_cluster: SparkCluster, tmp_path: Path) -> Callable[..., dic
         n = next(runs)
         spark_cluster.wait_ready(60)  # both workers, whatever an earlier test did
         err_path = tmp_path / f"driver-{scenario}-{n}.stderr"
-        env = spark_env(MINOU_SPARK_MASTER=spark_cluster.master_url, PYTHONUNBUFFERED="1")
+        env = spark_env(MINOU_SPARK_MASTER=spark_cluster.master_url, PYTHONUNBUFFERED="1",
+                        XDG_CACHE_HOME=str(tmp_path / "xdg-cache"))
         cmd = [sys.executable, str(DRIVER), scenario, json.dumps(args)]
         if split_dns:
             cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
