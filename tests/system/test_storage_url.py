@@ -48,3 +48,13 @@ def test_an_unknown_backend_is_refused_before_anything_starts(tmp_path):
     assert run.returncode == 2
     assert "unknown backend 'postgres'; known: sqlite:///path/to/minou.db" in run.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_memory_broker_serves_and_says_so(broker_factory):
+    broker = broker_factory.make(extra=["--storage", "memory://system-test"]).start()
+    with minou.connect_sync(broker.url, **auth("storage-2")) as c:
+        c.send("orders/v1/1", {"n": 1})
+        assert c.read("orders/v1/1")[0][0].payload == {"n": 1}
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as a:
+        assert a.admin("status")["storage"]["backend"] == "memory"
+    assert not (broker.data_dir / "minou.db").exists()

@@ -39,7 +39,8 @@ def open_storage(settings: Settings) -> Storage:
         from .memory import MemoryStorage
 
         return MemoryStorage(urlsplit(url).netloc or "default",
-                             max_size=settings.storage_max_size)
+                             max_size=settings.storage_max_size,
+                             reserve=settings.storage_reserve)
     from .sqlite import SQLiteStorage
 
     where = Path(urlsplit(url).path) if url else Path(settings.data_dir) / "minou.db"

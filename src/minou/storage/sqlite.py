@@ -235,8 +235,9 @@ class SQLiteStorage:
             spans = [(r & SEQ_MASK, last) for r, last in db.execute(
                 "SELECT rid, last_seq FROM segments WHERE rid BETWEEN ? AND ? ORDER BY rid",
                 (lo, hi))]
-            gone = {r & SEQ_MASK for (r,) in db.execute(
+            removed_rows = {r & SEQ_MASK for (r,) in db.execute(
                 "SELECT rid FROM removed WHERE rid BETWEEN ? AND ?", (lo, hi))}
+            holes: set[int] = set()  # seqs never stored (refused on a full disk)
             if spans:
                 next_seq = max(next_seq, spans[-1][1] + 1)
                 first = max(first_seq, spans[0][0])
@@ -248,11 +249,12 @@ class SQLiteStorage:
                 if last < first:
                     continue
                 start = max(start, first)
-                gone.update(range(expected, start))  # a hole between segments
+                holes.update(range(expected, start))  # a hole between segments
                 count += last - start + 1
                 expected = last + 1
-            gone = {g for g in gone if first <= g < next_seq}
-            count -= len([g for g in gone if g < expected])
+            # Only removed messages that were stored were counted: holes were not.
+            count -= len({g for g in removed_rows if first <= g < expected} - holes)
+            gone = {g for g in removed_rows | holes if first <= g < next_seq}
             while first in gone:  # leading removed messages: the channel starts after them
                 gone.discard(first)
                 first += 1
@@ -441,6 +443,11 @@ class SQLiteStorage:
             elif name in removing:
                 db.execute("UPDATE channels SET next_seq = max(next_seq, ?) WHERE cid = ?",
                            (next_seq, self._cids[name]))
+        unknown = {m.channel for m in batch.messages} | set(batch.truncates)
+        unknown -= self._cids.keys()
+        if unknown:  # a core bug: a channel's first write must carry its next seq
+            raise StorageUnavailable(f"batch writes to channels storage does not know: "
+                                     f"{sorted(unknown)[:5]} (no next_seq given)")
         if batch.messages:
             by_channel: dict[str, list[Msg]] = {}
             for m in batch.messages:
