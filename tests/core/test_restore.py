@@ -1,4 +1,5 @@
-"""Restart: every batch goes to a real SQLiteStorage, then a fresh Broker restores from it.
+"""Restart: every batch goes to a real storage (SQLite, and its memory twin), then a
+fresh Broker restores from it.
 
 After a restore no message body is in memory, so the first deliveries go through the
 NeedLoad -> storage.read_range -> Broker.on_loaded round trip.
@@ -13,24 +14,36 @@ import pytest
 
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
+from minou.storage.base import Storage
+from minou.storage.memory import MemoryStorage
 from minou.storage.sqlite import SQLiteStorage
 
 from .helpers import Harness, payloads, send, seqs
 
 CH = "orders/v1/1"
-_opened: list[SQLiteStorage] = []
+_opened: list[Storage] = []
+_kind = ["sqlite"]
 
 
-@pytest.fixture(autouse=True)
-def _close_storages() -> Iterator[None]:
+@pytest.fixture(autouse=True, params=["sqlite", "memory"])
+def _backend(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every test here runs on both backends, restarting on the same place."""
+    _kind[0] = request.param
     yield
     while _opened:
         _opened.pop().close()
 
 
-def _storage(path: Path) -> SQLiteStorage:
-    st = SQLiteStorage(path)
+def _new(path: Path) -> Storage:
+    st: Storage = SQLiteStorage(path) if _kind[0] == "sqlite" else MemoryStorage(str(path))
     _opened.append(st)
+    return st
+
+
+def _storage(path: Path) -> Storage:
+    if _kind[0] == "memory":
+        MemoryStorage.forget(str(path))
+    st = _new(path)
     st.open(0.0)
     return st
 
@@ -40,8 +53,7 @@ def _restart(h: Harness, path: Path, *, after: float = 1.0, **broker_kw) -> Harn
     assert h.storage is not None
     h.storage.close()
     now = h.now + after
-    st = SQLiteStorage(path)
-    _opened.append(st)
+    st = _new(path)
     broker = Broker(**broker_kw)
     broker.restore(st.open(now), now)
     return Harness(broker=broker, storage=st, now=now)
