@@ -195,10 +195,10 @@ def _secret(table: dict[str, Any], key: str, base_dir: Path) -> str | None:
     if inline is None:
         return None
     where = f"auth.{key}_file" if path is not None else f"auth.{key}"
-    _expect(where, inline, str, "a string of at least 16 characters")
-    if len(inline) < 16:
-        raise ConfigError(f"{where}: expected a string of at least 16 characters "
-                          f"(got {len(inline)})")
+    _expect(where, inline, str, f"a string of at least {limits.MIN_SECRET_CHARS} characters")
+    if len(inline) < limits.MIN_SECRET_CHARS:
+        raise ConfigError(f"{where}: expected a string of at least {limits.MIN_SECRET_CHARS} "
+                          f"characters (got {len(inline)})")
     return str(inline)
 
 
@@ -277,8 +277,9 @@ def _storage(raw: Any) -> dict[str, Any]:
             raise ConfigError(f"storage.{key}: unknown setting (known: url, max_size, "
                               "reserve, wal_checkpoint)")
         size = parse_size(f"storage.{key}", value)
-        if key == "wal_checkpoint" and size < 1 << 20:
-            raise ConfigError(f"storage.wal_checkpoint: expected at least 1 MiB, got {value!r}")
+        if key == "wal_checkpoint" and size < limits.MIN_CHECKPOINT_WAL_BYTES:
+            raise ConfigError(f"storage.wal_checkpoint: expected at least "
+                              f"{limits.MIN_CHECKPOINT_WAL_BYTES >> 20} MiB, got {value!r}")
         if key == "max_size" and size < limits.MIN_STORAGE_MAX_SIZE:
             raise ConfigError(f"storage.max_size: expected at least "
                               f"{limits.MIN_STORAGE_MAX_SIZE >> 20} MiB, got {value!r}")

@@ -52,6 +52,7 @@ class ErrorCode(IntEnum):
     SLOW_CONSUMER = 302
     TOO_MANY_CONNECTIONS = 303
     STORAGE_FULL = 304
+    PUBLISH_BACKLOG = 305
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.TOO_MANY_CONNECTIONS: CodeInfo(503, "too_many_connections", "too many connections"),
     ErrorCode.STORAGE_FULL: CodeInfo(507, "storage_full",
                                      "storage full: nothing was stored (or made durable)"),
+    ErrorCode.PUBLISH_BACKLOG: CodeInfo(503, "publish_backlog",
+                                        "the disk is behind: nothing was stored; retry"),
 }
 
 
@@ -205,6 +208,14 @@ class SlowConsumer(RequestError):
 
 class TooManyConnections(RequestError):
     code = ErrorCode.TOO_MANY_CONNECTIONS
+
+
+class PublishBacklog(RequestError):
+    """An HTTP publish while the disk is behind (past ``publish_pause_bytes``, or while
+    socket publishers are paused for it): nothing was stored; retry after
+    ``detail.retry_after`` seconds. A socket publisher is paused instead."""
+
+    code = ErrorCode.PUBLISH_BACKLOG
 
 
 class StorageError(MinouError):

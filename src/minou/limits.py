@@ -35,6 +35,8 @@ DEFAULT_DEDUP_WINDOW_S = 120.0  # SPEC §1: "default 2 minutes"
 # keys expire early, counted and logged (max_dedup_keys raises it).
 MAX_DEDUP_KEYS = 2_000_000
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # higher is served first; 0 is the default
+# ttl and delay of a message (and a nack's delay): ten years is surely a mistake beyond.
+MAX_DELAY_S = 10 * 365 * 86400.0
 
 # Flow control (DESIGN: bound every buffer).
 PUBLISH_PAUSE_BYTES = 32 << 20  # stop reading publishers past this many uncommitted bytes
@@ -64,6 +66,7 @@ STORAGE_RESUME_BYTES = 4 << 20  # publishes are accepted again once this much is
 STORAGE_PROBE_S = 1.0  # while full, look at the free space this often
 STORAGE_RETRY_S = 1.0  # while full, a failed commit waits this long before the next try
 MIN_STORAGE_MAX_SIZE = 1 << 20  # a smaller max_size is surely a mistake
+MIN_CHECKPOINT_WAL_BYTES = 1 << 20  # [storage] wal_checkpoint: a smaller one is surely a mistake
 GC_THRESHOLD = 100_000  # allocations before a young-generation collection (default 700)
 HELLO_TIMEOUT_S = 10.0
 
@@ -91,6 +94,10 @@ HTTP_HEADER_TIMEOUT_S = 10.0
 # than the 5 s for which clients such as httpx keep an idle connection, so a client
 # reusing one does not race our close.
 HTTP_IDLE_TIMEOUT_S = 15.0
+# An answer sent with "connection: close" while the request's body still arrives (a 413, a
+# 408): the rest is read and dropped this long before the close, as nginx's lingering
+# close, since closing with unread data sends a reset that can destroy the answer.
+HTTP_LINGER_S = 2.0
 
 # Client
 CLIENT_SEND_QUEUE = 100_000
@@ -107,6 +114,31 @@ REPLAY_GUARD_CAPACITY = 100_000  # unexpired token ids of native HELLOs (admins 
 REPLAY_GUARD_PER_CLIENT = 5_000  # of which one client id may hold at most this many
 MAX_PENDING_PER_ADDRESS = 20  # clients waiting for approval registered from one address
 PENDING_ATTEMPTS = (10, 10.0)  # HELLOs of one pending client id: at most 10 per 10 s
+MIN_SECRET_CHARS = 16  # [auth] broker_token: a shorter one is a password, not a secret
+# Clients waiting for approval, from all addresses: unknown clients cannot grow the
+# registry without bound (an admin reviews each one).
+MAX_PENDING_CLIENTS = 1_000
+MAX_PUBLIC_KEY_BYTES = 4_096  # a PEM key presented at registration: RSA-4096 is ~800 bytes
+# Keys (client ids, addresses) one attempt limiter tracks: past it, keys whose window ended
+# are forgotten and, if all are live, new keys are refused (a flood of ids is not kept).
+MAX_ATTEMPT_KEYS = 10_000
+MAX_TOKEN_BYTES = 4_096  # a real token is ~300 bytes; more is an attack or a mistake
+MAX_TOKEN_LIFETIME_S = 3600.0  # exp - iat: tokens are meant to be short-lived
+DEFAULT_TOKEN_TTL_S = 60.0  # what the client signs for: long enough for a slow handshake
+CLOCK_LEEWAY_S = 5.0  # exp and iat are checked this loosely: clocks of hosts differ a little
+MAX_JTI_CHARS = 128  # a random id (minou's are 24 characters); the guard stores each one
+MIN_RSA_BITS = 2048  # NIST SP 800-131A disallows smaller RSA keys for signatures
+# Verified HTTP bearer tokens kept until they expire, so a token reused per request is not
+# verified (a signature check) again; cleared when full.
+HTTP_TOKEN_CACHE = 10_000
+# Per-Access answer caches and the per-Rules client cache: a client probing many names
+# cannot grow memory; clearing when full is enough, a real client's working set is small.
+RULES_CACHE_ENTRIES = 4_096
+# Security log lines (oplog: refused logins, pending clients, failed handshakes, slow
+# requests): a client can cause them at will, so per kind at most this many per window,
+# then one summary: a flood of bad logins costs a few lines, not a full disk.
+SECURITY_LOG_LINES = 20
+SECURITY_LOG_WINDOW_S = 10.0
 
 # Amplification: what one small request may make the broker do.
 MAX_KEY_LENGTH = 256  # characters of a message key or a dedup key (kept in memory per key)
@@ -115,6 +147,15 @@ MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
 MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
 MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
+# HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
+# message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).
+MAX_BATCH_HTTP = 1_000
+MAX_BROWSE = 1_000  # messages one admin browse page reads back from storage and encodes
+DEFAULT_BROWSE = 50  # ... when the request names no limit: a screenful
+MAX_REQUEUE = 100_000  # dead letters one requeue reads and moves per channel
+DEFAULT_REQUEUE = 10_000  # ... when the request names no limit
+# from_seq of a browse: the integers every JSON client reads exactly (a double's 53 bits).
+MAX_FROM_SEQ = 2**53
 
 # Idempotent producers: one small state per (client, producer id, channel), kept in
 # memory and stored with the messages. Past the cap the least recently used go (a
@@ -156,3 +197,26 @@ MIN_CREDENTIAL_TTL_S = 1.0
 MAX_CREDENTIAL_TTL_S = 7 * 24 * 3600.0  # as Kafka's delegation tokens' max lifetime
 MAX_CREDENTIALS_PER_CLIENT = 1_000  # unexpired ones; a notebook running a query a minute
 MAX_CREDENTIALS = 50_000  # ... and all clients together (~200 bytes each)
+MAX_PURPOSE_CHARS = 200  # a credential's purpose: a note for the admin who lists them
+
+# HTTP consumers (server/http_consumers.py): a long poll holds a request, a consumer holds
+# a subscription, so both are bounded in time.
+MAX_HTTP_WAIT_S = 30.0  # ?wait= of a consume: well under nginx's 60 s proxy_read_timeout
+MIN_HTTP_WAIT_S = 0.05  # even wait=0 gives the broker this moment to hand over a ready message
+HTTP_CONSUMER_IDLE_S = 60.0  # unused this long (and its lease) with nothing unsettled: closed
+# Prefetch of one /v1/stream subscription: deliveries out and not yet settled, each leased
+# and held by the broker until it is.
+MAX_STREAM_PREFETCH = 1_000
+
+# Exactly-once sink (core/transactions.py): staged publishes live in memory only.
+STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE
+MAX_STAGED_BYTES = 256 << 20  # everything staged, all writers together
+MAX_TXN_ID = 200  # characters of a transaction id, a writer id or a lineage (kept per writer)
+# Idempotent producers: refused ranges remembered per (producer, channel), so a resend of
+# a refused publish gets the same error; a few cover a run of refusals and retries.
+MAX_REFUSED_RANGES = 8
+
+# The dashboard's rate charts (server/rate_history.py): memory fixed at start, about
+# (queues + 1) x 3 x seconds floats (~1.5 MB).
+RATE_HISTORY_S = 600  # ten minutes at one sample a second: what the charts show
+RATE_HISTORY_QUEUES = 100  # queues with a history of their own (the broker's is always kept)

@@ -222,3 +222,88 @@ def test_subscribed_comes_before_the_first_message(stream_broker):
         first = json.loads(ws.recv(5))
         assert (first["type"], first["ref"]) == ("subscribed", "s")
         assert json.loads(ws.recv(5))["sid"] == first["sid"]
+
+
+def test_stream_publishes_carry_headers_key_ttl_delay_and_dedup(stream_broker):
+    h, admin = bearer(stream_broker, "app-fields"), admin_bearer(stream_broker)
+
+    def publish(ws: Any, channel: str, ref: str, **fields: Any) -> dict[str, Any]:
+        ws.send(json.dumps({"op": "publish", "channel": channel, "payload": ref,
+                            "ref": ref, **fields}))
+        reply = receive(ws, "published")
+        assert reply["ref"] == ref, reply
+        return reply
+
+    with stream(stream_broker, h) as pub, stream(stream_broker, h) as sub, \
+            httpx.Client(base_url=stream_broker.http, timeout=10) as http:
+        sub.send(json.dumps({"op": "consume", "pattern": "orders/v1/fields", "group": "g",
+                             "prefetch": 10}))
+        receive(sub, "subscribed")
+        # Headers, key and priority reach the consumer.
+        publish(pub, "orders/v1/fields", "plain", headers={"trace": "a1"}, key="cust-7",
+                priority=3)
+        message = receive(sub, "message")
+        assert (message["headers"], message["key"], message["priority"]) == \
+            ({"trace": "a1"}, "cust-7", 3)
+        # A delay holds the message: one published after it without a delay comes first.
+        sent = time.monotonic()
+        publish(pub, "orders/v1/fields", "delayed", delay=1.0)
+        publish(pub, "orders/v1/fields", "prompt")
+        assert receive(sub, "message")["payload"] == "prompt"
+        assert receive(sub, "message", 10)["payload"] == "delayed"
+        assert time.monotonic() - sent >= 0.95
+        # A repeated dedup key is a duplicate of the first, not a second message.
+        first = publish(pub, "orders/v1/fields", "once", dedup="order-42")
+        again = publish(pub, "orders/v1/fields", "twice", dedup="order-42")
+        assert (first["duplicate"], again["duplicate"]) == (False, True)
+        assert (again["seq"], again["id"]) == (first["seq"], first["id"])
+        assert receive(sub, "message")["payload"] == "once"
+        # A ttl expires the message before anyone reads it.
+        publish(pub, "orders/v1/expiring", "short-lived", ttl=0.2)
+        wait_until(lambda: http.get("/v1/status", headers=admin).json()
+                   ["counters"]["expired"] == 1, 10, what="the message to expire")
+        sub.send(json.dumps({"op": "consume", "pattern": "orders/v1/expiring",
+                             "group": "late"}))
+        receive(sub, "subscribed")
+        publish(pub, "orders/v1/expiring", "after")
+        assert receive(sub, "message")["payload"] == "after"
+
+
+def test_stream_publish_fields_are_refused_as_http_refuses_them(stream_broker):
+    h = bearer(stream_broker, "app-refused")
+    many = {f"h{i}": "v" for i in range(65)}
+    # (stream fields, the same request over HTTP: query, headers)
+    cases = [
+        ({"ttl": "soon"}, {"ttl": "soon"}, {}),
+        ({"ttl": -1}, {"ttl": "-1"}, {}),
+        ({"delay": 1e300}, {"delay": "1e300"}, {}),
+        ({"priority": 12}, {"priority": "12"}, {}),
+        ({"key": "k" * 257}, {"key": "k" * 257}, {}),
+        ({"dedup": "d" * 257}, {"dedup": "d" * 257}, {}),
+        ({"headers": many}, {}, {f"X-Minou-Header-{k}": v for k, v in many.items()}),
+    ]
+    with stream(stream_broker, h) as ws, \
+            httpx.Client(base_url=stream_broker.http, timeout=10) as http:
+        for i, (fields, query, headers) in enumerate(cases):
+            ws.send(json.dumps({"op": "publish", "channel": "orders/v1/r", "payload": 1,
+                                "ref": i, **fields}))
+            error = receive(ws, "error")
+            r = http.post("/v1/messages/orders/v1/r", params=query, json=1,
+                          headers={**h, **headers})
+            assert r.status_code == 400, (fields, r.text)
+            assert error["ref"] == i
+            assert (error["reason"], error["message"]) == \
+                (r.json()["error"]["reason"], r.json()["error"]["message"]), fields
+        for fields, message in [
+            ({"tll": 5}, "a publish takes no field 'tll'"),
+            ({"headers": {"n": 1}}, "header 'n' must be a string, not 1"),
+            ({"headers": ["a"]}, "headers must be an object of strings"),
+            ({"delay": True}, "delay must be a number, not True"),
+        ]:
+            ws.send(json.dumps({"op": "publish", "channel": "orders/v1/r", "payload": 1,
+                                **fields}))
+            error = receive(ws, "error")
+            assert error["reason"] == "bad_request" and message in error["message"], error
+        # Nothing refused was stored; the stream goes on.
+        ws.send(json.dumps({"op": "publish", "channel": "orders/v1/r", "payload": 1}))
+        assert receive(ws, "published")["seq"] == 1

@@ -192,7 +192,7 @@ def test_rotate_replaces_the_key_and_forget_lets_the_id_register_afresh():
 
 
 def test_pending_clients_are_bounded(monkeypatch):
-    monkeypatch.setattr(registry_module, "MAX_PENDING", 3)
+    monkeypatch.setattr(registry_module, "MAX_PENDING_CLIENTS", 3)
     rules = Rules.parse([{"client": "billing-*"}, {"client": "shop-*", "accept": False}])
     reg = Registry()
     for n in range(3):

@@ -387,7 +387,7 @@ def test_repeated_checks_give_the_same_answer(example: Rules) -> None:
 
 
 def test_bounded_caches_do_not_change_answers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rules_mod, "_CACHE_LIMIT", 3)
+    monkeypatch.setattr(rules_mod, "RULES_CACHE_ENTRIES", 3)
     rules = Rules.parse([{"client": "*", "read": ["a/*", "!x/*"], "write": ["a/v1/*"]}])
     access = rules.for_client("c")
     targets = [f"a/v{v}/{i}" for v in (1, 2) for i in range(10)]

@@ -6,11 +6,11 @@ remembered)."""
 
 from __future__ import annotations
 
-MAX_KEYS = 10_000
+from ..limits import MAX_ATTEMPT_KEYS
 
 
 class AttemptLimiter:
-    def __init__(self, limit: int, window: float, *, max_keys: int = MAX_KEYS) -> None:
+    def __init__(self, limit: int, window: float, *, max_keys: int = MAX_ATTEMPT_KEYS) -> None:
         self.limit = limit
         self.window = window
         self.max_keys = max_keys

@@ -29,13 +29,13 @@ from ..limits import (
     MAX_CREDENTIAL_TTL_S,
     MAX_CREDENTIALS,
     MAX_CREDENTIALS_PER_CLIENT,
+    MAX_PURPOSE_CHARS,
     MIN_CREDENTIAL_TTL_S,
 )
 from .registry import ACTIVE, REVOKED, ClientRecord
 
 PREFIX = "mdc1"  # minou delegated credential, format 1: mdc1.<id>.<secret>
 MAX_CREDENTIAL_CHARS = 128  # a real one is 65; more is an attack or a mistake
-MAX_PURPOSE_CHARS = 200
 EXPIRED_KEPT_S = 3600.0  # an expired credential is remembered this long (for its error)
 
 

@@ -23,15 +23,17 @@ from dataclasses import dataclass
 import msgspec
 
 from ..errors import ConfigError, NotAuthenticated, PendingApproval
-from ..limits import MAX_PENDING_PER_ADDRESS, PENDING_ATTEMPTS
+from ..limits import (
+    MAX_PENDING_CLIENTS,
+    MAX_PENDING_PER_ADDRESS,
+    MAX_PUBLIC_KEY_BYTES,
+    PENDING_ATTEMPTS,
+)
 from .attempts import AttemptLimiter
 from .keys import PublicKey, fingerprint, load_public, public_pem
 from .tokens import ReplayGuard, algorithm_for, verify_token
 
 ACTIVE, PENDING, REVOKED = "active", "pending", "revoked"
-MAX_PENDING = 1000  # unknown clients cannot grow the registry without bound
-MAX_PUBLIC_KEY_BYTES = 4096
-
 
 class ClientRecord(msgspec.Struct, kw_only=True):
     client_id: str
@@ -218,8 +220,9 @@ class Registry:
         # The token must verify with the presented key: only its holder can register it.
         claims = verify_token(token, key, client_id=client_id, audience=audience, now=now)
         accepted = client_id not in admins and accepts(client_id) is True
-        if not accepted and sum(r.status == PENDING for r in self.records.values()) >= MAX_PENDING:
-            raise NotAuthenticated(f"{MAX_PENDING} clients already wait for approval; "
+        if not accepted and sum(r.status == PENDING
+                                for r in self.records.values()) >= MAX_PENDING_CLIENTS:
+            raise NotAuthenticated(f"{MAX_PENDING_CLIENTS} clients already wait for approval; "
                                    "new ones are refused until an admin decides",
                                    why="too_many_pending")
         if not accepted and address:
@@ -243,7 +246,7 @@ class Registry:
         self._save(record)
         if not accepted:
             if address:
-                if len(self._pending_from) >= MAX_PENDING * 2:  # forget decided ones
+                if len(self._pending_from) >= MAX_PENDING_CLIENTS * 2:  # forget decided ones
                     self._pending_from = {c: h for c, h in self._pending_from.items()
                                           if self.records.get(c, _GONE).status == PENDING}
                 self._pending_from[client_id] = address

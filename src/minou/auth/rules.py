@@ -43,16 +43,13 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError, InvalidChannel, NotAuthorized
+from ..limits import RULES_CACHE_ENTRIES
 from ..names import DEAD_PREFIX, Pattern, parse_pattern
 
 __all__ = ["ALLOW_ALL", "Access", "Rule", "Rules", "covers", "overlaps"]
 
 _KNOWN_KEYS = ("accept", "client", "read", "write")
 _PATTERN_HELP = '(use "*", "endpoint/*", "endpoint/version/*" or "endpoint/version/id")'
-# Per-Access answer caches and the per-Rules client cache are bounded so that a
-# client probing many names cannot grow memory; clearing when full is enough
-# because the working set of a real client is small.
-_CACHE_LIMIT = 4096
 _ANY = Pattern("*", "", concrete=False)  # prefix "" matches every channel, dead letters too
 _MISS = object()
 
@@ -253,7 +250,7 @@ class Rules:
         access = self._access.get(client_id)
         if access is None:
             access = self._build(client_id)
-            if len(self._access) >= _CACHE_LIMIT:
+            if len(self._access) >= RULES_CACHE_ENTRIES:
                 self._access.clear()
             self._access[client_id] = access
         return access
@@ -283,7 +280,7 @@ class Rules:
         seen = self._exclusive_seen.get(channel)
         if seen is None:
             seen = any(pattern.matches(channel) for _, pattern in self._exclusive_patterns)
-            if len(self._exclusive_seen) >= _CACHE_LIMIT:
+            if len(self._exclusive_seen) >= RULES_CACHE_ENTRIES:
                 self._exclusive_seen.clear()
             self._exclusive_seen[channel] = seen
         return seen
@@ -386,7 +383,7 @@ class Access:
 
     @staticmethod
     def _remember(cache: dict[str, str | None], key: str, refusal: str | None) -> str | None:
-        if len(cache) >= _CACHE_LIMIT:
+        if len(cache) >= RULES_CACHE_ENTRIES:
             cache.clear()
         cache[key] = refusal
         return refusal

@@ -18,17 +18,20 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from ..errors import NotAuthenticated
-from ..limits import REPLAY_GUARD_CAPACITY, REPLAY_GUARD_PER_CLIENT
+from ..limits import (
+    CLOCK_LEEWAY_S,
+    DEFAULT_TOKEN_TTL_S,
+    MAX_JTI_CHARS,
+    MAX_TOKEN_BYTES,
+    MAX_TOKEN_LIFETIME_S,
+    MIN_RSA_BITS,
+    REPLAY_GUARD_CAPACITY,
+    REPLAY_GUARD_PER_CLIENT,
+)
 from .keys import PrivateKey, PublicKey
 
-MAX_TOKEN_BYTES = 4096  # a real token is ~300 bytes; more is an attack or a mistake
-MAX_TOKEN_LIFETIME_S = 3600.0  # exp - iat: tokens are meant to be short-lived
-DEFAULT_TOKEN_TTL_S = 60.0
-CLOCK_LEEWAY_S = 5.0
 REQUIRED_CLAIMS = ("iss", "aud", "exp", "iat", "jti")
-MAX_JTI_CHARS = 128  # a random id (minou's are 24 characters); the guard stores each one
 LATEST_NUMERIC_DATE = 253_402_300_799  # 9999-12-31T23:59:59Z: a later exp or iat is no date
-MIN_RSA_BITS = 2048
 
 
 def algorithm_for(key: PrivateKey | PublicKey) -> str:

@@ -50,6 +50,7 @@ from ..limits import (
     DEFAULT_LEASE_S,
     MAX_BROADCAST_BYTES,
     MAX_BROADCAST_FANOUT,
+    MAX_DELAY_S,
     MAX_HEADER_SIZE,
     MAX_HEADERS,
     MAX_KEY_LENGTH,
@@ -89,7 +90,6 @@ from .transactions import Transactions
 from .writes import WriteBatch
 
 _MESSAGE_ID = re.compile(r"[0-9a-f]{16}[1-9a-f][0-9a-f]{0,14}")  # what new_id makes
-MAX_DELAY_S = 10 * 365 * 86400.0  # ttl and delay: ten years is surely a mistake beyond
 LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
 WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
 

@@ -21,12 +21,12 @@ from typing import Any
 import msgspec
 
 from ..errors import OutOfSequence
+from ..limits import MAX_REFUSED_RANGES
 from ..protocol.frames import Outcome
 
 # A producer id is broker-made (16 hex digits) but a client presents it again: bounded
 # and plain, so it is safe in a storage key and a log line.
 PRODUCER_ID = re.compile(r"[0-9a-f]{16}")
-MAX_REFUSED_RANGES = 8  # refusals remembered per (producer, channel), for replays
 
 Key = tuple[str, str, str]  # client id, producer id, channel
 _pack = msgspec.msgpack.Encoder().encode

@@ -27,12 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadRequest, NotAuthorized, NotFound, QueueFull
-from ..limits import MAX_BATCH
+from ..limits import MAX_BATCH, MAX_STAGED_BYTES, MAX_TXN_ID, STAGED_TTL_S
 from ..protocol.frames import Send
-
-STAGED_TTL_S = 3600.0
-MAX_STAGED_BYTES = 256 * 1024 * 1024  # everything staged, all writers together
-MAX_TXN_ID = 200
 
 
 @dataclass

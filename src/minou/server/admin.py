@@ -19,7 +19,14 @@ from ..auth.credentials import check_ttl
 from ..core import maintenance
 from ..core.log import Msg
 from ..errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
-from ..limits import DEFAULT_CREDENTIAL_TTL_S
+from ..limits import (
+    DEFAULT_BROWSE,
+    DEFAULT_CREDENTIAL_TTL_S,
+    DEFAULT_REQUEUE,
+    MAX_BROWSE,
+    MAX_FROM_SEQ,
+    MAX_REQUEUE,
+)
 from ..names import DEAD_PREFIX, validate_channel
 
 if TYPE_CHECKING:
@@ -31,7 +38,6 @@ Op = Callable[["BrokerServer", dict[str, Any], "Identity | None"], Any]
 # What a non-admin may run: each acts on the caller's own identity only.
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
                               "credentials.revoke", "credentials.list"})
-MAX_BROWSE = 1000
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -152,8 +158,8 @@ async def _browse(server: BrokerServer, args: dict[str, Any], caller: Identity |
     channel = _str_arg(args, "channel")
     assert channel is not None
     validate_channel(channel)
-    from_seq = _int_arg(args, "from_seq", 0, 0, 2**53)
-    limit = _int_arg(args, "limit", 50, 1, MAX_BROWSE)
+    from_seq = _int_arg(args, "from_seq", 0, 0, MAX_FROM_SEQ)
+    limit = _int_arg(args, "limit", DEFAULT_BROWSE, 1, MAX_BROWSE)
     log = server.core.channels.get(channel)
     if log is None:
         raise NotFound(f"no channel {channel!r}")
@@ -208,7 +214,7 @@ async def _requeue_dead(server: BrokerServer, args: dict[str, Any],
     if queue.startswith(DEAD_PREFIX):
         queue = queue[len(DEAD_PREFIX):]
     channel_id = _str_arg(args, "channel", required=False)
-    limit = _int_arg(args, "limit", 10_000, 1, 100_000)
+    limit = _int_arg(args, "limit", DEFAULT_REQUEUE, 1, MAX_REQUEUE)
     moved: dict[str, int] = {}
     for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
         msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)

@@ -31,6 +31,7 @@ from ..core.writes import WriteBatch
 from ..errors import (
     ErrorCode,
     NotAuthenticated,
+    PublishBacklog,
     RequestError,
     ShuttingDown,
     StartupError,
@@ -215,7 +216,7 @@ class BrokerServer:
         self._write_timer = False
         self._force_write = False
         self._pump_scheduled = False
-        self._uncommitted = 0
+        self._writing_bytes = 0  # publish bytes of the batch being committed
         self._publishers_paused: set[NativeConnection] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Future[Any]] = set()
@@ -232,6 +233,10 @@ class BrokerServer:
         gc.set_threshold(GC_THRESHOLD, 50, 100)
         before, after = raise_descriptor_limit()
         self.admission.descriptors, self.admission.descriptors_before = after, before
+        if self.settings.http_port is not None:
+            from .http import check_fast_path
+
+            check_fast_path()  # a uvicorn without what the HTTP protocol needs: fail now
         # Lock the directory, then bind, then open storage: a second broker on this
         # directory or a busy port fails here, before anything is written.
         self._dir_lock.acquire()
@@ -603,15 +608,35 @@ class BrokerServer:
         self.request_pump()
 
     # ------------------------------------------------------------- writing
+    @property
+    def uncommitted_bytes(self) -> int:
+        """Publish bytes staged or being written, not yet durable: what flow control holds
+        against publish_pause_bytes. Read from the batches themselves, so every interface
+        (native, WebSocket, HTTP, transactions) counts and a failed commit leaks nothing."""
+        return self.core.batch.bytes + self._writing_bytes
+
     def publish_staged(self, conn: NativeConnection, staged: list[Msg]) -> None:
-        self._uncommitted += sum(len(m.data) for m in staged)
-        if self._uncommitted > self.settings.publish_pause_bytes:
-            # Flow control: the disk is behind; stop reading from this publisher.
+        """``conn`` staged publishes (already in ``uncommitted_bytes``): commit them, and
+        stop reading from ``conn`` while the disk is behind."""
+        if self.uncommitted_bytes > self.settings.publish_pause_bytes:
             if conn not in self._publishers_paused:
                 self.flow_pauses += 1
             conn.pause_reading()
             self._publishers_paused.add(conn)
         self.request_write()
+
+    def publish_backlog(self) -> RequestError | None:
+        """The refusal of an HTTP publish while the disk is behind, else None. A request
+        cannot be paused like a socket, and holding it would only hold its body in
+        memory: past publish_pause_bytes, or while socket publishers wait for the writer
+        (so HTTP cannot starve them), it is answered 503 with Retry-After."""
+        pending, limit = self.uncommitted_bytes, self.settings.publish_pause_bytes
+        if pending <= limit and not self._publishers_paused:
+            return None
+        return PublishBacklog(f"the disk is behind: {pending} bytes of publishes wait to be "
+                              f"written (publish_pause_bytes {limit}); nothing was stored, "
+                              "retry in a moment", uncommitted_bytes=pending, limit=limit,
+                              retry_after=1)
 
     def after_input(self) -> None:
         """A read was handled: commit what it staged, deliver what it freed."""
@@ -655,6 +680,7 @@ class BrokerServer:
         batch = self.core.take_writes()
         if not batch:
             return
+        self._writing_bytes = batch.bytes
         self.handoffs += 1
         assert self.loop is not None
         started = time.perf_counter()
@@ -674,7 +700,7 @@ class BrokerServer:
         self._last_commit_at = time.time()
         if batch.messages:
             self._last_publish_commit = time.monotonic()
-        self._uncommitted = max(0, self._uncommitted - batch.bytes)
+        self._writing_bytes = 0
         self.core.on_committed(batch, time.time())
         self._resume_publishers()
         self.request_pump()
@@ -685,7 +711,7 @@ class BrokerServer:
 
     def _resume_publishers(self) -> None:
         resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
-        if self._publishers_paused and self._uncommitted <= resume_below:
+        if self._publishers_paused and self.uncommitted_bytes <= resume_below:
             for conn in self._publishers_paused:
                 conn.resume_reading()
             self._publishers_paused.clear()
@@ -698,7 +724,7 @@ class BrokerServer:
     # STORAGE_PROBE_S accepts publishes again once there is room. Any other failure
     # stops the broker with a non-zero exit status.
     def _commit_failed(self, batch: WriteBatch, exc: BaseException | None) -> None:
-        self._uncommitted = max(0, self._uncommitted - batch.bytes)
+        self._writing_bytes = 0
         if isinstance(exc, StorageFull):
             self.storage_full_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
@@ -734,9 +760,8 @@ class BrokerServer:
         reserve = exc.detail.get("reserve_released")
         log.error("%s Deliveries and acks go on%s; publishing resumes by itself once there "
                   "is room (checked every %g s).", exc.message,
-                  f" (the {self.storage.reserve / (1 << 20):g} MiB reserve in "
-                  f"{self.storage.reserve_path} was given back for them)" if reserve else "",
-                  STORAGE_PROBE_S)
+                  f" (the {self.settings.storage_reserve / (1 << 20):g} MiB reserve was "
+                  "given back for them)" if reserve else "", STORAGE_PROBE_S)
         self._schedule_probe()
 
     def _backing_off(self) -> bool:
@@ -787,7 +812,7 @@ class BrokerServer:
         self.storage_full = self.core.storage_refusal = None
         self._retry_at = 0.0
         log.warning("storage has room again (%d MiB free for %s after %.0f s full): "
-                    "publishes are accepted", space["free"] >> 20, self.storage.data_dir,
+                    "publishes are accepted", space["free"] >> 20, self.storage.path,
                     time.time() - self.storage_full_since)
         self.request_write()
 
@@ -1194,6 +1219,8 @@ class BrokerServer:
             "connections": len(self.connections),
             "admission": self.admission.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
+                     "uncommitted_bytes": self.uncommitted_bytes,
+                     "publish_pause_bytes": self.settings.publish_pause_bytes,
                      "slow_consumers_cut": self.slow_consumers,
                      "dead_connections_cut": self.dead_connections,
                      "unsent_delivery_bytes": self.unsent_delivery_bytes,

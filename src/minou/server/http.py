@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dis
+import importlib
 import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
+import httptools
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..errors import StartupError
 from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW
 from . import oplog
 from .connection import NativeConnection
@@ -27,6 +31,81 @@ if TYPE_CHECKING:
     from .app import BrokerServer
 
 log = logging.getLogger("minou.http")
+
+# The uvicorn releases the HTTP protocol (http_fast) is tested with: pyproject.toml pins
+# the same range (tests/unit/test_http_fast_check.py checks that the two agree).
+UVICORN_TESTED = ">=0.29,<0.55"
+# What http_fast builds on in uvicorn, none of it public API: the names of uvicorn's
+# httptools protocol module, the methods of its protocol that it overrides or calls, and
+# the state of a connection it reads (set in the protocol's __init__, connection_made
+# and on_message_begin, and in ServerState's __init__).
+_FAST_PATH_MODULE = "uvicorn.protocols.http.httptools_impl"
+_FAST_PATH_NAMES = ("HttpToolsProtocol", "STATUS_LINE")
+_FAST_PATH_METHODS = ("connection_made", "connection_lost", "on_message_begin",
+                      "on_headers_complete", "on_body", "on_message_complete",
+                      "on_response_complete", "handle_websocket_upgrade",
+                      "_unset_keepalive_if_required")
+_FAST_PATH_STATE = ("loop", "parser", "transport", "client", "server_state", "cycle", "url",
+                    "headers", "expect_100_continue", "limit_concurrency",
+                    "timeout_keep_alive", "timeout_keep_alive_task")
+_STATE_SET_IN = ("__init__", "connection_made", "on_message_begin")
+# ... and of httptools (public API, but the fast path reads the parser directly).
+_PARSER_METHODS = ("get_method", "get_http_version", "should_keep_alive", "should_upgrade")
+
+
+def _stored_attributes(*functions: Any) -> set[str]:
+    """The ``self.<name> = ...`` (any ``<obj>.<name> = ...``) of these functions."""
+    names: set[str] = set()
+    for function in functions:
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            names.update(str(i.argval) for i in dis.get_instructions(code)
+                         if i.opname == "STORE_ATTR")
+    return names
+
+
+def fast_path_missing() -> list[str]:
+    """What the HTTP protocol (http_fast) needs of uvicorn and httptools that this
+    install lacks, by name; empty when nothing is."""
+    try:
+        impl = importlib.import_module(_FAST_PATH_MODULE)
+    except ImportError as exc:
+        return [f"the module {_FAST_PATH_MODULE} ({exc})"]
+    missing = [f"{_FAST_PATH_MODULE}.{name}" for name in _FAST_PATH_NAMES
+               if not hasattr(impl, name)]
+    protocol = getattr(impl, "HttpToolsProtocol", None)
+    if protocol is not None:
+        missing += [f"HttpToolsProtocol.{name}()" for name in _FAST_PATH_METHODS
+                    if not callable(getattr(protocol, name, None))]
+        stored = _stored_attributes(*(getattr(protocol, name, None) for name in _STATE_SET_IN))
+        missing += [f"HttpToolsProtocol.{name} (set by none of {', '.join(_STATE_SET_IN)})"
+                    for name in _FAST_PATH_STATE if name not in stored]
+    status_line = getattr(impl, "STATUS_LINE", None)
+    if status_line is not None and not (isinstance(status_line, dict)
+                                        and isinstance(status_line.get(200), bytes)):
+        missing.append(f"{_FAST_PATH_MODULE}.STATUS_LINE as a dict of status -> bytes")
+    server_state = getattr(importlib.import_module("uvicorn.server"), "ServerState", None)
+    if "default_headers" not in _stored_attributes(getattr(server_state, "__init__", None)):
+        missing.append("uvicorn.server.ServerState.default_headers")
+    missing += [f"httptools.HttpRequestParser.{name}()" for name in _PARSER_METHODS
+                if not hasattr(httptools.HttpRequestParser, name)]
+    missing += [f"httptools.{name}" for name in ("parse_url", "HttpParserInvalidURLError")
+                if not hasattr(httptools, name)]
+    return missing
+
+
+def check_fast_path() -> None:
+    """A StartupError naming this uvicorn's version and all that the HTTP protocol
+    (http_fast) builds on and it lacks; nothing if it lacks nothing. The broker calls
+    this before it locks its data directory, so such an install fails at once, loudly,
+    rather than quietly serving HTTP some other way."""
+    missing = fast_path_missing()
+    if missing:
+        raise StartupError(
+            f"uvicorn {uvicorn.__version__} lacks what minou's HTTP protocol "
+            f"(minou/server/http_fast.py) builds on: {'; '.join(missing)}. minou is tested "
+            f"with uvicorn{UVICORN_TESTED}: install such a release "
+            f"(pip install 'uvicorn{UVICORN_TESTED}')")
 
 
 class _WebSocketTransport:
@@ -234,15 +313,12 @@ async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tu
 
 
 def _http_protocol(app: Any) -> Any:
-    """minou's protocol (http_fast), or uvicorn's own if this uvicorn lacks what it
-    builds on: slower, never broken."""
-    try:
-        from .http_fast import protocol_class
+    """minou's protocol (http_fast); a StartupError if this uvicorn lacks what it
+    builds on (see check_fast_path: BrokerServer.start has called it already)."""
+    check_fast_path()
+    from .http_fast import protocol_class
 
-        return protocol_class(app.api, _SecurityHeaders.HEADERS)
-    except (ImportError, AttributeError) as exc:
-        log.warning("HTTP fast path off (%s): uvicorn's protocol serves every route", exc)
-        return "auto"
+    return protocol_class(app.api, _SecurityHeaders.HEADERS)
 
 
 def _ws_protocol(server: BrokerServer) -> Any:

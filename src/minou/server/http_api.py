@@ -37,19 +37,20 @@ from ..errors import (
     RequestError,
     error_from_code,
 )
+from ..limits import MAX_BATCH_HTTP
+from ..limits import MAX_HTTP_WAIT_S as MAX_WAIT_S
 from ..names import validate_channel
 from ..payloads import check_depth, decode_json, not_utf8
 from ..protocol.frames import Delivery, Send
 from . import nagios
 from .http_auth import HttpAuth
-from .http_consumers import MAX_WAIT_S, HttpConsumer
+from .http_consumers import HttpConsumer
 
 if TYPE_CHECKING:
     from .app import BrokerServer
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
-MAX_BATCH_HTTP = 1000
 
 
 class BatchMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -82,6 +83,8 @@ def error_parts(exc: RequestError) -> tuple[int, bytes, list[tuple[bytes, bytes]
     detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
     headers = [(b"www-authenticate", b'Bearer realm="minou"')] \
         if exc.code == ErrorCode.NOT_AUTHENTICATED else []
+    if isinstance(exc.detail.get("retry_after"), int):  # a refusal that passes by itself
+        headers.append((b"retry-after", b"%d" % exc.detail["retry_after"]))
     body = {"error": {"code": int(exc.code), "reason": info.reason, "message": exc.message,
                       "detail": detail}}
     return info.http_status, _encode(body), headers
@@ -152,10 +155,15 @@ class HttpApi:
         return result
 
     def check_room(self) -> None:
-        """Refuse a publish while storage is full: 507, naming the data dir and its space."""
+        """Refuse a publish while storage is full (507, naming the data dir and its space)
+        or while the disk is behind (503 with Retry-After: BrokerServer.publish_backlog).
+        What passes is staged, so it counts toward publish_pause_bytes like a socket's."""
         full = self.core.storage_refusal
         if full is not None:
             raise type(full)(full.message, **full.detail)
+        behind = self.server.publish_backlog()
+        if behind is not None:
+            raise behind
 
     def count_refusal(self, exc: RequestError) -> None:
         if not getattr(exc, "counted", False):

@@ -20,12 +20,11 @@ from ..auth.credentials import looks_like_credential
 from ..auth.registry import ACTIVE, PENDING, Identity
 from ..auth.tokens import unverified_issuer, verify_token
 from ..errors import NotAuthenticated, PendingApproval
+from ..limits import HTTP_TOKEN_CACHE
 from . import oplog
 
 if TYPE_CHECKING:
     from .app import BrokerServer
-
-CACHE_LIMIT = 10_000
 
 
 class HttpAuth:
@@ -102,7 +101,7 @@ class HttpAuth:
             raise
         record.last_seen = now
         identity = Identity(client_id, False, record.fingerprint)
-        if len(self._cache) >= CACHE_LIMIT:
+        if len(self._cache) >= HTTP_TOKEN_CACHE:
             self._cache.clear()
         self._cache[token] = (identity, float(claims["exp"]))
         return self._with_admin(identity)

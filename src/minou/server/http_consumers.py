@@ -21,17 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
 from ..errors import BadRequest, UnknownDelivery
-from ..limits import MAX_SUBSCRIPTIONS
+from ..limits import HTTP_CONSUMER_IDLE_S, MAX_SUBSCRIPTIONS, MIN_HTTP_WAIT_S
 from ..protocol.frames import Delivery
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
     from ..core.group import Subscription
     from .app import BrokerServer
-
-IDLE_CLOSE_S = 60.0
-MAX_WAIT_S = 30.0
-POLL_S = 0.05
 
 
 class HttpConsumer:
@@ -107,7 +103,7 @@ class HttpConsumer:
                 fut.cancel()
                 self._credit()
 
-        timer = loop.call_later(max(wait, POLL_S), give_up)
+        timer = loop.call_later(max(wait, MIN_HTTP_WAIT_S), give_up)
 
         def finished(fut: asyncio.Future[Delivery]) -> None:
             timer.cancel()
@@ -209,7 +205,7 @@ class HttpConsumers:
         mono = time.monotonic()
         for consumer in list(self.by_key.values()):
             sub = consumer.sub
-            idle = mono - consumer.last_used > max(IDLE_CLOSE_S, sub.lease_s if sub else 0)
+            idle = mono - consumer.last_used > max(HTTP_CONSUMER_IDLE_S, sub.lease_s if sub else 0)
             if idle and not consumer.waiters and (sub is None or sub.unsettled == 0):
                 self.close(consumer)
 

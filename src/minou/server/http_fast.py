@@ -35,6 +35,7 @@ import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import RequestError, RequestTimeout
+from ..limits import HTTP_LINGER_S as LINGER_S
 from ..limits import REFUSAL_WAIT_S
 from . import oplog
 from .http_api import body_too_large, error_parts, hot_route, raw_channel_id
@@ -50,7 +51,6 @@ _encode = msgspec.json.encode
 HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack", "consume",
                        "consume_dead"))
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
-LINGER_S = 2.0
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; "
                    b"charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n"
                    b"Internal Server Error")

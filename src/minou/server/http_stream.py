@@ -7,7 +7,8 @@ For browsers and scripts that cannot speak the binary native frames
      "prefetch": 10, "start": "oldest", "name": "...", "ref": "any"}
     {"op": "ack", "receipt": "3.17"}
     {"op": "nack", "receipt": "3.17", "delay": 5, "front": false}
-    {"op": "publish", "channel": "orders/v1/1", "payload": {...}, "ref": "any"}
+    {"op": "publish", "channel": "orders/v1/1", "payload": {...}, "headers": {"k": "v"},
+     "priority": 0, "ttl": 60, "delay": 5, "dedup": "...", "key": "...", "ref": "any"}
     {"op": "unsubscribe", "sid": 3}
 
 Broker -> client: ``{"type": "subscribed", "sid", "ref"}``, ``{"type": "message",
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,7 @@ from ..errors import (
     UnknownDelivery,
     error_from_code,
 )
-from ..limits import SLOW_CONSUMER_GRACE_S
+from ..limits import MAX_STREAM_PREFETCH, SLOW_CONSUMER_GRACE_S
 from ..payloads import decode_json
 from ..protocol import frames as f
 from .http_api import delivery_view
@@ -50,7 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("minou.stream")
 _encode = msgspec.json.encode
-MAX_STREAM_PREFETCH = 1000
+# What a publish op takes: the fields of an HTTP publish (POST /v1/messages), by name.
+PUBLISH_FIELDS = ("channel", "payload", "headers", "priority", "ttl", "delay", "dedup", "key")
 
 
 class StreamSession:
@@ -218,10 +221,7 @@ class StreamSession:
 
     def _publish(self, msg: dict[str, Any], ref: Any) -> None:
         self.server.check_accepting()
-        channel = msg.get("channel")
-        if not isinstance(channel, str) or "payload" not in msg:
-            raise BadRequest("publish needs channel and payload")
-        send = f.Send(channel, _encode(msg["payload"]), False, None, _int(msg, "priority", 0))
+        send = publish_send(msg)
         outcomes, staged = self.server.core.publish([send], time.time(), self.session.access)
         out = outcomes[0]
         if out.code:
@@ -287,11 +287,62 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
             await asyncio.wait_for(sender, 2)
 
 
+def publish_send(msg: dict[str, Any]) -> f.Send:
+    """The message a publish op asks for: the fields of an HTTP publish, checked as there
+    (the core checks the limits every interface shares: header count and size, key
+    lengths, priority, ttl and delay). An unknown field is refused: dropped, it would
+    store another message than the one asked for (a ``tll`` would never expire)."""
+    unknown = sorted(set(msg) - {"op", "ref", *PUBLISH_FIELDS})
+    if unknown:
+        raise BadRequest(f"a publish takes no field {unknown[0]!r}; its fields are "
+                         f"{', '.join(PUBLISH_FIELDS)} and ref")
+    channel = msg.get("channel")
+    if not isinstance(channel, str) or "payload" not in msg:
+        raise BadRequest("publish needs channel and payload")
+    return f.Send(channel, _encode(msg["payload"]), False, _headers(msg),
+                  _int(msg, "priority", 0), _number(msg, "ttl"), _number(msg, "delay"),
+                  _str(msg, "dedup") or None, _str(msg, "key") or None)
+
+
+def _headers(msg: dict[str, Any]) -> dict[str, str] | None:
+    value = msg.get("headers")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("headers must be an object of strings, e.g. {\"trace\": \"a1\"}")
+    for name, text in value.items():
+        if not isinstance(text, str):
+            raise BadRequest(f"header {name!r} must be a string, not {_shown(text)}")
+    return value or None
+
+
+def _number(msg: dict[str, Any], name: str) -> float | None:
+    """A number of seconds, or None; the same refusals as the HTTP query's ``?ttl=``."""
+    value = msg.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadRequest(f"{name} must be a number, not {_shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past what a float holds
+        number = math.inf
+    if not math.isfinite(number):
+        raise BadRequest(f"{name} must be a finite number")
+    return number
+
+
 def _int(msg: dict[str, Any], name: str, default: int | None = None) -> int:
     value = msg.get(name, default)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise BadRequest(f"{name} must be an integer")
+        raise BadRequest(f"{name} must be an integer, not {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, cut short: the client sent it, it may be large."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _str(msg: dict[str, Any], name: str) -> str | None:

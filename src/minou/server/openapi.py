@@ -2,7 +2,8 @@
 
 Written out by hand, next to the routes it describes (``http_api.py``); the
 test suite runs schemathesis against it and a live broker, so the two cannot
-drift apart silently.
+drift apart silently. Every bound it states is taken from ``minou.limits``, the
+constants the broker enforces (tests/unit/test_openapi.py checks each one).
 """
 
 from __future__ import annotations
@@ -11,15 +12,41 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ERROR_TABLE
-from ..limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
+from ..limits import (
+    DEFAULT_BROWSE,
+    DEFAULT_CREDENTIAL_TTL_S,
+    MAX_BATCH_HTTP,
+    MAX_BROWSE,
+    MAX_CHANNEL_LENGTH,
+    MAX_CREDENTIAL_TTL_S,
+    MAX_DELAY_S,
+    MAX_FROM_SEQ,
+    MAX_HTTP_WAIT_S,
+    MAX_LEASE_S,
+    MAX_PRIORITY,
+    MAX_PURPOSE_CHARS,
+    MAX_REQUEUE,
+    MIN_CREDENTIAL_TTL_S,
+    MIN_PRIORITY,
+    RATE_HISTORY_QUEUES,
+    RATE_HISTORY_S,
+)
 
-# The channel name rules of minou.names (a channel is at most 255 characters).
-_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "minLength": 1, "maxLength": 50}
+# The channel name rules of minou.names: a channel (endpoint/version/id) is at most
+# MAX_CHANNEL_LENGTH characters, which JSON Schema cannot say of three path parameters,
+# so the document gives the endpoint a share and the id what the longest version leaves.
+_ENDPOINT_MAX_LENGTH = 50
+_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "minLength": 1,
+         "maxLength": _ENDPOINT_MAX_LENGTH}
 _VERSION = {"type": "string", "pattern": "^v[1-9][0-9]{0,5}$"}
+_LONGEST_VERSION = "v999999"  # what the pattern above allows (names._VERSION)
 _ID_CHARS = r"(?:[A-Za-z0-9._~!$&'()+,;=:@-]|%[0-9A-Fa-f]{2})"
 _ID = {"type": "string", "pattern": f"^(?:{_ID_CHARS}+|\\*)$", "minLength": 1,
-       "maxLength": 190}
-_SECONDS = {"type": "number", "minimum": 0, "maximum": 315360000}
+       "maxLength": MAX_CHANNEL_LENGTH - _ENDPOINT_MAX_LENGTH - len(f"/{_LONGEST_VERSION}/")}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S}
+_PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY}
+# Not a limit: the Nagios route takes any finite threshold; a documented range only.
+_NAGIOS_MAX_MINUTES = 1e6
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -95,7 +122,7 @@ SCHEMAS: dict[str, Any] = {
                 "properties": {"channel": {"type": "string"}, "payload": {},
                                "headers": {"type": "object",
                                            "additionalProperties": {"type": "string"}},
-                               "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+                               "priority": _PRIORITY,
                                "ttl": {"type": "number", "minimum": 0},
                                "delay": {"type": "number", "minimum": 0},
                                "dedup": {"type": "string"}, "key": {"type": "string"}}},
@@ -146,7 +173,8 @@ SCHEMAS: dict[str, Any] = {
             "interval_s": {"type": "number", "description": "about one sample a second"},
             "t": {"type": "array", "items": {"type": "number"},
                   "description": "sample times (unix seconds), oldest first; empty for a "
-                                 "queue with no history (at most 100 queues have one)"},
+                                 "queue with no history (at most "
+                                 f"{RATE_HISTORY_QUEUES} queues have one)"},
             **{name: {"type": "array", "items": {"type": ["number", "null"]},
                       "description": f"messages {name} per second since the sample before "
                                      "(null: unknown)"}
@@ -174,8 +202,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Publish a message (durable when this returns)", tag="messages",
             params=[*MESSAGE_PARAMS,
                     _query("payload", {"type": "string"}, "a string payload instead of a body"),
-                    _query("priority", {"type": "integer", "minimum": 0, "maximum": 9},
-                           "0..9, higher first"),
+                    _query("priority", _PRIORITY,
+                           f"{MIN_PRIORITY}..{MAX_PRIORITY}, higher first"),
                     _query("ttl", _SECONDS, "seconds to live"),
                     _query("delay", _SECONDS, "seconds before delivery"),
                     _query("dedup", {"type": "string"}, "drop repeats of this key"),
@@ -188,7 +216,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Publish many messages in one request (each durable when this returns)",
             tag="messages",
             body={"required": True, "content": {"application/json": {"schema": {
-                "type": "array", "minItems": 1, "maxItems": 1000, "items": _ref("Message")}}}},
+                "type": "array", "minItems": 1, "maxItems": MAX_BATCH_HTTP,
+                "items": _ref("Message")}}}},
             ok=_json({"type": "object", "required": ["results"], "properties": {"results": {
                 "type": "array", "items": {"type": "object"}}}},
                 "one result per message, in order: a receipt or an error"),
@@ -201,9 +230,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Take the next message as a competing consumer (long-poll)", tag="messages",
             params=[*MESSAGE_PARAMS,
                     _query("group", {"type": "string"}, "consumer group (default: pattern)"),
-                    _query("wait", {"type": "number", "minimum": 0, "maximum": 30},
+                    _query("wait", {"type": "number", "minimum": 0,
+                                    "maximum": MAX_HTTP_WAIT_S},
                            "seconds to wait for a message"),
-                    _query("lease", {"type": "number", "minimum": 0, "maximum": 43200},
+                    _query("lease", {"type": "number", "minimum": 0, "maximum": MAX_LEASE_S},
                            "seconds before an unsettled message comes back")],
             ok=_json(_ref("Delivery"), "a message and its receipt"),
             extra={"204": {"description": "nothing arrived within wait"}}, errors=(503,))},
@@ -223,7 +253,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups", tag="admin",
                                   ok=_json(OBJECT, "queues"))},
         "/v1/rates/history": {"get": _op(
-            "The last ten minutes of publish, deliver and ack rates, one sample a second",
+            f"The last {RATE_HISTORY_S // 60} minutes of publish, deliver and ack rates, "
+            "one sample a second",
             tag="admin",
             params=[_query("queue", {"type": "string"},
                            "endpoint/version (default: the whole broker)")],
@@ -238,10 +269,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/queues/{endpoint}/{version}/{id}/messages": {"get": _op(
             "Browse a channel's stored messages", tag="admin",
             params=[*MESSAGE_PARAMS,
-                    _query("from_seq", {"type": "integer", "minimum": 0, "maximum": 2**53},
-                           "first seq"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
-                           "at most this many (default 50)")],
+                    _query("from_seq", {"type": "integer", "minimum": 0,
+                                        "maximum": MAX_FROM_SEQ}, "first seq"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_BROWSE},
+                           f"at most this many (default {DEFAULT_BROWSE})")],
             ok=_json(OBJECT, "a page of messages"))},
         "/v1/queues/{endpoint}/{version}/purge": {"post": _op(
             "Remove every message of a queue (or one channel)", tag="admin",
@@ -250,7 +281,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/dead/{endpoint}/{version}/requeue": {"post": _op(
             "Move dead letters back to their channels", tag="admin",
             params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000},
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_REQUEUE},
                            "at most this many per channel")],
             ok=_json(OBJECT, "messages requeued per channel"))},
         "/v1/dead/{endpoint}/{version}/purge": {"post": _op(
@@ -280,7 +311,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Nagios plugin output for a queue or channel (X-Nagios-Exit header: 0..3)",
             tag="monitoring",
             params=[*params,
-                    _query("minutes", {"type": "number", "minimum": 0, "maximum": 1e6},
+                    _query("minutes", {"type": "number", "minimum": 0,
+                                       "maximum": _NAGIOS_MAX_MINUTES},
                            "warn when the oldest message not yet settled (waiting or "
                            "in flight) is older (default 10)"),
                     _query("group", {"type": "string"}, "one reader group only")],
@@ -314,7 +346,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "key (Spark executors). The secret is in the answer only", tag="credentials",
             body={"required": False, "content": {"application/json": {"schema": {
                 "type": "object", "additionalProperties": False, "properties": {
-                    "ttl": ttl, "purpose": {"type": "string", "maxLength": 200}}}}}},
+                    "ttl": ttl,
+                    "purpose": {"type": "string", "maxLength": MAX_PURPOSE_CHARS}}}}}},
             ok=_json(OBJECT, "id, expires_at and credential (the secret)")),
         "get": _op("The caller's live credentials (an admin's: everyone's), without "
                    "secrets", tag="credentials", ok=_json(OBJECT, "credentials"))}

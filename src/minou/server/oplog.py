@@ -14,15 +14,13 @@ import time
 from typing import Any
 
 from ..errors import NotAuthenticated, PendingApproval
+from ..limits import SECURITY_LOG_LINES, SECURITY_LOG_WINDOW_S
 
 log = logging.getLogger("minou.security")
 
-WINDOW_S = 10.0
-LINES_PER_WINDOW = 20
-
 
 class _Limiter:
-    """At most LINES_PER_WINDOW lines per WINDOW_S for one kind, then one summary."""
+    """At most SECURITY_LOG_LINES per SECURITY_LOG_WINDOW_S for one kind, then a summary."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -31,12 +29,12 @@ class _Limiter:
         self.suppressed = 0
 
     def allow(self, now: float) -> bool:
-        if now - self.window_start >= WINDOW_S:
+        if now - self.window_start >= SECURITY_LOG_WINDOW_S:
             if self.suppressed:
                 log.warning("%d more %s in the last %.0f s (not logged one by one; see "
                             "/metrics)", self.suppressed, self.kind, now - self.window_start)
             self.window_start, self.lines, self.suppressed = now, 0, 0
-        if self.lines < LINES_PER_WINDOW:
+        if self.lines < SECURITY_LOG_LINES:
             self.lines += 1
             return True
         self.suppressed += 1

@@ -15,8 +15,8 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
-HISTORY_SECONDS = 600  # ten minutes at one sample a second: what the charts show
-HISTORY_QUEUES = 100  # queues with a history of their own (the broker's is always kept)
+from ..limits import RATE_HISTORY_QUEUES, RATE_HISTORY_S
+
 BROKER = ""  # the key of the whole broker's series
 RATES = ("published", "delivered", "acked")
 
@@ -24,7 +24,7 @@ RATES = ("published", "delivered", "acked")
 class RateHistory:
     """Rings of (published, delivered, acked) per second, sampled about once a second."""
 
-    def __init__(self, seconds: int = HISTORY_SECONDS, max_queues: int = HISTORY_QUEUES
+    def __init__(self, seconds: int = RATE_HISTORY_S, max_queues: int = RATE_HISTORY_QUEUES
                  ) -> None:
         if seconds < 2 or max_queues < 0:
             raise ValueError(f"need seconds >= 2 and max_queues >= 0, got {seconds}, "

@@ -43,8 +43,9 @@ def open_storage(settings: Settings) -> Storage:
                              reserve=settings.storage_reserve)
     from .sqlite import SQLiteStorage
 
+    # Its directory is made by the server's lock on it (a failed first start then
+    # leaves nothing behind); SQLite opens the file at open().
     where = Path(urlsplit(url).path) if url else Path(settings.data_dir) / "minou.db"
-    where.parent.mkdir(parents=True, exist_ok=True)
     return SQLiteStorage(where.parent, filename=where.name, max_size=settings.storage_max_size,
                          wal_limit=settings.storage_wal_checkpoint,
                          reserve=settings.storage_reserve)
