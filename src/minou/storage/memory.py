@@ -45,7 +45,8 @@ from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
 from ..limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from ..protocol.frames import Send
-from .sqlite import _runs, _size  # the same segments and wording as SQLite, by construction
+from . import segments
+from .segments import runs, size_text
 
 RECORD_BYTES = 64  # a record's keys, numbers and bookkeeping, roughly
 FULL_CAUSE = "max_size reached"
@@ -248,7 +249,7 @@ def _messages_of(w: _Work, batch: WriteBatch) -> None:
         by_channel.setdefault(m.channel, []).append(m)
     for name, msgs in by_channel.items():
         ch = _known(w, name)
-        for run in _runs(msgs):
+        for run in runs(msgs):
             w.put_segment(ch, _Segment.of(run), run[0].seq)
 
 
@@ -481,10 +482,10 @@ class MemoryStorage:
     def full_message(self, space: dict[str, Any], cause: str = FULL_CAUSE) -> str:
         """What a refused request is told: the store, the free space, and why."""
         text = (f"storage full ({cause}): the in-memory store {self.path} has "
-                f"{_size(space['disk_free'])} of memory free")
+                f"{size_text(space['disk_free'])} of memory free")
         if space.get("max_size"):
-            text += (f", and uses {_size(space['used'])} of [storage] max_size "
-                     f"{_size(space['max_size'])}")
+            text += (f", and uses {size_text(space['used'])} of [storage] max_size "
+                     f"{size_text(space['max_size'])}")
         return text + "; nothing was stored. Publishes are refused until space is freed."
 
     def space(self) -> dict[str, Any]:
@@ -557,22 +558,8 @@ class MemoryStorage:
                 return None
             return ch.starts[i], ch.segments[ch.starts[i]].published_at
 
-        # Publish times grow with seq: binary search for the last segment that starts
-        # before the cutoff (as SQLite does), then look inside it.
-        first = first_at_or_after(0)
-        if first is None or first[1] >= cutoff:
-            return None
-        lo, hi = first[0], below  # lo starts an old segment; none old starts in [hi, below)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            found = first_at_or_after(mid)
-            if found is not None and found[1] < cutoff:
-                lo = found[0]
-            else:
-                hi = mid
-        old = [m.seq for m in _messages.decode(ch.segments[lo].body)
-               if m.seq < below and m.published_at < cutoff]
-        return old[-1] + 1 if old else None
+        return segments.retained_until(first_at_or_after,
+                                       lambda seq: ch.segments[seq].body, below, cutoff)
 
     def size_bytes(self) -> int:
         return self._state().used

@@ -33,6 +33,8 @@ from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
 from ..limits import CHECKPOINT_WAL_BYTES, STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from ..protocol.frames import Send
+from . import segments
+from .segments import runs, size_text
 
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
 SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
@@ -98,26 +100,6 @@ def _rid(cid: int, seq: int) -> int:
     return (cid << SEQ_BITS) | seq
 
 
-def _runs(msgs: list[Msg]) -> list[list[Msg]]:
-    """Split one channel's messages into runs of consecutive seqs (a segment each).
-
-    The broker hands them over in order and consecutive (one run); anything else is
-    sorted and split, so a segment always covers exactly [first seq, last seq].
-    """
-    first = msgs[0].seq
-    if msgs[-1].seq - first + 1 == len(msgs) and all(
-        m.seq == first + i for i, m in enumerate(msgs)
-    ):
-        return [msgs]
-    runs: list[list[Msg]] = []
-    for m in sorted({m.seq: m for m in msgs}.values(), key=lambda m: m.seq):
-        if runs and runs[-1][-1].seq + 1 == m.seq:
-            runs[-1].append(m)
-        else:
-            runs.append([m])
-    return runs
-
-
 def _segment_row(cid: int, msgs: list[Msg]) -> tuple[Any, ...]:
     expires = [m.expires_at for m in msgs if m.expires_at is not None]
     special = any(m.priority or m.deliver_at is not None for m in msgs)
@@ -130,14 +112,6 @@ def _is_full(exc: BaseException) -> bool:
     if code is not None:
         return code & 0xFF == SQLITE_FULL or code == SQLITE_IOERR_SHMSIZE
     return "database or disk is full" in str(exc)
-
-
-def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} bytes"  # pragma: no cover
 
 
 def _put_or_drop(db: sqlite3.Connection, table: str, key: str, value: str,
@@ -219,7 +193,7 @@ class SQLiteStorage:
             raise StorageUnavailable(f"cannot read {self.path}: {exc}") from exc
         if not self._make_reserve():
             log.warning("no room for the %s reserve %s: if the disk fills up, acks may not "
-                        "be recorded until space is freed", _size(self.reserve),
+                        "be recorded until space is freed", size_text(self.reserve),
                         self.reserve_path)
         return snap
 
@@ -362,10 +336,10 @@ class SQLiteStorage:
                      ) -> str:
         """What a refused request is told: the data dir, the free space, and why."""
         text = (f"storage full ({cause}): the data directory {self.data_dir} has "
-                f"{_size(space['disk_free'])} free on its disk")
+                f"{size_text(space['disk_free'])} free on its disk")
         if space.get("max_size"):
-            text += (f", and its database uses {_size(space['used'])} of "
-                     f"[storage] max_size {_size(space['max_size'])}")
+            text += (f", and its database uses {size_text(space['used'])} of "
+                     f"[storage] max_size {size_text(space['max_size'])}")
         return text + "; nothing was stored. Publishes are refused until space is freed."
 
     def space(self) -> dict[str, Any]:
@@ -456,7 +430,7 @@ class SQLiteStorage:
                 "INSERT OR REPLACE INTO segments(rid, last_seq, published_at, expires_min, "
                 "special, body) VALUES (?,?,?,?,?,?)",
                 [_segment_row(self._cids[c], run) for c, msgs in by_channel.items()
-                 for run in _runs(msgs)],
+                 for run in runs(msgs)],
             )
         if batch.deletes:
             db.executemany(
@@ -613,24 +587,11 @@ class SQLiteStorage:
                 "ORDER BY rid LIMIT 1", (_rid(cid, seq), _rid(cid, below))).fetchone()
             return (row[0] & SEQ_MASK, row[1]) if row else None
 
-        # Publish times grow with seq, and a segment's published_at is its first
-        # message's: binary search for the last segment that starts before the cutoff
-        # (primary-key lookups, no scan), then look inside it.
-        first = first_at_or_after(0)
-        if first is None or first[1] >= cutoff:
-            return None
-        lo, hi = first[0], below  # lo starts an old segment; none old starts in [hi, below)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            found = first_at_or_after(mid)
-            if found is not None and found[1] < cutoff:
-                lo = found[0]
-            else:
-                hi = mid
-        body = db.execute("SELECT body FROM segments WHERE rid = ?", (_rid(cid, lo),)).fetchone()
-        old = [m.seq for m in _segment.decode(body[0]) if m.seq < below
-               and m.published_at < cutoff]
-        return old[-1] + 1 if old else None
+        def body_of(seq: int) -> bytes:
+            row = db.execute("SELECT body FROM segments WHERE rid = ?", (_rid(cid, seq),))
+            return bytes(row.fetchone()[0])
+
+        return segments.retained_until(first_at_or_after, body_of, below, cutoff)
 
     def checkpoint(self, truncate: bool = False) -> None:
         """Copy committed WAL pages into the database file without blocking the writer;

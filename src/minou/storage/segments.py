@@ -1,0 +1,66 @@
+"""What every backend stores the same way: messages in segments (runs of consecutive
+seqs, one encoded body each), the search retention makes over them, and how sizes are
+said in messages. Shared so that the backends cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+
+from ..core.log import Msg
+
+encode = msgspec.msgpack.Encoder().encode
+decode_messages = msgspec.msgpack.Decoder(list[Msg]).decode
+
+
+def runs(msgs: list[Msg]) -> list[list[Msg]]:
+    """Split one channel's messages into runs of consecutive seqs (a segment each).
+
+    The broker hands them over in order and consecutive (one run); anything else is
+    sorted and split, so a segment always covers exactly [first seq, last seq].
+    """
+    first = msgs[0].seq
+    if msgs[-1].seq - first + 1 == len(msgs) and all(
+        m.seq == first + i for i, m in enumerate(msgs)
+    ):
+        return [msgs]
+    out: list[list[Msg]] = []
+    for m in sorted({m.seq: m for m in msgs}.values(), key=lambda m: m.seq):
+        if out and out[-1][-1].seq + 1 == m.seq:
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
+
+
+def retained_until(first_at_or_after: Callable[[int], tuple[int, float] | None],
+                   body_of: Callable[[int], bytes], below: int, cutoff: float) -> int | None:
+    """One past the last seq < ``below`` published before ``cutoff``, over a channel's
+    segments: ``first_at_or_after(seq)`` gives the first segment starting at or after
+    ``seq`` (and below ``below``) as (its first seq, its published_at), ``body_of`` a
+    segment's encoded body. Publish times grow with seq and a segment's published_at
+    is its first message's: a binary search for the last segment that starts before
+    the cutoff (a few key lookups, no scan), then a look inside it."""
+    first = first_at_or_after(0)
+    if first is None or first[1] >= cutoff:
+        return None
+    lo, hi = first[0], below  # lo starts an old segment; none old starts in [hi, below)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = first_at_or_after(mid)
+        if found is not None and found[1] < cutoff:
+            lo = found[0]
+        else:
+            hi = mid
+    old = [m.seq for m in decode_messages(body_of(lo))
+           if m.seq < below and m.published_at < cutoff]
+    return old[-1] + 1 if old else None
+
+
+def size_text(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{int(n)} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"  # pragma: no cover
