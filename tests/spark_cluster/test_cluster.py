@@ -221,9 +221,12 @@ def test_no_secret_reaches_plans_ui_event_log_or_logs(spark_cluster: SparkCluste
     # Positive controls: each place does show the query.
     assert "format: minou" in shown and "INFO SparkContext" in logs
     assert "SQLExecutionStart" in event_log and "minou" in event_log
+    executor_logs = "".join(p.read_text(errors="replace") for d in spark_cluster.worker_dirs
+                            for p in (d / res["app_id"]).rglob("std*") if p.is_file())
+    assert "Executor" in executor_logs  # their logs are there, and at INFO
     key_body = "".join(spark_cluster.job_key.read_text().splitlines()[1:-1])
     for name, text in (("plans and UI", shown), ("driver log", logs),
-                       ("event log", event_log)):
+                       ("event log", event_log), ("executors' logs", executor_logs)):
         assert "mdc1." not in text, f"a credential in the {name}"
         assert token not in text, f"the broker token in the {name}"
         assert key_body not in text, f"the private key in the {name}"
