@@ -9,7 +9,7 @@ from minou.auth.rules import Rules
 from minou.core.broker import Session
 from minou.errors import NotAuthorized
 
-from .helpers import Harness
+from .helpers import Harness, payloads, send
 
 RULES = Rules.parse([{"client": "narrow", "read": ["orders/v1/1"]},
                      {"client": "wide", "read": ["orders/*"]}])
@@ -46,9 +46,18 @@ def test_no_member_may_widen_the_group_past_another_member() -> None:
 
 
 def test_listen_subscriptions_are_per_client_and_unaffected() -> None:
+    """Two clients' durable listeners of one name are two groups: the narrow one does
+    not hold the wide one back, and each hears what its own patterns say."""
     h = Harness()
-    h.subscribe(session("wide"), kind="listen", patterns="orders/v1/*", name="g")
-    h.subscribe(session("narrow"), kind="listen", patterns="orders/v1/1", name="g")
+    wide = h.subscribe(session("wide"), kind="listen", patterns="orders/v1/*", name="g",
+                       prefetch=10)
+    narrow = h.subscribe(session("narrow"), kind="listen", patterns="orders/v1/1", name="g",
+                         prefetch=10)
+    assert wide.group is not narrow.group
+    h.publish(send("orders/v1/1", 1), send("orders/v1/2", 2))
+    got = h.pump()
+    assert payloads(got[wide]) == [1, 2]
+    assert payloads(got[narrow]) == [1]
 
 
 def test_set_position_cannot_widen_a_group_either() -> None:

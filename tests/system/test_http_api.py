@@ -95,7 +95,11 @@ def test_long_poll_wakes_when_a_message_arrives(http_broker, http):
         async with httpx.AsyncClient(base_url=http_broker.http, timeout=15) as c:
             waiting = asyncio.create_task(c.post("/v1/consume/orders/v1/7",
                                                  params={"group": "g", "wait": 10}, headers=h))
-            await asyncio.sleep(0.3)
+            # Publish only once the long poll is in: the group has its (HTTP) member.
+            deadline = time.monotonic() + 10
+            while not await _group_has_a_member(c, http_broker, "consume:g"):
+                assert time.monotonic() < deadline, "the long poll never arrived"
+                await asyncio.sleep(0.02)
             t0 = time.monotonic()
             await c.post("/v1/messages/orders/v1/7", json={"n": 1}, headers=h)
             r = await waiting
@@ -103,6 +107,12 @@ def test_long_poll_wakes_when_a_message_arrives(http_broker, http):
 
     status, took = asyncio.run(scenario())
     assert status == 200 and took < 5
+
+
+async def _group_has_a_member(c: httpx.AsyncClient, broker, group: str) -> bool:
+    r = await c.get("/v1/queues/orders/v1", headers=admin_bearer(broker))
+    return any(g.get("group") == group and g.get("members", 0) >= 1
+               for g in r.json().get("groups", []))
 
 
 def test_nack_with_delay_and_dead_letter_after_the_requeue_limit(http_broker, http):
