@@ -63,6 +63,7 @@ from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
 from .datadir import DataDirLocks
+from .engine import CommitScheduler
 from .oplog import watch_handshakes
 
 if TYPE_CHECKING:
@@ -158,7 +159,6 @@ class BrokerServer:
         self.core.dedup.max_keys = settings.max_dedup_keys
         self.registry = Registry()
         self.credentials = Credentials()
-        self.handoffs = 0  # batches handed to the writer thread
         self.authentications: Counter[str] = Counter()  # native HELLOs, by method
         self.admin_key_path: Path | None = None
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
@@ -184,7 +184,6 @@ class BrokerServer:
         self.admission = Admission(max_connections=lambda: self.settings.max_connections,
                                    count_refusal=self.core.counters.refuse)
         self.counters_internal = 0
-        self.flow_pauses = 0  # times a publisher was paused because the disk was behind
         self.slow_consumers = 0
         self.dead_connections = 0  # cut after missing their heartbeats
         self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
@@ -209,15 +208,13 @@ class BrokerServer:
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
-        self._writing: asyncio.Future[None] | None = None
+        # When to commit and who may publish meanwhile (engine.py: no I/O, tested alone)
+        self.scheduler = CommitScheduler(
+            self.core, settle_delay=SETTLE_COMMIT_DELAY_S,
+            pause_bytes=lambda: self.settings.publish_pause_bytes,
+            resume_bytes=PUBLISH_RESUME_BYTES)
         self._last_commit_at = 0.0
-        self._last_publish_commit = 0.0
-        self._stopped_writing = False
-        self._write_timer = False
-        self._force_write = False
         self._pump_scheduled = False
-        self._writing_bytes = 0  # publish bytes of the batch being committed
-        self._publishers_paused: set[NativeConnection] = set()
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Future[Any]] = set()
         self._tcp: asyncio.base_events.Server | None = None
@@ -314,10 +311,10 @@ class BrokerServer:
         # Let the writer commit what is staged (confirms for accepted publishes).
         self.request_write(force=True)
         for _ in range(500):
-            if self._writing is None and (self._stopped_writing or (
+            if self.scheduler.idle and (self.scheduler.stopped or (
                     not self.core.batch and not self.core.has_dirty)):
                 break
-            if self._writing is None:
+            if self.scheduler.idle:
                 self.request_write(force=True)
             await asyncio.sleep(0.01)
         for task in self._tasks:
@@ -597,7 +594,7 @@ class BrokerServer:
 
     def close_session(self, session: Session) -> None:
         self.core.disconnect(session, time.time())
-        self._publishers_paused.discard(session.conn)
+        self.scheduler.forget(session.conn)
         self.request_write(urgent=False)
         self.request_pump()
 
@@ -610,19 +607,22 @@ class BrokerServer:
     # ------------------------------------------------------------- writing
     @property
     def uncommitted_bytes(self) -> int:
-        """Publish bytes staged or being written, not yet durable: what flow control holds
-        against publish_pause_bytes. Read from the batches themselves, so every interface
-        (native, WebSocket, HTTP, transactions) counts and a failed commit leaks nothing."""
-        return self.core.batch.bytes + self._writing_bytes
+        """Publish bytes staged or being written, not yet durable (flow control)."""
+        return self.scheduler.uncommitted_bytes
+
+    @property
+    def flow_pauses(self) -> int:
+        return self.scheduler.flow_pauses
+
+    @property
+    def handoffs(self) -> int:
+        return self.scheduler.handoffs
 
     def publish_staged(self, conn: NativeConnection, staged: list[Msg]) -> None:
-        """``conn`` staged publishes (already in ``uncommitted_bytes``): commit them, and
-        stop reading from ``conn`` while the disk is behind."""
-        if self.uncommitted_bytes > self.settings.publish_pause_bytes:
-            if conn not in self._publishers_paused:
-                self.flow_pauses += 1
+        """``conn`` staged publishes: commit them, and stop reading from ``conn`` while
+        the disk is behind."""
+        if self.scheduler.staged(conn):
             conn.pause_reading()
-            self._publishers_paused.add(conn)
         self.request_write()
 
     def publish_backlog(self) -> RequestError | None:
@@ -630,9 +630,10 @@ class BrokerServer:
         cannot be paused like a socket, and holding it would only hold its body in
         memory: past publish_pause_bytes, or while socket publishers wait for the writer
         (so HTTP cannot starve them), it is answered 503 with Retry-After."""
-        pending, limit = self.uncommitted_bytes, self.settings.publish_pause_bytes
-        if pending <= limit and not self._publishers_paused:
+        behind = self.scheduler.backlog()
+        if behind is None:
             return None
+        pending, limit = behind
         return PublishBacklog(f"the disk is behind: {pending} bytes of publishes wait to be "
                               f"written (publish_pause_bytes {limit}); nothing was stored, "
                               "retry in a moment", uncommitted_bytes=pending, limit=limit,
@@ -645,20 +646,15 @@ class BrokerServer:
         self.request_pump()
 
     def request_write(self, *, urgent: bool = True, force: bool = False) -> None:
-        """Ask the writer for a commit: now for publishes (their latency is the product),
-        within SETTLE_COMMIT_DELAY_S for acks and subscriptions so they share commits.
-        ``force`` commits group states that deliveries alone changed."""
-        self._force_write = self._force_write or force
-        # While publishes flow, settlements ride along with their commits (which come
-        # within SETTLE_COMMIT_DELAY_S) instead of queueing an fsync in front of them.
-        publishing = time.monotonic() - self._last_publish_commit < SETTLE_COMMIT_DELAY_S * 2
-        if urgent or force or not publishing:
-            self._kick_writer()
-        elif not self._write_timer and self.loop is not None:
-            self._write_timer = True
+        """Ask the writer for a commit (engine.CommitScheduler decides when)."""
+        self._follow(self.scheduler.request(time.monotonic(), urgent=urgent, force=force))
 
+    def _follow(self, kick: str) -> None:
+        if kick == "now":
+            self._kick_writer()
+        elif kick == "timer" and self.loop is not None:
             def fire() -> None:
-                self._write_timer = False
+                self.scheduler.timer_fired()
                 self._kick_writer()
 
             self.loop.call_later(SETTLE_COMMIT_DELAY_S, fire)
@@ -670,26 +666,18 @@ class BrokerServer:
         fsyncs one batch while this thread parses the next: the two overlap. What
         arrives meanwhile forms the next batch (group commit).
         """
-        if self._writing is not None or self._stopped_writing:
+        batch = self.scheduler.take(
+            lambda: self.storage_full is not None and self._backing_off())
+        if batch is None:
             return
-        if not (self.core.batch or self._force_write):
-            return
-        if self.storage_full is not None and self._backing_off():
-            return
-        self._force_write = False
-        batch = self.core.take_writes()
-        if not batch:
-            return
-        self._writing_bytes = batch.bytes
-        self.handoffs += 1
         assert self.loop is not None
         started = time.perf_counter()
-        self._writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
-        self._writing.add_done_callback(lambda fut: self._committed(fut, batch, started))
+        writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
+        writing.add_done_callback(lambda fut: self._committed(fut, batch, started))
 
     def _committed(self, fut: asyncio.Future[None], batch: WriteBatch, started: float) -> None:
-        self._writing = None
         if fut.cancelled() or fut.exception() is not None:
+            self.scheduler.failed()
             self._commit_failed(batch, None if fut.cancelled() else fut.exception())
             return
         took = time.perf_counter() - started
@@ -698,23 +686,14 @@ class BrokerServer:
         self.commits += 1
         self.messages_committed += len(batch.messages)
         self._last_commit_at = time.time()
-        if batch.messages:
-            self._last_publish_commit = time.monotonic()
-        self._writing_bytes = 0
-        self.core.on_committed(batch, time.time())
+        kick = self.scheduler.committed(batch, time.monotonic(), time.time())
         self._resume_publishers()
         self.request_pump()
-        if self.core.batch.messages:
-            self._kick_writer()  # publishes waited for this commit: go on at once
-        elif self.core.batch:
-            self.request_write(urgent=False)
+        self._follow(kick)
 
     def _resume_publishers(self) -> None:
-        resume_below = min(PUBLISH_RESUME_BYTES, self.settings.publish_pause_bytes // 4)
-        if self._publishers_paused and self.uncommitted_bytes <= resume_below:
-            for conn in self._publishers_paused:
-                conn.resume_reading()
-            self._publishers_paused.clear()
+        for conn in self.scheduler.resumable():
+            conn.resume_reading()
 
     # ----------------------------------------------------------- full disk
     # A commit that fails wrote nothing (SQLite rolled it back). A full disk or quota
@@ -724,7 +703,6 @@ class BrokerServer:
     # STORAGE_PROBE_S accepts publishes again once there is room. Any other failure
     # stops the broker with a non-zero exit status.
     def _commit_failed(self, batch: WriteBatch, exc: BaseException | None) -> None:
-        self._writing_bytes = 0
         if isinstance(exc, StorageFull):
             self.storage_full_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
@@ -739,7 +717,7 @@ class BrokerServer:
         cause = str(exc) if exc is not None else "the commit was cancelled"
         log.error("storage commit failed, the broker stops: %s", cause,
                   exc_info=exc if not isinstance(exc, StorageError) else None)
-        self._stopped_writing = True
+        self.scheduler.stop()
         self.exit_status = 1
         self.stop_reason = self.stop_reason or f"storage failure ({cause})"
         error = RequestError(f"storage failed, nothing was stored; the broker stops: {cause}")
@@ -784,7 +762,7 @@ class BrokerServer:
             self.loop.call_later(STORAGE_PROBE_S, self._probe_storage)
 
     def _probe_storage(self) -> None:
-        if self.storage_full is None or self._stopped_writing or self._stopping.is_set():
+        if self.storage_full is None or self.scheduler.stopped or self._stopping.is_set():
             return
         assert self.loop is not None
         try:

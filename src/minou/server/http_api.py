@@ -422,7 +422,7 @@ class HttpApi:
 
     async def health(self, request: Request) -> Response:
         server = self.server
-        failed, full = server._stopped_writing, server.storage_full
+        failed, full = server.scheduler.stopped, server.storage_full
         ok = server.accepting and not failed and full is None
         body: dict[str, Any] = {
             "status": "ok" if ok else "failing" if failed else "storage_full" if full
