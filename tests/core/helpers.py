@@ -12,9 +12,10 @@ import json
 from typing import Any
 
 from minou.core.broker import Broker, Session
-from minou.core.group import NeedLoad, Subscription
+from minou.core.group import Subscription
 from minou.core.writes import WriteBatch
 from minou.protocol.frames import Delivery, Outcome, Send
+from minou.server import engine
 from minou.storage.base import Storage
 
 T0 = 1_000.0
@@ -53,7 +54,7 @@ class Harness:
         self.broker = broker if broker is not None else Broker(**broker_kw)
         self.now = now
         self.storage = storage
-        self.loads: list[NeedLoad] = []  # every load request pump() answered
+        self.loads: list[engine.Load] = []  # every load pump() answered
 
     # ---------------------------------------------------------------- time
     def advance(self, seconds: float) -> float:
@@ -94,28 +95,26 @@ class Harness:
                                      **kw)
 
     def pump(self) -> dict[Subscription, list[Delivery]]:
-        """Everything deliverable now, per subscription, loading from storage as needed."""
+        """Everything deliverable now, per subscription, loading from storage as needed:
+        the engine's pump (server/engine.py), turn after turn, as the server runs it."""
         out: dict[Subscription, list[Delivery]] = {}
         for _ in range(100):
-            got, loads = self.broker.pump(self.now)
-            for sub, items in got.items():
+            turn = engine.pump(self.broker, self.now)
+            for sub, items in turn.deliveries.items():
                 out.setdefault(sub, []).extend(items)
-            if not loads:
+            if not turn.loads:
                 return out
-            assert self.storage is not None, f"core asked for loads without storage: {loads}"
-            for need in loads:
-                self.loads.append(need)
-                self.serve_load(need)
+            assert self.storage is not None, f"loads without storage: {turn.loads}"
+            for load in turn.loads:
+                self.loads.append(load)
+                self.serve_load(load)
         raise AssertionError("pump kept asking for loads")
 
-    def serve_load(self, need: NeedLoad) -> None:
-        """What the server's ``_load`` does: read a page, hand it to ``on_loaded``."""
+    def serve_load(self, load: engine.Load) -> None:
+        """What the server's ``_load`` does: read a page, hand it to the engine."""
         assert self.storage is not None
-        log = need.log
-        upto = log.cache_lo
-        msgs = self.storage.read_range(log.name, need.seq, upto, PAGE)
-        hi = msgs[-1].seq + 1 if len(msgs) == PAGE else upto
-        self.broker.on_loaded(log.name, need.seq, msgs, hi)
+        msgs = self.storage.read_range(load.channel, load.from_seq, load.upto, PAGE)
+        engine.loaded(self.broker, load, msgs, PAGE)
 
     def take(self, sub: Subscription) -> list[Delivery]:
         """Pump and return what ``sub`` got (other subscriptions' deliveries are dropped)."""

@@ -2,7 +2,7 @@
 fresh Broker restores from it.
 
 After a restore no message body is in memory, so the first deliveries go through the
-NeedLoad -> storage.read_range -> Broker.on_loaded round trip.
+NeedLoad -> engine.Load -> storage.read_range -> engine.loaded round trip.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
+from minou.server import engine
 from minou.storage.base import Storage
 from minou.storage.memory import MemoryStorage
 from minou.storage.sqlite import SQLiteStorage
@@ -84,7 +85,7 @@ def test_unsettled_come_back_acked_do_not_and_bodies_load_from_storage(
     assert out == {}
     assert [(need.log.name, need.seq) for need in loads] == [(CH, 3)]
     assert h2.broker.pump(h2.now) == ({}, [])  # one load in flight per channel
-    h2.serve_load(loads[0])
+    h2.serve_load(engine.Load(CH, loads[0].seq, loads[0].log.cache_lo))
     out, loads = h2.broker.pump(h2.now)
     assert loads == []
     again = out[sub2]
@@ -315,7 +316,7 @@ def test_bodies_over_the_cache_budget_are_evicted_and_read_back(tmp_path: Path) 
     got = h.take(sub)
     assert seqs(got) == list(range(1, 41))
     assert payloads(got) == [f"m{i}" for i in range(40)]
-    assert h.loads and h.loads[0].seq == 1
+    assert h.loads and h.loads[0].from_seq == 1
 
 
 def test_retention_truncates_only_what_is_settled_and_old_enough(tmp_path: Path) -> None:

@@ -120,3 +120,31 @@ def test_answers_wait_for_the_commit_that_holds_them() -> None:
     assert batch is not None and told == []
     s.committed(batch, 1.0, 1.0)
     assert told == ["durable"]
+
+
+def test_a_draining_pump_sends_nothing_new_and_a_full_page_asks_for_more() -> None:
+    from minou.core.broker import Session
+    from minou.core.log import Msg
+    from minou.server import engine
+
+    core = Broker()
+    sub = core.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"],
+                         now=0.0, group="g", prefetch=10)
+    core.publish([Send("orders/v1/1", b"1")], 0.0)
+    core.on_committed(core.take_writes(), 0.0)
+    assert engine.pump(core, 0.0, draining=True) == engine.Pumped()
+    turn = engine.pump(core, 0.0)
+    assert [d.seq for d in turn.deliveries[sub]] == [1] and turn.loads == []
+    assert not turn.again  # nothing more is ready
+
+    seen: list[tuple[str, int, list[int], int]] = []
+
+    class Core:
+        def on_loaded(self, channel: str, from_seq: int, msgs: list[Msg], hi: int) -> None:
+            seen.append((channel, from_seq, [m.seq for m in msgs], hi))
+
+    load = engine.Load("orders/v1/1", 1, 100)
+    page = [Msg("orders/v1/1", s, f"i{s}", b"1") for s in (1, 2)]
+    engine.loaded(Core(), load, page, page=2)  # type: ignore[arg-type]
+    engine.loaded(Core(), load, page[:1], page=2)  # type: ignore[arg-type]
+    assert seen == [("orders/v1/1", 1, [1, 2], 3), ("orders/v1/1", 1, [1], 100)]

@@ -58,7 +58,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..storage.base import Housekeeping, Storage
 from ..storage.factory import open_storage
-from . import oplog
+from . import engine, oplog
 from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
@@ -802,16 +802,15 @@ class BrokerServer:
 
     def _pump(self) -> None:
         self._pump_scheduled = False
-        if self.draining:
-            return  # soft stop: what is out settles, nothing new goes out
-        out, loads = self.core.pump(time.time())
-        for sub, items in out.items():
+        # Soft stop (draining): what is out settles, nothing new goes out.
+        turn = engine.pump(self.core, time.time(), draining=self.draining)
+        for sub, items in turn.deliveries.items():
             sub.session.conn.send_deliveries(sub.sid, items)
-        if self.core.has_ready:
+        if turn.again:
             self.request_pump()  # after this turn's writes, which may pause slow readers
-        for need in loads:
-            self._spawn(self._load(need.log.name, need.seq, need.log.cache_lo))
-        if self.core.batch:
+        for load in turn.loads:
+            self._spawn(self._load(load))
+        if turn.commit:
             self.request_write(urgent=False)
 
     def _spawn(self, coro: Any) -> None:
@@ -819,13 +818,12 @@ class BrokerServer:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _load(self, channel: str, from_seq: int, upto: int) -> None:
+    async def _load(self, load: engine.Load) -> None:
         loop = asyncio.get_running_loop()
         msgs = await loop.run_in_executor(
-            self._reader_pool, self.storage.read_range, channel, from_seq, upto, STORAGE_READ_PAGE
-        )
-        hi = msgs[-1].seq + 1 if len(msgs) == STORAGE_READ_PAGE else upto
-        self.core.on_loaded(channel, from_seq, msgs, hi)
+            self._reader_pool, self.storage.read_range, load.channel, load.from_seq,
+            load.upto, STORAGE_READ_PAGE)
+        engine.loaded(self.core, load, msgs, STORAGE_READ_PAGE)
         self.request_pump()
 
     async def _ticker(self) -> None:

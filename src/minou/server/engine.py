@@ -1,10 +1,12 @@
-"""When the writer commits, and who may publish meanwhile: no I/O, time passed in.
+"""When the writer commits, who may publish meanwhile, what goes out: no I/O, time
+passed in.
 
-The first part of the engine every door shares (issue 15): the group-commit schedule
-and the flow-control accounting, taken out of ``BrokerServer`` so they can be tested
-and simulated without a loop, a thread or a disk. The server runs what it decides:
-it hands ``take()``'s batch to the writer thread, reports ``committed``/``failed``,
-arms a timer when told to, and pauses or resumes the publishers it names.
+The first parts of the engine every door shares (issue 15): the group-commit
+schedule, the flow-control accounting and the pump, taken out of ``BrokerServer`` so
+they can be tested and simulated without a loop, a thread or a disk. The server runs
+what they decide: it hands ``take()``'s batch to the writer thread, reports
+``committed``/``failed``, arms a timer when told to, pauses or resumes the publishers
+it names, sends ``pump()``'s deliveries and reads its ``Load`` ranges.
 
 The rules (measured in docs/benchmarks.md, "Where minou's time goes"):
 
@@ -23,10 +25,14 @@ The rules (measured in docs/benchmarks.md, "Where minou's time goes"):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..core.broker import Broker
+from ..core.group import Subscription
+from ..core.log import Msg
 from ..core.writes import WriteBatch
+from ..protocol.frames import Delivery
 
 Kick = Literal["now", "timer", "none"]
 
@@ -142,3 +148,40 @@ class CommitScheduler:
 
     def forget(self, publisher: Any) -> None:
         self.paused.discard(publisher)
+
+
+# ------------------------------------------------------------------ the pump
+@dataclass
+class Pumped:
+    """What one turn of the pump decided: deliveries to send (per subscription), body
+    ranges to read from storage, whether more is ready once these are written, and
+    whether it staged state a commit should carry (soon, not urgently)."""
+
+    deliveries: dict[Subscription, list[Delivery]] = field(default_factory=dict)
+    loads: list[Load] = field(default_factory=list)
+    again: bool = False
+    commit: bool = False
+
+
+@dataclass(frozen=True)
+class Load:
+    """Read ``channel``'s stored messages ``from_seq <= seq < upto`` (one page)."""
+
+    channel: str
+    from_seq: int
+    upto: int
+
+
+def pump(core: Broker, now: float, *, draining: bool = False) -> Pumped:
+    """One turn: what goes out now. A soft stop (``draining``) sends nothing new."""
+    if draining:
+        return Pumped()
+    out, needs = core.pump(now)
+    return Pumped(out, [Load(n.log.name, n.seq, n.log.cache_lo) for n in needs],
+                  again=core.has_ready, commit=bool(core.batch))
+
+
+def loaded(core: Broker, load: Load, msgs: list[Msg], page: int) -> None:
+    """Hand a storage page to the core: a full page means more may follow it."""
+    hi = msgs[-1].seq + 1 if len(msgs) == page else load.upto
+    core.on_loaded(load.channel, load.from_seq, msgs, hi)
