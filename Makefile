@@ -36,8 +36,9 @@ $(SPARK_STAMP): $(STAMP) Makefile
 run: $(STAMP)
 	$(BIN)/minou start --dev --data ./data
 
-## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark tests)
-TEST_DEBS := chromium
+## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark
+## tests), unshare and mount (the Spark cluster's workers run in mount namespaces)
+TEST_DEBS := chromium util-linux mount
 system-deps: java
 	@missing=""; for d in $(TEST_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \
