@@ -3,10 +3,10 @@ way of testing a protocol): no client library, no subprocess.
 
 ``make_server(**settings)`` starts a ``BrokerServer`` on a ``MemoryStorage`` (a
 ``GatedStorage``: a test can hold its writer inside ``apply`` to see what waits for
-a commit). ``BrokerServer.start`` binds its listener (127.0.0.1, port 0: there is no
-way to open storage and restore without it), but every connection here is a
-``_TcpProtocol`` over a ``FakeTransport``: bytes go in through ``data_received``,
-and what the broker wrote is read back from the transport.
+a commit). ``BrokerServer.open`` opens storage and restores without binding any
+socket; every connection here is a ``_TcpProtocol`` over a ``FakeTransport``: bytes
+go in through ``data_received``, and what the broker wrote is read back from the
+transport.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[H
         values = {"host": "127.0.0.1", "port": 0, "http_port": None, "auth_mode": "off",
                   "data_dir": str(tmp_path / f"data{len(started)}"), **settings}
         server = BrokerServer(Settings(**values), storage=storage)
-        await server.start()
+        await server.open()  # storage and restore, no listening socket: fake transports
         harness = Harness(server, storage)
         started.append(harness)
         return harness
@@ -255,7 +255,7 @@ async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[H
         harness.storage.release()
         await harness.server.stop()
         MemoryStorage.forget(harness.storage.name)
-    gc.set_threshold(*thresholds)  # start() tunes the process's GC for a broker
+    gc.set_threshold(*thresholds)  # in case a test calls start(), which tunes the GC
 
 
 @pytest.fixture

@@ -249,7 +249,8 @@ class BrokerServer:
             self._dir_lock.remove_if_fresh()
             raise
         try:
-            await self._open_and_listen(*sockets)
+            await self.open()
+            await self._listen(*sockets)
         except BaseException:
             for sock in sockets:
                 sock.close()
@@ -261,9 +262,11 @@ class BrokerServer:
         self.request_write()
         self.request_pump()
 
-    async def _open_and_listen(self, native: socket.socket,
-                               http: socket.socket | None = None) -> None:
-        assert self.loop is not None
+    async def open(self) -> None:
+        """Open storage and restore the broker's state, listening to nothing: what
+        ``start`` does before it accepts connections, and all an in-process test or a
+        simulator needs (connections are then made over their own transports)."""
+        self.loop = asyncio.get_running_loop()
         now = time.time()
         snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
         self.core.restore(snap, now)
@@ -276,6 +279,9 @@ class BrokerServer:
                         "id has ':' or '%%')", old, new)
         self.registry.replay.load(snap.used_tokens, time.time())
         self._ensure_admin_key()
+
+    async def _listen(self, native: socket.socket, http: socket.socket | None = None) -> None:
+        assert self.loop is not None
         ssl_context = self._tls_context()
         self._tcp = await self.loop.create_server(
             lambda: _TcpProtocol(self), sock=native, ssl=ssl_context,
