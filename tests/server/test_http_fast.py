@@ -8,12 +8,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from minou.errors import ErrorCode
-from minou.server.http import build_app
-from minou.server.http_fast import protocol_class
+from minou.server.http import http_config
 
 from .conftest import WAIT_S, FakeTransport, Harness, wait_for
 
@@ -33,14 +31,9 @@ class HttpPeer:
     """One HTTP connection to the broker's protocol, driven by hand."""
 
     def __init__(self, broker: Harness) -> None:
-        app = build_app(broker.server)
-        cls = protocol_class(app.api, app.SECURITY_HEADERS)
-        settings = broker.server.settings
-        # As http.start_http configures it, minus the listener (and the process's logging).
-        config = Config(app, http=cls, lifespan="off", access_log=False, server_header=False,
-                        proxy_headers=False, log_config=None,
-                        timeout_keep_alive=settings.http_idle_timeout)  # type: ignore[arg-type]
-        self.protocol = cls(config=config, server_state=ServerState(), app_state={})
+        # The listener's own configuration, minus the listener (and the process's logging).
+        config = http_config(broker.server, log_config=None)
+        self.protocol = config.http(config=config, server_state=ServerState(), app_state={})
         self.transport = FakeTransport(("127.0.0.1", 50_001))
         self.transport.protocol = self.protocol
         self.protocol.connection_made(self.transport)

@@ -276,25 +276,31 @@ class _EmbeddedServer(uvicorn.Server):
         yield  # the broker owns the process signals
 
 
-async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tuple[str, int]]:
-    """Serve the HTTP API on ``sock`` (bound by the caller: see binding.py)."""
+def http_config(server: BrokerServer, **more: Any) -> uvicorn.Config:
+    """uvicorn's configuration of the broker's HTTP listener (``more``: tests pass
+    ``log_config=None`` so that the process's logging is left alone)."""
     tls: dict[str, Any] = {}
     if server.tls is not None:
         tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
     app = build_app(server)
-    config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                            http=_http_protocol(app),
-                            ws=_ws_protocol(server),
-                            access_log=False, server_header=False,
-                            # A peer that answers no ping within two intervals is gone.
-                            ws_ping_interval=server.settings.websocket_heartbeat,
-                            ws_ping_timeout=server.settings.websocket_heartbeat,
-                            # The protocol (http_fast) reads the live setting per connection.
-                            timeout_keep_alive=server.settings.http_idle_timeout,  # type: ignore[arg-type]
-                            # X-Forwarded-* are not trusted: nothing here reads the peer
-                            # address, and the middleware cost 9 % of each request.
-                            proxy_headers=False, **tls)
-    if tls:
+    return uvicorn.Config(app, log_level="warning", lifespan="off",
+                          http=_http_protocol(app),
+                          ws=_ws_protocol(server),
+                          access_log=False, server_header=False,
+                          # A peer that answers no ping within two intervals is gone.
+                          ws_ping_interval=server.settings.websocket_heartbeat,
+                          ws_ping_timeout=server.settings.websocket_heartbeat,
+                          # The protocol (http_fast) reads the live setting per connection.
+                          timeout_keep_alive=server.settings.http_idle_timeout,  # type: ignore[arg-type]
+                          # X-Forwarded-* are not trusted: nothing here reads the peer
+                          # address, and the middleware cost 9 % of each request.
+                          proxy_headers=False, **tls, **more)
+
+
+async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tuple[str, int]]:
+    """Serve the HTTP API on ``sock`` (bound by the caller: see binding.py)."""
+    config = http_config(server)
+    if server.tls is not None:
         from ..tls import server_context
         from .oplog import watch_handshakes
 
