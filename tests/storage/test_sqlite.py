@@ -9,26 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from minou.core.log import Msg
 from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.storage.sqlite import RESERVE_FILE, SQLiteStorage
 
+from .test_contract import _fill, batch_of, msg
+
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
 NOW = 1_000.0
-
-def msg(channel: str, seq: int, data: bytes | None = None, **kw) -> Msg:
-    return Msg(channel, seq, f"id-{channel}-{seq}", data if data is not None else b"%d" % seq,
-               **kw)
-
-
-def batch_of(*msgs: Msg, **kw) -> WriteBatch:
-    channels: dict[str, int] = {}
-    for m in msgs:
-        channels[m.channel] = max(channels.get(m.channel, 1), m.seq + 1)
-    channels.update(kw.pop("channels", {}))
-    return WriteBatch(messages=list(msgs), channels=channels, **kw)
 
 
 def test_open_of_a_corrupt_file_raises_storage_unavailable(tmp_path: Path) -> None:
@@ -51,19 +40,6 @@ def test_path_names_the_database_file(tmp_path: Path) -> None:
         assert Path(st.path).exists()
     finally:
         st.close()
-
-
-# -------------------------------------------------------------------- full disk
-def _fill(store: SQLiteStorage, channel: str = CH, size: int = 16 << 10) -> tuple[int, Exception]:
-    """Commit batches of ``size``-byte messages until one fails; (last stored seq, error)."""
-    seq = 0
-    while True:
-        try:
-            store.apply(batch_of(*(msg(channel, seq + i, b"x" * size) for i in (1, 2, 3, 4))))
-        except StorageError as exc:
-            return seq, exc
-        seq += 4
-        assert seq < 10_000, "max_size never filled"
 
 
 def _integrity(path: str) -> str:

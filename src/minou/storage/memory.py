@@ -46,7 +46,7 @@ from ..errors import StorageFull, StorageUnavailable
 from ..limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from ..protocol.frames import Send
 from . import segments
-from .segments import runs, size_text
+from .segments import runs
 
 RECORD_BYTES = 64  # a record's keys, numbers and bookkeeping, roughly
 FULL_CAUSE = "max_size reached"
@@ -481,12 +481,8 @@ class MemoryStorage:
 
     def full_message(self, space: dict[str, Any], cause: str = FULL_CAUSE) -> str:
         """What a refused request is told: the store, the free space, and why."""
-        text = (f"storage full ({cause}): the in-memory store {self.path} has "
-                f"{size_text(space['disk_free'])} of memory free")
-        if space.get("max_size"):
-            text += (f", and uses {size_text(space['used'])} of [storage] max_size "
-                     f"{size_text(space['max_size'])}")
-        return text + "; nothing was stored. Publishes are refused until space is freed."
+        return segments.full_text(cause, f"the in-memory store {self.path}", space,
+                                  "of memory free")
 
     def space(self) -> dict[str, Any]:
         used = self._state().used

@@ -5,6 +5,7 @@ said in messages. Shared so that the backends cannot drift apart."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -56,6 +57,16 @@ def retained_until(first_at_or_after: Callable[[int], tuple[int, float] | None],
     old = [m.seq for m in decode_messages(body_of(lo))
            if m.seq < below and m.published_at < cutoff]
     return old[-1] + 1 if old else None
+
+
+def full_text(cause: str, where: str, space: dict[str, Any], what: str) -> str:
+    """A full store's refusal: ``where`` it is and its free room (``what`` says of
+    what), the quota when one is set, and that nothing was stored."""
+    text = f"storage full ({cause}): {where} has {size_text(space['disk_free'])} {what}"
+    if space.get("max_size"):
+        text += (f", and uses {size_text(space['used'])} of [storage] max_size "
+                 f"{size_text(space['max_size'])}")
+    return text + "; nothing was stored. Publishes are refused until space is freed."
 
 
 def size_text(n: float) -> str:

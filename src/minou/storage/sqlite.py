@@ -335,12 +335,8 @@ class SQLiteStorage:
     def full_message(self, space: dict[str, Any], cause: str = "database or disk is full"
                      ) -> str:
         """What a refused request is told: the data dir, the free space, and why."""
-        text = (f"storage full ({cause}): the data directory {self.data_dir} has "
-                f"{size_text(space['disk_free'])} free on its disk")
-        if space.get("max_size"):
-            text += (f", and its database uses {size_text(space['used'])} of "
-                     f"[storage] max_size {size_text(space['max_size'])}")
-        return text + "; nothing was stored. Publishes are refused until space is freed."
+        return segments.full_text(cause, f"the data directory {self.data_dir}", space,
+                                  "free on its disk")
 
     def space(self) -> dict[str, Any]:
         """Free space as the writer sees it (call from the writer's thread): ``free`` is
