@@ -1,22 +1,30 @@
-"""A stand-in adapter for core tests: drives ``Broker`` with explicit time, no I/O.
+"""The core tests' harness: the engine itself (``server/engine.py``) over a memory
+storage, with explicit time and a writer that writes only when told.
 
-It plays the server's part: ``publish`` stages, ``commit`` takes the pending
-batch (optionally applying it to a real storage) and calls ``on_committed``,
-``pump`` collects deliveries per subscription and, when a storage is attached,
-answers the core's load requests the way ``server/app.py`` does.
+The harness is the engine's ``Host`` in place of the asyncio server: ``publish``
+and the settlements go through ``Engine``, whose commits wait until the test calls
+``commit`` (one take, one ``apply`` to the storage, ``Engine.committed``); ``pump``
+collects deliveries per subscription and answers the core's load requests from the
+storage, as the server does.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Callable
 from typing import Any
 
+from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
 from minou.core.group import Subscription
 from minou.core.writes import WriteBatch
 from minou.protocol.frames import Delivery, Outcome, Send
 from minou.server import engine
 from minou.storage.base import Storage
+from minou.storage.memory import MemoryStorage
+
+_STORES = itertools.count()
 
 T0 = 1_000.0
 PAGE = 2_000
@@ -45,7 +53,8 @@ def tags(items: list[Delivery]) -> list[int]:
 
 
 class Harness:
-    """One broker, a clock, and optionally a storage that every commit goes to."""
+    """One broker, its engine, a clock, and a storage every commit goes to (a fresh
+    memory store unless one is given)."""
 
     def __init__(
         self, *, now: float = T0, storage: Storage | None = None, broker: Broker | None = None,
@@ -53,8 +62,44 @@ class Harness:
     ) -> None:
         self.broker = broker if broker is not None else Broker(**broker_kw)
         self.now = now
+        if storage is None:
+            storage = MemoryStorage(f"harness-{next(_STORES)}")
+            MemoryStorage.forget(storage.name)
+            storage = MemoryStorage(storage.name)
+            storage.open(now)
         self.storage = storage
         self.loads: list[engine.Load] = []  # every load pump() answered
+        self._writing = False  # the writer takes a batch only inside commit()
+        self._written: list[WriteBatch] = []
+        self.replies: list[tuple[list[Outcome], Any]] = []  # what publishes were answered
+        self.paused = False  # flow control paused this publisher (the disk is behind)
+
+    @property
+    def broker(self) -> Broker:
+        return self.engine.core
+
+    @broker.setter
+    def broker(self, broker: Broker) -> None:
+        """A test may swap the broker (a restart): the engine is built around it."""
+        self.engine = engine.Engine(broker, self, settle_delay=0.01,
+                                    pause_bytes=lambda: 1 << 40, resume_bytes=1 << 20,
+                                    clock=lambda: self.now, monotonic=lambda: self.now)
+
+    # ---------------------------------------------------- the engine's host
+    def write(self, batch: WriteBatch) -> None:
+        self._written.append(batch)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        pass  # pump() runs the engine's pump turn by turn
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        pass  # commits happen when the test says
+
+    def load(self, load: engine.Load) -> None:
+        raise AssertionError("pump() answers loads itself")
+
+    def backing_off(self) -> bool:
+        return not self._writing
 
     # ---------------------------------------------------------------- time
     def advance(self, seconds: float) -> float:
@@ -68,20 +113,40 @@ class Harness:
 
     # ------------------------------------------------------------- publish
     def publish(self, *sends: Send, commit: bool = True) -> list[Outcome]:
-        outcomes, _ = self.broker.publish(sends, self.now)
+        """Publish through the engine; the outcomes as known now (``replies`` gets the
+        final ones once their commit is durable)."""
+        outcomes = self.engine.publish(sends, ALLOW_ALL, self._replied, publisher=self)
         if commit:
             self.commit()
         return outcomes
+
+    def _replied(self, outcomes: list[Outcome], failure: Any) -> None:
+        self.replies.append((outcomes, failure))
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
 
     def publish_values(self, channel: str, values: list[Any], **kw: Any) -> list[Outcome]:
         return self.publish(*(send(channel, v, **kw) for v in values))
 
     def commit(self) -> WriteBatch:
-        """Simulate one group commit: take the batch, make it durable, confirm it."""
-        batch = self.broker.take_writes()
-        if self.storage is not None:
-            self.storage.apply(batch)
-        self.broker.on_committed(batch, self.now)
+        """One group commit, as the server's writer does it: the engine hands over the
+        batch, the storage applies it, the engine answers what waited for it."""
+        self._writing = True
+        try:
+            self.engine.commit(force=True)
+        finally:
+            self._writing = False
+        if not self._written:  # nothing staged: an empty commit, as before
+            batch = self.broker.take_writes()
+            self.broker.on_committed(batch, self.now)
+            return batch
+        batch = self._written.pop(0)
+        self.storage.apply(batch)
+        self.engine.committed(batch)
         return batch
 
     # ------------------------------------------------------------ readers
@@ -104,7 +169,6 @@ class Harness:
                 out.setdefault(sub, []).extend(items)
             if not turn.loads:
                 return out
-            assert self.storage is not None, f"loads without storage: {turn.loads}"
             for load in turn.loads:
                 self.loads.append(load)
                 self.serve_load(load)
@@ -112,7 +176,6 @@ class Harness:
 
     def serve_load(self, load: engine.Load) -> None:
         """What the server's ``_load`` does: read a page, hand it to the engine."""
-        assert self.storage is not None
         msgs = self.storage.read_range(load.channel, load.from_seq, load.upto, PAGE)
         engine.loaded(self.broker, load, msgs, PAGE)
 
@@ -122,20 +185,21 @@ class Harness:
 
     # ---------------------------------------------------------- settling
     def ack(self, session: Session, items: list[Delivery] | list[int]) -> list[Any]:
-        return self.broker.ack(session, _tags(items))
+        return self.engine.settle(session, "ack", _tags(items), None)
 
     def nack(
         self, session: Session, items: list[Delivery] | list[int], *, delay: float = 0.0,
         front: bool = True,
     ) -> list[Any]:
-        return self.broker.nack(session, _tags(items), delay=delay, front=front, now=self.now)
+        return self.engine.settle(session, "nack", _tags(items), None, delay=delay,
+                                  front=front)
 
     def extend(self, session: Session, items: list[Delivery] | list[int], seconds: float
                ) -> list[Any]:
-        return self.broker.extend(session, _tags(items), seconds, self.now)
+        return self.engine.settle(session, "extend", _tags(items), None, seconds=seconds)
 
     def disconnect(self, session: Session) -> None:
-        self.broker.disconnect(session, self.now)
+        self.engine.close(session)
 
 
 def _tags(items: list[Delivery] | list[int]) -> list[int]:

@@ -15,18 +15,21 @@ import asyncio
 import contextlib
 import gc
 import itertools
+import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from uvicorn.server import ServerState
 
 from minou.config import Settings
 from minou.core.writes import WriteBatch
 from minou.protocol import frames as f
 from minou.protocol.reader import BadFrame, FrameReader
 from minou.server.app import BrokerServer, _TcpProtocol
+from minou.server.http import http_config
 from minou.storage.memory import MemoryStorage
 
 WAIT_S = 5.0  # bound of every wait: a hang fails the test, it never stalls the run
@@ -261,3 +264,79 @@ async def make_server(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[H
 @pytest.fixture
 async def broker(make_server: Callable[..., Awaitable[Harness]]) -> Harness:
     return await make_server()
+
+
+# ------------------------------------------------------------------- HTTP
+def post(path: str, body: bytes, *headers: str, length: int | None = None) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: broker", "Content-Type: application/json",
+            f"Content-Length: {len(body) if length is None else length}", *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class HttpPeer:
+    """One HTTP connection to the broker's protocol, driven by hand."""
+
+    def __init__(self, broker: Harness) -> None:
+        # The listener's own configuration, minus the listener.
+        config = http_config(broker.server)
+        self.protocol = config.http(config=config, server_state=ServerState(), app_state={})
+        self.transport = FakeTransport(("127.0.0.1", 50_001))
+        self.transport.protocol = self.protocol
+        self.protocol.connection_made(self.transport)
+        self._read = 0
+
+    def send(self, data: bytes) -> None:
+        self.protocol.data_received(data)
+
+    def _complete(self) -> tuple[int, dict[str, str], bytes] | None:
+        data = bytes(self.transport.data[self._read:])
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep:
+            return None
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        if len(rest) < length:
+            return None
+        self._read += len(head) + len(sep) + length
+        assert status_line.startswith("HTTP/1.1 "), status_line
+        return int(status_line.split()[1]), headers, rest[:length]
+
+    def responses(self) -> list[tuple[int, dict[str, str], bytes]]:
+        out = []
+        while (response := self._complete()) is not None:
+            out.append(response)
+        return out
+
+    async def response(self) -> tuple[int, dict[str, str], Any]:
+        """The next complete response; its body decoded from JSON."""
+        found: list[tuple[int, dict[str, str], bytes]] = []
+
+        def complete() -> bool:
+            response = self._complete()
+            if response is not None:
+                found.append(response)
+            return bool(found)
+
+        await wait_for(complete, "an HTTP response", WAIT_S)
+        status, headers, body = found[0]
+        return status, headers, json.loads(body) if body else None
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[Callable[[Harness], HttpPeer]]:
+    peers: list[HttpPeer] = []
+
+    def connect(broker: Harness) -> HttpPeer:
+        peer = HttpPeer(broker)
+        peers.append(peer)
+        return peer
+
+    yield connect
+    for peer in peers:
+        peer.transport.close()  # the protocol cancels its timers in connection_lost
+    await wait_for(lambda: all(not p.protocol.connections for p in peers),
+                   "the HTTP connections to be lost")

@@ -4,96 +4,18 @@ HTTP/1.1 bytes in, the response bytes out, as uvicorn tests its protocols."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+import logging
 
 import pytest
-from uvicorn.server import ServerState
 
 from minou.errors import ErrorCode
-from minou.server.http import http_config
 
-from .conftest import WAIT_S, FakeTransport, Harness, wait_for
+from .conftest import Harness, post
 
 pytestmark = pytest.mark.anyio
 
 CH = "orders/v1/1"
 TOKEN = "t" * 32
-
-
-def post(path: str, body: bytes, *headers: str, length: int | None = None) -> bytes:
-    head = [f"POST {path} HTTP/1.1", "Host: broker", "Content-Type: application/json",
-            f"Content-Length: {len(body) if length is None else length}", *headers]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
-
-
-class HttpPeer:
-    """One HTTP connection to the broker's protocol, driven by hand."""
-
-    def __init__(self, broker: Harness) -> None:
-        # The listener's own configuration, minus the listener (and the process's logging).
-        config = http_config(broker.server, log_config=None)
-        self.protocol = config.http(config=config, server_state=ServerState(), app_state={})
-        self.transport = FakeTransport(("127.0.0.1", 50_001))
-        self.transport.protocol = self.protocol
-        self.protocol.connection_made(self.transport)
-        self._read = 0
-
-    def send(self, data: bytes) -> None:
-        self.protocol.data_received(data)
-
-    def _complete(self) -> tuple[int, dict[str, str], bytes] | None:
-        data = bytes(self.transport.data[self._read:])
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        if not sep:
-            return None
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        if len(rest) < length:
-            return None
-        self._read += len(head) + len(sep) + length
-        assert status_line.startswith("HTTP/1.1 "), status_line
-        return int(status_line.split()[1]), headers, rest[:length]
-
-    def responses(self) -> list[tuple[int, dict[str, str], bytes]]:
-        out = []
-        while (response := self._complete()) is not None:
-            out.append(response)
-        return out
-
-    async def response(self) -> tuple[int, dict[str, str], Any]:
-        """The next complete response; its body decoded from JSON."""
-        found: list[tuple[int, dict[str, str], bytes]] = []
-
-        def complete() -> bool:
-            response = self._complete()
-            if response is not None:
-                found.append(response)
-            return bool(found)
-
-        await wait_for(complete, "an HTTP response", WAIT_S)
-        status, headers, body = found[0]
-        return status, headers, json.loads(body) if body else None
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[Callable[[Harness], HttpPeer]]:
-    peers: list[HttpPeer] = []
-
-    def connect(broker: Harness) -> HttpPeer:
-        peer = HttpPeer(broker)
-        peers.append(peer)
-        return peer
-
-    yield connect
-    for peer in peers:
-        peer.transport.close()  # the protocol cancels its timers in connection_lost
-    await wait_for(lambda: all(not p.protocol.connections for p in peers),
-                   "the HTTP connections to be lost")
 
 
 async def test_a_publish_is_answered_201_once_committed(broker: Harness, http) -> None:
@@ -182,3 +104,14 @@ async def test_a_publish_without_a_bearer_is_refused_401(make_server, http) -> N
     peer.send(post(f"/v1/messages/{CH}", b"{}", f"Authorization: Bearer {TOKEN}"))
     status, _, body = await peer.response()
     assert (status, body["seq"]) == (201, 1)
+
+
+async def test_uvicorn_logs_through_the_brokers_logging(broker: Harness, http) -> None:
+    """uvicorn's own logging setup would give its loggers their own handlers and
+    format; the listener leaves them to propagate to the broker's."""
+    http(broker)  # builds the listener's configuration, as start_http does
+    for name in ("uvicorn", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        assert logger.handlers == [] and logger.propagate, name
+    assert logging.getLogger("uvicorn.error").getEffectiveLevel() == logging.WARNING
+    assert not logging.getLogger("uvicorn.access").propagate  # access_log=False: none

@@ -255,7 +255,7 @@ async def test_deliveries_stop_above_the_write_water_mark(broker: Harness) -> No
     publisher = await broker.connect("publisher")
     publisher.send(publish(1, {"n": 1}))
     await publisher.expect(f.Confirm)
-    await wait_for(lambda: not broker.server._pump_scheduled, "the pump to run")
+    await wait_for(lambda: not broker.server.engine.pump_pending, "the pump to run")
     assert worker.frames() == []
 
     worker.protocol.resume_writing()

@@ -1,11 +1,17 @@
-"""engine.CommitScheduler without a loop, a thread or a disk: time is passed in."""
+"""The engine (CommitScheduler, Engine) without a loop, a thread or a disk: time is
+passed in, the host records what it is asked to do."""
 
 from __future__ import annotations
 
-from minou.core.broker import Broker
-from minou.errors import StorageFull
+from typing import Any
+
+import pytest
+
+from minou.auth.rules import ALLOW_ALL
+from minou.core.broker import Broker, Session
+from minou.errors import ErrorCode, PublishBacklog, ShuttingDown, StorageFull
 from minou.protocol.frames import Send
-from minou.server.engine import CommitScheduler
+from minou.server.engine import CommitScheduler, Engine, pump
 
 DELAY = 0.005
 
@@ -148,3 +154,161 @@ def test_a_draining_pump_sends_nothing_new_and_a_full_page_asks_for_more() -> No
     engine.loaded(Core(), load, page, page=2)  # type: ignore[arg-type]
     engine.loaded(Core(), load, page[:1], page=2)  # type: ignore[arg-type]
     assert seen == [("orders/v1/1", 1, [1, 2], 3), ("orders/v1/1", 1, [1], 100)]
+
+
+# ------------------------------------------------------------------- Engine
+class Host:
+    """The engine's host, recording: writes wait until ``finish``; timers and pump
+    requests are kept for the test to run."""
+
+    def __init__(self) -> None:
+        self.writes: list[Any] = []
+        self.soon: list[Any] = []
+        self.later: list[tuple[float, Any]] = []
+        self.loads: list[Any] = []
+        self.full = False
+
+    def write(self, batch: Any) -> None:
+        self.writes.append(batch)
+
+    def call_soon(self, callback: Any) -> None:
+        self.soon.append(callback)
+
+    def call_later(self, delay: float, callback: Any) -> None:
+        self.later.append((delay, callback))
+
+    def load(self, load: Any) -> None:
+        self.loads.append(load)
+
+    def backing_off(self) -> bool:
+        return self.full
+
+
+class Door:
+    """A pausable publisher that records its answers."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.answers: list[tuple[list[Any], Any]] = []
+
+    def pause_reading(self) -> None:
+        assert not self.paused
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        assert self.paused
+        self.paused = False
+
+    def reply(self, outcomes: list[Any], failure: Any) -> None:
+        self.answers.append(([(o.seq, o.code) for o in outcomes], failure))
+
+
+def engine(pause: int = 1000) -> tuple[Engine, Host]:
+    clock = [100.0]
+    host = Host()
+    e = Engine(Broker(), host, settle_delay=DELAY, pause_bytes=lambda: pause,
+               resume_bytes=100, clock=lambda: clock[0], monotonic=lambda: clock[0])
+    return e, host
+
+
+def sends(n: int, size: int = 10) -> list[Send]:
+    return [Send("orders/v1/1", b'"' + b"x" * (size - 2) + b'"') for _ in range(n)]
+
+
+def test_a_publish_is_answered_once_its_commit_is_durable() -> None:
+    e, host = engine()
+    door = Door()
+    outcomes = e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)
+    assert [o.seq for o in outcomes] == [1, 2]
+    [batch] = host.writes  # handed to the writer at once: publishes are urgent
+    assert door.answers == []
+    e.committed(batch)
+    assert door.answers == [([(1, 0), (2, 0)], None)]
+    assert host.soon == [e.pump]  # what was stored may be delivered
+
+
+def test_a_failed_commit_answers_every_stored_outcome_with_its_error() -> None:
+    e, host = engine()
+    door = Door()
+    e.publish([*sends(1), Send("bad", b"1")], ALLOW_ALL, door.reply, publisher=door)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    [(outcomes, failure)] = door.answers
+    assert failure is full
+    assert outcomes[0] == (0, int(full.code))  # stored: now refused with the error
+    assert outcomes[1][1] == int(ErrorCode.INVALID_CHANNEL)  # refused at once, as it was
+    assert e.core.counters.as_dict()["refused"]["storage_full"] == 1
+
+
+def test_a_pausable_publisher_is_paused_past_the_limit_and_resumed_after_the_commit() -> None:
+    e, host = engine(pause=15)
+    door = Door()
+    e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)
+    assert not door.paused  # 10 bytes: under the limit
+    e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)
+    assert door.paused and e.scheduler.flow_pauses == 1
+    [first] = host.writes
+    e.committed(first)  # the second publish goes to the writer at once...
+    assert door.paused  # ...and is still 10 bytes behind: over a quarter of the limit
+    second = host.writes[1]
+    e.committed(second)
+    assert not door.paused and len(door.answers) == 2
+
+
+def test_a_publish_that_cannot_be_paused_is_refused_whole_while_behind() -> None:
+    e, host = engine(pause=15)
+    door = Door()
+    e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)  # 20 bytes: paused
+    http = Door()
+    with pytest.raises(PublishBacklog) as refused:
+        e.publish(sends(1), ALLOW_ALL, http.reply)
+    assert refused.value.detail == {"uncommitted_bytes": 20, "limit": 15, "retry_after": 1}
+    assert http.answers == [] and len(e.core.batch.messages) == 0  # nothing staged
+    e.committed(host.writes.pop())
+    e.publish(sends(1), ALLOW_ALL, http.reply)
+    assert len(host.writes) == 1  # taken, and handed to the writer
+
+
+def test_stopping_refuses_unpausable_publishes_whole_and_socket_ones_send_by_send() -> None:
+    e, host = engine()
+    e.accepting = False
+    with pytest.raises(ShuttingDown):
+        e.publish(sends(1), ALLOW_ALL, Door().reply)
+    door = Door()
+    e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)
+    assert door.answers == [([(0, int(ErrorCode.SHUTTING_DOWN))] * 2, None)]
+    assert host.writes == []
+
+
+def test_settlements_are_answered_after_their_commit_and_extends_at_once() -> None:
+    e, host = engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(2), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    turn = pump(e.core, 100.0)
+    [items] = turn.deliveries.values()
+    answers: list[Any] = []
+    failed = e.settle(session, "ack", [items[0].tag, 999],
+                      lambda refused, exc: answers.append((refused, exc)))
+    assert [tag for tag, _, _ in failed] == [999]
+    assert answers == []  # waits for the commit that makes the ack durable
+    e.commit(force=True)
+    e.committed(host.writes.pop())
+    assert answers == [(failed, None)]
+    e.settle(session, "extend", [items[1].tag], lambda refused, exc: answers.append(refused),
+             seconds=30)
+    assert answers[-1] == []  # at once: a lease lives in memory only
+
+
+def test_when_durable_answers_at_once_when_nothing_waits_to_be_written() -> None:
+    e, host = engine()
+    said: list[str] = []
+    e.when_durable(lambda: said.append("now"))
+    assert said == ["now"] and host.writes == []
+    e.core.batch.used_tokens.append(("t", 1.0))
+    e.when_durable(lambda: said.append("later"))
+    assert said == ["now"]
+    e.committed(host.writes.pop())
+    assert said == ["now", "later"]

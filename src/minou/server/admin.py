@@ -31,10 +31,10 @@ from ..names import DEAD_PREFIX, validate_channel
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
-    from .app import BrokerServer
+    from .ports import Server
 
 log = logging.getLogger("minou.admin")
-Op = Callable[["BrokerServer", dict[str, Any], "Identity | None"], Any]
+Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 # What a non-admin may run: each acts on the caller's own identity only.
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
                               "credentials.revoke", "credentials.list"})
@@ -76,11 +76,11 @@ def _by(caller: Identity | None) -> str:
 
 
 # ------------------------------------------------------------------ status
-def _status(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _status(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.status()
 
 
-def _list(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _list(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     core = server.core
     now = time.time()
     prefix = str(args.get("channel") or "")
@@ -97,7 +97,7 @@ def _list(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -
     return {"channels": channels, "groups": groups}
 
 
-def _whoami(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _whoami(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     if caller is None:
         return None
     return {"client_id": caller.client_id, "admin": caller.admin, "method": caller.method,
@@ -105,7 +105,7 @@ def _whoami(server: BrokerServer, args: dict[str, Any], caller: Identity | None)
             "access": server.access_for(caller).describe()}
 
 
-async def _queue(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+async def _queue(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     queue = _queue_arg(args)
     channel_id = _str_arg(args, "channel", required=False)
     group = _str_arg(args, "group", required=False)
@@ -127,7 +127,7 @@ async def _queue(server: BrokerServer, args: dict[str, Any], caller: Identity | 
     return stats
 
 
-async def published_at(server: BrokerServer, log: Any, seq: int | None) -> float | None:
+async def published_at(server: Server, log: Any, seq: int | None) -> float | None:
     """When message ``seq`` of ``log`` (or the next live one) was published; from memory
     when it is there, else one storage read."""
     if seq is None:
@@ -154,7 +154,7 @@ def message_view(m: Msg, attempts: int = 0) -> dict[str, Any]:
             "attempts": attempts, "payload": payload, "payload_base64": payload_base64}
 
 
-async def _browse(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+async def _browse(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     channel = _str_arg(args, "channel")
     assert channel is not None
     validate_channel(channel)
@@ -173,18 +173,18 @@ async def _browse(server: BrokerServer, args: dict[str, Any], caller: Identity |
             "end": log.end, "messages": [message_view(m, attempts.get(m.seq, 0)) for m in msgs]}
 
 
-def _purge(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _purge(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     queue = _queue_arg(args)
     channel_id = _str_arg(args, "channel", required=False)
     logs = maintenance.channels_of(server.core, queue, channel_id)
     if not logs:
         _known_or_not_found(server, queue, channel_id)
     removed = {log.name: maintenance.purge(server.core, log) for log in logs}
-    server.after_maintenance()
+    server.engine.changed()
     return {"queue": queue, "purged": removed, "messages": sum(removed.values())}
 
 
-def _known_or_not_found(server: BrokerServer, queue: str, channel_id: str | None) -> None:
+def _known_or_not_found(server: Server, queue: str, channel_id: str | None) -> None:
     """Nothing to remove: fine for a known queue's dead letters, NotFound otherwise (an
     unknown name is more often a typo than an empty queue)."""
     live = queue.removeprefix(DEAD_PREFIX)
@@ -196,7 +196,7 @@ def _known_or_not_found(server: BrokerServer, queue: str, channel_id: str | None
     raise NotFound(f"no queue {live!r}: no channel of it exists (see minou list)", queue=live)
 
 
-def _delete_group(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _delete_group(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     group = _str_arg(args, "group")
     assert group is not None
     members = [m for m in server.core.groups[group].members] if group in server.core.groups \
@@ -204,11 +204,11 @@ def _delete_group(server: BrokerServer, args: dict[str, Any], caller: Identity |
     result = maintenance.delete_group(server.core, group, time.time(),
                                       force=bool(args.get("force")))
     server.ended_subscriptions(members, f"group {group!r} was deleted by {_by(caller)}")
-    server.after_maintenance()
+    server.engine.changed()
     return result
 
 
-async def _requeue_dead(server: BrokerServer, args: dict[str, Any],
+async def _requeue_dead(server: Server, args: dict[str, Any],
                         caller: Identity | None) -> Any:
     queue = _queue_arg(args)
     if queue.startswith(DEAD_PREFIX):
@@ -219,24 +219,24 @@ async def _requeue_dead(server: BrokerServer, args: dict[str, Any],
     for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
         msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)
         moved[dead.name] = maintenance.requeue_dead(server.core, dead, msgs, time.time())
-    server.after_maintenance()
+    server.engine.changed()
     return {"queue": queue, "requeued": moved, "messages": sum(moved.values())}
 
 
-def _purge_dead(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _purge_dead(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     queue = _queue_arg(args)
     if not queue.startswith(DEAD_PREFIX):
         queue = DEAD_PREFIX + queue
     return _purge(server, {**args, "queue": queue}, caller)
 
 
-async def _receipt(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+async def _receipt(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     message_id = _str_arg(args, "id")
     assert message_id is not None
     return await server.message_receipt(message_id)
 
 
-def _soft_stop(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _soft_stop(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.soft_stop(_by(caller))
 
 
@@ -247,18 +247,18 @@ def _client_id(args: dict[str, Any]) -> str:
     return client_id
 
 
-def _registry_op(server: BrokerServer, action: Callable[[], Any]) -> Any:
+def _registry_op(server: Server, action: Callable[[], Any]) -> Any:
     try:
         record = action()
     except KeyError as exc:
         raise NotFound(str(exc.args[0])) from None
     except NotAuthenticated as exc:  # a bad public key given to rotate
         raise BadRequest(exc.message) from None
-    server._persist_registry()
+    server.persist_registry()
     return record.public()
 
 
-def _clients_list(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _clients_list(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     online: dict[str, int] = {}
     for c in server.connections:
         if c.identity is not None:
@@ -279,7 +279,7 @@ def _clients_list(server: BrokerServer, args: dict[str, Any], caller: Identity |
             "rules": rules.describe(), "admins": sorted(server.settings.admins)}
 
 
-def _approve(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _approve(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
     result = _registry_op(server, lambda: server.registry.approve(
         client_id, by=_by(caller), admins=server.settings.admins))
@@ -292,7 +292,7 @@ def _self(caller: Identity | None, client_id: str) -> bool:
     return caller is not None and caller.client_id == client_id
 
 
-def _revoke(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _revoke(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
     if _self(caller, client_id):
         raise BadRequest("an admin cannot revoke itself (ask another admin)")
@@ -302,7 +302,7 @@ def _revoke(server: BrokerServer, args: dict[str, Any], caller: Identity | None)
     return result
 
 
-def _rotate(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _rotate(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
     if client_id not in server.registry.records:
         raise NotFound(f"no client {client_id!r} is registered or pending")
@@ -318,7 +318,7 @@ def _rotate(server: BrokerServer, args: dict[str, Any], caller: Identity | None)
     return result
 
 
-def _forget(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _forget(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     client_id = _client_id(args)
     if _self(caller, client_id):
         raise BadRequest("an admin cannot forget itself (ask another admin)")
@@ -329,14 +329,14 @@ def _forget(server: BrokerServer, args: dict[str, Any], caller: Identity | None)
 
 
 # ------------------------------------------------------------- credentials
-def _credential_owner(server: BrokerServer, caller: Identity | None) -> str | None:
+def _credential_owner(server: Server, caller: Identity | None) -> str | None:
     """Whose credentials the caller may handle: its own, or (admins) anyone's."""
     if caller is None or (caller.admin and caller.method != "credential"):
         return None
     return caller.client_id
 
 
-def _issue_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _issue_credential(server: Server, args: dict[str, Any], caller: Identity | None
                       ) -> Any:
     if caller is None or caller.method != "key":
         how = caller.method if caller is not None else "no identity"
@@ -350,13 +350,13 @@ def _issue_credential(server: BrokerServer, args: dict[str, Any], caller: Identi
     ttl = check_ttl(args.get("ttl", DEFAULT_CREDENTIAL_TTL_S))
     purpose = _str_arg(args, "purpose", required=False) or ""
     secret, record = server.credentials.issue(owner, ttl=ttl, purpose=purpose)
-    server._persist_registry()
+    server.persist_registry()
     log.info("credential %s issued to %s for %.0f s%s", record.id, owner.client_id, ttl,
              f" ({purpose})" if purpose else "")
     return {**record.public(), "credential": secret}
 
 
-def _renew_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _renew_credential(server: Server, args: dict[str, Any], caller: Identity | None
                       ) -> Any:
     """By ``id``, or every live credential of the caller issued for ``purpose``."""
     if caller is not None and caller.method == "credential":
@@ -366,11 +366,11 @@ def _renew_credential(server: BrokerServer, args: dict[str, Any], caller: Identi
     owner = _credential_owner(server, caller)
     ids = _credential_ids(server, args, caller)
     renewed = [server.credentials.renew(i, client_id=owner, ttl=ttl).public() for i in ids]
-    server._persist_registry()
+    server.persist_registry()
     return renewed[0] if "id" in args else {"renewed": renewed}
 
 
-def _revoke_credential(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _revoke_credential(server: Server, args: dict[str, Any], caller: Identity | None
                        ) -> Any:
     """By ``id``, or every live credential of the caller issued for ``purpose``; the
     connections that presented them close."""
@@ -384,13 +384,13 @@ def _revoke_credential(server: BrokerServer, args: dict[str, Any], caller: Ident
         log.info("credential %s of %s revoked by %s", record.id, record.client_id,
                  _by(caller))
         revoked.append(record.public())
-    server._persist_registry()
+    server.persist_registry()
     if "id" in args:
         return {**revoked[0], "connections_closed": closed}
     return {"revoked": revoked, "connections_closed": closed}
 
 
-def _credential_ids(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _credential_ids(server: Server, args: dict[str, Any], caller: Identity | None
                     ) -> list[str]:
     if "id" in args:
         return [str(_str_arg(args, "id"))]
@@ -400,22 +400,22 @@ def _credential_ids(server: BrokerServer, args: dict[str, Any], caller: Identity
     return [r.id for r in server.credentials.tagged(caller.client_id, purpose, time.time())]
 
 
-def _list_credentials(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _list_credentials(server: Server, args: dict[str, Any], caller: Identity | None
                       ) -> Any:
     return {"credentials": server.credentials.listing(_credential_owner(server, caller))}
 
 
-def _release(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _release(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     channel = _str_arg(args, "channel")
     assert channel is not None
     owner = server.core.release(channel)
     if owner is None:
         raise NotFound(f"channel {channel!r} is not reserved")
-    server.request_write(urgent=False)
+    server.engine.commit(urgent=False)
     return {"channel": channel, "released_from": owner}
 
 
-def _release_writer(server: BrokerServer, args: dict[str, Any], caller: Identity | None
+def _release_writer(server: Server, args: dict[str, Any], caller: Identity | None
                     ) -> Any:
     """Free a writer id (TXN_COMMIT) for the next client that commits under it; with
     ``drop_fences`` also forget its fences (after a squatter moved them)."""
@@ -427,11 +427,11 @@ def _release_writer(server: BrokerServer, args: dict[str, Any], caller: Identity
     owner = server.core.release_writer(writer_id, drop_fences=drop)
     if owner is None and not drop:
         raise NotFound(f"writer id {writer_id!r} belongs to no client")
-    server.request_write(urgent=False)
+    server.engine.commit(urgent=False)
     return {"writer_id": writer_id, "released_from": owner, "fences_dropped": drop}
 
 
-def _reload(server: BrokerServer, args: dict[str, Any], caller: Identity | None) -> Any:
+def _reload(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     return server.reload()
 
 
@@ -462,7 +462,7 @@ OPERATIONS: dict[str, Op] = {
 }
 
 
-def run_admin(server: BrokerServer, op: str, args: dict[str, Any],
+def run_admin(server: Server, op: str, args: dict[str, Any],
               caller: Identity | None = None) -> Any | Awaitable[Any]:
     handler = OPERATIONS.get(op)
     if handler is None:

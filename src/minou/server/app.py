@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -31,9 +32,8 @@ from ..core.writes import WriteBatch
 from ..errors import (
     ErrorCode,
     NotAuthenticated,
-    PublishBacklog,
+    NotAuthorized,
     RequestError,
-    ShuttingDown,
     StartupError,
     StorageError,
     StorageFull,
@@ -58,13 +58,14 @@ from ..limits import (
 from ..protocol import frames as f
 from ..storage.base import Housekeeping, Storage
 from ..storage.factory import open_storage
-from . import engine, oplog
+from . import oplog
 from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
 from .datadir import DataDirLocks
-from .engine import CommitScheduler
+from .engine import Engine, Load
 from .oplog import watch_handshakes
+from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
     from .http_stream import StreamSession
@@ -116,8 +117,7 @@ class _TcpProtocol(asyncio.Protocol):
             self._refusal_timer.cancel()
         if exc is None or transport is None or transport.is_closing():
             return
-        detail = {**exc.detail, "reason": exc.reason}
-        transport.write(f.encode(f.Error(0, int(exc.code), exc.message, detail, True)))
+        transport.write(f.encode(native_error(0, exc, fatal=True)))
         if not transport.can_write_eof():  # TLS
             transport.close()
             return
@@ -189,8 +189,6 @@ class BrokerServer:
         self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
         self._unsent_running = 0  # the same, kept up to date by every delivery write
         self.started_at = time.time()
-        self.accepting = True
-        self.draining = False  # soft stop: no new deliveries either
         self.native_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self.commit_seconds_total = 0.0
@@ -208,13 +206,15 @@ class BrokerServer:
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
-        # When to commit and who may publish meanwhile (engine.py: no I/O, tested alone)
-        self.scheduler = CommitScheduler(
-            self.core, settle_delay=SETTLE_COMMIT_DELAY_S,
+        # Every door's commands, commits, answers and deliveries (engine.py: no I/O; this
+        # server is its Host: the writer thread, the reader thread, the loop's timers).
+        self.engine = Engine(
+            self.core, self, settle_delay=SETTLE_COMMIT_DELAY_S,
             pause_bytes=lambda: self.settings.publish_pause_bytes,
             resume_bytes=PUBLISH_RESUME_BYTES)
+        self.engine.publish_latency = self.metrics.publish_latency
+        self.scheduler = self.engine.scheduler
         self._last_commit_at = 0.0
-        self._pump_scheduled = False
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Future[Any]] = set()
         self._tcp: asyncio.base_events.Server | None = None
@@ -259,8 +259,8 @@ class BrokerServer:
         self._tasks = [
             asyncio.create_task(self._ticker(), name="minou-ticker"),
         ]
-        self.request_write()
-        self.request_pump()
+        self.engine.commit()
+        self.engine.request_pump()
 
     async def open(self) -> None:
         """Open storage and restore the broker's state, listening to nothing: what
@@ -315,22 +315,22 @@ class BrokerServer:
             conn.close()
         commits, messages = self.commits, self.messages_committed
         # Let the writer commit what is staged (confirms for accepted publishes).
-        self.request_write(force=True)
+        self.engine.commit(force=True)
         for _ in range(500):
             if self.scheduler.idle and (self.scheduler.stopped or (
                     not self.core.batch and not self.core.has_dirty)):
                 break
             if self.scheduler.idle:
-                self.request_write(force=True)
+                self.engine.commit(force=True)
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._http_task is not None:
+        if self.http_task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(self._http_task, 5)
+                await asyncio.wait_for(self.http_task, 5)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
@@ -344,11 +344,24 @@ class BrokerServer:
                  self.messages_committed - messages, self.commits - commits,
                  f"; {left} staged message(s) NOT committed" if left else "", self.storage.path)
 
-    _http_task: asyncio.Task[Any] | None = None
+    http_task: asyncio.Task[Any] | None = None
 
-    def check_accepting(self) -> None:
-        if not self.accepting:
-            raise ShuttingDown("the broker is stopping and accepts no new work")
+    @property
+    def accepting(self) -> bool:
+        return self.engine.accepting
+
+    @accepting.setter
+    def accepting(self, value: bool) -> None:
+        self.engine.accepting = value
+
+    @property
+    def draining(self) -> bool:
+        """A soft stop: what is out settles, nothing new goes out."""
+        return self.engine.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.engine.draining = value
 
     # -------------------------------------------------------------- sessions
     def admit(self, conn: NativeConnection) -> None:
@@ -378,7 +391,7 @@ class BrokerServer:
                 keyfiles.save(key, self.settings.data_dir, "admin")
             self.registry.register("admin", keyfiles.public_pem(key).decode(),
                                    note="made by the broker at first start")
-            self._persist_registry()
+            self.persist_registry()
         self.admin_key_path = path if path.exists() else None
 
     def _tls_context(self) -> Any:
@@ -457,9 +470,9 @@ class BrokerServer:
                 encode_credential(credential) if credential is not None else None)
         return bool(changes or used or issued)
 
-    def _persist_registry(self) -> None:
+    def persist_registry(self) -> None:
         if self._stage_registry():
-            self.request_write()
+            self.engine.commit()
 
     def access_for(self, identity: Identity) -> Any:
         from ..auth.rules import ALLOW_ALL
@@ -481,7 +494,7 @@ class BrokerServer:
                 return identity.client_id == client_id and \
                     identity.method in ("key", "credential")
             if self.credentials.revoke_client(client_id):
-                self._persist_registry()
+                self.persist_registry()
         dropped = 0
         for conn in list(self.connections):
             if conn.identity is not None and gone(conn.identity):
@@ -562,9 +575,9 @@ class BrokerServer:
                         self.core.check_read(session, pattern.text)
                 except RequestError as exc:
                     self.core.unsubscribe(session, sid, now)
-                    conn.send(f.Error(0, int(exc.code),
-                                      f"subscription {sid} ended by a reload: {exc.message}",
-                                      {"sid": sid, "reason": exc.reason}))
+                    conn.send(native_error(
+                        0, exc, message=f"subscription {sid} ended by a reload: {exc.message}",
+                        sid=sid))
                     closed.append({"client_id": session.client_id, "sid": sid,
                                    "reason": exc.message})
         for stream in list(self.streams):
@@ -585,8 +598,8 @@ class BrokerServer:
                 closed.append({"client_id": consumer.identity.client_id, "sid": 0,
                                "reason": f"HTTP consumer {consumer.key[2]!r}: {exc.message}"})
         if closed or self.core.batch:  # ended subscriptions, reservations claimed
-            self.request_write(urgent=False)
-            self.request_pump()
+            self.engine.commit(urgent=False)
+            self.engine.request_pump()
         return closed
 
     def http_identity(self, identity: Identity) -> Identity:
@@ -598,17 +611,11 @@ class BrokerServer:
                         self.registry.is_admin(identity.client_id, self.settings.admins),
                         identity.fingerprint, identity.method, identity.credential)
 
-    def close_session(self, session: Session) -> None:
-        self.core.disconnect(session, time.time())
-        self.scheduler.forget(session.conn)
-        self.request_write(urgent=False)
-        self.request_pump()
-
     def wake_groups(self, session: Session) -> None:
         for sub in session.subs.values():
             if sub.group.ready:
                 self.core._ready_groups[sub.group] = None
-        self.request_pump()
+        self.engine.request_pump()
 
     # ------------------------------------------------------------- writing
     @property
@@ -624,66 +631,26 @@ class BrokerServer:
     def handoffs(self) -> int:
         return self.scheduler.handoffs
 
-    def publish_staged(self, conn: NativeConnection, staged: list[Msg]) -> None:
-        """``conn`` staged publishes: commit them, and stop reading from ``conn`` while
-        the disk is behind."""
-        if self.scheduler.staged(conn):
-            conn.pause_reading()
-        self.request_write()
-
-    def publish_backlog(self) -> RequestError | None:
-        """The refusal of an HTTP publish while the disk is behind, else None. A request
-        cannot be paused like a socket, and holding it would only hold its body in
-        memory: past publish_pause_bytes, or while socket publishers wait for the writer
-        (so HTTP cannot starve them), it is answered 503 with Retry-After."""
-        behind = self.scheduler.backlog()
-        if behind is None:
-            return None
-        pending, limit = behind
-        return PublishBacklog(f"the disk is behind: {pending} bytes of publishes wait to be "
-                              f"written (publish_pause_bytes {limit}); nothing was stored, "
-                              "retry in a moment", uncommitted_bytes=pending, limit=limit,
-                              retry_after=1)
-
-    def after_input(self) -> None:
-        """A read was handled: commit what it staged, deliver what it freed."""
-        if self.core.batch:
-            self.request_write(urgent=False)
-        self.request_pump()
-
-    def request_write(self, *, urgent: bool = True, force: bool = False) -> None:
-        """Ask the writer for a commit (engine.CommitScheduler decides when)."""
-        self._follow(self.scheduler.request(time.monotonic(), urgent=urgent, force=force))
-
-    def _follow(self, kick: str) -> None:
-        if kick == "now":
-            self._kick_writer()
-        elif kick == "timer" and self.loop is not None:
-            def fire() -> None:
-                self.scheduler.timer_fired()
-                self._kick_writer()
-
-            self.loop.call_later(SETTLE_COMMIT_DELAY_S, fire)
-
-    def _kick_writer(self) -> None:
-        """Start a commit now if the writer thread is idle.
-
-        Called synchronously (even between two frames of one read), so the writer
-        fsyncs one batch while this thread parses the next: the two overlap. What
-        arrives meanwhile forms the next batch (group commit).
-        """
-        batch = self.scheduler.take(
-            lambda: self.storage_full is not None and self._backing_off())
-        if batch is None:
-            return
+    # The engine's Host: the writer and reader threads, the loop's timers.
+    def write(self, batch: WriteBatch) -> None:
         assert self.loop is not None
         started = time.perf_counter()
         writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
         writing.add_done_callback(lambda fut: self._committed(fut, batch, started))
 
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        if self.loop is not None:
+            self.loop.call_soon(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        if self.loop is not None:
+            self.loop.call_later(delay, callback)
+
+    def load(self, load: Load) -> None:
+        self._spawn(self._load(load))
+
     def _committed(self, fut: asyncio.Future[None], batch: WriteBatch, started: float) -> None:
         if fut.cancelled() or fut.exception() is not None:
-            self.scheduler.failed()
             self._commit_failed(batch, None if fut.cancelled() else fut.exception())
             return
         took = time.perf_counter() - started
@@ -692,14 +659,7 @@ class BrokerServer:
         self.commits += 1
         self.messages_committed += len(batch.messages)
         self._last_commit_at = time.time()
-        kick = self.scheduler.committed(batch, time.monotonic(), time.time())
-        self._resume_publishers()
-        self.request_pump()
-        self._follow(kick)
-
-    def _resume_publishers(self) -> None:
-        for conn in self.scheduler.resumable():
-            conn.resume_reading()
+        self.engine.committed(batch)
 
     # ----------------------------------------------------------- full disk
     # A commit that fails wrote nothing (SQLite rolled it back). A full disk or quota
@@ -713,23 +673,17 @@ class BrokerServer:
             self.storage_full_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
             self._enter_full(exc)
-            try:
-                self.core.on_failed(batch, exc)
-            finally:
-                self._resume_publishers()  # their next publishes are refused at once
-                if self.core.batch:
-                    self.request_write(urgent=False)
+            self.engine.not_written(batch, exc, stop=False)
             return
         cause = str(exc) if exc is not None else "the commit was cancelled"
         log.error("storage commit failed, the broker stops: %s", cause,
                   exc_info=exc if not isinstance(exc, StorageError) else None)
-        self.scheduler.stop()
         self.exit_status = 1
         self.stop_reason = self.stop_reason or f"storage failure ({cause})"
         error = RequestError(f"storage failed, nothing was stored; the broker stops: {cause}")
         error.code = ErrorCode.STORAGE_UNAVAILABLE
         try:
-            self.core.on_failed(batch, error)
+            self.engine.not_written(batch, error, stop=True)
         finally:
             self.request_stop()
 
@@ -748,7 +702,7 @@ class BrokerServer:
                   "given back for them)" if reserve else "", STORAGE_PROBE_S)
         self._schedule_probe()
 
-    def _backing_off(self) -> bool:
+    def backing_off(self) -> bool:
         """While full, a commit that failed is retried only after STORAGE_RETRY_S."""
         wait = self._retry_at - time.monotonic()
         if wait <= 0:
@@ -758,7 +712,7 @@ class BrokerServer:
 
             def retry() -> None:
                 self._retry_timer = False
-                self._kick_writer()
+                self.engine.kick()
 
             self.loop.call_later(wait, retry)
         return True
@@ -798,39 +752,19 @@ class BrokerServer:
         log.warning("storage has room again (%d MiB free for %s after %.0f s full): "
                     "publishes are accepted", space["free"] >> 20, self.storage.path,
                     time.time() - self.storage_full_since)
-        self.request_write()
-
-    # ---------------------------------------------------------------- pump
-    def request_pump(self) -> None:
-        if not self._pump_scheduled and self.loop is not None:
-            self._pump_scheduled = True
-            self.loop.call_soon(self._pump)
-
-    def _pump(self) -> None:
-        self._pump_scheduled = False
-        # Soft stop (draining): what is out settles, nothing new goes out.
-        turn = engine.pump(self.core, time.time(), draining=self.draining)
-        for sub, items in turn.deliveries.items():
-            sub.session.conn.send_deliveries(sub.sid, items)
-        if turn.again:
-            self.request_pump()  # after this turn's writes, which may pause slow readers
-        for load in turn.loads:
-            self._spawn(self._load(load))
-        if turn.commit:
-            self.request_write(urgent=False)
+        self.engine.commit()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _load(self, load: engine.Load) -> None:
+    async def _load(self, load: Load) -> None:
         loop = asyncio.get_running_loop()
         msgs = await loop.run_in_executor(
             self._reader_pool, self.storage.read_range, load.channel, load.from_seq,
             load.upto, STORAGE_READ_PAGE)
-        engine.loaded(self.core, load, msgs, STORAGE_READ_PAGE)
-        self.request_pump()
+        self.engine.loaded(load, msgs, STORAGE_READ_PAGE)
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -857,8 +791,8 @@ class BrokerServer:
                 await self._apply_retention(now)
             self._maybe_checkpoint(now)
             if self.core.batch or self.core.has_dirty:
-                self.request_write(force=True)
-            self.request_pump()
+                self.engine.commit(force=True)
+            self.engine.request_pump()
 
     def _warn_dedup_evictions(self, now: float) -> None:
         """While the dedup window is capped by max_dedup_keys (its oldest keys expire
@@ -1085,27 +1019,19 @@ class BrokerServer:
                 return
             except Exception:
                 log.exception("admin operation failed")
-                conn.send(f.Error(req, 301, "internal error"))
+                conn.send(native_error(req, internal_error()))
                 return
-            if self.core.batch or self.core.has_dirty:
-                self.core.after_commit(lambda: conn.send(f.Result(req, result)))
-                self.request_write(urgent=False)
-            else:
-                conn.send(f.Result(req, result))
+            self.engine.when_durable(lambda: conn.send(f.Result(req, result)))
 
         self._spawn(run())
-
-    def after_maintenance(self) -> None:
-        self.request_write(urgent=False)
-        self.request_pump()
 
     def ended_subscriptions(self, subs: list[Any], reason: str) -> None:
         """Tell the connections whose subscriptions an admin ended."""
         for sub in subs:
             conn = sub.session.conn
             if conn is not None and hasattr(conn, "send"):
-                conn.send(f.Error(0, 208, f"subscription {sub.sid} ended: {reason}",
-                                  {"sid": sub.sid, "reason": "not_authorized"}))
+                conn.send(native_error(0, NotAuthorized(
+                    f"subscription {sub.sid} ended: {reason}"), sid=sub.sid))
 
     def soft_stop(self, by: str) -> dict[str, Any]:
         """Stop taking publishes and subscriptions, let deliveries settle (up to the

@@ -17,14 +17,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.producers import PRODUCER_ID
 from ..errors import (
-    ERROR_TABLE,
     BadRequest,
-    ErrorCode,
     NotAuthenticated,
     NotAuthorized,
     ProtocolError,
     RequestError,
-    ShuttingDown,
     SlowConsumer,
     UnexpectedFrame,
 )
@@ -44,9 +41,10 @@ from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
 from .admin import SELF_SERVICE_OPS
+from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
-    from .app import BrokerServer
+    from .ports import Server
 
 log = logging.getLogger("minou.connection")
 
@@ -61,9 +59,10 @@ class Transport(Protocol):
 
 
 class NativeConnection:
-    def __init__(self, server: BrokerServer, transport: Transport, peer: str) -> None:
+    def __init__(self, server: Server, transport: Transport, peer: str) -> None:
         self.server = server
         self.core = server.core
+        self.engine = server.engine
         self.transport = transport
         self.peer = peer
         self.reader = FrameReader(max_frame_size=server.max_frame_size)
@@ -134,7 +133,7 @@ class NativeConnection:
             self.close()
             return
         self.flush()
-        self.server.after_input()
+        self.engine.after_input()
 
     def _handle(self, event: f.Frame | BadFrame) -> None:
         if isinstance(event, BadFrame):
@@ -166,7 +165,7 @@ class NativeConnection:
         except Exception:  # a bug must cost one request, never the broker
             log.exception("internal error handling %s from %s", type(event).__name__, self.peer)
             self.server.counters_internal += 1
-            self._send(f.Error(req, int(ErrorCode.INTERNAL), "internal error"))
+            self._send(native_error(req, internal_error()))
 
     def refuse(self, exc: RequestError) -> None:
         """Refuse the whole connection: a fatal error frame, then close."""
@@ -202,7 +201,7 @@ class NativeConnection:
             identity = self.server.authenticate(hello, self.peer)
         except NotAuthenticated as exc:
             oplog.refused(exc, hello.client_id, self.peer, "native")
-            self.server.request_write()  # e.g. a pending registration
+            self.engine.commit()  # e.g. a pending registration
             if exc.detail.get("why") == "token_required" and self.hellos == 1:
                 self._error(0, exc)  # a challenge, not a failure: sign for broker_id
                 return
@@ -227,8 +226,7 @@ class NativeConnection:
             # (hung on the batch before the write request hands it to the writer).
             self._held = []
             self.pause_reading()
-            self.core.after_commit(lambda: self._welcome(welcome))
-            self.server.request_write()
+            self.engine.after_commit(lambda: self._welcome(welcome), urgent=True)
         else:
             self._send(welcome)
             self._start_heartbeats()
@@ -246,69 +244,29 @@ class NativeConnection:
                 return
             self._handle(event)
         self.flush()
-        self.server.after_input()
+        self.engine.after_input()
 
     def _on_publish(self, frame: f.Publish) -> None:
         if len(frame.msgs) > MAX_BATCH:
             raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
-        received = time.perf_counter()
-        core = self.core
-        try:
-            self.server.check_accepting()
-            stopping = None
-        except ShuttingDown as exc:
-            # Refused send by send, so a numbered publish's refusal is remembered (its
-            # producer's next sequence is then no gap) and told once that is durable.
-            stopping = exc
-        outcomes, staged = core.publish(frame.msgs, time.time(), self.session.access,
-                                        self.session, stopping)
-        confirm = f.Confirm(frame.req, outcomes)
-        if staged or core.replays:
-            latency = self.server.metrics.publish_latency
-            # Outcomes answered from a producer's state say what it holds once the
-            # commit they follow is durable (a failed commit turns "stored" into its error).
-            replays = core.replays
+        req = frame.req
 
-            def confirmed() -> None:
-                for i, state, pseq in replays:
-                    outcomes[i] = state.replay(pseq, outcomes[i].channel)
-                self.send(confirm)
-                latency.observe(time.perf_counter() - received)
+        def confirm(outcomes: list[f.Outcome], failure: RequestError | None) -> None:
+            self.send(f.Confirm(req, outcomes))
 
-            def not_stored(exc: RequestError) -> None:  # the commit failed (a full disk)
-                for _ in staged:
-                    self._refused(exc)
-                again = {i: state.replay(pseq, outcomes[i].channel)
-                         for i, state, pseq in replays}
-                self.send(f.Confirm(frame.req, [
-                    again[i] if i in again else o if o.code else
-                    f.Outcome(channel=o.channel, code=int(exc.code), error=exc.message)
-                    for i, o in enumerate(outcomes)]))
-
-            core.after_commit(confirmed, not_stored)
-            if staged:
-                self.server.publish_staged(self, staged)
-            else:
-                self.server.request_write()
-        elif core.producers.dirty:
-            # Refusals of numbered publishes: answered once the producer state that
-            # remembers them is durable (else a resend after a crash would be a gap).
-            self._reply_after_commit(confirm)
-        else:
-            self._send(confirm)
+        self.engine.publish(frame.msgs, self.session.access, confirm, session=self.session,
+                            publisher=self)
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
-        self.server.check_accepting()
-        self.core.subscribe(
-            self.session, frame.sid, kind=frame.kind, patterns=list(frame.patterns),
-            group=frame.group, start=frame.start, prefetch=frame.prefetch, lease=frame.lease,
-            name=frame.name, now=time.time(),
-        )
-        self._reply_after_commit(f.Result(frame.req, {"sid": frame.sid}))
+        reply = f.Result(frame.req, {"sid": frame.sid})
+        self.engine.subscribe(
+            self.session, frame.sid, lambda: self.send(reply), kind=frame.kind,
+            patterns=list(frame.patterns), group=frame.group, start=frame.start,
+            prefetch=frame.prefetch, lease=frame.lease, name=frame.name)
 
     def _on_unsubscribe(self, frame: f.Unsubscribe) -> None:
-        self.core.unsubscribe(self.session, frame.sid, time.time())
-        self._reply_after_commit(f.Result(frame.req, None))
+        reply = f.Result(frame.req, None)
+        self.engine.unsubscribe(self.session, frame.sid, lambda: self.send(reply))
 
     def _on_sub_add(self, frame: f.SubAdd) -> None:
         self.core.add_pattern(self.session, frame.sid, frame.pattern, time.time())
@@ -318,33 +276,31 @@ class NativeConnection:
         self.core.remove_pattern(self.session, frame.sid, frame.pattern, time.time())
         self._reply_after_commit(f.Result(frame.req, None))
 
-    def _settled(self, req: int, failed: list[tuple[int, int, str]], tags: list[int]) -> None:
-        if req:
-            def not_durable(exc: RequestError) -> None:  # the commit failed (a full disk)
+    def _settle(self, frame: f.Ack | f.Nack | f.Extend, op: str, **kw: Any) -> None:
+        req = frame.req
+
+        def settled(failed: list[tuple[int, int, str]], exc: RequestError | None) -> None:
+            if exc is not None:  # not durable (a full disk): every tag fails
                 refused = {tag for tag, _, _ in failed}
                 text = f"not made durable: {exc.message}"
-                self.send(f.Settled(req, [*failed, *((tag, int(exc.code), text)
-                                                     for tag in tags if tag not in refused)]))
+                failed = [*failed, *((tag, int(exc.code), text)
+                                     for tag in frame.tags if tag not in refused)]
+            self.send(f.Settled(req, failed))
 
-            self.core.after_commit(lambda: self.send(f.Settled(req, failed)), not_durable)
-            self.server.request_write(urgent=False)
-        elif failed:
+        failed = self.engine.settle(self.session, op, frame.tags, settled if req else None,
+                                    **kw)
+        if not req:
             for tag, code, text in failed:
                 self._send(f.Error(0, code, text, {"tag": tag}))
 
     def _on_ack(self, frame: f.Ack) -> None:
-        self._settled(frame.req, self.core.ack(self.session, frame.tags, time.time()),
-                      list(frame.tags))
+        self._settle(frame, "ack")
 
     def _on_nack(self, frame: f.Nack) -> None:
-        failed = self.core.nack(self.session, frame.tags, delay=frame.delay, front=frame.front,
-                                now=time.time())
-        self._settled(frame.req, failed, list(frame.tags))
+        self._settle(frame, "nack", delay=frame.delay, front=frame.front)
 
     def _on_extend(self, frame: f.Extend) -> None:
-        failed = self.core.extend(self.session, frame.tags, frame.seconds, time.time())
-        if frame.req:
-            self._send(f.Settled(frame.req, failed))
+        self._settle(frame, "extend", seconds=frame.seconds)
 
     def _on_read(self, frame: f.Read) -> None:
         self.server.read_range(self, frame)
@@ -357,28 +313,27 @@ class NativeConnection:
         result = self.server.admin(frame.op, frame.args, self.identity)
         if inspect.isawaitable(result):
             self.server.spawn_reply(self, frame.req, result)
-        elif self.core.batch or self.core.has_dirty:  # changed state: answer once durable
-            self._reply_after_commit(f.Result(frame.req, result))
-        else:
-            self._send(f.Result(frame.req, result))
+        else:  # changed state: answered once durable
+            reply = f.Result(frame.req, result)
+            self.engine.when_durable(lambda: self.send(reply))
 
     def _on_stage(self, frame: f.Stage) -> None:
-        self.server.check_accepting()
+        self.engine.check_accepting()
         held = self.core.stage(self.session, frame.txn, list(frame.msgs), time.time())
         # Once stored: a broker restart before the TXN_COMMIT loses nothing staged.
         self._reply_after_commit(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
 
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
-        self.server.check_accepting()
+        self.engine.check_accepting()
         result = self.core.commit_txns(self.session, frame.writer_id, frame.batch_id,
                                        list(frame.txns), time.time(), frame.lineage)
         # A failed commit (a full disk) published nothing: the error, never the Result.
-        self.core.after_commit(lambda: self.send(f.Result(frame.req, result)),
-                               lambda exc: self.send(f.Error(
-                                   frame.req, int(exc.code),
-                                   f"{exc.message} The transactions are dropped: stage "
-                                   "them again.", {"reason": exc.reason})))
-        self.server.request_write()
+        self.engine.after_commit(
+            lambda: self.send(f.Result(frame.req, result)),
+            lambda exc: self.send(native_error(
+                frame.req, exc,
+                message=f"{exc.message} The transactions are dropped: stage them again.")),
+            urgent=True)
 
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
         dropped = self.core.abort_txns(self.session, list(frame.txns))
@@ -417,16 +372,13 @@ class NativeConnection:
 
     # ----------------------------------------------------------------- output
     def _reply_after_commit(self, frame: f.Frame) -> None:
-        self.core.after_commit(lambda: self.send(frame))
-        self.server.request_write(urgent=False)
+        self.engine.after_commit(lambda: self.send(frame))
 
     def _send(self, frame: f.Frame) -> None:
         self._out.append(f.encode(frame))
 
     def _error(self, req: int, exc: RequestError, *, fatal: bool = False) -> None:
-        detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
-        detail.setdefault("reason", ERROR_TABLE[exc.code].reason)
-        self._send(f.Error(req, int(exc.code), exc.message, detail, fatal))
+        self._send(native_error(req, exc, fatal=fatal))
 
     def flush(self) -> None:
         if self._out and not self.closed:
@@ -473,7 +425,7 @@ class NativeConnection:
         # Its deliveries go back now, not when the peer has read the backlog; and the
         # peer gets a short grace to read the error before the socket is dropped.
         if self.session is not None:
-            self.server.close_session(self.session)
+            self.engine.close(self.session)
             self.session = None
         asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.transport.abort)
 
@@ -564,7 +516,7 @@ class NativeConnection:
                               silent, self.heartbeat, held)
         self.closed = True
         if self.session is not None:
-            self.server.close_session(self.session)
+            self.engine.close(self.session)
             self.session = None
         self.transport.abort()
 
@@ -596,5 +548,5 @@ class NativeConnection:
         self.closed = True
         self._stop_heartbeats()
         if self.session is not None:
-            self.server.close_session(self.session)
+            self.engine.close(self.session)
             self.session = None

@@ -24,17 +24,24 @@ The rules (measured in docs/benchmarks.md, "Where minou's time goes"):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from ..core.broker import Broker
+from ..core.broker import Broker, Session
 from ..core.group import Subscription
 from ..core.log import Msg
 from ..core.writes import WriteBatch
-from ..protocol.frames import Delivery
+from ..errors import PublishBacklog, RequestError, ShuttingDown
+from ..protocol.frames import Delivery, Outcome, Send
 
 Kick = Literal["now", "timer", "none"]
+# A publish's answer: the outcomes (final: after the commit they waited for), and the
+# commit's error when it failed (its stored outcomes then carry that error).
+PublishReply = Callable[[list[Outcome], RequestError | None], None]
+# A settlement's answer: the refused tags (tag, code, text), and the commit's error.
+SettleReply = Callable[[list[tuple[int, int, str]], RequestError | None], None]
 
 
 class CommitScheduler:
@@ -185,3 +192,290 @@ def loaded(core: Broker, load: Load, msgs: list[Msg], page: int) -> None:
     """Hand a storage page to the core: a full page means more may follow it."""
     hi = msgs[-1].seq + 1 if len(msgs) == page else load.upto
     core.on_loaded(load.channel, load.from_seq, msgs, hi)
+
+
+# ---------------------------------------------------------------- the engine
+class Host(Protocol):
+    """What the engine asks of whoever runs it (the asyncio server, a test, the
+    simulator): the only I/O there is."""
+
+    def write(self, batch: WriteBatch) -> None:
+        """Make ``batch`` durable, then call ``Engine.committed`` (or
+        ``Engine.not_written`` when it could not)."""
+
+    def call_soon(self, callback: Callable[[], None]) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
+
+    def load(self, load: Load) -> None:
+        """Read ``load``'s page from storage, then call ``Engine.loaded``."""
+
+    def backing_off(self) -> bool:
+        """Whether commits wait (a full disk is being waited out)."""
+
+
+class Publisher(Protocol):
+    """A door whose publishes can be paused (a socket stops being read)."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class Engine:
+    """The one path every door takes: a session's command becomes staged writes, its
+    answer waits for their commit, deliveries go out, publishers are paused while the
+    disk is behind. Doors (connection.py, http_api.py, http_fast.py, http_stream.py,
+    http_consumers.py) only turn bytes into these calls and the answers into bytes."""
+
+    def __init__(self, core: Broker, host: Host, *, settle_delay: float,
+                 pause_bytes: Callable[[], int], resume_bytes: int,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.host = host
+        self.clock = clock
+        self.monotonic = monotonic
+        self.scheduler = CommitScheduler(core, settle_delay=settle_delay,
+                                         pause_bytes=pause_bytes, resume_bytes=resume_bytes)
+        self.accepting = True  # false once stopping: no new publishes or subscriptions
+        self.draining = False  # a soft stop: nothing new is delivered either
+        self.publish_latency: Any = None  # a histogram (observe(seconds)), if plugged in
+        self._pump_scheduled = False
+
+    # ------------------------------------------------------------- commits
+    def commit(self, *, urgent: bool = True, force: bool = False) -> None:
+        """Ask for a commit of what is staged (the scheduler decides when)."""
+        self._follow(self.scheduler.request(self.monotonic(), urgent=urgent, force=force))
+
+    def _follow(self, kick: Kick) -> None:
+        if kick == "now":
+            self.kick()
+        elif kick == "timer":
+            self.host.call_later(self.scheduler.settle_delay, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self.scheduler.timer_fired()
+        self.kick()
+
+    def kick(self) -> None:
+        """Hand the next batch to the writer if it is idle. Called synchronously, even
+        between two frames of one read, so the writer fsyncs one batch while the loop
+        parses the next (group commit)."""
+        batch = self.scheduler.take(self.host.backing_off)
+        if batch is not None:
+            self.host.write(batch)
+
+    def committed(self, batch: WriteBatch) -> None:
+        """``batch`` is durable: answer what waited for it, resume publishers, deliver."""
+        kick = self.scheduler.committed(batch, self.monotonic(), self.clock())
+        self.resume_publishers()
+        self.request_pump()
+        self._follow(kick)
+
+    def not_written(self, batch: WriteBatch, error: RequestError, *, stop: bool) -> None:
+        """``batch`` was not written: its publishers get ``error``, the rest is carried
+        into the next commit; ``stop``: storage failed for good, nothing is written any
+        more."""
+        self.scheduler.failed()
+        if stop:
+            self.scheduler.stop()
+        try:
+            self.core.on_failed(batch, error)
+        finally:
+            self.resume_publishers()  # their next publishes are refused at once
+            if not stop and self.core.batch:
+                self.commit(urgent=False)
+
+    def resume_publishers(self) -> None:
+        for publisher in self.scheduler.resumable():
+            publisher.resume_reading()
+
+    @property
+    def committing(self) -> bool:
+        """Whether anything is staged or being written (tests and stop wait on it)."""
+        return not self.scheduler.idle or bool(self.core.batch) or self.core.has_dirty
+
+    # ------------------------------------------------------------- answers
+    def after_commit(self, reply: Callable[[], None],
+                     failed: Callable[[RequestError], None] | None = None, *,
+                     urgent: bool = False) -> None:
+        """Answer with ``reply`` once what is staged now is durable (``failed`` if that
+        commit fails: a full disk)."""
+        self.core.after_commit(reply, failed)
+        self.commit(urgent=urgent)
+
+    def when_durable(self, reply: Callable[[], None],
+                     failed: Callable[[RequestError], None] | None = None) -> None:
+        """``reply`` now if nothing waits to be written, else after the commit."""
+        if self.core.batch or self.core.has_dirty:
+            self.after_commit(reply, failed)
+        else:
+            reply()
+
+    # ------------------------------------------------------------- publish
+    def check_accepting(self) -> None:
+        if not self.accepting:
+            raise ShuttingDown("the broker is stopping and accepts no new work")
+
+    def check_room(self) -> None:
+        """Refuse a publish that cannot be paused (HTTP) while storage is full (507) or
+        the disk is behind (503 with Retry-After): holding it would only hold its body
+        in memory, and HTTP must not keep paused sockets waiting."""
+        full = self.core.storage_refusal
+        if full is not None:
+            raise type(full)(full.message, **full.detail)
+        behind = self.scheduler.backlog()
+        if behind is not None:
+            pending, limit = behind
+            raise PublishBacklog(
+                f"the disk is behind: {pending} bytes of publishes wait to be written "
+                f"(publish_pause_bytes {limit}); nothing was stored, retry in a moment",
+                uncommitted_bytes=pending, limit=limit, retry_after=1)
+
+    def publish(self, sends: Sequence[Send], access: Any, reply: PublishReply, *,
+                session: Session | None = None, publisher: Publisher | None = None
+                ) -> list[Outcome]:
+        """Validate and stage ``sends``; ``reply`` once they are durable (at once when
+        nothing was staged); the outcomes as known now are returned (the reply has the
+        final ones). A door that cannot be paused (``publisher`` None) is
+        refused whole, raising, while stopping, full or behind; a pausable one is
+        refused send by send (a numbered publish's refusal is remembered) and paused
+        while the disk is behind."""
+        stopping: RequestError | None = None
+        if publisher is None:
+            self.check_accepting()
+            self.check_room()
+        elif not self.accepting:
+            stopping = ShuttingDown("the broker is stopping and accepts no new work")
+        received = time.perf_counter()
+        core = self.core
+        outcomes, staged = core.publish(sends, self.clock(), access, session, stopping)
+        if not staged and not core.replays:
+            if core.producers.dirty:
+                # Refusals of numbered publishes: answered once the producer state that
+                # remembers them is durable (else a resend after a crash is a gap).
+                self.after_commit(lambda: reply(outcomes, None))
+            else:
+                reply(outcomes, None)
+            return outcomes
+        # Outcomes answered from a producer's state say what it holds once the commit
+        # they follow is durable (a failed commit turns "stored" into its error).
+        replays = core.replays
+        latency = self.publish_latency
+
+        def confirmed() -> None:
+            for i, state, pseq in replays:
+                outcomes[i] = state.replay(pseq, outcomes[i].channel)
+            reply(outcomes, None)
+            if latency is not None:
+                latency.observe(time.perf_counter() - received)
+
+        def not_stored(exc: RequestError) -> None:
+            for _ in staged:
+                core.counters.refuse(exc.reason)
+            again = {i: state.replay(pseq, outcomes[i].channel) for i, state, pseq in replays}
+            reply([again[i] if i in again else o if o.code else
+                   Outcome(channel=o.channel, code=int(exc.code), error=exc.message)
+                   for i, o in enumerate(outcomes)], exc)
+
+        core.after_commit(confirmed, not_stored)
+        if staged and publisher is not None and self.scheduler.staged(publisher):
+            publisher.pause_reading()
+        self.commit()
+        return outcomes
+
+    # -------------------------------------------------------------- settle
+    def settle(self, session: Session, op: str, tags: Iterable[int], reply: SettleReply | None,
+               *, delay: float = 0.0, front: bool = True, seconds: float = 0.0
+               ) -> list[tuple[int, int, str]]:
+        """Ack, nack or extend ``tags``; the refused ones are returned. ``reply`` (if
+        given) answers once the settlement is durable; an extend is answered at once (a
+        lease lives in memory only)."""
+        tags = list(tags)
+        now = self.clock()
+        if op == "ack":
+            failed = self.core.ack(session, tags, now)
+        elif op == "nack":
+            failed = self.core.nack(session, tags, delay=delay, front=front, now=now)
+        elif op == "extend":
+            failed = self.core.extend(session, tags, seconds, now)
+            if reply is not None:
+                reply(failed, None)
+            return failed
+        else:
+            raise ValueError(f"unknown settlement {op!r}")
+        if reply is not None:
+            def not_durable(exc: RequestError) -> None:
+                reply(failed, exc)
+
+            self.after_commit(lambda: reply(failed, None), not_durable)
+        return failed
+
+    # -------------------------------------------------------- subscriptions
+    def subscribe(self, session: Session, sid: int, reply: Callable[[], None] | None = None,
+                  **kw: Any) -> Subscription:
+        """Subscribe (``kw``: ``Broker.subscribe``'s); ``reply`` once the group and its
+        cursors are durable (a door that must name the sid at once passes None)."""
+        self.check_accepting()
+        sub = self.core.subscribe(session, sid, now=self.clock(), **kw)
+        self._changed(reply)
+        return sub
+
+    def unsubscribe(self, session: Session, sid: int,
+                    reply: Callable[[], None] | None = None) -> None:
+        self.core.unsubscribe(session, sid, self.clock())
+        self._changed(reply)
+
+    def _changed(self, reply: Callable[[], None] | None) -> None:
+        if reply is not None:
+            self.after_commit(reply)
+        else:
+            self.commit(urgent=False)
+
+    # ------------------------------------------------------------- sessions
+    def close(self, session: Session) -> None:
+        """A session ended: what it held goes back to its groups."""
+        self.core.disconnect(session, self.clock())
+        self.scheduler.forget(session.conn)
+        self.commit(urgent=False)
+        self.request_pump()
+
+    def after_input(self) -> None:
+        """A read was handled: commit what it staged, deliver what it freed."""
+        if self.core.batch:
+            self.commit(urgent=False)
+        self.request_pump()
+
+    def changed(self) -> None:
+        """State changed outside a session's command (an admin action, a reload)."""
+        self.commit(urgent=False)
+        self.request_pump()
+
+    # ----------------------------------------------------------------- pump
+    def request_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.host.call_soon(self.pump)
+
+    @property
+    def pump_pending(self) -> bool:
+        return self._pump_scheduled
+
+    def pump(self) -> None:
+        """One turn: deliveries to their sessions, loads to the host, more turns while
+        more is ready."""
+        self._pump_scheduled = False
+        turn = pump(self.core, self.clock(), draining=self.draining)
+        for sub, items in turn.deliveries.items():
+            sub.session.conn.send_deliveries(sub.sid, items)
+        if turn.again:
+            self.request_pump()  # after this turn's writes, which may pause slow readers
+        for load in turn.loads:
+            self.host.load(load)
+        if turn.commit:
+            self.commit(urgent=False)
+
+    def loaded(self, load: Load, msgs: list[Msg], page: int) -> None:
+        loaded(self.core, load, msgs, page)
+        self.request_pump()

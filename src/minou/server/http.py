@@ -28,7 +28,7 @@ from . import oplog
 from .connection import NativeConnection
 
 if TYPE_CHECKING:
-    from .app import BrokerServer
+    from .ports import Server
 
 log = logging.getLogger("minou.http")
 
@@ -164,7 +164,7 @@ class _WebSocketTransport:
         self.paused.set()
 
 
-def build_app(server: BrokerServer) -> Any:
+def build_app(server: Server) -> Any:
     from ..errors import BadRequest, NotFound, UnexpectedFrame
     from .http_api import FastLane, HttpApi, error_response
     from .http_stream import serve_stream
@@ -276,9 +276,10 @@ class _EmbeddedServer(uvicorn.Server):
         yield  # the broker owns the process signals
 
 
-def http_config(server: BrokerServer, **more: Any) -> uvicorn.Config:
-    """uvicorn's configuration of the broker's HTTP listener (``more``: tests pass
-    ``log_config=None`` so that the process's logging is left alone)."""
+def http_config(server: Server, **more: Any) -> uvicorn.Config:
+    """uvicorn's configuration of the broker's HTTP listener. ``log_config=None``:
+    uvicorn's own logging setup would give its loggers their own handlers and format;
+    without it they go through the broker's (cli.py), one format in one log."""
     tls: dict[str, Any] = {}
     if server.tls is not None:
         tls = {"ssl_certfile": str(server.tls.cert), "ssl_keyfile": str(server.tls.key)}
@@ -294,10 +295,10 @@ def http_config(server: BrokerServer, **more: Any) -> uvicorn.Config:
                           timeout_keep_alive=server.settings.http_idle_timeout,  # type: ignore[arg-type]
                           # X-Forwarded-* are not trusted: nothing here reads the peer
                           # address, and the middleware cost 9 % of each request.
-                          proxy_headers=False, **tls, **more)
+                          proxy_headers=False, log_config=None, **tls, **more)
 
 
-async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tuple[str, int]]:
+async def start_http(server: Server, sock: socket.socket) -> tuple[Any, tuple[str, int]]:
     """Serve the HTTP API on ``sock`` (bound by the caller: see binding.py)."""
     config = http_config(server)
     if server.tls is not None:
@@ -309,10 +310,10 @@ async def start_http(server: BrokerServer, sock: socket.socket) -> tuple[Any, tu
         config.ssl = watch_handshakes(server_context(server.tls), "HTTP",
                                       server.count_tls_failure)
     http = _EmbeddedServer(config)
-    server._http_task = asyncio.create_task(http.serve(sockets=[sock]))
+    server.http_task = asyncio.create_task(http.serve(sockets=[sock]))
     while not http.started:
-        if server._http_task.done():
-            server._http_task.result()
+        if server.http_task.done():
+            server.http_task.result()
         await asyncio.sleep(0.01)
     addr = sock.getsockname()
     return http, (addr[0], addr[1])
@@ -327,7 +328,7 @@ def _http_protocol(app: Any) -> Any:
     return protocol_class(app.api, _SecurityHeaders.HEADERS)
 
 
-def _ws_protocol(server: BrokerServer) -> Any:
+def _ws_protocol(server: Server) -> Any:
     """uvicorn's sans-I/O WebSocket protocol, except that a text message that is not
     UTF-8 closes the socket with 1007 (RFC 6455) counted as ``invalid_payload``, and
     without the traceback uvicorn logs for it (a client can send those at will);

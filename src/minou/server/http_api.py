@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -41,13 +42,14 @@ from ..limits import MAX_BATCH_HTTP
 from ..limits import MAX_HTTP_WAIT_S as MAX_WAIT_S
 from ..names import validate_channel
 from ..payloads import check_depth, decode_json, not_utf8
-from ..protocol.frames import Delivery, Send
+from ..protocol.frames import Delivery, Outcome, Send
 from . import nagios
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
+from .wire import http_error
 
 if TYPE_CHECKING:
-    from .app import BrokerServer
+    from .ports import Server
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
@@ -70,24 +72,15 @@ class BatchMessage(msgspec.Struct, forbid_unknown_fields=True):
 _batch_decode = msgspec.json.Decoder(list[BatchMessage], strict=False).decode
 HEADER_PREFIX = "x-minou-header-"
 Handler = Callable[[Request], Awaitable[Response]]
+# How the message routes answer (both the Starlette routes and the fast path): a status
+# and a JSON value, or a refusal that came after the request was taken (its commit
+# failed: a full disk). Refusals found at once are raised.
+Answer = Callable[[int, Any], None]
+Refuse = Callable[[RequestError], None]
 
 
 def json_response(value: Any, status: int = 200) -> Response:
     return Response(_encode(value), status_code=status, media_type="application/json")
-
-
-def error_parts(exc: RequestError) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """Status, JSON body and extra headers of the answer to a refused request (the
-    ASGI routes and the protocol's fast path answer alike)."""
-    info = ERROR_TABLE[exc.code]
-    detail = {k: v for k, v in exc.detail.items() if isinstance(v, str | int | float | bool)}
-    headers = [(b"www-authenticate", b'Bearer realm="minou"')] \
-        if exc.code == ErrorCode.NOT_AUTHENTICATED else []
-    if isinstance(exc.detail.get("retry_after"), int):  # a refusal that passes by itself
-        headers.append((b"retry-after", b"%d" % exc.detail["retry_after"]))
-    body = {"error": {"code": int(exc.code), "reason": info.reason, "message": exc.message,
-                      "detail": detail}}
-    return info.http_status, _encode(body), headers
 
 
 def body_too_large(size: int, limit: int, *, one_message: bool) -> RequestError:
@@ -99,16 +92,17 @@ def body_too_large(size: int, limit: int, *, one_message: bool) -> RequestError:
 
 
 def error_response(exc: RequestError) -> Response:
-    status, body, headers = error_parts(exc)
+    status, body, headers = http_error(exc)
     response = Response(body, status_code=status, media_type="application/json")
     response.raw_headers.extend(headers)
     return response
 
 
 class HttpApi:
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self.core = server.core
+        self.engine = server.engine
         self.auth = HttpAuth(server)
 
     # ------------------------------------------------------------- plumbing
@@ -134,17 +128,14 @@ class HttpApi:
 
     async def committed(self) -> None:
         """Wait until what the request changed is durable (settlements only mark group
-        states dirty: those count too)."""
-        if not self.needs_commit():
-            return
+        states dirty: those count too); a failed commit (a full disk) raises: a 507."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-        def failed(exc: RequestError) -> None:  # not durable (a full disk): a 507
+        def failed(exc: RequestError) -> None:
             if not fut.done():
-                fut.set_exception(type(exc)(exc.message, **exc.detail))
+                fut.set_exception(copy.copy(exc))
 
-        self.core.after_commit(lambda: fut.done() or fut.set_result(None), failed)
-        self.server.request_write()
+        self.engine.when_durable(lambda: fut.done() or fut.set_result(None), failed)
         await fut
 
     async def admin_op(self, op: str, args: dict[str, Any], identity: Identity) -> Any:
@@ -154,32 +145,16 @@ class HttpApi:
         await self.committed()
         return result
 
-    def check_room(self) -> None:
-        """Refuse a publish while storage is full (507, naming the data dir and its space)
-        or while the disk is behind (503 with Retry-After: BrokerServer.publish_backlog).
-        What passes is staged, so it counts toward publish_pause_bytes like a socket's."""
-        full = self.core.storage_refusal
-        if full is not None:
-            raise type(full)(full.message, **full.detail)
-        behind = self.server.publish_backlog()
-        if behind is not None:
-            raise behind
-
     def count_refusal(self, exc: RequestError) -> None:
         if not getattr(exc, "counted", False):
             self.core.counters.refuse(exc.reason)
 
-    def needs_commit(self) -> bool:
-        """Whether the request's changes wait for a commit (settlements only mark group
-        states dirty: those count too)."""
-        return bool(self.core.batch) or self.core.has_dirty
-
     # ------------------------------------------------- messages (no I/O: both paths)
-    # Each returns (status, JSON value, whether the answer waits for a commit). The
-    # Starlette routes below and the protocol's fast path (http_fast) call these.
+    # The Starlette routes below and the protocol's fast path (http_fast) call these;
+    # each answers through ``answer`` once what it changed is durable.
     def publish_now(self, identity: Identity, channel: str, q: Mapping[str, str],
-                    headers: Iterable[tuple[str, str]], body: bytes
-                    ) -> tuple[int, Any, bool]:
+                    headers: Iterable[tuple[str, str]], body: bytes, answer: Answer,
+                    refuse: Refuse) -> None:
         if "payload" in q:
             data = _encode(q["payload"])
         else:
@@ -188,21 +163,26 @@ class HttpApi:
                 raise BadRequest("give the message as a JSON body, or a string as ?payload=")
         message_headers = {k[len(HEADER_PREFIX):]: v for k, v in headers
                            if k.startswith(HEADER_PREFIX)} or None
-        self.server.check_accepting()
-        self.check_room()
         send = Send(channel, data, False, message_headers, _int(q, "priority", 0),
                     _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
                     q.get("key") or None)
-        outcomes, staged = self.core.publish([send], time.time(), self.server.access_for(identity))
-        out = outcomes[0]
-        if out.code:
-            exc = error_from_code(out.code, out.error, {"channel": out.channel})
-            exc.counted = True  # type: ignore[attr-defined]  # core.publish counted it
-            raise exc
-        return 201, {"channel": out.channel, "seq": out.seq, "id": out.id,
-                     "duplicate": out.duplicate, "fanout": out.fanout}, bool(staged)
 
-    def publish_batch_now(self, identity: Identity, body: bytes) -> tuple[int, Any, bool]:
+        def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
+            out = outcomes[0]
+            if out.code:  # the engine counted it
+                exc = copy.copy(failure) if failure is not None else \
+                    error_from_code(out.code, out.error, {"channel": out.channel})
+                exc.counted = True  # type: ignore[attr-defined]
+                refuse(exc)
+                return
+            answer(201, {"channel": out.channel, "seq": out.seq, "id": out.id,
+                         "duplicate": out.duplicate, "fanout": out.fanout})
+
+        # Refused whole while stopping, full or behind (a request cannot be paused).
+        self.engine.publish([send], self.server.access_for(identity), published)
+
+    def publish_batch_now(self, identity: Identity, body: bytes, answer: Answer,
+                          refuse: Refuse) -> None:
         """Many messages in one request: one outcome each, in order, once all are durable;
         a refused message fails alone (its outcome carries the error)."""
         check_depth(body, what="a message's payload", outer=2)  # [{"payload": ...}]
@@ -216,31 +196,34 @@ class HttpApi:
             raise not_utf8(exc, "body") from None
         if not 1 <= len(items) <= MAX_BATCH_HTTP:
             raise BadRequest(f"send 1..{MAX_BATCH_HTTP} messages per request, not {len(items)}")
-        self.server.check_accepting()
-        self.check_room()  # the whole request: a 507, not 200 with every item refused
         sends = [Send(m.channel, _encode(m.payload), False, m.headers, m.priority, m.ttl,
                       m.delay, m.dedup, m.key) for m in items]
-        outcomes, staged = self.core.publish(sends, time.time(), self.server.access_for(identity))
-        out = []
-        for o in outcomes:
-            if o.code:
-                info = ERROR_TABLE[ErrorCode(o.code)]
-                out.append({"channel": o.channel, "error": {
-                    "code": o.code, "reason": info.reason, "message": o.error, "detail": {}}})
-            else:
-                out.append({"channel": o.channel, "seq": o.seq, "id": o.id,
-                            "duplicate": o.duplicate, "fanout": o.fanout})
-        return 200, {"results": out}, bool(staged)
 
-    def settle_now(self, identity: Identity, receipt: str, op: str, q: Mapping[str, str]
-                   ) -> tuple[int, Any, bool]:
-        if op == "ack":
-            self.server.http_consumers.settle(identity, receipt, "ack")
-        else:
-            front = q.get("front", "true").lower() not in ("false", "0", "no")
-            self.server.http_consumers.settle(identity, receipt, "nack",
-                                              delay=_float(q, "delay") or 0.0, front=front)
-        return 200, {"receipt": receipt, "settled": op}, self.needs_commit()
+        def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
+            out = []
+            for o in outcomes:
+                if o.code:
+                    info = ERROR_TABLE[ErrorCode(o.code)]
+                    out.append({"channel": o.channel, "error": {
+                        "code": o.code, "reason": info.reason, "message": o.error,
+                        "detail": {}}})
+                else:
+                    out.append({"channel": o.channel, "seq": o.seq, "id": o.id,
+                                "duplicate": o.duplicate, "fanout": o.fanout})
+            answer(200, {"results": out})
+
+        # The whole request is refused while full: a 507, not 200 with every item refused.
+        self.engine.publish(sends, self.server.access_for(identity), published)
+
+    def settle_now(self, identity: Identity, receipt: str, op: str, q: Mapping[str, str],
+                   answer: Answer, refuse: Refuse) -> None:
+        kw: dict[str, Any] = {}
+        if op == "nack":
+            kw = {"delay": _float(q, "delay") or 0.0,
+                  "front": q.get("front", "true").lower() not in ("false", "0", "no")}
+        self.server.http_consumers.settle(identity, receipt, op, **kw)
+        self.engine.when_durable(lambda: answer(200, {"receipt": receipt, "settled": op}),
+                                 refuse)
 
     def consumer_for(self, identity: Identity, p: Mapping[str, str], raw_id: str,
                      q: Mapping[str, str], dead: bool) -> tuple[HttpConsumer, float]:
@@ -275,10 +258,21 @@ class HttpApi:
                 raise body_too_large(len(chunks), limit, one_message=one_message)
         return bytes(chunks)
 
-    async def answer(self, reply: tuple[int, Any, bool]) -> Response:
-        status, value, wait = reply
-        if wait:
-            await self.committed()
+    @staticmethod
+    async def answered(start: Callable[[Answer, Refuse], None]) -> Response:
+        """Run a message route (``start(answer, refuse)``) and wait for its answer."""
+        fut: asyncio.Future[tuple[int, Any]] = asyncio.get_running_loop().create_future()
+
+        def answer(status: int, value: Any) -> None:
+            if not fut.done():
+                fut.set_result((status, value))
+
+        def refuse(exc: RequestError) -> None:
+            if not fut.done():
+                fut.set_exception(copy.copy(exc))
+
+        start(answer, refuse)
+        status, value = await fut
         return json_response(value, status)
 
     async def publish(self, request: Request, identity: Identity) -> Response:
@@ -286,12 +280,12 @@ class HttpApi:
         channel = f"{p['endpoint']}/{p['version']}/{_raw_id(request)}"
         q = request.query_params
         body = b"" if "payload" in q else await self.body(request, one_message=True)
-        return await self.answer(self.publish_now(identity, channel, q,
-                                                  request.headers.items(), body))
+        return await self.answered(partial(self.publish_now, identity, channel, q,
+                                           request.headers.items(), body))
 
     async def publish_batch(self, request: Request, identity: Identity) -> Response:
-        return await self.answer(self.publish_batch_now(
-            identity, await self.body(request)))
+        return await self.answered(partial(self.publish_batch_now, identity,
+                                           await self.body(request)))
 
     async def consume(self, request: Request, identity: Identity, dead: bool = False
                       ) -> Response:
@@ -303,12 +297,14 @@ class HttpApi:
         return Response(status_code=204) if value is None else json_response(value, status)
 
     async def ack(self, request: Request, identity: Identity) -> Response:
-        return await self.answer(self.settle_now(identity, request.path_params["receipt"],
-                                                 "ack", request.query_params))
+        return await self.answered(partial(self.settle_now, identity,
+                                           request.path_params["receipt"], "ack",
+                                           request.query_params))
 
     async def nack(self, request: Request, identity: Identity) -> Response:
-        return await self.answer(self.settle_now(identity, request.path_params["receipt"],
-                                                 "nack", request.query_params))
+        return await self.answered(partial(self.settle_now, identity,
+                                           request.path_params["receipt"], "nack",
+                                           request.query_params))
 
     async def receipt(self, request: Request, identity: Identity) -> Response:
         message_id = request.path_params["message_id"]

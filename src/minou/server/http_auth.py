@@ -24,11 +24,11 @@ from ..limits import HTTP_TOKEN_CACHE
 from . import oplog
 
 if TYPE_CHECKING:
-    from .app import BrokerServer
+    from .ports import Server
 
 
 class HttpAuth:
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         self._cache: dict[str, tuple[Identity, float]] = {}
 

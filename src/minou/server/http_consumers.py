@@ -27,7 +27,7 @@ from ..protocol.frames import Delivery
 if TYPE_CHECKING:
     from ..auth.registry import Identity
     from ..core.group import Subscription
-    from .app import BrokerServer
+    from .ports import Server
 
 
 class HttpConsumer:
@@ -65,7 +65,7 @@ class HttpConsumer:
         if self.session is not None:
             server.core.withdraw(self.session, [item.tag], time.time())
         self._credit()
-        server.after_maintenance()
+        server.engine.changed()
 
     def send(self, frame: Any) -> None:
         """Errors the broker would push to a connection (an ended subscription)."""
@@ -134,7 +134,7 @@ class HttpConsumer:
 
 
 class HttpConsumers:
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: Server) -> None:
         self.server = server
         # (client, group, pattern, lease): a lease is a subscription's, so requests asking
         # for another one get a consumer of their own.
@@ -148,7 +148,7 @@ class HttpConsumers:
         if consumer is not None:
             return consumer
         server = self.server
-        server.check_accepting()
+        server.engine.check_accepting()  # before the client's consumer count is looked at
         mine = sum(k[0] == identity.client_id for k in self.by_key)
         if mine >= MAX_SUBSCRIPTIONS:
             raise BadRequest(f"client {identity.client_id!r} has {mine} HTTP consumers (one per "
@@ -157,15 +157,14 @@ class HttpConsumers:
         consumer = HttpConsumer(self, key, identity)
         session = Session(identity.client_id, consumer, access=server.access_for(identity),
                           admin=identity.admin)
-        sub = server.core.subscribe(
+        sub = server.engine.subscribe(
             session, 1, kind="consume", patterns=[pattern], group=group, prefetch=1,
-            lease=lease or 0.0, now=time.time())
+            lease=lease or 0.0)
         sub.prefetch = 0  # credit comes from waiting requests only
         sub.on_demand = True
         consumer.session, consumer.sub = session, sub
         self.by_key[key] = consumer
         self.by_token[consumer.token] = consumer
-        server.request_write(urgent=False)
         return consumer
 
     def _find(self, identity: Identity, receipt: str) -> tuple[HttpConsumer, int]:
@@ -180,12 +179,8 @@ class HttpConsumers:
 
     def settle(self, identity: Identity, receipt: str, op: str, **kw: Any) -> None:
         consumer, tag = self._find(identity, receipt)
-        core = self.server.core
         assert consumer.session is not None
-        if op == "ack":
-            failed = core.ack(consumer.session, [tag], time.time())
-        else:
-            failed = core.nack(consumer.session, [tag], now=time.time(), **kw)
+        failed = self.server.engine.settle(consumer.session, op, [tag], None, **kw)
         if failed:
             raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=receipt)
         consumer._credit()
@@ -197,7 +192,7 @@ class HttpConsumers:
             if not fut.done():
                 fut.cancel()
         if consumer.session is not None:
-            self.server.close_session(consumer.session)
+            self.server.engine.close(consumer.session)
             consumer.session = None
 
     def sweep(self, now: float) -> None:

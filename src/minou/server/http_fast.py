@@ -38,7 +38,8 @@ from ..errors import RequestError, RequestTimeout
 from ..limits import HTTP_LINGER_S as LINGER_S
 from ..limits import REFUSAL_WAIT_S
 from . import oplog
-from .http_api import body_too_large, error_parts, hot_route, raw_channel_id
+from .http_api import body_too_large, hot_route, raw_channel_id
+from .wire import http_error
 
 if TYPE_CHECKING:
     from ..errors import TooManyConnections
@@ -171,10 +172,11 @@ class HotCycle:
                 channel = (f"{p['endpoint']}/{p['version']}/"
                            f"{raw_channel_id(self.raw_path, p)}")
                 headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers]
-                status, value, wait = api.publish_now(identity, channel, query, headers,
-                                                      bytes(self.body))
+                api.publish_now(identity, channel, query, headers, bytes(self.body),
+                                self.answer_json, self.refuse)
             elif self.kind == "publish_batch":
-                status, value, wait = api.publish_batch_now(identity, bytes(self.body))
+                api.publish_batch_now(identity, bytes(self.body), self.answer_json,
+                                      self.refuse)
             elif self.kind in ("consume", "consume_dead"):
                 p = self.params
                 consumer, seconds = api.consumer_for(
@@ -184,20 +186,21 @@ class HotCycle:
                 self.give_up = consumer.take(seconds, partial(self.delivered, consumer))
                 return
             else:
-                status, value, wait = api.settle_now(identity, self.params["receipt"],
-                                                     self.kind, query)
+                api.settle_now(identity, self.params["receipt"], self.kind, query,
+                               self.answer_json, self.refuse)
         except RequestError as exc:
             self.refuse(exc)
-            return
+        except Exception:
+            self._failed()
+
+    def answer_json(self, status: int, value: Any) -> None:
+        """The route's answer (now, or once its commit is durable)."""
+        try:
+            body = _encode(value)
         except Exception:
             self._failed()
             return
-        body = _encode(value)
-        if wait:  # a failed commit (a full disk) answers the error instead: 507
-            api.core.after_commit(lambda: self.answer(status, body), self.refuse)
-            api.server.request_write()
-        else:
-            self.answer(status, body)
+        self.answer(status, body)
 
     def _failed(self) -> None:
         """A bug on this path: the client gets a 500 and the connection ends; the
@@ -225,7 +228,7 @@ class HotCycle:
 
     def refuse(self, exc: RequestError) -> None:
         self.protocol.api.count_refusal(exc)
-        status, body, headers = error_parts(exc)
+        status, body, headers = http_error(exc)
         self.answer(status, body, headers)
 
     def answer(self, status: int, body: bytes | None,
@@ -382,7 +385,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
     def close_with(self, exc: RequestError, *headers: tuple[bytes, bytes]) -> None:
         """Answer ``exc`` (a refusal, a 408) to the request being read and close: after
         lingering, as its client may still be sending."""
-        status, body, extra = error_parts(exc)
+        status, body, extra = http_error(exc)
         head = [STATUS_LINE[status]]
         for name, value in (*self.server_state.default_headers, *extra, *headers,
                             *self.security_headers):

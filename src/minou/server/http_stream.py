@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -33,9 +32,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.broker import Session
 from ..errors import (
-    ERROR_TABLE,
     BadRequest,
-    ErrorCode,
     RequestError,
     UnknownDelivery,
     error_from_code,
@@ -43,12 +40,14 @@ from ..errors import (
 from ..limits import MAX_STREAM_PREFETCH, SLOW_CONSUMER_GRACE_S
 from ..payloads import decode_json
 from ..protocol import frames as f
+from ..protocol.frames import Outcome
 from .http_api import delivery_view
+from .wire import internal_error, stream_error
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
-    from .app import BrokerServer
     from .http_api import HttpApi
+    from .ports import Server
 
 log = logging.getLogger("minou.stream")
 _encode = msgspec.json.encode
@@ -59,8 +58,9 @@ PUBLISH_FIELDS = ("channel", "payload", "headers", "priority", "ttl", "delay", "
 class StreamSession:
     """The broker's view of one /v1/stream socket (what the pump writes to)."""
 
-    def __init__(self, server: BrokerServer, identity: Identity) -> None:
+    def __init__(self, server: Server, identity: Identity) -> None:
         self.server = server
+        self.engine = server.engine
         self.identity = identity
         self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.queued = 0  # bytes in ``out``: bounded like a TCP connection's buffer
@@ -94,7 +94,7 @@ class StreamSession:
             self.end(1008, f"slow consumer: {self.queued} bytes waiting to be read (limit "
                            f"{self.server.settings.slow_consumer_bytes})", "slow_consumer")
 
-    # Publisher flow control, as for a TCP connection (BrokerServer.publish_staged).
+    # Publisher flow control, as for a TCP connection (Engine.publish).
     def pause_reading(self) -> None:
         self.reading.clear()
 
@@ -113,7 +113,7 @@ class StreamSession:
         self.out.put_nowait(_encode({"type": "error", "code": code, "reason": reason,
                                      "message": message}))
         self.out.put_nowait(None)
-        self.server.close_session(self.session)
+        self.engine.close(self.session)
         if self.task is not None:
             asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.task.cancel)
 
@@ -137,13 +137,10 @@ class StreamSession:
                                "reason": exc.message})
         return closed
 
-    def error(self, exc: RequestError, ref: Any = None) -> None:
-        self.server.core.counters.refuse(exc.reason)
-        error = {"type": "error", "code": int(exc.code), "reason": ERROR_TABLE[exc.code].reason,
-                 "message": exc.message, "ref": ref}
-        if "receipt" in exc.detail:  # which settlement failed, without a ref to match
-            error["receipt"] = exc.detail["receipt"]
-        self.emit(error)
+    def error(self, exc: RequestError, ref: Any = None, *, counted: bool = False) -> None:
+        if not counted:
+            self.server.core.counters.refuse(exc.reason)
+        self.emit(stream_error(exc, ref))
 
     # ----------------------------------------------------------------- ops
     def handle(self, api: HttpApi, raw: str | bytes) -> None:
@@ -163,8 +160,7 @@ class StreamSession:
             elif op == "publish":
                 self._publish(msg, ref)
             elif op == "unsubscribe":
-                self.server.core.unsubscribe(self.session, _int(msg, "sid"), time.time())
-                self.server.request_write(urgent=False)
+                self.engine.unsubscribe(self.session, _int(msg, "sid"))
             else:
                 raise BadRequest(f"unknown op {op!r} (consume, listen, ack, nack, publish, "
                                  "unsubscribe)")
@@ -172,13 +168,10 @@ class StreamSession:
             self.error(exc, ref)
         except Exception:  # a bug must cost this message, not the stream or the broker
             log.exception("stream message failed")
-            exc = RequestError("internal error handling this message")
-            exc.code = ErrorCode.INTERNAL
-            self.error(exc, ref)
-        self.server.request_pump()
+            self.error(internal_error("internal error handling this message"), ref)
+        self.engine.after_input()
 
     def _subscribe(self, kind: str, msg: dict[str, Any], ref: Any) -> None:
-        self.server.check_accepting()
         pattern = msg.get("pattern")
         if not isinstance(pattern, str):
             raise BadRequest("give pattern")
@@ -186,15 +179,13 @@ class StreamSession:
         if not 1 <= prefetch <= MAX_STREAM_PREFETCH:
             raise BadRequest(f"prefetch must be 1..{MAX_STREAM_PREFETCH}")
         sid = self.next_sid
-        self.server.core.subscribe(
+        self.engine.subscribe(
             self.session, sid, kind=kind, patterns=[pattern], group=_str(msg, "group"),
-            start=_str(msg, "start") or "", prefetch=prefetch, name=_str(msg, "name"),
-            now=time.time())
+            start=_str(msg, "start") or "", prefetch=prefetch, name=_str(msg, "name"))
         self.next_sid += 1
         # Now, not after the commit: the broker picks the sid, so the client must learn
         # it before the first message that carries it (which may come before the commit).
         self.emit({"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref})
-        self.server.request_write(urgent=False)
 
     def _settle(self, op: str, msg: dict[str, Any]) -> None:
         receipt = msg.get("receipt")
@@ -202,42 +193,37 @@ class StreamSession:
         if not (sid.isascii() and sid.isdigit() and tag.isascii() and tag.isdigit()):
             raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's",
                                   receipt=str(receipt))
-        core = self.server.core
-        if op == "ack":
-            failed = core.ack(self.session, [int(tag)], time.time())
-        else:
-            front = msg.get("front", True) is not False
+        kw: dict[str, Any] = {}
+        if op == "nack":
             delay = msg.get("delay") or 0.0
             if not isinstance(delay, int | float) or isinstance(delay, bool):
                 raise BadRequest("delay must be a number of seconds")
-            failed = core.nack(self.session, [int(tag)], delay=float(delay), front=front,
-                               now=time.time())
+            kw = {"delay": float(delay), "front": msg.get("front", True) is not False}
+        failed = self.engine.settle(self.session, op, [int(tag)], None, **kw)
         if failed:
             raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=str(receipt))
         reply = {"type": "settled", "receipt": receipt, "op": op}
-        core.after_commit(lambda: self.emit(reply), lambda exc: self.error(type(exc)(
+        self.engine.after_commit(lambda: self.emit(reply), lambda exc: self.error(type(exc)(
             f"{op} not made durable: {exc.message}", receipt=str(receipt))))
-        self.server.request_write(urgent=False)
 
     def _publish(self, msg: dict[str, Any], ref: Any) -> None:
-        self.server.check_accepting()
-        send = publish_send(msg)
-        outcomes, staged = self.server.core.publish([send], time.time(), self.session.access)
-        out = outcomes[0]
-        if out.code:
-            exc = error_from_code(out.code, out.error, {"channel": out.channel})
-            self.emit({"type": "error", "code": out.code,
-                       "reason": ERROR_TABLE[exc.code].reason, "message": out.error,
+        """One publish path for every door (engine.publish): headers, TTL, delay, dedup
+        and key as over HTTP; this stream is paused like a socket while the disk is
+        behind."""
+
+        def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
+            out = outcomes[0]
+            if out.code:  # the engine counted it
+                exc = failure if failure is not None else \
+                    error_from_code(out.code, out.error, {"channel": out.channel})
+                self.error(exc, ref, counted=True)
+                return
+            self.emit({"type": "published", "channel": out.channel, "seq": out.seq,
+                       "id": out.id, "duplicate": out.duplicate, "fanout": out.fanout,
                        "ref": ref})
-            return
-        reply = {"type": "published", "channel": out.channel, "seq": out.seq, "id": out.id,
-                 "duplicate": out.duplicate, "fanout": out.fanout, "ref": ref}
-        if staged:
-            self.server.core.after_commit(lambda: self.emit(reply),
-                                          lambda exc: self.error(exc, ref))
-            self.server.publish_staged(self, staged)  # type: ignore[arg-type]
-        else:
-            self.emit(reply)
+
+        self.engine.publish([publish_send(msg)], self.session.access, published,
+                            publisher=self)
 
 
 async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
@@ -281,7 +267,7 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
         server.streams.discard(stream)
         if not stream.closed:
             stream.closed = True
-            server.close_session(stream.session)
+            server.engine.close(stream.session)
             stream.out.put_nowait(None)
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(sender, 2)

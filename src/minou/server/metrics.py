@@ -387,7 +387,7 @@ class Metrics:
             ("minou_storage_commit_duration_seconds", self.commit_duration,
              "Duration of one storage group commit."),
             ("minou_publish_latency_seconds", self.publish_latency,
-             "From a publish received to its confirm sent."),
+             "From a publish received (any interface) to its answer once durable."),
             ("minou_delivery_latency_seconds", self.delivery_latency,
              "From a message's published_at to its delivery."),
             ("minou_ack_latency_seconds", self.ack_latency,
