@@ -597,7 +597,7 @@ def test_find_message_hashes_channels_it_has_not_named_yet() -> None:
     (o,) = h.publish_values(CH, [1])
     log = _log(h)
     log.id_hash = 0  # as after a restart: no id of this run has named it
-    h.broker._by_hash.clear()
+    h.broker.state.ids.by_hash.clear()
     assert h.broker.find_message(o.id) == (log, 1)
 
 

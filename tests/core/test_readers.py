@@ -277,7 +277,7 @@ def test_unsubscribe_returns_unsettled_to_the_group() -> None:
 
 
 def test_credit_freed_by_remove_pattern_delivers_the_waiting_backlog() -> None:
-    # Regression: _detach freed credit without putting the group back in _ready_groups.
+    # Regression: detach freed credit without putting the group back in ready_groups.
     h = Harness()
     s = Session("c")
     sub = h.subscribe(s, patterns=["orders/v1/a", "orders/v1/b"], group="g", prefetch=1)

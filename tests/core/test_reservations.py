@@ -180,7 +180,7 @@ def test_a_message_id_whose_hash_two_channels_share_names_neither() -> None:
     assert h.broker.find_message(one.id) == (h.broker.channels["orders/v1/1"], 1)
     forged = h.broker.channels["orders/v1/2"]  # as if someone had found a collision
     forged.id_hash = h.broker.channels["orders/v1/1"].id_hash
-    h.broker._by_hash[forged.id_hash].append(forged.name)
+    h.broker.state.ids.by_hash[forged.id_hash].append(forged.name)
     with pytest.raises(UnknownDelivery, match="ambiguous"):
         h.broker.find_message(one.id)
 

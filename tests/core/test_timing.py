@@ -110,7 +110,7 @@ def test_publish_time_delay() -> None:
 
 
 def test_publish_time_delay_for_a_reader_that_attaches_later() -> None:
-    # Regression: _attach used to leave the GroupChannel out of Broker._timed, so tick
+    # Regression: attach used to leave the GroupChannel out of the timed set, so tick
     # never released a delay that was committed before the reader existed.
     h = Harness()
     h.publish(send(CH, "later", delay=10.0))

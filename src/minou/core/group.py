@@ -25,6 +25,11 @@ from ..names import Pattern
 from .log import GONE, MISSING, ChannelLog, Msg
 
 
+def _heap(items: list[Any]) -> list[Any]:
+    heapq.heapify(items)
+    return items
+
+
 class Lease:
     __slots__ = ("expires", "gc", "msg", "seq", "sub", "tag")
 
@@ -188,6 +193,31 @@ class GroupChannel:
         else:
             self.back.append((self.log.next_seq, seq))
         self.dirty = True
+
+    def drop_leases(self, below: int | None = None) -> None:
+        """Forget the deliveries of seqs below ``below`` (all of them without): their
+        tags become unknown, their subscriptions' credit comes back."""
+        for seq, lease in list(self.pending.items()):
+            if below is None or seq < below:
+                lease.sub.unsettled -= 1
+                lease.sub.session.leases.pop(lease.tag, None)
+                lease.sub.leases.pop(lease.tag, None)
+                del self.pending[seq]
+
+    def advance(self, upto: int) -> None:
+        """Settle everything below ``upto`` for this group (a reader that keeps its own
+        offsets reports progress); its deliveries below are forgotten."""
+        self.drop_leases(upto)
+        self.front = _heap([s for s in self.front if s >= upto])
+        self.back = deque(b for b in self.back if b[1] >= upto)
+        self.delayed = _heap([d for d in self.delayed if d[1] >= upto])
+        self.prio = _heap([p for p in self.prio if p[1] >= upto])
+        self.sched = _heap([s for s in self.sched if s[1] >= upto])
+        self.skip = {s for s in self.skip if s >= upto}
+        self.acked = {s for s in self.acked if s >= upto}
+        self.attempts = {s: n for s, n in self.attempts.items() if s >= upto}
+        self.cursor = max(self.cursor, upto)
+        self.floor = max(self.floor, upto)
 
     def release_due(self, now: float) -> bool:
         moved = False

@@ -5,7 +5,6 @@ messages in; every change goes to storage with the broker's next batch.
 
 from __future__ import annotations
 
-import heapq
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..protocol.frames import Send
 from .broker import Broker
 from .group import GroupChannel, Subscription
 from .log import ChannelLog, Msg
+from .publishing import check_room
 
 _DEAD_HEADERS = ("x-dead-reason", "x-dead-detail", "x-dead-group", "x-original-channel",
                  "x-original-seq", "x-original-id")
@@ -34,36 +34,11 @@ def channels_of(core: Broker, queue: str, channel_id: str | None = None) -> list
     return [log for name, log in sorted(core.channels.items()) if queue_of(name) == queue]
 
 
-def _heap(items: list[Any]) -> list[Any]:
-    heapq.heapify(items)
-    return items
-
-
-def _drop_leases(gc: GroupChannel, below: int) -> None:
-    """Forget deliveries of seqs < ``below``: their tags become unknown."""
-    for seq, lease in list(gc.pending.items()):
-        if seq < below:
-            lease.sub.unsettled -= 1
-            lease.sub.session.leases.pop(lease.tag, None)
-            lease.sub.leases.pop(lease.tag, None)
-            del gc.pending[seq]
-
-
 def advance(core: Broker, gc: GroupChannel, upto: int) -> None:
     """Settle everything of ``gc`` below ``upto`` for its group (a reader that keeps its
     own offsets reports progress); its deliveries below are forgotten."""
-    _drop_leases(gc, upto)
-    gc.front = _heap([s for s in gc.front if s >= upto])
-    gc.back = type(gc.back)(b for b in gc.back if b[1] >= upto)
-    gc.delayed = _heap([d for d in gc.delayed if d[1] >= upto])
-    gc.prio = _heap([p for p in gc.prio if p[1] >= upto])
-    gc.sched = _heap([s for s in gc.sched if s[1] >= upto])
-    gc.skip = {s for s in gc.skip if s >= upto}
-    gc.acked = {s for s in gc.acked if s >= upto}
-    gc.attempts = {s: n for s, n in gc.attempts.items() if s >= upto}
-    gc.cursor = max(gc.cursor, upto)
-    gc.floor = max(gc.floor, upto)
-    core._mark(gc)
+    gc.advance(upto)
+    core.state.mark(gc)
 
 
 def purge(core: Broker, log: ChannelLog) -> int:
@@ -91,13 +66,13 @@ def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> 
         # The member's connection is told by the adapter.
     logs = [gc.log for gc in grp.gcs.values()]
     for gc in list(grp.gcs.values()):
-        core._detach(gc, now)
+        core.subscriptions.detach(gc, now)
     del core.groups[key]
-    core._ready_groups.pop(grp, None)
+    core.state.ready_groups.pop(grp, None)
     core.batch.group_defs[key] = None
     for log in logs:  # the other readers' floors may now let storage truncate
         for other in log.states:
-            core._dirty[other] = None
+            core.state.dirty[other] = None
     return {"group": key, "channels": len(logs)}
 
 
@@ -106,14 +81,14 @@ def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) ->
     those a reader of the dead-letter channel holds right now stay."""
     if not dead.name.startswith(DEAD_PREFIX):
         raise BadRequest(f"{dead.name!r} is not a dead-letter channel")
-    target = core._log(dead.name[len(DEAD_PREFIX):], now)
+    target = core.state.log(dead.name[len(DEAD_PREFIX):], now)
     held = {seq for gc in dead.states for seq in gc.pending}
     moved = 0
     for m in msgs:
         if m.seq in held:
             continue
         try:
-            core._check_room(target)  # before the dead copy goes: a full channel keeps it
+            check_room(target)  # before the dead copy goes: a full channel keeps it
         except QueueFull:
             break
         if not dead.delete_one(m.seq):
@@ -121,11 +96,11 @@ def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) ->
         headers = {k: v for k, v in (m.headers or {}).items() if k not in _DEAD_HEADERS}
         send = Send(target.name, m.data, m.raw, headers or None, m.priority, None, None, None,
                     m.key)
-        core._stage(target, send, now)
+        core.publishing.stage(target, send, now)
         core.batch.deletes.append((dead.name, m.seq))
         moved += 1
     for gc in dead.states:
-        core._mark(gc)
+        core.state.mark(gc)
     return moved
 
 
@@ -202,7 +177,7 @@ def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
 
 
 def _options(log: ChannelLog | None, core: Broker, queue: str) -> dict[str, Any]:
-    opts = log.options if log is not None else core._options_for(
+    opts = log.options if log is not None else core.options_for(
         queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX) else queue)
     return {"prefetch": opts.prefetch, "ttl": opts.ttl, "max_items": opts.max_items,
             "overflow": opts.overflow, "requeue_limit": opts.requeue_limit,

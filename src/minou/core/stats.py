@@ -1,9 +1,14 @@
-"""Broker-wide counters (the metrics adapters read these)."""
+"""Broker-wide counters (the metrics adapters read these) and per channel and group
+figures (the admin views' and metrics')."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
+
+from .group import Group
+from .log import ChannelLog
 
 
 @dataclass
@@ -27,3 +32,28 @@ class Counters:
         out: dict[str, object] = {k: v for k, v in vars(self).items() if k != "refused"}
         out["refused"] = dict(self.refused)
         return out
+
+
+def channel_stats(log: ChannelLog) -> dict[str, Any]:
+    unsettled = sum(len(gc.pending) for gc in log.states)
+    return {
+        "channel": log.name, "depth": log.count, "first_seq": log.first_seq,
+        "next_seq": log.end, "unsettled": unsettled, "published": log.published,
+        "dropped": log.dropped, "expired": log.expired,
+        "readers": [gc.group.key for gc in log.states],
+    }
+
+
+def group_stats(grp: Group) -> dict[str, Any]:
+    gcs = grp.gcs.values()
+    in_flight = sum(len(gc.pending) for gc in gcs)
+    return {
+        "group": grp.key, "kind": grp.kind, "patterns": [p.text for p in grp.patterns],
+        "members": len(grp.members), "channels": len(grp.gcs),
+        "unsettled": in_flight,  # the old name of in_flight
+        "waiting": sum(gc.waiting()[0] for gc in gcs),
+        "in_flight": in_flight,
+        "lag": sum(max(0, gc.log.end - gc.cursor) for gc in gcs),
+        "delivered": sum(gc.delivered for gc in gcs),
+        "acked": sum(gc.acks for gc in gcs),
+    }

@@ -30,6 +30,7 @@ from ..errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from ..limits import MAX_BATCH, MAX_STAGED_BYTES, MAX_TXN_ID, STAGED_TTL_S
 from ..protocol.frames import Send
 
+WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
 
 @dataclass
 class StagedTxn:

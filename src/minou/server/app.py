@@ -530,7 +530,7 @@ class BrokerServer:
                    _comparable(getattr(old, k))]
         self.settings = new
         core = self.core
-        core._options_for = new.channel_options
+        core.options_for = new.channel_options
         for name, log_ in core.channels.items():
             log_.options = core.options(name)
         core.rules = new.rules
@@ -613,8 +613,7 @@ class BrokerServer:
 
     def wake_groups(self, session: Session) -> None:
         for sub in session.subs.values():
-            if sub.group.ready:
-                self.core._ready_groups[sub.group] = None
+            self.core.mark_ready(sub.group)
         self.engine.request_pump()
 
     # ------------------------------------------------------------- writing

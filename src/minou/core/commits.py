@@ -1,0 +1,166 @@
+"""Durability: the pending ``WriteBatch`` and what happens when the adapter commits it.
+
+``publish`` stages messages in the pending batch; they become visible to readers only
+in ``on_committed``, after the adapter has made that batch durable, so nothing a
+consumer sees can be lost or have its seq reused after a crash. Acks, nacks and
+subscriptions change memory at once and are made durable with the next batch; their
+replies wait for that commit too (``after_commit``). A commit that fails (a full disk)
+wrote nothing: ``on_failed`` drops its publishes (their seqs become gaps, their
+publishers are told) and carries the rest, which memory already holds, into the next
+batch; while ``storage_refusal`` is set, publishes are refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from ..errors import RequestError
+from .log import ChannelLog, Msg
+from .state import BrokerState
+from .writes import WriteBatch
+
+
+class Commits:
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+
+    @property
+    def has_dirty(self) -> bool:
+        """Group or producer states changed that no commit has carried yet."""
+        producers = self.state.producers
+        return bool(self.state.dirty or producers.dirty or producers.gone)
+
+    def take_writes(self) -> WriteBatch:
+        """Hand the pending batch to the writer; start a new one."""
+        state = self.state
+        batch = state.batch
+        touched: dict[ChannelLog, None] = {}
+        for gc in state.dirty:
+            if gc.group.gcs.get(gc.log.name) is not gc:
+                continue  # detached meanwhile
+            batch.group_states[(gc.group.key, gc.log.name)] = gc.durable_state()
+            gc.dirty = False
+            touched[gc.log] = None
+        state.dirty = {}
+        if state.producers.dirty or state.producers.gone:
+            batch.producers.update(state.producers.take())
+        for log in touched:
+            if not log.states or log.options.retention is not None:
+                continue
+            floor = min(gc.floor for gc in log.states)
+            if floor > log.first_seq:
+                log.truncate_below(floor)
+                batch.truncates[log.name] = log.first_seq
+                batch.channels[log.name] = log.next_seq  # stored with the removal
+        state.batch = WriteBatch()
+        return batch
+
+    def on_committed(self, batch: WriteBatch, now: float) -> None:
+        """The batch is durable: make its messages visible."""
+        state = self.state
+        channels, counters = state.channels, state.counters
+        timed, ready_groups = state.timed, state.ready_groups
+        for msg in batch.messages:
+            log = channels.get(msg.channel)
+            if log is None:
+                continue
+            if msg.seq < log.first_seq or msg.seq in log.gone:
+                continue  # dropped (overflow) before it was committed
+            log.inflight -= 1
+            log.append_committed(msg)
+            log.count += 1
+            log.published += 1
+            counters.published += 1
+            for gc in log.states:
+                if msg.special:
+                    gc.add_special(msg.seq, msg.priority, msg.deliver_at, now)
+                    if msg.deliver_at is not None:
+                        timed[gc] = None
+                gc.group.ready[gc] = None
+                if gc.group.members:
+                    ready_groups[gc.group] = None
+        for callback in batch.on_commit:
+            callback()
+
+    def on_failed(self, batch: WriteBatch, error: RequestError) -> None:
+        """The commit of ``batch`` failed and wrote nothing (a full disk).
+
+        Its publishes are dropped: their seqs become gaps (never visible, never
+        confirmed to anyone), their dedup keys and transaction fences are undone, and their
+        publishers get ``error``. Everything else (acks, group states, deletes, dead
+        letters, registrations) is what memory already holds: it is carried into the
+        pending batch and written with it, first. A callback with a failure handler
+        gets ``error`` (e.g. an ack's "not durable"); one without waits for that
+        commit. Nothing is confirmed that was not written.
+        """
+        state = self.state
+        dropped = {id(m) for m in batch.publishes}
+        keep: list[Msg] = []
+        for msg in batch.messages:
+            if id(msg) not in dropped:
+                keep.append(msg)
+                continue
+            log = state.channels.get(msg.channel)
+            if log is None or msg.seq < log.first_seq or msg.seq in log.gone:
+                continue  # dropped (overflow) before the commit: already a gap
+            log.gone.add(msg.seq)
+            log.inflight -= 1
+        for channel, dedup_key, _, seq, msg_id in batch.dedup:
+            state.dedup.forget(channel, dedup_key, seq, msg_id)
+        for owner, txn, _, _ in batch.txn_done:  # not published: never "answered" as if
+            state.transactions.done.pop((owner, txn), None)
+        for pstate, pseq in batch.sequenced:  # a resend gets this error, not "stored"
+            pstate.refuse(pseq, pseq, int(error.code), error.message)
+            state.producers.mark(pstate)
+        fences, pending = state.transactions.fences, state.batch
+        for key, value in batch.fences.items():
+            before = batch.fence_undo.get(key)
+            if fences.get(key) == value:
+                if before is None:
+                    fences.pop(key, None)
+                else:
+                    fences[key] = before
+            elif key in pending.fence_undo and pending.fence_undo[key] == value:
+                pending.fence_undo[key] = before  # a later commit moved it on meanwhile
+        pending.carry(batch, keep)
+        waiting = [(ok, fail) for ok, fail in
+                   itertools.zip_longest(batch.on_commit, batch.on_fail) if ok is not None]
+        pending.on_commit[:0] = [ok for ok, fail in waiting if fail is None]
+        pending.on_fail[:0] = [None for ok, fail in waiting if fail is None]
+        first: Exception | None = None
+        for _, fail in waiting:
+            if fail is not None:
+                try:
+                    fail(error)
+                except Exception as exc:  # one handler's bug must not silence the others
+                    first = first or exc
+        if first is not None:
+            raise first
+
+    def after_commit(self, callback: Callable[[], None],
+                     failed: Callable[[RequestError], None] | None = None) -> None:
+        """Call ``callback`` once what is staged now is durable; ``failed`` (with the
+        error) if that commit fails. Without ``failed``, the callback waits for the
+        commit that makes it durable."""
+        self.state.batch.on_commit.append(callback)
+        self.state.batch.on_fail.append(failed)
+
+    def retention_candidates(self) -> list[tuple[str, int]]:
+        """Channels with a retention period and the seq below which all readers settled."""
+        out = []
+        for log in self.state.channels.values():
+            if log.options.retention is not None and log.states:
+                floor = min(gc.compute_floor() for gc in log.states)
+                if floor > log.first_seq:
+                    out.append((log.name, floor))
+        return out
+
+    def truncate(self, channel: str, first_seq: int) -> None:
+        """Retention passed for every seq below ``first_seq``: forget them."""
+        log = self.state.channels.get(channel)
+        if log is not None and first_seq > log.first_seq:
+            log.truncate_below(first_seq)
+            batch = self.state.batch
+            batch.truncates[channel] = log.first_seq
+            batch.channels[channel] = log.next_seq

@@ -1,0 +1,258 @@
+"""Publishing: validate sends, assign seqs, stage the messages in the pending batch.
+
+Staged messages are not visible yet: they become readable in ``on_committed``, once
+the adapter has made their batch durable (see ``commits``). The checks run in one
+place (``validate``), which transactional commits reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..auth.rules import ALLOW_ALL, Access
+from ..errors import BadRequest, ErrorCode, MessageTooLarge, QueueFull, RequestError, SchemaMismatch
+from ..limits import (
+    MAX_BROADCAST_BYTES,
+    MAX_BROADCAST_FANOUT,
+    MAX_DELAY_S,
+    MAX_HEADER_SIZE,
+    MAX_HEADERS,
+    MAX_KEY_LENGTH,
+    MAX_PRIORITY,
+    MAX_SESSION_PRODUCER_STATES,
+    MIN_PRIORITY,
+)
+from ..names import broadcast_prefix, is_dead_letter, schema_key, validate_channel
+from ..payloads import check_json, decode_json
+from ..protocol.frames import Outcome, Send
+from ..schemas import SchemaViolation
+from .log import ChannelLog, Msg
+from .producers import ProducerState
+from .session import Session
+from .state import BrokerState
+
+
+def check_room(log: ChannelLog) -> None:
+    """Raise QueueFull if ``log`` refuses another message (max_items, overflow "refuse")."""
+    opts = log.options
+    if (opts.max_items is not None and opts.overflow != "drop_oldest"
+            and log.count + log.inflight >= opts.max_items):
+        raise QueueFull(
+            f"channel {log.name!r} holds {opts.max_items} messages (max_items)",
+            channel=log.name, limit=opts.max_items,
+        )
+
+
+class Publishing:
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+        self._new_id = state.ids.new_id
+
+    def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
+                session: Session | None = None, refuse: RequestError | None = None,
+                ) -> tuple[list[Outcome], list[Msg]]:
+        """Validate and stage ``sends``; return one outcome each and the staged messages.
+
+        A send with a producer sequence (``pseq``) from a ``session`` with a producer id
+        is checked against that producer's state first: a sequence handled before is
+        answered as it was (``state.replays`` lists those), not stored again. ``refuse``
+        refuses every send with it (the broker is stopping), remembered like any refusal.
+        """
+        state = self.state
+        outcomes: list[Outcome] = []
+        staged: list[Msg] = []
+        full = refuse or state.storage_refusal
+        state.replays = []
+        numbered = session is not None and bool(session.producer_id)
+        for send in sends:
+            if numbered and send.pseq:
+                self._publish_numbered(send, now, staged, access, session, outcomes, full)  # type: ignore[arg-type]
+                continue
+            try:
+                if full is not None:
+                    raise type(full)(full.message, **full.detail)
+                outcomes.append(self._publish_one(send, now, staged, access))
+            except RequestError as exc:
+                outcomes.append(self._refusal(send, exc))
+        state.batch.publishes += staged
+        return outcomes, staged
+
+    def _refusal(self, send: Send, exc: RequestError) -> Outcome:
+        self.state.counters.refuse(exc.reason)
+        return Outcome(channel=str(send.channel)[:255], code=int(exc.code), error=exc.message)
+
+    def _publish_numbered(self, send: Send, now: float, staged: list[Msg], access: Access,
+                          session: Session, outcomes: list[Outcome],
+                          full: RequestError | None) -> None:
+        """A publish with its producer's sequence: answered from the producer's state if
+        that sequence was handled before (even while publishes are refused: it was
+        stored then), else published and the state moved on."""
+        producers = self.state.producers
+        pstate = session.producer_states.get(send.channel)
+        if pstate is None or pstate.evicted:
+            pstate = self._producer_state(session, send.channel, now)
+        else:
+            pstate.used = now
+        pseq = send.pseq
+        try:
+            if pseq != pstate.last + 1:  # not the usual case
+                replay = producers.check(pstate, pseq, send.channel)
+                if replay is not None:
+                    if replay.duplicate:
+                        self.state.counters.duplicates += 1
+                    self.state.replays.append((len(outcomes), pstate, pseq))
+                    outcomes.append(replay)
+                    return
+            if full is not None:
+                raise type(full)(full.message, **full.detail)
+            outcome = self._publish_one(send, now, staged, access)
+        except RequestError as exc:
+            outcomes.append(self._refusal(send, exc))
+            if exc.code != ErrorCode.OUT_OF_SEQUENCE:
+                pstate.refuse(pseq, pseq, int(exc.code), exc.message)
+                producers.mark(pstate)
+            return
+        outcomes.append(outcome)
+        pstate.stored(pseq, outcome.seq, outcome.id)
+        producers.dirty[pstate] = None
+        self.state.batch.sequenced.append((pstate, pseq))
+
+    def _producer_state(self, session: Session, channel: str, now: float) -> ProducerState:
+        known = session.producer_states.get(channel)
+        if len(session.producer_states) >= MAX_SESSION_PRODUCER_STATES:
+            session.producer_states.clear()  # a cache: the states stay in state.producers
+        pstate = self.state.producers.state(
+            (session.client_id, session.producer_id, channel), now, known)
+        session.producer_states[channel] = pstate
+        return pstate
+
+    def validate(self, send: Send, access: Access) -> str | None:
+        """Everything a publish checks before storing (name, rules, size, JSON, schema);
+        return the broadcast prefix, or None for a concrete channel."""
+        target = send.channel
+        prefix = broadcast_prefix(target) if target.endswith("*") else None
+        if prefix is None:
+            validate_channel(target)
+        if not access.unrestricted:
+            access.check_write(target)
+        self._check(send, target)
+        return prefix
+
+    def _check(self, send: Send, target: str) -> None:
+        state = self.state
+        size, limit = len(send.data), state.max_message_size
+        if size > limit:
+            raise MessageTooLarge(f"message of {size} bytes is over the {limit} byte limit",
+                                  limit=limit, size=size)
+        log = state.channels.get(target)
+        schema = (log.options if log is not None else state.options(target)).schema
+        if schema is not None:
+            self._check_schema(send, schema)
+        elif state.strict_schemas and not is_dead_letter(target):
+            key = schema_key(target)
+            state.schema_refusals[key] = state.schema_refusals.get(key, 0) + 1
+            raise SchemaMismatch(f"{key} declares no schema and strict_schemas is on: "
+                                 "declare channels.\"" + key + "\".schema", schema=key)
+        elif not send.raw:
+            check_json(send.data)
+        if send.headers:
+            if len(send.headers) > MAX_HEADERS:
+                raise BadRequest(f"{len(send.headers)} headers, the limit is {MAX_HEADERS}")
+            if sum(len(k) + len(v) for k, v in send.headers.items()) > MAX_HEADER_SIZE:
+                raise BadRequest(f"headers are over the {MAX_HEADER_SIZE} byte limit")
+        for label, text in (("dedup key", send.dedup), ("message key", send.key)):
+            if text is not None and len(text) > MAX_KEY_LENGTH:
+                raise BadRequest(f"{label} is {len(text)} characters, the limit is "
+                                 f"{MAX_KEY_LENGTH}", limit=MAX_KEY_LENGTH)
+        if send.priority and not MIN_PRIORITY <= send.priority <= MAX_PRIORITY:
+            raise BadRequest(
+                f"priority {send.priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY}"
+            )
+        if send.ttl is not None or send.delay is not None:
+            for label, value in (("ttl", send.ttl), ("delay", send.delay)):
+                if value is not None and not 0 <= value <= MAX_DELAY_S:
+                    raise BadRequest(f"{label} must be 0..{MAX_DELAY_S:g} seconds, got {value}")
+
+    def _check_schema(self, send: Send, schema: Any) -> None:
+        refusals = self.state.schema_refusals
+        if send.raw:
+            refusals[schema.key] = refusals.get(schema.key, 0) + 1
+            raise SchemaMismatch(f"{schema.key} has a JSON schema; raw payloads are refused",
+                                 schema=schema.key)
+        value = decode_json(send.data)
+        try:
+            schema.validate(value)
+        except SchemaViolation as exc:
+            refusals[schema.key] = refusals.get(schema.key, 0) + 1
+            raise SchemaMismatch(
+                f"payload does not match the schema of {schema.key}: {exc.path}: {exc.reason}",
+                schema=schema.key, path=exc.path, why=exc.reason,
+            ) from None
+
+    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access) -> Outcome:
+        state = self.state
+        target = send.channel
+        prefix = self.validate(send, access)
+        if send.dedup:
+            seen = state.dedup.get(target, send.dedup, now)
+            if seen is not None:
+                state.counters.duplicates += 1
+                return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
+        if prefix is None:
+            msg = self.stage(state.log(target, now), send, now)
+            staged.append(msg)
+            outcome = Outcome(seq=msg.seq, id=msg.id, channel=target)
+        else:
+            targets = [log for name, log in state.channels.items()
+                       if name.startswith(prefix) and log.states]
+            if len(targets) > MAX_BROADCAST_FANOUT or \
+                    len(targets) * len(send.data) > MAX_BROADCAST_BYTES:
+                raise BadRequest(
+                    f"broadcast to {target!r} would store {len(targets)} copies of "
+                    f"{len(send.data)} bytes; the limits are {MAX_BROADCAST_FANOUT} channels "
+                    f"and {MAX_BROADCAST_BYTES >> 20} MiB per broadcast: send to fewer ids",
+                    fanout=len(targets), limit=MAX_BROADCAST_FANOUT)
+            for log in targets:  # a broadcast is stored everywhere or nowhere
+                check_room(log)
+            first: Msg | None = None
+            for log in targets:
+                msg = self.stage(log, send, now)
+                staged.append(msg)
+                first = first or msg
+            outcome = Outcome(seq=first.seq if first else 0, id=first.id if first else "",
+                              channel=target, fanout=len(targets))
+        if send.dedup:
+            expires = now + state.dedup_window
+            state.dedup.put(target, send.dedup, expires, outcome.seq, outcome.id)
+            state.batch.dedup.append((target, send.dedup, expires, outcome.seq, outcome.id))
+        return outcome
+
+    def stage(self, log: ChannelLog, send: Send, now: float) -> Msg:
+        """Give ``send`` the next seq of ``log`` and add it to the pending batch (making
+        room first in a channel that drops its oldest when full). Checked already."""
+        batch = self.state.batch
+        opts = log.options
+        check_room(log)
+        if opts.max_items is not None and log.count + log.inflight >= opts.max_items:
+            oldest = log.oldest_live()
+            if oldest is not None:
+                log.delete_one(oldest)
+            else:  # everything is still on its way to disk: drop the oldest of those
+                oldest = log.drop_inflight()
+            log.dropped += 1
+            self.state.counters.dropped += 1
+            batch.deletes.append((log.name, oldest))
+        ttl = send.ttl if send.ttl is not None else opts.ttl
+        msg = Msg(
+            log.name, log.next_seq, self._new_id(log, log.next_seq), send.data, send.raw,
+            send.headers,
+            send.priority, now, now + ttl if ttl else None,
+            now + send.delay if send.delay else None, send.key,
+        )
+        log.next_seq += 1
+        log.inflight += 1
+        batch.channels[log.name] = log.next_seq
+        batch.messages.append(msg)
+        batch.bytes += len(send.data)
+        return msg

@@ -1,0 +1,99 @@
+"""Start-up: rebuild memory from what storage holds (``restore``), and the one-time
+migrations of stored state that older versions wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..names import migrate_listen_key, parse_pattern
+from .group import Group, GroupChannel
+from .log import ChannelLog, Msg
+from .snapshot import Snapshot
+from .state import BrokerState
+from .transactions import WRITER_LINEAGE_META
+
+LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
+
+
+class Restorer:
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+        self._listen_keys_escaped = False  # restore() reads the storage's marker
+
+    def restore(self, snap: Snapshot, now: float) -> None:
+        """Rebuild memory from storage after a start."""
+        state = self.state
+        for rec in snap.channels:
+            log = ChannelLog(rec.name, state.options(rec.name))
+            log.next_seq = log.end = rec.next_seq
+            log.first_seq = min(rec.first_seq, rec.next_seq)
+            log.cache_lo = rec.next_seq
+            log.count = rec.count
+            log.gone = set(rec.gone)
+            state.channels[rec.name] = log
+        for channel, seq, priority, deliver_at in snap.specials:
+            if channel in state.channels:
+                state.channels[channel].special[seq] = (priority, deliver_at)
+        tail_by_channel: dict[str, list[Msg]] = {}
+        for msg in snap.tail:
+            tail_by_channel.setdefault(msg.channel, []).append(msg)
+        for name, msgs in tail_by_channel.items():
+            log = state.channels[name]
+            log.cache_lo = msgs[0].seq
+            for m in msgs:
+                log.cache[m.seq] = m
+                log.cache_bytes += m.size()
+        for gdef in snap.groups:
+            state.groups[gdef.key] = Group(
+                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns], gdef.start
+            )
+        for key, channel, floor, blob in snap.group_states:
+            grp, read = state.groups.get(key), state.channels.get(channel)
+            if grp is None or read is None:
+                continue
+            gc = GroupChannel(grp, read, floor)
+            gc.restore(floor, blob, now)
+            grp.gcs[channel] = gc
+            read.states.append(gc)
+            gc.load_specials(now)
+            if gc.delayed or gc.sched:
+                state.timed[gc] = None
+            grp.ready[gc] = None
+        for grp in state.groups.values():  # channels created after the group's last save
+            for name, log in state.channels.items():
+                if name not in grp.gcs and grp.matches(name):
+                    state.attach(grp, log, log.first_seq, now)
+        state.dedup.load(snap.dedup, now)  # built into memory over the next ticks
+        state.producers.load(snap.producers, now)
+        state.reservations = dict(snap.reservations)
+        state.transactions.fences = {(w, c): b for w, c, b in snap.fences}
+        state.transactions.writers = dict(snap.writers)
+        state.transactions.load(snap.staged)
+        state.transactions.lineages = {
+            key[len(WRITER_LINEAGE_META):]: value for key, value in snap.meta.items()
+            if key.startswith(WRITER_LINEAGE_META) and value}
+        self._listen_keys_escaped = snap.meta.get(LISTEN_KEYS_META) == "escaped"
+
+    def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
+        """Once, on the first start after an upgrade: give the listeners older versions
+        stored their unambiguous keys (``names.migrate_listen_key``), deciding by the
+        ``registered`` client ids. Returns ``{old key: new key}`` for the renamed ones."""
+        if self._listen_keys_escaped:
+            return {}
+        state = self.state
+        ids = set(registered)
+        with_colon = [c for c in ids if ":" in c]
+        renames = {key: new for key, grp in state.groups.items() if grp.kind == "listen"
+                   and (new := migrate_listen_key(key, ids, with_colon)) != key}
+        # Distinct old keys give distinct new ones, so rebuilding the table loses none.
+        state.groups = {renames.get(key, key): grp for key, grp in state.groups.items()}
+        for old, new in renames.items():
+            grp = state.groups[new]
+            grp.key = new
+            state.batch.group_defs[old] = None  # with its states
+            state.batch.group_defs[new] = grp.definition()
+            for name, gc in grp.gcs.items():
+                state.batch.group_states[(new, name)] = gc.durable_state()
+        state.batch.meta[LISTEN_KEYS_META] = "escaped"
+        self._listen_keys_escaped = True
+        return renames

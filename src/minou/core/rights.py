@@ -1,0 +1,127 @@
+"""Read rights: the rules a client's key carries, then the reservations of exclusive
+(!) channels. Every read checks here (``check_read``), and so does a group before it
+takes a member, since a group hands every member messages of all its patterns."""
+
+from __future__ import annotations
+
+from ..errors import BadRequest, NotAuthorized
+from ..names import dead_letter_channel, listen_group_key, reservation_key
+from .group import Group
+from .session import Session
+from .state import BrokerState
+
+
+class Rights:
+    def __init__(self, state: BrokerState) -> None:
+        self.state = state
+
+    def check_read(self, session: Session, *patterns: str, claim: bool = True) -> None:
+        """The one check every read makes: listen, consume, add_id, range reads, OFFSETS,
+        POSITION, HTTP consume, ``/v1/stream``, receipts, dead letters.
+
+        The rules first, then the reservations: an exclusive (!) channel and its dead
+        letters belong to the first client that reads either. With ``claim`` this read
+        reserves the exclusive channels it names that are still free (after checking
+        every pattern, so a refused read claims nothing). Admins are not restricted
+        and reserve nothing. Raises NotAuthorized (or InvalidChannel).
+        """
+        if session.admin:
+            return
+        for pattern in patterns:
+            refusal = self.read_refusal(session, pattern)
+            if refusal is not None:
+                # Kept for "why is nothing flowing?": a consumer the rules keep out.
+                seen = self.state.read_refusals.setdefault(pattern, [0, ""])
+                seen[0] += 1
+                seen[1] = session.client_id
+                raise refusal
+        if claim:
+            for pattern in patterns:
+                key = reservation_key(pattern)
+                if key not in self.state.reservations and self._exclusive(key):
+                    self.state.reservations[key] = session.client_id
+                    self.state.batch.reservations[key] = session.client_id
+
+    def may_read(self, session: Session, pattern: str) -> bool:
+        """``check_read``'s answer, without raising, recording or claiming."""
+        return self.read_refusal(session, pattern) is None
+
+    def _exclusive(self, key: str) -> bool:
+        return "*" not in key and self.state.rules.is_exclusive(key)
+
+    def read_refusal(self, session: Session, pattern: str,
+                     owner_to_be: str | None = None) -> NotAuthorized | None:
+        """Why ``session`` may not read ``pattern``, or None. ``owner_to_be`` counts a
+        free exclusive channel as reserved by that client (about to claim it)."""
+        if session.admin:
+            return None
+        try:
+            session.access.check_read(pattern)
+        except NotAuthorized as exc:
+            return exc
+        owner = self.owner(pattern, owner_to_be)
+        if owner is None or owner == session.client_id:
+            return None
+        key = reservation_key(pattern)
+        what = repr(pattern) if key == pattern else f"{pattern!r} (the dead letters of {key!r})"
+        return NotAuthorized(f"channel {what} is reserved by client {owner!r}",
+                             channel=pattern, owner=owner)
+
+    def owner(self, channel: str, owner_to_be: str | None = None) -> str | None:
+        """The client that reserved ``channel`` (or the channel whose dead letters it
+        is); ``owner_to_be`` if it is exclusive and still free, else None."""
+        key = reservation_key(channel)
+        owner = self.state.reservations.get(key)
+        if owner is None and owner_to_be is not None and self._exclusive(key):
+            return owner_to_be
+        return owner
+
+    def check_group_rights(self, session: Session, grp: Group, patterns: list[str]) -> None:
+        """A group hands its members messages of every pattern it reads, so a member
+        must be allowed all of them: the joiner the group's patterns (also a durable
+        listener's, which rules or reservations may have changed under), and the members
+        the joiner's new ones (a group name is no way around the rules)."""
+        if grp.kind == "listen":
+            name = grp.key[len(listen_group_key(session.client_id, "")):]
+            what, instead = f"listener {name!r}", "listen under another name"
+        else:
+            name = grp.key.removeprefix("consume:")
+            what, instead = f"group {name!r}", "consume under a group of your own"
+        have = {p.text for p in grp.patterns}
+        for text in have:
+            try:
+                self.check_read(session, text, claim=False)
+            except NotAuthorized as exc:
+                raise NotAuthorized(
+                    f"{what} also reads {text!r}, which client {session.client_id!r} "
+                    f"may not ({exc.message}); {instead}",
+                    group=name, pattern=text) from None
+        for member in grp.members:
+            if member.session is session or member.session.admin:
+                continue
+            for text in patterns:
+                # Reserved for the joiner once it reads: another client may not share it.
+                if text not in have and self.read_refusal(
+                        member.session, text, owner_to_be=session.client_id) is not None:
+                    raise NotAuthorized(
+                        f"group {name!r} has a member, client {member.session.client_id!r}, "
+                        f"that may not read {text!r}; consume it under another group",
+                        group=name, pattern=text)
+
+    def release(self, channel: str) -> str | None:
+        """Admin: free a reserved channel for the next reader to claim. Refused while a
+        client still reads it (or its dead letters) live: it would go on reading beside
+        the next owner."""
+        logs = [log for name in (channel, dead_letter_channel(channel))
+                if (log := self.state.channels.get(name)) is not None]
+        readers = sorted({sub.session.client_id for log in logs for gc in log.states
+                          for sub in gc.group.members if not sub.session.admin})
+        if readers and channel in self.state.reservations:
+            raise BadRequest(
+                f"channel {channel!r} is still read by client {readers[0]!r} (a live "
+                "subscription): end it, or revoke the client, then release the channel",
+                channel=channel, client=readers[0])
+        owner = self.state.reservations.pop(channel, None)
+        if owner is not None:
+            self.state.batch.reservations[channel] = None
+        return owner

@@ -1,0 +1,126 @@
+"""Settlement: what a reader says about a delivery (ack, nack, extend its lease,
+withdraw it), and what happens to a delivery that comes back unsettled."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+
+from ..errors import BadRequest, UnknownDelivery
+from ..limits import MAX_DELAY_S, MAX_LEASE_S, RETURNED_FROM_LIMIT
+from .dead_letters import DeadLetters
+from .group import Lease
+from .session import Session
+from .state import BrokerState
+
+
+class Settlement:
+    def __init__(self, state: BrokerState, dead_letters: DeadLetters) -> None:
+        self.state = state
+        self.dead_letters = dead_letters
+
+    def _lease(self, session: Session, tag: int) -> Lease:
+        lease = session.leases.pop(tag, None)
+        if lease is not None:
+            lease.sub.leases.pop(tag, None)
+        if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+            raise UnknownDelivery(
+                f"delivery tag {tag} is unknown, already settled, expired, or not yours",
+                tag=tag,
+            )
+        return lease
+
+    def _settling(
+        self, session: Session, tags: Iterable[int], failed: list[tuple[int, int, str]]
+    ) -> Iterator[Lease]:
+        """The leases ``tags`` name; refused tags go to ``failed`` (tag, code, text)."""
+        for tag in tags:
+            try:
+                yield self._lease(session, tag)
+            except UnknownDelivery as exc:
+                self.state.counters.refuse(exc.reason)
+                failed.append((tag, int(exc.code), exc.message))
+
+    def ack(self, session: Session, tags: Iterable[int],
+            now: float | None = None) -> list[tuple[int, int, str]]:
+        state = self.state
+        counters, mark = state.counters, state.mark
+        failed: list[tuple[int, int, str]] = []
+        latency = state.ack_latency if now is not None else None
+        for lease in self._settling(session, tags, failed):
+            gc = lease.gc
+            gc.settle(lease.seq)
+            lease.sub.unsettled -= 1
+            counters.acked += 1
+            mark(gc)
+            if latency is not None:
+                latency.observe(now - (lease.expires - lease.sub.lease_s))  # type: ignore[operator]
+        return failed
+
+    def nack(
+        self, session: Session, tags: Iterable[int], *, delay: float, front: bool, now: float
+    ) -> list[tuple[int, int, str]]:
+        failed: list[tuple[int, int, str]] = []
+        if not 0 <= delay <= MAX_DELAY_S:  # also refuses NaN
+            raise BadRequest(f"delay must be 0..{MAX_DELAY_S:g} seconds, got {delay}")
+        for lease in self._settling(session, tags, failed):
+            self.state.counters.nacked += 1
+            self.return_lease(lease, now, front=front, delay=delay)
+        return failed
+
+    def extend(
+        self, session: Session, tags: Iterable[int], seconds: float, now: float
+    ) -> list[tuple[int, int, str]]:
+        if not 0 < seconds <= MAX_LEASE_S:
+            raise BadRequest(f"seconds must be in (0, {MAX_LEASE_S}], got {seconds}")
+        failed: list[tuple[int, int, str]] = []
+        for tag in tags:
+            lease = session.leases.get(tag)
+            if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+                exc = UnknownDelivery(f"delivery tag {tag} is unknown or expired", tag=tag)
+                self.state.counters.refuse(exc.reason)
+                failed.append((tag, int(exc.code), exc.message))
+                continue
+            lease.expires = now + seconds
+            # An extended lease leaves its subscription's expiry order for the heap.
+            lease.sub.leases.pop(tag, None)
+            heapq.heappush(self.state.lease_heap, (lease.expires, tag, lease))
+        return failed
+
+    def withdraw(self, session: Session, tags: Iterable[int], now: float) -> None:
+        """Deliveries the adapter could hand to nobody (the request waiting for them went
+        away): back to the front of their queue at once, as if never sent (the attempt
+        does not count). Unknown tags are ignored."""
+        for tag in tags:
+            lease = session.leases.get(tag)
+            if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+                continue
+            self._lease(session, tag)
+            attempts = lease.gc.attempts
+            if attempts.get(lease.seq, 0) > 1:
+                attempts[lease.seq] -= 1
+            else:
+                attempts.pop(lease.seq, None)
+            self.return_lease(lease, now, front=True, delay=0.0)
+
+    def return_lease(self, lease: Lease, now: float, *, front: bool, delay: float) -> None:
+        """A delivery came back unsettled: requeue it, or dead-letter past the limit."""
+        gc, sub = lease.gc, lease.sub
+        if gc.pending.get(lease.seq) is not lease:
+            return
+        sub.unsettled -= 1
+        limit = gc.log.options.requeue_limit
+        if gc.attempts.get(lease.seq, 0) > limit:
+            gc.settle(lease.seq)
+            gc.acks -= 1
+            self.dead_letters.dead_letter(lease.msg, "requeue_limit", gc.group.key,
+                                          f"requeued more than {limit} times")
+        else:
+            gc.requeue(lease.seq, front=front, delay=delay, now=now)
+            if delay > 0:
+                self.state.timed[gc] = None
+            if sub.active:
+                if len(gc.returned_from) >= RETURNED_FROM_LIMIT:
+                    gc.returned_from.clear()  # stale ones (purged, expired): start afresh
+                gc.returned_from[lease.seq] = id(sub)
+        self.state.mark(gc)

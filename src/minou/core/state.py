@@ -1,0 +1,116 @@
+"""What every part of the broker shares: channels, groups, the pending write batch, and
+the sets that say which group channels need a pump, a save or a timer.
+
+One ``BrokerState`` is handed to each part (publishing, subscriptions, delivery,
+settlement, timers, ...); ``Broker``'s public attributes are this object's. The parts
+keep the state, never the batch or a table taken from it past one call:
+``take_writes`` replaces the batch, ``migrate_listen_keys`` the groups table, and the
+adapter the settings on a reload.
+
+The three work sets, each a dict used as an ordered set:
+
+- ``ready_groups``: groups with a member and something ready; ``pump`` serves them.
+- ``dirty``: group channels whose durable state the next batch must carry.
+- ``timed``: group channels with delayed or scheduled messages; ``tick`` releases them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..auth.rules import Rules
+from ..errors import RequestError
+from ..limits import MAX_PRODUCER_STATES, PRODUCER_IDLE_S
+from ..names import is_dead_letter, schema_key
+from .dedup import DedupWindow
+from .group import Group, GroupChannel, Lease
+from .ids import MessageIds
+from .log import ChannelLog, ChannelOptions
+from .producers import Producers, ProducerState
+from .stats import Counters
+from .transactions import Transactions
+from .writes import WriteBatch
+
+
+class BrokerState:
+    def __init__(
+        self, *, broker_id: str, options_for: Callable[[str], ChannelOptions] | None,
+        max_message_size: int, dedup_window: float, default_lease: float, cache_budget: int,
+    ) -> None:
+        # Settings; the adapter sets these again on a reload.
+        self.broker_id = broker_id
+        self.options_for: Callable[[str], ChannelOptions] = (
+            options_for or (lambda key: ChannelOptions()))
+        self.max_message_size = max_message_size
+        self.dedup_window = dedup_window
+        self.default_lease = default_lease
+        self.cache_budget = cache_budget
+        self.rules = Rules.parse(None)
+        self.strict_schemas = False
+        # Set by the adapter while storage is full: every publish is refused with it.
+        self.storage_refusal: RequestError | None = None
+
+        self.channels: dict[str, ChannelLog] = {}
+        self.groups: dict[str, Group] = {}
+        self.batch = WriteBatch()
+        self.ready_groups: dict[Group, None] = {}
+        self.dirty: dict[GroupChannel, None] = {}
+        self.timed: dict[GroupChannel, None] = {}
+        # Leases extended past their subscription's expiry order: (expires, tag, lease)
+        self.lease_heap: list[tuple[float, int, Lease]] = []
+        self.ids = MessageIds()
+        self.dedup = DedupWindow()  # (channel, dedup key) -> seq, id; its max_keys is set
+        self.producers = Producers(MAX_PRODUCER_STATES, PRODUCER_IDLE_S)
+        # Set by publish(): outcomes answered from a producer's state, (index, state,
+        # sequence), to be answered again once the commit they follow is durable.
+        self.replays: list[tuple[int, ProducerState, int]] = []
+        self.transactions = Transactions()
+        self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
+
+        self.counters = Counters()
+        self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
+        self.read_refusals: dict[str, list[Any]] = {}  # pattern -> [refusals, last client]
+        # Histograms the adapter may plug in (anything with observe(seconds)).
+        self.delivery_latency: Any = None  # published -> first delivered
+        self.ack_latency: Any = None  # delivered -> acked
+
+    def options(self, channel: str) -> ChannelOptions:
+        """The options of ``channel`` (a dead-letter channel has its channel's)."""
+        base = channel[len("_dead/"):] if is_dead_letter(channel) else channel
+        return self.options_for(schema_key(base))
+
+    def log(self, name: str, now: float) -> ChannelLog:
+        """Channel ``name``, created (and attached to the groups that match it) if new."""
+        log = self.channels.get(name)
+        if log is None:
+            log = ChannelLog(name, self.options(name))
+            self.channels[name] = log
+            self.batch.channels[name] = log.next_seq
+            for group in self.groups.values():
+                if group.matches(name):
+                    self.attach(group, log, log.first_seq, now)
+        return log
+
+    def attach(self, group: Group, log: ChannelLog, cursor: int, now: float) -> GroupChannel:
+        """Start ``group`` reading ``log`` at ``cursor``."""
+        gc = GroupChannel(group, log, cursor)
+        group.gcs[log.name] = gc
+        log.states.append(gc)
+        gc.load_specials(now)
+        if gc.sched:
+            self.timed[gc] = None
+        self.mark(gc)
+        return gc
+
+    def mark(self, gc: GroupChannel) -> None:
+        """Note that ``gc`` changed (persist it) and may have something to deliver."""
+        self.dirty[gc] = None
+        gc.group.ready[gc] = None
+        if gc.group.members:
+            self.ready_groups[gc.group] = None
+
+    def mark_ready(self, group: Group) -> None:
+        """Let the next pump serve ``group``, if it has something ready and a member."""
+        if group.ready and group.members:
+            self.ready_groups[group] = None

@@ -1,0 +1,246 @@
+"""Subscriptions: the groups readers join (``listen``, ``consume``), the patterns they
+read, where they start, and where a consumer group stands (``offsets``,
+``set_position``). Rights are checked in ``rights``; ending a subscription hands its
+unsettled deliveries back through ``settlement``."""
+
+from __future__ import annotations
+
+from ..errors import BadRequest, UnknownSubscription
+from ..limits import MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
+from ..names import (
+    consume_group_key,
+    is_dead_letter,
+    listen_group_key,
+    parse_pattern,
+    validate_channel,
+)
+from .group import Group, GroupChannel, Subscription
+from .log import ChannelLog, ChannelOptions
+from .rights import Rights
+from .session import Session
+from .settlement import Settlement
+from .state import BrokerState
+
+
+class Subscriptions:
+    def __init__(self, state: BrokerState, rights: Rights, settlement: Settlement) -> None:
+        self.state = state
+        self.rights = rights
+        self.settlement = settlement
+
+    def subscribe(
+        self,
+        session: Session,
+        sid: int,
+        *,
+        kind: str,
+        patterns: list[str],
+        group: str | None = None,
+        start: str = "",
+        prefetch: int = 0,
+        lease: float = 0.0,
+        name: str | None = None,
+        now: float,
+    ) -> Subscription:
+        if kind not in ("listen", "consume"):
+            raise BadRequest(f"kind must be 'listen' or 'consume', not {kind!r}")
+        if not patterns:
+            raise BadRequest("subscribe needs at least one pattern")
+        parsed = [parse_pattern(p) for p in patterns]
+        if sid in session.subs:
+            raise BadRequest(f"subscription id {sid} is already in use on this connection")
+        if len(session.subs) >= MAX_SUBSCRIPTIONS:
+            raise BadRequest(f"{len(session.subs)} subscriptions on one connection already "
+                             f"(the limit is {MAX_SUBSCRIPTIONS}); use patterns to cover more "
+                             "channels with one")
+        texts = [p.text for p in parsed]
+        self.rights.check_read(session, *texts, claim=False)
+        if kind == "consume":
+            key = consume_group_key(group or patterns[0])
+        else:
+            key = listen_group_key(session.client_id, name or patterns[0])
+        start_cursor = self._parse_start(start, kind)
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise BadRequest(f"prefetch must be 0..{MAX_PREFETCH}, got {prefetch}")
+        if not 0 <= lease <= MAX_LEASE_S:
+            raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
+        grp = self.state.groups.get(key)
+        if grp is not None:
+            self.rights.check_group_rights(session, grp, texts)
+        # Checked: now this read claims what it reads (the group's channels too).
+        self.rights.check_read(session, *texts, *(p.text for p in grp.patterns) if grp else ())
+        if grp is None:
+            grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
+            self.state.groups[key] = grp
+        elif start.startswith("seq:") and not grp.members:
+            self._reset(grp, start_cursor, now)
+        for pattern in parsed:
+            self._add_pattern(grp, pattern.text, start_cursor, now)
+        if not prefetch:
+            first = next(iter(grp.gcs.values()), None)
+            prefetch = first.log.options.prefetch if first else self.options_prefetch(patterns[0])
+        sub = Subscription(session, sid, grp, prefetch, lease or self.state.default_lease)
+        grp.members.append(sub)
+        session.subs[sid] = sub
+        self.state.mark_ready(grp)
+        return sub
+
+    def options_prefetch(self, pattern: str) -> int:
+        body = pattern[len("_dead/"):] if is_dead_letter(pattern) else pattern
+        parts = body.split("/")
+        if len(parts) >= 2 and parts[1] != "*":
+            return self.state.options_for(f"{parts[0]}/{parts[1]}").prefetch
+        return ChannelOptions().prefetch
+
+    @staticmethod
+    def _parse_start(start: str, kind: str) -> int | str:
+        if start in ("", "new", "oldest"):
+            return start or ("new" if kind == "listen" else "oldest")
+        if start.startswith("seq:") and start[4:].isascii() and start[4:].isdigit():
+            return int(start[4:])
+        raise BadRequest(f"start must be 'new', 'oldest' or 'seq:<n>', not {start!r}")
+
+    def _cursor_for(self, log: ChannelLog, start: int | str) -> int:
+        if start == "new":
+            return log.end
+        if start == "oldest":
+            return log.first_seq
+        return max(int(start), log.first_seq)
+
+    def _add_pattern(self, grp: Group, text: str, start: int | str, now: float) -> None:
+        if any(p.text == text for p in grp.patterns):
+            return
+        pattern = parse_pattern(text)
+        grp.patterns.append(pattern)
+        self.state.batch.group_defs[grp.key] = grp.definition()
+        if pattern.concrete:
+            self.state.log(text, now)  # a named channel exists from its first reader on
+        for name, log in self.state.channels.items():
+            if name not in grp.gcs and pattern.matches(name):
+                self.state.attach(grp, log, self._cursor_for(log, start), now)
+
+    def _reset(self, grp: Group, start: int | str, now: float) -> None:
+        for name, gc in list(grp.gcs.items()):
+            log = gc.log
+            log.states.remove(gc)
+            fresh = GroupChannel(grp, log, self._cursor_for(log, start))
+            grp.gcs[name] = fresh
+            log.states.append(fresh)
+            fresh.load_specials(now)
+            if fresh.sched:
+                self.state.timed[fresh] = None
+            grp.ready.pop(gc, None)
+            self.state.dirty.pop(gc, None)
+            self.state.mark(fresh)
+
+    def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
+        sub = self._sub(session, sid)
+        text = parse_pattern(pattern).text
+        self.rights.check_read(session, text, claim=False)
+        self.rights.check_group_rights(session, sub.group, [text])
+        self.rights.check_read(session, text)
+        grp = sub.group
+        self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
+        self.state.mark_ready(grp)
+
+    def remove_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
+        sub = self._sub(session, sid)
+        grp = sub.group
+        kept = [p for p in grp.patterns if p.text != pattern]
+        if len(kept) == len(grp.patterns):
+            raise BadRequest(f"subscription {sid} has no pattern {pattern!r}")
+        if not kept:
+            raise BadRequest("cannot remove the last pattern; unsubscribe instead")
+        grp.patterns = kept
+        self.state.batch.group_defs[grp.key] = grp.definition()
+        for name, gc in list(grp.gcs.items()):
+            if not grp.matches(name):
+                self.detach(gc, now)
+        self.state.mark_ready(grp)  # credit freed by the detach may serve the rest
+
+    def detach(self, gc: GroupChannel, now: float) -> None:
+        """Stop ``gc``'s group reading its channel; its deliveries there are forgotten."""
+        grp = gc.group
+        gc.drop_leases()
+        del grp.gcs[gc.log.name]
+        gc.log.states.remove(gc)
+        grp.ready.pop(gc, None)
+        self.state.dirty.pop(gc, None)
+        self.state.timed.pop(gc, None)
+        self.state.batch.group_states[(grp.key, gc.log.name)] = None
+
+    def _sub(self, session: Session, sid: int) -> Subscription:
+        sub = session.subs.get(sid)
+        if sub is None:
+            raise UnknownSubscription(f"no subscription {sid} on this connection", sid=sid)
+        return sub
+
+    def unsubscribe(self, session: Session, sid: int, now: float) -> None:
+        sub = self._sub(session, sid)
+        self._drop_sub(sub, now)
+        del session.subs[sid]
+
+    def _drop_sub(self, sub: Subscription, now: float) -> None:
+        sub.active = False
+        for lease in [ls for ls in sub.session.leases.values() if ls.sub is sub]:
+            self.settlement.return_lease(lease, now, front=True, delay=0.0)
+            del sub.session.leases[lease.tag]
+        sub.leases.clear()
+        if sub in sub.group.members:
+            sub.group.members.remove(sub)
+
+    def disconnect(self, session: Session, now: float) -> None:
+        """Return every unsettled delivery of ``session`` to the front of its queue."""
+        for sub in list(session.subs.values()):
+            self._drop_sub(sub, now)
+        session.subs.clear()
+        session.leases.clear()
+
+    def offsets(self, session: Session, patterns: list[str]) -> dict[str, list[int]]:
+        """``{channel: [first_seq, next_seq]}`` for every channel the patterns match."""
+        out: dict[str, list[int]] = {}
+        parsed = [parse_pattern(text) for text in patterns]
+        self.rights.check_read(session, *(p.text for p in parsed))  # claims a concrete ! channel
+        for pattern in parsed:
+            if pattern.concrete:
+                log = self.state.channels.get(pattern.text)
+                if log is not None:
+                    out[log.name] = [log.first_seq, log.end]
+                continue
+            for name, log in self.state.channels.items():
+                # A wildcard the rules allowed reaches no exclusive channel but its
+                # reserver's (and none still free).
+                if pattern.matches(name) and (session.admin or self.rights.owner(
+                        name, owner_to_be="") in (None, session.client_id)):
+                    out[name] = [log.first_seq, log.end]
+        return out
+
+    def set_position(self, session: Session, group: str, positions: dict[str, int],
+                     now: float) -> dict[str, int]:
+        """Everything below ``positions[channel]`` is settled for consumer ``group``."""
+        if not group:
+            raise BadRequest("give the group name")
+        key = consume_group_key(group)
+        grp = self.state.groups.get(key)
+        for channel, next_seq in positions.items():
+            validate_channel(channel)
+            self.rights.check_read(session, channel, claim=False)
+            if next_seq < 1:
+                raise BadRequest(f"position of {channel!r} must be >= 1")
+        if grp is not None:  # moving a group: the rules of every member still hold
+            self.rights.check_group_rights(session, grp, list(positions))
+        # Positioning a group on a channel reads it, as subscribing would: it claims.
+        self.rights.check_read(session, *positions)
+        if grp is None:
+            grp = Group(key, "consume", [], "oldest")
+            self.state.groups[key] = grp
+        lags: dict[str, int] = {}
+        for channel, next_seq in positions.items():
+            self._add_pattern(grp, channel, "oldest", now)
+            gc = grp.gcs[channel]
+            upto = min(next_seq, gc.log.end)
+            if upto > gc.floor:
+                gc.advance(upto)
+                self.state.mark(gc)
+            lags[channel] = max(0, gc.log.end - gc.cursor)
+        return lags
