@@ -83,6 +83,17 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: $(TEST_STAMP)
 	MINOU_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest --timeout 0 tests/fuzz
 
+## simulate: the deterministic simulator (tests/sim, docs/testing.md) over SEEDS seeds, with a
+## progress bar; a failing seed is shrunk and printed. SEED=s replays one seed step by step;
+## SIM_ARGS passes more (--first N, --clients N, --steps N, --strict, ...)
+SEEDS    ?= 1000
+SEED     ?=
+SIM_ARGS ?=
+simulate: $(STAMP)
+	$(BIN)/python -m tests.sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS)) $(SIM_ARGS)
+
+.PHONY: simulate
+
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests bench examples
 

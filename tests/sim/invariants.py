@@ -1,0 +1,346 @@
+"""The guarantees the simulator checks, each named once (``INVARIANTS``) and checked at
+the event that could break it: a commit applied, a delivery made, a settlement or a
+publish answered, and the end of the history (after every group was read dry).
+
+A check raises ``Violation`` with its name; the runner prints the seed, shrinks it and
+shows the history. The model a check compares with is ``ledger.Ledger``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import NoReturn
+
+from minou.core.writes import WriteBatch
+from minou.names import is_dead_letter
+from minou.protocol.frames import Outcome, Send
+
+from . import known
+from .ledger import Ledger, Read, Sent, Stored
+from .scenario import Scenario
+
+Member = tuple[int, int, int, bool]  # connection serial, sid, prefetch, reading
+
+INVARIANTS: dict[str, str] = {
+    "confirmed_is_durable":
+        "a publish (or a duplicate of one, or a transaction commit) is confirmed only "
+        "once what it names is in storage",
+    "confirmed_never_lost":
+        "a confirmed message is, at the end, delivered to every group that reads its "
+        "channel or settled there by an ack, a dead letter, its TTL or an overflow drop",
+    "seq_never_reused": "a (channel, seq) is never stored for two different messages",
+    "only_committed_delivered": "a delivery names a message storage holds (same id)",
+    "ack_is_final":
+        "no delivery of a message to a group after that group's ack of it was "
+        "confirmed, nor after the group's stored state settled it",
+    "tags_fenced":
+        "a settlement succeeds only for a live delivery tag of the settling connection "
+        "(not another client's, not a settled, expired or redelivered one)",
+    "attempts_never_decrease":
+        "a redelivery's attempt count is above the last one of this run (across a "
+        "crash: above the count storage held)",
+    "requeue_limit":
+        "a delivery returned with attempts above its channel's requeue_limit is never "
+        "redelivered to its group and is dead-lettered (reason requeue_limit) when dead "
+        "letters are kept; no other return is",
+    "ttl_respected":
+        "a message is never delivered at or past its TTL, and never expired before it",
+    "max_items": "a channel never holds more than its max_items messages in storage",
+    "single_consumer_order":
+        "a group's first deliveries of plain messages (no priority, no publish delay) "
+        "follow seq order on each channel, within a run",
+    "dedup_window":
+        "a send with a dedup key is not stored again within the window of the stored one",
+    "fenced_at_most_once":
+        "each message of a staged transaction is stored at most once, whatever the "
+        "replays; a numbered (idempotent producer) send too",
+    "round_robin":
+        "a delivery goes to a member that is reading and has credit (unsettled below "
+        "its prefetch); a message that came back from a member (nack, lease ran out) "
+        "goes to another member with credit if there is one",
+    "exclusive_one_reader":
+        "an exclusive (!) channel and its dead letters are read by one client: its "
+        "stored reservation's owner (never changed), and within a run by one client "
+        "even before the reservation is stored",
+    "progress": "the broker finishes its work: no endless loop of commits, pumps or loads",
+}
+
+
+class Violation(AssertionError):
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(f"{name}: {detail}")
+        self.name = name
+        self.detail = detail
+
+
+def fail(name: str, detail: str) -> NoReturn:
+    assert name in INVARIANTS, name
+    raise Violation(name, detail)
+
+
+# ------------------------------------------------------------------ commits
+def on_apply(ledger: Ledger, batch: WriteBatch, now: float, scenario: Scenario) -> None:
+    """``batch`` was applied to storage at ``now``: check and record it."""
+    for m in batch.messages:
+        key = (m.channel, m.seq)
+        old = ledger.stored.get(key)
+        if old is not None and old.id != m.id:
+            fail("seq_never_reused", f"{key} stored as {old.id} and again as {m.id}")
+        if old is not None:
+            continue  # a failed commit's state carried into this one: the same message
+        s = ledger.store(m)
+        if is_dead_letter(m.channel):
+            _check_dead_letter(ledger, s, now)
+            continue
+        sent = ledger.sent.get(s.pid)
+        if sent is None:
+            continue
+        if sent.kind in ("txn", "numbered") and len(ledger.by_pid[s.pid]) > 1:
+            fail("fenced_at_most_once", f"{sent.kind} send {s.pid} stored twice: "
+                 f"{ledger.by_pid[s.pid]}")
+        if sent.dedup is not None:
+            _check_dedup(ledger, sent, s, scenario.dedup_window)
+    for channel, seq in batch.deletes:
+        if (channel, seq) not in ledger.stored and \
+                scenario.channel_options(channel).overflow == "drop_oldest":
+            # An overflow drop of a seq never stored: the known bug, or the drop of an
+            # in-flight message whose commit then failed (harmless: at most a looser
+            # check).
+            ledger.phantom_drops[channel] = ledger.phantom_drops.get(channel, 0) + 1
+    for channel, owner in batch.reservations.items():
+        before = ledger.reservations.get(channel)
+        if before is not None and owner != before:
+            fail("exclusive_one_reader", f"the stored reservation of {channel} went from "
+                 f"{before} to {owner}")
+        if owner is not None:
+            ledger.reservations[channel] = owner
+    ledger.apply_rest(batch)
+    for channel, seqs in ledger.live.items():
+        limit = scenario.channel_options(channel).max_items
+        if limit is None or is_dead_letter(channel):
+            continue
+        if len(seqs) <= limit:
+            continue
+        if len(seqs) <= limit + ledger.phantom_drops.get(channel, 0) and \
+                known.tolerates(ledger, "overflow_drops_failed_seq"):
+            continue
+        fail("max_items", f"{channel} holds {len(seqs)} > max_items {limit}: "
+             f"{sorted(seqs)}")
+
+
+def _check_dead_letter(ledger: Ledger, s: Stored, now: float) -> None:
+    h = s.headers or {}
+    reason, group = h.get("x-dead-reason", ""), h.get("x-dead-group", "")
+    original = (h.get("x-original-channel", ""), int(h.get("x-original-seq", "0")))
+    if reason == "requeue_limit" and (group, *original) not in ledger.exceeded_ever:
+        fail("requeue_limit", f"{original} dead-lettered for {group} but no delivery of "
+             "it came back past the limit")
+    if reason == "ttl":
+        src = ledger.stored.get(original)
+        if src is None or src.expires_at is None or src.expires_at > now:
+            fail("ttl_respected", f"{original} dead-lettered for TTL at {now} but it "
+                 f"expires at {src.expires_at if src else '?'}")
+
+
+def _check_dedup(ledger: Ledger, sent: Sent, s: Stored, window: float) -> None:
+    assert sent.dedup is not None
+    key = (sent.target, sent.dedup)
+    last = ledger.dedup_last.get(key)
+    if last is not None and last[0] != s.pid and s.published_at < last[1] + window:
+        fail("dedup_window", f"dedup key {key} stored for {last[0]} at {last[1]} and "
+             f"again for {s.pid} at {s.published_at} (window {window} s)")
+    if last is None or last[0] != s.pid:
+        ledger.dedup_last[key] = (s.pid, s.published_at)
+
+
+# --------------------------------------------------------------- deliveries
+def on_delivery(ledger: Ledger, group: str, channel: str, seq: int, msg_id: str,
+                tag: int, attempts: int, now: float) -> None:
+    """Checked before the ledger records the delivery."""
+    key = (channel, seq)
+    s = ledger.stored.get(key)
+    if s is None or s.id != msg_id:
+        fail("only_committed_delivered", f"{key} ({msg_id}) delivered to {group} but "
+             f"storage holds {s.id if s else 'nothing'}")
+    read: Read = (group, channel, seq)
+    if s.expires_at is not None and s.expires_at <= now:
+        fail("ttl_respected", f"{key} delivered to {group} at {now}, expired at "
+             f"{s.expires_at}")
+    if read in ledger.acked:
+        fail("ack_is_final", f"{key} delivered to {group} after its ack was confirmed")
+    durable = ledger.durable.get((group, channel))
+    if durable is not None and durable.settled(seq):
+        fail("ack_is_final", f"{key} delivered to {group} though its stored state settled "
+             f"it (floor {durable.floor}, acked {sorted(durable.acked)[:10]})")
+    if ledger.exceeded.get(read) == ledger.run:
+        fail("requeue_limit", f"{key} delivered to {group} again after coming back past "
+             "its requeue limit")
+    before = ledger.attempts.get(read, ledger.restored_attempts.get(read, 0))
+    if attempts <= before:
+        fail("attempts_never_decrease", f"{key} delivered to {group} with attempts "
+             f"{attempts} after {before}")
+    if attempts == 1 and not s.special:
+        # Tags number deliveries in the order the pump made them (one pump turn hands
+        # its deliveries over per subscription, so they do not arrive in that order).
+        made = ledger.fresh.setdefault((group, channel), [])
+        i = bisect.bisect(made, (tag, seq))
+        before, after = made[i - 1] if i else None, made[i] if i < len(made) else None
+        if (before is not None and before[1] >= seq) or (after is not None and after[1] <= seq):
+            other = before if before is not None and before[1] >= seq else after
+            fail("single_consumer_order", f"{group} got {channel} seq {seq} (tag {tag}) "
+                 f"and seq {other[1]} (tag {other[0]}) out of order")  # type: ignore[index]
+        made.insert(i, (tag, seq))
+
+
+def on_member_delivery(ledger: Ledger, group: str, channel: str, seq: int, to: Member,
+                       members: Sequence[Member]) -> None:
+    """Checked in the order the pump made its deliveries (by tag), before the ledger
+    records this one. ``members``: the group's subscriptions and whether each was
+    reading when the pump turn began."""
+    conn, sid, prefetch, reading = to
+    if not reading:
+        fail("round_robin", f"{(channel, seq)} delivered to {group} member {conn}/{sid}, "
+             "which is not reading (paused)")
+    if ledger.unsettled(conn, sid) >= prefetch:
+        fail("round_robin", f"{(channel, seq)} delivered to {group} member {conn}/{sid} "
+             f"beyond its prefetch {prefetch}")
+    back_from = ledger.returned_from.pop((group, channel, seq), None)
+    if back_from == (conn, sid):
+        others = [m for m in members if (m[0], m[1]) != (conn, sid) and m[3]
+                  and ledger.unsettled(m[0], m[1]) < m[2]]
+        if others:
+            fail("round_robin", f"{(channel, seq)} came back from {group} member "
+                 f"{conn}/{sid} and went to it again while {others[0][:2]} had credit")
+
+
+def on_exclusive_delivery(ledger: Ledger, channel: str, client: str) -> None:
+    """``channel`` (or the channel whose dead letters it holds) is exclusive."""
+    key = channel.removeprefix("_dead/")
+    owner = ledger.reservations.get(key)
+    if owner is not None and client != owner:
+        fail("exclusive_one_reader", f"{channel} delivered to {client}; it is reserved by "
+             f"{owner}")
+    first = ledger.readers.setdefault(key, client)
+    if first != client:
+        fail("exclusive_one_reader", f"{channel} delivered to {client} and to {first} in "
+             "one run")
+
+
+# -------------------------------------------------------------- settlements
+def on_settle(ledger: Ledger, conn: int, op: str, tags: Sequence[int],
+              failed: list[tuple[int, int, str]], now: float, seconds: float = 0.0
+              ) -> list[Read]:
+    """The broker answered a settlement at once (the refused tags); the reads it took."""
+    refused = {tag for tag, _, _ in failed}
+    took: list[Read] = []
+    for tag in tags:
+        if tag in refused:
+            continue
+        t = ledger.tags.get(tag)
+        if t is None or not t.live or t.conn != conn:
+            why = ("unknown" if t is None else "another connection's" if t.conn != conn
+                   else "no longer live")
+            fail("tags_fenced", f"{op} of tag {tag} ({why}) succeeded")
+        if op == "extend":
+            t.expires = now + seconds
+            continue
+        took.append(t.read)
+        if op == "ack":
+            ledger.ack_issued.add(t.read)
+            ledger.kill(t)
+        else:
+            ledger.returned(t, by_member=True)
+    return took
+
+
+def on_ack_durable(ledger: Ledger, reads: list[Read]) -> None:
+    ledger.acked.update(reads)
+
+
+# ----------------------------------------------------------------- publishes
+def on_publish_reply(ledger: Ledger, sends: Sequence[Send], pids: Sequence[str],
+                     outcomes: Sequence[Outcome]) -> None:
+    """A publish was answered: what it confirms must be in storage now."""
+    for send, pid, o in zip(sends, pids, outcomes, strict=True):
+        if o.code:
+            continue
+        if send.channel.endswith("*") and not o.duplicate:
+            found = ledger.by_pid.get(pid, [])
+            if len(found) != o.fanout:
+                fail("confirmed_is_durable", f"broadcast {pid} to {send.channel} confirmed "
+                     f"with fanout {o.fanout}; storage holds {found}")
+            ledger.confirmed.update(found)
+            continue
+        if o.duplicate and not o.id:
+            # A producer's resend of a sequence stored before the run its state still
+            # describes (its seq is no longer known: producers.py), or a repeat of a
+            # dedup key whose first send was a broadcast that reached no channel.
+            found = ledger.by_pid.get(pid, [])
+            if not found and ledger.sent[pid].kind == "numbered" and not send.dedup:
+                fail("confirmed_is_durable", f"{pid} to {send.channel} confirmed as a "
+                     "duplicate (seq unknown) but storage holds no message of it")
+            ledger.confirmed.update(found)
+            continue
+        key = ledger.by_id.get(o.id)
+        if key is None and o.duplicate and send.dedup \
+                and known.tolerates(ledger, "dedup_answered_early"):
+            ledger.early_duplicates.append((pid, o.id))
+            continue
+        if key is None or key[1] != o.seq:
+            fail("confirmed_is_durable", f"{pid} to {send.channel} confirmed as seq {o.seq} "
+                 f"({o.id}{', duplicate' if o.duplicate else ''}) but storage does not "
+                 "hold it")
+        if not o.duplicate and ledger.stored[key].pid != pid:
+            fail("confirmed_is_durable", f"{pid} confirmed as {key}, which stores "
+                 f"{ledger.stored[key].pid}")
+        ledger.confirmed.add(key)
+
+
+def on_txn_reply(ledger: Ledger, pids: Sequence[str], failed_channels: set[str],
+                 discarded: int) -> None:
+    """A transaction commit was answered: each of its messages is stored once."""
+    for pid in pids:
+        if ledger.sent[pid].target in failed_channels:
+            continue
+        found = ledger.by_pid.get(pid, [])
+        if not found and discarded and known.tolerates(ledger, "txn_replay_answered_early"):
+            continue
+        if len(found) != 1:
+            fail("confirmed_is_durable", f"transaction message {pid} committed; storage "
+                 f"holds it {len(found)} times")
+        ledger.confirmed.update(found)
+
+
+# --------------------------------------------------------------------- end
+def at_end(ledger: Ledger, scenario: Scenario, now: float) -> None:
+    """After every group was read dry and everything committed."""
+    for key in sorted(ledger.confirmed):
+        channel, seq = key
+        s = ledger.stored[key]
+        expired = s.expires_at is not None and s.expires_at <= now
+        groups = [g for g in scenario.groups if g.matches(channel)
+                  and (not g.exclusive or g.key in ledger.groups_defined)]
+        if not groups:
+            if seq not in ledger.live.get(channel, ()) and key not in ledger.deleted:
+                fail("confirmed_never_lost", f"{key} ({s.pid}) is not in storage and no "
+                     "group read it")
+            continue
+        for g in groups:
+            read = (g.key, channel, seq)
+            if read in ledger.drained or expired or key in ledger.deleted or any(
+                    grp in ("", g.key) for _, grp in ledger.dead.get(key, [])):
+                continue
+            durable = ledger.durable.get((g.key, channel))
+            if durable is None or not durable.settled(seq):
+                fail("confirmed_never_lost", f"{key} ({s.pid}) was never delivered to "
+                     f"{g.key} at the end, nor settled there")
+            if read not in ledger.ack_issued and read not in ledger.exceeded_ever:
+                fail("confirmed_never_lost", f"{key} ({s.pid}) is settled for {g.key} "
+                     "but no ack, dead letter, TTL or drop settled it")
+    for read, run in sorted(ledger.exceeded.items()):
+        group, channel, seq = read
+        if run == ledger.run and scenario.channel_options(channel).dead_letter \
+                and ("requeue_limit", group) not in ledger.dead.get((channel, seq), []):
+            fail("requeue_limit", f"{(channel, seq)} came back to {group} past its limit "
+                 "but was not dead-lettered")

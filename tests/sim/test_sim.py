@@ -1,0 +1,172 @@
+"""The simulator in the suite: a fixed budget of seeds on every run, determinism, one
+reproduction of each known broker bug (expected to fail until fixed), and planted bugs
+the invariants must catch (so that a check that can never fail is noticed).
+
+``MINOU_SIM_SEEDS`` sets the budget (default 200); ``make simulate`` runs many more.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minou.core.group import Group, GroupChannel
+from minou.core.rights import Rights
+from minou.core.settlement import Settlement
+from minou.server.engine import Engine
+
+from .known import KNOWN_BUGS
+from .run import Case, Result, run_case, shrink
+
+SEEDS = int(os.environ.get("MINOU_SIM_SEEDS", "200"))
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _explain(r: Result) -> str:
+    small = shrink(r, budget_s=20.0)
+    return "\n".join([f"seed {r.case.seed}: {r.violation}",
+                      f"reproduce: {r.case.command()}", "shortest history found:",
+                      *small.history[-150:], f"reproduce it: {small.case.command()}"])
+
+
+def test_seed_budget() -> None:
+    """SEEDS histories of 400 steps, every known bug tolerated: nothing else breaks."""
+    for seed in range(SEEDS):
+        r = run_case(Case(seed))
+        if r.failed:
+            pytest.fail(_explain(r), pytrace=False)
+
+
+def test_few_clients_and_long_histories() -> None:
+    for seed in range(SEEDS // 10):
+        for case in (Case(seed, clients=1, steps=300), Case(seed, clients=5, steps=1200)):
+            r = run_case(case)
+            if r.failed:
+                pytest.fail(_explain(r), pytrace=False)
+
+
+def test_same_seed_same_history() -> None:
+    for seed in (1, 2, 3):
+        assert run_case(Case(seed)).digest == run_case(Case(seed)).digest
+
+
+def test_same_history_whatever_the_hash_seed() -> None:
+    """Nothing depends on the order of a set of strings: two processes with different
+    PYTHONHASHSEED write the same histories."""
+    code = ("from tests.sim.run import Case, run_case\n"
+            "print(' '.join(run_case(Case(s, steps=250)).digest for s in range(8)))")
+
+    def digests(hash_seed: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True,
+                             capture_output=True, text=True, timeout=120)
+        return out.stdout.strip()
+
+    assert digests("1") == digests("2")
+
+
+# One short history per known bug, every other known bug tolerated. Each fails its
+# invariant today; once the bug is fixed it passes, and strict xfail reports it: then
+# take the bug out of known.py and its case out of here.
+KNOWN_CASES = {
+    "dedup_answered_early": Case(518, clients=1, steps=4, features=frozenset({"dedup"})),
+    "overflow_drops_failed_seq": Case(3927, clients=2, steps=41, features=frozenset({"full"})),
+    "trailing_hole_counted": Case(137, clients=2, steps=106, features=frozenset({
+        "broadcast", "crash", "dedup", "delay", "flow", "full", "numbered", "priority",
+        "slow", "ttl", "txn"})),
+    "txn_replay_answered_early": Case(1198, clients=1, steps=83, features=frozenset({
+        "broadcast", "crash", "dedup", "delay", "extend", "foreign", "full", "nack",
+        "numbered", "priority", "slow", "ttl", "txn"})),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(KNOWN_BUGS))
+def test_known_bug_case_meets_its_bug(bug: str) -> None:
+    """While tolerated, the bug's case passes, and it does meet the bug."""
+    r = run_case(KNOWN_CASES[bug])
+    assert not r.failed, f"{r.violation}\nreproduce: {r.case.command()}"
+    assert r.known.get(bug), f"{r.case.command()} no longer meets {bug}"
+
+
+@pytest.mark.parametrize("bug", sorted(KNOWN_BUGS))
+@pytest.mark.xfail(strict=True, reason="a known broker bug (tests/sim/known.py)")
+def test_known_bug(bug: str) -> None:
+    case = KNOWN_CASES[bug]
+    r = run_case(Case(case.seed, case.clients, case.steps, case.features,
+                      strict=frozenset({bug})))
+    assert not r.failed, f"{r.violation}\nreproduce: {r.case.command()}"
+
+
+# --------------------------------------------------------------- planted bugs
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    yield monkeypatch
+
+
+def _first_failure(seeds: int = 60) -> Result:
+    for seed in range(seeds):
+        r = run_case(Case(seed, steps=300))
+        if r.failed:
+            return r
+    raise AssertionError(f"no invariant caught the planted bug in {seeds} seeds")
+
+
+def test_catches_a_confirm_before_the_commit(planted: pytest.MonkeyPatch) -> None:
+    """Publishes answered when staged, not when durable."""
+    real = Engine.publish
+
+    def publish(self: Engine, sends: Any, access: Any, reply: Any, **kw: Any) -> Any:
+        outcomes = real(self, sends, access, lambda o, f: None, **kw)
+        reply(outcomes, None)
+        return outcomes
+
+    planted.setattr(Engine, "publish", publish)
+    assert _first_failure().violation.name == "confirmed_is_durable"  # type: ignore[union-attr]
+
+
+def test_catches_an_ack_that_does_not_settle(planted: pytest.MonkeyPatch) -> None:
+    """An ack that frees the lease but puts the message back in the queue."""
+    def settle(self: GroupChannel, seq: int) -> None:
+        self.pending.pop(seq, None)
+        heapq.heappush(self.front, seq)
+
+    planted.setattr(GroupChannel, "settle", settle)
+    assert _first_failure().violation.name in (  # type: ignore[union-attr]
+        "ack_is_final", "attempts_never_decrease", "requeue_limit", "progress")
+
+
+def test_catches_a_tag_settled_by_anyone(planted: pytest.MonkeyPatch) -> None:
+    """Fenced acks gone: any connection may settle any pending delivery."""
+    real = Settlement._lease
+
+    def lease(self: Settlement, session: Any, tag: int) -> Any:
+        for grp in self.state.groups.values():
+            for sub in grp.members:
+                if tag in sub.session.leases and sub.session is not session:
+                    return real(self, sub.session, tag)
+        return real(self, session, tag)
+
+    planted.setattr(Settlement, "_lease", lease)
+    assert _first_failure().violation.name == "tags_fenced"  # type: ignore[union-attr]
+
+
+def test_catches_a_returned_message_given_back(planted: pytest.MonkeyPatch) -> None:
+    """The round-robin no longer passes over the member a message came back from."""
+    real = Group.member_for
+    planted.setattr(Group, "member_for", lambda self, avoid=0: real(self, 0))
+    assert _first_failure().violation.name == "round_robin"  # type: ignore[union-attr]
+
+
+def test_catches_a_second_reader_of_an_exclusive_channel(
+        planted: pytest.MonkeyPatch) -> None:
+    """Reservations no longer keep other clients out."""
+    planted.setattr(Rights, "read_refusal", lambda self, session, pattern, owner_to_be=None:
+                    None)
+    assert _first_failure().violation.name == "exclusive_one_reader"  # type: ignore[union-attr]
