@@ -226,3 +226,25 @@ def test_a_real_quota_end_to_end_confirms_only_what_is_stored(tmp_path: Path) ->
     h2 = restart(h, tmp_path)
     sub2 = h2.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
     assert payloads(h2.take(sub2)) == ["after"]
+
+
+def test_drop_oldest_past_a_failed_seq_drops_a_message_in_flight() -> None:
+    # Regression: expiring seq 1 moved first_seq past the gap seq 2's failed commit
+    # left (end stayed 2), and the overflow then "dropped" that never-stored seq 2
+    # instead of a message in flight: four stored, inflight -1.
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=3, overflow="drop_oldest"))
+    h.publish(send(CH, 1, ttl=1.0))
+    h.broker.publish([send(CH, 2)], h.now)
+    fail(h)
+    h.advance(2.0)
+    assert h.broker.expire([(CH, 1)], h.now) == 1  # storage's TTL scan found it
+    h.commit()
+    log = h.broker.channels[CH]
+    assert (log.count, log.first_seq) == (0, 3)
+    h.broker.publish([send(CH, v) for v in (3, 4, 5, 6)], h.now)
+    batch = h.commit()
+    assert (CH, 3) in batch.deletes
+    assert (log.count, log.inflight) == (3, 0)
+    sub = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [4, 5, 6]
+    assert h.storage.open(h.now).channels[0].count == 3

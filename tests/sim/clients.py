@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minou.core.session import Session
 from minou.errors import ErrorCode, RequestError
@@ -372,17 +372,10 @@ class SimClient:
                 return f"txn stage batch {w.batch_id} refused: {exc.message}"
             w.state = "staged"
             return f"txn stage batch {w.batch_id} {w.pids} as {w.txns}"
-        try:
-            result = world.engine.core.commit_txns(conn.session, w.writer_id, w.batch_id,
-                                                   w.txns, world.now)
-        except RequestError as exc:
-            w.state = "idle"
-            return f"txn commit batch {w.batch_id} refused: {exc.message}"
-        w.state = "committing"
         pids, batch_id = list(w.pids), w.batch_id
-        failed = {f["channel"] for f in result.get("failed", [])}
 
-        def done() -> None:
+        def done(result: dict[str, Any]) -> None:
+            failed = {f["channel"] for f in result.get("failed", [])}
             inv.on_txn_reply(world.ledger, pids, failed, int(result.get("discarded", 0)))
             if not conn.closed and w.batch_id == batch_id and w.state == "committing":
                 w.batch_id += 1
@@ -394,7 +387,13 @@ class SimClient:
                 w.state = "idle"
             world.note(f"{self.id} txn batch {batch_id} failed: {exc.message}")
 
-        world.engine.after_commit(done, refused, urgent=True)
+        w.state = "committing"
+        try:  # as the native door does (connection.py _on_txn_commit)
+            world.engine.commit_txns(conn.session, w.writer_id, w.batch_id, w.txns, done,
+                                     refused)
+        except RequestError as exc:
+            w.state = "idle"
+            return f"txn commit batch {w.batch_id} refused: {exc.message}"
         return f"txn commit batch {w.batch_id} {w.txns}"
 
 

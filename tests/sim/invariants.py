@@ -16,7 +16,6 @@ from minou.core.writes import WriteBatch
 from minou.names import is_dead_letter
 from minou.protocol.frames import Outcome, Send
 
-from . import known
 from .ledger import Ledger, Read, Sent, Stored
 from .scenario import Scenario
 
@@ -101,13 +100,6 @@ def on_apply(ledger: Ledger, batch: WriteBatch, now: float, scenario: Scenario) 
                  f"{ledger.by_pid[s.pid]}")
         if sent.dedup is not None:
             _check_dedup(ledger, sent, s, scenario.dedup_window)
-    for channel, seq in batch.deletes:
-        if (channel, seq) not in ledger.stored and \
-                scenario.channel_options(channel).overflow == "drop_oldest":
-            # An overflow drop of a seq never stored: the known bug, or the drop of an
-            # in-flight message whose commit then failed (harmless: at most a looser
-            # check).
-            ledger.phantom_drops[channel] = ledger.phantom_drops.get(channel, 0) + 1
     for channel, owner in batch.reservations.items():
         before = ledger.reservations.get(channel)
         if before is not None and owner != before:
@@ -121,9 +113,6 @@ def on_apply(ledger: Ledger, batch: WriteBatch, now: float, scenario: Scenario) 
         if limit is None or is_dead_letter(channel):
             continue
         if len(seqs) <= limit:
-            continue
-        if len(seqs) <= limit + ledger.phantom_drops.get(channel, 0) and \
-                known.tolerates(ledger, "overflow_drops_failed_seq"):
             continue
         fail("max_items", f"{channel} holds {len(seqs)} > max_items {limit}: "
              f"{sorted(seqs)}")
@@ -283,10 +272,6 @@ def on_publish_reply(ledger: Ledger, sends: Sequence[Send], pids: Sequence[str],
             ledger.confirmed.update(found)
             continue
         key = ledger.by_id.get(o.id)
-        if key is None and o.duplicate and send.dedup \
-                and known.tolerates(ledger, "dedup_answered_early"):
-            ledger.early_duplicates.append((pid, o.id))
-            continue
         if key is None or key[1] != o.seq:
             fail("confirmed_is_durable", f"{pid} to {send.channel} confirmed as seq {o.seq} "
                  f"({o.id}{', duplicate' if o.duplicate else ''}) but storage does not "
@@ -304,8 +289,6 @@ def on_txn_reply(ledger: Ledger, pids: Sequence[str], failed_channels: set[str],
         if ledger.sent[pid].target in failed_channels:
             continue
         found = ledger.by_pid.get(pid, [])
-        if not found and discarded and known.tolerates(ledger, "txn_replay_answered_early"):
-            continue
         if len(found) != 1:
             fail("confirmed_is_durable", f"transaction message {pid} committed; storage "
                  f"holds it {len(found)} times")

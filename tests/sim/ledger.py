@@ -123,8 +123,6 @@ class Ledger:
     # --- known broker bugs (known.py): which are tolerated, and what they let through
     tolerated: frozenset[str] = frozenset()
     seen_known: dict[str, int] = field(default_factory=dict)
-    early_duplicates: list[tuple[str, str]] = field(default_factory=list)  # (pid, id)
-    phantom_drops: dict[str, int] = field(default_factory=dict)  # per channel, this run
 
     # ----------------------------------------------------------------- disk
     def store(self, m: Msg) -> Stored:
@@ -217,12 +215,6 @@ class Ledger:
         self.readers.clear()
         self.attempts.clear()
         self.fresh.clear()
-        # The known overflow bug's miscount ends with the run; its excess in storage
-        # lasts until the next publish to the channel drops it.
-        self.phantom_drops = {
-            c: len(seqs) - limit for c, seqs in self.live.items()
-            if (limit := self.scenario.channel_options(c).max_items) is not None
-            and len(seqs) > limit}
         self.restored_attempts = {
             (group, channel, seq): a for (group, channel), d in self.durable.items()
             for seq, a in d.attempts.items()}

@@ -256,6 +256,18 @@ def test_seqs_never_stored_between_batches_are_gone(
                              ChannelRecord(CH2, 11, 1, 2, gone=list(range(2, 10)))]
 
 
+def test_seqs_never_stored_after_the_last_message_are_gone(
+    backend: Factory, store: Storage
+) -> None:
+    # Regression: seq 3's publish failed, then a removal stored next seq 4. Only holes
+    # between segments were gone: a restarted broker counted 3 as a live message.
+    store.apply(batch_of(msg(CH, 1), msg(CH, 2), msg(CH2, 1)))
+    store.apply(WriteBatch(deletes=[(CH, 1), (CH2, 1)], channels={CH: 4, CH2: 3}))
+    _, snap = reopen(backend, store)
+    assert snap.channels == [ChannelRecord(CH, 4, 2, 1, gone=[3]),
+                             ChannelRecord(CH2, 3, 3, 0)]
+
+
 def test_a_truncate_inside_a_batch_hides_what_is_below(backend: Factory,
                                                        store: Storage) -> None:
     store.apply(batch_of(*(msg(CH, s, priority=1, expires_at=NOW + 1) for s in range(1, 11))))

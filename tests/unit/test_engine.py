@@ -9,7 +9,7 @@ import pytest
 
 from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
-from minou.errors import ErrorCode, PublishBacklog, ShuttingDown, StorageFull
+from minou.errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown, StorageFull
 from minou.protocol.frames import Send
 from minou.server.engine import CommitScheduler, Engine, pump
 
@@ -312,3 +312,69 @@ def test_when_durable_answers_at_once_when_nothing_waits_to_be_written() -> None
     assert said == ["now"]
     e.committed(host.writes.pop())
     assert said == ["now", "later"]
+
+
+def test_a_duplicate_of_a_message_being_written_waits_for_its_commit() -> None:
+    """Found by the simulator (seed 518): a repeat of a dedup key whose first send is
+    still being written was answered at once, before anything was durable."""
+    e, host = engine()
+    first, again = Door(), Door()
+    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, first.reply, publisher=first)
+    [writing] = host.writes
+    [dup] = e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, again.reply,
+                      publisher=again)
+    assert dup.duplicate and again.answers == []  # not before the original is durable
+    e.committed(writing)  # then the answers (an empty batch: nothing is written for it)
+    assert again.answers == [([(1, 0)], None)] and len(host.writes) == 1
+
+
+def test_a_duplicate_of_a_message_whose_commit_fails_gets_the_error() -> None:
+    e, host = engine()
+    first, again = Door(), Door()
+    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, first.reply, publisher=first)
+    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, again.reply, publisher=again)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert first.answers == [([(0, int(full.code))], full)]
+    assert again.answers == []  # it waits for the next commit (what the failed one carried)
+    e.committed(host.writes.pop())
+    assert again.answers == [([(0, int(full.code))], None)]
+    assert e.core.state.awaited == {} and e.core.state.lost == {}
+    # A resend now stores it: the failed commit forgot the key.
+    resend = Door()
+    [out] = e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, resend.reply,
+                      publisher=resend)
+    assert not out.duplicate and out.seq == 2
+
+
+def test_answers_alone_are_given_without_a_write_once_the_writer_is_idle() -> None:
+    e, host = engine()
+    said: list[str] = []
+    e.after_commit(lambda: said.append("done"))  # nothing staged: nothing to write
+    assert said == ["done"] and host.writes == [] and e.scheduler.handoffs == 0
+
+
+def test_a_replayed_commit_is_answered_only_if_the_commit_it_repeats_was_stored() -> None:
+    """Found by the simulator (seed 1198): a Spark batch committed again while its first
+    commit was still being written was answered "discarded"; that first commit then
+    failed, and the batch was stored by neither."""
+    e, host = engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+
+    def commit(txn: str) -> None:
+        e.core.stage(writer, txn, [Send("orders/v1/1", b"1")], 100.0)
+        e.commit_txns(writer, "job", 1, [txn], lambda result: answers.append(result),
+                      lambda exc: answers.append(exc))
+
+    commit("t1")
+    first = host.writes.pop()  # being written
+    commit("t2")  # the same batch again: the fence already says batch 1
+    full = StorageFull("disk full")
+    e.not_written(first, full, stop=False)
+    assert answers == [full]  # the first commit's own answer
+    e.committed(host.writes.pop())  # the replay's commit (what the failed one carried)
+    [lost] = answers[1:]
+    assert isinstance(lost, RequestError) and lost.code == ErrorCode.STORAGE_UNAVAILABLE
+    assert "was not stored" in lost.message
+    assert e.core.transactions.fences.get(("job", "orders/v1/1"), -1) < 1  # free to retry

@@ -108,6 +108,7 @@ class Broker:
     transactions = _Shared[Transactions]()
     reservations = _Shared[dict[str, str]]()
     replays = _Shared[list[tuple[int, ProducerState, int]]]()
+    early_duplicates = _Shared[list[tuple[int, "ProducerState | None", int]]]()
     counters = _Shared[Counters]()
     schema_refusals = _Shared[dict[str, int]]()
     read_refusals = _Shared[dict[str, list[Any]]]()
@@ -173,6 +174,11 @@ class Broker:
         """Validate and stage ``sends``: one outcome each, and the staged messages
         (``Publishing.publish``; ``self.replays`` lists the answers it repeated)."""
         return self.publishing.publish(sends, now, access, session, refuse)
+
+    def settle_duplicates(self, outcomes: list[Outcome],
+                          early: list[tuple[int, ProducerState | None, int]]) -> None:
+        """Answer early duplicates once their commit came (``Publishing``)."""
+        self.publishing.settle_duplicates(outcomes, early)
 
     def validate(self, send: Send, access: Access) -> str | None:
         """Everything a publish checks before storing (name, rules, size, JSON, schema);
@@ -349,6 +355,10 @@ class Broker:
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
         return self.txn_publishing.commit(session, writer_id, batch_id, txns, now, lineage)
+
+    def txn_replay_holds(self, writer_id: str, batch_id: int, channels: list[str]) -> bool:
+        """Whether a replay's "discarded" still holds (``TxnPublishing.replay_holds``)."""
+        return self.txn_publishing.replay_holds(writer_id, batch_id, channels)
 
     def release_writer(self, writer_id: str, *, drop_fences: bool = False) -> str | None:
         """Admin: free a writer id for the next client that commits under it (its

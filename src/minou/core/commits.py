@@ -101,6 +101,13 @@ class Commits:
             if id(msg) not in dropped:
                 keep.append(msg)
                 continue
+            waiting = state.awaited.get(msg.id) if state.awaited else None
+            if waiting is not None:  # its early duplicates get the error, as it does,
+                state.lost[msg.id] = error
+                for pstate, pseq in waiting:  # and a resend of a numbered one too: set
+                    if pstate is not None:  # now, so the next commit carries it
+                        pstate.refuse(pseq, pseq, int(error.code), error.message)
+                        state.producers.mark(pstate)
             log = state.channels.get(msg.channel)
             if log is None or msg.seq < log.first_seq or msg.seq in log.gone:
                 continue  # dropped (overflow) before the commit: already a gap

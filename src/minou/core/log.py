@@ -187,7 +187,9 @@ class ChannelLog:
 
     def drop_inflight(self) -> int:
         """Drop the oldest message not yet committed; its commit will skip it."""
-        seq = self.end
+        # delete_one may have moved first_seq past end, over the gaps failed commits
+        # left there (no longer in ``gone``): those seqs were never stored.
+        seq = max(self.end, self.first_seq)
         while seq in self.gone:
             seq += 1
         self.gone.add(seq)

@@ -64,19 +64,57 @@ class Publishing:
         staged: list[Msg] = []
         full = refuse or state.storage_refusal
         state.replays = []
+        state.early_duplicates = []
         numbered = session is not None and bool(session.producer_id)
         for send in sends:
             if numbered and send.pseq:
                 self._publish_numbered(send, now, staged, access, session, outcomes, full)  # type: ignore[arg-type]
-                continue
-            try:
-                if full is not None:
-                    raise type(full)(full.message, **full.detail)
-                outcomes.append(self._publish_one(send, now, staged, access))
-            except RequestError as exc:
-                outcomes.append(self._refusal(send, exc))
+            else:
+                try:
+                    if full is not None:
+                        raise type(full)(full.message, **full.detail)
+                    outcomes.append(self._publish_one(send, now, staged, access))
+                except RequestError as exc:
+                    outcomes.append(self._refusal(send, exc))
+            last = outcomes[-1]
+            if last.duplicate and not last.code and self._in_flight(last) and not (
+                    state.replays and state.replays[-1][0] == len(outcomes) - 1):
+                pstate = session.producer_states.get(send.channel) \
+                    if numbered and send.pseq else None  # type: ignore[union-attr]
+                state.early_duplicates.append((len(outcomes) - 1, pstate, send.pseq))
+                state.awaited.setdefault(last.id, []).append((pstate, send.pseq))
         state.batch.publishes += staged
         return outcomes, staged
+
+    def _in_flight(self, outcome: Outcome) -> bool:
+        """Whether the message a duplicate names is staged or being written, not yet
+        committed: the duplicate's answer must wait for that commit (and fail with it)."""
+        try:
+            found = self.state.ids.find(outcome.id, self.state.channels)
+        except RequestError:
+            return False
+        return found is not None and found[1] >= found[0].end
+
+    def settle_duplicates(self, outcomes: list[Outcome],
+                          early: list[tuple[int, ProducerState | None, int]]) -> None:
+        """After the commit early duplicates waited for: those whose message a failed
+        commit dropped get that commit's error (a resend then stores it; a numbered
+        one's producer state was set to the error then, by ``Commits.on_failed``); the
+        rest stand."""
+        state = self.state
+        for i, _, _ in early:
+            msg_id = outcomes[i].id
+            error = state.lost.get(msg_id)
+            waiting = state.awaited.get(msg_id)
+            if waiting:
+                waiting.pop()
+            if not waiting:
+                state.awaited.pop(msg_id, None)
+                state.lost.pop(msg_id, None)
+            if error is not None:
+                state.counters.refuse(error.reason)
+                outcomes[i] = Outcome(channel=outcomes[i].channel, code=int(error.code),
+                                      error=error.message)
 
     def _refusal(self, send: Send, exc: RequestError) -> Outcome:
         self.state.counters.refuse(exc.reason)

@@ -65,6 +65,15 @@ class BrokerState:
         # Set by publish(): outcomes answered from a producer's state, (index, state,
         # sequence), to be answered again once the commit they follow is durable.
         self.replays: list[tuple[int, ProducerState, int]] = []
+        # Set by publish(): (index, producer state, sequence) of outcomes answered as
+        # duplicates of a message not yet durable (its batch pending or being written);
+        # they are answered after the next commit, and only if that message was stored.
+        self.early_duplicates: list[tuple[int, ProducerState | None, int]] = []
+        # message id -> the early duplicates waiting on it (the producer state and
+        # sequence of a numbered one); ``lost``: those a failed commit dropped
+        # (Commits.on_failed), with its error, which their duplicates get.
+        self.awaited: dict[str, list[tuple[ProducerState | None, int]]] = {}
+        self.lost: dict[str, RequestError] = {}
         self.transactions = Transactions()
         self.reservations: dict[str, str] = {}  # exclusive (!) channel -> owning client
 

@@ -88,6 +88,13 @@ class TxnPublishing:
         batch.txn_done += [(session.client_id, t, result, now) for t in txns]
         return result
 
+    def replay_holds(self, writer_id: str, batch_id: int, channels: list[str]) -> bool:
+        """Whether the commit that made these channels of ``batch_id`` replays is still
+        in place: a fence moved by a commit still being written goes back when that
+        commit fails, and then the replay stored nothing either."""
+        fences = self.state.transactions.fences
+        return all(fences.get((writer_id, ch), -1) >= batch_id for ch in channels)
+
     def _check_commit(self, sends: list[Send], access: Access) -> None:
         """Raise what publishing ``sends`` would refuse: rules and schemas (either may
         have changed since STAGE) and room in channels that refuse when full."""

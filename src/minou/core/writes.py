@@ -59,6 +59,12 @@ class WriteBatch:
     bytes: int = 0
 
     def __bool__(self) -> bool:
+        return self.writes or bool(self.on_commit)
+
+    @property
+    def writes(self) -> bool:
+        """Whether there is anything to store (a batch may carry only answers waiting
+        for the commits before it)."""
         return bool(
             self.messages or self.deletes or self.truncates or self.channels or self.group_defs
             or self.group_states or self.dedup or self.clients or self.credentials
@@ -66,7 +72,6 @@ class WriteBatch:
             or self.fences or self.writers or self.dropped_fences or self.meta
             or self.used_tokens or self.producers or self.staged or self.unstaged
             or self.txn_done
-            or self.on_commit
         )
 
     def carry(self, failed: WriteBatch, messages: list[Msg]) -> None:

@@ -324,16 +324,14 @@ class NativeConnection:
         self._reply_after_commit(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
 
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
-        self.engine.check_accepting()
-        result = self.core.commit_txns(self.session, frame.writer_id, frame.batch_id,
-                                       list(frame.txns), time.time(), frame.lineage)
         # A failed commit (a full disk) published nothing: the error, never the Result.
-        self.engine.after_commit(
-            lambda: self.send(f.Result(frame.req, result)),
+        self.engine.commit_txns(
+            self.session, frame.writer_id, frame.batch_id, list(frame.txns),
+            lambda result: self.send(f.Result(frame.req, result)),
             lambda exc: self.send(native_error(
                 frame.req, exc,
                 message=f"{exc.message} The transactions are dropped: stage them again.")),
-            urgent=True)
+            frame.lineage)
 
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
         dropped = self.core.abort_txns(self.session, list(frame.txns))

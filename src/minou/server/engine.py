@@ -33,7 +33,7 @@ from ..core.broker import Broker, Session
 from ..core.group import Subscription
 from ..core.log import Msg
 from ..core.writes import WriteBatch
-from ..errors import PublishBacklog, RequestError, ShuttingDown
+from ..errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown
 from ..protocol.frames import Delivery, Outcome, Send
 
 Kick = Literal["now", "timer", "none"]
@@ -81,7 +81,9 @@ class CommitScheduler:
     def take(self, backing_off: Callable[[], bool] = lambda: False) -> WriteBatch | None:
         """The batch to commit now, or None: the writer is busy, nothing to write, the
         storage failed, or ``backing_off()`` (asked only when there is something to
-        write) says a full disk is waited out."""
+        write) says a full disk is waited out. A batch with nothing to write but
+        answers waiting on it comes back too (empty): the writer is idle, so what the
+        answers wait for is durable already, and the engine answers without a write."""
         if self.writing is not None or self.stopped:
             return None
         if not (self.core.batch or self._force) or backing_off():
@@ -91,7 +93,8 @@ class CommitScheduler:
         if not batch:
             return None
         self.writing = batch
-        self.handoffs += 1
+        if batch.writes:
+            self.handoffs += 1
         return batch
 
     def committed(self, batch: WriteBatch, now: float, wall: float) -> Kick:
@@ -101,9 +104,10 @@ class CommitScheduler:
         if batch.messages:
             self._last_publish_commit = now
         self.core.on_committed(batch, wall)
-        if self.core.batch.messages:
-            return "now"  # publishes waited for this commit: go on at once
-        if self.core.batch:
+        pending = self.core.batch
+        if pending.messages or (pending and not pending.writes):
+            return "now"  # publishes, or answers alone, waited for this commit
+        if pending:
             return self.request(now, urgent=False)
         return "none"
 
@@ -263,8 +267,12 @@ class Engine:
         between two frames of one read, so the writer fsyncs one batch while the loop
         parses the next (group commit)."""
         batch = self.scheduler.take(self.host.backing_off)
-        if batch is not None:
+        if batch is None:
+            return
+        if batch.writes:
             self.host.write(batch)
+        else:  # only answers waited: the writer is idle, what they wait for is durable
+            self.committed(batch)
 
     def committed(self, batch: WriteBatch) -> None:
         """``batch`` is durable: answer what waited for it, resume publishers, deliver."""
@@ -351,7 +359,8 @@ class Engine:
         received = time.perf_counter()
         core = self.core
         outcomes, staged = core.publish(sends, self.clock(), access, session, stopping)
-        if not staged and not core.replays:
+        early = core.early_duplicates
+        if not staged and not core.replays and not early:
             if core.producers.dirty:
                 # Refusals of numbered publishes: answered once the producer state that
                 # remembers them is durable (else a resend after a crash is a gap).
@@ -360,18 +369,24 @@ class Engine:
                 reply(outcomes, None)
             return outcomes
         # Outcomes answered from a producer's state say what it holds once the commit
-        # they follow is durable (a failed commit turns "stored" into its error).
+        # they follow is durable (a failed commit turns "stored" into its error); so do
+        # duplicates of a message still being written (``early``): commits are in order,
+        # so the next one comes after it.
         replays = core.replays
         latency = self.publish_latency
 
         def confirmed() -> None:
             for i, state, pseq in replays:
                 outcomes[i] = state.replay(pseq, outcomes[i].channel)
+            if early:  # duplicates of messages a failed commit dropped get its error
+                core.settle_duplicates(outcomes, early)
             reply(outcomes, None)
             if latency is not None:
                 latency.observe(time.perf_counter() - received)
 
         def not_stored(exc: RequestError) -> None:
+            if early:
+                core.settle_duplicates(outcomes, early)
             for _ in staged:
                 core.counters.refuse(exc.reason)
             again = {i: state.replay(pseq, outcomes[i].channel) for i, state, pseq in replays}
@@ -411,6 +426,32 @@ class Engine:
 
             self.after_commit(lambda: reply(failed, None), not_durable)
         return failed
+
+    # --------------------------------------------------------- transactions
+    def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
+                    reply: Callable[[dict[str, Any]], None],
+                    failed: Callable[[RequestError], None], lineage: str = "") -> None:
+        """Publish staged transactions under the writer's fences; ``reply`` with the
+        result once durable, ``failed`` if that commit fails (nothing was published).
+        A replay ("discarded": its fences were moved already) is answered only if the
+        commit that moved them was stored: one still being written may fail, and its
+        fences go back (found by the simulator, seed 1198)."""
+        self.check_accepting()
+        result = self.core.commit_txns(session, writer_id, batch_id, txns, self.clock(),
+                                       lineage)
+        replayed = list(result.get("replayed_channels") or [])
+
+        def answer() -> None:
+            if replayed and not self.core.txn_replay_holds(writer_id, batch_id, replayed):
+                lost = RequestError(
+                    f"batch {batch_id} of writer {writer_id!r} was not stored: the commit "
+                    f"this one repeats failed ({', '.join(replayed[:5])})")
+                lost.code = ErrorCode.STORAGE_UNAVAILABLE
+                failed(lost)
+                return
+            reply(result)
+
+        self.after_commit(answer, failed, urgent=True)
 
     # -------------------------------------------------------- subscriptions
     def subscribe(self, session: Session, sid: int, reply: Callable[[], None] | None = None,

@@ -226,6 +226,9 @@ class SQLiteStorage:
                 holes.update(range(expected, start))  # a hole between segments
                 count += last - start + 1
                 expected = last + 1
+            # Past the last segment too: failed publishes, when a later removal stored
+            # next_seq.
+            holes.update(range(expected, next_seq))
             # Only removed messages that were stored were counted: holes were not.
             count -= len({g for g in removed_rows if first <= g < expected} - holes)
             gone = {g for g in removed_rows | holes if first <= g < next_seq}
