@@ -324,15 +324,23 @@ class SimClient:
                delay: float = 0.0, seconds: float = 0.0, foreign: bool = False) -> str:
         world = self.world
         took: list[tuple[str, str, int]] = []
+        returned: list[bool] = []  # settle() returned: ``took`` is known
+        early: list[bool] = []  # answered inside settle(), before ``took`` was known
 
         def reply(failed: list[tuple[int, int, str]], exc: RequestError | None) -> None:
             if op == "ack" and exc is None:
-                inv.on_ack_durable(world.ledger, took)
+                if returned:
+                    inv.on_ack_durable(world.ledger, took)
+                else:
+                    early.append(True)
 
         world.doing(f"{self.id} {'foreign ' if foreign else ''}{op} {tags}")
         failed = world.engine.settle(conn.session, op, tags, reply, delay=delay, front=front,
                                      seconds=seconds)
         took += inv.on_settle(world.ledger, conn.serial, op, tags, failed, world.now, seconds)
+        returned.append(True)
+        if early:  # an answer given at once says the ack is durable already: hold it to that
+            inv.on_ack_durable(world.ledger, took)
         refused = {t for t, _, _ in failed}
         if op != "extend" and not foreign:
             for tag in tags:
