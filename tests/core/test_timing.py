@@ -95,6 +95,20 @@ def test_ttl_dead_letter_off() -> None:
     assert DEAD not in h.broker.channels
 
 
+def test_a_full_dead_letter_channel_drops_its_oldest_even_when_its_channel_refuses() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=2, overflow="refuse"))
+    for i in range(3):
+        a, b = h.publish(send(CH, f"a{i}", ttl=1.0), send(CH, f"b{i}", ttl=1.0))
+        h.advance(1.0)  # what the storage scan finds past its TTL:
+        assert h.broker.expire([(CH, a.seq), (CH, b.seq)], h.now) == 2
+        h.commit()
+    dead = h.broker.channels[DEAD]
+    assert (h.broker.counters.expired, h.broker.counters.dead_lettered) == (6, 6)
+    assert (dead.count, dead.dropped, h.broker.counters.dropped) == (2, 4, 4)
+    sub = h.subscribe(Session("c"), patterns=DEAD, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == ["a2", "b2"]  # the newest two are kept
+
+
 # ---------------------------------------------------------------------- delay
 def test_publish_time_delay() -> None:
     h = Harness()

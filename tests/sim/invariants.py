@@ -110,9 +110,7 @@ def on_apply(ledger: Ledger, batch: WriteBatch, now: float, scenario: Scenario) 
     ledger.apply_rest(batch)
     for channel, seqs in ledger.live.items():
         limit = scenario.channel_options(channel).max_items
-        if limit is None or is_dead_letter(channel):
-            continue
-        if len(seqs) <= limit:
+        if limit is None or len(seqs) <= limit:
             continue
         fail("max_items", f"{channel} holds {len(seqs)} > max_items {limit}: "
              f"{sorted(seqs)}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..names import dead_letter_channel, is_dead_letter
 from .log import Msg
+from .publishing import make_room
 from .state import BrokerState
 
 
@@ -36,6 +37,9 @@ class DeadLetters:
         if src is None or not src.options.dead_letter or is_dead_letter(msg.channel):
             return
         log = state.log(dead_letter_channel(msg.channel), msg.published_at)
+        # A dead letter cannot be refused (its message is leaving its channel anyway):
+        # a full dead-letter channel drops its oldest, whatever the channel's overflow.
+        make_room(state, log)
         headers = dict(msg.headers or {})
         headers.update({
             "x-dead-reason": reason, "x-dead-detail": text,

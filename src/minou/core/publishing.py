@@ -44,6 +44,21 @@ def check_room(log: ChannelLog) -> None:
         )
 
 
+def make_room(state: BrokerState, log: ChannelLog) -> None:
+    """Drop the oldest message of ``log`` if it holds max_items (counted as dropped)."""
+    limit = log.options.max_items
+    if limit is None or log.count + log.inflight < limit:
+        return
+    oldest = log.oldest_live()
+    if oldest is not None:
+        log.delete_one(oldest)
+    else:  # everything is still on its way to disk: drop the oldest of those
+        oldest = log.drop_inflight()
+    log.dropped += 1
+    state.counters.dropped += 1
+    state.batch.deletes.append((log.name, oldest))
+
+
 class Publishing:
     def __init__(self, state: BrokerState) -> None:
         self.state = state
@@ -272,15 +287,7 @@ class Publishing:
         batch = self.state.batch
         opts = log.options
         check_room(log)
-        if opts.max_items is not None and log.count + log.inflight >= opts.max_items:
-            oldest = log.oldest_live()
-            if oldest is not None:
-                log.delete_one(oldest)
-            else:  # everything is still on its way to disk: drop the oldest of those
-                oldest = log.drop_inflight()
-            log.dropped += 1
-            self.state.counters.dropped += 1
-            batch.deletes.append((log.name, oldest))
+        make_room(self.state, log)
         ttl = send.ttl if send.ttl is not None else opts.ttl
         msg = Msg(
             log.name, log.next_seq, self._new_id(log, log.next_seq), send.data, send.raw,
