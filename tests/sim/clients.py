@@ -5,7 +5,10 @@ deliveries, flow control pauses and resumes it.
 
 A client that stops reading lets deliveries pile up unread; past a water mark its
 subscriptions are paused, as the server does when a socket's write buffer fills
-(``NativeConnection.set_paused``), and reading again wakes its groups.
+(``NativeConnection.set_paused``), and reading again wakes its groups. All connections
+share one budget of unread delivery bytes (the server's ``DeliveryBudget``, run as is):
+a write that leaves the total over it pauses a connection holding more than its share,
+and every tick recounts (``BrokerServer.watch_consumers``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from .scenario import GroupSpec
 if TYPE_CHECKING:
     from .world import World
 
-HIGH_WATER = 400  # unread delivery bytes that pause a connection's subscriptions
+def frame_bytes(items: list[Delivery]) -> int:
+    """What a Deliver frame of ``items`` adds to a connection's unsent bytes."""
+    return sum(len(d.data) + 64 for d in items)
 
 
 @dataclass
@@ -50,13 +55,15 @@ class Connection:
         self.flow_paused = False  # flow control stopped reading this socket
         self.reading = True  # the peer reads what it is sent
         self.water_paused = False
+        self.budget_paused = False  # the delivery budget's (DeliveryBudget.note/recount)
+        self.unsent_noted = 0  # this connection's part of the budget's running total
         self.subs: dict[int, SubInfo] = {}
         self.inbox: list[Delivery] = []
         self.inbox_bytes = 0
         self.held: dict[int, Delivery] = {}  # read, not settled: tag -> delivery
         self.sid_of: dict[int, int] = {}  # tag -> the subscription it came on
         self._sids = 0
-        self.paused_sids: set[int] = set()  # the subscriptions the water mark paused
+        self.paused_sids: set[int] = set()  # the subscriptions a pause caught
         world.conns[self.serial] = self
 
     def new_sid(self) -> int:
@@ -71,14 +78,32 @@ class Connection:
         self.inbox.extend(items)
         for d in items:
             self.sid_of[d.tag] = sid
-        self.inbox_bytes += sum(len(d.data) + 64 for d in items)
-        if self.inbox_bytes > HIGH_WATER and not self.water_paused:
-            # As NativeConnection.set_paused: the subscriptions it has now (one made
-            # later is not paused, as on the server).
+        size = frame_bytes(items)
+        self.inbox_bytes += size
+        w = self.world
+        if w.budget.note(self, self.inbox_bytes, w.scenario.budget_bytes):
+            self.set_budget_paused(True)  # as NativeConnection.send_deliveries
+        if self.inbox_bytes > w.scenario.high_water and not self.water_paused:
             self.water_paused = True
+            self._apply_pause()
+
+    def set_budget_paused(self, paused: bool) -> None:
+        if paused != self.budget_paused:
+            self.budget_paused = paused
+            self._apply_pause()
+
+    def _apply_pause(self) -> None:
+        """As NativeConnection._apply_pause: the subscriptions it has now (one made
+        later is not paused, as on the server); resuming wakes their groups."""
+        if self.water_paused or self.budget_paused:
             self.paused_sids = set(self.session.subs)
             for sub in self.session.subs.values():
                 sub.paused = True
+            return
+        self.paused_sids.clear()
+        for sub in self.session.subs.values():
+            sub.paused = False
+        self.world.wake(self.session)
 
     def pause_reading(self) -> None:
         if not self.closed:
@@ -92,13 +117,10 @@ class Connection:
         for d in self.inbox:
             self.held[d.tag] = d
         self.inbox.clear()
-        self.inbox_bytes = 0
+        self.inbox_bytes = 0  # the budget sees it at the next recount, as the server's
         if self.water_paused:
             self.water_paused = False
-            self.paused_sids.clear()
-            for sub in self.session.subs.values():
-                sub.paused = False
-            self.world.wake(self.session)
+            self._apply_pause()
 
 
 @dataclass

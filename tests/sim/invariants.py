@@ -62,6 +62,10 @@ INVARIANTS: dict[str, str] = {
         "an exclusive (!) channel and its dead letters are read by one client: its "
         "stored reservation's owner (never changed), and within a run by one client "
         "even before the reservation is stored",
+    "delivery_budget":
+        "the unread delivery bytes of all connections together stay within the delivery "
+        "budget, plus one pump turn, plus per connection its share and one turn's "
+        "deliveries to it",
     "progress": "the broker finishes its work: no endless loop of commits, pumps or loads",
 }
 
@@ -212,6 +216,23 @@ def on_exclusive_delivery(ledger: Ledger, channel: str, client: str) -> None:
     if first != client:
         fail("exclusive_one_reader", f"{channel} delivered to {client} and to {first} in "
              "one run")
+
+
+def on_pump_turn(ledger: Ledger, limit: int, share: int, turn: Sequence[int],
+                 unsent: Sequence[int]) -> None:
+    """A pump turn wrote ``turn`` bytes of deliveries to each connection it served (a
+    frame per subscription); ``unsent``: what each open connection holds unread now.
+    Past the budget a connection over its share gets no more after the turn whose write
+    saw that, so each can hold at most its share and one turn's deliveries, on top of
+    the budget and the turn that crossed it."""
+    ledger.max_turn = max(ledger.max_turn, sum(turn))
+    ledger.max_conn_turn = max(ledger.max_conn_turn, *turn)
+    bound = limit + ledger.max_turn + len(unsent) * (share + ledger.max_conn_turn)
+    if sum(unsent) > bound:
+        fail("delivery_budget", f"{len(unsent)} connections hold {sum(unsent)} unread "
+             f"delivery bytes {sorted(unsent, reverse=True)}, over {bound} (budget "
+             f"{limit}, share {share}, largest turn {ledger.max_turn}, to one "
+             f"connection {ledger.max_conn_turn})")
 
 
 # -------------------------------------------------------------- settlements

@@ -120,6 +120,8 @@ class Ledger:
     returned_from: dict[Read, tuple[int, int]] = field(default_factory=dict)  # (conn, sid)
     drained: set[Read] = field(default_factory=set)  # delivered to the end-of-run readers
     readers: dict[str, str] = field(default_factory=dict)  # this run: exclusive -> client
+    max_turn: int = 0  # the most delivery bytes one pump turn wrote
+    max_conn_turn: int = 0  # ... to one connection
     # --- known broker bugs (known.py): which are tolerated, and what they let through
     tolerated: frozenset[str] = frozenset()
     seen_known: dict[str, int] = field(default_factory=dict)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 from minou.auth.rules import Rules
 from minou.core.log import ChannelOptions
+from minou.limits import BUDGET_SHARE
 from minou.names import consume_group_key, listen_group_key
 
 # Every feature a history may use; shrinking a failure switches them off one by one.
 FEATURES = ("crash", "full", "ttl", "delay", "priority", "dedup", "broadcast", "numbered",
             "nack", "extend", "slow", "flow", "txn", "evict", "foreign", "exclusive",
-            "retention")
+            "retention", "budget")
 
 T0 = 1_000_000.0  # the simulated wall clock at the start (seconds)
 ENDPOINTS = ("a/v1", "b/v1")
@@ -62,6 +63,11 @@ class Scenario:
     cache_budget: int
     page: int  # the storage page a load reads
     pause_bytes: int  # publish_pause_bytes (flow control)
+    # delivery_buffer_bytes (DeliveryBudget), its share per connection, and the unread
+    # bytes that pause one connection (the socket's high water mark)
+    budget_bytes: int = 1 << 40
+    budget_share: int = BUDGET_SHARE
+    high_water: int = 400
     channels: list[str] = field(default_factory=list)  # the concrete channels
     rules: Rules = field(default_factory=lambda: Rules.parse(None))
 
@@ -93,6 +99,14 @@ class Scenario:
             channels.append(EXCLUSIVE)
             groups.append(GroupSpec("consume", "ex", (EXCLUSIVE,), exclusive=True))
             rules = Rules.parse([{"client": "*", "read": ["*", "!e/*"], "write": ["*"]}])
+        # Drawn from their own generator: the histories of runs without the feature
+        # (and the seeds pinned before it existed) stay what they were.
+        budget: dict[str, int] = {}
+        if "budget" in features:
+            brng = random.Random(f"budget-{seed}")
+            budget = {"budget_bytes": brng.choice((300, 800, 2_000)),
+                      "budget_share": brng.choice((0, 100, 300)),
+                      "high_water": brng.choice((400, 3_000))}
         return cls(
             seed=seed, clients=names, features=features, options=options, groups=groups,
             writers=writers,
@@ -101,7 +115,7 @@ class Scenario:
             cache_budget=rng.choice((1_500, 48 << 20)) if "evict" in features else 48 << 20,
             page=rng.choice((2, 3, 50)),
             pause_bytes=rng.choice((200, 1 << 40)) if "flow" in features else 1 << 40,
-            channels=channels, rules=rules,
+            channels=channels, rules=rules, **budget,
         )
 
 

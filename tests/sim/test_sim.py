@@ -21,6 +21,7 @@ import pytest
 from minou.core.group import Group, GroupChannel
 from minou.core.rights import Rights
 from minou.core.settlement import Settlement
+from minou.server.delivery_budget import DeliveryBudget
 from minou.server.engine import Engine
 
 from .known import KNOWN_BUGS
@@ -207,3 +208,11 @@ def test_catches_a_second_reader_of_an_exclusive_channel(
     planted.setattr(Rights, "read_refusal", lambda self, session, pattern, owner_to_be=None:
                     None)
     assert _first_failure().violation.name == "exclusive_one_reader"  # type: ignore[union-attr]
+
+
+def test_catches_a_delivery_budget_that_never_pauses_a_writer(
+        planted: pytest.MonkeyPatch) -> None:
+    """A delivery write never pauses its connection, however far over the budget (only
+    the tick's recount does): readers that stop pile up more than the budget allows."""
+    planted.setattr(DeliveryBudget, "note", lambda self, holder, buffered, limit: False)
+    assert _first_failure(200).violation.name == "delivery_budget"  # type: ignore[union-attr]

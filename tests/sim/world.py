@@ -33,11 +33,12 @@ from minou.limits import (
     SWEEP_INTERVAL_S,
 )
 from minou.protocol.frames import Delivery
+from minou.server.delivery_budget import DeliveryBudget
 from minou.server.engine import Engine, Load
 from minou.storage.memory import MemoryStorage
 
 from . import invariants as inv
-from .clients import Connection, SimClient, SubInfo
+from .clients import Connection, SimClient, SubInfo, frame_bytes
 from .known import KNOWN_BUGS, SimStorage
 from .ledger import Ledger
 from .scenario import FEATURES, T0, Scenario
@@ -95,6 +96,9 @@ class SimHost:
         engine, now = w.engine, w.now
         core = engine.core
         core.tick(now)
+        # BrokerServer.watch_consumers: the budget sees what was read since the last tick
+        w.budget.recount([(c, c.inbox_bytes) for c in w.conns.values() if not c.closed],
+                         w.scenario.budget_bytes)
         expired = w.ledger.expire_leases(now)
         if now - self._last_scan >= 1.0:
             self._last_scan = now
@@ -198,6 +202,7 @@ class World:
         core.restore(snap, self.now)
         core.migrate_listen_keys(sc.clients)
         self.host = SimHost(self)
+        self.budget = DeliveryBudget(share=sc.budget_share)  # the new server's
         self.engine = Engine(core, self.host, settle_delay=SETTLE_COMMIT_DELAY_S,
                              pause_bytes=lambda: sc.pause_bytes,
                              resume_bytes=PUBLISH_RESUME_BYTES,
@@ -281,6 +286,14 @@ class World:
             turn, self._turn = self._turn, None
         for conn, sid, d in sorted(turn, key=lambda t: t[2].tag):
             self._check_delivery(conn, sid, d, reading)
+        if turn:
+            per_conn: dict[int, int] = {}
+            for conn, _, d in turn:
+                per_conn[conn.serial] = per_conn.get(conn.serial, 0) + frame_bytes([d])
+            sc = self.scenario
+            inv.on_pump_turn(self.ledger, sc.budget_bytes, sc.budget_share,
+                             list(per_conn.values()),
+                             [c.inbox_bytes for c in self.conns.values() if not c.closed])
         by_sub: dict[tuple[int, int], list[Delivery]] = {}
         for conn, sid, d in turn:
             by_sub.setdefault((conn.serial, sid), []).append(d)

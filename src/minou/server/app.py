@@ -41,7 +41,6 @@ from ..errors import (
     UnexpectedFrame,
 )
 from ..limits import (
-    BUDGET_SHARE,
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     GC_THRESHOLD,
@@ -63,6 +62,7 @@ from .admission import Admission, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
 from .datadir import DataDirLocks
+from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
 from .oplog import watch_handshakes
 from .wire import internal_error, native_error
@@ -187,7 +187,7 @@ class BrokerServer:
         self.slow_consumers = 0
         self.dead_connections = 0  # cut after missing their heartbeats
         self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
-        self._unsent_running = 0  # the same, kept up to date by every delivery write
+        self.delivery_budget = DeliveryBudget()
         self.started_at = time.time()
         self.native_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
@@ -825,30 +825,24 @@ class BrokerServer:
                 self._house_pool, self.storage.checkpoint, True)
 
     def note_unsent(self, conn: NativeConnection, buffered: int) -> bool:
-        """A delivery write left ``buffered`` bytes unsent on ``conn``: keep the running
-        total (between ticks it only grows: reads are seen at the next tick, so it errs
-        on the safe side) and say whether it is over the budget."""
-        self._unsent_running += buffered - conn.unsent_noted
-        conn.unsent_noted = buffered
-        return self._unsent_running > self.settings.delivery_buffer_bytes
+        """A delivery write left ``buffered`` bytes unsent on ``conn``: whether it must
+        get no more deliveries now (``DeliveryBudget.note``)."""
+        return self.delivery_budget.note(conn, buffered,
+                                         self.settings.delivery_buffer_bytes)
 
     def watch_consumers(self, now: float) -> int:
-        """All connections together may hold ``delivery_buffer_bytes`` of unsent
-        deliveries; past that, a connection holding more than BUDGET_SHARE gets no more
-        until the total is back under the budget (readers that keep up go on). So the
-        memory consumers that stop reading can pin is about the budget plus
-        BUDGET_SHARE per connection, not the water mark per connection. A consumer that
-        stops reading with deliveries out is cut after ``slow_consumer_seconds``
-        (``NativeConnection.watch_progress``). Returns the total; ``now`` is monotonic."""
+        """Every tick: recount the unsent deliveries of every connection against
+        ``delivery_buffer_bytes`` (``DeliveryBudget``: so the memory consumers that stop
+        reading can pin is about the budget plus a share per connection, not the water
+        mark per connection), and cut a consumer that stopped reading with deliveries
+        out for ``slow_consumer_seconds`` (``NativeConnection.watch_progress``).
+        Returns the total; ``now`` is monotonic."""
         conns = [c for c in self.connections if not c.closed and c.session is not None]
         sizes = [c.transport.get_write_buffer_size() for c in conns]
-        total = sum(sizes)
-        over = total > self.settings.delivery_buffer_bytes
+        total = self.delivery_budget.recount(zip(conns, sizes, strict=True),
+                                             self.settings.delivery_buffer_bytes)
         for conn, size in zip(conns, sizes, strict=True):
-            conn.unsent_noted = size
-            conn.set_budget_paused(over and size > BUDGET_SHARE)
             conn.watch_progress(size, now)
-        self._unsent_running = total  # exact again; writes add to it until the next tick
         self.unsent_delivery_bytes = total
         return total
 

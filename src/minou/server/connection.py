@@ -26,7 +26,6 @@ from ..errors import (
     UnexpectedFrame,
 )
 from ..limits import (
-    BUDGET_SHARE,
     HEARTBEAT_MISSES,
     MAX_BATCH,
     MAX_HEARTBEAT_S,
@@ -400,7 +399,7 @@ class NativeConnection:
         self.transport.write(data)
         limit = self.server.settings.slow_consumer_bytes
         buffered = self.transport.get_write_buffer_size()
-        if self.server.note_unsent(self, buffered) and buffered > BUDGET_SHARE:
+        if self.server.note_unsent(self, buffered):
             self.set_budget_paused(True)  # at once, not at the next tick
         if buffered > limit:
             self._cut_slow(SlowConsumer(
