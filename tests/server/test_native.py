@@ -262,6 +262,25 @@ async def test_deliveries_stop_above_the_write_water_mark(broker: Harness) -> No
     assert [d.seq for d in (await worker.expect(f.Deliver)).items] == [1]
 
 
+async def test_a_subscription_made_while_deliveries_are_paused_is_paused_too(
+        broker: Harness) -> None:
+    """A consumer that stopped reading cannot get round the pause by subscribing again
+    (found by the simulator: the new subscription started unpaused)."""
+    worker = await consumer(broker)
+    worker.protocol.pause_writing()
+    worker.send(f.Subscribe(2, 2, "consume", ["invoices/v1/*"], group="others"))
+    assert await worker.expect(f.Result) == f.Result(2, {"sid": 2})
+    publisher = await broker.connect("publisher")
+    publisher.send(publish(1, {"n": 1}, channel="invoices/v1/1"))
+    await publisher.expect(f.Confirm)
+    await wait_for(lambda: not broker.server.engine.pump_pending, "the pump to run")
+    assert worker.frames() == []
+
+    worker.protocol.resume_writing()
+    deliver = await worker.expect(f.Deliver)
+    assert (deliver.sid, [d.seq for d in deliver.items]) == (2, [1])
+
+
 async def test_a_slow_consumer_is_cut_and_its_deliveries_go_back(make_server) -> None:
     broker = await make_server(slow_consumer_bytes=1000)
     slow = await consumer(broker, "slow")

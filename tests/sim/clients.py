@@ -93,8 +93,8 @@ class Connection:
             self._apply_pause()
 
     def _apply_pause(self) -> None:
-        """As NativeConnection._apply_pause: the subscriptions it has now (one made
-        later is not paused, as on the server); resuming wakes their groups."""
+        """As NativeConnection._apply_pause (a subscription made while paused starts
+        paused: ``subscribe``); resuming wakes their groups."""
         if self.water_paused or self.budget_paused:
             self.paused_sids = set(self.session.subs)
             for sub in self.session.subs.values():
@@ -300,6 +300,9 @@ class SimClient:
             return f"subscribe {g.key} refused: {exc.message}"
         assert sub.group.key == g.key, (sub.group.key, g.key)
         conn.subs[sid] = SubInfo(g.key, sub.lease_s, sub.prefetch)
+        if conn.water_paused or conn.budget_paused:  # as NativeConnection._on_subscribe
+            sub.paused = True
+            conn.paused_sids.add(sid)
         return f"subscribe sid {sid} to {g.key} prefetch {sub.prefetch} lease {sub.lease_s:g}"
 
     def do_unsubscribe(self, conn: Connection) -> str:

@@ -111,6 +111,9 @@ FIXED_CASES = {
         "numbered", "priority", "slow", "ttl", "txn"})),
     "dedup_answered_early": Case(518, clients=1, steps=4, features=frozenset({"dedup"})),
     "overflow_drops_failed_seq": Case(3927, clients=2, steps=41, features=frozenset({"full"})),
+    # A connection paused (full socket, over its share of the delivery budget) that
+    # subscribed again got deliveries on the new subscription (NativeConnection).
+    "subscribe_while_paused": Case(2002625, clients=5, steps=181),
     "trailing_hole_counted": Case(137, clients=2, steps=106, features=frozenset({
         "broadcast", "crash", "dedup", "delay", "flow", "full", "numbered", "priority",
         "slow", "ttl", "txn"})),

@@ -258,10 +258,13 @@ class NativeConnection:
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
         reply = f.Result(frame.req, {"sid": frame.sid})
-        self.engine.subscribe(
+        sub = self.engine.subscribe(
             self.session, frame.sid, lambda: self.send(reply), kind=frame.kind,
             patterns=list(frame.patterns), group=frame.group, start=frame.start,
             prefetch=frame.prefetch, lease=frame.lease, name=frame.name)
+        # Paused like the others while this socket is full or over its budget share: a
+        # reader that stopped reading must not get round the pause by subscribing again.
+        sub.paused = self._water_paused or self.budget_paused
 
     def _on_unsubscribe(self, frame: f.Unsubscribe) -> None:
         reply = f.Result(frame.req, None)
