@@ -8,6 +8,7 @@ CKSUM  := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP       := $(VENV)/.installed-core-$(CKSUM)
 TEST_STAMP  := $(VENV)/.installed-test-$(CKSUM)
 SPARK_STAMP := $(VENV)/.installed-spark-$(CKSUM)
+MUTATE_STAMP := $(VENV)/.installed-mutate-$(CKSUM)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -25,6 +26,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(TEST_STAMP): $(STAMP) Makefile
 	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
 	rm -f $(VENV)/.installed-test-*
+	touch $@
+
+$(MUTATE_STAMP): $(TEST_STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench,mutation]'
+	rm -f $(VENV)/.installed-mutate-*
 	touch $@
 
 $(SPARK_STAMP): $(STAMP) Makefile
@@ -82,6 +88,17 @@ test: $(TEST_STAMP) system-deps
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(TEST_STAMP)
 	MINOU_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest --timeout 0 tests/fuzz
+
+## mutate: mutation testing (mutmut, pinned) of the I/O-free parts (core, engine, names,
+## protocol, rules) with the fast suite and the simulator's quick profile, then the score
+## per file (docs/testing.md). MUTANTS=name-glob runs some only, e.g. 'minou.core.log*'.
+MUTANTS ?=
+mutate: $(MUTATE_STAMP)
+	$(if $(MUTANTS),,rm -rf mutants)
+	MINOU_SIM_SEEDS=20 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(BIN)/python tests/mutation_score.py
+
+.PHONY: mutate
 
 ## simulate: the deterministic simulator (tests/sim, docs/testing.md) over SEEDS seeds, with a
 ## progress bar; a failing seed is shrunk and printed. SEED=s replays one seed step by step;

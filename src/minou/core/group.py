@@ -151,15 +151,6 @@ class GroupChannel:
                 return m
         return None
 
-    def has_ready(self, now: float) -> bool:
-        return bool(
-            self.front
-            or self.prio
-            or self.back
-            or (self.sched and self.sched[0][0] <= now)
-            or self.cursor < self.log.end
-        )
-
     def waiting(self) -> tuple[int, int | None]:
         """How many stored messages wait for this group (neither delivered nor settled
         yet: new, requeued or delayed), and the lowest of their seqs."""
@@ -346,11 +337,3 @@ class Group:
     def took(self, idx: int) -> None:
         """Member ``idx`` got a delivery: the next turn is the member after it."""
         self.rr = (idx + 1) % len(self.members)
-
-    def next_member(self) -> Subscription | None:
-        """The next member with credit, taking its turn (for callers that deliver)."""
-        found = self.member_for()
-        if found is None:
-            return None
-        self.took(found[1])
-        return found[0]
