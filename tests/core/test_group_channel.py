@@ -1,0 +1,350 @@
+"""A group's reading of one channel (core/group.py ``GroupChannel``) as readers and
+operators see it: what holds back truncation, where a returned delivery goes, when a
+delayed one comes back, and the ``waiting`` count of group stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.core.broker import Session
+
+from .helpers import Harness, payloads, send, seqs
+
+CH = "orders/v1/1"
+
+
+def _truncated_to(h: Harness) -> int | None:
+    """Where the next commit truncates the channel (None: not at all)."""
+    return h.commit().truncates.get(CH)
+
+
+def _ack_all(h: Harness, s: Session, sub: Any) -> list[int]:
+    got = h.take(sub)
+    h.ack(s, got)
+    return seqs(got)
+
+
+# ------------------------------------------------------- the floor of a group
+def test_a_publish_delayed_message_holds_the_floor_until_it_is_delivered_and_acked() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "later", delay=10.0), send(CH, "a"), send(CH, "b"))
+    assert _ack_all(h, s, sub) == [2, 3]
+    assert _truncated_to(h) is None  # seq 1 is still due
+    log = h.broker.channels[CH]
+    assert (log.count, log.first_seq) == (3, 1)
+    h.tick(9.0)
+    assert _truncated_to(h) is None
+    h.tick(1.0)
+    assert _ack_all(h, s, sub) == [1]
+    assert _truncated_to(h) == 4
+    assert log.count == 0
+
+
+def test_a_message_nacked_with_a_delay_holds_the_floor_until_it_is_redelivered() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2, 3])
+    (d1,) = h.take(sub)
+    h.nack(s, [d1], delay=30.0)
+    assert _ack_all(h, s, sub) == [2]
+    assert _ack_all(h, s, sub) == [3]
+    assert _truncated_to(h) is None
+    assert h.broker.channels[CH].count == 3
+    h.tick(29.0)
+    assert h.pump() == {}
+    assert _truncated_to(h) is None
+    h.tick(1.0)
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 2)
+    h.ack(s, [again])
+    assert _truncated_to(h) == 4
+
+
+def test_truncation_stops_at_a_delayed_message_between_settled_ones() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "a"), send(CH, "later", delay=5.0), send(CH, "b"))
+    assert _ack_all(h, s, sub) == [1, 3]
+    assert _truncated_to(h) == 2  # up to, not past, the delayed one
+    h.commit()
+    h.tick(5.0)
+    assert payloads(h.take(sub)) == ["later"]
+
+
+def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, [1, 2, 3, 4])
+    d1, d2 = h.take(sub)
+    h.nack(s, [d1], front=False)
+    h.nack(s, [d2], front=True)
+    got = h.take(sub)
+    assert seqs(got) == [2, 3]
+    h.ack(s, got)
+    assert _truncated_to(h) is None  # 1 waits at the back
+    got = h.take(sub)
+    assert seqs(got) == [4, 1]
+    h.ack(s, got)
+    assert _truncated_to(h) == 5
+
+
+# ----------------------------------------------------- where returns go
+def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2])
+    (d1,) = h.take(sub)
+    h.publish(send(CH, 3), commit=False)  # seq 3 assigned, not visible yet
+    h.nack(s, [d1], front=False)
+    assert _ack_all(h, s, sub) == [2]  # what was queued before the nack comes first
+    assert _ack_all(h, s, sub) == [1]
+    assert h.commit().truncates.get(CH) == 3  # 3 is stored now: 1 and 2 are settled
+    assert _ack_all(h, s, sub) == [3]
+    assert h.pump() == {}
+    assert h.broker.counters.acked == 3
+
+
+def test_an_expired_lease_is_redelivered_first_not_behind_newer_messages() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2, lease=10.0)
+    h.publish_values(CH, [1, 2, 3, 4])
+    _, d2 = h.take(sub)
+    h.ack(s, [d2])
+    (d3,) = h.take(sub)
+    h.ack(s, [d3])
+    h.tick(10.0)  # d1's lease runs out while 4 waits
+    assert h.broker.counters.lease_expired == 1
+    got = h.take(sub)
+    assert [(d.seq, d.attempts) for d in got] == [(1, 2), (4, 1)]
+
+
+def test_expired_leases_come_back_in_seq_order_ahead_of_the_rest() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3, lease=10.0)
+    h.publish_values(CH, [1, 2, 3, 4, 5])
+    assert seqs(h.take(sub)) == [1, 2, 3]
+    h.tick(10.0)
+    assert seqs(h.take(sub)) == [1, 2, 3]
+
+
+# ------------------------------------------------------------ leases
+def test_a_lease_extended_twice_expires_at_the_later_time() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.advance(1.0)
+    assert h.extend(s, [d], 10.0) == []  # until T0 + 11
+    h.advance(1.0)
+    assert h.extend(s, [d], 20.0) == []  # until T0 + 22
+    h.tick(9.5)  # past the first extension
+    assert h.broker.counters.lease_expired == 0
+    h.tick(10.4)  # T0 + 21.9
+    assert h.broker.counters.lease_expired == 0
+    assert h.pump() == {}
+    h.tick(0.1)
+    assert h.broker.counters.lease_expired == 1
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 2)
+
+
+def test_the_holder_of_a_twice_extended_lease_can_ack_it_before_the_later_time() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    assert h.extend(s, [d], 10.0) == []
+    assert h.extend(s, [d], 30.0) == []
+    h.tick(20.0)  # past the lease and the first extension
+    assert h.ack(s, [d]) == []
+    assert (h.broker.counters.acked, h.broker.counters.lease_expired) == (1, 0)
+    h.tick(20.0)
+    assert h.broker.counters.lease_expired == 0
+    assert h.pump() == {}
+
+
+def test_extend_reaches_the_lease_of_a_listener_too() -> None:
+    h = Harness()
+    s = Session("svc")
+    sub = h.subscribe(s, kind="listen", patterns=CH, lease=5.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.extend(s, [d], 60.0)
+    h.tick(59.0)
+    assert h.ack(s, [d]) == []
+
+
+# ------------------------------------------------------------ delays
+def test_a_half_second_nack_delay_is_not_redelivered_early() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.nack(s, [d], delay=0.5)
+    assert h.pump() == {}
+    h.tick(0.0)
+    assert h.pump() == {}
+    h.tick(0.49)
+    assert h.pump() == {}
+    h.tick(0.01)
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 2)
+
+
+def test_a_nack_without_delay_is_redelivered_at_once() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    h.nack(s, [d], delay=0.0, front=False)
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 2)
+
+
+def test_delayed_messages_come_out_in_priority_order_once_due() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "d-p1", delay=5.0, priority=1), send(CH, "d-p0", delay=5.0),
+              send(CH, "d-p9", delay=5.0, priority=9), send(CH, "d-p5", delay=3.0,
+                                                             priority=5))
+    assert h.pump() == {}
+    h.tick(5.0)
+    got = h.take(sub)
+    assert payloads(got) == ["d-p9", "d-p5", "d-p1", "d-p0"]
+    assert [d.priority for d in got] == [9, 5, 1, 0]
+
+
+def test_a_due_delayed_message_waits_for_a_higher_priority_one_published_later() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, ["busy"])
+    (busy,) = h.take(sub)
+    h.publish(send(CH, "d-p2", delay=1.0, priority=2), send(CH, "p7", priority=7))
+    h.tick(1.0)
+    h.ack(s, [busy])
+    order = []
+    for _ in range(2):
+        (d,) = h.take(sub)
+        order.append(payloads([d])[0])
+        h.ack(s, [d])
+    assert order == ["p7", "d-p2"]
+
+
+# ------------------------------------------------------------ advancing
+def test_setting_a_position_forgets_returned_and_unsettled_deliveries_below_it() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    got = h.take(sub)
+    assert seqs(got) == [1, 2, 3, 4, 5, 6]
+    h.nack(s, got[0:1], delay=30.0)
+    h.nack(s, got[1:2], front=True)
+    h.nack(s, got[2:3], front=False)
+    # 4 is still out, 5 and 6 too
+    assert h.broker.set_position(s, "g", {CH: 5}, h.now) == {CH: 0}
+    assert sub.unsettled == 2  # the lease of 4 was forgotten: its credit is back
+    ack4 = h.ack(s, got[3:4])
+    assert [code for _, code, _ in ack4] != [] and len(ack4) == 1
+    assert h.ack(s, got[4:]) == []
+    h.tick(30.0)
+    assert h.pump() == {}
+    assert _truncated_to(h) == 7
+    assert h.broker.group_stats(sub.group, h.now)["waiting"] == 0
+
+
+def test_setting_a_position_forgets_priority_and_delayed_messages_below_it() -> None:
+    h = Harness()
+    h.publish(send(CH, "p", priority=5), send(CH, "d", delay=10.0), send(CH, "a"),
+              send(CH, "q", priority=5), send(CH, "e", delay=10.0))
+    s = Session("c")
+    h.broker.set_position(s, "g", {CH: 3}, h.now)
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == ["q", "a"]
+    h.tick(10.0)
+    assert payloads(h.take(sub)) == ["e"]
+
+
+# ------------------------------------------------------ waiting, as stats show it
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 3), st.sampled_from([0, 0, 4]),
+                  st.sampled_from([None, None, 2.0])),
+        st.tuples(st.just("take")),
+        st.tuples(st.just("ack"), st.integers(0, 5)),
+        st.tuples(st.just("nack"), st.integers(0, 5), st.sampled_from(["front", "back",
+                                                                          "delay"])),
+        st.tuples(st.just("expire"), st.integers(1, 12)),
+        st.tuples(st.just("tick"), st.sampled_from([1.0, 3.0, 11.0])),
+        st.tuples(st.just("commit")),
+    ),
+    max_size=14,
+)
+
+
+@settings(derandomize=True, max_examples=25, deadline=None)
+@given(ops=_OPS)
+def test_waiting_counts_stored_messages_neither_out_nor_settled(ops: list) -> None:
+    """Group stats' ``waiting`` is the number of stored messages of the group that are
+    neither delivered-and-unsettled nor settled (new, returned or delayed ones), and the
+    oldest waiting seq is the lowest of them."""
+    from minou.core.maintenance import oldest_waiting
+
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=4, lease=5.0)
+    published: set[int] = set()
+    settled: set[int] = set()
+    removed: set[int] = set()
+    out: dict[int, Any] = {}  # seq -> its current delivery
+    for op in ops:
+        if op[0] == "publish":
+            _, n, prio, delay = op
+            for outcome in h.publish(*(send(CH, i, priority=prio, delay=delay)
+                                       for i in range(n))):
+                published.add(outcome.seq)
+        elif op[0] == "take":
+            for d in h.take(sub):
+                out[d.seq] = d
+        elif op[0] in ("ack", "nack") and out:
+            seq = sorted(out)[op[1] % len(out)]
+            d = out.pop(seq)
+            if op[0] == "ack":
+                assert h.ack(s, [d]) == []
+                settled.add(seq)
+            else:
+                how = op[2]
+                h.nack(s, [d], front=how == "front", delay=3.0 if how == "delay" else 0.0)
+        elif op[0] == "expire":
+            if h.broker.expire([(CH, op[1])], h.now):
+                removed.add(op[1])
+        elif op[0] == "tick":
+            h.tick(op[1])
+            expired = [seq for seq, d in out.items() if seq not in settled
+                       and sub.session.leases.get(d.tag) is None]
+            for seq in expired:
+                del out[seq]
+        elif op[0] == "commit":
+            h.commit()
+        waiting = published - settled - removed - set(out)
+        assert h.broker.group_stats(sub.group, h.now)["waiting"] == len(waiting)
+        log = h.broker.channels.get(CH)
+        if log is not None:
+            assert oldest_waiting(h.broker, log, "consume:g") == min(waiting, default=None)

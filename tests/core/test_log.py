@@ -1,0 +1,146 @@
+"""A channel's log (core/log.py ``ChannelLog``): its count of live messages, what a
+lookup answers (a body, GONE, or MISSING: ask storage), and the cache of bodies."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.core.broker import Session
+from minou.core.log import GONE, MISSING, ChannelLog, Msg
+
+from .helpers import Harness
+
+CH = "orders/v1/1"
+
+
+def _log(n: int, *, size: int = 20) -> ChannelLog:
+    log = ChannelLog(CH)
+    for seq in range(1, n + 1):
+        log.next_seq += 1
+        log.append_committed(Msg(CH, seq, f"id{seq}", b"x" * size))
+        log.count += 1
+    return log
+
+
+def test_the_sentinels_name_themselves() -> None:
+    assert (repr(GONE), repr(MISSING)) == ("GONE", "MISSING")
+
+
+def test_deleting_the_head_when_the_next_is_gone_does_not_skip_a_live_one() -> None:
+    log = _log(5)
+    assert log.delete_one(2)
+    assert log.delete_one(1)  # the head: 2 is gone, 3 is the new head
+    assert (log.first_seq, log.count, log.oldest_live()) == (3, 3, 3)
+    assert isinstance(log.lookup(3), Msg)
+    assert log.delete_one(4)
+    assert log.delete_one(3)  # the head again, over 4, to 5
+    assert (log.first_seq, log.count, log.oldest_live()) == (5, 1, 5)
+    assert log.gone == set()
+    assert isinstance(log.lookup(5), Msg)
+
+
+def test_deleting_a_message_twice_does_not_make_the_depth_drift() -> None:
+    log = _log(3)
+    assert log.delete_one(2)
+    assert not log.delete_one(2)
+    assert log.delete_one(1)
+    assert not log.delete_one(1)
+    assert not log.delete_one(0)
+    assert not log.delete_one(4)  # not committed
+    assert log.count == 1
+    assert log.cache_bytes == log.cache[3].size()
+
+
+def test_expiring_a_message_twice_counts_it_once() -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g")
+    h.publish_values(CH, [1, 2, 3])
+    assert h.broker.expire([(CH, 2)], h.now) == 1
+    assert h.broker.expire([(CH, 2)], h.now) == 0
+    log = h.broker.channels[CH]
+    stats = h.broker.channel_stats(log, h.now)
+    assert (stats["depth"], stats["expired"]) == (2, 1)
+    assert h.broker.counters.expired == 1
+
+
+def test_oldest_live_skips_deleted_ones_and_knows_when_none_is_left() -> None:
+    log = _log(3)
+    assert log.oldest_live() == 1
+    log.delete_one(2)
+    log.delete_one(1)
+    assert log.oldest_live() == 3
+    log.delete_one(3)
+    assert log.oldest_live() is None
+    assert ChannelLog(CH).oldest_live() is None
+
+
+def test_evict_bytes_frees_the_oldest_bodies_first_and_no_more_than_asked() -> None:
+    log = _log(4)
+    one = log.cache[1].size()
+    assert log.evict_bytes(1) == one  # a whole body, the oldest
+    assert log.cache_lo == 2 and sorted(log.cache) == [2, 3, 4]
+    assert log.lookup(1) is MISSING  # in storage only now
+    assert log.evict_bytes(one + 1) == 2 * one
+    assert (log.cache_lo, sorted(log.cache)) == (4, [4])
+    assert log.cache_bytes == one
+    assert log.evict_bytes(0) == 0
+    assert log.cache_lo == 4
+
+
+def test_evict_bytes_passes_over_deleted_seqs() -> None:
+    log = _log(4)
+    one = log.cache[1].size()
+    log.delete_one(2)
+    assert log.evict_bytes(one + 1) == 2 * one  # 1 and 3: 2 had no body left
+    assert sorted(log.cache) == [4]
+    assert log.lookup(2) is GONE
+    assert log.lookup(3) is MISSING
+    assert log.evict_bytes(10 * one) == one
+    assert (log.cache_lo, log.cache_bytes) == (5, 0)
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(
+    n=st.integers(0, 8),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("delete"), st.integers(0, 10)),
+            st.tuples(st.just("truncate"), st.integers(0, 10)),
+            st.tuples(st.just("evict"), st.integers(0, 3)),
+            st.tuples(st.just("evict_below"), st.integers(0, 10)),
+        ),
+        max_size=10,
+    ),
+)
+def test_the_log_keeps_its_count_and_lookups_straight(n: int, ops: list) -> None:
+    """Whatever is deleted, truncated and evicted: ``count`` is the number of live
+    messages, a live one is found (or MISSING once its body is evicted), a deleted or
+    truncated one is GONE, and the cached bytes add up."""
+    log = _log(n)
+    size = Msg(CH, 0, "", b"x" * 20).size()
+    live = set(range(1, n + 1))
+    for op, arg in ops:
+        if op == "delete":
+            assert log.delete_one(arg) == (arg in live)
+            live.discard(arg)
+        elif op == "truncate":
+            removed = {s for s in live if s < arg}
+            assert log.truncate_below(arg) == len(removed)
+            live -= removed
+        elif op == "evict":
+            log.evict_bytes(arg * size)
+        else:
+            log.evict_below(arg)
+        assert log.count == len(live)
+        assert log.oldest_live() == min(live, default=None)
+        for seq in range(0, n + 3):
+            found = log.lookup(seq)
+            if seq not in live:
+                assert found is GONE
+            elif seq in log.cache:
+                assert isinstance(found, Msg) and found.seq == seq
+            else:
+                assert found is MISSING
+        assert log.cache_bytes == size * len(log.cache)
+        assert set(log.cache) <= live
