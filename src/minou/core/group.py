@@ -81,7 +81,6 @@ class GroupChannel:
         # entry only costs a preference, never keeps a subscription alive.
         self.returned_from: dict[int, int] = {}
         self.acked: set[int] = set()
-        self.dirty = True
         self.delivered = 0
         self.acks = 0
 
@@ -173,7 +172,6 @@ class GroupChannel:
         self.attempts.pop(seq, None)
         self.acked.add(seq)
         self.acks += 1
-        self.dirty = True
 
     def requeue(self, seq: int, *, front: bool, delay: float, now: float) -> None:
         self.pending.pop(seq, None)
@@ -183,7 +181,6 @@ class GroupChannel:
             heapq.heappush(self.front, seq)
         else:
             self.back.append((self.log.next_seq, seq))
-        self.dirty = True
 
     def drop_leases(self, below: int | None = None) -> None:
         """Forget the deliveries of seqs below ``below`` (all of them without): their
@@ -253,7 +250,7 @@ class GroupChannel:
         return floor, _state_encoder.encode(state)
 
     def restore(self, floor: int, blob: bytes, now: float) -> None:
-        state = _state_decoder.decode(blob) if blob else _State()
+        state = _state_decoder.decode(blob)
         self.cursor = self.floor = floor
         self.acked = set(state.acked)
         self.attempts = dict(state.attempts)
@@ -261,7 +258,6 @@ class GroupChannel:
         heapq.heapify(self.delayed)
         # Delayed retries are served from their heap, not again by the cursor.
         self.skip = {seq for _, seq in self.delayed}
-        self.dirty = False
 
 
 @dataclass(eq=False)
