@@ -354,3 +354,91 @@ def test_withdraw_puts_a_delivery_nobody_took_back_in_front_as_if_never_sent() -
     # Not a retry: the same first attempt, in order, and no dead letter (requeue_limit=0).
     assert seqs(got) == [1, 2] and [m.attempts for m in got] == [1, 1]
     assert h.broker.counters.dead_lettered == 0
+
+
+def test_withdraw_keeps_the_attempt_count_of_a_redelivery() -> None:
+    h = Harness()
+    s = Session("poller")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    for attempts in (1, 2, 3):
+        (d,) = h.take(sub)
+        assert d.attempts == attempts
+        if attempts < 3:
+            h.tick(5.0)  # the lease runs out: a real retry
+    h.broker.withdraw(s, [d.tag], h.now)  # the third delivery reached nobody
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (1, 3)
+    h.broker.withdraw(s, [again.tag], h.now)
+    (third,) = h.take(sub)
+    assert third.attempts == 3
+
+
+def test_withdraw_goes_on_past_unknown_tags() -> None:
+    h = Harness()
+    s = Session("poller")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, [1, 2])
+    d1, d2 = h.take(sub)
+    h.broker.withdraw(s, [999, d1.tag, 998, d2.tag], h.now)
+    assert sub.unsettled == 0 and not s.leases
+    assert [(d.seq, d.attempts) for d in h.take(sub)] == [(1, 1), (2, 1)]
+
+
+# -------------------------------------------------------------- limits of settlement
+def test_extend_accepts_the_longest_lease_and_refuses_longer() -> None:
+    from minou.limits import MAX_LEASE_S
+
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    assert h.extend(s, [d], MAX_LEASE_S) == []
+    h.tick(MAX_LEASE_S - 1.0)
+    assert h.ack(s, [d]) == []
+    with pytest.raises(BadRequest) as exc:
+        h.extend(s, [d], MAX_LEASE_S * 1.0001)
+    assert exc.value.code == ErrorCode.BAD_REQUEST and exc.value.message
+
+
+def test_nack_accepts_the_longest_delay_and_refuses_longer() -> None:
+    from minou.limits import MAX_DELAY_S
+
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    with pytest.raises(BadRequest) as exc:
+        h.nack(s, [d], delay=MAX_DELAY_S * 1.0001)
+    assert exc.value.code == ErrorCode.BAD_REQUEST and exc.value.message
+    assert h.nack(s, [d], delay=MAX_DELAY_S) == []
+    h.tick(MAX_DELAY_S - 1.0)
+    assert h.pump() == {}
+
+
+def test_extend_of_an_unknown_tag_is_refused_and_counted() -> None:
+    h = Harness()
+    s = Session("c")
+    h.subscribe(s, patterns=CH, group="g")
+    failed = h.extend(s, [31337], 30.0)
+    assert _codes(failed) == [(31337, ErrorCode.UNKNOWN_DELIVERY)]
+    assert failed[0][2]
+    assert h.broker.counters.refused["unknown_delivery"] == 1
+
+
+def test_a_dead_lettered_message_is_not_counted_as_acked_by_its_group() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=1))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g")
+    h.publish_values(CH, [1, 2])
+    for _ in range(2):
+        (d,) = h.take(sub)
+        assert d.seq == 1
+        h.nack(s, [d])
+    (d2,) = h.take(sub)
+    h.ack(s, [d2])
+    assert h.broker.counters.dead_lettered == 1
+    stats = h.broker.group_stats(sub.group, h.now)
+    assert (stats["acked"], stats["delivered"]) == (1, 3)

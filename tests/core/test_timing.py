@@ -262,3 +262,139 @@ def test_truncation_counts_expired_messages_once() -> None:
     h.ack(s, got)
     assert h.commit().truncates == {CH: 4}
     assert (log.count, log.first_seq) == (0, 4)
+
+
+def test_ttl_dead_letters_carry_no_group_and_are_plain_messages() -> None:
+    h = Harness()
+    (o,) = h.publish(send(CH, "urgent", priority=9, ttl=1.0))
+    h.publish(send(CH, "plain", ttl=1.0))
+    h.advance(1.0)
+    sub = h.subscribe(Session("c"), patterns=CH, group="g")
+    assert h.take(sub) == []
+    first, second = _dead_messages(h)
+    assert first.headers is not None and first.headers["x-dead-reason"] == "ttl"
+    assert first.headers["x-original-id"] == o.id
+    assert "x-dead-group" not in first.headers
+    assert (first.priority, second.priority) == (0, 0)  # dead letters come in order
+    reader = h.subscribe(Session("ops"), patterns=DEAD, group="ops", prefetch=10)
+    got = h.take(reader)
+    assert payloads(got) == ["urgent", "plain"] and [d.priority for d in got] == [0, 0]
+
+
+def test_each_expired_message_is_counted_on_its_channel() -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2, 3])
+    assert h.broker.expire([("nowhere/v1/1", 1), (CH, 1), (CH, 3), (CH, 3)], h.now) == 2
+    stats = h.broker.channel_stats(h.broker.channels[CH], h.now)
+    assert (stats["depth"], stats["expired"]) == (1, 2)
+    assert h.broker.counters.expired == 2
+
+
+def test_expiring_a_message_whose_body_is_in_storage_only_removes_it_without_a_copy() -> None:
+    h = Harness(cache_budget=0)
+    h.publish_values(CH, [1, 2])
+    h.tick()  # bodies over the (empty) budget leave memory
+    log = h.broker.channels[CH]
+    assert log.cache == {}
+    assert h.broker.expire([(CH, 1)], h.now) == 1
+    assert h.broker.counters.dead_lettered == 0
+    assert log.count == 1
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [2]
+
+
+# ----------------------------------------------------------------- leases
+def test_an_expired_lease_leaves_its_session_and_is_counted_once() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2, lease=5.0)
+    h.publish_values(CH, [1, 2])
+    h.take(sub)
+    assert len(s.leases) == 2  # what the server reports as this connection's unsettled
+    h.tick(5.0)
+    assert len(s.leases) == 0 and sub.unsettled == 0
+    h.tick(1.0)
+    h.tick(1.0)
+    assert h.broker.counters.lease_expired == 2
+
+
+class _PollConn:
+    """An adapter whose credit is not a fixed prefetch (an HTTP long poll)."""
+
+    def __init__(self) -> None:
+        self.recounts = 0
+
+    def leases_expired(self) -> None:
+        self.recounts += 1
+
+
+def test_each_connection_whose_leases_expired_is_told_once() -> None:
+    h = Harness()
+    ca, cb, cc = _PollConn(), _PollConn(), _PollConn()
+    a, b, c = Session("a", conn=ca), Session("b", conn=cb), Session("c", conn=cc)
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=2, lease=5.0)
+    h.publish_values(CH, [1, 2])
+    assert len(h.take(sa)) == 2
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=1, lease=5.0)
+    h.subscribe(c, patterns=CH, group="g", prefetch=1, lease=60.0)
+    h.publish_values(CH, [3])
+    assert len(h.take(sb)) == 1
+    h.tick(5.0)
+    assert (ca.recounts, cb.recounts, cc.recounts) == (1, 1, 0)
+
+
+# ----------------------------------------------------------- the body cache
+def _fill(h: Harness, sizes: dict[str, int], body: int = 100) -> dict[str, int]:
+    """Publish ``sizes[channel]`` messages of ``body`` bytes to each channel; return
+    the size one of them takes in the cache."""
+    for channel, n in sizes.items():
+        h.publish(*(send(channel, "x" * (body - 2)) for _ in range(n)))
+    one = {log.cache_bytes // len(log.cache) for log in h.broker.channels.values()}
+    (size,) = one
+    return {"one": size}
+
+
+def test_bodies_within_the_cache_budget_stay_in_memory() -> None:
+    h = Harness()
+    size = _fill(h, {"a/v1/1": 4, "b/v1/1": 2})["one"]
+    h.broker.cache_budget = 6 * size
+    h.tick()
+    assert h.broker.trim_cache() == 0
+    assert [len(log.cache) for log in h.broker.channels.values()] == [4, 2]
+
+
+def test_over_the_budget_the_biggest_cache_gives_its_oldest_bodies_first() -> None:
+    h = Harness()
+    size = _fill(h, {"a/v1/1": 2, "b/v1/1": 4, "c/v1/1": 1})["one"]
+    a, b, c = (h.broker.channels[n] for n in ("a/v1/1", "b/v1/1", "c/v1/1"))
+    h.broker.cache_budget = 6 * size  # 7 bodies: down to 4.5, so 3 go, all from b
+    assert h.broker.trim_cache() == 3 * size
+    assert (sorted(a.cache), sorted(b.cache), sorted(c.cache)) == ([1, 2], [4], [1])
+    assert b.cache_lo == 4
+
+
+def test_trimming_goes_on_to_the_next_biggest_cache_and_stops_once_enough_is_freed() -> None:
+    h = Harness()
+    size = _fill(h, {"a/v1/1": 3, "b/v1/1": 4, "c/v1/1": 1})["one"]
+    a, b, c = (h.broker.channels[n] for n in ("a/v1/1", "b/v1/1", "c/v1/1"))
+    h.broker.cache_budget = 4 * size  # 8 bodies: down to 3, so 5 go: all of b, 1 of a
+    h.tick()
+    assert (sorted(a.cache), sorted(b.cache), sorted(c.cache)) == ([2, 3], [], [1])
+    assert sum(log.cache_bytes for log in (a, b, c)) == 3 * size
+    # Trimmed bodies are read back from storage when a reader needs them.
+    sub = h.subscribe(Session("r"), patterns="a/v1/1", group="g", prefetch=10)
+    assert seqs(h.take(sub)) == [1, 2, 3]
+    assert len(h.loads) == 1
+
+
+def test_trimming_stops_in_the_middle_of_the_second_cache() -> None:
+    h = Harness()
+    size = _fill(h, {"a/v1/1": 3, "b/v1/1": 4, "c/v1/1": 2})["one"]
+    a, b, c = (h.broker.channels[n] for n in ("a/v1/1", "b/v1/1", "c/v1/1"))
+    h.broker.cache_budget = 8 * size  # 9 bodies: down to 6, so 3 go, all from b
+    assert h.broker.trim_cache() == 3 * size
+    # 6 bodies left (a 3, b 1, c 2); a budget whose three quarters are 2 bodies: 4 go,
+    # all of a, then the oldest of c (bigger than b)
+    h.broker.cache_budget = -(-8 * size // 3)
+    assert h.broker.trim_cache() == 4 * size
+    assert (sorted(a.cache), sorted(b.cache), sorted(c.cache)) == ([], [4], [2])
