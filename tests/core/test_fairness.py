@@ -92,3 +92,23 @@ def test_with_one_member_a_returned_message_still_comes_back_to_it() -> None:
     h.tick(1.5)
     again = h.take(sa)
     assert payloads(again) == ["job"] and again[0].attempts == 2
+
+
+def test_the_memory_of_where_messages_came_back_from_is_bounded(monkeypatch) -> None:
+    """Past ``RETURNED_FROM_LIMIT`` remembered returns (stale ones pile up when their
+    messages are purged or expire), the memory starts afresh: the returns before lose
+    their preference, the one that reached the limit keeps it."""
+    from minou.core import settlement
+
+    monkeypatch.setattr(settlement, "RETURNED_FROM_LIMIT", 2)
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=3)
+    h.publish_values(CH, [1, 2, 3])
+    got = h.take(sa)
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=3)
+    h.nack(a, got[:2])  # two remembered: the limit
+    h.nack(a, got[2:])  # the memory starts afresh with this one
+    out = h.pump()
+    # 1 and 2 go round-robin (a's turn first), 3 avoids a.
+    assert (payloads(out[sa]), payloads(out[sb])) == ([1], [2, 3])

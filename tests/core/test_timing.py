@@ -398,3 +398,34 @@ def test_trimming_stops_in_the_middle_of_the_second_cache() -> None:
     h.broker.cache_budget = -(-8 * size // 3)
     assert h.broker.trim_cache() == 4 * size
     assert (sorted(a.cache), sorted(b.cache), sorted(c.cache)) == ([], [4], [2])
+
+
+# ------------------------------------------------------------ idle producers
+def test_idle_producer_states_are_dropped_by_a_sweep_once_a_minute() -> None:
+    from minou.limits import PRODUCER_IDLE_S
+    from minou.protocol.frames import Send
+
+    from .helpers import T0, js
+
+    def resend(pid: str) -> int:
+        """A producer reconnects and sends its first message again: the seq it gets
+        (the original one while the broker still knows the producer)."""
+        session = Session("app", producer_id=pid)
+        outcomes, _ = h.broker.publish([Send(CH, js(1), pseq=1)], h.now, session=session)
+        h.commit()
+        return outcomes[0].seq
+
+    h = Harness()
+    first = {}
+    for pid in ("00000000000000aa", "00000000000000bb"):
+        session = Session("app", producer_id=pid)
+        outcomes, _ = h.broker.publish([Send(CH, js(1), pseq=1)], h.now, session=session)
+        h.commit()
+        first[pid] = outcomes[0].seq
+    h.tick()  # a sweep: nothing idle yet
+    h.tick(PRODUCER_IDLE_S - 10.0)  # a sweep: still nothing idle
+    h.tick(11.0)  # both idle now, but the last sweep was 11 s ago
+    assert resend("00000000000000aa") == first["00000000000000aa"]
+    h.now = T0 + PRODUCER_IDLE_S - 10.0 + 60.0
+    h.tick()  # a minute after the last sweep: bb is forgotten
+    assert resend("00000000000000bb") != first["00000000000000bb"]

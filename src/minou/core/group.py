@@ -89,8 +89,8 @@ class GroupChannel:
 
     # -- specials ---------------------------------------------------------
     def add_special(self, seq: int, priority: int, deliver_at: float | None, now: float) -> None:
-        if seq < self.cursor and seq not in self.pending and seq in self.acked:
-            return
+        # Callers pass a seq just committed, or an unacked one (load_specials): never
+        # one this group has settled.
         if deliver_at is not None and deliver_at > now:
             heapq.heappush(self.sched, (deliver_at, seq))
         else:

@@ -32,7 +32,6 @@ class DeliveryBudget:
     def __init__(self, share: int = BUDGET_SHARE) -> None:
         self.share = share
         self.running = 0  # noted at every write, exact again at every recount
-        self.total = 0  # exact, as of the last recount
 
     def note(self, holder: Holder, buffered: int, limit: int) -> bool:
         """A delivery write left ``buffered`` bytes unsent on ``holder``: whether it
@@ -50,5 +49,5 @@ class DeliveryBudget:
         for holder, size in pairs:
             holder.unsent_noted = size
             holder.set_budget_paused(over and size > self.share)
-        self.running = self.total = total
+        self.running = total
         return total
