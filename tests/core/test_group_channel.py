@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -348,3 +349,85 @@ def test_waiting_counts_stored_messages_neither_out_nor_settled(ops: list) -> No
         log = h.broker.channels.get(CH)
         if log is not None:
             assert oldest_waiting(h.broker, log, "consume:g") == min(waiting, default=None)
+
+
+def _restarted(h: Harness) -> Harness:
+    """The broker restarted from its storage (what was committed survives)."""
+    from minou.core.broker import Broker
+    from minou.storage.memory import MemoryStorage
+
+    h.storage.close()
+    st = MemoryStorage(h.storage.name)
+    broker = Broker()
+    broker.restore(st.open(h.now), h.now)
+    return Harness(broker=broker, storage=st, now=h.now)
+
+
+@pytest.mark.parametrize("how", ["front", "back", "delay", "out"])
+def test_a_position_keeps_the_state_of_the_message_at_it(how: str) -> None:
+    """Everything *below* a position is settled; the message at it keeps its state (a
+    retry stays a retry, a delay stays a delay)."""
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4])
+    got = h.take(sub)
+    if how != "out":
+        h.nack(s, got[2:3], front=how == "front", delay=5.0 if how == "delay" else 0.0)
+    h.broker.set_position(s, "g", {CH: 3}, h.now)
+    assert h.ack(s, got[3:]) == []
+    if how == "out":
+        h.nack(s, got[2:3])
+    elif how == "delay":
+        assert h.pump() == {}
+        h.tick(5.0)
+    assert [(d.seq, d.attempts) for d in h.take(sub)] == [(3, 2)]
+
+
+def test_a_position_keeps_a_priority_or_publish_delayed_message_at_it() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish(send(CH, 1))
+    assert seqs(h.take(sub)) == [1]
+    h.publish(send(CH, 2), send(CH, "p", priority=5), send(CH, "d", delay=5.0),
+              send(CH, 5))
+    h.broker.set_position(s, "g", {CH: 3}, h.now)  # 1 (out) and 2 are settled
+    assert payloads(h.take(sub)) == ["p"]
+    h.broker.set_position(s, "g", {CH: 4}, h.now)  # p is settled, d is due later
+    (d5,) = h.take(sub)
+    assert payloads([d5]) == [5]
+    h.ack(s, [d5])
+    assert h.pump() == {}
+    h.tick(5.0)
+    assert payloads(h.take(sub)) == ["d"]
+
+
+def test_a_position_at_a_message_acked_out_of_order_does_not_count_it_as_waiting() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish(send(CH, 1), send(CH, 2), send(CH, "p", priority=5))
+    (p,) = h.take(sub)  # the priority message comes first
+    h.ack(s, [p])
+    h.broker.set_position(s, "g", {CH: 3}, h.now)
+    assert h.broker.group_stats(sub.group, h.now)["waiting"] == 0
+    assert h.pump() == {}
+
+
+def test_a_position_after_a_restart_keeps_a_delayed_retry_at_it_delayed() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4])
+    got = h.take(sub)
+    h.nack(s, got[2:3], delay=30.0)
+    h.ack(s, got[:2] + got[3:])
+    h.commit()
+    h = _restarted(h)
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.broker.set_position(s, "g", {CH: 3}, h.now)
+    assert h.pump() == {}  # not before its delay
+    h.tick(30.0)
+    assert [(d.seq, d.attempts) for d in h.take(sub)] == [(3, 2)]
