@@ -112,3 +112,38 @@ def test_the_memory_of_where_messages_came_back_from_is_bounded(monkeypatch) -> 
     out = h.pump()
     # 1 and 2 go round-robin (a's turn first), 3 avoids a.
     assert (payloads(out[sa]), payloads(out[sb])) == ([1], [2, 3])
+
+
+# ------------------------------------------------------------ bursts per round
+def _big(h: Harness, n: int) -> None:
+    """``n`` messages of about 300 KB: four of them make a round's burst."""
+    h.publish_values(CH, ["x" * 300_000 for _ in range(n)])
+
+
+def test_a_member_at_its_burst_gets_the_rest_in_the_next_round() -> None:
+    from minou.server import engine
+
+    h = Harness()
+    s = Session("a")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    _big(h, 5)
+    turn = engine.pump(h.broker, h.now)
+    assert len(turn.deliveries[sub]) == 4 and turn.again  # more is ready at once
+    turn = engine.pump(h.broker, h.now)
+    assert len(turn.deliveries[sub]) == 1 and not turn.again
+
+
+def test_a_member_at_its_burst_and_its_prefetch_waits_for_acks_not_rounds() -> None:
+    from minou.server import engine
+
+    h = Harness()
+    s = Session("a")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
+    _big(h, 5)
+    turn = engine.pump(h.broker, h.now)
+    got = turn.deliveries[sub]
+    assert len(got) == 4 and not turn.again  # nothing to do until an ack
+    assert engine.pump(h.broker, h.now).deliveries == {}
+    h.ack(s, got[:1])
+    turn = engine.pump(h.broker, h.now)
+    assert len(turn.deliveries[sub]) == 1
