@@ -147,3 +147,55 @@ def test_a_member_at_its_burst_and_its_prefetch_waits_for_acks_not_rounds() -> N
     h.ack(s, got[:1])
     turn = engine.pump(h.broker, h.now)
     assert len(turn.deliveries[sub]) == 1
+
+
+def test_a_round_ends_when_a_member_reaches_its_burst_exactly() -> None:
+    from minou.limits import BURST_BYTES
+    from minou.server import engine
+
+    h = Harness()
+    sub = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=10)
+    # Each delivery counts its body and 64 bytes of framing: four make the burst.
+    body = BURST_BYTES // 4 - 64
+    h.publish_values(CH, ["x" * (body - 2) for _ in range(5)])
+    turn = engine.pump(h.broker, h.now)
+    assert [len(d.data) for d in turn.deliveries[sub]] == [body] * 4
+    assert len(engine.pump(h.broker, h.now).deliveries[sub]) == 1
+
+
+# ------------------------------------------------------------ what a delivery says
+class _Latency:
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.seen.append(value)
+
+
+def test_a_delivery_carries_what_the_publisher_set_and_counts() -> None:
+    from .helpers import send
+
+    h = Harness()
+    latency = _Latency()
+    h.broker.delivery_latency = latency
+    s = Session("a")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=5, lease=30.0)
+    (o,) = h.publish(send(CH, {"n": 1}, headers={"h": "v"}, priority=3, key="k1"))
+    h.publish(send(CH, "r", raw=True))
+    published = h.now
+    h.advance(2.0)
+    d, r = h.take(sub)
+    assert (d.channel, d.seq, d.id, payloads([d]), d.raw, d.headers, d.attempts,
+            d.published_at, d.priority, d.key) == (
+        CH, o.seq, o.id, [{"n": 1}], False, {"h": "v"}, 1, published, 3, "k1")
+    assert r.raw is True and r.key is None and r.priority == 0
+    assert latency.seen == [2.0, 2.0]  # published -> first delivered
+    c = h.broker.counters
+    assert (c.delivered, c.redelivered) == (2, 0)
+    h.nack(s, [d])
+    (again,) = h.take(sub)
+    assert again.attempts == 2 and again.tag not in (d.tag, r.tag)
+    assert (c.delivered, c.redelivered) == (3, 1)
+    assert latency.seen == [2.0, 2.0]  # a redelivery is not a first delivery
+    stats = h.broker.group_stats(sub.group, h.now)
+    assert (stats["delivered"], stats["in_flight"]) == (3, 2)

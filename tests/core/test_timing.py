@@ -429,3 +429,13 @@ def test_idle_producer_states_are_dropped_by_a_sweep_once_a_minute() -> None:
     h.now = T0 + PRODUCER_IDLE_S - 10.0 + 60.0
     h.tick()  # a minute after the last sweep: bb is forgotten
     assert resend("00000000000000bb") != first["00000000000000bb"]
+
+
+def test_a_message_is_expired_from_the_moment_its_ttl_is_reached() -> None:
+    h = Harness()
+    h.publish(send(CH, "a", ttl=1.0), send(CH, "b", ttl=2.0), send(CH, "c"))
+    h.advance(1.0)
+    sub = h.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == ["b", "c"]
+    assert h.broker.counters.expired == 1
+    assert [m.headers["x-original-seq"] for m in _dead_messages(h)] == ["1"]
