@@ -275,6 +275,7 @@ def test_ttl_dead_letters_carry_no_group_and_are_plain_messages() -> None:
     assert first.headers is not None and first.headers["x-dead-reason"] == "ttl"
     assert first.headers["x-original-id"] == o.id
     assert "x-dead-group" not in first.headers
+    assert all(isinstance(v, str) for v in first.headers.values())  # headers are text
     assert (first.priority, second.priority) == (0, 0)  # dead letters come in order
     reader = h.subscribe(Session("ops"), patterns=DEAD, group="ops", prefetch=10)
     got = h.take(reader)

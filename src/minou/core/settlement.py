@@ -24,10 +24,8 @@ class Settlement:
         if lease is not None:
             lease.sub.leases.pop(tag, None)
         if lease is None or lease.gc.pending.get(lease.seq) is not lease:
-            raise UnknownDelivery(
-                f"delivery tag {tag} is unknown, already settled, expired, or not yours",
-                tag=tag,
-            )
+            raise UnknownDelivery(  # never reaches a client: refusals are returned per tag
+                f"delivery tag {tag} is unknown, already settled, expired, or not yours")
         return lease
 
     def _settling(
@@ -77,7 +75,7 @@ class Settlement:
         for tag in tags:
             lease = session.leases.get(tag)
             if lease is None or lease.gc.pending.get(lease.seq) is not lease:
-                exc = UnknownDelivery(f"delivery tag {tag} is unknown or expired", tag=tag)
+                exc = UnknownDelivery(f"delivery tag {tag} is unknown or expired")
                 self.state.counters.refuse(exc.reason)
                 failed.append((tag, int(exc.code), exc.message))
                 continue
