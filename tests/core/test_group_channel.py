@@ -431,3 +431,66 @@ def test_a_position_after_a_restart_keeps_a_delayed_retry_at_it_delayed() -> Non
     assert h.pump() == {}  # not before its delay
     h.tick(30.0)
     assert [(d.seq, d.attempts) for d in h.take(sub)] == [(3, 2)]
+
+
+def _waiting(h: Harness, sub: Any) -> tuple[int, int | None]:
+    from minou.core.maintenance import oldest_waiting
+
+    log = h.broker.channels[CH]
+    return (h.broker.group_stats(sub.group, h.now)["waiting"],
+            oldest_waiting(h.broker, log, sub.group.key))
+
+
+def test_waiting_leaves_out_expired_messages_wherever_they_are() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
+    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    d1, d2 = h.take(sub)
+    assert _waiting(h, sub) == (4, 3)
+    h.broker.expire([(CH, 3)], h.now)  # the next one the cursor would read
+    assert _waiting(h, sub) == (3, 4)
+    h.broker.expire([(CH, 1)], h.now)  # out to a reader, and the head of the log
+    assert _waiting(h, sub) == (3, 4)
+    h.broker.expire([(CH, 2)], h.now)  # out to a reader
+    assert _waiting(h, sub) == (3, 4)
+    h.ack(s, [d1, d2])
+    assert _waiting(h, sub) == (3, 4)
+    assert seqs(h.take(sub)) == [4, 5]
+    assert _waiting(h, sub) == (1, 6)
+
+
+def test_waiting_leaves_out_messages_acked_ahead_of_the_cursor() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish(send(CH, 1), send(CH, 2))
+    (d1,) = h.take(sub)
+    h.publish(send(CH, "p", priority=5), send(CH, 4))
+    assert _waiting(h, sub) == (3, 2)
+    h.ack(s, [d1])
+    (p,) = h.take(sub)
+    assert p.seq == 3
+    assert _waiting(h, sub) == (2, 2)
+    h.ack(s, [p])
+    assert _waiting(h, sub) == (2, 2)
+    (d2,) = h.take(sub)
+    h.ack(s, [d2])
+    assert _waiting(h, sub) == (1, 4)
+    (d4,) = h.take(sub)
+    assert _waiting(h, sub) == (0, None)
+    h.ack(s, [d4])
+    assert _waiting(h, sub) == (0, None)
+
+
+def test_waiting_leaves_out_an_expired_message_right_at_the_groups_floor() -> None:
+    h = Harness()
+    s = Session("c")
+    h.broker.set_position(Session("other"), "held", {CH: 1}, h.now)  # keeps the log
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1, 2, 3, 4])
+    h.ack(s, h.take(sub))
+    h.commit()
+    h.broker.expire([(CH, 2)], h.now)  # where g reads next; the log still starts at 1
+    assert h.broker.channels[CH].first_seq == 1
+    assert _waiting(h, sub) == (2, 3)
