@@ -447,3 +447,28 @@ def test_a_dead_lettered_message_is_not_counted_as_acked_by_its_group() -> None:
     assert h.broker.counters.dead_lettered == 1
     stats = h.broker.group_stats(sub.group, h.now)
     assert (stats["acked"], stats["delivered"]) == (1, 3)
+
+
+class _Latency:
+    def __init__(self) -> None:
+        self.seen: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.seen.append(value)
+
+
+def test_ack_latency_is_the_time_from_delivery_to_ack_even_after_an_extend() -> None:
+    h = Harness()
+    latency = _Latency()
+    h.broker.ack_latency = latency
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2, lease=30.0)
+    h.publish_values(CH, [1, 2])
+    d1, d2 = h.take(sub)
+    h.advance(3.0)
+    h.ack(s, [d1])
+    h.advance(7.0)
+    h.extend(s, [d2], 60.0)
+    h.advance(5.0)
+    h.ack(s, [d2])
+    assert latency.seen == [3.0, 15.0]

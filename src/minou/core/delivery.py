@@ -77,7 +77,7 @@ class Dispatcher:
     def _deliver(self, sub: Subscription, gc: GroupChannel, msg: Msg, now: float) -> Delivery:
         state = self.state
         tag = next(self._tags)
-        lease = Lease(tag, gc, msg, sub, now + sub.lease_s)
+        lease = Lease(tag, gc, msg, sub, now)
         gc.pending[msg.seq] = lease
         attempts = gc.attempts.get(msg.seq, 0) + 1
         gc.attempts[msg.seq] = attempts

@@ -31,17 +31,18 @@ def _heap(items: list[Any]) -> list[Any]:
 
 
 class Lease:
-    __slots__ = ("expires", "gc", "msg", "seq", "sub", "tag")
+    __slots__ = ("delivered", "expires", "gc", "msg", "seq", "sub", "tag")
 
     def __init__(
-        self, tag: int, gc: GroupChannel, msg: Msg, sub: Subscription, expires: float
+        self, tag: int, gc: GroupChannel, msg: Msg, sub: Subscription, now: float
     ) -> None:
         self.tag = tag
         self.gc = gc
         self.msg = msg
         self.seq = msg.seq
         self.sub = sub
-        self.expires = expires
+        self.delivered = now
+        self.expires = now + sub.lease_s  # an extend moves it
 
 
 class NeedLoad(Exception):

@@ -52,7 +52,7 @@ class Settlement:
             counters.acked += 1
             mark(gc)
             if latency is not None:
-                latency.observe(now - (lease.expires - lease.sub.lease_s))  # type: ignore[operator]
+                latency.observe(now - lease.delivered)  # type: ignore[operator]
         return failed
 
     def nack(
