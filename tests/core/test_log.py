@@ -173,3 +173,11 @@ def test_reprs_name_the_channel_and_position() -> None:
     sub = h.subscribe(Session("c"), patterns=CH, group="g")
     (gc,) = sub.group.gcs.values()
     assert repr(gc) == f"GroupChannel('consume:g', {CH!r}, cursor=1)"
+
+
+def test_truncating_to_a_deleted_seq_starts_the_log_at_the_next_live_one() -> None:
+    log = _log(5)
+    log.delete_one(3)
+    assert log.truncate_below(3) == 2
+    assert (log.first_seq, log.count, log.oldest_live()) == (3, 2, 4)
+    assert log.lookup(3) is GONE and isinstance(log.lookup(4), Msg)
