@@ -494,3 +494,19 @@ def test_waiting_leaves_out_an_expired_message_right_at_the_groups_floor() -> No
     h.broker.expire([(CH, 2)], h.now)  # where g reads next; the log still starts at 1
     assert h.broker.channels[CH].first_seq == 1
     assert _waiting(h, sub) == (2, 3)
+
+
+def test_two_delayed_messages_due_together_hold_the_floor_for_a_busy_reader() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish(send(CH, "d1", delay=5.0), send(CH, "d2", delay=5.0), send(CH, 3),
+              send(CH, 4))
+    for _ in range(2):
+        h.ack(s, h.take(sub))  # 3 and 4: the cursor is past the delayed ones
+    h.tick(5.0)
+    (d1,) = h.take(sub)
+    h.ack(s, [d1])
+    assert _truncated_to(h) == 2  # d2 waits (ready, with no credit): not past it
+    assert payloads(h.take(sub)) == ["d2"]
+    assert h.broker.group_stats(sub.group, h.now)["acked"] == 3
