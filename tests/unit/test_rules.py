@@ -105,6 +105,12 @@ def test_bad_patterns_are_refused_naming_the_key(pattern: str, where: str) -> No
      "rules[0].write[1]: '!b/*': '!' (exclusive) is only allowed in read"),
     ([{"client": "*", "accept": "yes"}], "rules[0].accept: expected true or false, got string"),
     ([{"client": "*", "accept": 1}], "rules[0].accept: expected true or false, got integer"),
+    # Every TOML type by its TOML name (what the operator wrote), others by Python's.
+    ([{"client": 1.5}], "rules[0].client: expected a string, got float"),
+    ([{"client": True}], "rules[0].client: expected a string, got boolean"),
+    ([{"client": ["a"]}], "rules[0].client: expected a string, got list"),
+    ([{"client": ("a",)}], "rules[0].client: expected a string, got list"),
+    ([{"client": None}], "rules[0].client: expected a string, got NoneType"),
 ])
 def test_parse_errors_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -285,6 +291,21 @@ def test_wildcard_on_an_exclusive_pattern_is_refused_with_a_concrete_example(exa
     err = refusal(example.for_client("billing-7").check_read, "invoice/v3/*")
     assert err.message == ("'invoice/v3/*' is exclusive (!invoice/*): listen on a concrete "
                            "channel such as invoice/v3/<id>, not a wildcard")
+
+
+@pytest.mark.parametrize(("exclusive", "wildcard", "example"), [
+    ("*", "*", "endpoint/v1/<id>"),
+    ("invoice/*", "_dead/invoice/*", "_dead/invoice/v1/<id>"),  # its dead letters' twin
+    ("invoice/v2/*", "_dead/invoice/*", "_dead/invoice/v2/<id>"),
+    ("invoice/v2/7", "invoice/*", "invoice/v2/7"),
+])
+def test_the_example_a_wildcard_refusal_gives_is_a_channel_to_listen_on(
+        exclusive: str, wildcard: str, example: str) -> None:
+    rules = Rules.parse([{"client": "*", "read": ["*", f"!{exclusive}"]}])
+    err = refusal(rules.for_client("c").check_read, wildcard)
+    assert f"such as {example}, not a wildcard" in err.message
+    channel = example.replace("<id>", "1")
+    assert rules.for_client("c").may_read(channel) and rules.is_exclusive(channel)
 
 
 def test_concrete_channel_covered_only_by_a_bang_entry_is_readable(example: Rules) -> None:
