@@ -512,3 +512,109 @@ def check_history(ops: list[tuple], w: DedupWindow, m: Model) -> None:
             now = op[1]
             assert [w.get(ch, k, now) for ch, k in keys] == [m.get(ch, k, now) for ch, k in keys]
         assert (len(w), w.evicted) == (m.held, m.evicted), op
+
+
+# ------------------------------------------------------------- restore, exactly
+ODD_CASES = [  # key, seq, id; the odd ones cannot be rebuilt from (hash, seq)
+    ("a", 1, mid(1), False),
+    ("b", 0x1F3A, mid(0x1F3A, 0xFFFF_FFFF_FFFF_FFFF), False),
+    ("c", 1, mid(1, 1), False),
+    ("broadcast-to-none", 0, "", False),
+    ("old-format", 3, "a1b2c3d4e50000000003", True),
+    ("odd", 9, "id-9", True),
+    ("short", 9, "abc", True),
+    ("seq-mismatch", 9, mid(8), True),
+    ("upper", 10, mid(10).upper(), True),
+    ("zero-hash", 4, "0" * 16 + "4", True),
+    ("sign", 5, "+" + "1" * 15 + "5", True),
+    ("huge-seq", 1 << 64, mid(1 << 64), True),
+    ("marker-seq", (1 << 64) - 1, mid((1 << 64) - 1), True),
+    ("negative-seq", -1, "x", True),
+    ("empty-huge-seq", 1 << 64, "", True),
+    ("empty-marker-seq", (1 << 64) - 1, "", True),
+]
+
+
+@pytest.mark.parametrize("generation", [2, 64])
+def test_restored_ids_come_back_exactly_and_only_odd_ones_are_kept_whole(generation: int
+                                                                          ) -> None:
+    entries = sorted((CH, key, T0 + 10 + i, seq, ident)
+                     for i, (key, seq, ident, _) in enumerate(ODD_CASES))
+    w = DedupWindow(generation=generation)
+    w.load(entries, T0)
+    while True:
+        for ch, key, _, seq, ident in entries:
+            assert w.get(ch, key, T0) == (seq, ident), key
+        if not w.restoring:
+            break
+        w.expire(T0)
+    # Ids of the form new_id makes cost 8 bytes (their hash); the rest are kept whole.
+    assert sorted(ident for _, ident, _ in w._odd.values()) == \
+        sorted(ident for _, _, ident, odd in ODD_CASES if odd)
+    w.forget(CH, "odd", 9, "id-9")
+    w.forget(CH, "a", 1, mid(1))
+    assert w.get(CH, "odd", T0) is None and w.get(CH, "a", T0) is None
+    assert len(w) == len(ODD_CASES) - 2
+
+
+def test_expired_restored_rows_are_let_go_and_counted_exactly() -> None:
+    """Times near 0 and seqs above them: an expiry is never mistaken for a seq."""
+    entries = sorted(("c", f"k{i:03d}", 1.0 + i, 1000 + i, mid(1000 + i)) for i in range(100))
+    w = DedupWindow(generation=16)
+    w.load(entries, 0.0)
+    assert len(w) == 100
+    w.expire(1.0)  # k000 expires exactly then
+    assert len(w) == 99
+    w.expire(10.0)  # k000..k009 expired (k009 exactly at 10.0); those being built (in
+    w.expire(10.0)  # the generation not yet sealed) go a tick later
+    assert len(w) == 90
+    w.expire(50.0)  # some rows built, more of them expired, some not built yet
+    w.expire(50.0)
+    assert len(w) == 50
+    while w.restoring:
+        w.expire(50.0)
+        assert len(w) == 50
+    assert [w.get("c", f"k{i:03d}", 50.0) is not None for i in range(100)] == \
+        [False] * 50 + [True] * 50
+    assert w.evicted == 0
+
+
+def test_a_restored_key_is_gone_at_its_expiry_while_restoring() -> None:
+    w = DedupWindow(generation=16)
+    w.load(rows(100), T0)
+    assert w.restoring
+    for ch, key, exp, seq, ident in rows(100):
+        assert w.get(ch, key, exp) is None
+        assert w.get(ch, key, exp - 0.001) == (seq, ident)
+
+
+def test_restored_keys_evicted_while_restoring_do_not_come_back() -> None:
+    entries = rows(100)
+    by_expiry = sorted(entries, key=lambda r: r[2])
+    w = DedupWindow(generation=16)
+    w.load(entries, T0)
+    w.expire(T0)  # the first 16 rows by expiry: hashed
+    w.expire(T0)  # ... and sealed
+    assert w.restoring
+    w.get("-", "-", T0)  # the clock
+    w.max_keys = 84  # exactly those 16 go
+    assert w.evicted == 16 and len(w) == 84
+    for ch, key, _, seq, ident in by_expiry:
+        assert w.get(ch, key, T0) == (None if (ch, key) in
+                                      {r[:2] for r in by_expiry[:16]} else (seq, ident))
+
+
+def test_after_a_restore_eviction_takes_the_keys_that_expire_first() -> None:
+    entries = rows(100)
+    w = DedupWindow(generation=16)
+    w.load(entries, T0)
+    while w.restoring:
+        w.expire(T0)
+    w.put("ch/0", "new", T0 + 500, 1, mid(1))
+    w.get("-", "-", T0)
+    w.max_keys = 31
+    assert w.evicted == 70
+    by_expiry = sorted(entries, key=lambda r: r[2])
+    assert [w.get(ch, key, T0) is not None for ch, key, *_ in by_expiry] == \
+        [False] * 70 + [True] * 30
+    assert w.get("ch/0", "new", T0) == (1, mid(1))
