@@ -16,6 +16,7 @@ from minou.names import (
     broadcast_prefix,
     dead_letter_channel,
     is_dead_letter,
+    listen_group_key,
     parse_pattern,
     schema_key,
     validate_channel,
@@ -308,3 +309,14 @@ def test_a_slash_in_the_id_points_at_percent_2f(e, v, i, j):
     with pytest.raises(InvalidChannel) as info:
         validate_channel(f"{e}/{v}/{i}/{j}")
     assert "%2F" in info.value.message
+
+
+@pytest.mark.parametrize(("client", "key"), [
+    ("app-1", "listen:app-1:n"),  # the key older versions stored
+    ("50%", "listen:50%25:n"),
+    ("a:b", "listen:a%3Ab:n"),
+    ("a%3Ab", "listen:a%253Ab:n"),  # not a:b's
+])
+def test_a_durable_listeners_key_escapes_its_client_id(client: str, key: str) -> None:
+    """Stored keys: their form is kept across versions."""
+    assert listen_group_key(client, "n") == key

@@ -98,7 +98,7 @@ def test_bad_patterns_are_refused_naming_the_key(pattern: str, where: str) -> No
     ([{"client": "*", "read": "orders/*"}],
      'rules[0].read: expected a list of channel patterns, got string (write read = ["..."])'),
     ([{"client": "*", "write": {"a": 1}}],
-     "rules[0].write: expected a list of channel patterns, got table"),
+     "rules[0].write: expected a list of channel patterns, got table$"),  # no hint
     ([{"client": "*", "read": ["a/*", 3]}],
      "rules[0].read[1]: expected a channel pattern string, got integer"),
     ([{"client": "*", "write": ["a/*", "!b/*"]}],
@@ -115,7 +115,10 @@ def test_bad_patterns_are_refused_naming_the_key(pattern: str, where: str) -> No
 def test_parse_errors_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         Rules.parse(raw)
-    assert str(info.value).startswith(message)
+    if message.endswith("$"):
+        assert str(info.value) == message[:-1]
+    else:
+        assert str(info.value).startswith(message)
 
 
 def test_accept_defaults_to_true_and_read_write_to_empty() -> None:
@@ -421,6 +424,7 @@ def test_bounded_caches_do_not_change_answers(monkeypatch: pytest.MonkeyPatch) -
             assert not access.may_read("x/*")
         for client in ("c1", "c2", "c3", "c4", "c5"):
             assert rules.for_client(client).may_read("a/*")
+            assert len(rules._access) <= 3
     assert len(access._writes) <= 3 and len(access._reads) <= 3
     assert len(rules._access) <= 3 and len(rules._exclusive_seen) <= 3
 
