@@ -562,13 +562,13 @@ def test_while_storage_is_full_an_http_publish_gets_the_storage_error_and_nothin
 
 
 def test_a_failed_commit_that_stops_storage_writes_nothing_more() -> None:
-    e, host, clock = timed_engine()
+    e, host, _ = timed_engine()
+    publish_committed(e, host)  # publishes flow: a commit wanted now would arm a timer
     door = Door()
     session = Session("c")
     e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)
     writing = host.writes.pop()
     consume(e, session)  # staged while the writer holds the publish
-    clock.now += 1
     e.not_written(writing, StorageFull("disk gone"), stop=True)
     assert door.answers and door.answers[0][1] is not None
     assert host.writes == [] and host.later == [] and e.scheduler.stopped
@@ -642,3 +642,59 @@ def test_an_http_publish_is_refused_only_once_past_the_limit() -> None:
     with pytest.raises(PublishBacklog) as refused:
         e.publish(sends(1), ALLOW_ALL, Door().reply)
     assert refused.value.detail == {"uncommitted_bytes": 30, "limit": 20, "retry_after": 1}
+
+
+def test_when_durable_tells_its_failure_when_that_commit_fails() -> None:
+    e, host, _ = timed_engine()
+    consume(e, Session("c"))
+    said: list[Any] = []
+    e.when_durable(lambda: said.append("durable"), said.append)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert said == [full]
+
+
+def test_a_draining_engine_delivers_nothing_new() -> None:
+    e, host, _ = timed_engine()
+    delivered: list[Any] = []
+
+    class Conn:
+        def send_deliveries(self, sid: int, items: list[Any]) -> None:
+            delivered.extend(items)
+
+    consume(e, Session("c", conn=Conn()))
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    e.draining = True
+    e.pump()
+    assert delivered == []
+    e.draining = False
+    e.pump()
+    assert [d.seq for d in delivered] == [1]
+
+
+def test_a_nack_without_options_redelivers_at_once_and_first() -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=1, now=100.0)
+    e.publish(sends(3), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[first]] = pump(e.core, 100.0).deliveries.values()
+    assert first.seq == 1
+    e.settle(session, "nack", [first.tag], None)
+    [[again]] = pump(e.core, 100.0).deliveries.values()
+    assert (again.seq, again.attempts) == (1, 2)  # no delay, back at the front
+
+
+def test_a_transaction_commit_without_a_lineage_binds_none() -> None:
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
+    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append)
+    e.committed(host.writes.pop())
+    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
+    e.committed(host.writes.pop())
+    assert all(isinstance(a, dict) for a in answers) and len(answers) == 2
