@@ -698,3 +698,37 @@ def test_a_transaction_commit_without_a_lineage_binds_none() -> None:
     e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
     e.committed(host.writes.pop())
     assert all(isinstance(a, dict) for a in answers) and len(answers) == 2
+
+
+def test_a_settlement_whose_commit_fails_is_answered_with_its_refusals_and_the_error(
+        ) -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    answers: list[Any] = []
+    failed = e.settle(session, "ack", [item.tag, 999],
+                      lambda refused, exc: answers.append((refused, exc)))
+    e.commit(force=True)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert answers == [(failed, full)] and [t for t, _, _ in failed] == [999]
+
+
+def test_an_extend_without_a_duration_is_refused_at_once() -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    answers: list[Any] = []
+    with pytest.raises(RequestError) as refused:
+        e.settle(session, "extend", [item.tag], lambda refused, exc: answers.append(refused))
+    assert refused.value.code == ErrorCode.BAD_REQUEST and answers == []
+    with pytest.raises(ValueError):
+        e.settle(session, "bury", [item.tag], None)
