@@ -732,3 +732,24 @@ def test_an_extend_without_a_duration_is_refused_at_once() -> None:
     assert refused.value.code == ErrorCode.BAD_REQUEST and answers == []
     with pytest.raises(ValueError):
         e.settle(session, "bury", [item.tag], None)
+
+
+def test_an_ack_through_the_engine_observes_its_latency() -> None:
+    """The ack latency users see (a histogram) runs from the delivery to the ack."""
+    e, host, clock = timed_engine()
+    seen: list[float] = []
+
+    class Histogram:
+        def observe(self, seconds: float) -> None:
+            seen.append(seconds)
+
+    e.core.state.ack_latency = Histogram()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    clock.now = 102.5
+    e.settle(session, "ack", [item.tag], None)
+    assert seen == [pytest.approx(2.5)]
