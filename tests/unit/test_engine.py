@@ -753,3 +753,24 @@ def test_an_ack_through_the_engine_observes_its_latency() -> None:
     clock.now = 102.5
     e.settle(session, "ack", [item.tag], None)
     assert seen == [pytest.approx(2.5)]
+
+
+def test_a_pump_turn_stops_at_the_burst_limit_and_asks_for_another() -> None:
+    """So that a connection's writes can pause it between turns."""
+    e, host, _ = timed_engine(pause=10 << 20)
+    delivered: list[int] = []
+
+    class Conn:
+        def send_deliveries(self, sid: int, items: list[Any]) -> None:
+            delivered.extend(d.seq for d in items)
+
+    e.core.subscribe(Session("c", conn=Conn()), 1, kind="consume", patterns=["orders/v1/1"],
+                     group="g", prefetch=10, now=100.0)
+    e.publish(sends(3, size=600_000), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    host.soon.clear()
+    e.pump()
+    assert delivered == [1, 2] and host.soon == [e.pump]  # 1.2 MB: past the burst limit
+    host.soon.clear()
+    e.pump()
+    assert delivered == [1, 2, 3] and host.soon == []
