@@ -3,6 +3,7 @@ global exclusivity, precise refusals, and covers/overlaps checked against a set 
 
 from __future__ import annotations
 
+import datetime
 import itertools
 
 import pytest
@@ -111,6 +112,7 @@ def test_bad_patterns_are_refused_naming_the_key(pattern: str, where: str) -> No
     ([{"client": ["a"]}], "rules[0].client: expected a string, got list"),
     ([{"client": ("a",)}], "rules[0].client: expected a string, got list"),
     ([{"client": None}], "rules[0].client: expected a string, got NoneType"),
+    ([{"client": datetime.date(2024, 1, 1)}], "rules[0].client: expected a string, got date"),
 ])
 def test_parse_errors_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -300,6 +302,7 @@ def test_wildcard_on_an_exclusive_pattern_is_refused_with_a_concrete_example(exa
     ("*", "*", "endpoint/v1/<id>"),
     ("invoice/*", "_dead/invoice/*", "_dead/invoice/v1/<id>"),  # its dead letters' twin
     ("invoice/v2/*", "_dead/invoice/*", "_dead/invoice/v2/<id>"),
+    ("a/*", "_dead/a/*", "_dead/a/v1/<id>"),
     ("invoice/v2/7", "invoice/*", "invoice/v2/7"),
 ])
 def test_the_example_a_wildcard_refusal_gives_is_a_channel_to_listen_on(
