@@ -774,3 +774,25 @@ def test_a_pump_turn_stops_at_the_burst_limit_and_asks_for_another() -> None:
     host.soon.clear()
     e.pump()
     assert delivered == [1, 2, 3] and host.soon == []
+
+
+def test_one_pump_turn_is_scheduled_however_often_it_is_asked_for() -> None:
+    e, host, _ = timed_engine()
+    e.after_input()
+    e.changed()
+    e.request_pump()
+    assert host.soon == [e.pump]
+    e.pump()
+    e.request_pump()
+    assert host.soon == [e.pump, e.pump]
+
+
+def test_flow_pauses_count_each_pause_of_a_publisher() -> None:
+    """The flow_pauses counter users see: once per pause, again after a resume."""
+    e, host, _ = timed_engine(pause=15)
+    door = Door()
+    for expected in (1, 2):
+        e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)
+        assert door.paused and e.scheduler.flow_pauses == expected
+        e.committed(host.writes.pop())
+        assert not door.paused
