@@ -290,6 +290,8 @@ def test_deep_nesting_is_a_bad_frame():
     events, _ = read_all(raw_frame(FrameType.RESULT, DEEP_RESULT) + encode(GOOD))
     assert isinstance(events[0], BadFrame)
     assert events[0].error.message.startswith("malformed RESULT frame")
+    assert events[0].error.code == ErrorCode.MALFORMED_FRAME
+    assert events[0].error.detail == {"frame_type": int(FrameType.RESULT)}
     assert events[1:] == [GOOD]
 
 

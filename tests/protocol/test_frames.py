@@ -3,6 +3,8 @@ bytes are cut up."""
 
 from __future__ import annotations
 
+import itertools
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -305,3 +307,20 @@ def test_no_bad_frames_from_good_input():
     reader = FrameReader()
     reader.receive_data(raw)
     assert not any(isinstance(ev, BadFrame) for ev in _drain(reader))
+
+
+def test_a_reader_that_always_holds_a_partial_frame_keeps_its_memory_bounded():
+    """Consumed bytes are dropped once they dominate the buffer (and pass 64 KiB), even
+    when no read ever ends on a frame boundary."""
+    frames = [encode(Ping(req=i)) for i in range(60_000)]  # ~450 KiB
+    raw = b"".join(frames)
+    ends = set(itertools.accumulate(map(len, frames)))
+    cuts = sorted({c + 1 if c in ends else c for c in range(1000, len(raw), 1000)})
+    reader = FrameReader()
+    got = peak = 0
+    for lo, hi in itertools.pairwise([0, *cuts, len(raw)]):  # each ends inside a frame
+        reader.receive_data(raw[lo:hi])
+        got += len(_drain(reader))
+        peak = max(peak, len(reader._buf))
+    assert got == 60_000 and reader.buffered == 0
+    assert peak <= 2 * 65536 + 2 * 1001

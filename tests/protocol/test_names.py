@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from minou.names import (
     broadcast_prefix,
     dead_letter_channel,
     is_dead_letter,
+    listen_group_key,
     parse_pattern,
     schema_key,
     validate_channel,
@@ -70,7 +73,13 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize("name, expected", INVALID, ids=[repr(n[:20]) for n, _ in INVALID])
+def _id(text: str) -> str:
+    """A test id a command line can name again (mutmut runs tests by id): printable
+    ASCII only."""
+    return re.sub(r"[^!-~]", "_", text[:20]) or "empty"
+
+
+@pytest.mark.parametrize("name, expected", INVALID, ids=[_id(n) for n, _ in INVALID])
 def test_invalid_channels_say_what_is_wrong(name, expected):
     with pytest.raises(InvalidChannel) as info:
         validate_channel(name)
@@ -195,7 +204,8 @@ INVALID_PATTERNS = [
 ]
 
 
-@pytest.mark.parametrize("text, expected", INVALID_PATTERNS, ids=[t for t, _ in INVALID_PATTERNS])
+@pytest.mark.parametrize("text, expected", INVALID_PATTERNS,
+                         ids=[_id(t) for t, _ in INVALID_PATTERNS])
 def test_invalid_patterns(text, expected):
     with pytest.raises(InvalidChannel) as info:
         parse_pattern(text)
@@ -299,3 +309,14 @@ def test_a_slash_in_the_id_points_at_percent_2f(e, v, i, j):
     with pytest.raises(InvalidChannel) as info:
         validate_channel(f"{e}/{v}/{i}/{j}")
     assert "%2F" in info.value.message
+
+
+@pytest.mark.parametrize(("client", "key"), [
+    ("app-1", "listen:app-1:n"),  # the key older versions stored
+    ("50%", "listen:50%25:n"),
+    ("a:b", "listen:a%3Ab:n"),
+    ("a%3Ab", "listen:a%253Ab:n"),  # not a:b's
+])
+def test_a_durable_listeners_key_escapes_its_client_id(client: str, key: str) -> None:
+    """Stored keys: their form is kept across versions."""
+    assert listen_group_key(client, "n") == key

@@ -382,3 +382,239 @@ def test_max_dedup_keys_is_configured_reloaded_and_its_evictions_logged(
         cfg.write_text(f"max_dedup_keys = {bad}\n")
         with pytest.raises(ConfigError, match="max_dedup_keys: expected an integer >= 1"):
             load_settings(cfg)
+
+
+# ------------------------------------------------------------ against a model
+class Model:
+    """What the window promises, kept the slow way: every put in order, the newest of a
+    key decides, expiry is exact, forget undoes only the outcome it names, and past
+    ``max_keys`` the oldest held entries go first (counted as evicted when they had not
+    expired by the latest time seen)."""
+
+    def __init__(self, max_keys: int) -> None:
+        self.entries: list[list] = []  # [channel, key, expires_at, seq, id, forgotten]
+        self.start = 0  # entries before it are gone
+        self.held = 0
+        self.evicted = 0
+        self.clock = float("-inf")
+        self.max_keys = max_keys
+
+    def newest(self, channel: str, key: str) -> int | None:
+        for i in range(len(self.entries) - 1, -1, -1):
+            if self.entries[i][0] == channel and self.entries[i][1] == key:
+                return i
+        return None
+
+    def get(self, channel: str, key: str, now: float) -> tuple[int, str] | None:
+        self.clock = max(self.clock, now)
+        i = self.newest(channel, key)
+        if i is None or i < self.start:
+            return None
+        _, _, exp, seq, ident, forgotten = self.entries[i]
+        return None if forgotten or exp <= now else (seq, ident)
+
+    def put(self, channel: str, key: str, exp: float, seq: int, ident: str) -> None:
+        self.entries.append([channel, key, exp, seq, ident, False])
+        self.held += 1
+        self.trim()
+
+    def forget(self, channel: str, key: str, seq: int, ident: str) -> None:
+        i = self.newest(channel, key)
+        if i is None or i < self.start:
+            return
+        e = self.entries[i]
+        if not e[5] and (e[3], e[4]) == (seq, ident):
+            e[5] = True
+            self.held -= 1
+
+    def expire(self, now: float) -> None:
+        self.clock = max(self.clock, now)
+        while self.start < len(self.entries):
+            e = self.entries[self.start]
+            if not e[5] and e[2] > now:
+                break
+            self.pass_one()
+
+    def pass_one(self) -> None:
+        e = self.entries[self.start]
+        self.start += 1
+        if not e[5]:
+            self.held -= 1
+            if e[2] > self.clock:
+                self.evicted += 1
+
+    def trim(self) -> None:
+        while self.held > self.max_keys:
+            self.pass_one()
+
+
+def operations(rnd: random.Random) -> list[tuple]:
+    """A history of keyed publishes (regular ids, odd ones, seqs out of range), gets,
+    forgets (of earlier outcomes mostly), expiries and max_keys changes; expiries never
+    go down (one dedup window)."""
+    keys = [(ch, k) for ch in ("a/v1/1", "a/v1/2") for k in "pqrs"]
+    window = rnd.choice([0.5, 1.0, 3.0])
+    now, ops, puts = 0.0, [], []
+    for _ in range(rnd.randint(1, 60)):
+        kind = rnd.choice(["put", "put", "put", "get", "forget", "expire", "max"])
+        now += rnd.choice([0.0, 0.0, 0.25, 0.5, 1.0])
+        if kind == "put":
+            seq = rnd.choice([rnd.randint(0, 40), rnd.randint(0, 40), 2**64 - 1, 2**64])
+            head = rnd.choice([f"{rnd.getrandbits(64) or 1:016x}"] * 4 +
+                              ["", "id-", "0" * 16, "+" + "1" * 15, "ABCDEF0123456789"])
+            ident = f"{head}{seq:x}" if len(head) == 16 or head == "id-" else head
+            puts.append((*rnd.choice(keys), now + window, seq, ident))
+            ops.append(("publish", now, *puts[-1]))
+        elif kind == "forget":  # mostly the outcome of an earlier put (a failed commit)
+            if puts and rnd.random() < 0.7:
+                ch, key, _, seq, ident = rnd.choice(puts)
+                ops.append(("forget", ch, key, seq, ident))
+            else:
+                ops.append(("forget", *rnd.choice(keys), rnd.randint(0, 3), ""))
+        elif kind == "max":
+            ops.append(("max", rnd.randint(1, 12)))
+        else:
+            ops.append((kind, now))
+    return ops
+
+
+@pytest.mark.parametrize("generation", [2, 4, 8])
+def test_the_window_agrees_with_a_model(generation: int) -> None:
+    """100 seeded random histories per generation size (a loop: ~0.1 s, where Hypothesis
+    drawing each operation took ten times as long)."""
+    for seed in range(100):
+        rnd = random.Random(seed)
+        max_keys = rnd.randint(1, 12)
+        check_history(operations(rnd), DedupWindow(max_keys, generation=generation),
+                      Model(max_keys))
+
+
+def check_history(ops: list[tuple], w: DedupWindow, m: Model) -> None:
+    keys = [(ch, k) for ch in ("a/v1/1", "a/v1/2") for k in "pqrs"]
+    for op in ops:
+        if op[0] == "publish":  # as the broker does: a key is put only if it is not held
+            _, now, ch, key, *outcome = op
+            found = w.get(ch, key, now)
+            assert found == m.get(ch, key, now)
+            if found is None:
+                w.put(ch, key, *outcome)
+                m.put(ch, key, *outcome)
+        elif op[0] == "forget":
+            w.forget(*op[1:])
+            m.forget(*op[1:])
+        elif op[0] == "max":
+            w.max_keys = m.max_keys = op[1]
+            m.trim()
+        elif op[0] == "expire":
+            w.expire(op[1])
+            m.expire(op[1])
+        else:
+            now = op[1]
+            assert [w.get(ch, k, now) for ch, k in keys] == [m.get(ch, k, now) for ch, k in keys]
+        assert (len(w), w.evicted) == (m.held, m.evicted), op
+
+
+# ------------------------------------------------------------- restore, exactly
+ODD_CASES = [  # key, seq, id; the odd ones cannot be rebuilt from (hash, seq)
+    ("a", 1, mid(1), False),
+    ("b", 0x1F3A, mid(0x1F3A, 0xFFFF_FFFF_FFFF_FFFF), False),
+    ("c", 1, mid(1, 1), False),
+    ("broadcast-to-none", 0, "", False),
+    ("old-format", 3, "a1b2c3d4e50000000003", True),
+    ("odd", 9, "id-9", True),
+    ("short", 9, "abc", True),
+    ("seq-mismatch", 9, mid(8), True),
+    ("upper", 10, mid(10).upper(), True),
+    ("zero-hash", 4, "0" * 16 + "4", True),
+    ("sign", 5, "+" + "1" * 15 + "5", True),
+    ("huge-seq", 1 << 64, mid(1 << 64), True),
+    ("marker-seq", (1 << 64) - 1, mid((1 << 64) - 1), True),
+    ("negative-seq", -1, "x", True),
+    ("empty-huge-seq", 1 << 64, "", True),
+    ("empty-marker-seq", (1 << 64) - 1, "", True),
+]
+
+
+@pytest.mark.parametrize("generation", [2, 64])
+def test_restored_ids_come_back_exactly_and_only_odd_ones_are_kept_whole(generation: int
+                                                                          ) -> None:
+    entries = sorted((CH, key, T0 + 10 + i, seq, ident)
+                     for i, (key, seq, ident, _) in enumerate(ODD_CASES))
+    w = DedupWindow(generation=generation)
+    w.load(entries, T0)
+    while True:
+        for ch, key, _, seq, ident in entries:
+            assert w.get(ch, key, T0) == (seq, ident), key
+        if not w.restoring:
+            break
+        w.expire(T0)
+    # Ids of the form new_id makes cost 8 bytes (their hash); the rest are kept whole.
+    assert sorted(ident for _, ident, _ in w._odd.values()) == \
+        sorted(ident for _, _, ident, odd in ODD_CASES if odd)
+    w.forget(CH, "odd", 9, "id-9")
+    w.forget(CH, "a", 1, mid(1))
+    assert w.get(CH, "odd", T0) is None and w.get(CH, "a", T0) is None
+    assert len(w) == len(ODD_CASES) - 2
+
+
+def test_expired_restored_rows_are_let_go_and_counted_exactly() -> None:
+    """Times near 0 and seqs above them: an expiry is never mistaken for a seq."""
+    entries = sorted(("c", f"k{i:03d}", 1.0 + i, 1000 + i, mid(1000 + i)) for i in range(100))
+    w = DedupWindow(generation=16)
+    w.load(entries, 0.0)
+    assert len(w) == 100
+    w.expire(1.0)  # k000 expires exactly then
+    assert len(w) == 99
+    w.expire(10.0)  # k000..k009 expired (k009 exactly at 10.0); those being built (in
+    w.expire(10.0)  # the generation not yet sealed) go a tick later
+    assert len(w) == 90
+    w.expire(50.0)  # some rows built, more of them expired, some not built yet
+    w.expire(50.0)
+    assert len(w) == 50
+    while w.restoring:
+        w.expire(50.0)
+        assert len(w) == 50
+    assert [w.get("c", f"k{i:03d}", 50.0) is not None for i in range(100)] == \
+        [False] * 50 + [True] * 50
+    assert w.evicted == 0
+
+
+def test_a_restored_key_is_gone_at_its_expiry_while_restoring() -> None:
+    w = DedupWindow(generation=16)
+    w.load(rows(100), T0)
+    assert w.restoring
+    for ch, key, exp, seq, ident in rows(100):
+        assert w.get(ch, key, exp) is None
+        assert w.get(ch, key, exp - 0.001) == (seq, ident)
+
+
+def test_restored_keys_evicted_while_restoring_do_not_come_back() -> None:
+    entries = rows(100)
+    by_expiry = sorted(entries, key=lambda r: r[2])
+    w = DedupWindow(generation=16)
+    w.load(entries, T0)
+    w.expire(T0)  # the first 16 rows by expiry: hashed
+    w.expire(T0)  # ... and sealed
+    assert w.restoring
+    w.get("-", "-", T0)  # the clock
+    w.max_keys = 84  # exactly those 16 go
+    assert w.evicted == 16 and len(w) == 84
+    for ch, key, _, seq, ident in by_expiry:
+        assert w.get(ch, key, T0) == (None if (ch, key) in
+                                      {r[:2] for r in by_expiry[:16]} else (seq, ident))
+
+
+def test_after_a_restore_eviction_takes_the_keys_that_expire_first() -> None:
+    entries = rows(100)
+    w = DedupWindow(generation=16)
+    w.load(entries, T0)
+    while w.restoring:
+        w.expire(T0)
+    w.put("ch/0", "new", T0 + 500, 1, mid(1))
+    w.get("-", "-", T0)
+    w.max_keys = 31
+    assert w.evicted == 70
+    by_expiry = sorted(entries, key=lambda r: r[2])
+    assert [w.get(ch, key, T0) is not None for ch, key, *_ in by_expiry] == \
+        [False] * 70 + [True] * 30
+    assert w.get("ch/0", "new", T0) == (1, mid(1))

@@ -150,10 +150,10 @@ def test_a_draining_pump_sends_nothing_new_and_a_full_page_asks_for_more() -> No
             seen.append((channel, from_seq, [m.seq for m in msgs], hi))
 
     load = engine.Load("orders/v1/1", 1, 100)
-    page = [Msg("orders/v1/1", s, f"i{s}", b"1") for s in (1, 2)]
-    engine.loaded(Core(), load, page, page=2)  # type: ignore[arg-type]
-    engine.loaded(Core(), load, page[:1], page=2)  # type: ignore[arg-type]
-    assert seen == [("orders/v1/1", 1, [1, 2], 3), ("orders/v1/1", 1, [1], 100)]
+    page = [Msg("orders/v1/1", s, f"i{s}", b"1") for s in (1, 2, 3)]
+    engine.loaded(Core(), load, page, page=3)  # type: ignore[arg-type]
+    engine.loaded(Core(), load, page[:2], page=3)  # type: ignore[arg-type]
+    assert seen == [("orders/v1/1", 1, [1, 2, 3], 4), ("orders/v1/1", 1, [1, 2], 100)]
 
 
 # ------------------------------------------------------------------- Engine
@@ -378,3 +378,421 @@ def test_a_replayed_commit_is_answered_only_if_the_commit_it_repeats_was_stored(
     assert isinstance(lost, RequestError) and lost.code == ErrorCode.STORAGE_UNAVAILABLE
     assert "was not stored" in lost.message
     assert e.core.transactions.fences.get(("job", "orders/v1/1"), -1) < 1  # free to retry
+
+
+# ------------------------------------------------- what rides along, what goes now
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed_engine(pause: int = 1000) -> tuple[Engine, Host, Clock]:
+    clock, host = Clock(), Host()
+    e = Engine(Broker(), host, settle_delay=DELAY, pause_bytes=lambda: pause,
+               resume_bytes=100, clock=clock, monotonic=clock)
+    return e, host, clock
+
+
+def consume(e: Engine, session: Session, sid: int = 1) -> None:
+    """A subscription made in the core: a new group for each session (state to commit)."""
+    e.core.subscribe(session, sid, kind="consume", patterns=["orders/v1/1"],
+                     group=f"g-{session.client_id}", prefetch=10, now=100.0)
+
+
+def publish_committed(e: Engine, host: Host) -> None:
+    """A publish and its commit: publishes flow (for the next ``2 * DELAY``)."""
+    door = Door()
+    e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)
+    e.committed(host.writes.pop())
+    assert door.answers
+
+
+def _subscribe(e: Engine, s: Session, said: list[str]) -> None:
+    e.subscribe(s, 1, kind="consume", patterns=["orders/v1/1"], group="g", prefetch=10)
+
+
+def _subscribe_answered(e: Engine, s: Session, said: list[str]) -> None:
+    e.subscribe(s, 1, lambda: said.append("subscribed"), kind="consume",
+                patterns=["orders/v1/1"], group="g", prefetch=10)
+
+
+def _unsubscribe(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)
+    e.unsubscribe(s, 2)
+
+
+def _unsubscribe_answered(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)
+    e.unsubscribe(s, 2, lambda: said.append("unsubscribed"))
+
+
+def _close(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)
+    e.close(s)
+
+
+def _after_input(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)  # what a read staged
+    e.after_input()
+
+
+def _changed(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)  # an admin action
+    e.changed()
+
+
+def _ack(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)
+    e.settle(s, "ack", [], lambda refused, exc: said.append("acked"))
+
+
+def _when_durable(e: Engine, s: Session, said: list[str]) -> None:
+    consume(e, s, 2)
+    e.when_durable(lambda: said.append("durable"))
+
+
+NOT_URGENT = [_subscribe, _subscribe_answered, _unsubscribe, _unsubscribe_answered, _close,
+              _after_input, _changed, _ack, _when_durable]
+
+
+@pytest.mark.parametrize("action", NOT_URGENT, ids=lambda f: f.__name__.strip("_"))
+def test_state_changes_ride_along_with_the_publishes_commits_while_they_flow(action: Any
+                                                                             ) -> None:
+    e, host, clock = timed_engine()
+    session = Session("c")
+    publish_committed(e, host)
+    said: list[str] = []
+    action(e, session, said)
+    assert host.writes == [] and said == []  # no fsync of its own in front of publishes
+    [(delay, fire)] = host.later  # at most settle_delay later
+    assert delay == DELAY
+    action(e, Session("d"), said)
+    assert len(host.later) == 1 and host.writes == []  # one timer armed at a time
+    clock.now += DELAY
+    fire()
+    assert len(host.writes) == 1
+    e.committed(host.writes.pop())
+    # Answered once that commit is durable (both changes, where there is an answer).
+    assert len(said) == (2 if action in (_subscribe_answered, _unsubscribe_answered, _ack,
+                                         _when_durable) else 0)
+    # After the timer, the next change while publishes flow arms a timer again.
+    publish_committed(e, host)
+    action(e, Session("e"), said)
+    assert host.writes == [] and len(host.later) == 2
+
+
+@pytest.mark.parametrize("action", NOT_URGENT, ids=lambda f: f.__name__.strip("_"))
+def test_state_changes_commit_at_once_when_no_publishes_flow(action: Any) -> None:
+    e, host, clock = timed_engine()
+    publish_committed(e, host)
+    clock.now += 2 * DELAY  # the last publish commit is 2 * settle_delay old
+    said: list[str] = []
+    action(e, Session("c"), said)
+    assert host.later == [] and len(host.writes) == 1
+
+
+def test_a_transaction_commit_goes_at_once_even_while_publishes_flow() -> None:
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    publish_committed(e, host)
+    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
+    answers: list[Any] = []
+    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append)
+    assert host.later == [] and len(host.writes) == 1 and answers == []
+    e.committed(host.writes.pop())
+    [result] = answers
+    assert isinstance(result, dict) and not result.get("replayed_channels")
+
+
+def test_a_replay_of_a_durable_transaction_commit_is_answered_with_its_result() -> None:
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+    for txn in ("t1", "t2"):  # batch 1, then batch 1 again (a restarted query)
+        e.core.stage(writer, txn, [Send("orders/v1/1", b"1")], 100.0)
+        e.commit_txns(writer, "job", 1, [txn], answers.append, answers.append)
+        e.committed(host.writes.pop())
+    _, again = answers
+    assert isinstance(again, dict), again  # not an error: the first commit is durable
+    assert again.get("replayed_channels") == ["orders/v1/1"]
+
+
+def test_a_transaction_commit_carries_its_lineage() -> None:
+    """A writer id bound to one run of batches refuses another run's commit."""
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
+    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append, "run-1")
+    e.committed(host.writes.pop())
+    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    with pytest.raises(RequestError) as refused:
+        e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
+    assert refused.value.code == ErrorCode.BAD_REQUEST
+    assert refused.value.detail["why"] == "lineage" and refused.value.detail["bound"] == "run-1"
+
+
+def test_a_transaction_commit_while_stopping_is_refused() -> None:
+    e, host, _ = timed_engine()
+    e.accepting = False
+    with pytest.raises(ShuttingDown):
+        e.commit_txns(Session("spark"), "job", 1, [], print, print)
+    with pytest.raises(ShuttingDown):
+        e.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"], group="g")
+    assert host.writes == []
+
+
+def test_while_storage_is_full_an_http_publish_gets_the_storage_error_and_nothing_is_staged(
+        ) -> None:
+    e, host, _ = timed_engine()
+    full = StorageFull("disk full", data_dir="/data", free_bytes=0)
+    e.core.storage_refusal = full
+    with pytest.raises(StorageFull) as refused:
+        e.publish(sends(1), ALLOW_ALL, Door().reply)
+    assert refused.value.code == ErrorCode.STORAGE_FULL
+    assert refused.value.detail == {"data_dir": "/data", "free_bytes": 0}
+    assert refused.value.message == full.message
+    assert len(e.core.batch.messages) == 0 and host.writes == []
+    e.core.storage_refusal = None
+    e.publish(sends(1), ALLOW_ALL, Door().reply)
+    assert len(host.writes) == 1
+
+
+def test_a_failed_commit_that_stops_storage_writes_nothing_more() -> None:
+    e, host, _ = timed_engine()
+    publish_committed(e, host)  # publishes flow: a commit wanted now would arm a timer
+    door = Door()
+    session = Session("c")
+    e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)
+    writing = host.writes.pop()
+    consume(e, session)  # staged while the writer holds the publish
+    e.not_written(writing, StorageFull("disk gone"), stop=True)
+    assert door.answers and door.answers[0][1] is not None
+    assert host.writes == [] and host.later == [] and e.scheduler.stopped
+    e.changed()
+    assert host.writes == []
+
+
+def test_a_failed_commit_carries_what_it_held_into_the_next_commit() -> None:
+    e, host, clock = timed_engine()
+    publish_committed(e, host)
+    session = Session("c")
+    consume(e, session)
+    e.commit(force=True)
+    writing = host.writes.pop()
+    e.not_written(writing, StorageFull("disk full"), stop=False)
+    # Publishes flow: the carried state rides along with the next commit, not at once.
+    assert host.writes == [] and len(host.later) == 1
+    clock.now += DELAY
+    host.later[0][1]()
+    assert len(host.writes) == 1
+
+
+def test_a_publisher_that_closes_while_paused_is_not_resumed() -> None:
+    e, host, _ = timed_engine(pause=15)
+    door = Door()
+    session = Session("c", conn=door)
+    e.publish(sends(2), ALLOW_ALL, door.reply, session=session, publisher=door)
+    assert door.paused
+    e.close(session)
+    e.committed(host.writes.pop())
+    assert door.paused  # gone: nobody to resume
+    assert e.scheduler.resumable() == []
+
+
+def test_closing_gives_unsettled_deliveries_back_to_the_group() -> None:
+    e, host, _ = timed_engine()
+    first, second = Session("a"), Session("b")
+    for s in (first, second):
+        e.core.subscribe(s, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                         prefetch=1, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    turn = pump(e.core, 100.0)
+    [(sub, [item])] = turn.deliveries.items()
+    holder = first if sub.session is first else second
+    other = second if holder is first else first
+    e.close(holder)
+    assert host.soon[-1] == e.pump  # what came back may go out again
+    again = pump(e.core, 100.0)
+    [(sub2, [item2])] = again.deliveries.items()
+    assert sub2.session is other and item2.seq == item.seq and item2.attempts == 2
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_flow_control_pauses_only_past_the_limit_exactly(extra: int) -> None:
+    e, _, _ = timed_engine(pause=20 + extra)
+    door = Door()
+    e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)  # 20 bytes: at the limit
+    assert not door.paused
+    e.publish(sends(1), ALLOW_ALL, Door().reply)  # HTTP is not refused at the limit
+    assert e.scheduler.uncommitted_bytes == 30
+    big = Door()
+    e.publish(sends(1), ALLOW_ALL, big.reply, publisher=big)
+    assert big.paused  # 40: past it
+
+
+def test_an_http_publish_is_refused_only_once_past_the_limit() -> None:
+    e, _, _ = timed_engine(pause=20)
+    e.publish(sends(2), ALLOW_ALL, Door().reply)  # 20 bytes, being written
+    e.publish(sends(1), ALLOW_ALL, Door().reply)  # at the limit, not past it: taken
+    with pytest.raises(PublishBacklog) as refused:
+        e.publish(sends(1), ALLOW_ALL, Door().reply)
+    assert refused.value.detail == {"uncommitted_bytes": 30, "limit": 20, "retry_after": 1}
+
+
+def test_when_durable_tells_its_failure_when_that_commit_fails() -> None:
+    e, host, _ = timed_engine()
+    consume(e, Session("c"))
+    said: list[Any] = []
+    e.when_durable(lambda: said.append("durable"), said.append)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert said == [full]
+
+
+def test_a_draining_engine_delivers_nothing_new() -> None:
+    e, host, _ = timed_engine()
+    delivered: list[Any] = []
+
+    class Conn:
+        def send_deliveries(self, sid: int, items: list[Any]) -> None:
+            delivered.extend(items)
+
+    consume(e, Session("c", conn=Conn()))
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    e.draining = True
+    e.pump()
+    assert delivered == []
+    e.draining = False
+    e.pump()
+    assert [d.seq for d in delivered] == [1]
+
+
+def test_a_nack_without_options_redelivers_at_once_and_first() -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=1, now=100.0)
+    e.publish(sends(3), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[first]] = pump(e.core, 100.0).deliveries.values()
+    assert first.seq == 1
+    e.settle(session, "nack", [first.tag], None)
+    [[again]] = pump(e.core, 100.0).deliveries.values()
+    assert (again.seq, again.attempts) == (1, 2)  # no delay, back at the front
+
+
+def test_a_transaction_commit_without_a_lineage_binds_none() -> None:
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
+    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append)
+    e.committed(host.writes.pop())
+    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
+    e.committed(host.writes.pop())
+    assert all(isinstance(a, dict) for a in answers) and len(answers) == 2
+
+
+def test_a_settlement_whose_commit_fails_is_answered_with_its_refusals_and_the_error(
+        ) -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    answers: list[Any] = []
+    failed = e.settle(session, "ack", [item.tag, 999],
+                      lambda refused, exc: answers.append((refused, exc)))
+    e.commit(force=True)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert answers == [(failed, full)] and [t for t, _, _ in failed] == [999]
+
+
+def test_an_extend_without_a_duration_is_refused_at_once() -> None:
+    e, host, _ = timed_engine()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    answers: list[Any] = []
+    with pytest.raises(RequestError) as refused:
+        e.settle(session, "extend", [item.tag], lambda refused, exc: answers.append(refused))
+    assert refused.value.code == ErrorCode.BAD_REQUEST and answers == []
+    with pytest.raises(ValueError):
+        e.settle(session, "bury", [item.tag], None)
+
+
+def test_an_ack_through_the_engine_observes_its_latency() -> None:
+    """The ack latency users see (a histogram) runs from the delivery to the ack."""
+    e, host, clock = timed_engine()
+    seen: list[float] = []
+
+    class Histogram:
+        def observe(self, seconds: float) -> None:
+            seen.append(seconds)
+
+    e.core.state.ack_latency = Histogram()
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=100.0)
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [[item]] = pump(e.core, 100.0).deliveries.values()
+    clock.now = 102.5
+    e.settle(session, "ack", [item.tag], None)
+    assert seen == [pytest.approx(2.5)]
+
+
+def test_a_pump_turn_stops_at_the_burst_limit_and_asks_for_another() -> None:
+    """So that a connection's writes can pause it between turns."""
+    e, host, _ = timed_engine(pause=10 << 20)
+    delivered: list[int] = []
+
+    class Conn:
+        def send_deliveries(self, sid: int, items: list[Any]) -> None:
+            delivered.extend(d.seq for d in items)
+
+    e.core.subscribe(Session("c", conn=Conn()), 1, kind="consume", patterns=["orders/v1/1"],
+                     group="g", prefetch=10, now=100.0)
+    e.publish(sends(3, size=600_000), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    host.soon.clear()
+    e.pump()
+    assert delivered == [1, 2] and host.soon == [e.pump]  # 1.2 MB: past the burst limit
+    host.soon.clear()
+    e.pump()
+    assert delivered == [1, 2, 3] and host.soon == []
+
+
+def test_one_pump_turn_is_scheduled_however_often_it_is_asked_for() -> None:
+    e, host, _ = timed_engine()
+    e.after_input()
+    e.changed()
+    e.request_pump()
+    assert host.soon == [e.pump]
+    e.pump()
+    e.request_pump()
+    assert host.soon == [e.pump, e.pump]
+
+
+def test_flow_pauses_count_each_pause_of_a_publisher() -> None:
+    """The flow_pauses counter users see: once per pause, again after a resume."""
+    e, host, _ = timed_engine(pause=15)
+    door = Door()
+    for expected in (1, 2):
+        e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)
+        assert door.paused and e.scheduler.flow_pauses == expected
+        e.committed(host.writes.pop())
+        assert not door.paused

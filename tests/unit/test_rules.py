@@ -3,6 +3,7 @@ global exclusivity, precise refusals, and covers/overlaps checked against a set 
 
 from __future__ import annotations
 
+import datetime
 import itertools
 
 import pytest
@@ -98,18 +99,28 @@ def test_bad_patterns_are_refused_naming_the_key(pattern: str, where: str) -> No
     ([{"client": "*", "read": "orders/*"}],
      'rules[0].read: expected a list of channel patterns, got string (write read = ["..."])'),
     ([{"client": "*", "write": {"a": 1}}],
-     "rules[0].write: expected a list of channel patterns, got table"),
+     "rules[0].write: expected a list of channel patterns, got table$"),  # no hint
     ([{"client": "*", "read": ["a/*", 3]}],
      "rules[0].read[1]: expected a channel pattern string, got integer"),
     ([{"client": "*", "write": ["a/*", "!b/*"]}],
      "rules[0].write[1]: '!b/*': '!' (exclusive) is only allowed in read"),
     ([{"client": "*", "accept": "yes"}], "rules[0].accept: expected true or false, got string"),
     ([{"client": "*", "accept": 1}], "rules[0].accept: expected true or false, got integer"),
+    # Every TOML type by its TOML name (what the operator wrote), others by Python's.
+    ([{"client": 1.5}], "rules[0].client: expected a string, got float"),
+    ([{"client": True}], "rules[0].client: expected a string, got boolean"),
+    ([{"client": ["a"]}], "rules[0].client: expected a string, got list"),
+    ([{"client": ("a",)}], "rules[0].client: expected a string, got list"),
+    ([{"client": None}], "rules[0].client: expected a string, got NoneType"),
+    ([{"client": datetime.date(2024, 1, 1)}], "rules[0].client: expected a string, got date"),
 ])
 def test_parse_errors_name_the_key(raw: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         Rules.parse(raw)
-    assert str(info.value).startswith(message)
+    if message.endswith("$"):
+        assert str(info.value) == message[:-1]
+    else:
+        assert str(info.value).startswith(message)
 
 
 def test_accept_defaults_to_true_and_read_write_to_empty() -> None:
@@ -287,6 +298,22 @@ def test_wildcard_on_an_exclusive_pattern_is_refused_with_a_concrete_example(exa
                            "channel such as invoice/v3/<id>, not a wildcard")
 
 
+@pytest.mark.parametrize(("exclusive", "wildcard", "example"), [
+    ("*", "*", "endpoint/v1/<id>"),
+    ("invoice/*", "_dead/invoice/*", "_dead/invoice/v1/<id>"),  # its dead letters' twin
+    ("invoice/v2/*", "_dead/invoice/*", "_dead/invoice/v2/<id>"),
+    ("a/*", "_dead/a/*", "_dead/a/v1/<id>"),
+    ("invoice/v2/7", "invoice/*", "invoice/v2/7"),
+])
+def test_the_example_a_wildcard_refusal_gives_is_a_channel_to_listen_on(
+        exclusive: str, wildcard: str, example: str) -> None:
+    rules = Rules.parse([{"client": "*", "read": ["*", f"!{exclusive}"]}])
+    err = refusal(rules.for_client("c").check_read, wildcard)
+    assert f"such as {example}, not a wildcard" in err.message
+    channel = example.replace("<id>", "1")
+    assert rules.for_client("c").may_read(channel) and rules.is_exclusive(channel)
+
+
 def test_concrete_channel_covered_only_by_a_bang_entry_is_readable(example: Rules) -> None:
     example.for_client("billing-7").check_read("invoice/v1/55")
     assert example.is_exclusive("invoice/v1/55")
@@ -400,6 +427,7 @@ def test_bounded_caches_do_not_change_answers(monkeypatch: pytest.MonkeyPatch) -
             assert not access.may_read("x/*")
         for client in ("c1", "c2", "c3", "c4", "c5"):
             assert rules.for_client(client).may_read("a/*")
+            assert len(rules._access) <= 3
     assert len(access._writes) <= 3 and len(access._reads) <= 3
     assert len(rules._access) <= 3 and len(rules._exclusive_seen) <= 3
 

@@ -240,9 +240,6 @@ class Rules:
     def __bool__(self) -> bool:
         return bool(self.rules)
 
-    def __repr__(self) -> str:
-        return f"Rules({len(self.rules)} rules, exclusive={list(self.exclusive)})"
-
     def matching(self, client_id: str) -> tuple[Rule, ...]:
         return tuple(rule for rule in self.rules if rule.matches(client_id))
 
@@ -321,12 +318,6 @@ class Access:
         # target -> refusal message, or None when allowed.
         self._writes: dict[str, str | None] = {}
         self._reads: dict[str, str | None] = {}
-
-    def __repr__(self) -> str:
-        if self.unrestricted:
-            return f"Access({self.client_id!r}, unrestricted)"
-        return (f"Access({self.client_id!r}, read={list(self._read_listing())}, "
-                f"write={list(self.write)})")
 
     # The hot path: one dict lookup once a target has been seen.
     def check_write(self, target: str) -> None:
