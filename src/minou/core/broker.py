@@ -234,7 +234,9 @@ class Broker:
         self.subscriptions.add_pattern(session, sid, pattern, now)
 
     def remove_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
-        self.subscriptions.remove_pattern(session, sid, pattern, now)
+        """Stop ``sid``'s group reading ``pattern`` (the time is not needed: the
+        group's deliveries on the channels it leaves are forgotten, not returned)."""
+        self.subscriptions.remove_pattern(session, sid, pattern)
 
     def unsubscribe(self, session: Session, sid: int, now: float) -> None:
         self.subscriptions.unsubscribe(session, sid, now)
@@ -244,9 +246,10 @@ class Broker:
         self.subscriptions.disconnect(session, now)
 
     # ---------------------------------------------------------- access rules
-    def check_read(self, session: Session, *patterns: str, claim: bool = True) -> None:
-        """The one check every read makes, rules then reservations (``Rights.check_read``)."""
-        self.rights.check_read(session, *patterns, claim=claim)
+    def check_read(self, session: Session, *patterns: str) -> None:
+        """The one check every read makes, rules then reservations; the read claims the
+        free exclusive channels it names (``Rights.check_read``)."""
+        self.rights.check_read(session, *patterns)
 
     def may_read(self, session: Session, pattern: str) -> bool:
         """``check_read``'s answer, without raising, recording or claiming."""

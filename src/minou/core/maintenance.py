@@ -66,7 +66,7 @@ def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> 
         # The member's connection is told by the adapter.
     logs = [gc.log for gc in grp.gcs.values()]
     for gc in list(grp.gcs.values()):
-        core.subscriptions.detach(gc, now)
+        core.subscriptions.detach(gc)
     del core.groups[key]
     core.state.ready_groups.pop(grp, None)
     core.batch.group_defs[key] = None
