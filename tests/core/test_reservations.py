@@ -10,6 +10,7 @@ import pytest
 
 from minou.auth.rules import Rules
 from minou.core.broker import LISTEN_KEYS_META, Broker, Session
+from minou.core.writes import WriteBatch
 from minou.errors import BadRequest, ErrorCode, NotAuthorized, UnknownDelivery
 from minou.names import LEGACY_LISTEN_PREFIX, listen_group_key, migrate_listen_key
 from minou.storage.base import Snapshot
@@ -276,3 +277,40 @@ def test_the_receipt_check_is_the_read_check_without_claiming() -> None:
     by_rules = h.broker.read_refusal(other, "secret/v1/1")
     assert by_rules is not None and by_rules.code == ErrorCode.NOT_AUTHORIZED
     assert h.broker.read_refusals == {}  # asking is not a refused read
+
+
+def test_a_migrated_listener_keeps_its_place_and_the_other_groups_theirs() -> None:
+    storage = MemoryStorage("migrate")
+    MemoryStorage.forget("migrate")
+    storage = MemoryStorage("migrate")
+    storage.open(0.0)
+    h = Harness(storage=storage)
+    s = Session("a:b")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/*", name="n", prefetch=10)
+    h.subscribe(Session("c"), patterns="orders/v1/1", group="g")
+    h.publish(send("orders/v1/1", 1), send("orders/v1/1", 2))
+    h.ack(s, h.take(sub)[:1])  # the listener has settled message 1
+    h.commit()
+    # As an older version stored it: the unescaped key, no marker.
+    grp = h.broker.groups["listen:a%3Ab:n"]
+    batch = WriteBatch()
+    batch.group_defs = {"listen:a%3Ab:n": None, "listen:a:b:n": grp.definition()}
+    batch.group_states = {("listen:a%3Ab:n", "orders/v1/1"): None,
+                          ("listen:a:b:n", "orders/v1/1"): grp.gcs["orders/v1/1"].durable_state()}
+    storage.apply(batch)
+    h = restart(h)
+    assert h.broker.migrate_listen_keys({"a:b"}) == {"listen:a:b:n": "listen:a%3Ab:n"}
+    assert h.broker.migrate_listen_keys({"a:b", "a"}) == {}  # once: asking again renames none
+    assert set(h.broker.groups) == {"listen:a%3Ab:n", "consume:g"}
+    assert h.broker.groups["listen:a%3Ab:n"].key == "listen:a%3Ab:n"
+    h.commit()
+    h = restart(h)
+    s = Session("a:b")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/*", name="n", prefetch=10)
+    got = h.take(sub)
+    assert [d.seq for d in got] == [2]  # 1 was settled before the migration
+    h.ack(s, got)
+    h.commit()
+    h = restart(h)
+    sub = h.subscribe(Session("a:b"), kind="listen", patterns="orders/v1/*", name="n")
+    assert h.take(sub) == []  # settled under the new key too
