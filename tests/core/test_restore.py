@@ -14,11 +14,12 @@ import pytest
 
 from minou.auth.rules import Rules
 from minou.core.broker import Broker, Session
+from minou.core.group import GroupDef
 from minou.core.log import ChannelOptions
 from minou.errors import BadRequest, NotAuthorized
 from minou.protocol.frames import Send
 from minou.server import engine
-from minou.storage.base import Storage
+from minou.storage.base import ChannelRecord, Snapshot, Storage
 from minou.storage.memory import MemoryStorage
 from minou.storage.sqlite import SQLiteStorage
 
@@ -421,3 +422,26 @@ def test_acked_sets_and_cursors_above_the_floor_survive(h: Harness, tmp_path: Pa
     assert [(d.seq, d.attempts) for d in h2.take(sub2)] == [(1, 2), (5, 2), (6, 2)]
     h2.tick(50.0)
     assert [(d.seq, d.attempts) for d in h2.take(sub2)] == [(3, 2)]
+
+
+def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> None:
+    """Storage may hold a channel a group matches without a state of that group for it
+    (created after the group's last save): the group reads it from its first seq. State
+    rows of a group or channel storage no longer has are left out."""
+    snap = Snapshot(
+        channels=[ChannelRecord(CH, next_seq=6, first_seq=2, count=4),
+                  ChannelRecord("orders/v1/2", next_seq=3, first_seq=1, count=2)],
+        specials=[(CH, 5, 0, 1_000.0 + 30.0)],  # seq 5 is delayed until T0 + 30
+        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")],
+        group_states=[("consume:gone", CH, 1, b""), ("consume:g", "orders/v1/9", 1, b""),
+                      ("consume:g", "orders/v1/2", 2, b"")],
+    )
+    broker = Broker()
+    broker.restore(snap, 1_000.0)
+    grp = broker.groups["consume:g"]
+    assert set(grp.gcs) == {CH, "orders/v1/2"} and "consume:gone" not in broker.groups
+    stats = broker.group_stats(grp, 1_000.0)
+    assert (stats["channels"], stats["lag"], stats["waiting"]) == (2, 4 + 1, 4 + 1)
+    assert [gc.group.key for gc in broker.channels[CH].states] == ["consume:g"]
+    broker.tick(1_000.0 + 30.0)  # the delayed seq 5 comes due with its timer
+    assert grp.gcs[CH] in grp.ready
