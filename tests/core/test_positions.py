@@ -40,7 +40,7 @@ def refused(exc: type[RequestError], call: Any, *args: Any, **kw: Any) -> Reques
 
 
 # ------------------------------------------------------------- set_position
-@settings(derandomize=True, max_examples=40, deadline=None)
+@settings(derandomize=True, max_examples=25, deadline=None)
 @given(n=st.integers(0, 8), position=st.integers(1, 12), delivered=st.integers(0, 4))
 def test_a_seek_keeps_exactly_the_message_at_the_position_and_drops_those_below(
         n: int, position: int, delivered: int) -> None:
@@ -73,6 +73,7 @@ def test_a_new_group_positioned_on_a_channel_starts_there_and_stays_there() -> N
     h.publish(send(CH, "later", delay=60.0))  # seq 6, published with a delay
     admin = Session("ops", admin=True)
     assert h.broker.set_position(admin, "spark", {CH: 3}, h.now) == {CH: 4}
+    assert h.broker.group_stats(h.broker.groups["consume:spark"], h.now)["kind"] == "consume"
     h.commit()
     h = restart(h)
     c = Session("c")
@@ -283,3 +284,44 @@ def test_a_subscription_without_prefetch_takes_its_queues() -> None:
     sub = h.subscribe(Session("c"), patterns="orders/v1/*", group="g")
     h.publish_values("orders/v1/1", [1, 2, 3])
     assert seqs(h.take(sub)) == [1, 2]  # its prefetch: 2 unsettled at most
+
+
+# ------------------------------------------------------------ subscribe's limits
+def test_subscribe_accepts_its_limits_and_refuses_past_them() -> None:
+    from minou.limits import MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
+
+    h = Harness()
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=MAX_PREFETCH, lease=MAX_LEASE_S)
+    assert (sub.prefetch, sub.lease_s) == (MAX_PREFETCH, MAX_LEASE_S)
+    for sid in range(2, MAX_SUBSCRIPTIONS + 1):
+        h.subscribe(c, sid, patterns=CH, group="g")
+    assert len(c.subs) == MAX_SUBSCRIPTIONS
+    e = refused(BadRequest, h.subscribe, c, MAX_SUBSCRIPTIONS + 1, patterns=CH, group="g")
+    assert e.code == ErrorCode.BAD_REQUEST and len(c.subs) == MAX_SUBSCRIPTIONS
+    for start in ("seq:\u0663", "seq:", "seq:-1", "later"):  # only ASCII digits are a seq
+        assert refused(BadRequest, h.subscribe, Session("d"), patterns=CH, group="h",
+                       start=start).code == ErrorCode.BAD_REQUEST
+
+
+def test_a_refused_subscribe_names_the_callers_own_refusal_before_the_groups() -> None:
+    rules = Rules.parse([{"client": "a", "read": [CH]}, {"client": "b", "read": [CH]}])
+    h = Harness()
+    h.broker.rules = rules
+    a, b = (Session(x, access=rules.for_client(x)) for x in "ab")
+    h.subscribe(a, patterns=CH, group="g")
+    e = refused(NotAuthorized, h.subscribe, b, patterns=CH2, group="g")
+    assert e.detail == {"channel": CH2, "client": "b"}
+    assert h.broker.read_refusals[CH2] == [1, "b"]
+
+
+def test_joining_a_group_claims_its_free_exclusive_channels() -> None:
+    rules = Rules.parse([{"client": "*", "read": ["orders/*", "!invoice/*"]}])
+    h = Harness()
+    h.broker.rules = rules
+    owner, joiner = (Session(x, access=rules.for_client(x)) for x in ("owner", "joiner"))
+    h.subscribe(owner, patterns="invoice/v1/1", group="g")
+    h.broker.unsubscribe(owner, 1, h.now)
+    assert h.broker.release("invoice/v1/1") == "owner"
+    h.subscribe(joiner, patterns=CH, group="g")  # the group still reads invoice/v1/1
+    assert h.broker.reservations == {"invoice/v1/1": "joiner"}
