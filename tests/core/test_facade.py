@@ -3,7 +3,7 @@ the server makes to wake groups and swap channel options on a reload."""
 
 from __future__ import annotations
 
-from minou.core.broker import Session
+from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 
 from .helpers import Harness, send, seqs
@@ -74,3 +74,7 @@ def test_a_writer_released_without_dropping_its_fences_stays_exactly_once() -> N
     # A commit without a lineage binds none: a streaming run may take the writer on.
     h.broker.stage(second, "u", [send(CH, 2)], h.now)
     assert h.broker.commit_txns(second, "job", 4, ["u"], h.now, "run-1")["published"] == 1
+
+
+def test_a_broker_built_without_settings_is_named_minou() -> None:
+    assert Broker().broker_id == "minou"  # the audience its tokens are signed for

@@ -15,6 +15,7 @@ from minou.core.broker import Session
 from minou.core.log import ChannelLog, ChannelOptions, Msg
 from minou.errors import BadRequest, ErrorCode, NotAuthorized, NotFound
 from minou.protocol.frames import Send
+from minou.schemas import compile_schema
 
 from .helpers import T0, Harness, payloads, send, seqs
 
@@ -1059,3 +1060,29 @@ def test_diagnose_hints_at_channels_nobody_reads(unread: list[str], hint: str) -
     assert _diagnose(h) == (f"{len(unread)} message(s) wait and 1 reader(s) are connected; "
                             f"deliveries should follow. {hint} no reader at all: their "
                             "messages wait for one.")
+
+
+def test_diagnose_a_wildcard_refusal_of_an_endpoint_is_not_blamed_on_a_longer_one() -> None:
+    h = Harness()
+    h.publish_values("ordersx/v1/1", [1])
+    _refused(h, 1, "orders/*")
+    assert _diagnose(h, "ordersx/v1") == ("No consumer or listener has ever subscribed to "
+                                          "ordersx/v1: messages wait until one does.")
+
+
+def test_oldest_unsettled_stops_at_the_first_seq_not_settled_past_a_deleted_one() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
+    h.publish_values(CH, [1, 2, 3, 4])
+    d1, d2, _d3, _d4 = h.take(sub)
+    h.ack(s, [d1])
+    h.nack(s, [d2])  # 2 is the group's floor
+    h.broker.expire([(CH, 2)], h.now)  # and then it is deleted; 3 is still out
+    assert mt.oldest_unsettled(h.broker, _log(h), "consume:g") == 3
+
+
+def test_queue_stats_name_the_schema_of_the_queue() -> None:
+    schema = compile_schema({"type": "object"}, key=Q)
+    h = Harness(channel_options=lambda key: ChannelOptions(schema=schema))
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["schema"] == schema.key
