@@ -32,9 +32,11 @@ def restart(h: Harness) -> Harness:
 
 
 def refused(exc: type[RequestError], call: Any, *args: Any, **kw: Any) -> RequestError:
+    """The refusal ``call`` raises; it always says why (the text a client shows)."""
     try:
         call(*args, **kw)
     except exc as e:
+        assert isinstance(e.message, str) and e.message
         return e
     raise AssertionError(f"{call} was not refused")
 
@@ -302,6 +304,14 @@ def test_subscribe_accepts_its_limits_and_refuses_past_them() -> None:
     for start in ("seq:\u0663", "seq:", "seq:-1", "later"):  # only ASCII digits are a seq
         assert refused(BadRequest, h.subscribe, Session("d"), patterns=CH, group="h",
                        start=start).code == ErrorCode.BAD_REQUEST
+    d = Session("d")
+    for kw in ({"kind": "replay"}, {"patterns": []}, {"prefetch": MAX_PREFETCH + 1},
+               {"prefetch": -1}, {"lease": MAX_LEASE_S + 1}, {"lease": -1.0}):
+        args = {"patterns": CH, "group": "h", **kw}
+        assert refused(BadRequest, h.subscribe, d, **args).code == ErrorCode.BAD_REQUEST, kw
+    h.subscribe(d, 5, patterns=CH, group="h")
+    assert refused(BadRequest, h.subscribe, d, 5, patterns=CH2).code == ErrorCode.BAD_REQUEST
+    assert list(d.subs) == [5]
 
 
 def test_a_refused_subscribe_names_the_callers_own_refusal_before_the_groups() -> None:
