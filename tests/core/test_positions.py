@@ -335,3 +335,12 @@ def test_joining_a_group_claims_its_free_exclusive_channels() -> None:
     assert h.broker.release("invoice/v1/1") == "owner"
     h.subscribe(joiner, patterns=CH, group="g")  # the group still reads invoice/v1/1
     assert h.broker.reservations == {"invoice/v1/1": "joiner"}
+
+
+def test_a_subscription_without_prefetch_over_existing_channels_takes_theirs() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(prefetch=2 if key == "orders/v1"
+                                                           else 5))
+    h.publish_values(CH, [1, 2, 3])
+    sub = h.subscribe(Session("c"), patterns="orders/*", group="g")  # reads orders/v1/1
+    assert sub.prefetch == 2
+    assert seqs(h.take(sub)) == [1, 2]
