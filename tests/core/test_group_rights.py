@@ -81,3 +81,36 @@ def test_an_exclusive_channel_is_not_handed_to_another_member() -> None:
     with pytest.raises(NotAuthorized, match="member, client 'first'"):
         h.subscribe(second, patterns="invoice/v1/1", group="g")
     assert "invoice/v1/1" not in h.broker.reservations
+
+
+def test_every_member_is_checked_whoever_joined_first() -> None:
+    h = Harness()
+    wide = session("wide")
+    h.subscribe(wide, patterns="orders/v1/1", group="g")
+    h.subscribe(Session("root", admin=True), patterns="orders/v1/1", group="g")
+    h.subscribe(session("narrow"), patterns="orders/v1/1", group="g")
+    with pytest.raises(NotAuthorized) as refused:
+        h.broker.add_pattern(wide, 1, "orders/v1/2", h.now)
+    assert refused.value.detail == {"group": "g", "pattern": "orders/v1/2"}
+    h.subscribe(wide, 2, patterns="orders/v1/*", group="w")
+    with pytest.raises(NotAuthorized) as refused:  # the joiner may not read the group's
+        h.subscribe(session("narrow"), 2, patterns="orders/v1/1", group="w")
+    assert refused.value.detail == {"group": "w", "pattern": "orders/v1/*"}
+
+
+def test_a_durable_listener_refusal_names_the_listener() -> None:
+    h = Harness()
+    rules = Rules.parse([{"client": "app", "read": ["orders/*"]}])
+    app = Session("app", access=rules.for_client("app"))
+    h.subscribe(Session("app"), kind="listen", patterns="payments/v1/1", name="feed")
+    with pytest.raises(NotAuthorized) as refused:
+        h.subscribe(app, kind="listen", patterns="orders/v1/1", name="feed")
+    assert refused.value.detail == {"group": "feed", "pattern": "payments/v1/1"}
+
+
+def test_a_wildcard_read_reserves_nothing() -> None:
+    h = Harness()
+    h.broker.rules = Rules.parse([{"client": "*", "read": ["!invoice/*"]}])
+    me = Session("me")  # its key's rules allow the wildcard (as before a reload)
+    h.subscribe(me, kind="listen", patterns="invoice/v1/*")
+    assert h.broker.reservations == {}

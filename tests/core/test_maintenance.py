@@ -15,6 +15,7 @@ from minou.core.broker import Session
 from minou.core.log import ChannelLog, ChannelOptions, Msg
 from minou.errors import BadRequest, ErrorCode, NotAuthorized, NotFound
 from minou.protocol.frames import Send
+from minou.schemas import compile_schema
 
 from .helpers import T0, Harness, payloads, send, seqs
 
@@ -885,3 +886,203 @@ def test_diagnose_names_channels_nobody_reads() -> None:
         "Deliveries do not keep up: 4.0 delivered per second, but the oldest of 2 waiting "
         "message(s) has waited 300 s (longer than the last 60 s). 1 of its channels "
         "(orders/v1/2) have no reader at all: their messages wait for one.")
+
+
+# ------------------------------------------------------------ boundaries of the figures
+@pytest.mark.parametrize(("rate", "text"), [
+    (10.0, ("10", "second")), (10.5, ("10", "second")), (1.0, ("1.0", "second")),
+    (1.5, ("1.5", "second")), (0.1, ("0.10", "second")), (0.09, ("5.4", "minute")),
+    (1 / 60.5, ("0.99", "minute")), (1 / 600, ("0.10", "minute")), (0.009, ("0.54", "minute")),
+    (0.1 / 60.5, ("6", "hour")), (0.00040275, ("1.4", "hour")),
+])
+def test_rate_text_switches_units_exactly_at_their_boundaries(rate: float,
+                                                               text: tuple[str, str]) -> None:
+    assert mt.rate_text(rate) == text
+
+
+def test_queue_stats_ages_are_rounded_to_milliseconds_and_counts_sum_every_channel() -> None:
+    h = Harness()
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns="orders/v1/*", group="g", prefetch=10)
+    sb = h.subscribe(b, kind="listen", patterns="orders/v1/*", start="oldest", prefetch=10)
+    sb.paused = True
+    h.publish_values(CH, [1, 2])
+    h.publish_values(CH2, [3, 4, 5])
+    h.advance(1.2345678)
+    got = h.take(sa)
+    h.ack(a, [d for d in got if d.seq == 1])  # one of each channel's first
+    stats = mt.queue_stats(h.broker, Q, now=h.now, oldest={CH: h.now - 2.0004999},
+                           oldest_waiting={CH2: h.now - 7.1236})
+    assert (stats["delivered"], stats["acked"]) == (5, 2)
+    assert (stats["waiting"], stats["in_flight"]) == (5, 3)  # the listener's 2 + 3; 3 out
+    assert stats["oldest_in_flight_age_s"] == 1.235
+    assert (stats["oldest_age_s"], stats["oldest_waiting_age_s"]) == (2.0, 7.124)
+
+
+def test_queue_stats_show_every_option_of_the_queue() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(
+        prefetch=3, ttl=60.0, max_items=10, overflow="drop_oldest", requeue_limit=4,
+        dead_letter=False, retention=30.0))
+    h.publish_values(CH, [1])
+    want = {"prefetch": 3, "ttl": 60.0, "max_items": 10, "overflow": "drop_oldest",
+            "requeue_limit": 4, "dead_letter": False, "retention": 30.0, "schema": None}
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"] == want
+    assert mt.queue_stats(h.broker, "_dead/" + Q, now=h.now)["options"] == want
+    h.broker.options_for = lambda key: ChannelOptions(prefetch=9)  # a reload
+    for log in h.broker.channels.values():
+        log.options = h.broker.options(log.name)
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["prefetch"] == 9
+
+
+def test_oldest_waiting_is_none_when_the_group_has_everything_out() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2])
+    assert len(h.take(sub)) == 2
+    assert mt.oldest_waiting(h.broker, _log(h), "consume:g") is None
+    assert mt.oldest_waiting(h.broker, _log(h)) is None
+
+
+def test_oldest_unsettled_passes_one_deleted_seq_at_a_time() -> None:
+    h = Harness()
+    h.publish_values(CH, [1, 2, 3])
+    h.broker.expire([(CH, 1)], h.now)
+    assert mt.oldest_unsettled(h.broker, _log(h)) == 2
+
+
+def test_receipt_of_a_seq_past_the_end_names_no_group() -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g")
+    h.publish_values(CH, [1])
+    assert mt.receipt(h.broker, _log(h), 5) == {"channel": CH, "seq": 5, "state": "unknown",
+                                                "groups": []}
+
+
+def test_a_requeued_dead_letter_is_published_anew() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0, ttl=100.0))
+    msgs = _dead_letters(h, send(CH, 1))
+    h.advance(50.0)
+    assert mt.requeue_dead(h.broker, _log(h, DEAD), msgs, h.now) == 1
+    h.commit()
+    r = mt.receipt(h.broker, _log(h), 2)
+    assert (r["state"], r["published_at"]) == ("stored", h.now)  # its TTL starts again
+
+
+def test_diagnose_a_wildcard_refusal_of_another_endpoint_is_not_blamed() -> None:
+    h = Harness()
+    h.publish_values(CH, [1])
+    _refused(h, 1, "ordersx/*")
+    assert _diagnose(h) == ("No consumer or listener has ever subscribed to orders/v1: "
+                            "messages wait until one does.")
+
+
+def test_diagnose_blames_the_most_refused_reader() -> None:
+    h = Harness()
+    h.publish_values(CH, [1])
+    access = Rules.parse([{"client": "*", "read": ["payments/*"]}])
+    for who, pattern, times in (("b", "orders/v1/*", 3), ("a", CH, 1), ("c", "orders/*", 2)):
+        for sid in range(times):
+            with pytest.raises(NotAuthorized):
+                h.subscribe(Session(who, access=access.for_client(who)), sid,
+                            patterns=pattern, group="x")
+    assert _diagnose(h) == ("No reader: client 'b' was refused reading 'orders/v1/*' by the "
+                            "rules (3 time(s)); messages wait.")
+    s = Session("m")
+    h.subscribe(s, patterns=CH, group="g")
+    h.broker.unsubscribe(s, 1, h.now)
+    assert _diagnose(h).endswith(" Client 'b' was refused reading 'orders/v1/*' by the rules "
+                                 "(3 time(s)).")
+
+
+def test_diagnose_names_three_groups_without_members_at_most() -> None:
+    h = Harness()
+    for name in "abcd":
+        s = Session(name)
+        h.subscribe(s, patterns=CH, group=name)
+        h.broker.unsubscribe(s, 1, h.now)
+    h.publish_values(CH, [1])
+    assert _diagnose(h) == ("No consumer is connected (group(s) consume:a, consume:b, "
+                            "consume:c have no members).")
+
+
+def test_diagnose_schema_refusals_at_any_rate() -> None:
+    h = Harness()
+    h.publish_values(CH, [1])
+    assert _diagnose(h, schema_recent=0.5) == (
+        "Publishes are being refused by the schema of orders/v1 (0.5/s over the last "
+        "minute): producers send the wrong format.")
+
+
+def test_diagnose_settled_messages_kept_for_retention() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(retention=3600.0))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=5)
+    h.publish_values(CH, [1, 2])
+    h.ack(s, h.take(sub))
+    h.commit()
+    assert _diagnose(h) == ("Nothing waits and nothing is in flight: the 2 stored message(s) "
+                            "are settled (kept for replay by retention, or removed soon).")
+
+
+def test_diagnose_waiting_exactly_as_long_as_the_window_still_flows() -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g", prefetch=5)
+    h.publish_values(CH, [1, 2])  # not pumped yet: both wait
+    stats = mt.queue_stats(h.broker, Q, now=h.now, oldest_waiting={CH: h.now - 60.0})
+    assert mt.diagnose(h.broker, Q, stats, h.now, deliver_rate=2.0) == (
+        "Messages are flowing: 2.0 delivered per second.")
+
+
+def test_diagnose_http_consumers_holding_messages_with_none_asking() -> None:
+    h = Harness()
+    sub = _http_consumer(h)
+    sub.prefetch = 1
+    h.publish_values(CH, [1, 2])
+    assert len(h.take(sub)) == 1
+    sub.prefetch = 0  # the request that took it is answered: none waits now
+    assert _diagnose(h) == (
+        "Nobody is asking for messages: 1 HTTP consumer(s) are connected but no consume "
+        "request is waiting (an HTTP consumer takes messages only while a POST /v1/consume "
+        "request waits); 1 message(s) wait; they hold 1 message(s) in flight (delivered, not "
+        "yet acked).")
+
+
+@pytest.mark.parametrize(("unread", "hint"), [
+    (["2"], "1 of its channels (orders/v1/2) have"),
+    (["2", "3"], "2 of its channels (orders/v1/2, …) have"),
+])
+def test_diagnose_hints_at_channels_nobody_reads(unread: list[str], hint: str) -> None:
+    h = Harness()
+    h.subscribe(Session("c"), patterns=CH, group="g", prefetch=5)
+    for cid in unread:
+        h.publish_values(f"{Q}/{cid}", [1])
+    assert _diagnose(h) == (f"{len(unread)} message(s) wait and 1 reader(s) are connected; "
+                            f"deliveries should follow. {hint} no reader at all: their "
+                            "messages wait for one.")
+
+
+def test_diagnose_a_wildcard_refusal_of_an_endpoint_is_not_blamed_on_a_longer_one() -> None:
+    h = Harness()
+    h.publish_values("ordersx/v1/1", [1])
+    _refused(h, 1, "orders/*")
+    assert _diagnose(h, "ordersx/v1") == ("No consumer or listener has ever subscribed to "
+                                          "ordersx/v1: messages wait until one does.")
+
+
+def test_oldest_unsettled_stops_at_the_first_seq_not_settled_past_a_deleted_one() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
+    h.publish_values(CH, [1, 2, 3, 4])
+    d1, d2, _d3, _d4 = h.take(sub)
+    h.ack(s, [d1])
+    h.nack(s, [d2])  # 2 is the group's floor
+    h.broker.expire([(CH, 2)], h.now)  # and then it is deleted; 3 is still out
+    assert mt.oldest_unsettled(h.broker, _log(h), "consume:g") == 3
+
+
+def test_queue_stats_name_the_schema_of_the_queue() -> None:
+    schema = compile_schema({"type": "object"}, key=Q)
+    h = Harness(channel_options=lambda key: ChannelOptions(schema=schema))
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["schema"] == schema.key

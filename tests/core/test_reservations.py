@@ -10,9 +10,11 @@ import pytest
 
 from minou.auth.rules import Rules
 from minou.core.broker import LISTEN_KEYS_META, Broker, Session
-from minou.errors import BadRequest, NotAuthorized, UnknownDelivery
+from minou.core.writes import WriteBatch
+from minou.errors import BadRequest, ErrorCode, NotAuthorized, UnknownDelivery
 from minou.names import LEGACY_LISTEN_PREFIX, listen_group_key, migrate_listen_key
 from minou.storage.base import Snapshot
+from minou.storage.memory import MemoryStorage
 from minou.storage.sqlite import SQLiteStorage
 
 from .helpers import Harness, send
@@ -201,3 +203,114 @@ def test_fences_stored_without_an_owner_go_to_the_first_committer() -> None:
     assert broker.release_writer("job", drop_fences=True) == "first"
     assert broker.transactions.fences == {} and broker.transactions.writers == {}
     assert broker.commit_txns(second, "job", 1, ["t"], h.now)["published"] == 1
+
+
+# ------------------------------------------------- reservations over time
+def restart(h: Harness) -> Harness:
+    """Stop ``h`` (its uncommitted batch is lost) and start again on its storage."""
+    assert isinstance(h.storage, MemoryStorage)
+    h.storage.close()
+    storage = MemoryStorage(h.storage.name)
+    broker = Broker()
+    broker.rules = RULES
+    broker.restore(storage.open(h.now + 1.0), h.now + 1.0)
+    return Harness(broker=broker, storage=storage, now=h.now + 1.0)
+
+
+def test_a_reservation_and_its_release_survive_a_restart() -> None:
+    h = harness()
+    owner, other = session("owner"), session("other")
+    h.broker.check_read(owner, "invoice/v1/1")
+    h.broker.check_read(owner, "invoice/v1/2")
+    h.commit()
+    h = restart(h)
+    # Still the owner's: the others are refused, the owner reads (and claims nothing new).
+    with pytest.raises(NotAuthorized) as refused:
+        h.broker.check_read(other, "_dead/invoice/v1/1")
+    assert refused.value.detail == {"channel": "_dead/invoice/v1/1", "owner": "owner"}
+    h.broker.check_read(owner, "invoice/v1/1")
+    assert h.broker.take_writes().reservations == {}
+    # Released, and the release made durable: the next reader claims it, even after a
+    # restart; the other reservation stays.
+    assert h.broker.release("invoice/v1/1") == "owner"
+    h.commit()
+    h = restart(h)
+    assert h.broker.reservations == {"invoice/v1/2": "owner"}
+    h.broker.check_read(other, "invoice/v1/1")
+    assert h.broker.reservations == {"invoice/v1/1": "other", "invoice/v1/2": "owner"}
+
+
+def test_release_of_a_free_channel_changes_nothing() -> None:
+    h = harness()
+    h.subscribe(session("reader"), patterns="orders/v1/1")  # not exclusive: no reservation
+    assert h.broker.release("orders/v1/1") is None  # a live reader does not matter
+    assert h.broker.release("invoice/v1/1") is None
+    assert h.broker.take_writes().reservations == {}
+
+
+def test_release_waits_for_a_live_reader_of_the_dead_letters_but_not_for_an_admin() -> None:
+    h = harness()
+    owner = session("owner")
+    h.subscribe(owner, patterns="_dead/invoice/v1/1")  # claims the channel too
+    h.subscribe(session("root", admin=True), patterns="invoice/v1/1")
+    with pytest.raises(BadRequest) as refused:
+        h.broker.release("invoice/v1/1")
+    assert refused.value.detail == {"channel": "invoice/v1/1", "client": "owner"}
+    assert h.broker.reservations == {"invoice/v1/1": "owner"}
+    h.broker.unsubscribe(owner, 1, h.now)
+    assert h.broker.release("invoice/v1/1") == "owner"  # the admin still reads: fine
+    assert h.broker.take_writes().reservations == {"invoice/v1/1": None}
+
+
+def test_the_receipt_check_is_the_read_check_without_claiming() -> None:
+    """What a receipt asks (server/http_api.py): may this client read the channel?"""
+    h = harness()
+    owner, other = session("owner"), session("other")
+    assert h.broker.read_refusal(other, "invoice/v1/1") is None  # free: anyone may
+    assert h.broker.reservations == {}  # and asking claims nothing
+    h.broker.check_read(owner, "invoice/v1/1")
+    refusal = h.broker.read_refusal(other, "invoice/v1/1")
+    assert refusal is not None and refusal.code == ErrorCode.NOT_AUTHORIZED
+    assert refusal.detail == {"channel": "invoice/v1/1", "owner": "owner"}
+    assert h.broker.read_refusal(owner, "invoice/v1/1") is None
+    assert h.broker.read_refusal(session("root", admin=True), "invoice/v1/1") is None
+    by_rules = h.broker.read_refusal(other, "secret/v1/1")
+    assert by_rules is not None and by_rules.code == ErrorCode.NOT_AUTHORIZED
+    assert h.broker.read_refusals == {}  # asking is not a refused read
+
+
+def test_a_migrated_listener_keeps_its_place_and_the_other_groups_theirs() -> None:
+    storage = MemoryStorage("migrate")
+    MemoryStorage.forget("migrate")
+    storage = MemoryStorage("migrate")
+    storage.open(0.0)
+    h = Harness(storage=storage)
+    s = Session("a:b")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/*", name="n", prefetch=10)
+    h.subscribe(Session("c"), patterns="orders/v1/1", group="g")
+    h.publish(send("orders/v1/1", 1), send("orders/v1/1", 2))
+    h.ack(s, h.take(sub)[:1])  # the listener has settled message 1
+    h.commit()
+    # As an older version stored it: the unescaped key, no marker.
+    grp = h.broker.groups["listen:a%3Ab:n"]
+    batch = WriteBatch()
+    batch.group_defs = {"listen:a%3Ab:n": None, "listen:a:b:n": grp.definition()}
+    batch.group_states = {("listen:a%3Ab:n", "orders/v1/1"): None,
+                          ("listen:a:b:n", "orders/v1/1"): grp.gcs["orders/v1/1"].durable_state()}
+    storage.apply(batch)
+    h = restart(h)
+    assert h.broker.migrate_listen_keys({"a:b"}) == {"listen:a:b:n": "listen:a%3Ab:n"}
+    assert h.broker.migrate_listen_keys({"a:b", "a"}) == {}  # once: asking again renames none
+    assert set(h.broker.groups) == {"listen:a%3Ab:n", "consume:g"}
+    assert h.broker.groups["listen:a%3Ab:n"].key == "listen:a%3Ab:n"
+    h.commit()
+    h = restart(h)
+    s = Session("a:b")
+    sub = h.subscribe(s, kind="listen", patterns="orders/v1/*", name="n", prefetch=10)
+    got = h.take(sub)
+    assert [d.seq for d in got] == [2]  # 1 was settled before the migration
+    h.ack(s, got)
+    h.commit()
+    h = restart(h)
+    sub = h.subscribe(Session("a:b"), kind="listen", patterns="orders/v1/*", name="n")
+    assert h.take(sub) == []  # settled under the new key too

@@ -12,14 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from minou.auth.rules import Rules
 from minou.core.broker import Broker, Session
+from minou.core.group import GroupDef
 from minou.core.log import ChannelOptions
+from minou.errors import BadRequest, NotAuthorized
+from minou.protocol.frames import Send
 from minou.server import engine
-from minou.storage.base import Storage
+from minou.storage.base import ChannelRecord, Snapshot, Storage
 from minou.storage.memory import MemoryStorage
 from minou.storage.sqlite import SQLiteStorage
 
-from .helpers import Harness, payloads, send, seqs
+from .helpers import Harness, js, payloads, send, seqs
 
 CH = "orders/v1/1"
 _opened: list[Storage] = []
@@ -360,3 +364,84 @@ def test_messages_dropped_before_their_commit_are_not_stored(h: Harness, tmp_pat
     (o,) = h2.publish(send(CH, 5))
     assert o.seq == 5 and h2.broker.counters.dropped == 1
     assert payloads(h2.take(sub)) == [5]
+
+
+def test_writers_fences_reservations_producers_and_staged_txns_survive(
+    h: Harness, tmp_path: Path
+) -> None:
+    rules = Rules.parse([{"client": "*", "read": ["orders/*", "!invoice/*"],
+                          "write": ["*"]}])
+    spark, other = Session("spark"), Session("other", access=rules.for_client("other"))
+    app = Session("app", producer_id="00000000000000aa")
+    h.broker.rules = rules
+    h.broker.check_read(Session("owner", access=rules.for_client("owner")), "invoice/v1/1")
+    numbered = [Send(CH, js(i), pseq=i) for i in (1, 2)]
+    first, _ = h.broker.publish(numbered, h.now, session=app)
+    h.broker.stage(spark, "t1", [send("out/v1/1", "b5")], h.now)
+    assert h.broker.commit_txns(spark, "job", 5, ["t1"], h.now, "run-1")["published"] == 1
+    h.broker.stage(spark, "t2", [send("out/v1/1", "b6")], h.now)  # staged, not committed
+    h.commit()
+
+    h2 = _restart(h, tmp_path)
+    h2.broker.rules = rules
+    # The reservation: another client is refused, told whose it is.
+    with pytest.raises(NotAuthorized) as refused:
+        h2.broker.check_read(other, "invoice/v1/1")
+    assert refused.value.detail["owner"] == "owner"
+    # The producer's numbering: a resend is the same message, the next one is new.
+    again, _ = h2.broker.publish([Send(CH, js(2), pseq=2), Send(CH, js(3), pseq=3)],
+                                 h2.now, session=app)
+    assert (again[0].duplicate, again[0].seq) == (True, first[1].seq)
+    assert (again[1].duplicate, again[1].seq) == (False, 3)
+    # The writer's owner, its lineage and its fence (batch 5 of out/v1/1).
+    h2.broker.stage(other, "x", [send("out/v1/1", "squat")], h2.now)
+    with pytest.raises(NotAuthorized):
+        h2.broker.commit_txns(other, "job", 9, ["x"], h2.now)
+    with pytest.raises(BadRequest) as bound:
+        h2.broker.commit_txns(spark, "job", 6, ["t2"], h2.now, "run-2")
+    assert bound.value.detail["bound"] == "run-1"
+    h2.broker.stage(spark, "t3", [send("out/v1/1", "b5 again")], h2.now)
+    assert h2.broker.commit_txns(spark, "job", 5, ["t3"], h2.now, "run-1")["discarded"] == 1
+    # The staged transaction commits after the restart.
+    assert h2.broker.commit_txns(spark, "job", 6, ["t2"], h2.now, "run-1")["published"] == 1
+    h2.commit()
+    reader = h2.subscribe(Session("r"), patterns="out/v1/1", group="r", prefetch=10)
+    assert payloads(h2.take(reader)) == ["b5", "b6"]
+
+
+def test_acked_sets_and_cursors_above_the_floor_survive(h: Harness, tmp_path: Path) -> None:
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    got = h.take(sub)
+    h.ack(a, [got[1], got[3]])  # 2 and 4 acked, 1 unsettled: the floor stays at 1
+    h.nack(a, [got[2]], delay=50.0)  # 3 delayed
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    sub2 = h2.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
+    assert [(d.seq, d.attempts) for d in h2.take(sub2)] == [(1, 2), (5, 2), (6, 2)]
+    h2.tick(50.0)
+    assert [(d.seq, d.attempts) for d in h2.take(sub2)] == [(3, 2)]
+
+
+def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> None:
+    """Storage may hold a channel a group matches without a state of that group for it
+    (created after the group's last save): the group reads it from its first seq. State
+    rows of a group or channel storage no longer has are left out."""
+    snap = Snapshot(
+        channels=[ChannelRecord(CH, next_seq=6, first_seq=2, count=4),
+                  ChannelRecord("orders/v1/2", next_seq=3, first_seq=1, count=2)],
+        specials=[(CH, 5, 0, 1_000.0 + 30.0)],  # seq 5 is delayed until T0 + 30
+        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")],
+        group_states=[("consume:gone", CH, 1, b""), ("consume:g", "orders/v1/9", 1, b""),
+                      ("consume:g", "orders/v1/2", 2, b"")],
+    )
+    broker = Broker()
+    broker.restore(snap, 1_000.0)
+    grp = broker.groups["consume:g"]
+    assert set(grp.gcs) == {CH, "orders/v1/2"} and "consume:gone" not in broker.groups
+    stats = broker.group_stats(grp, 1_000.0)
+    assert (stats["channels"], stats["lag"], stats["waiting"]) == (2, 4 + 1, 4 + 1)
+    assert [gc.group.key for gc in broker.channels[CH].states] == ["consume:g"]
+    broker.tick(1_000.0 + 30.0)  # the delayed seq 5 comes due with its timer
+    assert grp.gcs[CH] in grp.ready

@@ -155,9 +155,6 @@ class Broker:
         finds the message without an index: ``<16 hex digits><seq in hex>``."""
         return self.state.ids.new_id(log, seq)
 
-    def channel_hash(self, log: ChannelLog) -> int:
-        return self.state.ids.channel_hash(log)
-
     def find_message(self, message_id: str) -> tuple[ChannelLog, int] | None:
         """The channel and seq a message id names, if that channel is known.
 
@@ -179,11 +176,6 @@ class Broker:
                           early: list[tuple[int, ProducerState | None, int]]) -> None:
         """Answer early duplicates once their commit came (``Publishing``)."""
         self.publishing.settle_duplicates(outcomes, early)
-
-    def validate(self, send: Send, access: Access) -> str | None:
-        """Everything a publish checks before storing (name, rules, size, JSON, schema);
-        return the broadcast prefix, or None for a concrete channel."""
-        return self.publishing.validate(send, access)
 
     # ---------------------------------------------------------------- commit
     @property
@@ -238,14 +230,13 @@ class Broker:
             session, sid, kind=kind, patterns=patterns, group=group, start=start,
             prefetch=prefetch, lease=lease, name=name, now=now)
 
-    def options_prefetch(self, pattern: str) -> int:
-        return self.subscriptions.options_prefetch(pattern)
-
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
         self.subscriptions.add_pattern(session, sid, pattern, now)
 
     def remove_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
-        self.subscriptions.remove_pattern(session, sid, pattern, now)
+        """Stop ``sid``'s group reading ``pattern`` (the time is not needed: the
+        group's deliveries on the channels it leaves are forgotten, not returned)."""
+        self.subscriptions.remove_pattern(session, sid, pattern)
 
     def unsubscribe(self, session: Session, sid: int, now: float) -> None:
         self.subscriptions.unsubscribe(session, sid, now)
@@ -255,19 +246,19 @@ class Broker:
         self.subscriptions.disconnect(session, now)
 
     # ---------------------------------------------------------- access rules
-    def check_read(self, session: Session, *patterns: str, claim: bool = True) -> None:
-        """The one check every read makes, rules then reservations (``Rights.check_read``)."""
-        self.rights.check_read(session, *patterns, claim=claim)
+    def check_read(self, session: Session, *patterns: str) -> None:
+        """The one check every read makes, rules then reservations; the read claims the
+        free exclusive channels it names (``Rights.check_read``)."""
+        self.rights.check_read(session, *patterns)
 
     def may_read(self, session: Session, pattern: str) -> bool:
         """``check_read``'s answer, without raising, recording or claiming."""
         return self.rights.may_read(session, pattern)
 
-    def read_refusal(self, session: Session, pattern: str,
-                     owner_to_be: str | None = None) -> NotAuthorized | None:
-        """Why ``session`` may not read ``pattern``, or None. ``owner_to_be`` counts a
-        free exclusive channel as reserved by that client (about to claim it)."""
-        return self.rights.read_refusal(session, pattern, owner_to_be)
+    def read_refusal(self, session: Session, pattern: str) -> NotAuthorized | None:
+        """Why ``session`` may not read ``pattern`` (the rules, then a reservation by
+        another client), or None; ``check_read`` without raising, recording or claiming."""
+        return self.rights.read_refusal(session, pattern)
 
     def release(self, channel: str) -> str | None:
         """Admin: free a reserved channel for the next reader to claim. Refused while a

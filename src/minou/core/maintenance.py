@@ -15,6 +15,7 @@ from .broker import Broker
 from .group import GroupChannel, Subscription
 from .log import ChannelLog, Msg
 from .publishing import check_room
+from .stats import channel_stats, group_stats
 
 _DEAD_HEADERS = ("x-dead-reason", "x-dead-detail", "x-dead-group", "x-original-channel",
                  "x-original-seq", "x-original-id")
@@ -66,7 +67,7 @@ def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> 
         # The member's connection is told by the adapter.
     logs = [gc.log for gc in grp.gcs.values()]
     for gc in list(grp.gcs.values()):
-        core.subscriptions.detach(gc, now)
+        core.subscriptions.detach(gc)
     del core.groups[key]
     core.state.ready_groups.pop(grp, None)
     core.batch.group_defs[key] = None
@@ -118,8 +119,8 @@ def oldest_waiting(core: Broker, log: ChannelLog, group: str | None = None) -> i
     return min(seqs) if seqs else None
 
 
-def waiting_and_in_flight(logs: list[ChannelLog], group: str | None = None,
-                          now: float = 0.0) -> dict[str, Any]:
+def waiting_and_in_flight(logs: list[ChannelLog], group: str | None,
+                          now: float) -> dict[str, Any]:
     """Messages *waiting* (stored, not yet delivered) and *in flight* (delivered, not
     yet settled), for ``group`` or for every reader. A channel's waiting count is its
     furthest-behind reader's (a message waiting for two groups counts once); with no
@@ -157,7 +158,7 @@ def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
     waiting_ages = [now - t for t in (oldest_waiting or {}).values() if t is not None]
     return {
         "queue": queue,
-        "channels": [core.channel_stats(log, now) for log in logs],
+        "channels": [channel_stats(log) for log in logs],
         "depth": sum(log.count for log in logs),
         # "unsettled" is the old name of in_flight (for every group): kept for scripts.
         "unsettled": sum(len(gc.pending) for log in logs for gc in log.states),
@@ -171,14 +172,16 @@ def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
         "oldest_age_s": round(max(ages), 3) if ages else None,
         "consumers": sum(len(g.members) for g in groups if g.kind == "consume"),
         "listeners": sum(len(g.members) for g in groups if g.kind == "listen"),
-        "groups": [core.group_stats(g, now) for g in groups],
-        "options": _options(logs[0] if logs else None, core, queue),
+        "groups": [group_stats(g) for g in groups],
+        "options": _options(core, queue),
     }
 
 
-def _options(log: ChannelLog | None, core: Broker, queue: str) -> dict[str, Any]:
-    opts = log.options if log is not None else core.options_for(
-        queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX) else queue)
+def _options(core: Broker, queue: str) -> dict[str, Any]:
+    """The options of ``queue``'s channels (a reload gives its channels the new ones;
+    dead letters have their channel's)."""
+    opts = core.options_for(queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX)
+                            else queue)
     return {"prefetch": opts.prefetch, "ttl": opts.ttl, "max_items": opts.max_items,
             "overflow": opts.overflow, "requeue_limit": opts.requeue_limit,
             "dead_letter": opts.dead_letter, "retention": opts.retention,
@@ -202,7 +205,7 @@ def receipt(core: Broker, log: ChannelLog, seq: int) -> dict[str, Any]:
     """What happened to message ``seq`` of ``log``, as far as memory knows: per reader
     group waiting, delivered (with attempts) or acked; ``removed`` once gone (the
     adapter then looks for a dead-letter copy)."""
-    found = log.lookup(seq) if seq < log.end else None
+    found = log.lookup(seq)  # not a message from the log's end on
     groups = []
     for gc in log.states:
         if seq < gc.floor or seq in gc.acked:
@@ -310,8 +313,7 @@ def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
         return f"No consumer is connected (group(s) {names} have no members).{extra}"
     if all(m.paused for m in members):
         return "Every consumer is paused: their connections are not reading fast enough."
-    in_flight = stats.get("in_flight", stats["unsettled"])
-    waiting = stats.get("waiting", max(0, stats["depth"] - in_flight))
+    in_flight, waiting = stats["in_flight"], stats["waiting"]
     logs = channels_of(core, queue)
     unread = [log.name for log in logs if log.count and not log.states]
     hint = (f" {len(unread)} of its channels ({unread[0]}{', …' if len(unread) > 1 else ''}) "

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ..names import migrate_listen_key, parse_pattern
 from .group import Group, GroupChannel
-from .log import ChannelLog, Msg
+from .log import ChannelLog
 from .snapshot import Snapshot
 from .state import BrokerState
 from .transactions import WRITER_LINEAGE_META
@@ -34,15 +34,6 @@ class Restorer:
         for channel, seq, priority, deliver_at in snap.specials:
             if channel in state.channels:
                 state.channels[channel].special[seq] = (priority, deliver_at)
-        tail_by_channel: dict[str, list[Msg]] = {}
-        for msg in snap.tail:
-            tail_by_channel.setdefault(msg.channel, []).append(msg)
-        for name, msgs in tail_by_channel.items():
-            log = state.channels[name]
-            log.cache_lo = msgs[0].seq
-            for m in msgs:
-                log.cache[m.seq] = m
-                log.cache_bytes += m.size()
         for gdef in snap.groups:
             state.groups[gdef.key] = Group(
                 gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns], gdef.start

@@ -31,9 +31,9 @@ class Rights:
             refusal = self.read_refusal(session, pattern)
             if refusal is not None:
                 # Kept for "why is nothing flowing?": a consumer the rules keep out.
-                seen = self.state.read_refusals.setdefault(pattern, [0, ""])
-                seen[0] += 1
-                seen[1] = session.client_id
+                refusals = self.state.read_refusals
+                times = refusals[pattern][0] if pattern in refusals else 0
+                refusals[pattern] = [times + 1, session.client_id]
                 raise refusal
         if claim:
             for pattern in patterns:

@@ -29,8 +29,8 @@ class Counters:
         self.refused[reason] += 1
 
     def as_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {k: v for k, v in vars(self).items() if k != "refused"}
-        out["refused"] = dict(self.refused)
+        out: dict[str, object] = dict(vars(self))
+        out["refused"] = dict(self.refused)  # a plain dict, not the Counter
         return out
 
 

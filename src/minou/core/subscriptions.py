@@ -35,13 +35,14 @@ class Subscriptions:
         *,
         kind: str,
         patterns: list[str],
-        group: str | None = None,
-        start: str = "",
-        prefetch: int = 0,
-        lease: float = 0.0,
-        name: str | None = None,
+        group: str | None,
+        start: str,
+        prefetch: int,
+        lease: float,
+        name: str | None,
         now: float,
     ) -> Subscription:
+        """``Broker.subscribe``, which gives every argument."""
         if kind not in ("listen", "consume"):
             raise BadRequest(f"kind must be 'listen' or 'consume', not {kind!r}")
         if not patterns:
@@ -86,10 +87,12 @@ class Subscriptions:
         return sub
 
     def options_prefetch(self, pattern: str) -> int:
+        """The prefetch of the queue a (parsed, so valid) ``pattern`` reads: a pattern
+        over several queues (``endpoint/*``) has the default."""
         body = pattern[len("_dead/"):] if is_dead_letter(pattern) else pattern
-        parts = body.split("/")
-        if len(parts) >= 2 and parts[1] != "*":
-            return self.state.options_for(f"{parts[0]}/{parts[1]}").prefetch
+        endpoint, version = body.split("/")[:2]  # endpoint/* or endpoint/version/...
+        if version != "*":
+            return self.state.options_for(f"{endpoint}/{version}").prefetch
         return ChannelOptions().prefetch
 
     @staticmethod
@@ -131,6 +134,7 @@ class Subscriptions:
                 self.state.timed[fresh] = None
             grp.ready.pop(gc, None)
             self.state.dirty.pop(gc, None)
+            self.state.timed.pop(gc, None)  # its timers would wake the old state
             self.state.mark(fresh)
 
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
@@ -143,7 +147,7 @@ class Subscriptions:
         self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
         self.state.mark_ready(grp)
 
-    def remove_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
+    def remove_pattern(self, session: Session, sid: int, pattern: str) -> None:
         sub = self._sub(session, sid)
         grp = sub.group
         kept = [p for p in grp.patterns if p.text != pattern]
@@ -155,10 +159,10 @@ class Subscriptions:
         self.state.batch.group_defs[grp.key] = grp.definition()
         for name, gc in list(grp.gcs.items()):
             if not grp.matches(name):
-                self.detach(gc, now)
+                self.detach(gc)
         self.state.mark_ready(grp)  # credit freed by the detach may serve the rest
 
-    def detach(self, gc: GroupChannel, now: float) -> None:
+    def detach(self, gc: GroupChannel) -> None:
         """Stop ``gc``'s group reading its channel; its deliveries there are forgotten."""
         grp = gc.group
         gc.drop_leases()
