@@ -93,7 +93,8 @@ class TxnPublishing:
         in place: a fence moved by a commit still being written goes back when that
         commit fails, and then the replay stored nothing either."""
         fences = self.state.transactions.fences
-        return all(fences.get((writer_id, ch), -1) >= batch_id for ch in channels)
+        return all((fence := fences.get((writer_id, ch))) is not None and fence >= batch_id
+                   for ch in channels)
 
     def _check_commit(self, sends: list[Send], access: Access) -> None:
         """Raise what publishing ``sends`` would refuse: rules and schemas (either may
