@@ -500,3 +500,55 @@ def test_a_replay_holds_only_while_the_commit_it_repeats_stands() -> None:
     assert not h.broker.txn_replay_holds("w", 1, ["out/v1/b"])  # no fence at all now
     assert h.broker.txn_replay_holds("w", 0, ["out/v1/a"])
     assert not h.broker.txn_replay_holds("w", 0, ["out/v1/a", "out/v1/b"])
+
+
+def test_a_transaction_publishes_to_channels_not_broadcasts() -> None:
+    h = Harness()
+    c = Session("spark")
+    with pytest.raises(BadRequest) as caught:
+        h.broker.stage(c, "t", [Send("out/v1/a", js(1)), Send("out/v1/*", js(2))], h.now)
+    assert caught.value.message
+    assert h.broker.transactions.staged == {}
+
+
+def test_releasing_a_writer_frees_it_and_dropping_its_fences_forgets_them_durably(
+        tmp_path) -> None:
+    """release keeps the fences (a job moved to another client stays exactly-once);
+    with drop_fences the writer's fences and run go, even those not written yet."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    def commit(h: Harness, who: Session, writer: str, batch: int, txn: str,
+               lineage: str = "") -> dict:
+        h.broker.stage(who, txn, [Send("out/v1/a", js(batch))], h.now)
+        return h.broker.commit_txns(who, writer, batch, [txn], h.now, lineage)
+
+    first, second = Session("first"), Session("second")
+    h = reopen(0.0)
+    assert h.broker.release_writer("job") is None  # never used: nothing to free
+    commit(h, first, "job", 1, "t1", "run-1")
+    commit(h, first, "keep", 1, "t2")
+    h.commit()
+    assert h.broker.release_writer("job") == "first"
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(1.0)
+    assert h.broker.transactions.writers == {"keep": "first"}
+    assert commit(h, second, "job", 1, "t3", "run-1")["discarded"] == 1  # fences stayed
+    commit(h, second, "job", 2, "t4", "run-1")  # not written yet when released:
+    assert h.broker.release_writer("job", drop_fences=True) == "second"
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(2.0)
+    tx = h.broker.transactions
+    assert tx.fences == {("keep", "out/v1/a"): 1}
+    assert tx.writers == {"keep": "first"} and tx.lineages == {}
+    assert commit(h, first, "job", 1, "t5", "run-2")["published"] == 1
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
