@@ -552,3 +552,117 @@ def test_releasing_a_writer_frees_it_and_dropping_its_fences_forgets_them_durabl
     assert commit(h, first, "job", 1, "t5", "run-2")["published"] == 1
     h.commit()
     h.storage.close()  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------ commit checks
+def test_a_commit_into_channels_without_max_items_or_dropping_the_oldest_publishes_all(
+        ) -> None:
+    """Plain and transactional publishes into a channel without max_items (or one that
+    drops its oldest when full) are never refused for room."""
+    def options(key: str) -> ChannelOptions:
+        if key == "drop/v1":
+            return ChannelOptions(max_items=2, overflow="drop_oldest")
+        return ChannelOptions(max_items=3) if key == "full/v1" else ChannelOptions()
+
+    h = Harness(channel_options=options)
+    c = Session("spark")
+    assert [o.code for o in h.publish(*(Send("free/v1/a", js(i)) for i in range(5)))] == [0] * 5
+    h.broker.stage(c, "t", [Send("free/v1/a", js(i)) for i in range(5)]
+                   + [Send("drop/v1/a", js(i)) for i in range(4)]
+                   + [Send("full/v1/a", js(i)) for i in range(3)], h.now)
+    result = h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    h.commit()
+    assert (result["published"], result["failed"]) == (12, [])
+    counts = {name: log.count for name, log in h.broker.channels.items()}
+    assert counts == {"free/v1/a": 10, "drop/v1/a": 2, "full/v1/a": 3}
+
+
+def test_a_commit_is_refused_by_any_full_channel_it_names_counting_what_is_in_flight(
+        ) -> None:
+    def options(key: str) -> ChannelOptions:
+        return ChannelOptions(max_items=5) if key == "full/v1" else ChannelOptions()
+
+    h = Harness(channel_options=options)
+    c = Session("spark")
+    h.publish(*(Send("full/v1/a", js(i)) for i in range(2)))
+    h.publish(*(Send("full/v1/a", js(i)) for i in range(2)), commit=False)  # in flight
+    h.broker.stage(c, "t", [Send("free/v1/a", js(1)), Send("full/v1/a", js(1)),
+                            Send("full/v1/a", js(2))], h.now)
+    with pytest.raises(QueueFull, match="room for 1") as caught:
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert caught.value.detail == {"channel": "full/v1/a", "limit": 5}
+    h.commit()
+    h.publish(Send("full/v1/a", js(5)))
+    with pytest.raises(QueueFull, match="room for 0"):
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert "free/v1/a" not in h.broker.channels  # nothing of it was published
+
+
+def test_a_commit_while_storage_is_full_is_refused_with_the_storage_error() -> None:
+    from minou.errors import StorageFull
+
+    full = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t", [Send("out/v1/a", js(1))], h.now)
+    h.broker.storage_refusal = full
+    with pytest.raises(StorageFull) as caught:
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert (caught.value.message, caught.value.detail) == (full.message, full.detail)
+    assert h.broker.transactions.staged  # still staged
+
+
+def test_a_lineage_is_bound_by_the_first_commit_that_names_one() -> None:
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "a", [Send("out/v1/a", js(1))], h.now)
+    h.broker.commit_txns(c, "w", 0, ["a"], h.now, "run-1")
+    assert h.broker.take_writes().meta == {"writer_lineage:w": "run-1"}
+    h.broker.stage(c, "b", [Send("out/v1/a", js(2))], h.now)
+    h.broker.commit_txns(c, "w", 1, ["b"], h.now, "run-1")
+    assert h.broker.take_writes().meta == {}  # bound already: nothing new to store
+    h.broker.stage(c, "c", [Send("out/v1/a", js(3))], h.now)
+    with pytest.raises(BadRequest) as caught:
+        h.broker.commit_txns(c, "w", 2, ["c"], h.now, "run-2")
+    assert caught.value.detail["bound"] == "run-1"
+
+
+def test_commit_answers_count_what_each_published_and_discarded() -> None:
+    h = Harness()
+    c = Session("spark")
+    answers = []
+    for i, channels in enumerate((["a", "b"], ["a", "c"], ["a", "b", "d"])):
+        h.broker.stage(c, f"t{i}", [Send(f"out/v1/{ch}", js(i)) for ch in channels], h.now)
+        answers.append(h.broker.commit_txns(c, "w", 1, [f"t{i}"], h.now))
+    assert [(a["published"], a["discarded"], a["replayed_channels"]) for a in answers] == [
+        (2, 0, []), (1, 1, ["out/v1/a"]), (1, 2, ["out/v1/a", "out/v1/b"])]
+    assert h.broker.transactions.stats()["discarded_by_fence"] == 3
+
+
+def test_aborts_and_commits_in_one_batch_are_all_stored(tmp_path) -> None:
+    """What one storage commit carries for transactions (parts dropped, answers kept)
+    is everything done since the last: nothing of an earlier call is lost."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    app = Session("app")
+    h = reopen(0.0)
+    for t in ("aborted", "one", "two"):
+        h.broker.stage(app, t, [Send("out/v1/x", js(t))], 0.0)
+    h.commit()
+    h.broker.abort_txns(app, ["aborted"])
+    first = h.broker.commit_txns(app, "w", 0, ["one"], 0.0)
+    second = h.broker.commit_txns(app, "w", 1, ["two"], 0.0)
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(1.0)
+    assert h.broker.transactions.staged == {}
+    assert h.broker.commit_txns(app, "w", 0, ["one"], 1.0) == first
+    assert h.broker.commit_txns(app, "w", 1, ["two"], 1.0) == second
+    h.storage.close()  # type: ignore[union-attr]

@@ -45,7 +45,7 @@ class TxnPublishing:
         return len(gone)
 
     def commit(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
-               now: float, lineage: str = "") -> dict[str, Any]:
+               now: float, lineage: str) -> dict[str, Any]:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
@@ -65,7 +65,7 @@ class TxnPublishing:
         tx.take(session.client_id, txns)
         batch.unstaged += [(session.client_id, t) for t in txns]
         tx.discarded += len(sends) - len(keep)
-        outcomes, staged = self.publishing.publish(keep, now, session.access)
+        outcomes, staged = self.publishing.publish(keep, now)  # rules checked just above
         failed = [{"channel": o.channel, "code": o.code, "error": o.error}
                   for o in outcomes if o.code]
         # Not expected after the check; if it happens, the replay must not be fenced.
