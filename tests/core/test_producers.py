@@ -337,3 +337,31 @@ def test_idle_states_expire_after_their_idle_time() -> None:
     assert prods.expire(100.0) == 0  # exactly idle: kept
     assert prods.expire(100.5) == 1 and old.evicted and not young.evicted
     assert prods.take() == {old.key: None}
+
+
+def test_a_state_brought_back_keeps_its_row_and_the_others_still_go() -> None:
+    prods = Producers(max_states=2, idle=1e9)
+    a = prods.state(("c", "a", CH), 1.0)
+    b = prods.state(("c", "b", CH), 2.0)
+    prods.state(("c", "x", CH), 3.0)  # a goes
+    prods.state(("c", "y", CH), 4.0)  # b goes
+    assert a.evicted and b.evicted
+    prods.state(a.key, 5.0, a)  # its producer is still connected
+    assert not a.evicted
+    assert {k for k, row in prods.take().items() if row is None} >= {b.key}
+    assert a.key not in prods.take()
+
+
+def test_a_resend_of_a_sequence_before_a_failed_run_is_a_duplicate_without_a_seq() -> None:
+    """Another producer's message came between: the run that failed started a new one,
+    and what was before it is known as a duplicate only (never another's seq)."""
+    h = Harness()
+    p, q = producer(), producer("other", "00000000000000bb")
+    publish(h, q, numbered(CH, 1))  # seq 1
+    (mine,) = publish(h, p, numbered(CH, 1))  # seq 2
+    publish(h, q, numbered(CH, 2))  # seq 3
+    publish(h, p, numbered(CH, 2), commit=False)  # seq 4, in a commit that fails
+    h.broker.on_failed(h.broker.take_writes(), FULL)
+    (again,) = publish(h, p, numbered(CH, 1))
+    assert again.duplicate and again.seq in (0, mine.seq)
+    assert publish(h, p, numbered(CH, 2))[0].code == ErrorCode.STORAGE_FULL

@@ -82,6 +82,7 @@ def test_a_schema_refusal_names_the_schema_and_the_failing_path() -> None:
     h = with_schema()
     err = refusal(h.broker, send_value({"qty": 0}))
     assert isinstance(err, SchemaMismatch) and err.code == ErrorCode.SCHEMA_MISMATCH
+    assert err.message  # a client shows it
     assert err.detail["schema"] == "orders/v1"
     assert err.detail["path"] == "$.qty"
     assert err.detail["why"]
@@ -98,6 +99,7 @@ def test_a_raw_payload_is_refused_by_a_channel_with_a_schema() -> None:
     raw = Send(CH, js({"qty": 1}), raw=True)
     err = refusal(h.broker, raw)
     assert (err.code, err.detail) == (ErrorCode.SCHEMA_MISMATCH, {"schema": "orders/v1"})
+    assert err.message
     assert codes(h, raw, raw) == [ErrorCode.SCHEMA_MISMATCH] * 2
     assert h.broker.schema_refusals == {"orders/v1": 3}
     assert codes(h, Send("orders/v2/1", b"\x00raw", raw=True)) == [0]

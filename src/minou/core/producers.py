@@ -58,8 +58,7 @@ class ProducerState:
     def stored(self, pseq: int, seq: int, msg_id: str) -> None:
         self.last = pseq
         if not seq:  # a broadcast that reached no channel: nothing to point at
-            self.run_pseq = self.run_last = self.run_seq = 0
-            self.id_hash = ""
+            self.run_pseq = self.run_last = self.run_seq = 0  # (id_hash is read with a run only)
             return
         if (pseq == self.run_last + 1 and seq == self.run_seq + (pseq - self.run_pseq)
                 and self.run_pseq and msg_id.startswith(self.id_hash)):
@@ -127,7 +126,7 @@ class Producers:
             self.states[key] = state
             state.used = now
             if len(self.states) > self.max_states:
-                self._evict(now)
+                self._evict()
         state.used = now
         return state
 
@@ -166,7 +165,7 @@ class Producers:
             self._drop(state)
         return len(old)
 
-    def _evict(self, now: float) -> None:
+    def _evict(self) -> None:
         # A tenth at once, so the cost is paid once per many new states.
         n = max(1, len(self.states) - self.max_states + self.max_states // 10)
         for state in heapq.nsmallest(n, self.states.values(), key=lambda s: s.used):
