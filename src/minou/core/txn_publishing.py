@@ -113,7 +113,7 @@ class TxnPublishing:
                     f"{max(0, opts.max_items - held)} (max_items {opts.max_items}); nothing "
                     "was published", channel=name, limit=opts.max_items)
 
-    def release_writer(self, writer_id: str, *, drop_fences: bool = False) -> str | None:
+    def release_writer(self, writer_id: str, *, drop_fences: bool) -> str | None:
         """Admin: free a writer id for the next client that commits under it (its
         fences stay, so a job moved to another client id stays exactly-once, unless
         ``drop_fences``: after a squatter's commit). Returns the owner it had."""
