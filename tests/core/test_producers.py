@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
@@ -175,3 +177,191 @@ def test_runs_of_consecutive_seqs_are_one_record(pseqs: list[int], expected) -> 
         state.stored(pseq, 10 + i, f"{'ab' * 8}{10 + i:x}")
     assert (state.run_pseq, state.run_last) == expected
     assert state.replay(pseqs[-1], CH).seq == 10 + len(pseqs) - 1
+
+
+# ------------------------------------------------ sequences, windows, answers
+def test_skipping_a_single_sequence_is_refused_too() -> None:
+    h = Harness()
+    p = producer()
+    publish(h, p, numbered(CH, 1), numbered(CH, 2))
+    (gap,) = publish(h, p, numbered(CH, 4))
+    assert (gap.code, gap.seq, gap.channel) == (ErrorCode.OUT_OF_SEQUENCE, 0, CH)
+    assert gap.error
+    assert h.broker.channels[CH].count == 2
+
+
+@pytest.mark.parametrize("first", [1, 2, 7, 1000])
+def test_a_new_producer_may_start_at_any_sequence_then_goes_on_by_one(first: int) -> None:
+    h = Harness()
+    p = producer()
+    out = publish(h, p, numbered(CH, first), numbered(CH, first + 1))
+    assert [o.code for o in out] == [0, 0] and [o.seq for o in out] == [1, 2]
+    assert publish(h, p, numbered(CH, first + 3))[0].code == ErrorCode.OUT_OF_SEQUENCE
+
+
+def test_a_sequence_that_is_not_positive_is_refused_with_a_message() -> None:
+    h = Harness()
+    (o,) = publish(h, producer(), Send(CH, js(1), pseq=-1))
+    assert (o.code, o.channel) == (ErrorCode.OUT_OF_SEQUENCE, CH) and o.error
+    assert CH not in h.broker.channels
+    # Not remembered: the producer still starts where it likes.
+    assert publish(h, producer(), numbered(CH, 3))[0].code == 0
+
+
+def test_replayed_answers_name_their_channel() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=2))
+    p = producer()
+    publish(h, p, numbered(CH, 1), numbered(CH, 2), numbered(CH, 3))
+    again = publish(h, p, numbered(CH, 2), numbered(CH, 3))
+    assert [(o.channel, o.duplicate, o.code) for o in again] == [
+        (CH, True, 0), (CH, False, ErrorCode.QUEUE_FULL)]
+
+
+def test_a_resend_of_a_numbered_broadcast_that_reached_nobody_is_a_duplicate_without_a_seq(
+        tmp_path: Path) -> None:
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(T0)
+    h = Harness(storage=st)
+    p = producer()
+    (first,) = publish(h, p, numbered("orders/v1/*", 1))
+    assert (first.code, first.fanout, first.seq) == (0, 0, 0)
+    (again,) = publish(h, p, numbered("orders/v1/*", 1))
+    assert (again.duplicate, again.seq, again.id, again.channel) == (True, 0, "", "orders/v1/*")
+    (nxt,) = publish(h, p, numbered(CH, 2))  # the next goes on, on a channel
+    assert (nxt.code, nxt.seq) == (0, 1)
+    (dup,) = publish(h, p, numbered(CH, 2))
+    assert (dup.duplicate, dup.seq, dup.id) == (True, 1, nxt.id)
+    st.close()
+
+
+def test_a_failed_commit_of_the_end_of_a_run_keeps_the_answers_of_its_start() -> None:
+    """Sequences 1..3 stored, 4..5 in a commit that fails: a resend of 1..3 is answered
+    with their seqs and ids, of 4..5 with the failure, and 6 goes on."""
+    h = Harness()
+    p = producer()
+    stored = publish(h, p, *(numbered(CH, i) for i in (1, 2, 3)))
+    publish(h, p, numbered(CH, 4), numbered(CH, 5), commit=False)
+    h.broker.on_failed(h.broker.take_writes(), FULL)
+    again = publish(h, p, *(numbered(CH, i) for i in (1, 2, 3, 4, 5)))
+    assert [(o.seq, o.id) for o in again[:3]] == [(o.seq, o.id) for o in stored]
+    assert all(o.duplicate for o in again[:3])
+    assert [o.code for o in again[3:]] == [ErrorCode.STORAGE_FULL] * 2
+    (nxt,) = publish(h, p, numbered(CH, 6))
+    assert nxt.code == 0 and not nxt.duplicate
+
+
+def test_a_failed_commit_of_a_whole_run_turns_every_resend_into_the_error() -> None:
+    h = Harness()
+    p = producer()
+    publish(h, p, *(numbered(CH, i) for i in (1, 2, 3)), commit=False)
+    h.broker.on_failed(h.broker.take_writes(), FULL)
+    again = publish(h, p, *(numbered(CH, i) for i in (1, 2, 3)))
+    assert [(o.code, o.duplicate, o.seq) for o in again] == [
+        (ErrorCode.STORAGE_FULL, False, 0)] * 3
+    (nxt,) = publish(h, p, numbered(CH, 4))
+    assert (nxt.code, nxt.seq) == (0, 4)
+    assert publish(h, p, numbered(CH, 4))[0].seq == 4  # a new run, answered by its seq
+
+
+def test_consecutive_refusals_of_one_kind_are_remembered_as_one_range() -> None:
+    """A refused sequence is answered the same when sent again; runs of one refusal
+    merge, so many refusals in a row do not push older ones out of the window."""
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    p = producer()
+    publish(h, p, numbered(CH, 1))
+    refusals = publish(h, p, *(numbered(CH, i) for i in range(2, 30)))
+    assert {o.code for o in refusals} == {ErrorCode.QUEUE_FULL}
+    (bad,) = publish(h, p, Send(CH, b"{bad", pseq=30))  # another refusal after them
+    again = publish(h, p, *(numbered(CH, i) for i in (1, 2, 17, 29, 30)))
+    assert again[0].duplicate and again[0].seq == 1
+    assert [o.code for o in again[1:4]] == [ErrorCode.QUEUE_FULL] * 3
+    assert [o.error for o in again[1:4]] == [refusals[0].error] * 3
+    assert (again[4].code, again[4].error) == (bad.code, bad.error)
+
+
+def test_refusals_of_different_kinds_are_kept_apart() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    p = producer()
+    publish(h, p, numbered(CH, 1))
+    out = publish(h, p, numbered(CH, 2), Send(CH, b"{bad", pseq=3), numbered(CH, 4),
+                  Send(CH, b"{bad", pseq=5))
+    again = publish(h, p, *(numbered(CH, i) for i in (2, 3, 4, 5)))
+    assert [(o.code, o.error) for o in again] == [(o.code, o.error) for o in out]
+
+
+def test_a_numbered_refusal_is_stored_for_a_resend_after_a_restart(tmp_path: Path) -> None:
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(T0)
+    h = Harness(storage=st)
+    p = producer()
+    publish(h, p, numbered(CH, 1))
+    (bad,) = publish(h, p, Send(CH, b"{bad", pseq=2))
+    st.close()
+    st = SQLiteStorage(tmp_path / "m.db")
+    broker = Broker()
+    broker.restore(st.open(T0 + 1), T0 + 1)
+    h2 = Harness(storage=st, broker=broker, now=T0 + 1)
+    (again,) = publish(h2, p, Send(CH, b"{bad", pseq=2))
+    assert (again.code, again.error) == (bad.code, bad.error)
+    st.close()
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(cap=st.integers(1, 40))
+def test_past_max_states_a_tenth_of_the_least_recently_used_go_counted(cap: int) -> None:
+    prods = Producers(max_states=cap, idle=1e9)
+    states = [prods.state(("c", f"{i:016x}", CH), float(i)) for i in range(cap)]
+    assert len(prods) == cap and prods.evicted == 0
+    prods.state(("c", "new", CH), float(cap))
+    gone = max(1, 1 + cap // 10)  # the one over, and a tenth more at once
+    assert prods.evicted == gone and len(prods) == cap + 1 - gone
+    assert [s.evicted for s in states] == [True] * gone + [False] * (cap - gone)
+    assert prods.take() == {s.key: None for s in states[:gone]}  # their rows go
+    for i in range(cap):  # every state that went is counted
+        prods.state(("c", f"more-{i}", CH), float(cap + 1 + i))
+        assert prods.evicted == cap + 2 + i - len(prods) and len(prods) <= cap
+
+
+def test_a_state_used_again_is_kept_over_older_ones() -> None:
+    prods = Producers(max_states=3, idle=1e9)
+    a, b, c = (prods.state(("c", x, CH), t) for x, t in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
+    prods.state(a.key, 4.0)  # a is used again: b is now the least recently used
+    prods.state(("c", "d", CH), 5.0)
+    assert (a.evicted, b.evicted, c.evicted) == (False, True, False)
+
+
+def test_idle_states_expire_after_their_idle_time() -> None:
+    prods = Producers(max_states=10, idle=100.0)
+    old = prods.state(("c", "a", CH), 0.0)
+    young = prods.state(("c", "b", CH), 50.0)
+    assert prods.expire(100.0) == 0  # exactly idle: kept
+    assert prods.expire(100.5) == 1 and old.evicted and not young.evicted
+    assert prods.take() == {old.key: None}
+
+
+def test_a_state_brought_back_keeps_its_row_and_the_others_still_go() -> None:
+    prods = Producers(max_states=2, idle=1e9)
+    a = prods.state(("c", "a", CH), 1.0)
+    b = prods.state(("c", "b", CH), 2.0)
+    prods.state(("c", "x", CH), 3.0)  # a goes
+    prods.state(("c", "y", CH), 4.0)  # b goes
+    assert a.evicted and b.evicted
+    prods.state(a.key, 5.0, a)  # its producer is still connected
+    assert not a.evicted
+    assert {k for k, row in prods.take().items() if row is None} >= {b.key}
+    assert a.key not in prods.take()
+
+
+def test_a_resend_of_a_sequence_before_a_failed_run_is_a_duplicate_without_a_seq() -> None:
+    """Another producer's message came between: the run that failed started a new one,
+    and what was before it is known as a duplicate only (never another's seq)."""
+    h = Harness()
+    p, q = producer(), producer("other", "00000000000000bb")
+    publish(h, q, numbered(CH, 1))  # seq 1
+    (mine,) = publish(h, p, numbered(CH, 1))  # seq 2
+    publish(h, q, numbered(CH, 2))  # seq 3
+    publish(h, p, numbered(CH, 2), commit=False)  # seq 4, in a commit that fails
+    h.broker.on_failed(h.broker.take_writes(), FULL)
+    (again,) = publish(h, p, numbered(CH, 1))
+    assert again.duplicate and again.seq in (0, mine.seq)
+    assert publish(h, p, numbered(CH, 2))[0].code == ErrorCode.STORAGE_FULL

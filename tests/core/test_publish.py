@@ -290,3 +290,86 @@ def test_a_refused_message_does_not_record_its_dedup_key() -> None:
     h.commit()
     (retry,) = h.publish(send("orders/v1/1", "x", dedup="k"))
     assert (retry.code, retry.duplicate, retry.seq) == (0, False, 2)
+
+
+# ------------------------------------------ refusals and early duplicates
+def test_a_refusal_names_its_channel_cut_to_255_characters() -> None:
+    h = Harness()
+    long = "orders/v1/" + "x" * 300
+    bad, full = h.publish(send(long, 1), Send("orders/v1/1", b"{bad"))
+    assert (bad.code, bad.channel) == (ErrorCode.INVALID_CHANNEL, long[:255])
+    assert (full.code, full.channel) == (ErrorCode.INVALID_PAYLOAD, "orders/v1/1")
+
+
+def test_a_dedup_duplicate_of_a_message_whose_commit_failed_gets_that_error() -> None:
+    """Duplicates of a message still being written are answered after its commit:
+    with the message's seq if it was stored, with the commit's error if not (and a
+    resend then stores it)."""
+    from minou.errors import StorageFull
+
+    full = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+    h = Harness()
+    (first,) = h.publish(send("orders/v1/1", 1, dedup="k"), commit=False)
+    failing = h.broker.take_writes()
+    outcomes, staged = h.broker.publish(
+        [send("orders/v1/1", 1, dedup="k"), send("orders/v1/2", 2),
+         send("orders/v1/1", 1, dedup="k")], h.now)
+    assert [o.duplicate for o in outcomes] == [True, False, True] and staged
+    early = list(h.broker.early_duplicates)
+    assert [i for i, _, _ in early] == [0, 2]
+    h.broker.on_failed(failing, full)
+    h.broker.settle_duplicates(outcomes, early)
+    assert [(o.channel, o.code, o.error, o.seq, o.duplicate) for o in outcomes] == [
+        ("orders/v1/1", ErrorCode.STORAGE_FULL, full.message, 0, False),
+        ("orders/v1/2", 0, "", 1, False),
+        ("orders/v1/1", ErrorCode.STORAGE_FULL, full.message, 0, False)]
+    # The message itself (its publisher is told) and its two duplicates:
+    assert h.broker.counters.refused == {"storage_full": 3}
+    assert [o.code for o in h.replies[-1][0]] == [ErrorCode.STORAGE_FULL]
+    h.commit()
+    (again,) = h.publish(send("orders/v1/1", 1, dedup="k"))
+    assert (again.duplicate, again.code, again.seq) == (False, 0, first.seq + 1)
+
+
+def test_a_dedup_duplicate_of_a_message_being_written_stands_once_it_is_stored() -> None:
+    h = Harness()
+    (first,) = h.publish(send("orders/v1/1", 1, dedup="k"), commit=False)
+    writing = h.broker.take_writes()
+    outcomes, _ = h.broker.publish([send("orders/v1/1", 1, dedup="k")], h.now)
+    early = list(h.broker.early_duplicates)
+    assert len(early) == 1
+    h.broker.on_committed(writing, h.now)
+    h.broker.settle_duplicates(outcomes, early)
+    assert [(o.duplicate, o.seq, o.id, o.code) for o in outcomes] == [
+        (True, first.seq, first.id, 0)]
+    assert h.broker.counters.refused == {}
+    # A duplicate of a stored message is answered at once.
+    h.broker.publish([send("orders/v1/1", 1, dedup="k")], h.now)
+    assert h.broker.early_duplicates == []
+
+
+def test_a_dedup_duplicate_of_a_broadcast_that_reached_nobody_is_answered_at_once() -> None:
+    h = Harness()
+    (first,) = h.publish(send("orders/v1/*", 1, dedup="k"))
+    assert (first.fanout, first.seq, first.id) == (0, 0, "")
+    outcomes, staged = h.broker.publish([send("orders/v1/*", 1, dedup="k")], h.now)
+    assert [(o.duplicate, o.seq, o.code) for o in outcomes] == [(True, 0, 0)]
+    assert staged == [] and h.broker.early_duplicates == []
+
+
+def test_a_numbered_producer_evicted_while_connected_keeps_what_it_knew() -> None:
+    """The broker-wide table of producer states is bounded; a connection keeps its own
+    states, so a resend after its state was evicted is still a duplicate."""
+    h = Harness()
+    h.broker.producers.max_states = 1
+    p = Session("app", producer_id="00000000000000aa")
+    q = Session("other", producer_id="00000000000000bb")
+    first, _ = h.broker.publish([Send("orders/v1/1", b"1", pseq=1)], h.now, session=p)
+    h.commit()
+    h.broker.publish([Send("orders/v1/1", b"2", pseq=1)], h.now, session=q)  # evicts p's
+    h.commit()
+    assert h.broker.producers.evicted >= 1
+    again, staged = h.broker.publish([Send("orders/v1/1", b"1", pseq=1)], h.now, session=p)
+    assert staged == [] and (again[0].duplicate, again[0].seq) == (True, first[0].seq)
+    nxt, _ = h.broker.publish([Send("orders/v1/1", b"3", pseq=2)], h.now, session=p)
+    assert (nxt[0].code, nxt[0].duplicate) == (0, False)

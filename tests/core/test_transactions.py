@@ -11,7 +11,7 @@ from minou.core.transactions import STAGED_TTL_S, Transactions
 from minou.errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from minou.protocol.frames import Send
 
-from .helpers import Harness, js
+from .helpers import Harness, js, payloads
 
 
 def s(channel: str, body: bytes = b"{}") -> Send:
@@ -235,3 +235,434 @@ def test_a_lineage_is_bounded_like_an_id() -> None:
     with pytest.raises(BadRequest, match="a lineage is at most 200 characters, got 201"):
         t.check_lineage("job", "q" * 201)
     t.check_lineage("job", "q" * 200)
+
+
+# ------------------------------------------------------ quota, limits, answers
+def test_abort_gives_back_the_staged_bytes_so_a_client_can_stage_up_to_the_limit_again(
+        monkeypatch) -> None:
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    h = Harness()
+    c = Session("spark")
+    assert h.broker.stage(c, "a", [Send("out/v1/a", b"1234")], h.now) == 1
+    assert h.broker.stage(c, "b", [Send("out/v1/a", b"123456")], h.now) == 1  # 10: full
+    with pytest.raises(QueueFull):
+        h.broker.stage(c, "c", [Send("out/v1/a", b"1")], h.now)
+    assert h.broker.abort_txns(c, ["a", "b", "never"]) == 2  # what it answers: aborted 2
+    assert h.broker.transactions.stats()["staged_bytes"] == 0
+    assert h.broker.stage(c, "c", [Send("out/v1/a", b"1234567890")], h.now) == 1
+    with pytest.raises(QueueFull):
+        h.broker.stage(c, "d", [Send("out/v1/a", b"1")], h.now)
+    # Aborting one of two gives back its bytes only.
+    assert h.broker.abort_txns(c, ["c"]) == 1
+    h.broker.stage(c, "d", [Send("out/v1/a", b"123")], h.now)
+    h.broker.stage(c, "e", [Send("out/v1/a", b"1234567")], h.now)
+    assert h.broker.abort_txns(c, ["e"]) == 1
+    assert h.broker.transactions.stats()["staged_bytes"] == 3
+    h.broker.stage(c, "f", [Send("out/v1/a", b"1234567")], h.now)  # 3 + 7: up to the limit
+
+
+def test_a_commit_gives_back_the_staged_bytes_too(monkeypatch) -> None:
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 4)
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "a", [Send("out/v1/a", b"1234")], h.now)
+    h.broker.commit_txns(c, "w", 0, ["a"], h.now)
+    h.broker.stage(c, "b", [Send("out/v1/a", b"1234")], h.now)
+
+
+@pytest.mark.parametrize("length, ok", [(1, True), (200, True), (201, False), (0, False)])
+def test_a_transaction_id_and_a_writer_id_are_1_to_200_characters(length: int, ok: bool
+                                                                  ) -> None:
+    t = Transactions()
+    name = "t" * length
+    if ok:
+        assert t.stage("c", name, [s("a/v1/1")], 0.0) == 1
+        t.check_writer("c", name)
+        return
+    with pytest.raises(BadRequest) as caught:
+        t.stage("c", name, [s("a/v1/1")], 0.0)
+    assert caught.value.message
+    with pytest.raises(BadRequest):
+        t.check_writer("c", name)
+    assert t.staged == {} and t.bytes == 0
+
+
+def test_a_stage_frame_holds_at_most_max_batch_messages(monkeypatch) -> None:
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "MAX_BATCH", 3)
+    t = Transactions()
+    assert t.stage("c", "t", [s("a/v1/1")] * 3, 0.0) == 3
+    with pytest.raises(BadRequest) as caught:
+        t.stage("c", "t", [s("a/v1/1")] * 4, 0.0)
+    assert caught.value.message
+    assert len(t.peek("c", ["t"])) == 3
+
+
+def test_staged_bytes_may_reach_the_limit_exactly(monkeypatch) -> None:
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    t = Transactions()
+    t.stage("c", "a", [s("a/v1/1", b"12345")], 0.0)
+    t.stage("c", "b", [s("a/v1/1", b"12345")], 0.0)
+    with pytest.raises(QueueFull) as caught:
+        t.stage("c", "c", [s("a/v1/1", b"1")], 0.0)
+    assert caught.value.message
+    assert t.bytes == 10
+
+
+def test_an_unknown_transaction_names_the_first_five_missing_ids() -> None:
+    t = Transactions()
+    t.stage("c", "known", [s("a/v1/1")], 0.0)
+    missing = [f"m{i}" for i in range(7)]
+    with pytest.raises(NotFound) as caught:
+        t.peek("c", ["known", *missing])
+    assert caught.value.detail == {"txns": "m0, m1, m2, m3, m4"}
+    with pytest.raises(NotFound) as caught:
+        t.peek("other-client", ["known"])  # ids are per client
+    assert caught.value.detail == {"txns": "known"}
+
+
+def test_a_late_stage_to_an_expired_transaction_names_it() -> None:
+    t = Transactions()
+    t.stage("c", "t", [s("a/v1/1")], 0.0)
+    t.expire(now=STAGED_TTL_S + 1)
+    with pytest.raises(NotFound) as caught:
+        t.stage("c", "t", [s("a/v1/1")], STAGED_TTL_S + 2)
+    assert caught.value.detail == {"txns": "t"}
+
+
+def test_a_writer_owned_by_another_client_is_refused_with_who_owns_it() -> None:
+    t = Transactions()
+    t.writers["job"] = "c1"
+    with pytest.raises(NotAuthorized) as caught:
+        t.check_writer("c2", "job")
+    assert caught.value.detail == {"writer_id": "job", "owner": "c1", "client": "c2"}
+
+
+def test_a_lineage_refusal_names_the_writer_and_both_runs() -> None:
+    t = Transactions()
+    with pytest.raises(BadRequest) as caught:
+        t.check_lineage("job", "q" * 201)
+    assert caught.value.detail == {"limit": 200}
+    t.lineages["job"] = "query-1"
+    t.check_lineage("job", "query-1")
+    t.check_lineage("job", "")  # no lineage (a batch job): no check
+    t.check_lineage("other", "query-2")  # a writer without a run bound yet
+    with pytest.raises(BadRequest) as caught:
+        t.check_lineage("job", "query-2")
+    assert caught.value.detail == {"writer_id": "job", "lineage": "query-2",
+                                   "bound": "query-1", "why": "lineage"}
+
+
+@pytest.mark.parametrize("age, kept", [(STAGED_TTL_S - 1, True), (STAGED_TTL_S, True),
+                                       (STAGED_TTL_S + 0.5, False)])
+def test_a_staged_transaction_lives_its_ttl_after_its_last_stage(age: float, kept: bool
+                                                                ) -> None:
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t", [Send("out/v1/a", js(1))], 100.0)
+    assert h.broker.expire_txns(100.0 + age) == (0 if kept else 1)
+    stats = h.broker.transactions.stats()
+    assert (stats["staged"], stats["expired"]) == ((1, 0) if kept else (0, 1))
+    assert h.broker.take_writes().unstaged == ([] if kept else [("spark", "t")])
+
+
+def test_an_expired_id_is_remembered_for_one_ttl_more() -> None:
+    t = Transactions()
+    t.stage("c", "t", [s("a/v1/1")], 0.0)
+    gone_at = STAGED_TTL_S + 1
+    t.expire(gone_at)
+    t.expire(gone_at + STAGED_TTL_S)  # exactly a TTL on: still refused
+    with pytest.raises(NotFound, match="expired"):
+        t.stage("c", "t", [s("a/v1/1")], gone_at + STAGED_TTL_S)
+    t.expire(gone_at + STAGED_TTL_S + 0.5)
+    assert t.stage("c", "t", [s("a/v1/1")], gone_at + STAGED_TTL_S + 0.5) == 1
+
+
+def test_expired_counts_every_expiry_since_start() -> None:
+    t = Transactions()
+    t.stage("c", "a", [s("a/v1/1")], 0.0)
+    t.expire(STAGED_TTL_S + 1)
+    t.stage("c", "b", [s("a/v1/1")], STAGED_TTL_S + 1)
+    t.stage("c", "c", [s("a/v1/1")], STAGED_TTL_S + 1)
+    t.expire(3 * STAGED_TTL_S)
+    assert t.stats()["expired"] == 3
+
+
+@pytest.mark.parametrize("age, answered", [(STAGED_TTL_S, True), (STAGED_TTL_S + 0.5, False)])
+def test_a_commit_answer_is_kept_one_ttl(age: float, answered: bool) -> None:
+    h = Harness(now=5_000.0)
+    c = Session("spark")
+    h.broker.stage(c, "t", [Send("out/v1/a", js(1))], h.now)
+    first = h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    h.commit()
+    h.broker.expire_txns(h.now + age)
+    assert h.broker.transactions.answered("spark", ["t"]) == (first if answered else None)
+
+
+def test_commits_count_transactions_since_start() -> None:
+    h = Harness()
+    c = Session("spark")
+    for i, txns in enumerate((["a", "b"], ["c"])):
+        for t in txns:
+            h.broker.stage(c, t, [Send("out/v1/a", js(t))], h.now)
+        h.broker.commit_txns(c, "w", i, txns, h.now)
+    assert h.broker.transactions.stats()["committed"] == 3
+
+
+def test_transaction_stats_are_what_the_stats_endpoint_shows() -> None:
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "a", [Send("out/v1/a", js(1)), Send("out/v1/b", js(2))], h.now)
+    h.broker.commit_txns(c, "w", 1, ["a"], h.now)
+    h.broker.stage(c, "b", [Send("out/v1/a", js(1)), Send("out/v1/c", js(3))], h.now)
+    h.broker.commit_txns(c, "w", 1, ["b"], h.now)  # out/v1/a replays batch 1
+    h.broker.stage(c, "open", [Send("out/v1/a", b"[1,2]")], h.now)
+    assert h.broker.transactions.stats() == {
+        "staged": 1, "staged_bytes": 5, "committed": 2, "discarded_by_fence": 1,
+        "expired": 0, "fences": 3, "writers": 1}
+
+
+def test_staged_parts_survive_restarts_in_order(tmp_path) -> None:
+    """Each STAGE is stored as one part; after a restart the next STAGE adds a part
+    after those read back, never over one of them."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    app = Session("app")
+    h = reopen(0.0)
+    for i in range(4):
+        if i in (2, 3):  # two parts staged, then one part per run
+            h.storage.close()  # type: ignore[union-attr]
+            h = reopen(float(i))
+        h.broker.stage(app, "t", [Send("out/v1/x", js(2 * i)), Send("out/v1/x", js(2 * i + 1))],
+                       h.now)
+        h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(4.0)
+    result = h.broker.commit_txns(app, "job", 0, ["t"], h.now)
+    h.commit()
+    assert result["published"] == 8
+    sub = h.subscribe(Session("r"), patterns="out/v1/x", group="g", prefetch=10)
+    assert payloads(h.take(sub)) == list(range(8))
+    h.storage.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("batch_id", [-5, -1, 0, 2**62])
+def test_a_writers_first_batch_is_published_whatever_its_id(batch_id: int) -> None:
+    """No fence yet on a channel: nothing of it was seen, so nothing is a replay (a
+    batch id of -1 used to be taken for one, and its messages silently discarded)."""
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t", [Send("out/v1/a", js(1))], h.now)
+    result = h.broker.commit_txns(c, "w", batch_id, ["t"], h.now)
+    assert (result["published"], result["discarded"]) == (1, 0)
+    h.commit()
+    assert h.broker.transactions.fences == {("w", "out/v1/a"): batch_id}
+    h.broker.stage(c, "t2", [Send("out/v1/a", js(1))], h.now)
+    again = h.broker.commit_txns(c, "w", batch_id, ["t2"], h.now)  # a replay now
+    assert (again["published"], again["discarded"]) == (0, 1)
+    assert h.broker.txn_replay_holds("w", batch_id, ["out/v1/a"])
+
+
+def test_a_replay_holds_only_while_the_commit_it_repeats_stands() -> None:
+    """The engine answers a replay ("discarded") only if the fence that made it one is
+    still in place once durable: a failed commit moves its fences back."""
+    from minou.errors import StorageFull
+
+    full = StorageFull("full", data_dir="/x", free_bytes=0)
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t0", [Send("out/v1/a", js(0))], h.now)
+    h.broker.commit_txns(c, "w", 0, ["t0"], h.now)
+    h.commit()
+    h.broker.stage(c, "t1", [Send("out/v1/a", js(1)), Send("out/v1/b", js(1))], h.now)
+    h.broker.commit_txns(c, "w", 1, ["t1"], h.now)
+    failing = h.broker.take_writes()
+    h.broker.stage(c, "t2", [Send("out/v1/a", js(1)), Send("out/v1/b", js(1))], h.now)
+    replay = h.broker.commit_txns(c, "w", 1, ["t2"], h.now)
+    assert replay["replayed_channels"] == ["out/v1/a", "out/v1/b"]
+    assert h.broker.txn_replay_holds("w", 1, ["out/v1/a", "out/v1/b"])
+    h.broker.on_failed(failing, full)
+    assert not h.broker.txn_replay_holds("w", 1, ["out/v1/a"])  # back at batch 0
+    assert not h.broker.txn_replay_holds("w", 1, ["out/v1/b"])  # no fence at all now
+    assert h.broker.txn_replay_holds("w", 0, ["out/v1/a"])
+    assert not h.broker.txn_replay_holds("w", 0, ["out/v1/a", "out/v1/b"])
+
+
+def test_a_transaction_publishes_to_channels_not_broadcasts() -> None:
+    h = Harness()
+    c = Session("spark")
+    with pytest.raises(BadRequest) as caught:
+        h.broker.stage(c, "t", [Send("out/v1/a", js(1)), Send("out/v1/*", js(2))], h.now)
+    assert caught.value.message
+    assert h.broker.transactions.staged == {}
+
+
+def test_releasing_a_writer_frees_it_and_dropping_its_fences_forgets_them_durably(
+        tmp_path) -> None:
+    """release keeps the fences (a job moved to another client stays exactly-once);
+    with drop_fences the writer's fences and run go, even those not written yet."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    def commit(h: Harness, who: Session, writer: str, batch: int, txn: str,
+               lineage: str = "") -> dict:
+        h.broker.stage(who, txn, [Send("out/v1/a", js(batch))], h.now)
+        return h.broker.commit_txns(who, writer, batch, [txn], h.now, lineage)
+
+    first, second = Session("first"), Session("second")
+    h = reopen(0.0)
+    assert h.broker.release_writer("job") is None  # never used: nothing to free
+    commit(h, first, "job", 1, "t1", "run-1")
+    commit(h, first, "keep", 1, "t2")
+    h.commit()
+    assert h.broker.release_writer("job") == "first"
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(1.0)
+    assert h.broker.transactions.writers == {"keep": "first"}
+    assert commit(h, second, "job", 1, "t3", "run-1")["discarded"] == 1  # fences stayed
+    commit(h, second, "job", 2, "t4", "run-1")  # not written yet when released:
+    assert h.broker.release_writer("job", drop_fences=True) == "second"
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(2.0)
+    tx = h.broker.transactions
+    assert tx.fences == {("keep", "out/v1/a"): 1}
+    assert tx.writers == {"keep": "first"} and tx.lineages == {}
+    assert commit(h, first, "job", 1, "t5", "run-2")["published"] == 1
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------ commit checks
+def test_a_commit_into_channels_without_max_items_or_dropping_the_oldest_publishes_all(
+        ) -> None:
+    """Plain and transactional publishes into a channel without max_items (or one that
+    drops its oldest when full) are never refused for room."""
+    def options(key: str) -> ChannelOptions:
+        if key == "drop/v1":
+            return ChannelOptions(max_items=2, overflow="drop_oldest")
+        return ChannelOptions(max_items=3) if key == "full/v1" else ChannelOptions()
+
+    h = Harness(channel_options=options)
+    c = Session("spark")
+    assert [o.code for o in h.publish(*(Send("free/v1/a", js(i)) for i in range(5)))] == [0] * 5
+    h.broker.stage(c, "t", [Send("free/v1/a", js(i)) for i in range(5)]
+                   + [Send("drop/v1/a", js(i)) for i in range(4)]
+                   + [Send("full/v1/a", js(i)) for i in range(3)], h.now)
+    result = h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    h.commit()
+    assert (result["published"], result["failed"]) == (12, [])
+    counts = {name: log.count for name, log in h.broker.channels.items()}
+    assert counts == {"free/v1/a": 10, "drop/v1/a": 2, "full/v1/a": 3}
+
+
+def test_a_commit_is_refused_by_any_full_channel_it_names_counting_what_is_in_flight(
+        ) -> None:
+    def options(key: str) -> ChannelOptions:
+        return ChannelOptions(max_items=5) if key == "full/v1" else ChannelOptions()
+
+    h = Harness(channel_options=options)
+    c = Session("spark")
+    h.publish(*(Send("full/v1/a", js(i)) for i in range(2)))
+    h.publish(*(Send("full/v1/a", js(i)) for i in range(2)), commit=False)  # in flight
+    h.broker.stage(c, "t", [Send("free/v1/a", js(1)), Send("full/v1/a", js(1)),
+                            Send("full/v1/a", js(2))], h.now)
+    with pytest.raises(QueueFull, match="room for 1") as caught:
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert caught.value.detail == {"channel": "full/v1/a", "limit": 5}
+    h.commit()
+    h.publish(Send("full/v1/a", js(5)))
+    with pytest.raises(QueueFull, match="room for 0"):
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert "free/v1/a" not in h.broker.channels  # nothing of it was published
+
+
+def test_a_commit_while_storage_is_full_is_refused_with_the_storage_error() -> None:
+    from minou.errors import StorageFull
+
+    full = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t", [Send("out/v1/a", js(1))], h.now)
+    h.broker.storage_refusal = full
+    with pytest.raises(StorageFull) as caught:
+        h.broker.commit_txns(c, "w", 0, ["t"], h.now)
+    assert (caught.value.message, caught.value.detail) == (full.message, full.detail)
+    assert h.broker.transactions.staged  # still staged
+
+
+def test_a_lineage_is_bound_by_the_first_commit_that_names_one() -> None:
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "a", [Send("out/v1/a", js(1))], h.now)
+    h.broker.commit_txns(c, "w", 0, ["a"], h.now, "run-1")
+    assert h.broker.take_writes().meta == {"writer_lineage:w": "run-1"}
+    h.broker.stage(c, "b", [Send("out/v1/a", js(2))], h.now)
+    h.broker.commit_txns(c, "w", 1, ["b"], h.now, "run-1")
+    assert h.broker.take_writes().meta == {}  # bound already: nothing new to store
+    h.broker.stage(c, "c", [Send("out/v1/a", js(3))], h.now)
+    with pytest.raises(BadRequest) as caught:
+        h.broker.commit_txns(c, "w", 2, ["c"], h.now, "run-2")
+    assert caught.value.detail["bound"] == "run-1"
+
+
+def test_commit_answers_count_what_each_published_and_discarded() -> None:
+    h = Harness()
+    c = Session("spark")
+    answers = []
+    for i, channels in enumerate((["a", "b"], ["a", "c"], ["a", "b", "d"])):
+        h.broker.stage(c, f"t{i}", [Send(f"out/v1/{ch}", js(i)) for ch in channels], h.now)
+        answers.append(h.broker.commit_txns(c, "w", 1, [f"t{i}"], h.now))
+    assert [(a["published"], a["discarded"], a["replayed_channels"]) for a in answers] == [
+        (2, 0, []), (1, 1, ["out/v1/a"]), (1, 2, ["out/v1/a", "out/v1/b"])]
+    assert h.broker.transactions.stats()["discarded_by_fence"] == 3
+
+
+def test_aborts_and_commits_in_one_batch_are_all_stored(tmp_path) -> None:
+    """What one storage commit carries for transactions (parts dropped, answers kept)
+    is everything done since the last: nothing of an earlier call is lost."""
+    from minou.core.broker import Broker
+    from minou.storage.sqlite import SQLiteStorage
+
+    def reopen(now: float) -> Harness:
+        st = SQLiteStorage(tmp_path / "m.db")
+        broker = Broker()
+        broker.restore(st.open(now), now)
+        return Harness(storage=st, broker=broker, now=now)
+
+    app = Session("app")
+    h = reopen(0.0)
+    for t in ("aborted", "one", "two"):
+        h.broker.stage(app, t, [Send("out/v1/x", js(t))], 0.0)
+    h.commit()
+    h.broker.abort_txns(app, ["aborted"])
+    first = h.broker.commit_txns(app, "w", 0, ["one"], 0.0)
+    second = h.broker.commit_txns(app, "w", 1, ["two"], 0.0)
+    h.commit()
+    h.storage.close()  # type: ignore[union-attr]
+    h = reopen(1.0)
+    assert h.broker.transactions.staged == {}
+    assert h.broker.commit_txns(app, "w", 0, ["one"], 1.0) == first
+    assert h.broker.commit_txns(app, "w", 1, ["two"], 1.0) == second
+    h.storage.close()  # type: ignore[union-attr]

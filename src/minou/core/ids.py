@@ -45,8 +45,8 @@ class MessageIds:
             for known in channels.values():
                 self.channel_hash(known)
             self.hashed_all = True
-        logs = {name: log for name in self.by_hash.get(h, ())
-                if (log := channels.get(name)) is not None and log.id_hash == h}
+        logs = {name: log for name in self.by_hash.get(h, ())  # names hashed to h
+                if (log := channels.get(name)) is not None}
         if len(logs) > 1:
             raise UnknownDelivery(f"message id {message_id!r} is ambiguous: more than one "
                                   "channel shares its hash, so it names no single message",

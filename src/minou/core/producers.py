@@ -58,8 +58,7 @@ class ProducerState:
     def stored(self, pseq: int, seq: int, msg_id: str) -> None:
         self.last = pseq
         if not seq:  # a broadcast that reached no channel: nothing to point at
-            self.run_pseq = self.run_last = self.run_seq = 0
-            self.id_hash = ""
+            self.run_pseq = self.run_last = self.run_seq = 0  # (id_hash is read with a run only)
             return
         if (pseq == self.run_last + 1 and seq == self.run_seq + (pseq - self.run_pseq)
                 and self.run_pseq and msg_id.startswith(self.id_hash)):
@@ -127,15 +126,16 @@ class Producers:
             self.states[key] = state
             state.used = now
             if len(self.states) > self.max_states:
-                self._evict(now)
+                self._evict()
         state.used = now
         return state
 
     def check(self, state: ProducerState, pseq: int, channel: str) -> Outcome | None:
         """None if ``pseq`` is the next sequence (or the state is new); the replayed
-        answer if it was handled already; OutOfSequence if sequences were skipped."""
+        answer if it was handled already; OutOfSequence if sequences were skipped (the
+        publish's outcome: its code and message, no detail, reach the client)."""
         if pseq <= 0:
-            raise OutOfSequence(f"sequence {pseq} is not a positive number", got=pseq)
+            raise OutOfSequence(f"sequence {pseq} is not a positive number")
         if not state.last or pseq == state.last + 1:
             return None
         if pseq <= state.last:
@@ -143,7 +143,7 @@ class Producers:
         raise OutOfSequence(
             f"producer {state.key[1]} skipped sequences on {channel!r}: expected "
             f"{state.last + 1}, got {pseq}: messages {state.last + 1}..{pseq - 1} never "
-            "reached the broker", expected=state.last + 1, got=pseq, channel=channel)
+            "reached the broker")
 
     def mark(self, state: ProducerState) -> None:
         self.dirty[state] = None
@@ -165,7 +165,7 @@ class Producers:
             self._drop(state)
         return len(old)
 
-    def _evict(self, now: float) -> None:
+    def _evict(self) -> None:
         # A tenth at once, so the cost is paid once per many new states.
         n = max(1, len(self.states) - self.max_states + self.max_states // 10)
         for state in heapq.nsmallest(n, self.states.values(), key=lambda s: s.used):

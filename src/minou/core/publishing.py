@@ -120,11 +120,10 @@ class Publishing:
         for i, _, _ in early:
             msg_id = outcomes[i].id
             error = state.lost.get(msg_id)
-            waiting = state.awaited.get(msg_id)
-            if waiting:
-                waiting.pop()
+            waiting = state.awaited[msg_id]  # each early duplicate waits there once
+            waiting.pop()
             if not waiting:
-                state.awaited.pop(msg_id, None)
+                del state.awaited[msg_id]
                 state.lost.pop(msg_id, None)
             if error is not None:
                 state.counters.refuse(error.reason)
@@ -168,7 +167,7 @@ class Publishing:
             return
         outcomes.append(outcome)
         pstate.stored(pseq, outcome.seq, outcome.id)
-        producers.dirty[pstate] = None
+        producers.mark(pstate)
         self.state.batch.sequenced.append((pstate, pseq))
 
     def _producer_state(self, session: Session, channel: str, now: float) -> ProducerState:

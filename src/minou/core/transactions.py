@@ -33,8 +33,7 @@ from ..protocol.frames import Send
 WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
 
 @dataclass
-class StagedTxn:
-    owner: str  # the client that staged it; only it may commit or abort it
+class StagedTxn:  # staged[(owner, txn)]: only its owner may commit or abort it
     touched: float  # the last STAGE: a transaction still being staged never expires
     sends: list[Send] = field(default_factory=list)
     bytes: int = 0
@@ -75,7 +74,7 @@ class Transactions:
                            txns=txn)
         staged = self.staged.get((owner, txn))
         if staged is None:
-            staged = self.staged[(owner, txn)] = StagedTxn(owner, now)
+            staged = self.staged[(owner, txn)] = StagedTxn(now)
         staged.touched = now
         staged.sends.extend(sends)
         staged.bytes += size
@@ -137,7 +136,8 @@ class Transactions:
         updates: dict[tuple[str, str], int] = {}
         for send in sends:
             key = (writer_id, send.channel)
-            if self.fences.get(key, -1) >= batch_id:
+            fence = self.fences.get(key)  # None: no batch of this writer seen here yet
+            if fence is not None and fence >= batch_id:
                 skipped.add(send.channel)
                 continue
             keep.append(send)
@@ -184,7 +184,7 @@ class Transactions:
                 continue
             staged = self.staged.get((owner, txn))
             if staged is None:
-                staged = self.staged[(owner, txn)] = StagedTxn(owner, touched)
+                staged = self.staged[(owner, txn)] = StagedTxn(touched)
             staged.touched = max(staged.touched, touched)
             staged.sends.extend(sends)
             size = sum(len(s.data) for s in sends)

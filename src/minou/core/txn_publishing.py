@@ -45,7 +45,7 @@ class TxnPublishing:
         return len(gone)
 
     def commit(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
-               now: float, lineage: str = "") -> dict[str, Any]:
+               now: float, lineage: str) -> dict[str, Any]:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
@@ -65,7 +65,7 @@ class TxnPublishing:
         tx.take(session.client_id, txns)
         batch.unstaged += [(session.client_id, t) for t in txns]
         tx.discarded += len(sends) - len(keep)
-        outcomes, staged = self.publishing.publish(keep, now, session.access)
+        outcomes, staged = self.publishing.publish(keep, now)  # rules checked just above
         failed = [{"channel": o.channel, "code": o.code, "error": o.error}
                   for o in outcomes if o.code]
         # Not expected after the check; if it happens, the replay must not be fenced.
@@ -93,7 +93,8 @@ class TxnPublishing:
         in place: a fence moved by a commit still being written goes back when that
         commit fails, and then the replay stored nothing either."""
         fences = self.state.transactions.fences
-        return all(fences.get((writer_id, ch), -1) >= batch_id for ch in channels)
+        return all((fence := fences.get((writer_id, ch))) is not None and fence >= batch_id
+                   for ch in channels)
 
     def _check_commit(self, sends: list[Send], access: Access) -> None:
         """Raise what publishing ``sends`` would refuse: rules and schemas (either may
@@ -112,7 +113,7 @@ class TxnPublishing:
                     f"{max(0, opts.max_items - held)} (max_items {opts.max_items}); nothing "
                     "was published", channel=name, limit=opts.max_items)
 
-    def release_writer(self, writer_id: str, *, drop_fences: bool = False) -> str | None:
+    def release_writer(self, writer_id: str, *, drop_fences: bool) -> str | None:
         """Admin: free a writer id for the next client that commits under it (its
         fences stay, so a job moved to another client id stays exactly-once, unless
         ``drop_fences``: after a squatter's commit). Returns the owner it had."""

@@ -1,0 +1,73 @@
+"""What a commit carries: retention's truncations, and the state of a failed batch
+carried into the next one (``WriteBatch.carry``: the newer batch's value wins, a
+channel's first and next seq only move forward)."""
+
+from __future__ import annotations
+
+from minou.core.broker import Session
+from minou.core.log import ChannelOptions
+from minou.core.writes import WriteBatch
+
+from .helpers import Harness, seqs
+
+CH = "orders/v1/1"
+
+
+def retained() -> Harness:
+    return Harness(channel_options=lambda key: ChannelOptions(retention=60.0))
+
+
+def test_retention_has_no_candidate_until_a_reader_settled_something() -> None:
+    h = retained()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3])
+    assert h.broker.retention_candidates() == []  # nothing settled: the floor is seq 1
+    h.ack(s, h.take(sub)[:2])
+    h.commit()
+    assert h.broker.retention_candidates() == [(CH, 3)]
+    h.broker.truncate(CH, 3)
+    assert h.commit().truncates == {CH: 3}
+    assert h.broker.retention_candidates() == []  # all settled ones are gone
+
+
+def test_truncating_what_is_gone_already_or_an_unknown_channel_writes_nothing() -> None:
+    h = retained()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3])
+    h.ack(s, h.take(sub)[:1])
+    h.commit()
+    h.broker.truncate(CH, 1)  # the first seq already
+    h.broker.truncate("orders/v1/unknown", 5)
+    assert not h.broker.batch
+    h.broker.truncate(CH, 2)
+    batch = h.commit()
+    assert (batch.truncates, batch.channels) == ({CH: 2}, {CH: 4})
+    replay = h.subscribe(Session("r"), kind="listen", patterns=CH, start="oldest", prefetch=10)
+    assert seqs(h.take(replay)) == [2, 3]
+
+
+def test_a_carried_batch_moves_first_and_next_seqs_only_forward() -> None:
+    failed = WriteBatch(truncates={"a": 3, "b": 9, "c": 4}, channels={"a": 10, "b": 20, "c": 5})
+    pending = WriteBatch(truncates={"a": 5, "b": 7}, channels={"a": 12, "b": 15})
+    pending.carry(failed, [])
+    assert pending.truncates == {"a": 5, "b": 9, "c": 4}
+    assert pending.channels == {"a": 12, "b": 20, "c": 5}
+
+
+def test_a_carried_batch_keeps_the_newer_value_of_each_key_and_goes_first() -> None:
+    failed = WriteBatch(writers={"w": "old", "x": "kept"}, meta={"m": "old"},
+                        deletes=[("a", 1)], dropped_fences=["w1"], unstaged=[("c", "t1")],
+                        used_tokens=[("j1", 1.0)], staged=[("c", "t", 1, [], 0.0)])
+    pending = WriteBatch(writers={"w": None}, meta={"m": "new"}, deletes=[("a", 2)],
+                         dropped_fences=["w2"], unstaged=[("c", "t2")],
+                         used_tokens=[("j2", 2.0)], staged=[("c", "t", 2, [], 1.0)])
+    pending.carry(failed, [])
+    assert pending.writers == {"w": None, "x": "kept"}
+    assert pending.meta == {"m": "new"}
+    assert pending.deletes == [("a", 1), ("a", 2)]
+    assert pending.dropped_fences == ["w1", "w2"]
+    assert pending.unstaged == [("c", "t1"), ("c", "t2")]
+    assert pending.used_tokens == [("j1", 1.0), ("j2", 2.0)]
+    assert [part for _, _, part, _, _ in pending.staged] == [1, 2]

@@ -1,0 +1,240 @@
+"""What a publish is checked against before it is stored: its channel version's JSON
+schema (and ``strict_schemas``), the header limits (count, size), the key lengths,
+priority, ttl/delay and the message size. A refusal is that message's outcome (its
+code; the rest of the batch is stored); ``validate`` (a transactional STAGE and
+commit use it) raises the same error with the detail fields a client acts on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.errors import ErrorCode, MessageTooLarge, RequestError, SchemaMismatch
+from minou.limits import (
+    MAX_DELAY_S,
+    MAX_HEADER_SIZE,
+    MAX_HEADERS,
+    MAX_KEY_LENGTH,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+)
+from minou.protocol.frames import Send
+from minou.schemas import compile_schema
+
+from .helpers import Harness, js, payloads
+
+CH = "orders/v1/1"
+ORDER = {
+    "type": "object",
+    "required": ["qty"],
+    "properties": {"qty": {"type": "integer", "minimum": 1}},
+}
+
+
+def with_schema(**kw: Any) -> Harness:
+    """A broker whose ``orders/v1`` declares ORDER (other versions declare nothing)."""
+    schema = compile_schema(ORDER, key="orders/v1")
+
+    def options(key: str) -> ChannelOptions:
+        return ChannelOptions(schema=schema) if key == "orders/v1" else ChannelOptions()
+
+    return Harness(channel_options=options, **kw)
+
+
+def refusal(broker: Broker, send: Send) -> RequestError:
+    """What ``validate`` raises for ``send`` (it must raise)."""
+    with pytest.raises(RequestError) as caught:
+        broker.validate(send, Session("c").access)
+    return caught.value
+
+
+def codes(h: Harness, *sends: Send) -> list[int]:
+    return [o.code for o in h.publish(*sends)]
+
+
+# ------------------------------------------------------------------- schemas
+def test_a_channel_with_a_schema_stores_valid_payloads_and_refuses_the_others() -> None:
+    h = with_schema()
+    outcomes = h.publish(send_value({"qty": 2}), send_value({"qty": 0}),
+                         send_value({"n": 1}), send_value({"qty": 3}))
+    assert [o.code for o in outcomes] == [0, ErrorCode.SCHEMA_MISMATCH,
+                                          ErrorCode.SCHEMA_MISMATCH, 0]
+    assert [o.seq for o in outcomes] == [1, 0, 0, 2]
+    assert h.broker.counters.refused == {"schema_mismatch": 2}
+    assert h.broker.schema_refusals == {"orders/v1": 2}
+    sub = h.subscribe(Session("r"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [{"qty": 2}, {"qty": 3}]
+    # Another version, without a schema, takes any JSON.
+    assert codes(h, Send("orders/v2/1", js({"n": 1}))) == [0]
+    assert h.broker.schema_refusals == {"orders/v1": 2}
+
+
+def send_value(value: Any, channel: str = CH, **kw: Any) -> Send:
+    return Send(channel, js(value), **kw)
+
+
+def test_a_schema_refusal_names_the_schema_and_the_failing_path() -> None:
+    h = with_schema()
+    err = refusal(h.broker, send_value({"qty": 0}))
+    assert isinstance(err, SchemaMismatch) and err.code == ErrorCode.SCHEMA_MISMATCH
+    assert err.message  # a client shows it
+    assert err.detail["schema"] == "orders/v1"
+    assert err.detail["path"] == "$.qty"
+    assert err.detail["why"]
+    err = refusal(h.broker, send_value({"n": 1}))
+    assert (err.detail["schema"], err.detail["path"]) == ("orders/v1", "$")
+    # The schema of a channel that exists already is checked too, on every publish.
+    assert codes(h, send_value({"qty": 1})) == [0]
+    assert refusal(h.broker, send_value({"qty": "1"})).detail["path"] == "$.qty"
+    assert h.broker.schema_refusals == {"orders/v1": 3}
+
+
+def test_a_raw_payload_is_refused_by_a_channel_with_a_schema() -> None:
+    h = with_schema()
+    raw = Send(CH, js({"qty": 1}), raw=True)
+    err = refusal(h.broker, raw)
+    assert (err.code, err.detail) == (ErrorCode.SCHEMA_MISMATCH, {"schema": "orders/v1"})
+    assert err.message
+    assert codes(h, raw, raw) == [ErrorCode.SCHEMA_MISMATCH] * 2
+    assert h.broker.schema_refusals == {"orders/v1": 3}
+    assert codes(h, Send("orders/v2/1", b"\x00raw", raw=True)) == [0]
+
+
+def test_a_payload_that_is_not_json_is_invalid_before_the_schema_is_asked() -> None:
+    h = with_schema()
+    err = refusal(h.broker, Send(CH, b"{not json"))
+    assert err.code == ErrorCode.INVALID_PAYLOAD
+    assert h.broker.schema_refusals == {}
+
+
+def test_strict_schemas_refuse_channels_that_declare_none_except_dead_letters() -> None:
+    h = with_schema()
+    h.broker.strict_schemas = True
+    assert codes(h, send_value({"qty": 1})) == [0]  # declared: checked as usual
+    err = refusal(h.broker, send_value(1, "audit/v1/x"))
+    assert (err.code, err.detail) == (ErrorCode.SCHEMA_MISMATCH, {"schema": "audit/v1"})
+    assert codes(h, send_value(1, "audit/v1/x"), send_value(1, "audit/v1/y")) == [
+        ErrorCode.SCHEMA_MISMATCH] * 2
+    assert h.broker.schema_refusals == {"audit/v1": 3}
+    assert "audit/v1/x" not in h.broker.channels
+    # Dead letters are copies of messages checked when they were published.
+    assert codes(h, send_value(1, "_dead/audit/v1/x")) == [0]
+    h.broker.strict_schemas = False
+    assert codes(h, send_value(1, "audit/v1/x")) == [0]
+
+
+def test_strict_schemas_refuse_raw_payloads_of_undeclared_channels_too() -> None:
+    h = Harness()
+    h.broker.strict_schemas = True
+    assert codes(h, Send("audit/v1/x", b"\x00", raw=True)) == [ErrorCode.SCHEMA_MISMATCH]
+    assert h.broker.schema_refusals == {"audit/v1": 1}
+
+
+def test_without_a_schema_the_payload_must_still_be_json_unless_raw() -> None:
+    h = Harness()
+    assert codes(h, Send(CH, b"{bad"), Send(CH, b"{bad", raw=True)) == [
+        ErrorCode.INVALID_PAYLOAD, 0]
+
+
+# --------------------------------------------------------------------- size
+@settings(derandomize=True, max_examples=25, deadline=None)
+@given(size=st.integers(1, 40))
+def test_a_message_over_the_size_limit_is_refused_with_the_limit_and_its_size(
+        size: int) -> None:
+    broker = Broker(max_message_size=20)
+    send = Send(CH, b"1" * size)
+    if size <= 20:
+        assert broker.validate(send, Session("c").access) is None
+        return
+    err = refusal(broker, send)
+    assert isinstance(err, MessageTooLarge)
+    assert (err.code, err.detail) == (ErrorCode.MESSAGE_TOO_LARGE, {"limit": 20, "size": size})
+
+
+def test_an_oversized_message_is_refused_and_the_rest_of_the_batch_stored() -> None:
+    h = Harness(max_message_size=8)
+    outcomes = h.publish(Send(CH, b"1" * 9), Send(CH, b"1" * 8))
+    assert [(o.code, o.seq) for o in outcomes] == [(ErrorCode.MESSAGE_TOO_LARGE, 0), (0, 1)]
+    assert h.broker.counters.refused == {"message_too_large": 1}
+
+
+# ------------------------------------------------------------------- headers
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(n=st.integers(0, MAX_HEADERS + 3))
+def test_at_most_max_headers_headers(n: int) -> None:
+    broker = Broker()
+    send = send_value(1, headers={f"h{i}": "v" for i in range(n)} or None)
+    if n <= MAX_HEADERS:
+        assert broker.validate(send, Session("c").access) is None
+    else:
+        assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
+
+
+@settings(derandomize=True, max_examples=30, deadline=None)
+@given(extra=st.integers(-3, 3), names=st.integers(1, 4))
+def test_headers_hold_at_most_max_header_size_bytes_keys_and_values_counted(
+        extra: int, names: int) -> None:
+    broker = Broker()
+    total = MAX_HEADER_SIZE + extra
+    headers = {f"k{i}": "" for i in range(names)}
+    used = sum(len(k) for k in headers)
+    headers["k0"] = "v" * (total - used)  # the keys count, and the values
+    assert sum(len(k) + len(v) for k, v in headers.items()) == total
+    send = send_value(1, headers=headers)
+    if total <= MAX_HEADER_SIZE:
+        assert broker.validate(send, Session("c").access) is None
+    else:
+        assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
+
+
+def test_header_refusals_are_the_messages_own() -> None:
+    h = Harness()
+    too_many = {f"h{i}": "" for i in range(MAX_HEADERS + 1)}
+    too_big = {"k": "v" * MAX_HEADER_SIZE}
+    assert codes(h, send_value(1, headers=too_many), send_value(2, headers=too_big),
+                 send_value(3, headers={"k": "v"})) == [
+        ErrorCode.BAD_REQUEST, ErrorCode.BAD_REQUEST, 0]
+    assert h.broker.counters.refused == {"bad_request": 2}
+
+
+# ---------------------------------------------------------------- keys, etc.
+@pytest.mark.parametrize("field", ["dedup", "key"])
+@pytest.mark.parametrize("length", [1, MAX_KEY_LENGTH, MAX_KEY_LENGTH + 1])
+def test_a_dedup_key_or_message_key_is_at_most_max_key_length(field: str, length: int
+                                                              ) -> None:
+    broker = Broker()
+    send = send_value(1, **{field: "k" * length})
+    if length <= MAX_KEY_LENGTH:
+        assert broker.validate(send, Session("c").access) is None
+        return
+    err = refusal(broker, send)
+    assert (err.code, err.detail) == (ErrorCode.BAD_REQUEST, {"limit": MAX_KEY_LENGTH})
+
+
+@settings(derandomize=True, max_examples=20, deadline=None)
+@given(priority=st.integers(MIN_PRIORITY - 3, MAX_PRIORITY + 3))
+def test_priority_is_within_its_range(priority: int) -> None:
+    h = Harness()
+    (o,) = h.publish(send_value(1, priority=priority))
+    assert (o.code == 0) == (MIN_PRIORITY <= priority <= MAX_PRIORITY)
+    assert o.code in (0, ErrorCode.BAD_REQUEST)
+
+
+@pytest.mark.parametrize("field", ["ttl", "delay"])
+@pytest.mark.parametrize("value, ok", [
+    (0.0, True), (1.5, True), (MAX_DELAY_S, True), (MAX_DELAY_S + 1, False),
+    (-0.001, False),
+])
+def test_ttl_and_delay_are_within_zero_and_ten_years(field: str, value: float, ok: bool
+                                                     ) -> None:
+    broker = Broker()
+    send = send_value(1, **{field: value})
+    if ok:
+        assert broker.validate(send, Session("c").access) is None
+    else:
+        assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
