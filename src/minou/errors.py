@@ -189,7 +189,8 @@ class NotFound(RequestError):
 
 class OutOfSequence(RequestError):
     """An idempotent publish skipped sequence numbers: the messages between were never
-    received (``detail.expected``, ``detail.got``)."""
+    received (the message names the expected and the received number: an outcome
+    carries a code and a message, no detail)."""
 
     code = ErrorCode.OUT_OF_SEQUENCE
 

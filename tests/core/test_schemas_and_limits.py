@@ -49,7 +49,7 @@ def with_schema(**kw: Any) -> Harness:
 def refusal(broker: Broker, send: Send) -> RequestError:
     """What ``validate`` raises for ``send`` (it must raise)."""
     with pytest.raises(RequestError) as caught:
-        broker.validate(send, Session("c").access)
+        broker.publishing.validate(send, Session("c").access)
     return caught.value
 
 
@@ -149,7 +149,7 @@ def test_a_message_over_the_size_limit_is_refused_with_the_limit_and_its_size(
     broker = Broker(max_message_size=20)
     send = Send(CH, b"1" * size)
     if size <= 20:
-        assert broker.validate(send, Session("c").access) is None
+        assert broker.publishing.validate(send, Session("c").access) is None
         return
     err = refusal(broker, send)
     assert isinstance(err, MessageTooLarge)
@@ -170,7 +170,7 @@ def test_at_most_max_headers_headers(n: int) -> None:
     broker = Broker()
     send = send_value(1, headers={f"h{i}": "v" for i in range(n)} or None)
     if n <= MAX_HEADERS:
-        assert broker.validate(send, Session("c").access) is None
+        assert broker.publishing.validate(send, Session("c").access) is None
     else:
         assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
 
@@ -187,7 +187,7 @@ def test_headers_hold_at_most_max_header_size_bytes_keys_and_values_counted(
     assert sum(len(k) + len(v) for k, v in headers.items()) == total
     send = send_value(1, headers=headers)
     if total <= MAX_HEADER_SIZE:
-        assert broker.validate(send, Session("c").access) is None
+        assert broker.publishing.validate(send, Session("c").access) is None
     else:
         assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
 
@@ -210,7 +210,7 @@ def test_a_dedup_key_or_message_key_is_at_most_max_key_length(field: str, length
     broker = Broker()
     send = send_value(1, **{field: "k" * length})
     if length <= MAX_KEY_LENGTH:
-        assert broker.validate(send, Session("c").access) is None
+        assert broker.publishing.validate(send, Session("c").access) is None
         return
     err = refusal(broker, send)
     assert (err.code, err.detail) == (ErrorCode.BAD_REQUEST, {"limit": MAX_KEY_LENGTH})
@@ -235,6 +235,6 @@ def test_ttl_and_delay_are_within_zero_and_ten_years(field: str, value: float, o
     broker = Broker()
     send = send_value(1, **{field: value})
     if ok:
-        assert broker.validate(send, Session("c").access) is None
+        assert broker.publishing.validate(send, Session("c").access) is None
     else:
         assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
