@@ -40,7 +40,6 @@ class Commits:
             if gc.group.gcs.get(gc.log.name) is not gc:
                 continue  # detached meanwhile
             batch.group_states[(gc.group.key, gc.log.name)] = gc.durable_state()
-            gc.dirty = False
             touched[gc.log] = None
         state.dirty = {}
         if state.producers.dirty or state.producers.gone:
