@@ -62,7 +62,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants")
     p.add_argument("--survivors", metavar="PREFIX", nargs="?", const="",
-                   help="list surviving (and unreached) mutants whose name starts so")
+                   help="list surviving, unreached and unchecked mutants whose name starts so")
     args = p.parse_args()
     results = load(args.mutants)
     if not results:
@@ -71,7 +71,8 @@ def main() -> int:
     if args.survivors is not None:
         for statuses in results.values():
             for name, status in sorted(statuses.items()):
-                if status in ("survived", "no tests") and name.startswith(args.survivors):
+                if status in ("survived", "no tests", "not checked") \
+                        and name.startswith(args.survivors):
                     print(f"{status:9} {name}")
         return 0
     text, ok = table(results)
