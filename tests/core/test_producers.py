@@ -365,3 +365,15 @@ def test_a_resend_of_a_sequence_before_a_failed_run_is_a_duplicate_without_a_seq
     (again,) = publish(h, p, numbered(CH, 1))
     assert again.duplicate and again.seq in (0, mine.seq)
     assert publish(h, p, numbered(CH, 2))[0].code == ErrorCode.STORAGE_FULL
+
+
+def test_a_new_numbered_publish_is_refused_while_storage_is_full_and_then_stored() -> None:
+    h = Harness()
+    p = producer()
+    h.broker.storage_refusal = FULL
+    (o,) = publish(h, p, numbered(CH, 1))
+    assert o.code == ErrorCode.STORAGE_FULL
+    assert CH not in h.broker.channels or h.broker.channels[CH].count == 0
+    h.broker.storage_refusal = None
+    (again,) = publish(h, p, numbered(CH, 2))
+    assert (again.code, again.seq) == (0, 1)

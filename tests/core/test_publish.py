@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from minou.core import publishing
 from minou.core.broker import Session
 from minou.core.log import ChannelOptions
 from minou.errors import ErrorCode
@@ -373,3 +374,32 @@ def test_a_numbered_producer_evicted_while_connected_keeps_what_it_knew() -> Non
     assert staged == [] and (again[0].duplicate, again[0].seq) == (True, first[0].seq)
     nxt, _ = h.broker.publish([Send("orders/v1/1", b"3", pseq=2)], h.now, session=p)
     assert (nxt[0].code, nxt[0].duplicate) == (0, False)
+
+
+@pytest.mark.parametrize(("fanout", "size", "code"), [
+    (3, 4, 0), (4, 1, ErrorCode.BAD_REQUEST),  # the channel limit: 3 copies
+    (3, 5, ErrorCode.BAD_REQUEST),  # the byte limit: 12 bytes x channels
+    (2, 6, 0), (2, 7, ErrorCode.BAD_REQUEST),
+])
+def test_a_broadcast_is_refused_past_its_channel_or_byte_limit_and_stored_nowhere(
+        monkeypatch: pytest.MonkeyPatch, fanout: int, size: int, code: int) -> None:
+    monkeypatch.setattr(publishing, "MAX_BROADCAST_FANOUT", 3)
+    monkeypatch.setattr(publishing, "MAX_BROADCAST_BYTES", 12)
+    h = Harness()
+    s = Session("c")
+    for i in range(fanout):
+        h.subscribe(s, i + 1, patterns=f"orders/v1/{i}", group=f"g{i}")
+    (o,) = h.publish(Send("orders/v1/*", b"1" * size))
+    assert o.code == code
+    if not code:
+        assert o.fanout == fanout
+    assert sum(log.count for log in h.broker.channels.values()) == (0 if code else fanout)
+
+
+def test_every_dedup_duplicate_is_counted() -> None:
+    h = Harness()
+    h.publish(send("orders/v1/1", 1, dedup="k"))
+    for _ in range(3):
+        (o,) = h.publish(send("orders/v1/1", 1, dedup="k"))
+        assert o.duplicate
+    assert h.broker.counters.duplicates == 3
