@@ -71,3 +71,20 @@ def test_a_carried_batch_keeps_the_newer_value_of_each_key_and_goes_first() -> N
     assert pending.unstaged == [("c", "t1"), ("c", "t2")]
     assert pending.used_tokens == [("j1", 1.0), ("j2", 2.0)]
     assert [part for _, _, part, _, _ in pending.staged] == [1, 2]
+
+
+def test_settled_messages_of_a_channel_without_retention_go_at_once_whatever_came_before(
+) -> None:
+    """One commit touches a retained channel first, then one without retention: the
+    latter's settled messages are truncated by that commit all the same."""
+    h = Harness(channel_options=lambda key: ChannelOptions(
+        retention=60.0 if key == "kept/v1" else None))
+    s = Session("c")
+    kept = h.subscribe(s, 1, patterns="kept/v1/1", group="g", prefetch=10)
+    plain = h.subscribe(s, 2, patterns=CH, group="g", prefetch=10)
+    h.publish_values("kept/v1/1", [1, 2])
+    h.publish_values(CH, [1, 2])
+    got = h.pump()
+    h.ack(s, got[kept])
+    h.ack(s, got[plain])
+    assert h.commit().truncates == {CH: 3}

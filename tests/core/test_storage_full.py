@@ -248,3 +248,32 @@ def test_drop_oldest_past_a_failed_seq_drops_a_message_in_flight() -> None:
     sub = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=10)
     assert payloads(h.take(sub)) == [4, 5, 6]
     assert h.storage.open(h.now).channels[0].count == 3
+
+
+def test_the_first_publish_of_a_channel_lost_to_a_full_disk_leaves_room_for_a_resend() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
+    (o,) = h.publish(send(CH, 1), commit=False)
+    assert o.seq == 1
+    fail(h)
+    (again,) = h.publish(send(CH, 1))
+    assert (again.code, again.seq) == (0, 2)
+    assert h.broker.channels[CH].count == 1
+
+
+def test_every_failure_handler_runs_and_the_first_ones_error_is_raised() -> None:
+    h = Harness()
+    h.publish(send(CH, 1), commit=False)
+    told: list[tuple[str, RequestError]] = []
+
+    def handler(name: str):
+        def failed(error: RequestError) -> None:
+            told.append((name, error))
+            raise RuntimeError(name)
+        return failed
+
+    h.broker.after_commit(lambda: None, handler("a"))
+    h.broker.after_commit(lambda: None, handler("b"))
+    batch = h.broker.take_writes()
+    with pytest.raises(RuntimeError, match=r"^a$"):
+        h.broker.on_failed(batch, FULL)
+    assert told == [("a", FULL), ("b", FULL)]
