@@ -38,10 +38,9 @@ def check_room(log: ChannelLog) -> None:
     opts = log.options
     if (opts.max_items is not None and opts.overflow != "drop_oldest"
             and log.count + log.inflight >= opts.max_items):
-        raise QueueFull(
-            f"channel {log.name!r} holds {opts.max_items} messages (max_items)",
-            channel=log.name, limit=opts.max_items,
-        )
+        # No detail fields: a publish answers with its outcome's code and text only,
+        # and requeue_dead catches this.
+        raise QueueFull(f"channel {log.name!r} holds {opts.max_items} messages (max_items)")
 
 
 def make_room(state: BrokerState, log: ChannelLog) -> None:
