@@ -130,6 +130,17 @@ def test_a_session_without_a_producer_id_is_never_numbered() -> None:
     assert len(h.broker.producers) == 0
 
 
+def test_a_sequence_without_a_session_is_ignored_even_on_an_early_duplicate() -> None:
+    """A publish with no session (no producer) is unnumbered: its sequence plays no part,
+    also when its dedup key names a message not committed yet."""
+    h = Harness()
+    h.broker.publish([numbered(CH, 1, dedup="k")], h.now)
+    (dup,), _ = h.broker.publish([numbered(CH, 7, dedup="k")], h.now)
+    assert (dup.code, dup.duplicate, dup.seq) == (0, True, 1)
+    h.commit()
+    assert len(h.broker.producers) == 0
+
+
 def test_the_state_is_stored_with_the_messages_and_survives_a_restart(tmp_path: Path) -> None:
     st = SQLiteStorage(tmp_path / "m.db")
     st.open(T0)
