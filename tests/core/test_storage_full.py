@@ -17,6 +17,7 @@ from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, RequestError, StorageFull
+from minou.limits import STAGED_TTL_S
 from minou.storage.sqlite import SQLiteStorage
 
 from .helpers import Harness, payloads, send, seqs
@@ -277,3 +278,19 @@ def test_every_failure_handler_runs_and_the_first_ones_error_is_raised() -> None
     with pytest.raises(RuntimeError, match=r"^a$"):
         h.broker.on_failed(batch, FULL)
     assert told == [("a", FULL), ("b", FULL)]
+
+
+def test_a_transaction_commit_failing_after_its_answer_expired_is_dropped_all_the_same(
+) -> None:
+    """The write outlived the answer's time to live (a stalled disk): the failure still
+    drops the publish, and a replay is published."""
+    h = Harness()
+    w = Session("writer")
+    h.broker.stage(w, "t1", [send(CH, 1)], h.now)
+    h.broker.commit_txns(w, "job", 1, ["t1"], h.now)
+    batch = h.broker.take_writes()
+    h.advance(STAGED_TTL_S + 1)
+    h.broker.expire_txns(h.now)
+    h.broker.on_failed(batch, FULL)
+    h.broker.stage(w, "t1", [send(CH, 1)], h.now)
+    assert h.broker.commit_txns(w, "job", 1, ["t1"], h.now)["published"] == 1
