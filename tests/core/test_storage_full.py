@@ -294,3 +294,16 @@ def test_a_transaction_commit_failing_after_its_answer_expired_is_dropped_all_th
     h.broker.on_failed(batch, FULL)
     h.broker.stage(w, "t1", [send(CH, 1)], h.now)
     assert h.broker.commit_txns(w, "job", 1, ["t1"], h.now)["published"] == 1
+
+
+def test_fences_dropped_by_an_admin_while_their_commit_is_written_stay_dropped() -> None:
+    h = Harness()
+    w = Session("writer")
+    h.broker.stage(w, "t1", [send(CH, 1)], h.now)
+    h.broker.commit_txns(w, "job", 1, ["t1"], h.now)
+    batch = h.broker.take_writes()
+    h.broker.release_writer("job", drop_fences=True)
+    h.broker.on_failed(batch, FULL)
+    assert h.broker.transactions.fences == {}
+    h.broker.stage(w, "t2", [send(CH, 1)], h.now)
+    assert h.broker.commit_txns(w, "job", 1, ["t2"], h.now)["published"] == 1
