@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minou.core.broker import Broker, Session
@@ -166,6 +166,8 @@ def test_an_oversized_message_is_refused_and_the_rest_of_the_batch_stored() -> N
 # ------------------------------------------------------------------- headers
 @settings(derandomize=True, max_examples=30, deadline=None)
 @given(n=st.integers(0, MAX_HEADERS + 3))
+@example(n=MAX_HEADERS).via("the boundary")
+@example(n=MAX_HEADERS + 1).via("the boundary")
 def test_at_most_max_headers_headers(n: int) -> None:
     broker = Broker()
     send = send_value(1, headers={f"h{i}": "v" for i in range(n)} or None)
