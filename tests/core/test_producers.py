@@ -388,3 +388,19 @@ def test_a_new_numbered_publish_is_refused_while_storage_is_full_and_then_stored
     h.broker.storage_refusal = None
     (again,) = publish(h, p, numbered(CH, 2))
     assert (again.code, again.seq) == (0, 1)
+
+
+def test_restored_states_idle_past_their_time_are_deleted_the_others_kept() -> None:
+    """At a restart (now 200, idle 100), a state last used more than idle seconds ago
+    is not brought back and its row is deleted with the next commit; one used exactly
+    idle seconds ago, or later, is kept, whatever order the rows come in."""
+    def row(client: str, used: float) -> tuple[object, ...]:
+        return (client, "00000000000000aa", CH, 5, 0, 0, 0, 0, used, None)
+
+    prods = Producers(max_states=10, idle=100.0)
+    prods.load([row("old", 99.5), row("edge", 100.0), row("young", 150.0),
+                row("older", 0.0)], 200.0)
+    assert sorted(k[0] for k in prods.states) == ["edge", "young"]
+    assert prods.states[("edge", "00000000000000aa", CH)].last == 5
+    assert prods.take() == {("old", "00000000000000aa", CH): None,
+                            ("older", "00000000000000aa", CH): None}
