@@ -404,3 +404,18 @@ def test_restored_states_idle_past_their_time_are_deleted_the_others_kept() -> N
     assert prods.states[("edge", "00000000000000aa", CH)].last == 5
     assert prods.take() == {("old", "00000000000000aa", CH): None,
                             ("older", "00000000000000aa", CH): None}
+
+
+def test_after_a_failed_commit_a_resend_from_before_it_never_names_another_message() -> None:
+    """A commit that fails undoes the producer's latest run of seqs; a resend of an
+    older sequence is still a duplicate, and never answered with some other message's
+    seq (seq 1 here is another publisher's)."""
+    h = Harness()
+    p, other = producer(), Session("other")
+    publish(h, other, Send(CH, js("o1")))  # seq 1
+    first = publish(h, p, numbered(CH, 1), numbered(CH, 2))  # seqs 2, 3
+    publish(h, other, Send(CH, js("o2")))  # seq 4
+    publish(h, p, numbered(CH, 3), commit=False)  # seq 5, a new run: its commit fails
+    h.broker.on_failed(h.broker.take_writes(), FULL)
+    (again,) = publish(h, p, numbered(CH, 1))
+    assert again.duplicate and again.seq in (0, first[0].seq)
