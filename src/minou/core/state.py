@@ -22,7 +22,7 @@ from typing import Any
 from ..auth.rules import Rules
 from ..errors import RequestError
 from ..limits import MAX_PRODUCER_STATES, PRODUCER_IDLE_S
-from ..names import is_dead_letter, schema_key
+from ..names import schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
@@ -85,9 +85,9 @@ class BrokerState:
         self.ack_latency: Any = None  # delivered -> acked
 
     def options(self, channel: str) -> ChannelOptions:
-        """The options of ``channel`` (a dead-letter channel has its channel's)."""
-        base = channel[len("_dead/"):] if is_dead_letter(channel) else channel
-        return self.options_for(schema_key(base))
+        """The options of ``channel`` (a dead-letter channel has its channel's: its
+        schema key is that channel's)."""
+        return self.options_for(schema_key(channel))
 
     def log(self, name: str, now: float) -> ChannelLog:
         """Channel ``name``, created (and attached to the groups that match it) if new."""
