@@ -86,7 +86,7 @@ class Publishing:
             else:
                 try:
                     if full is not None:
-                        raise type(full)(full.message, **full.detail)
+                        raise type(full)(full.message)
                     outcomes.append(self._publish_one(send, now, staged, access))
                 except RequestError as exc:
                     outcomes.append(self._refusal(send, exc))
@@ -156,7 +156,7 @@ class Publishing:
                     outcomes.append(replay)
                     return
             if full is not None:
-                raise type(full)(full.message, **full.detail)
+                raise type(full)(full.message)
             outcome = self._publish_one(send, now, staged, access)
         except RequestError as exc:
             outcomes.append(self._refusal(send, exc))
@@ -262,8 +262,7 @@ class Publishing:
                 raise BadRequest(
                     f"broadcast to {target!r} would store {len(targets)} copies of "
                     f"{len(send.data)} bytes; the limits are {MAX_BROADCAST_FANOUT} channels "
-                    f"and {MAX_BROADCAST_BYTES >> 20} MiB per broadcast: send to fewer ids",
-                    fanout=len(targets), limit=MAX_BROADCAST_FANOUT)
+                    f"and {MAX_BROADCAST_BYTES >> 20} MiB per broadcast: send to fewer ids")
             for log in targets:  # a broadcast is stored everywhere or nowhere
                 check_room(log)
             first: Msg | None = None
