@@ -622,3 +622,77 @@ def test_after_a_restore_eviction_takes_the_keys_that_expire_first() -> None:
     assert [w.get(ch, key, T0) is not None for ch, key, *_ in by_expiry] == \
         [False] * 70 + [True] * 30
     assert w.get("ch/0", "new", T0) == (1, mid(1))
+
+
+# ------------------------------------------------------------ restored rows, exactly
+def test_a_restored_key_costs_at_most_64_bytes_too() -> None:
+    """Restored ids (``f"{hash:016x}{seq:x}"``) are kept as their hash, like put ones,
+    not whole."""
+    entries = rows(10 * 256 + 100, window=1000.0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        w = DedupWindow(generation=256)
+        w.load(entries, T0)
+        while w.restoring:
+            w.expire(T0)
+        per_key = (tracemalloc.get_traced_memory()[0] - before) / len(entries)
+    finally:
+        tracemalloc.stop()
+    assert len(w) == len(entries)
+    assert per_key <= 64, f"{per_key:.1f} bytes per key"
+    channel, key, _, seq, ident = entries[1234]
+    assert w.get(channel, key, T0) == (seq, ident)
+
+
+@pytest.mark.parametrize("ident", ["0000000000000000" + "5", "zzzzzzzzzzzzzzzz5", "abc", "",
+                                   "0000000000000001" + "5"])
+def test_a_restored_id_of_any_form_comes_back_as_it_was_stored(ident: str) -> None:
+    w = DedupWindow(generation=4)
+    w.load([(CH, "k", T0 + 100, 5, ident), (CH, "other", T0 + 100, 6, mid(6))], T0)
+    assert w.get(CH, "k", T0) == (5, ident)  # while restoring
+    while w.restoring:
+        w.expire(T0)
+    assert w.get(CH, "k", T0) == (5, ident)  # built
+
+
+def test_a_restored_key_not_yet_built_is_a_duplicate_until_it_expires_not_at_it() -> None:
+    w = DedupWindow()
+    w.load(rows(50), T0)
+    channel, key, expires, seq, ident = rows(50)[7]
+    assert w.restoring
+    assert w.get(channel, key, expires - 0.001) == (seq, ident)
+    assert w.get(channel, key, expires) is None
+
+
+def test_restored_keys_evicted_early_are_gone_while_the_rest_is_restored() -> None:
+    """The first generation built (4 keys expiring together) is evicted by max_keys;
+    the rows it was built from must not answer for them any more."""
+    entries = sorted([(CH, f"a{i}", T0 + 10, i + 1, mid(i + 1)) for i in range(4)]
+                     + [(CH, f"b{i}", T0 + 20, i + 5, mid(i + 5)) for i in range(4)])
+    w = DedupWindow(generation=4)
+    w.load(entries, T0)
+    w.expire(T0)  # hashes the first 4 (by expiry)
+    w.expire(T0)  # seals them
+    assert w.restoring
+    w.max_keys = 4
+    assert w.evicted == 4 and len(w) == 4
+    assert [w.get(CH, f"a{i}", T0) for i in range(4)] == [None] * 4
+    assert w.get(CH, "b0", T0) == (5, mid(5))
+
+
+def test_restored_rows_that_expire_before_they_are_built_leave_the_count() -> None:
+    """Seqs above the clock's value, so that no seq is mistaken for a time."""
+    big = 10**8
+    entries = sorted([(CH, f"{t}-{i}", T0 + t, big + t + i, mid(big + t + i))
+                      for t in (10, 20, 30) for i in range(4)])
+    w = DedupWindow(generation=4)
+    w.put(CH, "new", T0 + 100, 1, mid(1))
+    w.load(entries, T0)
+    assert len(w) == 13
+    w.expire(T0)
+    w.expire(T0)  # the keys expiring at T0 + 10 are built
+    w.expire(T0 + 20)  # those go whole; those at T0 + 20 expire unbuilt, exactly then
+    assert len(w) == 5
+    assert w.get(CH, "30-0", T0 + 20) == (big + 30, mid(big + 30))
+    assert w.get(CH, "20-0", T0 + 20) is None
