@@ -919,3 +919,29 @@ def test_after_a_failed_commit_a_replay_of_a_durable_send_is_still_its_duplicate
     assert (lost.code, lost.channel, lost.error) == (int(full.code), "orders/v1/2",
                                                      full.message)
     assert bad.code == int(ErrorCode.INVALID_CHANNEL) and bad.channel == "bad"
+
+
+def test_a_forced_commit_carries_delivery_state_once_and_later_deliveries_wait() -> None:
+    """Group states that deliveries alone changed are committed when forced (the
+    ticker), not by every take after that."""
+    s = scheduler()
+    session = Session("c")
+    s.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=0.0)
+
+    def deliver() -> None:
+        publish(s)
+        batch = s.take()
+        assert batch is not None
+        s.committed(batch, 0.0, 0.0)
+        assert pump(s.core, 0.0).deliveries
+        assert s.core.has_dirty and not s.core.batch  # only deliveries changed state
+
+    deliver()
+    assert s.take() is None  # nothing asks for it
+    s.request(0.0, force=True)
+    forced = s.take()
+    assert forced is not None and forced.group_states
+    s.committed(forced, 0.0, 0.0)
+    deliver()
+    assert s.take() is None  # the force was used up
