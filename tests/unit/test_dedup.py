@@ -710,3 +710,23 @@ def test_restored_rows_that_expire_before_they_are_built_leave_the_count() -> No
     assert len(w) == 5
     assert w.get(CH, "30-0", T0 + 20) == (big + 30, mid(big + 30))
     assert w.get(CH, "20-0", T0 + 20) is None
+
+
+def test_evicting_past_forgotten_keys_counts_only_the_unexpired_live_ones() -> None:
+    w = DedupWindow()
+    for i in range(6):
+        w.put(CH, f"k{i}", T0 + i, i + 1, mid(i + 1))
+    w.forget(CH, "k2", 3, mid(3))  # a failed commit's key: not counted
+    assert w.get(CH, "k1", T0 + 1) is None  # the clock is T0 + 1: k0 and k1 expired
+    w.max_keys = 1  # k0, k1, k3, k4 go (k2 was forgotten): k3, k4 early
+    assert w.evicted == 2 and len(w) == 1
+    assert w.get(CH, "k5", T0 + 1) == (6, mid(6))
+
+
+@pytest.mark.parametrize("seq", [0, 2**64 - 1, 2**64, -1])
+def test_a_restored_row_with_any_seq_comes_back_as_stored(seq: int) -> None:
+    w = DedupWindow(generation=4)
+    ident = f"{0x1234_5678_9ABC_DEF0:016x}{seq:x}"
+    w.load([(CH, "k", T0 + 100, seq, ident), (CH, "other", T0 + 100, 6, mid(6))], T0)
+    build(w, T0)
+    assert w.get(CH, "k", T0) == (seq, ident)
