@@ -714,12 +714,12 @@ def test_restored_rows_that_expire_before_they_are_built_leave_the_count() -> No
 
 def test_evicting_past_forgotten_keys_counts_only_the_unexpired_live_ones() -> None:
     w = DedupWindow()
-    for i in range(6):
+    for i in range(7):
         w.put(CH, f"k{i}", T0 + i, i + 1, mid(i + 1))
-    w.forget(CH, "k2", 3, mid(3))  # a failed commit's key: not counted
+    w.forget(CH, "k6", 7, mid(7))  # a failed commit's key: not counted
     assert w.get(CH, "k1", T0 + 1) is None  # the clock is T0 + 1: k0 and k1 expired
-    w.max_keys = 1  # k0, k1, k3, k4 go (k2 was forgotten): k3, k4 early
-    assert w.evicted == 2 and len(w) == 1
+    w.max_keys = 1  # k0 to k4 go: k2, k3, k4 early
+    assert w.evicted == 3 and len(w) == 1
     assert w.get(CH, "k5", T0 + 1) == (6, mid(6))
 
 
