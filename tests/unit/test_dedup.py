@@ -730,3 +730,14 @@ def test_a_restored_row_with_any_seq_comes_back_as_stored(seq: int) -> None:
     w.load([(CH, "k", T0 + 100, seq, ident), (CH, "other", T0 + 100, 6, mid(6))], T0)
     build(w, T0)
     assert w.get(CH, "k", T0) == (seq, ident)
+
+
+def test_load_takes_any_iterable_of_rows() -> None:
+    """Storage may hand its rows as an iterator (a cursor), not a list."""
+    entries = rows(20)
+    w = DedupWindow(generation=4)
+    w.load(iter(entries), T0)
+    channel, key, _, seq, ident = entries[7]
+    assert len(w) == 20 and w.get(channel, key, T0) == (seq, ident)
+    build(w, T0)
+    assert w.get(channel, key, T0) == (seq, ident)
