@@ -233,8 +233,9 @@ def test_broadcast_prefix(target, prefix):
 
 @pytest.mark.parametrize("target", ["orders/v0/*", "bad!/v1/*", "orders/x/*"])
 def test_broadcast_prefix_validates_what_it_accepts(target):
-    with pytest.raises(InvalidChannel):
+    with pytest.raises(InvalidChannel) as refused:
         broadcast_prefix(target)
+    assert refused.value.detail == {"channel": target}  # the pattern as it was given
 
 
 @pytest.mark.parametrize(

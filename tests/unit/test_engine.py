@@ -796,3 +796,152 @@ def test_flow_pauses_count_each_pause_of_a_publisher() -> None:
         assert door.paused and e.scheduler.flow_pauses == expected
         e.committed(host.writes.pop())
         assert not door.paused
+
+
+# ------------------------------------------- commit timing and flow-control bounds
+def test_publishes_stop_flowing_exactly_two_settle_delays_after_their_last_commit() -> None:
+    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
+                        resume_bytes=100)  # times exact in binary
+    publish(s)
+    batch = s.take()
+    assert batch is not None
+    s.committed(batch, 1.0, 1.0)
+    assert s.request(1.25, urgent=False) == "timer"  # still flowing: ride along
+    s.timer_fired()
+    assert s.request(1.5, urgent=False) == "now"  # 2 * settle_delay old: no longer
+
+
+def test_state_staged_during_a_publish_commit_rides_along_with_the_next() -> None:
+    """A subscription staged while a publish commit is written is not committed at once
+    when that commit ends: publishes flow, so a timer is armed for it."""
+    s = scheduler()
+    publish(s)
+    batch = s.take()
+    assert batch is not None
+    s.core.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=0.0)
+    assert s.committed(batch, 0.0, 0.0) == "timer"
+    assert s.take() is not None  # what the timer then commits
+
+
+@pytest.mark.parametrize("pause, resume", [(p, 10**6) for p in range(40, 130, 7)]
+                         + [(400, 30), (400, 31)])
+def test_paused_publishers_resume_once_at_most_min_resume_or_a_quarter_is_uncommitted(
+        pause: int, resume: int) -> None:
+    threshold = min(resume, pause // 4)
+    for left, resumed in ((threshold, True), (threshold + 1, False)):
+        s = CommitScheduler(Broker(), settle_delay=DELAY, pause_bytes=lambda: pause,
+                            resume_bytes=resume)
+        conn = object()
+        publish(s, size=pause + 1)
+        assert s.staged(conn)
+        batch = s.take()
+        assert batch is not None
+        publish(s, size=left)  # staged while the first is written
+        s.committed(batch, 0.0, 0.0)
+        assert s.uncommitted_bytes == left
+        assert s.resumable() == ([conn] if resumed else [])
+
+
+@pytest.mark.parametrize("flowing", [True, False])
+def test_state_a_pump_turn_leaves_staged_is_committed_not_urgently(flowing: bool) -> None:
+    e, host, clock = timed_engine()
+    publish_committed(e, host)
+    if not flowing:
+        clock.now += 2 * DELAY + 1
+    consume(e, Session("c"))  # staged state the pump turn finds
+    assert pump(e.core, clock.now).commit
+    e.pump()
+    if flowing:  # rides along with the publishes' commits
+        assert host.writes == [] and [d for d, _ in host.later] == [DELAY]
+    else:
+        assert len(host.writes) == 1 and host.later == []
+
+
+def test_a_pump_turn_with_nothing_staged_asks_for_no_commit() -> None:
+    e, _, _ = timed_engine()
+    assert not pump(e.core, 100.0).commit
+
+
+def test_a_refused_numbered_publish_is_answered_once_its_refusal_is_durable() -> None:
+    """Else a resend after a crash would look like a gap."""
+    e, host = engine()
+    door = Door()
+    p = Session("app", producer_id="00000000000000aa")
+    [out] = e.publish([Send("bad", b"1", pseq=1)], ALLOW_ALL, door.reply, session=p,
+                      publisher=door)
+    assert out.code == int(ErrorCode.INVALID_CHANNEL)
+    assert door.answers == []
+    [batch] = host.writes  # the producer state remembering the refusal
+    e.committed(batch)
+    assert door.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
+
+
+def test_a_publish_latency_is_observed_once_confirmed_in_seconds_since_received() -> None:
+    e, host = engine()
+    seen: list[float] = []
+
+    class Histogram:
+        def observe(self, seconds: float) -> None:
+            seen.append(seconds)
+
+    e.publish_latency = Histogram()
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    assert seen == []
+    e.committed(host.writes.pop())
+    [latency] = seen
+    assert 0 <= latency < 1
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.not_written(host.writes.pop(), StorageFull("disk full"), stop=False)
+    assert len(seen) == 1  # a publish that was not stored is not a latency
+
+
+def test_after_a_failed_commit_a_replay_of_a_durable_send_is_still_its_duplicate() -> None:
+    """Numbered sends in one publish: pseq 1 was stored before (its replay is answered
+    from the producer's state), pseq 2 was in the commit that failed (its error, on its
+    channel); a send refused at once keeps its own refusal."""
+    e, host = engine()
+    p = Session("app", producer_id="00000000000000aa")
+    e.publish([Send("orders/v1/1", b"1", pseq=1)], ALLOW_ALL, Door().reply, session=p,
+              publisher=Door())
+    e.committed(host.writes.pop())
+    said: list[Any] = []
+    e.publish([Send("orders/v1/1", b"1", pseq=1), Send("orders/v1/2", b"2", pseq=2),
+               Send("bad", b"3")], ALLOW_ALL,
+              lambda outcomes, exc: said.append((outcomes, exc)), session=p, publisher=Door())
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    [(outcomes, exc)] = said
+    assert exc is full
+    replay, lost, bad = outcomes
+    assert (replay.code, replay.duplicate, replay.seq, replay.channel) == (0, True, 1,
+                                                                           "orders/v1/1")
+    assert (lost.code, lost.channel, lost.error) == (int(full.code), "orders/v1/2",
+                                                     full.message)
+    assert bad.code == int(ErrorCode.INVALID_CHANNEL) and bad.channel == "bad"
+
+
+def test_a_forced_commit_carries_delivery_state_once_and_later_deliveries_wait() -> None:
+    """Group states that deliveries alone changed are committed when forced (the
+    ticker), not by every take after that."""
+    s = scheduler()
+    session = Session("c")
+    s.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=0.0)
+
+    def deliver() -> None:
+        publish(s)
+        batch = s.take()
+        assert batch is not None
+        s.committed(batch, 0.0, 0.0)
+        assert pump(s.core, 0.0).deliveries
+        assert s.core.has_dirty and not s.core.batch  # only deliveries changed state
+
+    deliver()
+    assert s.take() is None  # nothing asks for it
+    s.request(0.0, force=True)
+    forced = s.take()
+    assert forced is not None and forced.group_states
+    s.committed(forced, 0.0, 0.0)
+    deliver()
+    assert s.take() is None  # the force was used up
