@@ -389,6 +389,19 @@ class Clock:
         return self.now
 
 
+def consumer_holding(e: Engine, host: Host, n: int, *, prefetch: int
+                     ) -> tuple[Session, list[Any]]:
+    """A consumer of ``orders/v1/1`` (group g) and what the first pump gave it, after
+    ``n`` messages were published and committed."""
+    session = Session("c")
+    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=prefetch, now=100.0)
+    e.publish(sends(n), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    [items] = pump(e.core, 100.0).deliveries.values()
+    return session, items
+
+
 def timed_engine(pause: int = 1000) -> tuple[Engine, Host, Clock]:
     clock, host = Clock(), Host()
     e = Engine(Broker(), host, settle_delay=DELAY, pause_bytes=lambda: pause,
@@ -675,12 +688,7 @@ def test_a_draining_engine_delivers_nothing_new() -> None:
 
 def test_a_nack_without_options_redelivers_at_once_and_first() -> None:
     e, host, _ = timed_engine()
-    session = Session("c")
-    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
-                     prefetch=1, now=100.0)
-    e.publish(sends(3), ALLOW_ALL, Door().reply, publisher=Door())
-    e.committed(host.writes.pop())
-    [[first]] = pump(e.core, 100.0).deliveries.values()
+    session, [first] = consumer_holding(e, host, 3, prefetch=1)
     assert first.seq == 1
     e.settle(session, "nack", [first.tag], None)
     [[again]] = pump(e.core, 100.0).deliveries.values()
@@ -703,12 +711,7 @@ def test_a_transaction_commit_without_a_lineage_binds_none() -> None:
 def test_a_settlement_whose_commit_fails_is_answered_with_its_refusals_and_the_error(
         ) -> None:
     e, host, _ = timed_engine()
-    session = Session("c")
-    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
-                     prefetch=10, now=100.0)
-    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
-    e.committed(host.writes.pop())
-    [[item]] = pump(e.core, 100.0).deliveries.values()
+    session, [item] = consumer_holding(e, host, 1, prefetch=10)
     answers: list[Any] = []
     failed = e.settle(session, "ack", [item.tag, 999],
                       lambda refused, exc: answers.append((refused, exc)))
@@ -720,12 +723,7 @@ def test_a_settlement_whose_commit_fails_is_answered_with_its_refusals_and_the_e
 
 def test_an_extend_without_a_duration_is_refused_at_once() -> None:
     e, host, _ = timed_engine()
-    session = Session("c")
-    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
-                     prefetch=10, now=100.0)
-    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
-    e.committed(host.writes.pop())
-    [[item]] = pump(e.core, 100.0).deliveries.values()
+    session, [item] = consumer_holding(e, host, 1, prefetch=10)
     answers: list[Any] = []
     with pytest.raises(RequestError) as refused:
         e.settle(session, "extend", [item.tag], lambda refused, exc: answers.append(refused))
@@ -744,12 +742,7 @@ def test_an_ack_through_the_engine_observes_its_latency() -> None:
             seen.append(seconds)
 
     e.core.state.ack_latency = Histogram()
-    session = Session("c")
-    e.core.subscribe(session, 1, kind="consume", patterns=["orders/v1/1"], group="g",
-                     prefetch=10, now=100.0)
-    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
-    e.committed(host.writes.pop())
-    [[item]] = pump(e.core, 100.0).deliveries.values()
+    session, [item] = consumer_holding(e, host, 1, prefetch=10)
     clock.now = 102.5
     e.settle(session, "ack", [item.tag], None)
     assert seen == [pytest.approx(2.5)]
