@@ -109,7 +109,15 @@ class Harness:
     def tick(self, seconds: float = 0.0) -> None:
         """Move the clock on by ``seconds`` and run the broker's timers."""
         self.advance(seconds)
+        self.store_attempts()
         self.broker.tick(self.now)
+
+    def store_attempts(self) -> None:
+        """What the server's writer does within milliseconds of a delivery: store its
+        attempt count. Settling, ticking and disconnecting start with it here, because a
+        message that comes back goes out again only once that count is stored."""
+        if self.broker.has_dirty:
+            self.commit()
 
     # ------------------------------------------------------------- publish
     def publish(self, *sends: Send, commit: bool = True) -> list[Outcome]:
@@ -191,6 +199,7 @@ class Harness:
         self, session: Session, items: list[Delivery] | list[int], *, delay: float = 0.0,
         front: bool = True,
     ) -> list[Any]:
+        self.store_attempts()
         return self.engine.settle(session, "nack", _tags(items), None, delay=delay,
                                   front=front)
 
@@ -199,6 +208,7 @@ class Harness:
         return self.engine.settle(session, "extend", _tags(items), None, seconds=seconds)
 
     def disconnect(self, session: Session) -> None:
+        self.store_attempts()
         self.engine.close(session)
 
 

@@ -461,8 +461,8 @@ def test_oldest_unsettled_skips_deleted_and_acked_seqs_above_the_floor() -> None
     sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
     h.publish_values(CH, [1, 2, 3, 4])
     d1, d2, d3, _d4 = h.take(sub)
-    h.ack(s, [d1, d3])
     h.nack(s, [d2])  # 2 waits in the front queue: the group's floor
+    h.ack(s, [d1, d3])
     h.broker.expire([(CH, 2)], h.now)  # and then it is deleted
     assert 2 in _log(h).gone
     assert mt.oldest_unsettled(h.broker, _log(h), "consume:g") == 4

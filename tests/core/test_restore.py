@@ -141,6 +141,30 @@ def test_attempts_survive(h: Harness, tmp_path: Path) -> None:
     assert (d.seq, d.attempts) == (1, 4)
 
 
+def test_a_crash_never_brings_back_a_lower_attempt_count_than_a_reader_saw(
+    h: Harness, tmp_path: Path
+) -> None:
+    """Each nack here comes before the commit storing the count it answers (the
+    writer is slower than the reader): the message waits for that commit before it goes
+    out again, so what a crash finds is never more than one delivery behind."""
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, [1])
+    seen = 0
+    for _ in range(3):
+        got = h.take(sub)
+        if not got:
+            h.commit()  # the count is stored: now it goes out again
+            got = h.take(sub)
+        (d,) = got
+        seen = max(seen, d.attempts)
+        h.engine.settle(a, "nack", [d.tag], None)
+    assert seen == 3
+    h2 = _restart(h, tmp_path)  # the commit storing attempt 3 never happened
+    (d,) = h2.take(h2.subscribe(Session("b"), patterns=CH, group="g"))
+    assert d.attempts >= seen
+
+
 def test_requeue_limit_counts_attempts_from_before_the_restart(
     h: Harness, tmp_path: Path
 ) -> None:

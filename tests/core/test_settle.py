@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from minou.core.broker import Session
+from minou.core.group import Subscription
 from minou.core.log import ChannelOptions
 from minou.errors import BadRequest, ErrorCode
+from minou.protocol.frames import Delivery
 
 from .helpers import Harness, payloads, seqs
 
@@ -472,3 +476,55 @@ def test_ack_latency_is_the_time_from_delivery_to_ack_even_after_an_extend() -> 
     h.advance(5.0)
     h.ack(s, [d2])
     assert latency.seen == [3.0, 15.0]
+
+
+# ------------------------------------- a return waits for its count to be stored
+def _held(h: Harness, s: Session, **sub_kw: Any) -> tuple[Subscription, Delivery]:
+    """A consumer that got the message and gave it back before the commit storing its
+    attempt count (the nack reaches the broker first)."""
+    sub = h.subscribe(s, patterns=CH, group="g", **sub_kw)
+    h.publish_values(CH, ["job"])
+    (d,) = h.take(sub)
+    return sub, d
+
+
+def test_a_message_returned_before_its_count_is_stored_waits_for_that_commit() -> None:
+    h = Harness()
+    s = Session("c")
+    sub, d = _held(h, s, prefetch=1)
+    assert h.engine.settle(s, "nack", [d.tag], None) == []
+    assert sub.unsettled == 0  # its credit is back at once
+    assert h.take(sub) == []
+    assert _codes(h.ack(s, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+    stats = h.broker.group_stats(sub.group, h.now)
+    assert stats["waiting"] == 0
+    h.commit()
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (d.seq, 2)
+
+
+def test_a_held_return_is_not_returned_twice_by_its_extended_lease_running_out() -> None:
+    h = Harness()
+    s = Session("c")
+    sub, d = _held(h, s, prefetch=1, lease=2.0)
+    h.extend(s, [d], 5.0)
+    h.engine.settle(s, "nack", [d.tag], None)
+    h.advance(10.0)
+    h.broker.tick(h.now)  # the extended lease's expiry comes up while it waits
+    assert h.broker.counters.lease_expired == 0
+    assert sub.unsettled == 0
+    h.commit()
+    assert [x.attempts for x in h.take(sub)] == [2]
+
+
+def test_a_held_return_dropped_by_a_seek_gives_no_credit_back_twice() -> None:
+    h = Harness()
+    s = Session("c")
+    sub, d = _held(h, s, prefetch=1)
+    h.engine.settle(s, "nack", [d.tag], None)
+    assert h.broker.set_position(s, "g", {CH: 2}, h.now) == {CH: 0}
+    assert sub.unsettled == 0
+    h.commit()
+    assert h.take(sub) == []  # settled by the seek, not requeued
+    h.publish_values(CH, ["next"])
+    assert payloads(h.take(sub)) == ["next"]

@@ -37,8 +37,8 @@ INVARIANTS: dict[str, str] = {
         "a settlement succeeds only for a live delivery tag of the settling connection "
         "(not another client's, not a settled, expired or redelivered one)",
     "attempts_never_decrease":
-        "a redelivery's attempt count is above the last one of this run (across a "
-        "crash: above the count storage held)",
+        "a redelivery's attempt count is above the last one of this run; across a "
+        "crash, above the count storage held and at least the highest any client saw",
     "requeue_limit":
         "a delivery returned with attempts above its channel's requeue_limit is never "
         "redelivered to its group and is dead-lettered (reason requeue_limit) when dead "
@@ -171,6 +171,10 @@ def on_delivery(ledger: Ledger, group: str, channel: str, seq: int, msg_id: str,
     if attempts <= before:
         fail("attempts_never_decrease", f"{key} delivered to {group} with attempts "
              f"{attempts} after {before}")
+    seen = ledger.seen_attempts.get(read, 0)
+    if attempts < seen:
+        fail("attempts_never_decrease", f"{key} delivered to {group} with attempts "
+             f"{attempts} after a client saw {seen} before the crash")
     if attempts == 1 and not s.special:
         # Tags number deliveries in the order the pump made them (one pump turn hands
         # its deliveries over per subscription, so they do not arrive in that order).

@@ -113,6 +113,7 @@ class Ledger:
     holder: dict[Read, int] = field(default_factory=dict)  # the latest tag of a read
     attempts: dict[Read, int] = field(default_factory=dict)  # the latest delivery's
     restored_attempts: dict[Read, int] = field(default_factory=dict)  # durable at restart
+    seen_attempts: dict[Read, int] = field(default_factory=dict)  # the highest, every run
     # (group, channel) -> (tag, seq) of its first deliveries of plain messages, by tag
     fresh: dict[tuple[str, str], list[tuple[int, int]]] = field(default_factory=dict)
     exceeded: dict[Read, int] = field(default_factory=dict)  # returned past the limit: run
@@ -175,6 +176,7 @@ class Ledger:
         self.live_tags[tag] = t
         self.holder[read] = tag
         self.attempts[read] = attempts
+        self.seen_attempts[read] = max(attempts, self.seen_attempts.get(read, 0))
         return t
 
     def kill(self, t: Tag) -> None:

@@ -219,3 +219,16 @@ def test_catches_a_delivery_budget_that_never_pauses_a_writer(
     the tick's recount does): readers that stop pile up more than the budget allows."""
     planted.setattr(DeliveryBudget, "note", lambda self, holder, buffered, limit: False)
     assert _first_failure(200).violation.name == "delivery_budget"  # type: ignore[union-attr]
+
+
+def test_catches_a_redelivery_before_its_attempt_count_is_stored(
+        planted: pytest.MonkeyPatch) -> None:
+    """A returned message goes out again at once: a crash before the commit storing its
+    last count sends a lower count than a client already saw."""
+    real = Settlement.return_lease
+
+    def return_lease(self: Settlement, lease: Any, now: float, **kw: Any) -> None:
+        real(self, lease, now, **{**kw, "counted": False})
+
+    planted.setattr(Settlement, "return_lease", return_lease)
+    assert _first_failure(400).violation.name == "attempts_never_decrease"  # type: ignore[union-attr]

@@ -629,6 +629,11 @@ def test_closing_gives_unsettled_deliveries_back_to_the_group() -> None:
     holder = first if sub.session is first else second
     other = second if holder is first else first
     e.close(holder)
+    # It goes out again only once its attempt count is stored (a crash before that
+    # must not send attempt 1 again to someone who saw attempt 2).
+    assert pump(e.core, 100.0).deliveries == {}
+    e.commit()
+    e.committed(host.writes.pop())
     assert host.soon[-1] == e.pump  # what came back may go out again
     again = pump(e.core, 100.0)
     [(sub2, [item2])] = again.deliveries.items()
@@ -690,6 +695,8 @@ def test_a_nack_without_options_redelivers_at_once_and_first() -> None:
     e, host, _ = timed_engine()
     session, [first] = consumer_holding(e, host, 3, prefetch=1)
     assert first.seq == 1
+    e.commit(force=True)
+    e.committed(host.writes.pop())  # its attempt count is stored
     e.settle(session, "nack", [first.tag], None)
     [[again]] = pump(e.core, 100.0).deliveries.values()
     assert (again.seq, again.attempts) == (1, 2)  # no delay, back at the front

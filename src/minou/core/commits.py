@@ -53,6 +53,8 @@ class Commits:
                 batch.truncates[log.name] = log.first_seq
                 batch.channels[log.name] = log.next_seq  # stored with the removal
         state.batch = WriteBatch()
+        state.taken += 1
+        batch.number = state.taken
         return batch
 
     def on_committed(self, batch: WriteBatch, now: float) -> None:
@@ -60,6 +62,9 @@ class Commits:
         state = self.state
         channels, counters = state.channels, state.counters
         timed, ready_groups = state.timed, state.ready_groups
+        # Batches are written one at a time, in order, and a failed one's state is
+        # carried into the next: everything taken up to this one is durable now.
+        state.durable = max(state.durable, batch.number)
         for msg in batch.messages:
             log = channels.get(msg.channel)
             if log is None:

@@ -82,7 +82,8 @@ class Dispatcher:
         attempts = gc.attempts.get(msg.seq, 0) + 1
         gc.attempts[msg.seq] = attempts
         gc.delivered += 1
-        state.dirty[gc] = None  # attempts survive a crash
+        state.dirty[gc] = None  # attempts survive a crash: stored with the next commit
+        lease.count_in = state.taken + 1
         sub.unsettled += 1
         sub.session.leases[tag] = lease
         sub.leases[tag] = lease

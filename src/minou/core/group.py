@@ -31,7 +31,8 @@ def _heap(items: list[Any]) -> list[Any]:
 
 
 class Lease:
-    __slots__ = ("delivered", "expires", "gc", "msg", "seq", "sub", "tag")
+    __slots__ = ("count_in", "delivered", "expires", "gc", "msg", "returning", "seq", "sub",
+                 "tag")
 
     def __init__(
         self, tag: int, gc: GroupChannel, msg: Msg, sub: Subscription, now: float
@@ -43,6 +44,10 @@ class Lease:
         self.sub = sub
         self.delivered = now
         self.expires = now + sub.lease_s  # an extend moves it
+        # The commit (WriteBatch.number) that stores this delivery's attempt count, and
+        # whether it came back and waits for that commit to be requeued (Settlement).
+        self.count_in = 0
+        self.returning = False
 
 
 class NeedLoad(Exception):
@@ -188,7 +193,8 @@ class GroupChannel:
         tags become unknown, their subscriptions' credit comes back."""
         for seq, lease in list(self.pending.items()):
             if below is None or seq < below:
-                lease.sub.unsettled -= 1
+                if not lease.returning:  # a returned one gave its credit back already
+                    lease.sub.unsettled -= 1
                 lease.sub.session.leases.pop(lease.tag, None)
                 lease.sub.leases.pop(lease.tag, None)
                 del self.pending[seq]

@@ -99,14 +99,34 @@ class Settlement:
                 attempts[lease.seq] -= 1
             else:
                 attempts.pop(lease.seq, None)
-            self.return_lease(lease, now, front=True, delay=0.0)
+            self.return_lease(lease, now, front=True, delay=0.0, counted=False)
 
-    def return_lease(self, lease: Lease, now: float, *, front: bool, delay: float) -> None:
-        """A delivery came back unsettled: requeue it, or dead-letter past the limit."""
+    def return_lease(self, lease: Lease, now: float, *, front: bool, delay: float,
+                     counted: bool = True) -> None:
+        """A delivery came back unsettled: requeue it, or dead-letter past the limit.
+
+        Attempt counts never go down, even across a crash: so a message goes out again
+        only once the commit storing its last delivery's count is durable (``counted``:
+        that delivery counts; a withdrawn one did not reach anyone). Until then it stays
+        pending under a lease no tag reaches, which keeps it out of every reader's way
+        and below the group's floor; the client's credit comes back at once."""
         gc, sub = lease.gc, lease.sub
-        if gc.pending.get(lease.seq) is not lease:
+        if gc.pending.get(lease.seq) is not lease or lease.returning:
             return
         sub.unsettled -= 1
+        state = self.state
+        if counted and lease.count_in > state.durable:
+            lease.returning = True
+            state.batch.on_commit.append(lambda: self._requeue(lease, now, front, delay))
+            state.batch.on_fail.append(None)  # a failed commit carries it to the next
+            return
+        self._requeue(lease, now, front, delay)
+
+    def _requeue(self, lease: Lease, now: float, front: bool, delay: float) -> None:
+        gc, sub = lease.gc, lease.sub
+        if gc.pending.get(lease.seq) is not lease:
+            return  # purged, seeked past or detached meanwhile
+        lease.returning = False
         limit = gc.log.options.requeue_limit
         if gc.attempts.get(lease.seq, 0) > limit:
             gc.settle(lease.seq)

@@ -54,6 +54,10 @@ class BrokerState:
         self.channels: dict[str, ChannelLog] = {}
         self.groups: dict[str, Group] = {}
         self.batch = WriteBatch()
+        # Batches handed to the writer so far, and the highest one durable: a delivery
+        # taken after batch ``taken`` has its attempt count stored with the next one.
+        self.taken = 0
+        self.durable = 0
         self.ready_groups: dict[Group, None] = {}
         self.dirty: dict[GroupChannel, None] = {}
         self.timed: dict[GroupChannel, None] = {}

@@ -35,7 +35,8 @@ class Timers:
         heap = state.lease_heap
         while heap and heap[0][0] <= now:
             expires, _tag, lease = heapq.heappop(heap)
-            if lease.expires == expires and lease.gc.pending.get(lease.seq) is lease:
+            if (lease.expires == expires and lease.gc.pending.get(lease.seq) is lease
+                    and not lease.returning):
                 expired.append(lease)
         for lease in expired:
             lease.sub.leases.pop(lease.tag, None)

@@ -57,6 +57,7 @@ class WriteBatch:
     # commit fails, those sequences become refusals (a resend gets the same error)
     sequenced: list[tuple[Any, int]] = field(default_factory=list)
     bytes: int = 0
+    number: int = 0  # set when the writer takes it: commits are numbered in order
 
     def __bool__(self) -> bool:
         return self.writes or bool(self.on_commit)
