@@ -37,6 +37,7 @@ from ..errors import (
     StartupError,
     StorageError,
     StorageFull,
+    StorageUnavailable,
     TooManyConnections,
     UnexpectedFrame,
 )
@@ -200,6 +201,11 @@ class BrokerServer:
         self.storage_full: StorageFull | None = None
         self.storage_full_since = 0.0
         self.storage_full_commits = 0  # commits refused for want of space, since start
+        # While a storage that comes back by itself (Redis) cannot be reached: the
+        # refusal publishes get (STORAGE_UNAVAILABLE), since when, commits it failed.
+        self.storage_down: StorageUnavailable | None = None
+        self.storage_down_since = 0.0
+        self.storage_down_commits = 0
         self._retry_at = 0.0  # while full, no commit before this (monotonic)
         self._retry_timer = False
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
@@ -665,7 +671,9 @@ class BrokerServer:
     # (StorageFull) is not a crash: publishes are refused at the door with it, the
     # failed batch's publishers get it, its other state is carried into the next
     # commit (core.on_failed), deliveries and acks go on, and a probe every
-    # STORAGE_PROBE_S accepts publishes again once there is room. Any other failure
+    # STORAGE_PROBE_S accepts publishes again once there is room. A storage that
+    # recovers by itself (Redis: ``recovers``) being out of reach is the same kind of
+    # episode (STORAGE_UNAVAILABLE), ended by a probe that reaches it. Any other failure
     # stops the broker with a non-zero exit status.
     def _commit_failed(self, batch: WriteBatch, exc: BaseException | None) -> None:
         if isinstance(exc, StorageFull):
@@ -673,6 +681,12 @@ class BrokerServer:
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
             self._enter_full(exc)
             self.engine.not_written(batch, exc, stop=False)
+            return
+        if isinstance(exc, StorageUnavailable) and self._recovers:
+            self.storage_down_commits += 1
+            self._retry_at = time.monotonic() + STORAGE_RETRY_S
+            refusal = self._enter_down(exc)
+            self.engine.not_written(batch, refusal, stop=False)
             return
         cause = str(exc) if exc is not None else "the commit was cancelled"
         log.error("storage commit failed, the broker stops: %s", cause,
@@ -700,6 +714,60 @@ class BrokerServer:
                   f" (the {self.settings.storage_reserve / (1 << 20):g} MiB reserve was "
                   "given back for them)" if reserve else "", STORAGE_PROBE_S)
         self._schedule_probe()
+
+    @property
+    def _recovers(self) -> bool:
+        """Whether this storage comes back by itself after StorageUnavailable."""
+        return bool(getattr(self.storage, "recovers", False))
+
+    def _enter_down(self, exc: StorageUnavailable) -> StorageUnavailable:
+        """Refuse publishes while storage is out of reach; log once per episode; probe.
+        Returns the refusal (what the failed batch's publishers get too)."""
+        first = self.storage_down is None
+        refusal = StorageUnavailable(
+            f"storage {self.storage.path} cannot be reached ({exc.message}); nothing was "
+            f"stored: retry later (the broker tries again every {STORAGE_PROBE_S:g} s)",
+            storage=self.storage.path)
+        self.storage_down = refusal
+        if self.storage_full is None:
+            self.core.storage_refusal = refusal
+        if not first:
+            log.debug("storage still out of reach: %s", exc.message)
+            return refusal
+        self.storage_down_since = time.time()
+        log.error("storage %s cannot be reached: %s. Publishes are refused with "
+                  "STORAGE_UNAVAILABLE and nothing unconfirmed is confirmed; the broker "
+                  "resumes by itself once it is back (tried every %g s).",
+                  self.storage.path, exc.message, STORAGE_PROBE_S)
+        if self.loop is not None:
+            self.loop.call_later(STORAGE_PROBE_S, self._probe_down)
+        return refusal
+
+    def _probe_down(self) -> None:
+        if self.storage_down is None or self.scheduler.stopped or self._stopping.is_set():
+            return
+        assert self.loop is not None
+        try:
+            probe = self.loop.run_in_executor(self._writer_pool, self.storage.probe)
+        except RuntimeError:  # the pool is shut down: the broker is stopping
+            return
+        probe.add_done_callback(self._probed_down)
+
+    def _probed_down(self, fut: asyncio.Future[tuple[bool, dict[str, Any]]]) -> None:
+        if self.storage_down is None or fut.cancelled():
+            return
+        if fut.exception() is not None:
+            log.debug("storage still out of reach: %s", fut.exception())
+            assert self.loop is not None
+            self.loop.call_later(STORAGE_PROBE_S, self._probe_down)
+            return
+        self.storage_down = None
+        if self.storage_full is None:
+            self.core.storage_refusal = None
+        self._retry_at = 0.0
+        log.warning("storage %s can be reached again after %.0f s: publishes are accepted",
+                    self.storage.path, time.time() - self.storage_down_since)
+        self.engine.commit()
 
     def backing_off(self) -> bool:
         """While full, a commit that failed is retried only after STORAGE_RETRY_S."""
@@ -746,7 +814,8 @@ class BrokerServer:
             self.storage_full = self.core.storage_refusal = StorageFull(text, **detail)
             self._schedule_probe()
             return
-        self.storage_full = self.core.storage_refusal = None
+        self.storage_full = None
+        self.core.storage_refusal = self.storage_down
         self._retry_at = 0.0
         log.warning("storage has room again (%d MiB free for %s after %.0f s full): "
                     "publishes are accepted", space["free"] >> 20, self.storage.path,
@@ -760,9 +829,18 @@ class BrokerServer:
 
     async def _load(self, load: Load) -> None:
         loop = asyncio.get_running_loop()
-        msgs = await loop.run_in_executor(
-            self._reader_pool, self.storage.read_range, load.channel, load.from_seq,
-            load.upto, STORAGE_READ_PAGE)
+        while True:
+            try:
+                msgs = await loop.run_in_executor(
+                    self._reader_pool, self.storage.read_range, load.channel,
+                    load.from_seq, load.upto, STORAGE_READ_PAGE)
+                break
+            except StorageUnavailable as exc:
+                if not self._recovers or self._stopping.is_set():
+                    raise
+                # Its readers wait for this page: try again until storage is back.
+                log.debug("reading %s waits for storage: %s", load.channel, exc.message)
+                await asyncio.sleep(STORAGE_PROBE_S)
         self.engine.loaded(load, msgs, STORAGE_READ_PAGE)
 
     async def _ticker(self) -> None:
@@ -782,12 +860,16 @@ class BrokerServer:
                     self._stage_registry()
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
-                expired = await loop.run_in_executor(
-                    self._reader_pool, self.storage.expired, now, 1000
-                )
-                if expired:
-                    self.core.expire(expired, time.time())
-                await self._apply_retention(now)
+                try:
+                    expired = await loop.run_in_executor(
+                        self._reader_pool, self.storage.expired, now, 1000)
+                    if expired:
+                        self.core.expire(expired, time.time())
+                    await self._apply_retention(now)
+                except StorageUnavailable:
+                    if not self._recovers:
+                        raise
+                    # TTLs and retention are looked at again once storage is back.
             self._maybe_checkpoint(now)
             if self.core.batch or self.core.has_dirty:
                 self.engine.commit(force=True)
@@ -938,7 +1020,9 @@ class BrokerServer:
             "dead_connections": self.dead_connections,
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": self.commit_seconds_total,
-                        "full": int(self.storage_full is not None)},
+                        "full": int(self.storage_full is not None),
+                        "unavailable": int(self.storage_down is not None),
+                        "unavailable_commits": self.storage_down_commits},
             "auth_failures": dict(self.registry.failures),
             "authentications": dict(self.authentications),
             "credentials": self.credentials.live(time.time()),
@@ -1098,7 +1182,10 @@ class BrokerServer:
                         "commit_seconds": round(self.commit_seconds_total, 3),
                         "max_size": self.storage.max_size,
                         "full": self.storage_full.message if self.storage_full else None,
-                        "full_commits": self.storage_full_commits},
+                        "full_commits": self.storage_full_commits,
+                        "unavailable": self.storage_down.message if self.storage_down
+                        else None,
+                        "unavailable_commits": self.storage_down_commits},
             "native": _addr(self.native_address, "minous" if self.tls else "minou"),
             "http": _addr(self.http_address, "https" if self.tls else "http"),
             "auth": {"mode": self.settings.auth_mode,

@@ -419,11 +419,13 @@ class HttpApi:
     async def health(self, request: Request) -> Response:
         server = self.server
         failed, full = server.scheduler.stopped, server.storage_full
-        ok = server.accepting and not failed and full is None
+        down = server.storage_down
+        ok = server.accepting and not failed and full is None and down is None
         body: dict[str, Any] = {
             "status": "ok" if ok else "failing" if failed else "storage_full" if full
-            else "stopping",
-            "storage": "failed" if failed else "full" if full else "ok",
+            else "storage_unavailable" if down else "stopping",
+            "storage": "failed" if failed else "full" if full else "unavailable" if down
+            else "ok",
             "auth": server.settings.auth_mode,
             "accepting": server.accepting,
             "uptime_s": round(time.time() - server.started_at, 3)}
@@ -433,6 +435,8 @@ class HttpApi:
             body.update(reason=full.message, data_dir=full.detail.get("data_dir"),
                         free_bytes=full.detail.get("free_bytes"),
                         since=round(server.storage_full_since, 3))
+        elif down is not None:  # deliveries and acks of what memory holds go on
+            body.update(reason=down.message, since=round(server.storage_down_since, 3))
         return json_response(body, 200 if ok else 503)
 
     # ---------------------------------------------------------------- routes

@@ -346,6 +346,12 @@ class Metrics:
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))
+        yield GaugeMetricFamily("minou_storage_unavailable", "1 while storage cannot be "
+                                "reached (Redis down: publishes refused with "
+                                "STORAGE_UNAVAILABLE).", num(storage, "unavailable"))
+        yield CounterMetricFamily("minou_storage_unavailable_commits",
+                                  "Commits that failed because storage could not be reached.",
+                                  num(storage, "unavailable_commits"))
         for family, name, value, doc in (
             (GaugeMetricFamily, "minou_dedup_keys", num(dedup, "keys"),
              "Dedup keys held in memory (the dedup window; max_dedup_keys caps it)."),

@@ -193,8 +193,9 @@ def document(server_url: str | None = None) -> dict[str, Any]:
     paths: dict[str, Any] = {
         "/health": {"get": _op("Liveness and storage readiness", tag="monitoring",
                                ok=_json(OBJECT, "serving"), public=True,
-                               extra={"503": _json(OBJECT, "stopping, storage failed, or "
-                                                   "storage full (with the reason)")})},
+                               extra={"503": _json(OBJECT, "stopping, storage failed, "
+                                                   "storage full or storage unavailable "
+                                                   "(with the reason)")})},
         "/metrics": {"get": _op("Prometheus metrics (kitten_mq_* and minou_*)",
                                 tag="monitoring", ok=TEXT)},
         "/statistics": {"get": _op("Same as /metrics", tag="monitoring", ok=TEXT)},

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..auth.registry import Identity, Registry
     from ..config import Settings
     from ..core.broker import Broker, Session
-    from ..errors import StorageFull
+    from ..errors import StorageFull, StorageUnavailable
     from ..protocol import frames as f
     from .admission import Admission
     from .engine import CommitScheduler, Engine
@@ -48,6 +48,7 @@ class Server(Protocol):
     started_at: float
     stop_reason: str
     storage_full: StorageFull | None
+    storage_down: StorageUnavailable | None
     storage_full_since: float
     authentications: Counter[str]
     slow_consumers: int
