@@ -23,6 +23,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
+from tests.redis_server import REDIS_SERVER, RedisServer
 
 ADDRESS = re.compile(r"^\s+(native|http|tls)\s+(\S+)")
 # Brokers in tests run the default, authenticated mode. Unless a test brings its own
@@ -219,6 +220,23 @@ class BrokerProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session (AOF always); tests keep apart by key
+    prefix (``redis_url``)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis with a key prefix of this test's own."""
+    return f"{redis_server.url}?prefix=t{next(_anonymous)}-{os.getpid()}"
 
 
 @pytest.fixture
