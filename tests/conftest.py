@@ -32,6 +32,9 @@ OPEN_RULES = '\n[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
 _KEY_DIR = Path(tempfile.mkdtemp(prefix="minou-test-keys-"))
 _KEYS: dict[str, Path] = {}
 _anonymous = itertools.count(1)
+# MINOU_TEST_STORAGE=redis: brokers started by the fixtures keep their state in the
+# session's redis-server (a key prefix each) instead of SQLite in their data dir.
+TEST_STORAGE = os.environ.get("MINOU_TEST_STORAGE", "")
 
 
 def auth(client_id: str | None = None) -> dict[str, Any]:
@@ -113,6 +116,7 @@ class BrokerProcess:
     log_path: Path = Path("/dev/null")
     tls_fingerprint: str | None = None
     open_rules: bool = True  # add OPEN_RULES unless the config declares rules
+    storage: str = ""  # --storage URL ("" : the default, SQLite in the data dir)
 
     # ------------------------------------------------------------- identities
     @property
@@ -161,6 +165,8 @@ class BrokerProcess:
         cmd = [sys.executable, "-m", "minou", "start", "--data", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port),
                "--http-port", str(self.http_port), "--log-level", "warning", *self.extra]
+        if self.storage and "--storage" not in self.extra:
+            cmd += ["--storage", self.storage]
         config = self._config_file()
         if config is not None:
             cmd += ["--config", str(config)]
@@ -240,12 +246,16 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[type]:
+def broker_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[type]:
     started: list[BrokerProcess] = []
+    server = request.getfixturevalue("redis_server") if TEST_STORAGE == "redis" else None
 
     class Factory:
         @staticmethod
         def make(data_dir: Path | None = None, **kw: object) -> BrokerProcess:
+            if server is not None:  # restarts of this broker find its prefix again
+                kw.setdefault("storage", f"{server.url}?prefix=b{next(_anonymous)}-"
+                                         f"{os.getpid()}")
             b = BrokerProcess(data_dir or tmp_path / f"data{len(started)}", **kw)  # type: ignore[arg-type]
             started.append(b)
             return b
