@@ -24,12 +24,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TEST_STAMP): $(STAMP) Makefile
-	$(BIN)/python -m pip install -q -e '.[test,spark,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis]'
 	rm -f $(VENV)/.installed-test-*
 	touch $@
 
 $(MUTATE_STAMP): $(TEST_STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,spark,bench,mutation]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis,mutation]'
 	rm -f $(VENV)/.installed-mutate-*
 	touch $@
 
@@ -43,8 +43,9 @@ run: $(STAMP)
 	$(BIN)/minou start --dev --data ./data
 
 ## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark
-## tests), unshare and mount (the Spark cluster's workers run in mount namespaces)
-TEST_DEBS := chromium util-linux mount
+## tests), unshare and mount (the Spark cluster's workers run in mount namespaces),
+## redis-server (the storage contract and system suites on Redis)
+TEST_DEBS := chromium util-linux mount redis-server
 system-deps: java
 	@missing=""; for d in $(TEST_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \

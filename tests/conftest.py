@@ -23,6 +23,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
+from tests.redis_server import REDIS_SERVER, RedisServer
 
 ADDRESS = re.compile(r"^\s+(native|http|tls)\s+(\S+)")
 # Brokers in tests run the default, authenticated mode. Unless a test brings its own
@@ -31,6 +32,9 @@ OPEN_RULES = '\n[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
 _KEY_DIR = Path(tempfile.mkdtemp(prefix="minou-test-keys-"))
 _KEYS: dict[str, Path] = {}
 _anonymous = itertools.count(1)
+# MINOU_TEST_STORAGE=redis: brokers started by the fixtures keep their state in the
+# session's redis-server (a key prefix each) instead of SQLite in their data dir.
+TEST_STORAGE = os.environ.get("MINOU_TEST_STORAGE", "")
 
 
 def auth(client_id: str | None = None) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class BrokerProcess:
     log_path: Path = Path("/dev/null")
     tls_fingerprint: str | None = None
     open_rules: bool = True  # add OPEN_RULES unless the config declares rules
+    storage: str = ""  # --storage URL ("" : the default, SQLite in the data dir)
 
     # ------------------------------------------------------------- identities
     @property
@@ -160,6 +165,8 @@ class BrokerProcess:
         cmd = [sys.executable, "-m", "minou", "start", "--data", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port),
                "--http-port", str(self.http_port), "--log-level", "warning", *self.extra]
+        if self.storage and "--storage" not in self.extra:
+            cmd += ["--storage", self.storage]
         config = self._config_file()
         if config is not None:
             cmd += ["--config", str(config)]
@@ -221,13 +228,34 @@ class BrokerProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session (AOF always); tests keep apart by key
+    prefix (``redis_url``)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def broker_factory(tmp_path: Path) -> Iterator[type]:
+def redis_url(redis_server: RedisServer) -> str:
+    """The session's Redis with a key prefix of this test's own."""
+    return f"{redis_server.url}?prefix=t{next(_anonymous)}-{os.getpid()}"
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[type]:
     started: list[BrokerProcess] = []
+    server = request.getfixturevalue("redis_server") if TEST_STORAGE == "redis" else None
 
     class Factory:
         @staticmethod
         def make(data_dir: Path | None = None, **kw: object) -> BrokerProcess:
+            if server is not None:  # restarts of this broker find its prefix again
+                kw.setdefault("storage", f"{server.url}?prefix=b{next(_anonymous)}-"
+                                         f"{os.getpid()}")
             b = BrokerProcess(data_dir or tmp_path / f"data{len(started)}", **kw)  # type: ignore[arg-type]
             started.append(b)
             return b

@@ -120,8 +120,10 @@ def _install_uvloop() -> None:
 @click.option("--dev", is_flag=True,
               help="Development mode: no authentication, loopback only (what `make run` uses).")
 @click.option("--storage", "storage_url", metavar="URL",
-              help="Storage backend (config [storage] url): sqlite:///path/minou.db; "
-                   "default: minou.db in the data directory.")
+              help="Storage backend (config [storage] url): sqlite:///path/minou.db, "
+                   "redis://[:password@]host:6379/0 (rediss:// for TLS; "
+                   "?password_file=PATH, ?replicas=N); default: minou.db in the data "
+                   "directory.")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
           http_port: int | None, log_level: str, dev: bool, storage_url: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C."""

@@ -9,7 +9,7 @@
     │   ├── InvalidChannel  InvalidPayload  NotAuthorized  NotAuthenticated
     │   ├── MessageTooLarge  QueueFull  UnknownDelivery  BadRequest  ShuttingDown
     │   └── StorageFull        (also a StorageError) the disk or max_size is full
-    ├── StorageError           StorageUnavailable, StorageFull
+    ├── StorageError           StorageUnavailable, StorageFull, StorageFenced
     ├── StartupError           data directory in use, port busy
     └── ClientError            ConnectionClosed, Timeout, SendQueueFull
 
@@ -225,6 +225,17 @@ class StorageError(MinouError):
 
 class StorageUnavailable(StorageError):
     pass
+
+
+class StorageFenced(StorageError):
+    """A shared store (Redis) refused this broker's writes to some queues: another
+    broker claimed them since (their epoch moved on). Nothing was written for
+    ``queues``; what the batch held for other queues and shared state was written.
+    The broker no longer owns ``queues`` and must stop serving them."""
+
+    def __init__(self, message: str, queues: dict[str, int]) -> None:
+        super().__init__(message)
+        self.queues = queues  # queue -> the epoch found (the claimant's)
 
 
 class StorageFull(RequestError, StorageError):

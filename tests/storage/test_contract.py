@@ -26,12 +26,13 @@ from minou.protocol.frames import Send
 from minou.storage.base import ChannelRecord, Snapshot, Storage
 from minou.storage.factory import open_storage
 from minou.storage.memory import MemoryStorage
+from minou.storage.redis import RedisStorage
 from minou.storage.sqlite import SQLiteStorage
 
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
 NOW = 1_000.0
-BACKENDS = ["sqlite", "memory"]
+BACKENDS = ["sqlite", "memory", "redis"]
 
 Factory = Callable[..., Storage]  # keyword arguments: the backend's (max_size, reserve)
 
@@ -44,6 +45,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]
     def make(**kw: Any) -> Storage:
         if request.param == "sqlite":
             st: Storage = SQLiteStorage(tmp_path / "data", **kw)
+        elif request.param == "redis":
+            # A fresh key prefix per test. Instances claim a queue at their first write
+            # only: ``peek`` opens one beside the running store, which must not fence it
+            # (claiming at open, the default, is tested in test_redis.py).
+            url = request.getfixturevalue("redis_url")
+            st = RedisStorage(url, claim=False, **kw)
         else:
             st = MemoryStorage(name, **kw)
         opened.append(st)
@@ -823,8 +830,8 @@ def test_full_message_names_the_store_and_its_space(backend: Factory) -> None:
     store.open(NOW)
     text = store.full_message(store.space(), "the cause")
     assert "(the cause)" in text and "max_size" in text and "nothing was stored" in text
-    where = store.path if store.backend == "memory" else str(Path(store.path).parent)
-    assert where in text  # the data directory (SQLite), the store's URL (memory)
+    where = str(Path(store.path).parent) if store.backend == "sqlite" else store.path
+    assert where in text  # the data directory (SQLite), the store's URL (memory, Redis)
     unlimited = backend()
     assert "[storage] max_size" not in unlimited.full_message(unlimited.space(), "full")
 

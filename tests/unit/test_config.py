@@ -309,8 +309,13 @@ def test_storage_quota_and_reserve(tmp_path, storage, max_size, reserve):
         ("reserve = true", "storage.reserve: expected a size"),
         ("quota = 1", "storage.quota: unknown setting (known: url, max_size, reserve, "
                       "wal_checkpoint)"),
-        ('url = "redis://x"', "storage.url 'redis://x': unknown backend 'redis'; known: "
-                              "sqlite:///path/to/minou.db"),
+        ('url = "mongo://x"', "storage.url 'mongo://x': unknown backend 'mongo'; known: "
+                              "sqlite:///path/to/minou.db, redis://host:6379/0"),
+        ('url = "redis://x/zero"', "storage.url 'redis://x/zero': the path is the database "
+                                   "number"),
+        ('url = "redis://:secret@x/0?replicas=-1"',
+         "storage.url 'redis://:***@x/0?replicas=-1': replicas must be a whole number"),
+        ('url = "rediss://x/0?password_file=/nonexistent/pw"', "cannot read password_file"),
         ('url = "sqlite://"', "storage.url 'sqlite://': give the database file"),
         ("url = 3", "storage.url: expected a URL string, got 3"),
     ],

@@ -3,7 +3,10 @@
 ``""`` (the default) is the embedded SQLite file in the data directory;
 ``sqlite:///abs/path/minou.db`` puts it elsewhere; ``memory://name`` keeps everything
 in this process (tests, the simulator: reopening the same name finds what was
-committed). The server receives what this returns and never builds a backend itself.
+committed); ``redis://[:password@]host:port/db`` and ``rediss://`` (TLS) keep it in
+Redis (storage/redis: several brokers can share it; ``?password_file=``, ``?prefix=``,
+``?replicas=``). The server receives what this returns and never builds a backend
+itself.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from ..config import Settings
 from ..errors import ConfigError
 from .base import Storage
 
-SCHEMES = ("sqlite", "memory")
+SCHEMES = ("sqlite", "memory", "redis", "rediss")
 
 
 def check_url(url: str) -> str:
@@ -25,10 +28,15 @@ def check_url(url: str) -> str:
     scheme = urlsplit(url).scheme
     if scheme not in SCHEMES:
         raise ConfigError(f"storage.url {url!r}: unknown backend {scheme or '(none)'!r}; "
-                          "known: sqlite:///path/to/minou.db, memory://name (tests)")
+                          "known: sqlite:///path/to/minou.db, redis://host:6379/0, "
+                          "rediss://host:6380/0, memory://name (tests)")
     if scheme == "sqlite" and not urlsplit(url).path.strip("/"):
         raise ConfigError(f"storage.url {url!r}: give the database file, "
                           "e.g. sqlite:///var/lib/minou/minou.db")
+    if scheme in ("redis", "rediss"):
+        from .redis.url import parse
+
+        parse(url)  # ConfigError naming what is wrong, the password never shown
     return url
 
 
@@ -41,6 +49,11 @@ def open_storage(settings: Settings) -> Storage:
         return MemoryStorage(urlsplit(url).netloc or "default",
                              max_size=settings.storage_max_size,
                              reserve=settings.storage_reserve)
+    if scheme in ("redis", "rediss"):
+        from .redis import RedisStorage
+
+        return RedisStorage(url, max_size=settings.storage_max_size,
+                            reserve=settings.storage_reserve)
     from .sqlite import SQLiteStorage
 
     # Its directory is made by the server's lock on it (a failed first start then

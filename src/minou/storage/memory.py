@@ -337,32 +337,9 @@ def _prune(w: _Work, batch: WriteBatch, commits: int) -> None:
 
 # --------------------------------------------------------------------- reading
 def _channel_record(name: str, ch: _Channel) -> ChannelRecord:
-    """The channel as SQLiteStorage reads it back (the same steps on the same shape),
-    but for ``count``: seqs never stored (the holes failed publishes leave, between
-    segments and after the last) were never counted, so only removed seqs are taken
-    off it."""
+    """The channel as SQLiteStorage reads it back (the same steps on the same shape)."""
     spans = [(start, ch.segments[start].last) for start in ch.starts]
-    holes: set[int] = set()
-    next_seq = first = ch.next_seq
-    if spans:
-        next_seq = max(next_seq, spans[-1][1] + 1)
-        first = max(ch.first_seq, spans[0][0])
-    expected, count = first, 0
-    for start, last in spans:
-        if last < first:
-            continue
-        start = max(start, first)
-        holes.update(range(expected, start))
-        count += last - start + 1
-        expected = last + 1
-    # Past the last segment too: failed publishes, when a later removal stored next_seq.
-    holes.update(range(expected, next_seq))
-    gone = {g for g in ch.removed | holes if first <= g < next_seq}
-    count -= len([g for g in gone if g < expected and g not in holes])
-    while first in gone:  # leading removed messages: the channel starts after them
-        gone.discard(first)
-        first += 1
-    return ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
+    return segments.channel_record(name, ch.next_seq, ch.first_seq, spans, ch.removed)
 
 
 def _specials(ch: _Channel, rec: ChannelRecord) -> Iterator[tuple[str, int, int, float | None]]:

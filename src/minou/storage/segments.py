@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from ..core.log import Msg
+from ..core.snapshot import ChannelRecord
 
 encode = msgspec.msgpack.Encoder().encode
 decode_messages = msgspec.msgpack.Decoder(list[Msg]).decode
@@ -33,6 +34,36 @@ def runs(msgs: list[Msg]) -> list[list[Msg]]:
         else:
             out.append([m])
     return out
+
+
+def channel_record(name: str, next_seq: int, first_seq: int, spans: list[tuple[int, int]],
+                   removed: set[int]) -> ChannelRecord:
+    """A channel as a restart reads it back, from its stored shape: ``spans`` are its
+    segments' (first, last) seqs in order, ``removed`` the seqs deleted from inside
+    them. Seqs never stored (the holes failed publishes leave, between segments and
+    after the last) are gone but were never counted; only removed seqs are taken off
+    ``count``."""
+    holes: set[int] = set()
+    first = next_seq
+    if spans:
+        next_seq = max(next_seq, spans[-1][1] + 1)
+        first = max(first_seq, spans[0][0])
+    expected, count = first, 0
+    for start, last in spans:
+        if last < first:
+            continue
+        start = max(start, first)
+        holes.update(range(expected, start))
+        count += last - start + 1
+        expected = last + 1
+    # Past the last segment too: failed publishes, when a later removal stored next_seq.
+    holes.update(range(expected, next_seq))
+    gone = {g for g in removed | holes if first <= g < next_seq}
+    count -= len([g for g in gone if g < expected and g not in holes])
+    while first in gone:  # leading removed messages: the channel starts after them
+        gone.discard(first)
+        first += 1
+    return ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
 
 
 def retained_until(first_at_or_after: Callable[[int], tuple[int, float] | None],

@@ -1,0 +1,130 @@
+"""Redis replies turned back into what the core reads: pure, no Redis here.
+
+``queue_snapshot`` reads one reply of the ``DUMP`` script (scripts.py); ``shared_snapshot``
+the shared tables. Everything comes back sorted by key, the order SQLite's tables (by
+primary key) give and MemoryStorage copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ...core.group import GroupDef
+from ...core.snapshot import ChannelRecord, Snapshot
+from ...protocol.frames import Send
+from ..segments import channel_record, decode_messages
+
+_sends = msgspec.msgpack.Decoder(list[Send])
+_unpack = msgspec.msgpack.decode
+
+
+def pairs(flat: list[Any] | dict[Any, Any]) -> list[tuple[Any, Any]]:
+    """A hash as pairs: from a script, HGETALL's flat [field, value, ...]; from
+    redis-py, a dict."""
+    if isinstance(flat, dict):
+        return list(flat.items())
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+@dataclass
+class QueueState:
+    """One queue as found: what goes into the snapshot, and what the writer must know."""
+
+    used: int = 0
+    channels: list[tuple[int, ChannelRecord]] = field(default_factory=list)  # (born, rec)
+    specials: list[tuple[str, int, int, float | None]] = field(default_factory=list)
+    group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
+    dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    producers: list[tuple[Any, ...]] = field(default_factory=list)
+    fences: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def groups(self) -> set[str]:
+        return {g for g, *_ in self.group_states}
+
+    @property
+    def writers(self) -> set[str]:
+        return {w for w, *_ in self.fences}
+
+
+def queue_snapshot(reply: list[Any], now: float) -> QueueState:
+    used, nexts, firsts, borns, chans, specials, groups, dedup, prods, fences = reply
+    q = QueueState(used=int(used))
+    first_of = {text(k): int(v) for k, v in pairs(firsts)}
+    born_of = {text(k): int(v) for k, v in pairs(borns)}
+    next_of = {text(k): int(v) for k, v in pairs(nexts)}
+    records: dict[str, tuple[ChannelRecord, set[int]]] = {}
+    for raw, metas, removed in chans:
+        name = text(raw)
+        spans = sorted((int(s), int(m.split(b" ", 1)[0])) for s, m in pairs(metas))
+        rec = channel_record(name, next_of[name], first_of.get(name, 1), spans,
+                             {int(r) for r in removed})
+        records[name] = rec, set(rec.gone)
+        q.channels.append((born_of.get(name, 0), rec))
+    for body in specials:
+        for m in decode_messages(body):
+            rec, gone = records.get(m.channel, (None, set()))
+            if rec is not None and m.special and m.seq >= rec.first_seq and m.seq not in gone:
+                q.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
+    for grp, states in groups:
+        for channel, value in pairs(states):
+            floor, state = value.split(b":", 1)
+            q.group_states.append((text(grp), text(channel), int(floor), state))
+    for key, value in pairs(dedup):
+        channel, dkey = _unpack(key)
+        expires_at, seq, msg_id = _unpack(value)
+        if expires_at > now:
+            q.dedup.append((channel, dkey, expires_at, seq, msg_id))
+    q.producers = [(*_unpack(k), *_unpack(v)) for k, v in pairs(prods)]
+    q.fences = [(text(w), text(c), int(b)) for w, hs in fences for c, b in pairs(hs)]
+    return q
+
+
+def merge(snap: Snapshot, queues: list[QueueState]) -> None:
+    """Every queue's part into ``snap``: channels in creation order, the rest by key."""
+    snap.channels = [rec for _, rec in sorted(
+        (c for q in queues for c in q.channels), key=lambda c: (c[0], c[1].name))]
+    snap.specials = sorted(s for q in queues for s in q.specials)
+    snap.group_states = sorted(s for q in queues for s in q.group_states)
+    snap.dedup = sorted(snap.dedup + [d for q in queues for d in q.dedup],
+                        key=lambda d: d[:2])
+    snap.producers = sorted((p for q in queues for p in q.producers), key=lambda p: p[:3])
+    snap.fences = sorted(f for q in queues for f in q.fences)
+
+
+def shared_snapshot(tables: dict[str, list[Any]], tokens: list[tuple[bytes, float]],
+                    txns: dict[bytes, list[Any]], dedup: list[Any], now: float) -> Snapshot:
+    """The shared tables (HGETALL replies by name), unexpired tokens, staged
+    transactions (member -> HGETALL) and pattern dedup entries."""
+    t = {name: sorted((text(k), v) for k, v in pairs(flat)) for name, flat in tables.items()}
+    snap = Snapshot()
+    for key, value in t["groups"]:
+        kind, patterns, start = _unpack(value)
+        snap.groups.append(GroupDef(key, kind, tuple(patterns), start))
+    snap.clients = [v for _, v in t["clients"]]
+    snap.credentials = [v for _, v in t["credentials"]]
+    snap.reservations = {k: text(v) for k, v in t["reservations"]}
+    snap.writers = {k: text(v) for k, v in t["writers"]}
+    snap.meta = {k: text(v) for k, v in t["meta"]}
+    snap.used_tokens = sorted((text(j), float(e)) for j, e in tokens if float(e) > now)
+    staged = []
+    for raw, parts in txns.items():
+        owner, txn = _unpack(raw)
+        for part, value in pairs(parts):
+            body, at = _unpack(value)
+            n = int(part)
+            staged.append((owner, txn, n, _sends.decode(body) if n else _unpack(body), at))
+    snap.staged = sorted(staged, key=lambda s: s[:3])
+    for key, value in pairs(dedup):
+        channel, dkey = _unpack(key)
+        expires_at, seq, msg_id = _unpack(value)
+        if expires_at > now:
+            snap.dedup.append((channel, dkey, expires_at, seq, msg_id))
+    return snap

@@ -1,0 +1,303 @@
+"""The Lua scripts: one writes a queue's part of a batch, one the shared part, the
+rest read. Every key a script touches is built from ARGV[1], the base of one hash tag
+(``<prefix>:{<queue>}:``), and KEYS[1] is a key under it: in Redis Cluster the script
+is routed by KEYS[1] and stays in its slot.
+
+Write scripts start with ``#!lua``: Redis 7 then refuses them as a whole when memory
+is over ``maxmemory`` (before their first write), and a MULTI holding one is refused
+at EXEC, so an out-of-memory batch writes nothing. The ``_OOM`` variants
+(``flags=allow-oom``) run the batches that only settle (acks, group states,
+removals): those must get through while Redis is full, as the SQLite reserve lets
+them through a full disk.
+"""
+
+from __future__ import annotations
+
+# Byte accounting shared by both write scripts: ``used`` counts what the records take
+# (their fields and values, plus 64 for each record), the quota's measure.
+_LIB = r"""
+local base = ARGV[1]
+local used = 0
+local function hput(key, field, value)
+  local old = redis.call('HSTRLEN', key, field)
+  if old > 0 then used = used - old else used = used + 64 + #field end
+  redis.call('HSET', key, field, value)
+  used = used + #value
+end
+local function hdel(key, field)
+  local old = redis.call('HSTRLEN', key, field)
+  if old > 0 then
+    redis.call('HDEL', key, field)
+    used = used - old - 64 - #field
+  end
+end
+local function hdrop(key)
+  local all = redis.call('HGETALL', key)
+  for j = 1, #all, 2 do used = used - 64 - #all[j] - #all[j + 1] end
+  redis.call('DEL', key)
+end
+local function dedup_put(field, expires, value)
+  hput(base .. 'dedup', field, value)
+  redis.call('ZADD', base .. 'dedupx', expires, field)
+end
+local function dedup_prune(cutoff)
+  local old = redis.call('ZRANGEBYSCORE', base .. 'dedupx', '-inf', '(' .. cutoff,
+                         'LIMIT', 0, 256)
+  for _, f in ipairs(old) do
+    hdel(base .. 'dedup', f)
+    redis.call('ZREM', base .. 'dedupx', f)
+  end
+end
+"""
+
+_QUEUE_BODY = r"""
+local epoch = redis.call('GET', KEYS[1]) or '0'
+if epoch ~= ARGV[2] then return {'fenced', epoch} end
+
+local function segment_drop(ch, first)
+  local m = ch .. '\0' .. first
+  hdel(base .. 'b:' .. ch, first)
+  redis.call('HDEL', base .. 'm:' .. ch, first)
+  redis.call('ZREM', base .. 's:' .. ch, first)
+  redis.call('ZREM', base .. 'exp', m)
+  redis.call('SREM', base .. 'spec', m)
+end
+
+local i, n = 3, #ARGV
+while i <= n do
+  local op = ARGV[i]
+  if op == 'S' then
+    local ch, first, last, pub, x = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+                                    ARGV[i + 5]
+    local m = ch .. '\0' .. first
+    hput(base .. 'b:' .. ch, first, ARGV[i + 6])
+    redis.call('HSET', base .. 'm:' .. ch, first, last .. ' ' .. pub)
+    redis.call('ZADD', base .. 's:' .. ch, first, first)
+    if string.sub(x, 1, 1) == '!' then
+      redis.call('SADD', base .. 'spec', m)
+      x = string.sub(x, 2)
+    else
+      redis.call('SREM', base .. 'spec', m)
+    end
+    if x ~= '' then
+      redis.call('ZADD', base .. 'exp', x, m)
+    else
+      redis.call('ZREM', base .. 'exp', m)
+    end
+    i = i + 7
+  elseif op == 'C' then
+    local ch, nxt = ARGV[i + 1], ARGV[i + 2]
+    if redis.call('HSETNX', base .. 'next', ch, nxt) == 1 then
+      redis.call('HSET', base .. 'born', ch, ARGV[i + 3])
+      used = used + 64 + #ch
+    elseif ARGV[i + 4] == '1' then
+      if tonumber(nxt) > tonumber(redis.call('HGET', base .. 'next', ch)) then
+        redis.call('HSET', base .. 'next', ch, nxt)
+      end
+    end
+    i = i + 5
+  elseif op == 'D' then
+    if redis.call('ZADD', base .. 'r:' .. ARGV[i + 1], 'NX', ARGV[i + 2], ARGV[i + 2]) == 1 then
+      used = used + 64
+    end
+    i = i + 3
+  elseif op == 'T' then
+    local ch, first = ARGV[i + 1], tonumber(ARGV[i + 2])
+    if first > tonumber(redis.call('HGET', base .. 'first', ch) or '1') then
+      redis.call('HSET', base .. 'first', ch, ARGV[i + 2])
+    end
+    -- A segment reaching the new first seq stays whole: the first seq hides its head.
+    local below = redis.call('ZRANGEBYSCORE', base .. 's:' .. ch, '-inf', '(' .. first)
+    for _, s in ipairs(below) do
+      local meta = redis.call('HGET', base .. 'm:' .. ch, s)
+      if tonumber(string.match(meta, '^(%d+)')) < first then segment_drop(ch, s) end
+    end
+    local r = base .. 'r:' .. ch
+    local gone = redis.call('ZCOUNT', r, '-inf', '(' .. first)
+    if gone > 0 then
+      redis.call('ZREMRANGEBYSCORE', r, '-inf', '(' .. first)
+      used = used - 64 * gone
+    end
+    i = i + 3
+  elseif op == 'GX' then
+    hdrop(base .. 'gs:' .. ARGV[i + 1])
+    redis.call('SREM', base .. 'groups', ARGV[i + 1])
+    i = i + 2
+  elseif op == 'G' then
+    hput(base .. 'gs:' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    redis.call('SADD', base .. 'groups', ARGV[i + 1])
+    i = i + 4
+  elseif op == 'GD' then
+    local k = base .. 'gs:' .. ARGV[i + 1]
+    hdel(k, ARGV[i + 2])
+    if redis.call('HLEN', k) == 0 then redis.call('SREM', base .. 'groups', ARGV[i + 1]) end
+    i = i + 3
+  elseif op == 'X' then
+    dedup_put(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    i = i + 4
+  elseif op == 'XP' then
+    dedup_prune(ARGV[i + 1])
+    i = i + 2
+  elseif op == 'R' then
+    hput(base .. 'prod', ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  elseif op == 'RD' then
+    hdel(base .. 'prod', ARGV[i + 1])
+    i = i + 2
+  elseif op == 'FX' then
+    hdrop(base .. 'fw:' .. ARGV[i + 1])
+    redis.call('SREM', base .. 'fencers', ARGV[i + 1])
+    i = i + 2
+  elseif op == 'F' then
+    hput(base .. 'fw:' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    redis.call('SADD', base .. 'fencers', ARGV[i + 1])
+    i = i + 4
+  else
+    return redis.error_reply('minou: unknown queue op ' .. tostring(op))
+  end
+end
+return {'ok', redis.call('INCRBY', base .. 'used', used)}
+"""
+
+_SHARED_BODY = r"""
+local i, n = 2, #ARGV
+while i <= n do
+  local op = ARGV[i]
+  if op == 'H' then
+    hput(base .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    i = i + 4
+  elseif op == 'HD' then
+    hdel(base .. ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  elseif op == 'TK' then
+    if redis.call('ZADD', base .. 'tokens', 'NX', ARGV[i + 2], ARGV[i + 1]) == 1 then
+      used = used + 64 + #ARGV[i + 1]
+    end
+    i = i + 3
+  elseif op == 'TP' then
+    local old = redis.call('ZRANGEBYSCORE', base .. 'tokens', '-inf', '(' .. ARGV[i + 1],
+                           'LIMIT', 0, 256)
+    for _, jti in ipairs(old) do
+      redis.call('ZREM', base .. 'tokens', jti)
+      used = used - 64 - #jti
+    end
+    i = i + 2
+  elseif op == 'ST' then
+    hput(base .. 'txn:' .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    redis.call('SADD', base .. 'txns', ARGV[i + 1])
+    i = i + 4
+  elseif op == 'UT' then
+    hdrop(base .. 'txn:' .. ARGV[i + 1])
+    redis.call('SREM', base .. 'txns', ARGV[i + 1])
+    i = i + 2
+  elseif op == 'X' then
+    dedup_put(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    i = i + 4
+  elseif op == 'XP' then
+    dedup_prune(ARGV[i + 1])
+    i = i + 2
+  else
+    return redis.error_reply('minou: unknown shared op ' .. tostring(op))
+  end
+end
+return {'ok', redis.call('INCRBY', base .. 'used', used)}
+"""
+
+QUEUE = "#!lua\n" + _LIB + _QUEUE_BODY
+QUEUE_OOM = "#!lua flags=allow-oom\n" + _LIB + _QUEUE_BODY
+SHARED = "#!lua\n" + _LIB + _SHARED_BODY
+SHARED_OOM = "#!lua flags=allow-oom\n" + _LIB + _SHARED_BODY
+
+# Everything open() needs of one queue, in one reply:
+# {used, next, first, born, {channel, starts+metas, removed}..., special bodies,
+#  {group, states}..., dedup, producers, {writer, fences}...}
+DUMP = r"""#!lua flags=no-writes
+local base = ARGV[1]
+local out = {}
+out[1] = redis.call('GET', base .. 'used') or '0'
+out[2] = redis.call('HGETALL', base .. 'next')
+out[3] = redis.call('HGETALL', base .. 'first')
+out[4] = redis.call('HGETALL', base .. 'born')
+local chans = {}
+for j = 1, #out[2], 2 do
+  local ch = out[2][j]
+  chans[#chans + 1] = {ch, redis.call('HGETALL', base .. 'm:' .. ch),
+                       redis.call('ZRANGE', base .. 'r:' .. ch, 0, -1)}
+end
+out[5] = chans
+local specials = {}
+for _, m in ipairs(redis.call('SMEMBERS', base .. 'spec')) do
+  local ch, first = string.match(m, '^(.*)%z(%d+)$')
+  specials[#specials + 1] = redis.call('HGET', base .. 'b:' .. ch, first)
+end
+out[6] = specials
+local groups = {}
+for _, g in ipairs(redis.call('SMEMBERS', base .. 'groups')) do
+  groups[#groups + 1] = {g, redis.call('HGETALL', base .. 'gs:' .. g)}
+end
+out[7] = groups
+out[8] = redis.call('HGETALL', base .. 'dedup')
+out[9] = redis.call('HGETALL', base .. 'prod')
+local fences = {}
+for _, w in ipairs(redis.call('SMEMBERS', base .. 'fencers')) do
+  fences[#fences + 1] = {w, redis.call('HGETALL', base .. 'fw:' .. w)}
+end
+out[10] = fences
+return out
+"""
+
+# Segments of one channel for seqs [lo, hi): {first seq, bodies from the segment holding
+# lo on, removed seqs in the range, whether segments were left out}. Stops once the
+# segments sent hold ``limit`` seqs of the range.
+READ = r"""#!lua flags=no-writes
+local base, ch = ARGV[1], ARGV[2]
+local lo, hi, limit = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local first = tonumber(redis.call('HGET', base .. 'first', ch) or '1')
+if lo < first then lo = first end
+if lo < 0 then lo = 0 end
+if lo >= hi then return {first, {}, {}, 0} end
+local s = base .. 's:' .. ch
+local from = redis.call('ZREVRANGEBYSCORE', s, lo, '-inf', 'LIMIT', 0, 1)[1] or lo
+local starts = redis.call('ZRANGEBYSCORE', s, from, '(' .. hi)
+local bodies, count, more = {}, 0, 0
+for j, st in ipairs(starts) do
+  if count >= limit then more = 1 break end
+  bodies[#bodies + 1] = redis.call('HGET', base .. 'b:' .. ch, st)
+  local last = tonumber(string.match(redis.call('HGET', base .. 'm:' .. ch, st), '^(%d+)'))
+  local a, b = math.max(tonumber(st), lo), math.min(last, hi - 1)
+  if b >= a then count = count + b - a + 1 end
+end
+local removed = redis.call('ZRANGEBYSCORE', base .. 'r:' .. ch, lo, '(' .. hi)
+return {first, bodies, removed, more}
+"""
+
+# The segment starting at or after ARGV[3] and before ARGV[4]: {first, published_at}.
+FIRST_AT_OR_AFTER = r"""#!lua flags=no-writes
+local base, ch = ARGV[1], ARGV[2]
+local s = redis.call('ZRANGEBYSCORE', base .. 's:' .. ch, ARGV[3], '(' .. ARGV[4],
+                     'LIMIT', 0, 1)[1]
+if not s then return {} end
+return {s, redis.call('HGET', base .. 'm:' .. ch, s)}
+"""
+
+# Segments named in ARGV[2..]: {body, channel's first seq, removed seqs} each.
+SEGMENTS = r"""#!lua flags=no-writes
+local base = ARGV[1]
+local out = {}
+for j = 2, #ARGV do
+  local ch, first = string.match(ARGV[j], '^(.*)%z(%d+)$')
+  local body = redis.call('HGET', base .. 'b:' .. ch, first)
+  if body then
+    local meta = redis.call('HGET', base .. 'm:' .. ch, first)
+    local last = string.match(meta, '^(%d+)')
+    out[#out + 1] = {ARGV[j], body, redis.call('HGET', base .. 'first', ch) or '1',
+                     redis.call('ZRANGEBYSCORE', base .. 'r:' .. ch, first, last)}
+  end
+end
+return out
+"""
+
+WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
+                 "shared_oom": SHARED_OOM}
+READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
+                "segments": SEGMENTS}

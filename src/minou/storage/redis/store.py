@@ -1,0 +1,511 @@
+"""Storage on Redis: a batch is one round trip, one atomic script per queue.
+
+Theory of operation
+-------------------
+Every record of a queue (``endpoint/version``) lives under its hash tag (keys.py), so
+one Lua script can write a queue's whole part of a batch atomically, and Redis
+Cluster can later shard by queue. ``apply`` plans the batch (plan.py: everything is
+checked and encoded first; what cannot be stored fails with nothing sent), then sends
+in one pipeline::
+
+    MULTI
+    SADD <prefix>:{shared}:queues <new queues>     (only when the batch makes queues)
+    EVALSHA queue-script  <queue A> <epoch A> ops   (queues receiving messages first)
+    EVALSHA queue-script  <queue B> <epoch B> ops
+    EVALSHA shared-script ops                       (clients, tokens, staged txns, ...)
+    EXEC
+    WAIT <replicas> <timeout>                       (only when replicas > 0)
+
+Fencing: each queue script first compares the queue's ``epoch`` key with the epoch
+this storage holds for it (``epochs``, set by ``claim``); on a mismatch it writes
+nothing and answers ``fenced``. ``open`` claims every queue it finds (with
+``claim=True``, the default) and a queue this storage has never seen is claimed at its
+first write, so one broker on Redis just works; the ownership layer will call
+``claim`` under a lease.
+
+A batch over several queues is not one transaction: MULTI/EXEC keeps other clients'
+commands out from between the scripts but does not roll back. What can make only part
+of a batch land, and what ``apply`` raises then:
+
+- a queue fenced: its script wrote nothing, every other script ran. ``StorageFenced``
+  (a StorageError) names the fenced queues; the rest of the batch *was* written.
+- a script unknown to Redis (restarted, SCRIPT FLUSH): the scripts that ran wrote
+  their part. A whole batch is idempotent (puts and removals in a fixed order), so
+  the scripts are loaded again and the whole batch is sent again.
+- the connection lost during EXEC: applied or not, not known: StorageUnavailable,
+  and the core sends what it carries again (idempotent too).
+
+The order bounds the damage of a partial apply to duplicates, never losses:
+registration before any queue write (open must find every written queue), queues
+receiving messages before the others (a dead letter or a forwarded message lands
+before the ack that removes its original), and shared state last (a transaction's
+answer is stored only after its messages).
+
+Out of memory: Redis refuses EXEC as a whole when it is over ``maxmemory`` and the
+transaction holds a ``#!lua`` write script, so a batch is then refused whole with
+nothing written: ``StorageFull``. (Inside a script Redis checks memory only before
+its first write, and inside EXEC only at EXEC: a batch that crosses the limit lands
+whole and the next is refused.) Batches that only settle (acks, group states,
+removals) run outside MULTI with ``allow-oom`` scripts, so consumers keep acking on a
+full Redis. ``max_size`` is a quota on the bytes minou's records take (the scripts
+count them per queue), checked before sending, with the reserve given back once as
+SQLite does.
+
+Durable means: the scripts returned, with Redis on ``appendfsync always`` (warned
+about at ``open`` otherwise), and ``WAIT`` saw ``replicas`` replicas take it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from ...core.log import Msg
+from ...core.snapshot import Snapshot
+from ...core.writes import WriteBatch
+from ...errors import StorageFenced, StorageFull, StorageUnavailable
+from ...limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
+from .. import segments
+from ..segments import decode_messages
+from . import keys, reading, scripts
+from .keys import queue_base, queue_of, shared_base, split_member
+from .plan import Plan, plan
+from .url import parse
+
+log = logging.getLogger("minou.storage")
+FULL_CAUSE = "max_size reached"
+WAIT_TIMEOUT_MS = 5_000  # a replica slower than this fails the commit: not confirmed
+SOCKET_TIMEOUT = 10.0  # a commit Redis never answers fails rather than hangs the writer
+CONNECT_TIMEOUT = 5.0
+SHARED_TABLES = ("groups", "clients", "credentials", "reservations", "writers", "meta")
+MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
+
+
+class RedisStorage:
+    backend = "redis"
+
+    def __init__(self, url: str, *, max_size: int | None = None,
+                 reserve: int = STORAGE_RESERVE_BYTES, replicas: int | None = None,
+                 prefix: str | None = None, claim: bool = True,
+                 wait_timeout_ms: int = WAIT_TIMEOUT_MS) -> None:
+        """``url``: redis:// or rediss:// (url.py). ``replicas`` and ``prefix`` override
+        the URL's. ``claim``: open() claims every queue it finds (a broker); False
+        leaves them to the first write (tools, tests opening beside a broker)."""
+        where = parse(url)
+        self.path = where.shown
+        self.data_dir = self.reserve_path = self.path  # named in full-storage log lines
+        self.prefix = keys.check_prefix(prefix or where.prefix)
+        self.replicas = where.replicas if replicas is None else replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.max_size = max_size
+        self.reserve = reserve
+        self.reserve_released = False
+        self.claim_on_open = claim
+        self.epochs: dict[str, int] = {}  # queue -> the epoch this storage writes under
+        kw: dict[str, Any] = {"password": where.password} if where.password else {}
+        self._client = redis.Redis.from_url(
+            where.client_url, socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=CONNECT_TIMEOUT,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1), **kw)
+        self._shas: dict[str, str] = {}
+        self._shared = shared_base(self.prefix)
+        self._lock = threading.Lock()  # the writer's knowledge, read by the reader thread
+        self._known: set[str] = set()  # channels that exist
+        self._born: dict[str, int] = {}  # channel -> creation order
+        self._next_order = 1
+        self._queues: set[str] = set()  # in the registry
+        self._used: dict[str | None, int] = {}  # queue (None: shared) -> bytes
+        self._group_queues: dict[str, set[str]] = {}  # where a group may have states
+        self._writer_queues: dict[str, set[str]] = {}  # where a writer may have fences
+        self._expiry_done: set[tuple[str, bytes]] = set()
+
+    # ------------------------------------------------------------ errors
+    @contextmanager
+    def _redis(self, doing: str) -> Iterator[None]:
+        """Redis's exceptions as minou's, with the URL (never the password)."""
+        try:
+            yield
+        except redis.AuthenticationError as exc:
+            raise StorageUnavailable(f"Redis at {self.path} refused the credentials "
+                                     f"({exc}): check the password") from exc
+        except redis.BusyLoadingError as exc:
+            raise StorageUnavailable(f"Redis at {self.path} is loading its data; "
+                                     f"{doing} failed, retry") from exc
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise StorageUnavailable(f"cannot reach Redis at {self.path}: {exc} "
+                                     f"({doing})") from exc
+        except redis.RedisError as exc:
+            raise StorageUnavailable(f"Redis at {self.path}: {doing} failed: {exc}") from exc
+
+    def _sha(self, name: str) -> str:
+        if not self._shas:
+            self._load_scripts()
+        return self._shas[name]
+
+    def _load_scripts(self) -> None:
+        with self._redis("loading scripts"):
+            for name, body in {**scripts.WRITE_SCRIPTS, **scripts.READ_SCRIPTS}.items():
+                self._shas[name] = self._client.script_load(body)
+
+    def _read(self, name: str, key: str, *args: Any) -> Any:
+        """Run read script ``name`` (loading the scripts again if Redis lost them)."""
+        with self._redis(f"reading ({name})"):
+            try:
+                return self._client.evalsha(self._sha(name), 1, key, *args)
+            except redis.exceptions.NoScriptError:
+                self._load_scripts()
+                return self._client.evalsha(self._sha(name), 1, key, *args)
+
+    # -------------------------------------------------------------- open
+    def open(self, now: float) -> Snapshot:
+        with self._redis("open"):
+            version = str(self._client.info("server").get("redis_version", "0"))
+            if tuple(int(p) for p in version.split(".")[:2]) < MIN_VERSION:
+                raise StorageUnavailable(f"Redis at {self.path} is {version}: minou needs "
+                                         f"Redis {'.'.join(map(str, MIN_VERSION))} or newer")
+            self._warn_settings()
+            self._load_scripts()
+            found = sorted(reading.text(q) for q in
+                           self._client.smembers(self._shared + "queues"))
+            if self.claim_on_open:
+                self._claim_all(found)
+            pipe = self._client.pipeline(transaction=False)
+            for q in found:
+                base = queue_base(self.prefix, q)
+                pipe.evalsha(self._shas["dump"], 1, base + "next", base)
+            for table in SHARED_TABLES:
+                pipe.hgetall(self._shared + table)
+            pipe.zrangebyscore(self._shared + "tokens", f"({now!r}", "+inf", withscores=True)
+            pipe.hgetall(self._shared + "dedup")
+            pipe.smembers(self._shared + "txns")
+            pipe.get(self._shared + "used")
+            replies = pipe.execute()
+            txns = sorted(replies[-2])
+            parts = self._client.pipeline(transaction=False)
+            for t in txns:
+                parts.hgetall(self._shared.encode() + b"txn:" + t)
+            staged = dict(zip(txns, parts.execute() if txns else [], strict=True))
+        dumps, rest = replies[:len(found)], replies[len(found):]
+        tables = dict(zip(SHARED_TABLES, rest, strict=False))
+        snap = reading.shared_snapshot(tables, rest[len(SHARED_TABLES)], staged,
+                                       rest[len(SHARED_TABLES) + 1], now)
+        states = [reading.queue_snapshot(d, now) for d in dumps]
+        reading.merge(snap, states)
+        with self._lock:
+            self._queues = set(found)
+            self._used = {q: s.used for q, s in zip(found, states, strict=True)}
+            self._used[None] = int(rest[-1] or 0)
+            self._known = {r.name for r in snap.channels}
+            self._born = {rec.name: born for s in states for born, rec in s.channels}
+            self._next_order = max(self._born.values(), default=0) + 1
+            self._group_queues = {}
+            self._writer_queues = {}
+            for q, s in zip(found, states, strict=True):
+                for g in s.groups:
+                    self._group_queues.setdefault(g, set()).add(q)
+                for w in s.writers:
+                    self._writer_queues.setdefault(w, set()).add(q)
+        return snap
+
+    def _warn_settings(self) -> None:
+        """What Redis must be set to for a confirmed publish to survive; CONFIG may be
+        disabled (managed Redis): then say nothing."""
+        try:
+            conf = self._client.config_get("append*") | self._client.config_get(
+                "maxmemory-policy")
+        except redis.ResponseError:
+            return
+        if conf.get("appendonly") != "yes":
+            log.warning("Redis at %s has appendonly %s: confirmed messages are lost if "
+                        "Redis stops; run it with --appendonly yes --appendfsync always",
+                        self.path, conf.get("appendonly"))
+        elif conf.get("appendfsync") != "always":
+            log.warning("Redis at %s has appendfsync %s: a confirmed message may be lost "
+                        "if the machine stops; set appendfsync always", self.path,
+                        conf.get("appendfsync"))
+        policy = conf.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            log.warning("Redis at %s has maxmemory-policy %s: it may evict minou's data "
+                        "when full; set maxmemory-policy noeviction", self.path, policy)
+
+    # ----------------------------------------------------------- claims
+    def claim(self, queue: str) -> int:
+        """Take ``queue`` over: its epoch goes up, fencing every earlier writer, and this
+        storage writes under the new one. Returns it."""
+        with self._redis(f"claiming {queue}"):
+            epoch = int(self._client.incr(queue_base(self.prefix, queue) + "epoch"))
+        self.epochs[queue] = epoch
+        return epoch
+
+    def _claim_all(self, queues: list[str]) -> None:
+        if not queues:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for q in queues:
+            pipe.incr(queue_base(self.prefix, q) + "epoch")
+        with self._redis("claiming queues"):
+            for q, epoch in zip(queues, pipe.execute(), strict=True):
+                self.epochs[q] = int(epoch)
+
+    # ------------------------------------------------------------ apply
+    def apply(self, batch: WriteBatch) -> None:
+        """Make ``batch`` durable (see the module docstring for what a partial apply
+        can be). Raises StorageFull (max_size or Redis maxmemory: nothing written),
+        StorageFenced (those queues written nothing, the rest written),
+        StorageUnavailable (Redis unreachable or a replica short)."""
+        with self._lock:
+            p = plan(batch, known=self._known, next_order=self._next_order,
+                     group_queues=self._group_queues, writer_queues=self._writer_queues)
+        self._check_quota(p.grow)
+        new = [q for q in p.queues if q not in self.epochs]
+        if new:
+            self._claim_all(new)
+        settles_only = not (batch.messages or batch.staged or batch.txn_done or batch.dedup
+                            or batch.clients or batch.credentials or p.created
+                            or set(p.queues) - self._queues)
+        replies = self._send(p, atomic=not settles_only)
+        self._learn(p, replies)
+
+    def _check_quota(self, grow: int) -> None:
+        if self.max_size is None or grow <= 0:
+            return
+        limit = self.max_size + (self.reserve if self.reserve_released else 0)
+        if self.size_bytes() + grow > limit:
+            raise self._full(FULL_CAUSE)
+
+    def _send(self, p: Plan, *, atomic: bool) -> dict[str | None, Any]:
+        """One round trip; replies by queue (None: shared). Sent again whole if Redis
+        lost the scripts."""
+        for attempt in (1, 2):
+            order = sorted(p.queues, key=lambda q: (q not in p.inserting, q))
+            unregistered = sorted(set(p.queues) - self._queues)
+            suffix = "" if atomic else "_oom"
+            pipe = self._client.pipeline(transaction=False)
+            if atomic:
+                pipe.execute_command("MULTI")
+            if unregistered:
+                pipe.execute_command("SADD", self._shared + "queues", *unregistered)
+            for q in order:
+                base = queue_base(self.prefix, q)
+                pipe.execute_command("EVALSHA", self._sha("queue" + suffix), 1, base + "epoch",
+                                     base, self.epochs[q], *p.queues[q])
+            if p.shared:
+                pipe.execute_command("EVALSHA", self._sha("shared" + suffix), 1,
+                                     self._shared + "used", self._shared, *p.shared)
+            if atomic:
+                pipe.execute_command("EXEC")
+            if self.replicas > 0:
+                pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
+            with self._redis("commit"):
+                raw = pipe.execute(raise_on_error=False)
+            results = self._results(raw, atomic)
+            if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError)
+                                    for r in results):
+                self._load_scripts()
+                continue
+            break
+        places: list[str | None] = [*order, *([None] if p.shared else [])]
+        skip = 1 if unregistered else 0  # SADD's reply
+        scripts_out = results[skip:skip + len(places)]
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            raise StorageUnavailable(f"Redis at {self.path}: commit failed: {errors[0]}"
+                                     + ("" if atomic else " (other queues' parts may be "
+                                        "written)")) from errors[0]
+        if self.replicas > 0:
+            acked = int(raw[-1]) if not isinstance(raw[-1], Exception) else 0
+            if acked < self.replicas:
+                raise StorageUnavailable(
+                    f"Redis at {self.path}: the commit reached {acked} of {self.replicas} "
+                    f"replica(s) within {self.wait_timeout_ms} ms: not confirmed")
+        return dict(zip(places, scripts_out, strict=True))
+
+    def _results(self, raw: list[Any], atomic: bool) -> list[Any]:
+        """The commands' own replies (inside EXEC's); OOM anywhere -> StorageFull."""
+        if self.replicas > 0:
+            raw = raw[:-1]
+        if atomic:
+            queued, executed = raw[1:-1], raw[-1]
+            oom = [e for e in queued if isinstance(e, redis.exceptions.OutOfMemoryError)]
+            if oom:
+                raise self._full(f"Redis maxmemory reached: {oom[0]}", redis_oom=True)
+            if isinstance(executed, Exception):
+                raise StorageUnavailable(f"Redis at {self.path}: commit refused: "
+                                         f"{executed}; nothing was written") from executed
+            raw = executed
+        for r in raw:
+            if isinstance(r, redis.exceptions.OutOfMemoryError):
+                raise self._full(f"Redis maxmemory reached: {r}", redis_oom=True)
+        return list(raw)
+
+    def _learn(self, p: Plan, replies: dict[str | None, Any]) -> None:
+        """What a commit taught: channels made, bytes used, where states and fences are.
+        Then StorageFenced if some queue refused."""
+        fenced = {q: int(r[1]) for q, r in replies.items()
+                  if q is not None and r[0] == b"fenced"}
+        with self._lock:
+            self._queues |= set(p.queues)
+            for place, r in replies.items():
+                if r[0] == b"ok":
+                    self._used[place] = int(r[1])
+            for name, order in p.created.items():
+                if queue_of(name) not in fenced:
+                    self._known.add(name)
+                    self._born[name] = order
+            self._next_order += len(p.created)
+            for index, found in ((self._group_queues, p.group_queues),
+                                 (self._writer_queues, p.writer_queues)):
+                for key, qs in found.items():
+                    index.setdefault(key, set()).update(qs)
+        if fenced:
+            raise StorageFenced(
+                f"Redis at {self.path}: queue(s) {', '.join(sorted(fenced))} were claimed by "
+                "another broker: nothing written for them (the rest of the batch was)",
+                fenced)
+
+    # ------------------------------------------------------------- space
+    def _full(self, cause: str, *, redis_oom: bool = False) -> StorageFull:
+        try:
+            space = self.space()
+        except StorageUnavailable:
+            space = {"disk_free": 0, "used": self.size_bytes(), "free": 0,
+                     "max_size": self.max_size}
+        released = False
+        if not redis_oom:  # the reserve is above max_size; Redis's own limit has none
+            released = not self.reserve_released and self.reserve > 0
+            self.reserve_released = True
+        return StorageFull(self.full_message(space, cause), data_dir=self.path,
+                           free_bytes=space["free"], disk_free_bytes=space["disk_free"],
+                           cause=cause, reserve_released=released, max_size=self.max_size)
+
+    def full_message(self, space: dict[str, Any], cause: str = FULL_CAUSE) -> str:
+        return segments.full_text(cause, f"the Redis store {self.path} (prefix "
+                                  f"{self.prefix})", space, "of Redis memory free")
+
+    def _memory(self) -> tuple[int, int]:
+        """Redis's (used_memory, limit): maxmemory, or the machine's memory if unset."""
+        with self._redis("reading INFO memory"):
+            info = self._client.info("memory")
+        limit = int(info.get("maxmemory") or 0) or int(info.get("total_system_memory") or 0)
+        return int(info.get("used_memory", 0)), limit
+
+    def space(self) -> dict[str, Any]:
+        used_memory, limit = self._memory()
+        disk_free = max(0, limit - used_memory)
+        used = self.size_bytes()
+        out = {"disk_free": disk_free, "used": used, "free": disk_free,
+               "max_size": self.max_size}
+        if self.max_size is not None:
+            out["free"] = min(disk_free, max(0, self.max_size - used))
+        return out
+
+    def probe(self) -> tuple[bool, dict[str, Any]]:
+        """After StorageFull: room under max_size, and under Redis's maxmemory."""
+        space = self.space()
+        need = STORAGE_RESUME_BYTES
+        if self.max_size is not None:
+            need = min(need, self.max_size // 4)
+        used_memory, limit = self._memory()
+        room = (self.max_size is None or self.max_size - space["used"] >= need) and \
+            limit - used_memory >= min(STORAGE_RESUME_BYTES, limit // 4)
+        if room:
+            self.reserve_released = False
+        return room, space
+
+    def size_bytes(self) -> int:
+        """Bytes minou's records take, as the scripts count them (not Redis's overhead)."""
+        with self._lock:
+            return sum(self._used.values())
+
+    # ----------------------------------------------------------- reading
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+        queue = queue_of(channel)
+        if queue is None or limit <= 0:
+            return []
+        base = queue_base(self.prefix, queue)
+        out: list[Msg] = []
+        lo = from_seq
+        while True:
+            first, bodies, removed, more = self._read("read", base + "next", base, channel,
+                                                      lo, to_seq, limit - len(out))
+            start, gone, last = max(lo, int(first), 0), {int(r) for r in removed}, None
+            for body in bodies:
+                for m in decode_messages(body):
+                    last = m.seq
+                    if start <= m.seq < to_seq and m.seq not in gone:
+                        out.append(m)
+                        if len(out) >= limit:
+                            return out
+            if not more or last is None:  # removed seqs left the page short: read on
+                return out
+            lo = last + 1
+
+    def expired(self, now: float, limit: int) -> list[Msg]:
+        with self._lock:
+            queues = sorted(self._queues)
+            born = dict(self._born)
+        pipe = self._client.pipeline(transaction=False)
+        for q in queues:
+            pipe.zrangebyscore(queue_base(self.prefix, q) + "exp", "-inf", repr(now),
+                               withscores=True)
+        with self._redis("reading expiries"):
+            due = pipe.execute() if queues else []
+        found = []
+        for q, members in zip(queues, due, strict=True):
+            for raw, score in members:
+                if (q, raw) not in self._expiry_done:
+                    channel, first = split_member(raw)
+                    found.append((score, born.get(channel, 1 << 62), channel, first, q, raw))
+        found.sort()
+        found = found[:max(limit, 0)]
+        by_queue: dict[str, list[bytes]] = {}
+        for *_, q, raw in found:
+            by_queue.setdefault(q, []).append(raw)
+        segs: dict[tuple[str, bytes], Any] = {}
+        for q, raws in by_queue.items():
+            base = queue_base(self.prefix, q)
+            for raw, body, first, removed in self._read("segments", base + "next", base, *raws):
+                segs[q, raw] = (body, int(first), {int(r) for r in removed})
+        out: list[Msg] = []
+        for *_, q, raw in found:
+            if (q, raw) not in segs:
+                continue
+            body, first, removed = segs[q, raw]
+            msgs = decode_messages(body)
+            hits = [m for m in msgs if m.expires_at is not None and m.expires_at <= now
+                    and m.seq >= first and m.seq not in removed]
+            if not hits and all(m.expires_at is None or m.expires_at <= now for m in msgs):
+                self._expiry_done.add((q, raw))  # nothing left to expire here
+            out.extend(hits)
+            if len(out) >= limit:
+                break
+        return out[:limit]
+
+    def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
+        queue = queue_of(channel)
+        if queue is None:
+            return None
+        base = queue_base(self.prefix, queue)
+
+        def first_at_or_after(seq: int) -> tuple[int, float] | None:
+            found = self._read("first_at_or_after", base + "next", base, channel, seq, below)
+            if not found:
+                return None
+            return int(found[0]), float(found[1].split(b" ", 1)[1])
+
+        def body_of(seq: int) -> bytes:
+            with self._redis("reading a segment"):
+                return bytes(self._client.hget(base + "b:" + channel, str(seq)) or b"")
+
+        return segments.retained_until(first_at_or_after, body_of, below, cutoff)
+
+    def close(self) -> None:
+        self._client.close()
+
