@@ -223,8 +223,12 @@ class StorageError(MinouError):
     """The storage backend failed."""
 
 
-class StorageUnavailable(StorageError):
-    pass
+class StorageUnavailable(RequestError, StorageError):
+    """Storage cannot be reached or failed (Redis down, an I/O error): nothing of what
+    the request wanted stored was. With a storage that comes back by itself (Redis) the
+    broker stays up, refuses publishes with this, and resumes on its own."""
+
+    code = ErrorCode.STORAGE_UNAVAILABLE
 
 
 class StorageFenced(StorageError):
@@ -277,7 +281,8 @@ for _cls in (
     ProtocolError, FrameTooLarge, UnknownCommand, UnexpectedFrame, RequestTimeout, BadRequest,
     InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
-    SlowConsumer, TooManyConnections, NotFound, StorageFull, OutOfSequence,
+    SlowConsumer, TooManyConnections, NotFound, StorageFull, StorageUnavailable,
+    OutOfSequence,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

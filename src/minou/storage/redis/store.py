@@ -90,6 +90,9 @@ MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
 
 class RedisStorage:
     backend = "redis"
+    # A Redis that went away comes back (restarted, failed over): the broker waits for
+    # it, refusing publishes, rather than stopping as it does on a disk's I/O error.
+    recovers = True
 
     def __init__(self, url: str, *, max_size: int | None = None,
                  reserve: int = STORAGE_RESERVE_BYTES, replicas: int | None = None,

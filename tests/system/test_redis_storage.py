@@ -1,0 +1,135 @@
+"""A broker on Redis when Redis has a bad day (issue 17, items 2 and 6): a real broker
+process on a real ``redis-server`` (AOF ``always``) of the test's own, killed and
+restarted under it.
+
+Redis killed -9 under load: publishes are refused with STORAGE_UNAVAILABLE (native
+and HTTP), ``/health`` says 503 and why, the broker stays up and logs it once, and
+resumes by itself when Redis is back from its AOF: every confirmed message is there,
+nothing unconfirmed was confirmed. Redis unreachable at start, or a wrong password: a
+clear error naming the URL (never the password), exit status 1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from minou.errors import StorageUnavailable
+
+from ..conftest import BrokerProcess, wait_until
+from ..redis_server import REDIS_SERVER, RedisServer, free_port
+from .test_full_disk import bearer, drain, health
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+
+CH = "fill/v1/1"
+
+
+class Producer(threading.Thread):
+    """Publishes numbered messages without pause; records what was confirmed (seq -> n)
+    and what was refused (n -> error code)."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        super().__init__(daemon=True)
+        self.broker = broker
+        self.confirmed: dict[int, int] = {}
+        self.refused: dict[int, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with self.broker.connect_sync("producer") as c:
+            n = 0
+            while not self.stop.is_set():
+                try:
+                    receipt = c.send(CH, {"n": n})
+                except StorageUnavailable as exc:
+                    self.refused[n] = int(exc.code)
+                    time.sleep(0.05)
+                else:
+                    self.confirmed[receipt.seq] = n
+                n += 1
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Any:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def test_redis_killed_under_load_refuses_publishes_then_resumes_losing_nothing(
+        broker_factory: Any, redis: RedisServer) -> None:
+    b = broker_factory.make(storage=redis.url).start()
+    http_auth = bearer(b, "http-pub")
+    producer = Producer(b)
+    producer.start()
+    try:
+        wait_until(lambda: len(producer.confirmed) >= 200, 30, what="publishes before the kill")
+        redis.kill()  # kill -9: Redis keeps what its AOF (fsync always) has
+        wait_until(lambda: producer.refused, 30, what="a refusal while Redis is down")
+        assert set(producer.refused.values()) == {300}  # STORAGE_UNAVAILABLE
+        confirmed_while_down = len(producer.confirmed)
+        r = httpx.post(b.http + "/v1/messages/" + CH, json={"n": -1}, headers=http_auth,
+                       timeout=10)
+        assert r.status_code == 503, r.text
+        error = r.json()["error"]
+        assert (error["code"], error["reason"]) == (300, "storage_unavailable")
+        assert redis.url.split("/0")[0].split("//")[1] in error["message"]
+        r = health(b)
+        assert r.status_code == 503
+        assert (r.json()["status"], r.json()["storage"]) == ("storage_unavailable",
+                                                             "unavailable")
+        time.sleep(1.5)  # it stays down a while: nothing is confirmed meanwhile
+        assert len(producer.confirmed) == confirmed_while_down
+        assert b.alive
+
+        redis.start()  # the same port and directory: back from its AOF
+        wait_until(lambda: len(producer.confirmed) >= confirmed_while_down + 200, 30,
+                   what="publishes confirmed again once Redis is back")
+        assert health(b).status_code == 200
+    finally:
+        producer.stop.set()
+        producer.join(30)
+    got, _ = drain(b, "recount", len(producer.confirmed))
+    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
+    assert all(got[seq] == n for seq, n in producer.confirmed.items())  # as confirmed
+    refused = set(producer.refused)
+    assert not refused & set(got.values()), "a refused publish was stored"
+    assert b.output.count("cannot be reached") == 1, b.output  # logged once
+    assert "can be reached again" in b.output
+    assert b.stop() == 0
+
+
+def _start_fails(tmp_path: Path, storage: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "minou", "start", "--data", str(tmp_path / "data"),
+         "--host", "127.0.0.1", "--port", "0", "--http-port", "0", "--storage", storage],
+        capture_output=True, text=True, timeout=60)
+
+
+def test_unreachable_redis_at_start_is_a_clear_error(tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    done = _start_fails(tmp_path, url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert url in out and "Traceback" not in out, out
+
+
+def test_a_wrong_password_is_a_clear_error_that_never_shows_it(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", "--requirepass", "right-secret").start()
+    try:
+        done = _start_fails(tmp_path, f"redis://:wrong-secret@127.0.0.1:{server.port}/0")
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "password" in out.lower() and f"127.0.0.1:{server.port}" in out, out
+        assert "wrong-secret" not in out and "Traceback" not in out, out
+    finally:
+        server.stop()
