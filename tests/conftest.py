@@ -160,7 +160,9 @@ class BrokerProcess:
         path.write_text(text + OPEN_RULES)
         return path
 
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
+    def start(self, timeout: float = 20.0, ready: str = "  stop with") -> BrokerProcess:
+        """Start and wait for ``ready`` in the output (a standby says "standby:" and
+        prints no addresses: give it fixed ``port``/``http_port``)."""
         # Restarts reuse the ports of the first start, like a real restart would.
         cmd = [sys.executable, "-m", "minou", "start", "--data", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port),
@@ -180,6 +182,10 @@ class BrokerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_text()[offset:]
+            if ready != "  stop with" and ready in text:
+                self.url = self.url or f"minou://127.0.0.1:{self.port}"
+                self.http = self.http or f"http://127.0.0.1:{self.http_port}"
+                return self
             if "  stop with" in text:
                 for line in text.splitlines():
                     m = ADDRESS.match(line)

@@ -85,6 +85,11 @@ class Settings:
     storage_reserve: int = limits.STORAGE_RESERVE_BYTES
     # the WAL size past which it is copied into the database (and what it shrinks to)
     storage_wal_checkpoint: int = limits.CHECKPOINT_WAL_BYTES
+    # Several brokers on one Redis: the primary's lease (a standby takes over this long
+    # after the primary stops renewing it), and replicas a commit waits for (WAIT; None:
+    # the URL's ?replicas=, else 0)
+    storage_owner_lease: float = limits.OWNER_LEASE_S
+    storage_replicas: int | None = None
     schema_report: tuple[Compatibility, ...] = ()
     config_path: str | None = None
 
@@ -263,7 +268,7 @@ def parse_size(key: str, value: Any) -> int:
 def _storage(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("storage: expected a table (url, max_size, reserve, "
-                          "wal_checkpoint)")
+                          "wal_checkpoint, owner_lease, replicas)")
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "url":
@@ -273,9 +278,23 @@ def _storage(raw: Any) -> dict[str, Any]:
 
             out["storage"] = check_url(value)
             continue
+        if key == "owner_lease":
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not limits.MIN_OWNER_LEASE_S <= value <= limits.MAX_OWNER_LEASE_S):
+                raise ConfigError(f"storage.owner_lease: expected seconds, "
+                                  f"{limits.MIN_OWNER_LEASE_S:g}..{limits.MAX_OWNER_LEASE_S:g}, "
+                                  f"got {value!r}")
+            out["storage_owner_lease"] = float(value)
+            continue
+        if key == "replicas":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
+                raise ConfigError(f"storage.replicas: expected 0..16 (Redis replicas a "
+                                  f"commit waits for), got {value!r}")
+            out["storage_replicas"] = value
+            continue
         if key not in ("max_size", "reserve", "wal_checkpoint"):
             raise ConfigError(f"storage.{key}: unknown setting (known: url, max_size, "
-                              "reserve, wal_checkpoint)")
+                              "reserve, wal_checkpoint, owner_lease, replicas)")
         size = parse_size(f"storage.{key}", value)
         if key == "wal_checkpoint" and size < limits.MIN_CHECKPOINT_WAL_BYTES:
             raise ConfigError(f"storage.wal_checkpoint: expected at least "

@@ -53,6 +53,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_CONNECTIONS = 303
     STORAGE_FULL = 304
     PUBLISH_BACKLOG = 305
+    STANDBY = 306
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
                                      "storage full: nothing was stored (or made durable)"),
     ErrorCode.PUBLISH_BACKLOG: CodeInfo(503, "publish_backlog",
                                         "the disk is behind: nothing was stored; retry"),
+    ErrorCode.STANDBY: CodeInfo(503, "standby",
+                                "this broker is a standby: another broker serves"),
 }
 
 
@@ -211,6 +214,14 @@ class TooManyConnections(RequestError):
     code = ErrorCode.TOO_MANY_CONNECTIONS
 
 
+class Standby(RequestError):
+    """This broker waits as a standby (several brokers on one Redis: another holds the
+    primary lease). ``detail``: ``primary`` (its native URL) and ``primary_http``, when
+    known; the client connects there instead."""
+
+    code = ErrorCode.STANDBY
+
+
 class PublishBacklog(RequestError):
     """An HTTP publish while the disk is behind (past ``publish_pause_bytes``, or while
     socket publishers are paused for it): nothing was stored; retry after
@@ -237,9 +248,10 @@ class StorageFenced(StorageError):
     ``queues``; what the batch held for other queues and shared state was written.
     The broker no longer owns ``queues`` and must stop serving them."""
 
-    def __init__(self, message: str, queues: dict[str, int]) -> None:
+    def __init__(self, message: str, queues: dict[str, int], holder: str = "") -> None:
         super().__init__(message)
         self.queues = queues  # queue -> the epoch found (the claimant's)
+        self.holder = holder  # the broker holding the primary lease, when that refused
 
 
 class StorageFull(RequestError, StorageError):
@@ -282,7 +294,7 @@ for _cls in (
     InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
     SlowConsumer, TooManyConnections, NotFound, StorageFull, StorageUnavailable,
-    OutOfSequence,
+    OutOfSequence, Standby,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

@@ -63,6 +63,11 @@ CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size
 # given back on the first SQLITE_FULL so the broker can still record acks and state.
 STORAGE_RESERVE_BYTES = 4 << 20
 STORAGE_RESUME_BYTES = 4 << 20  # publishes are accepted again once this much is free
+# Several brokers on one Redis: a standby takes over this long after the primary's
+# last lease renewal (renewed every third of it); configurable within these bounds.
+OWNER_LEASE_S = 5.0
+MIN_OWNER_LEASE_S = 0.5
+MAX_OWNER_LEASE_S = 300.0
 STORAGE_PROBE_S = 1.0  # while full, look at the free space this often
 STORAGE_RETRY_S = 1.0  # while full, a failed commit waits this long before the next try
 MIN_STORAGE_MAX_SIZE = 1 << 20  # a smaller max_size is surely a mistake

@@ -299,6 +299,14 @@ def test_storage_quota_and_reserve(tmp_path, storage, max_size, reserve):
     assert (s.storage_max_size, s.storage_reserve) == (max_size, reserve)
 
 
+def test_owner_lease_and_replicas(tmp_path):
+    s = parse_settings({"storage": {}}, base_dir=tmp_path)
+    assert (s.storage_owner_lease, s.storage_replicas) == (5.0, None)
+    s = parse_settings({"storage": {"owner_lease": 2, "replicas": 1}}, base_dir=tmp_path)
+    assert (s.storage_owner_lease, s.storage_replicas) == (2.0, 1)
+    assert isinstance(s.storage_owner_lease, float)
+
+
 @pytest.mark.parametrize(
     ("storage", "message"),
     [
@@ -308,7 +316,11 @@ def test_storage_quota_and_reserve(tmp_path, storage, max_size, reserve):
         ("reserve = -1", "storage.reserve: expected a size"),
         ("reserve = true", "storage.reserve: expected a size"),
         ("quota = 1", "storage.quota: unknown setting (known: url, max_size, reserve, "
-                      "wal_checkpoint)"),
+                      "wal_checkpoint, owner_lease, replicas)"),
+        ("owner_lease = 0.1", "storage.owner_lease: expected seconds, 0.5..300, got 0.1"),
+        ('owner_lease = "5s"', "storage.owner_lease: expected seconds"),
+        ("replicas = -1", "storage.replicas: expected 0..16"),
+        ("replicas = true", "storage.replicas: expected 0..16"),
         ('url = "mongo://x"', "storage.url 'mongo://x': unknown backend 'mongo'; known: "
                               "sqlite:///path/to/minou.db, redis://host:6379/0"),
         ('url = "redis://x/zero"', "storage.url 'redis://x/zero': the path is the database "

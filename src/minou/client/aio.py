@@ -37,11 +37,13 @@ from ..errors import (
     BadRequest,
     ConfigError,
     ConnectionClosed,
+    ErrorCode,
     MinouError,
     NotAuthenticated,
     PendingApproval,
     RequestError,
     SendQueueFull,
+    Standby,
     Timeout,
     error_from_code,
 )
@@ -377,6 +379,7 @@ class Client:
         # a publish is first written and never reused, so a resend is recognised.
         self.producer_id = ""
         self._pseqs: dict[str, int] = {}
+        self._gap_reset = ""  # the producer id a gap in sequences last replaced (once each)
         # Publishes made while none could be numbered (no connection) wait in the outbox
         # unnumbered: until it is drained, new ones are numbered in _flush, behind them.
         self._unnumbered = False
@@ -415,8 +418,13 @@ class Client:
         loop = asyncio.get_running_loop()
         errors = []
         refused: NotAuthenticated | None = None
-        for i in range(len(self.urls)):
-            idx = (self._url_index + i) % len(self.urls)
+        order = [(self._url_index + i) % len(self.urls) for i in range(len(self.urls))]
+        tried: set[int] = set()
+        while order:
+            idx = order.pop(0)
+            if idx in tried:
+                continue
+            tried.add(idx)
             scheme, host, port, path = self.urls[idx]
             where = f"{scheme}://{host}:{port}"
             try:
@@ -458,6 +466,8 @@ class Client:
                 self._proto = None
                 if isinstance(exc, NotAuthenticated):
                     refused = refused or exc  # the broker answered: say why, not "no broker"
+                elif isinstance(exc, Standby):
+                    order[:0] = self._follow(exc)  # the primary next, then the others
                 elif isinstance(exc, ConnectionClosed):
                     exc = await _plain_to_tls_hint(scheme, host, port, exc)
                 errors.append(f"{where}: {exc or type(exc).__name__}")
@@ -486,6 +496,20 @@ class Client:
         if refused is not None:
             raise refused
         raise ConnectionClosed("cannot connect to " + "; ".join(errors))
+
+    def _follow(self, standby: Standby) -> list[int]:
+        """The primary a standby named, as an index of ``urls`` (added if new: later
+        reconnects try it too); nothing if it named none."""
+        target = standby.detail.get("primary")
+        if not isinstance(target, str):
+            return []
+        try:
+            parsed = parse_url(target)
+        except ValueError:
+            return []
+        if parsed not in self.urls:
+            self.urls.append(parsed)
+        return [self.urls.index(parsed)]
 
     def _tls_context(self) -> Any:
         if self._ssl is None:
@@ -708,13 +732,30 @@ class Client:
         if items is None:
             return
         self._pending_count -= len(items)
-        for (_, fut, _), out in zip(items, ev.outcomes, strict=False):
+        again: list[tuple[f.Send, asyncio.Future[Receipt], float]] = []
+        for (send, fut, deadline), out in zip(items, ev.outcomes, strict=False):
             if fut.done():
                 continue
-            if out.code:
+            if (out.code == ErrorCode.OUT_OF_SEQUENCE and send.pseq
+                    and self._gap_reset != self.producer_id):
+                again.append((msgspec.structs.replace(send, pseq=0), fut, deadline))
+            elif out.code:
                 fut.set_exception(error_from_code(out.code, out.error, {"channel": out.channel}))
             else:
                 fut.set_result(Receipt(out.channel, out.seq, out.id, out.duplicate, out.fanout))
+        if again:
+            # The broker never saw sequences this client was answered for: refusals a
+            # broker could not store before it died, or gave while it was being taken
+            # over. Nothing is lost (each was answered), but the producer cannot go on:
+            # start a new one and send these again (they were not stored), in order.
+            log.warning("the broker expected earlier sequences on %s that were answered "
+                        "already (refused by a broker that then stopped): starting a new "
+                        "producer id; %d message(s) sent again", again[0][0].channel,
+                        len(again))
+            self._gap_reset = self.producer_id
+            self._unconfirmed[ev.req] = again
+            self._pending_count += len(again)
+            self._new_producer()
 
     def _on_error(self, ev: f.Error) -> None:
         exc = error_from_code(ev.code, ev.message, dict(ev.detail))
@@ -730,6 +771,8 @@ class Client:
                 if not fut.done():
                     fut.set_exception(exc)
             if any(send.pseq for send, _, _ in items):
+                log.error("the broker refused a whole publish frame; starting a new "
+                          "producer id")
                 self._new_producer()
             return
         if 0 in self._requests and not self.connected:
@@ -747,11 +790,10 @@ class Client:
         return next(self._reqs)
 
     def _new_producer(self) -> None:
-        """The broker refused a whole PUBLISH frame (a bug on one side): the numbered
-        publishes in it left a gap in this producer's sequences that later ones would
-        be refused for. Start a new producer on a new connection: what is unconfirmed
-        is numbered again under it."""
-        log.error("the broker refused a whole publish frame; starting a new producer id")
+        """The numbered publishes of a refused PUBLISH frame (a bug on one side), or
+        refusals the broker never stored, left a gap in this producer's sequences that
+        later ones would be refused for. Start a new producer on a new connection: what
+        is unconfirmed is numbered again under it."""
         self.producer_id = ""
         self._pseqs.clear()
         self._unnumbered = True

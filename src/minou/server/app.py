@@ -36,6 +36,7 @@ from ..errors import (
     RequestError,
     StartupError,
     StorageError,
+    StorageFenced,
     StorageFull,
     StorageUnavailable,
     TooManyConnections,
@@ -70,6 +71,7 @@ from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
     from .http_stream import StreamSession
+    from .primary import PrimaryRole
 
 log = logging.getLogger("minou.server")
 
@@ -206,6 +208,9 @@ class BrokerServer:
         self.storage_down: StorageUnavailable | None = None
         self.storage_down_since = 0.0
         self.storage_down_commits = 0
+        # Several brokers on one Redis (a storage with ``lease``): this broker's part.
+        self.primary: PrimaryRole | None = None
+        self.stopped_in_standby = False
         self._retry_at = 0.0  # while full, no commit before this (monotonic)
         self._retry_timer = False
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
@@ -255,6 +260,16 @@ class BrokerServer:
             self._dir_lock.remove_if_fresh()
             raise
         try:
+            if hasattr(self.storage, "lease"):  # shared storage: one primary serves
+                from .primary import PrimaryRole
+
+                self.primary = PrimaryRole(self, sockets)
+                if not await self.primary.acquire():  # asked to stop while standby
+                    self.stopped_in_standby = True
+                    for sock in sockets:
+                        sock.close()
+                    self._dir_lock.release()
+                    return
             await self.open()
             await self._listen(*sockets)
         except BaseException:
@@ -265,6 +280,8 @@ class BrokerServer:
         self._tasks = [
             asyncio.create_task(self._ticker(), name="minou-ticker"),
         ]
+        if self.primary is not None:
+            self._tasks.append(asyncio.create_task(self.primary.keep(), name="minou-lease"))
         self.engine.commit()
         self.engine.request_pump()
 
@@ -338,6 +355,8 @@ class BrokerServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(self.http_task, 5)
         loop = asyncio.get_running_loop()
+        if self.primary is not None:
+            await self.primary.release()
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
@@ -682,6 +701,13 @@ class BrokerServer:
             self._enter_full(exc)
             self.engine.not_written(batch, exc, stop=False)
             return
+        if isinstance(exc, StorageFenced) and self.primary is not None:
+            self.primary.fenced(exc)
+            error = StorageUnavailable(
+                "this broker no longer serves (another broker took over: its writes are "
+                "refused): nothing was stored; the client reconnects to the primary")
+            self.engine.not_written(batch, error, stop=True)
+            return
         if isinstance(exc, StorageUnavailable) and self._recovers:
             self.storage_down_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
@@ -1023,6 +1049,7 @@ class BrokerServer:
                         "full": int(self.storage_full is not None),
                         "unavailable": int(self.storage_down is not None),
                         "unavailable_commits": self.storage_down_commits},
+            "cluster": self.primary.status() if self.primary is not None else None,
             "auth_failures": dict(self.registry.failures),
             "authentications": dict(self.authentications),
             "credentials": self.credentials.live(time.time()),
@@ -1186,6 +1213,7 @@ class BrokerServer:
                         "unavailable": self.storage_down.message if self.storage_down
                         else None,
                         "unavailable_commits": self.storage_down_commits},
+            "cluster": self.primary.status() if self.primary is not None else None,
             "native": _addr(self.native_address, "minous" if self.tls else "minou"),
             "http": _addr(self.http_address, "https" if self.tls else "http"),
             "auth": {"mode": self.settings.auth_mode,
@@ -1263,8 +1291,8 @@ async def run_broker(settings: Settings, *, announce: Any = print,
     """Start, announce the addresses, run until SIGTERM/SIGINT, stop cleanly."""
     server = BrokerServer(settings)
     server.overrides = dict(overrides or {})
-    await server.start()
     loop = asyncio.get_running_loop()
+
     def on_signal(sig: signal.Signals) -> None:
         if not server.stop_reason:
             server.stop_reason = sig.name
@@ -1272,6 +1300,7 @@ async def run_broker(settings: Settings, *, announce: Any = print,
                      sig.name)
         server.request_stop()
 
+    # Before start: a standby waiting for the primary's lease stops cleanly on SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, on_signal, sig)
@@ -1283,6 +1312,10 @@ async def run_broker(settings: Settings, *, announce: Any = print,
         except Exception as exc:  # a bad config must never stop the broker
             log.error("reload on SIGHUP failed: %s", getattr(exc, "message", exc))
 
+    await server.start()
+    if server.stopped_in_standby:
+        log.info("stopped while standby")
+        return 0
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
     announce(server)

@@ -346,6 +346,19 @@ class Metrics:
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))
+        cluster: Mapping[str, Any] = snap.get("cluster") or {}
+        if cluster:
+            yield GaugeMetricFamily("minou_primary", "1 while this broker is the primary of "
+                                    "those on its Redis (0: standby or stopping).",
+                                    1 if cluster.get("role") == "primary" else 0)
+            for name, key, doc in (
+                ("minou_fenced_writes", "fenced_writes",
+                 "Commits Redis refused because another broker took over (fencing)."),
+                ("minou_lease_renewals", "lease_renewals", "Primary lease renewals."),
+                ("minou_takeovers", "takeovers",
+                 "Times this broker took over as primary from another."),
+            ):
+                yield CounterMetricFamily(name, doc, num(cluster, key))
         yield GaugeMetricFamily("minou_storage_unavailable", "1 while storage cannot be "
                                 "reached (Redis down: publishes refused with "
                                 "STORAGE_UNAVAILABLE).", num(storage, "unavailable"))

@@ -53,7 +53,8 @@ def open_storage(settings: Settings) -> Storage:
         from .redis import RedisStorage
 
         return RedisStorage(url, max_size=settings.storage_max_size,
-                            reserve=settings.storage_reserve)
+                            reserve=settings.storage_reserve,
+                            replicas=settings.storage_replicas)
     from .sqlite import SQLiteStorage
 
     # Its directory is made by the server's lock on it (a failed first start then

@@ -163,7 +163,12 @@ _SHARED_BODY = r"""
 local i, n = 2, #ARGV
 while i <= n do
   local op = ARGV[i]
-  if op == 'H' then
+  if op == 'P' then
+    -- First, or not at all: only the broker holding the primary lease writes here.
+    local holder = redis.call('GET', base .. 'primary') or ''
+    if holder ~= ARGV[i + 1] then return {'fenced', holder} end
+    i = i + 2
+  elseif op == 'H' then
     hput(base .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
     i = i + 4
   elseif op == 'HD' then
@@ -201,6 +206,22 @@ while i <= n do
   end
 end
 return {'ok', redis.call('INCRBY', base .. 'used', used)}
+"""
+
+# A queue is claimed (its epoch goes up, fencing every earlier writer) only by the
+# broker holding the primary lease, checked in the same script, and entered in the
+# registry of queues at once: a broker that takes over later finds it and claims it in
+# turn, so a primary paused past its lease can write nothing to any queue, even one it
+# made just before. KEYS[1]: the queue's epoch, KEYS[2]: the primary lease, KEYS[3]:
+# the registry; ARGV[1]: this broker ('' : no lease to check), ARGV[2]: the queue.
+# Three slots: fine on one Redis; Redis Cluster claims by per-queue owner keys instead.
+CLAIM = r"""
+if ARGV[1] ~= '' then
+  local holder = redis.call('GET', KEYS[2]) or ''
+  if holder ~= ARGV[1] then return {'fenced', holder} end
+end
+redis.call('SADD', KEYS[3], ARGV[2])
+return {'ok', redis.call('INCR', KEYS[1])}
 """
 
 QUEUE = "#!lua\n" + _LIB + _QUEUE_BODY
@@ -298,6 +319,6 @@ return out
 """
 
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
-                 "shared_oom": SHARED_OOM}
+                 "shared_oom": SHARED_OOM, "claim": CLAIM}
 READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
                 "segments": SEGMENTS}

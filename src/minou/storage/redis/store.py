@@ -76,6 +76,7 @@ from .. import segments
 from ..segments import decode_messages
 from . import keys, reading, scripts
 from .keys import queue_base, queue_of, shared_base, split_member
+from .lease import PrimaryLease
 from .plan import Plan, plan
 from .url import parse
 
@@ -112,6 +113,9 @@ class RedisStorage:
         self.reserve_released = False
         self.claim_on_open = claim
         self.epochs: dict[str, int] = {}  # queue -> the epoch this storage writes under
+        # The broker (cluster member id) that must hold the primary lease for a claim or
+        # a write of shared state to go through; "" checks nothing (tools, one broker).
+        self.member = ""
         kw: dict[str, Any] = {"password": where.password} if where.password else {}
         self._client = redis.Redis.from_url(
             where.client_url, socket_timeout=SOCKET_TIMEOUT,
@@ -239,6 +243,12 @@ class RedisStorage:
                         "when full; set maxmemory-policy noeviction", self.path, policy)
 
     # ----------------------------------------------------------- claims
+    def lease(self, member: str, lease_s: float) -> PrimaryLease:
+        """The primary lease of this prefix, for broker ``member``; from now on this
+        storage claims queues and writes shared state only while ``member`` holds it."""
+        self.member = member
+        return PrimaryLease(self._client, self.prefix, member, lease_s)
+
     def claim(self, queue: str) -> int:
         """Take ``queue`` over: its epoch goes up, fencing every earlier writer, and this
         storage writes under the new one. Returns it."""
@@ -250,12 +260,33 @@ class RedisStorage:
     def _claim_all(self, queues: list[str]) -> None:
         if not queues:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for q in queues:
-            pipe.incr(queue_base(self.prefix, q) + "epoch")
-        with self._redis("claiming queues"):
-            for q, epoch in zip(queues, pipe.execute(), strict=True):
-                self.epochs[q] = int(epoch)
+        for attempt in (1, 2):
+            pipe = self._client.pipeline(transaction=False)
+            for q in queues:
+                pipe.evalsha(self._sha("claim"), 3, queue_base(self.prefix, q) + "epoch",
+                             self._shared + "primary", self._shared + "queues", self.member,
+                             q)
+            try:
+                with self._redis("claiming queues"):
+                    replies = pipe.execute()
+                break
+            except StorageUnavailable as exc:  # Redis restarted: its scripts are gone
+                if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
+                    raise
+                self._load_scripts()
+        refused: dict[str, int] = {}
+        holder = ""
+        for q, (status, value) in zip(queues, replies, strict=True):
+            if status == b"ok":
+                self.epochs[q] = int(value)
+            else:
+                refused[q] = 0
+                holder = value.decode() if isinstance(value, bytes) else str(value)
+        if refused:
+            raise StorageFenced(
+                f"Redis at {self.path}: this broker no longer holds the primary lease "
+                f"(held by {holder or 'nobody'}): it may not claim {', '.join(sorted(refused))}",
+                refused, holder)
 
     # ------------------------------------------------------------ apply
     def apply(self, batch: WriteBatch) -> None:
@@ -300,8 +331,9 @@ class RedisStorage:
                 pipe.execute_command("EVALSHA", self._sha("queue" + suffix), 1, base + "epoch",
                                      base, self.epochs[q], *p.queues[q])
             if p.shared:
+                check = ("P", self.member) if self.member else ()
                 pipe.execute_command("EVALSHA", self._sha("shared" + suffix), 1,
-                                     self._shared + "used", self._shared, *p.shared)
+                                     self._shared + "used", self._shared, *check, *p.shared)
             if atomic:
                 pipe.execute_command("EXEC")
             if self.replicas > 0:
@@ -353,6 +385,10 @@ class RedisStorage:
         Then StorageFenced if some queue refused."""
         fenced = {q: int(r[1]) for q, r in replies.items()
                   if q is not None and r[0] == b"fenced"}
+        shared = replies.get(None)
+        holder = ""
+        if shared is not None and shared[0] == b"fenced":
+            holder = shared[1].decode() if isinstance(shared[1], bytes) else str(shared[1])
         with self._lock:
             self._queues |= set(p.queues)
             for place, r in replies.items():
@@ -367,6 +403,10 @@ class RedisStorage:
                                  (self._writer_queues, p.writer_queues)):
                 for key, qs in found.items():
                     index.setdefault(key, set()).update(qs)
+        if shared is not None and shared[0] == b"fenced":
+            raise StorageFenced(
+                f"Redis at {self.path}: the primary lease is held by {holder or 'nobody'}, "
+                "not this broker: its shared state was not written", fenced, holder)
         if fenced:
             raise StorageFenced(
                 f"Redis at {self.path}: queue(s) {', '.join(sorted(fenced))} were claimed by "

@@ -1,0 +1,198 @@
+"""Several brokers on one Redis: which one serves, and what the others do meanwhile.
+
+A broker whose storage can be shared (``storage.lease``: Redis) takes the primary
+lease before it opens anything. If another broker holds it, this one is a standby: its
+ports answer with where the primary is (standby.py) and it tries the lease again every
+third of ``owner_lease``; once the primary stops renewing it (killed, paused, cut off),
+it takes over: ``open`` claims every queue, raising their epochs, so whatever the old
+primary still tries to write is refused inside Redis. The primary renews the lease on
+its own thread; if it ever finds the lease someone else's (it was paused past it), it
+stops serving at once: its writes are fenced anyway, and its clients reconnect to the
+new primary. A clean stop gives the lease back, so a standby takes over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import redis
+
+from ..config import Settings
+from ..errors import StartupError
+from .standby import StandbyDoor
+
+
+class Server(Protocol):
+    """What of the broker this needs (app.py's BrokerServer)."""
+
+    settings: Settings
+    storage: Any  # with lease(member, seconds)
+    exit_status: int
+    stop_reason: str
+    _stopping: asyncio.Event
+
+    def _tls_context(self) -> Any: ...
+
+    def request_stop(self) -> None: ...
+
+log = logging.getLogger("minou.cluster")
+
+
+def member_id(port: int) -> str:
+    """This broker among those on one Redis: readable, and unique per process start."""
+    return f"{socket.gethostname()}:{port}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, redis.AuthenticationError):
+        return f"{exc} (check the password)"
+    return str(exc) or type(exc).__name__
+
+
+class PrimaryRole:
+    def __init__(self, server: Server, sockets: list[socket.socket]) -> None:
+        self.server = server
+        self.sockets = sockets
+        port = sockets[0].getsockname()[1]
+        self.member = member_id(port)
+        self.lease_s = server.settings.storage_owner_lease
+        self.lease = server.storage.lease(self.member, self.lease_s)
+        self.info = self._info()
+        self.role = "standby"
+        self.since = 0.0  # wall time this broker became primary
+        self.takeovers = 0  # times this broker took over from a live-looking primary
+        self.lost = 0
+        self.fenced_writes = 0
+        self.door: StandbyDoor | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-lease")
+
+    def _info(self) -> dict[str, str]:
+        s = self.server.settings
+        host = s.host if s.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        tls = s.tls_enabled
+        info = {"native": f"{'minous' if tls else 'minou'}://{host}:"
+                          f"{self.sockets[0].getsockname()[1]}",
+                "host": socket.gethostname(), "pid": str(os.getpid()),
+                "since": f"{time.time():.3f}"}
+        if len(self.sockets) > 1:
+            info["http"] = f"{'https' if tls else 'http'}://{host}:" \
+                           f"{self.sockets[1].getsockname()[1]}"
+        return info
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def acquire(self) -> bool:
+        """Wait until this broker is primary (True), or the broker is asked to stop
+        meanwhile (False). Redis unreachable at the first try: StartupError."""
+        server, first = self.server, True
+        while True:
+            try:
+                if await self._call(self.lease.try_acquire, self.info):
+                    break
+                holder = await self._call(self.lease.holder)
+            except redis.RedisError as exc:
+                if first:
+                    raise StartupError(f"cannot use Redis at {server.storage.path}: "
+                                       f"{_reason(exc)}") from exc
+                log.debug("standby: Redis out of reach: %s", exc)
+                holder = self.door.holder if self.door is not None else None
+            first = False
+            if self.door is None:
+                self.door = StandbyDoor(holder)
+                await self.door.start(self.sockets[0], self.sockets[1] if len(self.sockets) > 1
+                                      else None, server._tls_context())
+                log.warning(
+                    "standby: broker %r (%s) is the primary on %s; this broker serves once "
+                    "it stops renewing its lease for %g s (owner_lease); clients asking here "
+                    "are sent there", (holder or {}).get("id", "?"),
+                    (holder or {}).get("native", "?"), server.storage.path, self.lease_s)
+            else:
+                self.door.holder = holder
+            try:
+                await asyncio.wait_for(server._stopping.wait(), self.lease_s / 3)
+                await self.close_door()
+                return False
+            except TimeoutError:
+                pass
+        if self.door is not None:
+            await self.close_door()
+            self.takeovers += 1
+            log.warning("took over as the primary on %s (the primary stopped renewing its "
+                        "lease): opening its state", server.storage.path)
+        self.role, self.since = "primary", time.time()
+        return True
+
+    async def close_door(self) -> None:
+        if self.door is not None:
+            await self.door.close()
+            self.door = None
+
+    async def keep(self) -> None:
+        """Renew the lease every third of it while primary; stop serving if it is lost."""
+        last_ok, warned = time.monotonic(), False
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                ok = await self._call(self.lease.renew)
+            except redis.RedisError as exc:
+                if not warned and time.monotonic() - last_ok > self.lease_s / 2:
+                    warned = True
+                    log.error("cannot renew the primary lease on %s: %s; a standby takes "
+                              "over if this lasts %g s", self.server.storage.path, exc,
+                              self.lease_s)
+                continue
+            if ok:
+                last_ok, warned = time.monotonic(), False
+                continue
+            try:
+                holder = await self._call(self.lease.holder)
+            except redis.RedisError:
+                holder = None
+            self.stop_serving(f"broker {(holder or {}).get('id', '?')!r} holds the primary "
+                              "lease now")
+            return
+
+    def fenced(self, exc: Exception) -> None:
+        """A commit was refused inside Redis: another broker took over."""
+        self.fenced_writes += 1
+        self.stop_serving(f"a write was refused (fenced): {exc}")
+
+    def stop_serving(self, why: str) -> None:
+        server = self.server
+        if self.role != "primary":
+            return
+        self.role = "lost"
+        self.lost += 1
+        log.error("%s: this broker was paused or cut off past owner_lease (%g s) and another "
+                  "broker took over; it writes nothing more (its writes are fenced) and stops "
+                  "now (exit status 1); its clients reconnect to the primary", why, self.lease_s)
+        server.exit_status = 1
+        server.stop_reason = server.stop_reason or "lost the primary lease"
+        server.request_stop()
+
+    async def release(self) -> None:
+        """A clean stop: give the lease back (only if it is still ours)."""
+        if self.role == "primary":
+            try:
+                await self._call(self.lease.release)
+            except redis.RedisError as exc:
+                log.warning("could not give the primary lease back (%s): a standby takes "
+                            "over when it runs out", exc)
+        self.role = "stopped"
+        self._pool.shutdown(wait=False)
+
+    def status(self) -> dict[str, Any]:
+        return {"member": self.member, "role": self.role, "owner_lease": self.lease_s,
+                "primary_since": round(self.since, 3) if self.since else None,
+                "lease_renewals": self.lease.renewals, "takeovers": self.takeovers,
+                "lost": self.lost, "fenced_writes": self.fenced_writes,
+                "standby_refused": self.door.refused if self.door is not None else 0,
+                **{k: v for k, v in self.info.items() if k in ("native", "http")}}

@@ -1,0 +1,105 @@
+"""The primary lease: which broker of those on one Redis (one key prefix) serves.
+
+Several brokers may run on one Redis; one of them, the primary, holds a lease key
+(``SET NX PX``) and renews it every third of ``owner_lease``; the others wait as
+standbys and take over once it runs out: a crashed primary is replaced within
+``owner_lease``, and a paused one that wakes up finds the key gone or someone else's.
+Correctness never depends on the lease alone: taking over raises every queue's epoch
+(``RedisStorage.open`` claims them) and every write checks the epoch, or the lease
+itself for shared state, inside its script, so a stale primary writes nothing.
+
+Each broker also keeps a ``member:<id>`` hash (its addresses, since when), expiring
+with its lease, so standbys and clients can be told where the primary is. Leases are
+Redis timers (``PX``): no clock has to agree across machines.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from .keys import shared_base
+
+# Renew the lease only if it is still ours; refresh this member's record with it.
+_RENEW = r"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
+_RELEASE = r"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class PrimaryLease:
+    """Blocking, for one thread at a time (the broker's lease thread)."""
+
+    def __init__(self, client: redis.Redis, prefix: str, member: str, lease_s: float) -> None:
+        self.client = client
+        self.member = member
+        self.lease_ms = max(1, int(lease_s * 1000))
+        base = shared_base(prefix)
+        self.key = base + "primary"
+        self.member_key = base + "member:" + member
+        self._member_base = base + "member:"
+        self.renewals = 0
+        self.held_since: float | None = None  # monotonic, while this broker is primary
+
+    def _record(self, info: dict[str, str]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(self.member_key, mapping=info)
+        pipe.pexpire(self.member_key, self.lease_ms * 3)  # outlives the lease a little
+        pipe.execute()
+
+    def try_acquire(self, info: dict[str, str]) -> bool:
+        """Take the lease if nobody holds it (or this broker still does)."""
+        self._record(info)
+        taken = self.client.set(self.key, self.member, nx=True, px=self.lease_ms)
+        if not taken and self.renew():
+            taken = True
+        if taken and self.held_since is None:
+            self.held_since = time.monotonic()
+        return bool(taken)
+
+    def renew(self) -> bool:
+        """Extend the lease; False: another broker holds it (or nobody: it ran out)."""
+        ok = self.client.eval(_RENEW, 2, self.key, self.member_key, self.member,
+                              self.lease_ms, self.lease_ms * 3)
+        if ok:
+            self.renewals += 1
+        return bool(ok)
+
+    def release(self) -> bool:
+        """Give the lease up (a clean stop): a standby takes over at once."""
+        self.held_since = None
+        return bool(self.client.eval(_RELEASE, 1, self.key, self.member))
+
+    def holder(self) -> dict[str, Any] | None:
+        """The primary now: its id and what it said of itself, or None."""
+        raw = self.client.get(self.key)
+        if raw is None:
+            return None
+        member = raw.decode() if isinstance(raw, bytes) else str(raw)
+        info = self.client.hgetall(self._member_base + member)
+        out: dict[str, Any] = {(k.decode() if isinstance(k, bytes) else k):
+                               (v.decode() if isinstance(v, bytes) else v)
+                               for k, v in info.items()}
+        out["id"] = member
+        return out
+
+    def members(self) -> list[dict[str, Any]]:
+        """Every broker whose record is fresh (the primary and the standbys)."""
+        out = []
+        for key in self.client.scan_iter(match=self._member_base + "*", count=100):
+            info = self.client.hgetall(key)
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            row: dict[str, Any] = {(k.decode() if isinstance(k, bytes) else k):
+                                   (v.decode() if isinstance(v, bytes) else v)
+                                   for k, v in info.items()}
+            row["id"] = name[len(self._member_base):]
+            out.append(row)
+        return sorted(out, key=lambda r: str(r.get("since", "")))

@@ -1,0 +1,163 @@
+"""Two brokers on one Redis (issue 17, items 3 and 4): one primary, one standby.
+
+Real broker processes on a real ``redis-server`` of the test's own, ``owner_lease``
+1 s so that takeovers are quick. The standby answers clients with where the primary is
+(the client follows, HTTP is redirected, ``/health`` is 503); kill -9 of the primary
+under load: the standby serves within the lease and no confirmed message is lost;
+SIGSTOP of the primary past its lease, takeover, SIGCONT: the old primary writes
+nothing (its writes are refused inside Redis), says so, and exits 1.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from minou.errors import MinouError
+
+from ..conftest import BrokerProcess, wait_until
+from ..redis_server import REDIS_SERVER, RedisServer, free_port
+from .test_full_disk import drain
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+
+CH = "fill/v1/1"
+LEASE = 1.0
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Any:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path
+         ) -> tuple[BrokerProcess, BrokerProcess]:
+    """A primary (started first) and a standby on fixed ports."""
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n')
+    first = broker_factory.make(config=cfg).start()
+    second = broker_factory.make(config=cfg)
+    second.port, second.http_port = free_port(), free_port()
+    second.start(ready="standby:")
+    return first, second
+
+
+def serving(b: BrokerProcess) -> bool:
+    try:
+        return httpx.get(b.http + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Producer(threading.Thread):
+    """Publishes numbered messages through a client that knows both brokers."""
+
+    def __init__(self, urls: str, auth: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.auth = urls, auth
+        self.confirmed: dict[int, int] = {}
+        self.failed = 0
+        self.last: Exception | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import minou
+
+        with minou.connect_sync(self.urls, request_timeout=10, **self.auth) as c:
+            n = 0
+            while not self.stop.is_set():
+                try:
+                    self.confirmed[c.send(CH, {"n": n}).seq] = n
+                except MinouError as exc:
+                    self.last = exc
+                    self.failed += 1  # refused or cut off: not confirmed, sent again later
+                    time.sleep(0.05)
+                n += 1
+
+
+def test_a_standby_sends_clients_to_the_primary(broker_factory: Any, redis: RedisServer,
+                                                tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    r = httpx.get(standby.http + "/health", timeout=5)
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "standby" and body["primary"] == primary.url, body
+    r = httpx.get(standby.http + "/v1/queues", timeout=5)
+    assert r.status_code == 307 and r.headers["location"] == primary.http + "/v1/queues"
+    # A client given only the standby's URL follows it to the primary.
+    with standby.connect_sync("follower") as c:
+        receipt = c.send(CH, {"n": 1})
+        assert receipt.seq == 1
+    assert serving(primary) and not serving(standby)
+    status = httpx.get(primary.http + "/health", timeout=5).json()
+    assert status["status"] == "ok"
+    assert primary.stop() == 0  # a clean stop gives the lease back: the standby serves
+    wait_until(lambda: serving(standby), 10, what="the standby to take over")
+    got, _ = drain(standby, "recount", 1)
+    assert got == {1: 1}
+
+
+def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_nothing(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    producer = Producer(f"{primary.url},{standby.url}", primary.auth("producer"))
+    producer.start()
+    try:
+        wait_until(lambda: len(producer.confirmed) >= 300, 30, what="publishes on the primary")
+        primary.kill()
+        killed = time.monotonic()
+        wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+        took = time.monotonic() - killed
+        before = len(producer.confirmed)
+        wait_until(lambda: len(producer.confirmed) >= before + 300, 30,
+                   what="publishes confirmed by the new primary")
+    finally:
+        producer.stop.set()
+        producer.join(30)
+    assert took < LEASE + 5, f"the standby took {took:.1f} s to serve (owner_lease {LEASE})"
+    assert "took over as the primary" in standby.output
+    got, _ = drain(standby, "recount", len(producer.confirmed))
+    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
+    assert all(got[seq] == n for seq, n in producer.confirmed.items())
+    assert standby.stop() == 0
+
+
+def test_a_primary_paused_past_its_lease_writes_nothing_when_it_wakes(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    producer = Producer(f"{primary.url},{standby.url}", primary.auth("producer"))
+    producer.start()
+    try:
+        wait_until(lambda: len(producer.confirmed) >= 200, 30, what="publishes on the primary")
+        assert primary.proc is not None
+        primary.proc.send_signal(signal.SIGSTOP)  # its client keeps writing into the socket
+        wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+        primary.proc.send_signal(signal.SIGCONT)
+        assert primary.proc.wait(20) == 1, primary.output
+        before = len(producer.confirmed)
+        try:
+            wait_until(lambda: len(producer.confirmed) >= before + 200, 30,
+                       what="publishes confirmed by the new primary")
+        except AssertionError:
+            raise AssertionError(f"{len(producer.confirmed)} confirmed, {producer.failed} "
+                                 f"failed, alive {producer.is_alive()}, last error "
+                                 f"{producer.last!r}\n{standby.output[-3000:]}") from None
+    finally:
+        producer.stop.set()
+        producer.join(30)
+    out = primary.output
+    assert "another broker took over" in out and "writes nothing more" in out, out[-3000:]
+    got, _ = drain(standby, "recount", len(producer.confirmed))
+    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
+    assert all(got[seq] == n for seq, n in producer.confirmed.items()), \
+        "a message confirmed by one primary was overwritten by the other"
+    assert standby.stop() == 0
