@@ -234,6 +234,16 @@ class BrokerProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With MINOU_TEST_STORAGE=redis, tests of the SQLite file itself do not apply."""
+    if TEST_STORAGE != "redis":
+        return
+    skip = pytest.mark.skip(reason="reads or writes the SQLite file itself")
+    for item in items:
+        if item.get_closest_marker("sqlite_only"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for the session (AOF always); tests keep apart by key

@@ -9,6 +9,7 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 import minou
 from minou.errors import ErrorCode
@@ -73,6 +74,7 @@ def test_consumer_that_stops_reading_is_cut_with_an_error_first(broker_factory, 
         assert seqs == set(range(1, 401))
 
 
+@pytest.mark.sqlite_only
 def test_http_publishes_count_toward_the_budget_and_are_refused_past_it(broker_factory,
                                                                          tmp_path):
     # The broker's writer is held on the SQLite write lock (its busy timeout is 5 s), so

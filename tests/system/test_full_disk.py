@@ -33,7 +33,7 @@ from minou.errors import StorageFull
 
 from ..conftest import BrokerProcess, auth, client_key, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.sqlite_only]
 
 CH = "fill/v1/1"
 PAD = "x" * 30_000  # each message: about 30 KB

@@ -553,6 +553,7 @@ def test_listing_a_squatted_id_as_admin_needs_an_approval(secure, bystander):
     squatter.close()
 
 
+@pytest.mark.sqlite_only
 def test_strangers_cannot_fill_the_replay_guard(secure, bystander):
     """Unapproved clients' token ids are never stored: 24 pending HELLOs leave the guard
     (and the used_tokens table) as it was, and the admin still gets in."""

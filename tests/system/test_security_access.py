@@ -229,6 +229,7 @@ def test_a_colon_in_a_client_id_takes_over_no_listener(secure):
     assert {"listen:team:x:feed", "listen:team%3Ax:feed"} <= keys
 
 
+@pytest.mark.sqlite_only
 def test_listeners_of_an_older_version_are_migrated_to_their_client(secure):
     """Stored data of an older version: listener keys were unescaped. On the first start
     after the upgrade the registered ids decide whose each one is."""

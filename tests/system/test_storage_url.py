@@ -5,9 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import minou
 
 from ..conftest import auth
+
+pytestmark = pytest.mark.sqlite_only
 
 
 def test_a_database_elsewhere_holds_everything_and_survives_a_kill(broker_factory, tmp_path):

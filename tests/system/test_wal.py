@@ -6,7 +6,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from minou.errors import Timeout
+
+pytestmark = pytest.mark.sqlite_only
 
 THRESHOLD = 8 << 20
 
