@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -551,6 +552,50 @@ def keygen(client_id: str, out_dir: str) -> None:
     click.echo(f"fingerprint  {keys.fingerprint(key)}")
     click.echo("the client signs short-lived tokens with the private key; the broker knows it by "
                "the public key")
+
+
+@main.command()
+@connection_options
+@json_option
+def cluster(conn: dict[str, Any], as_json: bool) -> None:
+    """Show the brokers sharing this broker's storage (several on one Redis): the
+    primary, the standbys, the queues with their fencing epochs, recent takeovers."""
+    view = _admin(conn, "cluster")
+    if as_json:
+        click.echo(json.dumps(view, indent=2))
+        return
+    console = out()
+    brokers = Table(title=f"brokers on {view['storage']}"
+                    + (f" (owner_lease {view['owner_lease']:g} s)" if view["owner_lease"] else ""))
+    for col in ("broker", "role", "native", "http", "since"):
+        brokers.add_column(col)
+    for b in view["brokers"]:
+        since = b.get("since")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since))) if since else ""
+        brokers.add_row(b["id"] + (" (this one)" if b.get("self") else ""),
+                        Text(b["role"], style="green" if b["role"] == "primary" else "yellow"),
+                        str(b.get("native") or ""), str(b.get("http") or ""), when)
+    console.print(brokers)
+    if view["queues"]:
+        queues = Table(title="queues")
+        for col in ("queue", "epoch", "owner"):
+            queues.add_column(col)
+        for q in view["queues"]:
+            queues.add_row(q["queue"], str(q["epoch"]), str(q["owner"]))
+        console.print(queues)
+    if view["events"]:
+        events = Table(title="recent takeovers")
+        for col in ("when", "broker", "what"):
+            events.add_column(col)
+        for e in view["events"]:
+            detail = f" (from {e['from']})" if e.get("from") else ""
+            events.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"])),
+                           e["by"], e["what"] + detail)
+        console.print(events)
+    me = view.get("this_broker") or {}
+    if me:
+        console.print(f"this broker: {me['role']}, {me['lease_renewals']} lease renewals, "
+                      f"{me['takeovers']} takeovers, {me['fenced_writes']} fenced writes")
 
 
 @main.command()

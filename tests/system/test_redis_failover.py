@@ -10,7 +10,10 @@ nothing (its writes are refused inside Redis), says so, and exits 1.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -49,6 +52,15 @@ def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path
     second.port, second.http_port = free_port(), free_port()
     second.start(ready="standby:")
     return first, second
+
+
+def cluster_view(b: BrokerProcess, admin: BrokerProcess) -> dict[str, Any]:
+    """``minou cluster --json`` on ``b`` as the admin made by broker ``admin``."""
+    env = {**admin.cli_env(), "MINOU_URL": b.url}
+    done = subprocess.run([sys.executable, "-m", "minou", "cluster", "--json"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
 
 
 def serving(b: BrokerProcess) -> bool:
@@ -98,8 +110,10 @@ def test_a_standby_sends_clients_to_the_primary(broker_factory: Any, redis: Redi
         receipt = c.send(CH, {"n": 1})
         assert receipt.seq == 1
     assert serving(primary) and not serving(standby)
-    status = httpx.get(primary.http + "/health", timeout=5).json()
-    assert status["status"] == "ok"
+    view = cluster_view(primary, primary)
+    roles = sorted((b["role"], b["native"]) for b in view["brokers"])
+    assert roles == [("primary", primary.url), ("standby", standby.url)], view
+    assert view["queues"] == [{"queue": "fill/v1", "epoch": 1, "owner": view["primary"]}]
     assert primary.stop() == 0  # a clean stop gives the lease back: the standby serves
     wait_until(lambda: serving(standby), 10, what="the standby to take over")
     got, _ = drain(standby, "recount", 1)
@@ -125,6 +139,10 @@ def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_not
         producer.join(30)
     assert took < LEASE + 5, f"the standby took {took:.1f} s to serve (owner_lease {LEASE})"
     assert "took over as the primary" in standby.output
+    view = cluster_view(standby, primary)
+    assert view["primary"] == view["this_broker"]["member"]
+    assert view["events"][0]["what"] == "took over"
+    assert view["queues"][0]["queue"] == "fill/v1" and view["queues"][0]["epoch"] == 2
     got, _ = drain(standby, "recount", len(producer.confirmed))
     assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
     assert all(got[seq] == n for seq, n in producer.confirmed.items())

@@ -435,6 +435,18 @@ def _reload(server: Server, args: dict[str, Any], caller: Identity | None) -> An
     return server.reload()
 
 
+def _cluster(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """The brokers sharing this broker's storage and who serves; one broker alone on
+    SQLite is a cluster of one."""
+    if server.primary is not None:
+        return server.primary.view()
+    st = server.status()
+    me = {"id": st["broker_id"], "role": "primary", "self": True,
+          "native": st["native"], "http": st["http"]}
+    return {"storage": st["storage"]["path"], "owner_lease": None, "primary": me["id"],
+            "brokers": [me], "queues": [], "events": [], "this_broker": None}
+
+
 OPERATIONS: dict[str, Op] = {
     "status": _status,
     "list": _list,
@@ -455,6 +467,7 @@ OPERATIONS: dict[str, Op] = {
     "reservations.release": _release,
     "writers.release": _release_writer,
     "reload": _reload,
+    "cluster": _cluster,
     "credentials.issue": _issue_credential,
     "credentials.renew": _renew_credential,
     "credentials.revoke": _revoke_credential,

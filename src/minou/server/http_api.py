@@ -460,6 +460,7 @@ class HttpApi:
             Route("/v1/ack/{receipt}", g(self.ack), methods=["POST"]),
             Route("/v1/nack/{receipt}", g(self.nack), methods=["POST"]),
             Route("/v1/status", self.admin_route("status"), methods=["GET"]),
+            Route("/v1/cluster", self.admin_route("cluster"), methods=["GET"]),
             Route("/v1/whoami", g(self.whoami), methods=["GET"]),
             Route("/v1/queues", g(self.queues, admin=True), methods=["GET"]),
             Route("/v1/rates/history", g(self.rate_history, admin=True), methods=["GET"]),

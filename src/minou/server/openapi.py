@@ -251,6 +251,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/whoami": {"get": _op("The caller's identity and rights", tag="messages",
                                   ok=_json(OBJECT, "identity"))},
         "/v1/status": {"get": _op("Broker status", tag="admin", ok=_json(OBJECT, "status"))},
+        "/v1/cluster": {"get": _op(
+            "The brokers sharing this broker's storage (several on one Redis): which is the "
+            "primary, the standbys, the queues with their fencing epochs, recent takeovers",
+            tag="admin", ok=_json(OBJECT, "cluster"))},
         "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups", tag="admin",
                                   ok=_json(OBJECT, "queues"))},
         "/v1/rates/history": {"get": _op(

@@ -49,6 +49,7 @@ class Server(Protocol):
     stop_reason: str
     storage_full: StorageFull | None
     storage_down: StorageUnavailable | None
+    primary: Any  # primary.PrimaryRole when several brokers share the storage, else None
     storage_full_since: float
     authentications: Counter[str]
     slow_consumers: int

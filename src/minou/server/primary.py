@@ -122,12 +122,19 @@ class PrimaryRole:
                 return False
             except TimeoutError:
                 pass
+        previous = self.door.holder if self.door is not None else None
         if self.door is not None:
             await self.close_door()
             self.takeovers += 1
             log.warning("took over as the primary on %s (the primary stopped renewing its "
                         "lease): opening its state", server.storage.path)
         self.role, self.since = "primary", time.time()
+        try:
+            what = "took over" if previous else "became primary"
+            detail = {"from": previous.get("id")} if previous else {}
+            await self._call(lambda: self.lease.note(what, **detail))
+        except redis.RedisError as exc:  # only the record of it is lost
+            log.debug("could not record the takeover: %s", exc)
         return True
 
     async def close_door(self) -> None:
@@ -182,12 +189,30 @@ class PrimaryRole:
         """A clean stop: give the lease back (only if it is still ours)."""
         if self.role == "primary":
             try:
+                await self._call(self.lease.note, "gave the lease back (clean stop)")
                 await self._call(self.lease.release)
             except redis.RedisError as exc:
                 log.warning("could not give the primary lease back (%s): a standby takes "
                             "over when it runs out", exc)
         self.role = "stopped"
         self._pool.shutdown(wait=False)
+
+    async def view(self) -> dict[str, Any]:
+        """``minou cluster``: the brokers on this Redis, the primary, the queues it owns
+        with their epochs, and the recent takeovers."""
+        members, holder, events = await asyncio.gather(
+            self._call(self.lease.members), self._call(self.lease.holder),
+            self._call(self.lease.events))
+        primary = (holder or {}).get("id")
+        for m in members:
+            m["role"] = "primary" if m["id"] == primary else "standby"
+            m["self"] = m["id"] == self.member
+        epochs = dict(self.server.storage.epochs)
+        return {"storage": self.server.storage.path, "owner_lease": self.lease_s,
+                "primary": primary, "brokers": members,
+                "queues": [{"queue": q, "epoch": e, "owner": primary}
+                           for q, e in sorted(epochs.items())],
+                "events": events, "this_broker": self.status()}
 
     def status(self) -> dict[str, Any]:
         return {"member": self.member, "role": self.role, "owner_lease": self.lease_s,

@@ -15,6 +15,7 @@ Redis timers (``PX``): no clock has to agree across machines.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
 """
+EVENTS_KEPT = 50  # the cluster's recent takeovers and hand-overs, newest first
 _RELEASE = r"""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -46,6 +48,7 @@ class PrimaryLease:
         self.key = base + "primary"
         self.member_key = base + "member:" + member
         self._member_base = base + "member:"
+        self._events = base + "events"
         self.renewals = 0
         self.held_since: float | None = None  # monotonic, while this broker is primary
 
@@ -89,6 +92,25 @@ class PrimaryLease:
                                (v.decode() if isinstance(v, bytes) else v)
                                for k, v in info.items()}
         out["id"] = member
+        return out
+
+    def note(self, what: str, **detail: Any) -> None:
+        """Record a cluster event (a takeover, a lease given back) for every broker's
+        ``minou cluster`` to show."""
+        entry = json.dumps({"at": round(time.time(), 3), "by": self.member, "what": what,
+                            **detail})
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(self._events, entry)
+        pipe.ltrim(self._events, 0, EVENTS_KEPT - 1)
+        pipe.execute()
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for raw in self.client.lrange(self._events, 0, EVENTS_KEPT - 1):
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
         return out
 
     def members(self) -> list[dict[str, Any]]:
