@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from minou.errors import StorageUnavailable
+from minou.errors import StorageFull, StorageUnavailable
 
 from ..conftest import BrokerProcess, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer, free_port
-from .test_full_disk import bearer, drain, health
+from .test_full_disk import bearer, drain, fill, health
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
@@ -131,5 +131,77 @@ def test_a_wrong_password_is_a_clear_error_that_never_shows_it(tmp_path: Path) -
         assert done.returncode == 1, out
         assert "password" in out.lower() and f"127.0.0.1:{server.port}" in out, out
         assert "wrong-secret" not in out and "Traceback" not in out, out
+    finally:
+        server.stop()
+
+
+def test_with_replicas_1_publishes_wait_for_a_replica_and_are_refused_without_one(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    import redis as redis_py
+
+    replica = RedisServer(tmp_path / "replica", "--replicaof", "127.0.0.1",
+                          str(redis.port)).start()
+    try:
+        primary = redis_py.Redis(port=redis.port)
+        wait_until(lambda: primary.info("replication")["connected_slaves"] == 1, 20,
+                   what="the replica to connect")
+        cfg = tmp_path / "replicas.toml"
+        cfg.write_text(f'[storage]\nurl = "{redis.url}"\nreplicas = 1\n')
+        b = broker_factory.make(config=cfg).start()
+        with b.connect_sync("p", request_timeout=30) as c:
+            confirmed = {c.send(CH, {"n": n}).seq: n for n in range(20)}
+            # Confirmed means the replica has it too: its copy holds the queue's keys.
+            assert redis_py.Redis(port=replica.port).keys("*{fill/v1}*")
+            replica.kill()
+            with pytest.raises(StorageUnavailable) as refused:
+                c.send(CH, {"n": 20})
+            assert "replica" in refused.value.message, refused.value.message
+            assert health(b).json()["status"] == "storage_unavailable"
+            replica.start()  # same directory and port: it connects and syncs again
+
+            def accepted() -> bool:
+                try:
+                    confirmed[c.send(CH, {"n": 21}).seq] = 21
+                except StorageUnavailable:
+                    time.sleep(0.2)
+                    return False
+                return True
+
+            wait_until(accepted, 60, what="publishes confirmed once the replica is back")
+        got, _ = drain(b, "recount", len(confirmed))
+        assert set(confirmed) <= set(got)
+        assert b.stop() == 0
+    finally:
+        replica.stop()
+
+
+def test_redis_out_of_memory_refuses_publishes_serves_the_rest_and_resumes(
+        broker_factory: Any, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", "--maxmemory", "12mb",
+                         "--maxmemory-policy", "noeviction").start()
+    try:
+        b = broker_factory.make(storage=server.url).start()
+        with b.connect_sync("filler") as pub:
+            before, full = fill(pub)
+            assert "maxmemory" in full.message, full.message
+            with pytest.raises(StorageFull):  # refused at once while full, still connected
+                pub.send(CH, {"n": -1})
+            r = health(b)
+            assert r.status_code == 503 and r.json()["status"] == "storage_full"
+            # Consumers and their acks go on while Redis is full: that frees room.
+            got, durable = drain(b, "drainer", len(before))
+            assert set(before) <= set(got) and all(got[s] == n for s, n in before.items())
+            assert durable == set(got), "acks were not made durable while Redis was full"
+
+            def accepted() -> bool:
+                try:
+                    pub.send(CH, {"n": "after"})
+                except StorageFull:
+                    time.sleep(0.2)
+                    return False
+                return True
+
+            wait_until(accepted, 30, what="publishes accepted once acks freed room")
+        assert b.alive and b.stop() == 0
     finally:
         server.stop()

@@ -7,8 +7,8 @@ Write scripts start with ``#!lua``: Redis 7 then refuses them as a whole when me
 is over ``maxmemory`` (before their first write), and a MULTI holding one is refused
 at EXEC, so an out-of-memory batch writes nothing. The ``_OOM`` variants
 (``flags=allow-oom``) run the batches that only settle (acks, group states,
-removals): those must get through while Redis is full, as the SQLite reserve lets
-them through a full disk.
+removals) or register clients (bounded): those must get through while Redis is full, as
+the SQLite reserve lets them through a full disk.
 """
 
 from __future__ import annotations

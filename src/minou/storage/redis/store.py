@@ -301,9 +301,10 @@ class RedisStorage:
         new = [q for q in p.queues if q not in self.epochs]
         if new:
             self._claim_all(new)
+        # Registrations get through a full Redis as acks do (a client must be able to
+        # connect to drain it); the registry is bounded (pending clients are capped).
         settles_only = not (batch.messages or batch.staged or batch.txn_done or batch.dedup
-                            or batch.clients or batch.credentials or p.created
-                            or set(p.queues) - self._queues)
+                            or p.created or set(p.queues) - self._queues)
         replies = self._send(p, atomic=not settles_only)
         self._learn(p, replies)
 
@@ -450,7 +451,15 @@ class RedisStorage:
         return out
 
     def probe(self) -> tuple[bool, dict[str, Any]]:
-        """After StorageFull: room under max_size, and under Redis's maxmemory."""
+        """After StorageFull: room under max_size, and under Redis's maxmemory. After
+        StorageUnavailable: raises it while Redis, or the replicas a commit waits for,
+        cannot be reached."""
+        if self.replicas > 0:
+            with self._redis("reading INFO replication"):
+                linked = int(self._client.info("replication").get("connected_slaves", 0))
+            if linked < self.replicas:
+                raise StorageUnavailable(f"Redis at {self.path} has {linked} replica(s) "
+                                         f"connected; commits wait for {self.replicas}")
         space = self.space()
         need = STORAGE_RESUME_BYTES
         if self.max_size is not None:
