@@ -19,6 +19,7 @@ from peers import TS, make_body, now_ns
 
 CHANNEL = "bench/v1/q"
 GROUP = "bench_g"
+MINOU_SYSTEMS = ("minou", "minou-redis")  # minou brokers: on SQLite, on Redis
 
 
 _KEY: Any = None
@@ -41,9 +42,10 @@ class MinouPeer:
     payload is a JSON string encoding to ``size`` bytes, as an HTTP client would send.
     """
 
-    def __init__(self, url: str, json: bool = False) -> None:
+    def __init__(self, url: str, json: bool = False, admin_key: str | None = None) -> None:
         self.url = url
         self.json = json
+        self.admin_key = admin_key  # None: $MINOU_BENCH_ADMIN_KEY (the last broker started)
 
     async def connect(self) -> None:
         import os
@@ -66,7 +68,7 @@ class MinouPeer:
         import minou
 
         admin = await minou.connect(self.url, client_id="admin", reconnect=False,
-                                    key=os.environ["MINOU_BENCH_ADMIN_KEY"])
+                                    key=self.admin_key or os.environ["MINOU_BENCH_ADMIN_KEY"])
         try:
             data = await admin.admin("list", channel=CHANNEL)
         finally:
@@ -76,7 +78,8 @@ class MinouPeer:
     async def publish(self, n: int, size: int, window: int, deadline: float) -> tuple[int, int]:
         """``client.send`` futures, at most ``window`` unconfirmed (sliding window).
 
-        A confirm means the message is in a committed (fsync'd) SQLite transaction.
+        A confirm means the message is in a committed (fsync'd) SQLite transaction, or
+        (minou-redis) in Redis's AOF, fsync'd (``appendfsync always``).
         """
         body: Any = "x" * (size - 2) if self.json else make_body(size)
         sem = asyncio.Semaphore(window)
@@ -170,7 +173,8 @@ _JOB: dict[str, Any] = {}  # this worker process's job (one job per process)
 
 def _make_peer_factory(original):
     def make_peer(name: str):
-        if name in ("minou", "minou-json"):
+        # minou-redis: the same client, on the broker that keeps its storage in Redis
+        if name in ("minou", "minou-json", "minou-redis"):
             assert _MINOU_URL is not None
             return MinouPeer(_MINOU_URL, json=name == "minou-json")
         if name == "minou-http":  # test e: the HTTP API (bench/http_bench.py)
@@ -231,8 +235,10 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float = 180.0) -> list[dict[st
     return results
 
 
-def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] | None = None):
-    """reset / depth in this process (like peers.admin, for any system)."""
+def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] | None = None,
+          admin_key: str | None = None):
+    """reset / depth in this process (like peers.admin, for any system); ``url`` and
+    ``admin_key`` are the minou broker's (SQLite or Redis)."""
     import uvloop
 
     import peers
@@ -241,7 +247,8 @@ def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] 
         peers.PEERS[name]["port"] = port
 
     async def go():
-        peer = MinouPeer(url) if system == "minou" else peers.make_peer(system)
+        peer = MinouPeer(url, admin_key=admin_key) if system in MINOU_SYSTEMS \
+            else peers.make_peer(system)
         await peer.connect()
         try:
             if what == "reset":

@@ -1,5 +1,6 @@
 """Start and stop the servers the benchmark needs: a minou broker on a fresh data
-directory, and the peers (redis-server with AOF everysec and without persistence,
+directory (on SQLite, or on Redis: then with a redis-server of its own, AOF
+``always``), and the peers (redis-server with AOF everysec and without persistence,
 nats-server with JetStream, optionally rabbitmq-server), all on 127.0.0.1 and on
 free ports. Every process started here is remembered by pid and stopped by pid;
 nothing else is touched.
@@ -70,9 +71,14 @@ def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
 class MinouBroker:
     """``python -m minou start --data DIR --port 0 --http-port 0`` as a subprocess."""
 
-    def __init__(self, workdir: Path, python: str = sys.executable) -> None:
+    def __init__(self, workdir: Path, python: str = sys.executable,
+                 storage: str = "sqlite", name: str = "minou") -> None:
+        """``storage``: "sqlite" (the default: minou.db in the data dir) or "redis" (a
+        redis-server started here for this broker, see MinouRedis)."""
         self.workdir = workdir
         self.python = python
+        self.name = name
+        self.redis = MinouRedis(workdir, name) if storage == "redis" else None
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -83,6 +89,15 @@ class MinouBroker:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
+    @property
+    def admin_key(self) -> str | None:
+        return str(self.data_dir / "admin.key") if self.data_dir is not None else None
+
+    @property
+    def storage_dir(self) -> Path | None:
+        """Where the durable state is: the data dir, or the redis-server's (its AOF)."""
+        return self.redis.dir if self.redis is not None else self.data_dir
+
     def start(self, fresh: bool = True, timeout: float = 30.0) -> str:
         if self.proc is not None:
             self.stop()
@@ -90,8 +105,15 @@ class MinouBroker:
             if self.data_dir is not None:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = Path(tempfile.mkdtemp(prefix="minou-data-", dir=self.workdir))
+        storage: list[str] = []
+        if self.redis is not None:
+            # fresh: a new redis-server on an empty dir, as the SQLite broker gets an
+            # empty data dir; otherwise the same one (a broker restart on its data)
+            if fresh or self.redis.pid is None:
+                self.redis.start()
+            storage = ["--storage", self.redis.url]
         self.starts += 1
-        log = open(self.workdir / "minou-broker.log", "ab")  # noqa: SIM115 (owned by Popen)
+        log = open(self.workdir / f"{self.name}-broker.log", "ab")  # noqa: SIM115 (Popen's)
         # Measured as deployed: authenticated clients (key pairs) under a rule, so the
         # per-message rule check is part of every number.
         config = self.workdir / "minou-bench.toml"
@@ -100,7 +122,7 @@ class MinouBroker:
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
              "--config", str(config),
-             "--port", "0", "--http-port", "0", "--log-level", "warning"],
+             "--port", "0", "--http-port", "0", "--log-level", "warning", *storage],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
         )
         log.close()
@@ -123,7 +145,7 @@ class MinouBroker:
             if line is None:
                 self.stop()
                 raise RuntimeError(
-                    f"minou broker did not start (see {self.workdir}/minou-broker.log)")
+                    f"minou broker did not start (see {self.workdir}/{self.name}-broker.log)")
             m = re.search(r"native\s+(minou://\S+)", line)
             if m:
                 url = m.group(1)
@@ -143,9 +165,54 @@ class MinouBroker:
 
     def close(self) -> None:
         self.stop()
+        if self.redis is not None:
+            self.redis.close()
         if self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
+
+
+class MinouRedis:
+    """The redis-server under a minou broker on Redis: loopback, a free port, a temp
+    dir of its own, and the settings minou requires for a confirm to mean durable
+    (``appendonly yes``, ``appendfsync always``; no RDB snapshots). ``start`` always
+    begins on an empty dir: a fresh store for each test."""
+
+    def __init__(self, workdir: Path, name: str) -> None:
+        self.workdir = workdir
+        self.name = name
+        self.port = 0
+        self.dir: Path | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.close()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-redis-", dir=self.workdir))
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+             "--protected-mode", "yes", "--save", "", "--appendonly", "yes",
+             "--appendfsync", "always", "--dir", str(self.dir), "--daemonize", "no",
+             "--logfile", str(self.workdir / f"{self.name}-redis.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_port(self.port, 20, self.proc)
+
+    def close(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
 
 
 class PeerServer:
@@ -261,9 +328,11 @@ def _pgrep_exact(name: str) -> list[int]:
 
 
 def installed_peers() -> list[str]:
+    """The systems besides the SQLite broker to measure by default: a minou broker on
+    Redis and the peers, each whose server binary is installed."""
     out = []
     if shutil.which("redis-server"):
-        out += ["redis-aof", "redis-mem"]
+        out += ["minou-redis", "redis-aof", "redis-mem"]
     if shutil.which("nats-server"):
         out.append("nats-js")
     if shutil.which("rabbitmq-server"):

@@ -29,6 +29,10 @@ Tests (--only takes the letters or the row keys):
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
+With the "peer" minou-redis (default when redis-server is installed) a second minou
+broker runs tests a-c with --storage redis://... on a redis-server of its own
+(appendonly yes, appendfsync always; a fresh one before every test), and the table
+gives its ratio to the SQLite broker (issue 17's target: >= 0.5 on a and b).
 The peers are started here too, on 127.0.0.1 and free ports, and stopped by pid.
 
 Usage:  .venv/bin/python bench/minou_bench.py [--runs 3] [--only a,b] [--peers redis-aof,nats-js]
@@ -68,6 +72,11 @@ GROUPS = {
     "f": ["spark"],
 }
 HTTP_TESTS = GROUPS["e"]  # minou only
+# A minou broker on Redis (issue 17) runs the message tests; memory (d: the data is in
+# another process), HTTP (e) and Spark (f) are measured on the SQLite broker only.
+REDIS = "minou-redis"
+REDIS_TESTS = GROUPS["a"] + GROUPS["b"] + GROUPS["c"]
+REDIS_TARGET = 0.5  # minou-redis / minou on throughput (issue 17: >= 50 % of SQLite's)
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
 SPARK_ROWS = ["spark_read", "spark_stream", "spark_noop", "spark_rate_noop", "spark_vs_rate",
               "spark_batch_latency"]  # test "spark"
@@ -130,12 +139,22 @@ class Bench:
         self.servers = servers
         self.workdir = workdir
         self.minou = servers.MinouBroker(workdir, python=sys.executable)
+        # the minou brokers by system name: "minou" (SQLite) and, if asked, REDIS
+        self.brokers: dict[str, Any] = {"minou": self.minou}
         self.peer_servers: dict[str, Any] = {}
 
     # --------------------------------------------------------------- servers
     def start_peers(self, names: list[str]) -> list[str]:
         started = []
         for name in names:
+            if name == REDIS:  # started (with its redis-server) fresh before each test
+                if not shutil.which("redis-server"):
+                    log(f"  ! {name}: no redis-server installed; left out")
+                    continue
+                self.brokers[name] = self.servers.MinouBroker(
+                    self.workdir, python=sys.executable, storage="redis", name=name)
+                started.append(name)
+                continue
             srv = self.servers.PeerServer(name, self.workdir)
             try:
                 srv.start()
@@ -149,7 +168,9 @@ class Bench:
         return started
 
     def stop_all(self) -> None:
-        self.minou.close()
+        for broker in self.brokers.values():
+            with contextlib.suppress(Exception):
+                broker.close()
         for srv in self.peer_servers.values():
             with contextlib.suppress(Exception):
                 srv.stop()
@@ -159,19 +180,29 @@ class Bench:
         return {n: s.port for n, s in self.peer_servers.items()}
 
     def pid(self, system: str) -> int | None:
-        return self.minou.pid if system == "minou" else self.peer_servers[system].pid
+        if system in self.brokers:
+            return self.brokers[system].pid
+        return self.peer_servers[system].pid
+
+    def aux_pid(self, system: str) -> int | None:
+        """A second server process of the system: minou-redis's redis-server."""
+        broker = self.brokers.get(system)
+        return broker.redis.pid if broker is not None and broker.redis is not None else None
 
     def data_dir(self, system: str) -> Path | None:
-        if system == "minou":
-            return self.minou.data_dir
+        if system in self.brokers:
+            return self.brokers[system].storage_dir
         return None if system == "redis-mem" else self.peer_servers[system].data_dir
 
     def admin(self, system: str, what: str) -> Any:
-        return self.clients.admin(system, what, url=self.minou.url, ports=self.ports)
+        broker = self.brokers.get(system, self.minou)
+        return self.clients.admin(system, what, url=broker.url, ports=self.ports,
+                                  admin_key=broker.admin_key)
 
     def reset(self, system: str, fresh_server: bool = False) -> None:
-        if system == "minou":
-            self.minou.start(fresh=True)
+        if system in self.brokers:
+            self.brokers[system].start(fresh=True)
+            self.peers.settle(self.aux_pid(system))
         elif fresh_server:
             srv = self.peer_servers[system]
             srv.stop()
@@ -183,8 +214,10 @@ class Bench:
         self.peers.settle(self.pid(system))
 
     def base(self, system: str) -> dict[str, Any]:
+        url = self.brokers[system].url if system in self.brokers else self.minou.url
         return dict(peer=system, window=self.args.window, limit_s=self.args.limit_s,
-                    srv_pid=self.pid(system), ports=self.ports, url=self.minou.url)
+                    srv_pid=self.pid(system), aux_pid=self.aux_pid(system), ports=self.ports,
+                    url=url)
 
     def prefill(self, system: str, n: int, size: int, procs: int, limit_s: float,
                 peer: str | None = None) -> int:
@@ -194,6 +227,7 @@ class Bench:
                 for i in range(procs)]
         self.clients.run_jobs(jobs, timeout=limit_s + 120)
         self.peers.settle(self.pid(system))
+        self.peers.settle(self.aux_pid(system))
         return self.admin(system, "depth")
 
     # ----------------------------------------------------------------- tests
@@ -214,11 +248,14 @@ class Bench:
             if errors:
                 res[f"{key}_errors"] = errors
             c = cpu.get(key, {})
-            log(f"  {system:10s} {key:11s} {self.peers.fmt(res[key]):>10s} msg/s  "
-                f"({count:,} msgs in {wall:.2f} s; CPU% server {c.get('server')}, "
+            aux = f" + redis-server {c['aux']}" if "aux" in c else ""
+            log(f"  {system:11s} {key:11s} {self.peers.fmt(res[key]):>10s} msg/s  "
+                f"({count:,} msgs in {wall:.2f} s; CPU% server {c.get('server')}{aux}, "
                 f"clients {c.get('clients')}; host busy {c.get('host_busy_cores')} cores"
                 f"{f'; {errors} errors' if errors else ''})")
 
+        if system == REDIS and test not in REDIS_TESTS:
+            return
         if test == "spark":
             if system == "minou":  # no peer has a Spark connector here
                 self.run_spark(res, cpu)
@@ -275,7 +312,7 @@ class Bench:
                 res.update(lat_p50_ms=round(q(0.50), 3), lat_p99_ms=round(q(0.99), 3),
                            lat_max_ms=round(lat[-1] / 1e6, 3), lat_received=len(lat),
                            lat_rate=round(prod["count"] / (prod["t1"] - prod["t0"])))
-            log(f"  {system:10s} latency     p50 {res.get('lat_p50_ms')} ms  p99 "
+            log(f"  {system:11s} latency     p50 {res.get('lat_p50_ms')} ms  p99 "
                 f"{res.get('lat_p99_ms')} ms  max {res.get('lat_max_ms')} ms "
                 f"({res.get('lat_received')}/{total} msgs, achieved {res.get('lat_rate')} msg/s)")
         elif test == "mem":
@@ -298,7 +335,7 @@ class Bench:
                 self.peers.settle(self.minou.pid)
                 res["mem_restart_depth"] = self.admin(system, "depth")
                 res["mem_restart_mib"] = self.peers.proc_rss_mib(self.minou.pid)
-            log(f"  {system:10s} memory      RSS {res['mem_rss_mib']} MiB with {depth:,} stored "
+            log(f"  {system:11s} memory      RSS {res['mem_rss_mib']} MiB with {depth:,} stored "
                 f"(idle {res['mem_idle_mib']}, peak {res['mem_hwm_mib']}, data "
                 f"{res['mem_disk_mib']} MiB, filled in {took:.1f} s"
                 + (f"; after restart {res.get('mem_restart_mib')} MiB, "
@@ -401,10 +438,14 @@ def verdict(v: Any, target: tuple[str, float] | None) -> str:
 
 def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
           spread: dict[str, dict[str, tuple[Any, Any]]] | None = None) -> str:
-    peers = [s for s in systems if s != "minou"]
-    head = ["test", "minou", "target (minou)", *peers, *[f"minou/{p}" for p in peers]]
+    peers = [s for s in systems if s not in ("minou", REDIS)]
+    # minou on Redis is compared with minou on SQLite (its own target), not the peers
+    on_redis = [REDIS] if REDIS in systems else []
+    redis_head = [REDIS, f"{REDIS}/minou", f"target ({REDIS}/minou)"] if on_redis else []
+    head = ["test", "minou", "target (minou)", *redis_head, *peers,
+            *[f"minou/{p}" for p in peers]]
     lines = ["| " + " | ".join(head) + " |",
-             "|---|" + "---:|" * (2 + len(peers)) + "---:|" * len(peers)]
+             "|---|" + "---:|" * (len(head) - 1)]
     for key, desc, _better, target in ROWS:
         if not any(med.get(s, {}).get(key) is not None for s in systems):
             continue
@@ -425,7 +466,15 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
             return text
 
         mv = med.get("minou", {}).get(key)
-        cells = [desc, cell("minou"), verdict(mv, target), *[cell(p) for p in peers],
+        redis_cells = []
+        if on_redis:
+            rv = med.get(REDIS, {}).get(key)
+            share = rv / mv if isinstance(rv, int | float) and isinstance(mv, int | float) \
+                and mv else None
+            goal = (">=", REDIS_TARGET) if key in GROUPS["a"] + GROUPS["b"] else None
+            redis_cells = [cell(REDIS), ratio(rv, mv), verdict(share, goal)]
+        cells = [desc, cell("minou"), verdict(mv, target), *redis_cells,
+                 *[cell(p) for p in peers],
                  *[ratio(mv, med.get(p, {}).get(key)) for p in peers]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -463,7 +512,10 @@ def cpu_table(med: dict[str, dict[str, Any]], systems: list[str]) -> str:
         cells = []
         for s in systems:
             c = med[s].get("cpu_pct", {}).get(t)
-            cells.append(f"{c.get('server')} / {c.get('clients')} / {c.get('host_busy_cores')}"
+            # minou-redis's server is two processes: "broker + redis-server"
+            srv = f"{c.get('server')} + {c['aux']}" if c and "aux" in c else \
+                (c.get("server") if c else None)
+            cells.append(f"{srv} / {c.get('clients')} / {c.get('host_busy_cores')}"
                          if c else "-")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -554,8 +606,9 @@ def main() -> int:
     ap.add_argument("--only", help="tests: a,b,c,d,e,f or row keys (pub_100B, con4_p1000, lat, "
                                    "mem, http_pub, http_con, spark); default: all")
     ap.add_argument("--peers", default=None,
-                    help="comma separated: redis-aof,redis-mem,nats-js,rabbitmq; 'none' for "
-                         "minou alone (default: each whose server binary is installed)")
+                    help="comma separated: minou-redis (a minou broker on Redis, tests a-c), "
+                         "redis-aof,redis-mem,nats-js,rabbitmq; 'none' for the SQLite "
+                         "broker alone (default: each whose server binary is installed)")
     ap.add_argument("--limit-s", type=float, default=10.0, help="time cap per throughput test")
     ap.add_argument("--prefill-limit-s", type=float, default=120.0)
     ap.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight")
@@ -603,8 +656,9 @@ def main() -> int:
     else:
         wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in wanted:
-        if p not in peers_mod.PEERS:
-            print(f"unknown peer {p!r} (known: {', '.join(peers_mod.PEERS)})", file=sys.stderr)
+        if p not in peers_mod.PEERS and p != REDIS:
+            print(f"unknown peer {p!r} (known: {REDIS}, {', '.join(peers_mod.PEERS)})",
+                  file=sys.stderr)
             return 2
 
     def on_term(signum: int, frame: Any) -> None:  # make `finally` stop our servers
@@ -623,7 +677,9 @@ def main() -> int:
     started = time.monotonic()
     try:
         peers_on = bench.start_peers(wanted)
-        systems = ["minou", *peers_on]
+        # the broker on Redis right after the one on SQLite: its ratio to it is taken
+        # from two measurements as close in time as the interleaving allows
+        systems = ["minou", *sorted(peers_on, key=lambda s: s != REDIS)]
         for i in range(args.runs):
             log(f"=== run {i + 1}/{args.runs}")
             run: dict[str, dict[str, Any]] = {s: {"cpu_pct": {}} for s in systems}
@@ -649,7 +705,7 @@ def main() -> int:
         return 130
     finally:
         rss_after = {s: peers_mod.proc_rss_mib(bench.pid(s))
-                     for s in ["minou", *bench.peer_servers]}
+                     for s in [*bench.brokers, *bench.peer_servers]}
         bench.stop_all()
         if not errors:  # keep the logs when something went wrong
             shutil.rmtree(workdir, ignore_errors=True)
@@ -660,11 +716,14 @@ def main() -> int:
     log(f"medians of {args.runs} run(s) (min - max); N={args.n:,} or {args.limit_s:g} s "
         f"per test, window {args.window}, prefetch {args.batch}, {args.procs} processes in the 4x "
         f"rows, latency at {args.rate:g}/s for {args.duration:g} s; ratio = minou / peer "
-        f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)")
+        f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)"
+        + (f"; {REDIS} = a minou broker on Redis (AOF always), {REDIS}/minou its ratio to "
+           f"the SQLite broker" if REDIS in systems else ""))
     log(table(med, systems, args, spread if args.runs > 1 else None))
     log("")
     log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
-        f"{os.cpu_count()}), medians:")
+        f"{os.cpu_count()}), medians" + (f"; {REDIS}'s server: broker + redis-server"
+                                         if REDIS in systems else "") + ":")
     log(cpu_table(med, systems))
     if errors:
         log("")

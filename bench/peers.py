@@ -387,7 +387,10 @@ async def _worker(job: dict[str, Any], barrier: Any) -> dict[str, Any]:
     try:
         barrier.wait(timeout=60)
         t0 = time.monotonic()
+        # aux_pid: a second server process the system needs (minou-redis: its
+        # redis-server), accounted apart from the server's
         out: dict[str, Any] = {"t0": t0, "srv_cpu0": proc_cpu_s(job.get("srv_pid")),
+                               "aux_cpu0": proc_cpu_s(job.get("aux_pid")),
                                "cli_cpu0": time.process_time()}
         role = job["role"]
         if role == "pub":
@@ -407,6 +410,7 @@ async def _worker(job: dict[str, Any], barrier: Any) -> dict[str, Any]:
         else:
             raise ValueError(f"unknown role {role!r}")
         out["srv_cpu1"] = proc_cpu_s(job.get("srv_pid"))
+        out["aux_cpu1"] = proc_cpu_s(job.get("aux_pid"))
         out["cli_cpu1"] = time.process_time()
         return out
     finally:
@@ -454,7 +458,7 @@ def throughput(results: list[dict[str, Any]], cpu: dict[str, Any] | None = None,
                key: str | None = None) -> tuple[int, float, float]:
     """(messages, msg/s, wall s) over [earliest start, latest finish] of the workers.
     With ``cpu``, ``cpu[key]`` gets the server's and the clients' CPU over that
-    window, in % of one core."""
+    window, in % of one core (and ``aux``, the second server process's, if any)."""
     count = sum(r["count"] for r in results)
     first = min(results, key=lambda r: r["t0"])
     last = max(results, key=lambda r: r["t1"])
@@ -464,6 +468,9 @@ def throughput(results: list[dict[str, Any]], cpu: dict[str, Any] | None = None,
         server = round(100 * (s1 - s0) / wall, 1) if s0 is not None and s1 is not None else None
         clients = round(100 * sum(r["cli_cpu1"] - r["cli_cpu0"] for r in results) / wall, 1)
         cpu[key] = {"server": server, "clients": clients}
+        a0, a1 = first.get("aux_cpu0"), last.get("aux_cpu1")
+        if a0 is not None and a1 is not None:
+            cpu[key]["aux"] = round(100 * (a1 - a0) / wall, 1)
     return count, (count / wall if wall > 0 else 0.0), wall
 
 

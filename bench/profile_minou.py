@@ -5,6 +5,13 @@ bench/minou_bench.py), and prints function-level hotspots per process and thread
 
   .venv/bin/pip install py-spy
   .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,con] [--seconds 8]
+  .venv/bin/python bench/profile_minou.py --storage redis   (a broker on Redis)
+
+With ``--storage redis`` the broker runs on a redis-server started here (AOF
+``always``, as minou_bench.py's minou-redis), and Redis's own view of the workload
+is printed too: INFO commandstats over the measured seconds (calls and usec per call
+of EVALSHA, MULTI, EXEC, ...; commits = EXEC calls, plus settle-only batches, which
+run their scripts outside MULTI), messages per commit, Redis's CPU, and SLOWLOG.
 
 Collapsed stacks (flamegraph.pl / speedscope input) go to bench/results/profile/.
 py-spy runs without --idle, so a sample is taken only while a thread is on the CPU
@@ -28,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -122,6 +130,13 @@ def summarize(raw: Path, top: int, cpu: dict[str, float] | None = None) -> str:
     return "\n".join(out)
 
 
+def proc_cpu(pid: int | None) -> float | None:
+    """User + system CPU seconds of a whole process."""
+    if pid is None:
+        return None
+    return sum(thread_cpu(pid).values()) or None
+
+
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread id."""
     out: dict[str, float] = {}
@@ -160,11 +175,44 @@ def record(pid: int, out: Path, fmt: str, rate: int) -> subprocess.Popen:
     )
 
 
+def redis_view(url: str) -> Any:
+    """A client on the broker's redis-server (the bench's own, no password)."""
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
+def redis_report(r: Any, count: int, wall: float, cpu_pct: float | None) -> str:
+    """What Redis did over the measured seconds: commands (calls, usec per call, share of
+    the wall), commits, messages per commit, Redis's CPU, the slowest commands."""
+    stats = r.info("commandstats")
+    rows = sorted(((k.removeprefix("cmdstat_"), v) for k, v in stats.items()),
+                  key=lambda kv: -kv[1]["usec"])
+    execs = stats.get("cmdstat_exec", {}).get("calls", 0)
+    out = [f" redis-server: {sum(v['calls'] for _, v in rows):,} commands over {wall:.1f} s"
+           + (f"; its CPU {cpu_pct:.0f}% of one core" if cpu_pct is not None else "")]
+    out.append(f"    {'command':12s} {'calls':>9s} {'usec/call':>10s} {'usec total':>11s}"
+               f" {'% of wall':>9s}")
+    for name, v in rows:
+        out.append(f"    {name:12s} {v['calls']:9,} {v['usec_per_call']:10.1f} {v['usec']:11,}"
+                   f" {100 * v['usec'] / 1e6 / wall:9.1f}")
+    if execs:
+        out.append(f"    atomic commits (EXEC): {execs:,} = {execs / wall:,.0f}/s, "
+                   f"{count / execs:,.0f} messages per commit, {1e3 * wall / execs:.2f} ms "
+                   "of wall per commit")
+    for entry in r.slowlog_get(5):
+        cmd = entry["command"]
+        cmd = cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)
+        out.append(f"    slowlog: {entry['duration']:,} usec  {cmd[:60]}")
+    return "\n".join(out)
+
+
 def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -> str:
     import bench_clients as bc
     import bench_servers as bs
 
-    broker = bs.MinouBroker(workdir, python=sys.executable)
+    broker = bs.MinouBroker(workdir, python=sys.executable, storage=args.storage,
+                            name="minou" if args.storage == "sqlite" else "minou-redis")
     report = []
     try:
         url = broker.start()
@@ -175,6 +223,12 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
                          limit_s=300) for _ in range(2)]
             bc.run_jobs(jobs, timeout=400)
             time.sleep(1)
+        r = None
+        if broker.redis is not None:  # count from here: the measured workload alone
+            r = redis_view(broker.redis.url)
+            r.config_set("slowlog-log-slower-than", 1000)
+            r.slowlog_reset()
+            r.config_resetstat()
         client = subprocess.Popen(
             [sys.executable, __file__, "--client", role, "--url", url,
              "--seconds", str(args.seconds), "--size", str(size)],
@@ -182,6 +236,8 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
         )
         time.sleep(0.5)
         cpu0 = {"broker": thread_cpu(broker.pid), "client": thread_cpu(client.pid)}
+        redis_pid = broker.redis.pid if broker.redis is not None else None
+        redis_cpu = [proc_cpu(redis_pid), None]  # over the broker's window below
         t_cpu0 = time.monotonic()
         spies = []
         for who, pid in (("broker", broker.pid), ("client", client.pid)):
@@ -191,9 +247,21 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
         while client.poll() is None:  # the last reading before the client exits
             cpu1 = {"broker": thread_cpu(broker.pid), "client": thread_cpu(client.pid)
                     or cpu1["client"]}
+            redis_cpu[1] = proc_cpu(redis_pid)
             t_cpu1 = time.monotonic()
             time.sleep(0.2)
         out, _ = client.communicate(timeout=args.seconds + 60)
+        redis_text = ""
+        if r is not None:
+            m = re.search(r"([\d,]+) msgs in ([\d.]+) s", out)
+            count, dt = (int(m.group(1).replace(",", "")), float(m.group(2))) if m else (0, 0)
+            # commands per second over the client's measured seconds (the few before
+            # it, its connect and py-spy's wait, are idle); CPU over the broker's window
+            wall = t_cpu1 - t_cpu0
+            cpu_pct = None if None in redis_cpu or not wall else \
+                100 * (redis_cpu[1] - redis_cpu[0]) / wall
+            redis_text = redis_report(r, count, dt or wall, cpu_pct)
+            r.close()
         for who, _fmt, _path, proc in spies:
             if who == "broker":
                 proc.send_signal(signal.SIGINT)
@@ -202,7 +270,9 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        report.append(f"== {name}: {out.strip()}")
+        report.append(f"== {name} ({args.storage}): {out.strip()}")
+        if redis_text:
+            report.append(redis_text)
         for who in ("broker", "client"):
             raw = outdir / f"{name}-{who}.txt"
             if raw.exists():
@@ -222,6 +292,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default="pub,pub1k,con")
+    ap.add_argument("--storage", choices=["sqlite", "redis"], default="sqlite",
+                    help="the broker's storage (redis: a redis-server started here)")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--prefill", type=int, default=600_000, help="messages before 'con'")
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
@@ -249,8 +321,8 @@ def main() -> int:
                          capture_output=True, text=True).stdout.strip()
     where = subprocess.run([sys.executable, "-c", "import minou; print(minou.__file__)"],
                            capture_output=True, text=True).stdout.strip()
-    head = (f"minou from {where} (work tree {rev}), py-spy at {args.rate} Hz, "
-            f"{args.seconds:g} s per scenario")
+    head = (f"minou from {where} (work tree {rev}), storage {args.storage}, py-spy at "
+            f"{args.rate} Hz, {args.seconds:g} s per scenario")
     (outdir / "summary.txt").write_text(head + "\n\n" + "\n\n".join(reports) + "\n")
     print(f"wrote {outdir}/summary.txt", file=sys.stderr)
     return 0
