@@ -179,3 +179,29 @@ def test_a_primary_paused_past_its_lease_writes_nothing_when_it_wakes(
     assert all(got[seq] == n for seq, n in producer.confirmed.items()), \
         "a message confirmed by one primary was overwritten by the other"
     assert standby.stop() == 0
+
+
+def test_deliveries_of_the_old_primary_cannot_be_settled_and_come_again(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    with primary.connect_sync("p") as pub:
+        sent = {pub.send(CH, {"n": n}).seq: n for n in range(10)}
+    import minou
+
+    with minou.connect_sync(f"{primary.url},{standby.url}", request_timeout=10,
+                            **primary.auth("reader")) as c:
+        sub = c.consume("fill/v1/*", group="g", prefetch=10)
+        held = [sub.get(timeout=10) for _ in range(10)]
+        assert sorted(m.seq for m in held) == sorted(sent)
+        time.sleep(0.5)  # their attempt counts are stored (within milliseconds)
+        primary.kill()
+        wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+        again = [sub.get(timeout=20) for _ in range(10)]
+        # A tag of the old primary settles nothing on the new one: not durable.
+        assert [m.ack() for m in held] == [False] * 10
+        assert sorted(m.seq for m in again) == sorted(sent)
+        assert all(m.attempts >= 2 for m in again), [m.attempts for m in again]
+        assert all(m.ack() for m in again)
+    got, _ = drain(standby, "recount", 0, timeout=1.0)
+    assert got == {}  # acked on the new primary: nothing comes back
+    assert standby.stop() == 0
