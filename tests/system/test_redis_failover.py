@@ -110,7 +110,8 @@ def test_a_standby_sends_clients_to_the_primary(broker_factory: Any, redis: Redi
         receipt = c.send(CH, {"n": 1})
         assert receipt.seq == 1
     assert serving(primary) and not serving(standby)
-    view = cluster_view(primary, primary)
+    view = cluster_view(standby, primary)  # the CLI, given the standby, follows too
+    assert [b["native"] for b in view["brokers"] if b["self"]] == [primary.url]
     roles = sorted((b["role"], b["native"]) for b in view["brokers"])
     assert roles == [("primary", primary.url), ("standby", standby.url)], view
     assert view["queues"] == [{"queue": "fill/v1", "epoch": 1, "owner": view["primary"]}]

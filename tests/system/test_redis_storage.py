@@ -205,3 +205,45 @@ def test_redis_out_of_memory_refuses_publishes_serves_the_rest_and_resumes(
         assert b.alive and b.stop() == 0
     finally:
         server.stop()
+
+
+def test_rediss_runs_a_broker_over_tls(broker_factory: Any, tmp_path: Path) -> None:
+    """``rediss://`` with the CA of a Redis that speaks TLS only."""
+    import redis as redis_py
+
+    from minou.tls import ensure_self_signed
+
+    files = ensure_self_signed(tmp_path / "tls", hosts=["127.0.0.1"])
+    port = free_port()
+    assert REDIS_SERVER is not None
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
+         "--tls-ca-cert-file", str(files.cert), "--tls-auth-clients", "no",
+         "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+         "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={files.cert}"
+
+        def up() -> bool:
+            try:
+                return bool(redis_py.Redis.from_url(url).ping())
+            except redis_py.RedisError:
+                return False
+
+        wait_until(up, 20, what="redis-server with TLS")
+        b = broker_factory.make(storage=url).start()
+        with b.connect_sync("tls-user") as c:
+            seqs = {c.send(CH, {"n": n}).seq: n for n in range(5)}
+        b.kill()  # and back: the state is in that Redis
+        b.start()
+        got, _ = drain(b, "recount", len(seqs))
+        assert got == seqs
+        assert f"rediss://127.0.0.1:{port}/0" in b.output
+        plain = redis_py.Redis(port=port, socket_timeout=2)
+        with pytest.raises(redis_py.RedisError):
+            plain.ping()  # nothing on that port speaks plain Redis: TLS was used
+        assert b.stop() == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
