@@ -36,6 +36,9 @@ INVARIANTS: dict[str, str] = {
     "tags_fenced":
         "a settlement succeeds only for a live delivery tag of the settling connection "
         "(not another client's, not a settled, expired or redelivered one)",
+    "fenced_after_takeover":
+        "once another broker took the store over, nothing the paused one still writes "
+        "is stored (its epochs are stale)",
     "attempts_never_decrease":
         "a redelivery's attempt count is above the last one of this run; across a "
         "crash, above the count storage held and at least the highest any client saw",

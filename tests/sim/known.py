@@ -33,5 +33,5 @@ class SimStorage(MemoryStorage):
     override of ``open`` or ``apply`` that asks ``tolerates``; none is known now)."""
 
     def __init__(self, name: str, ledger: Ledger) -> None:
-        super().__init__(name)
+        super().__init__(name, claim=True)  # fenced as on Redis: takeovers are simulated
         self.ledger = ledger

@@ -21,7 +21,7 @@ from minou.names import consume_group_key, listen_group_key
 # Every feature a history may use; shrinking a failure switches them off one by one.
 FEATURES = ("crash", "full", "ttl", "delay", "priority", "dedup", "broadcast", "numbered",
             "nack", "extend", "slow", "flow", "txn", "evict", "foreign", "exclusive",
-            "retention", "budget")
+            "retention", "budget", "takeover")
 
 T0 = 1_000_000.0  # the simulated wall clock at the start (seconds)
 ENDPOINTS = ("a/v1", "b/v1")

@@ -23,6 +23,7 @@ from minou.core.rights import Rights
 from minou.core.settlement import Settlement
 from minou.server.delivery_budget import DeliveryBudget
 from minou.server.engine import Engine
+from minou.storage.memory import MemoryStorage
 
 from .known import KNOWN_BUGS
 from .run import Case, Result, run_case, shrink
@@ -232,3 +233,16 @@ def test_catches_a_redelivery_before_its_attempt_count_is_stored(
 
     planted.setattr(Settlement, "return_lease", return_lease)
     assert _first_failure(400).violation.name == "attempts_never_decrease"  # type: ignore[union-attr]
+
+
+def test_catches_a_store_that_does_not_fence_a_paused_broker(
+        planted: pytest.MonkeyPatch) -> None:
+    """Fencing gone: a broker paused past its lease writes after the takeover."""
+    planted.setattr(MemoryStorage, "_check_fence", lambda self, batch: None)
+    found = None
+    for seed in range(400):
+        r = run_case(Case(seed, steps=300, features=frozenset({"takeover", "nack"})))
+        if r.failed:
+            found = r
+            break
+    assert found is not None and found.violation.name == "fenced_after_takeover"  # type: ignore[union-attr]

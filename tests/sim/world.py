@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from minou.core.broker import Broker, Session
 from minou.core.writes import WriteBatch
-from minou.errors import StorageFull
+from minou.errors import StorageFenced, StorageFull
 from minou.limits import (
     PUBLISH_RESUME_BYTES,
     SETTLE_COMMIT_DELAY_S,
@@ -133,6 +133,9 @@ class World:
                  tolerate: frozenset[str] = frozenset(KNOWN_BUGS)) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # Takeovers are drawn from their own generator: the histories of runs without
+        # them (and the seeds pinned before they existed) stay what they were.
+        self.takeover_rng = random.Random(f"takeover-{seed}")
         self.now = T0
         self.steps = steps
         self.scenario = Scenario.draw(seed, self.rng, clients,
@@ -228,6 +231,36 @@ class World:
         self.start()
         return "CRASH" + (" after the in-flight batch was written" if torn else
                           " (the in-flight batch is lost)" if host.writing else "")
+
+    def takeover(self) -> str:
+        """Another broker takes the store over while this one is paused (SIGSTOP past
+        its lease), then this one wakes up: its writer goes on with the batch it was
+        writing, and whatever it staged since. The store must refuse all of it (the
+        epochs moved on): what the new broker read stays what it serves."""
+        old_host, old_engine, old_storage = self.host, self.engine, self.storage
+        late = [old_host.writing] if old_host.writing is not None else []
+        old_host.dead = True
+        for c in self.clients:
+            c.lost_run()
+        for conn in self.conns.values():
+            conn.closed = True
+        self.conns.clear()
+        self.ledger.crashed()
+        self.now += self.rng.choice((0.1, 1.0, 4.0))
+        self.start()  # the new broker: its open claims every queue
+        staged = old_engine.core.take_writes()
+        if staged.writes:
+            late.append(staged)
+        for batch in late:
+            try:
+                old_storage.apply(batch)
+            except StorageFenced:
+                continue
+            inv.fail("fenced_after_takeover",
+                     f"a commit of the paused broker ({len(batch.messages)} messages, "
+                     f"{len(batch.group_states)} group states) was written after another "
+                     "broker took the store over")
+        return f"TAKEOVER by another broker; the paused one's {len(late)} late commit(s) refused"
 
     def setup_groups(self) -> None:
         """Make every group of the scenario durable before anything is published."""
@@ -339,6 +372,10 @@ class World:
     def step(self) -> None:
         host = self.host
         f = self.scenario.features
+        if "takeover" in f and self.takeover_rng.random() < 0.002:
+            self._doing = "takeover"
+            self.log(self.takeover())
+            return
         event = self.choose([
             ("soon", 30 if host.soon else 0), ("write", 12 if host.writing else 0),
             ("load", 10 if host.loads else 0), ("client", 25), ("time", 8),

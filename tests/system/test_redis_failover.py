@@ -206,3 +206,13 @@ def test_deliveries_of_the_old_primary_cannot_be_settled_and_come_again(
     got, _ = drain(standby, "recount", 0, timeout=1.0)
     assert got == {}  # acked on the new primary: nothing comes back
     assert standby.stop() == 0
+
+
+def test_a_standby_stops_cleanly_and_leaves_the_cluster(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    assert len(cluster_view(primary, primary)["brokers"]) == 2
+    assert standby.stop() == 0  # SIGTERM while waiting for the lease
+    view = cluster_view(primary, primary)
+    assert [b["native"] for b in view["brokers"]] == [primary.url]  # gone at once
+    assert primary.stop() == 0

@@ -266,6 +266,7 @@ class BrokerServer:
                 self.primary = PrimaryRole(self, sockets)
                 if not await self.primary.acquire():  # asked to stop while standby
                     self.stopped_in_standby = True
+                    await self.primary.release()
                     for sock in sockets:
                         sock.close()
                     self._dir_lock.release()

@@ -186,14 +186,15 @@ class PrimaryRole:
         server.request_stop()
 
     async def release(self) -> None:
-        """A clean stop: give the lease back (only if it is still ours)."""
-        if self.role == "primary":
-            try:
+        """A clean stop: give the lease back (only if it is still ours), and leave."""
+        try:
+            if self.role == "primary":
                 await self._call(self.lease.note, "gave the lease back (clean stop)")
                 await self._call(self.lease.release)
-            except redis.RedisError as exc:
-                log.warning("could not give the primary lease back (%s): a standby takes "
-                            "over when it runs out", exc)
+            await self._call(self.lease.leave)
+        except redis.RedisError as exc:
+            log.warning("could not give the primary lease back (%s): a standby takes "
+                        "over when it runs out", exc)
         self.role = "stopped"
         self._pool.shutdown(wait=False)
 

@@ -42,8 +42,9 @@ from ..core.group import GroupDef
 from ..core.log import Msg
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
-from ..errors import StorageFull, StorageUnavailable
+from ..errors import StorageFenced, StorageFull, StorageUnavailable
 from ..limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
+from ..names import schema_key
 from ..protocol.frames import Send
 from . import segments
 from .segments import runs
@@ -105,6 +106,10 @@ class _State:
 class _Store:
     state: _State = field(default_factory=_State)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one batch at a time
+    # Fencing, as on Redis (storage/redis): each queue's epoch and the instance that
+    # holds the store (the primary), for instances made with ``claim=True``.
+    epochs: dict[str, int] = field(default_factory=dict)
+    primary: object = None
 
 
 # The process's stores, by name. A module-level registry on purpose: it is the "disk"
@@ -386,12 +391,40 @@ def _due_segments(state: _State, now: float) -> list[tuple[str, _Segment]]:
     return [(name, seg) for *_, name, seg in due]
 
 
+def _queue(channel: str) -> str | None:
+    """The queue (``endpoint/version``) of a channel or its dead letters; None for a
+    pattern of no single queue."""
+    try:
+        key = schema_key(channel)
+    except ValueError:
+        return None
+    return None if "*" in key or ">" in key else key
+
+
+def _touched(batch: WriteBatch) -> set[str]:
+    """The queues a batch writes to (as the Redis backend splits it)."""
+    names = [m.channel for m in batch.messages]
+    names += [c for c, _ in batch.deletes]
+    names += [*batch.truncates, *batch.channels]
+    names += [c for _, c in batch.group_states]
+    names += [c for _, c in batch.fences]
+    names += [d[0] for d in batch.dedup]
+    return {q for q in map(_queue, names) if q is not None}
+
+
 class MemoryStorage:
     backend = "memory"
 
     def __init__(self, name: str = "default", *, max_size: int | None = None,
-                 reserve: int = STORAGE_RESERVE_BYTES) -> None:
+                 reserve: int = STORAGE_RESERVE_BYTES, claim: bool = False) -> None:
+        """``claim``: fence as RedisStorage does: ``open`` takes the store over (every
+        queue's epoch goes up) and a batch of an instance that no longer holds it (or
+        whose epoch of a queue it touches moved on) raises StorageFenced, writing
+        nothing. The simulator's takeovers use it; tests opening a second instance
+        beside a running one must not."""
         self.name = name
+        self.claim = claim
+        self.epochs: dict[str, int] = {}
         self.path = f"memory://{name}"
         self.max_size = max_size  # bytes as the quota counts them (None: no limit)
         self.reserve = reserve
@@ -422,13 +455,44 @@ class MemoryStorage:
         return self._store.state  # a committed state: read it without a lock
 
     def open(self, now: float) -> Snapshot:
+        if self.claim:
+            store = self._store
+            with store.lock:
+                store.primary = self
+                # Every queue ever claimed (as Redis's registry: a claim registers the
+                # queue even if its first commit never landed) and every stored one.
+                found = {_queue(name) for name in store.state.channels} | set(store.epochs)
+                for queue in sorted(q for q in found if q is not None):
+                    self._claim(queue)
         return _snapshot(self._state(), now)
+
+    def _claim(self, queue: str) -> None:
+        epochs = self._store.epochs
+        epochs[queue] = self.epochs[queue] = epochs.get(queue, 0) + 1
+
+    def _check_fence(self, batch: WriteBatch) -> None:
+        """Under the store's lock: StorageFenced if another instance took over."""
+        store = self._store
+        if store.primary is not self:
+            raise StorageFenced(f"{self.path} was taken over by another broker: nothing "
+                                "written", {}, "another instance")
+        fenced = {}
+        for queue in _touched(batch):
+            if queue not in self.epochs and queue not in store.epochs:
+                self._claim(queue)  # a new queue, claimed by the holder at its first write
+            elif store.epochs.get(queue) != self.epochs.get(queue):
+                fenced[queue] = store.epochs.get(queue, 0)
+        if fenced:
+            raise StorageFenced(f"{self.path}: queue(s) {', '.join(sorted(fenced))} were "
+                                "claimed by another broker: nothing written", fenced)
 
     def apply(self, batch: WriteBatch) -> None:
         """Apply ``batch`` whole, or raise (StorageFull past ``max_size``,
         StorageUnavailable for what SQLite could not store) with nothing written."""
         store = self._store
         with store.lock:
+            if self.claim:
+                self._check_fence(batch)
             base = store.state
             work = _Work(base)
             try:
