@@ -18,6 +18,7 @@ from minou.auth.tokens import make_token
 from minou.errors import PendingApproval
 
 from ..conftest import BrokerProcess, auth, wait_until
+from ..redis_server import REDIS_SERVER, RedisServer, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -84,9 +85,9 @@ def page(browser, dash_broker):
     context.close()
 
 
-def sign_in(page, broker: BrokerProcess) -> None:
+def sign_in(page, broker: BrokerProcess, token: str | None = None) -> None:
     page.goto(broker.http + "/")
-    page.get_by_test_id("token-input").fill(admin_token(broker))
+    page.get_by_test_id("token-input").fill(token or admin_token(broker))
     page.get_by_test_id("signin-button").click()
     page.get_by_test_id("broker-id").wait_for()
     # The page is drawn before its first poll answers: wait for the data.
@@ -397,3 +398,97 @@ def test_a_pending_admin_promotion_is_shown_and_approved(browser, tmp_path):
     finally:
         context.close()
         broker.kill()
+
+
+def test_the_cluster_page_of_a_broker_alone_on_sqlite(page, dash_broker):
+    sign_in(page, dash_broker)
+    page.get_by_test_id("nav-cluster").click()
+    single = page.get_by_test_id("cluster-single")
+    single.wait_for()
+    assert "run several brokers on one Redis to get a cluster" in single.inner_text()
+    assert page.get_by_test_id("nav-cluster").get_attribute("aria-current") == "page"
+    assert page.title() == "Cluster · minou"
+    rows = page.locator("[data-testid=brokers-table] tr[data-broker]")
+    wait_until(lambda: rows.count() == 1, 10, what="the one broker")
+    assert rows.get_attribute("data-role") == "primary"
+    assert rows.get_by_test_id("broker-role").inner_text().strip() == "primary"
+    assert rows.get_by_test_id("this-broker").is_visible()
+    assert dash_broker.url in rows.inner_text()
+    # Nothing of a cluster to show: no queue epochs, no takeovers, no lease counters.
+    for testid in ("cluster-queues-table", "cluster-events-table", "this-broker-counters"):
+        assert page.get_by_test_id(testid).is_hidden(), testid
+
+
+def _serving(b: BrokerProcess) -> bool:
+    try:
+        return httpx.get(b.http + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+def test_the_cluster_page_of_two_brokers_on_one_redis(browser, broker_factory, tmp_path):
+    """A primary and a standby on a real redis-server: the page shows both with their
+    roles, the queue with its epoch and the events; after a clean stop of the primary,
+    the standby's page shows that it took over (epoch 2)."""
+    redis = RedisServer(tmp_path / "redis").start()
+    cfg = tmp_path / "cluster.toml"
+    cfg.write_text("[storage]\nowner_lease = 3\n")
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        primary = broker_factory.make(config=cfg, storage=redis.url).start()
+        with primary.connect_sync("app-cluster") as c:
+            c.send("orders/v1/1", {"total": 1})
+        standby = broker_factory.make(config=cfg, storage=redis.url)
+        standby.port, standby.http_port = free_port(), free_port()
+        standby.start(ready="standby:")
+        token = admin_token(primary)
+        sign_in(page, primary, token)
+        page.get_by_test_id("nav-cluster").click()
+        brokers = page.locator("[data-testid=brokers-table] tr[data-broker]")
+        wait_until(lambda: brokers.count() == 2, 10, what="both brokers")
+        me = page.locator("[data-testid=brokers-table] tr[data-self]")
+        assert me.get_attribute("data-role") == "primary"
+        assert me.get_by_test_id("broker-role").inner_text().strip() == "primary"
+        assert me.get_by_test_id("this-broker").is_visible()
+        assert primary.url in me.inner_text()
+        first_id = me.get_attribute("data-broker")
+        other = page.locator('[data-testid=brokers-table] tr[data-role="standby"]')
+        assert other.get_by_test_id("broker-role").inner_text().strip() == "standby"
+        assert standby.url in other.inner_text()
+        assert other.get_by_test_id("this-broker").count() == 0
+        queue = page.locator('[data-testid=cluster-queues-table] tr[data-queue="orders/v1"]')
+        queue.wait_for()
+        assert queue.get_attribute("data-epoch") == "1"
+        assert first_id in queue.inner_text()
+        page.locator('[data-testid=cluster-events-table] tr[data-event="became primary"]'
+                     ).wait_for()
+        assert page.get_by_test_id("cluster-single").is_hidden()
+        assert page.get_by_test_id("cluster-primary").inner_text().strip() == first_id
+        wait_until(lambda: int(page.get_by_test_id("lease-renewals").inner_text()
+                               .replace(",", "")) > 0, 10, what="a lease renewal")
+        assert page.get_by_test_id("fenced-writes").inner_text().strip() == "0"
+        shot(page, "cluster")
+
+        # A clean stop gives the lease back: the standby takes over.
+        assert primary.stop() == 0
+        wait_until(lambda: _serving(standby), 15, what="the standby to take over")
+        sign_in(page, standby, token)
+        page.goto(standby.http + "/#/cluster")
+        took = page.locator('[data-testid=cluster-events-table] tr[data-event="took over"]')
+        took.wait_for()
+        assert first_id in took.inner_text()  # from the old primary
+        assert page.locator('[data-testid=cluster-events-table] '
+                            'tr[data-event="gave the lease back (clean stop)"]').count() == 1
+        queue.wait_for()
+        wait_until(lambda: queue.get_attribute("data-epoch") == "2", 10, what="epoch 2")
+        me = page.locator("[data-testid=brokers-table] tr[data-self]")
+        assert me.get_attribute("data-role") == "primary"
+        assert me.get_attribute("data-broker") != first_id
+        assert page.get_by_test_id("takeovers").inner_text().strip() == "1"
+    finally:
+        context.close()
+        redis.stop()

@@ -4,6 +4,7 @@
 import { api, ApiError, onUnauthorized, saveToken, session } from "./api.js";
 import { h } from "./dom.js";
 import * as clientsPage from "./pages/clients.js";
+import * as clusterPage from "./pages/cluster.js";
 import * as overviewPage from "./pages/overview.js";
 import * as queuePage from "./pages/queue.js";
 import * as queuesPage from "./pages/queues.js";
@@ -73,6 +74,7 @@ const ROUTES = [
     params: (m) => ({ dead: !!m[1], endpoint: m[2], version: decodeURIComponent(m[3]) }),
   },
   { re: /^\/clients$/, page: clientsPage, nav: "clients" },
+  { re: /^\/cluster$/, page: clusterPage, nav: "cluster" },
 ];
 
 function parseHash() {
