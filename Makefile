@@ -12,7 +12,7 @@ MUTATE_STAMP := $(VENV)/.installed-mutate-$(CKSUM)
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test fuzz lint bench clean system-deps java dashboard spark-demo
+.PHONY: run test test-redis fuzz lint bench clean system-deps java dashboard spark-demo
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,9 +80,18 @@ dashboard:
 	bash dashboard/build.sh
 
 ## test: install what the tests need, lint, and run the whole suite
+# Then the system tests that lean hardest on storage again, every broker on Redis (the
+# whole system suite on Redis is `make test-redis`: ~7 more minutes).
+REDIS_PASS := tests/system/test_smoke.py tests/system/test_durability.py \
+              tests/system/test_transactions.py tests/system/test_client.py
 test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/python -m pytest
+	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest -q $(REDIS_PASS)
+
+## test-redis: the whole system suite with every broker the tests start on Redis
+test-redis: $(TEST_STAMP) system-deps
+	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest tests/system
 
 ## fuzz: the fuzz targets (tests/fuzz) against real brokers, FUZZ_EXAMPLES examples each
 # (`make test` runs them too, with the small default of MINOU_FUZZ_EXAMPLES)
