@@ -47,8 +47,8 @@ def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path
     """A primary (started first) and a standby on fixed ports."""
     cfg = tmp_path / "cluster.toml"
     cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n')
-    first = broker_factory.make(config=cfg).start()
-    second = broker_factory.make(config=cfg)
+    first = broker_factory.make(config=cfg, storage=redis.url).start()
+    second = broker_factory.make(config=cfg, storage=redis.url)
     second.port, second.http_port = free_port(), free_port()
     second.start(ready="standby:")
     return first, second
@@ -216,3 +216,29 @@ def test_a_standby_stops_cleanly_and_leaves_the_cluster(
     view = cluster_view(primary, primary)
     assert [b["native"] for b in view["brokers"]] == [primary.url]  # gone at once
     assert primary.stop() == 0
+
+
+def test_a_lone_broker_paused_past_its_lease_takes_it_again_and_goes_on(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """No standby took over: nobody claimed anything, so the lease is taken again."""
+    cfg = tmp_path / "alone.toml"
+    cfg.write_text(f"[storage]\nowner_lease = {LEASE}\n")
+    b = broker_factory.make(config=cfg, storage=redis.url).start()
+    producer = Producer(b.url, b.auth("producer"))
+    producer.start()
+    try:
+        wait_until(lambda: len(producer.confirmed) >= 100, 30, what="publishes")
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGSTOP)
+        time.sleep(LEASE * 3)  # the lease runs out; nobody is there to take it
+        b.proc.send_signal(signal.SIGCONT)
+        before = len(producer.confirmed)
+        wait_until(lambda: len(producer.confirmed) >= before + 100, 30,
+                   what="publishes confirmed after the pause")
+    finally:
+        producer.stop.set()
+        producer.join(30)
+    assert b.alive and "taken again" in b.output, b.output[-2000:]
+    got, _ = drain(b, "recount", len(producer.confirmed))
+    assert set(producer.confirmed) <= set(got)
+    assert b.stop() == 0

@@ -147,7 +147,7 @@ def test_with_replicas_1_publishes_wait_for_a_replica_and_are_refused_without_on
                    what="the replica to connect")
         cfg = tmp_path / "replicas.toml"
         cfg.write_text(f'[storage]\nurl = "{redis.url}"\nreplicas = 1\n')
-        b = broker_factory.make(config=cfg).start()
+        b = broker_factory.make(config=cfg, storage=redis.url).start()
         with b.connect_sync("p", request_timeout=30) as c:
             confirmed = {c.send(CH, {"n": n}).seq: n for n in range(20)}
             # Confirmed means the replica has it too: its copy holds the queue's keys.

@@ -702,6 +702,15 @@ class BrokerServer:
             self._enter_full(exc)
             self.engine.not_written(batch, exc, stop=False)
             return
+        if isinstance(exc, StorageFenced) and self.primary is not None and \
+                self.primary.lapsed(exc):
+            self.storage_down_commits += 1
+            self._retry_at = time.monotonic() + STORAGE_RETRY_S
+            refusal = self._enter_down(StorageUnavailable(
+                f"this broker's primary lease had run out (it was paused or cut off) and "
+                f"nobody took over: taking it again ({exc})"))
+            self.engine.not_written(batch, refusal, stop=False)
+            return
         if isinstance(exc, StorageFenced) and self.primary is not None:
             self.primary.fenced(exc)
             error = StorageUnavailable(

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import redis
 
 from ..config import Settings
-from ..errors import StartupError
+from ..errors import StartupError, StorageFenced
 from .standby import StandbyDoor
 
 
@@ -71,6 +71,7 @@ class PrimaryRole:
         self.lost = 0
         self.fenced_writes = 0
         self.door: StandbyDoor | None = None
+        self._retaking: asyncio.Future[bool] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-lease")
 
     def _info(self) -> dict[str, str]:
@@ -159,13 +160,40 @@ class PrimaryRole:
             if ok:
                 last_ok, warned = time.monotonic(), False
                 continue
-            try:
-                holder = await self._call(self.lease.holder)
-            except redis.RedisError:
-                holder = None
-            self.stop_serving(f"broker {(holder or {}).get('id', '?')!r} holds the primary "
-                              "lease now")
+            if await self.retake():
+                last_ok = time.monotonic()
+                continue
             return
+
+    async def retake(self) -> bool:
+        """The lease was found not ours. If it ran out with nobody taking over (this
+        broker was paused, no standby was there), take it again: safe, since had anyone
+        claimed the queues meanwhile their epochs would refuse this broker's writes.
+        Else stop serving. True if this broker is primary again."""
+        try:
+            holder = await self._call(self.lease.holder)
+            if holder is not None and holder.get("id") == self.member:
+                return True  # taken again meanwhile (the renewal and a commit both asked)
+            if holder is None and await self._call(self.lease.try_acquire, self.info):
+                log.warning("the primary lease on %s had run out (this broker was paused "
+                            "or cut off) and nobody took over: taken again",
+                            self.server.storage.path)
+                return True
+        except redis.RedisError:
+            holder = None
+        self.stop_serving(f"broker {(holder or {}).get('id', '?')!r} holds the primary "
+                          "lease now")
+        return False
+
+    def lapsed(self, exc: StorageFenced) -> bool:
+        """A commit refused only because the lease ran out and nobody holds it (no
+        queue was claimed by anyone): take it again in the background and say True (the
+        commit is tried again); False: another broker took over."""
+        if exc.queues or exc.holder or self.role != "primary":
+            return False
+        if self._retaking is None or self._retaking.done():
+            self._retaking = asyncio.ensure_future(self.retake())
+        return True
 
     def fenced(self, exc: Exception) -> None:
         """A commit was refused inside Redis: another broker took over."""
