@@ -432,7 +432,7 @@ def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> 
         channels=[ChannelRecord(CH, next_seq=6, first_seq=2, count=4),
                   ChannelRecord("orders/v1/2", next_seq=3, first_seq=1, count=2)],
         specials=[(CH, 5, 0, 1_000.0 + 30.0)],  # seq 5 is delayed until T0 + 30
-        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")],
+        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",))],
         group_states=[("consume:gone", CH, 1, b""), ("consume:g", "orders/v1/9", 1, b""),
                       ("consume:g", "orders/v1/2", 2, b"")],
     )

@@ -293,7 +293,6 @@ class GroupDef:
     key: str
     kind: str  # "listen" | "consume"
     patterns: tuple[str, ...]
-    start: str
 
 
 @dataclass(eq=False)
@@ -301,7 +300,6 @@ class Group:
     key: str
     kind: str
     patterns: list[Pattern]
-    start: str
     gcs: dict[str, GroupChannel] = field(default_factory=dict)
     members: list[Subscription] = field(default_factory=list)
     ready: dict[GroupChannel, None] = field(default_factory=dict)
@@ -311,7 +309,7 @@ class Group:
         return any(p.matches(channel) for p in self.patterns)
 
     def definition(self) -> GroupDef:
-        return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns), self.start)
+        return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns))
 
     def member_for(self, avoid: int = 0) -> tuple[Subscription, int] | None:
         """The next member with credit in round-robin order (and its index), passing over

@@ -36,7 +36,7 @@ class Restorer:
                 state.channels[channel].special[seq] = (priority, deliver_at)
         for gdef in snap.groups:
             state.groups[gdef.key] = Group(
-                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns], gdef.start
+                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]
             )
         for key, channel, floor, blob in snap.group_states:
             grp, read = state.groups.get(key), state.channels.get(channel)
