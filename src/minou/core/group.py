@@ -250,7 +250,7 @@ class GroupChannel:
         )
         return floor, _state_encoder.encode(state)
 
-    def restore(self, floor: int, blob: bytes, now: float) -> None:
+    def restore(self, floor: int, blob: bytes) -> None:
         state = _state_decoder.decode(blob) if blob else _State()  # an empty stored state
         self.cursor = self.floor = floor
         self.acked = set(state.acked)

@@ -43,7 +43,7 @@ class Restorer:
             if grp is None or read is None:
                 continue
             gc = GroupChannel(grp, read, floor)
-            gc.restore(floor, blob, now)
+            gc.restore(floor, blob)
             grp.gcs[channel] = gc
             read.states.append(gc)
             gc.load_specials(now)
