@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minou.core.broker import Session
 
-from .helpers import Harness, payloads, send, seqs
+from .helpers import Harness, consumer, payloads, send, seqs
 
 CH = "orders/v1/1"
 
@@ -47,10 +47,7 @@ def test_a_publish_delayed_message_holds_the_floor_until_it_is_delivered_and_ack
 
 
 def test_a_message_nacked_with_a_delay_holds_the_floor_until_it_is_redelivered() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2, 3])
+    h, s, sub = consumer(CH, [1, 2, 3], prefetch=1)
     (d1,) = h.take(sub)
     h.nack(s, [d1], delay=30.0)
     assert _ack_all(h, s, sub) == [2]
@@ -80,10 +77,7 @@ def test_truncation_stops_at_a_delayed_message_between_settled_ones() -> None:
 
 
 def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=2)
     d1, d2 = h.take(sub)
     h.nack(s, [d1], front=False)
     h.nack(s, [d2], front=True)
@@ -99,10 +93,7 @@ def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
 
 # ----------------------------------------------------- where returns go
 def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2])
+    h, s, sub = consumer(CH, [1, 2], prefetch=1)
     (d1,) = h.take(sub)
     h.publish(send(CH, 3), commit=False)  # seq 3 assigned, not visible yet
     h.nack(s, [d1], front=False)
@@ -115,10 +106,7 @@ def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() 
 
 
 def test_an_expired_lease_is_redelivered_first_not_behind_newer_messages() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2, lease=10.0)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=2, lease=10.0)
     _, d2 = h.take(sub)
     h.ack(s, [d2])
     (d3,) = h.take(sub)
@@ -130,10 +118,7 @@ def test_an_expired_lease_is_redelivered_first_not_behind_newer_messages() -> No
 
 
 def test_expired_leases_come_back_in_seq_order_ahead_of_the_rest() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3, lease=10.0)
-    h.publish_values(CH, [1, 2, 3, 4, 5])
+    h, _, sub = consumer(CH, [1, 2, 3, 4, 5], prefetch=3, lease=10.0)
     assert seqs(h.take(sub)) == [1, 2, 3]
     h.tick(10.0)
     assert seqs(h.take(sub)) == [1, 2, 3]
@@ -141,10 +126,7 @@ def test_expired_leases_come_back_in_seq_order_ahead_of_the_rest() -> None:
 
 # ------------------------------------------------------------ leases
 def test_a_lease_extended_twice_expires_at_the_later_time() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (d,) = h.take(sub)
     h.advance(1.0)
     assert h.extend(s, [d], 10.0) == []  # until T0 + 11
@@ -162,10 +144,7 @@ def test_a_lease_extended_twice_expires_at_the_later_time() -> None:
 
 
 def test_the_holder_of_a_twice_extended_lease_can_ack_it_before_the_later_time() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (d,) = h.take(sub)
     assert h.extend(s, [d], 10.0) == []
     assert h.extend(s, [d], 30.0) == []
@@ -190,10 +169,7 @@ def test_extend_reaches_the_lease_of_a_listener_too() -> None:
 
 # ------------------------------------------------------------ delays
 def test_a_half_second_nack_delay_is_not_redelivered_early() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     h.nack(s, [d], delay=0.5)
     assert h.pump() == {}
@@ -207,10 +183,7 @@ def test_a_half_second_nack_delay_is_not_redelivered_early() -> None:
 
 
 def test_a_nack_without_delay_is_redelivered_at_once() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     h.nack(s, [d], delay=0.0, front=False)
     (again,) = h.take(sub)
@@ -232,10 +205,7 @@ def test_delayed_messages_come_out_in_priority_order_once_due() -> None:
 
 
 def test_a_due_delayed_message_waits_for_a_higher_priority_one_published_later() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, ["busy"])
+    h, s, sub = consumer(CH, ["busy"], prefetch=1)
     (busy,) = h.take(sub)
     h.publish(send(CH, "d-p2", delay=1.0, priority=2), send(CH, "p7", priority=7))
     h.tick(1.0)
@@ -250,10 +220,7 @@ def test_a_due_delayed_message_waits_for_a_higher_priority_one_published_later()
 
 # ------------------------------------------------------------ advancing
 def test_setting_a_position_forgets_returned_and_unsettled_deliveries_below_it() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    h, s, sub = consumer(CH, [1, 2, 3, 4, 5, 6], prefetch=10)
     got = h.take(sub)
     assert seqs(got) == [1, 2, 3, 4, 5, 6]
     h.nack(s, got[0:1], delay=30.0)
@@ -367,10 +334,7 @@ def _restarted(h: Harness) -> Harness:
 def test_a_position_keeps_the_state_of_the_message_at_it(how: str) -> None:
     """Everything *below* a position is settled; the message at it keeps its state (a
     retry stays a retry, a delay stays a delay)."""
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=10)
     got = h.take(sub)
     if how != "out":
         h.nack(s, got[2:3], front=how == "front", delay=5.0 if how == "delay" else 0.0)
@@ -416,10 +380,7 @@ def test_a_position_at_a_message_acked_out_of_order_does_not_count_it_as_waiting
 
 
 def test_a_position_after_a_restart_keeps_a_delayed_retry_at_it_delayed() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=10)
     got = h.take(sub)
     h.nack(s, got[1:3], delay=30.0)  # 2 and 3: the floor stays at 2
     h.ack(s, got[:1] + got[3:])
@@ -442,10 +403,7 @@ def _waiting(h: Harness, sub: Any) -> tuple[int, int | None]:
 
 
 def test_waiting_leaves_out_expired_messages_wherever_they_are() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
-    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    h, s, sub = consumer(CH, [1, 2, 3, 4, 5, 6], prefetch=2)
     d1, d2 = h.take(sub)
     assert _waiting(h, sub) == (4, 3)
     h.broker.expire([(CH, 3)], h.now)  # the next one the cursor would read
