@@ -8,6 +8,7 @@ import random
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,6 +228,31 @@ def test_many_keys_across_generations() -> None:
         assert (w.get(f"ch/{i % 7}", k, cut) is not None) == (T0 + 100 + i * 0.01 > cut)
     w.expire(T0 + 1000)
     assert len(w) == 0 and not w._sealed and w.evicted == 0
+
+
+def test_a_new_key_is_ruled_out_by_the_filter_in_most_generations(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the module promises a lookup costs: a new key (a miss everywhere, the common
+    case) needs a bisect in ~6 % of the sealed generations only, and a bisect covers
+    the ~16 digests of one directory slot, not the generation's 1,024."""
+    from minou.core import dedup
+
+    w = DedupWindow(max_keys=10**6, generation=1024)
+    fill(w, 32 * 1024 + 1)
+    assert len(w._sealed) == 32
+    spans: list[int] = []
+    bisect_right = dedup.bisect_right
+
+    def counted(a: Any, x: Any, lo: int = 0, hi: int | None = None) -> int:
+        spans.append((len(a) if hi is None else hi) - lo)
+        return bisect_right(a, x, lo, hi if hi is not None else len(a))
+
+    monkeypatch.setattr(dedup, "bisect_right", counted)
+    misses = 2000
+    assert all(w.get(CH, f"new{i}", T0) is None for i in range(misses))
+    assert len(spans) <= 0.09 * misses * 32, f"{len(spans)} bisects"
+    assert sum(spans) / len(spans) <= 24, f"{sum(spans) / len(spans):.1f} digests a bisect"
+    assert w.get(CH, "k5000", T0) == (5001, mid(5001))
 
 
 def test_a_shorter_window_after_a_longer_one_stays_exact() -> None:
