@@ -91,6 +91,37 @@ def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
     assert _truncated_to(h) == 5
 
 
+def test_a_delayed_message_expired_before_a_group_came_does_not_hold_its_floor() -> None:
+    """Past its TTL before it was due, a delayed message is deleted with its timing:
+    a group made afterwards does not wait for its time before the channel truncates."""
+    h = Harness()
+    h.publish(send(CH, "x"), send(CH, "later", delay=100.0, ttl=1.0), send(CH, "y"))
+    h.advance(2.0)
+    assert h.broker.expire([(CH, 2)], h.now) == 1  # what the storage scan found
+    h.commit()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", start="oldest", prefetch=10)
+    assert _ack_all(h, s, sub) == [1, 3]
+    assert _truncated_to(h) == 4
+
+
+def test_a_delayed_message_at_the_truncation_point_keeps_its_time_for_a_new_group() -> None:
+    """The channel truncates up to the delayed message holding the floor; a group made
+    then still gets it when due, not at once."""
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "a"), send(CH, "later", delay=10.0), send(CH, "b"))
+    assert _ack_all(h, s, sub) == [1, 3]
+    assert _truncated_to(h) == 2
+    late = h.subscribe(Session("d"), patterns=CH, group="g2", start="oldest", prefetch=10)
+    assert payloads(h.take(late)) == ["b"]
+    h.tick(9.0)
+    assert h.take(late) == []
+    h.tick(1.0)
+    assert payloads(h.take(late)) == ["later"]
+
+
 # ----------------------------------------------------- where returns go
 def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() -> None:
     h, s, sub = consumer(CH, [1, 2], prefetch=1)
