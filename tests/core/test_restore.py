@@ -180,6 +180,34 @@ def test_delayed_retry_survives_and_waits_for_its_time(h: Harness, tmp_path: Pat
     assert [(d.seq, d.attempts) for d in got] == [(1, 2)]
 
 
+def test_a_restored_delayed_retry_waits_for_its_time_when_the_floor_reaches_it(
+        h: Harness, tmp_path: Path) -> None:
+    """After the restart the group settles everything below the delayed retry, so its
+    floor moves up to it: the retry still comes out at its time, once."""
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4])
+    got = h.take(sub)
+    h.nack(a, [got[2]], delay=100.0)  # 3 delayed; 1, 2 and 4 unsettled
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g", prefetch=1)
+    for seq in (1, 2, 4):
+        (d,) = h2.take(sub2)
+        assert d.seq == seq
+        h2.ack(b, [d])
+        h2.commit()
+    h2.tick(98.0)
+    assert h2.take(sub2) == []
+    h2.tick(1.0)
+    (d,) = h2.take(sub2)
+    assert (d.seq, d.attempts) == (3, 2)
+    h2.ack(b, [d])
+    h2.tick(100.0)
+    assert h2.take(sub2) == []
+
+
 def test_publish_time_delay_survives(h: Harness, tmp_path: Path) -> None:
     h.subscribe(Session("a"), patterns=CH, group="g")
     h.publish(send(CH, "later", delay=100.0))
