@@ -208,6 +208,33 @@ def test_a_restored_delayed_retry_waits_for_its_time_when_the_floor_reaches_it(
     assert h2.take(sub2) == []
 
 
+def test_a_priority_message_nacked_with_a_delay_waits_for_its_time_after_a_restart(
+        h: Harness, tmp_path: Path) -> None:
+    """A priority (or publish-delayed) message is queued again from the channel's
+    specials at a restart; its retry delay still holds, and it comes out once."""
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "urgent", priority=5), send(CH, "later", delay=5.0), send(CH, "x"))
+    h.tick(5.0)
+    got = h.take(sub)
+    assert payloads(got) == ["urgent", "later", "x"]
+    h.nack(a, got[:2], delay=50.0)
+    h.ack(a, got[2:])
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g", prefetch=10)
+    assert h2.take(sub2) == []
+    h2.tick(48.5)
+    assert h2.take(sub2) == []
+    h2.tick(0.5)
+    again = h2.take(sub2)
+    assert [(d.seq, d.attempts) for d in again] == [(1, 2), (2, 2)]
+    h2.ack(b, again)
+    h2.tick(100.0)
+    assert h2.take(sub2) == []
+
+
 def test_publish_time_delay_survives(h: Harness, tmp_path: Path) -> None:
     h.subscribe(Session("a"), patterns=CH, group="g")
     h.publish(send(CH, "later", delay=100.0))

@@ -98,8 +98,10 @@ class GroupChannel:
             heapq.heappush(self.prio, (-priority, seq))
 
     def load_specials(self, now: float) -> None:
+        # A restored delayed retry (in ``skip``) comes back from ``delayed`` at its
+        # time: queued from the specials too, it would go out at once (and twice).
         for seq, (priority, deliver_at) in self.log.special.items():
-            if seq >= self.floor and seq not in self.acked:
+            if seq >= self.floor and seq not in self.acked and seq not in self.skip:
                 self.add_special(seq, priority, deliver_at, now)
 
     # -- picking the next message -----------------------------------------
