@@ -214,3 +214,15 @@ class Harness:
 
 def _tags(items: list[Delivery] | list[int]) -> list[int]:
     return [i if isinstance(i, int) else i.tag for i in items]
+
+
+def consumer(channel: str, values: list[Any], **kw: Any
+             ) -> tuple[Harness, Session, Subscription]:
+    """A fresh harness whose consumer ``Session("c")`` reads ``channel`` in group "g"
+    (``kw`` as ``Harness.subscribe`` takes them: prefetch, lease...), after ``values``
+    were published to it."""
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=channel, group="g", **kw)
+    h.publish_values(channel, values)
+    return h, s, sub

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from minou.core.broker import Session
+from minou.core.group import Subscription
+from minou.server import engine
 
 from .helpers import Harness, payloads
 
@@ -115,18 +117,18 @@ def test_the_memory_of_where_messages_came_back_from_is_bounded(monkeypatch) -> 
 
 
 # ------------------------------------------------------------ bursts per round
-def _big(h: Harness, n: int) -> None:
-    """``n`` messages of about 300 KB: four of them make a round's burst."""
-    h.publish_values(CH, ["x" * 300_000 for _ in range(n)])
+def _five_big(prefetch: int) -> tuple[Harness, Session, Subscription]:
+    """A member (session "a", group g) with ``prefetch``, and five messages of about
+    300 KB published: four of them make a round's burst."""
+    h = Harness()
+    s = Session("a")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=prefetch)
+    h.publish_values(CH, ["x" * 300_000 for _ in range(5)])
+    return h, s, sub
 
 
 def test_a_member_at_its_burst_gets_the_rest_in_the_next_round() -> None:
-    from minou.server import engine
-
-    h = Harness()
-    s = Session("a")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    _big(h, 5)
+    h, _, sub = _five_big(10)
     turn = engine.pump(h.broker, h.now)
     assert len(turn.deliveries[sub]) == 4 and turn.again  # more is ready at once
     turn = engine.pump(h.broker, h.now)
@@ -134,12 +136,7 @@ def test_a_member_at_its_burst_gets_the_rest_in_the_next_round() -> None:
 
 
 def test_a_member_at_its_burst_and_its_prefetch_waits_for_acks_not_rounds() -> None:
-    from minou.server import engine
-
-    h = Harness()
-    s = Session("a")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
-    _big(h, 5)
+    h, s, sub = _five_big(4)
     turn = engine.pump(h.broker, h.now)
     got = turn.deliveries[sub]
     assert len(got) == 4 and not turn.again  # nothing to do until an ack
@@ -151,8 +148,6 @@ def test_a_member_at_its_burst_and_its_prefetch_waits_for_acks_not_rounds() -> N
 
 def test_a_round_ends_when_a_member_reaches_its_burst_exactly() -> None:
     from minou.limits import BURST_BYTES
-    from minou.server import engine
-
     h = Harness()
     sub = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=10)
     # Each delivery counts its body and 64 bytes of framing: four make the burst.

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minou.core.broker import Session
 
-from .helpers import Harness, payloads, send, seqs
+from .helpers import Harness, consumer, payloads, send, seqs
 
 CH = "orders/v1/1"
 
@@ -47,10 +47,7 @@ def test_a_publish_delayed_message_holds_the_floor_until_it_is_delivered_and_ack
 
 
 def test_a_message_nacked_with_a_delay_holds_the_floor_until_it_is_redelivered() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2, 3])
+    h, s, sub = consumer(CH, [1, 2, 3], prefetch=1)
     (d1,) = h.take(sub)
     h.nack(s, [d1], delay=30.0)
     assert _ack_all(h, s, sub) == [2]
@@ -80,10 +77,7 @@ def test_truncation_stops_at_a_delayed_message_between_settled_ones() -> None:
 
 
 def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=2)
     d1, d2 = h.take(sub)
     h.nack(s, [d1], front=False)
     h.nack(s, [d2], front=True)
@@ -97,12 +91,40 @@ def test_a_message_in_the_front_or_back_queue_holds_the_floor() -> None:
     assert _truncated_to(h) == 5
 
 
-# ----------------------------------------------------- where returns go
-def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() -> None:
+def test_a_delayed_message_expired_before_a_group_came_does_not_hold_its_floor() -> None:
+    """Past its TTL before it was due, a delayed message is deleted with its timing:
+    a group made afterwards does not wait for its time before the channel truncates."""
+    h = Harness()
+    h.publish(send(CH, "x"), send(CH, "later", delay=100.0, ttl=1.0), send(CH, "y"))
+    h.advance(2.0)
+    assert h.broker.expire([(CH, 2)], h.now) == 1  # what the storage scan found
+    h.commit()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", start="oldest", prefetch=10)
+    assert _ack_all(h, s, sub) == [1, 3]
+    assert _truncated_to(h) == 4
+
+
+def test_a_delayed_message_at_the_truncation_point_keeps_its_time_for_a_new_group() -> None:
+    """The channel truncates up to the delayed message holding the floor; a group made
+    then still gets it when due, not at once."""
     h = Harness()
     s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2])
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "a"), send(CH, "later", delay=10.0), send(CH, "b"))
+    assert _ack_all(h, s, sub) == [1, 3]
+    assert _truncated_to(h) == 2
+    late = h.subscribe(Session("d"), patterns=CH, group="g2", start="oldest", prefetch=10)
+    assert payloads(h.take(late)) == ["b"]
+    h.tick(9.0)
+    assert h.take(late) == []
+    h.tick(1.0)
+    assert payloads(h.take(late)) == ["later"]
+
+
+# ----------------------------------------------------- where returns go
+def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() -> None:
+    h, s, sub = consumer(CH, [1, 2], prefetch=1)
     (d1,) = h.take(sub)
     h.store_attempts()
     h.publish(send(CH, 3), commit=False)  # seq 3 assigned, not visible yet
@@ -116,10 +138,7 @@ def test_nack_to_the_back_while_a_later_publish_is_uncommitted_is_not_dropped() 
 
 
 def test_an_expired_lease_is_redelivered_first_not_behind_newer_messages() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2, lease=10.0)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=2, lease=10.0)
     _, d2 = h.take(sub)
     h.ack(s, [d2])
     (d3,) = h.take(sub)
@@ -131,10 +150,7 @@ def test_an_expired_lease_is_redelivered_first_not_behind_newer_messages() -> No
 
 
 def test_expired_leases_come_back_in_seq_order_ahead_of_the_rest() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3, lease=10.0)
-    h.publish_values(CH, [1, 2, 3, 4, 5])
+    h, _, sub = consumer(CH, [1, 2, 3, 4, 5], prefetch=3, lease=10.0)
     assert seqs(h.take(sub)) == [1, 2, 3]
     h.tick(10.0)
     assert seqs(h.take(sub)) == [1, 2, 3]
@@ -142,10 +158,7 @@ def test_expired_leases_come_back_in_seq_order_ahead_of_the_rest() -> None:
 
 # ------------------------------------------------------------ leases
 def test_a_lease_extended_twice_expires_at_the_later_time() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (d,) = h.take(sub)
     h.advance(1.0)
     assert h.extend(s, [d], 10.0) == []  # until T0 + 11
@@ -163,10 +176,7 @@ def test_a_lease_extended_twice_expires_at_the_later_time() -> None:
 
 
 def test_the_holder_of_a_twice_extended_lease_can_ack_it_before_the_later_time() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (d,) = h.take(sub)
     assert h.extend(s, [d], 10.0) == []
     assert h.extend(s, [d], 30.0) == []
@@ -191,10 +201,7 @@ def test_extend_reaches_the_lease_of_a_listener_too() -> None:
 
 # ------------------------------------------------------------ delays
 def test_a_half_second_nack_delay_is_not_redelivered_early() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     h.nack(s, [d], delay=0.5)
     assert h.pump() == {}
@@ -208,10 +215,7 @@ def test_a_half_second_nack_delay_is_not_redelivered_early() -> None:
 
 
 def test_a_nack_without_delay_is_redelivered_at_once() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     h.nack(s, [d], delay=0.0, front=False)
     (again,) = h.take(sub)
@@ -233,10 +237,7 @@ def test_delayed_messages_come_out_in_priority_order_once_due() -> None:
 
 
 def test_a_due_delayed_message_waits_for_a_higher_priority_one_published_later() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, ["busy"])
+    h, s, sub = consumer(CH, ["busy"], prefetch=1)
     (busy,) = h.take(sub)
     h.publish(send(CH, "d-p2", delay=1.0, priority=2), send(CH, "p7", priority=7))
     h.tick(1.0)
@@ -251,10 +252,7 @@ def test_a_due_delayed_message_waits_for_a_higher_priority_one_published_later()
 
 # ------------------------------------------------------------ advancing
 def test_setting_a_position_forgets_returned_and_unsettled_deliveries_below_it() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    h, s, sub = consumer(CH, [1, 2, 3, 4, 5, 6], prefetch=10)
     got = h.take(sub)
     assert seqs(got) == [1, 2, 3, 4, 5, 6]
     h.nack(s, got[0:1], delay=30.0)
@@ -368,10 +366,7 @@ def _restarted(h: Harness) -> Harness:
 def test_a_position_keeps_the_state_of_the_message_at_it(how: str) -> None:
     """Everything *below* a position is settled; the message at it keeps its state (a
     retry stays a retry, a delay stays a delay)."""
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=10)
     got = h.take(sub)
     if how != "out":
         h.nack(s, got[2:3], front=how == "front", delay=5.0 if how == "delay" else 0.0)
@@ -417,10 +412,7 @@ def test_a_position_at_a_message_acked_out_of_order_does_not_count_it_as_waiting
 
 
 def test_a_position_after_a_restart_keeps_a_delayed_retry_at_it_delayed() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
-    h.publish_values(CH, [1, 2, 3, 4])
+    h, s, sub = consumer(CH, [1, 2, 3, 4], prefetch=10)
     got = h.take(sub)
     h.nack(s, got[1:3], delay=30.0)  # 2 and 3: the floor stays at 2
     h.ack(s, got[:1] + got[3:])
@@ -443,10 +435,7 @@ def _waiting(h: Harness, sub: Any) -> tuple[int, int | None]:
 
 
 def test_waiting_leaves_out_expired_messages_wherever_they_are() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=2)
-    h.publish_values(CH, [1, 2, 3, 4, 5, 6])
+    h, s, sub = consumer(CH, [1, 2, 3, 4, 5, 6], prefetch=2)
     d1, d2 = h.take(sub)
     assert _waiting(h, sub) == (4, 3)
     h.broker.expire([(CH, 3)], h.now)  # the next one the cursor would read

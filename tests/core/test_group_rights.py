@@ -45,6 +45,19 @@ def test_no_member_may_widen_the_group_past_another_member() -> None:
         "orders/v1/1", "orders/v1/2"}
 
 
+def test_a_member_adding_a_pattern_it_may_not_read_is_refused_for_its_own_rules() -> None:
+    """Its own rules come first, even when another member may not read the pattern
+    either; the refusal is recorded for "why is nothing flowing?"."""
+    h = Harness()
+    narrow, other = session("narrow"), Session("other", access=RULES.for_client("narrow"))
+    h.subscribe(narrow, patterns="orders/v1/1", group="g")
+    h.subscribe(other, patterns="orders/v1/1", group="g")
+    with pytest.raises(NotAuthorized) as refused:
+        h.broker.add_pattern(narrow, 1, "orders/v1/2", h.now)
+    assert "group" not in refused.value.detail
+    assert h.broker.read_refusals["orders/v1/2"] == [1, "narrow"]
+
+
 def test_listen_subscriptions_are_per_client_and_unaffected() -> None:
     """Two clients' durable listeners of one name are two groups: the narrow one does
     not hold the wide one back, and each hears what its own patterns say."""

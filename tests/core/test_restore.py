@@ -204,6 +204,61 @@ def test_delayed_retry_survives_and_waits_for_its_time(h: Harness, tmp_path: Pat
     assert [(d.seq, d.attempts) for d in got] == [(1, 2)]
 
 
+def test_a_restored_delayed_retry_waits_for_its_time_when_the_floor_reaches_it(
+        h: Harness, tmp_path: Path) -> None:
+    """After the restart the group settles everything below the delayed retry, so its
+    floor moves up to it: the retry still comes out at its time, once."""
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4])
+    got = h.take(sub)
+    h.nack(a, [got[2]], delay=100.0)  # 3 delayed; 1, 2 and 4 unsettled
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g", prefetch=1)
+    for seq in (1, 2, 4):
+        (d,) = h2.take(sub2)
+        assert d.seq == seq
+        h2.ack(b, [d])
+        h2.commit()
+    h2.tick(98.0)
+    assert h2.take(sub2) == []
+    h2.tick(1.0)
+    (d,) = h2.take(sub2)
+    assert (d.seq, d.attempts) == (3, 2)
+    h2.ack(b, [d])
+    h2.tick(100.0)
+    assert h2.take(sub2) == []
+
+
+def test_a_priority_message_nacked_with_a_delay_waits_for_its_time_after_a_restart(
+        h: Harness, tmp_path: Path) -> None:
+    """A priority (or publish-delayed) message is queued again from the channel's
+    specials at a restart; its retry delay still holds, and it comes out once."""
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "urgent", priority=5), send(CH, "later", delay=5.0), send(CH, "x"))
+    h.tick(5.0)
+    got = h.take(sub)
+    assert payloads(got) == ["urgent", "later", "x"]
+    h.nack(a, got[:2], delay=50.0)
+    h.ack(a, got[2:])
+    h.commit()
+    h2 = _restart(h, tmp_path)
+    b = Session("b")
+    sub2 = h2.subscribe(b, patterns=CH, group="g", prefetch=10)
+    assert h2.take(sub2) == []
+    h2.tick(48.5)
+    assert h2.take(sub2) == []
+    h2.tick(0.5)
+    again = h2.take(sub2)
+    assert [(d.seq, d.attempts) for d in again] == [(1, 2), (2, 2)]
+    h2.ack(b, again)
+    h2.tick(100.0)
+    assert h2.take(sub2) == []
+
+
 def test_publish_time_delay_survives(h: Harness, tmp_path: Path) -> None:
     h.subscribe(Session("a"), patterns=CH, group="g")
     h.publish(send(CH, "later", delay=100.0))
@@ -456,7 +511,7 @@ def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> 
         channels=[ChannelRecord(CH, next_seq=6, first_seq=2, count=4),
                   ChannelRecord("orders/v1/2", next_seq=3, first_seq=1, count=2)],
         specials=[(CH, 5, 0, 1_000.0 + 30.0)],  # seq 5 is delayed until T0 + 30
-        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")],
+        groups=[GroupDef("consume:g", "consume", ("orders/v1/*",))],
         group_states=[("consume:gone", CH, 1, b""), ("consume:g", "orders/v1/9", 1, b""),
                       ("consume:g", "orders/v1/2", 2, b"")],
     )

@@ -12,7 +12,7 @@ from minou.core.log import ChannelOptions
 from minou.errors import BadRequest, ErrorCode
 from minou.protocol.frames import Delivery
 
-from .helpers import Harness, payloads, seqs
+from .helpers import Harness, consumer, payloads, seqs
 
 CH = "orders/v1/1"
 
@@ -33,10 +33,7 @@ def test_ack_with_unknown_tag_is_refused() -> None:
 
 
 def test_ack_twice_is_refused_the_second_time() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     assert h.ack(s, [d]) == []
     assert _codes(h.ack(s, [d])) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
@@ -82,10 +79,7 @@ def test_stale_tag_after_lease_expiry_is_refused_and_redelivery_can_be_acked() -
 
 
 def test_stale_tag_is_refused_even_when_redelivered_to_the_same_session() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (old,) = h.take(sub)
     h.tick(5.0)
     (new,) = h.take(sub)
@@ -96,10 +90,7 @@ def test_stale_tag_is_refused_even_when_redelivered_to_the_same_session() -> Non
 
 
 def test_mixed_ack_reports_only_the_bad_tags() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3)
-    h.publish_values(CH, [1, 2, 3])
+    h, s, sub = consumer(CH, [1, 2, 3], prefetch=3)
     got = h.take(sub)
     failed = h.ack(s, [got[0].tag, 999, got[2].tag])
     assert _codes(failed) == [(999, ErrorCode.UNKNOWN_DELIVERY)]
@@ -108,10 +99,7 @@ def test_mixed_ack_reports_only_the_bad_tags() -> None:
 
 # ---------------------------------------------------------------------- nack
 def test_nack_front_keeps_order_for_a_single_consumer() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3)
-    h.publish_values(CH, [1, 2, 3, 4, 5])
+    h, s, sub = consumer(CH, [1, 2, 3, 4, 5], prefetch=3)
     got = h.take(sub)
     assert seqs(got) == [1, 2, 3]
     assert h.nack(s, list(reversed(got)), front=True) == []
@@ -124,10 +112,7 @@ def test_nack_front_keeps_order_for_a_single_consumer() -> None:
 
 
 def test_nack_back_goes_after_the_messages_already_queued() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2, 3])
+    h, s, sub = consumer(CH, [1, 2, 3], prefetch=1)
     (d1,) = h.take(sub)
     h.nack(s, [d1], front=False)
     h.publish_values(CH, [4])  # published after the nack: comes after the requeued one
@@ -140,10 +125,7 @@ def test_nack_back_goes_after_the_messages_already_queued() -> None:
 
 
 def test_nack_with_delay_waits_then_redelivers() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
-    h.publish_values(CH, [1, 2])
+    h, s, sub = consumer(CH, [1, 2], prefetch=1)
     (d1,) = h.take(sub)
     h.nack(s, [d1], delay=30.0)
     (d2,) = h.take(sub)
@@ -157,10 +139,7 @@ def test_nack_with_delay_waits_then_redelivers() -> None:
 
 
 def test_attempts_grow_with_each_redelivery() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     attempts = []
     for how in ("front", "back", "delay", "lease", "front"):
         (d,) = h.take(sub)
@@ -177,10 +156,7 @@ def test_attempts_grow_with_each_redelivery() -> None:
 
 
 def test_negative_nack_delay_is_refused() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     with pytest.raises(BadRequest):
         h.nack(s, [d], delay=-1.0)
@@ -189,10 +165,7 @@ def test_negative_nack_delay_is_refused() -> None:
 
 # ---------------------------------------------------------------------- leases
 def test_extend_keeps_a_lease_alive_past_its_original_expiry() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=10.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=10.0)
     (d,) = h.take(sub)
     h.tick(8.0)
     assert h.extend(s, [d], 20.0) == []
@@ -204,10 +177,7 @@ def test_extend_keeps_a_lease_alive_past_its_original_expiry() -> None:
 
 
 def test_extended_lease_still_expires_eventually() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=10.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=10.0)
     (d,) = h.take(sub)
     h.extend(s, [d], 20.0)
     h.tick(20.0)
@@ -330,10 +300,7 @@ def test_dead_lettering_off_drops_but_counts() -> None:
 
 
 def test_extending_one_lease_does_not_hold_back_the_expiry_of_the_others() -> None:
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", prefetch=3, lease=10.0)
-    h.publish_values(CH, [1, 2, 3])
+    h, s, sub = consumer(CH, [1, 2, 3], prefetch=3, lease=10.0)
     d1, d2, d3 = h.take(sub)
     h.extend(s, [d1], 100.0)
     h.tick(10.0)
@@ -398,10 +365,7 @@ def test_withdraw_goes_on_past_unknown_tags() -> None:
 def test_extend_accepts_the_longest_lease_and_refuses_longer() -> None:
     from minou.limits import MAX_LEASE_S
 
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g", lease=5.0)
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1], lease=5.0)
     (d,) = h.take(sub)
     assert h.extend(s, [d], MAX_LEASE_S) == []
     h.tick(MAX_LEASE_S - 1.0)
@@ -414,10 +378,7 @@ def test_extend_accepts_the_longest_lease_and_refuses_longer() -> None:
 def test_nack_accepts_the_longest_delay_and_refuses_longer() -> None:
     from minou.limits import MAX_DELAY_S
 
-    h = Harness()
-    s = Session("c")
-    sub = h.subscribe(s, patterns=CH, group="g")
-    h.publish_values(CH, [1])
+    h, s, sub = consumer(CH, [1])
     (d,) = h.take(sub)
     with pytest.raises(BadRequest) as exc:
         h.nack(s, [d], delay=MAX_DELAY_S * 1.0001)

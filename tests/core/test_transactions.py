@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from minou.auth.rules import Rules
-from minou.core.broker import Session
+from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 from minou.core.transactions import STAGED_TTL_S, Transactions
 from minou.errors import BadRequest, NotAuthorized, NotFound, QueueFull
 from minou.protocol.frames import Send
+from minou.storage.sqlite import SQLiteStorage
 
 from .helpers import Harness, js, payloads
+
+
+def reopen(tmp_path: Path, now: float) -> Harness:
+    """A broker (re)started at ``now`` on the SQLite file in ``tmp_path``: what an
+    earlier run stored there is restored."""
+    st = SQLiteStorage(tmp_path / "m.db")
+    broker = Broker()
+    broker.restore(st.open(now), now)
+    return Harness(storage=st, broker=broker, now=now)
 
 
 def s(channel: str, body: bytes = b"{}") -> Send:
@@ -131,9 +143,6 @@ def test_a_writer_fences_one_run_of_batches_across_a_restart(tmp_path) -> None:
     """The first commit with a lineage (a streaming query's id) binds it to the writer;
     another run's commit is refused (its batches would be discarded as replays) until
     the writer is released with its fences; the binding is stored."""
-    from minou.core.broker import Broker
-    from minou.storage.sqlite import SQLiteStorage
-
     st = SQLiteStorage(tmp_path / "m.db")
     st.open(0.0)
     h = Harness(storage=st)
@@ -165,16 +174,7 @@ def test_a_writer_fences_one_run_of_batches_across_a_restart(tmp_path) -> None:
 def test_staged_transactions_are_stored_and_dropped_when_done(tmp_path) -> None:
     """STAGE parts are written with the next commit and read back at start; a commit,
     an abort or an expiry removes them, so a restart gives back exactly what is open."""
-    from minou.core.broker import Broker
-    from minou.storage.sqlite import SQLiteStorage
-
-    def reopen(now: float) -> Harness:
-        st = SQLiteStorage(tmp_path / "m.db")
-        broker = Broker()
-        broker.restore(st.open(now), now)
-        return Harness(storage=st, broker=broker, now=now)
-
-    h = reopen(0.0)
+    h = reopen(tmp_path, 0.0)
     app = Session("app")
     for txn in ("kept", "committed", "aborted", "old"):
         h.broker.stage(app, txn, [Send("out/v1/x", js(txn)), Send("out/v1/x", js(1))],
@@ -186,7 +186,7 @@ def test_staged_transactions_are_stored_and_dropped_when_done(tmp_path) -> None:
     h.broker.expire_txns(3700.0)  # "old" was last staged an hour ago
     h.commit()
     h.storage.close()  # type: ignore[union-attr]
-    h = reopen(3700.0)
+    h = reopen(tmp_path, 3700.0)
     staged = h.broker.transactions.staged
     assert list(staged) == [("app", "kept")]
     assert [s.channel for s in staged[("app", "kept")].sends] == ["out/v1/x"] * 2 + ["out/v1/y"]
@@ -200,9 +200,7 @@ def test_a_commit_sent_again_gets_the_same_answer_even_after_a_restart(tmp_path)
     """Its answer lost with the connection (or the broker restarted), a writer sends
     TXN_COMMIT again: the same result, nothing published twice; a commit whose storage
     write failed is not answered as done."""
-    from minou.core.broker import Broker
     from minou.errors import StorageFull
-    from minou.storage.sqlite import SQLiteStorage
 
     st = SQLiteStorage(tmp_path / "m.db")
     st.open(0.0)
@@ -432,26 +430,17 @@ def test_transaction_stats_are_what_the_stats_endpoint_shows() -> None:
 def test_staged_parts_survive_restarts_in_order(tmp_path) -> None:
     """Each STAGE is stored as one part; after a restart the next STAGE adds a part
     after those read back, never over one of them."""
-    from minou.core.broker import Broker
-    from minou.storage.sqlite import SQLiteStorage
-
-    def reopen(now: float) -> Harness:
-        st = SQLiteStorage(tmp_path / "m.db")
-        broker = Broker()
-        broker.restore(st.open(now), now)
-        return Harness(storage=st, broker=broker, now=now)
-
     app = Session("app")
-    h = reopen(0.0)
+    h = reopen(tmp_path, 0.0)
     for i in range(4):
         if i in (2, 3):  # two parts staged, then one part per run
             h.storage.close()  # type: ignore[union-attr]
-            h = reopen(float(i))
+            h = reopen(tmp_path, float(i))
         h.broker.stage(app, "t", [Send("out/v1/x", js(2 * i)), Send("out/v1/x", js(2 * i + 1))],
                        h.now)
         h.commit()
     h.storage.close()  # type: ignore[union-attr]
-    h = reopen(4.0)
+    h = reopen(tmp_path, 4.0)
     result = h.broker.commit_txns(app, "job", 0, ["t"], h.now)
     h.commit()
     assert result["published"] == 8
@@ -515,22 +504,13 @@ def test_releasing_a_writer_frees_it_and_dropping_its_fences_forgets_them_durabl
         tmp_path) -> None:
     """release keeps the fences (a job moved to another client stays exactly-once);
     with drop_fences the writer's fences and run go, even those not written yet."""
-    from minou.core.broker import Broker
-    from minou.storage.sqlite import SQLiteStorage
-
-    def reopen(now: float) -> Harness:
-        st = SQLiteStorage(tmp_path / "m.db")
-        broker = Broker()
-        broker.restore(st.open(now), now)
-        return Harness(storage=st, broker=broker, now=now)
-
     def commit(h: Harness, who: Session, writer: str, batch: int, txn: str,
                lineage: str = "") -> dict:
         h.broker.stage(who, txn, [Send("out/v1/a", js(batch))], h.now)
         return h.broker.commit_txns(who, writer, batch, [txn], h.now, lineage)
 
     first, second = Session("first"), Session("second")
-    h = reopen(0.0)
+    h = reopen(tmp_path, 0.0)
     assert h.broker.release_writer("job") is None  # never used: nothing to free
     commit(h, first, "job", 1, "t1", "run-1")
     commit(h, first, "keep", 1, "t2")
@@ -538,14 +518,14 @@ def test_releasing_a_writer_frees_it_and_dropping_its_fences_forgets_them_durabl
     assert h.broker.release_writer("job") == "first"
     h.commit()
     h.storage.close()  # type: ignore[union-attr]
-    h = reopen(1.0)
+    h = reopen(tmp_path, 1.0)
     assert h.broker.transactions.writers == {"keep": "first"}
     assert commit(h, second, "job", 1, "t3", "run-1")["discarded"] == 1  # fences stayed
     commit(h, second, "job", 2, "t4", "run-1")  # not written yet when released:
     assert h.broker.release_writer("job", drop_fences=True) == "second"
     h.commit()
     h.storage.close()  # type: ignore[union-attr]
-    h = reopen(2.0)
+    h = reopen(tmp_path, 2.0)
     tx = h.broker.transactions
     assert tx.fences == {("keep", "out/v1/a"): 1}
     assert tx.writers == {"keep": "first"} and tx.lineages == {}
@@ -642,17 +622,8 @@ def test_commit_answers_count_what_each_published_and_discarded() -> None:
 def test_aborts_and_commits_in_one_batch_are_all_stored(tmp_path) -> None:
     """What one storage commit carries for transactions (parts dropped, answers kept)
     is everything done since the last: nothing of an earlier call is lost."""
-    from minou.core.broker import Broker
-    from minou.storage.sqlite import SQLiteStorage
-
-    def reopen(now: float) -> Harness:
-        st = SQLiteStorage(tmp_path / "m.db")
-        broker = Broker()
-        broker.restore(st.open(now), now)
-        return Harness(storage=st, broker=broker, now=now)
-
     app = Session("app")
-    h = reopen(0.0)
+    h = reopen(tmp_path, 0.0)
     for t in ("aborted", "one", "two"):
         h.broker.stage(app, t, [Send("out/v1/x", js(t))], 0.0)
     h.commit()
@@ -661,7 +632,7 @@ def test_aborts_and_commits_in_one_batch_are_all_stored(tmp_path) -> None:
     second = h.broker.commit_txns(app, "w", 1, ["two"], 0.0)
     h.commit()
     h.storage.close()  # type: ignore[union-attr]
-    h = reopen(1.0)
+    h = reopen(tmp_path, 1.0)
     assert h.broker.transactions.staged == {}
     assert h.broker.commit_txns(app, "w", 0, ["one"], 1.0) == first
     assert h.broker.commit_txns(app, "w", 1, ["two"], 1.0) == second

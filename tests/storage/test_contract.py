@@ -382,8 +382,8 @@ def test_read_range_pages_through_many_batches(backend: Factory, store: Storage)
 
 # --------------------------------------------------------------------- groups
 def test_group_definitions_and_states(backend: Factory, store: Storage) -> None:
-    g1 = GroupDef("consume:g", "consume", ("orders/v1/*", "other/v1/1"), "oldest")
-    g2 = GroupDef("listen:c:audit", "listen", ("orders/*",), "new")
+    g1 = GroupDef("consume:g", "consume", ("orders/v1/*", "other/v1/1"))
+    g2 = GroupDef("listen:c:audit", "listen", ("orders/*",))
     store.apply(batch_of(
         msg(CH, 1), msg(CH2, 1),
         group_defs={g1.key: g1, g2.key: g2},
@@ -397,7 +397,7 @@ def test_group_definitions_and_states(backend: Factory, store: Storage) -> None:
         ("listen:c:audit", CH, 1, b"state"),
     ]
     # Replace a definition and a state, drop a state, delete a group with its states.
-    g1b = GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")
+    g1b = GroupDef("consume:g", "consume", ("orders/v1/*",))
     st.apply(WriteBatch(
         group_defs={g1.key: g1b, g2.key: None},
         group_states={("consume:g", CH): (5, b"new"), ("consume:g", CH2): None},
@@ -624,7 +624,7 @@ def test_space(backend: Factory, max_size: int | None) -> None:
 # ------------------------------------------------------ restoring everything
 def _everything() -> tuple[WriteBatch, Snapshot]:
     """A batch with every kind of record, and what a restart finds of it."""
-    g = GroupDef("consume:g", "consume", ("orders/v1/*",), "oldest")
+    g = GroupDef("consume:g", "consume", ("orders/v1/*",))
     m1 = msg(CH, 1, headers={"a": "b"}, priority=2, published_at=NOW, expires_at=NOW + 60)
     m2 = msg(CH, 2, deliver_at=NOW + 5, key="k")
     answer = {"stored": [[CH, 1, m1.id]]}
@@ -686,7 +686,7 @@ def _bad_batch() -> WriteBatch:
 
 
 def _seed(store: Storage) -> None:
-    g = GroupDef("consume:old", "consume", (CH,), "oldest")
+    g = GroupDef("consume:old", "consume", (CH,))
     store.apply(batch_of(msg(CH, 1), msg(CH, 2), msg(CH2, 1), group_defs={g.key: g},
                          group_states={(g.key, CH): (1, b"")}, fences={("w0", CH): 1},
                          staged=[("alice", "t9", 1, SENDS_1, NOW)]))

@@ -5,10 +5,12 @@ tests/storage/test_contract.py, which runs on SQLite too."""
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from pathlib import Path
 
 import pytest
 
+from minou.core.group import GroupDef
 from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.storage.sqlite import RESERVE_FILE, SQLiteStorage
@@ -43,8 +45,6 @@ def test_path_names_the_database_file(tmp_path: Path) -> None:
 
 
 def _integrity(path: str) -> str:
-    import sqlite3
-
     with contextlib.closing(sqlite3.connect(path)) as db:
         return db.execute("PRAGMA integrity_check").fetchone()[0]
 
@@ -112,3 +112,31 @@ def test_raising_max_size_on_a_running_store_makes_room(tmp_path: Path) -> None:
     assert store.probe()[0] is True
     store.apply(batch_of(msg(CH, last + 1, b"y" * (64 << 10))))
     store.close()
+
+
+def test_a_group_stored_with_its_start_by_an_older_version_loads_and_saves_again(
+    tmp_path: Path,
+) -> None:
+    st = SQLiteStorage(tmp_path / "old")
+    st.open(NOW)
+    path = st.path
+    st.close()
+    # Older versions kept the group's `start`; where it stands is in group_states.
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("INSERT INTO groups(key, kind, patterns, start) "
+                   "VALUES ('consume:g', 'consume', '[\"orders/v1/*\"]', 'seq:5')")
+        db.execute("INSERT INTO group_states VALUES ('consume:g', ?, 5, x'')", (CH,))
+    st = SQLiteStorage(tmp_path / "old")
+    try:
+        snap = st.open(NOW)
+        assert snap.groups == [GroupDef("consume:g", "consume", ("orders/v1/*",))]
+        assert snap.group_states == [("consume:g", CH, 5, b"")]
+        st.apply(WriteBatch(group_defs={"consume:g": GroupDef("consume:g", "consume",
+                                                              ("orders/v1/*", CH2))}))
+    finally:
+        st.close()
+    st = SQLiteStorage(tmp_path / "old")
+    try:
+        assert st.open(NOW).groups == [GroupDef("consume:g", "consume", ("orders/v1/*", CH2))]
+    finally:
+        st.close()

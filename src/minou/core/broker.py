@@ -316,7 +316,7 @@ class Broker:
         Items are the messages read back from storage (so their bodies can be
         dead-lettered), or ``(channel, seq)`` pairs when only memory knows them.
         """
-        return self.timers.expire(items, now)
+        return self.timers.expire(items)
 
     # -------------------------------------------------------------- restore
     def restore(self, snap: Snapshot, now: float) -> None:

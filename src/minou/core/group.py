@@ -103,8 +103,10 @@ class GroupChannel:
             heapq.heappush(self.prio, (-priority, seq))
 
     def load_specials(self, now: float) -> None:
+        # A restored delayed retry (in ``skip``) comes back from ``delayed`` at its
+        # time: queued from the specials too, it would go out at once (and twice).
         for seq, (priority, deliver_at) in self.log.special.items():
-            if seq >= self.floor and seq not in self.acked:
+            if seq >= self.floor and seq not in self.acked and seq not in self.skip:
                 self.add_special(seq, priority, deliver_at, now)
 
     # -- picking the next message -----------------------------------------
@@ -256,7 +258,7 @@ class GroupChannel:
         )
         return floor, _state_encoder.encode(state)
 
-    def restore(self, floor: int, blob: bytes, now: float) -> None:
+    def restore(self, floor: int, blob: bytes) -> None:
         state = _state_decoder.decode(blob) if blob else _State()  # an empty stored state
         self.cursor = self.floor = floor
         self.acked = set(state.acked)
@@ -299,7 +301,6 @@ class GroupDef:
     key: str
     kind: str  # "listen" | "consume"
     patterns: tuple[str, ...]
-    start: str
 
 
 @dataclass(eq=False)
@@ -307,7 +308,6 @@ class Group:
     key: str
     kind: str
     patterns: list[Pattern]
-    start: str
     gcs: dict[str, GroupChannel] = field(default_factory=dict)
     members: list[Subscription] = field(default_factory=list)
     ready: dict[GroupChannel, None] = field(default_factory=dict)
@@ -317,7 +317,7 @@ class Group:
         return any(p.matches(channel) for p in self.patterns)
 
     def definition(self) -> GroupDef:
-        return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns), self.start)
+        return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns))
 
     def member_for(self, avoid: int = 0) -> tuple[Subscription, int] | None:
         """The next member with credit in round-robin order (and its index), passing over

@@ -36,14 +36,14 @@ class Restorer:
                 state.channels[channel].special[seq] = (priority, deliver_at)
         for gdef in snap.groups:
             state.groups[gdef.key] = Group(
-                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns], gdef.start
+                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]
             )
         for key, channel, floor, blob in snap.group_states:
             grp, read = state.groups.get(key), state.channels.get(channel)
             if grp is None or read is None:
                 continue
             gc = GroupChannel(grp, read, floor)
-            gc.restore(floor, blob, now)
+            gc.restore(floor, blob)
             grp.gcs[channel] = gc
             read.states.append(gc)
             gc.load_specials(now)

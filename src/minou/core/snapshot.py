@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .group import GroupDef
-from .log import Msg
 
 
 @dataclass
@@ -32,7 +31,6 @@ class Snapshot:
     groups: list[GroupDef] = field(default_factory=list)
     group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
-    tail: list[Msg] = field(default_factory=list)  # recent bodies to warm the cache
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
     credentials: list[bytes] = field(default_factory=list)  # encoded auth.credentials.Credential
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner

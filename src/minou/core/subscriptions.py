@@ -71,7 +71,7 @@ class Subscriptions:
         # Checked: now this read claims what it reads (the group's channels too).
         self.rights.check_read(session, *texts, *(p.text for p in grp.patterns) if grp else ())
         if grp is None:
-            grp = Group(key, kind, [], start or ("new" if kind == "listen" else "oldest"))
+            grp = Group(key, kind, [])
             self.state.groups[key] = grp
         elif start.startswith("seq:") and not grp.members:
             self._reset(grp, start_cursor, now)
@@ -236,7 +236,7 @@ class Subscriptions:
         # Positioning a group on a channel reads it, as subscribing would: it claims.
         self.rights.check_read(session, *positions)
         if grp is None:
-            grp = Group(key, "consume", [], "oldest")
+            grp = Group(key, "consume", [])
             self.state.groups[key] = grp
         lags: dict[str, int] = {}
         for channel, next_seq in positions.items():

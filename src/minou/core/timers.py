@@ -76,7 +76,7 @@ class Timers:
             freed += log.evict_bytes(min(log.cache_bytes, need - freed))
         return freed
 
-    def expire(self, items: Iterable[Msg | tuple[str, int]], now: float) -> int:
+    def expire(self, items: Iterable[Msg | tuple[str, int]]) -> int:
         """Storage found these messages past their TTL; dead-letter them.
 
         Items are the messages read back from storage (so their bodies can be

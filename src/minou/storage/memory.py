@@ -276,7 +276,7 @@ def _groups(w: _Work, batch: WriteBatch) -> None:
         if gdef is None:
             w.drop("groups", key)
         else:
-            w.put("groups", key, (gdef.kind, tuple(gdef.patterns), gdef.start))
+            w.put("groups", key, (gdef.kind, tuple(gdef.patterns)))
     if deleted:
         w.drop_where("group_states", lambda k, _: k[0] in deleted)
     w.put_or_drop("group_states",

@@ -53,6 +53,8 @@ CREATE INDEX IF NOT EXISTS segments_expiry ON segments(expires_min)
     WHERE expires_min IS NOT NULL;
 CREATE INDEX IF NOT EXISTS segments_special ON segments(rid) WHERE special IS NOT NULL;
 CREATE TABLE IF NOT EXISTS removed(rid INTEGER PRIMARY KEY);
+-- `start` is no longer read (where a group starts lives in group_states); every
+-- database made before has the NOT NULL column, so it stays and is written ''.
 CREATE TABLE IF NOT EXISTS groups(
     key TEXT PRIMARY KEY, kind TEXT NOT NULL, patterns TEXT NOT NULL, start TEXT NOT NULL)
     WITHOUT ROWID;
@@ -243,9 +245,9 @@ class SQLiteStorage:
                 if m.special and m.seq >= firsts.get(m.channel, 0) and \
                         m.seq not in removed.get(m.channel, ()):
                     snap.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
-        groups = db.execute("SELECT key, kind, patterns, start FROM groups")
-        for key, kind, patterns, start in groups:
-            snap.groups.append(GroupDef(key, kind, tuple(msgspec.json.decode(patterns)), start))
+        groups = db.execute("SELECT key, kind, patterns FROM groups")
+        for key, kind, patterns in groups:
+            snap.groups.append(GroupDef(key, kind, tuple(msgspec.json.decode(patterns))))
         snap.group_states = [
             tuple(r) for r in db.execute("SELECT grp, channel, floor, state FROM group_states")
         ]  # type: ignore[misc]
@@ -450,9 +452,8 @@ class SQLiteStorage:
                 db.execute("DELETE FROM group_states WHERE grp = ?", (key,))
             else:
                 db.execute(
-                    "INSERT OR REPLACE INTO groups(key, kind, patterns, start) VALUES (?,?,?,?)",
-                    (key, gdef.kind, msgspec.json.encode(list(gdef.patterns)).decode(),
-                     gdef.start),
+                    "INSERT OR REPLACE INTO groups(key, kind, patterns, start) VALUES (?,?,?,'')",
+                    (key, gdef.kind, msgspec.json.encode(list(gdef.patterns)).decode()),
                 )
         upserts = [(g, c, v[0], v[1]) for (g, c), v in batch.group_states.items() if v]
         if upserts:
