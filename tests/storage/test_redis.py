@@ -79,7 +79,7 @@ def test_every_key_of_a_queue_carries_its_hash_tag(redis_url: str) -> None:
     prefix = redis_url.rsplit("prefix=", 1)[1]
     st = RedisStorage(redis_url)
     st.open(NOW)
-    g = GroupDef("consume:g", "consume", ("orders/*",), "oldest")
+    g = GroupDef("consume:g", "consume", ("orders/*",))
     st.apply(batch_of(
         msg(A, 1, priority=2, expires_at=NOW + 5), msg("_dead/orders/v1/1", 1), msg(B, 1),
         deletes=[(A, 1)], group_defs={g.key: g},
@@ -158,7 +158,7 @@ def test_out_of_memory_refuses_publishes_whole_but_lets_acks_through(
     client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + (2 << 20))
     st = RedisStorage(own_redis.url)
     st.open(NOW)
-    g = GroupDef("consume:g", "consume", (A,), "oldest")
+    g = GroupDef("consume:g", "consume", (A,))
     st.apply(WriteBatch(channels={A: 1, B: 1}, group_defs={g.key: g}))
     seq = 0
     with pytest.raises(StorageFull) as info:

@@ -133,7 +133,7 @@ def _groups(p: Plan, batch: WriteBatch, group_queues: dict[str, set[str]]) -> No
                 p.add(queue, "GX", key)
             p.add(None, "HD", "groups", key)
         else:
-            p.add(None, "H", "groups", key, _pack([gdef.kind, list(gdef.patterns), gdef.start]))
+            p.add(None, "H", "groups", key, _pack([gdef.kind, list(gdef.patterns)]))
     for (grp, channel), value in batch.group_states.items():
         queue = _queue(channel)
         if value is None:

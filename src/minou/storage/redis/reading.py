@@ -106,8 +106,8 @@ def shared_snapshot(tables: dict[str, list[Any]], tokens: list[tuple[bytes, floa
     t = {name: sorted((text(k), v) for k, v in pairs(flat)) for name, flat in tables.items()}
     snap = Snapshot()
     for key, value in t["groups"]:
-        kind, patterns, start = _unpack(value)
-        snap.groups.append(GroupDef(key, kind, tuple(patterns), start))
+        kind, patterns = _unpack(value)[:2]  # a third field (start) is no longer read
+        snap.groups.append(GroupDef(key, kind, tuple(patterns)))
     snap.clients = [v for _, v in t["clients"]]
     snap.credentials = [v for _, v in t["credentials"]]
     snap.reservations = {k: text(v) for k, v in t["reservations"]}
