@@ -234,8 +234,24 @@ class BrokerProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+# Under mutation testing (make mutate), the fast tests first: mutmut runs a mutant's
+# tests with -x, so the first failure ends the run, and most mutants are killed by a
+# core or unit test long before a simulated history would notice.
+_MUTATION_ORDER = ("tests/core/", "tests/unit/", "tests/protocol/", "tests/server/",
+                   "tests/sim/")
+
+
+def _mutation_rank(item: pytest.Item) -> int:
+    path = item.nodeid
+    return next((i for i, p in enumerate(_MUTATION_ORDER) if path.startswith(p)),
+                len(_MUTATION_ORDER))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With MINOU_TEST_STORAGE=redis, tests of the SQLite file itself do not apply."""
+    """Fast tests first under mutmut; with MINOU_TEST_STORAGE=redis, the tests of the
+    SQLite file itself do not apply."""
+    if os.environ.get("MUTANT_UNDER_TEST", "") not in ("", "fail", "stats"):
+        items.sort(key=_mutation_rank)  # stable: each directory keeps its order
     if TEST_STORAGE != "redis":
         return
     skip = pytest.mark.skip(reason="reads or writes the SQLite file itself")

@@ -464,6 +464,20 @@ def test_a_message_returned_before_its_count_is_stored_waits_for_that_commit() -
     assert (again.seq, again.attempts) == (d.seq, 2)
 
 
+def test_a_held_return_goes_where_the_nack_asked_once_its_count_is_stored() -> None:
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    h.publish_values(CH, ["job", "next", "later"])
+    (job,) = h.take(sub)
+    h.engine.settle(s, "nack", [job.tag], None, front=True)  # held: its count is unstored
+    (nxt,) = h.take(sub)  # the others flow meanwhile
+    assert payloads([nxt]) == ["next"]
+    h.ack(s, [nxt])
+    h.commit()
+    assert payloads(h.take(sub)) == ["job"]  # to the front, before "later"
+
+
 def test_a_held_return_is_not_returned_twice_by_its_extended_lease_running_out() -> None:
     h = Harness()
     s = Session("c")

@@ -119,6 +119,7 @@ class Settlement:
             lease.returning = True
             state.batch.on_commit.append(lambda: self._requeue(lease, now, front, delay))
             state.batch.on_fail.append(None)  # a failed commit carries it to the next
+            state.mark_ready(gc.group)  # the credit it gave back takes what else is ready
             return
         self._requeue(lease, now, front, delay)
 
@@ -126,7 +127,6 @@ class Settlement:
         gc, sub = lease.gc, lease.sub
         if gc.pending.get(lease.seq) is not lease:
             return  # purged, seeked past or detached meanwhile
-        lease.returning = False
         limit = gc.log.options.requeue_limit
         if gc.attempts.get(lease.seq, 0) > limit:
             gc.settle(lease.seq)
