@@ -87,8 +87,11 @@ def test_redis_killed_under_load_refuses_publishes_then_resumes_losing_nothing(
         assert r.status_code == 503
         assert (r.json()["status"], r.json()["storage"]) == ("storage_unavailable",
                                                              "unavailable")
-        time.sleep(1.5)  # it stays down a while: nothing is confirmed meanwhile
+        refused_before = len(producer.refused)
+        time.sleep(4.0)  # it stays down a while: nothing is confirmed meanwhile,
         assert len(producer.confirmed) == confirmed_while_down
+        # and every publish is refused promptly (a refusal waits for no commit)
+        assert len(producer.refused) >= refused_before + 5, producer.refused
         assert b.alive
 
         redis.start()  # the same port and directory: back from its AOF

@@ -9,7 +9,14 @@ import pytest
 
 from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
-from minou.errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown, StorageFull
+from minou.errors import (
+    ErrorCode,
+    PublishBacklog,
+    RequestError,
+    ShuttingDown,
+    StorageFull,
+    StorageUnavailable,
+)
 from minou.protocol.frames import Send
 from minou.server.engine import CommitScheduler, Engine, pump
 
@@ -875,6 +882,24 @@ def test_a_refused_numbered_publish_is_answered_once_its_refusal_is_durable() ->
     [batch] = host.writes  # the producer state remembering the refusal
     e.committed(batch)
     assert door.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
+
+
+def test_a_refused_numbered_publish_is_answered_when_its_refusal_cannot_be_stored() -> None:
+    """Storage out of reach must not hold a refusal back until it returns."""
+    e, host = engine()
+    door = Door()
+    p = Session("app", producer_id="00000000000000aa")
+    e.publish([Send("bad", b"1", pseq=1)], ALLOW_ALL, door.reply, session=p, publisher=door)
+    [batch] = host.writes
+    e.not_written(batch, StorageUnavailable("redis is down"), stop=False)
+    assert door.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
+    # While the broker refuses publishes for it, a numbered refusal is answered at once.
+    e.core.storage_refusal = StorageUnavailable("redis is down")
+    door2 = Door()
+    [out] = e.publish([Send("orders/v1/1", b"2", pseq=2)], ALLOW_ALL, door2.reply,
+                      session=p, publisher=door2)
+    assert out.code == int(ErrorCode.STORAGE_UNAVAILABLE)
+    assert door2.answers == [([(0, int(ErrorCode.STORAGE_UNAVAILABLE))], None)]
 
 
 def test_a_publish_latency_is_observed_once_confirmed_in_seconds_since_received() -> None:

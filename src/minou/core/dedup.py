@@ -87,7 +87,8 @@ class _Gen:
         self.seqs = array("Q")
         self.exps = array("d")  # expiry (wall clock); -1.0 once forgotten
         self.start = 0  # entries before it are gone (expired or evicted)
-        self.max_exp = float("-inf")  # when it passes, the whole generation goes
+        # when it passes, the whole generation goes
+        self.max_exp = float("-inf")  # pragma: no mutate
         self.monotone = True  # expiries never decrease along the columns: bisect them
         self.killed = 0  # forgotten entries at or after start (no longer counted)
 
@@ -122,7 +123,7 @@ class DedupWindow:
     def __init__(self, max_keys: int = MAX_DEDUP_KEYS, *, generation: int = GENERATION_KEYS,
                  secret: bytes | None = None) -> None:
         if generation < 2 or generation & (generation - 1):
-            raise ValueError("generation must be a power of two >= 2")
+            raise ValueError("generation must be a power of two >= 2")  # pragma: no mutate
         self._gen_keys = generation
         # Filter bit of a digest: its top bits (the table uses the low ones); a sealed
         # generation's directory narrows its bisect to ~16 digests by fewer top bits.
@@ -136,14 +137,16 @@ class DedupWindow:
         self._restored = 0
         self._odd: dict[int, tuple[int, str, float]] = {}  # digest -> seq, id, expiry
         self._held = 0  # entries not yet gone (expired ones until expire() passes them)
-        self._clock = float("-inf")  # the latest `now` seen: evictions of expired keys
+        # the latest `now` seen: evictions of expired keys
+        self._clock = float("-inf")  # pragma: no mutate
         self._max_keys = max_keys  # are not counted
         self.evicted = 0  # unexpired keys dropped early because of max_keys
         # Restored rows not yet built into generations (see load()).
         self._rows: list[Entry] | None = None
         self._order = array("I")  # row indexes by expiry
         self._cursor = 0  # next of _order to take
-        self._floor = float("-inf")  # rows expiring at or before it are built (or gone)
+        # rows expiring at or before it are built (or gone)
+        self._floor = float("-inf")  # pragma: no mutate
         self._pending_gen = _Gen()  # rows taken and hashed, not yet sealed
         self._memo = _Memo()
 
@@ -159,7 +162,7 @@ class DedupWindow:
     @max_keys.setter
     def max_keys(self, value: int) -> None:
         if value < 1:
-            raise ValueError("max_keys must be >= 1")
+            raise ValueError("max_keys must be >= 1")  # pragma: no mutate
         self._max_keys = value
         self._trim()
 
@@ -409,7 +412,7 @@ class DedupWindow:
         builds them into generations, ``RESTORE_STEP`` at a time, and lookups bisect
         the rows meanwhile."""
         if self._rows is not None:
-            raise ValueError("load() is already restoring entries")
+            raise ValueError("load() is already restoring entries")  # pragma: no mutate
         rows = entries if isinstance(entries, list) else list(entries)
         if not rows:
             return
@@ -423,7 +426,7 @@ class DedupWindow:
         if now > self._clock:
             self._clock = now
         self._rows, self._order, self._cursor = rows, array("I", order), first
-        self._floor = float("-inf")
+        self._floor = float("-inf")  # pragma: no mutate
         self._pending_gen, self._memo = _Gen(), _Memo()
         self._held += len(order) - first
         self._trim()

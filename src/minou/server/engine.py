@@ -361,10 +361,16 @@ class Engine:
         outcomes, staged = core.publish(sends, self.clock(), access, session, stopping)
         early = core.early_duplicates
         if not staged and not core.replays and not early:
-            if core.producers.dirty:
+            down = core.storage_refusal is not None and \
+                core.storage_refusal.code == ErrorCode.STORAGE_UNAVAILABLE
+            if core.producers.dirty and not down:
                 # Refusals of numbered publishes: answered once the producer state that
-                # remembers them is durable (else a resend after a crash is a gap).
-                self.after_commit(lambda: reply(outcomes, None))
+                # remembers them is durable (else a resend after a crash is a gap), or
+                # when that commit fails. While storage is out of reach nothing can be
+                # made durable: answered at once (the client copes with the gap: it
+                # starts a new producer).
+                self.after_commit(lambda: reply(outcomes, None),
+                                  lambda exc: reply(outcomes, None))
             else:
                 reply(outcomes, None)
             return outcomes
