@@ -23,6 +23,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
+from tests.redis_sentinel import SentinelSet
 from tests.redis_server import REDIS_SERVER, RedisServer
 
 ADDRESS = re.compile(r"^\s+(native|http|tls)\s+(\S+)")
@@ -275,6 +276,24 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_url(redis_server: RedisServer) -> str:
     """The session's Redis with a key prefix of this test's own."""
     return f"{redis_server.url}?prefix=t{next(_anonymous)}-{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]:
+    """One Redis primary with a replica under three Sentinels, for the session (tests
+    that fail it over start their own: tests/redis_sentinel.py)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    sentinels = SentinelSet(tmp_path_factory.mktemp("sentinel")).start()
+    yield sentinels
+    sentinels.stop()
+
+
+@pytest.fixture
+def sentinel_url(redis_sentinel: SentinelSet) -> str:
+    """The session's Sentinel-watched Redis, commits waiting for its replica, with a key
+    prefix of this test's own."""
+    return redis_sentinel.url(f"replicas=1&prefix=t{next(_anonymous)}-{os.getpid()}")
 
 
 @pytest.fixture

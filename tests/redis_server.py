@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 REDIS_SERVER = shutil.which("redis-server")
 
@@ -33,6 +34,12 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> Any:
+        """A redis-py client of this server (imported here: redis-py is an extra)."""
+        import redis
+
+        return redis.Redis(port=self.port, socket_timeout=2)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         assert REDIS_SERVER is not None

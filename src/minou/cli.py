@@ -123,8 +123,9 @@ def _install_uvloop() -> None:
 @click.option("--storage", "storage_url", metavar="URL",
               help="Storage backend (config [storage] url): sqlite:///path/minou.db, "
                    "redis://[:password@]host:6379/0 (rediss:// for TLS; "
-                   "?password_file=PATH, ?replicas=N); default: minou.db in the data "
-                   "directory.")
+                   "?password_file=PATH, ?replicas=N), "
+                   "redis+sentinel://h1:26379,h2:26379/mymaster/0; default: minou.db in "
+                   "the data directory.")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
           http_port: int | None, log_level: str, dev: bool, storage_url: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C."""

@@ -32,7 +32,7 @@ from minou.storage.sqlite import SQLiteStorage
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
 NOW = 1_000.0
-BACKENDS = ["sqlite", "memory", "redis"]
+BACKENDS = ["sqlite", "memory", "redis", "sentinel"]
 
 Factory = Callable[..., Storage]  # keyword arguments: the backend's (max_size, reserve)
 
@@ -51,6 +51,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]
             # (claiming at open, the default, is tested in test_redis.py).
             url = request.getfixturevalue("redis_url")
             st = RedisStorage(url, claim=False, **kw)
+        elif request.param == "sentinel":
+            # The same through Sentinel, every commit and claim waiting for the replica.
+            st = RedisStorage(request.getfixturevalue("sentinel_url"), claim=False, **kw)
         else:
             st = MemoryStorage(name, **kw)
         opened.append(st)
@@ -119,7 +122,8 @@ def keys(msgs: list[Msg]) -> list[tuple[str, int]]:
 
 # --------------------------------------------------------------------- basics
 def test_backend_and_path_name_the_store(backend: Factory, store: Storage) -> None:
-    assert store.backend in BACKENDS and isinstance(store.path, str) and store.path
+    assert store.backend in ("sqlite", "memory", "redis")  # "sentinel" is a redis store
+    assert isinstance(store.path, str) and store.path
     assert store.max_size is None
     again = backend(max_size=5 << 20)
     assert (again.path, again.backend, again.max_size) == (store.path, store.backend, 5 << 20)

@@ -189,6 +189,24 @@ def test_replicas_not_reached_fail_the_commit(redis_url: str) -> None:
     assert "0 of 1 replica" in str(info.value) and "not confirmed" in str(info.value)
 
 
+def test_a_claim_is_used_only_once_the_replicas_have_it(redis_url: str) -> None:
+    """A claim a failover could lose would let the promoted replica hand the same epoch
+    to another broker: both would pass the fence. So claims WAIT as commits do."""
+    RedisStorage(redis_url).apply(batch_of(msg(A, 1)))  # a queue to claim at open
+    st = RedisStorage(redis_url + "&replicas=1", wait_timeout_ms=50)
+    with pytest.raises(StorageUnavailable) as info:
+        st.open(NOW)  # claims every queue it finds
+    assert "claiming orders/v1 reached 0 of 1 replica(s)" in str(info.value)
+    assert st.epochs == {}
+    with pytest.raises(StorageUnavailable) as info:
+        st.claim("orders/v1")
+    assert "the claim of orders/v1 reached 0 of 1 replica(s)" in str(info.value)
+    with pytest.raises(StorageUnavailable) as info:
+        st.apply(batch_of(msg(B, 1)))  # a queue's first write claims it
+    assert "claiming audit/v2 reached 0 of 1" in str(info.value)
+    assert st.epochs == {}  # none of these epochs is written under
+
+
 def test_open_warns_when_redis_would_lose_confirmed_messages(
     own_redis: RedisServer, caplog: pytest.LogCaptureFixture,
 ) -> None:

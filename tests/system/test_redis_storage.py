@@ -41,6 +41,7 @@ class Producer(threading.Thread):
         super().__init__(daemon=True)
         self.broker = broker
         self.confirmed: dict[int, int] = {}
+        self.confirmed_at: dict[int, float] = {}  # seq -> time.monotonic() of its receipt
         self.refused: dict[int, int] = {}
         self.stop = threading.Event()
 
@@ -55,6 +56,7 @@ class Producer(threading.Thread):
                     time.sleep(0.05)
                 else:
                     self.confirmed[receipt.seq] = n
+                    self.confirmed_at[receipt.seq] = time.monotonic()
                 n += 1
 
 

@@ -328,6 +328,23 @@ def test_owner_lease_and_replicas(tmp_path):
         ('url = "redis://:secret@x/0?replicas=-1"',
          "storage.url 'redis://:***@x/0?replicas=-1': replicas must be a whole number"),
         ('url = "rediss://x/0?password_file=/nonexistent/pw"', "cannot read password_file"),
+        ('url = "redis+sentinel://h1:26379,h2:26379"',
+         "storage.url 'redis+sentinel://h1:26379,h2:26379': give the service name Sentinel "
+         "monitors, e.g. redis+sentinel://h1:26379,h2:26379/mymaster/0"),
+        ('url = "redis+sentinel://h1,h2//0"', "give the service name Sentinel monitors"),
+        ('url = "redis+sentinel://:secret@h1:26379/mymaster/zero"',
+         "storage.url 'redis+sentinel://:***@h1:26379/mymaster/zero': after the service "
+         "name is the database number, not 'zero'"),
+        ('url = "redis+sentinel:///mymaster/0"',
+         "storage.url 'redis+sentinel:///mymaster/0': give the Sentinels as host:port,"
+         "host:port"),
+        ('url = "redis+sentinel://h1:26379,/mymaster/0"', "give the Sentinels as host:port"),
+        ('url = "redis+sentinel://h1:99999/mymaster/0"',
+         "Sentinel 'h1:99999' has a bad port"),
+        ('url = "redis+sentinel://h1/m/0?sentinel_password_file=/nonexistent/pw"',
+         "cannot read sentinel_password_file"),
+        ('url = "redis://h1/0?sentinel_password_file=/etc/hostname"',
+         "sentinel_password_file is for redis+sentinel:// URLs"),
         ('url = "sqlite://"', "storage.url 'sqlite://': give the database file"),
         ("url = 3", "storage.url: expected a URL string, got 3"),
     ],
@@ -338,3 +355,20 @@ def test_bad_storage_names_the_key(tmp_path, storage, message):
     with pytest.raises(ConfigError) as info:
         load_settings(cfg)
     assert message in str(info.value)
+
+
+def test_a_sentinel_url_names_its_sentinels_service_and_database(tmp_path):
+    from minou.storage.redis.url import parse as parse_url
+
+    pw = tmp_path / "sentinel.password"
+    pw.write_text("s3cret\n")
+    where = parse_url(f"redis+sentinel://:data-pw@h1:26380,h2,[::1]:26381/mymaster/2"
+                      f"?replicas=1&prefix=shop&socket_timeout=3&sentinel_password_file={pw}")
+    assert where.sentinels == (("h1", 26380), ("h2", 26379), ("::1", 26381))
+    assert (where.service, where.replicas, where.prefix) == ("mymaster", 1, "shop")
+    assert where.sentinel_password == "s3cret"
+    # Each connection to the primary: the data nodes' password, database 2, redis-py's
+    # own keys; minou's keys taken out.
+    assert where.client_url == "redis://:data-pw@sentinel/2?socket_timeout=3"
+    assert "data-pw" not in where.shown and ":***@h1:26380" in where.shown
+    assert parse_url("redis+sentinel://h1/mymaster").client_url == "redis://sentinel/"

@@ -792,8 +792,14 @@ class BrokerServer:
     def _probed_down(self, fut: asyncio.Future[tuple[bool, dict[str, Any]]]) -> None:
         if self.storage_down is None or fut.cancelled():
             return
-        if fut.exception() is not None:
-            log.debug("storage still out of reach: %s", fut.exception())
+        exc = fut.exception()
+        if exc is not None:
+            if isinstance(exc, StorageUnavailable):
+                # Refusals and /health say why now (under Sentinel: first "cannot reach",
+                # then which new primary lacks the replicas a commit waits for).
+                self._enter_down(exc)
+            else:
+                log.debug("storage still out of reach: %s", exc)
             assert self.loop is not None
             self.loop.call_later(STORAGE_PROBE_S, self._probe_down)
             return

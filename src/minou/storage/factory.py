@@ -5,8 +5,9 @@
 in this process (tests, the simulator: reopening the same name finds what was
 committed); ``redis://[:password@]host:port/db`` and ``rediss://`` (TLS) keep it in
 Redis (storage/redis: several brokers can share it; ``?password_file=``, ``?prefix=``,
-``?replicas=``). The server receives what this returns and never builds a backend
-itself.
+``?replicas=``), and ``redis+sentinel://h1:26379,h2:26379/service/db`` in the Redis
+that those Sentinels name the primary of (following it when they fail it over). The
+server receives what this returns and never builds a backend itself.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from ..config import Settings
 from ..errors import ConfigError
 from .base import Storage
 
-SCHEMES = ("sqlite", "memory", "redis", "rediss")
+REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel")
+SCHEMES = ("sqlite", "memory", *REDIS_SCHEMES)
 
 
 def check_url(url: str) -> str:
@@ -29,11 +31,13 @@ def check_url(url: str) -> str:
     if scheme not in SCHEMES:
         raise ConfigError(f"storage.url {url!r}: unknown backend {scheme or '(none)'!r}; "
                           "known: sqlite:///path/to/minou.db, redis://host:6379/0, "
-                          "rediss://host:6380/0, memory://name (tests)")
+                          "rediss://host:6380/0, "
+                          "redis+sentinel://h1:26379,h2:26379/mymaster/0, "
+                          "memory://name (tests)")
     if scheme == "sqlite" and not urlsplit(url).path.strip("/"):
         raise ConfigError(f"storage.url {url!r}: give the database file, "
                           "e.g. sqlite:///var/lib/minou/minou.db")
-    if scheme in ("redis", "rediss"):
+    if scheme in REDIS_SCHEMES:
         from .redis.url import parse
 
         parse(url)  # ConfigError naming what is wrong, the password never shown
@@ -49,7 +53,7 @@ def open_storage(settings: Settings) -> Storage:
         return MemoryStorage(urlsplit(url).netloc or "default",
                              max_size=settings.storage_max_size,
                              reserve=settings.storage_reserve)
-    if scheme in ("redis", "rediss"):
+    if scheme in REDIS_SCHEMES:
         from .redis import RedisStorage
 
         return RedisStorage(url, max_size=settings.storage_max_size,

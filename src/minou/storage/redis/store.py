@@ -74,7 +74,7 @@ from ...errors import StorageFenced, StorageFull, StorageUnavailable
 from ...limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
 from .. import segments
 from ..segments import decode_messages
-from . import keys, reading, scripts
+from . import client, keys, reading, scripts
 from .keys import queue_base, queue_of, shared_base, split_member
 from .lease import PrimaryLease
 from .plan import Plan, plan
@@ -117,9 +117,8 @@ class RedisStorage:
         # a write of shared state to go through; "" checks nothing (tools, one broker).
         self.member = ""
         kw: dict[str, Any] = {"password": where.password} if where.password else {}
-        self._client = redis.Redis.from_url(
-            where.client_url, socket_timeout=SOCKET_TIMEOUT,
-            socket_connect_timeout=CONNECT_TIMEOUT,
+        self._client = client.connect(
+            where, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1), **kw)
         self._shas: dict[str, str] = {}
         self._shared = shared_base(self.prefix)
@@ -252,10 +251,41 @@ class RedisStorage:
     def claim(self, queue: str) -> int:
         """Take ``queue`` over: its epoch goes up, fencing every earlier writer, and this
         storage writes under the new one. Returns it."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.incr(queue_base(self.prefix, queue) + "epoch")
+        self._wait_for_replicas(pipe)
         with self._redis(f"claiming {queue}"):
-            epoch = int(self._client.incr(queue_base(self.prefix, queue) + "epoch"))
+            replies = pipe.execute()
+        self._replicated(replies, f"the claim of {queue}")
+        epoch = int(replies[0])
         self.epochs[queue] = epoch
         return epoch
+
+    # A claim is used only once the replicas a commit waits for have it too. Otherwise
+    # a Redis failover could lose it and roll the epoch back: another broker claiming on
+    # the promoted replica would get the same epoch number, and both would pass the
+    # fence. Waited for, a claim survives any failover a confirmed commit survives. (The
+    # lease needs no WAIT of its own: it only says who may claim and write shared state,
+    # and a claim, waited for, carries the lease before it in the replication stream.)
+    def _wait_for_replicas(self, pipe: Any) -> None:
+        if self.replicas > 0:
+            pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
+
+    def _replicated(self, replies: list[Any], what: str) -> None:
+        """StorageUnavailable unless the WAIT ending ``replies`` saw enough replicas."""
+        if self.replicas <= 0:
+            return
+        acked = int(replies[-1]) if not isinstance(replies[-1], Exception) else 0
+        if acked < self.replicas:
+            raise StorageUnavailable(
+                f"Redis at {self.path}{self._at()}: {what} reached {acked} of "
+                f"{self.replicas} replica(s) within {self.wait_timeout_ms} ms: not "
+                "confirmed")
+
+    def _at(self) -> str:
+        """`` (primary host:port)`` under Sentinel: which Redis answered."""
+        address = client.primary_address(self._client)
+        return f" (primary {address})" if address else ""
 
     def _claim_all(self, queues: list[str]) -> None:
         if not queues:
@@ -266,6 +296,7 @@ class RedisStorage:
                 pipe.evalsha(self._sha("claim"), 3, queue_base(self.prefix, q) + "epoch",
                              self._shared + "primary", self._shared + "queues", self.member,
                              q)
+            self._wait_for_replicas(pipe)
             try:
                 with self._redis("claiming queues"):
                     replies = pipe.execute()
@@ -274,9 +305,10 @@ class RedisStorage:
                 if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
                     raise
                 self._load_scripts()
+        self._replicated(replies, "claiming " + ", ".join(queues))
         refused: dict[str, int] = {}
         holder = ""
-        for q, (status, value) in zip(queues, replies, strict=True):
+        for q, (status, value) in zip(queues, replies[:len(queues)], strict=True):
             if status == b"ok":
                 self.epochs[q] = int(value)
             else:
@@ -355,12 +387,7 @@ class RedisStorage:
             raise StorageUnavailable(f"Redis at {self.path}: commit failed: {errors[0]}"
                                      + ("" if atomic else " (other queues' parts may be "
                                         "written)")) from errors[0]
-        if self.replicas > 0:
-            acked = int(raw[-1]) if not isinstance(raw[-1], Exception) else 0
-            if acked < self.replicas:
-                raise StorageUnavailable(
-                    f"Redis at {self.path}: the commit reached {acked} of {self.replicas} "
-                    f"replica(s) within {self.wait_timeout_ms} ms: not confirmed")
+        self._replicated(raw, "the commit")
         return dict(zip(places, scripts_out, strict=True))
 
     def _results(self, raw: list[Any], atomic: bool) -> list[Any]:
@@ -458,8 +485,9 @@ class RedisStorage:
             with self._redis("reading INFO replication"):
                 linked = int(self._client.info("replication").get("connected_slaves", 0))
             if linked < self.replicas:
-                raise StorageUnavailable(f"Redis at {self.path} has {linked} replica(s) "
-                                         f"connected; commits wait for {self.replicas}")
+                raise StorageUnavailable(f"Redis at {self.path}{self._at()} has {linked} "
+                                         f"replica(s) connected; commits wait for "
+                                         f"{self.replicas}")
         space = self.space()
         need = STORAGE_RESUME_BYTES
         if self.max_size is not None:
@@ -559,5 +587,5 @@ class RedisStorage:
         return segments.retained_until(first_at_or_after, body_of, below, cutoff)
 
     def close(self) -> None:
-        self._client.close()
+        client.close(self._client)
 

@@ -1,13 +1,19 @@
-"""``redis://`` and ``rediss://`` storage URLs: what redis-py is given, and what may be
-shown (never the password).
+"""Redis storage URLs: what redis-py is given, and what may be shown (never the password).
 
 ``redis://[[user]:password@]host[:port][/db][?query]``; ``rediss://`` is the same over
-TLS. minou's own query keys, taken out before redis-py sees the rest:
-``password_file`` (the password is the file's first line, so it stays out of
-configs and process lists), ``prefix`` (of every key, default ``minou``: several
-installations can share one Redis) and ``replicas`` (WAIT for that many replicas
-before a commit counts). Other keys go to redis-py as it reads them
-(``socket_timeout``, ``ssl_ca_certs``, ...).
+TLS. ``redis+sentinel://[[user]:password@]h1[:port],h2[:port]/<service>[/<db>][?query]``
+names the Sentinels (port 26379 by default) that know which Redis is the primary of
+``service`` now: the user and password are the primary's (as for ``redis://``), the
+Sentinels are asked without one unless ``sentinel_password_file`` is given (they usually
+sit on the same trusted network, and redis-py sends the data nodes' password only to
+the data nodes).
+
+minou's own query keys, taken out before redis-py sees the rest: ``password_file``
+(the password is the file's first line, so it stays out of configs and process
+lists), ``sentinel_password_file`` (the same, for the Sentinels), ``prefix`` (of every
+key, default ``minou``: several installations can share one Redis) and ``replicas``
+(WAIT for that many replicas before a commit counts). Other keys go to redis-py as it
+reads them (``socket_timeout``, ``ssl_ca_certs``, ...).
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from ...errors import ConfigError
 from .keys import check_prefix
 
-SCHEMES = ("redis", "rediss")
+SENTINEL = "redis+sentinel"
+SCHEMES = ("redis", "rediss", SENTINEL)
+SENTINEL_PORT = 26379
 DEFAULT_PREFIX = "minou"
-OWN_KEYS = ("password_file", "prefix", "replicas")
+OWN_KEYS = ("password_file", "sentinel_password_file", "prefix", "replicas")
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,12 @@ class RedisURL:
     password: str | None  # from password_file (the URL's own is in client_url)
     prefix: str
     replicas: int
+    # redis+sentinel:// only: the Sentinels, the service they watch, the database.
+    # client_url is then redis://[user:password@]sentinel/<db>?<redis-py's keys>: what
+    # each connection to the primary is made with, once Sentinel says where it is.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    sentinel_password: str | None = None
 
 
 def parse(url: str) -> RedisURL:
@@ -39,27 +53,38 @@ def parse(url: str) -> RedisURL:
     if parts.scheme not in SCHEMES:
         raise ConfigError(f"storage.url: {parts.scheme!r} is not a Redis URL scheme")
     shown = _shown(url)
-    if not parts.hostname:
-        raise ConfigError(f"storage.url {shown!r}: give the Redis host, "
-                          "e.g. redis://127.0.0.1:6379/0")
-    try:
-        parts.port  # noqa: B018 - a bad port raises here
-    except ValueError as exc:
-        raise ConfigError(f"storage.url {shown!r}: {exc}") from exc
-    db = parts.path.strip("/")
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service = ""
+    path = parts.path
+    if parts.scheme == SENTINEL:
+        sentinels = _sentinels(parts.netloc.rpartition("@")[2], shown)
+        service, _, db = parts.path.removeprefix("/").partition("/")
+        db = db.rstrip("/")
+        if not service:
+            raise ConfigError(f"storage.url {shown!r}: give the service name Sentinel "
+                              "monitors, e.g. redis+sentinel://h1:26379,h2:26379/mymaster/0")
+        path = "/" + db
+    else:
+        if not parts.hostname:
+            raise ConfigError(f"storage.url {shown!r}: give the Redis host, "
+                              "e.g. redis://127.0.0.1:6379/0")
+        try:
+            parts.port  # noqa: B018 - a bad port raises here
+        except ValueError as exc:
+            raise ConfigError(f"storage.url {shown!r}: {exc}") from exc
+        db = parts.path.strip("/")
     if db and not db.isdigit():
-        raise ConfigError(f"storage.url {shown!r}: the path is the database number, "
+        where = "after the service name" if sentinels else "the path"
+        raise ConfigError(f"storage.url {shown!r}: {where} is the database number, "
                           f"not {db!r}")
     query = parse_qsl(parts.query, keep_blank_values=True)
     own = {k: v for k, v in query if k in OWN_KEYS}
     rest = [(k, v) for k, v in query if k not in OWN_KEYS]
-    password = None
-    if "password_file" in own:
-        try:
-            password = Path(own["password_file"]).read_text().splitlines()[0].strip()
-        except (OSError, IndexError) as exc:
-            raise ConfigError(f"storage.url {shown!r}: cannot read password_file "
-                              f"{own['password_file']!r}: {exc}") from exc
+    password = _read_secret(own, "password_file", shown)
+    sentinel_password = _read_secret(own, "sentinel_password_file", shown)
+    if sentinel_password is not None and not sentinels:
+        raise ConfigError(f"storage.url {shown!r}: sentinel_password_file is for "
+                          "redis+sentinel:// URLs")
     try:
         replicas = int(own.get("replicas", "0"))
         if replicas < 0:
@@ -71,8 +96,49 @@ def parse(url: str) -> RedisURL:
         prefix = check_prefix(own.get("prefix", DEFAULT_PREFIX))
     except ValueError as exc:
         raise ConfigError(f"storage.url {shown!r}: {exc}") from exc
-    client = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), ""))
-    return RedisURL(client, shown, password, prefix, replicas)
+    if sentinels:
+        # Where the primary is comes from Sentinel at each connect: the host here is a
+        # placeholder redis-py's URL reader needs; only the rest of this URL is used.
+        auth = parts.netloc.rpartition("@")[0]
+        client = urlunsplit(("redis", (auth + "@" if auth else "") + "sentinel", path,
+                             urlencode(rest), ""))
+    else:
+        client = urlunsplit((parts.scheme, parts.netloc, path, urlencode(rest), ""))
+    return RedisURL(client, shown, password, prefix, replicas, sentinels, service,
+                    sentinel_password)
+
+
+def _sentinels(hosts: str, shown: str) -> tuple[tuple[str, int], ...]:
+    """``h1[:port],h2[:port],[::1]:port`` as (host, port) pairs."""
+    out = []
+    for item in hosts.split(","):
+        host, port = item.strip(), str(SENTINEL_PORT)
+        if host.startswith("["):  # [ipv6]:port
+            host, _, after = host[1:].partition("]")
+            if after:
+                port = after.removeprefix(":")
+        elif ":" in host:
+            host, _, port = host.rpartition(":")
+        if not host:
+            raise ConfigError(f"storage.url {shown!r}: give the Sentinels as "
+                              "host:port,host:port, e.g. "
+                              "redis+sentinel://h1:26379,h2:26379/mymaster/0")
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"storage.url {shown!r}: Sentinel {item.strip()!r} has a "
+                              "bad port")
+        out.append((host, int(port)))
+    return tuple(out)
+
+
+def _read_secret(own: dict[str, str], key: str, shown: str) -> str | None:
+    """The first line of the file query key ``key`` names, if given."""
+    if key not in own:
+        return None
+    try:
+        return Path(own[key]).read_text().splitlines()[0].strip()
+    except (OSError, IndexError) as exc:
+        raise ConfigError(f"storage.url {shown!r}: cannot read {key} "
+                          f"{own[key]!r}: {exc}") from exc
 
 
 def _shown(url: str) -> str:
