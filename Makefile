@@ -105,7 +105,7 @@ fuzz: $(TEST_STAMP)
 MUTANTS ?=
 mutate: $(MUTATE_STAMP)
 	$(if $(MUTANTS),,rm -rf mutants)
-	MINOU_SIM_SEEDS=20 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	MINOU_SIM_SEEDS=12 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
 	$(BIN)/python tests/mutation_score.py
 
 .PHONY: mutate

@@ -78,3 +78,13 @@ def test_an_id_whose_hash_two_channels_share_is_refused_naming_the_id() -> None:
         broker.find_message(one.id)
     assert (caught.value.code, caught.value.detail) == (ErrorCode.UNKNOWN_DELIVERY,
                                                        {"id": one.id})
+
+
+def test_naming_many_messages_of_a_channel_indexes_its_name_once() -> None:
+    """The hash index grows with channels, not with messages (it lives as long as the
+    broker)."""
+    ids_ = MessageIds()
+    log = ChannelLog("orders/v1/1")
+    for seq in range(1, 50):
+        ids_.new_id(log, seq)
+    assert sum(len(names) for names in ids_.by_hash.values()) == 1

@@ -503,3 +503,22 @@ def test_a_held_return_dropped_by_a_seek_gives_no_credit_back_twice() -> None:
     assert h.take(sub) == []  # settled by the seek, not requeued
     h.publish_values(CH, ["next"])
     assert payloads(h.take(sub)) == ["next"]
+
+
+def test_after_a_restart_the_first_delivery_returned_early_still_waits_for_its_count() -> None:
+    """The first batch of a broker's run stores its first deliveries' counts: a nack
+    that comes before it lands must not let the message out again with attempt 1 still
+    stored (a crash would then hand it out as attempt 1 once more)."""
+    from .test_group_channel import _restarted
+
+    h = Harness()
+    h.publish_values(CH, ["job"])
+    h = _restarted(h)  # this run has committed nothing yet
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1)
+    (d,) = h.take(sub)
+    h.engine.settle(s, "nack", [d.tag], None)
+    assert h.take(sub) == []
+    h.commit()
+    (again,) = h.take(sub)
+    assert (again.seq, again.attempts) == (d.seq, 2)

