@@ -90,6 +90,9 @@ class Settings:
     # the URL's ?replicas=, else 0)
     storage_owner_lease: float = limits.OWNER_LEASE_S
     storage_replicas: int | None = None
+    # What a standby does with the clients that reach it: "relay" them to the primary
+    # (every broker serves every client) or "redirect" them there.
+    storage_standby: str = "relay"
     schema_report: tuple[Compatibility, ...] = ()
     config_path: str | None = None
 
@@ -268,7 +271,7 @@ def parse_size(key: str, value: Any) -> int:
 def _storage(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("storage: expected a table (url, max_size, reserve, "
-                          "wal_checkpoint, owner_lease, replicas)")
+                          "wal_checkpoint, owner_lease, replicas, standby)")
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "url":
@@ -286,6 +289,13 @@ def _storage(raw: Any) -> dict[str, Any]:
                                   f"got {value!r}")
             out["storage_owner_lease"] = float(value)
             continue
+        if key == "standby":
+            if value not in ("relay", "redirect"):
+                raise ConfigError(f"storage.standby: expected \"relay\" (a standby passes "
+                                  f"its clients' connections on to the primary) or "
+                                  f"\"redirect\" (it sends them there), got {value!r}")
+            out["storage_standby"] = value
+            continue
         if key == "replicas":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
                 raise ConfigError(f"storage.replicas: expected 0..16 (Redis replicas a "
@@ -294,7 +304,7 @@ def _storage(raw: Any) -> dict[str, Any]:
             continue
         if key not in ("max_size", "reserve", "wal_checkpoint"):
             raise ConfigError(f"storage.{key}: unknown setting (known: url, max_size, "
-                              "reserve, wal_checkpoint, owner_lease, replicas)")
+                              "reserve, wal_checkpoint, owner_lease, replicas, standby)")
         size = parse_size(f"storage.{key}", value)
         if key == "wal_checkpoint" and size < limits.MIN_CHECKPOINT_WAL_BYTES:
             raise ConfigError(f"storage.wal_checkpoint: expected at least "

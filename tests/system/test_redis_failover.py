@@ -1,9 +1,12 @@
-"""Two brokers on one Redis (issue 17, items 3 and 4): one primary, one standby.
+"""Two brokers on one Redis (issue 17, items 3 and 4; issue 18, item 1): one primary,
+one standby.
 
 Real broker processes on a real ``redis-server`` of the test's own, ``owner_lease``
-1 s so that takeovers are quick. The standby answers clients with where the primary is
-(the client follows, HTTP is redirected, ``/health`` is 503); kill -9 of the primary
-under load: the standby serves within the lease and no confirmed message is lost;
+1 s so that takeovers are quick. The standby relays its clients to the primary (native,
+HTTP, the WebSocket stream), or with ``standby = "redirect"`` answers them with where
+the primary is (the client follows, HTTP is redirected, ``/health`` is 503); kill -9 of
+the primary under load: the standby serves within the lease and no confirmed message
+is lost;
 SIGSTOP of the primary past its lease, takeover, SIGCONT: the old primary writes
 nothing (its writes are refused inside Redis), says so, and exits 1.
 """
@@ -21,12 +24,14 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets.sync.client as wsc
 
 from minou.errors import MinouError
 
 from ..conftest import BrokerProcess, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer, free_port
-from .test_full_disk import drain
+from .test_full_disk import bearer, drain
+from .test_http_stream import receive
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
@@ -42,11 +47,12 @@ def redis(tmp_path: Path) -> Any:
     server.stop()
 
 
-def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path
+def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path, standby: str = "relay",
          ) -> tuple[BrokerProcess, BrokerProcess]:
     """A primary (started first) and a standby on fixed ports."""
     cfg = tmp_path / "cluster.toml"
-    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n')
+    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
+                   f'standby = "{standby}"\n')
     first = broker_factory.make(config=cfg, storage=redis.url).start()
     second = broker_factory.make(config=cfg, storage=redis.url)
     second.port, second.http_port = free_port(), free_port()
@@ -96,9 +102,47 @@ class Producer(threading.Thread):
                 n += 1
 
 
-def test_a_standby_sends_clients_to_the_primary(broker_factory: Any, redis: RedisServer,
-                                                tmp_path: Path) -> None:
+def test_a_standby_relays_its_clients_to_the_primary(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Every broker serves every client: one that knows only the standby publishes,
+    consumes and settles through it, over the native protocol, HTTP and the WebSocket
+    stream; the primary answers and the tags are its own."""
     primary, standby = pair(broker_factory, redis, tmp_path)
+    import minou
+
+    with minou.connect_sync(standby.url, request_timeout=10, **primary.auth("relayed")) as c:
+        assert c.send(CH, {"n": 1}).seq == 1
+        sub = c.consume("fill/v1/*", group="g", prefetch=5)
+        m = sub.get(timeout=10)
+        assert (m.seq, m.payload) == (1, {"n": 1})
+        assert m.ack()
+    h = bearer(primary, "relayed")
+    r = httpx.post(standby.http + "/v1/messages/" + CH, json={"n": 2}, headers=h, timeout=10)
+    assert r.status_code == 201 and r.json()["seq"] == 2, r.text
+    r = httpx.get(standby.http + "/health", timeout=5)
+    assert r.status_code == 200, r.text  # the primary's health: this broker serves
+    ws = wsc.connect(standby.http.replace("http://", "ws://") + "/v1/stream",
+                     additional_headers=h, max_size=None)
+    with ws:
+        ws.send(json.dumps({"op": "consume", "pattern": "fill/v1/*", "group": "g"}))
+        got = receive(ws, "message", timeout=10)
+        assert got["payload"] == {"n": 2}
+        ws.send(json.dumps({"op": "ack", "receipt": got["receipt"]}))
+        assert receive(ws, "settled", timeout=10)
+    # The standby's clients go when the primary dies; the standby then serves itself.
+    with minou.connect_sync(standby.url, request_timeout=10, **primary.auth("relayed")) as c:
+        assert c.send(CH, {"n": 3}).seq == 3
+        primary.kill()
+        wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+        assert c.send(CH, {"n": 4}).seq == 4
+    got, _ = drain(standby, "recount", 2)
+    assert got == {3: 3, 4: 4}  # 1 and 2 were acked through the relay: gone
+    assert standby.stop() == 0
+
+
+def test_a_standby_set_to_redirect_sends_clients_to_the_primary(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, redis, tmp_path, standby="redirect")
     r = httpx.get(standby.http + "/health", timeout=5)
     assert r.status_code == 503
     body = r.json()
@@ -242,3 +286,29 @@ def test_a_lone_broker_paused_past_its_lease_takes_it_again_and_goes_on(
     got, _ = drain(b, "recount", len(producer.confirmed))
     assert set(producer.confirmed) <= set(got)
     assert b.stop() == 0
+
+
+def test_a_standby_relays_over_tls_pinning_the_primary_from_redis(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Both brokers with their own self-signed certificates: the client pins the
+    standby's; the standby pins the primary's, which the primary published in Redis."""
+    from minou.tls import cert_fingerprint
+
+    cfg = tmp_path / "tls.toml"
+    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
+                   "[tls]\nself_signed = true\n")
+    primary = broker_factory.make(config=cfg, storage=redis.url).start()
+    standby = broker_factory.make(config=cfg, storage=redis.url)
+    standby.port, standby.http_port = free_port(), free_port()
+    standby.start(ready="standby:")
+    pin = cert_fingerprint((standby.data_dir / "tls" / "cert.pem").read_bytes())
+    assert primary.url.startswith("minous://") and pin != primary.tls_fingerprint
+    import minou
+
+    own = {k: v for k, v in primary.auth("tls-relayed").items() if k != "tls_fingerprint"}
+    with minou.connect_sync(f"minous://127.0.0.1:{standby.port}", request_timeout=10,
+                            tls_fingerprint=pin, **own) as c:
+        assert c.send(CH, {"n": 1}).seq == 1
+    got, _ = drain(primary, "recount", 1)
+    assert got == {1: 1}
+    assert primary.stop() == 0

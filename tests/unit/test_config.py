@@ -305,6 +305,9 @@ def test_owner_lease_and_replicas(tmp_path):
     s = parse_settings({"storage": {"owner_lease": 2, "replicas": 1}}, base_dir=tmp_path)
     assert (s.storage_owner_lease, s.storage_replicas) == (2.0, 1)
     assert isinstance(s.storage_owner_lease, float)
+    assert s.storage_standby == "relay"
+    s = parse_settings({"storage": {"standby": "redirect"}}, base_dir=tmp_path)
+    assert s.storage_standby == "redirect"
 
 
 @pytest.mark.parametrize(
@@ -316,7 +319,8 @@ def test_owner_lease_and_replicas(tmp_path):
         ("reserve = -1", "storage.reserve: expected a size"),
         ("reserve = true", "storage.reserve: expected a size"),
         ("quota = 1", "storage.quota: unknown setting (known: url, max_size, reserve, "
-                      "wal_checkpoint, owner_lease, replicas)"),
+                      "wal_checkpoint, owner_lease, replicas, standby)"),
+        ('standby = "proxy"', "storage.standby: expected \"relay\""),
         ("owner_lease = 0.1", "storage.owner_lease: expected seconds, 0.5..300, got 0.1"),
         ('owner_lease = "5s"', "storage.owner_lease: expected seconds"),
         ("replicas = -1", "storage.replicas: expected 0..16"),

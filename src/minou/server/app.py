@@ -1271,6 +1271,7 @@ class BrokerServer:
 _RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "storage", "tls_cert",
                  "tls_key",
                  "tls_self_signed", "storage_reserve", "storage_wal_checkpoint",
+                 "storage_owner_lease", "storage_replicas", "storage_standby",
                  "websocket_heartbeat")
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
                 "max_dedup_keys",

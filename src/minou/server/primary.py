@@ -34,6 +34,8 @@ class Server(Protocol):
 
     settings: Settings
     storage: Any  # with lease(member, seconds)
+    admission: Any  # its limit: connections the process can hold
+    tls: Any  # tls.TlsFiles once _tls_context() made it
     exit_status: int
     stop_reason: str
     _stopping: asyncio.Event
@@ -64,6 +66,7 @@ class PrimaryRole:
         self.member = member_id(port)
         self.lease_s = server.settings.storage_owner_lease
         self.lease = server.storage.lease(self.member, self.lease_s)
+        self._door_tls = server._tls_context()  # also publishes the fingerprint below
         self.info = self._info()
         self.role = "standby"
         self.since = 0.0  # wall time this broker became primary
@@ -85,6 +88,9 @@ class PrimaryRole:
         if len(self.sockets) > 1:
             info["http"] = f"{'https' if tls else 'http'}://{host}:" \
                            f"{self.sockets[1].getsockname()[1]}"
+        if tls and self.server.tls is not None:
+            # What a standby relaying clients here pins: Redis is the brokers' trust.
+            info["tls_fingerprint"] = self.server.tls.fingerprint
         return info
 
     async def _call(self, fn: Any, *args: Any) -> Any:
@@ -107,14 +113,20 @@ class PrimaryRole:
                 holder = self.door.holder if self.door is not None else None
             first = False
             if self.door is None:
-                self.door = StandbyDoor(holder)
+                relay = server.settings.storage_standby == "relay"
+                # A relayed connection holds two descriptors: the client's, the primary's.
+                self.door = StandbyDoor(holder, relay=relay,
+                                        max_relays=max(1, server.admission.limit // 2))
                 await self.door.start(self.sockets[0], self.sockets[1] if len(self.sockets) > 1
-                                      else None, server._tls_context())
+                                      else None, self._door_tls)
                 log.warning(
                     "standby: broker %r (%s) is the primary on %s; this broker serves once "
                     "it stops renewing its lease for %g s (owner_lease); clients asking here "
-                    "are sent there", (holder or {}).get("id", "?"),
-                    (holder or {}).get("native", "?"), server.storage.path, self.lease_s)
+                    "are %s", (holder or {}).get("id", "?"),
+                    (holder or {}).get("native", "?"), server.storage.path, self.lease_s,
+                    "relayed there" if relay else "sent there")
+            elif (holder or {}).get("id") != (self.door.holder or {}).get("id"):
+                self.door.primary_changed(holder)
             else:
                 self.door.holder = holder
             try:
@@ -249,4 +261,6 @@ class PrimaryRole:
                 "lease_renewals": self.lease.renewals, "takeovers": self.takeovers,
                 "lost": self.lost, "fenced_writes": self.fenced_writes,
                 "standby_refused": self.door.refused if self.door is not None else 0,
+                "standby_relaying": self.door.relaying if self.door is not None else 0,
+                "standby_relayed": self.door.relayed if self.door is not None else 0,
                 **{k: v for k, v in self.info.items() if k in ("native", "http")}}

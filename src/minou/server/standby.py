@@ -1,11 +1,20 @@
-"""What a standby broker answers while another holds the primary lease.
+"""What a standby broker does with clients while another holds the primary lease.
 
 A standby has opened nothing (the primary's state is the primary's until the lease runs
-out), so it serves no request: on its native port it answers the HELLO with a fatal
-STANDBY error naming the primary's URL (the client connects there, then to its other
-URLs); on its HTTP port ``/health`` is 503 (a load balancer sends nobody here) and every
-other request is redirected (307) to the same path on the primary, or refused with 503
-when the primary's address is not known. The door listens on duplicates of the broker's
+out), so it serves no request itself. By default (``[storage] standby = "relay"``) it
+passes each connection on to the primary, byte for byte, native and HTTP alike (SSE and
+WebSocket too): every broker serves every client, the client's own key still proves
+who it is to the primary, and delivery tags are the primary's, fenced as ever. The
+connection to the primary is TLS when the primary's is, pinned to the certificate
+fingerprint the primary published in Redis (the brokers' shared, trusted registry).
+
+When relaying is off, impossible (the primary is unknown, out of reach, or
+``max_relays`` connections are relayed already) or refused, the standby says where the
+primary is instead: on its native port it answers the HELLO with a fatal STANDBY error
+naming the primary's URL (the client connects there, then to its other URLs); on its
+HTTP port ``/health`` is 503 (a load balancer sends nobody here) and every other
+request is redirected (307) to the same path on the primary, or refused with 503 when
+the primary's address is not known. The door listens on duplicates of the broker's
 sockets: closing it at the takeover leaves the sockets to the broker itself.
 """
 
@@ -14,23 +23,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import ssl
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import ERROR_TABLE, ErrorCode
 from ..protocol import frames as f
+from ..tls import TlsPinMismatch, check_pin, client_context
 
 HEAD_LIMIT = 16 * 1024  # a request head bigger than this is not worth reading here
 READ_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0  # to the primary; past it the client is told where to go
+CHUNK = 64 * 1024
+RELAY_LOG_EVERY_S = 30.0
+
+log = logging.getLogger("minou.cluster")
 
 
 class StandbyDoor:
-    def __init__(self, holder: dict[str, Any] | None) -> None:
+    def __init__(self, holder: dict[str, Any] | None, *, relay: bool = False,
+                 max_relays: int = 0) -> None:
         self.holder = holder  # the primary: id, native, http, since (None: nobody yet)
-        self.refused = 0
+        self.relay = relay
+        self.max_relays = max_relays  # connections relayed at once, at most
+        self.refused = 0  # clients told where the primary is
+        self.relayed = 0  # connections passed on to the primary, in all
+        self.relay_failures = 0  # relays tried that could not reach the primary
         self._servers: list[asyncio.AbstractServer] = []
         self._conns: set[asyncio.StreamWriter] = set()
+        # Relayed connections: client writer -> (primary id, upstream writer).
+        self._relays: dict[asyncio.StreamWriter, tuple[str, asyncio.StreamWriter]] = {}
+        self._logged_failure = 0.0
+        self._opening = 0
 
     async def start(self, native: socket.socket, http: socket.socket | None,
                     tls: ssl.SSLContext | None) -> None:
@@ -42,11 +69,28 @@ class StandbyDoor:
                 self._http, sock=http.dup(), ssl=tls, limit=HEAD_LIMIT,
                 ssl_handshake_timeout=READ_TIMEOUT_S if tls else None))
 
+    @property
+    def relaying(self) -> int:
+        return len(self._relays)
+
+    def primary_changed(self, holder: dict[str, Any] | None) -> None:
+        """A new primary (or none): connections relayed to the old one go nowhere
+        now, so they are closed and their clients reconnect."""
+        self.holder = holder
+        new = (holder or {}).get("id")
+        for client, (primary, upstream) in list(self._relays.items()):
+            if primary != new:
+                upstream.close()
+                client.close()
+
     async def close(self) -> None:
         for server in self._servers:
             server.close()
         for writer in list(self._conns):
             writer.close()
+        for client, (_, upstream) in list(self._relays.items()):
+            upstream.close()
+            client.close()
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -71,7 +115,88 @@ class StandbyDoor:
             self._conns.discard(writer)
             writer.close()
 
+    # ------------------------------------------------------------------- relaying
+    async def _open_primary(self, which: str
+                            ) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A connection to the primary's ``which`` port ("native", "http"), or None
+        (relaying off or full, the primary unknown or out of reach)."""
+        holder = self.holder or {}
+        url = holder.get(which)
+        if not self.relay or not url or len(self._relays) + self._opening >= self.max_relays:
+            return None
+        parts = urlsplit(url)
+        secure = parts.scheme in ("minous", "https")
+        pin = holder.get("tls_fingerprint")
+        if secure and not pin:
+            self._relay_failed(f"the primary's {which} port speaks TLS but it published "
+                               "no certificate fingerprint")
+            return None
+        self._opening += 1  # counted against max_relays while it connects
+        try:
+            tls = client_context(fingerprint=pin) if secure else None
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                parts.hostname, parts.port, ssl=tls, limit=CHUNK), CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            self._relay_failed(f"cannot reach the primary at {url}: {exc or type(exc).__name__}")
+            return None
+        finally:
+            self._opening -= 1
+        if secure:
+            try:
+                check_pin(writer.get_extra_info("ssl_object"), pin or "")
+            except TlsPinMismatch as exc:
+                writer.close()
+                self._relay_failed(f"the primary at {url}: {exc}")
+                return None
+        return str(holder.get("id", "")), reader, writer
+
+    def _relay_failed(self, why: str) -> None:
+        self.relay_failures += 1
+        now = time.monotonic()
+        if now - self._logged_failure >= RELAY_LOG_EVERY_S:
+            self._logged_failure = now
+            log.warning("standby: %s; clients asking here are told where the primary is "
+                        "instead (%d relay failures so far)", why, self.relay_failures)
+
+    async def _splice(self, client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+                      primary: tuple[str, asyncio.StreamReader, asyncio.StreamWriter]
+                      ) -> None:
+        """Pass bytes both ways until either side closes; each way waits for the
+        other side to take what it was given (a slow reader slows its sender, nothing
+        piles up here)."""
+        reader, writer = client
+        primary_id, up_reader, up_writer = primary
+        self._relays[writer] = (primary_id, up_writer)
+        self.relayed += 1
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(CHUNK):
+                dst.write(data)
+                await dst.drain()
+
+        try:
+            ways = [asyncio.ensure_future(pipe(reader, up_writer)),
+                    asyncio.ensure_future(pipe(up_reader, writer))]
+            try:
+                await asyncio.wait(ways, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for way in ways:
+                    way.cancel()
+                for way in ways:  # collect them: a reset or TLS error ends a way
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await way
+        finally:
+            self._relays.pop(writer, None)
+            up_writer.close()
+            writer.close()
+
+    # ----------------------------------------------------------------- the ports
     async def _native(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        primary = await self._open_primary("native")
+        if primary is not None:
+            await self._splice((reader, writer), primary)
+            return
+
         async def answer() -> None:
             await reader.read(64 * 1024)  # the HELLO: answered whatever it holds
             message, detail = self._message()
@@ -83,6 +208,12 @@ class StandbyDoor:
         await self._serve(writer, answer())
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.relay:
+            primary = await self._open_primary("http")
+            if primary is not None:
+                await self._splice((reader, writer), primary)
+                return
+
         async def answer() -> None:
             head = await reader.readuntil(b"\r\n\r\n")
             line = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
