@@ -76,3 +76,75 @@ def test_redis_primary_killed_under_sentinel_the_broker_follows_the_new_one_losi
         assert b.stop() == 0
     finally:
         redis.stop()
+
+
+def _free_runs(*widths: int) -> list[int]:
+    """Bases of port runs ``base .. base + width - 1``, each port free on loopback."""
+    import random
+    import socket
+
+    bases: list[int] = []
+    taken: set[int] = set()
+    while len(bases) < len(widths):
+        width = widths[len(bases)]
+        base = random.randrange(20000, 60000 - width)
+        ports = set(range(base, base + width))
+        if ports & taken:
+            continue
+        try:
+            for port in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        bases.append(base)
+        taken |= ports
+    return bases
+
+
+def test_the_three_broker_walk_through_runs_as_written(tmp_path: Path) -> None:
+    """docs/cluster.md "Run three brokers": examples/three_brokers.sh starts Redis with
+    two replicas, three Sentinels and three brokers; a client given the last broker
+    only publishes (relayed to the primary); the primary is killed, another serves,
+    and everything confirmed is there; ``stop`` stops it all."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    redis_base, sentinel_base, broker_base = _free_runs(3, 3, 22)
+    env = {**os.environ, "DIR": "c", "REDIS_PORT": str(redis_base),
+           "SENTINEL_PORT": str(sentinel_base), "BROKER_PORT": str(broker_base),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    script = str(root / "examples" / "three_brokers.sh")
+
+    def sh(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", script, *args], cwd=tmp_path, env=env, text=True,
+                              capture_output=True, timeout=120)
+
+    def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+        cli_env = {**env, "MINOU_URL": url, "MINOU_KEY": str(tmp_path / "c/broker-0/admin.key"),
+                   "MINOU_CLIENT_ID": "admin"}
+        return subprocess.run([sys.executable, "-m", "minou", *args], cwd=tmp_path,
+                              env=cli_env, text=True, capture_output=True, timeout=60)
+
+    started = sh("start")
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        urls = started.stdout.split("three brokers up: ", 1)[1].split()[0]
+        last = urls.split(",")[-1]
+        sent = cli(last, "publish", "orders/v1/1", '{"n": 1}')
+        assert sent.returncode == 0 and "seq=1" in sent.stdout, sent.stdout + sent.stderr
+        primary_pid = int((tmp_path / "c/broker-0.pid").read_text())
+        os.kill(primary_pid, signal.SIGKILL)
+        wait_until(lambda: cli(urls, "publish", "orders/v1/1", '{"n": 2}').returncode == 0,
+                   60, what="a standby to serve")
+        got = cli(urls, "consume", "orders/v1/*", "--group", "audit", "--count", "2",
+                  "--timeout", "10")
+        assert got.returncode == 0, got.stdout + got.stderr
+        assert '{"n": 1}' in got.stdout and '{"n": 2}' in got.stdout, got.stdout
+    finally:
+        stopped = sh("stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert not list((tmp_path / "c").glob("*.pid"))  # everything it started is gone
