@@ -12,6 +12,7 @@ import contextlib
 import gc
 import hmac
 import logging
+import os
 import signal
 import socket
 import time
@@ -338,9 +339,11 @@ class BrokerServer:
         for conn in list(self.connections):
             conn.close()
         commits, messages = self.commits, self.messages_committed
-        # Let the writer commit what is staged (confirms for accepted publishes).
+        # Let the writer commit what is staged (confirms for accepted publishes), unless
+        # this broker lost its lease: its writes are fenced, there is nothing to wait for.
+        lost = self.primary is not None and self.primary.role == "lost"
         self.engine.commit(force=True)
-        for _ in range(500):
+        for _ in range(0 if lost else 500):
             if self.scheduler.idle and (self.scheduler.stopped or (
                     not self.core.batch and not self.core.has_dirty)):
                 break
@@ -358,6 +361,13 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         if self.primary is not None:
             await self.primary.release()
+        if lost:  # a commit may be stuck in a partition: not waited for (run_broker)
+            for pool in (self._writer_pool, self._reader_pool, self._house_pool):
+                pool.shutdown(wait=False, cancel_futures=True)
+            self._dir_lock.release()
+            log.info("stopped on %s: %d connection(s) closed; nothing more is written",
+                     self.stop_reason, closed)
+            return
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
@@ -1338,4 +1348,9 @@ async def run_broker(settings: Settings, *, announce: Any = print,
     announce(server)
     await server.serve_forever()
     await server.stop()
+    if server.primary is not None and server.primary.lost:
+        # Its writes are fenced and its clients gone: nothing is lost by not waiting
+        # for a storage thread stuck in a partition (interpreter exit would join it).
+        logging.shutdown()
+        os._exit(server.exit_status)
     return server.exit_status  # non-zero: it stopped because it could not go on

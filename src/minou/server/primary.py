@@ -14,6 +14,7 @@ new primary. A clean stop gives the lease back, so a standby takes over at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -156,14 +157,27 @@ class PrimaryRole:
             self.door = None
 
     async def keep(self) -> None:
-        """Renew the lease every third of it while primary; stop serving if it is lost."""
+        """Renew the lease every third of it while primary; stop serving if it is lost,
+        or if Redis stays out of reach past it while another broker could take over."""
         last_ok, warned = time.monotonic(), False
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
                 ok = await self._call(self.lease.renew)
             except redis.RedisError as exc:
-                if not warned and time.monotonic() - last_ok > self.lease_s / 2:
+                out_for = time.monotonic() - last_ok
+                peers = self.lease.alive - 1  # as of the last renewal
+                if out_for > self.lease_s and peers > 0:
+                    # Cut off from Redis (a partition, or Redis down for this broker
+                    # only): the lease has run out there and a standby that still
+                    # reaches Redis serves, or soon will. Clients held here would get
+                    # nothing but refusals: stop, so they reconnect to the others.
+                    self.stop_serving(f"Redis at {self.server.storage.path} has been out "
+                                      f"of reach for {out_for:.1f} s ({exc}), past the "
+                                      f"lease, with {peers} other broker(s) to take "
+                                      "over")
+                    return
+                if not warned and out_for > self.lease_s / 2:
                     warned = True
                     log.error("cannot renew the primary lease on %s: %s; a standby takes "
                               "over if this lasts %g s", self.server.storage.path, exc,
@@ -219,8 +233,9 @@ class PrimaryRole:
         self.role = "lost"
         self.lost += 1
         log.error("%s: this broker was paused or cut off past owner_lease (%g s) and another "
-                  "broker took over; it writes nothing more (its writes are fenced) and stops "
-                  "now (exit status 1); its clients reconnect to the primary", why, self.lease_s)
+                  "broker took over or may; it writes nothing more (its writes are fenced) "
+                  "and stops now (exit status 1); its clients reconnect to the primary",
+                  why, self.lease_s)
         server.exit_status = 1
         server.stop_reason = server.stop_reason or "lost the primary lease"
         server.request_stop()
@@ -235,6 +250,8 @@ class PrimaryRole:
         except redis.RedisError as exc:
             log.warning("could not give the primary lease back (%s): a standby takes "
                         "over when it runs out", exc)
+        with contextlib.suppress(Exception):
+            await self._call(self.lease.close)
         self.role = "stopped"
         self._pool.shutdown(wait=False)
 

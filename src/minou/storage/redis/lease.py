@@ -23,13 +23,23 @@ import redis
 
 from .keys import shared_base
 
+# The brokers alive on this prefix: a sorted set of member ids scored by when their
+# record runs out, in Redis's own clock (TIME), so counting them needs no SCAN and no
+# clock of the brokers'. KEYS[1] the set; ARGV: member, milliseconds it lives.
+_SEEN = r"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
 # Renew the lease only if it is still ours; refresh this member's record with it.
+# Returns 0 if the lease is not ours, else how many brokers are alive (this one too).
 _RENEW = r"""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return 1
-"""
+""" + _SEEN.replace("KEYS[1]", "KEYS[3]").replace("ARGV[2]", "ARGV[3]")
 EVENTS_KEPT = 50  # the cluster's recent takeovers and hand-overs, newest first
 _RELEASE = r"""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -49,14 +59,17 @@ class PrimaryLease:
         self.member_key = base + "member:" + member
         self._member_base = base + "member:"
         self._events = base + "events"
+        self._alive = base + "alive"
         self.renewals = 0
+        self.alive = 1  # brokers on this prefix at the last renewal or record, this one too
         self.held_since: float | None = None  # monotonic, while this broker is primary
 
     def _record(self, info: dict[str, str]) -> None:
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(self.member_key, mapping=info)
         pipe.pexpire(self.member_key, self.lease_ms * 3)  # outlives the lease a little
-        pipe.execute()
+        pipe.eval(_SEEN, 1, self._alive, self.member, self.lease_ms * 3)
+        self.alive = int(pipe.execute()[-1])
 
     def try_acquire(self, info: dict[str, str]) -> bool:
         """Take the lease if nobody holds it (or this broker still does)."""
@@ -70,11 +83,12 @@ class PrimaryLease:
 
     def renew(self) -> bool:
         """Extend the lease; False: another broker holds it (or nobody: it ran out)."""
-        ok = self.client.eval(_RENEW, 2, self.key, self.member_key, self.member,
-                              self.lease_ms, self.lease_ms * 3)
-        if ok:
+        alive = int(self.client.eval(_RENEW, 3, self.key, self.member_key, self._alive,
+                                     self.member, self.lease_ms, self.lease_ms * 3))
+        if alive:
             self.renewals += 1
-        return bool(ok)
+            self.alive = alive
+        return bool(alive)
 
     def release(self) -> bool:
         """Give the lease up (a clean stop): a standby takes over at once."""
@@ -84,7 +98,15 @@ class PrimaryLease:
     def leave(self) -> None:
         """A clean stop, primary or standby: this broker's record goes at once (after a
         crash it runs out by itself)."""
-        self.client.delete(self.member_key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.delete(self.member_key)
+        pipe.zrem(self._alive, self.member)
+        pipe.execute()
+
+    def close(self) -> None:
+        from .client import close
+
+        close(self.client)
 
     def holder(self) -> dict[str, Any] | None:
         """The primary now: its id and what it said of itself, or None."""

@@ -117,6 +117,7 @@ class RedisStorage:
         # a write of shared state to go through; "" checks nothing (tools, one broker).
         self.member = ""
         kw: dict[str, Any] = {"password": where.password} if where.password else {}
+        self._where, self._password = where, kw
         self._client = client.connect(
             where, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1), **kw)
@@ -246,7 +247,14 @@ class RedisStorage:
         """The primary lease of this prefix, for broker ``member``; from now on this
         storage claims queues and writes shared state only while ``member`` holds it."""
         self.member = member
-        return PrimaryLease(self._client, self.prefix, member, lease_s)
+        # A client of its own with timeouts well under the lease: a renewal that Redis
+        # never answers (a partition) fails in time for the broker to step down.
+        timeout = max(0.25, lease_s / 2)
+        own = client.connect(self._where, socket_timeout=timeout,
+                             socket_connect_timeout=timeout,
+                             retry=Retry(ExponentialBackoff(cap=0.05, base=0.01), 1),
+                             **self._password)
+        return PrimaryLease(own, self.prefix, member, lease_s)
 
     def claim(self, queue: str) -> int:
         """Take ``queue`` over: its epoch goes up, fencing every earlier writer, and this
