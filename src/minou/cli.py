@@ -461,8 +461,11 @@ def delete(conn: dict[str, Any], queue: str, channel: str | None, dead: bool, ye
               help="Wait until the broker has stopped.")
 @json_option
 def soft_stop(conn: dict[str, Any], wait: bool, as_json: bool) -> None:
-    """Stop a broker gracefully: no new publishes or consumers, deliveries settle (up to
-    the default lease), everything is committed, then it exits 0 (admin)."""
+    """Stop a broker gracefully: no new deliveries, those out settle (up to the default
+    lease), everything is committed, then it exits 0 (admin). Alone it takes no new
+    publishes or consumers meanwhile; with several brokers on one Redis this stops the
+    primary (whichever broker --url names), which goes on taking publishes and then
+    hands over to a standby at once. Stop a standby with SIGTERM."""
     import time
 
     result = _admin(conn, "soft_stop")
@@ -470,9 +473,12 @@ def soft_stop(conn: dict[str, Any], wait: bool, as_json: bool) -> None:
         from .client.sync import connect_sync
 
         deadline = time.monotonic() + float(result["deadline_s"]) + 30
+        # The broker that is stopping: with several on one Redis, the request went to
+        # the one that serves, whichever --url relayed it.
+        stopping = result.get("native") or conn["url"]
         while time.monotonic() < deadline:
             try:
-                connect_sync(conn["url"], reconnect=False, request_timeout=1,
+                connect_sync(stopping, reconnect=False, request_timeout=1,
                              client_id="soft-stop-probe", cafile=conn["cafile"],
                              tls_fingerprint=conn["tls_fingerprint"]).close()
             except MinouError as exc:

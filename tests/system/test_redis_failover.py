@@ -356,3 +356,62 @@ def test_a_primary_cut_off_from_redis_steps_down_and_its_clients_go_to_the_stand
     assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
     assert all(got[seq] == n for seq, n in producer.confirmed.items())
     assert standby.stop() == 0
+
+
+def test_soft_stop_of_the_primary_hands_over_while_producers_keep_flowing(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """`minou soft-stop` (given the standby's URL: relayed to the primary) lets the
+    primary's deliveries settle while it goes on taking publishes, commits, gives its
+    lease up and wakes the standby, which serves at once; it exits 0. Producers never
+    stop for long, nothing is lost, and the handover itself delivers nothing twice."""
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    urls = f"{primary.url},{standby.url}"
+    producer = Producer(urls, primary.auth("producer"))
+    seen: list[int] = []
+    stop_consuming = threading.Event()
+
+    def consume() -> None:
+        import minou
+
+        with minou.connect_sync(urls, request_timeout=10, **primary.auth("reader")) as c:
+            sub = c.consume("fill/v1/*", group="g", prefetch=50)
+            while not stop_consuming.is_set():
+                try:
+                    m = sub.get(timeout=0.5)
+                except (TimeoutError, MinouError):
+                    continue
+                if m is not None:
+                    seen.append(m.seq)
+                    m.ack()
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    producer.start()
+    consumer.start()
+    try:
+        wait_until(lambda: len(producer.confirmed) >= 300 and len(seen) >= 100, 30,
+                   what="publishes and deliveries on the primary")
+        env = {**primary.cli_env(), "MINOU_URL": standby.url}
+        done = subprocess.run([sys.executable, "-m", "minou", "soft-stop", "--json"],
+                              env=env, capture_output=True, text=True, timeout=90)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["native"] == primary.url
+        assert primary.proc is not None and primary.proc.wait(30) == 0, primary.output
+        stopped = time.monotonic()
+        wait_until(lambda: serving(standby), 10, what="the standby to serve")
+        took = time.monotonic() - stopped
+        before = len(producer.confirmed)
+        wait_until(lambda: len(producer.confirmed) >= before + 300, 30,
+                   what="publishes confirmed by the new primary")
+    finally:
+        producer.stop.set()
+        producer.join(30)
+        time.sleep(1.0)  # the last confirmed ones reach the consumer
+        stop_consuming.set()
+        consumer.join(30)
+    assert took < LEASE / 3 + 1.5, f"the standby took {took:.2f} s after the stop"
+    assert "gave its lease up: taking over now" in standby.output or took < 0.5
+    dup = [seq for seq in set(seen) if seen.count(seq) > 1]
+    assert dup == [], f"delivered twice: {dup[:10]}"
+    assert set(producer.confirmed) <= set(seen) | set(drain(standby, "recount", 0,
+                                                              timeout=1.0)[0])
+    assert standby.stop() == 0

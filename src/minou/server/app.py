@@ -1164,12 +1164,18 @@ class BrokerServer:
                     f"subscription {sub.sid} ended: {reason}"), sid=sub.sid))
 
     def soft_stop(self, by: str) -> dict[str, Any]:
-        """Stop taking publishes and subscriptions, let deliveries settle (up to the
-        default lease), commit, then stop with exit status 0."""
-        self.accepting = False
+        """Stop gracefully with exit status 0: no new deliveries, let those out settle
+        (up to the default lease), commit, stop. Alone it takes no publish or
+        subscription meanwhile; as the primary of a cluster it goes on taking
+        publishes until it stops (they are committed before it hands the lease over,
+        so producers keep flowing), then wakes a standby to take over at once."""
+        cluster = self.primary is not None and self.primary.role == "primary"
+        if not cluster:
+            self.accepting = False
         self.draining = True
         unsettled = sum(len(s.leases) for s in self._live_sessions())
-        log.warning("soft stop requested by %s: %d deliveries to settle", by, unsettled)
+        log.warning("soft stop requested by %s: %d deliveries to settle%s", by, unsettled,
+                    "; publishes go on until the lease is handed over" if cluster else "")
 
         async def drain() -> None:
             deadline = time.monotonic() + self.settings.default_lease
@@ -1182,7 +1188,10 @@ class BrokerServer:
 
         self._spawn(drain())
         return {"stopping": True, "unsettled": unsettled,
-                "deadline_s": self.settings.default_lease}
+                "deadline_s": self.settings.default_lease,
+                # The broker that stops: with several on one Redis, the one that serves
+                # (a standby relays the request there).
+                "native": _addr(self.native_address, "minous" if self.tls else "minou")}
 
     def _live_sessions(self) -> list[Session]:
         """Sessions of native connections (TCP, /v1/ws) and JSON streams."""

@@ -130,12 +130,9 @@ class PrimaryRole:
                 self.door.primary_changed(holder)
             else:
                 self.door.holder = holder
-            try:
-                await asyncio.wait_for(server._stopping.wait(), self.lease_s / 3)
+            if await self._until_next_try():
                 await self.close_door()
                 return False
-            except TimeoutError:
-                pass
         previous = self.door.holder if self.door is not None else None
         if self.door is not None:
             await self.close_door()
@@ -150,6 +147,26 @@ class PrimaryRole:
         except redis.RedisError as exc:  # only the record of it is lost
             log.debug("could not record the takeover: %s", exc)
         return True
+
+    async def _until_next_try(self) -> bool:
+        """Wait a third of the lease, or less: woken at once by a stop (True) or by a
+        primary handing over (a clean or soft stop of it)."""
+        stopping = asyncio.ensure_future(self.server._stopping.wait())
+        handoff = asyncio.ensure_future(self._call(self.lease.wait_handoff, self.lease_s / 3))
+        await asyncio.wait([stopping, handoff], return_when=asyncio.FIRST_COMPLETED)
+        if stopping.done():
+            handoff.cancel()  # its thread ends its wait; release() queues behind it
+            return True
+        if handoff.exception() is None:
+            if handoff.result():
+                log.info("standby: the primary gave its lease up: taking over now")
+            stopping.cancel()
+            return False
+        try:  # Redis out of reach: wait the whole third, as without the wake-up
+            await asyncio.wait_for(stopping, self.lease_s / 3)
+            return True
+        except TimeoutError:
+            return False
 
     async def close_door(self) -> None:
         if self.door is not None:

@@ -41,9 +41,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 """ + _SEEN.replace("KEYS[1]", "KEYS[3]").replace("ARGV[2]", "ARGV[3]")
 EVENTS_KEPT = 50  # the cluster's recent takeovers and hand-overs, newest first
+# Give the lease up if ours, and wake one standby waiting in wait_handoff at once.
 _RELEASE = r"""
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
 """
 
 
@@ -60,6 +65,7 @@ class PrimaryLease:
         self._member_base = base + "member:"
         self._events = base + "events"
         self._alive = base + "alive"
+        self._handoff = base + "handoff"  # a list a releasing primary pushes to
         self.renewals = 0
         self.alive = 1  # brokers on this prefix at the last renewal or record, this one too
         self.held_since: float | None = None  # monotonic, while this broker is primary
@@ -93,7 +99,14 @@ class PrimaryLease:
     def release(self) -> bool:
         """Give the lease up (a clean stop): a standby takes over at once."""
         self.held_since = None
-        return bool(self.client.eval(_RELEASE, 1, self.key, self.member))
+        return bool(self.client.eval(_RELEASE, 2, self.key, self._handoff, self.member,
+                                     self.lease_ms))
+
+    def wait_handoff(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a primary to give the lease up (a clean stop, a
+        soft stop): True at once when one does, so a standby takes over without waiting
+        for its next try."""
+        return self.client.blpop([self._handoff], timeout=seconds) is not None
 
     def leave(self) -> None:
         """A clean stop, primary or standby: this broker's record goes at once (after a
