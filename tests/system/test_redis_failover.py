@@ -186,6 +186,8 @@ def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_not
     assert "took over as the primary" in standby.output
     view = cluster_view(standby, primary)
     assert view["primary"] == view["this_broker"]["member"]
+    roles = {b["native"]: b["role"] for b in view["brokers"]}
+    assert roles.get(standby.url) == "primary" and roles.get(primary.url, "gone") == "gone"
     assert view["events"][0]["what"] == "took over"
     assert view["queues"][0]["queue"] == "fill/v1" and view["queues"][0]["epoch"] == 2
     got, _ = drain(standby, "recount", len(producer.confirmed))

@@ -280,7 +280,8 @@ class PrimaryRole:
             self._call(self.lease.events))
         primary = (holder or {}).get("id")
         for m in members:
-            m["role"] = "primary" if m["id"] == primary else "standby"
+            m["role"] = "primary" if m["id"] == primary else \
+                "standby" if m.get("alive") else "gone"  # its record outlives it a little
             m["self"] = m["id"] == self.member
         epochs = dict(self.server.storage.epochs)
         return {"storage": self.server.storage.path, "owner_lease": self.lease_s,

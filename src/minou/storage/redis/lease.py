@@ -39,7 +39,7 @@ _RENEW = r"""
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-""" + _SEEN.replace("KEYS[1]", "KEYS[3]").replace("ARGV[2]", "ARGV[3]")
+""" + _SEEN.replace("KEYS[1]", "KEYS[3]")
 EVENTS_KEPT = 50  # the cluster's recent takeovers and hand-overs, newest first
 # Give the lease up if ours, and wake one standby waiting in wait_handoff at once.
 _RELEASE = r"""
@@ -74,7 +74,9 @@ class PrimaryLease:
         pipe = self.client.pipeline(transaction=False)
         pipe.hset(self.member_key, mapping=info)
         pipe.pexpire(self.member_key, self.lease_ms * 3)  # outlives the lease a little
-        pipe.eval(_SEEN, 1, self._alive, self.member, self.lease_ms * 3)
+        # Alive for one lease (its record stays three, for `minou cluster` to show it
+        # gone): a standby refreshes both every third of the lease.
+        pipe.eval(_SEEN, 1, self._alive, self.member, self.lease_ms)
         self.alive = int(pipe.execute()[-1])
 
     def try_acquire(self, info: dict[str, str]) -> bool:
@@ -154,7 +156,12 @@ class PrimaryLease:
         return out
 
     def members(self) -> list[dict[str, Any]]:
-        """Every broker whose record is fresh (the primary and the standbys)."""
+        """Every broker whose record is fresh (the primary and the standbys), with
+        ``alive``: it renewed or tried the lease within the last lease."""
+        seconds, micros = self.client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        alive = {(m.decode() if isinstance(m, bytes) else str(m))
+                 for m in self.client.zrangebyscore(self._alive, now_ms, "+inf")}
         out = []
         for key in self.client.scan_iter(match=self._member_base + "*", count=100):
             info = self.client.hgetall(key)
@@ -163,5 +170,6 @@ class PrimaryLease:
                                    (v.decode() if isinstance(v, bytes) else v)
                                    for k, v in info.items()}
             row["id"] = name[len(self._member_base):]
+            row["alive"] = row["id"] in alive
             out.append(row)
         return sorted(out, key=lambda r: str(r.get("since", "")))
