@@ -1186,6 +1186,8 @@ class BrokerServer:
                 await asyncio.sleep(0.05)
             self.request_stop()
 
+        if cluster:
+            self._spawn(self.primary.hand_over(by))  # type: ignore[union-attr]
         self._spawn(drain())
         return {"stopping": True, "unsettled": unsettled,
                 "deadline_s": self.settings.default_lease,

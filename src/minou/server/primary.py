@@ -74,6 +74,8 @@ class PrimaryRole:
         self.takeovers = 0  # times this broker took over from a live-looking primary
         self.lost = 0
         self.fenced_writes = 0
+        self.handing_over = False  # a soft stop is draining, to give the lease up
+        self._handed = False  # woken by a primary giving its lease up
         self.door: StandbyDoor | None = None
         self._retaking: asyncio.Future[bool] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-lease")
@@ -134,14 +136,18 @@ class PrimaryRole:
                 await self.close_door()
                 return False
         previous = self.door.holder if self.door is not None else None
+        handed = self._handed
         if self.door is not None:
             await self.close_door()
-            self.takeovers += 1
-            log.warning("took over as the primary on %s (the primary stopped renewing its "
-                        "lease): opening its state", server.storage.path)
+            if not handed:  # a hand-over is no failure: not counted as a takeover
+                self.takeovers += 1
+            log.warning("took over as the primary on %s (%s): opening its state",
+                        server.storage.path, "handed over by the primary" if handed
+                        else "the primary stopped renewing its lease")
         self.role, self.since = "primary", time.time()
         try:
-            what = "took over" if previous else "became primary"
+            what = ("took over (handed over)" if handed else "took over") if previous \
+                else "became primary"
             detail = {"from": previous.get("id")} if previous else {}
             await self._call(lambda: self.lease.note(what, **detail))
         except redis.RedisError as exc:  # only the record of it is lost
@@ -151,6 +157,7 @@ class PrimaryRole:
     async def _until_next_try(self) -> bool:
         """Wait a third of the lease, or less: woken at once by a stop (True) or by a
         primary handing over (a clean or soft stop of it)."""
+        self._handed = False
         stopping = asyncio.ensure_future(self.server._stopping.wait())
         handoff = asyncio.ensure_future(self._call(self.lease.wait_handoff, self.lease_s / 3))
         await asyncio.wait([stopping, handoff], return_when=asyncio.FIRST_COMPLETED)
@@ -159,6 +166,7 @@ class PrimaryRole:
             return True
         if handoff.exception() is None:
             if handoff.result():
+                self._handed = True
                 log.info("standby: the primary gave its lease up: taking over now")
             stopping.cancel()
             return False
@@ -257,6 +265,14 @@ class PrimaryRole:
         server.stop_reason = server.stop_reason or "lost the primary lease"
         server.request_stop()
 
+    async def hand_over(self, by: str) -> None:
+        """A soft stop began: say so where every broker's ``minou cluster`` shows it."""
+        self.handing_over = True
+        try:
+            await self._call(lambda: self.lease.note("handing over (soft stop)", by=by))
+        except redis.RedisError as exc:  # only the record of it is lost
+            log.debug("could not record the hand-over: %s", exc)
+
     async def release(self) -> None:
         """A clean stop: give the lease back (only if it is still ours), and leave."""
         try:
@@ -292,6 +308,7 @@ class PrimaryRole:
 
     def status(self) -> dict[str, Any]:
         return {"member": self.member, "role": self.role, "owner_lease": self.lease_s,
+                "handing_over": self.handing_over,
                 "primary_since": round(self.since, 3) if self.since else None,
                 "lease_renewals": self.lease.renewals, "takeovers": self.takeovers,
                 "lost": self.lost, "fenced_writes": self.fenced_writes,
