@@ -913,14 +913,18 @@ def main() -> int:
         + (f"; {REDIS} = a minou broker on Redis (AOF always), {REDIS}/minou its ratio to "
            f"the SQLite broker" if REDIS in systems else ""))
     log(table(med, systems, args, spread if args.runs > 1 else None))
-    log("")
-    log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
-        f"{os.cpu_count()}), medians" + (f"; {REDIS}'s server: broker + redis-server"
-                                         if REDIS in systems else "") + ":")
-    log(cpu_table(med, systems))
+    cpu_text = cpu_table(med, systems)
+    if cpu_text.count("\n") > 1:  # test g alone has its CPU in the cluster table below
+        log("")
+        log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
+            f"{os.cpu_count()}), medians" + (f"; {REDIS}'s server: broker + redis-server"
+                                             if REDIS in systems else "") + ":")
+        log(cpu_text)
     if any(med["minou"].get(k) is not None for k in CLUSTER_ROWS):
         log("")
-        log(f"cluster on one Redis (test g), medians of {args.runs} run(s) (min - max); ratio: "
+        log(f"cluster on one Redis (test g), {args.cluster_n:,} x 100 B per row (or "
+            f"{args.limit_s:g} s), {args.procs} processes, medians of {args.runs} run(s) "
+            "(min - max); ratio: "
             "to 1 broker, the relayed pair: standby / primary (median of each run's ratio); "
             "CPU % of one core of each process over the row; µs/msg: CPU per message of "
             "all brokers together, of redis-server:")
