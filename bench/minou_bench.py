@@ -442,11 +442,12 @@ class Bench:
             brokers = sum(x for x in per_broker if x is not None)
             c["brokers"] = round(brokers, 1)
             # CPU per message, what a projection to more machines is made of: rate x
-            # us/msg = the share of a core that process needs at that rate
+            # ns/msg = the share of a core that process needs at that rate (in ns, as the
+            # medians keep one decimal: µs would lose the redis-server's)
             if rate > 0:
-                c["brokers_us_msg"] = round(brokers * 1e4 / rate, 2)
+                c["brokers_ns_msg"] = round(brokers * 1e7 / rate)
                 if c["redis"] is not None:
-                    c["redis_us_msg"] = round(c["redis"] * 1e4 / rate, 2)
+                    c["redis_ns_msg"] = round(c["redis"] * 1e7 / rate)
             if h1[1] > h0[1]:
                 c["host_busy_cores"] = round((os.cpu_count() or 1) * (h1[0] - h0[0])
                                              / (h1[1] - h0[1]), 2)
@@ -679,7 +680,7 @@ def cluster_table(med: dict[str, dict[str, Any]], args: Any,
     cpu = m.get("cpu_pct", {})
     head = ["row", "brokers", "clients on", "msg/s", "ratio", "CPU% broker 1 (primary)",
             "broker 2", "broker 3", "redis-server", "clients", "host busy cores",
-            "brokers µs/msg", "redis µs/msg"]
+            "brokers ns/msg", "redis ns/msg"]
     lines = ["| " + " | ".join(head) + " |", "|---|---:|---|" + "---:|" * (len(head) - 3)]
     rows = [*[(f"cl_pub{k}", f"publish 100 B, 8 queues, {args.procs} producers", k,
                "round-robin", f"cl_pub{k}_vs_1" if k > 1 else None) for k in CLUSTER_SIZES],
@@ -698,11 +699,18 @@ def cluster_table(med: dict[str, dict[str, Any]], args: Any,
             if lo != hi:
                 rate += f" ({fmt(lo)} - {fmt(hi)})"
         c = cpu.get(key, {})
+
+        def pct(v: Any) -> str:  # CPU % with the one decimal the medians keep
+            return "-" if v is None else f"{v:.1f}"
+
+        def ns(v: Any) -> str:
+            return "-" if v is None else f"{round(v):,}"
+
         cells = [what, str(size), where, rate,
                  f"{m[ratio_key]:.2f}x" if ratio_key and m.get(ratio_key) is not None else "",
-                 *[fmt(c.get(f"b{i}")) if i <= size else "" for i in (1, 2, 3)],
-                 fmt(c.get("redis")), fmt(c.get("clients")), fmt(c.get("host_busy_cores")),
-                 fmt(c.get("brokers_us_msg")), fmt(c.get("redis_us_msg"))]
+                 *[pct(c.get(f"b{i}")) if i <= size else "" for i in (1, 2, 3)],
+                 pct(c.get("redis")), pct(c.get("clients")), fmt(c.get("host_busy_cores")),
+                 ns(c.get("brokers_ns_msg")), ns(c.get("redis_ns_msg"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -926,7 +934,7 @@ def main() -> int:
             f"{args.limit_s:g} s), {args.procs} processes, medians of {args.runs} run(s) "
             "(min - max); ratio: "
             "to 1 broker, the relayed pair: standby / primary (median of each run's ratio); "
-            "CPU % of one core of each process over the row; µs/msg: CPU per message of "
+            "CPU % of one core of each process over the row; ns/msg: CPU per message of "
             "all brokers together, of redis-server:")
         log(cluster_table(med, args, spread if args.runs > 1 else None))
     if errors:
