@@ -171,7 +171,7 @@ bench-dedup: $(STAMP)
 	$(BIN)/python bench/dedup_soak.py $(DEDUP_ARGS)
 
 ## bench-cluster: 1, 2 and 3 minou brokers over one Redis (test g of minou_bench.py, about
-## 5 min for 3 runs; not in `make bench`), to bench/results/cluster.json. docs/benchmarks.md.
+## 3.5 min for 3 runs; not in `make bench`), to bench/results/cluster.json. docs/benchmarks.md.
 bench-cluster: $(BENCH_STAMP) bench-deps
 	$(BIN)/python bench/minou_bench.py --only g --peers none --out bench/results/cluster.json $(BENCH_ARGS)
 

@@ -27,7 +27,7 @@ Tests (--only takes the letters or the row keys):
      availableNow drain of them (maxRecordsPerBatch 50,000) to the transactional minou
      sink, and the median micro-batch duration at --spark-rate msg/s (processingTime=0)
   g  cl_pub1..3, cl_con1..3, cl_fwd_direct, cl_fwd_relay: a minou cluster (minou only,
-     not in the default set: about 2 min a run, `--only g`): 1, 2 and 3 brokers over
+     not in the default set: about 1 min a run, `--only g`): 1, 2 and 3 brokers over
      one redis-server of their own (AOF always), the first primary, the others
      standbys relaying their clients to it (docs/cluster.md); 8 queues q0/v1/1 ..
      q7/v1/1, --procs processes with 8/procs queues each, spread round-robin over the
