@@ -133,6 +133,7 @@ clean:
 # the table and writes bench/results/latest.json. See docs/benchmarks.md.
 #   make bench PEERS=all                 also install and measure rabbitmq-server
 #   make bench BENCH_ARGS='--runs 1 --only a,b'
+#   make bench-cluster                   test g alone: 1, 2, 3 brokers over one Redis
 PEERS      ?=
 BENCH_ARGS ?=
 BENCH_STAMP := $(VENV)/.bench-installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
@@ -169,5 +170,10 @@ DEDUP_ARGS ?=
 bench-dedup: $(STAMP)
 	$(BIN)/python bench/dedup_soak.py $(DEDUP_ARGS)
 
-.PHONY: bench-deps bench-dedup
+## bench-cluster: 1, 2 and 3 minou brokers over one Redis (test g of minou_bench.py, about
+## 3.5 min for 3 runs; not in `make bench`), to bench/results/cluster.json. docs/benchmarks.md.
+bench-cluster: $(BENCH_STAMP) bench-deps
+	$(BIN)/python bench/minou_bench.py --only g --peers none --out bench/results/cluster.json $(BENCH_ARGS)
+
+.PHONY: bench-deps bench-dedup bench-cluster
 # ---- bench: end ---------------------------------------------------------------

@@ -40,12 +40,19 @@ class MinouPeer:
 
     With ``json=True`` (peer name ``minou-json``, the pre-fill of the HTTP test e) the
     payload is a JSON string encoding to ``size`` bytes, as an HTTP client would send.
+
+    ``channels`` (the cluster test g: several queues per process): a producer sends
+    message i to ``channels[i % len]``, a consumer reads them all in ``group``;
+    default: the one channel ``CHANNEL`` and the group ``GROUP`` of tests a-c.
     """
 
-    def __init__(self, url: str, json: bool = False, admin_key: str | None = None) -> None:
+    def __init__(self, url: str, json: bool = False, admin_key: str | None = None,
+                 channels: list[str] | None = None, group: str | None = None) -> None:
         self.url = url
         self.json = json
         self.admin_key = admin_key  # None: $MINOU_BENCH_ADMIN_KEY (the last broker started)
+        self.channels = list(channels or [CHANNEL])
+        self.group = group or GROUP
 
     async def connect(self) -> None:
         import os
@@ -62,7 +69,8 @@ class MinouPeer:
     async def reset(self) -> None:  # the orchestrator restarts the broker on a fresh dir
         return None
 
-    async def depth(self) -> int:
+    async def _listing(self, channel: str) -> list[dict[str, Any]]:
+        """The admin ``list`` of the channels under ``channel`` ("" = all)."""
         import os
 
         import minou
@@ -70,10 +78,21 @@ class MinouPeer:
         admin = await minou.connect(self.url, client_id="admin", reconnect=False,
                                     key=self.admin_key or os.environ["MINOU_BENCH_ADMIN_KEY"])
         try:
-            data = await admin.admin("list", channel=CHANNEL)
+            data = await admin.admin("list", channel=channel)
         finally:
             await admin.close()
-        return sum(ch["depth"] for ch in data["channels"] if ch["channel"] == CHANNEL)
+        return data["channels"]
+
+    async def depth(self) -> int:
+        if self.channels == [CHANNEL]:  # tests a-c: the one channel, listed by name
+            listing = await self._listing(CHANNEL)
+            return sum(ch["depth"] for ch in listing if ch["channel"] == CHANNEL)
+        return sum((await self.depths()).values())
+
+    async def depths(self) -> dict[str, int]:
+        """Depth of each of ``channels`` (test g sizes each consumer's target by it)."""
+        found = {ch["channel"]: ch["depth"] for ch in await self._listing("")}
+        return {name: found.get(name, 0) for name in self.channels}
 
     async def publish(self, n: int, size: int, window: int, deadline: float) -> tuple[int, int]:
         """``client.send`` futures, at most ``window`` unconfirmed (sliding window).
@@ -101,10 +120,18 @@ class MinouPeer:
 
         send = self.c.send
         acquire = sem.acquire
+        channels = self.channels
+        spread = len(channels)
         sent = 0
-        while sent < n and time.monotonic() < deadline:
+        if spread == 1:  # tests a-c: the loop as it always was, no per-message choice
+            channel = channels[0]
+            while sent < n and time.monotonic() < deadline:
+                await acquire()
+                send(channel, body).add_done_callback(done)
+                sent += 1
+        while sent < n and time.monotonic() < deadline:  # test g: round-robin
             await acquire()
-            send(CHANNEL, body).add_done_callback(done)
+            send(channels[sent % spread], body).add_done_callback(done)
             sent += 1
         finished = True
         if ok + errors < sent:
@@ -132,7 +159,8 @@ class MinouPeer:
         (acks are coalesced by the client); the last ack is awaited (durable)."""
         from minou import Timeout
 
-        sub = await self.c.consume(CHANNEL, group=GROUP, prefetch=batch)
+        sub = await self.c.consume(self.channels if len(self.channels) > 1 else self.channels[0],
+                                   group=self.group, prefetch=batch)
         get_nowait = sub.get_nowait
         unpack = TS.unpack_from
         count = 0
@@ -176,7 +204,8 @@ def _make_peer_factory(original):
         # minou-redis: the same client, on the broker that keeps its storage in Redis
         if name in ("minou", "minou-json", "minou-redis"):
             assert _MINOU_URL is not None
-            return MinouPeer(_MINOU_URL, json=name == "minou-json")
+            return MinouPeer(_MINOU_URL, json=name == "minou-json",
+                             channels=_JOB.get("channels"), group=_JOB.get("group"))
         if name == "minou-http":  # test e: the HTTP API (bench/http_bench.py)
             import http_bench
 
@@ -236,9 +265,10 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float = 180.0) -> list[dict[st
 
 
 def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] | None = None,
-          admin_key: str | None = None):
+          admin_key: str | None = None, channels: list[str] | None = None):
     """reset / depth in this process (like peers.admin, for any system); ``url`` and
-    ``admin_key`` are the minou broker's (SQLite or Redis)."""
+    ``admin_key`` are the minou broker's (SQLite or Redis); ``depths`` (minou only):
+    the depth of each of ``channels``."""
     import uvloop
 
     import peers
@@ -247,13 +277,15 @@ def admin(system: str, what: str, url: str | None = None, ports: dict[str, int] 
         peers.PEERS[name]["port"] = port
 
     async def go():
-        peer = MinouPeer(url, admin_key=admin_key) if system in MINOU_SYSTEMS \
-            else peers.make_peer(system)
+        peer = MinouPeer(url, admin_key=admin_key, channels=channels) \
+            if system in MINOU_SYSTEMS else peers.make_peer(system)
         await peer.connect()
         try:
             if what == "reset":
                 await peer.reset()
                 return None
+            if what == "depths":
+                return await peer.depths()
             return await peer.depth()
         finally:
             await peer.close()

@@ -1,9 +1,9 @@
 """Start and stop the servers the benchmark needs: a minou broker on a fresh data
 directory (on SQLite, or on Redis: then with a redis-server of its own, AOF
-``always``), and the peers (redis-server with AOF everysec and without persistence,
-nats-server with JetStream, optionally rabbitmq-server), all on 127.0.0.1 and on
-free ports. Every process started here is remembered by pid and stopped by pid;
-nothing else is touched.
+``always``), a cluster of minou brokers over one redis-server (test g), and the peers
+(redis-server with AOF everysec and without persistence, nats-server with JetStream,
+optionally rabbitmq-server), all on 127.0.0.1 and on free ports. Every process
+started here is remembered by pid and stopped by pid; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -72,13 +72,20 @@ class MinouBroker:
     """``python -m minou start --data DIR --port 0 --http-port 0`` as a subprocess."""
 
     def __init__(self, workdir: Path, python: str = sys.executable,
-                 storage: str = "sqlite", name: str = "minou") -> None:
-        """``storage``: "sqlite" (the default: minou.db in the data dir) or "redis" (a
-        redis-server started here for this broker, see MinouRedis)."""
+                 storage: str = "sqlite", name: str = "minou", port: int = 0,
+                 http_port: int = 0) -> None:
+        """``storage``: "sqlite" (the default: minou.db in the data dir), "redis" (a
+        redis-server started here for this broker, see MinouRedis), or a redis:// URL:
+        a Redis shared with other brokers (a cluster, see MinouCluster), which this
+        broker neither starts nor stops. ``port`` / ``http_port``: 0 = any free one."""
         self.workdir = workdir
         self.python = python
         self.name = name
         self.redis = MinouRedis(workdir, name) if storage == "redis" else None
+        self.shared_storage = storage if storage.startswith("redis://") else None
+        self.port = port
+        self.http_port = http_port
+        self.standby = False  # the last start waited for the standby line, not the banner
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -98,7 +105,14 @@ class MinouBroker:
         """Where the durable state is: the data dir, or the redis-server's (its AOF)."""
         return self.redis.dir if self.redis is not None else self.data_dir
 
-    def start(self, fresh: bool = True, timeout: float = 30.0) -> str:
+    def start(self, fresh: bool = True, timeout: float = 30.0, standby: bool = False) -> str:
+        """Start the broker and wait until it serves; the native URL. ``standby``: it
+        is expected to find another broker primary on its shared Redis: a standby
+        prints no banner (it binds its ports, then waits for the lease), so what is
+        waited for is its "standby: ..." log line, and its URLs are the fixed ports it
+        was given (give it some: with port 0 nobody would know where it listens)."""
+        if standby and not (self.port and self.http_port and self.shared_storage):
+            raise ValueError("a standby needs fixed ports and a shared redis:// storage")
         if self.proc is not None:
             self.stop()
         if fresh or self.data_dir is None:
@@ -112,25 +126,38 @@ class MinouBroker:
             if fresh or self.redis.pid is None:
                 self.redis.start()
             storage = ["--storage", self.redis.url]
+        elif self.shared_storage is not None:
+            storage = ["--storage", self.shared_storage]
         self.starts += 1
+        self.standby = standby
         log = open(self.workdir / f"{self.name}-broker.log", "ab")  # noqa: SIM115 (Popen's)
         # Measured as deployed: authenticated clients (key pairs) under a rule, so the
         # per-message rule check is part of every number.
         config = self.workdir / "minou-bench.toml"
         config.write_text('[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
-        os.environ["MINOU_BENCH_ADMIN_KEY"] = str(self.data_dir / "admin.key")
+        if not standby:  # a standby makes no admin key: the primary's is the one to use
+            os.environ["MINOU_BENCH_ADMIN_KEY"] = str(self.data_dir / "admin.key")
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
              "--config", str(config),
-             "--port", "0", "--http-port", "0", "--log-level", "warning", *storage],
-            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+             "--port", str(self.port), "--http-port", str(self.http_port),
+             "--log-level", "warning", *storage],
+            # a standby's only sign of life is a log line (stderr): read it with stdout
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT if standby else log,
+            stdin=subprocess.DEVNULL, text=True,
         )
-        log.close()
+        if not standby:
+            log.close()
         lines: queue.Queue[str | None] = queue.Queue()
 
         def pump(stream) -> None:  # keep draining stdout so the broker never blocks on it
             for line in stream:
                 lines.put(line)
+                if standby:  # its stderr comes this way: keep it in the log as well
+                    log.write(line.encode())
+                    log.flush()
+            if standby:
+                log.close()
             lines.put(None)
 
         threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
@@ -146,6 +173,15 @@ class MinouBroker:
                 self.stop()
                 raise RuntimeError(
                     f"minou broker did not start (see {self.workdir}/{self.name}-broker.log)")
+            if standby:
+                if "standby:" in line:
+                    url = f"minou://127.0.0.1:{self.port}"
+                    http_url = f"http://127.0.0.1:{self.http_port}"
+                    break
+                if re.match(r"minou \S+ broker .* ready$", line.strip()):
+                    self.stop()
+                    raise RuntimeError(f"{self.name} became primary, not a standby")
+                continue
             m = re.search(r"native\s+(minou://\S+)", line)
             if m:
                 url = m.group(1)
@@ -213,6 +249,61 @@ class MinouRedis:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+
+class MinouCluster:
+    """Test g: ``size`` minou brokers over one redis-server of their own (MinouRedis:
+    loopback, AOF ``always``), each broker on its own fresh data dir and free ports.
+    The first is started alone and waited for until it is ready, so it holds the
+    lease: it is the primary, and every later one a standby relaying its clients to it.
+    ``start`` always begins on an empty Redis: a fresh cluster for each row."""
+
+    def __init__(self, workdir: Path, python: str = sys.executable,
+                 name: str = "minou-cluster") -> None:
+        self.workdir = workdir
+        self.python = python
+        self.name = name
+        self.redis = MinouRedis(workdir, name)
+        self.brokers: list[MinouBroker] = []
+
+    def start(self, size: int) -> None:
+        self.close()
+        self.redis.start()
+        try:
+            for i in range(size):
+                # a standby binds the ports it is given before waiting for the lease, and
+                # says nothing of them: fixed free ports, so that its URL is known
+                broker = MinouBroker(self.workdir, python=self.python,
+                                     storage=self.redis.url, name=f"{self.name}-{i + 1}",
+                                     port=free_port() if i else 0,
+                                     http_port=free_port() if i else 0)
+                self.brokers.append(broker)
+                broker.start(fresh=True, standby=i > 0)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def primary(self) -> MinouBroker:
+        return self.brokers[0]
+
+    @property
+    def urls(self) -> list[str]:
+        """Native URLs, the primary's first."""
+        return [b.url for b in self.brokers if b.url]
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [b.pid for b in self.brokers]
+
+    def close(self) -> None:
+        # standbys first: a primary stopped cleanly hands its lease over, and a standby
+        # would take over (claiming every queue) on the way out
+        for broker in reversed(self.brokers):
+            with contextlib.suppress(Exception):
+                broker.close()
+        self.brokers = []
+        self.redis.close()
 
 
 class PeerServer:

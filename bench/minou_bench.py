@@ -26,6 +26,16 @@ Tests (--only takes the letters or the row keys):
      registered here; batch read of N x 100 B JSON (count + sum(length(payload))),
      availableNow drain of them (maxRecordsPerBatch 50,000) to the transactional minou
      sink, and the median micro-batch duration at --spark-rate msg/s (processingTime=0)
+  g  cl_pub1..3, cl_con1..3, cl_fwd_direct, cl_fwd_relay: a minou cluster (minou only,
+     not in the default set: about 1 min a run, `--only g`): 1, 2 and 3 brokers over
+     one redis-server of their own (AOF always), the first primary, the others
+     standbys relaying their clients to it (docs/cluster.md); 8 queues q0/v1/1 ..
+     q7/v1/1, --procs processes with 8/procs queues each, spread round-robin over the
+     brokers' URLs: publish 100 B (window 1000, --cluster-n = 300,000 in total or
+     10 s), and consume+ack of the 8 queues pre-filled with as many x 100 B (prefetch
+     --batch, each consumer alone on its queues); and the relay's cost: 2 brokers,
+     every producer on the primary, then every producer on the standby. A fresh Redis
+     and fresh brokers for each row; the CPU of each broker and of redis-server.
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
@@ -38,6 +48,7 @@ The peers are started here too, on 127.0.0.1 and free ports, and stopped by pid.
 Usage:  .venv/bin/python bench/minou_bench.py [--runs 3] [--only a,b] [--peers redis-aof,nats-js]
         .venv/bin/python bench/minou_bench.py --only e --peers none   (the HTTP rows alone)
         .venv/bin/python bench/minou_bench.py --only f --peers none   (the Spark rows)
+        .venv/bin/python bench/minou_bench.py --only g --peers none   (the cluster rows)
 """
 
 from __future__ import annotations
@@ -70,6 +81,7 @@ GROUPS = {
     "d": ["mem"],
     "e": ["http_pub", "http_pubb", "http_con"],
     "f": ["spark"],
+    "g": ["cluster"],
 }
 HTTP_TESTS = GROUPS["e"]  # minou only
 # A minou broker on Redis (issue 17) runs the message tests; memory (d: the data is in
@@ -78,6 +90,12 @@ REDIS = "minou-redis"
 REDIS_TESTS = GROUPS["a"] + GROUPS["b"] + GROUPS["c"]
 REDIS_TARGET = 0.5  # minou-redis / minou on throughput (issue 17: >= 50 % of SQLite's)
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
+# The cluster test (g) starts 8 clusters a run and asks another question (scale over
+# several brokers): only when asked for, so `make bench` keeps its length.
+DEFAULT_TESTS = [t for t in ALL_TESTS if t not in GROUPS["g"]]
+MINOU_ONLY = [*HTTP_TESTS, "spark", "cluster"]  # no peer runs these: none started for them
+CLUSTER_CHANNELS = [f"q{i}/v1/1" for i in range(8)]  # 8 queues (endpoint/version)
+CLUSTER_SIZES = (1, 2, 3)
 SPARK_ROWS = ["spark_read", "spark_stream", "spark_noop", "spark_rate_noop", "spark_vs_rate",
               "spark_batch_latency"]  # test "spark"
 
@@ -113,7 +131,18 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("spark_vs_rate", "minou -> noop / Spark's rate -> noop (ratio)", "hi", None),
     ("spark_batch_latency", "Spark median micro-batch @ SPARKRATE/s, processingTime=0 (s)",
      "lo", ("<=", 0.5)),
+    # test g: no target; issue 18 asks for the curve, and docs/cluster.md reads it
+    *[(f"cl_pub{k}", f"cluster of {k}: publish 100 B over 8 queues, PROCS producers "
+       f"round-robin over the brokers (msg/s)", "hi", None) for k in CLUSTER_SIZES],
+    *[(f"cl_con{k}", f"cluster of {k}: consume+ack 8 queues pre-filled with CLN x 100 B, "
+       f"PROCS consumers round-robin over the brokers (msg/s)", "hi", None)
+      for k in CLUSTER_SIZES],
+    ("cl_fwd_direct", "cluster of 2: publish, every producer on the primary (msg/s)", "hi", None),
+    ("cl_fwd_relay", "cluster of 2: publish, every producer on the standby, relayed (msg/s)",
+     "hi", None),
+    ("cl_fwd_ratio", "cluster of 2: relayed / direct publish, per run (ratio)", "hi", None),
 ]
+CLUSTER_ROWS = [key for key, *_ in ROWS if key.startswith("cl_")]
 
 
 def log(msg: str) -> None:
@@ -142,6 +171,9 @@ class Bench:
         # the minou brokers by system name: "minou" (SQLite) and, if asked, REDIS
         self.brokers: dict[str, Any] = {"minou": self.minou}
         self.peer_servers: dict[str, Any] = {}
+        # test g: brokers over one redis-server, started afresh for each of its rows
+        self.cluster = servers.MinouCluster(workdir, python=sys.executable)
+        self.cluster_turns = 0  # runs of test g so far: its row order turns with them
 
     # --------------------------------------------------------------- servers
     def start_peers(self, names: list[str]) -> list[str]:
@@ -168,6 +200,8 @@ class Bench:
         return started
 
     def stop_all(self) -> None:
+        with contextlib.suppress(Exception):
+            self.cluster.close()
         for broker in self.brokers.values():
             with contextlib.suppress(Exception):
                 broker.close()
@@ -255,6 +289,10 @@ class Bench:
                 f"{f'; {errors} errors' if errors else ''})")
 
         if system == REDIS and test not in REDIS_TESTS:
+            return
+        if test == "cluster":
+            if system == "minou":  # its own brokers and Redis; no peer has a cluster here
+                self.run_cluster(res, cpu)
             return
         if test == "spark":
             if system == "minou":  # no peer has a Spark connector here
@@ -347,6 +385,116 @@ class Bench:
                 self.admin(system, "reset")
         else:
             raise ValueError(test)
+
+    # ------------------------------------------------------------- test g
+    def cluster_jobs(self, role: str, urls: list[str], **kw: Any) -> list[dict[str, Any]]:
+        """One job per process (--procs), process i on the queues CLUSTER_CHANNELS[i::procs]
+        and on the broker urls[i % len(urls)]: with 2 or 3 URLs some processes go through
+        a standby's relay. The CPU of every broker and of redis-server is read in the
+        workers at the barrier and at the end (peers.pids_cpu_pct)."""
+        a, cl = self.args, self.cluster
+        base = dict(peer="minou", window=a.window, limit_s=a.limit_s, ports={},
+                    srv_pid=cl.primary.pid, aux_pid=cl.redis.pid, cpu_pids=cl.pids, role=role)
+        return [{**base, "url": urls[i % len(urls)], "channels": CLUSTER_CHANNELS[i::a.procs],
+                 **kw} for i in range(a.procs)]
+
+    def cluster_settle(self) -> None:
+        for pid in [*self.cluster.pids, self.cluster.redis.pid]:
+            self.peers.settle(pid)
+
+    def cluster_depths(self) -> dict[str, int]:
+        primary = self.cluster.primary
+        return self.clients.admin("minou", "depths", url=primary.url,
+                                  admin_key=primary.admin_key, channels=CLUSTER_CHANNELS)
+
+    def cluster_row(self, key: str, size: int, res: dict[str, Any], cpu: dict[str, Any]) -> None:
+        """One row of test g on a fresh cluster of ``size`` brokers."""
+        a, cl = self.args, self.cluster
+        cl.start(size)
+        try:
+            self.cluster_settle()
+            urls = cl.urls
+            if key.startswith("cl_fwd"):  # every producer on one broker: the pair's only change
+                urls = [urls[0] if key == "cl_fwd_direct" else urls[1]]
+            if key.startswith("cl_con"):  # pre-filled through the primary, outside the row
+                fill = self.cluster_jobs("pub", urls[:1], n=-(-a.cluster_n // a.procs), size=100,
+                                         limit_s=a.prefill_limit_s)
+                self.clients.run_jobs(fill, timeout=a.prefill_limit_s + 120)
+                self.cluster_settle()
+                depths = self.cluster_depths()
+                res[f"{key}_depth"] = sum(depths.values())
+                jobs = self.cluster_jobs("con", urls, batch=a.batch, idle_s=2.0)
+                for i, job in enumerate(jobs):  # each consumer alone on its queues, own group
+                    job.update(n=sum(depths[c] for c in job["channels"]), name=f"c{i}",
+                               group=f"cl{i}")
+            else:
+                jobs = self.cluster_jobs("pub", urls, n=a.cluster_n // a.procs, size=100)
+            h0 = host_cpu()
+            out = self.clients.run_jobs(jobs, timeout=a.limit_s + 120)
+            h1 = host_cpu()
+            count, rate, wall = self.peers.throughput(out, cpu, key)
+            per_broker = self.peers.pids_cpu_pct(out)
+            c = cpu.setdefault(key, {})
+            c.pop("server", None)  # the primary's: it is b1 below
+            c["redis"] = c.pop("aux", None)
+            for i, pct in enumerate(per_broker):
+                c[f"b{i + 1}"] = pct
+            brokers = sum(x for x in per_broker if x is not None)
+            c["brokers"] = round(brokers, 1)
+            # CPU per message, what a projection to more machines is made of: rate x
+            # ns/msg = the share of a core that process needs at that rate (in ns, as the
+            # medians keep one decimal: µs would lose the redis-server's)
+            if rate > 0:
+                c["brokers_ns_msg"] = round(brokers * 1e7 / rate)
+                if c["redis"] is not None:
+                    c["redis_ns_msg"] = round(c["redis"] * 1e7 / rate)
+            if h1[1] > h0[1]:
+                c["host_busy_cores"] = round((os.cpu_count() or 1) * (h1[0] - h0[0])
+                                             / (h1[1] - h0[1]), 2)
+            res[key] = round(rate)
+            res[f"{key}_count"] = count
+            errors = sum(r.get("errors", 0) or 0 for r in out)
+            if errors:
+                res[f"{key}_errors"] = errors
+            if not key.startswith("cl_con"):  # every confirmed publish is there
+                res[f"{key}_depth"] = sum(self.cluster_depths().values())
+            log(f"  minou      {key:13s} {fmt(res[key]):>8s} msg/s  ({count:,} msgs in "
+                f"{wall:.2f} s; CPU% brokers {' + '.join(str(x) for x in per_broker)}, "
+                f"redis-server {c['redis']}, clients {c.get('clients')}; host busy "
+                f"{c.get('host_busy_cores')} cores{f'; {errors} errors' if errors else ''})")
+        finally:
+            cl.close()
+
+    def run_cluster(self, res: dict[str, Any], cpu: dict[str, Any]) -> None:
+        """Test g, every row; a row that fails is reported and the others still run."""
+        turn = self.cluster_turns
+        self.cluster_turns += 1
+        # The order of the sizes turns from run to run, and the relay pair swaps, so a
+        # slow minute of this shared machine does not always land on the same row.
+        sizes = [CLUSTER_SIZES[(turn + i) % len(CLUSTER_SIZES)] for i in range(len(CLUSTER_SIZES))]
+        fwd = ["cl_fwd_direct", "cl_fwd_relay"]
+        rows = [*[(f"cl_pub{k}", k) for k in sizes], *[(f"cl_con{k}", k) for k in sizes],
+                *[(key, 2) for key in (fwd if turn % 2 == 0 else fwd[::-1])]]
+        failed: list[str] = []
+        for key, size in rows:
+            try:
+                self.cluster_row(key, size, res, cpu)
+            except Exception as exc:
+                log(f"  ! cluster {key}: {type(exc).__name__}: {exc}")
+                if os.environ.get("MINOU_BENCH_DEBUG"):
+                    traceback.print_exc()
+                failed.append(f"{key}: {type(exc).__name__}: {exc}")
+        # ratios of rows of this run (paired: minutes apart, not runs apart)
+        for k in CLUSTER_SIZES[1:]:
+            for kind in ("pub", "con"):
+                one, more = res.get(f"cl_{kind}1"), res.get(f"cl_{kind}{k}")
+                if one and more:
+                    res[f"cl_{kind}{k}_vs_1"] = round(more / one, 3)
+        direct, relay = res.get("cl_fwd_direct"), res.get("cl_fwd_relay")
+        if direct and relay:
+            res["cl_fwd_ratio"] = round(relay / direct, 3)
+        if failed:
+            raise RuntimeError("; ".join(failed))
 
     def run_spark(self, res: dict[str, Any], cpu: dict[str, Any]) -> None:
         """Test f: bench/spark_bench.py in a subprocess (its own SparkSession, JVM and
@@ -451,7 +599,8 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
             continue
         desc = desc.replace("SPARKRATE", f"{int(args.spark_rate):,}")
         desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
-        desc = desc.replace("HTTPB", f"{args.http_batch}")
+        desc = desc.replace("HTTPB", f"{args.http_batch}").replace("PROCS", f"{args.procs}")
+        desc = desc.replace("CLN", f"{args.cluster_n:,}")
         desc = desc.replace("HTTPC", f"{args.http_procs} x {args.http_conns} "
                             f"{'conn' if args.http_conns == 1 else 'conns'}"
                             f"{'' if args.http_client == 'raw' else f', {args.http_client}'}")
@@ -521,6 +670,51 @@ def cpu_table(med: dict[str, dict[str, Any]], systems: list[str]) -> str:
     return "\n".join(lines)
 
 
+def cluster_table(med: dict[str, dict[str, Any]], args: Any,
+                  spread: dict[str, dict[str, tuple[Any, Any]]] | None = None) -> str:
+    """Test g: msg/s, its ratio to the row's reference (1 broker; the relay pair: to the
+    producers on the primary), both medians, the ratio of each run's pair; then CPU %
+    of one core of each broker (b1 = the primary) and of redis-server over the row, and
+    CPU per message: what it takes to project more machines (docs/cluster.md)."""
+    m = med.get("minou", {})
+    cpu = m.get("cpu_pct", {})
+    head = ["row", "brokers", "clients on", "msg/s", "ratio", "CPU% broker 1 (primary)",
+            "broker 2", "broker 3", "redis-server", "clients", "host busy cores",
+            "brokers ns/msg", "redis ns/msg"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---|" + "---:|" * (len(head) - 3)]
+    rows = [*[(f"cl_pub{k}", f"publish 100 B, 8 queues, {args.procs} producers", k,
+               "round-robin", f"cl_pub{k}_vs_1" if k > 1 else None) for k in CLUSTER_SIZES],
+            *[(f"cl_con{k}", f"consume+ack, 8 queues, {args.procs} consumers", k,
+               "round-robin", f"cl_con{k}_vs_1" if k > 1 else None) for k in CLUSTER_SIZES],
+            ("cl_fwd_direct", f"publish 100 B, 8 queues, {args.procs} producers", 2,
+             "the primary", None),
+            ("cl_fwd_relay", f"publish 100 B, 8 queues, {args.procs} producers", 2,
+             "the standby (relayed)", "cl_fwd_ratio")]
+    for key, what, size, where, ratio_key in rows:
+        if m.get(key) is None:
+            continue
+        rate = fmt(m[key])
+        if spread and key in spread.get("minou", {}):
+            lo, hi = spread["minou"][key]
+            if lo != hi:
+                rate += f" ({fmt(lo)} - {fmt(hi)})"
+        c = cpu.get(key, {})
+
+        def pct(v: Any) -> str:  # CPU % with the one decimal the medians keep
+            return "-" if v is None else f"{v:.1f}"
+
+        def ns(v: Any) -> str:
+            return "-" if v is None else f"{round(v):,}"
+
+        cells = [what, str(size), where, rate,
+                 f"{m[ratio_key]:.2f}x" if ratio_key and m.get(ratio_key) is not None else "",
+                 *[pct(c.get(f"b{i}")) if i <= size else "" for i in (1, 2, 3)],
+                 pct(c.get("redis")), pct(c.get("clients")), fmt(c.get("host_busy_cores")),
+                 ns(c.get("brokers_ns_msg")), ns(c.get("redis_ns_msg"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def versions(peers_mod: Any) -> dict[str, Any]:
     v = peers_mod.versions()
     try:
@@ -582,7 +776,7 @@ def snapshot_src(workdir: Path) -> dict[str, Any]:
 
 def parse_only(text: str | None) -> list[str]:
     if not text:
-        return list(ALL_TESTS)
+        return list(DEFAULT_TESTS)
     out: list[str] = []
     for item in text.split(","):
         item = item.strip()
@@ -593,7 +787,7 @@ def parse_only(text: str | None) -> list[str]:
         elif item in ALL_TESTS:
             out.append(item)
         else:
-            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, e, f, "
+            raise SystemExit(f"--only: unknown test {item!r} (known: a, b, c, d, e, f, g, "
                              f"{', '.join(ALL_TESTS)})")
     return [t for t in ALL_TESTS if t in out]
 
@@ -603,8 +797,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
     ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
-    ap.add_argument("--only", help="tests: a,b,c,d,e,f or row keys (pub_100B, con4_p1000, lat, "
-                                   "mem, http_pub, http_con, spark); default: all")
+    ap.add_argument("--only", help="tests: a,b,c,d,e,f,g or row keys (pub_100B, con4_p1000, "
+                                   "lat, mem, http_pub, http_con, spark, cluster); default: "
+                                   "all but g")
     ap.add_argument("--peers", default=None,
                     help="comma separated: minou-redis (a minou broker on Redis, tests a-c), "
                          "redis-aof,redis-mem,nats-js,rabbitmq; 'none' for the SQLite "
@@ -613,7 +808,12 @@ def main() -> int:
     ap.add_argument("--prefill-limit-s", type=float, default=120.0)
     ap.add_argument("--window", type=int, default=1000, help="unconfirmed publishes in flight")
     ap.add_argument("--batch", type=int, default=1000, help="consumer prefetch / batch (test b)")
-    ap.add_argument("--procs", type=int, default=4, help="producers / consumers in the 4x rows")
+    ap.add_argument("--procs", type=int, default=4,
+                    help="producers / consumers in the 4x rows and in test g")
+    ap.add_argument("--cluster-n", type=int, default=300_000,
+                    help="messages per row of test g (or 10 s): N = 100,000 is over in about "
+                         "a second there, too short for the CPU of a standby's relay to show "
+                         "above /proc's 10 ms ticks")
     ap.add_argument("--rate", type=float, default=2000.0, help="latency test rate, msg/s")
     ap.add_argument("--duration", type=float, default=5.0, help="latency test duration, s")
     ap.add_argument("--lat-batch", type=int, default=100, help="latency consumer prefetch")
@@ -650,7 +850,8 @@ def main() -> int:
 
     tests = parse_only(args.only)
     if args.peers is None:
-        wanted = servers.installed_peers()
+        # tests no peer runs (HTTP, Spark, cluster) alone: no peer server to start for them
+        wanted = [] if all(t in MINOU_ONLY for t in tests) else servers.installed_peers()
     elif args.peers.strip().lower() in ("", "none"):
         wanted = []
     else:
@@ -720,11 +921,22 @@ def main() -> int:
         + (f"; {REDIS} = a minou broker on Redis (AOF always), {REDIS}/minou its ratio to "
            f"the SQLite broker" if REDIS in systems else ""))
     log(table(med, systems, args, spread if args.runs > 1 else None))
-    log("")
-    log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
-        f"{os.cpu_count()}), medians" + (f"; {REDIS}'s server: broker + redis-server"
-                                         if REDIS in systems else "") + ":")
-    log(cpu_table(med, systems))
+    cpu_text = cpu_table(med, systems)
+    if cpu_text.count("\n") > 1:  # test g alone has its CPU in the cluster table below
+        log("")
+        log("server CPU % / clients CPU % (of one core) / whole machine busy cores (of "
+            f"{os.cpu_count()}), medians" + (f"; {REDIS}'s server: broker + redis-server"
+                                             if REDIS in systems else "") + ":")
+        log(cpu_text)
+    if any(med["minou"].get(k) is not None for k in CLUSTER_ROWS):
+        log("")
+        log(f"cluster on one Redis (test g), {args.cluster_n:,} x 100 B per row (or "
+            f"{args.limit_s:g} s), {args.procs} processes, medians of {args.runs} run(s) "
+            "(min - max); ratio: "
+            "to 1 broker, the relayed pair: standby / primary (median of each run's ratio); "
+            "CPU % of one core of each process over the row; ns/msg: CPU per message of "
+            "all brokers together, of redis-server:")
+        log(cluster_table(med, args, spread if args.runs > 1 else None))
     if errors:
         log("")
         log("errors (logs kept in " + str(workdir) + "):")
@@ -740,7 +952,7 @@ def main() -> int:
             "params": {k: getattr(args, k) for k in (
                 "runs", "n", "limit_s", "window", "batch", "procs", "rate", "duration",
                 "lat_batch", "mem_n", "mem_procs", "mem_runs", "http_procs", "http_conns",
-                "http_batch", "http_client", "spark_rate", "spark_duration")},
+                "http_batch", "http_client", "spark_rate", "spark_duration", "cluster_n")},
             "tests": tests,
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
@@ -755,6 +967,9 @@ def main() -> int:
         "server_rss_mib_at_end": rss_after,
         "table_markdown": table(med, systems, args, spread if args.runs > 1 else None),
     }
+    if any(med["minou"].get(k) is not None for k in CLUSTER_ROWS):
+        doc["cluster_table_markdown"] = cluster_table(med, args,
+                                                      spread if args.runs > 1 else None)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -392,6 +392,8 @@ async def _worker(job: dict[str, Any], barrier: Any) -> dict[str, Any]:
         out: dict[str, Any] = {"t0": t0, "srv_cpu0": proc_cpu_s(job.get("srv_pid")),
                                "aux_cpu0": proc_cpu_s(job.get("aux_pid")),
                                "cli_cpu0": time.process_time()}
+        if "cpu_pids" in job:  # several server processes (minou's cluster test g)
+            out["pids_cpu0"] = [proc_cpu_s(pid) for pid in job["cpu_pids"]]
         role = job["role"]
         if role == "pub":
             ok, err = await peer.publish(job["n"], job["size"], job["window"],
@@ -412,6 +414,8 @@ async def _worker(job: dict[str, Any], barrier: Any) -> dict[str, Any]:
         out["srv_cpu1"] = proc_cpu_s(job.get("srv_pid"))
         out["aux_cpu1"] = proc_cpu_s(job.get("aux_pid"))
         out["cli_cpu1"] = time.process_time()
+        if "cpu_pids" in job:
+            out["pids_cpu1"] = [proc_cpu_s(pid) for pid in job["cpu_pids"]]
         return out
     finally:
         await peer.close()
@@ -472,6 +476,19 @@ def throughput(results: list[dict[str, Any]], cpu: dict[str, Any] | None = None,
         if a0 is not None and a1 is not None:
             cpu[key]["aux"] = round(100 * (a1 - a0) / wall, 1)
     return count, (count / wall if wall > 0 else 0.0), wall
+
+
+def pids_cpu_pct(results: list[dict[str, Any]]) -> list[float | None]:
+    """CPU of each of the jobs' ``cpu_pids`` over the window ``throughput`` measures
+    (the first worker's start .. the last worker's finish), in % of one core."""
+    first = min(results, key=lambda r: r["t0"])
+    last = max(results, key=lambda r: r["t1"])
+    wall = last["t1"] - first["t0"]
+    out: list[float | None] = []
+    for c0, c1 in zip(first.get("pids_cpu0", []), last.get("pids_cpu1", []), strict=False):
+        out.append(round(100 * (c1 - c0) / wall, 1)
+                   if c0 is not None and c1 is not None and wall > 0 else None)
+    return out
 
 
 def settle(pid: int | None, max_s: float = 30.0, idle_pct: float = 5.0) -> float:
