@@ -121,6 +121,29 @@ simulate: $(STAMP)
 
 .PHONY: simulate
 
+## chaos: three brokers on Redis (primary + replica, replicas = 1) with producers and
+## consumers, native and HTTP, under kill -9, SIGSTOP past the lease and a clean stop of
+## brokers; then the counts (lost, duplicates, order, stale writes refused) as a table.
+## CHAOS_SECONDS long (faults spread over it), CHAOS_SEED=s replays a schedule of faults;
+## CHAOS_ARGS passes more (--kills N, --pauses N, --graceful N, --rate N, --keep).
+## tests/chaos.py, docs/cluster.md ("Chaos")
+CHAOS_SECONDS ?= 300
+CHAOS_SEED    ?=
+CHAOS_ARGS    ?=
+chaos: $(TEST_STAMP) redis-deps
+	$(BIN)/python -m tests.chaos --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED)) $(CHAOS_ARGS)
+
+## redis-deps: redis-server alone (the Debian package), for make chaos
+redis-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ -z "$(APT)" ]; then echo "make chaos needs redis-server and there is no apt-get: install it"; exit 1; fi; \
+	  echo "installing redis-server"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server \
+	  || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+	       apt-get install -y -q --no-install-recommends redis-server; }; }
+
+.PHONY: chaos redis-deps
+
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests bench examples
 

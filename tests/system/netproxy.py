@@ -1,8 +1,8 @@
 """A loopback TCP proxy for tests of bad networks: it forwards bytes both ways and can
-cut every connection (both ends closed, as a reset link) or black-hole them (it stops
+cut every connection (both ends closed, as a reset link), black-hole them (it stops
 forwarding and keeps the sockets open, as a NAT that dropped its state: no FIN, no
-RST ever arrives). Runs its own event loop in a thread, so sync and async tests can
-both drive it."""
+RST ever arrives) or slow the replies down (``reply_delay``: a far or loaded link).
+Runs its own event loop in a thread, so sync and async tests can both drive it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class Proxy:
         self.links: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
         self.frozen = False  # black hole: new bytes are read and dropped, nothing closes
         self.replies_lost = False  # broker -> client bytes dropped (confirms never arrive)
+        self.reply_delay = 0.0  # seconds each chunk of replies waits: a slow, far link
         self.cuts = 0
         self.accepted = 0
         sock = socket.socket()
@@ -61,6 +62,8 @@ class Proxy:
                     replies: bool = False) -> None:
         try:
             while data := await reader.read(65536):
+                if replies and self.reply_delay:
+                    await asyncio.sleep(self.reply_delay)
                 if not self.frozen and not (replies and self.replies_lost):
                     writer.write(data)
                     await writer.drain()

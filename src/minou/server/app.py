@@ -272,18 +272,22 @@ class BrokerServer:
                         sock.close()
                     self._dir_lock.release()
                     return
+                # Renewed from now on, not once the state is open: opening it (claims,
+                # reading every queue) can take longer than owner_lease (a big state, a
+                # slow link to Redis, a loaded machine), and a lease that ran out
+                # meanwhile is taken by another standby before this broker served at all.
+                self._tasks.append(asyncio.create_task(self.primary.keep(),
+                                                       name="minou-lease"))
             await self.open()
             await self._listen(*sockets)
         except BaseException:
+            for task in self._tasks:
+                task.cancel()
             for sock in sockets:
                 sock.close()
             self._dir_lock.release()
             raise
-        self._tasks = [
-            asyncio.create_task(self._ticker(), name="minou-ticker"),
-        ]
-        if self.primary is not None:
-            self._tasks.append(asyncio.create_task(self.primary.keep(), name="minou-lease"))
+        self._tasks.append(asyncio.create_task(self._ticker(), name="minou-ticker"))
         self.engine.commit()
         self.engine.request_pump()
 
