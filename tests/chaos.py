@@ -610,10 +610,30 @@ class Chaos:
             w.start()
 
     # ------------------------------------------------------------------ faults
+    def holder(self) -> BrokerProcess | None:
+        """The broker holding the primary lease now, read from Redis (a standby relays
+        /health to the primary, so /health cannot tell who is primary)."""
+        from minou.storage.redis.keys import shared_base
+        from minou.storage.redis.url import DEFAULT_PREFIX
+
+        base = shared_base(DEFAULT_PREFIX)
+        try:
+            with self.redis[0].client() as r:
+                member = r.get(base + "primary")
+                native = r.hget(base + "member:" + member.decode(), "native") \
+                    if member else None
+        except Exception:  # the Redis primary being failed over: ask again later
+            return None
+        if native is None:
+            return None
+        port = int(native.decode().rsplit(":", 1)[1])
+        return next((b for b in self.brokers if b.port == port), None)
+
     def serving(self, exclude: BrokerProcess | None = None) -> BrokerProcess | None:
-        for b in self.brokers:
-            if b is not exclude and b.alive and health(b)[0] == 200:
-                return b
+        """The primary, if it is not ``exclude`` and answers /health itself."""
+        b = self.holder()
+        if b is not None and b is not exclude and b.alive and health(b)[0] == 200:
+            return b
         return None
 
     def wait_serving(self, exclude: BrokerProcess | None = None, timeout: float = 60
@@ -666,7 +686,7 @@ class Chaos:
             i = self.rng.randrange(3)
             at_once = self.rng.random() < 0.3
             b = self.brokers[i]
-            was = health(b)[0] == 200
+            was = self.holder() is b
             rec = FaultRecord(kind, i, now, primary=was)
             self.log(f"kill -9 broker {i} ({'primary' if was else 'standby'}); restart "
                      f"{'at once' if at_once else 'once another serves'}")
@@ -746,7 +766,7 @@ class Chaos:
                     self.anomaly(f"woken broker {i} exited with status {rc}")
                 return f"exited {rc}"
             status, body = health(b, timeout=0.5)
-            if status == 503 and body.get("status") == "standby":
+            if status == 503 and body.get("status") == "standby":  # standby = "redirect"
                 self.counts.pauses_standby += 1
                 return "running on as a standby"
             time.sleep(0.05)
