@@ -535,6 +535,7 @@ class Chaos:
         self.counts = Counts()
         self._fenced_seen = 0  # minou_fenced_writes_total of the broker woken last
         self._admin_token = ""
+        self._admin_http: httpx.Client | None = None
 
     # ------------------------------------------------------------------ output
     def log(self, text: str) -> None:
@@ -610,37 +611,49 @@ class Chaos:
             w.start()
 
     # ------------------------------------------------------------------ faults
-    def holder(self) -> BrokerProcess | None:
-        """The broker holding the primary lease now, read from Redis (a standby relays
-        /health to the primary, so /health cannot tell who is primary)."""
-        from minou.storage.redis.keys import shared_base
-        from minou.storage.redis.url import DEFAULT_PREFIX
+    def admin_get(self, b: BrokerProcess, path: str, timeout: float = 1.0) -> Any:
+        """GET ``path`` on ``b`` as the admin, redirects followed (a standby sends it to
+        the primary, or relays it), as JSON; None when nothing useful answers."""
+        if self._admin_http is None:
+            def sign(request: httpx.Request) -> None:  # on every hop: see HttpCluster
+                request.headers["Authorization"] = f"Bearer {self.admin_token()}"
 
-        base = shared_base(DEFAULT_PREFIX)
+            self._admin_http = httpx.Client(follow_redirects=True,
+                                            event_hooks={"request": [sign]})
         try:
-            with self.redis[0].client() as r:
-                member = r.get(base + "primary")
-                native = r.hget(base + "member:" + member.decode(), "native") \
-                    if member else None
-        except Exception:  # the Redis primary being failed over: ask again later
+            r = self._admin_http.get(b.http + path, timeout=timeout)
+            return r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
             return None
-        if native is None:
-            return None
-        port = int(native.decode().rsplit(":", 1)[1])
-        return next((b for b in self.brokers if b.port == port), None)
 
-    def serving(self, exclude: BrokerProcess | None = None) -> BrokerProcess | None:
-        """The primary, if it is not ``exclude`` and answers /health itself."""
-        b = self.holder()
-        if b is not None and b is not exclude and b.alive and health(b)[0] == 200:
-            return b
+    def cluster_primary(self, exclude: BrokerProcess | None = None) -> BrokerProcess | None:
+        """The primary as the cluster says (``/v1/cluster``, asked of the brokers but
+        ``exclude``): not what a standby's /health says, which a standby that relays
+        clients might answer 200 to."""
+        for b in self.brokers:
+            if b is exclude or not b.alive:
+                continue
+            # Briefly: a standby redirects to the primary, which may be the paused one.
+            view = self.admin_get(b, "/v1/cluster", timeout=0.5)
+            if not isinstance(view, dict):
+                continue
+            urls = [m.get("native") for m in view.get("brokers", [])
+                    if m.get("id") == view.get("primary")]
+            for candidate in self.brokers:
+                if candidate.url in urls:
+                    return candidate
         return None
 
-    def wait_serving(self, exclude: BrokerProcess | None = None, timeout: float = 60
-                     ) -> float | None:
-        """Seconds until a broker other than ``exclude`` answers /health 200."""
+    def wait_serving(self, old: BrokerProcess | None, timeout: float = 60) -> float | None:
+        """Seconds until a broker other than ``old`` (not asked: it may be paused) is the
+        primary and answers /health 200; None if none did within ``timeout``."""
         start = time.monotonic()
-        if wait_for(lambda: self.serving(exclude) is not None, timeout, 0.05):
+
+        def serves() -> bool:
+            p = self.cluster_primary(exclude=old)
+            return p is not None and p is not old and health(p)[0] == 200
+
+        if wait_for(serves, timeout, 0.05):
             return time.monotonic() - start
         return None
 
@@ -672,13 +685,16 @@ class Chaos:
         return self._admin_token
 
     def primary(self) -> BrokerProcess:
-        found = self.serving()
-        if found is None:
-            wait_for(lambda: self.serving() is not None, 60)
-            found = self.serving()
-        if found is None:
-            raise RuntimeError("no broker serves")
-        return found
+        found: list[BrokerProcess] = []
+
+        def known() -> bool:
+            p = self.cluster_primary()
+            found[:] = [p] if p is not None and p.alive else []
+            return bool(found)
+
+        if not wait_for(known, 60):
+            raise RuntimeError("no broker is the primary")
+        return found[0]
 
     def fault(self, kind: str) -> None:
         now = time.monotonic() - self.t0
@@ -686,7 +702,7 @@ class Chaos:
             i = self.rng.randrange(3)
             at_once = self.rng.random() < 0.3
             b = self.brokers[i]
-            was = self.holder() is b
+            was = self.cluster_primary() is b
             rec = FaultRecord(kind, i, now, primary=was)
             self.log(f"kill -9 broker {i} ({'primary' if was else 'standby'}); restart "
                      f"{'at once' if at_once else 'once another serves'}")
@@ -694,7 +710,7 @@ class Chaos:
             killed = time.monotonic()
             if at_once:
                 self.restart(b)
-            took = self.wait_serving(exclude=None if at_once else b)
+            took = self.wait_serving(None if at_once else b)
             rec.took = None if took is None else time.monotonic() - killed
             if took is None:
                 self.anomaly(f"nobody served within 60 s of kill -9 of broker {i}")
@@ -711,9 +727,8 @@ class Chaos:
             self.log(f"SIGSTOP broker {i} (the primary)")
             b.proc.send_signal(signal.SIGSTOP)
             stopped = time.monotonic()
-            took = self.wait_serving(exclude=b)
-            rec.took = took
-            if took is None:
+            rec.took = self.wait_serving(b)
+            if rec.took is None:
                 self.anomaly(f"nobody took over from paused broker {i} within 60 s")
             time.sleep(self.rng.uniform(0.0, 0.5))  # and a little more past the takeover
             b.proc.send_signal(signal.SIGCONT)
@@ -733,7 +748,7 @@ class Chaos:
             self.log(f"SIGTERM broker {i} (the primary)")
             stopped = time.monotonic()
             rc = b.stop()
-            rec.took = self.wait_serving(exclude=b)
+            rec.took = self.wait_serving(b)
             if rc != 0:
                 self.anomaly(f"broker {i} stopped with status {rc} on SIGTERM")
             if rec.took is None:
@@ -748,7 +763,8 @@ class Chaos:
     def after_wake(self, b: BrokerProcess, i: int) -> str:
         """A primary woken past its lease exits 1, or stays up as a standby."""
         assert b.proc is not None
-        deadline = time.monotonic() + 30
+        woken = time.monotonic()
+        deadline = woken + 30
         while time.monotonic() < deadline:
             # Its own count of refused writes, if it answers before it is gone.
             fenced = metrics_line(b, self.admin_token(), "minou_fenced_writes_total",
@@ -766,7 +782,11 @@ class Chaos:
                     self.anomaly(f"woken broker {i} exited with status {rc}")
                 return f"exited {rc}"
             status, body = health(b, timeout=0.5)
-            if status == 503 and body.get("status") == "standby":  # standby = "redirect"
+            # A standby says so on /health (503 "standby"); one that relays clients may
+            # not: still up well after waking, with another broker the primary, it is one.
+            if (status == 503 and body.get("status") == "standby") or (
+                    time.monotonic() - woken > 10 * OWNER_LEASE
+                    and self.cluster_primary() not in (None, b)):
                 self.counts.pauses_standby += 1
                 return "running on as a standby"
             time.sleep(0.05)
@@ -840,15 +860,12 @@ class Chaos:
         self.check(drained)
 
     def settled(self, groups: list[str]) -> bool:
-        """Whether the serving broker says these groups have nothing waiting or in flight."""
-        b = self.serving()
-        if b is None:
-            return False
+        """Whether the primary says these groups have nothing waiting or in flight."""
+        b = self.cluster_primary()
+        view = self.admin_get(b, f"/v1/queues/{QUEUE}", timeout=5) if b else None
         try:
-            r = httpx.get(f"{b.http}/v1/queues/{QUEUE}", timeout=5,
-                          headers={"Authorization": f"Bearer {self.admin_token()}"})
-            state = {g["group"]: g for g in r.json()["groups"]}
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            state = {g["group"]: g for g in view["groups"]}  # type: ignore[index]
+        except (KeyError, TypeError):
             return False
         return all(state.get(f"consume:{g}", {}).get("waiting") == 0
                    and state[f"consume:{g}"].get("in_flight") == 0 for g in groups)
@@ -953,6 +970,8 @@ class Chaos:
 
     # --------------------------------------------------------------- teardown
     def shutdown(self) -> None:
+        if self._admin_http is not None:
+            self._admin_http.close()
         for w in self.workers:
             w.stop.set()
         for w in self.workers:

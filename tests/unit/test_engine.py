@@ -596,6 +596,29 @@ def test_a_failed_commit_that_stops_storage_writes_nothing_more() -> None:
     assert host.writes == []
 
 
+def test_once_storage_stopped_for_good_what_waits_for_a_commit_is_answered_at_once() -> None:
+    """Found by the chaos run (tests/chaos.py): a primary fenced after a pause kept the
+    HTTP requests that came next (an ack, an admin call) waiting for a commit that
+    would never come, until its HTTP server gave up on them 5 s later."""
+    e, host, _ = timed_engine()
+    session = Session("c")
+    consume(e, session)  # state to write: what comes next waits for a commit
+    e.commit(force=True)
+    fenced = StorageUnavailable("this broker no longer serves (another broker took over)")
+    e.not_written(host.writes.pop(), fenced, stop=True)
+    assert not e.accepting  # nothing is written any more: no new work is taken
+    said: list[Any] = []
+    e.when_durable(lambda: said.append("durable"), said.append)  # an HTTP ack, an admin op
+    e.after_commit(lambda: said.append("durable"), said.append)
+    assert said == [fenced, fenced]
+    door = Door()
+    with pytest.raises(ShuttingDown):  # a door that cannot wait (HTTP): refused whole
+        e.publish(sends(1), ALLOW_ALL, door.reply)
+    e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)  # native: refused, answered
+    assert door.answers == [([(0, ErrorCode.SHUTTING_DOWN)], None)]
+    assert host.writes == []
+
+
 def test_a_failed_commit_carries_what_it_held_into_the_next_commit() -> None:
     e, host, clock = timed_engine()
     publish_committed(e, host)

@@ -243,6 +243,7 @@ class Engine:
         self.scheduler = CommitScheduler(core, settle_delay=settle_delay,
                                          pause_bytes=pause_bytes, resume_bytes=resume_bytes)
         self.accepting = True  # false once stopping: no new publishes or subscriptions
+        self.stopped_by: RequestError | None = None  # why storage stopped for good
         self.draining = False  # a soft stop: nothing new is delivered either
         self.publish_latency: Any = None  # a histogram (observe(seconds)), if plugged in
         self._pump_scheduled = False
@@ -288,6 +289,11 @@ class Engine:
         self.scheduler.failed()
         if stop:
             self.scheduler.stop()
+            # Nothing is written any more: refuse new work at once, and answer what would
+            # wait for a commit with this error (after_commit), not leave it waiting for
+            # one that never comes (an HTTP request would hang until the server gives up).
+            self.stopped_by = error
+            self.accepting = False
         try:
             self.core.on_failed(batch, error)
         finally:
@@ -309,7 +315,11 @@ class Engine:
                      failed: Callable[[RequestError], None] | None = None, *,
                      urgent: bool = False) -> None:
         """Answer with ``reply`` once what is staged now is durable (``failed`` if that
-        commit fails: a full disk)."""
+        commit fails: a full disk; at once if storage stopped for good)."""
+        if self.stopped_by is not None:
+            if failed is not None:
+                failed(self.stopped_by)
+            return
         self.core.after_commit(reply, failed)
         self.commit(urgent=urgent)
 
@@ -400,6 +410,9 @@ class Engine:
                    Outcome(channel=o.channel, code=int(exc.code), error=exc.message)
                    for i, o in enumerate(outcomes)], exc)
 
+        if self.stopped_by is not None:  # resends answered from a producer's state
+            not_stored(self.stopped_by)
+            return outcomes
         core.after_commit(confirmed, not_stored)
         if staged and publisher is not None and self.scheduler.staged(publisher):
             publisher.pause_reading()
