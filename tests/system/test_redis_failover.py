@@ -420,3 +420,34 @@ def test_soft_stop_of_the_primary_hands_over_while_producers_keep_flowing(
     assert set(producer.confirmed) <= set(seen) | set(drain(standby, "recount", 0,
                                                               timeout=1.0)[0])
     assert standby.stop() == 0
+
+
+def test_a_broker_restarted_at_once_does_not_take_its_dead_self_for_the_primary(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Killed -9 and started again on the same ports before its lease ran out: the
+    lease names the dead process, whose URL is this broker's own. It must not relay to
+    itself (each relayed connection would open another) nor send clients to itself:
+    it answers STANDBY naming no primary, then takes the lease over and serves."""
+    import socket as socketlib
+
+    cfg = tmp_path / "slow.toml"
+    cfg.write_text("[storage]\nowner_lease = 4.0\n")
+    b = broker_factory.make(config=cfg, storage=redis.url).start()
+    port = b.port
+    b.kill()
+    b.port = port  # the same ports again
+    b.start(ready="standby:")
+    with socketlib.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"\x00\x00\x00\x01\x01")
+        data = s.recv(65536)
+    from minou.protocol import frames as f
+
+    error = f.decode_body(data[4], data[5:])
+    assert isinstance(error, f.Error) and error.code == 306, error
+    assert "primary" not in (error.detail or {}), error  # nobody to go to yet
+    wait_until(lambda: "took over as the primary" in b.output, 15,
+               what="the restarted broker to take its lease over")
+    wait_until(lambda: serving(b), 10, what="it to serve")
+    with b.connect_sync("after") as c:
+        assert c.send(CH, {"n": 1}).seq >= 1
+    assert b.stop() == 0

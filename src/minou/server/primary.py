@@ -108,6 +108,11 @@ class PrimaryRole:
                 if await self._call(self.lease.try_acquire, self.info):
                     break
                 holder = await self._call(self.lease.holder)
+                if holder and holder.get("id") != self.member \
+                        and holder.get("native") == self.info.get("native"):
+                    # This broker's own previous process (killed, restarted at once):
+                    # dead, so no primary to relay to or name until its lease runs out.
+                    holder = None
             except redis.RedisError as exc:
                 if first:
                     raise StartupError(f"cannot use Redis at {server.storage.path}: "
@@ -135,6 +140,7 @@ class PrimaryRole:
             if await self._until_next_try():
                 await self.close_door()
                 return False
+        was_standby = self.door is not None
         previous = self.door.holder if self.door is not None else None
         handed = self._handed
         if self.door is not None:
@@ -146,7 +152,8 @@ class PrimaryRole:
                         else "the primary stopped renewing its lease")
         self.role, self.since = "primary", time.time()
         try:
-            what = ("took over (handed over)" if handed else "took over") if previous \
+            # A standby that waited took over, even if it last saw the lease empty.
+            what = ("took over (handed over)" if handed else "took over") if was_standby \
                 else "became primary"
             detail = {"from": previous.get("id")} if previous else {}
             await self._call(lambda: self.lease.note(what, **detail))
