@@ -356,7 +356,8 @@ class Metrics:
                  "Commits Redis refused because another broker took over (fencing)."),
                 ("minou_lease_renewals", "lease_renewals", "Primary lease renewals."),
                 ("minou_takeovers", "takeovers",
-                 "Times this broker took over as primary from another."),
+                 "Times this broker took over as primary from another that stopped "
+                 "renewing its lease (a hand-over by a clean or soft stop is not counted)."),
             ):
                 yield CounterMetricFamily(name, doc, num(cluster, key))
         yield GaugeMetricFamily("minou_storage_unavailable", "1 while storage cannot be "
