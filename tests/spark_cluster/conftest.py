@@ -75,10 +75,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # ---------------------------------------------------------------- processes
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port not handed out before in this run: a JVM binds its port
+    seconds after it was picked, so two daemons picked in a row could otherwise get the
+    same one (a worker's web UI then answered the master's /json/ with its HTML page)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def descendants(root: int) -> list[int]:
@@ -187,7 +197,7 @@ class SparkCluster:
         """Web UI ports of the workers the master holds ALIVE."""
         try:
             workers = self.state().get("workers", [])
-        except OSError:
+        except (OSError, ValueError):  # not up yet, or not the JSON of a master yet
             return set()
         return {int(w["webuiaddress"].rsplit(":", 1)[1]) for w in workers
                 if w.get("state") == "ALIVE"}
