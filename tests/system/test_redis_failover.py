@@ -54,10 +54,23 @@ def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path, standby: str =
     cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
                    f'standby = "{standby}"\n')
     first = broker_factory.make(config=cfg, storage=redis.url).start()
-    second = broker_factory.make(config=cfg, storage=redis.url)
-    second.port, second.http_port = free_port(), free_port()
-    second.start(ready="standby:")
-    return first, second
+    return first, start_standby(broker_factory, cfg, redis.url)
+
+
+def start_standby(broker_factory: Any, cfg: Path, storage: str) -> BrokerProcess:
+    """A broker started after the primary, on fixed ports (it prints no banner)."""
+    standby = broker_factory.make(config=cfg, storage=storage)
+    standby.port, standby.http_port = free_port(), free_port()
+    standby.start(ready="standby:")
+    return standby
+
+
+def assert_kept_every_confirmed(broker: BrokerProcess, producer: Producer) -> None:
+    """Read from ``broker`` by a new group: every confirmed publish is there, unchanged."""
+    got, _ = drain(broker, "recount", len(producer.confirmed))
+    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
+    assert all(got[seq] == n for seq, n in producer.confirmed.items()), \
+        "a confirmed message was overwritten"
 
 
 def cluster_view(b: BrokerProcess, admin: BrokerProcess) -> dict[str, Any]:
@@ -190,9 +203,7 @@ def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_not
     assert roles.get(standby.url) == "primary" and roles.get(primary.url, "gone") == "gone"
     assert view["events"][0]["what"] == "took over"
     assert view["queues"][0]["queue"] == "fill/v1" and view["queues"][0]["epoch"] == 2
-    got, _ = drain(standby, "recount", len(producer.confirmed))
-    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
-    assert all(got[seq] == n for seq, n in producer.confirmed.items())
+    assert_kept_every_confirmed(standby, producer)
     assert standby.stop() == 0
 
 
@@ -221,10 +232,7 @@ def test_a_primary_paused_past_its_lease_writes_nothing_when_it_wakes(
         producer.join(30)
     out = primary.output
     assert "another broker took over" in out and "writes nothing more" in out, out[-3000:]
-    got, _ = drain(standby, "recount", len(producer.confirmed))
-    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
-    assert all(got[seq] == n for seq, n in producer.confirmed.items()), \
-        "a message confirmed by one primary was overwritten by the other"
+    assert_kept_every_confirmed(standby, producer)
     assert standby.stop() == 0
 
 
@@ -300,9 +308,7 @@ def test_a_standby_relays_over_tls_pinning_the_primary_from_redis(
     cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
                    "[tls]\nself_signed = true\n")
     primary = broker_factory.make(config=cfg, storage=redis.url).start()
-    standby = broker_factory.make(config=cfg, storage=redis.url)
-    standby.port, standby.http_port = free_port(), free_port()
-    standby.start(ready="standby:")
+    standby = start_standby(broker_factory, cfg, redis.url)
     pin = cert_fingerprint((standby.data_dir / "tls" / "cert.pem").read_bytes())
     assert primary.url.startswith("minous://") and pin != primary.tls_fingerprint
     import minou
@@ -330,9 +336,7 @@ def test_a_primary_cut_off_from_redis_steps_down_and_its_clients_go_to_the_stand
     try:
         primary = broker_factory.make(config=cfg,
                                       storage=f"redis://127.0.0.1:{proxy.port}/0").start()
-        standby = broker_factory.make(config=cfg, storage=redis.url)
-        standby.port, standby.http_port = free_port(), free_port()
-        standby.start(ready="standby:")
+        standby = start_standby(broker_factory, cfg, redis.url)
         time.sleep(LEASE)  # the primary has seen its standby (member records)
         producer = Producer(f"{primary.url},{standby.url}", primary.auth("producer"))
         producer.start()
@@ -354,9 +358,7 @@ def test_a_primary_cut_off_from_redis_steps_down_and_its_clients_go_to_the_stand
         proxy.close()
     assert "out of reach" in primary.output and "other broker(s) to take over" \
         in primary.output, primary.output[-3000:]
-    got, _ = drain(standby, "recount", len(producer.confirmed))
-    assert set(producer.confirmed) <= set(got), "a confirmed message is missing"
-    assert all(got[seq] == n for seq, n in producer.confirmed.items())
+    assert_kept_every_confirmed(standby, producer)
     assert standby.stop() == 0
 
 

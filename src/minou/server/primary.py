@@ -143,6 +143,9 @@ class PrimaryRole:
         was_standby = self.door is not None
         previous = self.door.holder if self.door is not None else None
         handed = self._handed
+        if was_standby and not handed:  # the lease was given up between two waits
+            with contextlib.suppress(redis.RedisError):
+                handed = await self._call(self.lease.take_handoff)
         if self.door is not None:
             await self.close_door()
             if not handed:  # a hand-over is no failure: not counted as a takeover

@@ -110,6 +110,11 @@ class PrimaryLease:
         for its next try."""
         return self.client.blpop([self._handoff], timeout=seconds) is not None
 
+    def take_handoff(self) -> bool:
+        """Whether a primary gave the lease up since anyone last looked (and clear it):
+        a standby that found the lease free at its next try was handed it over too."""
+        return self.client.lpop(self._handoff) is not None
+
     def leave(self) -> None:
         """A clean stop, primary or standby: this broker's record goes at once (after a
         crash it runs out by itself)."""
