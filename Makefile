@@ -104,8 +104,10 @@ fuzz: $(TEST_STAMP)
 ## per file (docs/testing.md). MUTANTS=name-glob runs some only, e.g. 'minou.core.log*'.
 MUTANTS ?=
 mutate: $(MUTATE_STAMP)
-	$(if $(MUTANTS),,rm -rf mutants)
-	MINOU_SIM_SEEDS=12 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	$(if $(MUTANTS),rm -f mutants/killers.tsv,rm -rf mutants)
+	MINOU_SIM_SEEDS=4 MINOU_MUTATION_KILLERS=$(CURDIR)/mutants/killers.tsv \
+		$(BIN)/mutmut run --max-children 3 $(MUTANTS)
+	$(BIN)/python tests/mutation_score.py --save-killers
 	$(BIN)/python tests/mutation_score.py
 
 .PHONY: mutate

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import itertools
+import json
 import os
 import re
 import signal
@@ -237,27 +240,67 @@ class BrokerProcess:
 
 # Under mutation testing (make mutate) the tests most likely to kill a mutant go first:
 # mutmut runs a mutant's tests with -x, so the first failure ends the run. First the
-# test files named after the mutated module (test_dedup.py for core/dedup.py), then the
-# fast directories before the simulator.
+# tests that killed this function's mutants in the last whole run (mutation_killers.json,
+# written by `make mutate`: most kills first), then the test files named after the mutated
+# module (test_dedup.py for core/dedup.py), then the fast directories before the simulator.
 _MUTATION_ORDER = ("tests/core/", "tests/unit/", "tests/protocol/", "tests/server/",
                    "tests/sim/")
+_KILLERS_FILE = Path(__file__).with_name("mutation_killers.json")
 
 
-def _mutation_rank(item: pytest.Item, module: str) -> tuple[int, int]:
+@functools.cache
+def _known_killers() -> dict[str, list[str]]:
+    try:
+        return dict(json.loads(_KILLERS_FILE.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+if "MUTANT_UNDER_TEST" in os.environ:
+    _known_killers()  # read once in mutmut's process, before it forks a child per mutant
+
+
+def _mutation_rank(item: pytest.Item, mutant: str) -> tuple[int, int, int]:
+    # "minou.core.dedup.xǁDedupWindowǁput__mutmut_3" -> "dedup", "...ǁput"
+    module = mutant.split(".x")[0].rsplit(".", 1)[-1] if ".x" in mutant else ""
+    killers = _known_killers().get(mutant.rsplit("__mutmut_", 1)[0], [])
     path = item.nodeid
+    known = killers.index(path) if path in killers else len(killers)
     own = 0 if module and f"test_{module}" in path.split("::")[0] else 1
-    return own, next((i for i, p in enumerate(_MUTATION_ORDER) if path.startswith(p)),
-                     len(_MUTATION_ORDER))
+    return known, own, next((i for i, p in enumerate(_MUTATION_ORDER) if path.startswith(p)),
+                            len(_MUTATION_ORDER))
+
+
+def _under_mutation() -> str:
+    """The mutant this process tests, or "" (not under mutmut, or its stats/fail runs)."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    return "" if mutant in ("", "fail", "stats") else mutant
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under mutmut each mutant's tests run in a child forked from a process holding the
+    whole suite: freezing what it inherited keeps the child's garbage collections (and
+    their copy-on-write of every inherited page) to what its own tests allocate."""
+    if _under_mutation():
+        gc.freeze()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under `make mutate`, note which test killed each mutant (MINOU_MUTATION_KILLERS):
+    the next run tries those tests first."""
+    log = os.environ.get("MINOU_MUTATION_KILLERS")
+    mutant = _under_mutation()
+    if log and mutant and report.failed:
+        with open(log, "a", encoding="utf-8") as out:  # one short line: appends stay whole
+            out.write(f"{mutant}\t{report.nodeid}\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Likely killers first under mutmut; with MINOU_TEST_STORAGE=redis, the tests of the
     SQLite file itself do not apply."""
-    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
-    if mutant not in ("", "fail", "stats"):
-        # "minou.core.dedup.xǁDedupWindowǁput__mutmut_3" -> "dedup"
-        module = mutant.split(".x")[0].rsplit(".", 1)[-1] if ".x" in mutant else ""
-        items.sort(key=lambda item: _mutation_rank(item, module))  # stable within ranks
+    mutant = _under_mutation()
+    if mutant:
+        items.sort(key=lambda item: _mutation_rank(item, mutant))  # stable within ranks
     if TEST_STORAGE != "redis":
         return
     skip = pytest.mark.skip(reason="reads or writes the SQLite file itself")

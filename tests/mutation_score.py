@@ -2,6 +2,7 @@
 
     python tests/mutation_score.py            # the table (make mutate prints it)
     python tests/mutation_score.py --survivors minou.core.log   # their names
+    python tests/mutation_score.py --save-killers   # tests/mutation_killers.json (make mutate)
 
 Score = (killed + timeout) / all mutants of the file. A mutant no test reaches counts
 against the score: it is a path the fast suite never enters.
@@ -19,6 +20,24 @@ from mutmut.stats import status_by_exit_code  # type: ignore[import-untyped]
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 90.0  # per file, issue 28
+KILLERS = ROOT / "tests" / "mutation_killers.json"
+KILLERS_PER_FUNCTION = 8  # enough to put nearly every mutant's killer first
+
+
+def save_killers(log: Path, out: Path = KILLERS) -> int:
+    """Fold the run's "mutant<TAB>test" lines (conftest.py writes them) into the file
+    conftest.py orders tests by: per mutated function, the tests that killed its mutants,
+    most kills first. Functions this run did not test keep what they had."""
+    kills: dict[str, Counter[str]] = {}
+    for line in log.read_text(encoding="utf-8").splitlines():
+        mutant, _, test = line.partition("\t")
+        if test:
+            kills.setdefault(mutant.rsplit("__mutmut_", 1)[0], Counter())[test] += 1
+    known = json.loads(out.read_text()) if out.exists() else {}
+    for function, tests in kills.items():
+        known[function] = [t for t, _ in tests.most_common(KILLERS_PER_FUNCTION)]
+    out.write_text(json.dumps(dict(sorted(known.items())), indent=0, ensure_ascii=False) + "\n")
+    return len(kills)
 
 
 def load(mutants: Path) -> dict[str, dict[str, str]]:
@@ -63,7 +82,16 @@ def main() -> int:
     p.add_argument("--mutants", type=Path, default=ROOT / "mutants")
     p.add_argument("--survivors", metavar="PREFIX", nargs="?", const="",
                    help="list surviving, unreached and unchecked mutants whose name starts so")
+    p.add_argument("--save-killers", action="store_true",
+                   help=f"fold mutants/killers.tsv into {KILLERS.relative_to(ROOT)}")
     args = p.parse_args()
+    if args.save_killers:
+        log = args.mutants / "killers.tsv"
+        if not log.exists():
+            print(f"no {log}: nothing to save", file=sys.stderr)
+            return 0
+        print(f"{save_killers(log)} functions' killers saved to {KILLERS.relative_to(ROOT)}")
+        return 0
     results = load(args.mutants)
     if not results:
         print("no mutation results: run `make mutate` first", file=sys.stderr)

@@ -398,6 +398,17 @@ def test_extend_of_an_unknown_tag_is_refused_and_counted() -> None:
     assert h.broker.counters.refused["unknown_delivery"] == 1
 
 
+def test_an_unknown_tag_among_several_does_not_stop_the_others_being_extended() -> None:
+    h, s, sub = consumer(CH, [1, 2], lease=10.0, prefetch=2)
+    d1, d2 = h.take(sub)
+    h.tick(8.0)
+    assert _codes(h.extend(s, [31337, d1.tag, d2.tag], 20.0)) == \
+        [(31337, ErrorCode.UNKNOWN_DELIVERY)]
+    h.tick(5.0)  # past the first lease: both extended, neither expired
+    assert h.broker.counters.lease_expired == 0
+    assert h.ack(s, [d1, d2]) == []
+
+
 def test_a_dead_lettered_message_is_not_counted_as_acked_by_its_group() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=1))
     s = Session("c")
