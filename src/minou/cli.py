@@ -566,7 +566,8 @@ def keygen(client_id: str, out_dir: str) -> None:
 @json_option
 def cluster(conn: dict[str, Any], as_json: bool) -> None:
     """Show the brokers sharing this broker's storage (several on one Redis): the
-    primary, the standbys, the queues with their fencing epochs, recent takeovers."""
+    primary, the standbys (with the client connections each relays to the primary),
+    the queues with their fencing epochs, recent takeovers."""
     view = _admin(conn, "cluster")
     if as_json:
         click.echo(json.dumps(view, indent=2))
@@ -574,14 +575,16 @@ def cluster(conn: dict[str, Any], as_json: bool) -> None:
     console = out()
     brokers = Table(title=f"brokers on {view['storage']}"
                     + (f" (owner_lease {view['owner_lease']:g} s)" if view["owner_lease"] else ""))
-    for col in ("broker", "role", "native", "http", "since"):
+    for col in ("broker", "role", "native", "http", "since", "relaying (now / in all)"):
         brokers.add_column(col)
     for b in view["brokers"]:
         since = b.get("since")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since))) if since else ""
+        relays = "" if b["role"] == "primary" else \
+            f"{b.get('relaying', 0)} / {b.get('relayed', 0)}"
         brokers.add_row(b["id"] + (" (this one)" if b.get("self") else ""),
                         Text(b["role"], style="green" if b["role"] == "primary" else "yellow"),
-                        str(b.get("native") or ""), str(b.get("http") or ""), when)
+                        str(b.get("native") or ""), str(b.get("http") or ""), when, relays)
     console.print(brokers)
     if view["queues"]:
         queues = Table(title="queues")

@@ -118,6 +118,36 @@ async def test_past_max_relays_the_client_is_told_where_the_primary_is(d: Door) 
     assert (door.relaying, door.refused) == (2, 1)
 
 
+async def test_a_door_holding_all_its_sockets_refuses_the_next_client_at_once(d: Door) -> None:
+    """Idle sockets flooding a standby: two relays hold four sockets, two clients told
+    where the primary is (still silent) two more; a door of six refuses the seventh
+    at once with TOO_MANY_CONNECTIONS and closes it, and takes clients again once
+    some leave."""
+    door = d.door
+    door.max_held = 6
+    door.holder = {"id": "p1", "native": await d.primary.start()}
+    relayed = [await d.dial() for _ in range(2)]
+    for reader, writer in relayed:
+        writer.write(b"x")
+        assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ok:x"
+    silent = [await d.dial() for _ in range(2)]  # past max_relays: the door waits for them
+    await asyncio.sleep(0.1)
+    reader, _ = await d.dial()
+    data = await asyncio.wait_for(reader.read(65536), 5)  # at once, unasked
+    error = f.decode_body(data[4], data[5:])
+    assert isinstance(error, f.Error) and error.fatal
+    assert error.code == ErrorCode.TOO_MANY_CONNECTIONS and error.detail == {"limit": 6}
+    assert await asyncio.wait_for(reader.read(1), 5) == b""  # and closed
+    assert (door.full, door.relaying, door.refused) == (1, 2, 0)
+    for _, writer in relayed + silent:
+        writer.close()
+    await asyncio.sleep(0.2)
+    reader, writer = await d.dial()
+    writer.write(b"y")
+    assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ok:y"
+    assert door.full == 1
+
+
 async def test_a_primary_out_of_reach_makes_the_door_say_where_it_is(d: Door) -> None:
     door = d.door
     gone = listener()

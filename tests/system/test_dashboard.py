@@ -4,6 +4,7 @@ real broker. ``MINOU_SCREENSHOTS=1`` also writes the screenshots in docs/screens
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -460,6 +461,9 @@ def test_the_cluster_page_of_two_brokers_on_one_redis(browser, broker_factory, t
         assert other.get_by_test_id("broker-role").inner_text().strip() == "standby"
         assert standby.url in other.inner_text()
         assert other.get_by_test_id("this-broker").count() == 0
+        assert re.fullmatch(r"\d+ \(\d+ in all\)",
+                            other.get_by_test_id("broker-relaying").inner_text().strip())
+        assert me.get_by_test_id("broker-relaying").inner_text().strip() == "—"
         queue = page.locator('[data-testid=cluster-queues-table] tr[data-queue="orders/v1"]')
         queue.wait_for()
         assert queue.get_attribute("data-epoch") == "1"

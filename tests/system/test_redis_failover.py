@@ -13,8 +13,11 @@ nothing (its writes are refused inside Redis), says so, and exits 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -48,10 +51,10 @@ def redis(tmp_path: Path) -> Any:
 
 
 def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path, standby: str = "relay",
-         ) -> tuple[BrokerProcess, BrokerProcess]:
-    """A primary (started first) and a standby on fixed ports."""
+         top: str = "") -> tuple[BrokerProcess, BrokerProcess]:
+    """A primary (started first) and a standby on fixed ports (``top``: more settings)."""
     cfg = tmp_path / "cluster.toml"
-    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
+    cfg.write_text(f'{top}[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
                    f'standby = "{standby}"\n')
     first = broker_factory.make(config=cfg, storage=redis.url).start()
     return first, start_standby(broker_factory, cfg, redis.url)
@@ -145,12 +148,64 @@ def test_a_standby_relays_its_clients_to_the_primary(
     # The standby's clients go when the primary dies; the standby then serves itself.
     with minou.connect_sync(standby.url, request_timeout=10, **primary.auth("relayed")) as c:
         assert c.send(CH, {"n": 3}).seq == 3
+
+        def relays() -> dict[str, Any]:  # the standby's row, as `minou cluster` shows it
+            view = cluster_view(primary, primary)
+            return next(b for b in view["brokers"] if b["role"] == "standby")
+        # Its record in Redis says what its door does: this client's connection now,
+        # and the four relayed so far (native, HTTP, /health, the WebSocket).
+        wait_until(lambda: relays()["relaying"] >= 1 and relays()["relayed"] >= 4, 10,
+                   what="the standby's relay counters in `minou cluster`")
+        assert relays()["refused"] == 0
         primary.kill()
         wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
         assert c.send(CH, {"n": 4}).seq == 4
     got, _ = drain(standby, "recount", 2)
     assert got == {3: 3, 4: 4}  # 1 and 2 were acked through the relay: gone
     assert standby.stop() == 0
+
+
+def test_idle_sockets_flooding_a_standby_are_bounded_refused_and_cut(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """The operator's bad day on a relaying standby: far more idle sockets than it may
+    hold. It relays what it may (the primary cuts those that never say HELLO), refuses
+    the rest at once with TOO_MANY_CONNECTIONS and a log line, never holds more
+    descriptors than its limit allows, every idle socket is closed, the primary serves
+    its own clients throughout, and the standby relays again afterwards."""
+    import minou
+
+    limits = "max_connections = 20\nhello_timeout = 1.0\nhttp_header_timeout = 1.0\n"
+    primary, standby = pair(broker_factory, redis, tmp_path, top=limits)
+    assert standby.proc is not None
+    fds_before = len(os.listdir(f"/proc/{standby.proc.pid}/fd"))
+    http_port = int(standby.http.rsplit(":", 1)[1])
+    flood: list[socket.socket] = []
+    try:
+        for i in range(150):  # silent sockets, native and HTTP
+            port = standby.port if i % 3 else http_port
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(0.5)
+        held = len(os.listdir(f"/proc/{standby.proc.pid}/fd")) - fds_before
+        assert held <= 20 + 2, f"the standby holds {held} more descriptors than before"
+        with minou.connect_sync(primary.url, request_timeout=10, **primary.auth("direct")) as c:
+            assert c.send(CH, {"n": 1}).seq == 1  # the primary's own clients: served
+        for sock in flood:  # relayed ones by the primary's hello_timeout, the rest by the door
+            sock.settimeout(15)
+            with contextlib.suppress(OSError):
+                while sock.recv(65536):
+                    pass
+    finally:
+        for sock in flood:
+            sock.close()
+    assert "standby: native connection from" in standby.output \
+        or "standby: HTTP connection from" in standby.output
+    assert "refused:" in standby.output and "sockets held (limit 20" in standby.output
+    row = next(b for b in cluster_view(primary, primary)["brokers"] if b["role"] == "standby")
+    assert row["full"] > 0 and row["relayed"] > 0
+    with minou.connect_sync(standby.url, request_timeout=10, **primary.auth("after")) as c:
+        assert c.send(CH, {"n": 2}).seq == 2  # relayed again once the flood is gone
+    assert standby.proc.poll() is None and primary.proc is not None \
+        and primary.proc.poll() is None
 
 
 def test_a_standby_set_to_redirect_sends_clients_to_the_primary(

@@ -96,6 +96,14 @@ class PrimaryRole:
             info["tls_fingerprint"] = self.server.tls.fingerprint
         return info
 
+    def _record(self) -> dict[str, str]:
+        """This broker's record in Redis, with what its door does for `minou cluster`."""
+        door = self.door
+        if door is None:
+            return self.info
+        return {**self.info, "relaying": str(door.relaying), "relayed": str(door.relayed),
+                "refused": str(door.refused), "full": str(door.full)}
+
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
@@ -105,7 +113,7 @@ class PrimaryRole:
         server, first = self.server, True
         while True:
             try:
-                if await self._call(self.lease.try_acquire, self.info):
+                if await self._call(self.lease.try_acquire, self._record()):
                     break
                 holder = await self._call(self.lease.holder)
                 if holder and holder.get("id") != self.member \
@@ -123,8 +131,9 @@ class PrimaryRole:
             if self.door is None:
                 relay = server.settings.storage_standby == "relay"
                 # A relayed connection holds two descriptors: the client's, the primary's.
-                self.door = StandbyDoor(holder, relay=relay,
-                                        max_relays=max(1, server.admission.limit // 2))
+                limit = server.admission.limit
+                self.door = StandbyDoor(holder, relay=relay, max_relays=max(1, limit // 2),
+                                        max_held=limit)
                 await self.door.start(self.sockets[0], self.sockets[1] if len(self.sockets) > 1
                                       else None, self._door_tls)
                 log.warning(
@@ -309,6 +318,8 @@ class PrimaryRole:
             m["role"] = "primary" if m["id"] == primary else \
                 "standby" if m.get("alive") else "gone"  # its record outlives it a little
             m["self"] = m["id"] == self.member
+            for counter in ("relaying", "relayed", "refused", "full"):  # a standby's door
+                m[counter] = int(m.get(counter) or 0) if m["role"] != "primary" else 0
         epochs = dict(self.server.storage.epochs)
         return {"storage": self.server.storage.path, "owner_lease": self.lease_s,
                 "primary": primary, "brokers": members,
@@ -325,4 +336,5 @@ class PrimaryRole:
                 "standby_refused": self.door.refused if self.door is not None else 0,
                 "standby_relaying": self.door.relaying if self.door is not None else 0,
                 "standby_relayed": self.door.relayed if self.door is not None else 0,
+                "standby_full": self.door.full if self.door is not None else 0,
                 **{k: v for k, v in self.info.items() if k in ("native", "http")}}

@@ -30,7 +30,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ERROR_TABLE, ErrorCode
+from ..errors import ERROR_TABLE, ErrorCode, TooManyConnections
 from ..protocol import frames as f
 from ..tls import TlsPinMismatch, check_pin, client_context
 
@@ -45,10 +45,14 @@ log = logging.getLogger("minou.cluster")
 
 class StandbyDoor:
     def __init__(self, holder: dict[str, Any] | None, *, relay: bool = False,
-                 max_relays: int = 0) -> None:
+                 max_relays: int = 0, max_held: int = 0) -> None:
         self.holder = holder  # the primary: id, native, http, since (None: nobody yet)
         self.relay = relay
         self.max_relays = max_relays  # connections relayed at once, at most
+        # Sockets the door holds at once, at most (a relay holds two: the client's and
+        # the primary's): past it a client is refused at once, its socket closed.
+        self.max_held = max_held
+        self.full = 0  # clients refused so: the door held max_held sockets already
         self.refused = 0  # clients told where the primary is
         self.relayed = 0  # connections passed on to the primary, in all
         self.relay_failures = 0  # relays tried that could not reach the primary
@@ -57,6 +61,7 @@ class StandbyDoor:
         # Relayed connections: client writer -> (primary id, upstream writer).
         self._relays: dict[asyncio.StreamWriter, tuple[str, asyncio.StreamWriter]] = {}
         self._logged_failure = 0.0
+        self._logged_full = 0.0
         self._opening = 0
 
     async def start(self, native: socket.socket, http: socket.socket | None,
@@ -72,6 +77,40 @@ class StandbyDoor:
     @property
     def relaying(self) -> int:
         return len(self._relays)
+
+    def _held(self) -> int:
+        return len(self._conns) + 2 * (len(self._relays) + self._opening)
+
+    def _refuse_if_full(self, writer: asyncio.StreamWriter, kind: str) -> bool:
+        """Refuse a client at once when the door holds all the sockets it may (idle
+        sockets flooding a standby): a precise error, a log line, and its descriptor
+        back at once rather than after a read timeout."""
+        if not self.max_held or self._held() < self.max_held:
+            return False
+        self.full += 1
+        exc = TooManyConnections(
+            f"this standby already holds {self._held()} sockets, its clients' and those "
+            f"it relays to the primary (its limit: {self.max_held}); try again later",
+            limit=self.max_held)
+        if kind == "native":
+            writer.write(f.encode(f.Error(0, int(exc.code), exc.message, exc.detail,
+                                          fatal=True)))
+        else:
+            body = json.dumps({"error": {"code": int(exc.code), "reason": exc.reason,
+                                         "message": exc.message, "detail": exc.detail}}
+                              ).encode()
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+                         b"\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+        writer.close()
+        now = time.monotonic()
+        if now - self._logged_full >= RELAY_LOG_EVERY_S:
+            self._logged_full = now
+            log.warning("standby: %s connection from %s refused: %d sockets held (limit "
+                        "%d; %d refused so far)", "native" if kind == "native" else "HTTP",
+                        writer.get_extra_info("peername"), self._held(), self.max_held,
+                        self.full)
+        return True
 
     def primary_changed(self, holder: dict[str, Any] | None) -> None:
         """A new primary (or none): connections relayed to the old one go nowhere
@@ -192,6 +231,8 @@ class StandbyDoor:
 
     # ----------------------------------------------------------------- the ports
     async def _native(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refuse_if_full(writer, "native"):
+            return
         primary = await self._open_primary("native")
         if primary is not None:
             await self._splice((reader, writer), primary)
@@ -208,6 +249,8 @@ class StandbyDoor:
         await self._serve(writer, answer())
 
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refuse_if_full(writer, "http"):
+            return
         if self.relay:
             primary = await self._open_primary("http")
             if primary is not None:

@@ -10,7 +10,7 @@ import { queueHref } from "./queues.js";
 const ROLE_BADGE = { primary: "badge-ok", standby: "badge-warn" };
 const ROLE_HINT = {
   primary: "Holds the lease: serves every client and owns every queue",
-  standby: "Waits: sends its clients to the primary and takes over when the lease runs out",
+  standby: "Waits: relays its clients to the primary and takes over when the lease runs out",
 };
 const EPOCH_HINT = "Fencing epoch: raised each time a broker takes the queue over; " +
   "a write made under an older epoch is refused inside Redis";
@@ -83,6 +83,14 @@ export function mount(view) {
         key: "owned", label: "Queues owned", thClass: "nowrap", num: true, sort: true, value: (b) => owned(b),
         title: "The primary owns every queue; a standby owns none",
         cell: (td, b) => setText(td, last && last.owner_lease == null ? "all" : fmtInt(owned(b))),
+      },
+      {
+        key: "relaying", label: "Relaying", thClass: "nowrap", num: true, sort: true, value: (b) => num(b.relaying) ?? 0,
+        title: "Client connections a standby passes on to the primary: now (and in all since it started)",
+        cell: (td, b) => {
+          td.dataset.testid = "broker-relaying";
+          setText(td, b.role === "primary" ? DASH : `${fmtInt(num(b.relaying) ?? 0)} (${fmtInt(num(b.relayed) ?? 0)} in all)`);
+        },
       },
     ],
     rowKey: (b) => b.id,
