@@ -721,8 +721,9 @@ class BrokerServer:
             self.storage_down_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
             refusal = self._enter_down(StorageUnavailable(
-                f"this broker's primary lease had run out (it was paused or cut off) and "
-                f"nobody took over: taking it again ({exc})"))
+                f"this broker's primary lease had run out (it was paused or cut off, or "
+                f"Redis was down longer than the lease) and nobody took over: taking it "
+                f"again ({exc})"), why="refuses this broker's writes until it holds the lease")
             self.engine.not_written(batch, refusal, stop=False)
             return
         if isinstance(exc, StorageFenced) and self.primary is not None:
@@ -770,12 +771,14 @@ class BrokerServer:
         """Whether this storage comes back by itself after StorageUnavailable."""
         return bool(getattr(self.storage, "recovers", False))
 
-    def _enter_down(self, exc: StorageUnavailable) -> StorageUnavailable:
-        """Refuse publishes while storage is out of reach; log once per episode; probe.
-        Returns the refusal (what the failed batch's publishers get too)."""
+    def _enter_down(self, exc: StorageUnavailable, why: str = "cannot be reached"
+                    ) -> StorageUnavailable:
+        """Refuse publishes while storage is out of reach (or, ``why`` says, refuses
+        this broker's writes for a moment); log once per episode; probe. Returns the
+        refusal (what the failed batch's publishers get too)."""
         first = self.storage_down is None
         refusal = StorageUnavailable(
-            f"storage {self.storage.path} cannot be reached ({exc.message}); nothing was "
+            f"storage {self.storage.path} {why} ({exc.message}); nothing was "
             f"stored: retry later (the broker tries again every {STORAGE_PROBE_S:g} s)",
             storage=self.storage.path)
         self.storage_down = refusal
@@ -785,10 +788,10 @@ class BrokerServer:
             log.debug("storage still out of reach: %s", exc.message)
             return refusal
         self.storage_down_since = time.time()
-        log.error("storage %s cannot be reached: %s. Publishes are refused with "
+        log.error("storage %s %s: %s. Publishes are refused with "
                   "STORAGE_UNAVAILABLE and nothing unconfirmed is confirmed; the broker "
                   "resumes by itself once it is back (tried every %g s).",
-                  self.storage.path, exc.message, STORAGE_PROBE_S)
+                  self.storage.path, why, exc.message, STORAGE_PROBE_S)
         if self.loop is not None:
             self.loop.call_later(STORAGE_PROBE_S, self._probe_down)
         return refusal
