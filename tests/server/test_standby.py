@@ -118,6 +118,14 @@ async def test_past_max_relays_the_client_is_told_where_the_primary_is(d: Door) 
     assert (door.relaying, door.refused) == (2, 1)
 
 
+async def until(condition: Any, seconds: float = 5.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the door never got there")
+
+
 async def test_a_door_holding_all_its_sockets_refuses_the_next_client_at_once(d: Door) -> None:
     """Idle sockets flooding a standby: two relays hold four sockets, two clients told
     where the primary is (still silent) two more; a door of six refuses the seventh
@@ -131,7 +139,7 @@ async def test_a_door_holding_all_its_sockets_refuses_the_next_client_at_once(d:
         writer.write(b"x")
         assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ok:x"
     silent = [await d.dial() for _ in range(2)]  # past max_relays: the door waits for them
-    await asyncio.sleep(0.1)
+    await until(lambda: door._held() == 6)
     reader, _ = await d.dial()
     data = await asyncio.wait_for(reader.read(65536), 5)  # at once, unasked
     error = f.decode_body(data[4], data[5:])
@@ -141,7 +149,7 @@ async def test_a_door_holding_all_its_sockets_refuses_the_next_client_at_once(d:
     assert (door.full, door.relaying, door.refused) == (1, 2, 0)
     for _, writer in relayed + silent:
         writer.close()
-    await asyncio.sleep(0.2)
+    await until(lambda: door._held() == 0)
     reader, writer = await d.dial()
     writer.write(b"y")
     assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ok:y"

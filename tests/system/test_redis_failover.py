@@ -184,9 +184,11 @@ def test_idle_sockets_flooding_a_standby_are_bounded_refused_and_cut(
         for i in range(150):  # silent sockets, native and HTTP
             port = standby.port if i % 3 else http_port
             flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
-        time.sleep(0.5)
+        wait_until(lambda: "sockets held (limit 20" in standby.output, 10,
+                   what="the standby to hold all the sockets it may")
         held = len(os.listdir(f"/proc/{standby.proc.pid}/fd")) - fds_before
-        assert held <= 20 + 2, f"the standby holds {held} more descriptors than before"
+        # Its 20, and a few refused at once whose close is still under way: not 150.
+        assert held <= 20 + 10, f"the standby holds {held} more descriptors than before"
         with minou.connect_sync(primary.url, request_timeout=10, **primary.auth("direct")) as c:
             assert c.send(CH, {"n": 1}).seq == 1  # the primary's own clients: served
         for sock in flood:  # relayed ones by the primary's hello_timeout, the rest by the door
