@@ -106,7 +106,7 @@ MUTANTS ?=
 mutate: $(MUTATE_STAMP)
 	$(if $(MUTANTS),rm -f mutants/killers.tsv,rm -rf mutants)
 	MINOU_SIM_SEEDS=4 MINOU_MUTATION_KILLERS=$(CURDIR)/mutants/killers.tsv \
-		$(BIN)/mutmut run --max-children 3 $(MUTANTS)
+		$(BIN)/python tests/mutation_run.py run --max-children 3 $(MUTANTS)
 	$(BIN)/python tests/mutation_score.py --save-killers
 	$(BIN)/python tests/mutation_score.py
 
