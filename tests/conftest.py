@@ -26,6 +26,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
+from tests.redis_cluster import RedisCluster
 from tests.redis_sentinel import SentinelSet
 from tests.redis_server import REDIS_SERVER, RedisServer
 
@@ -335,6 +336,22 @@ def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sentine
     sentinels = SentinelSet(tmp_path_factory.mktemp("sentinel")).start()
     yield sentinels
     sentinels.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A Redis Cluster of three primaries for the session (tests/redis_cluster.py)."""
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: RedisCluster) -> str:
+    """The session's Redis Cluster with a key prefix of this test's own."""
+    return f"{redis_cluster.url}?prefix=t{next(_anonymous)}-{os.getpid()}"
 
 
 @pytest.fixture

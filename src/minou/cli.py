@@ -124,7 +124,8 @@ def _install_uvloop() -> None:
               help="Storage backend (config [storage] url): sqlite:///path/minou.db, "
                    "redis://[:password@]host:6379/0 (rediss:// for TLS; "
                    "?password_file=PATH, ?replicas=N), "
-                   "redis+sentinel://h1:26379,h2:26379/mymaster/0; default: minou.db in "
+                   "redis+sentinel://h1:26379,h2:26379/mymaster/0, "
+                   "redis+cluster://h1:7000,h2:7001; default: minou.db in "
                    "the data directory.")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
           http_port: int | None, log_level: str, dev: bool, storage_url: str | None) -> None:

@@ -32,7 +32,7 @@ from minou.storage.sqlite import SQLiteStorage
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
 NOW = 1_000.0
-BACKENDS = ["sqlite", "memory", "redis", "sentinel"]
+BACKENDS = ["sqlite", "memory", "redis", "sentinel", "cluster"]
 
 Factory = Callable[..., Storage]  # keyword arguments: the backend's (max_size, reserve)
 
@@ -54,6 +54,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]
         elif request.param == "sentinel":
             # The same through Sentinel, every commit and claim waiting for the replica.
             st = RedisStorage(request.getfixturevalue("sentinel_url"), claim=False, **kw)
+        elif request.param == "cluster":
+            # The same over a Redis Cluster of three primaries: queues in their slots.
+            st = RedisStorage(request.getfixturevalue("cluster_url"), claim=False, **kw)
         else:
             st = MemoryStorage(name, **kw)
         opened.append(st)

@@ -376,3 +376,19 @@ def test_a_sentinel_url_names_its_sentinels_service_and_database(tmp_path):
     assert where.client_url == "redis://:data-pw@sentinel/2?socket_timeout=3"
     assert "data-pw" not in where.shown and ":***@h1:26380" in where.shown
     assert parse_url("redis+sentinel://h1/mymaster").client_url == "redis://sentinel/"
+
+
+def test_a_cluster_url_names_its_nodes_and_only_database_0():
+    from minou.storage.redis.url import parse as parse_url
+
+    where = parse_url("redis+cluster://:pw@h1:7000,h2,[::1]:7002?prefix=shop&replicas=1"
+                      "&socket_timeout=3")
+    assert where.cluster_nodes == (("h1", 7000), ("h2", 6379), ("::1", 7002))
+    assert (where.sentinels, where.replicas, where.prefix) == ((), 1, "shop")
+    assert where.client_url == "redis://:pw@cluster/0?socket_timeout=3"
+    assert "pw@" not in where.shown.replace(":***@", "")
+    assert parse_url("redis+cluster://h1:7000/0").cluster_nodes == (("h1", 7000),)
+    with pytest.raises(ConfigError, match="only database 0"):
+        parse_url("redis+cluster://h1:7000/3")
+    with pytest.raises(ConfigError, match="Redis Cluster node 'h1:x' has a bad port"):
+        parse_url("redis+cluster://h1:x")

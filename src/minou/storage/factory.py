@@ -6,7 +6,8 @@ in this process (tests, the simulator: reopening the same name finds what was
 committed); ``redis://[:password@]host:port/db`` and ``rediss://`` (TLS) keep it in
 Redis (storage/redis: several brokers can share it; ``?password_file=``, ``?prefix=``,
 ``?replicas=``), and ``redis+sentinel://h1:26379,h2:26379/service/db`` in the Redis
-that those Sentinels name the primary of (following it when they fail it over). The
+that those Sentinels name the primary of (following it when they fail it over);
+``redis+cluster://h1:7000,h2:7001`` shards queues over a Redis Cluster's nodes. The
 server receives what this returns and never builds a backend itself.
 """
 
@@ -19,7 +20,7 @@ from ..config import Settings
 from ..errors import ConfigError
 from .base import Storage
 
-REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel")
+REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster")
 SCHEMES = ("sqlite", "memory", *REDIS_SCHEMES)
 
 
@@ -33,7 +34,7 @@ def check_url(url: str) -> str:
                           "known: sqlite:///path/to/minou.db, redis://host:6379/0, "
                           "rediss://host:6380/0, "
                           "redis+sentinel://h1:26379,h2:26379/mymaster/0, "
-                          "memory://name (tests)")
+                          "redis+cluster://h1:7000,h2:7001, memory://name (tests)")
     if scheme == "sqlite" and not urlsplit(url).path.strip("/"):
         raise ConfigError(f"storage.url {url!r}: give the database file, "
                           "e.g. sqlite:///var/lib/minou/minou.db")

@@ -10,6 +10,7 @@ Under ``<prefix>:{<queue>}:``
 
 =================  =====================================================================
 ``epoch``          the queue's fencing epoch (INCR at each claim)
+``term``           Redis Cluster: the lease term that claimed the queue last
 ``used``           bytes the queue's records take, as the quota counts them
 ``next``           hash channel -> next seq (a channel's existence)
 ``first``          hash channel -> first seq (only once truncated; 1 otherwise)
@@ -31,7 +32,8 @@ Under ``<prefix>:{<queue>}:``
 
 Shared state, written by every broker, under ``<prefix>:{shared}:`` (one slot: it
 is small, read whole at start, and what it holds is not per queue):
-``queues`` (the registry of queues, a set), ``groups`` (definitions: a group's
+``queues`` (the registry of queues, a set), ``primary`` (the lease) and ``term``
+(raised by each broker that takes it), ``groups`` (definitions: a group's
 patterns may span queues), ``clients``, ``credentials``, ``reservations`` (``!``
 channels, reserved across the whole installation), ``writers``, ``meta``,
 ``tokens`` (zset jti by expiry: a token is used once on any broker), ``txns`` (set of

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from .client import node_client
 from .keys import shared_base
 
 # The brokers alive on this prefix: a sorted set of member ids scored by when their
@@ -40,6 +41,15 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 """ + _SEEN.replace("KEYS[1]", "KEYS[3]")
+# Take the lease if nobody holds it, raising the term: each holder's is newer than any
+# before it (Redis Cluster claims compare terms, scripts.ADMIT). KEYS[1] the lease,
+# KEYS[2] the term; ARGV: member, milliseconds.
+_TAKE = r"""
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+"""
 EVENTS_KEPT = 50  # the cluster's recent takeovers and hand-overs, newest first
 # Give the lease up if ours, and wake one standby waiting in wait_handoff at once.
 _RELEASE = r"""
@@ -61,6 +71,7 @@ class PrimaryLease:
         self.lease_ms = max(1, int(lease_s * 1000))
         base = shared_base(prefix)
         self.key = base + "primary"
+        self._term = base + "term"
         self.member_key = base + "member:" + member
         self._member_base = base + "member:"
         self._events = base + "events"
@@ -76,13 +87,14 @@ class PrimaryLease:
         pipe.pexpire(self.member_key, self.lease_ms * 3)  # outlives the lease a little
         # Alive for one lease (its record stays three, for `minou cluster` to show it
         # gone): a standby refreshes both every third of the lease.
-        pipe.eval(_SEEN, 1, self._alive, self.member, self.lease_ms)
+        pipe.execute_command("EVAL", _SEEN, 1, self._alive, self.member, self.lease_ms)
         self.alive = int(pipe.execute()[-1])
 
     def try_acquire(self, info: dict[str, str]) -> bool:
         """Take the lease if nobody holds it (or this broker still does)."""
         self._record(info)
-        taken = self.client.set(self.key, self.member, nx=True, px=self.lease_ms)
+        taken = int(self.client.eval(_TAKE, 2, self.key, self._term, self.member,
+                                     self.lease_ms))
         if not taken and self.renew():
             taken = True
         if taken and self.held_since is None:
@@ -163,7 +175,7 @@ class PrimaryLease:
     def members(self) -> list[dict[str, Any]]:
         """Every broker whose record is fresh (the primary and the standbys), with
         ``alive``: it renewed or tried the lease within the last lease."""
-        seconds, micros = self.client.time()
+        seconds, micros = node_client(self.client, self._alive).time()  # the alive set's clock
         now_ms = seconds * 1000 + micros // 1000
         alive = {(m.decode() if isinstance(m, bytes) else str(m))
                  for m in self.client.zrangebyscore(self._alive, now_ms, "+inf")}

@@ -214,13 +214,39 @@ return {'ok', redis.call('INCRBY', base .. 'used', used)}
 # turn, so a primary paused past its lease can write nothing to any queue, even one it
 # made just before. KEYS[1]: the queue's epoch, KEYS[2]: the primary lease, KEYS[3]:
 # the registry; ARGV[1]: this broker ('' : no lease to check), ARGV[2]: the queue.
-# Three slots: fine on one Redis; Redis Cluster claims by per-queue owner keys instead.
+# Three slots: one Redis only. Redis Cluster claims in two steps (below).
 CLAIM = r"""
 if ARGV[1] ~= '' then
   local holder = redis.call('GET', KEYS[2]) or ''
   if holder ~= ARGV[1] then return {'fenced', holder} end
 end
 redis.call('SADD', KEYS[3], ARGV[2])
+return {'ok', redis.call('INCR', KEYS[1])}
+"""
+
+# Under Redis Cluster a script stays in one slot, so a claim is two: ADMIT, in the shared
+# slot, checks the lease and enters the queues in the registry (as CLAIM does) and
+# answers the lease's term (``term``: raised by every broker that takes the lease, see
+# lease.py); CLAIM_TERM, in the queue's slot, raises its epoch unless a later term
+# already claimed it. So a primary paused between the two steps, past its lease, cannot
+# fence its successor's claim: its term is older. (Its successor finds the queue in the
+# registry, claims it with the newer term, and fences it.)
+# ADMIT: KEYS[1] the lease, KEYS[2] the registry, KEYS[3] the term; ARGV[1] this broker
+# ('': no lease to check), ARGV[2...] the queues.
+ADMIT = r"""
+if ARGV[1] ~= '' then
+  local holder = redis.call('GET', KEYS[1]) or ''
+  if holder ~= ARGV[1] then return {'fenced', holder} end
+end
+for i = 2, #ARGV do redis.call('SADD', KEYS[2], ARGV[i]) end
+return {'ok', redis.call('GET', KEYS[3]) or '0'}
+"""
+# CLAIM_TERM: KEYS[1] the queue's epoch, KEYS[2] the term that claimed it last; ARGV[1]
+# the claiming lease's term.
+CLAIM_TERM = r"""
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < last then return {'fenced', tostring(last)} end
+redis.call('SET', KEYS[2], ARGV[1])
 return {'ok', redis.call('INCR', KEYS[1])}
 """
 
@@ -319,6 +345,7 @@ return out
 """
 
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
-                 "shared_oom": SHARED_OOM, "claim": CLAIM}
+                 "shared_oom": SHARED_OOM, "claim": CLAIM,
+                 "admit": ADMIT, "claim_term": CLAIM_TERM}
 READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
                 "segments": SEGMENTS}

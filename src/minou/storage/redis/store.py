@@ -81,6 +81,10 @@ from .plan import Plan, plan
 from .url import parse
 
 log = logging.getLogger("minou.storage")
+# Replies after which a whole batch is sent again (it is idempotent): Redis lost the
+# scripts (restarted, SCRIPT FLUSH), or a slot moved to another node of a cluster.
+_AGAIN = (redis.exceptions.NoScriptError, redis.exceptions.MovedError,
+          redis.exceptions.AskError, redis.exceptions.TryAgainError)
 FULL_CAUSE = "max_size reached"
 WAIT_TIMEOUT_MS = 5_000  # a replica slower than this fails the commit: not confirmed
 SOCKET_TIMEOUT = 10.0  # a commit Redis never answers fails rather than hangs the writer
@@ -121,6 +125,7 @@ class RedisStorage:
         self._client = client.connect(
             where, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1), **kw)
+        self._cluster = client.is_cluster(self._client)
         self._shas: dict[str, str] = {}
         self._shared = shared_base(self.prefix)
         self._lock = threading.Lock()  # the writer's knowledge, read by the reader thread
@@ -173,7 +178,9 @@ class RedisStorage:
     # -------------------------------------------------------------- open
     def open(self, now: float) -> Snapshot:
         with self._redis("open"):
-            version = str(self._client.info("server").get("redis_version", "0"))
+            version = min((str(node.info("server").get("redis_version", "0"))
+                           for node in client.data_nodes(self._client)),
+                          key=lambda v: tuple(int(p) for p in v.split(".")[:2]))
             if tuple(int(p) for p in version.split(".")[:2]) < MIN_VERSION:
                 raise StorageUnavailable(f"Redis at {self.path} is {version}: minou needs "
                                          f"Redis {'.'.join(map(str, MIN_VERSION))} or newer")
@@ -186,7 +193,7 @@ class RedisStorage:
             pipe = self._client.pipeline(transaction=False)
             for q in found:
                 base = queue_base(self.prefix, q)
-                pipe.evalsha(self._shas["dump"], 1, base + "next", base)
+                pipe.execute_command("EVALSHA", self._shas["dump"], 1, base + "next", base)
             for table in SHARED_TABLES:
                 pipe.hgetall(self._shared + table)
             pipe.zrangebyscore(self._shared + "tokens", f"({now!r}", "+inf", withscores=True)
@@ -224,23 +231,32 @@ class RedisStorage:
     def _warn_settings(self) -> None:
         """What Redis must be set to for a confirmed publish to survive; CONFIG may be
         disabled (managed Redis): then say nothing."""
-        try:
-            conf = self._client.config_get("append*") | self._client.config_get(
-                "maxmemory-policy")
-        except redis.ResponseError:
-            return
+        for node in client.data_nodes(self._client):
+            try:
+                conf = node.config_get("append*") | node.config_get("maxmemory-policy")
+            except redis.ResponseError:
+                return
+            if self._warn_about(conf):
+                return  # once, not once per cluster node
+
+    def _warn_about(self, conf: dict[str, Any]) -> bool:
+        warned = False
         if conf.get("appendonly") != "yes":
             log.warning("Redis at %s has appendonly %s: confirmed messages are lost if "
                         "Redis stops; run it with --appendonly yes --appendfsync always",
                         self.path, conf.get("appendonly"))
+            warned = True
         elif conf.get("appendfsync") != "always":
             log.warning("Redis at %s has appendfsync %s: a confirmed message may be lost "
                         "if the machine stops; set appendfsync always", self.path,
                         conf.get("appendfsync"))
+            warned = True
         policy = conf.get("maxmemory-policy", "noeviction")
         if policy != "noeviction":
             log.warning("Redis at %s has maxmemory-policy %s: it may evict minou's data "
                         "when full; set maxmemory-policy noeviction", self.path, policy)
+            warned = True
+        return warned
 
     # ----------------------------------------------------------- claims
     def lease(self, member: str, lease_s: float) -> PrimaryLease:
@@ -259,6 +275,9 @@ class RedisStorage:
     def claim(self, queue: str) -> int:
         """Take ``queue`` over: its epoch goes up, fencing every earlier writer, and this
         storage writes under the new one. Returns it."""
+        if self._cluster:
+            self._claim_all([queue], check_lease=False)
+            return self.epochs[queue]
         pipe = self._client.pipeline(transaction=False)
         pipe.incr(queue_base(self.prefix, queue) + "epoch")
         self._wait_for_replicas(pipe)
@@ -295,28 +314,22 @@ class RedisStorage:
         address = client.primary_address(self._client)
         return f" (primary {address})" if address else ""
 
-    def _claim_all(self, queues: list[str]) -> None:
+    def _claim_all(self, queues: list[str], *, check_lease: bool = True) -> None:
         if not queues:
             return
-        for attempt in (1, 2):
-            pipe = self._client.pipeline(transaction=False)
-            for q in queues:
-                pipe.evalsha(self._sha("claim"), 3, queue_base(self.prefix, q) + "epoch",
-                             self._shared + "primary", self._shared + "queues", self.member,
-                             q)
-            self._wait_for_replicas(pipe)
-            try:
-                with self._redis("claiming queues"):
-                    replies = pipe.execute()
-                break
-            except StorageUnavailable as exc:  # Redis restarted: its scripts are gone
-                if attempt == 2 or not isinstance(exc.__cause__, redis.exceptions.NoScriptError):
-                    raise
-                self._load_scripts()
-        self._replicated(replies, "claiming " + ", ".join(queues))
+        member = self.member if check_lease else ""
+        if self._cluster:
+            replies = self._claim_in_cluster(queues, member)
+        else:
+            commands = [(queue_base(self.prefix, q) + "epoch",
+                         ("EVALSHA", self._sha("claim"), 3, queue_base(self.prefix, q) + "epoch",
+                          self._shared + "primary", self._shared + "queues", member, q))
+                        for q in queues]
+            replies = self._run(commands, atomic=False, doing="claiming queues",
+                                what="claiming " + ", ".join(queues))
         refused: dict[str, int] = {}
         holder = ""
-        for q, (status, value) in zip(queues, replies[:len(queues)], strict=True):
+        for q, (status, value) in zip(queues, replies, strict=True):
             if status == b"ok":
                 self.epochs[q] = int(value)
             else:
@@ -327,6 +340,83 @@ class RedisStorage:
                 f"Redis at {self.path}: this broker no longer holds the primary lease "
                 f"(held by {holder or 'nobody'}): it may not claim {', '.join(sorted(refused))}",
                 refused, holder)
+
+    def _claim_in_cluster(self, queues: list[str], member: str) -> list[Any]:
+        """The two steps of a claim under Redis Cluster (scripts.ADMIT): the lease and
+        the registry in the shared slot, then each queue's epoch in its own."""
+        admit = self._run([(self._shared + "primary",
+                            ("EVALSHA", self._sha("admit"), 3, self._shared + "primary",
+                             self._shared + "queues", self._shared + "term", member, *queues))],
+                          atomic=False, doing="claiming queues", what="entering queues")
+        status, term = admit[0]
+        if status != b"ok":
+            return [admit[0]] * len(queues)
+        commands = []
+        for q in queues:
+            base = queue_base(self.prefix, q)
+            commands.append((base + "epoch", ("EVALSHA", self._sha("claim_term"), 2,
+                                              base + "epoch", base + "term", term)))
+        replies = self._run(commands, atomic=False, doing="claiming queues",
+                            what="claiming " + ", ".join(queues))
+        # A later term claimed it: this broker lost the lease meanwhile; say who holds it.
+        return [r if r[0] == b"ok" else [b"fenced", self._holder()] for r in replies]
+
+    def _holder(self) -> bytes:
+        with self._redis("reading the primary lease"):
+            return bytes(self._client.get(self._shared + "primary") or b"")
+
+    def _run(self, commands: list[tuple[str, tuple[Any, ...]]], *, atomic: bool, doing: str,
+             what: str) -> list[Any]:
+        """Run ``commands`` (a key that routes it, its arguments) in order, each batch
+        of them for one Redis in one round trip: ``[MULTI] commands [EXEC] [WAIT]``.
+        One Redis: one round trip. Redis Cluster: one per run of consecutive commands
+        on one node (so the order across nodes is kept, one node after the other), and
+        no MULTI: Redis Cluster refuses one over several slots, even on one node.
+        Returns the commands' replies; raises StorageFull on Redis's out-of-memory,
+        StorageUnavailable when Redis cannot be reached, a command failed or the WAIT
+        saw too few replicas. Loads the scripts again and runs everything again
+        (idempotent) once if Redis lost them or a slot moved."""
+        atomic = atomic and not self._cluster
+        for attempt in (1, 2):
+            groups: list[tuple[Any, list[tuple[Any, ...]]]] = []
+            for key, args in commands:
+                node = client.node_client(self._client, key)
+                if groups and groups[-1][0] is node:
+                    groups[-1][1].append(args)
+                else:
+                    groups.append((node, [args]))
+            results: list[Any] = []
+            raws: list[list[Any]] = []
+            for node, group in groups:
+                pipe = node.pipeline(transaction=False)
+                if atomic:
+                    pipe.execute_command("MULTI")
+                for args in group:
+                    pipe.execute_command(*args)
+                if atomic:
+                    pipe.execute_command("EXEC")
+                if self.replicas > 0:
+                    pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
+                with self._redis(doing):
+                    raw = pipe.execute(raise_on_error=False)
+                raws.append(raw)
+                results.extend(self._results(raw, atomic))
+            if attempt == 1 and any(isinstance(r, _AGAIN) for r in results):
+                if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
+                    self._load_scripts()
+                else:
+                    client.relearn(self._client)
+                continue
+            break
+        errors = [r for r in results if isinstance(r, Exception)]
+        if errors:
+            partial = not atomic or len(groups) > 1  # (groups: a cluster's nodes)
+            raise StorageUnavailable(f"Redis at {self.path}: {what} failed: {errors[0]}"
+                                     + (" (other queues' parts may be written)" if partial
+                                        else "")) from errors[0]
+        for raw in raws:
+            self._replicated(raw, what)
+        return results
 
     # ------------------------------------------------------------ apply
     def apply(self, batch: WriteBatch) -> None:
@@ -356,47 +446,28 @@ class RedisStorage:
             raise self._full(FULL_CAUSE)
 
     def _send(self, p: Plan, *, atomic: bool) -> dict[str | None, Any]:
-        """One round trip; replies by queue (None: shared). Sent again whole if Redis
-        lost the scripts."""
-        for attempt in (1, 2):
-            order = sorted(p.queues, key=lambda q: (q not in p.inserting, q))
-            unregistered = sorted(set(p.queues) - self._queues)
-            suffix = "" if atomic else "_oom"
-            pipe = self._client.pipeline(transaction=False)
-            if atomic:
-                pipe.execute_command("MULTI")
-            if unregistered:
-                pipe.execute_command("SADD", self._shared + "queues", *unregistered)
-            for q in order:
-                base = queue_base(self.prefix, q)
-                pipe.execute_command("EVALSHA", self._sha("queue" + suffix), 1, base + "epoch",
-                                     base, self.epochs[q], *p.queues[q])
-            if p.shared:
-                check = ("P", self.member) if self.member else ()
-                pipe.execute_command("EVALSHA", self._sha("shared" + suffix), 1,
-                                     self._shared + "used", self._shared, *check, *p.shared)
-            if atomic:
-                pipe.execute_command("EXEC")
-            if self.replicas > 0:
-                pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
-            with self._redis("commit"):
-                raw = pipe.execute(raise_on_error=False)
-            results = self._results(raw, atomic)
-            if attempt == 1 and any(isinstance(r, redis.exceptions.NoScriptError)
-                                    for r in results):
-                self._load_scripts()
-                continue
-            break
+        """Replies by queue (None: shared); one round trip on one Redis (``_run``)."""
+        order = sorted(p.queues, key=lambda q: (q not in p.inserting, q))
+        unregistered = sorted(set(p.queues) - self._queues)
+        suffix = "" if atomic else "_oom"
+        commands: list[tuple[str, tuple[Any, ...]]] = []
+        if unregistered:
+            commands.append((self._shared + "queues",
+                             ("SADD", self._shared + "queues", *unregistered)))
+        for q in order:
+            base = queue_base(self.prefix, q)
+            commands.append((base + "epoch", ("EVALSHA", self._sha("queue" + suffix), 1,
+                                              base + "epoch", base, self.epochs[q],
+                                              *p.queues[q])))
+        if p.shared:
+            check = ("P", self.member) if self.member else ()
+            commands.append((self._shared + "used",
+                             ("EVALSHA", self._sha("shared" + suffix), 1, self._shared + "used",
+                              self._shared, *check, *p.shared)))
+        results = self._run(commands, atomic=atomic, doing="commit", what="the commit")
         places: list[str | None] = [*order, *([None] if p.shared else [])]
         skip = 1 if unregistered else 0  # SADD's reply
-        scripts_out = results[skip:skip + len(places)]
-        errors = [r for r in results if isinstance(r, Exception)]
-        if errors:
-            raise StorageUnavailable(f"Redis at {self.path}: commit failed: {errors[0]}"
-                                     + ("" if atomic else " (other queues' parts may be "
-                                        "written)")) from errors[0]
-        self._replicated(raw, "the commit")
-        return dict(zip(places, scripts_out, strict=True))
+        return dict(zip(places, results[skip:skip + len(places)], strict=True))
 
     def _results(self, raw: list[Any], atomic: bool) -> list[Any]:
         """The commands' own replies (inside EXEC's); OOM anywhere -> StorageFull."""
@@ -407,6 +478,9 @@ class RedisStorage:
             oom = [e for e in queued if isinstance(e, redis.exceptions.OutOfMemoryError)]
             if oom:
                 raise self._full(f"Redis maxmemory reached: {oom[0]}", redis_oom=True)
+            again = [e for e in queued if isinstance(e, _AGAIN)]
+            if again:  # refused at MULTI time (a slot moved): EXEC ran nothing
+                return again
             if isinstance(executed, Exception):
                 raise StorageUnavailable(f"Redis at {self.path}: commit refused: "
                                          f"{executed}; nothing was written") from executed
@@ -469,11 +543,16 @@ class RedisStorage:
                                   f"{self.prefix})", space, "of Redis memory free")
 
     def _memory(self) -> tuple[int, int]:
-        """Redis's (used_memory, limit): maxmemory, or the machine's memory if unset."""
+        """Redis's (used_memory, limit): maxmemory, or the machine's memory if unset. Of
+        a cluster, the node with the least room: the first to refuse its queues."""
+        found = []
         with self._redis("reading INFO memory"):
-            info = self._client.info("memory")
-        limit = int(info.get("maxmemory") or 0) or int(info.get("total_system_memory") or 0)
-        return int(info.get("used_memory", 0)), limit
+            for node in client.data_nodes(self._client):
+                info = node.info("memory")
+                limit = int(info.get("maxmemory") or 0) or \
+                    int(info.get("total_system_memory") or 0)
+                found.append((int(info.get("used_memory", 0)), limit))
+        return min(found, key=lambda used_limit: used_limit[1] - used_limit[0])
 
     def space(self) -> dict[str, Any]:
         used_memory, limit = self._memory()
@@ -491,7 +570,8 @@ class RedisStorage:
         cannot be reached."""
         if self.replicas > 0:
             with self._redis("reading INFO replication"):
-                linked = int(self._client.info("replication").get("connected_slaves", 0))
+                linked = min(int(node.info("replication").get("connected_slaves", 0))
+                             for node in client.data_nodes(self._client))
             if linked < self.replicas:
                 raise StorageUnavailable(f"Redis at {self.path}{self._at()} has {linked} "
                                          f"replica(s) connected; commits wait for "

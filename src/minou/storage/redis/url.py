@@ -6,7 +6,10 @@ names the Sentinels (port 26379 by default) that know which Redis is the primary
 ``service`` now: the user and password are the primary's (as for ``redis://``), the
 Sentinels are asked without one unless ``sentinel_password_file`` is given (they usually
 sit on the same trusted network, and redis-py sends the data nodes' password only to
-the data nodes).
+the data nodes). ``redis+cluster://[[user]:password@]h1[:port],h2[:port][?query]`` names
+some nodes of a Redis Cluster (port 6379 by default; the others are found from them):
+every queue's keys share a hash tag, so the cluster shards by queue; a Cluster has only
+database 0.
 
 minou's own query keys, taken out before redis-py sees the rest: ``password_file``
 (the password is the file's first line, so it stays out of configs and process
@@ -26,8 +29,10 @@ from ...errors import ConfigError
 from .keys import check_prefix
 
 SENTINEL = "redis+sentinel"
-SCHEMES = ("redis", "rediss", SENTINEL)
+CLUSTER = "redis+cluster"
+SCHEMES = ("redis", "rediss", SENTINEL, CLUSTER)
 SENTINEL_PORT = 26379
+REDIS_PORT = 6379
 DEFAULT_PREFIX = "minou"
 OWN_KEYS = ("password_file", "sentinel_password_file", "prefix", "replicas")
 
@@ -45,6 +50,9 @@ class RedisURL:
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""
     sentinel_password: str | None = None
+    # redis+cluster:// only: the nodes to learn the cluster from; client_url is then
+    # redis://[user:password@]cluster/0?<redis-py's keys>, each node's connection options.
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
 
 
 def parse(url: str) -> RedisURL:
@@ -55,9 +63,19 @@ def parse(url: str) -> RedisURL:
     shown = _shown(url)
     sentinels: tuple[tuple[str, int], ...] = ()
     service = ""
+    nodes: tuple[tuple[str, int], ...] = ()
     path = parts.path
-    if parts.scheme == SENTINEL:
-        sentinels = _sentinels(parts.netloc.rpartition("@")[2], shown)
+    if parts.scheme == CLUSTER:
+        nodes = _hosts(parts.netloc.rpartition("@")[2], shown, REDIS_PORT, "Redis Cluster node",
+                       "redis+cluster://h1:7000,h2:7001")
+        db = parts.path.strip("/")
+        if db not in ("", "0"):
+            raise ConfigError(f"storage.url {shown!r}: a Redis Cluster has only database 0, "
+                              f"not {db!r}")
+        path = "/0"
+    elif parts.scheme == SENTINEL:
+        sentinels = _hosts(parts.netloc.rpartition("@")[2], shown, SENTINEL_PORT, "Sentinel",
+                           "redis+sentinel://h1:26379,h2:26379/mymaster/0")
         service, _, db = parts.path.removeprefix("/").partition("/")
         db = db.rstrip("/")
         if not service:
@@ -96,23 +114,26 @@ def parse(url: str) -> RedisURL:
         prefix = check_prefix(own.get("prefix", DEFAULT_PREFIX))
     except ValueError as exc:
         raise ConfigError(f"storage.url {shown!r}: {exc}") from exc
-    if sentinels:
-        # Where the primary is comes from Sentinel at each connect: the host here is a
-        # placeholder redis-py's URL reader needs; only the rest of this URL is used.
+    if sentinels or nodes:
+        # Where the primary is (the nodes are) comes from Sentinel (the cluster) at each
+        # connect: the host here is a placeholder redis-py's URL reader needs; only the
+        # rest of this URL is used.
         auth = parts.netloc.rpartition("@")[0]
-        client = urlunsplit(("redis", (auth + "@" if auth else "") + "sentinel", path,
+        host = "sentinel" if sentinels else "cluster"
+        client = urlunsplit(("redis", (auth + "@" if auth else "") + host, path,
                              urlencode(rest), ""))
     else:
         client = urlunsplit((parts.scheme, parts.netloc, path, urlencode(rest), ""))
     return RedisURL(client, shown, password, prefix, replicas, sentinels, service,
-                    sentinel_password)
+                    sentinel_password, nodes)
 
 
-def _sentinels(hosts: str, shown: str) -> tuple[tuple[str, int], ...]:
+def _hosts(hosts: str, shown: str, default_port: int, what: str, example: str
+           ) -> tuple[tuple[str, int], ...]:
     """``h1[:port],h2[:port],[::1]:port`` as (host, port) pairs."""
     out = []
     for item in hosts.split(","):
-        host, port = item.strip(), str(SENTINEL_PORT)
+        host, port = item.strip(), str(default_port)
         if host.startswith("["):  # [ipv6]:port
             host, _, after = host[1:].partition("]")
             if after:
@@ -120,11 +141,10 @@ def _sentinels(hosts: str, shown: str) -> tuple[tuple[str, int], ...]:
         elif ":" in host:
             host, _, port = host.rpartition(":")
         if not host:
-            raise ConfigError(f"storage.url {shown!r}: give the Sentinels as "
-                              "host:port,host:port, e.g. "
-                              "redis+sentinel://h1:26379,h2:26379/mymaster/0")
+            raise ConfigError(f"storage.url {shown!r}: give the {what}s as "
+                              f"host:port,host:port, e.g. {example}")
         if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"storage.url {shown!r}: Sentinel {item.strip()!r} has a "
+            raise ConfigError(f"storage.url {shown!r}: {what} {item.strip()!r} has a "
                               "bad port")
         out.append((host, int(port)))
     return tuple(out)
