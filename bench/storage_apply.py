@@ -1,12 +1,13 @@
 """apply() throughput of the storage backends, side by side: batches shaped like the
-broker's group commits. Not part of `make bench` yet (issue 17 adds Redis brokers
-there); run it to see what a commit costs on each backend:
+broker's group commits. Not part of `make bench` (which measures brokers); run it to see
+what a commit costs on each backend:
 
     python bench/storage_apply.py [--batches 300] [--runs 3]
 
 SQLite runs in a temp dir (synchronous=FULL); Redis is a redis-server this script
-starts on a free loopback port with appendonly yes and appendfsync always, in the same
-run. Prints medians of ``--runs`` runs: batches/s and messages/s.
+starts on a free loopback port with appendonly yes and appendfsync always, and the
+Redis Cluster three such servers with cluster-enabled (the slots split evenly), in the
+same run. Prints medians of ``--runs`` runs: batches/s and messages/s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.redis_cluster import RedisCluster
 from tests.redis_server import RedisServer
 
 from minou.core.log import Msg
@@ -75,19 +77,24 @@ def main() -> None:
     shapes = {
         "publish 100 x 100 B, 1 queue": (["orders/v1/1"], 100),
         "publish 100 x 100 B, 4 queues": ([f"q{k}/v1/1" for k in range(4)], 100),
+        "publish 96 x 100 B, 8 queues": ([f"q{k}/v1/1" for k in range(8)], 96),
         "ack 100 (states + truncate), 1 queue": (["orders/v1/1"], 100),
     }
+    backends = ("sqlite", "redis", "cluster")
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp) / "redis").start()
+        cluster = RedisCluster(Path(tmp) / "cluster").start()
         try:
             results: dict[tuple[str, str], list[float]] = {}
             for r in range(args.runs):
-                for backend in ("sqlite", "redis"):
+                for backend in backends:
                     st: Storage
                     if backend == "sqlite":
                         st = SQLiteStorage(Path(tmp) / f"sqlite{r}")
-                    else:
+                    elif backend == "redis":
                         st = RedisStorage(f"{server.url}?prefix=bench{r}")
+                    else:
+                        st = RedisStorage(f"{cluster.url}?prefix=bench{r}")
                     st.open(time.time())
                     for name, (channels, per) in shapes.items():
                         if name.startswith("ack"):
@@ -103,12 +110,13 @@ def main() -> None:
                     st.close()
         finally:
             server.stop()
-    print(f"{'batch shape':40} {'sqlite b/s':>11} {'redis b/s':>10} {'redis/sqlite':>13}")
+            cluster.stop()
+    print(f"{'batch shape':40} {'sqlite b/s':>11} {'redis b/s':>10} {'cluster b/s':>12} "
+          f"{'redis/sqlite':>13} {'cluster/redis':>14}")
     for name, (_, per) in shapes.items():
-        lite = statistics.median(results[name, "sqlite"])
-        red = statistics.median(results[name, "redis"])
-        print(f"{name:40} {lite:11.0f} {red:10.0f} {red / lite:12.0%}"
-              f"   ({lite * per:.0f} vs {red * per:.0f} msg/s)")
+        lite, red, clu = (statistics.median(results[name, b]) for b in backends)
+        print(f"{name:40} {lite:11.0f} {red:10.0f} {clu:12.0f} {red / lite:13.0%} "
+              f"{clu / red:14.0%}   ({lite * per:.0f} / {red * per:.0f} / {clu * per:.0f} msg/s)")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,27 @@ def redis(tmp_path: Path) -> Any:
     server.stop()
 
 
-def pair(broker_factory: Any, redis: RedisServer, tmp_path: Path, standby: str = "relay",
-         top: str = "") -> tuple[BrokerProcess, BrokerProcess]:
+@dataclass
+class OnCluster:
+    """The session's Redis Cluster (three primaries), under a key prefix of the test's own."""
+
+    url: str
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def any_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """One Redis of the test's own, or the session's Redis Cluster: the lease, the
+    claims and their fencing work the same on both."""
+    if request.param == "cluster":
+        yield OnCluster(request.getfixturevalue("cluster_url"))
+        return
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def pair(broker_factory: Any, redis: RedisServer | OnCluster, tmp_path: Path,
+         standby: str = "relay", top: str = "") -> tuple[BrokerProcess, BrokerProcess]:
     """A primary (started first) and a standby on fixed ports (``top``: more settings)."""
     cfg = tmp_path / "cluster.toml"
     cfg.write_text(f'{top}[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
@@ -236,8 +256,8 @@ def test_a_standby_set_to_redirect_sends_clients_to_the_primary(
 
 
 def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_nothing(
-        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
-    primary, standby = pair(broker_factory, redis, tmp_path)
+        broker_factory: Any, any_redis: RedisServer | OnCluster, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, any_redis, tmp_path)
     producer = Producer(f"{primary.url},{standby.url}", primary.auth("producer"))
     producer.start()
     try:
@@ -265,8 +285,8 @@ def test_kill_minus_nine_of_the_primary_under_load_the_standby_serves_losing_not
 
 
 def test_a_primary_paused_past_its_lease_writes_nothing_when_it_wakes(
-        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
-    primary, standby = pair(broker_factory, redis, tmp_path)
+        broker_factory: Any, any_redis: RedisServer | OnCluster, tmp_path: Path) -> None:
+    primary, standby = pair(broker_factory, any_redis, tmp_path)
     producer = Producer(f"{primary.url},{standby.url}", primary.auth("producer"))
     producer.start()
     try:

@@ -60,6 +60,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -126,6 +127,7 @@ class RedisStorage:
             where, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=CONNECT_TIMEOUT,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1), **kw)
         self._cluster = client.is_cluster(self._client)
+        self._pool: ThreadPoolExecutor | None = None
         self._shas: dict[str, str] = {}
         self._shared = shared_base(self.prefix)
         self._lock = threading.Lock()  # the writer's knowledge, read by the reader thread
@@ -321,7 +323,7 @@ class RedisStorage:
         if self._cluster:
             replies = self._claim_in_cluster(queues, member)
         else:
-            commands = [(queue_base(self.prefix, q) + "epoch",
+            commands = [(0, queue_base(self.prefix, q) + "epoch",
                          ("EVALSHA", self._sha("claim"), 3, queue_base(self.prefix, q) + "epoch",
                           self._shared + "primary", self._shared + "queues", member, q))
                         for q in queues]
@@ -344,7 +346,7 @@ class RedisStorage:
     def _claim_in_cluster(self, queues: list[str], member: str) -> list[Any]:
         """The two steps of a claim under Redis Cluster (scripts.ADMIT): the lease and
         the registry in the shared slot, then each queue's epoch in its own."""
-        admit = self._run([(self._shared + "primary",
+        admit = self._run([(0, self._shared + "primary",
                             ("EVALSHA", self._sha("admit"), 3, self._shared + "primary",
                              self._shared + "queues", self._shared + "term", member, *queues))],
                           atomic=False, doing="claiming queues", what="entering queues")
@@ -354,7 +356,7 @@ class RedisStorage:
         commands = []
         for q in queues:
             base = queue_base(self.prefix, q)
-            commands.append((base + "epoch", ("EVALSHA", self._sha("claim_term"), 2,
+            commands.append((0, base + "epoch", ("EVALSHA", self._sha("claim_term"), 2,
                                               base + "epoch", base + "term", term)))
         replies = self._run(commands, atomic=False, doing="claiming queues",
                             what="claiming " + ", ".join(queues))
@@ -365,42 +367,41 @@ class RedisStorage:
         with self._redis("reading the primary lease"):
             return bytes(self._client.get(self._shared + "primary") or b"")
 
-    def _run(self, commands: list[tuple[str, tuple[Any, ...]]], *, atomic: bool, doing: str,
-             what: str) -> list[Any]:
-        """Run ``commands`` (a key that routes it, its arguments) in order, each batch
-        of them for one Redis in one round trip: ``[MULTI] commands [EXEC] [WAIT]``.
-        One Redis: one round trip. Redis Cluster: one per run of consecutive commands
-        on one node (so the order across nodes is kept, one node after the other), and
-        no MULTI: Redis Cluster refuses one over several slots, even on one node.
-        Returns the commands' replies; raises StorageFull on Redis's out-of-memory,
-        StorageUnavailable when Redis cannot be reached, a command failed or the WAIT
-        saw too few replicas. Loads the scripts again and runs everything again
-        (idempotent) once if Redis lost them or a slot moved."""
+    def _run(self, commands: list[tuple[int, str, tuple[Any, ...]]], *, atomic: bool,
+             doing: str, what: str) -> list[Any]:
+        """Run ``commands`` (a stage, a key that routes it, its arguments) in order and
+        return their replies. One Redis: one round trip, ``[MULTI] commands [EXEC]
+        [WAIT]``. Redis Cluster: stage after stage (what must land first does), and in
+        a stage one such round trip per node, all nodes at once; no MULTI (Redis Cluster
+        refuses one over several slots, even on one node). Raises StorageFull on
+        Redis's out-of-memory, StorageUnavailable when Redis cannot be reached, a
+        command failed or a WAIT saw too few replicas. Loads the scripts again and runs
+        everything again (idempotent) once if Redis lost them or a slot moved."""
         atomic = atomic and not self._cluster
         for attempt in (1, 2):
-            groups: list[tuple[Any, list[tuple[Any, ...]]]] = []
-            for key, args in commands:
+            stages: dict[int, dict[Any, list[int]]] = {}  # stage -> node -> command indexes
+            for i, (stage, key, _) in enumerate(commands):
                 node = client.node_client(self._client, key)
-                if groups and groups[-1][0] is node:
-                    groups[-1][1].append(args)
-                else:
-                    groups.append((node, [args]))
-            results: list[Any] = []
+                stages.setdefault(0 if not self._cluster else stage, {}).setdefault(
+                    node, []).append(i)
+            results: list[Any] = [None] * len(commands)
             raws: list[list[Any]] = []
-            for node, group in groups:
-                pipe = node.pipeline(transaction=False)
-                if atomic:
-                    pipe.execute_command("MULTI")
-                for args in group:
-                    pipe.execute_command(*args)
-                if atomic:
-                    pipe.execute_command("EXEC")
-                if self.replicas > 0:
-                    pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
-                with self._redis(doing):
-                    raw = pipe.execute(raise_on_error=False)
-                raws.append(raw)
-                results.extend(self._results(raw, atomic))
+            for stage in sorted(stages):
+                nodes = stages[stage]
+                runs = [(node, [commands[i][2] for i in idx]) for node, idx in nodes.items()]
+                if len(runs) == 1:
+                    replies = [self._round_trip(*runs[0], atomic=atomic, doing=doing)]
+                else:
+                    replies = list(self._nodes_pool().map(
+                        lambda run: self._round_trip(*run, atomic=atomic, doing=doing), runs))
+                for idx, (raw, out) in zip(nodes.values(), replies, strict=True):
+                    raws.append(raw)
+                    if len(out) != len(idx):  # refused whole (MULTI): one error for all
+                        out = [out[0]] * len(idx)
+                    for i, r in zip(idx, out, strict=True):
+                        results[i] = r
+                if any(isinstance(r, Exception) for r in results):
+                    break  # the later stages wait for the earlier ones to land
             if attempt == 1 and any(isinstance(r, _AGAIN) for r in results):
                 if any(isinstance(r, redis.exceptions.NoScriptError) for r in results):
                     self._load_scripts()
@@ -410,13 +411,36 @@ class RedisStorage:
             break
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
-            partial = not atomic or len(groups) > 1  # (groups: a cluster's nodes)
+            partial = not atomic or len(raws) > 1  # (a cluster's nodes)
             raise StorageUnavailable(f"Redis at {self.path}: {what} failed: {errors[0]}"
                                      + (" (other queues' parts may be written)" if partial
                                         else "")) from errors[0]
         for raw in raws:
             self._replicated(raw, what)
         return results
+
+    def _round_trip(self, node: Any, group: list[tuple[Any, ...]], *, atomic: bool,
+                    doing: str) -> tuple[list[Any], list[Any]]:
+        """``[MULTI] group [EXEC] [WAIT]`` on one Redis: (what it answered, the commands'
+        own replies)."""
+        pipe = node.pipeline(transaction=False)
+        if atomic:
+            pipe.execute_command("MULTI")
+        for args in group:
+            pipe.execute_command(*args)
+        if atomic:
+            pipe.execute_command("EXEC")
+        if self.replicas > 0:
+            pipe.execute_command("WAIT", self.replicas, self.wait_timeout_ms)
+        with self._redis(doing):
+            raw = pipe.execute(raise_on_error=False)
+        return raw, self._results(raw, atomic)
+
+    def _nodes_pool(self) -> ThreadPoolExecutor:
+        """Threads that talk to a cluster's nodes at once (one each, at most 16)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(16, thread_name_prefix="minou-redis-node")
+        return self._pool
 
     # ------------------------------------------------------------ apply
     def apply(self, batch: WriteBatch) -> None:
@@ -450,18 +474,20 @@ class RedisStorage:
         order = sorted(p.queues, key=lambda q: (q not in p.inserting, q))
         unregistered = sorted(set(p.queues) - self._queues)
         suffix = "" if atomic else "_oom"
-        commands: list[tuple[str, tuple[Any, ...]]] = []
+        # Stages (Redis Cluster sends one after the other): the registry, the queues
+        # receiving messages, the other queues, the shared state.
+        commands: list[tuple[int, str, tuple[Any, ...]]] = []
         if unregistered:
-            commands.append((self._shared + "queues",
+            commands.append((0, self._shared + "queues",
                              ("SADD", self._shared + "queues", *unregistered)))
         for q in order:
             base = queue_base(self.prefix, q)
-            commands.append((base + "epoch", ("EVALSHA", self._sha("queue" + suffix), 1,
-                                              base + "epoch", base, self.epochs[q],
-                                              *p.queues[q])))
+            commands.append((1 if q in p.inserting else 2, base + "epoch",
+                             ("EVALSHA", self._sha("queue" + suffix), 1, base + "epoch",
+                              base, self.epochs[q], *p.queues[q])))
         if p.shared:
             check = ("P", self.member) if self.member else ()
-            commands.append((self._shared + "used",
+            commands.append((3, self._shared + "used",
                              ("EVALSHA", self._sha("shared" + suffix), 1, self._shared + "used",
                               self._shared, *check, *p.shared)))
         results = self._run(commands, atomic=atomic, doing="commit", what="the commit")
@@ -675,5 +701,7 @@ class RedisStorage:
         return segments.retained_until(first_at_or_after, body_of, below, cutoff)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         client.close(self._client)
 
