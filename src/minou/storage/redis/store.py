@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Every record of a queue (``endpoint/version``) lives under its hash tag (keys.py), so
 one Lua script can write a queue's whole part of a batch atomically, and Redis
-Cluster can later shard by queue. ``apply`` plans the batch (plan.py: everything is
+Cluster shards by queue. ``apply`` plans the batch (plan.py: everything is
 checked and encoded first; what cannot be stored fails with nothing sent), then sends
 in one pipeline::
 
@@ -22,6 +22,11 @@ nothing and answers ``fenced``. ``open`` claims every queue it finds (with
 ``claim=True``, the default) and a queue this storage has never seen is claimed at its
 first write, so one broker on Redis just works; the ownership layer will call
 ``claim`` under a lease.
+
+On a Redis Cluster (``redis+cluster://``) the same commands go in stages (the
+registry, the queues receiving messages, the others, the shared state), each stage to
+all its nodes at once, without MULTI (a cluster refuses one over several slots), and a
+claim is two steps fenced by the lease's term (``_claim_in_cluster``).
 
 A batch over several queues is not one transaction: MULTI/EXEC keeps other clients'
 commands out from between the scripts but does not roll back. What can make only part
