@@ -1,6 +1,6 @@
 """A real Redis Cluster for tests: three primaries (``redis-server --cluster-enabled``)
-on free loopback ports, the 16,384 slots split between them, AOF ``always``; stopped
-(only they) when done."""
+on free loopback ports, the 16,384 slots split between them, AOF ``always``, and as
+many replicas as asked (one per primary at most); stopped (only they) when done."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ def _free(port: int) -> bool:
 
 
 class RedisCluster:
-    def __init__(self, directory: Path, primaries: int = 3) -> None:
+    def __init__(self, directory: Path, primaries: int = 3, replicas: int = 0) -> None:
         self.dir = directory
-        self.nodes: list[RedisServer] = []
-        for i in range(primaries):
+        self.primaries = primaries
+        self.nodes: list[RedisServer] = []  # the primaries first, then their replicas
+        for i in range(primaries + replicas):
             node = RedisServer(directory / f"node{i}")
             # the cluster bus (port + 10000) must be free too, and on loopback
             while node.port + BUS_OFFSET > 65_535 or not _free(node.port + BUS_OFFSET):
@@ -39,25 +40,49 @@ class RedisCluster:
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}"
+                                             for n in self.nodes[:self.primaries])
 
     def start(self, timeout: float = 20.0) -> RedisCluster:
         for n in self.nodes:
             n.start()
-        share = SLOTS // len(self.nodes)
-        for i, n in enumerate(self.nodes):
-            last = SLOTS - 1 if i == len(self.nodes) - 1 else (i + 1) * share - 1
+        share = SLOTS // self.primaries
+        for i, n in enumerate(self.nodes[:self.primaries]):
+            last = SLOTS - 1 if i == self.primaries - 1 else (i + 1) * share - 1
             n.client().execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
         first = self.nodes[0].client()
         for n in self.nodes[1:]:
             first.execute_command("CLUSTER", "MEET", "127.0.0.1", n.port)
         deadline = time.monotonic() + timeout
+        self._until(deadline, lambda: all(self._ready(n) for n in self.nodes))
+        for primary, replica in zip(self.nodes, self.nodes[self.primaries:], strict=False):
+            primary_id = primary.client().execute_command("CLUSTER", "MYID")
+            replica.client().execute_command("CLUSTER", "REPLICATE", primary_id)
+        self._until(deadline, lambda: all(
+            n.client().info("replication").get("master_link_status") == "up"
+            for n in self.nodes[self.primaries:]))
+        return self
+
+    def _until(self, deadline: float, ready: Any) -> None:
         while time.monotonic() < deadline:
-            if all(self._ready(n) for n in self.nodes):
-                return self
+            if ready():
+                return
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError("the Redis Cluster did not reach cluster_state:ok in time")
+        raise RuntimeError("the Redis Cluster did not come up in time")
+
+    def primary_of(self, key: str) -> RedisServer:
+        """The node serving ``key``'s slot now."""
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                n.client().execute_command("GET", key)
+            except Exception:  # MOVED (or down): another node serves it
+                continue
+            if n.client().info("replication").get("role") == "master":
+                return n
+        raise LookupError(f"no node serves {key!r}")
 
     def _ready(self, node: RedisServer) -> bool:
         """Every slot served and every node known, as this node sees it."""

@@ -160,7 +160,7 @@ class RedisStorage:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StorageUnavailable(f"cannot reach Redis at {self.path}: {exc} "
                                      f"({doing})") from exc
-        except redis.RedisError as exc:
+        except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
             raise StorageUnavailable(f"Redis at {self.path}: {doing} failed: {exc}") from exc
 
     def _sha(self, name: str) -> str:
@@ -599,6 +599,9 @@ class RedisStorage:
         """After StorageFull: room under max_size, and under Redis's maxmemory. After
         StorageUnavailable: raises it while Redis, or the replicas a commit waits for,
         cannot be reached."""
+        if self._cluster:  # a node failed over meanwhile: ask the cluster which serves now
+            with self._redis("reading the cluster's slots"):
+                client.relearn(self._client)
         if self.replicas > 0:
             with self._redis("reading INFO replication"):
                 linked = min(int(node.info("replication").get("connected_slaves", 0))
