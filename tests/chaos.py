@@ -11,8 +11,9 @@ Then the load stops, the consumers catch up, a fresh group reads every channel f
 the oldest message, and the ledger is checked (``Counts``).
 
 ``python -m tests.chaos --seconds 300 --seed 18`` (``make chaos``) prints the faults as
-they happen and the counts as a table; ``tests/system/test_cluster_chaos.py`` is a short
-run with assertions on the same counts.
+they happen and the counts as a table; ``--redis cluster`` runs the same on a Redis
+Cluster of three primaries, each with a replica (``CHAOS_ARGS='--redis cluster'``);
+``tests/system/test_cluster_chaos.py`` is a short run with assertions on the same counts.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from minou.auth.tokens import make_token
 from minou.errors import MinouError
 
 from .conftest import BrokerProcess, auth, client_key
+from .redis_cluster import RedisCluster
 from .redis_sentinel import NO_SYNC_DELAY
 from .redis_server import RedisServer, free_port
 
@@ -73,6 +75,7 @@ class Plan:
     pauses: int = 2
     graceful: int = 1
     rate: float = 10.0  # publishes per second, per producer
+    redis: str = "single"  # "single": a primary and a replica; "cluster": a Redis Cluster
 
     def faults(self) -> list[str]:
         kinds = ["kill"] * self.kills + ["pause"] * self.pauses + ["term"] * self.graceful
@@ -271,8 +274,12 @@ class NativeConsumer(Worker):
                 msg = sub.get(timeout=0.5)
             except minou.Timeout:
                 continue
-            # The connection a delivery came on: the client's own count of connections.
-            d = self.ledger.delivered(NATIVE_GROUP, self.name, f"{self.name}#{msg._epoch}",
+            # The connection a delivery came on: the client's own count of connections,
+            # and the port of the broker it connected to (for the examples printed).
+            aio = client._client
+            port = aio.urls[aio._url_index][2]
+            d = self.ledger.delivered(NATIVE_GROUP, self.name,
+                                      f"{self.name}#{msg._epoch}@{port}",
                                       msg.channel, msg.seq, msg.payload, msg.attempts)
             work_on(self.rng, self.stop)
             try:
@@ -543,6 +550,10 @@ class Chaos:
 
     # ------------------------------------------------------------------- setup
     def start_redis(self) -> str:
+        if self.plan.redis == "cluster":  # three primaries, each with a replica
+            cluster = RedisCluster(self.dir / "cluster", replicas=3).start()
+            self.redis.extend(cluster.nodes)
+            return cluster.url
         primary = RedisServer(self.dir / "redis0", *NO_SYNC_DELAY).start()
         self.redis.append(primary)
         replica = RedisServer(self.dir / "redis1", *NO_SYNC_DELAY, "--replicaof",
@@ -890,6 +901,17 @@ class Chaos:
         return got
 
     # ----------------------------------------------------------------- checks
+    def _history(self, ds: list[Delivery]) -> str:
+        """Each delivery of one message: when (s since the start), to whom, over which
+        connection, attempt, and when its ack was confirmed (or why not)."""
+        out = []
+        for d in ds:
+            ack = f"acked {d.acked_at - self.t0:.2f}s" if d.acked_at is not None \
+                else (d.ack_error or "not settled")
+            out.append(f"[{d.at - self.t0:.2f}s {d.consumer} {d.segment} attempt "
+                       f"{d.attempts}, {ack}]")
+        return " ".join(out)
+
     def check(self, drained: dict[tuple[str, int], list[tuple[str, int]]]) -> None:
         c, ledger = self.counts, self.ledger
         ex: dict[str, list[str]] = defaultdict(list)
@@ -931,7 +953,7 @@ class Chaos:
                 if first_ack is not None and d.at > first_ack:
                     c.after_ack += 1
                     ex["after ack"].append(f"{g} {ch}#{seq} to {d.consumer} attempt "
-                                           f"{d.attempts}")
+                                           f"{d.attempts}; history: " + self._history(ds))
                 if k == 0:
                     continue
                 c.duplicates += 1
@@ -1005,11 +1027,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pauses", type=int, default=2)
     ap.add_argument("--graceful", type=int, default=1)
     ap.add_argument("--rate", type=float, default=10.0, help="publishes/s per producer")
+    ap.add_argument("--redis", choices=["single", "cluster"], default="single",
+                    help="a Redis primary with a replica, or a Redis Cluster of three "
+                         "primaries with a replica each")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     plan = Plan(seconds=args.seconds, seed=seed, kills=args.kills, pauses=args.pauses,
-                graceful=args.graceful, rate=args.rate)
+                graceful=args.graceful, rate=args.rate, redis=args.redis)
     workdir = Path(tempfile.mkdtemp(prefix="minou-chaos-"))
     counts = Chaos(plan, workdir, out=lambda s: print(s, flush=True)).run()
     print()

@@ -34,8 +34,10 @@ class RedisCluster:
             # the cluster bus (port + 10000) must be free too, and on loopback
             while node.port + BUS_OFFSET > 65_535 or not _free(node.port + BUS_OFFSET):
                 node = RedisServer(directory / f"node{i}")
+            # a replica's full sync at once, not after Redis's default 5 s wait
             node.extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
-                          "--cluster-config-file", str(node.dir / "nodes.conf")]
+                          "--cluster-config-file", str(node.dir / "nodes.conf"),
+                          "--repl-diskless-sync-delay", "0"]
             self.nodes.append(node)
 
     @property
