@@ -43,6 +43,8 @@ PublishReply = Callable[[list[Outcome], RequestError | None], None]
 # A settlement's answer: the refused tags (tag, code, text), and the commit's error.
 SettleReply = Callable[[list[tuple[int, int, str]], RequestError | None], None]
 
+DELIVERY_RECHECK_S = 0.05  # deliveries held (may_deliver): look again this soon
+
 
 class CommitScheduler:
     def __init__(self, core: Broker, *, settle_delay: float, pause_bytes: Callable[[], int],
@@ -246,6 +248,9 @@ class Engine:
         self.stopped_by: RequestError | None = None  # why storage stopped for good
         self.draining = False  # a soft stop: nothing new is delivered either
         self.publish_latency: Any = None  # a histogram (observe(seconds)), if plugged in
+        # Whether deliveries may go out now (a cluster primary: while its lease surely
+        # holds; a primary paused past it must not deliver what another broker serves).
+        self.may_deliver: Callable[[], bool] = lambda: True
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -526,6 +531,9 @@ class Engine:
         """One turn: deliveries to their sessions, loads to the host, more turns while
         more is ready."""
         self._pump_scheduled = False
+        if not self.may_deliver():
+            self.host.call_later(DELIVERY_RECHECK_S, self.request_pump)
+            return
         turn = pump(self.core, self.clock(), draining=self.draining)
         for sub, items in turn.deliveries.items():
             sub.session.conn.send_deliveries(sub.sid, items)

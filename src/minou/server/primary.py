@@ -71,6 +71,9 @@ class PrimaryRole:
         self.info = self._info()
         self.role = "standby"
         self.since = 0.0  # wall time this broker became primary
+        # monotonic time a successful take or renewal of the lease was sent: the lease
+        # holds in Redis until at least this + lease_s
+        self.lease_from = 0.0
         self.takeovers = 0  # times this broker took over from a live-looking primary
         self.lost = 0
         self.fenced_writes = 0
@@ -113,7 +116,9 @@ class PrimaryRole:
         server, first = self.server, True
         while True:
             try:
+                sent = time.monotonic()
                 if await self._call(self.lease.try_acquire, self._record()):
+                    self.lease_from = sent
                     break
                 holder = await self._call(self.lease.holder)
                 if holder and holder.get("id") != self.member \
@@ -163,6 +168,7 @@ class PrimaryRole:
                         server.storage.path, "handed over by the primary" if handed
                         else "the primary stopped renewing its lease")
         self.role, self.since = "primary", time.time()
+        self.server.engine.may_deliver = self.lease_holds
         try:
             # A standby that waited took over, even if it last saw the lease empty.
             what = ("took over (handed over)" if handed else "took over") if was_standby \
@@ -206,6 +212,7 @@ class PrimaryRole:
         last_ok, warned = time.monotonic(), False
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            sent = time.monotonic()
             try:
                 ok = await self._call(self.lease.renew)
             except redis.RedisError as exc:
@@ -229,11 +236,22 @@ class PrimaryRole:
                 continue
             if ok:
                 last_ok, warned = time.monotonic(), False
+                self.lease_from = sent
                 continue
             if await self.retake():
                 last_ok = time.monotonic()
                 continue
             return
+
+    def lease_holds(self) -> bool:
+        """Whether this primary may deliver now: its lease surely holds (it runs out in
+        Redis no sooner than lease_s after the last renewal was sent), or no other broker
+        could have taken over (alone on this Redis at the last renewal). A primary woken
+        from a pause past its lease delivers nothing until it knows whether it is still
+        primary: what it would deliver may be served, and acked, elsewhere already."""
+        if self.role != "primary":
+            return False
+        return time.monotonic() - self.lease_from < self.lease_s or self.lease.alive <= 1
 
     async def retake(self) -> bool:
         """The lease was found not ours. If it ran out with nobody taking over (this
@@ -244,7 +262,9 @@ class PrimaryRole:
             holder = await self._call(self.lease.holder)
             if holder is not None and holder.get("id") == self.member:
                 return True  # taken again meanwhile (the renewal and a commit both asked)
+            sent = time.monotonic()
             if holder is None and await self._call(self.lease.try_acquire, self.info):
+                self.lease_from = sent
                 log.warning("the primary lease on %s had run out (this broker was paused "
                             "or cut off) and nobody took over: taken again",
                             self.server.storage.path)
