@@ -18,7 +18,7 @@ from minou.errors import (
     StorageUnavailable,
 )
 from minou.protocol.frames import Send
-from minou.server.engine import CommitScheduler, Engine, pump
+from minou.server.engine import DELIVERY_RECHECK_S, CommitScheduler, Engine, pump
 
 DELAY = 0.005
 
@@ -993,3 +993,31 @@ def test_a_forced_commit_carries_delivery_state_once_and_later_deliveries_wait()
     s.committed(forced, 0.0, 0.0)
     deliver()
     assert s.take() is None  # the force was used up
+
+
+def test_nothing_is_delivered_while_the_lease_may_have_run_out_and_it_resumes_after() -> None:
+    """A cluster primary woken from a pause past its lease delivers nothing until it knows
+    it still holds it (``may_deliver``): another broker may serve, and ack, those messages
+    already. It looks again shortly, and delivers once allowed."""
+    e, host, _ = timed_engine()
+    delivered: list[int] = []
+
+    class Conn:
+        def send_deliveries(self, sid: int, items: list[Any]) -> None:
+            delivered.extend(d.seq for d in items)
+
+    e.core.subscribe(Session("c", conn=Conn()), 1, kind="consume", patterns=["orders/v1/1"],
+                     group="g", prefetch=10, now=100.0)
+    e.publish(sends(2), ALLOW_ALL, Door().reply, publisher=Door())
+    e.committed(host.writes.pop())
+    holds = [False]
+    e.may_deliver = lambda: holds[0]
+    host.soon.clear()
+    e.pump()
+    assert delivered == []
+    assert [d for d, _ in host.later] == [DELIVERY_RECHECK_S]  # looks again shortly
+    holds[0] = True
+    host.later.pop()[1]()  # the recheck asks for a pump turn
+    assert host.soon == [e.pump]
+    e.pump()
+    assert delivered == [1, 2]
