@@ -13,7 +13,8 @@ whose attributes are Broker's public ones (``channels``, ``batch``, ``rules``, .
     dead_letters    TTL expiry and dead-lettering
     timers          tick: leases, delayed messages, ageing, the body cache
     txn_publishing  staged, fenced (transactional) publishes
-    restore         rebuild memory from storage at start
+    restore         rebuild memory from storage at start; adopt a queue while running
+    ownership       release a queue to another broker
 
 A part calls only parts listed before it in ``Broker.__init__``, and only their public
 names, so no module of ``core/`` imports one that imports it back.
@@ -40,7 +41,7 @@ from ..auth.rules import ALLOW_ALL, Access, Rules
 from ..errors import NotAuthorized, RequestError
 from ..limits import BODY_CACHE_BYTES, DEFAULT_DEDUP_WINDOW_S, DEFAULT_LEASE_S, MAX_MESSAGE_SIZE
 from ..protocol.frames import Delivery, Outcome, Send
-from . import stats
+from . import ownership, stats
 from .commits import Commits
 from .dead_letters import DeadLetters
 from .dedup import DedupWindow
@@ -322,6 +323,22 @@ class Broker:
     def restore(self, snap: Snapshot, now: float) -> None:
         """Rebuild memory from storage after a start."""
         self.restorer.restore(snap, now)
+
+    # ------------------------------------------------ queues spread over brokers
+    def adopt(self, snap: Snapshot, now: float) -> list[ChannelLog]:
+        """Take a queue over while running: add its stored part (``ownership``)."""
+        return self.restorer.adopt(snap, now)
+
+    def release_queue(self, queue: str, now: float) -> int:
+        """Hand ``queue`` on: forget it (``ownership.release``); the deliveries forgotten."""
+        return ownership.release(self.state, queue, now)
+
+    def queue_pending(self, queue: str) -> bool:
+        """Whether the next commit would write something of ``queue``."""
+        return ownership.pending_for(self.state, queue)
+
+    def held_queues(self) -> set[str]:
+        return ownership.held_queues(self.state)
 
     def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
         """Once, on the first start after an upgrade: give the listeners older versions

@@ -131,6 +131,9 @@ class DedupWindow:
         self._dir_shift = 64 - max(1, generation.bit_length() - 5)
         self._hasher = hashlib.blake2b(digest_size=8, key=secret or os.urandom(32))
         self._bases: dict[str, hashlib.blake2b] = {}  # channel -> hasher fed "channel\0"
+        # channel -> times its queue moved to another broker (``retire``): part of the
+        # digest, so entries put before a move are unreachable after it
+        self._incarnation: dict[str, int] = {}
         self._last: tuple[str | None, str | None, int] = (None, None, 0)
         self._active = _Gen()
         self._sealed: list[_Gen] = []  # oldest first; the first _restored are restored
@@ -183,6 +186,8 @@ class DedupWindow:
                 self._bases.clear()
             base = self._hasher.copy()
             base.update(channel.encode("utf-8", "surrogatepass") + b"\0")
+            if channel in self._incarnation:
+                base.update(b"%d\0" % self._incarnation[channel])
             self._bases[channel] = base
         h = base.copy()
         h.update(key.encode("utf-8", "surrogatepass"))
@@ -303,6 +308,19 @@ class DedupWindow:
         g.monotone = False
         g.killed += 1
         self._held -= 1
+
+    def retire(self, channels: Iterable[str], now: float) -> None:
+        """The queue of ``channels`` moved to another broker, which answers for their
+        keys from now on: make every entry held for them unreachable here. They stay
+        counted until they expire with the window; if the queue comes back, what its
+        storage holds then is ``put`` anew. Restored rows are built first: a lookup
+        could otherwise still find one of them by name."""
+        while self._rows is not None:
+            self._restore_step(now, finish=True)
+        for channel in channels:
+            self._incarnation[channel] = self._incarnation.get(channel, 0) + 1
+            self._bases.pop(channel, None)
+        self._last = (None, None, 0)
 
     def expire(self, now: float) -> None:
         """Let go of what expired by ``now``; build a step of restored rows. Called every

@@ -50,6 +50,7 @@ class ProducerState:
     # (first, last, code, text): sequences refused, so a replay gets the same answer
     refused: list[tuple[int, int, int, str]] = field(default_factory=list)
     evicted: bool = False
+    moved: bool = False  # its queue went to another broker: never brought back
 
     def row(self) -> tuple[Any, ...]:
         return (*self.key, self.last, self.run_pseq, self.run_last, self.run_seq,
@@ -117,7 +118,7 @@ class Producers:
         evicted meanwhile, so what it knows is not lost while its producer is alive)."""
         state = self.states.get(key)
         if state is None:
-            if known is not None and known.key == key:
+            if known is not None and known.key == key and not known.moved:
                 state = known
                 state.evicted = False
                 self.gone = [k for k in self.gone if k != key]
@@ -177,6 +178,16 @@ class Producers:
         state.evicted = True
         self.dirty.pop(state, None)
         self.gone.append(state.key)
+
+    def release(self, channels: set[str]) -> int:
+        """The queue of ``channels`` moved to another broker: forget their states
+        without deleting their rows (the new owner reads them). Returns how many."""
+        moved = [s for key, s in self.states.items() if key[2] in channels]
+        for state in moved:
+            del self.states[state.key]
+            self.dirty.pop(state, None)
+            state.evicted = state.moved = True
+        return len(moved)
 
     def load(self, rows: list[tuple[Any, ...]], now: float) -> None:
         for client, producer, channel, last, run_pseq, run_last, run_seq, id_hash, used, \

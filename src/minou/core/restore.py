@@ -23,37 +23,13 @@ class Restorer:
     def restore(self, snap: Snapshot, now: float) -> None:
         """Rebuild memory from storage after a start."""
         state = self.state
-        for rec in snap.channels:
-            log = ChannelLog(rec.name, state.options(rec.name))
-            log.next_seq = log.end = rec.next_seq
-            log.first_seq = min(rec.first_seq, rec.next_seq)
-            log.cache_lo = rec.next_seq
-            log.count = rec.count
-            log.gone = set(rec.gone)
-            state.channels[rec.name] = log
-        for channel, seq, priority, deliver_at in snap.specials:
-            if channel in state.channels:
-                state.channels[channel].special[seq] = (priority, deliver_at)
         for gdef in snap.groups:
             state.groups[gdef.key] = Group(
                 gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]
             )
-        for key, channel, floor, blob in snap.group_states:
-            grp, read = state.groups.get(key), state.channels.get(channel)
-            if grp is None or read is None:
-                continue
-            gc = GroupChannel(grp, read, floor)
-            gc.restore(floor, blob)
-            grp.gcs[channel] = gc
-            read.states.append(gc)
-            gc.load_specials(now)
-            if gc.delayed or gc.sched:
-                state.timed[gc] = None
-            grp.ready[gc] = None
-        for grp in state.groups.values():  # channels created after the group's last save
-            for name, log in state.channels.items():
-                if name not in grp.gcs and grp.matches(name):
-                    state.attach(grp, log, log.first_seq, now)
+        logs = self._channels(snap)
+        self._group_states(snap, now)
+        self._attach_unsaved(logs, now)
         state.dedup.load(snap.dedup, now)  # built into memory over the next ticks
         state.producers.load(snap.producers, now)
         state.reservations = dict(snap.reservations)
@@ -64,6 +40,81 @@ class Restorer:
             key[len(WRITER_LINEAGE_META):]: value for key, value in snap.meta.items()
             if key.startswith(WRITER_LINEAGE_META) and value}
         self._listen_keys_escaped = snap.meta.get(LISTEN_KEYS_META) == "escaped"
+
+    def adopt(self, snap: Snapshot, now: float) -> list[ChannelLog]:
+        """Add a queue's stored part (``Storage.open_queue``) to a running state, as
+        ``restore`` would have built it; every other queue stays as it is. Groups the
+        snapshot defines and memory does not know yet (another broker's readers made
+        them) are added; known ones keep their members and patterns. Returns the new
+        channels. ValueError if memory holds one of them already."""
+        state = self.state
+        clash = sorted(rec.name for rec in snap.channels if rec.name in state.channels)
+        if clash:
+            raise ValueError(f"channel(s) {', '.join(clash)} are held already: release "
+                             "their queue before it is adopted again")
+        for gdef in snap.groups:
+            if gdef.key not in state.groups:
+                state.groups[gdef.key] = Group(
+                    gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns])
+        logs = self._channels(snap)
+        touched = self._group_states(snap, now)
+        touched.update(self._attach_unsaved(logs, now))
+        for entry in snap.dedup:
+            if entry[2] > now:
+                state.dedup.put(*entry)
+        state.producers.load(snap.producers, now)
+        state.transactions.fences.update({(w, c): b for w, c, b in snap.fences})
+        state.ids.hashed_all = False  # the new channels' ids are found by their hash
+        for grp in touched:
+            state.mark_ready(grp)
+        return logs
+
+    def _channels(self, snap: Snapshot) -> list[ChannelLog]:
+        state = self.state
+        logs = []
+        for rec in snap.channels:
+            log = ChannelLog(rec.name, state.options(rec.name))
+            log.next_seq = log.end = rec.next_seq
+            log.first_seq = min(rec.first_seq, rec.next_seq)
+            log.cache_lo = rec.next_seq
+            log.count = rec.count
+            log.gone = set(rec.gone)
+            state.channels[rec.name] = log
+            logs.append(log)
+        for channel, seq, priority, deliver_at in snap.specials:
+            if channel in state.channels:
+                state.channels[channel].special[seq] = (priority, deliver_at)
+        return logs
+
+    def _group_states(self, snap: Snapshot, now: float) -> dict[Group, None]:
+        state = self.state
+        touched: dict[Group, None] = {}
+        for key, channel, floor, blob in snap.group_states:
+            grp, read = state.groups.get(key), state.channels.get(channel)
+            if grp is None or read is None or channel in grp.gcs:
+                continue
+            gc = GroupChannel(grp, read, floor)
+            gc.restore(floor, blob)
+            grp.gcs[channel] = gc
+            read.states.append(gc)
+            gc.load_specials(now)
+            if gc.delayed or gc.sched:
+                state.timed[gc] = None
+            grp.ready[gc] = None
+            touched[grp] = None
+        return touched
+
+    def _attach_unsaved(self, logs: list[ChannelLog], now: float) -> dict[Group, None]:
+        """Channels created after a group's last save: the group reads them from their
+        first seq."""
+        state = self.state
+        touched: dict[Group, None] = {}
+        for grp in state.groups.values():
+            for log in logs:
+                if log.name not in grp.gcs and grp.matches(log.name):
+                    state.attach(grp, log, log.first_seq, now)
+                    touched[grp] = None
+        return touched
 
     def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
         """Once, on the first start after an upgrade: give the listeners older versions

@@ -42,3 +42,41 @@ class Snapshot:
     producers: list[tuple[Any, ...]] = field(default_factory=list)
     # staged transactions: (owner, txn, part, sends, touched), in part order
     staged: list[tuple[str, str, int, list[Any], float]] = field(default_factory=list)
+
+
+def queue_of(channel: str) -> str | None:
+    """The queue (``endpoint/version``) a channel or its dead letters belong to: the
+    unit one broker owns. None for what names no single queue (a broadcast pattern's
+    dedup entries: shared)."""
+    body = channel[len("_dead/"):] if channel.startswith("_dead/") else channel
+    parts = body.split("/", 2)
+    if len(parts) < 3 or any(c in body for c in "*>"):
+        return None
+    return f"{parts[0]}/{parts[1]}"
+
+
+def queue_part(snap: Snapshot, queue: str) -> Snapshot:
+    """What of ``snap`` belongs to ``queue`` alone (what ``Storage.open_queue`` returns),
+    with the group definitions (shared, but needed to read its group states)."""
+    def mine(channel: str) -> bool:
+        return queue_of(channel) == queue
+
+    return Snapshot(
+        channels=[c for c in snap.channels if mine(c.name)],
+        specials=[s for s in snap.specials if mine(s[0])],
+        groups=list(snap.groups),
+        group_states=[g for g in snap.group_states if mine(g[1])],
+        dedup=[d for d in snap.dedup if mine(d[0])],
+        fences=[f for f in snap.fences if mine(f[1])],
+        producers=[p for p in snap.producers if mine(p[2])],
+    )
+
+
+def shared_part(snap: Snapshot) -> Snapshot:
+    """What of ``snap`` no one queue owns (what ``Storage.open_shared`` returns)."""
+    return Snapshot(
+        groups=list(snap.groups), dedup=[d for d in snap.dedup if queue_of(d[0]) is None],
+        clients=list(snap.clients), credentials=list(snap.credentials),
+        reservations=dict(snap.reservations), writers=dict(snap.writers),
+        meta=dict(snap.meta), used_tokens=list(snap.used_tokens), staged=list(snap.staged),
+    )

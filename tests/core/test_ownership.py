@@ -1,0 +1,245 @@
+"""Queues that come and go while the broker runs (core/ownership.py, Restorer.adopt).
+
+A rich stored state over three queues (groups spanning them, acks, delayed retries,
+priorities, dead letters, dedup keys, numbered producers, Spark fences) is built by a
+real engine over a memory storage. Then:
+
+* restoring it whole, and restoring its shared part then adopting each queue (in any
+  order), build the same memory;
+* releasing a queue forgets all of it and nothing else; adopting what storage holds
+  then gives it back as stored, and it serves as before;
+* what a release leaves behind never answers for the queue again (dedup, producers,
+  delivery tags).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from minou.auth.rules import ALLOW_ALL
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.core.ownership import QueueBusy
+from minou.core.snapshot import Snapshot, queue_of, queue_part, shared_part
+from minou.storage.memory import MemoryStorage
+
+from .helpers import Harness, payloads, send, seqs
+
+QUEUES = ("orders/v1", "prices/v2", "audit/v1")
+CHANNELS = ("orders/v1/1", "orders/v1/2", "prices/v2/eu", "audit/v1/x")
+DEDUP = [(c, f"k{i}") for c in CHANNELS for i in range(3)]
+_names = itertools.count()
+
+
+def _options(key: str) -> ChannelOptions:
+    return ChannelOptions(requeue_limit=1) if key == "audit/v1" else ChannelOptions()
+
+
+def _store() -> MemoryStorage:
+    name = f"ownership-{next(_names)}"
+    MemoryStorage.forget(name)
+    st = MemoryStorage(name)
+    st.open(0.0)
+    return st
+
+
+def _built() -> Harness:
+    """A stored state that touches every part a queue owns."""
+    h = Harness(storage=_store(), channel_options=_options)
+    a, b, p = Session("a"), Session("b"), Session("p", producer_id="00000000000000aa")
+    wide = h.subscribe(a, 1, patterns=["orders/*", "prices/*", "audit/*"], group="wide",
+                       prefetch=50)
+    narrow = h.subscribe(b, 1, patterns="orders/v1/*", group="narrow", prefetch=50)
+    h.subscribe(b, 2, kind="listen", patterns="prices/v2/*", name="ticker")
+    for c in CHANNELS:
+        h.publish(*(send(c, i, dedup=f"k{i}") for i in range(3)))
+    h.publish(send("orders/v1/1", "urgent", priority=5),
+              send("prices/v2/eu", "later", delay=500.0))
+    h.engine.publish([send(c, f"n{c}", pseq=1) for c in CHANNELS], ALLOW_ALL,
+                     lambda *_: None, session=p, publisher=h)
+    h.commit()
+    got = h.take(wide)
+    h.ack(a, [d for d in got if d.seq % 2 == 0 and d.channel != "audit/v1/x"])
+    h.nack(a, [d for d in got if d.seq == 1 and d.channel == "orders/v1/2"], delay=100.0)
+    h.nack(a, [d for d in got if d.channel == "audit/v1/x"][:1])  # limit 1: dead letter
+    h.ack(b, h.take(narrow)[:2])
+    w = Session("spark")
+    h.broker.stage(w, "t", [send("orders/v1/2", "txn"), send("audit/v1/x", "txn")], h.now)
+    h.broker.commit_txns(w, "job", 7, ["t"], h.now)
+    h.disconnect(a)
+    h.disconnect(b)
+    h.commit()
+    h.commit()
+    return h
+
+
+def _fingerprint(b: Broker, now: float) -> dict[str, Any]:
+    """What memory holds, in a form two brokers can be compared by."""
+    st = b.state
+    groups = {}
+    for key, g in st.groups.items():
+        gcs = {name: (gc.cursor, gc.floor, sorted(gc.acked), sorted(gc.attempts.items()),
+                      sorted(gc.delayed), sorted(gc.front), sorted(gc.back), sorted(gc.prio),
+                      sorted(gc.sched), sorted(gc.skip))
+               for name, gc in g.gcs.items()}
+        groups[key] = (g.kind, [p.text for p in g.patterns], gcs)
+    return {
+        "channels": {n: (lg.first_seq, lg.end, lg.next_seq, lg.count, sorted(lg.gone),
+                         sorted(lg.special.items()), len(lg.states))
+                     for n, lg in st.channels.items()},
+        "groups": groups,
+        "timed": sorted((gc.group.key, gc.log.name) for gc in st.timed),
+        "dirty": sorted((gc.group.key, gc.log.name) for gc in st.dirty),
+        "producers": sorted(s.row() for s in st.producers.states.values()),
+        "fences": dict(st.transactions.fences),
+        "writers": dict(st.transactions.writers),
+        "dedup": {k: st.dedup.get(*k, now) for k in DEDUP},
+        "ids": {n: b.find_message(b.new_id(lg, 1)) is not None for n, lg in st.channels.items()},
+    }
+
+
+def _whole(snap: Snapshot, now: float) -> Broker:
+    b = Broker(channel_options=_options)
+    b.restore(snap, now)
+    return b
+
+
+@pytest.fixture(scope="module")
+def stored() -> tuple[Snapshot, float]:
+    h = _built()
+    now = h.now + 1.0
+    return h.storage.open(now), now
+
+
+def test_the_stored_state_is_rich_enough_to_mean_something(stored) -> None:
+    snap, now = stored
+    assert {queue_of(c.name) for c in snap.channels} == set(QUEUES)
+    assert any(c.name.startswith("_dead/audit/v1/") for c in snap.channels)
+    assert snap.specials and snap.dedup and snap.producers and snap.fences
+    assert {g for g, *_ in snap.group_states} == {"consume:wide", "consume:narrow",
+                                                   "listen:b:ticker"}
+    fp = _fingerprint(_whole(snap, now), now)
+    assert any(gc[4] for gc in fp["groups"]["consume:wide"][2].values())  # a delayed retry
+    assert fp["timed"]
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(QUEUES)))
+def test_shared_part_then_each_queue_adopted_is_the_whole_restore(stored, order) -> None:
+    snap, now = stored
+    b = Broker(channel_options=_options)
+    b.restore(shared_part(snap), now)
+    assert b.channels == {}
+    for q in order:
+        new = b.adopt(queue_part(snap, q), now)
+        assert {queue_of(lg.name) for lg in new} == {q}
+    assert _fingerprint(b, now) == _fingerprint(_whole(snap, now), now)
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_a_release_forgets_that_queue_alone(stored, queue) -> None:
+    snap, now = stored
+    b = _whole(snap, now)
+    others = Broker(channel_options=_options)
+    others.restore(shared_part(snap), now)
+    for q in QUEUES:
+        if q != queue:
+            others.adopt(queue_part(snap, q), now)
+    assert queue in b.held_queues()
+    b.release_queue(queue, now)
+    assert queue not in b.held_queues()
+    assert b.held_queues() == set(QUEUES) - {queue}
+    assert _fingerprint(b, now) == _fingerprint(others, now)
+
+
+@pytest.mark.parametrize("queue", QUEUES)
+def test_released_then_adopted_again_is_as_stored(stored, queue) -> None:
+    snap, now = stored
+    b = _whole(snap, now)
+    b.release_queue(queue, now)
+    b.adopt(queue_part(snap, queue), now)
+    assert _fingerprint(b, now) == _fingerprint(_whole(snap, now), now)
+
+
+def test_a_queue_with_uncommitted_writes_cannot_be_released() -> None:
+    h = _built()
+    h.publish(send("orders/v1/1", "pending"), commit=False)
+    with pytest.raises(QueueBusy, match="orders/v1"):
+        h.broker.release_queue("orders/v1", h.now)
+    h.broker.release_queue("prices/v2", h.now)  # another queue is free to go
+    h.commit()
+    h.broker.release_queue("orders/v1", h.now)
+    assert h.broker.held_queues() == {"audit/v1"}
+
+
+def test_deliveries_of_a_released_queue_settle_nothing_and_credit_comes_back() -> None:
+    h = _built()
+    a = Session("a2")
+    sub = h.subscribe(a, 1, patterns=["orders/*", "prices/*"], group="fresh", prefetch=3)
+    got = h.take(sub)
+    assert len(got) == 3 and sub.credit == 0
+    ours = [d for d in got if d.channel.startswith("orders/")]
+    assert ours  # the round robin over channels reached orders/ first
+    h.commit()
+    assert h.broker.release_queue("orders/v1", h.now) == len(ours)
+    assert sub.credit == len(ours)
+    refused = h.ack(a, ours)
+    assert [code for _, code, _ in refused] and len(refused) == len(ours)
+    more = h.take(sub)
+    assert more and all(d.channel.startswith("prices/") for d in more)
+
+
+def test_after_a_release_nothing_of_that_queue_answers_for_it() -> None:
+    """Dedup keys and producer sequences are the new owner's to answer: a broker that
+    got the queue back must not find its own older entries (the owner in between may
+    have stored other messages under them)."""
+    h = _built()
+    now = h.now
+    key = ("orders/v1/1", "k1")
+    assert h.broker.dedup.get(*key, now) is not None
+    p = Session("p", producer_id="00000000000000aa")
+    h.engine.publish([send("orders/v1/1", "n2", pseq=2)], ALLOW_ALL, lambda *_: None,
+                     session=p, publisher=h)
+    h.commit()
+    known = p.producer_states["orders/v1/1"]
+    h.broker.release_queue("orders/v1", now)
+    assert h.broker.dedup.get(*key, now) is None
+    assert h.broker.producers.states.get(known.key) is None
+    # The queue comes back with nothing stored for the key or the producer (another
+    # owner's window let them go): this broker answers as storage says, not as it
+    # remembered.
+    bare = queue_part(h.storage.open(now), "orders/v1")
+    bare.dedup, bare.producers = [], []
+    h.broker.adopt(bare, now)
+    assert h.broker.dedup.get(*key, now) is None
+    (o,) = h.publish(send("orders/v1/1", "again", dedup="k1"))
+    assert not o.duplicate
+    h.engine.publish([send("orders/v1/1", "n5", pseq=5)], ALLOW_ALL, lambda *_: None,
+                     session=p, publisher=h)
+    h.commit()
+    state = h.broker.producers.states[known.key]
+    assert state is not known and state.last == 5  # started afresh, not from 2
+
+
+def test_an_adopted_queue_serves_its_groups_members_at_once() -> None:
+    h = _built()
+    snap = h.storage.open(h.now)
+    h.broker.release_queue("orders/v1", h.now)
+    c = Session("c")
+    sub = h.subscribe(c, 1, patterns=["orders/*"], group="narrow", prefetch=100)
+    assert h.take(sub) == []  # nothing of orders/v1 is here
+    h.broker.adopt(queue_part(snap, "orders/v1"), h.now)
+    got = h.take(sub)
+    assert got and {d.channel for d in got} <= {"orders/v1/1", "orders/v1/2"}
+    first = [d for d in got if d.channel == "orders/v1/1"]
+    assert payloads(first)[0] == "urgent"  # its priority restored with the queue
+    assert seqs(first)[0] > seqs(first)[1]
+
+
+def test_adopting_a_queue_held_already_is_refused(stored) -> None:
+    snap, now = stored
+    b = _whole(snap, now)
+    with pytest.raises(ValueError, match="held already"):
+        b.adopt(queue_part(snap, "orders/v1"), now)
