@@ -90,6 +90,19 @@ class PrimaryLease:
         pipe.execute_command("EVAL", _SEEN, 1, self._alive, self.member, self.lease_ms)
         self.alive = int(pipe.execute()[-1])
 
+    def seen(self, info: dict[str, str]) -> int:
+        """Record this broker as alive for one lease (brokers spreading queues keep
+        this up instead of a primary lease); how many brokers are alive."""
+        self._record(info)
+        return self.alive
+
+    def alive_members(self) -> list[str]:
+        """The ids of the brokers alive now (their records not run out), sorted."""
+        seconds, micros = node_client(self.client, self._alive).time()
+        now_ms = seconds * 1000 + micros // 1000
+        return sorted((m.decode() if isinstance(m, bytes) else str(m))
+                      for m in self.client.zrangebyscore(self._alive, f"({now_ms}", "+inf"))
+
     def try_acquire(self, info: dict[str, str]) -> bool:
         """Take the lease if nobody holds it (or this broker still does)."""
         self._record(info)

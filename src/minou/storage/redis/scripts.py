@@ -168,6 +168,14 @@ while i <= n do
     local holder = redis.call('GET', base .. 'primary') or ''
     if holder ~= ARGV[i + 1] then return {'fenced', holder} end
     i = i + 2
+  elseif op == 'A' then
+    -- Queues spread over brokers: only a broker still alive (its record in the alive
+    -- set not run out, in Redis's clock) writes here; a paused one woken up does not.
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local score = redis.call('ZSCORE', base .. 'alive', ARGV[i + 1])
+    if not score or tonumber(score) <= now then return {'fenced', ''} end
+    i = i + 2
   elseif op == 'H' then
     hput(base .. ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
     i = i + 4
@@ -344,8 +352,36 @@ end
 return out
 """
 
+# Queues spread over brokers (one Redis: four slots). A live broker claims a queue that
+# no live broker owns (its owner died, handed it over, or it is new): the owners hash
+# names it, the registry has it, its epoch goes up (fencing every earlier writer).
+# KEYS[1] the queue's epoch, KEYS[2] the owners hash, KEYS[3] the alive set, KEYS[4] the
+# registry; ARGV[1] this broker, ARGV[2] the queue. {'owned', owner} while another live
+# broker owns it, {'dead', ''} if this broker's own record ran out (it was paused).
+OWN = r"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if not mine or tonumber(mine) <= now then return {'dead', ''} end
+local owner = redis.call('HGET', KEYS[2], ARGV[2])
+if owner and owner ~= ARGV[1] then
+  local score = redis.call('ZSCORE', KEYS[3], owner)
+  if score and tonumber(score) > now then return {'owned', owner} end
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[2])
+return {'ok', redis.call('INCR', KEYS[1])}
+"""
+# Hand a queue over: the next live broker may claim it at once. KEYS[1] the owners hash;
+# ARGV[1] this broker, ARGV[2] the queue. 1 if it was this broker's.
+DISOWN = r"""
+if redis.call('HGET', KEYS[1], ARGV[2]) ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[2])
+return 1
+"""
+
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
-                 "shared_oom": SHARED_OOM, "claim": CLAIM,
+                 "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "disown": DISOWN,
                  "admit": ADMIT, "claim_term": CLAIM_TERM}
 READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
                 "segments": SEGMENTS}

@@ -126,6 +126,7 @@ class RedisStorage:
         # The broker (cluster member id) that must hold the primary lease for a claim or
         # a write of shared state to go through; "" checks nothing (tools, one broker).
         self.member = ""
+        self.spread = False  # spread_as(): claims and shared writes by membership
         kw: dict[str, Any] = {"password": where.password} if where.password else {}
         self._where, self._password = where, kw
         self._client = client.connect(
@@ -185,14 +186,7 @@ class RedisStorage:
     # -------------------------------------------------------------- open
     def open(self, now: float) -> Snapshot:
         with self._redis("open"):
-            version = min((str(node.info("server").get("redis_version", "0"))
-                           for node in client.data_nodes(self._client)),
-                          key=lambda v: tuple(int(p) for p in v.split(".")[:2]))
-            if tuple(int(p) for p in version.split(".")[:2]) < MIN_VERSION:
-                raise StorageUnavailable(f"Redis at {self.path} is {version}: minou needs "
-                                         f"Redis {'.'.join(map(str, MIN_VERSION))} or newer")
-            self._warn_settings()
-            self._load_scripts()
+            self._check_server()
             found = sorted(reading.text(q) for q in
                            self._client.smembers(self._shared + "queues"))
             if self.claim_on_open:
@@ -201,39 +195,158 @@ class RedisStorage:
             for q in found:
                 base = queue_base(self.prefix, q)
                 pipe.execute_command("EVALSHA", self._shas["dump"], 1, base + "next", base)
-            for table in SHARED_TABLES:
-                pipe.hgetall(self._shared + table)
-            pipe.zrangebyscore(self._shared + "tokens", f"({now!r}", "+inf", withscores=True)
-            pipe.hgetall(self._shared + "dedup")
-            pipe.smembers(self._shared + "txns")
-            pipe.get(self._shared + "used")
-            replies = pipe.execute()
-            txns = sorted(replies[-2])
-            parts = self._client.pipeline(transaction=False)
-            for t in txns:
-                parts.hgetall(self._shared.encode() + b"txn:" + t)
-            staged = dict(zip(txns, parts.execute() if txns else [], strict=True))
-        dumps, rest = replies[:len(found)], replies[len(found):]
-        tables = dict(zip(SHARED_TABLES, rest, strict=False))
-        snap = reading.shared_snapshot(tables, rest[len(SHARED_TABLES)], staged,
-                                       rest[len(SHARED_TABLES) + 1], now)
+            dumps = pipe.execute() if found else []
+            snap, used = self._read_shared(now)
         states = [reading.queue_snapshot(d, now) for d in dumps]
         reading.merge(snap, states)
         with self._lock:
             self._queues = set(found)
             self._used = {q: s.used for q, s in zip(found, states, strict=True)}
-            self._used[None] = int(rest[-1] or 0)
+            self._used[None] = used
             self._known = {r.name for r in snap.channels}
             self._born = {rec.name: born for s in states for born, rec in s.channels}
             self._next_order = max(self._born.values(), default=0) + 1
             self._group_queues = {}
             self._writer_queues = {}
             for q, s in zip(found, states, strict=True):
-                for g in s.groups:
-                    self._group_queues.setdefault(g, set()).add(q)
-                for w in s.writers:
-                    self._writer_queues.setdefault(w, set()).add(q)
+                self._index(q, s)
         return snap
+
+    def _check_server(self) -> None:
+        version = min((str(node.info("server").get("redis_version", "0"))
+                       for node in client.data_nodes(self._client)),
+                      key=lambda v: tuple(int(p) for p in v.split(".")[:2]))
+        if tuple(int(p) for p in version.split(".")[:2]) < MIN_VERSION:
+            raise StorageUnavailable(f"Redis at {self.path} is {version}: minou needs "
+                                     f"Redis {'.'.join(map(str, MIN_VERSION))} or newer")
+        self._warn_settings()
+        self._load_scripts()
+
+    def _read_shared(self, now: float) -> tuple[Snapshot, int]:
+        """The shared tables as a snapshot, and the bytes they use."""
+        pipe = self._client.pipeline(transaction=False)
+        for table in SHARED_TABLES:
+            pipe.hgetall(self._shared + table)
+        pipe.zrangebyscore(self._shared + "tokens", f"({now!r}", "+inf", withscores=True)
+        pipe.hgetall(self._shared + "dedup")
+        pipe.smembers(self._shared + "txns")
+        pipe.get(self._shared + "used")
+        rest = pipe.execute()
+        txns = sorted(rest[-2])
+        parts = self._client.pipeline(transaction=False)
+        for t in txns:
+            parts.hgetall(self._shared.encode() + b"txn:" + t)
+        staged = dict(zip(txns, parts.execute() if txns else [], strict=True))
+        tables = dict(zip(SHARED_TABLES, rest, strict=False))
+        snap = reading.shared_snapshot(tables, rest[len(SHARED_TABLES)], staged,
+                                       rest[len(SHARED_TABLES) + 1], now)
+        return snap, int(rest[-1] or 0)
+
+    def _index(self, q: str, state: reading.QueueState) -> None:
+        """Under the lock: where ``q`` holds group states and writer fences."""
+        for g in state.groups:
+            self._group_queues.setdefault(g, set()).add(q)
+        for w in state.writers:
+            self._writer_queues.setdefault(w, set()).add(q)
+
+    # ----------------------------------------------- queues spread over brokers
+    def spread_as(self, member: str) -> None:
+        """From now on this storage belongs to broker ``member`` among brokers that
+        spread the queues: it claims a queue only while no other live broker owns it,
+        and writes shared state only while ``member`` is alive (its record in the alive
+        set, kept by ``lease.PrimaryLease``'s records)."""
+        self.member = member
+        self.spread = True
+
+    def open_shared(self, now: float) -> Snapshot:
+        """The state no queue owns (clients, groups, reservations, staged
+        transactions...), and no queue: each comes with ``open_queue``."""
+        with self._redis("open"):
+            self._check_server()
+            found = {reading.text(q) for q in self._client.smembers(self._shared + "queues")}
+            snap, used = self._read_shared(now)
+        with self._lock:
+            self._queues = found
+            self._used = {None: used}
+            self._known, self._born = set(), {}
+            self._group_queues, self._writer_queues = {}, {}
+        return snap
+
+    def open_queue(self, queue: str, now: float) -> Snapshot:
+        """Claim ``queue`` (its epoch goes up: its previous owner's writes are refused)
+        and read it. StorageFenced naming the owner while another live broker owns it."""
+        self._own([queue])
+        base = queue_base(self.prefix, queue)
+        with self._redis(f"opening {queue}"):
+            dump = self._client.evalsha(self._sha("dump"), 1, base + "next", base)
+            groups = self._client.hgetall(self._shared + "groups")
+        state = reading.queue_snapshot(dump, now)
+        snap = reading.shared_snapshot({t: [] for t in SHARED_TABLES} | {"groups": groups},
+                                       [], {}, [], now)
+        reading.merge(snap, [state])
+        with self._lock:
+            self._queues.add(queue)
+            self._used[queue] = state.used
+            for born, rec in state.channels:
+                self._known.add(rec.name)
+                self._born[rec.name] = born
+            self._next_order = max(self._next_order, max(self._born.values(), default=0) + 1)
+            self._index(queue, state)
+        return snap
+
+    def release_queue(self, queue: str) -> bool:
+        """Hand ``queue`` over: forget it here (a write that touches it again claims it
+        again, if no other live broker owns it by then) and let the next live broker
+        claim it at once. Whether it was still this broker's."""
+        with self._redis(f"handing {queue} over"):
+            mine = self._client.evalsha(self._sha("disown"), 1, self._shared + "owners",
+                                        self.member, queue)
+        with self._lock:
+            self.epochs.pop(queue, None)
+            self._used.pop(queue, None)
+            gone = {name for name in self._known if queue_of(name) == queue}
+            self._known -= gone
+            for name in gone:
+                self._born.pop(name, None)
+            for index in (self._group_queues, self._writer_queues):
+                for qs in index.values():
+                    qs.discard(queue)
+        return bool(mine)
+
+    def owners(self) -> dict[str, str]:
+        """Every owned queue and the broker owning it (live or not)."""
+        with self._redis("reading the owners"):
+            raw = self._client.hgetall(self._shared + "owners")
+        return {reading.text(q): reading.text(m) for q, m in raw.items()}
+
+    def _own(self, queues: list[str]) -> None:
+        """Claim ``queues`` for this (spreading) broker: StorageFenced for those another
+        live broker owns, or all of them if this broker's own record ran out."""
+        if self._cluster:
+            raise StorageUnavailable("queues spread over brokers need one Redis (or "
+                                     "Sentinel), not a Redis Cluster, for now")
+        commands = []
+        for q in queues:
+            base = queue_base(self.prefix, q)
+            commands.append((0, base + "epoch", (
+                "EVALSHA", self._sha("own"), 4, base + "epoch", self._shared + "owners",
+                self._shared + "alive", self._shared + "queues", self.member, q)))
+        replies = self._run(commands, atomic=False, doing="claiming queues",
+                            what="claiming " + ", ".join(queues))
+        refused: dict[str, int] = {}
+        holder = ""
+        for q, (status, value) in zip(queues, replies, strict=True):
+            if status == b"ok":
+                self.epochs[q] = int(value)
+            else:
+                refused[q] = 0
+                holder = reading.text(value) if status == b"owned" else ""
+        if refused:
+            raise StorageFenced(
+                f"Redis at {self.path}: {', '.join(sorted(refused))} "
+                + (f"owned by {holder}, alive" if holder else
+                   "not claimed: this broker's own record in the alive set ran out"),
+                refused, holder)
 
     def _warn_settings(self) -> None:
         """What Redis must be set to for a confirmed publish to survive; CONFIG may be
@@ -458,7 +571,9 @@ class RedisStorage:
                      group_queues=self._group_queues, writer_queues=self._writer_queues)
         self._check_quota(p.grow)
         new = [q for q in p.queues if q not in self.epochs]
-        if new:
+        if new and self.spread:
+            self._own(new)
+        elif new:
             self._claim_all(new)
         # Registrations get through a full Redis as acks do (a client must be able to
         # connect to drain it); the registry is bounded (pending clients are capped).
@@ -491,7 +606,7 @@ class RedisStorage:
                              ("EVALSHA", self._sha("queue" + suffix), 1, base + "epoch",
                               base, self.epochs[q], *p.queues[q])))
         if p.shared:
-            check = ("P", self.member) if self.member else ()
+            check = (("A" if self.spread else "P"), self.member) if self.member else ()
             commands.append((3, self._shared + "used",
                              ("EVALSHA", self._sha("shared" + suffix), 1, self._shared + "used",
                               self._shared, *check, *p.shared)))
