@@ -93,6 +93,10 @@ class Settings:
     # What a standby does with the clients that reach it: "relay" them to the primary
     # (every broker serves every client) or "redirect" them there.
     storage_standby: str = "relay"
+    # How brokers on one Redis share the queues: "primary" (one serves them all, the
+    # others relay to it) or "spread" (each owns its share by rendezvous hashing, a
+    # front forwards to the owner: docs/cluster.md, "Queues spread over the brokers").
+    storage_placement: str = "primary"
     schema_report: tuple[Compatibility, ...] = ()
     config_path: str | None = None
 
@@ -271,7 +275,7 @@ def parse_size(key: str, value: Any) -> int:
 def _storage(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError("storage: expected a table (url, max_size, reserve, "
-                          "wal_checkpoint, owner_lease, replicas, standby)")
+                          "wal_checkpoint, owner_lease, replicas, standby, placement)")
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key == "url":
@@ -296,6 +300,13 @@ def _storage(raw: Any) -> dict[str, Any]:
                                   f"\"redirect\" (it sends them there), got {value!r}")
             out["storage_standby"] = value
             continue
+        if key == "placement":
+            if value not in ("primary", "spread"):
+                raise ConfigError(f"storage.placement: expected \"primary\" (one broker "
+                                  f"serves every queue) or \"spread\" (each broker owns "
+                                  f"its share of the queues), got {value!r}")
+            out["storage_placement"] = value
+            continue
         if key == "replicas":
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 16:
                 raise ConfigError(f"storage.replicas: expected 0..16 (Redis replicas a "
@@ -304,7 +315,7 @@ def _storage(raw: Any) -> dict[str, Any]:
             continue
         if key not in ("max_size", "reserve", "wal_checkpoint"):
             raise ConfigError(f"storage.{key}: unknown setting (known: url, max_size, "
-                              "reserve, wal_checkpoint, owner_lease, replicas, standby)")
+                              "reserve, wal_checkpoint, owner_lease, replicas, standby, placement)")
         size = parse_size(f"storage.{key}", value)
         if key == "wal_checkpoint" and size < limits.MIN_CHECKPOINT_WAL_BYTES:
             raise ConfigError(f"storage.wal_checkpoint: expected at least "

@@ -319,8 +319,9 @@ def test_owner_lease_and_replicas(tmp_path):
         ("reserve = -1", "storage.reserve: expected a size"),
         ("reserve = true", "storage.reserve: expected a size"),
         ("quota = 1", "storage.quota: unknown setting (known: url, max_size, reserve, "
-                      "wal_checkpoint, owner_lease, replicas, standby)"),
+                      "wal_checkpoint, owner_lease, replicas, standby, placement)"),
         ('standby = "proxy"', "storage.standby: expected \"relay\""),
+        ('placement = "ring"', "storage.placement: expected \"primary\""),
         ("owner_lease = 0.1", "storage.owner_lease: expected seconds, 0.5..300, got 0.1"),
         ('owner_lease = "5s"', "storage.owner_lease: expected seconds"),
         ("replicas = -1", "storage.replicas: expected 0..16"),

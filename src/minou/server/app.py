@@ -73,6 +73,7 @@ from .wire import internal_error, native_error
 if TYPE_CHECKING:
     from .http_stream import StreamSession
     from .primary import PrimaryRole
+    from .spread import SpreadRole
 
 log = logging.getLogger("minou.server")
 
@@ -210,7 +211,7 @@ class BrokerServer:
         self.storage_down_since = 0.0
         self.storage_down_commits = 0
         # Several brokers on one Redis (a storage with ``lease``): this broker's part.
-        self.primary: PrimaryRole | None = None
+        self.primary: PrimaryRole | SpreadRole | None = None
         self.stopped_in_standby = False
         self._retry_at = 0.0  # while full, no commit before this (monotonic)
         self._retry_timer = False
@@ -233,6 +234,13 @@ class BrokerServer:
         self._http: Any = None
         self._stopping = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def spread(self) -> SpreadRole | None:
+        """This broker's part when the queues are spread over several brokers."""
+        from .spread import SpreadRole
+
+        return self.primary if isinstance(self.primary, SpreadRole) else None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -261,7 +269,15 @@ class BrokerServer:
             self._dir_lock.remove_if_fresh()
             raise
         try:
-            if hasattr(self.storage, "lease"):  # shared storage: one primary serves
+            if hasattr(self.storage, "spread_as") and \
+                    self.settings.storage_placement == "spread":
+                from .spread import SpreadRole
+
+                self.primary = SpreadRole(self, sockets)
+                await self.primary.join()
+                self._tasks.append(asyncio.create_task(self.primary.keep(),
+                                                       name="minou-alive"))
+            elif hasattr(self.storage, "lease"):  # shared storage: one primary serves
                 from .primary import PrimaryRole
 
                 self.primary = PrimaryRole(self, sockets)
@@ -279,6 +295,8 @@ class BrokerServer:
                 self._tasks.append(asyncio.create_task(self.primary.keep(),
                                                        name="minou-lease"))
             await self.open()
+            if self.spread is not None:
+                await self.spread.settle_in()  # its share of the queues, before serving
             await self._listen(*sockets)
         except BaseException:
             for task in self._tasks:
@@ -297,7 +315,8 @@ class BrokerServer:
         simulator needs (connections are then made over their own transports)."""
         self.loop = asyncio.get_running_loop()
         now = time.time()
-        snap = await self.loop.run_in_executor(self._writer_pool, self.storage.open, now)
+        opening = self.storage.open_shared if self.spread is not None else self.storage.open
+        snap = await self.loop.run_in_executor(self._writer_pool, opening, now)
         self.core.restore(snap, now)
         self.registry = Registry((decode_record(blob) for blob in snap.clients),
                                  admins=self.settings.admins)
@@ -463,6 +482,15 @@ class BrokerServer:
             if why is not None:
                 self.registry.failures[why] += 1
                 raise NotAuthenticated(text, why=why)
+        if hello.credential and hello.credential.startswith("mlk1.") and \
+                self.spread is not None:
+            try:  # another broker of the cluster, forwarding for a client it authenticated
+                self.spread.verify_link(hello.credential, hello.client_id)
+            except NotAuthenticated as exc:
+                self.registry.failures[str(exc.detail.get("why", "bad_link"))] += 1
+                raise
+            return Identity(hello.client_id,
+                            self.registry.is_admin(hello.client_id, s.admins), method="link")
         if s.auth_mode == "off":
             return Identity(hello.client_id, True, method="development")
         if s.auth_mode == "token":
@@ -1176,6 +1204,19 @@ class BrokerServer:
         subscription meanwhile; as the primary of a cluster it goes on taking
         publishes until it stops (they are committed before it hands the lease over,
         so producers keep flowing), then wakes a standby to take over at once."""
+        spread = self.spread
+        if spread is not None and spread.role == "spread":
+            from .spread import HANDOVER_COMMIT_S
+
+            log.warning("soft stop requested by %s: handing every queue over", by)
+
+            async def hand_over() -> None:
+                await spread.hand_over_all(by)
+                self.request_stop()
+
+            self._spawn(hand_over())
+            return {"stopping": True, "unsettled": 0, "deadline_s": HANDOVER_COMMIT_S,
+                    "native": _addr(self.native_address, "minous" if self.tls else "minou")}
         cluster = self.primary is not None and self.primary.role == "primary"
         if not cluster:
             self.accepting = False

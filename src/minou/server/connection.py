@@ -67,6 +67,8 @@ class NativeConnection:
         self.reader = FrameReader(max_frame_size=server.max_frame_size)
         self.session: Any = None
         self.identity: Any = None  # auth.registry.Identity once HELLO succeeded
+        # Queues spread over brokers: what is for another broker's queue goes there.
+        self.front: Any = None  # front.Front
         self.hellos = 0
         self.closed = False
         self.reading_paused = False
@@ -209,6 +211,11 @@ class NativeConnection:
         self.identity = identity
         self.server.authentications[identity.method] += 1
         self.session = self.server.open_session(identity, self)
+        spread = getattr(self.server, "spread", None)
+        if spread is not None and identity.method != "link":  # a link forwards no further
+            from .front import Front
+
+            self.front = Front(self, spread)
         # The producer id a client had keeps its sequences across reconnects; it is
         # only ever looked up with the authenticated client id, so presenting another
         # client's id reaches nothing of theirs.
@@ -230,6 +237,35 @@ class NativeConnection:
             self._send(welcome)
             self._start_heartbeats()
 
+    def hold(self, until: asyncio.Future[Any], then: Any) -> None:
+        """Handle nothing more from this client until ``until`` is done, then call
+        ``then`` and what came meanwhile, in order (a publish waiting for its queue to
+        be taken over must not be overtaken by the next)."""
+        self._held = []
+        self.pause_reading()
+
+        def go(_: asyncio.Future[Any]) -> None:
+            held, self._held = self._held or [], None
+            if self.closed:
+                return
+            self.resume_reading()
+            try:
+                then()
+            except RequestError as exc:
+                self._refused(exc)
+                self._error(0, exc)
+            for event in held:
+                if self.closed:
+                    return
+                if self._held is not None:  # held again by one of them
+                    self._held.append(event)
+                    continue
+                self._handle(event)
+            self.flush()
+            self.engine.after_input()
+
+        until.add_done_callback(go)
+
     def _welcome(self, welcome: f.Welcome) -> None:
         """The HELLO's changes are durable: WELCOME, then what came behind it."""
         self.send(welcome)
@@ -248,6 +284,11 @@ class NativeConnection:
     def _on_publish(self, frame: f.Publish) -> None:
         if len(frame.msgs) > MAX_BATCH:
             raise RequestError(f"{len(frame.msgs)} messages in one frame; the limit is {MAX_BATCH}")
+        if self.front is not None and self.front.publish(frame):
+            return
+        self.publish_here(frame)
+
+    def publish_here(self, frame: f.Publish) -> None:
         req = frame.req
 
         def confirm(outcomes: list[f.Outcome], failure: RequestError | None) -> None:
@@ -258,8 +299,11 @@ class NativeConnection:
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
         reply = f.Result(frame.req, {"sid": frame.sid})
+        front = self.front
+        answer = (lambda: self.send(reply)) if front is None else \
+            (lambda: front.subscribe(frame, reply))
         sub = self.engine.subscribe(
-            self.session, frame.sid, lambda: self.send(reply), kind=frame.kind,
+            self.session, frame.sid, answer, kind=frame.kind,
             patterns=list(frame.patterns), group=frame.group, start=frame.start,
             prefetch=frame.prefetch, lease=frame.lease, name=frame.name)
         # Paused like the others while this socket is full or over its budget share: a
@@ -269,16 +313,27 @@ class NativeConnection:
     def _on_unsubscribe(self, frame: f.Unsubscribe) -> None:
         reply = f.Result(frame.req, None)
         self.engine.unsubscribe(self.session, frame.sid, lambda: self.send(reply))
+        if self.front is not None:
+            self.front.unsubscribe(frame)
 
     def _on_sub_add(self, frame: f.SubAdd) -> None:
         self.core.add_pattern(self.session, frame.sid, frame.pattern, time.time())
         self._reply_after_commit(f.Result(frame.req, None))
+        if self.front is not None:
+            self.front.sub_add(frame)
 
     def _on_sub_remove(self, frame: f.SubRemove) -> None:
         self.core.remove_pattern(self.session, frame.sid, frame.pattern, time.time())
         self._reply_after_commit(f.Result(frame.req, None))
+        if self.front is not None:
+            self.front.sub_remove(frame)
 
     def _settle(self, frame: f.Ack | f.Nack | f.Extend, op: str, **kw: Any) -> None:
+        if self.front is not None:
+            local, remote = self.front.split(frame.tags)
+            if remote:
+                self._settle_split(frame, op, local, remote, **kw)
+                return
         req = frame.req
 
         def settled(failed: list[tuple[int, int, str]], exc: RequestError | None) -> None:
@@ -295,6 +350,44 @@ class NativeConnection:
             for tag, code, text in failed:
                 self._send(f.Error(0, code, text, {"tag": tag}))
 
+    def _settle_split(self, frame: f.Ack | f.Nack | f.Extend, op: str, local: list[int],
+                      remote: list[int], **kw: Any) -> None:
+        """Tags of this broker's deliveries and of others' (front.py): each part settled
+        where it was delivered, one SETTLED (or the errors) once all answered."""
+        req, failed_all = frame.req, []
+        answered, expected = [0], [-1]
+
+        def part(failed: list[tuple[int, int, str]]) -> None:
+            failed_all.extend(failed)
+            answered[0] += 1
+            finish()
+
+        def finish() -> None:
+            if answered[0] != expected[0]:
+                return
+            if req:
+                self.send(f.Settled(req, failed_all))
+            else:
+                for tag, code, text in failed_all:
+                    self.send(f.Error(0, code, text, {"tag": tag}))
+
+        def settled(failed: list[tuple[int, int, str]], exc: RequestError | None) -> None:
+            if exc is not None:
+                refused = {tag for tag, _, _ in failed}
+                failed = [*failed, *((tag, int(exc.code), f"not made durable: {exc.message}")
+                                     for tag in local if tag not in refused)]
+            part(failed)
+
+        parts = self.front.settle(frame, remote, part)
+        if local:
+            parts += 1
+            failed = self.engine.settle(self.session, op, local, settled if req else None,
+                                        **kw)
+            if not req:
+                part(failed)
+        expected[0] = parts
+        finish()
+
     def _on_ack(self, frame: f.Ack) -> None:
         self._settle(frame, "ack")
 
@@ -305,6 +398,8 @@ class NativeConnection:
         self._settle(frame, "extend", seconds=frame.seconds)
 
     def _on_read(self, frame: f.Read) -> None:
+        if self.front is not None and self.front.read(frame):
+            return
         self.server.read_range(self, frame)
 
     def _on_admin(self, frame: f.Admin) -> None:
@@ -535,6 +630,8 @@ class NativeConnection:
             self.closed = True
             self.transport.close()
         self._stop_heartbeats()
+        if self.front is not None:
+            self.front.close()
 
     def _stop_heartbeats(self) -> None:
         if self._beat_timer is not None:
@@ -547,6 +644,8 @@ class NativeConnection:
             self.core.counters.refuse("truncated_frame")
         self.closed = True
         self._stop_heartbeats()
+        if self.front is not None:
+            self.front.close()
         if self.session is not None:
             self.engine.close(self.session)
             self.session = None

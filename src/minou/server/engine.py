@@ -251,6 +251,9 @@ class Engine:
         # Whether deliveries may go out now (a cluster primary: while its lease surely
         # holds; a primary paused past it must not deliver what another broker serves).
         self.may_deliver: Callable[[], bool] = lambda: True
+        # Queues spread over brokers (spread.py): the refusal of a publish holding a
+        # message for a queue this broker does not serve, or None.
+        self.route: Callable[[Sequence[Send]], RequestError | None] | None = None
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -365,6 +368,8 @@ class Engine:
         refused whole, raising, while stopping, full or behind; a pausable one is
         refused send by send (a numbered publish's refusal is remembered) and paused
         while the disk is behind."""
+        if self.route is not None and (refusal := self.route(sends)) is not None:
+            raise refusal
         stopping: RequestError | None = None
         if publisher is None:
             self.check_accepting()

@@ -59,6 +59,24 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def broker_info(server: Server, sockets: list[socket.socket]) -> dict[str, str]:
+    """This broker's record in Redis: where clients and other brokers reach it."""
+    s = server.settings
+    host = s.host if s.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+    tls = s.tls_enabled
+    info = {"native": f"{'minous' if tls else 'minou'}://{host}:"
+                      f"{sockets[0].getsockname()[1]}",
+            "host": socket.gethostname(), "pid": str(os.getpid()),
+            "since": f"{time.time():.3f}"}
+    if len(sockets) > 1:
+        info["http"] = f"{'https' if tls else 'http'}://{host}:{sockets[1].getsockname()[1]}"
+    if tls and server.tls is not None:
+        # What a broker relaying or forwarding clients here pins: Redis is the brokers'
+        # trust.
+        info["tls_fingerprint"] = server.tls.fingerprint
+    return info
+
+
 class PrimaryRole:
     def __init__(self, server: Server, sockets: list[socket.socket]) -> None:
         self.server = server
@@ -74,6 +92,8 @@ class PrimaryRole:
         # monotonic time a successful take or renewal of the lease was sent: the lease
         # holds in Redis until at least this + lease_s
         self.lease_from = 0.0
+        # the last renewal found Redis out of reach (none succeeded since): see lease_holds
+        self.cut_off = False
         self.takeovers = 0  # times this broker took over from a live-looking primary
         self.lost = 0
         self.fenced_writes = 0
@@ -84,20 +104,7 @@ class PrimaryRole:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-lease")
 
     def _info(self) -> dict[str, str]:
-        s = self.server.settings
-        host = s.host if s.host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        tls = s.tls_enabled
-        info = {"native": f"{'minous' if tls else 'minou'}://{host}:"
-                          f"{self.sockets[0].getsockname()[1]}",
-                "host": socket.gethostname(), "pid": str(os.getpid()),
-                "since": f"{time.time():.3f}"}
-        if len(self.sockets) > 1:
-            info["http"] = f"{'https' if tls else 'http'}://{host}:" \
-                           f"{self.sockets[1].getsockname()[1]}"
-        if tls and self.server.tls is not None:
-            # What a standby relaying clients here pins: Redis is the brokers' trust.
-            info["tls_fingerprint"] = self.server.tls.fingerprint
-        return info
+        return broker_info(self.server, self.sockets)
 
     def _record(self) -> dict[str, str]:
         """This broker's record in Redis, with what its door does for `minou cluster`."""
@@ -118,7 +125,7 @@ class PrimaryRole:
             try:
                 sent = time.monotonic()
                 if await self._call(self.lease.try_acquire, self._record()):
-                    self.lease_from = sent
+                    self.lease_from, self.cut_off = sent, False
                     break
                 holder = await self._call(self.lease.holder)
                 if holder and holder.get("id") != self.member \
@@ -216,6 +223,7 @@ class PrimaryRole:
             try:
                 ok = await self._call(self.lease.renew)
             except redis.RedisError as exc:
+                self.cut_off = True
                 out_for = time.monotonic() - last_ok
                 peers = self.lease.alive - 1  # as of the last renewal
                 if out_for > self.lease_s and peers > 0:
@@ -236,7 +244,7 @@ class PrimaryRole:
                 continue
             if ok:
                 last_ok, warned = time.monotonic(), False
-                self.lease_from = sent
+                self.lease_from, self.cut_off = sent, False
                 continue
             if await self.retake():
                 last_ok = time.monotonic()
@@ -245,13 +253,18 @@ class PrimaryRole:
 
     def lease_holds(self) -> bool:
         """Whether this primary may deliver now: its lease surely holds (it runs out in
-        Redis no sooner than lease_s after the last renewal was sent), or no other broker
-        could have taken over (alone on this Redis at the last renewal). A primary woken
-        from a pause past its lease delivers nothing until it knows whether it is still
-        primary: what it would deliver may be served, and acked, elsewhere already."""
+        Redis no sooner than lease_s after the last renewal was sent), or Redis is out of
+        its reach and it was alone on this Redis at its last renewal (a lone broker goes
+        on, as keep() lets it). A primary woken from a pause past its lease delivers
+        nothing until it knows whether it is still primary: what it would deliver may be
+        served, and acked, elsewhere already. Alone at its last renewal is not enough
+        then: a standby started after that renewal was not counted, and took over once
+        the lease ran out; the next renewal's answer says (retake() if nobody did)."""
         if self.role != "primary":
             return False
-        return time.monotonic() - self.lease_from < self.lease_s or self.lease.alive <= 1
+        if time.monotonic() - self.lease_from < self.lease_s:
+            return True
+        return self.cut_off and self.lease.alive <= 1
 
     async def retake(self) -> bool:
         """The lease was found not ours. If it ran out with nobody taking over (this
@@ -264,7 +277,7 @@ class PrimaryRole:
                 return True  # taken again meanwhile (the renewal and a commit both asked)
             sent = time.monotonic()
             if holder is None and await self._call(self.lease.try_acquire, self.info):
-                self.lease_from = sent
+                self.lease_from, self.cut_off = sent, False
                 log.warning("the primary lease on %s had run out (this broker was paused "
                             "or cut off) and nobody took over: taken again",
                             self.server.storage.path)

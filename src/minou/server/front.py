@@ -1,0 +1,298 @@
+"""A native connection's front when the queues are spread over brokers (spread.py):
+what is for a queue owned elsewhere goes there, over a link of this connection's own.
+
+* A PUBLISH is split by the owner of each message's queue: the local part goes to this
+  broker's engine, each other part to its owner; the CONFIRM goes back once every part
+  is answered, its outcomes in the frame's order.
+* A SUBSCRIBE (and UNSUBSCRIBE, SUB_ADD, SUB_REMOVE) is made here and on every other
+  live broker: each serves the queues it owns, so a pattern over queues owned by
+  several brokers reads them all, and a queue that moves is read from its new owner
+  without a word from the client. The reply comes once all have answered.
+* Deliveries from another broker reach the client under tags of this connection's own
+  (from ``REMOTE_TAGS`` up; the engine's are below); an ACK, NACK or EXTEND is split
+  back by tag, and the SETTLED reply merges the parts.
+* A READ goes to the channel's owner.
+
+Links follow the live brokers (``sync``): a broker that joins gets this connection's
+subscriptions; one that dies takes its deliveries' tags with it (they settle nothing,
+and its queues' messages come again from their new owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..core.snapshot import queue_of
+from ..errors import ErrorCode, RequestError
+from ..protocol import frames as f
+from .spread import ADOPT
+from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from .spread import SpreadRole
+
+log = logging.getLogger("minou.cluster")
+
+REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
+MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
+FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
+
+
+class Front:
+    def __init__(self, conn: Any, spread: SpreadRole) -> None:
+        # conn: the client's connection.NativeConnection (not imported: it makes fronts)
+        self.conn = conn
+        self.spread = spread
+        self.ups: dict[str, Upstream] = {}
+        self.subs: dict[int, f.Subscribe] = {}  # this connection's, to make on new links
+        self.extra: dict[int, list[str]] = {}  # sid -> patterns added since (SUB_ADD)
+        self.tags: dict[int, tuple[Upstream, int]] = {}
+        self._next_tag = REMOTE_TAGS
+        self.forwarding = 0  # bytes of publishes forwarded, not yet confirmed
+
+    # -------------------------------------------------------------- links
+    def _up(self, member: str) -> Upstream | None:
+        up = self.ups.get(member)
+        if up is not None and not up.closed:
+            return up
+        record = self.spread.address(member)
+        if record is None or not record.get("native"):
+            return None
+        up = self.ups[member] = Upstream(self, member, record)
+        return up
+
+    def _others(self) -> list[str]:
+        return [m for m in self.spread.alive if m != self.spread.member]
+
+    def sync(self) -> None:
+        """The live brokers changed: subscribe on the new ones, drop the dead ones."""
+        alive = set(self._others())
+        for member in [m for m in self.ups if m not in alive]:
+            self.ups.pop(member).close()
+        if not self.subs:
+            return
+        for member in alive - set(self.ups):
+            up = self._up(member)
+            if up is None:
+                continue
+            for sid, frame in self.subs.items():
+                up.request(frame, None)
+                for pattern in self.extra.get(sid, []):
+                    up.request(f.SubAdd(0, sid, pattern), None)
+
+    def lost(self, up: Upstream) -> None:
+        """A link failed: its deliveries' tags settle nothing any more."""
+        if self.ups.get(up.member) is up:
+            del self.ups[up.member]
+        self.tags = {t: v for t, v in self.tags.items() if v[0] is not up}
+        if not self.conn.closed and self.subs:
+            # The broker may still be alive (a restart of the link): try again soon.
+            asyncio.get_running_loop().call_later(1.0, self._resync)
+
+    def _resync(self) -> None:
+        if not self.conn.closed:
+            self.sync()
+
+    def close(self) -> None:
+        for up in self.ups.values():
+            up.close()
+        self.ups.clear()
+        self.tags.clear()
+
+    # ------------------------------------------------------------ publish
+    def publish(self, frame: f.Publish, *, waited: bool = False) -> bool:
+        """Route ``frame``: False if it is all this broker's (the caller publishes it
+        as ever), True if this front took it. A queue this broker must take over first
+        holds the frame (and what came behind it) until it has; ``waited``: it tried."""
+        sp = self.spread
+        routes: list[str | None] = []
+        adopt: set[str] = set()
+        for send in frame.msgs:
+            q = queue_of(send.channel)
+            where = None if q is None else sp.route(q)
+            if where == ADOPT:
+                adopt.add(q)  # type: ignore[arg-type]
+            routes.append(where)
+        if adopt and not waited:
+            self.conn.hold(asyncio.gather(*(sp.adoption(q) for q in sorted(adopt))),
+                           lambda: self._publish_again(frame))
+            return True
+        if all(r is None for r in routes):
+            return False
+        n = len(frame.msgs)
+        outcomes: list[f.Outcome | None] = [None] * n
+        parts: dict[str | None, list[int]] = {}
+        for i, r in enumerate(routes):
+            parts.setdefault(r, []).append(i)
+        left = [len(parts)]
+        conn = self.conn
+
+        def fill(idx: list[int], got: list[f.Outcome]) -> None:
+            for i, o in zip(idx, got, strict=False):
+                outcomes[i] = o
+            left[0] -= 1
+            if left[0] == 0:
+                conn.send(f.Confirm(frame.req, [o if o is not None else f.Outcome(
+                    channel=frame.msgs[i].channel, code=int(ErrorCode.INTERNAL),
+                    error="no answer") for i, o in enumerate(outcomes)]))
+
+        local = parts.pop(None, None)
+        if local is not None:
+            conn.engine.publish([frame.msgs[i] for i in local], conn.session.access,
+                                lambda got, _exc: fill(local, got),
+                                session=conn.session, publisher=conn)
+        for member, idx in parts.items():
+            if member == ADOPT:  # still not taken over: tried once, say why
+                fill(idx, [f.Outcome(channel=frame.msgs[i].channel,
+                                     code=int(ErrorCode.STORAGE_UNAVAILABLE),
+                                     error="this broker could not take the queue over yet: "
+                                           "send again") for i in idx])
+                continue
+            self._forward(member, [frame.msgs[i] for i in idx], idx, fill)
+        return True
+
+    def _publish_again(self, frame: f.Publish) -> None:
+        if not self.publish(frame, waited=True):
+            self.conn.publish_here(frame)
+
+    def _forward(self, member: str, sends: list[f.Send], idx: list[int], fill: Any) -> None:
+        size = sum(len(s.data) for s in sends)
+        up = self._up(member)
+
+        def answer(ev: f.Frame) -> None:
+            self.forwarding -= size
+            if self.forwarding < FORWARD_PAUSE_BYTES // 4:
+                self.conn.resume_reading()
+            if isinstance(ev, f.Confirm):
+                fill(idx, ev.outcomes)
+                return
+            code = ev.code if isinstance(ev, f.Error) else int(ErrorCode.INTERNAL)
+            text = ev.message if isinstance(ev, f.Error) else "unexpected answer"
+            fill(idx, [f.Outcome(channel=s.channel, code=code, error=text) for s in sends])
+
+        self.forwarding += size
+        if self.forwarding > FORWARD_PAUSE_BYTES:
+            self.conn.pause_reading()
+        if up is None:
+            answer(f.Error(0, int(ErrorCode.STORAGE_UNAVAILABLE),
+                           f"broker {member}, the owner of this queue, cannot be reached"))
+            return
+        up.request(f.Publish(0, sends), answer)
+
+    # ---------------------------------------------------------- subscribe
+    def subscribe(self, frame: f.Subscribe, reply: f.Frame) -> None:
+        """The subscription was made here: make it on every other live broker, then
+        answer ``reply``."""
+        self.subs[frame.sid] = frame
+        self._everywhere(frame, reply)
+
+    def unsubscribe(self, frame: f.Unsubscribe) -> None:
+        self.subs.pop(frame.sid, None)
+        self.extra.pop(frame.sid, None)
+        for up in list(self.ups.values()):
+            up.request(frame, None)
+
+    def sub_add(self, frame: f.SubAdd) -> None:
+        if frame.sid in self.subs:
+            self.extra.setdefault(frame.sid, []).append(frame.pattern)
+        for up in list(self.ups.values()):
+            up.request(frame, None)
+
+    def sub_remove(self, frame: f.SubRemove) -> None:
+        patterns = self.extra.get(frame.sid)
+        if patterns and frame.pattern in patterns:
+            patterns.remove(frame.pattern)
+        for up in list(self.ups.values()):
+            up.request(frame, None)
+
+    def _everywhere(self, frame: f.Frame, reply: f.Frame) -> None:
+        ups = [up for m in self._others() if (up := self._up(m)) is not None]
+        left = [len(ups) + 1]
+
+        def one(ev: f.Frame | None = None) -> None:
+            if isinstance(ev, f.Error):
+                log.warning("front: %s refused on another broker: %s",
+                            type(frame).__name__, ev.message)
+            left[0] -= 1
+            if left[0] == 0:
+                self.conn.send(reply)
+
+        for up in ups:
+            up.request(frame, one)
+        one()
+
+    def delivered(self, up: Upstream, ev: f.Deliver) -> None:
+        """Deliveries from another broker: to the client under tags of this front's."""
+        if self.conn.closed:
+            return
+        items = []
+        for d in ev.items:
+            tag = self._next_tag
+            self._next_tag += 1
+            self.tags[tag] = (up, d.tag)
+            items.append(msgspec.structs.replace(d, tag=tag))
+        while len(self.tags) > MAX_REMOTE_TAGS:  # the oldest settle nothing any more
+            del self.tags[next(iter(self.tags))]
+        self.conn.send_deliveries(ev.sid, items)
+
+    # ------------------------------------------------------------- settle
+    def split(self, tags: list[int]) -> tuple[list[int], list[int]]:
+        """(this broker's tags, the others')."""
+        local = [t for t in tags if t < REMOTE_TAGS]
+        return local, [t for t in tags if t >= REMOTE_TAGS]
+
+    def settle(self, frame: f.Ack | f.Nack | f.Extend, tags: list[int],
+               done: Any) -> int:
+        """Forward the settlement of remote ``tags``; ``done(failed)`` once each link
+        answered (per link). Returns how many answers to wait for."""
+        by_up: dict[Upstream, list[tuple[int, int]]] = {}
+        failed: list[tuple[int, int, str]] = []
+        for tag in tags:
+            found = self.tags.get(tag)
+            if found is None or found[0].closed:
+                failed.append((tag, int(ErrorCode.UNKNOWN_DELIVERY),
+                               f"unknown delivery tag {tag} (its broker is gone, or it was "
+                               "settled already)"))
+                continue
+            by_up.setdefault(found[0], []).append((tag, found[1]))
+            if not isinstance(frame, f.Extend):
+                del self.tags[tag]
+        if failed:
+            done(failed)
+        for up, pairs in by_up.items():
+            back = {theirs: mine for mine, theirs in pairs}
+
+            def answer(ev: f.Frame, back: dict[int, int] = back) -> None:
+                if isinstance(ev, f.Settled):
+                    done([(back.get(t, t), c, m) for t, c, m in ev.failed])
+                else:
+                    text = ev.message if isinstance(ev, f.Error) else "unexpected answer"
+                    code = ev.code if isinstance(ev, f.Error) else int(ErrorCode.INTERNAL)
+                    done([(mine, code, text) for mine in back.values()])
+
+            up.request(msgspec.structs.replace(frame, tags=[t for _, t in pairs]), answer)
+        return len(by_up) + (1 if failed else 0)
+
+    # --------------------------------------------------------------- read
+    def read(self, frame: f.Read) -> bool:
+        q = queue_of(frame.channel)
+        member = None if q is None else self.spread.route(q)
+        if member is None or member == ADOPT:
+            return False
+        up = self._up(member)
+        if up is None:
+            raise RequestError(f"broker {member}, the owner of {q}, cannot be reached")
+
+        def answer(ev: f.Frame) -> None:
+            self.conn.send(msgspec.structs.replace(ev, req=frame.req))
+
+        up.request(frame, answer)
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {"links": [up.status() for up in self.ups.values()],
+                "remote_tags": len(self.tags), "forwarding_bytes": self.forwarding}

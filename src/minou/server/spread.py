@@ -1,0 +1,413 @@
+"""Queues spread over several brokers on one Redis (``[storage] placement = "spread"``).
+
+Every broker is alive in Redis (a record renewed every third of ``owner_lease``, in
+the ``{shared}alive`` set) and owns the queues that rendezvous hashing over the live
+brokers gives it (``placement.owner``). Nothing coordinates them: each one looks at
+the same two inputs every third of the lease and
+
+* adopts a queue it ranks first for once no other live broker owns it (its owner died,
+  handed it over, or it is new): the storage claims it (its epoch goes up, fencing the
+  previous owner) and reads it, the core adds it (``Broker.adopt``);
+* hands a queue over once another live broker ranks first for it (a broker joined):
+  it commits what it staged for the queue, gives the queue up in Redis (the next
+  owner may claim it at once) and forgets it (``Broker.release_queue``).
+
+A broker's clients reach every queue: ``front.py`` forwards what is for a queue owned
+elsewhere to its owner over a link connection authenticated with the cluster's link
+secret (in Redis, the brokers' shared trust, as for TLS fingerprints).
+
+Fencing is the queue epochs', as with one primary: a broker paused past its record
+(SIGSTOP, a long GC) finds its queues claimed and its writes refused; it then stops
+(exit status 1) and its clients reconnect to the others. While its record may have run
+out it delivers nothing (``may_deliver``): what it holds may be served, and acked,
+elsewhere already.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from ..core.snapshot import queue_of
+from ..errors import (
+    ErrorCode,
+    NotAuthenticated,
+    RequestError,
+    StartupError,
+    StorageError,
+    StorageFenced,
+)
+from ..storage.redis.keys import shared_base
+from . import placement
+from .primary import Server, _reason, broker_info, member_id
+
+log = logging.getLogger("minou.cluster")
+
+LINK_PREFIX = "mlk1"  # a link credential: mlk1.<expires>.<hmac of client id, expires>
+LINK_TTL_S = 300.0  # a link credential's life: links reconnect with a fresh one
+HANDOVER_COMMIT_S = 5.0  # how long a hand-over waits for the queue's writes to commit
+ADOPT = "\0adopt"  # route(): this broker takes the queue over first
+HISTORY_KEPT = 20  # recent adoptions and hand-overs `minou cluster` shows
+
+
+class SpreadRole:
+    role = "spread"
+
+    def __init__(self, server: Server, sockets: list[socket.socket]) -> None:
+        self.server = server
+        self.member = member_id(sockets[0].getsockname()[1])
+        self.lease_s = server.settings.storage_owner_lease
+        self.lease = server.storage.lease(self.member, self.lease_s)
+        server.storage.spread_as(self.member)
+        server._tls_context()  # the listeners' certificate: its fingerprint is published
+        self.info = broker_info(server, sockets)
+        self.since = time.time()
+        self.seen_from = 0.0  # monotonic send time of the last alive record that landed
+        self.alive: list[str] = [self.member]
+        self.owners: dict[str, str] = {}  # queue -> the broker Redis says owns it
+        self.queues: set[str] = set()  # every queue in the registry
+        self.addresses: dict[str, dict[str, str]] = {}  # member -> its record
+        self.adopting: dict[str, asyncio.Future[None]] = {}
+        self.history: list[dict[str, Any]] = []
+        self.adopted = self.handed = self.lost = self.fenced_writes = 0
+        self.handing_over = False
+        self.secret = b""
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-spread")
+        self._running: set[asyncio.Future[None]] = set()
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # ------------------------------------------------------------- joining
+    async def join(self) -> None:
+        """Be alive in Redis and learn the others, before the state opens."""
+        try:
+            sent = time.monotonic()
+            await self._call(self._join)
+            self.seen_from = sent
+        except redis.RedisError as exc:
+            raise StartupError(f"cannot use Redis at {self.server.storage.path}: "
+                               f"{_reason(exc)}") from exc
+        self.server.engine.may_deliver = self.may_deliver
+        self.server.engine.route = self.refuse_remote
+        log.warning("spread: broker %s joins %d live broker(s) on %s; it owns the queues "
+                    "rendezvous hashing gives it", self.member, len(self.alive),
+                    self.server.storage.path)
+
+    def _join(self) -> None:
+        self.lease.seen(self.info)
+        client, key = self.lease.client, shared_base(self.server.storage.prefix) + "link"
+        client.set(key, secrets.token_bytes(32), nx=True)
+        self.secret = bytes(client.get(key) or b"")
+        self._look()
+
+    def _look(self) -> None:
+        """What Redis says now: the live brokers, their records, the queues, owners."""
+        client, base = self.lease.client, shared_base(self.server.storage.prefix)
+        alive = self.lease.alive_members()
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(base + "owners")
+        pipe.smembers(base + "queues")
+        for m in alive:
+            pipe.hgetall(base + "member:" + m)
+        owners, queues, *records = pipe.execute()
+        self.alive = alive if self.member in alive else sorted([*alive, self.member])
+        self.owners = {_text(q): _text(m) for q, m in owners.items()}
+        self.queues = {_text(q) for q in queues}
+        self.addresses = {m: {_text(k): _text(v) for k, v in r.items()}
+                          for m, r in zip(alive, records, strict=True)}
+
+    # ----------------------------------------------------------- routing
+    def owner_of(self, queue: str) -> str:
+        """The broker that serves ``queue`` now: its owner in Redis while that one is
+        alive, else the one placement gives it to (which claims it at its first use)."""
+        owner = self.owners.get(queue)
+        if owner is not None and owner in self.alive:
+            return owner
+        return placement.owner(queue, self.alive) or self.member
+
+    def route(self, queue: str) -> str | None:
+        """Where what is for ``queue`` goes now: None here, ``ADOPT`` here once this
+        broker has taken it over (it exists, and no live broker owns it but this one is
+        to: served before adopting, it would start again from seq 1), else the member."""
+        if queue in self.server.core.held_queues():
+            return None
+        if queue in self.adopting:
+            return ADOPT
+        owner = self.owner_of(queue)
+        if owner != self.member:
+            return owner
+        return ADOPT if queue in self.queues or queue in self.owners else None
+
+    def adoption(self, queue: str) -> asyncio.Future[None]:
+        """The adoption of ``queue``, started now if it is not under way."""
+        done = self.adopting.get(queue)
+        if done is None:
+            done = self.adopting[queue] = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._adopt(queue, done))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        return done
+
+    def refuse_remote(self, sends: Any) -> RequestError | None:
+        """For the doors without a front (HTTP, streams): a publish to a queue another
+        broker owns, or one being taken over, is refused with where to go."""
+        for send in sends:
+            q = queue_of(send.channel)
+            if q is None:
+                continue
+            where = self.route(q)
+            if where is None:
+                continue
+            if where == ADOPT:
+                self.adoption(q)
+                exc = RequestError(f"queue {q} is being taken over by this broker: "
+                                   "send again in a moment")
+                exc.code = ErrorCode.STORAGE_UNAVAILABLE
+                return exc
+            record = self.addresses.get(where, {})
+            there = record.get("http") or record.get("native")
+            exc = RequestError(
+                f"queue {q} is owned by broker {where} ({there}); this door does not "
+                "forward yet: send it there, or use the native protocol",
+                owner=where, native=record.get("native"), http=record.get("http"))
+            exc.code = ErrorCode.STANDBY
+            return exc
+        return None
+
+    def address(self, member: str) -> dict[str, str] | None:
+        return self.addresses.get(member)
+
+    def may_deliver(self) -> bool:
+        """Deliver only while this broker's alive record surely holds (it runs out in
+        Redis no sooner than a lease after it was sent), or while no other broker could
+        have claimed its queues (alone at the last look)."""
+        return time.monotonic() - self.seen_from < self.lease_s or len(self.alive) <= 1
+
+    # ------------------------------------------------------- link credentials
+    def link_credential(self, client_id: str) -> str:
+        """What this broker presents, as ``client_id``, to the owner of a queue."""
+        expires = int(time.time() + LINK_TTL_S)
+        return f"{LINK_PREFIX}.{expires}.{self._sign(client_id, expires)}"
+
+    def _sign(self, client_id: str, expires: int) -> str:
+        mac = hmac.new(self.secret, f"{client_id}\0{expires}".encode(), hashlib.sha256)
+        return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+    def verify_link(self, credential: str, client_id: str) -> None:
+        """NotAuthenticated unless another broker of this cluster vouches for
+        ``client_id`` with ``credential`` (it authenticated the client itself)."""
+        try:
+            prefix, expires_s, mac = credential.split(".")
+            expires = int(expires_s)
+        except ValueError:
+            raise NotAuthenticated("malformed link credential", why="bad_link") from None
+        if prefix != LINK_PREFIX or not self.secret or not hmac.compare_digest(
+                mac, self._sign(client_id, expires)):
+            raise NotAuthenticated("link credential refused: not signed with this "
+                                   "cluster's link secret", why="bad_link")
+        if expires < time.time():
+            raise NotAuthenticated("link credential expired", why="link_expired")
+
+    # ------------------------------------------------------------ ownership
+    async def settle_in(self) -> None:
+        """At start: adopt this broker's share before serving."""
+        await self.rebalance()
+
+    async def keep(self) -> None:
+        """Every third of the lease: stay alive, look, adopt and hand over."""
+        last_ok, warned = time.monotonic(), False
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            sent = time.monotonic()
+            try:
+                await self._call(self._renew)
+            except redis.RedisError as exc:
+                out_for = time.monotonic() - last_ok
+                if out_for > self.lease_s and len(self.alive) > 1:
+                    self.stop_serving(f"Redis at {self.server.storage.path} has been out of "
+                                      f"reach for {out_for:.1f} s ({exc}), past the lease, "
+                                      "with other brokers to take its queues over")
+                    return
+                if not warned and out_for > self.lease_s / 2:
+                    warned = True
+                    log.error("spread: cannot renew this broker's record on %s: %s",
+                              self.server.storage.path, exc)
+                continue
+            last_ok, warned = time.monotonic(), False
+            self.seen_from = sent
+            if not self._still_mine():
+                return
+            await self.rebalance()
+            for conn in list(self.server.connections):
+                if conn.front is not None:
+                    conn.front.sync()
+
+    def _renew(self) -> None:
+        self.lease.seen(self.info)
+        self._look()
+
+    def _still_mine(self) -> bool:
+        """A queue held here but owned by another broker in Redis: this broker was
+        dead to the others for a while (paused, cut off) and they took it."""
+        taken = sorted(q for q in self.server.core.held_queues()
+                       if self.owners.get(q, self.member) != self.member)
+        if taken:
+            self.stop_serving(f"queue(s) {', '.join(taken)} were claimed by another broker")
+            return False
+        return True
+
+    async def rebalance(self) -> None:
+        if self.server.draining or self.role != "spread":
+            return
+        held = self.server.core.held_queues()
+        for q in sorted(self.queues - held - set(self.adopting)):
+            if self.owner_of(q) == self.member:
+                await self.adopt(q)
+        for q in sorted(held):
+            target = placement.owner(q, self.alive)
+            if target is not None and target != self.member:
+                await self.hand_over(q, target)
+
+    async def adopt(self, queue: str) -> None:
+        await self.adoption(queue)
+
+    async def _adopt(self, queue: str, done: asyncio.Future[None]) -> None:
+        server = self.server
+        loop = asyncio.get_running_loop()
+        try:
+            now = time.time()
+            snap = await loop.run_in_executor(server._writer_pool, server.storage.open_queue,
+                                              queue, now)
+            if queue in server.core.held_queues():  # made here meanwhile by a publish
+                log.warning("spread: %s was made here while it was claimed", queue)
+            else:
+                server.core.adopt(snap, now)
+            self._note("adopted", queue, previous=self.owners.get(queue))
+            self.owners[queue] = self.member
+            self.adopted += 1
+            log.info("spread: adopted %s", queue)
+        except StorageFenced as exc:
+            log.info("spread: %s not adopted yet: %s", queue, exc)
+        except StorageError as exc:
+            log.warning("spread: could not adopt %s: %s", queue, exc)
+        finally:
+            del self.adopting[queue]
+            done.set_result(None)
+            server.engine.request_pump()
+
+    async def hand_over(self, queue: str, to: str) -> None:
+        """Commit what is staged for ``queue``, give it up in Redis, forget it."""
+        server, core = self.server, self.server.core
+        deadline = time.monotonic() + HANDOVER_COMMIT_S
+        while core.queue_pending(queue) or not server.scheduler.idle:
+            if time.monotonic() > deadline:
+                log.warning("spread: %s not handed over to %s: its writes did not commit "
+                            "within %g s", queue, to, HANDOVER_COMMIT_S)
+                return
+            server.engine.commit(force=True)
+            await asyncio.sleep(0.01)
+        forgotten = core.release_queue(queue, time.time())
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                server._writer_pool, server.storage.release_queue, queue)
+        except StorageError as exc:  # the owner record runs out with this broker's life
+            log.warning("spread: could not give %s up in Redis: %s", queue, exc)
+        self.owners.pop(queue, None)
+        self.handed += 1
+        self._note("handed over", queue, to=to, forgotten=forgotten)
+        log.info("spread: handed %s over to %s (%d deliveries in flight come again from it)",
+                 queue, to, forgotten)
+
+    def _note(self, what: str, queue: str, **detail: Any) -> None:
+        self.history.insert(0, {"at": round(time.time(), 3), "what": what, "queue": queue,
+                                **detail})
+        del self.history[HISTORY_KEPT:]
+
+    # ------------------------------------------------------------- failures
+    def lapsed(self, exc: StorageFenced) -> bool:
+        return False
+
+    def fenced(self, exc: Exception) -> None:
+        self.fenced_writes += 1
+        self.stop_serving(f"a write was refused (fenced): {exc}")
+
+    def stop_serving(self, why: str) -> None:
+        server = self.server
+        if self.role != "spread":
+            return
+        self.role = "lost"
+        self.lost += 1
+        log.error("%s: this broker was paused or cut off past owner_lease (%g s) and the "
+                  "others took its queues or may; it writes nothing more and stops now "
+                  "(exit status 1); its clients reconnect to the others", why, self.lease_s)
+        server.exit_status = 1
+        server.stop_reason = server.stop_reason or "lost its queues"
+        server.request_stop()
+
+    # ------------------------------------------------------------- stopping
+    async def hand_over_all(self, by: str) -> None:
+        """A soft stop: hand every queue to the broker that ranks next for it."""
+        self.handing_over = True
+        others = [m for m in self.alive if m != self.member]
+        for q in sorted(self.server.core.held_queues()):
+            target = placement.owner(q, others)
+            if target is not None:
+                await self.hand_over(q, target)
+
+    async def release(self) -> None:
+        """A clean stop: leave the alive set, so the others claim at once."""
+        try:
+            await self._call(self.lease.leave)
+        except redis.RedisError as exc:
+            log.warning("could not leave the alive set (%s): the others claim this "
+                        "broker's queues when its record runs out", exc)
+        with contextlib.suppress(Exception):
+            await self._call(self.lease.close)
+        if self.role == "spread":
+            self.role = "stopped"
+        self._pool.shutdown(wait=False)
+
+    # --------------------------------------------------------------- views
+    async def view(self) -> dict[str, Any]:
+        """``minou cluster``: the brokers, the queues with their owners, epochs and
+        where placement puts them, and the recent adoptions and hand-overs."""
+        members = await self._call(self.lease.members)
+        for m in members:
+            m["role"] = "spread" if m.get("alive") else "gone"
+            m["self"] = m["id"] == self.member
+            m["queues"] = sorted(q for q, o in self.owners.items() if o == m["id"])
+        epochs = dict(self.server.storage.epochs)
+        held = self.server.core.held_queues()
+        queues = []
+        for q in sorted(self.queues | set(self.owners)):
+            queues.append({"queue": q, "owner": self.owners.get(q),
+                           "placed": placement.owner(q, self.alive),
+                           "epoch": epochs.get(q) if q in held else None})
+        return {"storage": self.server.storage.path, "owner_lease": self.lease_s,
+                "placement": "spread", "primary": None, "brokers": members,
+                "queues": queues, "events": list(self.history),
+                "this_broker": self.status()}
+
+    def status(self) -> dict[str, Any]:
+        return {"member": self.member, "role": self.role, "placement": "spread",
+                "owner_lease": self.lease_s, "handing_over": self.handing_over,
+                "alive": len(self.alive), "queues_owned": len(self.server.core.held_queues()),
+                "adopted": self.adopted, "handed_over": self.handed, "lost": self.lost,
+                "fenced_writes": self.fenced_writes,
+                **{k: v for k, v in self.info.items() if k in ("native", "http")}}
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,150 @@
+"""Queues spread over brokers (issue 18, items 1 and 2): ``[storage] placement =
+"spread"``, three real broker processes on a real redis-server of the test's own.
+
+Each broker owns the queues rendezvous hashing gives it; a client on any broker
+publishes to every queue and consumes a pattern spanning queues owned by all three
+(its broker forwards to the owners over link connections); kill -9 of a broker: the
+others adopt its queues within the lease and nothing confirmed is lost; a broker that
+joins takes its share by hand-over.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import minou
+
+from ..conftest import BrokerProcess, wait_until
+from ..redis_server import REDIS_SERVER, RedisServer
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+
+LEASE = 1.0
+QUEUES = [f"orders/v{i}" for i in range(1, 9)]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Any:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def spread_brokers(broker_factory: Any, redis: RedisServer, tmp_path: Path, n: int
+                   ) -> list[BrokerProcess]:
+    cfg = tmp_path / "spread.toml"
+    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
+                   'placement = "spread"\n')
+    made = [broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(n)]
+    ADMINS[redis.url] = made[0]
+    return made
+
+
+ADMINS: dict[str, BrokerProcess] = {}  # redis URL -> the broker that made the admin key
+
+
+def cluster_view(b: BrokerProcess) -> dict[str, Any]:
+    """``minou cluster --json`` asked of ``b`` (as the admin the first broker made: the
+    registry is shared)."""
+    env = {**ADMINS[b.storage].cli_env(), "MINOU_URL": b.url}
+    done = subprocess.run([sys.executable, "-m", "minou", "cluster", "--json"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def owners(b: BrokerProcess) -> dict[str, str]:
+    return {q["queue"]: q["owner"] for q in cluster_view(b)["queues"]}
+
+
+def settled_spread(b: BrokerProcess, alive: int) -> bool:
+    """Every queue owned by the broker placement gives it to, over ``alive`` brokers."""
+    view = cluster_view(b)
+    live = [m for m in view["brokers"] if m["alive"]]
+    return len(live) == alive and all(q["owner"] == q["placed"] for q in view["queues"]) \
+        and {q["queue"] for q in view["queues"]} >= set(QUEUES)
+
+
+def publish_all(b: BrokerProcess, per_queue: int, start: int = 0) -> int:
+    with b.connect_sync("producer") as c:
+        for i in range(start, start + per_queue):  # one frame over every queue: split
+            receipts = c.send_many([(f"{q}/1", {"n": i, "q": q}) for q in QUEUES])
+            assert [r.seq for r in receipts] == [i + 1] * len(QUEUES)
+    return per_queue * len(QUEUES)
+
+
+def consume(b: BrokerProcess, expect: int, *, timeout: float = 3.0) -> dict[tuple[str, int], int]:
+    """Consume ``orders/*`` as group ``all`` through ``b`` until ``expect`` came and then
+    nothing for ``timeout`` s; ack each. {(queue, n): deliveries}."""
+    got: dict[tuple[str, int], int] = {}
+    with b.connect_sync("consumer") as c:
+        sub = c.consume("orders/*", group="all", prefetch=50)
+        while True:
+            try:
+                msg = sub.get(timeout=30 if len(got) < expect else timeout)
+            except (TimeoutError, minou.Timeout):
+                break
+            key = (msg.payload["q"], msg.payload["n"])
+            got[key] = got.get(key, 0) + 1
+            assert msg.ack(), f"the ack of {key} (tag {msg.tag}) was refused"
+    return got
+
+
+def test_three_brokers_spread_the_queues_and_any_serves_every_queue(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
+    sent = publish_all(brokers[0], 25)
+    wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
+    by_owner: dict[str, int] = {}
+    for owner in owners(brokers[1]).values():
+        by_owner[owner] = by_owner.get(owner, 0) + 1
+    assert len(by_owner) == 3, f"8 queues not spread over the three brokers: {by_owner}"
+    # Reads of a channel go to its owner wherever the client is.
+    with brokers[1].connect_sync("reader") as c:
+        for q in QUEUES:
+            msgs, _ = c.read(f"{q}/1", limit=100)
+            assert [m.payload["n"] for m in msgs] == list(range(25))
+    # A consumer on another broker reads every queue, each message once, and its acks
+    # (tags of three brokers) all land: nothing comes again.
+    got = consume(brokers[2], sent)
+    assert len(got) == sent and set(got.values()) == {1}
+    assert consume(brokers[1], 0, timeout=2.0) == {}
+
+
+def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
+    sent = publish_all(brokers[0], 10)
+    wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
+    victim = brokers[2]
+    gone = cluster_view(victim)["this_broker"]["member"]
+    assert gone in owners(brokers[0]).values(), "the broker to kill owns nothing"
+    victim.kill()
+    wait_until(lambda: settled_spread(brokers[0], 2), timeout=20)
+    assert gone not in owners(brokers[1]).values()
+    sent += publish_all(brokers[1], 10, start=10)
+    got = consume(brokers[0], sent)
+    assert len(got) == sent, f"{sent - len(got)} confirmed message(s) missing"
+
+
+def test_a_broker_that_joins_takes_its_share_by_hand_over(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    (first,) = spread_brokers(broker_factory, redis, tmp_path, 1)
+    sent = publish_all(first, 10)
+    assert set(owners(first).values()) == {cluster_view(first)["this_broker"]["member"]}
+    cfg = tmp_path / "spread.toml"
+    second = broker_factory.make(config=cfg, storage=redis.url).start()
+    wait_until(lambda: settled_spread(first, 2), timeout=20)
+    mine = cluster_view(second)["this_broker"]["member"]
+    assert mine in set(owners(first).values()), "the new broker took nothing"
+    events = cluster_view(first)["events"]
+    assert any(e["what"] == "handed over" and e.get("to") == mine for e in events)
+    got = consume(second, sent)
+    assert len(got) == sent and set(got.values()) == {1}
