@@ -11,6 +11,7 @@ joins takes its share by hand-over.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -147,4 +148,44 @@ def test_a_broker_that_joins_takes_its_share_by_hand_over(
     events = cluster_view(first)["events"]
     assert any(e["what"] == "handed over" and e.get("to") == mine for e in events)
     got = consume(second, sent)
+    assert len(got) == sent and set(got.values()) == {1}
+
+
+def test_a_broker_paused_past_its_lease_writes_nothing_when_it_wakes_and_exits(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    sent = publish_all(a, 5)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    paused = cluster_view(b)["this_broker"]["member"]
+    assert paused in owners(a).values()
+    assert b.proc is not None
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: settled_spread(a, 1), timeout=LEASE + 15,
+                   what="the paused broker's queues to be adopted")
+        sent += publish_all(a, 5, start=5)  # every queue, now all a's
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    assert b.proc.wait(20) == 1, b.output
+    assert "claimed by another broker" in b.output or "fenced" in b.output, b.output
+    got = consume(a, sent)
+    assert len(got) == sent and set(got.values()) == {1}
+
+
+def test_soft_stop_hands_every_queue_over_and_exits_0(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    sent = publish_all(a, 5)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    leaving = cluster_view(b)["this_broker"]["member"]
+    env = {**ADMINS[redis.url].cli_env(), "MINOU_URL": b.url}
+    done = subprocess.run([sys.executable, "-m", "minou", "soft-stop", "--json"],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert b.proc is not None and b.proc.wait(30) == 0, b.output
+    view = cluster_view(a)
+    assert leaving not in {q["owner"] for q in view["queues"]}
+    assert any(e["what"] == "adopted" for e in view["events"])
+    sent += publish_all(a, 5, start=5)
+    got = consume(a, sent)
     assert len(got) == sent and set(got.values()) == {1}

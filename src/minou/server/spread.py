@@ -74,6 +74,7 @@ class SpreadRole:
         self.info = broker_info(server, sockets)
         self.since = time.time()
         self.seen_from = 0.0  # monotonic send time of the last alive record that landed
+        self.cut_off = False  # the last renewal found Redis out of reach
         self.alive: list[str] = [self.member]
         self.owners: dict[str, str] = {}  # queue -> the broker Redis says owns it
         self.queues: set[str] = set()  # every queue in the registry
@@ -191,9 +192,13 @@ class SpreadRole:
 
     def may_deliver(self) -> bool:
         """Deliver only while this broker's alive record surely holds (it runs out in
-        Redis no sooner than a lease after it was sent), or while no other broker could
-        have claimed its queues (alone at the last look)."""
-        return time.monotonic() - self.seen_from < self.lease_s or len(self.alive) <= 1
+        Redis no sooner than a lease after it was sent), or while Redis is out of reach
+        and no other broker was alive at the last look (a lone broker goes on). Woken
+        from a pause, it delivers nothing until its next record says whether others
+        took its queues meanwhile (a broker started since the last look was not seen)."""
+        if time.monotonic() - self.seen_from < self.lease_s:
+            return True
+        return self.cut_off and len(self.alive) <= 1
 
     # ------------------------------------------------------- link credentials
     def link_credential(self, client_id: str) -> str:
@@ -234,6 +239,7 @@ class SpreadRole:
             try:
                 await self._call(self._renew)
             except redis.RedisError as exc:
+                self.cut_off = True
                 out_for = time.monotonic() - last_ok
                 if out_for > self.lease_s and len(self.alive) > 1:
                     self.stop_serving(f"Redis at {self.server.storage.path} has been out of "
@@ -246,7 +252,7 @@ class SpreadRole:
                               self.server.storage.path, exc)
                 continue
             last_ok, warned = time.monotonic(), False
-            self.seen_from = sent
+            self.seen_from, self.cut_off = sent, False
             if not self._still_mine():
                 return
             await self.rebalance()
