@@ -308,7 +308,9 @@ class HttpCluster:
                                  event_hooks={"request": [self._sign]})
 
     def _sign(self, request: httpx.Request) -> None:
-        if time.monotonic() - self._token_at > 600:  # tokens live 20 min at most here
+        # tokens live 20 min at most here (the first one whatever the clock: monotonic
+        # time may be under 600 s on a machine just booted)
+        if not self._token or time.monotonic() - self._token_at > 600:
             key = keyfiles.load_private(client_key(self.client_id))
             self._token = make_token(self.client_id, key, "minou", ttl=1200)
             self._token_at = time.monotonic()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -311,6 +312,110 @@ def test_a_primary_paused_past_its_lease_writes_nothing_when_it_wakes(
     assert "another broker took over" in out and "writes nothing more" in out, out[-3000:]
     assert_kept_every_confirmed(standby, producer)
     assert standby.stop() == 0
+
+
+def woken_primary_delivers_nothing_acked(primary: BrokerProcess,
+                                         take_over: Callable[[], BrokerProcess]
+                                         ) -> BrokerProcess:
+    """A consumer on ``primary`` holds no deliveries; the primary holds in memory a
+    message that falls due (published with a delay) while it is paused (SIGSTOP) past its
+    lease. ``take_over`` returns another broker once it serves; that message and one
+    published through it are delivered there and acked (confirmed). After SIGCONT the
+    old primary, whose consumer is still attached, must deliver neither: it delivers
+    nothing until it knows its lease holds, here finds it lost, and exits 1. Returns the
+    new primary."""
+    import minou
+
+    assert primary.proc is not None
+    got: list[int] = []  # what the old primary's consumer received, in order
+    acked: set[int] = set()
+    stop = threading.Event()
+    # One URL: this consumer stays on the old primary (heartbeats far apart: it does not
+    # give the paused broker up on its own).
+    with minou.connect_sync(primary.url, request_timeout=10, heartbeat=60,
+                            **primary.auth("old-reader")) as old:
+        sub = old.consume("fill/v1/*", group="g", prefetch=10)
+
+        def read() -> None:
+            while not stop.is_set():
+                try:
+                    got.append(sub.get(timeout=0.2).seq)
+                except (TimeoutError, MinouError):
+                    continue
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        with primary.connect_sync("producer") as pub:
+            held = pub.send(CH, {"n": 0}, delay=2.0).seq  # in the primary's memory
+        primary.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert got == []  # nothing was due: the consumer holds nothing
+            new_primary = take_over()
+            with minou.connect_sync(new_primary.url, request_timeout=10,
+                                    **primary.auth("new-reader")) as new:
+                fresh = new.send(CH, {"n": 1}).seq
+                on_new = new.consume("fill/v1/*", group="g", prefetch=10)
+                while len(acked) < 2:  # the delayed one once due (within 2 s)
+                    m = on_new.get(timeout=20)
+                    assert m.ack(), f"the ack of #{m.seq} was not confirmed"
+                    acked.add(m.seq)
+            assert acked == {held, fresh}
+            assert primary.proc.poll() is None  # still paused: it cannot have delivered
+        finally:
+            primary.proc.send_signal(signal.SIGCONT)
+        assert primary.proc.wait(20) == 1, primary.output[-3000:]
+        stop.set()
+        reader.join(10)
+    assert not set(got) & acked, \
+        f"the woken primary delivered {got}, acked already: {sorted(acked)}\n" \
+        + primary.output[-3000:]
+    assert "another broker took over" in primary.output, primary.output[-3000:]
+    got_again, _ = drain(new_primary, "recount", 0, timeout=1.0)
+    assert got_again == {}  # both acked on the new primary: nothing comes back
+    return new_primary
+
+
+def test_a_primary_woken_past_its_lease_delivers_nothing_acked_on_the_new_one(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """The bug ``make chaos`` found under load ("deliveries after a confirmed ack = 1"):
+    a primary woken from a pause past its lease delivered, from memory, a message the
+    new primary had delivered already and whose ack was confirmed."""
+    import minou
+
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    with minou.connect_sync(primary.url, request_timeout=10, **primary.admin_auth()) as adm:
+        def renewals() -> int:
+            return int(adm.admin("cluster")["this_broker"]["lease_renewals"])
+        # Two renewals after the standby said it was ready: the primary counted it among
+        # the brokers alive (it is not alone).
+        start = renewals()
+        wait_until(lambda: renewals() >= start + 2, 10, what="two lease renewals")
+
+    def take_over() -> BrokerProcess:
+        wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+        return standby
+
+    assert woken_primary_delivers_nothing_acked(primary, take_over).stop() == 0
+
+
+def test_a_lone_primary_woken_past_its_lease_delivers_nothing_acked_by_a_later_one(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Alone at its last renewal is not enough to deliver past the lease: a broker
+    started during the pause was counted by no renewal, and takes over once the lease
+    runs out."""
+    lease = 5.0  # the second broker surely starts (a standby) before it runs out
+    cfg = tmp_path / "alone.toml"
+    cfg.write_text(f"[storage]\nowner_lease = {lease}\n")
+    primary = broker_factory.make(config=cfg, storage=redis.url).start()
+
+    def take_over() -> BrokerProcess:
+        second = broker_factory.make(config=cfg, storage=redis.url)
+        second.port, second.http_port = free_port(), free_port()
+        second.start(timeout=lease + 30, ready="took over as the primary")
+        wait_until(lambda: serving(second), 10, what="the second broker to serve")
+        return second
+
+    assert woken_primary_delivers_nothing_acked(primary, take_over).stop() == 0
 
 
 def test_deliveries_of_the_old_primary_cannot_be_settled_and_come_again(
