@@ -568,12 +568,17 @@ def keygen(client_id: str, out_dir: str) -> None:
 def cluster(conn: dict[str, Any], as_json: bool) -> None:
     """Show the brokers sharing this broker's storage (several on one Redis): the
     primary, the standbys (with the client connections each relays to the primary),
-    the queues with their fencing epochs, recent takeovers."""
+    the queues with their fencing epochs, recent takeovers. With placement = "spread":
+    every broker, the queues with their owner and where placement puts them, and the
+    recent adoptions and hand-overs."""
     view = _admin(conn, "cluster")
     if as_json:
         click.echo(json.dumps(view, indent=2))
         return
     console = out()
+    if view.get("placement") == "spread":
+        _show_spread(console, view)
+        return
     brokers = Table(title=f"brokers on {view['storage']}"
                     + (f" (owner_lease {view['owner_lease']:g} s)" if view["owner_lease"] else ""))
     for col in ("broker", "role", "native", "http", "since", "relaying (now / in all)"):
@@ -607,6 +612,48 @@ def cluster(conn: dict[str, Any], as_json: bool) -> None:
     if me:
         console.print(f"this broker: {me['role']}, {me['lease_renewals']} lease renewals, "
                       f"{me['takeovers']} takeovers, {me['fenced_writes']} fenced writes")
+
+
+def _show_spread(console: Any, view: dict[str, Any]) -> None:
+    """``minou cluster`` when the queues are spread over the brokers."""
+    brokers = Table(title=f"brokers on {view['storage']} (queues spread, owner_lease "
+                          f"{view['owner_lease']:g} s)")
+    for col in ("broker", "alive", "native", "http", "since", "queues"):
+        brokers.add_column(col)
+    for b in view["brokers"]:
+        since = b.get("since")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since))) if since else ""
+        brokers.add_row(b["id"] + (" (this one)" if b.get("self") else ""),
+                        Text("yes" if b.get("alive") else "gone",
+                             style="green" if b.get("alive") else "yellow"),
+                        str(b.get("native") or ""), str(b.get("http") or ""), when,
+                        str(len(b.get("queues") or [])))
+    console.print(brokers)
+    if view["queues"]:
+        queues = Table(title="queues (owner: who serves it; placed: who rendezvous hashing "
+                             "gives it to, it moves there)")
+        for col in ("queue", "owner", "placed", "epoch here"):
+            queues.add_column(col)
+        for q in view["queues"]:
+            moving = q["owner"] != q["placed"]
+            queues.add_row(q["queue"], str(q["owner"] or "-"),
+                           Text(str(q["placed"] or "-"), style="yellow" if moving else ""),
+                           "" if q["epoch"] is None else str(q["epoch"]))
+        console.print(queues)
+    if view["events"]:
+        events = Table(title="recent adoptions and hand-overs (this broker)")
+        for col in ("when", "what", "queue", "detail"):
+            events.add_column(col)
+        for e in view["events"]:
+            detail = f"to {e['to']}" if e.get("to") else \
+                f"from {e['previous']}" if e.get("previous") else ""
+            events.add_row(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["at"])),
+                           e["what"], e["queue"], detail)
+        console.print(events)
+    me = view["this_broker"]
+    console.print(f"this broker: {me['member']}, owns {me['queues_owned']} queue(s) of "
+                  f"{me['alive']} live broker(s); {me['adopted']} adopted, "
+                  f"{me['handed_over']} handed over, {me['fenced_writes']} fenced writes")
 
 
 @main.command()

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
 
 LEASE = 1.0
-QUEUES = [f"orders/v{i}" for i in range(1, 9)]
+QUEUES = [f"orders/v{i}" for i in range(1, 13)]
 
 
 @pytest.fixture
@@ -106,7 +106,14 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue(
     by_owner: dict[str, int] = {}
     for owner in owners(brokers[1]).values():
         by_owner[owner] = by_owner.get(owner, 0) + 1
-    assert len(by_owner) == 3, f"8 queues not spread over the three brokers: {by_owner}"
+    # Member ids are random, so the split is too: 12 queues all on one broker has odds
+    # of 3 / 3**12 (and one of three with none, 3 * (2/3)**12 = 2.3 %: not asserted).
+    assert len(by_owner) >= 2, f"12 queues not spread over the brokers: {by_owner}"
+    shown = subprocess.run([sys.executable, "-m", "minou", "cluster"],
+                           env={**brokers[0].cli_env(), "COLUMNS": "200"},
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "queues spread" in shown.stdout and all(q in shown.stdout for q in QUEUES)
     # Reads of a channel go to its owner wherever the client is.
     with brokers[1].connect_sync("reader") as c:
         for q in QUEUES:
@@ -124,13 +131,14 @@ def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(
     brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
     sent = publish_all(brokers[0], 10)
     wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
-    victim = brokers[2]
+    held = set(owners(brokers[0]).values())
+    victim = next(b for b in brokers[1:] if cluster_view(b)["this_broker"]["member"] in held)
     gone = cluster_view(victim)["this_broker"]["member"]
-    assert gone in owners(brokers[0]).values(), "the broker to kill owns nothing"
     victim.kill()
     wait_until(lambda: settled_spread(brokers[0], 2), timeout=20)
-    assert gone not in owners(brokers[1]).values()
-    sent += publish_all(brokers[1], 10, start=10)
+    survivor = next(b for b in brokers[1:] if b is not victim)
+    assert gone not in owners(survivor).values()
+    sent += publish_all(survivor, 10, start=10)
     got = consume(brokers[0], sent)
     assert len(got) == sent, f"{sent - len(got)} confirmed message(s) missing"
 

@@ -40,6 +40,34 @@ log = logging.getLogger("minou.cluster")
 REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
 MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
 FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
+# A queue that moves while a publish is on its way (handed over, being adopted): the
+# publish is routed again every step until this long has passed, then refused.
+MOVING_RETRY_S = 10.0
+MOVING_RETRY_STEP_S = 0.05
+# What an owner answers for a queue it does not serve (any more, or yet).
+MOVED_CODES = frozenset({int(ErrorCode.STANDBY), int(ErrorCode.STORAGE_UNAVAILABLE)})
+
+
+class _Confirming:
+    """A PUBLISH split over brokers: its outcomes as the parts answer, one CONFIRM once
+    every message has one (in the frame's order)."""
+
+    def __init__(self, conn: Any, frame: f.Publish) -> None:
+        self.conn = conn
+        self.frame = frame
+        self.outcomes: list[f.Outcome | None] = [None] * len(frame.msgs)
+        self.left = len(frame.msgs)
+
+    def fill(self, idx: list[int], got: list[f.Outcome]) -> None:
+        for i, o in zip(idx, got, strict=False):
+            if self.outcomes[i] is None:
+                self.left -= 1
+            self.outcomes[i] = o
+        if self.left == 0:
+            self.left = -1  # answered once
+            self.conn.send(f.Confirm(self.frame.req, [o if o is not None else f.Outcome(
+                channel=self.frame.msgs[i].channel, code=int(ErrorCode.INTERNAL),
+                error="no answer") for i, o in enumerate(self.outcomes)]))
 
 
 class Front:
@@ -70,9 +98,11 @@ class Front:
 
     def sync(self) -> None:
         """The live brokers changed: subscribe on the new ones, drop the dead ones."""
-        alive = set(self._others())
+        alive = set(self.spread.alive) - {self.spread.member}
         for member in [m for m in self.ups if m not in alive]:
-            self.ups.pop(member).close()
+            # Dead to the cluster (its record ran out): what it owes is answered now
+            # (publishes are routed again to the queues' new owners), not never.
+            self.ups.pop(member).fail(f"broker {member} left the cluster")
         if not self.subs:
             return
         for member in alive - set(self.ups):
@@ -123,43 +153,71 @@ class Front:
             return True
         if all(r is None for r in routes):
             return False
-        n = len(frame.msgs)
-        outcomes: list[f.Outcome | None] = [None] * n
-        parts: dict[str | None, list[int]] = {}
-        for i, r in enumerate(routes):
-            parts.setdefault(r, []).append(i)
-        left = [len(parts)]
-        conn = self.conn
-
-        def fill(idx: list[int], got: list[f.Outcome]) -> None:
-            for i, o in zip(idx, got, strict=False):
-                outcomes[i] = o
-            left[0] -= 1
-            if left[0] == 0:
-                conn.send(f.Confirm(frame.req, [o if o is not None else f.Outcome(
-                    channel=frame.msgs[i].channel, code=int(ErrorCode.INTERNAL),
-                    error="no answer") for i, o in enumerate(outcomes)]))
-
-        local = parts.pop(None, None)
-        if local is not None:
-            conn.engine.publish([frame.msgs[i] for i in local], conn.session.access,
-                                lambda got, _exc: fill(local, got),
-                                session=conn.session, publisher=conn)
-        for member, idx in parts.items():
-            if member == ADOPT:  # still not taken over: tried once, say why
-                fill(idx, [f.Outcome(channel=frame.msgs[i].channel,
-                                     code=int(ErrorCode.STORAGE_UNAVAILABLE),
-                                     error="this broker could not take the queue over yet: "
-                                           "send again") for i in idx])
-                continue
-            self._forward(member, [frame.msgs[i] for i in idx], idx, fill)
+        deadline = asyncio.get_running_loop().time() + MOVING_RETRY_S
+        self._dispatch(_Confirming(self.conn, frame), list(range(len(frame.msgs))), routes,
+                       deadline)
         return True
 
     def _publish_again(self, frame: f.Publish) -> None:
         if not self.publish(frame, waited=True):
             self.conn.publish_here(frame)
 
-    def _forward(self, member: str, sends: list[f.Send], idx: list[int], fill: Any) -> None:
+    def _dispatch(self, pending: _Confirming, idx: list[int], routes: list[str | None],
+                  deadline: float) -> None:
+        """Send messages ``idx`` of the frame where ``routes`` says (by message)."""
+        parts: dict[str | None, list[int]] = {}
+        for i in idx:
+            parts.setdefault(routes[i], []).append(i)
+        msgs, conn = pending.frame.msgs, self.conn
+        local = parts.pop(None, None)
+        if local is not None:
+            try:
+                conn.engine.publish([msgs[i] for i in local], conn.session.access,
+                                    lambda got, _exc: pending.fill(local, got),
+                                    session=conn.session, publisher=conn)
+            except RequestError as exc:  # refused whole (stopping): its part says why
+                pending.fill(local, [f.Outcome(channel=msgs[i].channel, code=int(exc.code),
+                                               error=exc.message) for i in local])
+        for member, part in parts.items():
+            if member == ADOPT:
+                self._moving(pending, part, deadline, "this broker could not take the "
+                             "queue over yet")
+                continue
+            self._forward(pending, member, part, deadline)
+
+    def _moving(self, pending: _Confirming, idx: list[int], deadline: float,
+                why: str) -> None:
+        """Messages whose queue is moving (handed over, being adopted): routed again
+        shortly, until ``deadline``; then refused with ``why``."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= deadline or self.conn.closed:
+            pending.fill(idx, [f.Outcome(channel=pending.frame.msgs[i].channel,
+                                         code=int(ErrorCode.STORAGE_UNAVAILABLE),
+                                         error=f"{why}: send again") for i in idx])
+            return
+
+        def again() -> None:
+            sp, msgs = self.spread, pending.frame.msgs
+            routes: list[str | None] = [None] * len(msgs)
+            waits = []
+            for i in idx:
+                q = queue_of(msgs[i].channel)
+                routes[i] = None if q is None else sp.route(q)
+                if routes[i] == ADOPT:
+                    waits.append(sp.adoption(q))  # type: ignore[arg-type]
+            if waits and loop.time() < deadline:
+                asyncio.gather(*waits).add_done_callback(
+                    lambda _: self._dispatch(pending, idx, [
+                        None if (q := queue_of(m.channel)) is None else sp.route(q)
+                        for m in msgs], deadline))
+                return
+            self._dispatch(pending, idx, routes, deadline)
+
+        loop.call_later(MOVING_RETRY_STEP_S, again)
+
+    def _forward(self, pending: _Confirming, member: str, idx: list[int],
+                 deadline: float) -> None:
+        sends = [pending.frame.msgs[i] for i in idx]
         size = sum(len(s.data) for s in sends)
         up = self._up(member)
 
@@ -168,11 +226,23 @@ class Front:
             if self.forwarding < FORWARD_PAUSE_BYTES // 4:
                 self.conn.resume_reading()
             if isinstance(ev, f.Confirm):
-                fill(idx, ev.outcomes)
+                # The owner handed the queue over meanwhile: route those again.
+                moved = [i for i, o in zip(idx, ev.outcomes, strict=False)
+                         if o.code in MOVED_CODES]
+                if moved:
+                    pending.fill([i for i in idx if i not in moved],
+                                 [o for o in ev.outcomes if o.code not in MOVED_CODES])
+                    self._moving(pending, moved, deadline, "the queue is moving")
+                    return
+                pending.fill(idx, ev.outcomes)
+                return
+            if isinstance(ev, f.Error) and ev.code in MOVED_CODES:
+                self._moving(pending, idx, deadline, ev.message)
                 return
             code = ev.code if isinstance(ev, f.Error) else int(ErrorCode.INTERNAL)
             text = ev.message if isinstance(ev, f.Error) else "unexpected answer"
-            fill(idx, [f.Outcome(channel=s.channel, code=code, error=text) for s in sends])
+            pending.fill(idx, [f.Outcome(channel=s.channel, code=code, error=text)
+                               for s in sends])
 
         self.forwarding += size
         if self.forwarding > FORWARD_PAUSE_BYTES:

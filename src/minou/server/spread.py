@@ -80,6 +80,8 @@ class SpreadRole:
         self.queues: set[str] = set()  # every queue in the registry
         self.addresses: dict[str, dict[str, str]] = {}  # member -> its record
         self.adopting: dict[str, asyncio.Future[None]] = {}
+        self.owned: set[str] = set()  # claimed by this broker (a new queue has no channel)
+        self.leaving: dict[str, asyncio.Future[None]] = {}  # being handed over
         self.history: list[dict[str, Any]] = []
         self.adopted = self.handed = self.lost = self.fenced_writes = 0
         self.handing_over = False
@@ -139,20 +141,26 @@ class SpreadRole:
         return placement.owner(queue, self.alive) or self.member
 
     def route(self, queue: str) -> str | None:
-        """Where what is for ``queue`` goes now: None here, ``ADOPT`` here once this
-        broker has taken it over (it exists, and no live broker owns it but this one is
-        to: served before adopting, it would start again from seq 1), else the member."""
-        if queue in self.server.core.held_queues():
+        """Where what is for ``queue`` goes now: None here (this broker owns it), the
+        member that does, or ``ADOPT``: here once this broker has claimed it. Even a
+        queue this broker never heard of is claimed first: another broker may have
+        made it since the last look, and served without its stored state it would
+        start again from seq 1."""
+        if queue in self.owned:
             return None
-        if queue in self.adopting:
-            return ADOPT
+        if queue in self.adopting or queue in self.leaving:
+            return ADOPT  # adoption() waits for either to end
         owner = self.owner_of(queue)
-        if owner != self.member:
-            return owner
-        return ADOPT if queue in self.queues or queue in self.owners else None
+        return ADOPT if owner == self.member else owner
+
+    def held(self) -> set[str]:
+        """The queues this broker owns (claimed), with those its core holds."""
+        return self.owned | self.server.core.held_queues()
 
     def adoption(self, queue: str) -> asyncio.Future[None]:
         """The adoption of ``queue``, started now if it is not under way."""
+        if queue in self.leaving:  # being handed over: routed again once it is
+            return self.leaving[queue]
         done = self.adopting.get(queue)
         if done is None:
             done = self.adopting[queue] = asyncio.get_running_loop().create_future()
@@ -267,7 +275,7 @@ class SpreadRole:
     def _still_mine(self) -> bool:
         """A queue held here but owned by another broker in Redis: this broker was
         dead to the others for a while (paused, cut off) and they took it."""
-        taken = sorted(q for q in self.server.core.held_queues()
+        taken = sorted(q for q in self.held()
                        if self.owners.get(q, self.member) != self.member)
         if taken:
             self.stop_serving(f"queue(s) {', '.join(taken)} were claimed by another broker")
@@ -277,7 +285,7 @@ class SpreadRole:
     async def rebalance(self) -> None:
         if self.server.draining or self.role != "spread":
             return
-        held = self.server.core.held_queues()
+        held = self.held()
         for q in sorted(self.queues - held - set(self.adopting)):
             if self.owner_of(q) == self.member:
                 await self.adopt(q)
@@ -296,15 +304,17 @@ class SpreadRole:
             now = time.time()
             snap = await loop.run_in_executor(server._writer_pool, server.storage.open_queue,
                                               queue, now)
-            if queue in server.core.held_queues():  # made here meanwhile by a publish
-                log.warning("spread: %s was made here while it was claimed", queue)
-            else:
-                server.core.adopt(snap, now)
-            self._note("adopted", queue, previous=self.owners.get(queue))
+            server.core.adopt(snap, now)
+            self.owned.add(queue)
+            if snap.channels:
+                self._note("adopted", queue, previous=self.owners.get(queue))
+                self.adopted += 1
+                log.info("spread: adopted %s", queue)
             self.owners[queue] = self.member
-            self.adopted += 1
-            log.info("spread: adopted %s", queue)
+            self.queues.add(queue)
         except StorageFenced as exc:
+            if exc.holder:  # another live broker has it: send its messages there
+                self.owners[queue] = exc.holder
             log.info("spread: %s not adopted yet: %s", queue, exc)
         except StorageError as exc:
             log.warning("spread: could not adopt %s: %s", queue, exc)
@@ -314,27 +324,36 @@ class SpreadRole:
             server.engine.request_pump()
 
     async def hand_over(self, queue: str, to: str) -> None:
-        """Commit what is staged for ``queue``, give it up in Redis, forget it."""
+        """Commit what is staged for ``queue``, give it up in Redis, forget it. Its
+        publishes meanwhile wait (front.py routes them again once it is done)."""
         server, core = self.server, self.server.core
-        deadline = time.monotonic() + HANDOVER_COMMIT_S
-        while core.queue_pending(queue) or not server.scheduler.idle:
-            if time.monotonic() > deadline:
-                log.warning("spread: %s not handed over to %s: its writes did not commit "
-                            "within %g s", queue, to, HANDOVER_COMMIT_S)
-                return
-            server.engine.commit(force=True)
-            await asyncio.sleep(0.01)
-        forgotten = core.release_queue(queue, time.time())
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.leaving[queue] = done
+        self.owned.discard(queue)
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                server._writer_pool, server.storage.release_queue, queue)
-        except StorageError as exc:  # the owner record runs out with this broker's life
-            log.warning("spread: could not give %s up in Redis: %s", queue, exc)
-        self.owners.pop(queue, None)
-        self.handed += 1
-        self._note("handed over", queue, to=to, forgotten=forgotten)
-        log.info("spread: handed %s over to %s (%d deliveries in flight come again from it)",
-                 queue, to, forgotten)
+            deadline = time.monotonic() + HANDOVER_COMMIT_S
+            while core.queue_pending(queue) or not server.scheduler.idle:
+                if time.monotonic() > deadline:
+                    log.warning("spread: %s not handed over to %s: its writes did not "
+                                "commit within %g s", queue, to, HANDOVER_COMMIT_S)
+                    self.owned.add(queue)
+                    return
+                server.engine.commit(force=True)
+                await asyncio.sleep(0.01)
+            forgotten = core.release_queue(queue, time.time())
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    server._writer_pool, server.storage.release_queue, queue)
+            except StorageError as exc:  # the owner record runs out with this broker
+                log.warning("spread: could not give %s up in Redis: %s", queue, exc)
+            self.owners.pop(queue, None)
+            self.handed += 1
+            self._note("handed over", queue, to=to, forgotten=forgotten)
+            log.info("spread: handed %s over to %s (%d deliveries in flight come again "
+                     "from it)", queue, to, forgotten)
+        finally:
+            del self.leaving[queue]
+            done.set_result(None)
 
     def _note(self, what: str, queue: str, **detail: Any) -> None:
         self.history.insert(0, {"at": round(time.time(), 3), "what": what, "queue": queue,
@@ -367,7 +386,7 @@ class SpreadRole:
         """A soft stop: hand every queue to the broker that ranks next for it."""
         self.handing_over = True
         others = [m for m in self.alive if m != self.member]
-        for q in sorted(self.server.core.held_queues()):
+        for q in sorted(self.held()):
             target = placement.owner(q, others)
             if target is not None:
                 await self.hand_over(q, target)
@@ -395,7 +414,7 @@ class SpreadRole:
             m["self"] = m["id"] == self.member
             m["queues"] = sorted(q for q, o in self.owners.items() if o == m["id"])
         epochs = dict(self.server.storage.epochs)
-        held = self.server.core.held_queues()
+        held = self.held()
         queues = []
         for q in sorted(self.queues | set(self.owners)):
             queues.append({"queue": q, "owner": self.owners.get(q),
@@ -409,7 +428,7 @@ class SpreadRole:
     def status(self) -> dict[str, Any]:
         return {"member": self.member, "role": self.role, "placement": "spread",
                 "owner_lease": self.lease_s, "handing_over": self.handing_over,
-                "alive": len(self.alive), "queues_owned": len(self.server.core.held_queues()),
+                "alive": len(self.alive), "queues_owned": len(self.held()),
                 "adopted": self.adopted, "handed_over": self.handed, "lost": self.lost,
                 "fenced_writes": self.fenced_writes,
                 **{k: v for k, v in self.info.items() if k in ("native", "http")}}

@@ -148,6 +148,10 @@ class Upstream(asyncio.Protocol):
         return f.Error(req, int(ErrorCode.STORAGE_UNAVAILABLE),
                        self.error or f"the link to broker {self.member} is closed")
 
+    def fail(self, why: str) -> None:
+        """Close, answering everything pending with ``why``."""
+        self._fail(why)
+
     def _fail(self, why: str) -> None:
         if self.closed:
             return
