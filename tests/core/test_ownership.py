@@ -243,3 +243,22 @@ def test_adopting_a_queue_held_already_is_refused(stored) -> None:
     b = _whole(snap, now)
     with pytest.raises(ValueError, match="held already"):
         b.adopt(queue_part(snap, "orders/v1"), now)
+
+
+def test_a_frozen_queue_delivers_nothing_more_until_thawed_and_counts_what_is_out() -> None:
+    h = _built()
+    a = Session("a3")
+    sub = h.subscribe(a, 1, patterns=["orders/*", "prices/*"], group="fresh2", prefetch=2)
+    first = h.take(sub)
+    out = [d for d in first if d.channel.startswith("orders/")]
+    assert h.broker.freeze_queue("orders/v1") == len(out)
+    h.ack(a, first)
+    assert h.broker.freeze_queue("orders/v1") == 0  # settled: nothing is out any more
+    got = []
+    while more := h.take(sub):
+        got += more
+        h.ack(a, more)
+    assert got and all(d.channel.startswith("prices/") for d in got)
+    h.broker.freeze_queue("orders/v1", False)
+    thawed = h.take(sub)
+    assert thawed and all(d.channel.startswith("orders/") for d in thawed)

@@ -333,6 +333,11 @@ class Broker:
         """Hand ``queue`` on: forget it (``ownership.release``); the deliveries forgotten."""
         return ownership.release(self.state, queue, now)
 
+    def freeze_queue(self, queue: str, frozen: bool = True) -> int:
+        """Stop (or resume) delivering ``queue``; its deliveries still out
+        (``ownership.freeze``)."""
+        return ownership.freeze(self.state, queue, frozen)
+
     def queue_pending(self, queue: str) -> bool:
         """Whether the next commit would write something of ``queue``."""
         return ownership.pending_for(self.state, queue)

@@ -47,6 +47,9 @@ class Dispatcher:
                 return any(m.burst and m.active and not m.paused
                            and m.prefetch > m.unsettled for m in grp.members)
             gc = next(iter(ready))
+            if gc.log.frozen:  # its queue is being handed over (ownership.freeze)
+                del ready[gc]
+                continue
             try:
                 msg = gc.next_ready(now)
             except NeedLoad as need:

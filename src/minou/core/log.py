@@ -102,6 +102,7 @@ class ChannelLog:
     loading: bool = False
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
     id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
+    frozen: bool = False  # its queue is being handed over: nothing more is delivered
 
     def lookup(self, seq: int) -> Msg | _Sentinel:
         if seq < self.first_seq or seq in self.gone:

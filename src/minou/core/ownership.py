@@ -64,6 +64,21 @@ def pending_for(state: BrokerState, queue: str) -> bool:
         or any(k[2] in names for k in producers.gone))
 
 
+def freeze(state: BrokerState, queue: str, frozen: bool = True) -> int:
+    """Deliver nothing more of ``queue`` (it is being handed over: what is out settles
+    first, so the hand-over delivers nothing twice), or again (``frozen`` False: the
+    hand-over was given up). Returns its deliveries still out."""
+    out = 0
+    for name in channels_of(state, queue):
+        log = state.channels[name]
+        log.frozen = frozen
+        for gc in log.states:
+            out += sum(1 for lease in gc.pending.values() if not lease.returning)
+            if not frozen:
+                state.mark(gc)
+    return out
+
+
 def release(state: BrokerState, queue: str, now: float) -> int:
     """Forget ``queue``: another broker owns it from now on. Returns the deliveries
     forgotten (each comes again from the new owner). QueueBusy if the next commit

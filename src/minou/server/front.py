@@ -22,21 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 
 from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
 from ..protocol import frames as f
-from .spread import ADOPT
 from .upstream import Upstream
-
-if TYPE_CHECKING:
-    from .spread import SpreadRole
 
 log = logging.getLogger("minou.cluster")
 
+ADOPT = "\0adopt"  # a route (SpreadRole.route): here, once this broker has claimed it
 REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
 MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
 FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
@@ -49,14 +48,14 @@ MOVED_CODES = frozenset({int(ErrorCode.STANDBY), int(ErrorCode.STORAGE_UNAVAILAB
 
 
 class _Confirming:
-    """A PUBLISH split over brokers: its outcomes as the parts answer, one CONFIRM once
-    every message has one (in the frame's order)."""
+    """A publish split over brokers: its outcomes as the parts answer, ``done`` once
+    every message has one (in the publish's order)."""
 
-    def __init__(self, conn: Any, frame: f.Publish) -> None:
-        self.conn = conn
-        self.frame = frame
-        self.outcomes: list[f.Outcome | None] = [None] * len(frame.msgs)
-        self.left = len(frame.msgs)
+    def __init__(self, msgs: list[f.Send], done: Callable[[list[f.Outcome]], None]) -> None:
+        self.msgs = msgs
+        self.done = done
+        self.outcomes: list[f.Outcome | None] = [None] * len(msgs)
+        self.left = len(msgs)
 
     def fill(self, idx: list[int], got: list[f.Outcome]) -> None:
         for i, o in zip(idx, got, strict=False):
@@ -65,14 +64,37 @@ class _Confirming:
             self.outcomes[i] = o
         if self.left == 0:
             self.left = -1  # answered once
-            self.conn.send(f.Confirm(self.frame.req, [o if o is not None else f.Outcome(
-                channel=self.frame.msgs[i].channel, code=int(ErrorCode.INTERNAL),
-                error="no answer") for i, o in enumerate(self.outcomes)]))
+            self.done([o if o is not None else f.Outcome(
+                channel=self.msgs[i].channel, code=int(ErrorCode.INTERNAL),
+                error="no answer") for i, o in enumerate(self.outcomes)])
+
+
+class Door:
+    """A client's door that is not a native connection (an HTTP client): what its
+    front needs of it. Its links present the client's id; its publishes are not
+    paused (an HTTP request is refused instead) and carry no producer sequence."""
+
+    def __init__(self, server: Any, identity: Any) -> None:
+        self.server = server
+        self.engine = server.engine
+        self.session = SimpleNamespace(client_id=identity.client_id, producer_id="",
+                                       access=server.access_for(identity))
+        self.closed = False
+
+    def flush(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
 
 
 class Front:
-    def __init__(self, conn: Any, spread: SpreadRole) -> None:
-        # conn: the client's connection.NativeConnection (not imported: it makes fronts)
+    def __init__(self, conn: Any, spread: Any) -> None:
+        # conn: the client's connection.NativeConnection (or a Door); spread: the
+        # spread.SpreadRole (neither imported: both make fronts)
         self.conn = conn
         self.spread = spread
         self.ups: dict[str, Upstream] = {}
@@ -138,24 +160,36 @@ class Front:
         """Route ``frame``: False if it is all this broker's (the caller publishes it
         as ever), True if this front took it. A queue this broker must take over first
         holds the frame (and what came behind it) until it has; ``waited``: it tried."""
-        sp = self.spread
-        routes: list[str | None] = []
-        adopt: set[str] = set()
-        for send in frame.msgs:
+        conn = self.conn
+        if not waited:
+            adopt = self._adopting(frame.msgs)
+            if adopt:
+                conn.hold(asyncio.gather(*(self.spread.adoption(q) for q in adopt)),
+                          lambda: self._publish_again(frame))
+                return True
+        return self.publish_sends(frame.msgs, lambda outs: conn.send(f.Confirm(frame.req, outs)),
+                                  session=conn.session, publisher=conn)
+
+    def _adopting(self, sends: list[f.Send]) -> list[str]:
+        """The queues of ``sends`` this broker must take over before serving them."""
+        out = set()
+        for send in sends:
             q = queue_of(send.channel)
-            where = None if q is None else sp.route(q)
-            if where == ADOPT:
-                adopt.add(q)  # type: ignore[arg-type]
-            routes.append(where)
-        if adopt and not waited:
-            self.conn.hold(asyncio.gather(*(sp.adoption(q) for q in sorted(adopt))),
-                           lambda: self._publish_again(frame))
-            return True
+            if q is not None and self.spread.route(q) == ADOPT:
+                out.add(q)
+        return sorted(out)
+
+    def publish_sends(self, sends: list[f.Send], done: Callable[[list[f.Outcome]], None], *,
+                      session: Any = None, publisher: Any = None) -> bool:
+        """Route ``sends``: False if all are this broker's now; else True and
+        ``done(outcomes)`` once each is answered, here or by its queue's owner."""
+        sp = self.spread
+        routes = [None if (q := queue_of(s.channel)) is None else sp.route(q) for s in sends]
         if all(r is None for r in routes):
             return False
         deadline = asyncio.get_running_loop().time() + MOVING_RETRY_S
-        self._dispatch(_Confirming(self.conn, frame), list(range(len(frame.msgs))), routes,
-                       deadline)
+        self._dispatch(_Confirming(sends, done), list(range(len(sends))), routes, deadline,
+                       session, publisher)
         return True
 
     def _publish_again(self, frame: f.Publish) -> None:
@@ -163,41 +197,42 @@ class Front:
             self.conn.publish_here(frame)
 
     def _dispatch(self, pending: _Confirming, idx: list[int], routes: list[str | None],
-                  deadline: float) -> None:
-        """Send messages ``idx`` of the frame where ``routes`` says (by message)."""
+                  deadline: float, session: Any, publisher: Any) -> None:
+        """Send messages ``idx`` where ``routes`` says (by message)."""
         parts: dict[str | None, list[int]] = {}
         for i in idx:
             parts.setdefault(routes[i], []).append(i)
-        msgs, conn = pending.frame.msgs, self.conn
+        msgs, conn = pending.msgs, self.conn
         local = parts.pop(None, None)
         if local is not None:
             try:
                 conn.engine.publish([msgs[i] for i in local], conn.session.access,
                                     lambda got, _exc: pending.fill(local, got),
-                                    session=conn.session, publisher=conn)
+                                    session=session, publisher=publisher)
             except RequestError as exc:  # refused whole (stopping): its part says why
                 pending.fill(local, [f.Outcome(channel=msgs[i].channel, code=int(exc.code),
                                                error=exc.message) for i in local])
+        again = (session, publisher)
         for member, part in parts.items():
             if member == ADOPT:
-                self._moving(pending, part, deadline, "this broker could not take the "
-                             "queue over yet")
+                self._moving(pending, part, deadline, again, "this broker could not take "
+                             "the queue over yet")
                 continue
-            self._forward(pending, member, part, deadline)
+            self._forward(pending, member, part, deadline, again)
 
     def _moving(self, pending: _Confirming, idx: list[int], deadline: float,
-                why: str) -> None:
+                again: tuple[Any, Any], why: str) -> None:
         """Messages whose queue is moving (handed over, being adopted): routed again
         shortly, until ``deadline``; then refused with ``why``."""
         loop = asyncio.get_running_loop()
         if loop.time() >= deadline or self.conn.closed:
-            pending.fill(idx, [f.Outcome(channel=pending.frame.msgs[i].channel,
+            pending.fill(idx, [f.Outcome(channel=pending.msgs[i].channel,
                                          code=int(ErrorCode.STORAGE_UNAVAILABLE),
                                          error=f"{why}: send again") for i in idx])
             return
 
-        def again() -> None:
-            sp, msgs = self.spread, pending.frame.msgs
+        def route_again() -> None:
+            sp, msgs = self.spread, pending.msgs
             routes: list[str | None] = [None] * len(msgs)
             waits = []
             for i in idx:
@@ -209,15 +244,15 @@ class Front:
                 asyncio.gather(*waits).add_done_callback(
                     lambda _: self._dispatch(pending, idx, [
                         None if (q := queue_of(m.channel)) is None else sp.route(q)
-                        for m in msgs], deadline))
+                        for m in msgs], deadline, *again))
                 return
-            self._dispatch(pending, idx, routes, deadline)
+            self._dispatch(pending, idx, routes, deadline, *again)
 
-        loop.call_later(MOVING_RETRY_STEP_S, again)
+        loop.call_later(MOVING_RETRY_STEP_S, route_again)
 
     def _forward(self, pending: _Confirming, member: str, idx: list[int],
-                 deadline: float) -> None:
-        sends = [pending.frame.msgs[i] for i in idx]
+                 deadline: float, again: tuple[Any, Any]) -> None:
+        sends = [pending.msgs[i] for i in idx]
         size = sum(len(s.data) for s in sends)
         up = self._up(member)
 
@@ -232,12 +267,12 @@ class Front:
                 if moved:
                     pending.fill([i for i in idx if i not in moved],
                                  [o for o in ev.outcomes if o.code not in MOVED_CODES])
-                    self._moving(pending, moved, deadline, "the queue is moving")
+                    self._moving(pending, moved, deadline, again, "the queue is moving")
                     return
                 pending.fill(idx, ev.outcomes)
                 return
             if isinstance(ev, f.Error) and ev.code in MOVED_CODES:
-                self._moving(pending, idx, deadline, ev.message)
+                self._moving(pending, idx, deadline, again, ev.message)
                 return
             code = ev.code if isinstance(ev, f.Error) else int(ErrorCode.INTERNAL)
             text = ev.message if isinstance(ev, f.Error) else "unexpected answer"

@@ -178,6 +178,8 @@ class HttpApi:
             answer(201, {"channel": out.channel, "seq": out.seq, "id": out.id,
                          "duplicate": out.duplicate, "fanout": out.fanout})
 
+        if self._forwarded(identity, [send], published):
+            return
         # Refused whole while stopping, full or behind (a request cannot be paused).
         self.engine.publish([send], self.server.access_for(identity), published)
 
@@ -212,8 +214,20 @@ class HttpApi:
                                 "duplicate": o.duplicate, "fanout": o.fanout})
             answer(200, {"results": out})
 
+        if self._forwarded(identity, sends, published):
+            return
         # The whole request is refused while full: a 507, not 200 with every item refused.
         self.engine.publish(sends, self.server.access_for(identity), published)
+
+    def _forwarded(self, identity: Identity, sends: list[Send],
+                   published: Callable[[list[Outcome], RequestError | None], None]) -> bool:
+        """Queues spread over brokers: messages for queues owned elsewhere go to their
+        owners (front.py); True if that took the publish (``published`` is called)."""
+        spread = self.server.spread
+        if spread is None:
+            return False
+        return bool(spread.http_front(identity).publish_sends(
+            sends, lambda outcomes: published(outcomes, None)))
 
     def settle_now(self, identity: Identity, receipt: str, op: str, q: Mapping[str, str],
                    answer: Answer, refuse: Refuse) -> None:

@@ -222,8 +222,12 @@ class StreamSession:
                        "id": out.id, "duplicate": out.duplicate, "fanout": out.fanout,
                        "ref": ref})
 
-        self.engine.publish([publish_send(msg)], self.session.access, published,
-                            publisher=self)
+        send = publish_send(msg)
+        spread = self.server.spread
+        if spread is not None and spread.http_front(self.identity).publish_sends(
+                [send], lambda outcomes: published(outcomes, None), publisher=self):
+            return  # queues spread over brokers: it went to its queue's owner
+        self.engine.publish([send], self.session.access, published, publisher=self)
 
 
 async def serve_stream(api: HttpApi, ws: WebSocket) -> None:

@@ -50,6 +50,7 @@ class Server(Protocol):
     storage_full: StorageFull | None
     storage_down: StorageUnavailable | None
     primary: Any  # primary.PrimaryRole when several brokers share the storage, else None
+    spread: Any  # spread.SpreadRole when they spread the queues (placement = "spread")
     storage_full_since: float
     authentications: Counter[str]
     slow_consumers: int

@@ -50,6 +50,7 @@ from ..errors import (
 )
 from ..storage.redis.keys import shared_base
 from . import placement
+from .front import ADOPT, Door, Front
 from .primary import Server, _reason, broker_info, member_id
 
 log = logging.getLogger("minou.cluster")
@@ -57,8 +58,9 @@ log = logging.getLogger("minou.cluster")
 LINK_PREFIX = "mlk1"  # a link credential: mlk1.<expires>.<hmac of client id, expires>
 LINK_TTL_S = 300.0  # a link credential's life: links reconnect with a fresh one
 HANDOVER_COMMIT_S = 5.0  # how long a hand-over waits for the queue's writes to commit
-ADOPT = "\0adopt"  # route(): this broker takes the queue over first
+HANDOVER_DRAIN_S = 10.0  # ... and, before, for its deliveries out to settle (at most)
 HISTORY_KEPT = 20  # recent adoptions and hand-overs `minou cluster` shows
+HTTP_FRONTS = 256  # HTTP clients whose links to other brokers are kept
 
 
 class SpreadRole:
@@ -82,12 +84,14 @@ class SpreadRole:
         self.adopting: dict[str, asyncio.Future[None]] = {}
         self.owned: set[str] = set()  # claimed by this broker (a new queue has no channel)
         self.leaving: dict[str, asyncio.Future[None]] = {}  # being handed over
+        self.http_fronts: dict[str, Any] = {}  # client id -> front.Front, recent last
         self.history: list[dict[str, Any]] = []
         self.adopted = self.handed = self.lost = self.fenced_writes = 0
         self.handing_over = False
         self.secret = b""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-spread")
         self._running: set[asyncio.Future[None]] = set()
+        self._rebalancing: asyncio.Future[None] | None = None
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -152,6 +156,18 @@ class SpreadRole:
             return ADOPT  # adoption() waits for either to end
         owner = self.owner_of(queue)
         return ADOPT if owner == self.member else owner
+
+    def http_front(self, identity: Any) -> Any:
+        """The front that forwards an HTTP client's publishes (its links kept for its
+        next requests; the least recently used of more than ``HTTP_FRONTS`` close)."""
+        front = self.http_fronts.pop(identity.client_id, None)
+        if front is None:
+            front = Front(Door(self.server, identity), self)
+        self.http_fronts[identity.client_id] = front
+        while len(self.http_fronts) > HTTP_FRONTS:
+            oldest = next(iter(self.http_fronts))
+            self.http_fronts.pop(oldest).close()
+        return front
 
     def held(self) -> set[str]:
         """The queues this broker owns (claimed), with those its core holds."""
@@ -263,10 +279,15 @@ class SpreadRole:
             self.seen_from, self.cut_off = sent, False
             if not self._still_mine():
                 return
-            await self.rebalance()
+            # In the background: a hand-over waits for deliveries to settle, and the
+            # record must be renewed meanwhile.
+            if self._rebalancing is None or self._rebalancing.done():
+                self._rebalancing = asyncio.ensure_future(self.rebalance())
             for conn in list(self.server.connections):
                 if conn.front is not None:
                     conn.front.sync()
+            for front in list(self.http_fronts.values()):
+                front.sync()
 
     def _renew(self) -> None:
         self.lease.seen(self.info)
@@ -283,16 +304,22 @@ class SpreadRole:
         return True
 
     async def rebalance(self) -> None:
+        try:
+            await self._rebalance()
+        except Exception:  # a bug must not stop the record's renewals
+            log.exception("spread: rebalancing failed")
+
+    async def _rebalance(self) -> None:
         if self.server.draining or self.role != "spread":
             return
         held = self.held()
         for q in sorted(self.queues - held - set(self.adopting)):
             if self.owner_of(q) == self.member:
                 await self.adopt(q)
-        for q in sorted(held):
-            target = placement.owner(q, self.alive)
-            if target is not None and target != self.member:
-                await self.hand_over(q, target)
+        moves = [(q, target) for q in sorted(held)
+                 if (target := placement.owner(q, self.alive)) not in (None, self.member)]
+        await asyncio.gather(*(self.hand_over(q, t) for q, t in moves  # type: ignore[arg-type]
+                               if q not in self.leaving))
 
     async def adopt(self, queue: str) -> None:
         await self.adoption(queue)
@@ -327,6 +354,13 @@ class SpreadRole:
         """Commit what is staged for ``queue``, give it up in Redis, forget it. Its
         publishes meanwhile wait (front.py routes them again once it is done)."""
         server, core = self.server, self.server.core
+        # First what is out settles (publishes go on here meanwhile), so that the
+        # hand-over itself delivers nothing twice; past the drain time it goes anyway
+        # (what is still out comes again from the new owner, as after a takeover).
+        drain_until = time.monotonic() + min(server.settings.default_lease, HANDOVER_DRAIN_S)
+        while core.freeze_queue(queue) and time.monotonic() < drain_until \
+                and self.role == "spread":
+            await asyncio.sleep(0.02)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.leaving[queue] = done
         self.owned.discard(queue)
@@ -337,6 +371,7 @@ class SpreadRole:
                     log.warning("spread: %s not handed over to %s: its writes did not "
                                 "commit within %g s", queue, to, HANDOVER_COMMIT_S)
                     self.owned.add(queue)
+                    core.freeze_queue(queue, False)
                     return
                 server.engine.commit(force=True)
                 await asyncio.sleep(0.01)
@@ -386,13 +421,14 @@ class SpreadRole:
         """A soft stop: hand every queue to the broker that ranks next for it."""
         self.handing_over = True
         others = [m for m in self.alive if m != self.member]
-        for q in sorted(self.held()):
-            target = placement.owner(q, others)
-            if target is not None:
-                await self.hand_over(q, target)
+        await asyncio.gather(*(self.hand_over(q, target) for q in sorted(self.held())
+                               if (target := placement.owner(q, others)) is not None
+                               and q not in self.leaving))
 
     async def release(self) -> None:
         """A clean stop: leave the alive set, so the others claim at once."""
+        for front in self.http_fronts.values():
+            front.close()
         try:
             await self._call(self.lease.leave)
         except redis.RedisError as exc:
@@ -408,6 +444,8 @@ class SpreadRole:
     async def view(self) -> dict[str, Any]:
         """``minou cluster``: the brokers, the queues with their owners, epochs and
         where placement puts them, and the recent adoptions and hand-overs."""
+        with contextlib.suppress(redis.RedisError):  # as Redis says now, not at the last look
+            await self._call(self._look)
         members = await self._call(self.lease.members)
         for m in members:
             m["role"] = "spread" if m.get("alive") else "gone"
