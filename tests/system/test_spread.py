@@ -118,11 +118,27 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue(
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "queues spread" in shown.stdout and all(q in shown.stdout for q in QUEUES)
+    with brokers[2].connect_sync("consumer") as c:  # group "all" holds every message
+        c.consume("orders/*", group="all", prefetch=1).close()
     # Reads of a channel go to its owner wherever the client is.
     with brokers[1].connect_sync("reader") as c:
         for q in QUEUES:
             msgs, _ = c.read(f"{q}/1", limit=100)
             assert [m.payload["n"] for m in msgs] == list(range(25))
+        # OFFSETS answers for every queue, whoever owns it (what Spark's reader lists)
+        offsets = c.offsets("orders/*")
+        assert offsets == {f"{q}/1": (1, 26) for q in QUEUES}
+        # ... and POSITION moves a group on every owner: past seq 20 on each channel
+        lags = c.set_position("positioned", {f"{q}/1": 21 for q in QUEUES})
+        assert lags == {f"{q}/1": 5 for q in QUEUES}
+    with brokers[0].connect_sync("positioned-reader") as c:
+        sub = c.consume("orders/*", group="positioned", prefetch=100)
+        seen = []
+        while len(seen) < 5 * len(QUEUES):
+            msg = sub.get(timeout=30)
+            seen.append(msg.payload["n"])
+            msg.ack()
+        assert sorted(set(seen)) == [20, 21, 22, 23, 24]
     # A consumer on another broker reads every queue, each message once, and its acks
     # (tags of three brokers) all land: nothing comes again.
     got = consume(brokers[2], sent)

@@ -50,6 +50,10 @@ class BrokerState:
         self.strict_schemas = False  # pragma: no mutate  (falsy either way)
         # Set by the adapter while storage is full: every publish is refused with it.
         self.storage_refusal: RequestError | None = None
+        # Queues spread over brokers: whether this broker serves a channel's queue (a
+        # reader naming a channel of another broker's queue makes no channel of it
+        # here); None: every queue.
+        self.hosts: Callable[[str], bool] | None = None
 
         self.channels: dict[str, ChannelLog] = {}
         self.groups: dict[str, Group] = {}

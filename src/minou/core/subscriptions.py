@@ -116,7 +116,8 @@ class Subscriptions:
         pattern = parse_pattern(text)
         grp.patterns.append(pattern)
         self.state.batch.group_defs[grp.key] = grp.definition()
-        if pattern.concrete:
+        hosts = self.state.hosts
+        if pattern.concrete and (hosts is None or hosts(text)):
             self.state.log(text, now)  # a named channel exists from its first reader on
         for name, log in self.state.channels.items():
             if name not in grp.gcs and pattern.matches(name):
@@ -241,7 +242,9 @@ class Subscriptions:
         lags: dict[str, int] = {}
         for channel, next_seq in positions.items():
             self._add_pattern(grp, channel, "oldest", now)
-            gc = grp.gcs[channel]
+            gc = grp.gcs.get(channel)
+            if gc is None:  # another broker's queue (spread): its owner positions it
+                continue
             upto = min(next_seq, gc.log.end)
             if upto > gc.floor:
                 gc.advance(upto)

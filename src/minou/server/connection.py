@@ -439,6 +439,10 @@ class NativeConnection:
             raise BadRequest(f"{len(frame.patterns)} patterns in one OFFSETS request; the limit "
                              f"is {MAX_PATTERNS_PER_REQUEST}")
         found = self.core.offsets(self.session, list(frame.patterns))
+        if self.front is not None:  # every broker answers for the queues it owns
+            local = self.server.seqs_at(found, frame.at) if frame.at > 0 else found
+            self.front.offsets(frame, local, MAX_OFFSETS_CHANNELS)
+            return
         if len(found) > MAX_OFFSETS_CHANNELS:
             raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS answer "
                              f"lists at most {MAX_OFFSETS_CHANNELS}: narrow the patterns")
@@ -451,6 +455,14 @@ class NativeConnection:
         if len(frame.positions) > MAX_POSITION_CHANNELS:
             raise BadRequest(f"{len(frame.positions)} channels in one POSITION request; the "
                              f"limit is {MAX_POSITION_CHANNELS}")
+        if self.front is not None:
+            mine = self.front.positions(frame)
+            if mine is not None:  # some channels are other brokers': theirs go there
+                lags = self.core.set_position(self.session, frame.group, mine, time.time()) \
+                    if mine else {}
+                self.front.merge_lags(frame, mine or None, lambda done: self.engine.after_commit(
+                    lambda: done({"lag": lags})))
+                return
         lags = self.core.set_position(self.session, frame.group, dict(frame.positions),
                                       time.time())
         self._reply_after_commit(f.Result(frame.req, {"lag": lags}))

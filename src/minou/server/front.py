@@ -103,6 +103,7 @@ class Front:
         self.tags: dict[int, tuple[Upstream, int]] = {}
         self._next_tag = REMOTE_TAGS
         self.forwarding = 0  # bytes of publishes forwarded, not yet confirmed
+        self._position_parts: dict[str, dict[str, int]] = {}
 
     # -------------------------------------------------------------- links
     def _up(self, member: str) -> Upstream | None:
@@ -381,6 +382,116 @@ class Front:
 
             up.request(msgspec.structs.replace(frame, tags=[t for _, t in pairs]), answer)
         return len(by_up) + (1 if failed else 0)
+
+    # ------------------------------------------------- offsets and positions
+    def offsets(self, frame: f.Offsets, local: Any, limit: int) -> None:
+        """OFFSETS of every broker (each answers for the queues it owns), merged; one
+        that cannot answer makes it an error (a partial list would hide channels).
+        ``local``: this broker's answer, or an awaitable of it."""
+        ups = [up for m in self._others() if (up := self._up(m)) is not None]
+        found: dict[str, Any] = {}
+        errors: list[str] = []
+        left = [len(ups) + 1]
+        conn = self.conn
+
+        def part(value: Any = None, error: str = "") -> None:
+            if error:
+                errors.append(error)
+            elif value:
+                found.update(value)
+            left[0] -= 1
+            if left[0]:
+                return
+            if errors:
+                exc = RequestError(f"offsets not complete: {errors[0]}")
+                exc.code = ErrorCode.STORAGE_UNAVAILABLE
+                conn.send(f.Error(frame.req, int(exc.code), exc.message))
+            elif len(found) > limit:
+                conn.send(f.Error(frame.req, int(ErrorCode.BAD_REQUEST),
+                                  f"the patterns match {len(found)} channels; one OFFSETS "
+                                  f"answer lists at most {limit}: narrow the patterns"))
+            else:
+                conn.send(f.Result(frame.req, found))
+            conn.flush()
+
+        def remote(ev: f.Frame) -> None:
+            if isinstance(ev, f.Result):
+                part(ev.value)
+            else:
+                part(error=ev.message if isinstance(ev, f.Error) else "unexpected answer")
+
+        for up in ups:
+            up.request(frame, remote)
+        if asyncio.isfuture(local) or asyncio.iscoroutine(local):
+            task = asyncio.ensure_future(local)
+            task.add_done_callback(lambda t: part(error=str(t.exception()))
+                                   if t.exception() else part(t.result()))
+        else:
+            part(local)
+
+    def positions(self, frame: f.Position) -> dict[str, int] | None:
+        """Split a POSITION by the owner of each channel's queue: the others' parts go
+        there (their lags merged into the answer by ``merge_lags``); returns this
+        broker's part, or None if all of it is this broker's."""
+        mine: dict[str, int] = {}
+        theirs: dict[str, dict[str, int]] = {}
+        for channel, seq in frame.positions.items():
+            q = queue_of(channel)
+            where = None if q is None else self.spread.route(q)
+            if where == ADOPT:
+                exc = RequestError(f"queue {q} is moving to this broker: position it again "
+                                   "in a moment")
+                exc.code = ErrorCode.STORAGE_UNAVAILABLE
+                raise exc
+            if where is None:
+                mine[channel] = seq
+            else:
+                theirs.setdefault(where, {})[channel] = seq
+        if not theirs:
+            return None
+        self._position_parts = theirs
+        return mine
+
+    def merge_lags(self, frame: f.Position, local: dict[str, int] | None,
+                   local_done: Any) -> None:
+        """Send the other brokers' parts of ``frame`` (``positions`` split them); answer
+        {"lag": ...} with every part's lags once all answered (``local_done`` calls
+        back with this broker's, once durable)."""
+        theirs, self._position_parts = self._position_parts, {}
+        lags: dict[str, int] = {}
+        errors: list[f.Error] = []
+        left = [len(theirs) + 1]
+        conn = self.conn
+
+        def part(value: Any = None, error: f.Error | None = None) -> None:
+            if error is not None:
+                errors.append(error)
+            elif value:
+                lags.update(value.get("lag") or {})
+            left[0] -= 1
+            if left[0] == 0:
+                conn.send(msgspec.structs.replace(errors[0], req=frame.req) if errors
+                          else f.Result(frame.req, {"lag": lags}))
+                conn.flush()
+
+        def remote(ev: f.Frame) -> None:
+            if isinstance(ev, f.Result):
+                part(ev.value)
+            else:
+                part(error=ev if isinstance(ev, f.Error) else f.Error(
+                    0, int(ErrorCode.INTERNAL), "unexpected answer"))
+
+        for member, positions in theirs.items():
+            up = self._up(member)
+            if up is None:
+                part(error=f.Error(0, int(ErrorCode.STORAGE_UNAVAILABLE),
+                                   f"broker {member} cannot be reached"))
+                continue
+            up.request(f.Position(0, frame.group, positions), remote)
+        if local is None:
+            part({})
+        else:
+            local_done(lambda value: part(value))
 
     # --------------------------------------------------------------- read
     def read(self, frame: f.Read) -> bool:

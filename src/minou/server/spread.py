@@ -108,6 +108,7 @@ class SpreadRole:
                                f"{_reason(exc)}") from exc
         self.server.engine.may_deliver = self.may_deliver
         self.server.engine.route = self.refuse_remote
+        self.server.core.state.hosts = self.hosts
         log.warning("spread: broker %s joins %d live broker(s) on %s; it owns the queues "
                     "rendezvous hashing gives it", self.member, len(self.alive),
                     self.server.storage.path)
@@ -170,8 +171,14 @@ class SpreadRole:
         return front
 
     def held(self) -> set[str]:
-        """The queues this broker owns (claimed), with those its core holds."""
-        return self.owned | self.server.core.held_queues()
+        """The queues this broker owns (claimed: a new one has no channel yet)."""
+        return set(self.owned)
+
+    def hosts(self, channel: str) -> bool:
+        """Whether this broker serves ``channel``'s queue (the core asks before it makes
+        a channel a reader names)."""
+        q = queue_of(channel)
+        return q is None or q in self.owned
 
     def adoption(self, queue: str) -> asyncio.Future[None]:
         """The adoption of ``queue``, started now if it is not under way."""
