@@ -102,7 +102,7 @@ def consume(b: BrokerProcess, expect: int, *, timeout: float = 3.0) -> dict[tupl
     return got
 
 
-def test_three_brokers_spread_the_queues_and_any_serves_every_queue(
+def test_three_brokers_spread_the_queues_and_any_serves_every_queue_native_and_http(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
     sent = publish_all(brokers[0], 25)
@@ -139,6 +139,19 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue(
             seen.append(msg.payload["n"])
             msg.ack()
         assert sorted(set(seen)) == [20, 21, 22, 23, 24]
+    # HTTP publishes through a broker that owns some of the queues reach all of them:
+    # one message per request, then a batch over the 12 queues in one request.
+    h = bearer(brokers[1], "http-producer")
+    with httpx.Client(base_url=brokers[1].http, timeout=30) as http:
+        for q in QUEUES:
+            r = http.post(f"/v1/messages/{q}/1", json={"n": 25, "q": q}, headers=h)
+            assert r.status_code == 201, r.text
+            assert r.json()["seq"] == 26
+        batch = [{"channel": f"{q}/1", "payload": {"n": 26, "q": q}} for q in QUEUES]
+        r = http.post("/v1/messages", json=batch, headers=h)
+        assert r.status_code == 200, r.text
+        assert [res["seq"] for res in r.json()["results"]] == [27] * len(QUEUES)
+    sent += 2 * len(QUEUES)
     # A consumer on another broker reads every queue, each message once, and its acks
     # (tags of three brokers) all land: nothing comes again.
     got = consume(brokers[2], sent)
@@ -248,22 +261,3 @@ def test_soft_stop_hands_every_queue_over_and_exits_0(
     sent += publish_all(a, 5, start=5)
     got = consume(a, sent)
     assert len(got) == sent and set(got.values()) == {1}
-
-
-def test_http_publishes_reach_every_queue_through_any_broker(
-        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
-    brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
-    publish_all(brokers[0], 1)  # the queues exist, then spread
-    wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
-    h = bearer(brokers[1], "http-producer")
-    with httpx.Client(base_url=brokers[1].http, timeout=30) as http:
-        for q in QUEUES:  # one message per request
-            r = http.post(f"/v1/messages/{q}/1", json={"n": 1, "q": q}, headers=h)
-            assert r.status_code == 201, r.text
-            assert r.json()["seq"] == 2
-        batch = [{"channel": f"{q}/1", "payload": {"n": 2, "q": q}} for q in QUEUES]
-        r = http.post("/v1/messages", json=batch, headers=h)  # one request over 12 queues
-        assert r.status_code == 200, r.text
-        assert [res["seq"] for res in r.json()["results"]] == [3] * len(QUEUES)
-    got = consume(brokers[2], 3 * len(QUEUES))
-    assert sorted(got) == sorted((q, n) for q in QUEUES for n in range(3))
