@@ -261,3 +261,28 @@ def test_soft_stop_hands_every_queue_over_and_exits_0(
     sent += publish_all(a, 5, start=5)
     got = consume(a, sent)
     assert len(got) == sent and set(got.values()) == {1}
+
+
+def test_a_transaction_over_queues_of_both_brokers_commits_each_part_once(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """What the Spark sink does: stage (executors), commit by batch id (the driver),
+    the same batch again after a crash (discarded by the fences), abort."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    publish_all(a, 1)  # the queues exist and spread
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    assert len(set(owners(a).values())) == 2
+    with b.connect_sync("spark-job") as c:
+        items = [(f"{q}/1", {"n": 1, "q": q}) for q in QUEUES]
+        assert c.stage("t1", items) == len(QUEUES)
+        done = c.commit_transactions("writer", 1, ["t1"])
+        assert done["published"] == len(QUEUES) and done["discarded"] == 0
+        assert c.stage("t2", items) == len(QUEUES)  # the batch replayed after a crash
+        again = c.commit_transactions("writer", 1, ["t2"])
+        assert again["published"] == 0 and again["discarded"] == len(QUEUES)
+        c.stage("t3", [(f"{q}/1", {"n": 2, "q": q}) for q in QUEUES])
+        assert c.abort_transactions(["t3"]) == 1  # its parts on both brokers dropped
+        with pytest.raises(minou.MinouError, match="unknown transaction"):
+            c.commit_transactions("writer", 2, ["t3"])
+    got = consume(a, 2 * len(QUEUES))
+    assert sorted(got) == sorted((q, n) for q in QUEUES for n in (0, 1))
+    assert set(got.values()) == {1}

@@ -369,6 +369,10 @@ class Broker:
         staged and the fences where they were, so the writer may abort and replay)."""
         return self.txn_publishing.commit(session, writer_id, batch_id, txns, now, lineage)
 
+    def txns_present(self, session: Session, txns: list[str]) -> list[str]:
+        """Those of ``txns`` this client staged here (or committed here lately)."""
+        return self.transactions.present(session.client_id, txns)
+
     def txn_replay_holds(self, writer_id: str, batch_id: int, channels: list[str]) -> bool:
         """Whether a replay's "discarded" still holds (``TxnPublishing.replay_holds``)."""
         return self.txn_publishing.replay_holds(writer_id, batch_id, channels)

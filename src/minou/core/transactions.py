@@ -167,6 +167,11 @@ class Transactions:
             del self.done[t]
         return old + done
 
+    def present(self, owner: str, txns: list[str]) -> list[str]:
+        """Those of ``owner``'s ``txns`` staged here, or committed here lately (queues
+        spread over brokers: a transaction's parts are staged on each queue's owner)."""
+        return [t for t in txns if (owner, t) in self.staged or (owner, t) in self.done]
+
     def answered(self, owner: str, txns: list[str]) -> dict[str, Any] | None:
         """The result of the commit that took all of ``txns`` already, if one did."""
         results = [self.done.get((owner, t)) for t in txns]

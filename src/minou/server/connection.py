@@ -415,12 +415,23 @@ class NativeConnection:
             self.engine.when_durable(lambda: self.send(reply))
 
     def _on_stage(self, frame: f.Stage) -> None:
+        if self.front is not None and self.front.stage(frame):
+            return
+        self.stage_here(frame)
+
+    def stage_here(self, frame: f.Stage) -> None:
         self.engine.check_accepting()
         held = self.core.stage(self.session, frame.txn, list(frame.msgs), time.time())
         # Once stored: a broker restart before the TXN_COMMIT loses nothing staged.
         self._reply_after_commit(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
 
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
+        if self.front is not None:  # each queue's owner holds its part of a transaction
+            self.front.commit_txns(frame)
+            return
+        if self.identity.method == "link":  # a front asks every broker: commit what is here
+            self.commit_present(frame, self.send)
+            return
         # A failed commit (a full disk) published nothing: the error, never the Result.
         self.engine.commit_txns(
             self.session, frame.writer_id, frame.batch_id, list(frame.txns),
@@ -430,8 +441,30 @@ class NativeConnection:
                 message=f"{exc.message} The transactions are dropped: stage them again.")),
             frame.lineage)
 
+    def commit_present(self, frame: f.TxnCommit, answer: Any) -> None:
+        """Commit those of ``frame``'s transactions staged on this broker (queues
+        spread over brokers); ``answer`` gets the Result, with "absent": the others, or
+        the error."""
+        present = self.core.txns_present(self.session, list(frame.txns))
+        absent = [t for t in frame.txns if t not in present]
+        if not present:
+            answer(f.Result(frame.req, {"published": 0, "discarded": 0,
+                                        "replayed_channels": [], "failed": [],
+                                        "absent": absent}))
+            return
+        self.engine.commit_txns(
+            self.session, frame.writer_id, frame.batch_id, present,
+            lambda result: answer(f.Result(frame.req, {**result, "absent": absent})),
+            lambda exc: answer(native_error(
+                frame.req, exc,
+                message=f"{exc.message} The transactions are dropped: stage them again.")),
+            frame.lineage)
+
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
         dropped = self.core.abort_txns(self.session, list(frame.txns))
+        if self.front is not None:  # and on every other broker (their parts)
+            self.front.abort_txns(frame, dropped)
+            return
         self._reply_after_commit(f.Result(frame.req, {"aborted": dropped}))
 
     def _on_offsets(self, frame: f.Offsets) -> None:

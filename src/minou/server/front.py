@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -32,6 +33,7 @@ from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
 from ..protocol import frames as f
 from .upstream import Upstream
+from .wire import native_error
 
 log = logging.getLogger("minou.cluster")
 
@@ -67,6 +69,34 @@ class _Confirming:
             self.done([o if o is not None else f.Outcome(
                 channel=self.msgs[i].channel, code=int(ErrorCode.INTERNAL),
                 error="no answer") for i, o in enumerate(self.outcomes)])
+
+
+class _Gathered:
+    """Answers of ``n`` brokers to one request: ``done(values, first error)`` once all
+    came (a Result's value each; an Error frame as the error)."""
+
+    def __init__(self, n: int, done: Callable[[list[Any], f.Error | None], None]) -> None:
+        self.left = n
+        self.values: list[Any] = []
+        self.error: f.Error | None = None
+        self.done = done
+
+    def frame(self, ev: f.Frame) -> None:
+        if isinstance(ev, f.Result):
+            self.part(ev.value or {})
+        elif isinstance(ev, f.Error):
+            self.part(error=ev)
+        else:
+            self.part(error=f.Error(0, int(ErrorCode.INTERNAL), "unexpected answer"))
+
+    def part(self, value: Any = None, error: f.Error | None = None) -> None:
+        if error is not None:
+            self.error = self.error or error
+        else:
+            self.values.append(value)
+        self.left -= 1
+        if self.left == 0:
+            self.done(self.values, self.error)
 
 
 class Door:
@@ -492,6 +522,98 @@ class Front:
             part({})
         else:
             local_done(lambda value: part(value))
+
+    # ------------------------------------------------ transactions (Spark)
+    def stage(self, frame: f.Stage) -> bool:
+        """Split a STAGE by the owner of each message's queue: each owner holds its
+        part under the same transaction id. False: all of it is this broker's."""
+        mine: list[f.Send] = []
+        theirs: dict[str, list[f.Send]] = {}
+        for send in frame.msgs:
+            q = queue_of(send.channel)
+            where = None if q is None else self.spread.route(q)
+            if where == ADOPT:
+                exc = RequestError(f"queue {q} is moving to this broker: stage again in a "
+                                   "moment")
+                exc.code = ErrorCode.STORAGE_UNAVAILABLE
+                raise exc
+            if where is None:
+                mine.append(send)
+            else:
+                theirs.setdefault(where, []).append(send)
+        if not theirs:
+            return False
+        conn = self.conn
+        if mine:
+            conn.engine.check_accepting()
+            held = conn.core.stage(conn.session, frame.txn, mine, time.time())
+        answers = _Gathered(len(theirs) + (1 if mine else 0), lambda values, error: conn.send(
+            msgspec.structs.replace(error, req=frame.req) if error is not None else
+            f.Result(frame.req, {"txn": frame.txn, "staged": sum(  # held by these owners
+                v.get("staged", 0) for v in values)})))
+        for member, sends in theirs.items():
+            self._ask(member, f.Stage(0, frame.txn, sends), answers)
+        if mine:
+            conn.engine.after_commit(lambda: answers.part({"staged": held}))
+        return True
+
+    def commit_txns(self, frame: f.TxnCommit) -> None:
+        """TXN_COMMIT on every broker: each commits the parts staged there, fenced per
+        (writer, channel) as ever, so a commit cut short and sent again publishes each
+        part once. The answers merged; a transaction no broker has is refused."""
+        conn = self.conn
+        others = self._others()
+
+        def merged(values: list[Any], error: f.Error | None) -> None:
+            if error is not None:
+                conn.send(msgspec.structs.replace(error, req=frame.req))
+                return
+            nowhere = set(frame.txns)
+            for v in values:
+                nowhere &= set(v.get("absent") or [])
+            if nowhere:
+                missing = sorted(nowhere)[:5]
+                conn.send(f.Error(frame.req, int(ErrorCode.NOT_FOUND),
+                                  f"unknown transaction(s) {missing}: never staged (by this "
+                                  "client), already committed or aborted, or expired (an "
+                                  "hour after the last STAGE)", {"txns": ", ".join(missing)}))
+                return
+            conn.send(f.Result(frame.req, {
+                "published": sum(v.get("published", 0) for v in values),
+                "discarded": sum(v.get("discarded", 0) for v in values),
+                "replayed_channels": [c for v in values for c in v.get("replayed_channels")
+                                      or []],
+                "failed": [x for v in values for x in v.get("failed") or []][:20]}))
+
+        answers = _Gathered(len(others) + 1, merged)
+        try:  # first here: a refusal (rules, writer, lineage) stops it before the others
+            conn.commit_present(frame, lambda ev: answers.frame(ev))
+        except RequestError as exc:
+            answers.left = 1
+            answers.frame(native_error(frame.req, exc))
+            return
+        for member in others:
+            self._ask(member, frame, answers)
+
+    def abort_txns(self, frame: f.TxnAbort, dropped: int) -> None:
+        """TXN_ABORT on the other brokers too (their parts)."""
+        conn = self.conn
+        others = self._others()
+        answers = _Gathered(len(others) + 1, lambda values, error: conn.send(
+            msgspec.structs.replace(error, req=frame.req) if error is not None else
+            # a transaction's parts are on several brokers: the most one of them dropped
+            f.Result(frame.req, {"aborted": max(v.get("aborted", 0) for v in values)})))
+        for member in others:
+            self._ask(member, frame, answers)
+        conn.engine.after_commit(lambda: answers.part({"aborted": dropped}))
+
+    def _ask(self, member: str, frame: f.Frame, answers: _Gathered) -> None:
+        up = self._up(member)
+        if up is None:
+            answers.frame(f.Error(0, int(ErrorCode.STORAGE_UNAVAILABLE),
+                                  f"broker {member} cannot be reached"))
+            return
+        up.request(frame, answers.frame)
 
     # --------------------------------------------------------------- read
     def read(self, frame: f.Read) -> bool:
