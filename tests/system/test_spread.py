@@ -286,3 +286,29 @@ def test_a_transaction_over_queues_of_both_brokers_commits_each_part_once(
     got = consume(a, 2 * len(QUEUES))
     assert sorted(got) == sorted((q, n) for q in QUEUES for n in (0, 1))
     assert set(got.values()) == {1}
+
+
+def test_a_client_revoked_on_one_broker_is_cut_and_refused_on_the_other(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """The key registry is shared: each broker reads what the others stored every third
+    of the lease, so a revocation on one reaches a connection held on another."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    with b.connect_sync("short-lived", reconnect=False) as held:
+        held.send("orders/v1/1", {"n": 0, "q": "orders/v1"})
+        with minou.connect_sync(a.url, **a.admin_auth()) as admin:
+            # registered on b, known on a within a look (a third of the lease)
+            wait_until(lambda: any(c["client_id"] == "short-lived"
+                                   for c in admin.admin("clients.list")["clients"]),
+                       timeout=10, what="a to learn the client b registered")
+            admin.admin("clients.revoke", client_id="short-lived")
+
+        def cut() -> bool:
+            try:
+                held.send("orders/v1/1", {"n": 1, "q": "orders/v1"})
+            except minou.MinouError:
+                return True
+            return False
+
+        wait_until(cut, timeout=10, what="the revoked client's connection to be cut")
+    with pytest.raises(minou.MinouError, match="revoked"):
+        minou.connect_sync(b.url, **b.auth("short-lived"))

@@ -88,6 +88,7 @@ class Credentials:
     def __init__(self, records: Iterable[Credential] = ()) -> None:
         self.records: dict[str, Credential] = {r.id: r for r in records}
         self._changes: dict[str, Credential | None] = {}
+        self._missing: set[str] = set()  # refresh(): not in storage at the last one
 
     def __len__(self) -> int:
         return len(self.records)
@@ -95,6 +96,20 @@ class Credentials:
     def take_changes(self) -> dict[str, Credential | None]:
         changes, self._changes = self._changes, {}
         return changes
+
+    def refresh(self, stored: Iterable[Credential]) -> None:
+        """Take the credentials another broker stored (issued, renewed or revoked
+        there), keeping those changed here and not yet stored."""
+        fresh = {r.id: r for r in stored}
+        # Missing twice in a row (once may be one this broker issued and is still
+        # writing): revoked or expired elsewhere.
+        missing = {c for c in self.records if c not in fresh and c not in self._changes}
+        for credential_id in missing & self._missing:
+            del self.records[credential_id]
+        self._missing = missing - self._missing
+        for credential_id, record in fresh.items():
+            if credential_id not in self._changes:
+                self.records[credential_id] = record
 
     def _save(self, record: Credential) -> None:
         self.records[record.id] = record

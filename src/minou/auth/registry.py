@@ -136,6 +136,26 @@ class Registry:
         record = self.records.get(client_id)
         return client_id in admins and record is not None and record.admin_approved is not True
 
+    def refresh(self, stored: Iterable[ClientRecord]) -> list[str]:
+        """Take the records another broker stored (queues spread over brokers: each
+        keeps the registry in memory), newer than the ones here and not changed here
+        since; returns the client ids no longer allowed with the key they had (revoked,
+        or their key rotated): their connections must go."""
+        gone: list[str] = []
+        for record in stored:
+            mine = self.records.get(record.client_id)
+            if record.client_id in self._changes or (
+                    mine is not None and mine.updated_at >= record.updated_at):
+                continue
+            if mine is not None and mine.status == ACTIVE and (
+                    record.status != ACTIVE or record.fingerprint != mine.fingerprint):
+                gone.append(record.client_id)
+            self.records[record.client_id] = record
+            self._keys.pop(record.client_id, None)
+        # A record missing from storage is not dropped here: it may be one this broker
+        # made and is still writing (forgetting a client is rare: restart to see it).
+        return gone
+
     # ------------------------------------------------------------ persistence
     def take_changes(self) -> dict[str, ClientRecord | None]:
         changes, self._changes = self._changes, {}

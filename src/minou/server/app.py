@@ -538,6 +538,17 @@ class BrokerServer:
                 encode_credential(credential) if credential is not None else None)
         return bool(changes or used or issued)
 
+    def refresh_registry(self, clients: dict[Any, bytes], credentials: dict[Any, bytes]
+                         ) -> None:
+        """Queues spread over brokers: what the others stored of the key registry and
+        the delegated credentials (read every third of the lease), so that a client
+        registered, approved or revoked on one broker is so on every broker within a
+        second or so; the connections of a client revoked elsewhere go."""
+        gone = self.registry.refresh(decode_record(b) for b in clients.values())
+        self.credentials.refresh(decode_credential(b) for b in credentials.values())
+        for client_id in gone:
+            self.drop_client(client_id, "revoked (or its key rotated) on another broker")
+
     def persist_registry(self) -> None:
         if self._stage_registry():
             self.engine.commit()

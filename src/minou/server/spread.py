@@ -85,6 +85,8 @@ class SpreadRole:
         self.owned: set[str] = set()  # claimed by this broker (a new queue has no channel)
         self.leaving: dict[str, asyncio.Future[None]] = {}  # being handed over
         self.http_fronts: dict[str, Any] = {}  # client id -> front.Front, recent last
+        # The key registry and the delegated credentials as stored at the last look
+        self.stored_registry: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
         self.history: list[dict[str, Any]] = []
         self.adopted = self.handed = self.lost = self.fenced_writes = 0
         self.handing_over = False
@@ -127,9 +129,12 @@ class SpreadRole:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(base + "owners")
         pipe.smembers(base + "queues")
+        pipe.hgetall(base + "clients")
+        pipe.hgetall(base + "credentials")
         for m in alive:
             pipe.hgetall(base + "member:" + m)
-        owners, queues, *records = pipe.execute()
+        owners, queues, clients, credentials, *records = pipe.execute()
+        self.stored_registry = (clients, credentials)
         self.alive = alive if self.member in alive else sorted([*alive, self.member])
         self.owners = {_text(q): _text(m) for q, m in owners.items()}
         self.queues = {_text(q) for q in queues}
@@ -284,6 +289,8 @@ class SpreadRole:
                 continue
             last_ok, warned = time.monotonic(), False
             self.seen_from, self.cut_off = sent, False
+            # Clients registered, approved, revoked, credentials issued on the others.
+            self.server.refresh_registry(*self.stored_registry)
             if not self._still_mine():
                 return
             # In the background: a hand-over waits for deliveries to settle, and the
