@@ -73,7 +73,7 @@ class MinouBroker:
 
     def __init__(self, workdir: Path, python: str = sys.executable,
                  storage: str = "sqlite", name: str = "minou", port: int = 0,
-                 http_port: int = 0) -> None:
+                 http_port: int = 0, placement: str = "primary") -> None:
         """``storage``: "sqlite" (the default: minou.db in the data dir), "redis" (a
         redis-server started here for this broker, see MinouRedis), or a redis:// URL:
         a Redis shared with other brokers (a cluster, see MinouCluster), which this
@@ -86,6 +86,7 @@ class MinouBroker:
         self.port = port
         self.http_port = http_port
         self.standby = False  # the last start waited for the standby line, not the banner
+        self.placement = placement  # [storage] placement on a shared Redis (docs/cluster.md)
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -134,9 +135,9 @@ class MinouBroker:
         # Measured as deployed: authenticated clients (key pairs) under a rule, so the
         # per-message rule check is part of every number.
         config = self.workdir / "minou-bench.toml"
-        config.write_text('[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
-        if not standby:  # a standby makes no admin key: the primary's is the one to use
-            os.environ["MINOU_BENCH_ADMIN_KEY"] = str(self.data_dir / "admin.key")
+        spread = '[storage]\nplacement = "spread"\n' if self.placement == "spread" else ""
+        config = self.workdir / f"minou-bench-{self.placement}.toml"
+        config.write_text(spread + '[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
              "--config", str(config),
@@ -192,6 +193,10 @@ class MinouBroker:
                 break
         self.url = url
         self.http_url = http_url
+        # A standby, or a later broker spreading the queues, makes no admin key: the
+        # first broker's is the one to use (the registry is shared).
+        if not standby and (self.data_dir / "admin.key").exists():
+            os.environ["MINOU_BENCH_ADMIN_KEY"] = str(self.data_dir / "admin.key")
         return url
 
     def stop(self) -> None:
@@ -259,10 +264,13 @@ class MinouCluster:
     ``start`` always begins on an empty Redis: a fresh cluster for each row."""
 
     def __init__(self, workdir: Path, python: str = sys.executable,
-                 name: str = "minou-cluster") -> None:
+                 name: str = "minou-cluster", placement: str = "primary") -> None:
         self.workdir = workdir
         self.python = python
         self.name = name
+        # "spread": every broker owns a share of the queues and prints its banner (no
+        # standby); started one after the other, so that the first makes the admin key
+        self.placement = placement
         self.redis = MinouRedis(workdir, name)
         self.brokers: list[MinouBroker] = []
 
@@ -273,12 +281,14 @@ class MinouCluster:
             for i in range(size):
                 # a standby binds the ports it is given before waiting for the lease, and
                 # says nothing of them: fixed free ports, so that its URL is known
+                spread = self.placement == "spread"
                 broker = MinouBroker(self.workdir, python=self.python,
                                      storage=self.redis.url, name=f"{self.name}-{i + 1}",
                                      port=free_port() if i else 0,
-                                     http_port=free_port() if i else 0)
+                                     http_port=free_port() if i else 0,
+                                     placement=self.placement)
                 self.brokers.append(broker)
-                broker.start(fresh=True, standby=i > 0)
+                broker.start(fresh=True, standby=i > 0 and not spread)
         except BaseException:
             self.close()
             raise

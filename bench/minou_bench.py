@@ -172,7 +172,8 @@ class Bench:
         self.brokers: dict[str, Any] = {"minou": self.minou}
         self.peer_servers: dict[str, Any] = {}
         # test g: brokers over one redis-server, started afresh for each of its rows
-        self.cluster = servers.MinouCluster(workdir, python=sys.executable)
+        self.cluster = servers.MinouCluster(workdir, python=sys.executable,
+                                            placement=args.cluster_placement)
         self.cluster_turns = 0  # runs of test g so far: its row order turns with them
 
     # --------------------------------------------------------------- servers
@@ -403,9 +404,17 @@ class Bench:
             self.peers.settle(pid)
 
     def cluster_depths(self) -> dict[str, int]:
+        """Each channel's depth. Spread over brokers, each lists the queues it owns: the
+        sum over them (the first broker's admin key is valid on every one)."""
         primary = self.cluster.primary
-        return self.clients.admin("minou", "depths", url=primary.url,
-                                  admin_key=primary.admin_key, channels=CLUSTER_CHANNELS)
+        brokers = self.cluster.brokers if self.cluster.placement == "spread" else [primary]
+        total: dict[str, int] = {}
+        for b in brokers:
+            found = self.clients.admin("minou", "depths", url=b.url,
+                                       admin_key=primary.admin_key, channels=CLUSTER_CHANNELS)
+            for ch, n in found.items():
+                total[ch] = total.get(ch, 0) + n
+        return total
 
     def cluster_row(self, key: str, size: int, res: dict[str, Any], cpu: dict[str, Any]) -> None:
         """One row of test g on a fresh cluster of ``size`` brokers."""
@@ -810,6 +819,9 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1000, help="consumer prefetch / batch (test b)")
     ap.add_argument("--procs", type=int, default=4,
                     help="producers / consumers in the 4x rows and in test g")
+    ap.add_argument("--cluster-placement", choices=["primary", "spread"], default="primary",
+                    help="test g: one primary serving every queue (standbys relay), or the "
+                         "queues spread over the brokers (docs/cluster.md)")
     ap.add_argument("--cluster-n", type=int, default=300_000,
                     help="messages per row of test g (or 10 s): N = 100,000 is over in about "
                          "a second there, too short for the CPU of a standby's relay to show "
