@@ -7,10 +7,12 @@ import { card, createTable, emptyState, fill, h, setText, show, stat } from "../
 import { DASH, fmtAgo, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
 import { queueHref } from "./queues.js";
 
-const ROLE_BADGE = { primary: "badge-ok", standby: "badge-warn" };
+const ROLE_BADGE = { primary: "badge-ok", standby: "badge-warn", spread: "badge-ok" };
 const ROLE_HINT = {
   primary: "Holds the lease: serves every client and owns every queue",
   standby: "Waits: relays its clients to the primary and takes over when the lease runs out",
+  spread: "Owns the queues rendezvous hashing gives it and forwards the others to their owners",
+  gone: "Its record ran out: the others adopt its queues",
 };
 const EPOCH_HINT = "Fencing epoch: raised each time a broker takes the queue over; " +
   "a write made under an older epoch is refused inside Redis";
@@ -18,6 +20,12 @@ const FENCED_HINT = "Writes refused inside Redis because another broker had take
   "(this broker then stops serving)";
 
 const num = (v) => (v === null || v === undefined || v === "" ? null : Number(v));
+
+/** A label's text, set again (stat() makes it once). */
+function relabel(statItem, text) {
+  const label = statItem.el.querySelector(".label");
+  if (label) label.textContent = text;
+}
 
 /** "this broker" marker: text, so it does not depend on colour. */
 function selfMark() {
@@ -197,6 +205,31 @@ export function mount(view) {
       ? `${plural(brokers.length, "broker")} on ${data.storage} · owner_lease ${fmtDuration(data.owner_lease)}`
       : `one broker on SQLite (${data.storage})`);
 
+    const spread = data.placement === "spread";
+    if (spread) {  // no primary: every broker owns a share of the queues
+      relabel(sPrimary, "Placement");
+      setText(sPrimary.value, "spread");
+      setText(sPrimary.extra, "each broker owns the queues rendezvous hashing gives it");
+      setText(sBrokers.value, String(brokers.filter((b) => b.alive).length));
+      setText(sBrokers.extra, `alive of ${plural(brokers.length, "broker")} recorded`);
+      setText(sLease.value, fmtDuration(data.owner_lease));
+      setText(sLease.extra, "a dead broker's queues are adopted after this long");
+      brokersTable.update(brokers);
+      queuesTable.update(queues);
+      eventsTable.update(events.map((e, i) => ({
+        at: e.at, by: (data.this_broker || {}).member || "", what: `${e.what} ${e.queue}`,
+        from: e.to ? `to ${e.to}` : (e.previous || ""), _key: `${e.at}|${e.queue}|${i}`,
+      })));
+      const me = data.this_broker || {};
+      setText(meRole, `${me.member || ""} · spread`);
+      relabel(tRenewals, "Queues owned");
+      setText(tRenewals.value, fmtInt(me.queues_owned));
+      relabel(tTakeovers, "Adopted / handed over");
+      setText(tTakeovers.value, `${fmtInt(me.adopted)} / ${fmtInt(me.handed_over)}`);
+      setText(tTakeovers.extra, "queues taken from dead or leaving brokers / given to joiners");
+      setText(tFenced.value, fmtInt(me.fenced_writes));
+      return;
+    }
     const primary = brokers.find((b) => b.id === data.primary);
     setText(sPrimary.value, data.primary || "none");
     setText(sPrimary.extra, primary && primary.native ? primary.native : (data.primary ? "" : "the lease is free: a standby takes it"));
