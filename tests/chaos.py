@@ -10,6 +10,15 @@ up as a standby), SIGTERM of the primary (exit 0, a hand-over) and a start again
 Then the load stops, the consumers catch up, a fresh group reads every channel from
 the oldest message, and the ledger is checked (``Counts``).
 
+``--placement spread`` runs the brokers with ``[storage] placement = "spread"``: six
+queues (``chaos/v1`` .. ``chaos/v6``, two channels each) spread over the three brokers,
+each broker serving every client (it forwards to the owners). There is no primary
+there: a kill -9 hits a random broker (its queues are adopted by the others within the
+lease), a pause hits a broker owning queues (woken, it must exit 1), a clean stop is a
+SIGTERM or a ``minou soft-stop`` of a broker owning queues (exit 0). HTTP consumers read
+only their own broker's queues in that mode, so the second group is read by a native
+consumer instead (the HTTP producer stays: HTTP publishes are forwarded).
+
 ``python -m tests.chaos --seconds 300 --seed 18`` (``make chaos``) prints the faults as
 they happen and the counts as a table; ``--redis cluster`` runs the same on a Redis
 Cluster of three primaries, each with a replica (``CHAOS_ARGS='--redis cluster'``);
@@ -25,6 +34,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +60,10 @@ from .redis_server import RedisServer, free_port
 QUEUE = "chaos/v1"
 CHANNELS = [f"{QUEUE}/{i}" for i in range(4)]
 PATTERN = f"{QUEUE}/*"
+# placement = "spread": six queues (two channels each), so that every broker owns some.
+SPREAD_QUEUES = [f"chaos/v{k}" for k in range(1, 7)]
+SPREAD_CHANNELS = [f"{q}/{i}" for q in SPREAD_QUEUES for i in range(2)]
+SPREAD_PATTERN = "chaos/*"
 OWNER_LEASE = 1.0
 PREFETCH = 8
 # Longer than any pause a consumer thread takes between taking a message and acking
@@ -59,11 +73,14 @@ DELIVERY_LEASE = 30.0
 HEARTBEAT = 2.0  # a paused broker's connections are dropped after two intervals
 NATIVE_GROUP = "native"
 HTTP_GROUP = "http"
+SOLO_GROUP = "solo"  # spread: the second group, read by one native consumer
 # What a broker paused past its lease logs when it wakes (primary.py, app.py).
 FENCED_LOG = "a write was refused (fenced)"
 LOST_LOG = "writes nothing more"
 TOOK_OVER_LOG = "took over as the primary"
 STALE_REFUSAL = "its writes are refused"  # the error its clients get for a fenced batch
+# What a spread broker paused past its lease logs when it wakes (spread.py).
+CLAIMED_LOG = "claimed by another broker"
 
 
 # --------------------------------------------------------------------- the plan
@@ -76,6 +93,28 @@ class Plan:
     graceful: int = 1
     rate: float = 10.0  # publishes per second, per producer
     redis: str = "single"  # "single": a primary and a replica; "cluster": a Redis Cluster
+    placement: str = "primary"  # "primary": one primary, two standbys; "spread"
+
+    @property
+    def spread(self) -> bool:
+        return self.placement == "spread"
+
+    @property
+    def queues(self) -> list[str]:
+        return SPREAD_QUEUES if self.spread else [QUEUE]
+
+    @property
+    def channels(self) -> list[str]:
+        return SPREAD_CHANNELS if self.spread else CHANNELS
+
+    @property
+    def pattern(self) -> str:
+        return SPREAD_PATTERN if self.spread else PATTERN
+
+    @property
+    def groups(self) -> list[str]:
+        """The native group, then the second one (HTTP; native too when spread)."""
+        return [NATIVE_GROUP, SOLO_GROUP if self.spread else HTTP_GROUP]
 
     def faults(self) -> list[str]:
         kinds = ["kill"] * self.kills + ["pause"] * self.pauses + ["term"] * self.graceful
@@ -206,9 +245,11 @@ def native_client(urls: str, client_id: str) -> Any:
 class NativeProducer(Worker):
     """Numbered publishes through the Python client (idempotent producer), one at a time."""
 
-    def __init__(self, name: str, ledger: Ledger, urls: str, rate: float, seed: int) -> None:
+    def __init__(self, name: str, ledger: Ledger, urls: str, rate: float, seed: int,
+                 channels: list[str] = CHANNELS) -> None:
         super().__init__(name, ledger)
         self.urls, self.rate, self.rng = urls, rate, random.Random(seed)
+        self.channels = channels
         self.sent = 0
 
     def work(self) -> None:
@@ -222,7 +263,7 @@ class NativeProducer(Worker):
                         self.ledger.error("publish", exc)
                         self.stop.wait(0.5)
                         continue
-                channel = self.rng.choice(CHANNELS)
+                channel = self.rng.choice(self.channels)
                 n = self.sent
                 self.sent += 1
                 try:
@@ -244,11 +285,13 @@ def work_on(rng: random.Random, stop: threading.Event) -> None:
 
 
 class NativeConsumer(Worker):
-    """A member of the native group: takes, records, works on, acks every delivery."""
+    """A member of a native group: takes, records, works on, acks every delivery."""
 
-    def __init__(self, name: str, ledger: Ledger, urls: str, seed: int) -> None:
+    def __init__(self, name: str, ledger: Ledger, urls: str, seed: int,
+                 group: str = NATIVE_GROUP, pattern: str = PATTERN) -> None:
         super().__init__(name, ledger)
         self.urls, self.rng = urls, random.Random(seed)
+        self.group, self.pattern = group, pattern
 
     def work(self) -> None:
         while not self.stop.is_set():
@@ -267,7 +310,7 @@ class NativeConsumer(Worker):
                 client.close()
 
     def _consume(self, client: Any) -> None:
-        sub = client.consume(PATTERN, group=NATIVE_GROUP, prefetch=PREFETCH,
+        sub = client.consume(self.pattern, group=self.group, prefetch=PREFETCH,
                              lease=DELIVERY_LEASE)
         while not self.stop.is_set():
             try:
@@ -278,7 +321,7 @@ class NativeConsumer(Worker):
             # and the port of the broker it connected to (for the examples printed).
             aio = client._client
             port = aio.urls[aio._url_index][2]
-            d = self.ledger.delivered(NATIVE_GROUP, self.name,
+            d = self.ledger.delivered(self.group, self.name,
                                       f"{self.name}#{msg._epoch}@{port}",
                                       msg.channel, msg.seq, msg.payload, msg.attempts)
             work_on(self.rng, self.stop)
@@ -358,17 +401,18 @@ class HttpProducer(Worker):
     """Numbered publishes over HTTP, each sent again (same dedup key) until confirmed."""
 
     def __init__(self, name: str, ledger: Ledger, bases: list[str], rate: float,
-                 seed: int) -> None:
+                 seed: int, channels: list[str] = CHANNELS) -> None:
         super().__init__(name, ledger)
         self.cluster = HttpCluster(bases, name)
         self.rate, self.rng = rate, random.Random(seed)
+        self.channels = channels
         self.sent = 0
 
     def work(self) -> None:
         pacer = Pacer(self.rate)
         try:
             while not self.stop.is_set():
-                channel, n = self.rng.choice(CHANNELS), self.sent
+                channel, n = self.rng.choice(self.channels), self.sent
                 self.sent += 1
                 # The dedup key absorbs a resend of a publish stored but not answered.
                 r = self.cluster.request(
@@ -450,10 +494,12 @@ class FaultRecord:
     took: float | None = None  # until another broker served (None: it did not)
     outcome: str = ""
     primary: bool = True  # whether the broker was the primary (pauses and stops are)
+    # spread: it owned queues (pauses and stops do); primary stays True for those
 
 
 @dataclass
 class Counts:
+    placement: str = "primary"
     seconds: float = 0.0
     confirmed: int = 0
     publish_failures: int = 0
@@ -476,18 +522,24 @@ class Counts:
     stale_refusals_seen: int = 0  # a client told its batch was refused as stale
     pauses_exit_1: int = 0
     pauses_standby: int = 0
-    takeovers: int = 0  # "took over as the primary" in the brokers' logs
-    leases_lost_unpaused: int = 0  # primaries that lost the lease without being paused
+    takeovers: int = 0  # "took over as the primary" in the brokers' logs (primary)
+    # spread: queues the faulted broker owned, then owned by another (seen by the driver)
+    queues_moved: int = 0
+    leases_lost_unpaused: int = 0  # brokers that lost their lease/queues, never paused
     faults: list[FaultRecord] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)  # what the driver itself saw go wrong
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def table(self) -> str:
+        spread = self.placement == "spread"
+        whose = "owning queues" if spread else "of the primary"
         rows: list[tuple[str, object, str]] = [
+            ("placement", self.placement, "queues spread over the brokers" if spread
+             else "one primary, two standbys"),
             ("run time (s)", f"{self.seconds:.0f}", ""),
             ("faults", len(self.faults), ", ".join(
-                f"{k} {v}" + (f" ({sum(f.primary for f in self.faults if f.kind == k)} of "
-                              "the primary)" if k == "kill" else "")
+                f"{k} {v}" + (f" ({sum(f.primary for f in self.faults if f.kind == k)} "
+                              f"{whose})" if k == "kill" else "")
                 for k, v in Counter(f.kind for f in self.faults).items())),
             ("confirmed messages", self.confirmed, f"{self.publish_failures} publish "
              "attempts failed (not confirmed)"),
@@ -515,10 +567,15 @@ class Counts:
             ("stale writes refused, on /metrics", self.fenced_metric,
              "read before the woken broker exited (a lower bound)"),
             ("stale refusals seen by clients", self.stale_refusals_seen, ""),
-            ("paused primaries: exited 1 / stayed standby",
-             f"{self.pauses_exit_1} / {self.pauses_standby}", ""),
+            ("paused brokers: exited 1 / stayed standby" if spread else
+             "paused primaries: exited 1 / stayed standby",
+             f"{self.pauses_exit_1} / {self.pauses_standby}",
+             "each must exit 1" if spread else ""),
+            ("queues adopted off a faulted broker", self.queues_moved,
+             "kills, pauses, stops (seen by the driver)") if spread else
             ("takeovers (brokers' logs)", self.takeovers, ""),
-            ("leases lost by a primary never paused", self.leases_lost_unpaused, "must be 0"),
+            ("brokers lost (exit 1) never paused" if spread else
+             "leases lost by a primary never paused", self.leases_lost_unpaused, "must be 0"),
             ("anomalies", len(self.anomalies), "must be 0"),
         ]
         w0 = max(len(r[0]) for r in rows)
@@ -541,7 +598,10 @@ class Chaos:
         self.ledger = Ledger()
         self.workers: list[Worker] = []
         self.t0 = time.monotonic()
-        self.counts = Counts()
+        self.counts = Counts(placement=plan.placement)
+        # A broker is ready once it prints its banner; a standby (primary placement)
+        # prints "standby:" instead. Spread: every broker prints the banner.
+        self.ready = "  stop with" if plan.spread else "standby:"
         self._fenced_seen = 0  # minou_fenced_writes_total of the broker woken last
         self._admin_token = ""
         self._admin_http: httpx.Client | None = None
@@ -574,20 +634,24 @@ class Chaos:
 
     def start_brokers(self, url: str) -> None:
         cfg = self.dir / "cluster.toml"
+        spread = self.plan.spread
         # retention: a fresh group at the end still reads every message, acked or not;
         # requeue_limit: a message redelivered at every fault is never dead-lettered.
         cfg.write_text(
-            f'[storage]\nurl = "{url}"\nowner_lease = {OWNER_LEASE}\nreplicas = 1\n\n'
-            f'[channels."{QUEUE}"]\nprefetch = {PREFETCH}\nretention = 86400\n'
-            "requeue_limit = 1000\n")
+            f'[storage]\nurl = "{url}"\nowner_lease = {OWNER_LEASE}\nreplicas = 1\n'
+            + ('placement = "spread"\n' if spread else "") + "\n"
+            f'[channels."{"chaos/*" if spread else QUEUE}"]\nprefetch = {PREFETCH}\n'
+            "retention = 86400\nrequeue_limit = 1000\n")
         for i in range(3):
             b = BrokerProcess(self.dir / f"broker{i}", config=cfg, storage=url)
             b.port, b.http_port = free_port(), free_port()
             b.url, b.http = f"minou://127.0.0.1:{b.port}", f"http://127.0.0.1:{b.http_port}"
             self.brokers.append(b)
-        self.brokers[0].start(timeout=60, ready="standby:")  # the first is the primary
+        # The first is the primary (primary placement); it makes the admin key, which the
+        # others read from the shared registry at their start.
+        self.brokers[0].start(timeout=60, ready=self.ready)
         starters = [threading.Thread(target=b.start, kwargs={"timeout": 60,
-                                                             "ready": "standby:"})
+                                                             "ready": self.ready})
                     for b in self.brokers[1:]]
         for t in starters:
             t.start()
@@ -604,21 +668,32 @@ class Chaos:
         return [self.brokers[(first + k) % 3].http for k in range(3)]
 
     def start_load(self) -> None:
-        # HTTP clients must be known once (a native HELLO registers the key).
-        for cid in ("http-producer", "http-consumer"):
-            with native_client(self.urls(0), cid):
-                pass
-        seed, rate, ledger = self.plan.seed, self.plan.rate, self.ledger
+        plan = self.plan
+        # HTTP clients must be known once (a native HELLO registers the key). Spread: on
+        # every broker, each of which read the shared registry at its start (a restart
+        # reads it again, with them).
+        for cid in ("http-producer",) if plan.spread else ("http-producer", "http-consumer"):
+            for url in [b.url for b in self.brokers] if plan.spread else [self.urls(0)]:
+                with native_client(url, cid):
+                    pass
+        seed, rate, ledger = plan.seed, plan.rate, self.ledger
         self.consumers: list[Worker] = [
-            NativeConsumer(f"consumer-{i}", ledger, self.urls(i), seed * 10 + 4 + i)
+            NativeConsumer(f"consumer-{i}", ledger, self.urls(i), seed * 10 + 4 + i,
+                           pattern=plan.pattern)
             for i in range(3)]
-        self.consumers.append(HttpConsumer("http-consumer", ledger, self.bases(2),
-                                           seed * 10 + 7))
+        if plan.spread:  # an HTTP consumer would read its own broker's queues only
+            self.consumers.append(NativeConsumer("solo-consumer", ledger, self.urls(2),
+                                                 seed * 10 + 7, group=SOLO_GROUP,
+                                                 pattern=plan.pattern))
+        else:
+            self.consumers.append(HttpConsumer("http-consumer", ledger, self.bases(2),
+                                               seed * 10 + 7))
         self.producers: list[Worker] = [
-            NativeProducer(f"producer-{i}", ledger, self.urls(i), rate, seed * 10 + i)
+            NativeProducer(f"producer-{i}", ledger, self.urls(i), rate, seed * 10 + i,
+                           channels=plan.channels)
             for i in range(3)]
         self.producers.append(HttpProducer("http-producer", ledger, self.bases(1), rate,
-                                           seed * 10 + 3))
+                                           seed * 10 + 3, channels=plan.channels))
         self.workers = self.consumers + self.producers
         for w in self.workers:
             w.start()
@@ -685,7 +760,7 @@ class Chaos:
 
     def restart(self, b: BrokerProcess) -> None:
         try:
-            b.start(timeout=60, ready="standby:")
+            b.start(timeout=60, ready=self.ready)
         except RuntimeError as exc:
             self.anomaly(f"broker {self.brokers.index(b)} did not start again: {exc}")
 
@@ -710,6 +785,8 @@ class Chaos:
         return found[0]
 
     def fault(self, kind: str) -> None:
+        if self.plan.spread:
+            return self.spread_fault(kind)
         now = time.monotonic() - self.t0
         if kind == "kill":
             i = self.rng.randrange(3)
@@ -806,6 +883,172 @@ class Chaos:
         self.anomaly(f"woken broker {i} neither exited nor became a standby in 30 s")
         return "still up, not a standby"
 
+    # ------------------------------------------------------- spread placement
+    def spread_view(self, exclude: BrokerProcess | None = None) -> dict[str, Any] | None:
+        """``/v1/cluster`` (``minou cluster --json``) of the first live broker but
+        ``exclude`` (not asked: it may be paused) that answers with the spread view."""
+        for b in self.brokers:
+            if b is exclude or not b.alive:
+                continue
+            view = self.admin_get(b, "/v1/cluster", timeout=2.0)
+            if isinstance(view, dict) and view.get("placement") == "spread":
+                return view
+        return None
+
+    def broker_of(self, member: str | None) -> BrokerProcess | None:
+        """The broker process a member id names (``host:port:pid:random``), if it is
+        the one running (or last run) on that port."""
+        for b in self.brokers:
+            if member and b.proc is not None and member_key(b) in f":{member}:":
+                return b
+        return None
+
+    def wait_spread(self, old: str | None, exclude: BrokerProcess | None,
+                    timeout: float = 60) -> float | None:
+        """Seconds until every queue is owned by a live broker other than the process
+        ``old`` (a ``member_key``), each owner answering /health 200; None if not
+        within ``timeout``. ``exclude`` is not asked (it may be paused)."""
+        start = time.monotonic()
+
+        def serves() -> bool:
+            view = self.spread_view(exclude)
+            if view is None:
+                return False
+            alive = {m.get("id") for m in view.get("brokers", []) if m.get("alive")}
+            owners = spread_owners(view)
+            held = [owners.get(q) for q in self.plan.queues]
+            if any(o is None or o not in alive or (old and old in f":{o}:") for o in held):
+                return False
+            serving = [self.broker_of(o) for o in set(held)]
+            return all(b is not None and b is not exclude and health(b)[0] == 200
+                       for b in serving)
+
+        if wait_for(serves, timeout, 0.05):
+            return time.monotonic() - start
+        return None
+
+    def spread_fault(self, kind: str) -> None:
+        """A fault with the queues spread: kill -9 of any broker; a pause past the lease,
+        or a clean stop (SIGTERM or ``minou soft-stop``), of a broker owning queues."""
+        now = time.monotonic() - self.t0
+        owners = spread_owners(self.spread_view() or {})
+        if kind == "kill":
+            i = self.rng.randrange(3)
+            at_once = self.rng.random() < 0.3
+        else:
+            holding = [k for k, b in enumerate(self.brokers)
+                       if b.alive and any(self.broker_of(o) is b for o in owners.values())]
+            i = self.rng.choice(holding or [0, 1, 2])
+            at_once = False
+        b = self.brokers[i]
+        assert b.proc is not None
+        old = member_key(b)
+        mine = sorted(q for q, o in owners.items() if self.broker_of(o) is b)
+        owning = f"owning {', '.join(mine) or 'no queue'}"
+        rec = FaultRecord(kind, i, now, primary=bool(mine))
+        offset = len(b.output)
+        if kind == "kill":
+            self.log(f"kill -9 broker {i} ({owning}); restart "
+                     f"{'at once' if at_once else 'once its queues are served'}")
+            b.kill()
+            killed = time.monotonic()
+            if at_once:
+                self.restart(b)
+            took = self.wait_spread(old, None if at_once else b)
+            rec.took = None if took is None else time.monotonic() - killed
+            if took is None:
+                self.anomaly(f"the queues of broker {i} not served within 60 s of its "
+                             "kill -9")
+            if not at_once:
+                self.restart(b)
+            rec.outcome = f"{owning}; every queue served after {rec.took or 0:.1f} s"
+        elif kind == "pause":
+            self.log(f"SIGSTOP broker {i} ({owning})")
+            b.proc.send_signal(signal.SIGSTOP)
+            stopped = time.monotonic()
+            rec.took = self.wait_spread(old, b)
+            if rec.took is None:
+                self.anomaly(f"the queues of paused broker {i} not adopted within 60 s")
+            time.sleep(self.rng.uniform(0.0, 0.5))  # and a little more past the adoption
+            b.proc.send_signal(signal.SIGCONT)
+            self.log(f"SIGCONT broker {i} after {time.monotonic() - stopped:.1f} s")
+            self._fenced_seen = 0
+            rec.outcome = self.after_wake_spread(b, i, offset)
+            fenced = b.output[offset:].count(FENCED_LOG)
+            self.counts.fenced_logged += fenced
+            self.counts.fenced_metric += self._fenced_seen
+            rec.outcome += f"; fenced writes: {fenced} logged, {self._fenced_seen} on /metrics"
+            if not b.alive:
+                self.restart(b)
+        else:  # a clean stop: SIGTERM (leaves the alive set) or a soft stop (hands over)
+            soft = self.rng.random() < 0.5
+            rec.kind = "soft-stop" if soft else "term"
+            self.log(f"{'minou soft-stop' if soft else 'SIGTERM'} broker {i} ({owning})")
+            stopped = time.monotonic()
+            rc = self.soft_stop(b, i) if soft else b.stop()
+            rec.took = self.wait_spread(old, b)
+            if rc != 0:
+                self.anomaly(f"broker {i} stopped with status {rc} on "
+                             f"{'soft-stop' if soft else 'SIGTERM'}")
+            if rec.took is None:
+                self.anomaly(f"the queues of broker {i} not served within 60 s of its stop")
+            rec.took = time.monotonic() - stopped
+            rec.outcome = f"{owning}; exit {rc}, every queue served after {rec.took:.1f} s"
+            self.restart(b)
+        if rec.took is not None:
+            self.counts.queues_moved += len(mine)
+        self.counts.faults.append(rec)
+        self.log(f"  {rec.kind} broker {rec.broker}: {rec.outcome}")
+        self.wait_progress(f"{rec.kind} of broker {rec.broker}")
+
+    def soft_stop(self, b: BrokerProcess, i: int) -> int:
+        """``minou soft-stop`` of ``b`` as the admin; its exit status (-9: killed, it did
+        not stop within 60 s)."""
+        assert b.proc is not None
+        env = {**self.brokers[0].cli_env(), "MINOU_URL": b.url}
+        try:
+            done = subprocess.run([sys.executable, "-m", "minou", "soft-stop", "--json"],
+                                  env=env, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            self.anomaly(f"minou soft-stop of broker {i} did not return in 90 s")
+        else:
+            if done.returncode != 0:
+                self.anomaly(f"minou soft-stop of broker {i} failed: "
+                             f"{(done.stdout + done.stderr).strip()[-300:]}")
+        try:
+            return b.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.anomaly(f"broker {i} still up 60 s after minou soft-stop")
+            b.kill()
+            return -9
+
+    def after_wake_spread(self, b: BrokerProcess, i: int, offset: int) -> str:
+        """A spread broker woken past its lease finds its queues taken (or a write
+        fenced), writes nothing more and exits 1."""
+        assert b.proc is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            fenced = metrics_line(b, self.admin_token(), "minou_fenced_writes_total",
+                                  timeout=0.3)
+            if fenced is not None:
+                self._fenced_seen = max(self._fenced_seen, int(fenced))
+            rc = b.proc.poll()
+            if rc is not None:
+                out = b.output[offset:]
+                if rc == 1:
+                    self.counts.pauses_exit_1 += 1
+                    if (CLAIMED_LOG not in out and FENCED_LOG not in out) \
+                            or LOST_LOG not in out:
+                        self.anomaly(f"broker {i} exited 1 without saying why")
+                else:
+                    self.anomaly(f"woken broker {i} exited with status {rc}")
+                why = "its queues claimed" if CLAIMED_LOG in out else \
+                    "a write fenced" if FENCED_LOG in out else "?"
+                return f"exited {rc} ({why})"
+            time.sleep(0.05)
+        self.anomaly(f"woken broker {i} did not exit within 30 s")
+        return "still up"
+
     # -------------------------------------------------------------------- run
     def run(self) -> Counts:
         # The clients' own warnings ("reconnect failed: ...", dozens per fault) go to a
@@ -818,8 +1061,15 @@ class Chaos:
         client_log.addHandler(handler)
         client_log.propagate = False
         try:
-            self.log(f"seed {self.plan.seed}: {self.plan.faults()} over "
-                     f"{self.plan.seconds:g} s; work directory {self.dir}")
+            plan = self.plan
+            self.log(f"seed {plan.seed}: {plan.faults()} over "
+                     f"{plan.seconds:g} s; work directory {self.dir}")
+            second = ("1 native consumer in group solo (HTTP consumers read only their "
+                      "broker's queues with spread placement)") if plan.spread else \
+                "1 HTTP consumer in group http"
+            self.log(f"placement {plan.placement}: {len(plan.queues)} queue(s), "
+                     f"{len(plan.channels)} channels ({plan.pattern}); 3 native producers "
+                     f"and 1 HTTP producer; 3 native consumers in group native, {second}")
             url = self.start_redis()
             self.start_brokers(url)
             self.log("3 brokers up: " + ", ".join(f"{i}: {b.url} {b.http}"
@@ -827,6 +1077,8 @@ class Chaos:
             self.start_load()
             self.t_load = time.monotonic()
             self.wait_progress("the start", 60)
+            if plan.spread and self.wait_spread(None, None) is None:
+                self.anomaly("the queues were not all served 60 s after the start")
             kinds = self.plan.faults()
             span = self.plan.seconds
             for k, kind in enumerate(kinds):
@@ -850,7 +1102,7 @@ class Chaos:
         for p in self.producers:
             p.join(60)
         self.log(f"{len(self.ledger.confirmed)} confirmed; consumers catching up")
-        groups = [NATIVE_GROUP, HTTP_GROUP]
+        groups = self.plan.groups
         # Done when every confirmed message has a confirmed ack in both groups, or when
         # the broker says neither group has anything waiting or in flight: an ack may be
         # durable though its answer was lost (the broker died first), and such a message
@@ -873,9 +1125,23 @@ class Chaos:
         self.check(drained)
 
     def settled(self, groups: list[str]) -> bool:
-        """Whether the primary says these groups have nothing waiting or in flight."""
+        """Whether the primary says these groups have nothing waiting or in flight
+        (spread: each queue's owner, for its queue)."""
+        if self.plan.spread:
+            view = self.spread_view()
+            if view is None:
+                return False
+            owners = spread_owners(view)
+            for q in self.plan.queues:
+                b = self.broker_of(owners.get(q))
+                if b is None or not self.groups_idle(b, q, groups):
+                    return False
+            return True
         b = self.cluster_primary()
-        view = self.admin_get(b, f"/v1/queues/{QUEUE}", timeout=5) if b else None
+        return b is not None and self.groups_idle(b, QUEUE, groups)
+
+    def groups_idle(self, b: BrokerProcess, queue: str, groups: list[str]) -> bool:
+        view = self.admin_get(b, f"/v1/queues/{queue}", timeout=5)
         try:
             state = {g["group"]: g for g in view["groups"]}  # type: ignore[index]
         except (KeyError, TypeError):
@@ -889,8 +1155,8 @@ class Chaos:
         got: dict[tuple[str, int], list[tuple[str, int]]] = defaultdict(list)
         want = set(self.ledger.confirmed)
         with native_client(self.urls(0), "drain") as c:
-            sub = c.consume(PATTERN, group=f"final-{self.plan.seed}", start="oldest",
-                            prefetch=256)
+            sub = c.consume(self.plan.pattern, group=f"final-{self.plan.seed}",
+                            start="oldest", prefetch=256)
             while True:
                 try:
                     msg = sub.get(timeout=3.0 if want <= got.keys() else 30.0)
@@ -935,7 +1201,7 @@ class Chaos:
         for d in sorted(ledger.deliveries, key=lambda d: d.idx):
             by_message[(d.group, d.channel, d.seq)].append(d)
             c.deliveries[d.group] = c.deliveries.get(d.group, 0) + 1
-        for g in (NATIVE_GROUP, HTTP_GROUP):
+        for g in self.plan.groups:
             c.acks_confirmed[g] = len(ledger.acked[g])
             seen = {(ch, seq) for (grp, ch, seq) in by_message if grp == g}
             missing = set(ledger.confirmed) - seen
@@ -985,7 +1251,8 @@ class Chaos:
         c.stale_refusals_seen = ledger.stale_refusals
         c.takeovers = sum(b.output.count(TOOK_OVER_LOG) for b in self.brokers)
         # Only a broker that was paused may lose the lease: any other loss is a primary
-        # that a standby took over from while it was running (its renewals late).
+        # that a standby took over from while it was running (its renewals late). Spread:
+        # a broker that found its queues taken (or a write fenced) without a pause.
         c.leases_lost_unpaused = sum(b.output.count(LOST_LOG) for b in self.brokers) \
             - c.pauses_exit_1 - c.pauses_standby
         c.examples = {k: v[:5] for k, v in ex.items() if v}
@@ -1006,6 +1273,16 @@ class Chaos:
             b.kill()
         for r in self.redis:
             r.stop()
+
+
+def spread_owners(view: dict[str, Any]) -> dict[str, str | None]:
+    """{queue: the member Redis says owns it} of a spread ``/v1/cluster`` view."""
+    return {q["queue"]: q.get("owner") for q in view.get("queues", []) if "queue" in q}
+
+
+def member_key(b: BrokerProcess) -> str:
+    """What a member id (``host:port:pid:random``) of ``b``'s current process holds."""
+    return f":{b.port}:{b.proc.pid if b.proc is not None else 0}:"
 
 
 def metrics_line(b: BrokerProcess, token: str, name: str, timeout: float = 2.0
@@ -1032,11 +1309,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redis", choices=["single", "cluster"], default="single",
                     help="a Redis primary with a replica, or a Redis Cluster of three "
                          "primaries with a replica each")
+    ap.add_argument("--placement", choices=["primary", "spread"], default="primary",
+                    help='[storage] placement: "primary" (one primary, two standbys) or '
+                         '"spread" (six queues spread over the three brokers)')
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
+    if args.placement == "spread" and args.redis == "cluster":
+        ap.error('placement "spread" does not run on a Redis Cluster yet')
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     plan = Plan(seconds=args.seconds, seed=seed, kills=args.kills, pauses=args.pauses,
-                graceful=args.graceful, rate=args.rate, redis=args.redis)
+                graceful=args.graceful, rate=args.rate, redis=args.redis,
+                placement=args.placement)
     workdir = Path(tempfile.mkdtemp(prefix="minou-chaos-"))
     counts = Chaos(plan, workdir, out=lambda s: print(s, flush=True)).run()
     print()
