@@ -81,6 +81,8 @@ TOOK_OVER_LOG = "took over as the primary"
 STALE_REFUSAL = "its writes are refused"  # the error its clients get for a fenced batch
 # What a spread broker paused past its lease logs when it wakes (spread.py).
 CLAIMED_LOG = "claimed by another broker"
+# An exception logged with its traceback: its last line (type: message).
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*(.+)$", re.M)
 
 
 # --------------------------------------------------------------------- the plan
@@ -526,6 +528,7 @@ class Counts:
     # spread: queues the faulted broker owned, then owned by another (seen by the driver)
     queues_moved: int = 0
     leases_lost_unpaused: int = 0  # brokers that lost their lease/queues, never paused
+    tracebacks: int = 0  # in the brokers' logs (an exception no code path handled)
     faults: list[FaultRecord] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)  # what the driver itself saw go wrong
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -576,6 +579,7 @@ class Counts:
             ("takeovers (brokers' logs)", self.takeovers, ""),
             ("brokers lost (exit 1) never paused" if spread else
              "leases lost by a primary never paused", self.leases_lost_unpaused, "must be 0"),
+            ("tracebacks in the brokers' logs", self.tracebacks, "reported (see below)"),
             ("anomalies", len(self.anomalies), "must be 0"),
         ]
         w0 = max(len(r[0]) for r in rows)
@@ -1255,6 +1259,10 @@ class Chaos:
         # a broker that found its queues taken (or a write fenced) without a pause.
         c.leases_lost_unpaused = sum(b.output.count(LOST_LOG) for b in self.brokers) \
             - c.pauses_exit_1 - c.pauses_standby
+        for i, b in enumerate(self.brokers):
+            for m in TRACEBACK.finditer(b.output):
+                c.tracebacks += 1
+                ex["traceback"].append(f"broker {i}: {m.group(1)[:200]}")
         c.examples = {k: v[:5] for k, v in ex.items() if v}
         errors = {"publish": dict(ledger.publish_errors), "consume": dict(ledger.consume_errors)}
         self.log(f"client errors (retried): {errors}")
