@@ -147,11 +147,11 @@ class Front:
         return up
 
     def _others(self) -> list[str]:
-        return [m for m in self.spread.alive if m != self.spread.member]
+        return self.spread.link_members()
 
     def sync(self) -> None:
         """The live brokers changed: subscribe on the new ones, drop the dead ones."""
-        alive = set(self.spread.alive) - {self.spread.member}
+        alive = set(self._others())
         for member in [m for m in self.ups if m not in alive]:
             # Dead to the cluster (its record ran out): what it owes is answered now
             # (publishes are routed again to the queues' new owners), not never.

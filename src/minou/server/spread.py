@@ -189,6 +189,10 @@ class SpreadRole:
         """The adoption of ``queue``, started now if it is not under way."""
         if queue in self.leaving:  # being handed over: routed again once it is
             return self.leaving[queue]
+        if queue in self.owned:  # adopted already (a route looked before it ended)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         done = self.adopting.get(queue)
         if done is None:
             done = self.adopting[queue] = asyncio.get_running_loop().create_future()
@@ -222,6 +226,21 @@ class SpreadRole:
             exc.code = ErrorCode.STANDBY
             return exc
         return None
+
+    def link_members(self) -> list[str]:
+        """The other live brokers to link to: one per address (a broker restarted on
+        the same port has a new id; its old one stays alive until its record runs
+        out, and two links there would subscribe twice): the newest record wins."""
+        newest: dict[str, tuple[float, str]] = {}
+        for m in self.alive:
+            if m == self.member:
+                continue
+            record = self.addresses.get(m, {})
+            where = record.get("native") or m
+            since = float(record.get("since") or 0)
+            if where not in newest or since > newest[where][0]:
+                newest[where] = (since, m)
+        return sorted(m for _, m in newest.values())
 
     def address(self, member: str) -> dict[str, str] | None:
         return self.addresses.get(member)
@@ -263,8 +282,10 @@ class SpreadRole:
 
     # ------------------------------------------------------------ ownership
     async def settle_in(self) -> None:
-        """At start: adopt this broker's share before serving."""
-        await self.rebalance()
+        """At start: adopt this broker's share before serving (keep() starts the next
+        rebalance only once this one is done)."""
+        self._rebalancing = asyncio.ensure_future(self.rebalance())
+        await self._rebalancing
 
     async def keep(self) -> None:
         """Every third of the lease: stay alive, look, adopt and hand over."""
@@ -326,10 +347,11 @@ class SpreadRole:
     async def _rebalance(self) -> None:
         if self.server.draining or self.role != "spread":
             return
-        held = self.held()
-        for q in sorted(self.queues - held - set(self.adopting)):
-            if self.owner_of(q) == self.member:
+        for q in sorted(self.queues - self.held() - set(self.adopting)):
+            # each looked at again: an adoption awaited before may have made it ours
+            if q not in self.owned and self.owner_of(q) == self.member:
                 await self.adopt(q)
+        held = self.held()
         moves = [(q, target) for q in sorted(held)
                  if (target := placement.owner(q, self.alive)) not in (None, self.member)]
         await asyncio.gather(*(self.hand_over(q, t) for q, t in moves  # type: ignore[arg-type]
@@ -357,6 +379,10 @@ class SpreadRole:
             if exc.holder:  # another live broker has it: send its messages there
                 self.owners[queue] = exc.holder
             log.info("spread: %s not adopted yet: %s", queue, exc)
+        except ValueError as exc:  # the core holds it already: claimed again, still ours
+            self.owned.add(queue)
+            self.owners[queue] = self.member
+            log.warning("spread: %s adopted twice (%s): kept as it was", queue, exc)
         except StorageError as exc:
             log.warning("spread: could not adopt %s: %s", queue, exc)
         finally:
