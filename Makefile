@@ -127,7 +127,8 @@ simulate: $(STAMP)
 ## consumers, native and HTTP, under kill -9, SIGSTOP past the lease and a clean stop of
 ## brokers; then the counts (lost, duplicates, order, stale writes refused) as a table.
 ## CHAOS_SECONDS long (faults spread over it), CHAOS_SEED=s replays a schedule of faults;
-## CHAOS_ARGS passes more (--kills N, --pauses N, --graceful N, --rate N, --keep).
+## CHAOS_ARGS passes more (--kills N, --pauses N, --graceful N, --rate N, --keep,
+## --placement spread: the queues spread over the brokers, --redis cluster).
 ## tests/chaos.py, docs/cluster.md ("Chaos")
 CHAOS_SECONDS ?= 300
 CHAOS_SEED    ?=
