@@ -295,7 +295,7 @@ class NativeConnection:
             self.send(f.Confirm(req, outcomes))
 
         self.engine.publish(frame.msgs, self.session.access, confirm, session=self.session,
-                            publisher=self)
+                            publisher=self, routed=self.front is not None)
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
         reply = f.Result(frame.req, {"sid": frame.sid})

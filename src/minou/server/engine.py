@@ -360,15 +360,16 @@ class Engine:
                 uncommitted_bytes=pending, limit=limit, retry_after=1)
 
     def publish(self, sends: Sequence[Send], access: Any, reply: PublishReply, *,
-                session: Session | None = None, publisher: Publisher | None = None
-                ) -> list[Outcome]:
+                session: Session | None = None, publisher: Publisher | None = None,
+                routed: bool = False) -> list[Outcome]:
         """Validate and stage ``sends``; ``reply`` once they are durable (at once when
         nothing was staged); the outcomes as known now are returned (the reply has the
         final ones). A door that cannot be paused (``publisher`` None) is
         refused whole, raising, while stopping, full or behind; a pausable one is
         refused send by send (a numbered publish's refusal is remembered) and paused
         while the disk is behind."""
-        if self.route is not None and (refusal := self.route(sends)) is not None:
+        # ``routed``: a front (spread.py) found every send this broker's just now
+        if self.route is not None and not routed and (refusal := self.route(sends)):
             raise refusal
         stopping: RequestError | None = None
         if publisher is None:

@@ -191,31 +191,24 @@ class Front:
         """Route ``frame``: False if it is all this broker's (the caller publishes it
         as ever), True if this front took it. A queue this broker must take over first
         holds the frame (and what came behind it) until it has; ``waited``: it tried."""
-        conn = self.conn
-        if not waited:
-            adopt = self._adopting(frame.msgs)
-            if adopt:
-                conn.hold(asyncio.gather(*(self.spread.adoption(q) for q in adopt)),
-                          lambda: self._publish_again(frame))
-                return True
+        conn, sp = self.conn, self.spread
+        routes = [sp.route_channel(s.channel) for s in frame.msgs]
+        if not waited and ADOPT in routes:
+            adopt = sorted({q for s, r in zip(frame.msgs, routes, strict=True)
+                            if r == ADOPT and (q := queue_of(s.channel)) is not None})
+            conn.hold(asyncio.gather(*(sp.adoption(q) for q in adopt)),
+                      lambda: self._publish_again(frame))
+            return True
         return self.publish_sends(frame.msgs, lambda outs: conn.send(f.Confirm(frame.req, outs)),
-                                  session=conn.session, publisher=conn)
-
-    def _adopting(self, sends: list[f.Send]) -> list[str]:
-        """The queues of ``sends`` this broker must take over before serving them."""
-        out = set()
-        for send in sends:
-            q = queue_of(send.channel)
-            if q is not None and self.spread.route(q) == ADOPT:
-                out.add(q)
-        return sorted(out)
+                                  session=conn.session, publisher=conn, routes=routes)
 
     def publish_sends(self, sends: list[f.Send], done: Callable[[list[f.Outcome]], None], *,
-                      session: Any = None, publisher: Any = None) -> bool:
+                      session: Any = None, publisher: Any = None,
+                      routes: list[str | None] | None = None) -> bool:
         """Route ``sends``: False if all are this broker's now; else True and
         ``done(outcomes)`` once each is answered, here or by its queue's owner."""
-        sp = self.spread
-        routes = [None if (q := queue_of(s.channel)) is None else sp.route(q) for s in sends]
+        if routes is None:
+            routes = [self.spread.route_channel(s.channel) for s in sends]
         if all(r is None for r in routes):
             return False
         deadline = asyncio.get_running_loop().time() + MOVING_RETRY_S
@@ -239,7 +232,7 @@ class Front:
             try:
                 conn.engine.publish([msgs[i] for i in local], conn.session.access,
                                     lambda got, _exc: pending.fill(local, got),
-                                    session=session, publisher=publisher)
+                                    session=session, publisher=publisher, routed=True)
             except RequestError as exc:  # refused whole (stopping): its part says why
                 pending.fill(local, [f.Outcome(channel=msgs[i].channel, code=int(exc.code),
                                                error=exc.message) for i in local])
@@ -267,15 +260,13 @@ class Front:
             routes: list[str | None] = [None] * len(msgs)
             waits = []
             for i in idx:
-                q = queue_of(msgs[i].channel)
-                routes[i] = None if q is None else sp.route(q)
+                routes[i] = sp.route_channel(msgs[i].channel)
                 if routes[i] == ADOPT:
-                    waits.append(sp.adoption(q))  # type: ignore[arg-type]
+                    waits.append(sp.adoption(queue_of(msgs[i].channel)))  # type: ignore[arg-type]
             if waits and loop.time() < deadline:
                 asyncio.gather(*waits).add_done_callback(
                     lambda _: self._dispatch(pending, idx, [
-                        None if (q := queue_of(m.channel)) is None else sp.route(q)
-                        for m in msgs], deadline, *again))
+                        sp.route_channel(m.channel) for m in msgs], deadline, *again))
                 return
             self._dispatch(pending, idx, routes, deadline, *again)
 

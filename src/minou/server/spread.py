@@ -61,6 +61,7 @@ HANDOVER_COMMIT_S = 5.0  # how long a hand-over waits for the queue's writes to 
 HANDOVER_DRAIN_S = 10.0  # ... and, before, for its deliveries out to settle (at most)
 HISTORY_KEPT = 20  # recent adoptions and hand-overs `minou cluster` shows
 HTTP_FRONTS = 256  # HTTP clients whose links to other brokers are kept
+QUEUE_MEMO = 1 << 16  # channels whose queue route_channel remembers
 
 
 class SpreadRole:
@@ -94,6 +95,7 @@ class SpreadRole:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-spread")
         self._running: set[asyncio.Future[None]] = set()
         self._rebalancing: asyncio.Future[None] | None = None
+        self._queues_of: dict[str, str | None] = {}  # channel -> its queue (route_channel)
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -185,6 +187,17 @@ class SpreadRole:
         q = queue_of(channel)
         return q is None or q in self.owned
 
+    def route_channel(self, channel: str) -> str | None:
+        """``route`` of ``channel``'s queue (None for a pattern: this broker's), its
+        queue remembered: this is asked for every message."""
+        memo = self._queues_of
+        q = memo.get(channel, "")
+        if q == "":
+            if len(memo) >= QUEUE_MEMO:
+                memo.clear()
+            q = memo[channel] = queue_of(channel)
+        return None if q is None else self.route(q)
+
     def adoption(self, queue: str) -> asyncio.Future[None]:
         """The adoption of ``queue``, started now if it is not under way."""
         if queue in self.leaving:  # being handed over: routed again once it is
@@ -205,12 +218,10 @@ class SpreadRole:
         """For the doors without a front (HTTP, streams): a publish to a queue another
         broker owns, or one being taken over, is refused with where to go."""
         for send in sends:
-            q = queue_of(send.channel)
-            if q is None:
-                continue
-            where = self.route(q)
+            where = self.route_channel(send.channel)
             if where is None:
                 continue
+            q = queue_of(send.channel)
             if where == ADOPT:
                 self.adoption(q)
                 exc = RequestError(f"queue {q} is being taken over by this broker: "
