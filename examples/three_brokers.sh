@@ -4,6 +4,8 @@
 #
 #   sh examples/three_brokers.sh start    # Redis x3, Sentinel x3, minou x3; prints URLs
 #   sh examples/three_brokers.sh stop     # stops what start started (by pid file)
+#   PLACEMENT=spread sh examples/three_brokers.sh start   # the queues spread over the
+#                                         # three brokers instead of one primary
 #
 # Everything lives under $DIR (default ./minou-cluster). Ports: Redis $REDIS_PORT and
 # the two after it, Sentinel $SENTINEL_PORT and the two after it, brokers $BROKER_PORT,
@@ -16,6 +18,7 @@ REDIS_PORT=${REDIS_PORT:-6379}
 SENTINEL_PORT=${SENTINEL_PORT:-26379}
 BROKER_PORT=${BROKER_PORT:-7700}
 MINOU=${MINOU:-minou}
+PLACEMENT=${PLACEMENT:-primary}  # or spread (docs/cluster.md)
 
 start() {
     mkdir -p "$DIR"
@@ -46,14 +49,16 @@ start() {
     url="redis+sentinel://127.0.0.1:$s,127.0.0.1:$((s + 1)),127.0.0.1:$((s + 2))/mymaster/0"
     # replicas = 1: a publish is confirmed once a replica has it too (WAIT 1).
     printf '%s\n' "[storage]" "url = \"$url\"" "replicas = 1" "owner_lease = 5.0" \
-        > "$DIR/minou.toml"
+        "placement = \"$PLACEMENT\"" > "$DIR/minou.toml"
     urls=""
     for i in 0 1 2; do
         port=$((BROKER_PORT + 10 * i))
         "$MINOU" start --config "$DIR/minou.toml" --data "$DIR/broker-$i" \
             --port "$port" --http-port "$((port + 1))" > "$DIR/broker-$i.log" 2>&1 &
         echo $! > "$DIR/broker-$i.pid"
-        # The first becomes the primary; the others wait as standbys, relaying.
+        # The first becomes the primary; the others wait as standbys, relaying (spread:
+        # each takes its share of the queues). One after the other: the first makes the
+        # admin key.
         n=0
         until grep -q -e "stop with" -e "standby:" "$DIR/broker-$i.log"; do
             n=$((n + 1))
@@ -72,7 +77,11 @@ start() {
     echo "  export MINOU_URL=$urls MINOU_KEY=$DIR/broker-0/admin.key MINOU_CLIENT_ID=admin"
     echo "  $MINOU publish orders/v1/1 '{\"total\": 12.5}'"
     echo "  $MINOU cluster"
-    echo "  kill -9 \$(cat $DIR/broker-0.pid)   # a standby serves within owner_lease"
+    if [ "$PLACEMENT" = spread ]; then
+        echo "  kill -9 \$(cat $DIR/broker-0.pid)   # the others adopt its queues within owner_lease"
+    else
+        echo "  kill -9 \$(cat $DIR/broker-0.pid)   # a standby serves within owner_lease"
+    fi
 }
 
 stop() {
