@@ -454,24 +454,27 @@ class Front:
         """Split a POSITION by the owner of each channel's queue: the others' parts go
         there (their lags merged into the answer by ``merge_lags``); returns this
         broker's part, or None if all of it is this broker's."""
-        mine: dict[str, int] = {}
-        theirs: dict[str, dict[str, int]] = {}
-        for channel, seq in frame.positions.items():
-            q = queue_of(channel)
-            where = None if q is None else self.spread.route(q)
+        parts = self._by_owner(list(frame.positions), "position it")
+        mine = {ch: frame.positions[ch] for ch in parts.pop(None, [])}
+        if not parts:
+            return None
+        self._position_parts = {member: {ch: frame.positions[ch] for ch in channels}
+                                for member, channels in parts.items()}
+        return mine
+
+    def _by_owner(self, channels: list[str], doing: str) -> dict[str | None, list[str]]:
+        """``channels`` by the broker owning each one's queue (None: this one); refused
+        (retry soon) if one is moving here."""
+        out: dict[str | None, list[str]] = {}
+        for channel in channels:
+            where = self.spread.route_channel(channel)
             if where == ADOPT:
-                exc = RequestError(f"queue {q} is moving to this broker: position it again "
-                                   "in a moment")
+                exc = RequestError(f"queue {queue_of(channel)} is moving to this broker: "
+                                   f"{doing} again in a moment")
                 exc.code = ErrorCode.STORAGE_UNAVAILABLE
                 raise exc
-            if where is None:
-                mine[channel] = seq
-            else:
-                theirs.setdefault(where, {})[channel] = seq
-        if not theirs:
-            return None
-        self._position_parts = theirs
-        return mine
+            out.setdefault(where, []).append(channel)
+        return out
 
     def merge_lags(self, frame: f.Position, local: dict[str, int] | None,
                    local_done: Any) -> None:
@@ -518,22 +521,15 @@ class Front:
     def stage(self, frame: f.Stage) -> bool:
         """Split a STAGE by the owner of each message's queue: each owner holds its
         part under the same transaction id. False: all of it is this broker's."""
-        mine: list[f.Send] = []
-        theirs: dict[str, list[f.Send]] = {}
-        for send in frame.msgs:
-            q = queue_of(send.channel)
-            where = None if q is None else self.spread.route(q)
-            if where == ADOPT:
-                exc = RequestError(f"queue {q} is moving to this broker: stage again in a "
-                                   "moment")
-                exc.code = ErrorCode.STORAGE_UNAVAILABLE
-                raise exc
-            if where is None:
-                mine.append(send)
-            else:
-                theirs.setdefault(where, []).append(send)
-        if not theirs:
+        parts = self._by_owner([send.channel for send in frame.msgs], "stage it")
+        if set(parts) <= {None}:
             return False
+        by_channel: dict[str, list[f.Send]] = {}
+        for send in frame.msgs:
+            by_channel.setdefault(send.channel, []).append(send)
+        mine = [send for ch in dict.fromkeys(parts.pop(None, [])) for send in by_channel[ch]]
+        theirs = {member: [send for ch in dict.fromkeys(channels) for send in by_channel[ch]]
+                  for member, channels in parts.items()}
         conn = self.conn
         if mine:
             conn.engine.check_accepting()
