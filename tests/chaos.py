@@ -73,7 +73,6 @@ DELIVERY_LEASE = 30.0
 HEARTBEAT = 2.0  # a paused broker's connections are dropped after two intervals
 NATIVE_GROUP = "native"
 HTTP_GROUP = "http"
-SOLO_GROUP = "solo"  # spread: the second group, read by one native consumer
 # What a broker paused past its lease logs when it wakes (primary.py, app.py).
 FENCED_LOG = "a write was refused (fenced)"
 LOST_LOG = "writes nothing more"
@@ -115,8 +114,8 @@ class Plan:
 
     @property
     def groups(self) -> list[str]:
-        """The native group, then the second one (HTTP; native too when spread)."""
-        return [NATIVE_GROUP, SOLO_GROUP if self.spread else HTTP_GROUP]
+        """The native group, then the HTTP one."""
+        return [NATIVE_GROUP, HTTP_GROUP]
 
     def faults(self) -> list[str]:
         kinds = ["kill"] * self.kills + ["pause"] * self.pauses + ["term"] * self.graceful
@@ -432,17 +431,26 @@ class HttpProducer(Worker):
 
 
 class HttpConsumer(Worker):
-    """The HTTP group's consumer: long-polls one message, records, works on, acks it."""
+    """The HTTP group's consumer: long-polls one message, records, works on, acks it.
+    Spread: a pattern per queue in turn (an HTTP pattern spans one queue at most), each
+    read through whichever broker it is on."""
 
-    def __init__(self, name: str, ledger: Ledger, bases: list[str], seed: int) -> None:
+    def __init__(self, name: str, ledger: Ledger, bases: list[str], seed: int,
+                 patterns: list[str] | None = None) -> None:
         super().__init__(name, ledger)
         self.cluster = HttpCluster(bases, name)
         self.rng = random.Random(seed)
+        self.patterns = patterns or [PATTERN]
 
     def work(self) -> None:
-        path = f"/v1/consume/{PATTERN}?group={HTTP_GROUP}&wait=1&lease={DELIVERY_LEASE:g}"
+        wait = 1 if len(self.patterns) == 1 else 0.3
+        turn = 0
         try:
             while not self.stop.is_set():
+                pattern = self.patterns[turn % len(self.patterns)]
+                turn += 1
+                path = (f"/v1/consume/{pattern}?group={HTTP_GROUP}&wait={wait:g}"
+                        f"&lease={DELIVERY_LEASE:g}")
                 r = self.cluster.request("POST", path, deadline=time.monotonic() + 10,
                                          ledger=self.ledger, kind="consume")
                 if r is None or r.status_code == 204:
@@ -676,7 +684,7 @@ class Chaos:
         # HTTP clients must be known once (a native HELLO registers the key). Spread: on
         # every broker, each of which read the shared registry at its start (a restart
         # reads it again, with them).
-        for cid in ("http-producer",) if plan.spread else ("http-producer", "http-consumer"):
+        for cid in ("http-producer", "http-consumer"):
             for url in [b.url for b in self.brokers] if plan.spread else [self.urls(0)]:
                 with native_client(url, cid):
                     pass
@@ -685,13 +693,9 @@ class Chaos:
             NativeConsumer(f"consumer-{i}", ledger, self.urls(i), seed * 10 + 4 + i,
                            pattern=plan.pattern)
             for i in range(3)]
-        if plan.spread:  # an HTTP consumer would read its own broker's queues only
-            self.consumers.append(NativeConsumer("solo-consumer", ledger, self.urls(2),
-                                                 seed * 10 + 7, group=SOLO_GROUP,
-                                                 pattern=plan.pattern))
-        else:
-            self.consumers.append(HttpConsumer("http-consumer", ledger, self.bases(2),
-                                               seed * 10 + 7))
+        self.consumers.append(HttpConsumer(
+            "http-consumer", ledger, self.bases(2), seed * 10 + 7,
+            patterns=[f"{q}/*" for q in plan.queues] if plan.spread else None))
         self.producers: list[Worker] = [
             NativeProducer(f"producer-{i}", ledger, self.urls(i), rate, seed * 10 + i,
                            channels=plan.channels)
@@ -1068,9 +1072,8 @@ class Chaos:
             plan = self.plan
             self.log(f"seed {plan.seed}: {plan.faults()} over "
                      f"{plan.seconds:g} s; work directory {self.dir}")
-            second = ("1 native consumer in group solo (HTTP consumers read only their "
-                      "broker's queues with spread placement)") if plan.spread else \
-                "1 HTTP consumer in group http"
+            second = ("1 HTTP consumer in group http (a queue's pattern in turn, through "
+                      "one broker)") if plan.spread else "1 HTTP consumer in group http"
             self.log(f"placement {plan.placement}: {len(plan.queues)} queue(s), "
                      f"{len(plan.channels)} channels ({plan.pattern}); 3 native producers "
                      f"and 1 HTTP producer; 3 native consumers in group native, {second}")

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets.sync.client as wsc
 
 import minou
 
@@ -77,11 +78,14 @@ def settled_spread(b: BrokerProcess, alive: int) -> bool:
         and {q["queue"] for q in view["queues"]} >= set(QUEUES)
 
 
-def publish_all(b: BrokerProcess, per_queue: int, start: int = 0) -> int:
+def publish_all(b: BrokerProcess, per_queue: int, start: int = 0, *,
+                seqs: bool = True) -> int:
+    """``per_queue`` messages to every queue, n from ``start``; ``seqs``: each channel
+    had ``start`` messages before (its seqs follow on)."""
     with b.connect_sync("producer") as c:
         for i in range(start, start + per_queue):  # one frame over every queue: split
             receipts = c.send_many([(f"{q}/1", {"n": i, "q": q}) for q in QUEUES])
-            assert [r.seq for r in receipts] == [i + 1] * len(QUEUES)
+            assert not seqs or [r.seq for r in receipts] == [i + 1] * len(QUEUES)
     return per_queue * len(QUEUES)
 
 
@@ -157,6 +161,75 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue_native_and_h
     got = consume(brokers[2], sent)
     assert len(got) == sent and set(got.values()) == {1}
     assert consume(brokers[1], 0, timeout=2.0) == {}
+
+
+def test_http_and_stream_consumers_read_queues_owned_by_another_broker(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    sent = publish_all(a, 3)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    placed = owners(a)
+    there = cluster_view(a)["this_broker"]["member"]  # queues a owns: b reads them remotely
+    remote = [q for q in QUEUES if placed[q] == there]
+    h = bearer(b, "http-consumer")
+    with httpx.Client(base_url=b.http, timeout=30) as http:
+        # Long polls through b, one message each, for every queue wherever it is owned;
+        # receipts of a's deliveries are settled on a.
+        got: dict[tuple[str, int], int] = {}
+        for q in QUEUES:
+            for _ in range(3):
+                r = http.post(f"/v1/consume/{q}/*", params={"group": "web", "wait": 10},
+                              headers=h)
+                assert r.status_code == 200, (q, r.status_code, r.text)
+                msg = r.json()
+                key = (msg["payload"]["q"], msg["payload"]["n"])
+                got[key] = got.get(key, 0) + 1
+                ack = http.post(f"/v1/ack/{msg['receipt']}", headers=h)
+                assert ack.status_code == 200, ack.text
+        assert len(got) == sent and set(got.values()) == {1}
+        # Acked on their owners: nothing comes again, here or there.
+        for q in QUEUES:
+            r = http.post(f"/v1/consume/{q}/*", params={"group": "web", "wait": 0.2},
+                          headers=h)
+            assert r.status_code == 204, (q, r.text)
+        if remote:
+            # An HTTP consumer with no request waiting holds nothing on the owner: a
+            # message published now goes at once to a native consumer of the same group.
+            q = remote[0]
+            with a.connect_sync("native") as c:
+                sub = c.consume(f"{q}/*", group="web", prefetch=10)
+                c.send(f"{q}/1", {"n": 99, "q": q})
+                assert sub.get(timeout=5).payload["n"] == 99
+            # A receipt the owner no longer knows is a precise 4xx, not a 500.
+            bad = http.post(f"/v1/ack/{msg['receipt']}", headers=h)
+            assert bad.status_code == 404 and bad.json()["error"]["reason"] == "unknown_delivery", \
+                bad.text
+    # /v1/stream through b: one subscription over every queue (made before the
+    # messages: acked ones are gone), acks land where the messages were delivered.
+    with wsc.connect(b.http.replace("http://", "ws://") + "/v1/stream",
+                     additional_headers=h, max_size=None) as ws:
+        ws.send(json.dumps({"op": "consume", "pattern": "orders/*", "group": "ws",
+                            "prefetch": 20}))
+        assert json.loads(ws.recv(10))["type"] == "subscribed"
+        sent = publish_all(a, 2, start=10, seqs=False)
+        seen: dict[tuple[str, int], int] = {}
+        settled = 0
+        while settled < sent:
+            ev = json.loads(ws.recv(30))
+            if ev["type"] == "message":
+                if ev["payload"]["n"] == 99:  # left to group web above
+                    continue
+                key = (ev["payload"]["q"], ev["payload"]["n"])
+                seen[key] = seen.get(key, 0) + 1
+                ws.send(json.dumps({"op": "ack", "receipt": ev["receipt"]}))
+            else:
+                assert ev["type"] == "settled", ev
+                settled += 1
+        assert len(seen) == sent and set(seen.values()) == {1}
+        assert sum(q in remote for q, _ in seen) == 2 * len(remote)
+        with pytest.raises(TimeoutError):  # all acked: nothing comes again
+            while True:
+                assert json.loads(ws.recv(1.5))["payload"]["n"] == 99
 
 
 def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(

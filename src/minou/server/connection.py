@@ -40,6 +40,7 @@ from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
 from .admin import SELF_SERVICE_OPS
+from .front import LINK_CREDIT
 from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ class NativeConnection:
         self.identity: Any = None  # auth.registry.Identity once HELLO succeeded
         # Queues spread over brokers: what is for another broker's queue goes there.
         self.front: Any = None  # front.Front
+        # On a link serving an HTTP consumer elsewhere: sid -> how many messages its
+        # waiting requests want (link.credit): its credit, like an HTTP consumer's.
+        self.wanted: dict[int, int] = {}
         self.hellos = 0
         self.closed = False
         self.reading_paused = False
@@ -346,6 +350,8 @@ class NativeConnection:
 
         failed = self.engine.settle(self.session, op, frame.tags, settled if req else None,
                                     **kw)
+        if self.wanted:
+            self._recredit()
         if not req:
             for tag, code, text in failed:
                 self._send(f.Error(0, code, text, {"tag": tag}))
@@ -403,6 +409,9 @@ class NativeConnection:
         self.server.read_range(self, frame)
 
     def _on_admin(self, frame: f.Admin) -> None:
+        if frame.op == LINK_CREDIT:
+            self._link_credit(frame)
+            return
         if not self.session.admin and frame.op not in SELF_SERVICE_OPS:
             raise NotAuthorized(
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
@@ -413,6 +422,41 @@ class NativeConnection:
         else:  # changed state: answered once durable
             reply = f.Result(frame.req, result)
             self.engine.when_durable(lambda: self.send(reply))
+
+    def _link_credit(self, frame: f.Admin) -> None:
+        """A front whose client is an HTTP consumer (front.Front.credit): deliveries
+        nobody was there to take go back as if never sent (the attempt does not count),
+        and the subscription's credit becomes what its waiting requests want."""
+        if self.identity.method != "link":
+            raise NotAuthorized(f"{LINK_CREDIT!r} is for the brokers' own links",
+                                op=frame.op)
+        args = frame.args if isinstance(frame.args, dict) else {}
+        sid, wanted, back = args.get("sid"), args.get("wanted"), args.get("withdraw") or []
+        if not (isinstance(sid, int) and isinstance(wanted, int) and wanted >= 0
+                and isinstance(back, list) and all(isinstance(t, int) for t in back)):
+            raise BadRequest(f"{LINK_CREDIT}: sid, wanted (>= 0) and withdraw (tags)")
+        if back:
+            self.core.withdraw(self.session, back, time.time())
+        sub = self.session.subs.get(sid)
+        if sub is not None:
+            sub.on_demand = True
+            self.wanted[sid] = wanted
+            self._recredit()
+        self.engine.changed()
+        if frame.req:
+            self.send(f.Result(frame.req, None))
+
+    def _recredit(self) -> None:
+        """Credit is what the waiting requests want, whatever is unsettled."""
+        for sid, wanted in self.wanted.items():
+            sub = self.session.subs.get(sid)
+            if sub is not None:
+                sub.prefetch = sub.unsettled + wanted
+        self.server.wake_groups(self.session)
+
+    def leases_expired(self) -> None:
+        if self.wanted:
+            self._recredit()
 
     def _on_stage(self, frame: f.Stage) -> None:
         if self.front is not None and self.front.stage(frame):

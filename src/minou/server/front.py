@@ -39,6 +39,9 @@ log = logging.getLogger("minou.cluster")
 
 ADOPT = "\0adopt"  # a route (SpreadRole.route): here, once this broker has claimed it
 REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
+# An ADMIN op only links send: the credit of an HTTP consumer's subscription on another
+# broker (what its waiting requests want), and deliveries to give back as never sent.
+LINK_CREDIT = "link.credit"
 MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
 FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
 # A queue that moves while a publish is on its way (handed over, being adopted): the
@@ -133,6 +136,7 @@ class Front:
         self.tags: dict[int, tuple[Upstream, int]] = {}
         self._next_tag = REMOTE_TAGS
         self.forwarding = 0  # bytes of publishes forwarded, not yet confirmed
+        self.wanted: dict[int, int] = {}  # sid -> credit wanted (HTTP consumers: credit)
         self._position_parts: dict[str, dict[str, int]] = {}
 
     # -------------------------------------------------------------- links
@@ -151,6 +155,8 @@ class Front:
 
     def sync(self) -> None:
         """The live brokers changed: subscribe on the new ones, drop the dead ones."""
+        if self.conn.closed:
+            return
         alive = set(self._others())
         for member in [m for m in self.ups if m not in alive]:
             # Dead to the cluster (its record ran out): what it owes is answered now
@@ -166,6 +172,8 @@ class Front:
                 up.request(frame, None)
                 for pattern in self.extra.get(sid, []):
                     up.request(f.SubAdd(0, sid, pattern), None)
+                if sid in self.wanted:
+                    up.request(self._credit_frame(sid, []), None)
 
     def lost(self, up: Upstream) -> None:
         """A link failed: its deliveries' tags settle nothing any more."""
@@ -335,6 +343,27 @@ class Front:
             patterns.remove(frame.pattern)
         for up in list(self.ups.values()):
             up.request(frame, None)
+
+    # ------------------------------------------------------------- credit
+    def credit(self, sid: int, wanted: int) -> None:
+        """A door whose credit is its waiting requests (an HTTP consumer): each other
+        broker may deliver ``wanted`` more on ``sid`` than is unsettled there."""
+        if self.wanted.get(sid) == wanted:
+            return
+        self.wanted[sid] = wanted
+        for up in list(self.ups.values()):
+            up.request(self._credit_frame(sid, []), None)
+
+    def give_back(self, sid: int, tag: int) -> None:
+        """A delivery from another broker that nobody was there to take: back to the
+        front of its queue there, as if never sent."""
+        found = self.tags.pop(tag, None)
+        if found is not None and not found[0].closed:
+            found[0].request(self._credit_frame(sid, [found[1]]), None)
+
+    def _credit_frame(self, sid: int, withdraw: list[int]) -> f.Admin:
+        return f.Admin(0, LINK_CREDIT, {"sid": sid, "wanted": self.wanted.get(sid, 0),
+                                        "withdraw": withdraw})
 
     def _everywhere(self, frame: f.Frame, reply: f.Frame) -> None:
         ups = [up for m in self._others() if (up := self._up(m)) is not None]

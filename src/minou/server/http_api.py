@@ -46,7 +46,7 @@ from ..protocol.frames import Delivery, Outcome, Send
 from . import nagios
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
-from .wire import http_error
+from .wire import http_error, internal_error
 
 if TYPE_CHECKING:
     from .ports import Server
@@ -235,9 +235,22 @@ class HttpApi:
         if op == "nack":
             kw = {"delay": _float(q, "delay") or 0.0,
                   "front": q.get("front", "true").lower() not in ("false", "0", "no")}
-        self.server.http_consumers.settle(identity, receipt, op, **kw)
-        self.engine.when_durable(lambda: answer(200, {"receipt": receipt, "settled": op}),
-                                 refuse)
+        there = self.server.http_consumers.settle(identity, receipt, op, **kw)
+        if there is None:
+            self.engine.when_durable(lambda: answer(200, {"receipt": receipt, "settled": op}),
+                                     refuse)
+            return
+
+        def answered(fut: asyncio.Future[None]) -> None:  # settled on another broker
+            exc = fut.exception()
+            if isinstance(exc, RequestError):
+                refuse(exc)
+            elif exc is not None:
+                refuse(internal_error(f"{op} failed: {exc}"))
+            else:
+                answer(200, {"receipt": receipt, "settled": op})
+
+        there.add_done_callback(answered)
 
     def consumer_for(self, identity: Identity, p: Mapping[str, str], raw_id: str,
                      q: Mapping[str, str], dead: bool) -> tuple[HttpConsumer, float]:

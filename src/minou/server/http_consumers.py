@@ -8,6 +8,11 @@ client left in the same instant) goes straight back to the queue, never kept for
 a later request. A delivered message carries a receipt (``<consumer>.<tag>``)
 for ``/v1/ack`` and ``/v1/nack``; it is leased like any delivery and comes back
 if the lease runs out. An idle consumer with nothing unsettled is closed.
+
+Queues spread over brokers (spread.py): the consumer subscribes on every other live
+broker too, through a front of its own (front.py), whose credit follows the waiting
+requests the same way (``link.credit``); a message from another broker that finds
+nobody goes back there as never sent, and its receipt is settled there.
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
-from ..errors import BadRequest, UnknownDelivery
+from ..errors import BadRequest, UnknownDelivery, error_from_code
 from ..limits import HTTP_CONSUMER_IDLE_S, MAX_SUBSCRIPTIONS, MIN_HTTP_WAIT_S
+from ..protocol import frames as f
 from ..protocol.frames import Delivery
+from .front import REMOTE_TAGS, Front
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
     from ..core.group import Subscription
     from .ports import Server
+
+
+SID = 1  # an HTTP consumer's one subscription
 
 
 class HttpConsumer:
@@ -41,6 +51,26 @@ class HttpConsumer:
         self.last_used = time.monotonic()
         self.session: Session | None = None
         self.sub: Subscription | None = None
+        self.front: Front | None = None  # queues spread over brokers: the others' part
+        self.closed = False
+
+    # what a front needs of the door it serves (front.Door)
+    @property
+    def server(self) -> Server:
+        return self.owner.server
+
+    @property
+    def engine(self) -> Any:
+        return self.owner.server.engine
+
+    def flush(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
 
     # the broker's pump calls this like it calls a native connection
     def send_deliveries(self, sid: int, items: list[Delivery]) -> None:
@@ -62,14 +92,20 @@ class HttpConsumer:
         consumer with no request waiting holds nothing and has no credit, so the other
         consumers of the group get the message now, not when a lease runs out."""
         server = self.owner.server
+        if item.tag >= REMOTE_TAGS and self.front is not None:
+            self._credit()
+            self.front.give_back(SID, item.tag)
+            return
         if self.session is not None:
             server.core.withdraw(self.session, [item.tag], time.time())
         self._credit()
         server.engine.changed()
 
     def send(self, frame: Any) -> None:
-        """Errors the broker would push to a connection (an ended subscription)."""
-        self.owner.close(self)
+        """Errors the broker would push to a connection (an ended subscription); a
+        front's replies are nothing to act on."""
+        if isinstance(frame, f.Error):
+            self.owner.close(self)
 
     def leases_expired(self) -> None:
         """The core took deliveries back: what they held of the credit is free again."""
@@ -82,6 +118,8 @@ class HttpConsumer:
             return
         wanted = sum(not w.done() for w in self.waiters)
         sub.prefetch = sub.unsettled + wanted
+        if self.front is not None:
+            self.front.credit(SID, wanted)
         if wanted and self.session is not None:
             self.owner.server.wake_groups(self.session)
 
@@ -158,11 +196,16 @@ class HttpConsumers:
         session = Session(identity.client_id, consumer, access=server.access_for(identity),
                           admin=identity.admin)
         sub = server.engine.subscribe(
-            session, 1, kind="consume", patterns=[pattern], group=group, prefetch=1,
+            session, SID, kind="consume", patterns=[pattern], group=group, prefetch=1,
             lease=lease or 0.0)
         sub.prefetch = 0  # credit comes from waiting requests only
         sub.on_demand = True
         consumer.session, consumer.sub = session, sub
+        if server.spread is not None:
+            # prefetch 1 until the first credit: never the channel's default there
+            consumer.front = server.spread.front_for(consumer)
+            consumer.front.subscribe(f.Subscribe(0, SID, "consume", [pattern], group, "", 1,
+                                                 lease or 0.0), f.Result(0, None))
         self.by_key[key] = consumer
         self.by_token[consumer.token] = consumer
         return consumer
@@ -177,17 +220,44 @@ class HttpConsumers:
         consumer.last_used = time.monotonic()
         return consumer, int(tag)
 
-    def settle(self, identity: Identity, receipt: str, op: str, **kw: Any) -> None:
+    def settle(self, identity: Identity, receipt: str, op: str, **kw: Any
+               ) -> asyncio.Future[None] | None:
+        """Settle a receipt here (None: done, durable with the next commit), or where it
+        was delivered (queues spread over brokers): a future of that broker's answer."""
         consumer, tag = self._find(identity, receipt)
         assert consumer.session is not None
+        if tag >= REMOTE_TAGS and consumer.front is not None:
+            return self._settle_remote(consumer.front, receipt, op, tag, **kw)
         failed = self.server.engine.settle(consumer.session, op, [tag], None, **kw)
         if failed:
             raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=receipt)
         consumer._credit()
 
+    @staticmethod
+    def _settle_remote(front: Front, receipt: str, op: str, tag: int, **kw: Any
+                       ) -> asyncio.Future[None]:
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(failed: list[tuple[int, int, str]]) -> None:
+            if answered.done():
+                return
+            if failed:
+                _, code, text = failed[0]
+                answered.set_exception(error_from_code(code, f"receipt {receipt!r}: {text}",
+                                                       {"receipt": receipt}))
+            else:
+                answered.set_result(None)
+
+        frame = f.Ack(0, [tag]) if op == "ack" else f.Nack(0, [tag], **kw)
+        front.settle(frame, [tag], done)
+        return answered
+
     def close(self, consumer: HttpConsumer) -> None:
         self.by_key.pop(consumer.key, None)
         self.by_token.pop(consumer.token, None)
+        consumer.closed = True
+        if consumer.front is not None:
+            consumer.front.close()
         for fut in consumer.waiters:
             if not fut.done():
                 fut.cancel()

@@ -41,6 +41,7 @@ from ..limits import MAX_STREAM_PREFETCH, SLOW_CONSUMER_GRACE_S
 from ..payloads import decode_json
 from ..protocol import frames as f
 from ..protocol.frames import Outcome
+from .front import REMOTE_TAGS
 from .http_api import delivery_view
 from .wire import internal_error, stream_error
 
@@ -71,11 +72,18 @@ class StreamSession:
         self.session = Session(identity.client_id, self, access=server.access_for(identity),
                                admin=identity.admin)
         self.next_sid = 1
+        # Queues spread over brokers: subscriptions are made on the others too, and
+        # their deliveries come through here under tags of the front's (front.py).
+        spread = server.spread
+        self.front = spread.front_for(self) if spread is not None else None
 
     def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
         for d in items:
             self.emit({"type": "message", "sid": sid,
                        **delivery_view(d, f"{sid}.{d.tag}")})
+
+    def flush(self) -> None:  # what a front's links call after their input
+        pass
 
     def send(self, frame: Any) -> None:
         if isinstance(frame, f.Error):
@@ -114,6 +122,8 @@ class StreamSession:
                                      "message": message}))
         self.out.put_nowait(None)
         self.engine.close(self.session)
+        if self.front is not None:
+            self.front.close()
         if self.task is not None:
             asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.task.cancel)
 
@@ -160,7 +170,10 @@ class StreamSession:
             elif op == "publish":
                 self._publish(msg, ref)
             elif op == "unsubscribe":
-                self.engine.unsubscribe(self.session, _int(msg, "sid"))
+                sid = _int(msg, "sid")
+                self.engine.unsubscribe(self.session, sid)
+                if self.front is not None:
+                    self.front.unsubscribe(f.Unsubscribe(0, sid))
             else:
                 raise BadRequest(f"unknown op {op!r} (consume, listen, ack, nack, publish, "
                                  "unsubscribe)")
@@ -179,10 +192,13 @@ class StreamSession:
         if not 1 <= prefetch <= MAX_STREAM_PREFETCH:
             raise BadRequest(f"prefetch must be 1..{MAX_STREAM_PREFETCH}")
         sid = self.next_sid
-        self.engine.subscribe(
-            self.session, sid, kind=kind, patterns=[pattern], group=_str(msg, "group"),
-            start=_str(msg, "start") or "", prefetch=prefetch, name=_str(msg, "name"))
+        group, start, name = _str(msg, "group"), _str(msg, "start") or "", _str(msg, "name")
+        self.engine.subscribe(self.session, sid, kind=kind, patterns=[pattern], group=group,
+                              start=start, prefetch=prefetch, name=name)
         self.next_sid += 1
+        if self.front is not None:  # the same subscription on every other broker
+            self.front.subscribe(f.Subscribe(0, sid, kind, [pattern], group, start, prefetch,
+                                             0.0, name), f.Result(0, None))
         # Now, not after the commit: the broker picks the sid, so the client must learn
         # it before the first message that carries it (which may come before the commit).
         self.emit({"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref})
@@ -199,12 +215,31 @@ class StreamSession:
             if not isinstance(delay, int | float) or isinstance(delay, bool):
                 raise BadRequest("delay must be a number of seconds")
             kw = {"delay": float(delay), "front": msg.get("front", True) is not False}
+        reply = {"type": "settled", "receipt": receipt, "op": op}
+        if self.front is not None and int(tag) >= REMOTE_TAGS:
+            self._settle_remote(op, int(tag), reply, **kw)
+            return
         failed = self.engine.settle(self.session, op, [int(tag)], None, **kw)
         if failed:
             raise UnknownDelivery(f"receipt {receipt!r}: {failed[0][2]}", receipt=str(receipt))
-        reply = {"type": "settled", "receipt": receipt, "op": op}
         self.engine.after_commit(lambda: self.emit(reply), lambda exc: self.error(type(exc)(
             f"{op} not made durable: {exc.message}", receipt=str(receipt))))
+
+    def _settle_remote(self, op: str, tag: int, reply: dict[str, Any], **kw: Any) -> None:
+        """A delivery from another broker: settled there, answered once it answered."""
+        assert self.front is not None
+        receipt = reply["receipt"]
+
+        def done(failed: list[tuple[int, int, str]]) -> None:
+            if not failed:
+                self.emit(reply)
+                return
+            _, code, text = failed[0]
+            self.error(error_from_code(code, f"receipt {receipt!r}: {text}",
+                                       {"receipt": str(receipt)}))
+
+        frame = f.Ack(0, [tag]) if op == "ack" else f.Nack(0, [tag], **kw)
+        self.front.settle(frame, [tag], done)
 
     def _publish(self, msg: dict[str, Any], ref: Any) -> None:
         """One publish path for every door (engine.publish): headers, TTL, delay, dedup
@@ -272,6 +307,8 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
         if not stream.closed:
             stream.closed = True
             server.engine.close(stream.session)
+            if stream.front is not None:
+                stream.front.close()
             stream.out.put_nowait(None)
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(sender, 2)

@@ -34,6 +34,7 @@ import logging
 import secrets
 import socket
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -86,6 +87,9 @@ class SpreadRole:
         self.owned: set[str] = set()  # claimed by this broker (a new queue has no channel)
         self.leaving: dict[str, asyncio.Future[None]] = {}  # being handed over
         self.http_fronts: dict[str, Any] = {}  # client id -> front.Front, recent last
+        # The fronts of /v1/stream sockets and HTTP consumers (front_for), followed
+        # like the connections' when brokers come and go
+        self.fronts: weakref.WeakSet[Front] = weakref.WeakSet()
         # The key registry and the delegated credentials as stored at the last look
         self.stored_registry: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
         self.history: list[dict[str, Any]] = []
@@ -175,6 +179,13 @@ class SpreadRole:
         while len(self.http_fronts) > HTTP_FRONTS:
             oldest = next(iter(self.http_fronts))
             self.http_fronts.pop(oldest).close()
+        return front
+
+    def front_for(self, door: Any) -> Front:
+        """A front for a door that subscribes (a /v1/stream socket, an HTTP consumer):
+        its subscriptions are made on every live broker, like a connection's."""
+        front = Front(door, self)
+        self.fronts.add(front)
         return front
 
     def held(self) -> set[str]:
@@ -332,7 +343,7 @@ class SpreadRole:
             for conn in list(self.server.connections):
                 if conn.front is not None:
                     conn.front.sync()
-            for front in list(self.http_fronts.values()):
+            for front in [*self.http_fronts.values(), *self.fronts]:
                 front.sync()
 
     def _renew(self) -> None:
@@ -478,7 +489,7 @@ class SpreadRole:
 
     async def release(self) -> None:
         """A clean stop: leave the alive set, so the others claim at once."""
-        for front in self.http_fronts.values():
+        for front in [*self.http_fronts.values(), *self.fronts]:
             front.close()
         try:
             await self._call(self.lease.leave)
