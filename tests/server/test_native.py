@@ -141,6 +141,20 @@ async def test_a_frame_a_client_may_not_send_gets_an_error(broker: Harness) -> N
     assert not peer.transport.closed
 
 
+async def test_link_credit_is_refused_to_a_client_even_an_admin(broker: Harness) -> None:
+    """``link.credit`` gives deliveries back as never sent (their attempt uncounted):
+    only the brokers' own links may send it, or a client could dodge max_deliveries."""
+    peer = await broker.connect()
+    peer.send(f.Subscribe(1, 1, "consume", ["orders/v1/*"], "g"))
+    await peer.expect(f.Result)
+    peer.send(f.Admin(2, "link.credit", {"sid": 1, "wanted": 0, "withdraw": [1]}))
+    error = await _error(peer)
+    assert (error.req, error.code, error.fatal) == (2, ErrorCode.NOT_AUTHORIZED, False)
+    assert "brokers' own links" in error.message
+    peer.send(f.Ping(3))  # the connection goes on
+    assert await peer.expect(f.Pong) == f.Pong(3)
+
+
 async def test_a_frame_over_the_limit_is_fatal(broker: Harness) -> None:
     peer = await broker.connect()
     too_large = broker.server.max_frame_size + 1
