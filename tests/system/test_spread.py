@@ -24,6 +24,8 @@ import pytest
 import websockets.sync.client as wsc
 
 import minou
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
 
 from ..conftest import BrokerProcess, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer
@@ -163,7 +165,7 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue_native_and_h
     assert consume(brokers[1], 0, timeout=2.0) == {}
 
 
-def test_http_and_stream_consumers_read_queues_owned_by_another_broker(
+def test_http_stream_and_admin_views_reach_queues_owned_by_another_broker(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
     sent = publish_all(a, 3)
@@ -171,6 +173,25 @@ def test_http_and_stream_consumers_read_queues_owned_by_another_broker(
     placed = owners(a)
     there = cluster_view(a)["this_broker"]["member"]  # queues a owns: b reads them remotely
     remote = [q for q in QUEUES if placed[q] == there]
+    # Admin views through b answer for every queue: `minou list` and GET /v1/queues
+    # merged over the brokers, one queue's page and messages from its owner.
+    env = {**ADMINS[redis.url].cli_env(), "MINOU_URL": b.url}
+    listed = subprocess.run([sys.executable, "-m", "minou", "list", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert {c["channel"]: c["depth"] for c in json.loads(listed.stdout)["channels"]} == \
+        {f"{q}/1": 3 for q in QUEUES}
+    admin = {"Authorization": "Bearer " + make_token(
+        "admin", keyfiles.load_private(ADMINS[redis.url].admin_key), "minou", ttl=600)}
+    with httpx.Client(base_url=b.http, timeout=30, headers=admin) as http:
+        r = http.get("/v1/queues")
+        assert r.status_code == 200, r.text
+        assert {q["queue"]: q["depth"] for q in r.json()["queues"]} == {q: 3 for q in QUEUES}
+        for q in remote[:2]:
+            page = http.get(f"/v1/queues/{q}")
+            assert page.status_code == 200 and page.json()["depth"] == 3, page.text
+            msgs = http.get(f"/v1/queues/{q}/1/messages")
+            assert [m["payload"]["n"] for m in msgs.json()["messages"]] == [0, 1, 2], msgs.text
     h = bearer(b, "http-consumer")
     with httpx.Client(base_url=b.http, timeout=30) as http:
         # Long polls through b, one message each, for every queue wherever it is owned;

@@ -97,6 +97,34 @@ def _list(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     return {"channels": channels, "groups": groups}
 
 
+async def _queues(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """Every queue with its figures and ages (GET /v1/queues, the dashboard's list)."""
+    core = server.core
+    now = time.time()
+    names = sorted({maintenance.queue_of(n) for n in core.channels})
+    out = []
+    reads = 0
+    for queue in names:
+        oldest: dict[str, float | None] = {}
+        waiting: dict[str, float | None] = {}
+        for log in maintenance.channels_of(core, queue):
+            if reads < 200 and log.count:  # two storage reads at most per channel
+                oldest[log.name] = await server.oldest_published(log)
+                waiting[log.name] = await published_at(
+                    server, log, maintenance.oldest_waiting(core, log))
+                reads += 1
+        stats = maintenance.queue_stats(core, queue, None, oldest, now,
+                                        oldest_waiting=waiting)
+        out.append({k: stats[k] for k in ("queue", "depth", "unsettled", "published",
+                                          "delivered", "acked", "dropped", "expired",
+                                          "oldest_age_s", "consumers", "listeners",
+                                          "waiting", "in_flight", "oldest_waiting_age_s",
+                                          "oldest_in_flight_age_s")}
+                   | {"channels": len(stats["channels"]), "rates": server.queue_rates(queue)})
+    return {"queues": out,
+            "groups": [core.group_stats(g, now) for _, g in sorted(core.groups.items())]}
+
+
 def _whoami(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     if caller is None:
         return None
@@ -450,6 +478,7 @@ def _cluster(server: Server, args: dict[str, Any], caller: Identity | None) -> A
 OPERATIONS: dict[str, Op] = {
     "status": _status,
     "list": _list,
+    "queues": _queues,
     "whoami": _whoami,
     "queue": _queue,
     "browse": _browse,

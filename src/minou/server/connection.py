@@ -15,6 +15,8 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from ..core.producers import PRODUCER_ID
 from ..errors import (
     BadRequest,
@@ -40,7 +42,7 @@ from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
 from .admin import SELF_SERVICE_OPS
-from .front import LINK_CREDIT
+from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
 from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
@@ -416,12 +418,26 @@ class NativeConnection:
             raise NotAuthorized(
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)
+        front = self.front
+        if front is not None and isinstance(frame.args, dict):
+            there = front.ask_owner(frame) if frame.op in OWNER_OPS else None
+            if there is not None:  # the queue's owner answers
+                there.add_done_callback(lambda fut: self.send(
+                    msgspec.structs.replace(fut.result(), req=frame.req)))
+                return
         result = self.server.admin(frame.op, frame.args, self.identity)
+        if front is not None and frame.op in MERGED_OPS and not frame.args.get("here"):
+            result = self._everywhere(frame, result)  # every broker's queues, merged
         if inspect.isawaitable(result):
             self.server.spawn_reply(self, frame.req, result)
         else:  # changed state: answered once durable
             reply = f.Result(frame.req, result)
             self.engine.when_durable(lambda: self.send(reply))
+
+    async def _everywhere(self, frame: f.Admin, local: Any) -> Any:
+        if inspect.isawaitable(local):
+            local = await local
+        return await self.front.ask_everywhere(frame, local, MERGED_OPS[frame.op])
 
     def _link_credit(self, frame: f.Admin) -> None:
         """A front whose client is an HTTP consumer (front.Front.credit): deliveries

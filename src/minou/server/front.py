@@ -42,6 +42,8 @@ REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
 # An ADMIN op only links send: the credit of an HTTP consumer's subscription on another
 # broker (what its waiting requests want), and deliveries to give back as never sent.
 LINK_CREDIT = "link.credit"
+# Admin operations on one queue: answered by its owner
+OWNER_OPS = frozenset({"queue", "browse", "purge", "dead.requeue", "dead.purge"})
 MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
 FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
 # A queue that moves while a publish is on its way (handed over, being adopted): the
@@ -623,6 +625,49 @@ class Front:
             self._ask(member, frame, answers)
         conn.engine.after_commit(lambda: answers.part({"aborted": dropped}))
 
+    # -------------------------------------------------------------- admin
+    def ask_owner(self, frame: f.Admin) -> asyncio.Future[f.Frame] | None:
+        """An admin operation on one queue (``OWNER_OPS``) sent to the queue's owner: a
+        future of its answer, or None if that is this broker (or nobody yet)."""
+        args = frame.args
+        name = args.get("channel") if frame.op == "browse" else \
+            f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
+        q = queue_of(name) if isinstance(name, str) else None
+        member = None if q is None else self.spread.route(q)
+        if member is None or member == ADOPT:
+            return None
+        up = self._up(member)
+        if up is None:
+            raise RequestError(f"broker {member}, the owner of {q}, cannot be reached")
+        answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()
+        up.request(frame, lambda ev: answer.done() or answer.set_result(ev))
+        return answer
+
+    def ask_everywhere(self, frame: f.Admin, local: dict[str, Any],
+                       merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+                       ) -> asyncio.Future[dict[str, Any]]:
+        """An admin view every broker answers for its own queues (``list``, ``queues``),
+        merged; a broker that cannot answer is counted in ``missing`` (with why)
+        rather than hiding the others."""
+        others = self._others()
+        ask = f.Admin(0, frame.op, {**frame.args, "here": True})
+        merged: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        def done(values: list[Any], error: f.Error | None) -> None:
+            out = merge([local, *values])
+            if error is not None:
+                out["missing"] = len(others) - len(values)
+                out["missing_why"] = error.message
+            if not merged.done():
+                merged.set_result(out)
+
+        answers = _Gathered(len(others), done)
+        if not others:
+            done([], None)
+        for member in others:
+            self._ask(member, ask, answers)
+        return merged
+
     def _ask(self, member: str, frame: f.Frame, answers: _Gathered) -> None:
         up = self._up(member)
         if up is None:
@@ -650,3 +695,51 @@ class Front:
     def status(self) -> dict[str, Any]:
         return {"links": [up.status() for up in self.ups.values()],
                 "remote_tags": len(self.tags), "forwarding_bytes": self.forwarding}
+
+
+# Group figures that add up over brokers (each counts the channels it owns); members
+# do not (a client subscribed through one broker is a member on every broker).
+_SUMMED = ("channels", "unsettled", "waiting", "in_flight", "lag", "delivered", "acked")
+
+
+def merge_groups(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A group as several brokers see it, as one: figures summed, patterns joined."""
+    groups: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for g in part:
+            seen = groups.get(g["group"])
+            if seen is None:
+                groups[g["group"]] = dict(g, patterns=list(g.get("patterns", [])))
+                continue
+            for k in _SUMMED:
+                if k in g:
+                    seen[k] = seen.get(k, 0) + g[k]
+            seen["members"] = max(seen.get("members", 0), g.get("members", 0))
+            seen["patterns"] += [p for p in g.get("patterns", []) if p not in seen["patterns"]]
+    return [groups[k] for k in sorted(groups)]
+
+
+def _side_by_side(parts: list[dict[str, Any]], what: str, key: str) -> list[Any]:
+    """Items each owned by one broker (channels, queues): all of them, by name."""
+    found: dict[str, Any] = {}
+    for part in parts:
+        for item in part.get(what, []):
+            found.setdefault(item[key], item)
+    return [found[k] for k in sorted(found)]
+
+
+def merge_lists(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``list`` answers of several brokers as one."""
+    return {"channels": _side_by_side(parts, "channels", "channel"),
+            "groups": merge_groups([p.get("groups", []) for p in parts])}
+
+
+def merge_queues(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``queues`` answers of several brokers as one."""
+    return {"queues": _side_by_side(parts, "queues", "queue"),
+            "groups": merge_groups([p.get("groups", []) for p in parts])}
+
+
+# Admin views each broker answers for the queues it owns: asked of all, merged
+MERGED_OPS: dict[str, Callable[[list[dict[str, Any]]], dict[str, Any]]] = {
+    "list": merge_lists, "queues": merge_queues}

@@ -42,8 +42,9 @@ from ..limits import MAX_BATCH_HTTP
 from ..limits import MAX_HTTP_WAIT_S as MAX_WAIT_S
 from ..names import validate_channel
 from ..payloads import check_depth, decode_json, not_utf8
-from ..protocol.frames import Delivery, Outcome, Send
+from ..protocol.frames import Admin, Delivery, Error, Outcome, Result, Send
 from . import nagios
+from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
 from .wire import http_error, internal_error
@@ -139,10 +140,21 @@ class HttpApi:
         await fut
 
     async def admin_op(self, op: str, args: dict[str, Any], identity: Identity) -> Any:
+        spread = self.server.spread
+        front = spread.http_front(identity) if spread is not None else None
+        if front is not None and op in OWNER_OPS:
+            there = front.ask_owner(Admin(0, op, args))
+            if there is not None:  # queues spread over brokers: its owner answers
+                answer = await there
+                if isinstance(answer, Error):
+                    raise error_from_code(answer.code, answer.message, answer.detail)
+                return answer.value if isinstance(answer, Result) else None
         result = self.server.admin(op, args, identity)
         if inspect.isawaitable(result):
             result = await result
         await self.committed()
+        if front is not None and op in MERGED_OPS and not args.get("here"):
+            result = await front.ask_everywhere(Admin(0, op, args), result, MERGED_OPS[op])
         return result
 
     def count_refusal(self, exc: RequestError) -> None:
@@ -349,34 +361,7 @@ class HttpApi:
 
     # ----------------------------------------------------------------- admin
     async def queues(self, request: Request, identity: Identity) -> Response:
-        from ..core import maintenance
-        from .admin import published_at
-
-        now = time.time()
-        names = sorted({maintenance.queue_of(n) for n in self.core.channels})
-        out = []
-        reads = 0
-        for queue in names:
-            oldest: dict[str, float | None] = {}
-            waiting: dict[str, float | None] = {}
-            for log in maintenance.channels_of(self.core, queue):
-                if reads < 200 and log.count:  # two storage reads at most per channel
-                    oldest[log.name] = await self.server.oldest_published(log)
-                    waiting[log.name] = await published_at(
-                        self.server, log, maintenance.oldest_waiting(self.core, log))
-                    reads += 1
-            stats = maintenance.queue_stats(self.core, queue, None, oldest, now,
-                                            oldest_waiting=waiting)
-            out.append({k: stats[k] for k in ("queue", "depth", "unsettled", "published",
-                                              "delivered", "acked", "dropped", "expired",
-                                              "oldest_age_s", "consumers", "listeners",
-                                              "waiting", "in_flight", "oldest_waiting_age_s",
-                                              "oldest_in_flight_age_s")}
-                       | {"channels": len(stats["channels"]),
-                          "rates": self.server.queue_rates(queue)})
-        return json_response({"queues": out,
-                              "groups": [self.core.group_stats(g, now)
-                                         for _, g in sorted(self.core.groups.items())]})
+        return json_response(await self.admin_op("queues", {}, identity))
 
     async def queue(self, request: Request, identity: Identity, dead: bool = False
                     ) -> Response:
