@@ -1325,8 +1325,6 @@ def main(argv: list[str] | None = None) -> int:
                          '"spread" (six queues spread over the three brokers)')
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
-    if args.placement == "spread" and args.redis == "cluster":
-        ap.error('placement "spread" does not run on a Redis Cluster yet')
     seed = args.seed if args.seed is not None else random.randrange(1_000_000)
     plan = Plan(seconds=args.seconds, seed=seed, kills=args.kills, pauses=args.pauses,
                 graceful=args.graceful, rate=args.rate, redis=args.redis,

@@ -334,10 +334,11 @@ def _check_consistency(settings: Settings) -> None:
     if settings.auth_mode == "token" and not settings.broker_token:
         raise ConfigError("auth.mode: 'token' needs auth.broker_token (or broker_token_file)")
     if settings.storage_placement == "spread" and not settings.storage.startswith(
-            ("redis://", "rediss://", "redis+sentinel://")):
+            ("redis://", "rediss://", "redis+sentinel://", "redis+cluster://")):
         raise ConfigError("storage.placement: \"spread\" shares the queues between brokers "
-                          "on one Redis: it needs storage.url redis://, rediss:// or "
-                          f"redis+sentinel://, not {settings.storage or 'SQLite'!r}")
+                          "on Redis: it needs storage.url redis://, rediss://, "
+                          "redis+sentinel:// or redis+cluster://, not "
+                          f"{settings.storage or 'SQLite'!r}")
 
 
 def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = None,

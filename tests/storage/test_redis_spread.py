@@ -12,6 +12,7 @@ import pytest
 from minou.core.snapshot import queue_part, shared_part
 from minou.errors import StorageFenced
 from minou.storage.redis import RedisStorage
+from minou.storage.redis.keys import queue_base
 from minou.storage.redis.lease import PrimaryLease
 from tests.storage.test_contract import NOW, batch_of, msg, records
 
@@ -32,8 +33,11 @@ class Broker:
         self.st.close()
 
 
-@pytest.fixture
-def brokers(redis_url: str) -> Iterator[list[Broker]]:
+@pytest.fixture(params=["redis", "cluster"])
+def brokers(request: pytest.FixtureRequest) -> Iterator[list[Broker]]:
+    """Brokers on one Redis, or on a Redis Cluster of three (claims in two steps)."""
+    redis_url = request.getfixturevalue("redis_url" if request.param == "redis"
+                                        else "cluster_url")
     made: list[Broker] = []
 
     def make(member: str, lease_s: float = 5.0) -> Broker:
@@ -41,6 +45,7 @@ def brokers(redis_url: str) -> Iterator[list[Broker]]:
         made.append(b)
         return b
 
+    make.url = redis_url  # type: ignore[attr-defined]
     yield make  # type: ignore[misc]
     for b in made:
         b.close()
@@ -99,12 +104,12 @@ def test_a_dead_owners_queue_is_claimed_and_its_late_writes_are_fenced(brokers) 
     assert [m.data for m in b.st.read_range(A1, 1, 10, 10)] == [b"1"]
 
 
-def test_shared_part_and_each_queue_opened_are_the_whole_open(brokers, redis_url) -> None:
+def test_shared_part_and_each_queue_opened_are_the_whole_open(brokers) -> None:
     a = brokers("a")
     a.st.open_shared(NOW)
     a.st.apply(batch_of(msg(A1, 1), msg(A2, 1), msg(B1, 1), clients={"x": b"rec"},
                         reservations={"orders/v1/1": "x"}))
-    whole = RedisStorage(redis_url, claim=False)
+    whole = RedisStorage(brokers.url, claim=False)
     try:
         snap = whole.open(NOW)
     finally:
@@ -115,3 +120,31 @@ def test_shared_part_and_each_queue_opened_are_the_whole_open(brokers, redis_url
     assert shared == shared_part(snap)
     for q in ("orders/v1", "audit/v2"):
         assert b.st.open_queue(q, NOW) == queue_part(snap, q)
+
+
+def test_on_a_cluster_a_claim_cut_between_its_two_steps_raises_no_epoch(
+        brokers, request: pytest.FixtureRequest) -> None:
+    """Redis Cluster: owner and term in the shared slot, then the epoch in the queue's.
+    A broker paused between the two (its first step then taken over by a later claim)
+    must not raise the epoch when it wakes: the later claim's term fences it."""
+    if request.node.callspec.params["brokers"] != "cluster":
+        pytest.skip("the two-step claim is Redis Cluster's")
+    a, b = brokers("a", lease_s=0.3), brokers("b")
+    a.st.open_shared(NOW)
+    b.st.open_shared(NOW)
+    shared = a.st._shared
+    # a's first step alone, as if paused right after it
+    step1 = a.st._client.evalsha(a.st._sha("own_term"), 4, shared + "owners", shared + "alive",
+                                 shared + "queues", shared + "ownterm", "a", "orders/v1")
+    assert step1[0] == b"ok"
+    time.sleep(0.4)  # a's record runs out; b claims the queue in both steps
+    b.st.open_queue("orders/v1", NOW)
+    b.st.apply(batch_of(msg(A1, 1)))
+    base = queue_base(a.st.prefix, "orders/v1")
+    epoch = int(a.st._client.get(base + "epoch"))
+    late = a.st._client.evalsha(a.st._sha("claim_term"), 2, base + "epoch", base + "term",
+                                step1[1])  # a wakes: its second step
+    assert late[0] == b"fenced" and int(a.st._client.get(base + "epoch")) == epoch
+    assert b.st.owners() == {"orders/v1": "b"}
+    b.st.apply(batch_of(msg(A1, 2)))  # b still writes
+    assert [m.data for m in b.st.read_range(A1, 1, 10, 10)] == [b"1", b"2"]

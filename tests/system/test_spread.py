@@ -26,8 +26,10 @@ import websockets.sync.client as wsc
 import minou
 from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
+from minou.storage.redis.keys import queue_base
 
 from ..conftest import BrokerProcess, wait_until
+from ..redis_cluster import RedisCluster
 from ..redis_server import REDIS_SERVER, RedisServer
 from .test_full_disk import bearer
 
@@ -45,13 +47,14 @@ def redis(tmp_path: Path) -> Any:
     server.stop()
 
 
-def spread_brokers(broker_factory: Any, redis: RedisServer, tmp_path: Path, n: int
+def spread_brokers(broker_factory: Any, redis: RedisServer | str, tmp_path: Path, n: int
                    ) -> list[BrokerProcess]:
+    url = redis if isinstance(redis, str) else redis.url
     cfg = tmp_path / "spread.toml"
-    cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
+    cfg.write_text(f'[storage]\nurl = "{url}"\nowner_lease = {LEASE}\n'
                    'placement = "spread"\n')
-    made = [broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(n)]
-    ADMINS[redis.url] = made[0]
+    made = [broker_factory.make(config=cfg, storage=url).start() for _ in range(n)]
+    ADMINS[url] = made[0]
     return made
 
 
@@ -251,6 +254,25 @@ def test_http_stream_and_admin_views_reach_queues_owned_by_another_broker(
         with pytest.raises(TimeoutError):  # all acked: nothing comes again
             while True:
                 assert json.loads(ws.recv(1.5))["payload"]["n"] == 99
+
+
+def test_spread_on_a_redis_cluster_shards_the_queues_and_survives_a_kill(
+        broker_factory: Any, redis_cluster: RedisCluster, cluster_url: str,
+        tmp_path: Path) -> None:
+    """Redis Cluster of three primaries: each queue's keys in its own slot (spread over
+    the nodes), claims in two steps; a broker killed, its queues adopted, nothing lost."""
+    a, b = spread_brokers(broker_factory, cluster_url, tmp_path, 2)
+    sent = publish_all(a, 5)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    prefix = cluster_url.partition("prefix=")[2]
+    nodes = {redis_cluster.primary_of(queue_base(prefix, q) + "epoch").port for q in QUEUES}
+    assert len(nodes) >= 2, "12 queues' keys all on one cluster node"
+    a.kill()
+    wait_until(lambda: settled_spread(b, 1), timeout=20)
+    assert set(owners(b).values()) == {cluster_view(b)["this_broker"]["member"]}
+    sent += publish_all(b, 5, start=5)
+    got = consume(b, sent)
+    assert len(got) == sent and set(got.values()) == {1}
 
 
 def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(

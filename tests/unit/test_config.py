@@ -323,7 +323,7 @@ def test_owner_lease_and_replicas(tmp_path):
         ('standby = "proxy"', "storage.standby: expected \"relay\""),
         ('placement = "ring"', "storage.placement: expected \"primary\""),
         ('placement = "spread"', "storage.placement: \"spread\" shares the queues between "
-                                 "brokers on one Redis: it needs storage.url redis://"),
+                                 "brokers on Redis: it needs storage.url redis://"),
         ("owner_lease = 0.1", "storage.owner_lease: expected seconds, 0.5..300, got 0.1"),
         ('owner_lease = "5s"', "storage.owner_lease: expected seconds"),
         ("replicas = -1", "storage.replicas: expected 0..16"),

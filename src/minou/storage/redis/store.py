@@ -323,16 +323,16 @@ class RedisStorage:
         """Claim ``queues`` for this (spreading) broker: StorageFenced for those another
         live broker owns, or all of them if this broker's own record ran out."""
         if self._cluster:
-            raise StorageUnavailable("queues spread over brokers need one Redis (or "
-                                     "Sentinel), not a Redis Cluster, for now")
-        commands = []
-        for q in queues:
-            base = queue_base(self.prefix, q)
-            commands.append((0, base + "epoch", (
-                "EVALSHA", self._sha("own"), 4, base + "epoch", self._shared + "owners",
-                self._shared + "alive", self._shared + "queues", self.member, q)))
-        replies = self._run(commands, atomic=False, doing="claiming queues",
-                            what="claiming " + ", ".join(queues))
+            replies = self._own_in_cluster(queues)
+        else:
+            commands = []
+            for q in queues:
+                base = queue_base(self.prefix, q)
+                commands.append((0, base + "epoch", (
+                    "EVALSHA", self._sha("own"), 4, base + "epoch", self._shared + "owners",
+                    self._shared + "alive", self._shared + "queues", self.member, q)))
+            replies = self._run(commands, atomic=False, doing="claiming queues",
+                                what="claiming " + ", ".join(queues))
         refused: dict[str, int] = {}
         holder = ""
         for q, (status, value) in zip(queues, replies, strict=True):
@@ -433,6 +433,32 @@ class RedisStorage:
         """`` (primary host:port)`` under Sentinel: which Redis answered."""
         address = client.primary_address(self._client)
         return f" (primary {address})" if address else ""
+
+    def _own_in_cluster(self, queues: list[str]) -> list[Any]:
+        """The two steps of a spreading broker's claim under Redis Cluster (scripts.
+        OWN_TERM): owner and term in the shared slot, then each epoch in its own."""
+        shared = self._shared
+        owned = self._run([(0, shared + "owners", (
+            "EVALSHA", self._sha("own_term"), 4, shared + "owners", shared + "alive",
+            shared + "queues", shared + "ownterm", self.member, q)) for q in queues],
+            atomic=False, doing="claiming queues", what="claiming " + ", ".join(queues))
+        commands = []
+        for q, (status, term) in zip(queues, owned, strict=True):
+            if status == b"ok":
+                base = queue_base(self.prefix, q)
+                commands.append((0, base + "epoch", ("EVALSHA", self._sha("claim_term"), 2,
+                                                  base + "epoch", base + "term", term)))
+        raised = iter(self._run(commands, atomic=False, doing="claiming queues",
+                                what="claiming " + ", ".join(queues)) if commands else [])
+        replies = []
+        for status, value in owned:
+            if status != b"ok":
+                replies.append([status, value])
+                continue
+            reply = next(raised)
+            # A later claim (another broker, this one's record ran out meanwhile) won.
+            replies.append(reply if reply[0] == b"ok" else [b"owned", b""])
+        return replies
 
     def _claim_all(self, queues: list[str], *, check_lease: bool = True) -> None:
         if not queues:
