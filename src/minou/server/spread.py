@@ -273,6 +273,8 @@ class SpreadRole:
         and no other broker was alive at the last look (a lone broker goes on). Woken
         from a pause, it delivers nothing until its next record says whether others
         took its queues meanwhile (a broker started since the last look was not seen)."""
+        if self.role != "spread":  # lost its queues: stopping, it delivers nothing more
+            return False
         if time.monotonic() - self.seen_from < self.lease_s:
             return True
         return self.cut_off and len(self.alive) <= 1
@@ -331,11 +333,13 @@ class SpreadRole:
                               self.server.storage.path, exc)
                 continue
             last_ok, warned = time.monotonic(), False
-            self.seen_from, self.cut_off = sent, False
             # Clients registered, approved, revoked, credentials issued on the others.
             self.server.refresh_registry(*self.stored_registry)
+            # Woken from a pause, the record just renewed says nothing of the time it
+            # had run out: deliveries resume only once no queue held here was taken.
             if not self._still_mine():
                 return
+            self.seen_from, self.cut_off = sent, False
             # In the background: a hand-over waits for deliveries to settle, and the
             # record must be renewed meanwhile.
             if self._rebalancing is None or self._rebalancing.done():
@@ -491,6 +495,8 @@ class SpreadRole:
         """A clean stop: leave the alive set, so the others claim at once."""
         for front in [*self.http_fronts.values(), *self.fronts]:
             front.close()
+        if self.role == "spread":
+            self.role = "stopped"  # first: once it left, the others claim at once
         try:
             await self._call(self.lease.leave)
         except redis.RedisError as exc:
@@ -498,8 +504,6 @@ class SpreadRole:
                         "broker's queues when its record runs out", exc)
         with contextlib.suppress(Exception):
             await self._call(self.lease.close)
-        if self.role == "spread":
-            self.role = "stopped"
         self._pool.shutdown(wait=False)
 
     # --------------------------------------------------------------- views
