@@ -84,10 +84,15 @@ dashboard:
 # whole system suite on Redis is `make test-redis`: ~7 more minutes).
 REDIS_PASS := tests/system/test_smoke.py tests/system/test_durability.py \
               tests/system/test_transactions.py tests/system/test_client.py
+# Two workers (pytest-xdist), each taking a whole file at a time: a file's tests share
+# its fixtures (one Spark cluster, one Redis) and run in order; 13 min instead of 23 here.
+# PYTEST_WORKERS=0 runs it in this process alone.
+PYTEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 test: $(TEST_STAMP) system-deps
 	$(BIN)/ruff check src tests bench examples
-	$(BIN)/python -m pytest
-	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest -q $(REDIS_PASS)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest -q $(PYTEST_PARALLEL) $(REDIS_PASS)
 
 ## test-redis: the whole system suite with every broker the tests start on Redis
 test-redis: $(TEST_STAMP) system-deps
