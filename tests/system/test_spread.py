@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import websockets.sync.client as wsc
 
 import minou
 from minou.auth import keys as keyfiles
+from minou.auth.registry import decode_record, encode_record
 from minou.auth.tokens import make_token
 from minou.storage.redis.keys import queue_base
 
@@ -273,6 +275,35 @@ def test_spread_on_a_redis_cluster_shards_the_queues_and_survives_a_kill(
     sent += publish_all(b, 5, start=5)
     got = consume(b, sent)
     assert len(got) == sent and set(got.values()) == {1}
+
+
+def test_a_first_start_admin_key_another_broker_stored_over_is_set_aside(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Brokers on an empty Redis started together may each find no admin and make a
+    key; the one stored last is the admin's. Here the race's outcome is forced: another
+    broker's admin key written over this one's in Redis. Within a look this broker sets
+    its key aside, says which is the admin's, and that one works on it."""
+    (a,) = spread_brokers(broker_factory, redis, tmp_path, 1)
+    assert a.admin_key.exists()
+    other_dir = tmp_path / "other"
+    other_key = keyfiles.generate()
+    keyfiles.save(other_key, other_dir, "admin")
+    r = redis.client()
+    (clients,) = [k for k in r.keys("*clients")]
+    record = decode_record(r.hget(clients, "admin"))
+    r.hset(clients, "admin", encode_record(msgspec.structs.replace(
+        record, public_key=keyfiles.public_pem(other_key).decode(),
+        fingerprint=keyfiles.fingerprint(other_key))))
+    wait_until(lambda: (a.data_dir / "admin.key.unused").exists(), 10,
+               what="the overwritten admin key set aside")
+    assert not a.admin_key.exists()
+    assert "admin key was stored last" in a.output
+    assert keyfiles.fingerprint(other_key) in a.output
+    env = {**a.cli_env(), "MINOU_KEY": str(other_dir / "admin.key")}
+    done = subprocess.run([sys.executable, "-m", "minou", "status", "--json"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["auth"]["admin_key"] is None
 
 
 def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(

@@ -156,6 +156,13 @@ class Registry:
         # made and is still writing (forgetting a client is rare: restart to see it).
         return gone
 
+    def overwrite(self, record: ClientRecord) -> None:
+        """The stored record wins over the one here, whatever their times (another
+        broker's write landed last over one of this broker's own)."""
+        self.records[record.client_id] = record
+        self._keys.pop(record.client_id, None)
+        self._changes.pop(record.client_id, None)
+
     # ------------------------------------------------------------ persistence
     def take_changes(self) -> dict[str, ClientRecord | None]:
         changes, self._changes = self._changes, {}

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import __version__
 from ..auth import keys as keyfiles
 from ..auth.credentials import Credentials, decode_credential, encode_credential
-from ..auth.registry import Identity, Registry, decode_record, encode_record
+from ..auth.registry import ClientRecord, Identity, Registry, decode_record, encode_record
 from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
@@ -76,6 +76,9 @@ if TYPE_CHECKING:
     from .spread import SpreadRole
 
 log = logging.getLogger("minou.server")
+# How long after a first start another broker's admin key stored over this one's is taken
+# for the race of brokers started together (after that, it is a rotation)
+ADMIN_RACE_S = 60.0
 
 
 class _TcpProtocol(asyncio.Protocol):
@@ -166,6 +169,8 @@ class BrokerServer:
         self.credentials = Credentials()
         self.authentications: Counter[str] = Counter()  # native HELLOs, by method
         self.admin_key_path: Path | None = None
+        self._made_admin_key = ""  # its fingerprint, if this start made the admin key
+        self._admin_race_until = 0.0
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
         self.reloads = 0
@@ -451,7 +456,36 @@ class BrokerServer:
             self.registry.register("admin", keyfiles.public_pem(key).decode(),
                                    note="made by the broker at first start")
             self.persist_registry()
+            self._made_admin_key = keyfiles.fingerprint(key)
+            self._admin_race_until = time.monotonic() + ADMIN_RACE_S
         self.admin_key_path = path if path.exists() else None
+
+    def _check_admin_key(self, stored: ClientRecord | None) -> None:
+        """Brokers on one Redis started together for the first time: each found no admin
+        and made a key; the one stored last is the admin's (whichever was made first).
+        The others take it, say so (once), set their key file aside and stop pointing
+        at it."""
+        made, path = self._made_admin_key, self.admin_key_path
+        if made and time.monotonic() > self._admin_race_until:
+            self._made_admin_key = ""  # past the start: a change is a rotation, not a race
+            return
+        if not made or stored is None or stored.fingerprint == made:
+            return
+        self._made_admin_key = ""
+        self.registry.overwrite(stored)
+        self.drop_client("admin", "the admin key is another broker's (made at the same "
+                                  "first start)")
+        if path is None:
+            return
+        aside = path.with_name("admin.key.unused")
+        with contextlib.suppress(OSError):
+            path.rename(aside)
+        self.admin_key_path = None
+        log.warning("another broker on %s started for the first time together with this "
+                    "one and its admin key was stored last: the admin's key is %s (the "
+                    "admin.key in that broker's data dir); this broker's, never the "
+                    "admin's, is set aside as %s", self.storage.path, stored.fingerprint,
+                    aside)
 
     def _tls_context(self) -> Any:
         if not self.settings.tls_enabled:
@@ -544,8 +578,10 @@ class BrokerServer:
         the delegated credentials (read every third of the lease), so that a client
         registered, approved or revoked on one broker is so on every broker within a
         second or so; the connections of a client revoked elsewhere go."""
-        gone = self.registry.refresh(decode_record(b) for b in clients.values())
+        records = [decode_record(b) for b in clients.values()]
+        gone = self.registry.refresh(records)
         self.credentials.refresh(decode_credential(b) for b in credentials.values())
+        self._check_admin_key(next((r for r in records if r.client_id == "admin"), None))
         for client_id in gone:
             self.drop_client(client_id, "revoked (or its key rotated) on another broker")
 
