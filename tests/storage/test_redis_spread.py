@@ -134,7 +134,7 @@ def test_on_a_cluster_a_claim_cut_between_its_two_steps_raises_no_epoch(
     b.st.open_shared(NOW)
     shared = a.st._shared
     # a's first step alone, as if paused right after it
-    step1 = a.st._client.evalsha(a.st._sha("own_term"), 4, shared + "owners", shared + "alive",
+    step1 = a.st._client.evalsha(a.st._sha("own"), 4, shared + "owners", shared + "alive",
                                  shared + "queues", shared + "ownterm", "a", "orders/v1")
     assert step1[0] == b"ok"
     time.sleep(0.4)  # a's record runs out; b claims the queue in both steps

@@ -104,7 +104,21 @@ class _Gathered:
             self.done(self.values, self.error)
 
 
-class Door:
+class Unpaced:
+    """What a front calls on a door that has no socket of its own to flush or pause (an
+    HTTP client, an HTTP consumer): nothing to do."""
+
+    def flush(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Door(Unpaced):
     """A client's door that is not a native connection (an HTTP client): what its
     front needs of it. Its links present the client's id; its publishes are not
     paused (an HTTP request is refused instead) and carry no producer sequence."""
@@ -115,15 +129,6 @@ class Door:
         self.session = SimpleNamespace(client_id=identity.client_id, producer_id="",
                                        access=server.access_for(identity))
         self.closed = False
-
-    def flush(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 class Front:
@@ -142,6 +147,18 @@ class Front:
         self._position_parts: dict[str, dict[str, int]] = {}
 
     # -------------------------------------------------------------- links
+    def _owner_link(self, channel: str) -> Upstream | None:
+        """The link to the broker owning ``channel``'s queue; None if that is this
+        broker (or nobody yet: it answers here)."""
+        q = queue_of(channel)
+        member = None if q is None else self.spread.route(q)
+        if member is None or member == ADOPT:
+            return None
+        up = self._up(member)
+        if up is None:
+            raise RequestError(f"broker {member}, the owner of {q}, cannot be reached")
+        return up
+
     def _up(self, member: str) -> Upstream | None:
         up = self.ups.get(member)
         if up is not None and not up.closed:
@@ -632,13 +649,9 @@ class Front:
         args = frame.args
         name = args.get("channel") if frame.op == "browse" else \
             f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
-        q = queue_of(name) if isinstance(name, str) else None
-        member = None if q is None else self.spread.route(q)
-        if member is None or member == ADOPT:
-            return None
-        up = self._up(member)
+        up = self._owner_link(name) if isinstance(name, str) else None
         if up is None:
-            raise RequestError(f"broker {member}, the owner of {q}, cannot be reached")
+            return None
         answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()
         up.request(frame, lambda ev: answer.done() or answer.set_result(ev))
         return answer
@@ -678,13 +691,9 @@ class Front:
 
     # --------------------------------------------------------------- read
     def read(self, frame: f.Read) -> bool:
-        q = queue_of(frame.channel)
-        member = None if q is None else self.spread.route(q)
-        if member is None or member == ADOPT:
-            return False
-        up = self._up(member)
+        up = self._owner_link(frame.channel)
         if up is None:
-            raise RequestError(f"broker {member}, the owner of {q}, cannot be reached")
+            return False
 
         def answer(ev: f.Frame) -> None:
             self.conn.send(msgspec.structs.replace(ev, req=frame.req))

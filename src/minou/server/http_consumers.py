@@ -29,7 +29,7 @@ from ..errors import BadRequest, UnknownDelivery, error_from_code
 from ..limits import HTTP_CONSUMER_IDLE_S, MAX_SUBSCRIPTIONS, MIN_HTTP_WAIT_S
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
-from .front import REMOTE_TAGS, Front
+from .front import REMOTE_TAGS, Front, Unpaced
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 SID = 1  # an HTTP consumer's one subscription
 
 
-class HttpConsumer:
+class HttpConsumer(Unpaced):
     def __init__(self, owner: HttpConsumers, key: tuple[str, str, str, float | None],
                  identity: Identity) -> None:
         self.owner = owner
@@ -54,7 +54,7 @@ class HttpConsumer:
         self.front: Front | None = None  # queues spread over brokers: the others' part
         self.closed = False
 
-    # what a front needs of the door it serves (front.Door)
+    # what a front needs of the door it serves (front.Door), flush and pauses aside
     @property
     def server(self) -> Server:
         return self.owner.server
@@ -62,15 +62,6 @@ class HttpConsumer:
     @property
     def engine(self) -> Any:
         return self.owner.server.engine
-
-    def flush(self) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
     # the broker's pump calls this like it calls a native connection
     def send_deliveries(self, sid: int, items: list[Delivery]) -> None:

@@ -352,35 +352,18 @@ end
 return out
 """
 
-# Queues spread over brokers (one Redis: four slots). A live broker claims a queue that
-# no live broker owns (its owner died, handed it over, or it is new): the owners hash
-# names it, the registry has it, its epoch goes up (fencing every earlier writer).
-# KEYS[1] the queue's epoch, KEYS[2] the owners hash, KEYS[3] the alive set, KEYS[4] the
-# registry; ARGV[1] this broker, ARGV[2] the queue. {'owned', owner} while another live
-# broker owns it, {'dead', ''} if this broker's own record ran out (it was paused).
-OWN = r"""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
-if not mine or tonumber(mine) <= now then return {'dead', ''} end
-local owner = redis.call('HGET', KEYS[2], ARGV[2])
-if owner and owner ~= ARGV[1] then
-  local score = redis.call('ZSCORE', KEYS[3], owner)
-  if score and tonumber(score) > now then return {'owned', owner} end
-end
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
-redis.call('SADD', KEYS[4], ARGV[2])
-return {'ok', redis.call('INCR', KEYS[1])}
-"""
-# OWN in two steps under Redis Cluster (the owners and the alive set are in the shared
-# slot, the queue's epoch in its own), as ADMIT and CLAIM_TERM are for a primary: OWN_TERM
-# checks and names the owner in the shared slot and answers a term (one counter for
-# every claim of every queue: a later claim always has a higher one); CLAIM_TERM then
-# raises the queue's epoch unless a later term claimed it. A broker paused between the
-# two steps, whose claim another took over meanwhile, raises nothing.
+# Queues spread over brokers. A live broker claims a queue that no live broker owns
+# (its owner died, handed it over, or it is new): the owners hash names it, the registry
+# has it, and a counter goes up. One Redis: the counter is the queue's epoch (fencing
+# every earlier writer). Redis Cluster, where the queue's keys are in another slot: the
+# counter is one term for every claim, and CLAIM_TERM then raises the queue's epoch in
+# its own slot unless a later term claimed it, so a broker paused between the two steps,
+# whose claim another took over meanwhile, raises nothing.
 # KEYS[1] the owners hash, KEYS[2] the alive set, KEYS[3] the registry, KEYS[4] the
-# term counter; ARGV[1] this broker, ARGV[2] the queue. Replies as OWN's, {'ok', term}.
-OWN_TERM = r"""
+# counter; ARGV[1] this broker, ARGV[2] the queue. {'ok', counter}; {'owned', owner}
+# while another live broker owns it, {'dead', ''} if this broker's own record ran out
+# (it was paused).
+OWN = r"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = redis.call('ZSCORE', KEYS[2], ARGV[1])
@@ -403,8 +386,7 @@ return 1
 """
 
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
-                 "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "own_term": OWN_TERM,
-                 "disown": DISOWN,
+                 "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "disown": DISOWN,
                  "admit": ADMIT, "claim_term": CLAIM_TERM}
 READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
                 "segments": SEGMENTS}

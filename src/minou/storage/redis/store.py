@@ -329,8 +329,9 @@ class RedisStorage:
             for q in queues:
                 base = queue_base(self.prefix, q)
                 commands.append((0, base + "epoch", (
-                    "EVALSHA", self._sha("own"), 4, base + "epoch", self._shared + "owners",
-                    self._shared + "alive", self._shared + "queues", self.member, q)))
+                    "EVALSHA", self._sha("own"), 4, self._shared + "owners",
+                    self._shared + "alive", self._shared + "queues", base + "epoch",
+                    self.member, q)))
             replies = self._run(commands, atomic=False, doing="claiming queues",
                                 what="claiming " + ", ".join(queues))
         refused: dict[str, int] = {}
@@ -435,11 +436,12 @@ class RedisStorage:
         return f" (primary {address})" if address else ""
 
     def _own_in_cluster(self, queues: list[str]) -> list[Any]:
-        """The two steps of a spreading broker's claim under Redis Cluster (scripts.
-        OWN_TERM): owner and term in the shared slot, then each epoch in its own."""
+        """The two steps of a spreading broker's claim under Redis Cluster (scripts.OWN
+        with the term counter): owner and term in the shared slot, then each epoch in
+        its own."""
         shared = self._shared
         owned = self._run([(0, shared + "owners", (
-            "EVALSHA", self._sha("own_term"), 4, shared + "owners", shared + "alive",
+            "EVALSHA", self._sha("own"), 4, shared + "owners", shared + "alive",
             shared + "queues", shared + "ownterm", self.member, q)) for q in queues],
             atomic=False, doing="claiming queues", what="claiming " + ", ".join(queues))
         commands = []
