@@ -350,6 +350,39 @@ def test_spread_brokers_follow_a_sentinel_failover_losing_nothing_confirmed(
         redis.stop()
 
 
+def test_a_broker_cut_off_from_redis_exits_and_the_other_adopts_its_queues(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """A partition between one broker and Redis (a black hole: no reset, no answer):
+    out of reach past its lease with another broker alive, it delivers nothing more and
+    exits 1; the other, which still reaches Redis, adopts its queues; every message
+    confirmed before the cut and after is read back."""
+    from .netproxy import Proxy
+
+    proxy = Proxy("127.0.0.1", redis.port).start()
+    try:
+        cfg = tmp_path / "cut.toml"
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        cfg.write_text(f'[storage]\nurl = "{url}"\nowner_lease = {LEASE}\n'
+                       'placement = "spread"\n')
+        cut = broker_factory.make(config=cfg, storage=url).start()
+        ADMINS[url] = cut
+        (other,) = spread_brokers(broker_factory, redis, tmp_path, 1)
+        ADMINS[redis.url] = cut
+        sent = publish_all(other, 5)
+        wait_until(lambda: settled_spread(other, 2), timeout=20)
+        mine = cluster_view(cut)["this_broker"]["member"]
+        assert mine in owners(other).values(), "the broker to cut owns no queue"
+        proxy.freeze()
+        assert cut.proc is not None and cut.proc.wait(30) == 1, cut.output[-3000:]
+        assert "out of reach" in cut.output, cut.output[-3000:]
+        wait_until(lambda: settled_spread(other, 1), timeout=20)
+        sent += publish_all(other, 5, start=5)
+    finally:
+        proxy.close()
+    got = consume(other, sent)
+    assert len(got) == sent and set(got.values()) == {1}
+
+
 def test_a_broker_killed_its_queues_are_adopted_and_nothing_confirmed_is_lost(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
