@@ -257,6 +257,19 @@ def test_http_stream_and_admin_views_reach_queues_owned_by_another_broker(
         with pytest.raises(TimeoutError):  # all acked: nothing comes again
             while True:
                 assert json.loads(ws.recv(1.5))["payload"]["n"] == 99
+    # Queues made after a subscription under its pattern reach it, whoever owns them.
+    fresh = [f"fresh/v{i}" for i in range(1, 9)]
+    with b.connect_sync("native-fresh") as c:
+        sub = c.consume("fresh/*", group="late", prefetch=20)
+        with a.connect_sync("producer") as p:
+            p.send_many([(f"{q}/1", {"q": q}) for q in fresh])
+        wait_until(lambda: settled_spread(a, 2), timeout=20)
+        got_fresh = []
+        while len(got_fresh) < len(fresh):
+            msg = sub.get(timeout=20)
+            got_fresh.append(msg.payload["q"])
+            msg.ack()
+        assert sorted(got_fresh) == sorted(fresh)  # (all 8 owned by b: odds 1 in 256)
 
 
 def test_spread_on_a_redis_cluster_shards_the_queues_and_survives_a_kill(
