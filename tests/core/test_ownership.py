@@ -21,9 +21,10 @@ import pytest
 
 from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
-from minou.core.log import ChannelOptions
-from minou.core.ownership import QueueBusy
+from minou.core.log import ChannelOptions, Msg
+from minou.core.ownership import QueueBusy, batch_touches
 from minou.core.snapshot import Snapshot, queue_of, queue_part, shared_part
+from minou.core.writes import WriteBatch
 from minou.storage.memory import MemoryStorage
 
 from .helpers import Harness, payloads, send, seqs
@@ -262,3 +263,81 @@ def test_a_frozen_queue_delivers_nothing_more_until_thawed_and_counts_what_is_ou
     h.broker.freeze_queue("orders/v1", False)
     thawed = h.take(sub)
     assert thawed and all(d.channel.startswith("orders/") for d in thawed)
+
+
+# What a release must wait for: every kind of write a batch can hold of the queue (and
+# none of another queue's holds it back).
+def _batch_with(kind: str, channel: str) -> WriteBatch:
+    b = WriteBatch()
+    if kind == "messages":
+        b.messages.append(Msg(channel, 1, "id", b"x"))
+    elif kind == "deletes":
+        b.deletes.append((channel, 1))
+    elif kind == "truncates":
+        b.truncates[channel] = 5
+    elif kind == "channels":
+        b.channels[channel] = 1
+    elif kind == "group_states":
+        b.group_states[("g", channel)] = None
+    elif kind == "dedup":
+        b.dedup.append((channel, "k", 1.0, 1, "id"))
+    elif kind == "fences":
+        b.fences[("writer", channel)] = 3
+    elif kind == "producers":
+        b.producers[("client", "producer", channel)] = None
+    return b
+
+
+@pytest.mark.parametrize("kind", ["messages", "deletes", "truncates", "channels",
+                                  "group_states", "dedup", "fences", "producers"])
+def test_a_batch_touches_a_queue_through_each_kind_of_write_and_only_its_own(kind) -> None:
+    ours, theirs = {"orders/v1/1", "_dead/orders/v1/1"}, {"prices/v2/eu"}
+    for channel in sorted(ours):
+        assert batch_touches(_batch_with(kind, channel), ours), (kind, channel)
+        assert not batch_touches(_batch_with(kind, channel), theirs), (kind, channel)
+    assert not batch_touches(WriteBatch(), ours)
+
+
+def test_an_unsettled_ack_or_a_producer_state_not_yet_stored_holds_a_release() -> None:
+    h = _built()
+    a = Session("a4")
+    sub = h.subscribe(a, 1, patterns=["orders/*", "prices/*"], group="fresh3", prefetch=50)
+    got = h.take(sub)
+    h.commit()
+    # An ack staged, not committed: the group's state of that channel is dirty.
+    h.ack(a, [d for d in got if d.channel == "orders/v1/1"][:1])
+    assert h.broker.queue_pending("orders/v1")
+    assert not h.broker.queue_pending("prices/v2")
+    with pytest.raises(QueueBusy):
+        h.broker.release_queue("orders/v1", h.now)
+    h.commit()
+    assert not h.broker.queue_pending("orders/v1")
+    # A producer's state not yet written (its sequence came with a publish since
+    # committed, and it is dirty again) holds the queue of its channel only.
+    p = Session("p5", producer_id="00000000000000bb")
+    h.engine.publish([send("audit/v1/x", "n", pseq=1)], ALLOW_ALL, lambda *_: None,
+                     session=p, publisher=h)
+    assert h.broker.queue_pending("audit/v1") and not h.broker.queue_pending("prices/v2")
+    h.commit()
+    assert not h.broker.queue_pending("audit/v1")
+    # ... or dropped as idle, its row's deletion not yet written (a queue no producer
+    # numbered its publishes to has nothing to wait for).
+    h.publish(send("spare/v1/1", "plain"))
+    assert h.broker.producers.expire(h.now + 10 * 86400.0) >= 1
+    assert h.broker.queue_pending("audit/v1") and not h.broker.queue_pending("spare/v1")
+    h.commit()
+    assert not h.broker.queue_pending("audit/v1")
+    assert not h.broker.queue_pending("nothing/v9")  # a queue memory does not hold
+    h.broker.release_queue("audit/v1", h.now)
+
+
+def test_a_queue_whose_groups_have_nothing_to_deliver_is_released_too() -> None:
+    h = Harness(storage=_store())
+    a = Session("idle")
+    sub = h.subscribe(a, 1, patterns="orders/v1/*", group="g", prefetch=10)
+    h.publish(send("orders/v1/1", 1))
+    h.ack(a, h.take(sub))
+    h.commit()
+    assert h.take(sub) == []  # its group channel is idle: nothing ready
+    assert h.broker.release_queue("orders/v1", h.now) == 0
+    assert h.broker.held_queues() == set()
