@@ -14,6 +14,7 @@ real engine over a memory storage. Then:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -341,3 +342,49 @@ def test_a_queue_whose_groups_have_nothing_to_deliver_is_released_too() -> None:
     assert h.take(sub) == []  # its group channel is idle: nothing ready
     assert h.broker.release_queue("orders/v1", h.now) == 0
     assert h.broker.held_queues() == set()
+
+
+def test_adopted_queues_bring_the_groups_another_broker_made_since_this_one_started(
+        stored) -> None:
+    """The shared part was read before other brokers' readers made the groups: each
+    adopted queue's part defines them, and memory ends as a whole restore's."""
+    snap, now = stored
+    b = Broker(channel_options=_options)
+    b.restore(dataclasses.replace(shared_part(snap), groups=[]), now)
+    assert b.state.groups == {}
+    for q in QUEUES:
+        b.adopt(queue_part(snap, q), now)
+    assert _fingerprint(b, now) == _fingerprint(_whole(snap, now), now)
+
+
+def test_a_queue_released_adopted_and_released_again_answers_for_none_of_its_keys(
+        stored) -> None:
+    snap, now = stored
+    b = _whole(snap, now)
+    key = ("orders/v1/1", "k1")
+    for _ in range(2):
+        b.release_queue("orders/v1", now)
+        assert b.dedup.get(*key, now) is None
+        b.adopt(queue_part(snap, "orders/v1"), now)
+        assert b.dedup.get(*key, now) is not None  # as stored, once more
+    b.release_queue("orders/v1", now)
+    assert b.dedup.get(*key, now) is None
+
+
+def test_a_message_id_of_an_adopted_queue_is_found_again() -> None:
+    h = _built()
+    (o,) = h.publish(send("orders/v1/1", "by id"))
+    assert h.broker.find_message(o.id) is not None  # every channel's hash is known now
+    snap = h.storage.open(h.now)
+    h.broker.release_queue("orders/v1", h.now)
+    assert h.broker.find_message(o.id) is None
+    h.broker.adopt(queue_part(snap, "orders/v1"), h.now)
+    found = h.broker.find_message(o.id)
+    assert found is not None and found[0].name == "orders/v1/1"
+    # A broker that started with no queue and looked an id up before adopting one
+    b = Broker(channel_options=_options)
+    b.restore(shared_part(snap), h.now)
+    assert b.find_message(o.id) is None
+    b.adopt(queue_part(snap, "orders/v1"), h.now)
+    found = b.find_message(o.id)
+    assert found is not None and found[0].name == "orders/v1/1"
