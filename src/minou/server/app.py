@@ -1247,8 +1247,9 @@ class BrokerServer:
 
     def soft_stop(self, by: str) -> dict[str, Any]:
         """Stop gracefully with exit status 0: no new deliveries, let those out settle
-        (up to the default lease), commit, stop. Alone it takes no publish or
-        subscription meanwhile; as the primary of a cluster it goes on taking
+        (up to the default lease), commit, stop. Alone (on SQLite, or on Redis with no
+        other broker alive) it takes no publish or subscription meanwhile; as the
+        primary of a cluster it goes on taking
         publishes until it stops (they are committed before it hands the lease over,
         so producers keep flowing), then wakes a standby to take over at once."""
         spread = self.spread
@@ -1264,7 +1265,10 @@ class BrokerServer:
             self._spawn(hand_over())
             return {"stopping": True, "unsettled": 0, "deadline_s": HANDOVER_COMMIT_S,
                     "native": _addr(self.native_address, "minous" if self.tls else "minou")}
-        cluster = self.primary is not None and self.primary.role == "primary"
+        # A primary with standbys goes on taking publishes for them; a lone one on Redis
+        # (none alive at its last renewal) has nobody to hand over to: it stops as alone.
+        cluster = self.primary is not None and self.primary.role == "primary" \
+            and self.primary.lease.alive > 1
         if not cluster:
             self.accepting = False
         self.draining = True
