@@ -81,7 +81,7 @@ dashboard:
 
 ## test: install what the tests need, lint, and run the whole suite
 # Then the system tests that lean hardest on storage again, every broker on Redis (the
-# whole system suite on Redis is `make test-redis`: ~7 more minutes).
+# whole system suite on Redis is `make test-redis`: 8 min on two workers).
 REDIS_PASS := tests/system/test_smoke.py tests/system/test_durability.py \
               tests/system/test_transactions.py tests/system/test_client.py
 # Two workers (pytest-xdist), each taking a whole file at a time: a file's tests share
@@ -96,7 +96,7 @@ test: $(TEST_STAMP) system-deps
 
 ## test-redis: the whole system suite with every broker the tests start on Redis
 test-redis: $(TEST_STAMP) system-deps
-	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest tests/system
+	MINOU_TEST_STORAGE=redis $(BIN)/python -m pytest $(PYTEST_PARALLEL) tests/system
 
 ## fuzz: the fuzz targets (tests/fuzz) against real brokers, FUZZ_EXAMPLES examples each
 # (`make test` runs them too, with the small default of MINOU_FUZZ_EXAMPLES)
