@@ -11,7 +11,10 @@ Tests (--only takes the letters or the row keys):
   b  con_p1000, con4_p1000: consume+ack a channel pre-filled with N x 100 B,
      prefetch (batch) 1000, 1 consumer and 4 competing consumers of one group
   c  lat: end-to-end latency p50 / p99, 2,000 msg/s for 5 s, 100 B,
-     1 producer + 1 consumer (prefetch 100) concurrently
+     1 producer + 1 consumer (prefetch 100) concurrently; disk: the disk's own commit
+     latency in the same run, 2,000 appends of 4 KiB each made durable with fdatasync
+     in minou's data directory (bench/disk_probe.py), p50 / p99, and minou's latency
+     against it (issue 19: p99 <= 2 x the disk's p99, p50 <= the disk's p50 + 0.5 ms)
   d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size
   e  http_pub, http_pubb, http_con: minou's HTTP API (minou only: no peer has one in
      this harness), --http-procs processes x --http-conns keep-alive connections, one
@@ -77,7 +80,7 @@ REPO = HERE.parent
 GROUPS = {
     "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB"],
     "b": ["con_p1000", "con4_p1000"],
-    "c": ["lat"],
+    "c": ["lat", "disk"],
     "d": ["mem"],
     "e": ["http_pub", "http_pubb", "http_con"],
     "f": ["spark"],
@@ -93,7 +96,7 @@ ALL_TESTS = [t for g in GROUPS.values() for t in g]
 # The cluster test (g) starts 8 clusters a run and asks another question (scale over
 # several brokers): only when asked for, so `make bench` keeps its length.
 DEFAULT_TESTS = [t for t in ALL_TESTS if t not in GROUPS["g"]]
-MINOU_ONLY = [*HTTP_TESTS, "spark", "cluster"]  # no peer runs these: none started for them
+MINOU_ONLY = [*HTTP_TESTS, "spark", "cluster", "disk"]  # no peer runs these: none started
 CLUSTER_CHANNELS = [f"q{i}/v1/1" for i in range(8)]  # 8 queues (endpoint/version)
 CLUSTER_SIZES = (1, 2, 3)
 SPARK_ROWS = ["spark_read", "spark_stream", "spark_noop", "spark_rate_noop", "spark_vs_rate",
@@ -109,6 +112,12 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("con4_p1000", "consume+ack, 4 consumers, prefetch 1000 (msg/s)", "hi", (">=", 100_000)),
     ("lat_p50_ms", "e2e latency p50 @ RATE/s (ms)", "lo", None),
     ("lat_p99_ms", "e2e latency p99 @ RATE/s (ms)", "lo", ("<=", 2.0)),
+    ("disk_p50_ms", "the disk: fdatasync of a 4 KiB append in the data dir, p50 (ms)", "lo",
+     None),
+    ("disk_p99_ms", "the disk: fdatasync of a 4 KiB append in the data dir, p99 (ms)", "lo",
+     None),
+    ("lat_disk_p99", "e2e latency p99 / the disk's p99, per run (ratio)", "lo", ("<=", 2.0)),
+    ("lat_disk_p50_ms", "e2e latency p50 - the disk's p50, per run (ms)", "lo", ("<=", 0.5)),
     ("mem_rss_mib", "server RSS, MEMN x 100 B stored (MiB)", "lo", ("<", 150)),
     ("mem_hwm_mib", "server peak RSS while storing them (MiB)", "lo", None),
     ("mem_disk_mib", "data dir size, MEMN x 100 B stored (MiB)", "lo", None),
@@ -354,6 +363,19 @@ class Bench:
             log(f"  {system:11s} latency     p50 {res.get('lat_p50_ms')} ms  p99 "
                 f"{res.get('lat_p99_ms')} ms  max {res.get('lat_max_ms')} ms "
                 f"({res.get('lat_received')}/{total} msgs, achieved {res.get('lat_rate')} msg/s)")
+        elif test == "disk":
+            if system != "minou":
+                return  # the machine's, measured once: where minou keeps its data
+            import disk_probe  # bench/, on sys.path
+
+            where = self.data_dir(system) or self.workdir
+            res.update(disk_probe.fdatasync_latency(where))
+            log(f"  disk        fdatasync of 4 KiB appends in {where}: p50 "
+                f"{res['disk_p50_ms']} ms  p99 {res['disk_p99_ms']} ms  max "
+                f"{res['disk_max_ms']} ms")
+            if res.get("lat_p99_ms") and res["disk_p99_ms"]:
+                res["lat_disk_p99"] = round(res["lat_p99_ms"] / res["disk_p99_ms"], 2)
+                res["lat_disk_p50_ms"] = round(res["lat_p50_ms"] - res["disk_p50_ms"], 3)
         elif test == "mem":
             self.reset(system, fresh_server=True)
             pid = self.pid(system)
