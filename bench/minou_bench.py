@@ -7,7 +7,9 @@ CLOCK_MONOTONIC, throughput = messages / (first start .. last finish).
 
 Tests (--only takes the letters or the row keys):
   a  pub_100B, pub_1KiB, pub4_100B, pub4_1KiB: confirmed publish, window 1000,
-     1 and 4 producers, N = 100,000 in total or 10 s
+     1 and 4 producers, N = 100,000 in total or 10 s; pub_64KiB, pub_1MiB: large
+     messages, 1 producer, in MB/s: 64 KiB x 10,000 (window 64) and 1 MiB x 1,000
+     (window 8), or 10 s (the SQLite broker and the peers; not minou-redis)
   b  con_p1000, con4_p1000: consume+ack a channel pre-filled with N x 100 B,
      prefetch (batch) 1000, 1 consumer and 4 competing consumers of one group
   c  lat: end-to-end latency p50 / p99, 2,000 msg/s for 5 s, 100 B,
@@ -78,7 +80,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 GROUPS = {
-    "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB"],
+    "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB", "pub_64KiB", "pub_1MiB"],
     "b": ["con_p1000", "con4_p1000"],
     "c": ["lat", "disk"],
     "d": ["mem"],
@@ -90,7 +92,9 @@ HTTP_TESTS = GROUPS["e"]  # minou only
 # A minou broker on Redis (issue 17) runs the message tests; memory (d: the data is in
 # another process), HTTP (e) and Spark (f) are measured on the SQLite broker only.
 REDIS = "minou-redis"
-REDIS_TESTS = GROUPS["a"] + GROUPS["b"] + GROUPS["c"]
+# Large messages (issue 19): n and window of their own, and in MB/s
+LARGE = {"pub_64KiB": (64 << 10, 10_000, 64), "pub_1MiB": (1 << 20, 1_000, 8)}
+REDIS_TESTS = [t for t in GROUPS["a"] if t not in LARGE] + GROUPS["b"] + GROUPS["c"]
 REDIS_TARGET = 0.5  # minou-redis / minou on throughput (issue 17: >= 50 % of SQLite's)
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
 # The cluster test (g) starts 8 clusters a run and asks another question (scale over
@@ -108,6 +112,8 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("pub_1KiB", "publish 1 KiB, 1 producer (msg/s)", "hi", None),
     ("pub4_100B", "publish 100 B, 4 producers (msg/s)", "hi", (">=", 100_000)),
     ("pub4_1KiB", "publish 1 KiB, 4 producers (msg/s)", "hi", None),
+    ("pub_64KiB_mbs", "publish 64 KiB, 1 producer, window 64 (MB/s)", "hi", None),
+    ("pub_1MiB_mbs", "publish 1 MiB, 1 producer, window 8 (MB/s)", "hi", None),
     ("con_p1000", "consume+ack, 1 consumer, prefetch 1000 (msg/s)", "hi", (">=", 100_000)),
     ("con4_p1000", "consume+ack, 4 consumers, prefetch 1000 (msg/s)", "hi", (">=", 100_000)),
     ("lat_p50_ms", "e2e latency p50 @ RATE/s (ms)", "lo", None),
@@ -328,6 +334,11 @@ class Bench:
                 res[f"{test}_depth"] = depth
                 timed(test, [dict(http, role="con", n=depth, batch=a.http_conns, idle_s=2.0,
                                   name=f"h{i}") for i in range(procs)])
+        elif test in LARGE:
+            size, n, window = LARGE[test]
+            self.reset(system)
+            timed(test, [dict(self.base(system), role="pub", n=n, size=size, window=window)])
+            res[f"{test}_mbs"] = round(res[test] * size / 1e6, 1)
         elif test.startswith("pub"):
             procs = a.procs if test.startswith("pub4") else 1
             size = 100 if test.endswith("100B") else 1024
