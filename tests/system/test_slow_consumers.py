@@ -43,7 +43,10 @@ def test_a_consumer_that_reads_nothing_is_cut_and_its_messages_go_to_a_reader(
     cfg = tmp_path / "stall.toml"
     cfg.write_text("slow_consumer_seconds = 2\n")
     b = broker_factory.make(config=cfg).start()
-    stuck = silent_consumer(b.url, "stuck", "slow/v1/*", "g")
+    # Prefetch all 3,000 (12 MB): more than the kernel's socket buffers take on any
+    # machine (the send side autotunes up to net.ipv4.tcp_wmem's max, 4 MB here), so
+    # deliveries wait in the broker's own buffer and the stall shows there.
+    stuck = silent_consumer(b.url, "stuck", "slow/v1/*", "g", prefetch=3000)
     try:
         with b.connect_sync("producer") as p:
             p.send_many([(f"slow/v1/{i % 8}", BODY) for i in range(3000)])  # ~12 MB

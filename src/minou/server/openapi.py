@@ -255,7 +255,9 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "The brokers sharing this broker's storage (several on one Redis): which is the "
             "primary, the standbys, the queues with their fencing epochs, recent takeovers",
             tag="admin", ok=_json(OBJECT, "cluster"))},
-        "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups", tag="admin",
+        "/v1/queues": {"get": _op("Queues (endpoint/version) and reader groups (with the "
+                                  "queues spread over brokers: every broker's, merged)",
+                                  tag="admin",
                                   ok=_json(OBJECT, "queues"))},
         "/v1/rates/history": {"get": _op(
             f"The last {RATE_HISTORY_S // 60} minutes of publish, deliver and ack rates, "
