@@ -42,6 +42,10 @@ Tests (--only takes the letters or the row keys):
      every producer on the primary, then every producer on the standby. A fresh Redis
      and fresh brokers for each row; the CPU of each broker and of redis-server.
 
+Before each test the bench waits (up to --quiet-wait, 20 s) for the 1-minute load
+average to drop under --quiet-load (0.5); a test that starts above it anyway has its
+rows marked * ("noisy") in the table, with the load averages under it and in the JSON.
+
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
 With the "peer" minou-redis (default when redis-server is installed) a second minou
@@ -626,8 +630,28 @@ def verdict(v: Any, target: tuple[str, float] | None) -> str:
     return f"{label} {'✓' if ok else '✗'}"
 
 
+def wait_quiet(threshold: float, patience: float) -> float:
+    """Wait up to ``patience`` s for the 1-minute load average to drop under
+    ``threshold`` (this machine is shared and the tests before leave load behind);
+    returns the load average the test starts at."""
+    deadline = time.monotonic() + patience
+    while (load := os.getloadavg()[0]) > threshold and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return load
+
+
+def noisy_rows(noisy: dict[str, list[float]]) -> set[str]:
+    """The row keys of the tests that started noisy (a test's rows share its key's
+    prefix: lat -> lat_p50_ms, disk -> disk_p99_ms, pub_64KiB -> pub_64KiB_mbs)."""
+    return {key for key, *_ in ROWS for t in noisy if key == t or key.startswith(t + "_")
+            or (t == "cluster" and key.startswith("cl_"))
+            or (t == "spark" and key.startswith("spark_"))
+            or (t == "mem" and key.startswith("mem_"))}
+
+
 def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
-          spread: dict[str, dict[str, tuple[Any, Any]]] | None = None) -> str:
+          spread: dict[str, dict[str, tuple[Any, Any]]] | None = None,
+          noisy: set[str] | None = None) -> str:
     peers = [s for s in systems if s not in ("minou", REDIS)]
     # minou on Redis is compared with minou on SQLite (its own target), not the peers
     on_redis = [REDIS] if REDIS in systems else []
@@ -664,6 +688,8 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
                 and mv else None
             goal = (">=", REDIS_TARGET) if key in GROUPS["a"] + GROUPS["b"] else None
             redis_cells = [cell(REDIS), ratio(rv, mv), verdict(share, goal)]
+        if noisy and key in noisy:
+            desc += " *"
         cells = [desc, cell("minou"), verdict(mv, target), *redis_cells,
                  *[cell(p) for p in peers],
                  *[ratio(mv, med.get(p, {}).get(key)) for p in peers]]
@@ -838,6 +864,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
+    ap.add_argument("--quiet-load", type=float, default=0.5,
+                    help="before each test, wait for the 1-minute load average to drop "
+                         "under this; a test that starts above it is marked noisy (*)")
+    ap.add_argument("--quiet-wait", type=float, default=20.0,
+                    help="how long to wait for --quiet-load before each test, s")
     ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
     ap.add_argument("--only", help="tests: a,b,c,d,e,f,g or row keys (pub_100B, con4_p1000, "
                                    "lat, mem, http_pub, http_con, spark, cluster); default: "
@@ -919,6 +950,7 @@ def main() -> int:
         f"minou source {src_info.get('snapshot') or 'live src/'} {src_info.get('sha256', '')}")
     runs: list[dict[str, dict[str, Any]]] = []
     run_loads: list[tuple[float, float, float]] = []
+    noisy: dict[str, list[float]] = {}  # test -> the load averages it started at, if high
     errors: list[str] = []
     started = time.monotonic()
     try:
@@ -934,6 +966,11 @@ def main() -> int:
             for test in tests:
                 if test == "mem" and i >= args.mem_runs:
                     continue
+                load = wait_quiet(args.quiet_load, args.quiet_wait)
+                if load > args.quiet_load:
+                    log(f"  {test}: load average {load:.2f} after {args.quiet_wait:g} s of "
+                        f"waiting (> {args.quiet_load:g}): marked noisy")
+                    noisy.setdefault(test, []).append(round(load, 2))
                 for system in systems:  # interleaved: every system runs a test in turn
                     try:
                         bench.run_test(test, system, run[system], run[system]["cpu_pct"])
@@ -965,7 +1002,11 @@ def main() -> int:
         f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)"
         + (f"; {REDIS} = a minou broker on Redis (AOF always), {REDIS}/minou its ratio to "
            f"the SQLite broker" if REDIS in systems else ""))
-    log(table(med, systems, args, spread if args.runs > 1 else None))
+    log(table(med, systems, args, spread if args.runs > 1 else None, noisy_rows(noisy)))
+    if noisy:
+        log("* started at a load average over --quiet-load "
+            f"({args.quiet_load:g}) in some run: " + "; ".join(
+                f"{t} {', '.join(f'{x:.2f}' for x in v)}" for t, v in noisy.items()))
     cpu_text = cpu_table(med, systems)
     if cpu_text.count("\n") > 1:  # test g alone has its CPU in the cluster table below
         log("")
@@ -1002,6 +1043,7 @@ def main() -> int:
             "systems": systems,
             "elapsed_s": round(elapsed, 1),
             "load_average_at_run_start": run_loads,
+            "noisy_tests": noisy,  # started over --quiet-load after --quiet-wait s
             "units": "throughput keys msg/s; lat_* ms; mem_* MiB; cpu_pct % of one core; "
                      "spark_read/spark_stream rows/s, spark_batch_latency s",
         },
@@ -1010,7 +1052,8 @@ def main() -> int:
         "runs": runs,
         "errors": errors,
         "server_rss_mib_at_end": rss_after,
-        "table_markdown": table(med, systems, args, spread if args.runs > 1 else None),
+        "table_markdown": table(med, systems, args, spread if args.runs > 1 else None,
+                                noisy_rows(noisy)),
     }
     if any(med["minou"].get(k) is not None for k in CLUSTER_ROWS):
         doc["cluster_table_markdown"] = cluster_table(med, args,
