@@ -17,7 +17,9 @@ Tests (--only takes the letters or the row keys):
      latency in the same run, 2,000 appends of 4 KiB each made durable with fdatasync
      in minou's data directory (bench/disk_probe.py), p50 / p99, and minou's latency
      against it (issue 19: p99 <= 2 x the disk's p99, p50 <= the disk's p50 + 0.5 ms)
-  d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size
+  d  mem: server RSS (VmRSS) with 1,000,000 x 100 B stored, and the data dir size;
+     recovery (minou only, first run only): 3,000,000 x 100 B over 30 channels stored,
+     then a restart: seconds from the start to the first confirmed publish, and RSS then
   e  http_pub, http_pubb, http_con: minou's HTTP API (minou only: no peer has one in
      this harness), --http-procs processes x --http-conns keep-alive connections, one
      request in flight per connection, each process a client with its own key and
@@ -87,7 +89,7 @@ GROUPS = {
     "a": ["pub_100B", "pub_1KiB", "pub4_100B", "pub4_1KiB", "pub_64KiB", "pub_1MiB"],
     "b": ["con_p1000", "con4_p1000"],
     "c": ["lat", "disk"],
-    "d": ["mem"],
+    "d": ["mem", "recovery"],
     "e": ["http_pub", "http_pubb", "http_con"],
     "f": ["spark"],
     "g": ["cluster"],
@@ -104,7 +106,8 @@ ALL_TESTS = [t for g in GROUPS.values() for t in g]
 # The cluster test (g) starts 8 clusters a run and asks another question (scale over
 # several brokers): only when asked for, so `make bench` keeps its length.
 DEFAULT_TESTS = [t for t in ALL_TESTS if t not in GROUPS["g"]]
-MINOU_ONLY = [*HTTP_TESTS, "spark", "cluster", "disk"]  # no peer runs these: none started
+# no peer runs these: none is started for them
+MINOU_ONLY = [*HTTP_TESTS, "spark", "cluster", "disk", "recovery"]
 CLUSTER_CHANNELS = [f"q{i}/v1/1" for i in range(8)]  # 8 queues (endpoint/version)
 CLUSTER_SIZES = (1, 2, 3)
 SPARK_ROWS = ["spark_read", "spark_stream", "spark_noop", "spark_rate_noop", "spark_vs_rate",
@@ -132,6 +135,9 @@ ROWS: list[tuple[str, str, str, tuple[str, float] | None]] = [
     ("mem_hwm_mib", "server peak RSS while storing them (MiB)", "lo", None),
     ("mem_disk_mib", "data dir size, MEMN x 100 B stored (MiB)", "lo", None),
     ("mem_restart_mib", "server RSS after a restart with them stored (MiB)", "lo", None),
+    ("rec_first_publish_s", "restart with RECN x 100 B over 30 channels stored: start -> "
+     "first confirmed publish (s, minou only)", "lo", ("<=", 1.0)),
+    ("rec_rss_mib", "... server RSS then (MiB, minou only)", "lo", ("<=", 100)),
     # targets: the small reference queues over HTTP (6-core laptop), see docs/benchmarks.md
     ("http_pub", "HTTP publish 100 B, HTTPC keep-alive (msg/s, minou only)", "hi",
      (">=", 14_000)),
@@ -391,6 +397,10 @@ class Bench:
             if res.get("lat_p99_ms") and res["disk_p99_ms"]:
                 res["lat_disk_p99"] = round(res["lat_p99_ms"] / res["disk_p99_ms"], 2)
                 res["lat_disk_p50_ms"] = round(res["lat_p50_ms"] - res["disk_p50_ms"], 3)
+        elif test == "recovery":
+            if system != "minou":
+                return
+            self.run_recovery(res)
         elif test == "mem":
             self.reset(system, fresh_server=True)
             pid = self.pid(system)
@@ -423,6 +433,37 @@ class Bench:
                 self.admin(system, "reset")
         else:
             raise ValueError(test)
+
+    # ------------------------------------------------------------ recovery
+    def run_recovery(self, res: dict[str, Any]) -> None:
+        """Issue 19 item 6: store ``--rec-n`` x 100 B over 30 channels, restart the
+        broker, and time its start up to the first publish it confirms."""
+        import minou
+
+        a = self.args
+        self.reset("minou", fresh_server=True)
+        channels = [f"rec/v1/{i}" for i in range(30)]
+        per = -(-a.rec_n // a.mem_procs)
+        t0 = time.monotonic()
+        self.clients.run_jobs([dict(self.base("minou"), role="pub", n=per, size=100,
+                                    channels=channels, limit_s=a.rec_limit_s)
+                               for _ in range(a.mem_procs)], timeout=a.rec_limit_s + 120)
+        filled = time.monotonic() - t0
+        self.peers.settle(self.minou.pid)
+        res["rec_stored"] = sum(self.clients.admin(
+            "minou", "depths", url=self.minou.url, ports=self.ports,
+            admin_key=self.minou.admin_key, channels=channels).values())
+        t1 = time.monotonic()
+        self.minou.start(fresh=False)
+        with minou.connect_sync(self.minou.url, client_id="admin",
+                                key=self.minou.admin_key) as c:
+            c.send("rec/v1/0", {"after": "restart"})
+        res["rec_first_publish_s"] = round(time.monotonic() - t1, 2)
+        res["rec_rss_mib"] = self.peers.proc_rss_mib(self.minou.pid)
+        log(f"  minou       recovery    {res['rec_stored']:,} stored over 30 channels (filled "
+            f"in {filled:.1f} s); restart -> first confirmed publish "
+            f"{res['rec_first_publish_s']} s, RSS then {res['rec_rss_mib']} MiB")
+        self.minou.start(fresh=True)  # drop the big data dir now
 
     # ------------------------------------------------------------- test g
     def cluster_jobs(self, role: str, urls: list[str], **kw: Any) -> list[dict[str, Any]]:
@@ -666,7 +707,7 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
         desc = desc.replace("SPARKRATE", f"{int(args.spark_rate):,}")
         desc = desc.replace("RATE", f"{int(args.rate):,}").replace("MEMN", f"{args.mem_n:,}")
         desc = desc.replace("HTTPB", f"{args.http_batch}").replace("PROCS", f"{args.procs}")
-        desc = desc.replace("CLN", f"{args.cluster_n:,}")
+        desc = desc.replace("CLN", f"{args.cluster_n:,}").replace("RECN", f"{args.rec_n:,}")
         desc = desc.replace("HTTPC", f"{args.http_procs} x {args.http_conns} "
                             f"{'conn' if args.http_conns == 1 else 'conns'}"
                             f"{'' if args.http_client == 'raw' else f', {args.http_client}'}")
@@ -864,6 +905,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
+    ap.add_argument("--rec-n", type=int, default=3_000_000,
+                    help="messages stored before the recovery row's restart")
+    ap.add_argument("--rec-limit-s", type=float, default=180.0,
+                    help="how long the recovery row may take to store them, s")
     ap.add_argument("--quiet-load", type=float, default=0.5,
                     help="before each test, wait for the 1-minute load average to drop "
                          "under this; a test that starts above it is marked noisy (*)")
@@ -964,7 +1009,7 @@ def main() -> int:
             log(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             run_loads.append(os.getloadavg())
             for test in tests:
-                if test == "mem" and i >= args.mem_runs:
+                if test in ("mem", "recovery") and i >= args.mem_runs:
                     continue
                 load = wait_quiet(args.quiet_load, args.quiet_wait)
                 if load > args.quiet_load:
