@@ -905,10 +905,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3, help="runs; the table shows medians")
-    ap.add_argument("--rec-n", type=int, default=3_000_000,
-                    help="messages stored before the recovery row's restart")
-    ap.add_argument("--rec-limit-s", type=float, default=180.0,
-                    help="how long the recovery row may take to store them, s")
     ap.add_argument("--quiet-load", type=float, default=0.5,
                     help="before each test, wait for the 1-minute load average to drop "
                          "under this; a test that starts above it is marked noisy (*)")
@@ -916,7 +912,8 @@ def main() -> int:
                     help="how long to wait for --quiet-load before each test, s")
     ap.add_argument("-n", type=int, default=100_000, help="messages per throughput test")
     ap.add_argument("--only", help="tests: a,b,c,d,e,f,g or row keys (pub_100B, con4_p1000, "
-                                   "lat, mem, http_pub, http_con, spark, cluster); default: "
+                                   "lat, disk, mem, recovery, http_pub, http_con, spark, "
+                                   "cluster); default: "
                                    "all but g")
     ap.add_argument("--peers", default=None,
                     help="comma separated: minou-redis (a minou broker on Redis, tests a-c), "
@@ -943,6 +940,10 @@ def main() -> int:
     ap.add_argument("--mem-limit-s", type=float, default=300.0, help="time cap to fill test d")
     ap.add_argument("--mem-runs", type=int, default=1,
                     help="runs that include test d (it is slow and steady)")
+    ap.add_argument("--rec-n", type=int, default=3_000_000,
+                    help="messages stored before the recovery row's restart")
+    ap.add_argument("--rec-limit-s", type=float, default=180.0,
+                    help="how long the recovery row may take to store them, s")
     ap.add_argument("--http-procs", type=int, default=4,
                     help="client processes in the HTTP rows (test e)")
     ap.add_argument("--http-conns", type=int, default=16,
