@@ -19,7 +19,9 @@ from peers import TS, make_body, now_ns
 
 CHANNEL = "bench/v1/q"
 GROUP = "bench_g"
-MINOU_SYSTEMS = ("minou", "minou-redis")  # minou brokers: on SQLite, on Redis
+# minou brokers: on SQLite, on Redis, on SQLite with the bench channel's durability
+# "interval" (issue 19)
+MINOU_SYSTEMS = ("minou", "minou-redis", "minou-interval")
 
 
 _KEY: Any = None
@@ -202,7 +204,7 @@ _JOB: dict[str, Any] = {}  # this worker process's job (one job per process)
 def _make_peer_factory(original):
     def make_peer(name: str):
         # minou-redis: the same client, on the broker that keeps its storage in Redis
-        if name in ("minou", "minou-json", "minou-redis"):
+        if name in ("minou", "minou-json", "minou-redis", "minou-interval"):
             assert _MINOU_URL is not None
             return MinouPeer(_MINOU_URL, json=name == "minou-json",
                              channels=_JOB.get("channels"), group=_JOB.get("group"))

@@ -73,8 +73,11 @@ class MinouBroker:
 
     def __init__(self, workdir: Path, python: str = sys.executable,
                  storage: str = "sqlite", name: str = "minou", port: int = 0,
-                 http_port: int = 0, placement: str = "primary") -> None:
-        """``storage``: "sqlite" (the default: minou.db in the data dir), "redis" (a
+                 http_port: int = 0, placement: str = "primary",
+                 durability: str = "fsync") -> None:
+        """``durability``: the bench channel's (bench/v1: "fsync", the default, or
+        "interval", issue 19). ``storage``: "sqlite" (the default: minou.db in the data
+        dir), "redis" (a
         redis-server started here for this broker, see MinouRedis), or a redis:// URL:
         a Redis shared with other brokers (a cluster, see MinouCluster), which this
         broker neither starts nor stops. ``port`` / ``http_port``: 0 = any free one."""
@@ -87,6 +90,7 @@ class MinouBroker:
         self.http_port = http_port
         self.standby = False  # the last start waited for the standby line, not the banner
         self.placement = placement  # [storage] placement on a shared Redis (docs/cluster.md)
+        self.durability = durability
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -134,10 +138,12 @@ class MinouBroker:
         log = open(self.workdir / f"{self.name}-broker.log", "ab")  # noqa: SIM115 (Popen's)
         # Measured as deployed: authenticated clients (key pairs) under a rule, so the
         # per-message rule check is part of every number.
-        config = self.workdir / "minou-bench.toml"
         spread = '[storage]\nplacement = "spread"\n' if self.placement == "spread" else ""
-        config = self.workdir / f"minou-bench-{self.placement}.toml"
-        config.write_text(spread + '[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
+        channel = (f'[channels."bench/v1"]\ndurability = "{self.durability}"\n'
+                   if self.durability != "fsync" else "")
+        config = self.workdir / f"minou-bench-{self.name}-{self.placement}.toml"
+        config.write_text(spread + channel +
+                          '[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
              "--config", str(config),
@@ -431,7 +437,7 @@ def _pgrep_exact(name: str) -> list[int]:
 def installed_peers() -> list[str]:
     """The systems besides the SQLite broker to measure by default: a minou broker on
     Redis and the peers, each whose server binary is installed."""
-    out = []
+    out = ["minou-interval"]  # the SQLite broker again, its channel "interval"
     if shutil.which("redis-server"):
         out += ["minou-redis", "redis-aof", "redis-mem"]
     if shutil.which("nats-server"):

@@ -50,6 +50,9 @@ rows marked * ("noisy") in the table, with the load averages under it and in the
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
+With the "peer" minou-interval (default) the SQLite broker runs tests a-c again with the
+bench channel's durability "interval" (confirmed once written to the OS, fsync'd within
+50 ms; issue 19: its e2e p99 <= Redis AOF everysec's, printed under the table).
 With the "peer" minou-redis (default when redis-server is installed) a second minou
 broker runs tests a-c with --storage redis://... on a redis-server of its own
 (appendonly yes, appendfsync always; a fresh one before every test), and the table
@@ -102,6 +105,12 @@ REDIS = "minou-redis"
 LARGE = {"pub_64KiB": (64 << 10, 10_000, 64), "pub_1MiB": (1 << 20, 1_000, 8)}
 REDIS_TESTS = [t for t in GROUPS["a"] if t not in LARGE] + GROUPS["b"] + GROUPS["c"]
 REDIS_TARGET = 0.5  # minou-redis / minou on throughput (issue 17: >= 50 % of SQLite's)
+# The SQLite broker again with the bench channel's durability "interval" (confirmed once
+# written to the OS, fsync'd within 50 ms): a column of its own, like a peer. Issue 19's
+# target: its e2e p99 <= 1.0 x Redis AOF everysec's in the same run.
+INTERVAL = "minou-interval"
+INTERVAL_TESTS = GROUPS["a"] + GROUPS["b"] + ["lat"]
+INTERVAL_P99_TARGET = 1.0
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
 # The cluster test (g) starts 8 clusters a run and asks another question (scale over
 # several brokers): only when asked for, so `make bench` keeps its length.
@@ -213,6 +222,11 @@ class Bench:
                     self.workdir, python=sys.executable, storage="redis", name=name)
                 started.append(name)
                 continue
+            if name == INTERVAL:  # started fresh before each test, as the others
+                self.brokers[name] = self.servers.MinouBroker(
+                    self.workdir, python=sys.executable, name=name, durability="interval")
+                started.append(name)
+                continue
             srv = self.servers.PeerServer(name, self.workdir)
             try:
                 srv.start()
@@ -315,6 +329,8 @@ class Bench:
                 f"{f'; {errors} errors' if errors else ''})")
 
         if system == REDIS and test not in REDIS_TESTS:
+            return
+        if system == INTERVAL and test not in INTERVAL_TESTS:
             return
         if test == "cluster":
             if system == "minou":  # its own brokers and Redis; no peer has a cluster here
@@ -738,6 +754,18 @@ def table(med: dict[str, dict[str, Any]], systems: list[str], args: Any,
     return "\n".join(lines)
 
 
+def interval_line(med: dict[str, dict[str, Any]]) -> str | None:
+    """Issue 19 item 2's target, across two columns: minou-interval's e2e p99 against
+    Redis AOF everysec's in the same run."""
+    iv = med.get(INTERVAL, {}).get("lat_p99_ms")
+    redis = med.get("redis-aof", {}).get("lat_p99_ms")
+    if iv is None or not redis:
+        return None
+    share = iv / redis
+    return (f"{INTERVAL} e2e p99 / redis-aof e2e p99 = {share:.2f} (target "
+            f"{verdict(share, ('<=', INTERVAL_P99_TARGET))})")
+
+
 def medians(runs: list[dict[str, dict[str, Any]]], systems: list[str]):
     med: dict[str, dict[str, Any]] = {}
     spread: dict[str, dict[str, tuple[Any, Any]]] = {}
@@ -917,6 +945,8 @@ def main() -> int:
                                    "all but g")
     ap.add_argument("--peers", default=None,
                     help="comma separated: minou-redis (a minou broker on Redis, tests a-c), "
+                         "minou-interval (the SQLite broker, its channel's durability "
+                         "'interval', tests a-c), "
                          "redis-aof,redis-mem,nats-js,rabbitmq; 'none' for the SQLite "
                          "broker alone (default: each whose server binary is installed)")
     ap.add_argument("--limit-s", type=float, default=10.0, help="time cap per throughput test")
@@ -979,8 +1009,9 @@ def main() -> int:
     else:
         wanted = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in wanted:
-        if p not in peers_mod.PEERS and p != REDIS:
-            print(f"unknown peer {p!r} (known: {REDIS}, {', '.join(peers_mod.PEERS)})",
+        if p not in peers_mod.PEERS and p not in (REDIS, INTERVAL):
+            print(f"unknown peer {p!r} (known: {REDIS}, {INTERVAL}, "
+                  f"{', '.join(peers_mod.PEERS)})",
                   file=sys.stderr)
             return 2
 
@@ -1047,8 +1078,13 @@ def main() -> int:
         f"rows, latency at {args.rate:g}/s for {args.duration:g} s; ratio = minou / peer "
         f"(throughput: > 1 is minou faster; latency, memory: < 1 is minou better)"
         + (f"; {REDIS} = a minou broker on Redis (AOF always), {REDIS}/minou its ratio to "
-           f"the SQLite broker" if REDIS in systems else ""))
+           f"the SQLite broker" if REDIS in systems else "")
+        + (f"; {INTERVAL} = the SQLite broker with the bench channel's durability "
+           f"'interval' (fsync within 50 ms)" if INTERVAL in systems else ""))
     log(table(med, systems, args, spread if args.runs > 1 else None, noisy_rows(noisy)))
+    line = interval_line(med)
+    if line:
+        log(line)
     if noisy:
         log("* started at a load average over --quiet-load "
             f"({args.quiet_load:g}) in some run: " + "; ".join(

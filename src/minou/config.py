@@ -39,6 +39,9 @@ _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "dead_letter": (bool, "true or false"),
     "retention": ((int, float), "a number of seconds > 0"),
     "schema": ((dict, str), "a JSON Schema object or a file path"),
+    "durability": (str, "'fsync' or 'interval'"),
+    "sync_interval": ((int, float), "milliseconds, > 0 and <= "
+                      f"{int(limits.MAX_SYNC_INTERVAL_S * 1000)}"),
 }
 
 
@@ -113,6 +116,11 @@ class Settings:
     def schemas(self) -> dict[str, CompiledSchema]:
         return {k: o.schema for k, o in self.channels.items() if o.schema is not None}
 
+    @property
+    def any_interval(self) -> bool:
+        """Whether some channel's durability is "interval"."""
+        return any(o.durability == "interval" for o in self.channels.values())
+
     def channel_options(self, key: str) -> ChannelOptions:
         """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults)."""
         found = self.channels.get(key)
@@ -180,6 +188,12 @@ def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key == "overflow" and value not in ("refuse", "drop_oldest"):
             raise ConfigError(f"{where}.{key}: expected {what}, got {json.dumps(value)}")
+        if key == "durability" and value not in ("fsync", "interval"):
+            raise ConfigError(f"{where}.{key}: expected {what}, got {json.dumps(value)}")
+        if key == "sync_interval":
+            if not 0 < value <= limits.MAX_SYNC_INTERVAL_S * 1000:
+                raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
+            value = value / 1000  # seconds inside
         kwargs[key] = value
     return ChannelOptions(**kwargs)
 

@@ -27,6 +27,10 @@ MAX_PREFETCH = 100_000
 DEFAULT_LEASE_S = 60.0  # an unsettled delivery returns to its queue after this long
 MAX_LEASE_S = 12 * 3600.0
 DEFAULT_REQUEUE_LIMIT = 10  # then the message goes to _dead/<channel>
+# durability = "interval" (issue 19): confirmed once written to the OS, made durable on
+# the disk (fsync) at most this long after (Redis's appendfsync everysec, NATS's sync)
+DEFAULT_SYNC_INTERVAL_S = 0.05
+MAX_SYNC_INTERVAL_S = 10.0  # longer would leave minutes of confirms to a power cut
 DEFAULT_DEDUP_WINDOW_S = 120.0  # SPEC §1: "default 2 minutes"
 # Dedup keys held in memory (core/dedup.py: ~37 bytes each, ~48 in RSS; 2 million stay
 # under 100 MB). That is a full default window (120 s) up to ~16,000 keyed publishes a

@@ -8,7 +8,7 @@ from minou.core.broker import Session
 from minou.core.log import ChannelOptions
 from minou.core.writes import WriteBatch
 
-from .helpers import Harness, seqs
+from .helpers import Harness, send, seqs
 
 CH = "orders/v1/1"
 
@@ -88,3 +88,53 @@ def test_settled_messages_of_a_channel_without_retention_go_at_once_whatever_cam
     h.ack(s, got[kept])
     h.ack(s, got[plain])
     assert h.commit().truncates == {CH: 3}
+
+
+def interval_harness() -> Harness:
+    """metrics/v1 has durability "interval" (20 ms), everything else the default fsync."""
+    def options(key: str) -> ChannelOptions:
+        if key == "metrics/v1":
+            return ChannelOptions(durability="interval", sync_interval=0.02)
+        if key == "slow/v1":
+            return ChannelOptions(durability="interval", sync_interval=0.5)
+        return ChannelOptions()
+    h = Harness(channel_options=options)
+    h.broker.any_interval = True
+    return h
+
+
+def test_a_batch_of_interval_channels_alone_may_be_synced_later() -> None:
+    h = interval_harness()
+    h.publish(send("metrics/v1/a", 1), send("metrics/v1/a", 2), commit=False)
+    assert h.commit().sync_within == 0.02
+    h.publish(send("metrics/v1/a", 3), commit=False)
+    h.publish(send("slow/v1/x", 1), commit=False)
+    assert h.commit().sync_within == 0.02  # the shortest interval of its channels
+
+
+def test_one_fsync_channel_or_a_registry_write_makes_the_whole_batch_fsync() -> None:
+    h = interval_harness()
+    h.publish(send("metrics/v1/a", 1), commit=False)
+    h.publish(send(CH, 1), commit=False)
+    assert h.commit().sync_within is None
+    h.publish(send("metrics/v1/a", 2), commit=False)
+    h.broker.batch.meta["k"] = "v"  # state outside any channel: always fsync'd
+    assert h.commit().sync_within is None
+
+
+def test_acks_on_an_interval_channel_follow_its_durability() -> None:
+    h = interval_harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns="metrics/v1/a", group="g", prefetch=10)
+    h.publish_values("metrics/v1/a", [1, 2])
+    h.ack(s, h.take(sub))
+    batch = h.commit()
+    assert batch.group_states and not batch.messages
+    assert batch.sync_within == 0.02
+
+
+def test_without_an_interval_channel_in_the_config_nothing_is_looked_at() -> None:
+    h = interval_harness()
+    h.broker.any_interval = False
+    h.publish(send("metrics/v1/a", 1), commit=False)
+    assert h.commit().sync_within is None

@@ -922,16 +922,19 @@ def test_queue_stats_ages_are_rounded_to_milliseconds_and_counts_sum_every_chann
 def test_queue_stats_show_every_option_of_the_queue() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(
         prefetch=3, ttl=60.0, max_items=10, overflow="drop_oldest", requeue_limit=4,
-        dead_letter=False, retention=30.0))
+        dead_letter=False, retention=30.0, durability="interval", sync_interval=0.025))
     h.publish_values(CH, [1])
     want = {"prefetch": 3, "ttl": 60.0, "max_items": 10, "overflow": "drop_oldest",
-            "requeue_limit": 4, "dead_letter": False, "retention": 30.0, "schema": None}
+            "requeue_limit": 4, "dead_letter": False, "retention": 30.0, "schema": None,
+            "durability": "interval", "sync_interval_ms": 25.0}
     assert mt.queue_stats(h.broker, Q, now=h.now)["options"] == want
     assert mt.queue_stats(h.broker, "_dead/" + Q, now=h.now)["options"] == want
     h.broker.options_for = lambda key: ChannelOptions(prefetch=9)  # a reload
     for log in h.broker.channels.values():
         log.options = h.broker.options(log.name)
-    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["prefetch"] == 9
+    options = mt.queue_stats(h.broker, Q, now=h.now)["options"]
+    assert (options["prefetch"], options["durability"], options["sync_interval_ms"]) == (
+        9, "fsync", None)
 
 
 def test_oldest_waiting_is_none_when_the_group_has_everything_out() -> None:

@@ -140,3 +140,38 @@ def test_a_group_stored_with_its_start_by_an_older_version_loads_and_saves_again
         assert st.open(NOW).groups == [GroupDef("consume:g", "consume", ("orders/v1/*", CH2))]
     finally:
         st.close()
+
+
+def test_interval_commits_are_unsynced_until_a_sync_or_the_next_fsync_commit(
+        tmp_path: Path) -> None:
+    store = SQLiteStorage(tmp_path)
+    store.open(0.0)
+    assert not store.unsynced()
+    store.apply(batch_of(msg("m/v1/a", 1), sync_within=0.05))
+    store.apply(batch_of(msg("m/v1/a", 2), sync_within=0.05))
+    assert store.unsynced()
+    store.sync()
+    assert not store.unsynced()
+    store.sync()  # nothing to do: no error
+    store.apply(batch_of(msg("m/v1/a", 3), sync_within=0.05))
+    assert store.unsynced()
+    store.apply(batch_of(msg("o/v1/a", 1)))  # synchronous=FULL: the WAL is synced through
+    assert not store.unsynced()
+    store.close()
+    reopened = SQLiteStorage(tmp_path)
+    snap = reopened.open(0.0)
+    assert {c.name: c.count for c in snap.channels} == {"m/v1/a": 3, "o/v1/a": 1}
+    assert [m.seq for m in reopened.read_range("m/v1/a", 1, 10, 10)] == [1, 2, 3]
+    reopened.close()
+
+
+def test_the_synchronous_mode_follows_each_batch(tmp_path: Path) -> None:
+    store = SQLiteStorage(tmp_path)
+    store.open(0.0)
+    mode = lambda: store._db().execute("PRAGMA synchronous").fetchone()[0]  # noqa: E731
+    assert mode() == 2  # FULL
+    store.apply(batch_of(msg("m/v1/a", 1), sync_within=0.05))
+    assert mode() == 1  # NORMAL
+    store.apply(batch_of(msg("m/v1/a", 2)))
+    assert mode() == 2
+    store.close()

@@ -46,6 +46,12 @@ def test_flags_override_the_file(tmp_path):
         ("websocket_heartbeat = 0", "websocket_heartbeat: expected a number of seconds > 0"),
         ('websocket_heartbeat = "5s"', "websocket_heartbeat: expected a number of seconds"),
         ("max_dedup_keys = 0", "max_dedup_keys: expected an integer >= 1"),
+        ('[channels."orders/v1"]\ndurability = "never"',
+         "channels.\"orders/v1\".durability: expected 'fsync' or 'interval', got \"never\""),
+        ('[channels."orders/v1"]\nsync_interval = 0',
+         'channels."orders/v1".sync_interval: expected milliseconds, > 0 and <= 10000, got 0'),
+        ('[channels."orders/v1"]\nsync_interval = 10001', "sync_interval: expected"),
+        ('[channels."orders/v1"]\nsync_interval = "50ms"', "sync_interval: expected"),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text, message):
@@ -395,3 +401,16 @@ def test_a_cluster_url_names_its_nodes_and_only_database_0():
         parse_url("redis+cluster://h1:7000/3")
     with pytest.raises(ConfigError, match="Redis Cluster node 'h1:x' has a bad port"):
         parse_url("redis+cluster://h1:x")
+
+
+def test_interval_durability_is_per_channel_version_in_milliseconds(tmp_path):
+    cfg = tmp_path / "minou.toml"
+    cfg.write_text('[channels."metrics/v1"]\ndurability = "interval"\nsync_interval = 20\n'
+                   '[channels."orders/v1"]\nprefetch = 5\n')
+    settings = load_settings(cfg)
+    metrics = settings.channel_options("metrics/v1")
+    assert (metrics.durability, metrics.sync_interval) == ("interval", 0.02)
+    assert settings.channel_options("orders/v1").durability == "fsync"  # the default
+    assert settings.any_interval
+    cfg.write_text('[channels."orders/v1"]\nprefetch = 5\n')
+    assert not load_settings(cfg).any_interval

@@ -100,6 +100,7 @@ class Broker:
     options_for = _Shared[Callable[[str], ChannelOptions]]()
     rules = _Shared[Rules]()
     strict_schemas = _Shared[bool]()
+    any_interval = _Shared[bool]()
     storage_refusal = _Shared["RequestError | None"]()
     channels = _Shared[dict[str, ChannelLog]]()
     groups = _Shared[dict[str, Group]]()

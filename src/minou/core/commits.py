@@ -55,7 +55,25 @@ class Commits:
         state.batch = WriteBatch()
         state.taken += 1
         batch.number = state.taken
+        batch.sync_within = self.sync_within(batch)
         return batch
+
+    def sync_within(self, batch: WriteBatch) -> float | None:
+        """How long the fsync of ``batch`` may wait after its commit: None (at once,
+        before anything waiting for it is answered) unless every channel it writes to
+        has durability "interval" and it writes nothing outside channels; then the
+        shortest ``sync_interval`` among them."""
+        if not self.state.any_interval or batch.registry_writes:
+            return None
+        within = None
+        channels = self.state.channels
+        for name in batch.channel_names():
+            log = channels.get(name)
+            opts = log.options if log is not None else self.state.options(name)
+            if opts.durability != "interval":
+                return None
+            within = opts.sync_interval if within is None else min(within, opts.sync_interval)
+        return within
 
     def on_committed(self, batch: WriteBatch, now: float) -> None:
         """The batch is durable: make its messages visible."""

@@ -17,6 +17,7 @@ import msgspec
 from ..limits import (
     DEFAULT_PREFETCH,
     DEFAULT_REQUEUE_LIMIT,
+    DEFAULT_SYNC_INTERVAL_S,
 )
 
 
@@ -76,6 +77,11 @@ class ChannelOptions:
     dead_letter: bool = True
     retention: float | None = None  # seconds to keep settled messages for replay
     schema: Any = None  # minou.schemas.CompiledSchema: payloads are validated before storing
+    # "fsync": a publish is confirmed once on the disk; "interval": once written to the
+    # OS (a kill -9 loses nothing), on the disk within ``sync_interval`` seconds (a power
+    # cut may lose that much). SQLite only: Redis follows its own appendfsync.
+    durability: str = "fsync"
+    sync_interval: float = DEFAULT_SYNC_INTERVAL_S
 
 
 @dataclass(eq=False)

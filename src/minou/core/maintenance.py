@@ -185,7 +185,10 @@ def _options(core: Broker, queue: str) -> dict[str, Any]:
     return {"prefetch": opts.prefetch, "ttl": opts.ttl, "max_items": opts.max_items,
             "overflow": opts.overflow, "requeue_limit": opts.requeue_limit,
             "dead_letter": opts.dead_letter, "retention": opts.retention,
-            "schema": opts.schema.key if opts.schema is not None else None}
+            "schema": opts.schema.key if opts.schema is not None else None,
+            "durability": opts.durability,
+            "sync_interval_ms": round(opts.sync_interval * 1000, 3)
+            if opts.durability == "interval" else None}
 
 
 def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) -> int | None:

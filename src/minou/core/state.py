@@ -48,6 +48,9 @@ class BrokerState:
         self.cache_budget = cache_budget
         self.rules = Rules.parse(None)
         self.strict_schemas = False  # pragma: no mutate  (falsy either way)
+        # Some channel's durability is "interval" (the adapter sets it from the config):
+        # only then are a batch's channels looked at for how soon it must be fsync'd.
+        self.any_interval = False
         # Set by the adapter while storage is full: every publish is refused with it.
         self.storage_refusal: RequestError | None = None
         # Queues spread over brokers: whether this broker serves a channel's queue (a

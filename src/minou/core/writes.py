@@ -58,6 +58,30 @@ class WriteBatch:
     sequenced: list[tuple[Any, int]] = field(default_factory=list)
     bytes: int = 0
     number: int = 0  # set when the writer takes it: commits are numbered in order
+    # Set when the writer takes it: None, the batch is on the disk before anything
+    # waiting for it is answered (fsync); else every channel it writes to has
+    # durability "interval" and its fsync may come this many seconds after.
+    sync_within: float | None = None
+
+    @property
+    def registry_writes(self) -> bool:
+        """Whether it writes state that belongs to no channel (identities, fences,
+        transactions, group definitions): always made durable before the answer."""
+        return bool(
+            self.group_defs or self.clients or self.credentials or self.reservations
+            or self.fences or self.writers or self.dropped_fences or self.meta
+            or self.used_tokens or self.staged or self.unstaged or self.txn_done)
+
+    def channel_names(self) -> set[str]:
+        """Every channel this batch writes something of."""
+        names = {m.channel for m in self.messages}
+        names.update(c for c, _ in self.deletes)
+        names.update(self.truncates)
+        names.update(self.channels)
+        names.update(c for _, c in self.group_states)
+        names.update(d[0] for d in self.dedup)
+        names.update(k[2] for k in self.producers)
+        return names
 
     def __bool__(self) -> bool:
         return self.writes or bool(self.on_commit)

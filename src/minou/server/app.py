@@ -58,7 +58,7 @@ from ..limits import (
     SWEEP_INTERVAL_S,
 )
 from ..protocol import frames as f
-from ..storage.base import Housekeeping, Storage
+from ..storage.base import Housekeeping, Storage, Syncing
 from ..storage.factory import open_storage
 from . import oplog
 from .admission import Admission, raise_descriptor_limit
@@ -68,6 +68,7 @@ from .datadir import DataDirLocks
 from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
 from .oplog import watch_handshakes
+from .syncer import IntervalSync
 from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ class BrokerServer:
         )
         self.core.rules = settings.rules
         self.core.strict_schemas = settings.strict_schemas
+        self.core.any_interval = settings.any_interval
         self.core.dedup.max_keys = settings.max_dedup_keys
         self.registry = Registry()
         self.credentials = Credentials()
@@ -224,6 +226,7 @@ class BrokerServer:
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
+        self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
         # Every door's commands, commits, answers and deliveries (engine.py: no I/O; this
         # server is its Host: the writer thread, the reader thread, the loop's timers).
         self.engine = Engine(
@@ -319,6 +322,8 @@ class BrokerServer:
         ``start`` does before it accepts connections, and all an in-process test or a
         simulator needs (connections are then made over their own transports)."""
         self.loop = asyncio.get_running_loop()
+        if isinstance(self.storage, Syncing):
+            self.syncer = IntervalSync(self.storage, self.loop, self._sync_failed)
         now = time.time()
         opening = self.storage.open_shared if self.spread is not None else self.storage.open
         snap = await self.loop.run_in_executor(self._writer_pool, opening, now)
@@ -390,12 +395,17 @@ class BrokerServer:
         if self.primary is not None:
             await self.primary.release()
         if lost:  # a commit may be stuck in a partition: not waited for (run_broker)
+            if self.syncer is not None:
+                self.syncer.abandon()
             for pool in (self._writer_pool, self._reader_pool, self._house_pool):
                 pool.shutdown(wait=False, cancel_futures=True)
             self._dir_lock.release()
             log.info("stopped on %s: %d connection(s) closed; nothing more is written",
                      self.stop_reason, closed)
             return
+        if self.syncer is not None:
+            with contextlib.suppress(OSError):  # logged; the exit status says it
+                await self.syncer.close()
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
@@ -650,6 +660,7 @@ class BrokerServer:
             log_.options = core.options(name)
         core.rules = new.rules
         core.strict_schemas = new.strict_schemas
+        core.any_interval = new.any_interval
         core.max_message_size = new.max_message_size
         core.dedup_window = new.dedup_window
         core.dedup.max_keys = new.max_dedup_keys
@@ -773,7 +784,24 @@ class BrokerServer:
         self.commits += 1
         self.messages_committed += len(batch.messages)
         self._last_commit_at = time.time()
+        if batch.sync_within is not None and self.syncer is not None:
+            self.syncer.committed(batch.sync_within)
         self.engine.committed(batch)
+
+    def _sync_status(self) -> dict[str, Any]:
+        """The fsyncs after "interval" commits (none when every channel is "fsync")."""
+        sync = self.syncer
+        if sync is None:
+            return {}
+        return {"syncs": sync.syncs, "sync_seconds": round(sync.sync_seconds, 3),
+                "syncs_late": sync.late}
+
+    def _sync_failed(self, exc: BaseException) -> None:
+        """The fsync after "interval" commits failed: what they wrote may not be on the
+        disk, and retrying would not tell. Stop, as for any other storage failure."""
+        self.exit_status = 1
+        self.stop_reason = self.stop_reason or f"storage failure (fsync: {exc})"
+        self.request_stop()
 
     # ----------------------------------------------------------- full disk
     # A commit that fails wrote nothing (SQLite rolled it back). A full disk or quota
@@ -1023,10 +1051,11 @@ class BrokerServer:
             self._dedup_warned = (now, dedup.evicted)
 
     def _maybe_checkpoint(self, now: float) -> None:
-        """Keep the WAL near its threshold: checked every tick (0.25 s); past half of it,
-        or when idle, a passive checkpoint and a TRUNCATE one (so the file's size is
-        what was written since the last one: the measure stays true under steady
-        writes). Checkpoints compete with commits for the disk: one at a time."""
+        """Keep the WAL near its threshold: checked every tick (0.25 s); past half of it
+        a passive checkpoint and a RESTART one (the file is written over from its start:
+        it stops growing; once past half, every tick checkpoints what came since), and
+        when idle a TRUNCATE one (the file is cut: the disk given back while no commit
+        waits for it). Checkpoints compete with commits for the disk: one at a time."""
         if not isinstance(self.storage, Housekeeping):
             return
         if self._checkpoint is not None and not self._checkpoint.done():
@@ -1038,7 +1067,7 @@ class BrokerServer:
         if idle or wal > self.settings.storage_wal_checkpoint // 2:
             assert self.loop is not None
             self._checkpoint = self.loop.run_in_executor(
-                self._house_pool, self.storage.checkpoint, True)
+                self._house_pool, self.storage.checkpoint, idle)
 
     def note_unsent(self, conn: NativeConnection, buffered: int) -> bool:
         """A delivery write left ``buffered`` bytes unsent on ``conn``: whether it must
@@ -1154,6 +1183,7 @@ class BrokerServer:
             "dead_connections": self.dead_connections,
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": self.commit_seconds_total,
+                        **self._sync_status(),
                         "full": int(self.storage_full is not None),
                         "unavailable": int(self.storage_down is not None),
                         "unavailable_commits": self.storage_down_commits},
@@ -1343,6 +1373,7 @@ class BrokerServer:
             "storage": {"backend": self.storage.backend, "path": self.storage.path,
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": round(self.commit_seconds_total, 3),
+                        **self._sync_status(),
                         "max_size": self.storage.max_size,
                         "full": self.storage_full.message if self.storage_full else None,
                         "full_commits": self.storage_full_commits,

@@ -343,6 +343,11 @@ class Metrics:
         yield CounterMetricFamily("minou_storage_commit_seconds",
                                   "Seconds spent in storage commits.",
                                   num(storage, "commit_seconds"))
+        yield CounterMetricFamily("minou_storage_syncs", "fsyncs made after commits of "
+                                  'channels with durability "interval".', num(storage, "syncs"))
+        yield CounterMetricFamily("minou_storage_syncs_late", 'fsyncs of "interval" commits '
+                                  "that began more than 5 ms past their sync_interval.",
+                                  num(storage, "syncs_late"))
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))

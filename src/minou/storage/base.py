@@ -13,7 +13,7 @@ from ..core.log import Msg
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 
-__all__ = ["ChannelRecord", "Housekeeping", "Snapshot", "Storage"]
+__all__ = ["ChannelRecord", "Housekeeping", "Snapshot", "Storage", "Syncing"]
 
 
 class Storage(Protocol):
@@ -56,7 +56,24 @@ class Housekeeping(Protocol):
     background (SQLite). The server runs it beside the writer when it is there."""
 
     def checkpoint(self, truncate: bool = False) -> None:
-        """Housekeeping the writer should not wait for (SQLite: WAL checkpoint)."""
+        """Housekeeping the writer should not wait for (SQLite: WAL checkpoint);
+        ``truncate``: the broker is idle, give the disk back too."""
 
     def wal_bytes(self) -> int:
         """Bytes waiting in the write-ahead log."""
+
+
+@runtime_checkable
+class Syncing(Protocol):
+    """An optional capability: a backend that can commit a batch whose ``sync_within``
+    is set (every channel it writes has durability "interval") to the OS only, and make
+    it durable on the disk later, in one go with every such commit before it (SQLite).
+    A backend without it makes every batch durable in ``apply``."""
+
+    def sync(self) -> None:
+        """Make every commit ``apply`` returned from so far durable on the disk (called
+        from a thread of its own, beside the writer). Raises OSError if the disk
+        failed: what was written may be lost, the broker must stop."""
+
+    def unsynced(self) -> bool:
+        """Whether some commit is on the OS but not yet known to be on the disk."""

@@ -36,6 +36,7 @@ const OPTIONS = [
   ["dead_letter", "Dead letter", (v) => (v == null ? DASH : v ? "yes" : "no (dropped)")],
   ["retention", "Retention", (v) => (v == null ? "none" : fmtDuration(v))],
   ["schema", "Schema", (v) => v ?? "none"],
+  ["durability", "Durability", (v, o) => (v === "interval" ? `interval (fsync within ${fmtInt(o.sync_interval_ms)} ms)` : v ?? DASH)],
 ];
 
 /** A payload as text: JSON pretty-printed, raw bytes as "N raw bytes" + base64. */
@@ -374,7 +375,7 @@ export function mount(view, params, ctx) {
     setText(sConsumers.value, String(d.consumers ?? 0));
     setText(sListeners.value, String(d.listeners ?? 0));
     setText(sPublished.value, String(d.published ?? 0));
-    for (const [key, , fmt] of OPTIONS) setText(optionEls[key], fmt(d.options ? d.options[key] : null));
+    for (const [key, , fmt] of OPTIONS) setText(optionEls[key], fmt(d.options ? d.options[key] : null, d.options || {}));
 
     // dead letters: the depth of _dead/<queue> (0 when it does not exist)
     const queues = listRes.value.queues || [];
