@@ -42,7 +42,8 @@ class Dispatcher:
         """Deliver what ``grp`` can; True while it still has both ready work and credit."""
         ready = grp.ready
         while ready:
-            if grp.member_for() is None:
+            found = grp.member_for()
+            if found is None:
                 # Members that only hit their burst limit get more in the next round.
                 return any(m.burst and m.active and not m.paused
                            and m.prefetch > m.unsettled for m in grp.members)
@@ -67,10 +68,11 @@ class Dispatcher:
                 continue
             del ready[gc]
             ready[gc] = None  # rotate: the group's channels take turns
-            # A message that came back from a member goes to another one with credit.
-            found = grp.member_for(gc.returned_from.pop(msg.seq, 0) if gc.returned_from
-                                   else 0)
-            assert found is not None  # checked above; nothing since took credit away
+            # A message that came back from a member goes to another one with credit
+            # (``found`` above is still the turn's member: nothing since took credit).
+            if gc.returned_from:
+                found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
+                assert found is not None  # checked above; nothing since took credit away
             sub, idx = found
             grp.took(idx)
             out.setdefault(sub, []).append(self._deliver(sub, gc, msg, now))

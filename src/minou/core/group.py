@@ -326,6 +326,12 @@ class Group:
         deliver must not use up members' turns."""
         members = self.members
         n = len(members)
+        if not n:
+            return None
+        first = self.rr % n  # the turn's member, most often the one (one per delivery)
+        sub = members[first]
+        if sub.credit > 0 and not (avoid and id(sub) == avoid):
+            return sub, first
         fallback: tuple[Subscription, int] | None = None
         for i in range(n):
             idx = (self.rr + i) % n
