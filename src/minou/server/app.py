@@ -26,6 +26,7 @@ from .. import __version__
 from ..auth import keys as keyfiles
 from ..auth.credentials import Credentials, decode_credential, encode_credential
 from ..auth.registry import ClientRecord, Identity, Registry, decode_record, encode_record
+from ..auth.rules import ALLOW_ALL
 from ..config import Settings
 from ..core.broker import Broker, Session
 from ..core.log import Msg
@@ -246,9 +247,12 @@ class BrokerServer:
     @property
     def spread(self) -> SpreadRole | None:
         """This broker's part when the queues are spread over several brokers."""
+        primary = self.primary
+        if primary is None:  # asked on every HTTP publish: no import machinery then
+            return None
         from .spread import SpreadRole
 
-        return self.primary if isinstance(self.primary, SpreadRole) else None
+        return primary if isinstance(primary, SpreadRole) else None
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -600,8 +604,6 @@ class BrokerServer:
             self.engine.commit()
 
     def access_for(self, identity: Identity) -> Any:
-        from ..auth.rules import ALLOW_ALL
-
         return ALLOW_ALL if identity.admin else self.settings.rules.for_client(identity.client_id)
 
     def open_session(self, identity: Identity, conn: NativeConnection) -> Session:
