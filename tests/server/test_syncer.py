@@ -18,6 +18,12 @@ def _store(tmp_path: Path) -> SQLiteStorage:
     return store
 
 
+async def _seconds_until_synced(store: SQLiteStorage, since: float) -> float:
+    while store.unsynced():
+        await asyncio.sleep(0.002)
+    return time.monotonic() - since
+
+
 def test_an_interval_commit_is_synced_within_its_interval_with_those_after_it(
         tmp_path: Path) -> None:
     store = _store(tmp_path)
@@ -31,9 +37,7 @@ def test_an_interval_commit_is_synced_within_its_interval_with_those_after_it(
         store.apply(batch_of(msg("m/v1/a", 2), sync_within=0.05))
         sync.committed(0.05)  # armed already, sooner: it goes with the first
         assert store.unsynced()
-        while store.unsynced():
-            await asyncio.sleep(0.002)
-        took = time.monotonic() - t0
+        took = await _seconds_until_synced(store, t0)
         await asyncio.sleep(0.1)
         await sync.close()
         assert not failures
@@ -55,9 +59,7 @@ def test_a_shorter_interval_brings_the_armed_sync_forward(tmp_path: Path) -> Non
         sync.committed(5.0)
         store.apply(batch_of(msg("fast/v1/a", 1), sync_within=0.02))
         sync.committed(0.02)
-        while store.unsynced():
-            await asyncio.sleep(0.002)
-        took = time.monotonic() - t0
+        took = await _seconds_until_synced(store, t0)
         await sync.close()
         return took
 
