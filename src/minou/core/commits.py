@@ -65,15 +65,15 @@ class Commits:
         shortest ``sync_interval`` among them."""
         if not self.state.any_interval or batch.registry_writes:
             return None
-        within = None
+        intervals = []
         channels = self.state.channels
         for name in batch.channel_names():
             log = channels.get(name)
             opts = log.options if log is not None else self.state.options(name)
             if opts.durability != "interval":
                 return None
-            within = opts.sync_interval if within is None else min(within, opts.sync_interval)
-        return within
+            intervals.append(opts.sync_interval)
+        return min(intervals) if intervals else None
 
     def on_committed(self, batch: WriteBatch, now: float) -> None:
         """The batch is durable: make its messages visible."""
