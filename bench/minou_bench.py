@@ -890,6 +890,25 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def git_head() -> str | None:
+    """The commit the measured source comes from, "+dirty" when src/ differs from it
+    (None outside a git checkout): docs/benchmarks.md quotes it beside each table."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src"],
+                               capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def dated_heading(command: str, head: str | None) -> str:
+    """What goes above a run's table in docs/benchmarks.md ("one table per date")."""
+    return (f"### {time.strftime('%Y-%m-%d')}, HEAD {head or 'unknown'}\n\n"
+            f"`{command}`")
+
+
 def snapshot_src(workdir: Path) -> dict[str, Any]:
     """Copy src/minou into the work dir and put it first on the import path of the
     broker and of every worker, so one run measures one version of the code even
@@ -901,7 +920,7 @@ def snapshot_src(workdir: Path) -> dict[str, Any]:
     for f in sorted((dest / "minou").rglob("*")):
         if f.is_file():
             digest.update(str(f.relative_to(dest)).encode() + b"\0" + f.read_bytes())
-    info = {"snapshot": str(dest), "sha256": digest.hexdigest()[:16]}
+    info = {"snapshot": str(dest), "sha256": digest.hexdigest()[:16], "head": git_head()}
     spark_src = REPO / "src" / "pyspark_minou"  # the connector test f runs (the Spark workers)
     if spark_src.is_dir():
         shutil.copytree(spark_src, dest / "pyspark_minou",
@@ -1026,7 +1045,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     workdir = Path(tempfile.mkdtemp(prefix="minou-bench-"))
-    src_info = snapshot_src(workdir) if not args.live_src else {"snapshot": None}
+    src_info = snapshot_src(workdir) if not args.live_src else {"snapshot": None,
+                                                                   "head": git_head()}
     versions_at_start = versions(peers_mod)  # git describe of the tree that was copied
     bench = Bench(args, peers_mod, clients, servers, workdir)
     log(f"minou bench: tests {', '.join(tests)}; {args.runs} run(s); work dir {workdir}; "
@@ -1087,6 +1107,10 @@ def main() -> int:
            f"the SQLite broker" if REDIS in systems else "")
         + (f"; {INTERVAL} = the SQLite broker with the bench channel's durability "
            f"'interval' (fsync within 50 ms)" if INTERVAL in systems else ""))
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    log("")
+    log(dated_heading(command, src_info.get("head")))
+    log("")
     log(table(med, systems, args, spread if args.runs > 1 else None, noisy_rows(noisy)))
     line = interval_line(med)
     if line:
@@ -1119,7 +1143,7 @@ def main() -> int:
     doc = {
         "meta": {
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "command": command,
             "machine": machine(),
             "versions": versions_at_start,
             "minou_src": src_info,
