@@ -4,7 +4,7 @@ process during a publish or a consume+ack workload (the same client code as
 bench/minou_bench.py), and prints function-level hotspots per process and thread.
 
   .venv/bin/pip install py-spy
-  .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,con] [--seconds 8]
+  .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,pub1m,con] [--seconds 8]
   .venv/bin/python bench/profile_minou.py --storage redis   (a broker on Redis)
 
 With ``--storage redis`` the broker runs on a redis-server started here (AOF
@@ -50,7 +50,9 @@ async def _client(role: str, url: str, seconds: float, size: int) -> None:
     await asyncio.sleep(1.0)  # let py-spy attach
     t0 = time.monotonic()
     if role == "pub":
-        count, _ = await peer.publish(10**9, size, 1000, t0 + seconds)
+        # the windows of test a's rows: 1000, 64 for 64 KiB, 8 for 1 MiB
+        window = 8 if size >= 1 << 20 else 64 if size >= 1 << 16 else 1000
+        count, _ = await peer.publish(10**9, size, window, t0 + seconds)
         dt = time.monotonic() - t0
     else:
         count, last = await peer.consume(10**9, 1000, t0 + seconds, 2.0, "c0")
@@ -216,7 +218,8 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
     report = []
     try:
         url = broker.start()
-        role, size = {"pub": ("pub", 100), "pub1k": ("pub", 1024), "con": ("con", 100)}[name]
+        role, size = {"pub": ("pub", 100), "pub1k": ("pub", 1024), "pub1m": ("pub", 1 << 20),
+                      "con": ("con", 100)}[name]
         if role == "con":
             n = args.prefill
             jobs = [dict(peer="minou", url=url, role="pub", n=n // 2, size=100, window=1000,
