@@ -194,3 +194,17 @@ def test_a_delivery_carries_what_the_publisher_set_and_counts() -> None:
     assert latency.seen == [2.0, 2.0]  # a redelivery is not a first delivery
     stats = h.broker.group_stats(sub.group, h.now)
     assert (stats["delivered"], stats["in_flight"]) == (3, 2)
+
+
+def test_a_message_back_from_the_member_whose_turn_it_is_goes_to_the_next_in_turn() -> None:
+    """Three members took one message each, so the turn is back at the first; it returns
+    its message, which then goes to the member after it in the round (the second), not
+    to whichever member with credit the round ends on."""
+    h = Harness()
+    members = [h.subscribe(Session(n), patterns=CH, group="g", prefetch=10) for n in "abc"]
+    h.publish_values(CH, ["m1", "m2", "m3"])
+    first = h.pump()
+    assert [payloads(first[s]) for s in members] == [["m1"], ["m2"], ["m3"]]
+    assert h.nack(members[0].session, first[members[0]]) == []
+    again = h.pump()
+    assert list(again) == [members[1]] and payloads(again[members[1]]) == ["m1"]

@@ -301,3 +301,32 @@ def test_invalid_patterns_are_refused_without_side_effects() -> None:
     with pytest.raises(InvalidChannel):
         h.broker.add_pattern(s, 1, "orders//*", h.now)
     assert [p.text for p in h.broker.groups["consume:g"].patterns] == ["orders/v1/a"]
+
+
+def _trimmed(h: Harness, channel: str, values: list[object]) -> None:
+    """``values`` published to ``channel``, their bodies then dropped from memory (as
+    the cache budget does): a reader needs a load from storage to get them."""
+    h.publish_values(channel, values)
+    budget, h.broker.cache_budget = h.broker.cache_budget, 0
+    h.broker.trim_cache()
+    h.broker.cache_budget = budget
+
+
+def test_two_groups_waiting_for_the_same_page_cause_one_load() -> None:
+    h = Harness()
+    _trimmed(h, "jobs/v1/1", [1, 2])
+    for name in ("g1", "g2"):
+        h.subscribe(Session(name), patterns="jobs/v1/1", group=name, prefetch=10)
+    out, loads = h.broker.pump(h.now)
+    assert out == {}
+    assert [(need.log.name, need.seq) for need in loads] == [("jobs/v1/1", 1)]
+
+
+def test_a_channel_waiting_for_its_load_holds_up_none_of_the_groups_other_channels() -> None:
+    h = Harness()
+    _trimmed(h, "jobs/v1/a", ["on disk"])
+    h.publish_values("jobs/v1/b", ["in memory"])
+    sub = h.subscribe(Session("c"), patterns="jobs/v1/*", group="g", prefetch=10)
+    out, loads = h.broker.pump(h.now)
+    assert [need.log.name for need in loads] == ["jobs/v1/a"]
+    assert payloads(out[sub]) == ["in memory"]  # in the same round, not after the load
