@@ -26,14 +26,21 @@ class Receipt(msgspec.Struct, frozen=True, gc=False):
     fanout: int = 1
 
 
+# Storage refusals that leave a settlement undone for now, not wrong: a full disk, or a
+# Redis that fails over (a replica short, the primary gone). The delivery stays out
+# and comes again, as after a lost connection; raising would end a consumer's loop over
+# what the broker rides out by itself.
+_NOT_DURABLE = frozenset({ErrorCode.STORAGE_FULL, ErrorCode.STORAGE_UNAVAILABLE})
+
+
 class Settlement:
     """Awaitable result of ack/nack: resolves once the broker has made it durable.
 
     Not awaiting it is fine (fire and forget). Awaiting returns True once the
     broker has made it durable, False if it was not (the connection was lost
-    first, or the broker's storage is full: the message may come again), and
-    raises UnknownDelivery if the broker refused the tag (stale lease, already
-    settled).
+    first, or the broker's storage is full or unreachable for the moment: the
+    message may come again), and raises UnknownDelivery if the broker refused the
+    tag (stale lease, already settled).
     """
 
     __slots__ = ("_fut", "_tag")
@@ -54,7 +61,7 @@ class Settlement:
             return False  # the connection was lost before the broker answered
         for tag, code, text in failed:
             if tag == self._tag:
-                if code == ErrorCode.STORAGE_FULL:
+                if code in _NOT_DURABLE:
                     return False  # not durable: the broker may deliver it again
                 raise error_from_code(code, text, {"tag": tag})
         return True
