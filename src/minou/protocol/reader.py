@@ -64,12 +64,15 @@ class FrameReader:
         if len(buf) < end:
             self._compact()
             return None
-        body = bytes(memoryview(buf)[pos + HEADER_SIZE : end])
         self._pos = end
-        try:
-            return decode_body(frame_type, body)
-        except RequestError as exc:
-            return BadFrame(exc, frame_type)
+        # Decoded straight from the buffer (msgspec copies what it keeps): a copy of the
+        # body first cost a quarter of the loop's time with 1 MiB publishes. The views
+        # are released before the buffer can grow again.
+        with memoryview(buf) as view, view[pos + HEADER_SIZE : end] as body:
+            try:
+                return decode_body(frame_type, body)
+            except RequestError as exc:
+                return BadFrame(exc, frame_type)
 
     def events(self) -> list[Frame | BadFrame]:
         out: list[Frame | BadFrame] = []
