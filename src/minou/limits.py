@@ -61,6 +61,11 @@ STORAGE_READ_PAGE = 2_000
 SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
 CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)
+# A segment (one channel's messages of one commit) this large is written to a body file
+# beside the database instead of SQLite's pages: written once, not WAL then checkpoint,
+# and not page by page (issue 19, item 5). Below it, one fsync per commit is cheaper.
+BODY_FILE_MIN_BYTES = 256 << 10
+BODY_FILE_LIMIT_BYTES = 64 << 20  # then the next body file starts
 
 # A full disk (or [storage] max_size): publishes are refused, deliveries and acks go on.
 # The reserve is a file of this size in the data dir (and as many pages above max_size),

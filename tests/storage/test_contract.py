@@ -32,7 +32,8 @@ from minou.storage.sqlite import SQLiteStorage
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
 NOW = 1_000.0
-BACKENDS = ["sqlite", "memory", "redis", "sentinel", "cluster"]
+# "sqlite-bodies": SQLite with every segment's body in a body file, files of 4 KiB.
+BACKENDS = ["sqlite", "sqlite-bodies", "memory", "redis", "sentinel", "cluster"]
 
 Factory = Callable[..., Storage]  # keyword arguments: the backend's (max_size, reserve)
 
@@ -45,6 +46,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factory]
     def make(**kw: Any) -> Storage:
         if request.param == "sqlite":
             st: Storage = SQLiteStorage(tmp_path / "data", **kw)
+        elif request.param == "sqlite-bodies":
+            st = SQLiteStorage(tmp_path / "data", body_file_min=1, body_file_limit=4096, **kw)
         elif request.param == "redis":
             # A fresh key prefix per test. Instances claim a queue at their first write
             # only: ``peek`` opens one beside the running store, which must not fence it

@@ -231,6 +231,7 @@ class World:
     sent: int = 0
     ack_confirmed: int = 0
     order: int = 0
+    pad: str = ""  # added to every payload: "large" makes the segments go to body files
 
     def next_order(self) -> int:
         self.order += 1
@@ -260,7 +261,7 @@ async def producer(url: str, p: int, world: World, stop: asyncio.Event) -> None:
             batch = []
             for _ in range(BATCH):
                 ch = CHANNELS[(n + p) % len(CHANNELS)]
-                fut = client.send(ch, {"producer": p, "n": n})
+                fut = client.send(ch, {"producer": p, "n": n, "pad": world.pad})
                 # The epoch of the connection the confirm came on, read as it resolves.
                 epoch: dict[str, int] = {}
                 fut.add_done_callback(lambda _f, e=epoch: e.setdefault("at", client._epoch))
@@ -465,9 +466,13 @@ def world_runs(world: World) -> int:
 # whole second, so most kills land with confirmed commits not yet on the disk): a
 # kill -9 of the broker must lose nothing either way, the OS holds the writes.
 INTERVAL_CONFIG = '[channels."load/*"]\ndurability = "interval"\nsync_interval = 1000\n'
+# "large": fsync, every message padded to 40 KB, so that a commit's messages of one
+# channel (a segment) often pass 256 KiB and go to a body file beside the database,
+# and the others stay in SQLite's pages: both kinds killed, restarted and read back.
+LARGE_PAD = "x" * 40_000
 
 
-@pytest.mark.parametrize("durability", ["fsync", "interval"])
+@pytest.mark.parametrize("durability", ["fsync", "interval", "large"])
 def test_kill_minus_nine_under_load(broker_factory: Any, tmp_path: Any, durability: str
                                     ) -> None:
     config = None
@@ -494,7 +499,11 @@ async def _load_scenario(broker: Broker, durability: str = "fsync") -> dict[str,
     admin = await minou.connect(broker.proc.url, **broker.proc.admin_auth(), reconnect=True,
                                 request_timeout=REQUEST_TIMEOUT)
     try:
-        stats = await _load_and_kill(broker, admin)
+        stats = await _load_and_kill(broker, admin, LARGE_PAD if durability == "large" else "")
+        if durability == "large":
+            status = await admin.admin("status")
+            assert status["storage"]["body_files"] >= 1, status["storage"]
+            stats["body_files"] = status["storage"]["body_files"]
         if await _syncs(admin) is not None:  # SQLite: the mode was what the config said
             if durability == "interval":
                 await await_until(lambda: _positive(_syncs(admin)), 5,
@@ -518,9 +527,10 @@ async def _load_scenario(broker: Broker, durability: str = "fsync") -> dict[str,
     return stats
 
 
-async def _load_and_kill(broker: Broker, admin: minou.Client) -> dict[str, Any]:
+async def _load_and_kill(broker: Broker, admin: minou.Client, pad: str = ""
+                         ) -> dict[str, Any]:
     url = broker.proc.url
-    world = World()
+    world = World(pad=pad)
     stop_producing = asyncio.Event()
     stop_consuming = asyncio.Event()
     tasks = [asyncio.create_task(consumer(url, c, world, stop_consuming))

@@ -798,6 +798,13 @@ class BrokerServer:
         return {"syncs": sync.syncs, "sync_seconds": round(sync.sync_seconds, 3),
                 "syncs_late": sync.late}
 
+    def _body_file_status(self) -> dict[str, Any]:
+        """Large bodies kept beside the database (SQLite): how many files, how big."""
+        bodies = getattr(self.storage, "bodies", None)
+        if bodies is None:
+            return {}
+        return {"body_files": bodies.files(), "body_file_bytes": bodies.size_bytes()}
+
     def _sync_failed(self, exc: BaseException) -> None:
         """The fsync after "interval" commits failed: what they wrote may not be on the
         disk, and retrying would not tell. Stop, as for any other storage failure."""
@@ -1185,7 +1192,7 @@ class BrokerServer:
             "dead_connections": self.dead_connections,
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": self.commit_seconds_total,
-                        **self._sync_status(),
+                        **self._sync_status(), **self._body_file_status(),
                         "full": int(self.storage_full is not None),
                         "unavailable": int(self.storage_down is not None),
                         "unavailable_commits": self.storage_down_commits},
@@ -1375,7 +1382,7 @@ class BrokerServer:
             "storage": {"backend": self.storage.backend, "path": self.storage.path,
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": round(self.commit_seconds_total, 3),
-                        **self._sync_status(),
+                        **self._sync_status(), **self._body_file_status(),
                         "max_size": self.storage.max_size,
                         "full": self.storage_full.message if self.storage_full else None,
                         "full_commits": self.storage_full_commits,

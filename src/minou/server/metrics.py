@@ -348,6 +348,9 @@ class Metrics:
         yield CounterMetricFamily("minou_storage_syncs_late", 'fsyncs of "interval" commits '
                                   "that began more than 5 ms past their sync_interval.",
                                   num(storage, "syncs_late"))
+        yield GaugeMetricFamily("minou_storage_body_files", "Files of large message bodies "
+                                "kept beside the SQLite database (part of "
+                                "minou_storage_bytes).", num(storage, "body_files"))
         yield GaugeMetricFamily("minou_storage_full", "1 while the disk or [storage] "
                                 "max_size is full (publishes refused with STORAGE_FULL).",
                                 num(storage, "full"))

@@ -22,12 +22,16 @@ again and takes the reserve back.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
+import struct
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -36,15 +40,23 @@ from ..core.log import Msg
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
-from ..limits import CHECKPOINT_WAL_BYTES, STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
+from ..limits import (
+    BODY_FILE_LIMIT_BYTES,
+    BODY_FILE_MIN_BYTES,
+    CHECKPOINT_WAL_BYTES,
+    STORAGE_RESERVE_BYTES,
+    STORAGE_RESUME_BYTES,
+)
 from ..protocol.frames import Send
 from . import segments
+from .bodies import BodyFileError, BodyFileMissing, BodyFiles
 from .segments import runs, size_text
 
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
 SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
 RESERVE_FILE = "minou.reserve"
 log = logging.getLogger("minou.storage")
+_T = TypeVar("_T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
@@ -53,10 +65,12 @@ CREATE TABLE IF NOT EXISTS channels(
     first_seq INTEGER NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS segments(
     rid INTEGER PRIMARY KEY, last_seq INTEGER NOT NULL, published_at REAL NOT NULL,
-    expires_min REAL, special INTEGER, body BLOB NOT NULL);
+    expires_min REAL, special INTEGER, body BLOB NOT NULL, body_file INTEGER);
 CREATE INDEX IF NOT EXISTS segments_expiry ON segments(expires_min)
     WHERE expires_min IS NOT NULL;
 CREATE INDEX IF NOT EXISTS segments_special ON segments(rid) WHERE special IS NOT NULL;
+CREATE INDEX IF NOT EXISTS segments_body_file ON segments(body_file)
+    WHERE body_file IS NOT NULL;
 CREATE TABLE IF NOT EXISTS removed(rid INTEGER PRIMARY KEY);
 -- `start` is no longer read (where a group starts lives in group_states); every
 -- database made before has the NOT NULL column, so it stays and is written ''.
@@ -95,12 +109,16 @@ CREATE TABLE IF NOT EXISTS producers(client TEXT NOT NULL, producer TEXT NOT NUL
 # the (channel, seq) index and a channel's segments are one key range. Single
 # messages removed from inside a segment (TTL, overflow, dead-lettered) are listed in
 # ``removed``; whole segments go once every reader is past them (``channels.first_seq``
-# marks how far, within a segment, that is).
+# marks how far, within a segment, that is). A large segment's body is in a body file
+# (bodies.py): ``body_file`` is its number and ``body`` holds where in it (offset, length).
 SEQ_BITS = 40
 SEQ_MASK = (1 << SEQ_BITS) - 1
 _enc = msgspec.msgpack.Encoder()
 _segment = msgspec.msgpack.Decoder(list[Msg])
 _sends = msgspec.msgpack.Decoder(list[Send])
+_BODY_REF = struct.Struct("<QQ")  # a body in a body file: offset, length
+# Databases made before body files have no body_file column: added at open.
+_MIGRATE_BODY_FILE = "ALTER TABLE segments ADD COLUMN body_file INTEGER"
 
 
 def _rid(cid: int, seq: int) -> int:
@@ -132,14 +150,37 @@ def _put_or_drop(db: sqlite3.Connection, table: str, key: str, value: str,
             db.execute(f"INSERT OR REPLACE INTO {table}({key}, {value}) VALUES (?, ?)", (k, v))
 
 
+def _read_again_if_gone(read: Callable[..., _T], *args: Any) -> _T:
+    """A read from a reader thread: the writer may have removed a segment and its body
+    file between two of its lookups. Read again, from the state after (where the
+    segment is gone too); a second miss is damage, not a race."""
+    try:
+        return read(*args)
+    except BodyFileMissing:
+        try:
+            return read(*args)
+        except BodyFileMissing as exc:
+            raise StorageUnavailable(f"a body file is missing: {exc}") from exc
+
+
+class _QuotaReached(Exception):
+    """A body file would take the store past ``max_size``."""
+
+
 class SQLiteStorage:
     backend = "sqlite"
 
     def __init__(self, data_dir: str | os.PathLike[str], *, filename: str = "minou.db",
                  max_size: int | None = None, reserve: int = STORAGE_RESERVE_BYTES,
-                 wal_limit: int = CHECKPOINT_WAL_BYTES) -> None:
+                 wal_limit: int = CHECKPOINT_WAL_BYTES,
+                 body_file_min: int = BODY_FILE_MIN_BYTES,
+                 body_file_limit: int = BODY_FILE_LIMIT_BYTES) -> None:
         self.data_dir = str(Path(data_dir).resolve())
         self.path = str(Path(self.data_dir) / filename)
+        self.body_file_min = body_file_min  # segments this large go to a body file
+        self.bodies = BodyFiles(self.path + "-bodies", body_file_limit)
+        self._collected_at = 0.0
+        self.body_collect_interval = 0.5  # seconds between looks for unused body files
         self.max_size = max_size  # bytes of database pages (None: the disk is the limit)
         self.reserve = reserve
         self.wal_limit = wal_limit
@@ -186,13 +227,15 @@ class SQLiteStorage:
 
     def _limit(self, db: sqlite3.Connection) -> None:
         """This connection's page limit: ``max_size`` (plus the reserve once given back)."""
+        self.bodies.preallocate = self.max_size is None
         if self.max_size is None:
             want = None
         else:
             if self._local.page_size is None:
                 self._local.page_size = db.execute("PRAGMA page_size").fetchone()[0]
             extra = self.reserve if self.reserve_released else 0
-            want = max(1, (self.max_size + extra) // self._local.page_size)
+            room = self.max_size + extra - self.bodies.size_bytes()
+            want = max(1, room // self._local.page_size)
         if want != self._local.page_limit:
             db.execute(f"PRAGMA max_page_count={int(want or self._local.unlimited)}")
             self._local.page_limit = want
@@ -201,15 +244,45 @@ class SQLiteStorage:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         db = self._db()
         try:
-            db.executescript(SCHEMA)
+            self._create_schema(db)
             snap = self._snapshot(db, now)
+            self.bodies.open(self._referenced_body_files(db))
         except sqlite3.DatabaseError as exc:
             raise StorageUnavailable(f"cannot read {self.path}: {exc}") from exc
+        except (BodyFileError, OSError) as exc:
+            raise StorageUnavailable(f"cannot read the body files of {self.path}: {exc}"
+                                     ) from exc
         if not self._make_reserve():
             log.warning("no room for the %s reserve %s: if the disk fills up, acks may not "
                         "be recorded until space is freed", size_text(self.reserve),
                         self.reserve_path)
         return snap
+
+    @staticmethod
+    def _create_schema(db: sqlite3.Connection) -> None:
+        tables = {name for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "segments" in tables and "body_file" not in {
+                row[1] for row in db.execute("PRAGMA table_info(segments)")}:
+            db.execute(_MIGRATE_BODY_FILE)
+        db.executescript(SCHEMA)
+
+    @staticmethod
+    def _referenced_body_files(db: sqlite3.Connection) -> set[int]:
+        return {n for (n,) in db.execute(
+            "SELECT DISTINCT body_file FROM segments WHERE body_file IS NOT NULL")}
+
+    def _body(self, body: bytes, body_file: int | None) -> bytes:
+        """A segment's encoded messages, from its row or from its body file."""
+        if body_file is None:
+            return body
+        offset, length = _BODY_REF.unpack(body)
+        try:
+            return self.bodies.read(body_file, offset, length)
+        except BodyFileMissing:
+            raise
+        except OSError as exc:
+            raise StorageUnavailable(f"cannot read a body file: {exc}") from exc
 
     def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
         snap = Snapshot()
@@ -252,8 +325,9 @@ class SQLiteStorage:
             rec = ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
             snap.channels.append(rec)
             firsts[name], removed[name] = first, gone
-        for (body,) in db.execute("SELECT body FROM segments WHERE special IS NOT NULL"):
-            for m in _segment.decode(body):
+        for body, body_file in db.execute(
+                "SELECT body, body_file FROM segments WHERE special IS NOT NULL"):
+            for m in _segment.decode(self._body(body, body_file)):
                 if m.special and m.seq >= firsts.get(m.channel, 0) and \
                         m.seq not in removed.get(m.channel, ()):
                     snap.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
@@ -315,10 +389,15 @@ class SQLiteStorage:
                 self._local.relaxed = relaxed
             db.execute("BEGIN IMMEDIATE")
             known = set(self._cids)
+            mark = self.bodies.mark()
             try:
                 self._apply(db, batch)
+                if not relaxed and self.bodies.dirty:
+                    # Bodies first: a durable segment row must find its body on the disk.
+                    self.bodies.sync()
                 db.execute("COMMIT")
             except BaseException:
+                self.bodies.undo(*mark)
                 # SQLite has rolled back by itself after SQLITE_FULL and I/O errors: a
                 # ROLLBACK then fails ("no transaction is active") and hid the cause.
                 if db.in_transaction:
@@ -330,12 +409,20 @@ class SQLiteStorage:
                 raise
         except sqlite3.Error as exc:
             if _is_full(exc):
-                raise self._full(db, exc) from exc
+                raise self._full(db, str(exc)) from exc
             name = getattr(exc, "sqlite_errorname", type(exc).__name__)
             raise StorageUnavailable(f"commit failed: {exc} ({name})") from exc
         except (msgspec.EncodeError, TypeError, ValueError) as exc:
             raise StorageUnavailable(f"commit failed: {exc}") from exc
+        except _QuotaReached as exc:
+            raise self._full(db, str(exc)) from None
+        except OSError as exc:  # a body file
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._full(db, f"body file: {exc.strerror}") from exc
+            raise StorageUnavailable(f"commit failed: body file: {exc}") from exc
         self._commits += 1
+        if batch.truncates:
+            self._collect_body_files(db)
         with self._sync_lock:
             if relaxed:
                 self._relaxed += 1
@@ -355,6 +442,8 @@ class SQLiteStorage:
             upto = self._relaxed
             if upto <= self._synced:
                 return
+        # Every body those commits refer to was appended before they committed.
+        self.bodies.sync()
         if self._wal_fd is None:
             self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
         os.fdatasync(self._wal_fd)
@@ -362,8 +451,8 @@ class SQLiteStorage:
             self._synced = max(self._synced, upto)
 
     # ------------------------------------------------------------ full disk
-    def _full(self, db: sqlite3.Connection, exc: sqlite3.Error) -> StorageFull:
-        """The StorageFull to raise for ``exc``; gives the reserve back (first time)."""
+    def _full(self, db: sqlite3.Connection, cause: str) -> StorageFull:
+        """The StorageFull to raise for ``cause``; gives the reserve back (first time)."""
         try:
             space = self.space()
         except (OSError, sqlite3.Error):
@@ -372,9 +461,9 @@ class SQLiteStorage:
         self._release_reserve()
         with contextlib.suppress(sqlite3.Error):
             self._limit(db)
-        return StorageFull(self.full_message(space, str(exc)), data_dir=self.data_dir,
+        return StorageFull(self.full_message(space, cause), data_dir=self.data_dir,
                            free_bytes=space["free"], disk_free_bytes=space["disk_free"],
-                           cause=str(exc), reserve_released=released,
+                           cause=cause, reserve_released=released,
                            **({"max_size": self.max_size} if self.max_size else {}))
 
     def full_message(self, space: dict[str, Any], cause: str = "database or disk is full"
@@ -395,7 +484,7 @@ class SQLiteStorage:
         page_size = db.execute("PRAGMA page_size").fetchone()[0]
         pages = db.execute("PRAGMA page_count").fetchone()[0]
         unused = db.execute("PRAGMA freelist_count").fetchone()[0]
-        used = (pages - unused) * page_size
+        used = (pages - unused) * page_size + self.bodies.size_bytes()
         out = {"disk_free": disk_free, "used": used, "free": disk_free,
                "max_size": self.max_size}
         if self.max_size is not None:
@@ -469,9 +558,9 @@ class SQLiteStorage:
                 by_channel.setdefault(m.channel, []).append(m)
             db.executemany(
                 "INSERT OR REPLACE INTO segments(rid, last_seq, published_at, expires_min, "
-                "special, body) VALUES (?,?,?,?,?,?)",
-                [_segment_row(self._cids[c], run) for c, msgs in by_channel.items()
-                 for run in runs(msgs)],
+                "special, body, body_file) VALUES (?,?,?,?,?,?,?)",
+                [self._stored(db, _segment_row(self._cids[c], run))
+                 for c, msgs in by_channel.items() for run in runs(msgs)],
             )
         if batch.deletes:
             db.executemany(
@@ -556,11 +645,50 @@ class SQLiteStorage:
                 db.executemany("DELETE FROM producers WHERE client = ? AND producer = ? AND "
                                "channel = ?", drop)
 
+    def _stored(self, db: sqlite3.Connection, row: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A segment row as stored: a large body goes to a body file, the row keeps
+        where (body_file set); a small one stays in the row (body_file NULL)."""
+        body = row[-1]
+        if len(body) < self.body_file_min:
+            return (*row, None)
+        if self.max_size is not None:
+            self._check_quota(db, len(body))
+        number, offset = self.bodies.append(body)
+        return (*row[:-1], _BODY_REF.pack(offset, len(body)), number)
+
+    def _check_quota(self, db: sqlite3.Connection, adding: int) -> None:
+        """``max_size`` counts body files too; SQLite's page limit sees only its pages."""
+        assert self.max_size is not None
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        unused = db.execute("PRAGMA freelist_count").fetchone()[0]
+        used = (pages - unused) * page_size + self.bodies.size_bytes()
+        limit = self.max_size + (self.reserve if self.reserve_released else 0)
+        if used + adding > limit:
+            raise _QuotaReached(f"[storage] max_size: {size_text(used)} used, a body of "
+                                f"{size_text(adding)} does not fit")
+
+    def _collect_body_files(self, db: sqlite3.Connection) -> None:
+        """Delete body files no segment refers to any more, after a commit that removed
+        segments (at most twice a second: a look at one index). From the writer's
+        thread only: it alone adds references, and only to the current file."""
+        now = time.monotonic()
+        if self.bodies.files() < 2 or now - self._collected_at < self.body_collect_interval:
+            return
+        self._collected_at = now
+        with contextlib.suppress(sqlite3.Error, OSError):
+            gone = self.bodies.collect(self._referenced_body_files(db))
+            if gone:
+                log.debug("deleted %d body file(s) no message refers to", gone)
+
     def _first_seq(self, db: sqlite3.Connection, cid: int) -> int:
         row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()
         return row[0] if row else 1
 
     def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+        return _read_again_if_gone(self._read_range, channel, from_seq, to_seq, limit)
+
+    def _read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
         cid = self._cids.get(channel)
         if cid is None or limit <= 0:
             return []
@@ -577,11 +705,11 @@ class SQLiteStorage:
             "SELECT rid FROM removed WHERE rid >= ? AND rid < ?", (_rid(cid, lo),
                                                                    _rid(cid, hi)))}
         out: list[Msg] = []
-        for (body,) in db.execute(
-            "SELECT body FROM segments WHERE rid >= ? AND rid < ? ORDER BY rid",
+        for body, body_file in db.execute(
+            "SELECT body, body_file FROM segments WHERE rid >= ? AND rid < ? ORDER BY rid",
             (start if start is not None else _rid(cid, lo), _rid(cid, hi)),
         ):
-            for m in _segment.decode(body):
+            for m in _segment.decode(self._body(body, body_file)):
                 if lo <= m.seq < hi and m.seq not in removed:
                     out.append(m)
                     if len(out) >= limit:
@@ -589,19 +717,22 @@ class SQLiteStorage:
         return out
 
     def expired(self, now: float, limit: int) -> list[Msg]:
+        return _read_again_if_gone(self._expired, now, limit)
+
+    def _expired(self, now: float, limit: int) -> list[Msg]:
         db = self._db()
         out: list[Msg] = []
         firsts: dict[int, int] = {}
-        for rid, body in db.execute(
-            "SELECT rid, body FROM segments WHERE expires_min IS NOT NULL AND expires_min <= ?",
-            (now,),
+        for rid, body, body_file in db.execute(
+            "SELECT rid, body, body_file FROM segments WHERE expires_min IS NOT NULL "
+            "AND expires_min <= ?", (now,),
         ):
             if rid in self._expiry_done:
                 continue
             cid = rid >> SEQ_BITS
             if cid not in firsts:
                 firsts[cid] = self._first_seq(db, cid)
-            msgs = _segment.decode(body)
+            msgs = _segment.decode(self._body(body, body_file))
             removed = {r & SEQ_MASK for (r,) in db.execute(
                 "SELECT rid FROM removed WHERE rid >= ? AND rid <= ?",
                 (rid, _rid(cid, msgs[-1].seq)))}
@@ -616,6 +747,9 @@ class SQLiteStorage:
 
     def retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         """The seq after the last message below ``below`` published before ``cutoff``."""
+        return _read_again_if_gone(self._retained_until, channel, below, cutoff)
+
+    def _retained_until(self, channel: str, below: int, cutoff: float) -> int | None:
         cid = self._cids.get(channel)
         if cid is None:
             return None
@@ -628,8 +762,9 @@ class SQLiteStorage:
             return (row[0] & SEQ_MASK, row[1]) if row else None
 
         def body_of(seq: int) -> bytes:
-            row = db.execute("SELECT body FROM segments WHERE rid = ?", (_rid(cid, seq),))
-            return bytes(row.fetchone()[0])
+            row = db.execute("SELECT body, body_file FROM segments WHERE rid = ?",
+                             (_rid(cid, seq),)).fetchone()
+            return bytes(self._body(*row))
 
         return segments.retained_until(first_at_or_after, body_of, below, cutoff)
 
@@ -689,7 +824,7 @@ class SQLiteStorage:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(OSError):
                 total += os.path.getsize(self.path + suffix)
-        return total
+        return total + self.bodies.size_bytes()
 
     def close(self) -> None:
         if self._wal_fd is not None:
@@ -698,6 +833,7 @@ class SQLiteStorage:
                     os.fdatasync(self._wal_fd)
                 os.close(self._wal_fd)
             self._wal_fd = None
+        self.bodies.close()
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
