@@ -204,3 +204,29 @@ async def test_with_relaying_off_the_door_redirects() -> None:
         assert error.code == ErrorCode.STANDBY and d.primary.connections == 0
     finally:
         await d.close()
+
+
+async def test_a_primary_at_this_doors_own_address_is_not_relayed_to(d: Door) -> None:
+    """A broker restarted on its old port (kill -9, then systemd) is a standby until
+    its dead self's lease runs out, and Redis still names its own address as the
+    primary's. Relaying there dialled the door itself, hop after hop up to max_relays,
+    and clients waited in the loop; now the door sees its own connection come back,
+    relays no more to that address, and tells the client to try again later."""
+    door = d.door
+    door.max_relays = 50
+    own = f"minou://127.0.0.1:{d.native.getsockname()[1]}"
+    door.holder = {"id": "dead-self", "native": own}
+    error = await standby_error(*await d.dial())
+    assert error.code == ErrorCode.STANDBY and error.fatal
+    assert "primary" not in error.detail  # not "connect there": there is here
+    assert "own address" in error.message
+    assert door.relayed <= 1  # one hop at most, never a chain
+    await until(lambda: door.relaying == 0)
+    relayed = door.relayed
+    error = await standby_error(*await d.dial())  # the next client: told at once
+    assert error.code == ErrorCode.STANDBY and door.relayed == relayed
+    # A real primary elsewhere: relayed again.
+    door.primary_changed({"id": "p2", "native": await d.primary.start()})
+    reader, writer = await d.dial()
+    writer.write(b"x")
+    assert await asyncio.wait_for(reader.readexactly(4), 5) == b"ok:x"

@@ -63,6 +63,10 @@ class StandbyDoor:
         self._logged_failure = 0.0
         self._logged_full = 0.0
         self._opening = 0
+        # The local ports of the connections we opened to the primary: one that comes
+        # back to this door means the primary's address is ours (see _is_own_relay).
+        self._outgoing: set[int] = set()
+        self._own_address: str | None = None  # a primary URL found to be this door's
 
     async def start(self, native: socket.socket, http: socket.socket | None,
                     tls: ssl.SSLContext | None) -> None:
@@ -116,6 +120,7 @@ class StandbyDoor:
         """A new primary (or none): connections relayed to the old one go nowhere
         now, so they are closed and their clients reconnect."""
         self.holder = holder
+        self._own_address = None
         new = (holder or {}).get("id")
         for client, (primary, upstream) in list(self._relays.items()):
             if primary != new:
@@ -137,6 +142,12 @@ class StandbyDoor:
 
     def _message(self) -> tuple[str, dict[str, Any]]:
         holder = self.holder or {}
+        if self._own_address is not None and holder.get("native") == self._own_address:
+            # Naming it would send the client back here: it retries after its backoff.
+            return (f"this broker is a standby and the primary's address in the registry "
+                    f"is its own address ({self._own_address}): the broker that held it "
+                    "is gone, and this one takes over once its lease runs out; try again",
+                    {})
         detail = {k: holder[v] for k, v in (("primary", "native"), ("primary_http", "http"))
                   if holder.get(v)}
         where = f"broker {holder['id']!r} at {holder.get('native') or '?'}" if holder \
@@ -163,6 +174,8 @@ class StandbyDoor:
         url = holder.get(which)
         if not self.relay or not url or len(self._relays) + self._opening >= self.max_relays:
             return None
+        if self._own_address is not None and holder.get("native") == self._own_address:
+            return None  # the primary's address is this door's: see _is_own_relay
         parts = urlsplit(url)
         secure = parts.scheme in ("minous", "https")
         pin = holder.get("tls_fingerprint")
@@ -171,11 +184,17 @@ class StandbyDoor:
                                "no certificate fingerprint")
             return None
         self._opening += 1  # counted against max_relays while it connects
+        sock: socket.socket | None = None
         try:
             tls = client_context(fingerprint=pin) if secure else None
+            sock = await self._bound_socket(parts.hostname or "", parts.port or 0)
             reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                parts.hostname, parts.port, ssl=tls, limit=CHUNK), CONNECT_TIMEOUT_S)
+                sock=sock, ssl=tls, server_hostname=parts.hostname if tls else None,
+                limit=CHUNK), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError, ssl.SSLError) as exc:
+            if sock is not None:
+                self._outgoing.discard(sock.getsockname()[1])
+                sock.close()
             self._relay_failed(f"cannot reach the primary at {url}: {exc or type(exc).__name__}")
             return None
         finally:
@@ -184,10 +203,51 @@ class StandbyDoor:
             try:
                 check_pin(writer.get_extra_info("ssl_object"), pin or "")
             except TlsPinMismatch as exc:
+                self._outgoing.discard(sock.getsockname()[1])
                 writer.close()
                 self._relay_failed(f"the primary at {url}: {exc}")
                 return None
         return str(holder.get("id", "")), reader, writer
+
+    async def _bound_socket(self, host: str, port: int) -> socket.socket:
+        """A socket connected to the primary, whose local port was known (and noted in
+        ``_outgoing``) before it connected: the door may accept it before this
+        coroutine resumes, and must see then that it is its own (_is_own_relay)."""
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+            self._outgoing.add(sock.getsockname()[1])
+            await asyncio.wait_for(loop.sock_connect(sock, address), CONNECT_TIMEOUT_S)
+        except BaseException:
+            self._outgoing.discard(sock.getsockname()[1])
+            sock.close()
+            raise
+        return sock
+
+    def _is_own_relay(self, writer: asyncio.StreamWriter) -> bool:
+        """Whether this connection is one this door opened to the primary: then the
+        primary's address is this door's own. It happens to a broker restarted on its
+        old port while its dead self's lease runs on: relaying there dialled the door
+        itself, hop after hop up to max_relays, with the client waiting at the end.
+        From now until the primary changes the door relays nothing to that address
+        and tells clients to try again."""
+        peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        # From this machine (the peer's address is the one it reached us on) and from a
+        # port one of our relays holds.
+        if not peer or not local or peer[1] not in self._outgoing or peer[0] != local[0]:
+            return False
+        url = (self.holder or {}).get("native")
+        if self._own_address is None and url:
+            self._own_address = url
+            log.warning("standby: the primary's address in the registry, %s, is this "
+                        "broker's own (restarted on the port of the broker that held the "
+                        "lease, which is gone): clients are asked to retry until this "
+                        "broker takes over", url)
+        return True
 
     def _relay_failed(self, why: str) -> None:
         self.relay_failures += 1
@@ -205,6 +265,7 @@ class StandbyDoor:
         piles up here)."""
         reader, writer = client
         primary_id, up_reader, up_writer = primary
+        own_end = up_writer.get_extra_info("sockname")
         self._relays[writer] = (primary_id, up_writer)
         self.relayed += 1
 
@@ -226,6 +287,8 @@ class StandbyDoor:
                         await way
         finally:
             self._relays.pop(writer, None)
+            if own_end is not None:
+                self._outgoing.discard(own_end[1])
             up_writer.close()
             writer.close()
 
@@ -233,7 +296,7 @@ class StandbyDoor:
     async def _native(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refuse_if_full(writer, "native"):
             return
-        primary = await self._open_primary("native")
+        primary = None if self._is_own_relay(writer) else await self._open_primary("native")
         if primary is not None:
             await self._splice((reader, writer), primary)
             return
@@ -251,7 +314,7 @@ class StandbyDoor:
     async def _http(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._refuse_if_full(writer, "http"):
             return
-        if self.relay:
+        if self.relay and not self._is_own_relay(writer):
             primary = await self._open_primary("http")
             if primary is not None:
                 await self._splice((reader, writer), primary)
