@@ -186,3 +186,36 @@ def test_a_missing_body_file_is_a_storage_error_not_a_crash(tmp_path: Path) -> N
         store.read_range(CH, 1, 2, 10)
     assert "body file" in str(info.value)
     store.close()
+
+
+def test_files_are_preallocated_only_while_the_disk_has_room(tmp_path: Path) -> None:
+    """On a disk getting full, blocks held ahead by the current body file would be
+    missed by the database (full sooner) and never given back: no preallocation below
+    PREALLOCATE_ROOM files' worth of free space. A real small file system (a tmpfs)."""
+    import subprocess
+
+    from minou.storage.bodies import PREALLOCATE_ROOM, BodyFiles
+
+    from ..system.test_full_disk import _mount_tmpfs
+
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "32m")
+    opened: list[BodyFiles] = []
+    try:
+        def first_file(name: str, limit: int) -> int:
+            bodies = BodyFiles(mnt / name, file_limit=limit)
+            opened.append(bodies)
+            bodies.open(set())
+            bodies.append(b"x" * 4096)
+            return bodies.path_of(bodies.current).stat().st_blocks * 512
+
+        assert PREALLOCATE_ROOM * (8 << 20) > 32 << 20
+        assert first_file("short", 8 << 20) < 1 << 20  # 32 MiB free: not 8 x 8 MiB
+        assert PREALLOCATE_ROOM * (1 << 20) < 24 << 20
+        assert first_file("roomy", 1 << 20) >= 1 << 20  # room for 8 x 1 MiB: held ahead
+    finally:
+        for bodies in opened:
+            bodies.close()
+        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

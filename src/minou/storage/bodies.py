@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 SUFFIX = ".bin"
+PREALLOCATE_ROOM = 8  # files are preallocated only while the disk has room for this many
 
 
 class BodyFileMissing(OSError):
@@ -142,6 +143,11 @@ class BodyFiles:
         if not hasattr(os, "posix_fallocate"):
             return
         try:
+            # Not on a disk getting full: the blocks held ahead would be missed by the
+            # database (full sooner), and the current file is never collected.
+            st = os.statvfs(self.directory)
+            if st.f_bavail * st.f_frsize < PREALLOCATE_ROOM * self.file_limit:
+                return
             os.posix_fallocate(fd, 0, self.file_limit)
         except OSError:
             with contextlib.suppress(OSError):
