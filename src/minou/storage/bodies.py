@@ -123,15 +123,24 @@ class BodyFiles:
                 os.close(self._fd)
                 self._fd = None
             number = self.current + 1
-            fd = os.open(self.path_of(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            if self.preallocate:
-                self._preallocate(fd)
-            # The directory entry must survive a power cut before a commit refers to it.
-            dir_fd = os.open(self.directory, os.O_RDONLY)
+            path = self.path_of(number)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+                if self.preallocate:
+                    self._preallocate(fd)
+                # The directory entry must survive a power cut before a commit refers
+                # to it.
+                dir_fd = os.open(self.directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+            except OSError:
+                # Not started: the next append tries the same number again.
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
             self._fd, self.current, self._size, self._dropped_to = fd, number, 0, 0
             self._sizes[number] = 0
 
