@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import getpass
 import json
@@ -24,6 +25,7 @@ from rich.text import Text
 from . import __version__
 from .config import load_settings
 from .errors import ConfigError, MinouError
+from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S
 
 DEFAULT_URL = "minou://127.0.0.1:7700"
 CONSUME_WAIT_S = 10.0  # `minou consume` gives up after this much silence (0 = never)
@@ -294,17 +296,8 @@ def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str,
 
     PAYLOAD may be '-' to read the JSON from standard input, or @FILE to read it from a
     file (for payloads beyond the shell's argument limit)."""
-    text = _read_payload(payload)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        fail("PAYLOAD is not valid JSON:", f"{exc} (quote strings: '\"text\"')", 2)
-    headers = {}
-    for h in header:
-        key, sep, val = h.partition("=")
-        if not sep:
-            fail(f"--header {h!r}:", "expected KEY=VALUE", 2)
-        headers[key] = val
+    value = _json_payload(payload)
+    headers = _headers(header)
     with _client(conn) as client:
         try:
             r = client.send(channel, value, headers=headers or None, priority=priority,
@@ -319,6 +312,55 @@ def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str,
         if channel.endswith("*"):
             extra += f" to {r.fanout} channel(s)"
         click.echo(f"stored {r.channel} seq={r.seq} id={r.id}{extra}")
+
+
+@main.command()
+@connection_options
+@click.argument("channel")
+@click.argument("payload")
+@click.option("--header", "-H", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True,
+                                                 max=MAX_REQUEST_TIMEOUT_S),
+              default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for the reply.")
+@json_option
+def request(conn: dict[str, Any], channel: str, payload: str, header: tuple[str, ...],
+            timeout: float, as_json: bool) -> None:
+    """Send PAYLOAD (JSON text) as a request to CHANNEL and print the reply.
+
+    A consumer serving CHANNEL (client.serve) answers it; exit 1 with the reason when
+    nobody serves the channel (no_responders), no reply comes within --timeout, or the
+    responder failed. PAYLOAD may be '-' (standard input) or @FILE."""
+    value = _json_payload(payload)
+    headers = _headers(header)
+    with _client(conn) as client:
+        try:
+            reply = client.request(channel, value, timeout=timeout, headers=headers or None)
+        except MinouError as exc:
+            fail("no reply:", exc)
+    if isinstance(reply, bytes):
+        click.echo(json.dumps({"raw_base64": base64.b64encode(reply).decode()}) if as_json
+                   else f"<{len(reply)} raw bytes>")
+    else:
+        click.echo(json.dumps(reply, indent=None if as_json else 2))
+
+
+def _json_payload(payload: str) -> Any:
+    text = _read_payload(payload)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail("PAYLOAD is not valid JSON:", f"{exc} (quote strings: '\"text\"')", 2)
+
+
+def _headers(header: tuple[str, ...]) -> dict[str, str]:
+    headers = {}
+    for h in header:
+        key, sep, val = h.partition("=")
+        if not sep:
+            fail(f"--header {h!r}:", "expected KEY=VALUE", 2)
+        headers[key] = val
+    return headers
 
 
 def _read_payload(payload: str) -> str:

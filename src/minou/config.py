@@ -19,6 +19,7 @@ from . import limits
 from .auth.rules import Rules
 from .core.log import ChannelOptions
 from .errors import ConfigError
+from .names import INBOX_ENDPOINT
 from .schemas import (
     Compatibility,
     CompiledSchema,
@@ -28,6 +29,13 @@ from .schemas import (
 )
 
 AUTH_MODES = ("keys", "token", "off")
+DEFAULT_OPTIONS = ChannelOptions()
+# Inboxes (request/reply) unless channels."_inbox/v1" says otherwise: a reply nobody
+# reads (its requester timed out and left) expires, without a dead letter, and a
+# requester that never reads cannot make its inbox grow without bound.
+INBOX_OPTIONS = ChannelOptions(prefetch=limits.INBOX_PREFETCH, ttl=limits.INBOX_TTL_S,
+                               max_items=limits.INBOX_MAX_ITEMS, overflow="drop_oldest",
+                               dead_letter=False)
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -125,7 +133,9 @@ class Settings:
         """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults)."""
         found = self.channels.get(key)
         if found is None:
-            found = self.channels.get(key.split("/", 1)[0] + "/*", ChannelOptions())
+            endpoint = key.split("/", 1)[0]
+            found = self.channels.get(endpoint + "/*") or (
+                INBOX_OPTIONS if endpoint == INBOX_ENDPOINT else DEFAULT_OPTIONS)
         return found
 
 

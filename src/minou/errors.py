@@ -46,6 +46,7 @@ class ErrorCode(IntEnum):
     SCHEMA_MISMATCH = 211
     NOT_FOUND = 212
     OUT_OF_SEQUENCE = 213
+    NO_RESPONDERS = 214
     # 3xx: the broker could not do it.
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
@@ -54,6 +55,8 @@ class ErrorCode(IntEnum):
     STORAGE_FULL = 304
     PUBLISH_BACKLOG = 305
     STANDBY = 306
+    REPLY_TIMEOUT = 307
+    RESPONDER_ERROR = 308
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
     ErrorCode.NOT_FOUND: CodeInfo(404, "not_found", "no such queue, channel, group or client"),
     ErrorCode.OUT_OF_SEQUENCE: CodeInfo(409, "out_of_sequence",
                                         "a producer sequence skipped messages"),
+    ErrorCode.NO_RESPONDERS: CodeInfo(503, "no_responders",
+                                      "no consumer serves the request's channel"),
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
@@ -96,6 +101,9 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
                                         "the disk is behind: nothing was stored; retry"),
     ErrorCode.STANDBY: CodeInfo(503, "standby",
                                 "this broker is a standby: another broker serves"),
+    ErrorCode.REPLY_TIMEOUT: CodeInfo(504, "reply_timeout", "no reply in time"),
+    ErrorCode.RESPONDER_ERROR: CodeInfo(502, "responder_error",
+                                        "the responder's handler failed"),
 }
 
 
@@ -202,6 +210,28 @@ class NotAuthorized(RequestError):
     code = ErrorCode.NOT_AUTHORIZED
 
 
+class NoResponders(RequestError):
+    """A request (a publish naming a reply inbox) to a channel no connected consumer or
+    listener reads: nothing was stored, the caller knows at once (as NATS answers)."""
+
+    code = ErrorCode.NO_RESPONDERS
+
+
+class ReplyTimeout(RequestError):
+    """An HTTP request got no reply within its ``timeout`` (the request may still be
+    served later: it expires from its channel after that long). The native client
+    raises :class:`Timeout` instead."""
+
+    code = ErrorCode.REPLY_TIMEOUT
+
+
+class ResponderError(RequestError):
+    """The responder's handler raised: ``detail["type"]`` is the exception's class name,
+    the message its text."""
+
+    code = ErrorCode.RESPONDER_ERROR
+
+
 class ShuttingDown(RequestError):
     code = ErrorCode.SHUTTING_DOWN
 
@@ -294,7 +324,7 @@ for _cls in (
     InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
     SlowConsumer, TooManyConnections, NotFound, StorageFull, StorageUnavailable,
-    OutOfSequence, Standby,
+    OutOfSequence, Standby, NoResponders, ReplyTimeout, ResponderError,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

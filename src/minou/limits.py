@@ -27,6 +27,14 @@ MAX_PREFETCH = 100_000
 DEFAULT_LEASE_S = 60.0  # an unsettled delivery returns to its queue after this long
 MAX_LEASE_S = 12 * 3600.0
 DEFAULT_REQUEUE_LIMIT = 10  # then the message goes to _dead/<channel>
+# Request/reply inboxes (_inbox/v1/<client>) unless channels."_inbox/v1" says otherwise:
+# replies arrive in parallel (a requester has many requests out), expire unread after
+# INBOX_TTL_S, and past INBOX_MAX_ITEMS unread the oldest reply goes.
+INBOX_PREFETCH = 1_000
+INBOX_TTL_S = 300.0
+INBOX_MAX_ITEMS = 10_000
+DEFAULT_REQUEST_TIMEOUT_S = 5.0  # client.request(), minou request, POST /v1/request
+MAX_REQUEST_TIMEOUT_S = 300.0  # a request waits at most this long (HTTP holds a socket)
 # durability = "interval" (issue 19): confirmed once written to the OS, made durable on
 # the disk (fsync) at most this long after (Redis's appendfsync everysec, NATS's sync)
 DEFAULT_SYNC_INTERVAL_S = 0.05

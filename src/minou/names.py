@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import quote, unquote
 
 from .errors import InvalidChannel
 from .limits import MAX_CHANNEL_LENGTH
@@ -183,3 +184,45 @@ def schema_key(channel: str) -> str:
     body = channel[len(DEAD_PREFIX):] if channel.startswith(DEAD_PREFIX) else channel
     endpoint, version, _ = body.split("/", 2)
     return f"{endpoint}/{version}"
+
+
+# Request/reply (docs/requests.md). A client's replies arrive on an inbox channel,
+# ``_inbox/v1/<client id, URL-encoded>!<instance>`` (one per client object, so processes
+# sharing a client id never take each other's replies), which only that client may
+# read; a request names it in REPLY_TO, and a reply may be written there only by the
+# connection that holds the request's delivery (REPLY_TAG names it; the broker drops
+# the header). "!" splits unambiguously: quote() always escapes it in the client id.
+INBOX_ENDPOINT = "_inbox"
+INBOX_PREFIX = "_inbox/v1/"
+REPLY_TO = "x-reply-to"
+CORRELATION_ID = "x-correlation-id"
+REPLY_TAG = "x-reply-tag"
+REPLY_ERROR = "x-reply-error"  # a reply that carries the responder's error, not a result
+REPLIED = "x-replied"  # on a redelivered request whose reply the broker already stored
+
+
+def inbox_of(client_id: str, instance: str = "") -> str:
+    """The inbox channel of ``client_id`` (one of its instances); InvalidChannel when
+    the encoded name is too long."""
+    tail = f"!{instance}" if instance else ""
+    return validate_channel(INBOX_PREFIX + quote(client_id, safe="") + tail)
+
+
+def inbox_owner(channel: str) -> str | None:
+    """The client whose inbox ``channel`` (or its dead letters) is; None for a pattern
+    or a channel that is no inbox."""
+    body = channel[len(DEAD_PREFIX):] if channel.startswith(DEAD_PREFIX) else channel
+    if not body.startswith(INBOX_PREFIX) or body.endswith("*"):
+        return None
+    return unquote(body[len(INBOX_PREFIX):].split("!", 1)[0])
+
+
+def is_inbox(pattern: str) -> bool:
+    """Whether ``pattern`` (a channel or a pattern, dead letters included) reads inboxes."""
+    body = pattern[len(DEAD_PREFIX):] if pattern.startswith(DEAD_PREFIX) else pattern
+    return body.startswith(INBOX_ENDPOINT + "/")
+
+
+def reply_dedup_key(request_id: str) -> str:
+    """The dedup key a reply to message ``request_id`` is stored under in the inbox."""
+    return f"reply:{request_id}"

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from minou.server.openapi import document
@@ -20,6 +21,10 @@ SKIP = {("POST", "/v1/admin/soft-stop")}  # it would stop the broker under test
 # Valid per the document but refused on meaning, which JSON Schema cannot say: a
 # public key must be a PEM key (400 otherwise). Every other check still runs.
 NOT_EXPRESSIBLE = {("POST", "/v1/clients/{client_id}/rotate")}
+# Answers in 5xx by design: a request nobody serves is 503 no_responders, one nobody
+# answers in time 504 reply_timeout (both documented). A 500 is still caught: it is
+# not among the documented statuses (status_code_conformance).
+SERVER_ANSWERS = {("POST", "/v1/request/{endpoint}/{version}/{id}")}
 OPERATIONS = sorted((method.upper(), path) for path, item in document()["paths"].items()
                     for method in item if (method.upper(), path) not in SKIP)
 
@@ -49,9 +54,12 @@ def test_operation_conforms_to_the_document(api_schema, fuzz_broker, method, pat
     def run(case: schemathesis.Case) -> None:
         if case.query and "wait" in case.query:
             case.query["wait"] = 0.1  # a long-poll would only make the run slow
-        excluded = [positive_data_acceptance] if (method, path) in NOT_EXPRESSIBLE else None
+        excluded = [positive_data_acceptance] if (method, path) in NOT_EXPRESSIBLE else []
+        if (method, path) in SERVER_ANSWERS:
+            case.query = {**(case.query or {}), "timeout": 0.1}  # no 5 s waits
+            excluded.append(not_a_server_error)
         case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"},
-                               excluded_checks=excluded)
+                               excluded_checks=excluded or None)
 
     run()
     assert fuzz_broker.alive

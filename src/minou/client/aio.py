@@ -59,12 +59,14 @@ from ..limits import (
     DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT_S,
     HEARTBEAT_MISSES,
     PROTOCOL_VERSION,
 )
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from .message import Message, Receipt, Settlement
+from .requests import Requester, RequestHandler, make_responder
 
 log = logging.getLogger("minou.client")
 _json_encode = msgspec.json.encode
@@ -411,6 +413,7 @@ class Client:
         self._live = False  # handshake done on the current connection
         self._restoring: set[int] = set()  # re-subscribe requests of the current connection
         self._ever_connected = False  # until then a lost connection is connect()'s failure
+        self._requester: Requester | None = None  # its inbox, made at the first request
 
     # ------------------------------------------------------------ connection
     async def _open(self) -> None:
@@ -1039,6 +1042,33 @@ class Client:
         """Competing consumers: members of ``group`` (default: the pattern) share messages."""
         return await self._subscribe("consume", pattern, handler, group=group,
                                      start=_start(start), prefetch=prefetch, lease=lease)
+
+    # ------------------------------------------------------- request/reply
+    async def request(self, channel: str, payload: Any, *,
+                      timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+                      headers: dict[str, str] | None = None) -> Any:
+        """Send a request and return the reply's payload (docs/requests.md).
+
+        Raises ``NoResponders`` at once when no consumer or listener is connected to
+        ``channel``, ``Timeout`` when no reply came within ``timeout`` seconds (the
+        request then expires unserved), and ``ResponderError`` when the responder's
+        handler raised.
+        """
+        if self._requester is None:
+            self._requester = Requester(self)
+        return await self._requester.request(channel, payload, timeout=timeout,
+                                             headers=headers)
+
+    async def serve(self, pattern: str | list[str], handler: RequestHandler, *,
+                    group: str | None = None, idempotent: bool = False, prefetch: int = 0,
+                    lease: float = 0.0) -> Subscription:
+        """Answer the requests on ``pattern`` with ``handler(message)``'s return value
+        (a raised exception goes back as the requester's ``ResponderError``). Responders
+        in one ``group`` (default: the pattern) share the requests. ``idempotent``: a
+        request delivered again after its reply was stored is acked without running the
+        handler again (within the broker's dedup window)."""
+        return await self.consume(pattern, make_responder(self, handler, idempotent=idempotent),
+                                  group=group, prefetch=prefetch, lease=lease)
 
     # ------------------------------------------------------------ settling
     def _settle(self, msg: Message, op: str, **kw: Any) -> Settlement:

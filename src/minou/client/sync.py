@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from ..errors import ConnectionClosed, Timeout
@@ -147,6 +147,21 @@ class SyncClient:
     def consume(self, pattern: str | list[str], **kw: Any) -> SyncSubscription:
         return SyncSubscription(self._runner,
                                 self._runner.call(self._client.consume(pattern, **kw)))
+
+    def request(self, channel: str, payload: Any, **kw: Any) -> Any:
+        """Send a request and wait for the reply's payload (``Client.request``)."""
+        return self._runner.call(self._client.request(channel, payload, **kw))
+
+    def serve(self, pattern: str | list[str], handler: Callable[[SyncMessage], Any],
+              **kw: Any) -> SyncSubscription:
+        """Answer requests with ``handler`` (``Client.serve``); it runs on a worker
+        thread, one request at a time, so it may block."""
+
+        async def run(msg: Message) -> Any:
+            return await asyncio.to_thread(handler, SyncMessage(self._runner, msg))
+
+        return SyncSubscription(self._runner,
+                                self._runner.call(self._client.serve(pattern, run, **kw)))
 
     def read(self, channel: str, from_seq: int = 1, **kw: Any) -> tuple[list[Message], int]:
         return self._runner.call(self._client.read(channel, from_seq, **kw))

@@ -15,6 +15,7 @@ from ..protocol.frames import Delivery
 from .dead_letters import DeadLetters
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import Msg
+from .replies import redelivery_headers
 from .state import BrokerState
 
 
@@ -94,11 +95,14 @@ class Dispatcher:
         sub.leases[tag] = lease
         counters = state.counters
         counters.delivered += 1
+        headers = msg.headers
         if attempts > 1:
             counters.redelivered += 1
+            if headers:  # a request whose reply is stored already says so
+                headers = redelivery_headers(state, msg, now)
         elif state.delivery_latency is not None:
             state.delivery_latency.observe(now - msg.published_at)
-        return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, msg.headers,
+        return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, headers,
                         attempts, msg.published_at, msg.priority, msg.key)
 
     def on_loaded(self, channel: str, from_seq: int, msgs: list[Msg], upto: int) -> None:

@@ -23,12 +23,21 @@ from ..limits import (
     MAX_SESSION_PRODUCER_STATES,
     MIN_PRIORITY,
 )
-from ..names import broadcast_prefix, is_dead_letter, schema_key, validate_channel
+from ..names import (
+    INBOX_ENDPOINT,
+    REPLY_TO,
+    broadcast_prefix,
+    is_dead_letter,
+    is_inbox,
+    schema_key,
+    validate_channel,
+)
 from ..payloads import check_json, decode_json
 from ..protocol.frames import Outcome, Send
 from ..schemas import SchemaViolation
 from .log import ChannelLog, Msg
 from .producers import ProducerState
+from .replies import check_reply, check_request
 from .session import Session
 from .state import BrokerState
 
@@ -87,7 +96,7 @@ class Publishing:
                 try:
                     if full is not None:
                         raise type(full)(full.message)
-                    outcomes.append(self._publish_one(send, now, staged, access))
+                    outcomes.append(self._publish_one(send, now, staged, access, session))
                 except RequestError as exc:
                     outcomes.append(self._refusal(send, exc))
             last = outcomes[-1]
@@ -157,7 +166,7 @@ class Publishing:
                     return
             if full is not None:
                 raise type(full)(full.message)
-            outcome = self._publish_one(send, now, staged, access)
+            outcome = self._publish_one(send, now, staged, access, session)
         except RequestError as exc:
             outcomes.append(self._refusal(send, exc))
             if exc.code != ErrorCode.OUT_OF_SEQUENCE:
@@ -178,14 +187,21 @@ class Publishing:
         session.producer_states[channel] = pstate
         return pstate
 
-    def validate(self, send: Send, access: Access) -> str | None:
+    def validate(self, send: Send, access: Access, *, direct: bool = False,
+                 reply: bool = False) -> str | None:
         """Everything a publish checks before storing (name, rules, size, JSON, schema);
-        return the broadcast prefix, or None for a concrete channel."""
+        return the broadcast prefix, or None for a concrete channel. ``direct``: a
+        publish, whose requests and inbox writes ``_request_or_reply`` checked (a
+        transaction cannot carry them); ``reply``: it let this one into an inbox,
+        which answering a request the connection holds allows, whatever the rules say."""
         target = send.channel
         prefix = broadcast_prefix(target) if target.endswith("*") else None
         if prefix is None:
             validate_channel(target)
-        if not access.unrestricted:
+        if not direct and (is_inbox(target) or (send.headers and REPLY_TO in send.headers)):
+            raise BadRequest(f"requests and replies ({target!r}) are published one by "
+                             "one, not staged in a transaction", channel=target)
+        if not access.unrestricted and not reply:
             access.check_write(target)
         self._check(send, target)
         return prefix
@@ -241,10 +257,14 @@ class Publishing:
                 schema=schema.key, path=exc.path, why=exc.reason,
             ) from None
 
-    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access) -> Outcome:
+    def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access,
+                     session: Session | None = None) -> Outcome:
         state = self.state
+        reply = False
+        if send.headers or send.channel.startswith(INBOX_ENDPOINT):
+            send, reply = self._request_or_reply(send, access, session)
         target = send.channel
-        prefix = self.validate(send, access)
+        prefix = self.validate(send, access, direct=True, reply=reply)
         if send.dedup:
             seen = state.dedup.get(target, send.dedup, now)
             if seen is not None:
@@ -277,6 +297,19 @@ class Publishing:
             state.dedup.put(target, send.dedup, expires, outcome.seq, outcome.id)
             state.batch.dedup.append((target, send.dedup, expires, outcome.seq, outcome.id))
         return outcome
+
+    def _request_or_reply(self, send: Send, access: Access, session: Session | None
+                          ) -> tuple[Send, bool]:
+        """A request is checked (its inbox, its responders) and then published like any
+        message; a write to an inbox becomes the reply to store, or is refused.
+        Returns the send to store and whether it is a checked reply."""
+        if send.headers and REPLY_TO in send.headers:
+            check_request(self.state, send, session.client_id if session is not None
+                          else access.client_id)
+            return send, False
+        if is_inbox(send.channel):
+            return check_reply(send, session), True
+        return send, False
 
     def stage(self, log: ChannelLog, send: Send, now: float) -> Msg:
         """Give ``send`` the next seq of ``log`` and add it to the pending batch (making

@@ -5,7 +5,14 @@ takes a member, since a group hands every member messages of all its patterns.""
 from __future__ import annotations
 
 from ..errors import BadRequest, NotAuthorized
-from ..names import dead_letter_channel, listen_group_key, reservation_key
+from ..names import (
+    dead_letter_channel,
+    inbox_of,
+    inbox_owner,
+    is_inbox,
+    listen_group_key,
+    reservation_key,
+)
 from .group import Group
 from .session import Session
 from .state import BrokerState
@@ -25,8 +32,6 @@ class Rights:
         every pattern, so a refused read claims nothing). Admins are not restricted
         and reserve nothing. Raises NotAuthorized (or InvalidChannel).
         """
-        if session.admin:
-            return
         for pattern in patterns:
             refusal = self.read_refusal(session, pattern)
             if refusal is not None:
@@ -35,7 +40,7 @@ class Rights:
                 times = refusals[pattern][0] if pattern in refusals else 0
                 refusals[pattern] = [times + 1, session.client_id]
                 raise refusal
-        if claim:
+        if claim and not session.admin:
             for pattern in patterns:
                 key = reservation_key(pattern)
                 if key not in self.state.reservations and self._exclusive(key):
@@ -53,6 +58,8 @@ class Rights:
                      owner_to_be: str | None = None) -> NotAuthorized | None:
         """Why ``session`` may not read ``pattern``, or None. ``owner_to_be`` counts a
         free exclusive channel as reserved by that client (about to claim it)."""
+        if is_inbox(pattern):  # admins too: an inbox is its owner's alone
+            return inbox_refusal(session.client_id, pattern)
         if session.admin:
             return None
         try:
@@ -125,3 +132,13 @@ class Rights:
         if owner is not None:
             self.state.batch.reservations[channel] = None
         return owner
+
+
+def inbox_refusal(client_id: str, pattern: str) -> NotAuthorized | None:
+    """Inboxes are read by their owner alone, by name (their dead letters too): no
+    pattern reads them, whatever the rules or the admin list say."""
+    if inbox_owner(pattern) == client_id:
+        return None
+    return NotAuthorized(f"{pattern!r} reads inboxes: client {client_id!r} may read only "
+                         f"its own, by name ({inbox_of(client_id)}!<instance>)",
+                         channel=pattern)

@@ -34,6 +34,7 @@ from ..core.group import Subscription
 from ..core.log import Msg
 from ..core.writes import WriteBatch
 from ..errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown
+from ..names import CORRELATION_ID, INBOX_PREFIX
 from ..protocol.frames import Delivery, Outcome, Send
 
 Kick = Literal["now", "timer", "none"]
@@ -254,6 +255,9 @@ class Engine:
         # Queues spread over brokers (spread.py): the refusal of a publish holding a
         # message for a queue this broker does not serve, or None.
         self.route: Callable[[Sequence[Send]], RequestError | None] | None = None
+        # Requests the broker itself waits on (HTTP's POST /v1/request): (inbox,
+        # correlation id) -> called with the reply once it is committed.
+        self.reply_waiters: dict[tuple[str, str], Callable[[Msg], None]] = {}
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -286,9 +290,20 @@ class Engine:
     def committed(self, batch: WriteBatch) -> None:
         """``batch`` is durable: answer what waited for it, resume publishers, deliver."""
         kick = self.scheduler.committed(batch, self.monotonic(), self.clock())
+        if self.reply_waiters and batch.messages:
+            self._answer_waiters(batch.messages)
         self.resume_publishers()
         self.request_pump()
         self._follow(kick)
+
+    def _answer_waiters(self, messages: list[Msg]) -> None:
+        waiters = self.reply_waiters
+        for msg in messages:
+            headers = msg.headers
+            if headers and msg.channel.startswith(INBOX_PREFIX):
+                waiter = waiters.pop((msg.channel, headers.get(CORRELATION_ID, "")), None)
+                if waiter is not None:
+                    waiter(msg)
 
     def not_written(self, batch: WriteBatch, error: RequestError, *, stop: bool) -> None:
         """``batch`` was not written: its publishers get ``error``, the rest is carried

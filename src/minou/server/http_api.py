@@ -47,6 +47,7 @@ from . import nagios
 from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
+from .http_requests import ask, request_timeout
 from .wire import http_error, internal_error
 
 if TYPE_CHECKING:
@@ -322,6 +323,19 @@ class HttpApi:
         return await self.answered(partial(self.publish_now, identity, channel, q,
                                            request.headers.items(), body))
 
+    async def request_reply(self, request: Request, identity: Identity) -> Response:
+        p = request.path_params
+        channel = f"{p['endpoint']}/{p['version']}/{_raw_id(request)}"
+        q = request.query_params
+        timeout = request_timeout(q.get("timeout"))
+        data = _encode(q["payload"]) if "payload" in q else \
+            await self.body(request, one_message=True)
+        if not data:
+            raise BadRequest("give the request as a JSON body, or a string as ?payload=")
+        headers = [(k[len(HEADER_PREFIX):], v) for k, v in request.headers.items()
+                   if k.startswith(HEADER_PREFIX)]
+        return await ask(self.server, identity, channel, data, headers, timeout)
+
     async def publish_batch(self, request: Request, identity: Identity) -> Response:
         return await self.answered(partial(self.publish_batch_now, identity,
                                            await self.body(request)))
@@ -466,6 +480,7 @@ class HttpApi:
             Route("/v1/messages", g(self.publish_batch), methods=["POST"]),
             Route("/v1/messages" + msg, g(self.publish), methods=["POST"]),
             Route("/v1/messages/{message_id}/receipt", g(self.receipt), methods=["GET"]),
+            Route("/v1/request" + msg, g(self.request_reply), methods=["POST"]),
             Route("/v1/consume" + msg, g(self.consume), methods=["POST"]),
             Route("/v1/consume/_dead" + msg, g(partial(self.consume, dead=True)),
                   methods=["POST"]),

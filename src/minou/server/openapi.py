@@ -15,6 +15,7 @@ from ..errors import ERROR_TABLE
 from ..limits import (
     DEFAULT_BROWSE,
     DEFAULT_CREDENTIAL_TTL_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
     MAX_BATCH_HTTP,
     MAX_BROWSE,
     MAX_CHANNEL_LENGTH,
@@ -25,6 +26,7 @@ from ..limits import (
     MAX_LEASE_S,
     MAX_PRIORITY,
     MAX_PURPOSE_CHARS,
+    MAX_REQUEST_TIMEOUT_S,
     MAX_REQUEUE,
     MIN_CREDENTIAL_TTL_S,
     MIN_PRIORITY,
@@ -238,6 +240,25 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                            "seconds before an unsettled message comes back")],
             ok=_json(_ref("Delivery"), "a message and its receipt"),
             extra={"204": {"description": "nothing arrived within wait"}}, errors=(503,))},
+        "/v1/request/{endpoint}/{version}/{id}": {"post": _op(
+            "Send a request and wait for its reply (request/reply: a consumer serving the "
+            "channel answers; docs/requests.md)", tag="messages",
+            params=[*MESSAGE_PARAMS,
+                    _query("timeout", {"type": "number", "exclusiveMinimum": 0,
+                                       "maximum": MAX_REQUEST_TIMEOUT_S},
+                           f"seconds to wait for the reply (default "
+                           f"{DEFAULT_REQUEST_TIMEOUT_S:g}); the request expires unserved "
+                           "after that long"),
+                    _query("payload", {"type": "string"}, "a string payload instead of a body")],
+            body={"required": True, "description": "the request (any JSON value); "
+                  "x-minou-header-<name> request headers travel with it",
+                  "content": {"application/json": {"schema": {}}}},
+            ok={"description": "the reply's body, as the responder returned it "
+                "(x-minou-correlation-id and x-minou-reply-id headers)",
+                "content": {"application/json": {"schema": {}},
+                            "application/octet-stream": {"schema": {"type": "string",
+                                                                    "format": "binary"}}}},
+            errors=(413, 422, 429, 502, 503, 504, 507))},
         "/v1/ack/{receipt}": {"post": _op(
             "Acknowledge a delivered message", tag="messages",
             params=[_path("receipt", {"type": "string"})],

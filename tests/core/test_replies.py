@@ -1,0 +1,141 @@
+"""Request/reply in the core (core/replies.py): a request needs a responder and the
+requester's own inbox; a reply into another's inbox needs the request's delivery on
+the replying session; the broker stores one reply per request and marks a request
+delivered again after it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from minou.core.broker import Session
+from minou.errors import BadRequest
+from minou.names import CORRELATION_ID, REPLIED, REPLY_TAG, REPLY_TO, inbox_of, inbox_owner
+from minou.protocol.frames import Outcome
+
+from .helpers import Harness, send
+
+INBOX = inbox_of("asker", "i1")
+
+
+def publish(h: Harness, session: Session, channel: str, value: Any = None,
+            **headers: str) -> Outcome:
+    out = h.engine.publish([send(channel, value, headers=headers or None)],
+                           session.access, h._replied, session=session, publisher=h)
+    h.commit()
+    return out[0]
+
+
+def request(h: Harness, asker: Session, channel: str = "q/v1/1", **extra: str) -> Outcome:
+    return publish(h, asker, channel, {"n": 1}, **{REPLY_TO: INBOX, CORRELATION_ID: "c1",
+                                                   **extra})
+
+
+def served() -> tuple[Harness, Session, Session, Any]:
+    h = Harness()
+    asker, worker = Session("asker"), Session("worker")
+    sub = h.subscribe(worker, patterns="q/v1/*", group="workers", prefetch=5)
+    return h, asker, worker, sub
+
+
+def test_inbox_names_encode_the_client_and_split_at_the_bang() -> None:
+    assert inbox_of("a b!c", "x") == "_inbox/v1/a%20b%21c!x"
+    assert inbox_owner("_inbox/v1/a%20b%21c!x") == "a b!c"
+    assert inbox_owner("_dead/_inbox/v1/a%20b%21c") == "a b!c"
+    assert inbox_owner("_inbox/v1/*") is None
+    assert inbox_owner("_inbox/v2/a") is None
+    assert inbox_owner("orders/v1/a") is None
+
+
+def test_a_request_needs_someone_serving_its_channel() -> None:
+    h = Harness()
+    asker = Session("asker")
+    out = request(h, asker)
+    assert (out.code, out.error) == (214, "no consumer or listener is connected to 'q/v1/1': "
+                                          "nobody would answer the request (nothing was stored)")
+    assert "q/v1/1" not in h.broker.channels
+    # A group whose members left serves nobody; a listener does.
+    listener = Session("l")
+    sub = h.subscribe(listener, kind="listen", patterns="q/v1/1")
+    assert request(h, asker).code == 0
+    h.engine.unsubscribe(listener, sub.sid)
+    assert request(h, asker).code == 214
+    h.subscribe(Session("w"), patterns="q/v1/*", group="g")
+    assert request(h, asker).code == 0
+
+
+@pytest.mark.parametrize(("headers", "code", "text"), [
+    ({REPLY_TO: inbox_of("someone-else", "i")}, 208, "must be an inbox of the requester"),
+    ({REPLY_TO: "q/v1/1"}, 208, "must be an inbox of the requester"),
+    ({REPLY_TO: INBOX, CORRELATION_ID: ""}, 200, "needs a x-correlation-id header"),
+    ({REPLY_TO: "_inbox/v1/asker!" + "x" * 300}, 201, "characters, the limit is 255"),
+])
+def test_a_request_names_an_inbox_of_its_own_and_a_correlation_id(
+        headers: dict[str, str], code: int, text: str) -> None:
+    h, asker, _, _ = served()
+    out = publish(h, asker, "q/v1/1", 1, **{CORRELATION_ID: "c", **headers})
+    assert out.code == code and text in out.error, out
+
+
+def test_requests_go_to_one_channel_never_to_an_inbox_or_a_pattern() -> None:
+    h, asker, _, _ = served()
+    h.subscribe(Session("asker"), 2, kind="listen", patterns=INBOX)
+    assert "a request goes to one channel" in request(h, asker, "q/v1/*").error
+    out = publish(h, asker, INBOX, 1, **{REPLY_TO: INBOX, CORRELATION_ID: "c"})
+    assert "a request cannot go to an inbox" in out.error
+
+
+def test_a_reply_answers_a_request_the_session_holds() -> None:
+    h, asker, worker, sub = served()
+    assert request(h, asker).code == 0
+    [req] = h.take(sub)
+    other = Session("other")
+    good = {CORRELATION_ID: "c1", REPLY_TAG: str(req.tag)}
+    for session, headers in ((other, good), (worker, {**good, REPLY_TAG: str(req.tag + 1)}),
+                             (worker, {**good, CORRELATION_ID: "c2"}),
+                             (worker, {**good, REPLY_TAG: "x"}),
+                             (worker, {CORRELATION_ID: "c1"})):
+        out = publish(h, session, INBOX, "no", **headers)
+        assert out.code == 208 and "another client's inbox" in out.error, (session, headers)
+    out = publish(h, worker, INBOX, "yes", **good)
+    assert out.code == 0
+    stored = h.broker.channels[INBOX].cache[out.seq]
+    assert stored.headers == {CORRELATION_ID: "c1"}  # the tag is not stored
+    # A second reply to the same request is the same message (the dedup key).
+    again = publish(h, worker, INBOX, "again", **good)
+    assert (again.duplicate, again.seq) == (True, out.seq)
+    # Once settled, the request is no longer held: no reply any more.
+    h.ack(worker, [req])
+    assert publish(h, worker, INBOX, "late", **good).code == 208
+
+
+def test_a_client_writes_its_own_inboxes_and_a_transaction_none() -> None:
+    h = Harness()
+    asker = Session("asker")
+    assert publish(h, asker, inbox_of("asker", "other"), 1).code == 0
+    # STAGE checks each send with Publishing.validate, which refuses both.
+    with pytest.raises(BadRequest, match="not staged in a transaction"):
+        h.broker.publishing.validate(send(INBOX, 1), asker.access)
+    with pytest.raises(BadRequest, match="not staged in a transaction"):
+        h.broker.publishing.validate(send("q/v1/1", 1, headers={REPLY_TO: INBOX}),
+                                     asker.access)
+
+
+def test_a_request_delivered_again_after_its_reply_is_marked() -> None:
+    h, asker, worker, sub = served()
+    request(h, asker)
+    [req] = h.take(sub)
+    assert REPLIED not in (req.headers or {})
+    h.nack(worker, [req])  # not answered yet: delivered again, unmarked
+    [again] = h.take(sub)
+    assert again.attempts == 2 and REPLIED not in again.headers
+    publish(h, worker, INBOX, "done", **{CORRELATION_ID: "c1", REPLY_TAG: str(again.tag)})
+    h.nack(worker, [again])  # answered, the ack lost: marked
+    [third] = h.take(sub)
+    assert third.attempts == 3 and third.headers[REPLIED] == "1"
+    # Past the dedup window the mark goes (the reply may be gone too).
+    h.nack(worker, [third])
+    h.tick(h.broker.state.dedup_window + 1)
+    [fourth] = h.take(sub)
+    assert REPLIED not in fourth.headers

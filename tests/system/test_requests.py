@@ -1,0 +1,365 @@
+"""Request/reply (issue 21, item 1) against a real broker process: the async and sync
+clients, HTTP's POST /v1/request, the CLI, and the broker's checks — an inbox only
+its owner reads, a reply only from the connection that holds the request, nobody
+serving refused at once, a request delivered again after its reply not run twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+import minou
+from minou.errors import BadRequest, NoResponders, NotAuthorized, ResponderError, Timeout
+from minou.names import CORRELATION_ID, REPLY_TAG, REPLY_TO, inbox_of
+
+from .test_http_api import bearer
+
+RULES = """
+[[rules]]
+client = "shop-*"
+read = ["orders/*"]
+write = ["pricing/v1/*"]
+
+[[rules]]
+client = "pricing-*"
+read = ["pricing/*"]
+write = []
+
+[[rules]]
+client = "admin"
+read = ["*"]
+write = ["*"]
+"""
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def _quote(msg: minou.Message) -> dict[str, Any]:
+    return {"item": msg.payload["item"], "price": 2 * msg.payload["qty"]}
+
+
+@pytest.fixture
+def ruled(broker_factory, tmp_path):
+    cfg = tmp_path / "rules.toml"
+    cfg.write_text(RULES)
+    return broker_factory.make(config=cfg).start()
+
+
+def test_a_request_gets_the_handlers_return_value(ruled):
+    """The rules let shop-1 write pricing/v1/* and pricing-1 read it; neither may read or
+    write anything called _inbox: the inbox and the reply need no rule."""
+
+    async def scenario() -> None:
+        responder = await ruled.connect("pricing-1")
+        requester = await ruled.connect("shop-1")
+        try:
+            await responder.serve("pricing/v1/quote", _quote, group="pricing")
+            answers = await asyncio.gather(*(
+                requester.request("pricing/v1/quote", {"item": f"i{n}", "qty": n})
+                for n in range(20)))
+            assert answers == [{"item": f"i{n}", "price": 2 * n} for n in range(20)]
+            # Headers the caller gives travel with the request.
+            seen: list[dict[str, str]] = []
+
+            async def echo(msg: minou.Message) -> str:
+                seen.append(dict(msg.headers or {}))
+                return "ok"
+
+            await responder.serve("pricing/v1/echo", echo, group="echo")
+            assert await requester.request("pricing/v1/echo", 1, headers={"trace": "t1"}) == "ok"
+            assert seen[0]["trace"] == "t1"
+            assert seen[0][REPLY_TO].startswith(inbox_of("shop-1") + "!")
+        finally:
+            await requester.close()
+            await responder.close()
+
+    run(scenario())
+
+
+def test_requests_are_shared_by_the_responders_of_a_group(broker):
+    async def scenario() -> None:
+        a, b = await broker.connect("resp-a"), await broker.connect("resp-b")
+        requester = await broker.connect("asker")
+        try:
+            for name, client in (("a", a), ("b", b)):
+                await client.serve("work/v1/*", lambda m, n=name: n, group="workers",
+                                   prefetch=1)
+            answers = await asyncio.gather(*(requester.request("work/v1/job", n)
+                                             for n in range(40)))
+            assert set(answers) == {"a", "b"}
+        finally:
+            for c in (a, b, requester):
+                await c.close()
+
+    run(scenario())
+
+
+def test_nobody_serving_is_refused_at_once_and_nothing_is_stored(broker):
+    async def scenario() -> None:
+        requester = await broker.connect("asker")
+        admin = await minou.connect(broker.url, **broker.admin_auth())
+        try:
+            # At once: well before the request's own 30 s.
+            with pytest.raises(NoResponders, match="no consumer or listener is connected "
+                                                   "to 'idle/v1/q'"):
+                await asyncio.wait_for(requester.request("idle/v1/q", {}, timeout=30), 5)
+            assert "idle/v1/q" not in json.dumps(await admin.admin("list"))
+            status = await admin.admin("status")
+            assert status["counters"]["refused"]["no_responders"] == 1
+            # A listener serves too (it is a reader); once it is gone, refused again.
+            sub = await admin.listen("idle/v1/q")
+            with pytest.raises(Timeout, match=r"no reply to the request on 'idle/v1/q' "
+                                              r"within 0\.3 s"):
+                await requester.request("idle/v1/q", {}, timeout=0.3)
+            await sub.close()
+            with pytest.raises(NoResponders):
+                await requester.request("idle/v1/q", {})
+        finally:
+            await admin.close()
+            await requester.close()
+
+    run(scenario())
+
+
+def test_an_unanswered_request_times_out_and_expires_unserved(broker):
+    """A responder that holds the request past the requester's timeout: Timeout, and the
+    request (its TTL is the timeout) is not handed to anyone afterwards."""
+
+    async def scenario() -> None:
+        slow = await broker.connect("slow")
+        requester = await broker.connect("asker")
+        try:
+            sub = await slow.consume("slow/v1/*", group="slow", prefetch=1)
+            task = asyncio.create_task(requester.request("slow/v1/q", {"n": 1}, timeout=0.5))
+            first = await sub.get(timeout=5)
+            with pytest.raises(Timeout):
+                await task
+            assert await first.nack() is True  # back to the queue, already expired
+            with pytest.raises(Timeout):
+                await sub.get(timeout=1.0)
+        finally:
+            await requester.close()
+            await slow.close()
+
+    run(scenario())
+
+
+def test_the_handlers_error_reaches_the_requester(broker):
+    async def scenario() -> None:
+        responder = await broker.connect("resp")
+        requester = await broker.connect("asker")
+        try:
+            def fails(msg: minou.Message) -> Any:
+                raise ValueError(f"no price for {msg.payload['item']}")
+
+            await responder.serve("pricing/v1/*", fails)
+            with pytest.raises(ResponderError, match="ValueError: no price for tea") as err:
+                await requester.request("pricing/v1/q", {"item": "tea"})
+            assert err.value.detail["type"] == "ValueError"
+            # The failed request was answered (with the error): it does not come back.
+            with pytest.raises(ResponderError):
+                await requester.request("pricing/v1/q", {"item": "tea"})
+        finally:
+            await requester.close()
+            await responder.close()
+
+    run(scenario())
+
+
+def test_an_inbox_is_read_by_its_owner_alone(ruled):
+    """Not by another client, not by a pattern, not by an admin: whatever the rules say."""
+
+    async def scenario() -> None:
+        owner = await ruled.connect("shop-1")
+        await owner.serve("orders/v1/x", lambda m: None)  # any subscription works
+        thief = await ruled.connect("shop-2")
+        admin = await minou.connect(ruled.url, **ruled.admin_auth())
+        mine = inbox_of("shop-1", "abc")
+        try:
+            for client, target in ((thief, mine), (thief, "_inbox/v1/*"),
+                                   (thief, "_inbox/*"), (thief, "_dead/" + mine),
+                                   (admin, mine), (admin, "_inbox/*")):
+                with pytest.raises(NotAuthorized, match="reads inboxes"):
+                    await client.listen(target)
+                with pytest.raises(NotAuthorized, match="reads inboxes"):
+                    await client.consume(target, group="steal")
+            with pytest.raises(NotAuthorized, match="reads inboxes"):
+                await thief.read(mine)
+            # The owner reads its own inboxes by name, with no rule naming them.
+            await owner.listen(mine)
+            await owner.listen(inbox_of("shop-1", "other"))
+        finally:
+            for c in (owner, thief, admin):
+                await c.close()
+
+    run(scenario())
+
+
+def test_only_the_connection_holding_the_request_writes_the_reply(ruled):
+    async def scenario() -> None:
+        responder = await ruled.connect("pricing-1")
+        requester = await ruled.connect("shop-1")
+        intruder = await ruled.connect("pricing-2")
+        admin = await minou.connect(ruled.url, **ruled.admin_auth())
+        try:
+            sub = await responder.consume("pricing/v1/*", group="pricing")
+            task = asyncio.create_task(requester.request("pricing/v1/q", {"n": 1}, timeout=10))
+            req = await sub.get(timeout=5)
+            inbox, correlation = req.headers[REPLY_TO], req.headers[CORRELATION_ID]
+            # Straight into the inbox, with the right id but no delivery held: refused,
+            # for an admin too.
+            for client in (intruder, admin):
+                with pytest.raises(NotAuthorized, match="another client's inbox"):
+                    await client.send(inbox, "forged", headers={CORRELATION_ID: correlation,
+                                                                REPLY_TAG: str(req.tag)})
+            # The holder, with a wrong correlation id or another tag: refused.
+            with pytest.raises(NotAuthorized, match="another client's inbox"):
+                await responder.send(inbox, "x", headers={CORRELATION_ID: "nope",
+                                                          REPLY_TAG: str(req.tag)})
+            with pytest.raises(NotAuthorized, match="another client's inbox"):
+                await responder.send(inbox, "x", headers={CORRELATION_ID: correlation,
+                                                          REPLY_TAG: str(req.tag + 1)})
+            # A request may not name another client's inbox for its replies.
+            with pytest.raises(NotAuthorized, match="inbox of the requester's own"):
+                await intruder.send("pricing/v1/q", 1, headers={
+                    REPLY_TO: inbox, CORRELATION_ID: "c"})
+            # A request is not staged in a transaction.
+            with pytest.raises(BadRequest, match="not staged in a transaction"):
+                await responder.stage("t1", [{"channel": inbox, "payload": 1}])
+            # The real reply, and nothing forged, reaches the requester.
+            await responder.send(inbox, "real", headers={CORRELATION_ID: correlation,
+                                                         REPLY_TAG: str(req.tag)})
+            assert await task == "real"
+            assert await req.ack() is True
+        finally:
+            for c in (responder, requester, intruder, admin):
+                await c.close()
+
+    run(scenario())
+
+
+def test_a_request_delivered_again_after_its_reply_is_not_run_twice(broker):
+    """The responder stored its reply and died before its ack: the request comes again,
+    marked as answered; an idempotent handler is not run, a plain one is (and its second
+    reply is dropped by the broker as a duplicate of the first)."""
+
+    async def scenario(idempotent: bool) -> tuple[Any, int, int]:
+        group = f"g-{idempotent}"
+        queue = f"jobs{int(idempotent)}"
+        first = await broker.connect(f"first-{idempotent}")
+        requester = await broker.connect(f"asker-{idempotent}")
+        sub = await first.consume(f"{queue}/v1/*", group=group, prefetch=1)
+        task = asyncio.create_task(requester.request(f"{queue}/v1/once", {"n": 7}, timeout=20))
+        req = await sub.get(timeout=5)
+        await first.send(req.headers[REPLY_TO], {"ran": "first"}, headers={
+            CORRELATION_ID: req.headers[CORRELATION_ID], REPLY_TAG: str(req.tag)})
+        answer = await task
+        await first.close()  # no ack: the broker delivers it again
+        runs = 0
+
+        def handler(msg: minou.Message) -> Any:
+            nonlocal runs
+            runs += 1
+            return {"ran": "second"}
+
+        second = await broker.connect(f"second-{idempotent}")
+        await second.serve(f"{queue}/v1/*", handler, group=group, idempotent=idempotent)
+        admin = await minou.connect(broker.url, **broker.admin_auth())
+        try:
+            async def settled() -> bool:
+                info = await admin.admin("queue", queue=f"{queue}/v1")
+                return info["depth"] == 0 and info["in_flight"] == 0 and \
+                    info["delivered"] >= 2
+
+            for _ in range(200):
+                if await settled():
+                    break
+                await asyncio.sleep(0.05)
+            assert await settled(), json.dumps(await admin.admin("queue", queue=f"{queue}/v1"))
+            stats = await admin.admin("status")
+            duplicates = stats["counters"]["duplicates"]
+        finally:
+            for c in (second, requester, admin):
+                await c.close()
+        return answer, runs, duplicates
+
+    answer, runs, duplicates = run(scenario(True))
+    assert (answer, runs, duplicates) == ({"ran": "first"}, 0, 0)
+    answer, runs, duplicates = run(scenario(False))
+    assert (answer, runs) == ({"ran": "first"}, 1)
+    assert duplicates == 1  # the second run's reply: the same request, stored once
+
+
+def test_sync_client_request_and_serve(broker):
+    with broker.connect_sync("sync-resp") as responder, \
+            broker.connect_sync("sync-asker") as requester:
+        responder.serve("calc/v1/*", lambda msg: sum(msg.payload), group="calc")
+        assert requester.request("calc/v1/sum", [1, 2, 3]) == 6
+        with pytest.raises(NoResponders):
+            requester.request("calc/v2/sum", [1])
+
+
+def test_http_request_route(broker):
+    headers = bearer(broker, "http-asker")
+
+    async def scenario() -> None:
+        responder = await broker.connect("resp")
+        try:
+            async def quote(msg: minou.Message) -> Any:
+                if msg.payload.get("fail"):
+                    raise KeyError("fail")
+                return {"price": msg.payload["qty"] * 3, "trace": msg.headers.get("trace")}
+
+            await responder.serve("pricing/v1/*", quote)
+            async with httpx.AsyncClient(base_url=broker.http, timeout=10) as http:
+                r = await http.post("/v1/request/pricing/v1/q?timeout=5", json={"qty": 2},
+                                    headers={**headers, "x-minou-header-trace": "t9"})
+                assert r.status_code == 200, r.text
+                assert r.json() == {"price": 6, "trace": "t9"}
+                assert r.headers["x-minou-correlation-id"]
+                r = await http.post("/v1/request/pricing/v1/q", json={"fail": True},
+                                    headers=headers)
+                assert r.status_code == 502, r.text
+                assert r.json()["error"]["reason"] == "responder_error"
+                assert r.json()["error"]["detail"]["type"] == "KeyError"
+                r = await http.post("/v1/request/nobody/v1/q", json={}, headers=headers)
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["reason"] == "no_responders"
+                for bad in ("0", "-1", "nan", "x", "301"):
+                    r = await http.post(f"/v1/request/pricing/v1/q?timeout={bad}", json={},
+                                        headers=headers)
+                    assert r.status_code == 400, (bad, r.text)
+                    assert "timeout must be a number of seconds" in r.text
+                sub = await responder.consume("held/v1/*", group="held")
+                r = await http.post("/v1/request/held/v1/q?timeout=0.3", json={},
+                                    headers=headers)
+                assert r.status_code == 504, r.text
+                assert r.json()["error"]["reason"] == "reply_timeout"
+                await sub.close()
+        finally:
+            await responder.close()
+
+    run(scenario())
+
+
+def test_cli_request(broker):
+    env = broker.cli_env()
+    with broker.connect_sync("cli-resp") as responder:
+        responder.serve("calc/v1/*", lambda msg: {"double": msg.payload * 2}, group="calc")
+        out = subprocess.run([sys.executable, "-m", "minou", "request", "calc/v1/x", "21",
+                              "--json"], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"double": 42}
+    out = subprocess.run([sys.executable, "-m", "minou", "request", "calc/v1/x", "21"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "no reply:" in out.stderr and "no consumer or listener" in out.stderr
+
