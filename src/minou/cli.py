@@ -417,6 +417,15 @@ def consume(conn: dict[str, Any], pattern: str, group: str | None, count: int, t
             pass
 
 
+def _expiry(ch: dict[str, Any]) -> str:
+    """When an idle channel goes (expire_idle): readers connected keep it."""
+    limit = ch.get("expire_idle")
+    if limit is None:
+        return "-"
+    left = limit - (_now() - ch.get("active_at", 0.0))
+    return f"after {limit:g} s idle ({max(0.0, left):.0f} s left if nothing happens)"
+
+
 def _print_message(msg: Any, as_json: bool) -> None:
     payload = msg.payload if not msg.raw else msg.data.decode("utf-8", "replace")
     if as_json:
@@ -451,12 +460,12 @@ def list_(conn: dict[str, Any], queue: str | None, channel: str, messages: bool,
     console = out()
     table = Table(title="channels")
     # "in flight": delivered, not yet settled (the JSON keeps the name "unsettled").
-    for col in ("channel", "depth", "in flight", "next seq", "readers"):
+    for col in ("channel", "depth", "in flight", "next seq", "readers", "expires if idle"):
         table.add_column(col, justify="right" if col in ("depth", "in flight", "next seq")
                          else "left")
     for ch in data["channels"]:
         table.add_row(ch["channel"], str(ch["depth"]), str(ch["unsettled"]),
-                      str(ch["next_seq"]), ", ".join(ch["readers"]) or "-")
+                      str(ch["next_seq"]), ", ".join(ch["readers"]) or "-", _expiry(ch))
     console.print(table)
     groups = Table(title="groups")
     for col in ("group", "kind", "patterns", "members", "lag", "in flight"):

@@ -35,7 +35,7 @@ DEFAULT_OPTIONS = ChannelOptions()
 # requester that never reads cannot make its inbox grow without bound.
 INBOX_OPTIONS = ChannelOptions(prefetch=limits.INBOX_PREFETCH, ttl=limits.INBOX_TTL_S,
                                max_items=limits.INBOX_MAX_ITEMS, overflow="drop_oldest",
-                               dead_letter=False)
+                               dead_letter=False, expire_idle=limits.INBOX_EXPIRE_IDLE_S)
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -48,6 +48,7 @@ _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "retention": ((int, float), "a number of seconds > 0"),
     "schema": ((dict, str), "a JSON Schema object or a file path"),
     "durability": (str, "'fsync' or 'interval'"),
+    "expire_idle": ((int, float), "a number of seconds > 0"),
     "sync_interval": ((int, float), "milliseconds, > 0 and <= "
                       f"{int(limits.MAX_SYNC_INTERVAL_S * 1000)}"),
 }
@@ -192,7 +193,7 @@ def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
             continue
         if key in ("prefetch", "max_items") and value < 1:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
-        if key in ("ttl", "retention") and value <= 0:
+        if key in ("ttl", "retention", "expire_idle") and value <= 0:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key == "requeue_limit" and value < 0:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")

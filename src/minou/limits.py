@@ -33,6 +33,9 @@ DEFAULT_REQUEUE_LIMIT = 10  # then the message goes to _dead/<channel>
 INBOX_PREFETCH = 1_000
 INBOX_TTL_S = 300.0
 INBOX_MAX_ITEMS = 10_000
+# An inbox whose owner is gone (no listener connected, nothing published or delivered)
+# is removed after this long, with its listener (channel option expire_idle).
+INBOX_EXPIRE_IDLE_S = 600.0
 DEFAULT_REQUEST_TIMEOUT_S = 5.0  # client.request(), minou request, POST /v1/request
 MAX_REQUEST_TIMEOUT_S = 300.0  # a request waits at most this long (HTTP holds a socket)
 # durability = "interval" (issue 19): confirmed once written to the OS, made durable on
@@ -68,6 +71,7 @@ STORAGE_READ_PAGE = 2_000
 # never wait (a commit starts as soon as the writer is free).
 SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
+EXPIRY_LOG_LINES = 10  # channels expired in one scan logged one by one; the rest counted
 CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)
 # A segment (one channel's messages of one commit) this large is written to a body file
 # beside the database instead of SQLite's pages: written once, not WAL then checkpoint,

@@ -922,11 +922,12 @@ def test_queue_stats_ages_are_rounded_to_milliseconds_and_counts_sum_every_chann
 def test_queue_stats_show_every_option_of_the_queue() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(
         prefetch=3, ttl=60.0, max_items=10, overflow="drop_oldest", requeue_limit=4,
-        dead_letter=False, retention=30.0, durability="interval", sync_interval=0.025))
+        dead_letter=False, retention=30.0, durability="interval", sync_interval=0.025,
+        expire_idle=600.0))
     h.publish_values(CH, [1])
     want = {"prefetch": 3, "ttl": 60.0, "max_items": 10, "overflow": "drop_oldest",
             "requeue_limit": 4, "dead_letter": False, "retention": 30.0, "schema": None,
-            "durability": "interval", "sync_interval_ms": 25.0}
+            "durability": "interval", "sync_interval_ms": 25.0, "expire_idle": 600.0}
     assert mt.queue_stats(h.broker, Q, now=h.now)["options"] == want
     assert mt.queue_stats(h.broker, "_dead/" + Q, now=h.now)["options"] == want
     h.broker.options_for = lambda key: ChannelOptions(prefetch=9)  # a reload

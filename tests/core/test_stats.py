@@ -34,6 +34,7 @@ def test_a_channels_figures_count_what_happened_to_its_messages() -> None:
         "channel": CH, "depth": 3, "first_seq": 1, "next_seq": 7, "unsettled": 1,
         "published": 5, "dropped": 2, "expired": 1,
         "readers": ["consume:g", "listen:l:audit"],
+        "expire_idle": None, "active_at": h.now,  # the last delivery
     }
     assert h.broker.channel_stats(h.broker.channels[CH], h.now) == stats
 
@@ -70,6 +71,6 @@ def test_the_counters_are_flat_numbers_with_the_refusals_by_reason() -> None:
     assert out == {
         "published": 1, "delivered": 0, "redelivered": 0, "acked": 0, "nacked": 0,
         "dead_lettered": 0, "expired": 0, "dropped": 0, "duplicates": 0,
-        "lease_expired": 0, "refused": dict(h.broker.counters.refused),
+        "lease_expired": 0, "channels_expired": 0, "refused": dict(h.broker.counters.refused),
     }
     assert sum(out["refused"].values()) == 2  # type: ignore[attr-defined]

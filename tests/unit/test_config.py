@@ -52,6 +52,9 @@ def test_flags_override_the_file(tmp_path):
          'channels."orders/v1".sync_interval: expected milliseconds, > 0 and <= 10000, got 0'),
         ('[channels."orders/v1"]\nsync_interval = 10001', "sync_interval: expected"),
         ('[channels."orders/v1"]\nsync_interval = "50ms"', "sync_interval: expected"),
+        ('[channels."tmp/v1"]\nexpire_idle = 0',
+         'channels."tmp/v1".expire_idle: expected a number of seconds > 0, got 0'),
+        ('[channels."tmp/v1"]\nexpire_idle = "1h"', 'channels."tmp/v1".expire_idle: expected'),
     ],
 )
 def test_bad_config_names_the_key(tmp_path, text, message):
@@ -414,3 +417,16 @@ def test_interval_durability_is_per_channel_version_in_milliseconds(tmp_path):
     assert settings.any_interval
     cfg.write_text('[channels."orders/v1"]\nprefetch = 5\n')
     assert not load_settings(cfg).any_interval
+
+
+def test_idle_expiry_and_the_inbox_defaults(tmp_path):
+    cfg = tmp_path / "minou.toml"
+    cfg.write_text('[channels."tmp/v1"]\nexpire_idle = 90\n')
+    settings = load_settings(cfg)
+    assert settings.channel_options("tmp/v1").expire_idle == 90
+    assert settings.channel_options("orders/v1").expire_idle is None  # never, by default
+    inbox = settings.channel_options("_inbox/v1")
+    assert (inbox.expire_idle, inbox.ttl, inbox.dead_letter, inbox.overflow) == (
+        600.0, 300.0, False, "drop_oldest")
+    cfg.write_text('[channels."_inbox/v1"]\nttl = 60\n')  # the operator's own, whole
+    assert load_settings(cfg).channel_options("_inbox/v1").expire_idle is None

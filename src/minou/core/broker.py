@@ -46,6 +46,7 @@ from .commits import Commits
 from .dead_letters import DeadLetters
 from .dedup import DedupWindow
 from .delivery import Dispatcher
+from .expiry import Expiry
 from .group import Group, NeedLoad, Subscription
 from .log import ChannelLog, ChannelOptions, Msg
 from .producers import Producers, ProducerState
@@ -141,6 +142,7 @@ class Broker:
         self.dispatcher = Dispatcher(self.state, self.dead_letters)
         self.txn_publishing = TxnPublishing(self.state, self.publishing)
         self.restorer = Restorer(self.state)
+        self.expiry = Expiry(self.state, self.subscriptions)
 
     # ------------------------------------------------------------------ logs
     def options(self, channel: str) -> ChannelOptions:
@@ -305,8 +307,18 @@ class Broker:
         self.settlement.withdraw(session, tags, now)
 
     # ----------------------------------------------------------------- time
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> list[tuple[str, int]]:
+        """Run the timers; return the channels idle expiry removed (name, messages)."""
         self.timers.tick(now)
+        return self.expiry.tick(now)
+
+    def apply_options(self, now: float) -> None:
+        """After a reload changed ``options_for``: every channel takes its new options
+        (idle expiry starts or stops watching it; its idle time starts again)."""
+        state = self.state
+        for name, log in state.channels.items():
+            log.options = state.options(name)
+            state.track_expiry(log, now)
 
     def trim_cache(self) -> int:
         """Keep message bodies in memory under the budget; return bytes freed."""

@@ -85,6 +85,7 @@ class Dispatcher:
         tag = next(self._tags)
         lease = Lease(tag, gc, msg, sub, now)
         gc.pending[msg.seq] = lease
+        gc.log.touched = now
         attempts = gc.attempts.get(msg.seq, 0) + 1
         gc.attempts[msg.seq] = attempts
         gc.delivered += 1

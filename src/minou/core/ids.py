@@ -28,7 +28,9 @@ class MessageIds:
         if not h:
             digest = hashlib.blake2b(log.name.encode(), digest_size=8).digest()
             h = log.id_hash = int.from_bytes(digest, "big") or 1  # pragma: no mutate
-            self.by_hash.setdefault(h, []).append(log.name)
+            names = self.by_hash.setdefault(h, [])
+            if log.name not in names:  # a channel made again after it expired
+                names.append(log.name)
         return h
 
     def find(self, message_id: str,

@@ -82,6 +82,9 @@ class ChannelOptions:
     # cut may lose that much). SQLite only: Redis follows its own appendfsync.
     durability: str = "fsync"
     sync_interval: float = DEFAULT_SYNC_INTERVAL_S
+    # Remove the channel (messages, and the groups that read only it) after this many
+    # seconds without a publish, a delivery or a connected reader (core/expiry.py).
+    expire_idle: float | None = None
 
 
 @dataclass(eq=False)
@@ -106,6 +109,7 @@ class ChannelLog:
     expired: int = 0
     published: int = 0
     loading: bool = False
+    touched: float = 0.0  # the last publish or delivery, or when a reader was last seen
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
     id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
     frozen: bool = False  # its queue is being handed over: nothing more is delivered

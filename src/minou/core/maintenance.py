@@ -188,7 +188,8 @@ def _options(core: Broker, queue: str) -> dict[str, Any]:
             "schema": opts.schema.key if opts.schema is not None else None,
             "durability": opts.durability,
             "sync_interval_ms": round(opts.sync_interval * 1000, 3)
-            if opts.durability == "interval" else None}
+            if opts.durability == "interval" else None,
+            "expire_idle": opts.expire_idle}
 
 
 def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) -> int | None:

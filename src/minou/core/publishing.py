@@ -327,6 +327,7 @@ class Publishing:
         )
         log.next_seq += 1
         log.inflight += 1
+        log.touched = now
         batch.channels[log.name] = log.next_seq
         batch.messages.append(msg)
         batch.bytes += len(send.data)

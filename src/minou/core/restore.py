@@ -27,7 +27,7 @@ class Restorer:
             state.groups[gdef.key] = Group(
                 gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]
             )
-        logs = self._channels(snap)
+        logs = self._channels(snap, now)
         self._group_states(snap, now)
         self._attach_unsaved(logs, now)
         state.dedup.load(snap.dedup, now)  # built into memory over the next ticks
@@ -56,7 +56,7 @@ class Restorer:
             if gdef.key not in state.groups:
                 state.groups[gdef.key] = Group(
                     gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns])
-        logs = self._channels(snap)
+        logs = self._channels(snap, now)
         touched = self._group_states(snap, now)
         touched.update(self._attach_unsaved(logs, now))
         for entry in snap.dedup:
@@ -69,7 +69,7 @@ class Restorer:
             state.mark_ready(grp)
         return logs
 
-    def _channels(self, snap: Snapshot) -> list[ChannelLog]:
+    def _channels(self, snap: Snapshot, now: float) -> list[ChannelLog]:
         state = self.state
         logs = []
         for rec in snap.channels:
@@ -80,6 +80,7 @@ class Restorer:
             log.count = rec.count
             log.gone = set(rec.gone)
             state.channels[rec.name] = log
+            state.track_expiry(log, now)
             logs.append(log)
         for channel, seq, priority, deliver_at in snap.specials:
             if channel in state.channels:

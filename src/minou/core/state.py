@@ -22,7 +22,7 @@ from typing import Any
 from ..auth.rules import Rules
 from ..errors import RequestError
 from ..limits import MAX_PRODUCER_STATES, PRODUCER_IDLE_S
-from ..names import schema_key
+from ..names import is_dead_letter, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
@@ -60,6 +60,10 @@ class BrokerState:
 
         self.channels: dict[str, ChannelLog] = {}
         self.groups: dict[str, Group] = {}
+        # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
+        # the next seq of each channel removed so far (a channel made again goes on there)
+        self.expiring: dict[ChannelLog, None] = {}
+        self.retired: dict[str, int] = {}
         self.batch = WriteBatch()
         # Batches handed to the writer so far, and the highest one durable: a delivery
         # taken after batch ``taken`` has its attempt count stored with the next one.
@@ -105,13 +109,26 @@ class BrokerState:
         log = self.channels.get(name)
         if log is None:
             log = ChannelLog(name, self.options(name))
+            seq = self.retired.pop(name, None)
+            if seq is not None:  # it expired: no seq (nor id) is given twice
+                log.first_seq = log.end = log.next_seq = log.cache_lo = seq
             self.channels[name] = log
+            self.track_expiry(log, now)
             self.batch.channels[name] = log.next_seq
             for group in self.groups.values():
                 if group.matches(name):
                     # A new channel has no delayed messages to load at ``now``.
                     self.attach(group, log, log.first_seq, now)  # pragma: no mutate
         return log
+
+    def track_expiry(self, log: ChannelLog, now: float) -> None:
+        """Watch ``log`` for idle expiry if its options say so (dead letters never
+        expire: they are the operator's to look at); its idle time starts ``now``."""
+        log.touched = now
+        if log.options.expire_idle is not None and not is_dead_letter(log.name):
+            self.expiring[log] = None
+        else:
+            self.expiring.pop(log, None)
 
     def attach(self, group: Group, log: ChannelLog, cursor: int, now: float) -> GroupChannel:
         """Start ``group`` reading ``log`` at ``cursor``."""

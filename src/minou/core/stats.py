@@ -23,6 +23,7 @@ class Counters:
     dropped: int = 0
     duplicates: int = 0
     lease_expired: int = 0
+    channels_expired: int = 0  # removed by expire_idle
     refused: Counter[str] = field(default_factory=Counter)
 
     def refuse(self, reason: str) -> None:
@@ -41,6 +42,7 @@ def channel_stats(log: ChannelLog) -> dict[str, Any]:
         "next_seq": log.end, "unsettled": unsettled, "published": log.published,
         "dropped": log.dropped, "expired": log.expired,
         "readers": [gc.group.key for gc in log.states],
+        "expire_idle": log.options.expire_idle, "active_at": log.touched,
     }
 
 

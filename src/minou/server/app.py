@@ -47,6 +47,7 @@ from ..errors import (
 from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
+    EXPIRY_LOG_LINES,
     GC_THRESHOLD,
     MAX_FRAME_SIZE,
     PUBLISH_RESUME_BYTES,
@@ -658,8 +659,7 @@ class BrokerServer:
         self.settings = new
         core = self.core
         core.options_for = new.channel_options
-        for name, log_ in core.channels.items():
-            log_.options = core.options(name)
+        core.apply_options(time.time())
         core.rules = new.rules
         core.strict_schemas = new.strict_schemas
         core.any_interval = new.any_interval
@@ -1020,7 +1020,14 @@ class BrokerServer:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
             now = time.time()
-            self.core.tick(now)
+            expired = self.core.tick(now)
+            for channel, messages in expired[:EXPIRY_LOG_LINES]:
+                log.info("channel %s expired: idle for %g s (expire_idle); removed with %d "
+                         "message(s) and the groups that read only it", channel,
+                         self.core.options(channel).expire_idle, messages)
+            if len(expired) > EXPIRY_LOG_LINES:  # a burst of short-lived channels
+                log.info("%d more channels expired (minou_channels_expired_total)",
+                         len(expired) - EXPIRY_LOG_LINES)
             self._warn_dedup_evictions(now)
             self.watch_consumers(time.monotonic())
             if now - last_expiry_scan >= 1.0:

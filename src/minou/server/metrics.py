@@ -206,6 +206,8 @@ _MINOU_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("duplicates", "minou_messages_duplicate", "Publishes recognised as duplicates and not "
      "stored again."),
     ("lease_expired", "minou_leases_expired", "Delivery leases that expired before a settle."),
+    ("channels_expired", "minou_channels_expired", "Channels removed by idle expiry "
+     "(expire_idle), with their messages."),
 )
 
 
@@ -217,7 +219,8 @@ class Metrics:
         {"uptime_s": float, "connections": int,
          "sockets": {"limit": int, "open": {listener: int}, "refused": {listener: int}},
          "counters": {"published", "delivered", "redelivered", "acked", "nacked",
-                      "dead_lettered", "expired", "dropped", "duplicates", "lease_expired": int,
+                      "dead_lettered", "expired", "dropped", "duplicates", "lease_expired",
+                      "channels_expired": int,
                       "refused": {reason: int}},
          "storage": {"bytes": int, "commits": int, "commit_seconds": float, "full": 0|1},
          "dedup": {"keys": int, "evicted": int},

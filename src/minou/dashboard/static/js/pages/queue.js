@@ -37,6 +37,7 @@ const OPTIONS = [
   ["retention", "Retention", (v) => (v == null ? "none" : fmtDuration(v))],
   ["schema", "Schema", (v) => v ?? "none"],
   ["durability", "Durability", (v, o) => (v === "interval" ? `interval (fsync within ${fmtInt(o.sync_interval_ms)} ms)` : v ?? DASH)],
+  ["expire_idle", "Expires when idle", (v) => (v == null ? "never" : `after ${fmtDuration(v)}`)],
 ];
 
 /** A payload as text: JSON pretty-printed, raw bytes as "N raw bytes" + base64. */

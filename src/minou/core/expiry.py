@@ -1,0 +1,71 @@
+"""Idle expiry: a channel whose options set ``expire_idle`` is removed, with its
+messages and the reader groups that read only it, once it has seen no publish, no
+delivery and no connected reader for that many seconds (busmq's expiring queues;
+request/reply inboxes by default). No I/O: the removal goes to storage with the next
+batch, as a purge does.
+
+A removed channel leaves a tombstone, its next seq (storage keeps its row with no
+messages in it): a channel of the same name made later goes on from there, so no seq
+and no message id is ever given twice.
+"""
+
+from __future__ import annotations
+
+from .group import Group
+from .log import ChannelLog
+from .state import BrokerState
+from .subscriptions import Subscriptions
+
+EXPIRY_SCAN_S = 1.0  # how often the channels that may expire are looked at
+
+
+class Expiry:
+    def __init__(self, state: BrokerState, subscriptions: Subscriptions) -> None:
+        self.state = state
+        self.subscriptions = subscriptions
+        self._next_scan = 0.0
+
+    def tick(self, now: float) -> list[tuple[str, int]]:
+        """Remove the channels idle past their ``expire_idle``; return each one's name
+        and the messages removed with it."""
+        if now < self._next_scan:
+            return []
+        self._next_scan = now + EXPIRY_SCAN_S
+        state = self.state
+        gone: list[tuple[str, int]] = []
+        for log in list(state.expiring):
+            limit = log.options.expire_idle
+            if limit is None or state.channels.get(log.name) is not log:
+                del state.expiring[log]  # a reload took the option away, or it was let go
+                continue
+            if log.inflight or any(gc.group.members or gc.pending for gc in log.states):
+                log.touched = now  # a publish on its way, or a reader connected
+            elif now - log.touched >= limit:
+                gone.append((log.name, self.remove(log)))
+        return gone
+
+    def remove(self, log: ChannelLog) -> int:
+        """Remove ``log`` with its messages, its reader groups' positions in it, and the
+        groups that read nothing else (a listener of just this channel); return the
+        messages removed."""
+        state = self.state
+        name = log.name
+        groups: list[Group] = []
+        for gc in list(log.states):
+            groups.append(gc.group)
+            self.subscriptions.detach(gc)
+        for grp in groups:
+            if not grp.gcs and not grp.members and all(
+                    p.concrete and p.text == name for p in grp.patterns):
+                del state.groups[grp.key]
+                state.ready_groups.pop(grp, None)
+                state.batch.group_defs[grp.key] = None
+        removed = log.truncate_below(log.end)
+        state.batch.truncates[name] = log.first_seq
+        state.batch.channels[name] = log.next_seq
+        del state.channels[name]
+        state.expiring.pop(log, None)
+        state.retired[name] = log.next_seq
+        log.waiters = {}
+        state.counters.channels_expired += 1
+        return removed

@@ -1,0 +1,115 @@
+"""Idle expiry (channel option ``expire_idle``, core/expiry.py): a channel with no
+publish, no delivery and no connected reader for that long is removed with its
+messages and the groups that read only it; a connected reader keeps it; a channel of
+the same name made later goes on with the next seq."""
+
+from __future__ import annotations
+
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.names import inbox_of
+
+from .helpers import Harness, payloads, seqs
+
+IDLE = 60.0
+
+
+def options(key: str) -> ChannelOptions:
+    return ChannelOptions(expire_idle=IDLE) if key.startswith("tmp/") else ChannelOptions()
+
+
+def harness() -> Harness:
+    return Harness(broker=Broker(channel_options=options))
+
+
+def test_an_idle_channel_is_removed_with_its_messages_and_only_its_groups() -> None:
+    h = harness()
+    h.publish_values("tmp/v1/a", [1, 2, 3])
+    h.publish_values("keep/v1/a", [1])
+    listener = Session("l")
+    only = h.subscribe(listener, kind="listen", patterns="tmp/v1/a", start="oldest",
+                       prefetch=10)
+    wide = h.subscribe(listener, 2, patterns="tmp/v1/*", group="wide")
+    assert len(h.take(only)) == 3
+    h.disconnect(listener)
+    h.tick(IDLE - 1)
+    assert "tmp/v1/a" in h.broker.channels  # the delivery counted as activity
+    h.tick(2)
+    assert "tmp/v1/a" not in h.broker.channels
+    assert "keep/v1/a" in h.broker.channels  # no expire_idle: never
+    assert h.broker.counters.channels_expired == 1
+    # The listener of just that channel went with it; the pattern's group stays.
+    assert set(h.broker.groups) == {wide.group.key}
+    assert wide.group.gcs == {}
+    batch = h.commit()
+    assert batch.truncates == {"tmp/v1/a": 4}
+    assert batch.group_defs == {only.group.key: None}
+    assert (wide.group.key, "tmp/v1/a") in batch.group_states
+    # Storage has no message of it left.
+    assert h.storage.read_range("tmp/v1/a", 1, 10, 10) == []
+
+
+def test_publishes_deliveries_and_connected_readers_keep_it() -> None:
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])
+    for _ in range(3):  # a publish every 50 s: never idle for 60
+        h.tick(50)
+        h.publish_values("tmp/v1/a", [2])
+    assert "tmp/v1/a" in h.broker.channels
+    # A connected consumer keeps it however long nothing flows.
+    s = Session("c")
+    sub = h.subscribe(s, patterns="tmp/v1/a", group="g")
+    h.ack(s, h.take(sub))
+    for _ in range(5):
+        h.tick(IDLE)
+    assert "tmp/v1/a" in h.broker.channels
+    h.disconnect(s)
+    h.tick(IDLE - 1)
+    assert "tmp/v1/a" in h.broker.channels  # idle counted from the disconnect's scan
+    h.tick(2)
+    assert "tmp/v1/a" not in h.broker.channels
+
+
+def test_a_channel_made_again_goes_on_with_the_next_seq() -> None:
+    h = harness()
+    first = h.publish_values("tmp/v1/a", [1, 2])
+    h.tick(IDLE + 1)
+    assert "tmp/v1/a" not in h.broker.channels
+    again = h.publish_values("tmp/v1/a", [3])
+    assert [o.seq for o in first + again] == [1, 2, 3]
+    assert len({o.id for o in first + again}) == 3  # ids are never given twice
+    s = Session("c")
+    sub = h.subscribe(s, patterns="tmp/v1/a", group="g")
+    items = h.take(sub)
+    assert (seqs(items), payloads(items)) == ([3], [3])
+
+
+def test_a_reload_gives_and_takes_the_option() -> None:
+    h = Harness()
+    h.publish_values("tmp/v1/a", [1])
+    h.tick(IDLE + 1)
+    assert "tmp/v1/a" in h.broker.channels  # no option yet
+    h.broker.options_for = options
+    h.broker.apply_options(h.now)
+    h.tick(IDLE + 1)
+    assert "tmp/v1/a" not in h.broker.channels
+    h.publish_values("tmp/v1/a", [1])
+    h.broker.options_for = lambda key: ChannelOptions()
+    h.broker.apply_options(h.now)
+    h.tick(IDLE * 10)
+    assert "tmp/v1/a" in h.broker.channels
+
+
+def test_inboxes_expire_by_default_once_their_owner_is_gone() -> None:
+    from minou.config import Settings
+
+    h = Harness(broker=Broker(channel_options=Settings().channel_options))
+    inbox = inbox_of("asker", "i1")
+    owner = Session("asker")
+    sub = h.subscribe(owner, kind="listen", patterns=inbox)
+    h.tick(3600)
+    assert inbox in h.broker.channels
+    h.engine.unsubscribe(owner, sub.sid)
+    h.tick(h.broker.options(inbox).expire_idle + 2)
+    assert inbox not in h.broker.channels
+    assert sub.group.key not in h.broker.groups
