@@ -66,6 +66,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from .message import Message, Receipt, Settlement
+from .peers import PEER_PREFETCH, Peer, peer_channels, peer_group
 from .requests import Requester, RequestHandler, make_responder
 
 log = logging.getLogger("minou.client")
@@ -1069,6 +1070,16 @@ class Client:
         handler again (within the broker's dedup window)."""
         return await self.consume(pattern, make_responder(self, handler, idempotent=idempotent),
                                   group=group, prefetch=prefetch, lease=lease)
+
+    async def peer(self, channel: str, *, role: str, prefetch: int = PEER_PREFETCH) -> Peer:
+        """Take role ``"a"`` or ``"b"`` of peer channel ``channel``: ``send()`` to the
+        other side, iterate (or ``get()``) what it sent, durable and in order
+        (docs/peers.md). Refused (NotAuthorized) while another client holds the role,
+        or another connection of this client does."""
+        _, reading = peer_channels(channel, role)
+        sub = await self._subscribe("consume", reading, None, group=peer_group(channel, role),
+                                    start="oldest", prefetch=prefetch, exclusive=True)
+        return Peer(self, channel, role, sub)
 
     # ------------------------------------------------------------ settling
     def _settle(self, msg: Message, op: str, **kw: Any) -> Settlement:

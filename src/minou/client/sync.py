@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from ..errors import ConnectionClosed, Timeout
 from .aio import Client, Subscription, connect
 from .message import Message, Receipt
+from .peers import Peer
 
 T = TypeVar("T")
 
@@ -115,6 +116,24 @@ class SyncSubscription:
         self._runner.call(self._sub.close())
 
 
+class SyncPeer:
+    """One side of a peer channel (``Client.peer``), blocking."""
+
+    def __init__(self, runner: _LoopThread, peer: Peer) -> None:
+        self._runner = runner
+        self._peer = peer
+
+    def send(self, payload: Any, **kw: Any) -> Receipt:
+        return self._runner.call(self._peer.send(payload, **kw))
+
+    def get(self, timeout: float | None = None) -> SyncMessage:
+        """The next message from the other side (acking the one before)."""
+        return SyncMessage(self._runner, self._runner.call(self._peer.get(timeout)))
+
+    def close(self) -> None:
+        self._runner.call(self._peer.close())
+
+
 class SyncClient:
     """Blocking client: ``with minou.connect_sync("minou://127.0.0.1:7700") as c: ...``"""
 
@@ -162,6 +181,11 @@ class SyncClient:
 
         return SyncSubscription(self._runner,
                                 self._runner.call(self._client.serve(pattern, run, **kw)))
+
+    def peer(self, channel: str, *, role: str, **kw: Any) -> SyncPeer:
+        """Take a role of a peer channel (``Client.peer``)."""
+        return SyncPeer(self._runner, self._runner.call(self._client.peer(channel, role=role,
+                                                                          **kw)))
 
     def read(self, channel: str, from_seq: int = 1, **kw: Any) -> tuple[list[Message], int]:
         return self._runner.call(self._client.read(channel, from_seq, **kw))

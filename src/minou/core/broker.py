@@ -228,11 +228,12 @@ class Broker:
         prefetch: int = 0,
         lease: float = 0.0,
         name: str | None = None,
+        exclusive: bool = False,
         now: float,
     ) -> Subscription:
         return self.subscriptions.subscribe(
             session, sid, kind=kind, patterns=patterns, group=group, start=start,
-            prefetch=prefetch, lease=lease, name=name, now=now)
+            prefetch=prefetch, lease=lease, name=name, exclusive=exclusive, now=now)
 
     def add_pattern(self, session: Session, sid: int, pattern: str, now: float) -> None:
         self.subscriptions.add_pattern(session, sid, pattern, now)

@@ -47,6 +47,15 @@ class Rights:
                     self.state.reservations[key] = session.client_id
                     self.state.batch.reservations[key] = session.client_id
 
+    def reserve(self, session: Session, channel: str) -> None:
+        """Reserve ``channel`` for ``session``'s client as a "!" rule would, whatever the
+        rules say (an exclusive subscription: a peer channel's role); checked already.
+        Admins reserve nothing."""
+        key = reservation_key(channel)
+        if not session.admin and key not in self.state.reservations:
+            self.state.reservations[key] = session.client_id
+            self.state.batch.reservations[key] = session.client_id
+
     def may_read(self, session: Session, pattern: str) -> bool:
         """``check_read``'s answer, without raising, recording or claiming."""
         return self.read_refusal(session, pattern) is None

@@ -5,9 +5,10 @@ unsettled deliveries back through ``settlement``."""
 
 from __future__ import annotations
 
-from ..errors import BadRequest, UnknownSubscription
+from ..errors import BadRequest, NotAuthorized, UnknownSubscription
 from ..limits import MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
 from ..names import (
+    Pattern,
     consume_group_key,
     is_dead_letter,
     listen_group_key,
@@ -41,6 +42,7 @@ class Subscriptions:
         lease: float,
         name: str | None,
         now: float,
+        exclusive: bool = False,
     ) -> Subscription:
         """``Broker.subscribe``, which gives every argument."""
         if kind not in ("listen", "consume"):
@@ -66,6 +68,8 @@ class Subscriptions:
         if not 0 <= lease <= MAX_LEASE_S:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
         grp = self.state.groups.get(key)
+        if exclusive:
+            self._check_exclusive(session, kind, parsed, grp)
         if grp is not None:
             self.rights.check_group_rights(session, grp, texts)
         # Checked: now this read claims what it reads (the group's channels too).
@@ -80,11 +84,27 @@ class Subscriptions:
         if not prefetch:
             first = next(iter(grp.gcs.values()), None)
             prefetch = first.log.options.prefetch if first else self.options_prefetch(patterns[0])
+        if exclusive:
+            self.rights.reserve(session, texts[0])
         sub = Subscription(session, sid, grp, prefetch, lease or self.state.default_lease)
         grp.members.append(sub)
         session.subs[sid] = sub
         self.state.mark_ready(grp)
         return sub
+
+    def _check_exclusive(self, session: Session, kind: str, parsed: list[Pattern],
+                         grp: Group | None) -> None:
+        """An exclusive subscription (a peer channel's role) reads one channel by name in
+        a consumer group that one connection at a time holds; the channel's reservation
+        is checked with the other read rights."""
+        if kind != "consume" or len(parsed) != 1 or not parsed[0].concrete:
+            raise BadRequest("an exclusive subscription consumes one channel, by name")
+        if grp is not None and any(m.session is not session for m in grp.members):
+            holder = grp.members[0].session.client_id
+            raise NotAuthorized(
+                f"group {grp.key.removeprefix('consume:')!r} is exclusive and held by another "
+                f"connection (client {holder!r}); it is free once that one is gone",
+                group=grp.key, client=holder)
 
     def options_prefetch(self, pattern: str) -> int:
         """The prefetch of the queue a (parsed, so valid) ``pattern`` reads: a pattern

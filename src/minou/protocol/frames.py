@@ -137,6 +137,9 @@ class Subscribe(Frame):
     prefetch: int = 0  # 0: the channel default
     lease: float = 0.0  # 0: the broker default
     name: str | None = None  # durable listener name (defaults to the pattern)
+    # One channel, by name, in a consumer group: the first client to read it this way
+    # reserves it (as a "!" rule does), and one connection at a time holds the group.
+    exclusive: bool = False
 
 
 class Unsubscribe(Frame):

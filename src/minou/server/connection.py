@@ -311,7 +311,8 @@ class NativeConnection:
         sub = self.engine.subscribe(
             self.session, frame.sid, answer, kind=frame.kind,
             patterns=list(frame.patterns), group=frame.group, start=frame.start,
-            prefetch=frame.prefetch, lease=frame.lease, name=frame.name)
+            prefetch=frame.prefetch, lease=frame.lease, name=frame.name,
+            exclusive=frame.exclusive)
         # Paused like the others while this socket is full or over its budget share: a
         # reader that stopped reading must not get round the pause by subscribing again.
         sub.paused = self._water_paused or self.budget_paused
