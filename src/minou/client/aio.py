@@ -65,7 +65,7 @@ from ..limits import (
 )
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
-from .message import Message, Receipt, Settlement
+from .message import Message, Receipt, Settlement, until_closed
 from .peers import PEER_PREFETCH, Peer, peer_channels, peer_group
 from .requests import Requester, RequestHandler, make_responder
 
@@ -275,14 +275,7 @@ class Subscription:
         return self._queue.popleft() if self._queue else None
 
     def __aiter__(self) -> AsyncIterator[Message]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Message]:
-        while True:
-            try:
-                yield await self.get()
-            except ConnectionClosed:
-                return
+        return until_closed(self.get)
 
     async def _run_handler(self) -> None:
         assert self.handler is not None

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..errors import ErrorCode, error_from_code
+from ..errors import ConnectionClosed, ErrorCode, error_from_code
 
 if TYPE_CHECKING:
     from .aio import Client
@@ -120,3 +120,12 @@ class _Unset:
 
 
 _UNSET = _Unset()
+
+
+async def until_closed(get: Callable[[], Awaitable[Message]]) -> AsyncIterator[Message]:
+    """Iterate ``get()`` until the subscription (or the client) is closed."""
+    while True:
+        try:
+            yield await get()
+        except ConnectionClosed:
+            return

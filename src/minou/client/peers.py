@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConnectionClosed
-from .message import Message, Receipt
+from .message import Message, Receipt, until_closed
 
 if TYPE_CHECKING:
     from .aio import Client, Subscription
@@ -66,14 +65,7 @@ class Peer:
         return msg
 
     def __aiter__(self) -> AsyncIterator[Message]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Message]:
-        while True:
-            try:
-                yield await self.get()
-            except ConnectionClosed:
-                return
+        return until_closed(self.get)
 
     def _ack_last(self) -> None:
         if self._last is not None:
