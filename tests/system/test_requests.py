@@ -102,6 +102,36 @@ def test_requests_are_shared_by_the_responders_of_a_group(broker):
     run(scenario())
 
 
+def test_a_responder_answers_up_to_prefetch_requests_at_once(broker):
+    async def scenario() -> None:
+        responder = await broker.connect("resp")
+        requester = await broker.connect("asker")
+        running, most = 0, 0
+        gate = asyncio.Event()
+
+        async def slow(msg: minou.Message) -> int:
+            nonlocal running, most
+            running += 1
+            most = max(most, running)
+            if most == 5:
+                gate.set()
+            await gate.wait()  # each waits until five run at once
+            running -= 1
+            return msg.payload
+
+        try:
+            await responder.serve("slow/v1/*", slow, prefetch=5)
+            answers = await asyncio.gather(*(requester.request("slow/v1/q", n, timeout=10)
+                                             for n in range(12)))
+            assert answers == list(range(12))
+            assert most == 5  # no more than prefetch, and that many
+        finally:
+            await requester.close()
+            await responder.close()
+
+    run(scenario())
+
+
 def test_nobody_serving_is_refused_at_once_and_nothing_is_stored(broker):
     async def scenario() -> None:
         requester = await broker.connect("asker")

@@ -67,7 +67,7 @@ from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from .message import Message, Receipt, Settlement, until_closed
 from .peers import PEER_PREFETCH, Peer, peer_channels, peer_group
-from .requests import Requester, RequestHandler, make_responder
+from .requests import Requester, RequestHandler, make_responder, serve_each
 
 log = logging.getLogger("minou.client")
 _json_encode = msgspec.json.encode
@@ -1057,12 +1057,15 @@ class Client:
                     group: str | None = None, idempotent: bool = False, prefetch: int = 0,
                     lease: float = 0.0) -> Subscription:
         """Answer the requests on ``pattern`` with ``handler(message)``'s return value
-        (a raised exception goes back as the requester's ``ResponderError``). Responders
-        in one ``group`` (default: the pattern) share the requests. ``idempotent``: a
+        (a raised exception goes back as the requester's ``ResponderError``), up to
+        ``prefetch`` at once (default: the channel's prefetch, 1 unless configured).
+        Responders in one ``group`` (default: the pattern) share the requests. ``idempotent``: a
         request delivered again after its reply was stored is acked without running the
         handler again (within the broker's dedup window)."""
-        return await self.consume(pattern, make_responder(self, handler, idempotent=idempotent),
-                                  group=group, prefetch=prefetch, lease=lease)
+        sub = await self.consume(pattern, group=group, prefetch=prefetch, lease=lease)
+        sub._task = asyncio.create_task(
+            serve_each(sub, make_responder(self, handler, idempotent=idempotent)))
+        return sub
 
     async def peer(self, channel: str, *, role: str, prefetch: int = PEER_PREFETCH) -> Peer:
         """Take role ``"a"`` or ``"b"`` of peer channel ``channel``: ``send()`` to the

@@ -88,6 +88,21 @@ class Requester:
         return reply.payload
 
 
+async def serve_each(sub: Subscription, respond: Callable[[Message], Awaitable[None]]
+                     ) -> None:
+    """Answer each request of ``sub`` in a task of its own: as many at once as the
+    broker hands out (the subscription's prefetch bounds them)."""
+    running: set[asyncio.Task[None]] = set()
+    try:
+        async for msg in sub:
+            task = asyncio.create_task(respond(msg))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    finally:
+        for task in running:
+            task.cancel()
+
+
 def make_responder(client: Client, handler: RequestHandler, *,
                    idempotent: bool) -> Callable[[Message], Awaitable[None]]:
     """The consume handler that answers each request with ``handler``'s result."""

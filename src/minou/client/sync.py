@@ -173,8 +173,8 @@ class SyncClient:
 
     def serve(self, pattern: str | list[str], handler: Callable[[SyncMessage], Any],
               **kw: Any) -> SyncSubscription:
-        """Answer requests with ``handler`` (``Client.serve``); it runs on a worker
-        thread, one request at a time, so it may block."""
+        """Answer requests with ``handler`` (``Client.serve``); it runs on worker
+        threads (up to ``prefetch`` requests at once), so it may block."""
 
         async def run(msg: Message) -> Any:
             return await asyncio.to_thread(handler, SyncMessage(self._runner, msg))
