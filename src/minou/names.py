@@ -189,14 +189,15 @@ def schema_key(channel: str) -> str:
 # Request/reply (docs/requests.md). A client's replies arrive on an inbox channel,
 # ``_inbox/v1/<client id, URL-encoded>!<instance>`` (one per client object, so processes
 # sharing a client id never take each other's replies), which only that client may
-# read; a request names it in REPLY_TO, and a reply may be written there only by the
-# connection that holds the request's delivery (REPLY_TAG names it; the broker drops
-# the header). "!" splits unambiguously: quote() always escapes it in the client id.
+# read; a request names it in REPLY_TO, and a reply may be written there only with the
+# REPLY_TOKEN the request's delivery carried (the broker drops it when storing the
+# reply). "!" splits unambiguously: quote() always escapes it in the client id.
 INBOX_ENDPOINT = "_inbox"
 INBOX_PREFIX = "_inbox/v1/"
 REPLY_TO = "x-reply-to"
 CORRELATION_ID = "x-correlation-id"
-REPLY_TAG = "x-reply-tag"
+REQUEST_ID = "x-request-id"  # on a reply: the message id of the request it answers
+REPLY_TOKEN = "x-reply-token"  # on a request's delivery: the right to reply to it
 REPLY_ERROR = "x-reply-error"  # a reply that carries the responder's error, not a result
 REPLIED = "x-replied"  # on a redelivered request whose reply the broker already stored
 

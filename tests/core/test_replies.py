@@ -10,8 +10,17 @@ from typing import Any
 import pytest
 
 from minou.core.broker import Session
+from minou.core.replies import reply_token
 from minou.errors import BadRequest
-from minou.names import CORRELATION_ID, REPLIED, REPLY_TAG, REPLY_TO, inbox_of, inbox_owner
+from minou.names import (
+    CORRELATION_ID,
+    REPLIED,
+    REPLY_TO,
+    REPLY_TOKEN,
+    REQUEST_ID,
+    inbox_of,
+    inbox_owner,
+)
 from minou.protocol.frames import Outcome
 
 from .helpers import Harness, send
@@ -86,28 +95,30 @@ def test_requests_go_to_one_channel_never_to_an_inbox_or_a_pattern() -> None:
     assert "a request cannot go to an inbox" in out.error
 
 
-def test_a_reply_answers_a_request_the_session_holds() -> None:
+def test_a_reply_brings_back_the_token_its_request_was_delivered_with() -> None:
     h, asker, worker, sub = served()
     assert request(h, asker).code == 0
+    assert REPLY_TOKEN not in h.broker.channels["q/v1/1"].cache[1].headers  # not stored
     [req] = h.take(sub)
-    other = Session("other")
-    good = {CORRELATION_ID: "c1", REPLY_TAG: str(req.tag)}
-    for session, headers in ((other, good), (worker, {**good, REPLY_TAG: str(req.tag + 1)}),
-                             (worker, {**good, CORRELATION_ID: "c2"}),
-                             (worker, {**good, REPLY_TAG: "x"}),
-                             (worker, {CORRELATION_ID: "c1"})):
-        out = publish(h, session, INBOX, "no", **headers)
-        assert out.code == 208 and "another client's inbox" in out.error, (session, headers)
-    out = publish(h, worker, INBOX, "yes", **good)
+    token = req.headers[REPLY_TOKEN]
+    assert token == reply_token(h.broker.state.reply_secret, INBOX, "c1", req.id)
+    good = {CORRELATION_ID: "c1", REQUEST_ID: req.id, REPLY_TOKEN: token}
+    for headers in ({**good, REPLY_TOKEN: token[:-1] + ("0" if token[-1] != "0" else "1")},
+                    {**good, CORRELATION_ID: "c2"}, {**good, REQUEST_ID: "x"},
+                    {**good, REQUEST_ID: ""}, {CORRELATION_ID: "c1", REQUEST_ID: req.id}):
+        out = publish(h, worker, INBOX, "no", **headers)
+        assert out.code == 208 and "another client's inbox" in out.error, headers
+    # The token is the right, whoever brings it (another broker, an HTTP consumer).
+    out = publish(h, Session("other"), INBOX, "yes", **good)
     assert out.code == 0
     stored = h.broker.channels[INBOX].cache[out.seq]
-    assert stored.headers == {CORRELATION_ID: "c1"}  # the tag is not stored
+    assert stored.headers == {CORRELATION_ID: "c1", REQUEST_ID: req.id}  # no token
     # A second reply to the same request is the same message (the dedup key).
     again = publish(h, worker, INBOX, "again", **good)
     assert (again.duplicate, again.seq) == (True, out.seq)
-    # Once settled, the request is no longer held: no reply any more.
-    h.ack(worker, [req])
-    assert publish(h, worker, INBOX, "late", **good).code == 208
+    # Another broker's secret makes other tokens.
+    other = Harness()
+    assert reply_token(other.broker.state.reply_secret, INBOX, "c1", req.id) != token
 
 
 def test_a_client_writes_its_own_inboxes_and_a_transaction_none() -> None:
@@ -126,11 +137,12 @@ def test_a_request_delivered_again_after_its_reply_is_marked() -> None:
     h, asker, worker, sub = served()
     request(h, asker)
     [req] = h.take(sub)
-    assert REPLIED not in (req.headers or {})
+    assert REPLIED not in req.headers
     h.nack(worker, [req])  # not answered yet: delivered again, unmarked
     [again] = h.take(sub)
     assert again.attempts == 2 and REPLIED not in again.headers
-    publish(h, worker, INBOX, "done", **{CORRELATION_ID: "c1", REPLY_TAG: str(again.tag)})
+    publish(h, worker, INBOX, "done", **{CORRELATION_ID: "c1", REQUEST_ID: again.id,
+                                         REPLY_TOKEN: again.headers[REPLY_TOKEN]})
     h.nack(worker, [again])  # answered, the ack lost: marked
     [third] = h.take(sub)
     assert third.attempts == 3 and third.headers[REPLIED] == "1"

@@ -16,7 +16,7 @@ import pytest
 
 import minou
 from minou.errors import BadRequest, NoResponders, NotAuthorized, ResponderError, Timeout
-from minou.names import CORRELATION_ID, REPLY_TAG, REPLY_TO, inbox_of
+from minou.names import CORRELATION_ID, REPLY_TO, REPLY_TOKEN, REQUEST_ID, inbox_of
 
 from .test_http_api import bearer
 
@@ -236,7 +236,7 @@ def test_an_inbox_is_read_by_its_owner_alone(ruled):
     run(scenario())
 
 
-def test_only_the_connection_holding_the_request_writes_the_reply(ruled):
+def test_only_who_was_handed_the_request_writes_the_reply(ruled):
     async def scenario() -> None:
         responder = await ruled.connect("pricing-1")
         requester = await ruled.connect("shop-1")
@@ -247,19 +247,21 @@ def test_only_the_connection_holding_the_request_writes_the_reply(ruled):
             task = asyncio.create_task(requester.request("pricing/v1/q", {"n": 1}, timeout=10))
             req = await sub.get(timeout=5)
             inbox, correlation = req.headers[REPLY_TO], req.headers[CORRELATION_ID]
-            # Straight into the inbox, with the right id but no delivery held: refused,
-            # for an admin too.
-            for client in (intruder, admin):
+            token = req.headers[REPLY_TOKEN]
+            good = {CORRELATION_ID: correlation, REQUEST_ID: req.id, REPLY_TOKEN: token}
+            # The request as stored (a browse, a range read) carries no token.
+            stored = await admin.admin("browse", channel="pricing/v1/q")
+            assert REPLY_TOKEN not in stored["messages"][0]["headers"]
+            # Straight into the inbox without the token, or with one made up, or with
+            # the token and another correlation id or request id: refused, for an admin
+            # too.
+            for client, headers in ((intruder, {CORRELATION_ID: correlation}),
+                                    (admin, {**good, REPLY_TOKEN: "0" * 32}),
+                                    (responder, {**good, REPLY_TOKEN: token[:-1] + "x"}),
+                                    (responder, {**good, CORRELATION_ID: "nope"}),
+                                    (responder, {**good, REQUEST_ID: req.id + "0"})):
                 with pytest.raises(NotAuthorized, match="another client's inbox"):
-                    await client.send(inbox, "forged", headers={CORRELATION_ID: correlation,
-                                                                REPLY_TAG: str(req.tag)})
-            # The holder, with a wrong correlation id or another tag: refused.
-            with pytest.raises(NotAuthorized, match="another client's inbox"):
-                await responder.send(inbox, "x", headers={CORRELATION_ID: "nope",
-                                                          REPLY_TAG: str(req.tag)})
-            with pytest.raises(NotAuthorized, match="another client's inbox"):
-                await responder.send(inbox, "x", headers={CORRELATION_ID: correlation,
-                                                          REPLY_TAG: str(req.tag + 1)})
+                    await client.send(inbox, "forged", headers=headers)
             # A request may not name another client's inbox for its replies.
             with pytest.raises(NotAuthorized, match="inbox of the requester's own"):
                 await intruder.send("pricing/v1/q", 1, headers={
@@ -267,9 +269,9 @@ def test_only_the_connection_holding_the_request_writes_the_reply(ruled):
             # A request is not staged in a transaction.
             with pytest.raises(BadRequest, match="not staged in a transaction"):
                 await responder.stage("t1", [{"channel": inbox, "payload": 1}])
-            # The real reply, and nothing forged, reaches the requester.
-            await responder.send(inbox, "real", headers={CORRELATION_ID: correlation,
-                                                         REPLY_TAG: str(req.tag)})
+            # The real reply, and nothing forged, reaches the requester; the token is
+            # not stored with it.
+            await responder.send(inbox, "real", headers=good)
             assert await task == "real"
             assert await req.ack() is True
         finally:
@@ -293,7 +295,8 @@ def test_a_request_delivered_again_after_its_reply_is_not_run_twice(broker):
         task = asyncio.create_task(requester.request(f"{queue}/v1/once", {"n": 7}, timeout=20))
         req = await sub.get(timeout=5)
         await first.send(req.headers[REPLY_TO], {"ran": "first"}, headers={
-            CORRELATION_ID: req.headers[CORRELATION_ID], REPLY_TAG: str(req.tag)})
+            CORRELATION_ID: req.headers[CORRELATION_ID], REQUEST_ID: req.id,
+            REPLY_TOKEN: req.headers[REPLY_TOKEN]})
         answer = await task
         await first.close()  # no ack: the broker delivers it again
         runs = 0
@@ -396,3 +399,37 @@ def test_cli_request(broker):
     assert out.returncode == 1
     assert "no reply:" in out.stderr and "no consumer or listener" in out.stderr
 
+
+
+def test_an_http_consumer_answers_a_request_with_its_token(broker):
+    headers = bearer(broker, "http-responder")
+
+    async def scenario() -> None:
+        requester = await broker.connect("asker")
+        try:
+            async with httpx.AsyncClient(base_url=broker.http, timeout=10) as http:
+                async def respond() -> None:
+                    r = await http.post("/v1/consume/quotes/v1/q?group=q&wait=10",
+                                        headers=headers)
+                    assert r.status_code == 200, r.text
+                    req = r.json()
+                    h = req["headers"]
+                    reply = {f"x-minou-header-{k}": h[k] for k in
+                             (CORRELATION_ID, REPLY_TOKEN)}
+                    reply["x-minou-header-" + REQUEST_ID] = req["id"]
+                    r = await http.post(f"/v1/messages/{h[REPLY_TO]}", json={"price": 3},
+                                        headers={**headers, **reply})
+                    assert r.status_code == 201, r.text
+                    r = await http.post(f"/v1/ack/{req['receipt']}", headers=headers)
+                    assert r.status_code == 200, r.text
+
+                waiting = asyncio.create_task(
+                    http.post("/v1/consume/quotes/v1/q?group=q&wait=0.1", headers=headers))
+                await waiting  # the HTTP consumer's group exists: someone serves
+                answering = asyncio.create_task(respond())
+                assert await requester.request("quotes/v1/q", {"qty": 1}) == {"price": 3}
+                await answering
+        finally:
+            await requester.close()
+
+    run(scenario())

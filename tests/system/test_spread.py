@@ -551,3 +551,23 @@ def test_a_client_revoked_on_one_broker_is_cut_and_refused_on_the_other(
         wait_until(cut, timeout=10, what="the revoked client's connection to be cut")
     with pytest.raises(minou.MinouError, match="revoked"):
         minou.connect_sync(b.url, **b.auth("short-lived"))
+
+
+def test_request_reply_across_brokers_that_spread_the_queues(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Requests to queues owned by every broker, the responder on one broker, the
+    requester on another, the requester's inbox owned by a third or either: the reply
+    is checked by its token, which any broker of the cluster can verify."""
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
+    publish_all(brokers[0], 1)  # the queues exist: rendezvous hashing places them
+    wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
+    assert len(set(owners(brokers[0]).values())) >= 2
+    with brokers[0].connect_sync("responder") as responder, \
+            brokers[1].connect_sync("requester") as requester:
+        responder.serve("orders/*", lambda msg: {"echo": msg.payload, "on": msg.channel},
+                        group="echo", prefetch=16)
+        for q in QUEUES:
+            reply = requester.request(f"{q}/r", {"q": q}, timeout=10)
+            assert reply == {"echo": {"q": q}, "on": f"{q}/r"}
+        with pytest.raises(minou.NoResponders):
+            requester.request("nobody/v1/r", {}, timeout=10)

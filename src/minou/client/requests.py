@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import MinouError, ResponderError, Timeout
 from ..limits import MAX_REQUEST_TIMEOUT_S
-from ..names import CORRELATION_ID, REPLIED, REPLY_ERROR, REPLY_TAG, REPLY_TO, inbox_of
+from ..names import (
+    CORRELATION_ID,
+    REPLIED,
+    REPLY_ERROR,
+    REPLY_TO,
+    REPLY_TOKEN,
+    REQUEST_ID,
+    inbox_of,
+)
 from .message import Message
 
 if TYPE_CHECKING:
@@ -129,7 +137,8 @@ def make_responder(client: Client, handler: RequestHandler, *,
             extra[REPLY_ERROR] = type(exc).__name__
         try:
             await client.send(reply_to, result, headers={
-                CORRELATION_ID: correlation, REPLY_TAG: str(msg.tag), **extra})
+                CORRELATION_ID: correlation, REQUEST_ID: msg.id,
+                REPLY_TOKEN: headers.get(REPLY_TOKEN, ""), **extra})
         except MinouError as exc:
             # Not answered: the request goes back (nack) or comes again after the
             # lease (the connection is gone); another responder may answer it.

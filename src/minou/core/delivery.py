@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import itertools
 
+from ..names import REPLY_TO
 from ..protocol.frames import Delivery
 from .dead_letters import DeadLetters
 from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
 from .log import Msg
-from .replies import redelivery_headers
+from .replies import delivery_headers
 from .state import BrokerState
 
 
@@ -97,10 +98,10 @@ class Dispatcher:
         counters = state.counters
         counters.delivered += 1
         headers = msg.headers
+        if headers and REPLY_TO in headers:  # a request: the right to answer it
+            headers = delivery_headers(state, msg, attempts, now)
         if attempts > 1:
             counters.redelivered += 1
-            if headers:  # a request whose reply is stored already says so
-                headers = redelivery_headers(state, msg, now)
         elif state.delivery_latency is not None:
             state.delivery_latency.observe(now - msg.published_at)
         return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, headers,

@@ -308,7 +308,8 @@ class Publishing:
                           else access.client_id)
             return send, False
         if is_inbox(send.channel):
-            return check_reply(send, session), True
+            return check_reply(self.state, send, session.client_id if session is not None
+                               else access.client_id), True
         return send, False
 
     def stage(self, log: ChannelLog, send: Send, now: float) -> Msg:

@@ -6,16 +6,23 @@ correlation id. The broker checks three things the clients cannot be trusted wit
 * the inbox is one of the requester's own, so nobody directs replies into another's;
 * someone serves the channel (a group with a connected member reads it), else the
   request is refused at once with ``NO_RESPONDERS`` and nothing is stored;
-* a reply written into another client's inbox answers a request the replying
-  connection holds right now (``x-reply-tag`` names that delivery), carries the same
-  correlation id, and is stored under the dedup key ``reply:<request id>``: a request
-  redelivered after its reply was stored is marked ``x-replied``, so a handler that
-  opted in does not run twice within the dedup window.
+* a reply written into another client's inbox answers a request its writer was handed:
+  every delivery of a request carries ``x-reply-token``, a MAC of (inbox, correlation
+  id, request id) under the brokers' secret, and a reply must bring it back with
+  ``x-request-id``. Any broker sharing the secret can check it (queues spread over
+  brokers: the reply may be stored by another broker than the one that delivered the
+  request), and no lease lookup is needed (HTTP consumers can answer too). The reply
+  is stored under the dedup key ``reply:<request id>``: a request delivered again
+  after its reply was stored is marked ``x-replied``, so a handler that opted in does
+  not run twice within the dedup window.
 
 Reading inboxes is checked with every other read (``rights.inbox_refusal``).
 """
 
 from __future__ import annotations
+
+import hashlib
+import hmac
 
 import msgspec
 
@@ -23,8 +30,9 @@ from ..errors import BadRequest, NoResponders, NotAuthorized
 from ..names import (
     CORRELATION_ID,
     REPLIED,
-    REPLY_TAG,
     REPLY_TO,
+    REPLY_TOKEN,
+    REQUEST_ID,
     inbox_of,
     inbox_owner,
     is_inbox,
@@ -33,13 +41,18 @@ from ..names import (
 )
 from ..protocol.frames import Send
 from .log import Msg
-from .session import Session
 from .state import BrokerState
 
 
 def has_responders(state: BrokerState, channel: str) -> bool:
     """Whether a connected consumer or listener reads ``channel`` now."""
     return any(group.members and group.matches(channel) for group in state.groups.values())
+
+
+def reply_token(secret: bytes, inbox: str, correlation: str, request_id: str) -> str:
+    """The right to reply to request ``request_id``: handed out with its delivery."""
+    text = f"{inbox}\0{correlation}\0{request_id}".encode()
+    return hmac.new(secret, text, hashlib.sha256).hexdigest()[:32]
 
 
 def check_request(state: BrokerState, send: Send, client_id: str) -> None:
@@ -65,33 +78,36 @@ def check_request(state: BrokerState, send: Send, client_id: str) -> None:
                            "would answer the request (nothing was stored)", channel=target)
 
 
-def check_reply(send: Send, session: Session | None) -> Send:
+def check_reply(state: BrokerState, send: Send, client_id: str | None) -> Send:
     """``send`` goes to an inbox: return what to store, or raise NotAuthorized. A
-    client may write its own inbox; another's only as the reply to a request its
-    connection holds (the tag in ``x-reply-tag``, which is not stored)."""
+    client may write its own inboxes; another's only with the reply token of a request
+    it was handed (which is not stored)."""
     target = send.channel
-    if session is not None and inbox_owner(target) == session.client_id:
+    if client_id is not None and inbox_owner(target) == client_id:
         return send
     headers = send.headers or {}
-    tag = headers.get(REPLY_TAG, "")
-    lease = session.leases.get(int(tag)) if session is not None and tag.isdigit() else None
-    asked = lease.msg.headers if lease is not None else None
-    if not asked or asked.get(REPLY_TO) != target or \
-            asked.get(CORRELATION_ID) != headers.get(CORRELATION_ID):
+    token, request_id = headers.get(REPLY_TOKEN, ""), headers.get(REQUEST_ID, "")
+    expected = reply_token(state.reply_secret, target, headers.get(CORRELATION_ID, ""),
+                           request_id)
+    if not request_id or not hmac.compare_digest(token, expected):
         raise NotAuthorized(
-            f"{target!r} is another client's inbox: only a reply to a request this "
-            f"connection holds may go there ({REPLY_TAG}: its delivery tag, "
-            f"{CORRELATION_ID}: the request's)", channel=target)
-    kept = {k: v for k, v in headers.items() if k != REPLY_TAG}
-    return msgspec.structs.replace(send, headers=kept or None,
-                                   dedup=reply_dedup_key(lease.msg.id))  # type: ignore[union-attr]
+            f"{target!r} is another client's inbox: only a reply to a request delivered to "
+            f"you may go there ({REQUEST_ID}, {CORRELATION_ID} and {REPLY_TOKEN} as the "
+            "request's delivery had them)", channel=target)
+    kept = {k: v for k, v in headers.items() if k != REPLY_TOKEN}
+    return msgspec.structs.replace(send, headers=kept, dedup=reply_dedup_key(request_id))
 
 
-def redelivery_headers(state: BrokerState, msg: Msg, now: float) -> dict[str, str] | None:
-    """A request delivered again: its headers, marked ``x-replied`` when its reply is
-    in the dedup window already (the handler ran and answered; only the ack was lost)."""
+def delivery_headers(state: BrokerState, msg: Msg, attempts: int, now: float
+                     ) -> dict[str, str]:
+    """A request's headers as delivered: with its reply token, and marked ``x-replied``
+    when delivered again after its reply was stored (the handler ran and answered;
+    only the ack was lost)."""
     headers = msg.headers
-    if headers and REPLY_TO in headers and \
-            state.dedup.get(headers[REPLY_TO], reply_dedup_key(msg.id), now) is not None:
-        return {**headers, REPLIED: "1"}
-    return headers
+    assert headers is not None
+    reply_to = headers[REPLY_TO]
+    out = {**headers, REPLY_TOKEN: reply_token(
+        state.reply_secret, reply_to, headers.get(CORRELATION_ID, ""), msg.id)}
+    if attempts > 1 and state.dedup.get(reply_to, reply_dedup_key(msg.id), now) is not None:
+        out[REPLIED] = "1"
+    return out

@@ -16,6 +16,7 @@ The three work sets, each a dict used as an ordered set:
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,9 @@ class BrokerState:
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}
         self.retired: dict[str, int] = {}
+        # Signs the reply tokens of request deliveries (core/replies.py); brokers that
+        # spread the queues share one (the server sets it), one alone has its own.
+        self.reply_secret = secrets.token_bytes(32)
         self.batch = WriteBatch()
         # Batches handed to the writer so far, and the highest one durable: a delivery
         # taken after batch ``taken`` has its attempt count stored with the next one.

@@ -117,6 +117,9 @@ class SpreadRole:
         self.server.engine.may_deliver = self.may_deliver
         self.server.engine.route = self.refuse_remote
         self.server.core.state.hosts = self.hosts
+        # A reply may be stored by another broker than the one that delivered the
+        # request: every broker checks reply tokens with the cluster's secret.
+        self.server.core.state.reply_secret = self.secret
         log.warning("spread: broker %s joins %d live broker(s) on %s; it owns the queues "
                     "rendezvous hashing gives it", self.member, len(self.alive),
                     self.server.storage.path)
