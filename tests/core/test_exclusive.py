@@ -20,14 +20,15 @@ def take(h: Harness, session: Session, sid: int = 1, **kw: object) -> object:
 
 
 @pytest.mark.parametrize(("kw", "text"), [
-    ({"kind": "listen"}, "consumes one channel, by name"),
-    ({"patterns": "chat/v1/*"}, "consumes one channel, by name"),
-    ({"patterns": [CH, "chat/v1/other"]}, "consumes one channel, by name"),
+    ({"kind": "listen"}, "an exclusive subscription consumes one channel, by name"),
+    ({"patterns": "chat/v1/*"}, "an exclusive subscription consumes one channel, by name"),
+    ({"patterns": [CH, "chat/v1/other"]},
+     "an exclusive subscription consumes one channel, by name"),
 ])
 def test_an_exclusive_subscription_consumes_one_channel_by_name(kw: dict[str, object],
                                                                 text: str) -> None:
     h = Harness()
-    with pytest.raises(BadRequest, match=text):
+    with pytest.raises(BadRequest, match=f"^{text}$"):
         take(h, Session("alice"), **kw)
     assert h.broker.reservations == {}
 
@@ -42,8 +43,12 @@ def test_the_first_client_reserves_the_channel_and_one_connection_holds_it() -> 
         take(h, other)
     with pytest.raises(NotAuthorized, match="reserved by client 'alice'"):
         h.subscribe(other, patterns=CH, group="sneak")  # any read of it
-    with pytest.raises(NotAuthorized, match="held by another connection"):
+    with pytest.raises(NotAuthorized) as held:
         take(h, second)
+    assert held.value.message == ("group 'peer-a' is exclusive and held by another "
+                                  "connection (client 'alice'); it is free once that one "
+                                  "is gone")
+    assert held.value.detail == {"group": "consume:peer-a", "client": "alice"}
     take(h, first, 2)  # the holder's own connection may subscribe again
     h.engine.unsubscribe(first, 1)
     h.engine.unsubscribe(first, 2)

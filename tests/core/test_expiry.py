@@ -113,3 +113,44 @@ def test_inboxes_expire_by_default_once_their_owner_is_gone() -> None:
     h.tick(h.broker.options(inbox).expire_idle + 2)
     assert inbox not in h.broker.channels
     assert sub.group.key not in h.broker.groups
+
+
+def test_idle_for_exactly_expire_idle_is_enough_and_scans_come_once_a_second() -> None:
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])  # touched at T0
+    h.tick(IDLE - 0.5)  # a scan: not yet
+    h.tick(0.5)  # idle exactly IDLE, but the last scan was half a second ago
+    assert "tmp/v1/a" in h.broker.channels
+    h.tick(0.5)  # the next scan: idle for IDLE + 0.5
+    assert "tmp/v1/a" not in h.broker.channels
+    h.publish_values("tmp/v1/b", [1])
+    h.tick(IDLE)  # idle exactly IDLE at a scan: gone
+    assert "tmp/v1/b" not in h.broker.channels
+    assert h.broker.counters.channels_expired == 2
+
+
+def test_a_group_of_named_channels_goes_with_the_last_of_them() -> None:
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])
+    h.tick(30)
+    h.publish_values("tmp/v1/b", [1])
+    s = Session("l")
+    sub = h.subscribe(s, kind="listen", patterns=["tmp/v1/a", "tmp/v1/b"], start="oldest",
+                      prefetch=10)
+    h.take(sub)
+    h.disconnect(s)
+    h.tick(IDLE)  # a was touched by its delivery too: both idle from here
+    h.tick(IDLE)
+    assert "tmp/v1/a" not in h.broker.channels and "tmp/v1/b" not in h.broker.channels
+    assert sub.group.key not in h.broker.groups
+
+
+def test_a_queue_handed_to_another_broker_is_not_watched_any_more() -> None:
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])
+    log = h.broker.channels["tmp/v1/a"]
+    h.commit()
+    h.broker.release_queue("tmp/v1", h.now)
+    assert log not in h.broker.state.expiring
+    h.tick(IDLE + 1)
+    assert h.broker.counters.channels_expired == 0

@@ -107,7 +107,10 @@ def test_a_reply_brings_back_the_token_its_request_was_delivered_with() -> None:
                     {**good, CORRELATION_ID: "c2"}, {**good, REQUEST_ID: "x"},
                     {**good, REQUEST_ID: ""}, {CORRELATION_ID: "c1", REQUEST_ID: req.id}):
         out = publish(h, worker, INBOX, "no", **headers)
-        assert out.code == 208 and "another client's inbox" in out.error, headers
+        assert (out.code, out.error) == (208, (
+            f"{INBOX!r} is another client's inbox: only a reply to a request delivered to "
+            "you may go there (x-request-id, x-correlation-id and x-reply-token as the "
+            "request's delivery had them)")), headers
     # The token is the right, whoever brings it (another broker, an HTTP consumer).
     out = publish(h, Session("other"), INBOX, "yes", **good)
     assert out.code == 0
@@ -131,6 +134,17 @@ def test_a_client_writes_its_own_inboxes_and_a_transaction_none() -> None:
     with pytest.raises(BadRequest, match="not staged in a transaction"):
         h.broker.publishing.validate(send("q/v1/1", 1, headers={REPLY_TO: INBOX}),
                                      asker.access)
+
+
+def test_a_request_answered_and_delivered_again_is_marked_at_once() -> None:
+    h, asker, worker, sub = served()
+    request(h, asker)
+    [req] = h.take(sub)
+    publish(h, worker, INBOX, "done", **{CORRELATION_ID: "c1", REQUEST_ID: req.id,
+                                         REPLY_TOKEN: req.headers[REPLY_TOKEN]})
+    h.nack(worker, [req])  # the ack was lost: the second delivery says it was answered
+    [again] = h.take(sub)
+    assert (again.attempts, again.headers[REPLIED]) == (2, "1")
 
 
 def test_a_request_delivered_again_after_its_reply_is_marked() -> None:

@@ -33,20 +33,17 @@ class Expiry:
         self._next_scan = now + EXPIRY_SCAN_S
         state = self.state
         gone: list[tuple[str, int]] = []
-        for log in list(state.expiring):
-            limit = log.options.expire_idle
-            if limit is None or state.channels.get(log.name) is not log:
-                del state.expiring[log]  # a reload took the option away, or it was let go
-                continue
+        for log in list(state.expiring):  # live channels whose options set expire_idle
             if log.inflight or any(gc.group.members or gc.pending for gc in log.states):
                 log.touched = now  # a publish on its way, or a reader connected
-            elif now - log.touched >= limit:
+            elif now - log.touched >= log.options.expire_idle:  # type: ignore[operator]
                 gone.append((log.name, self.remove(log)))
         return gone
 
     def remove(self, log: ChannelLog) -> int:
         """Remove ``log`` with its messages, its reader groups' positions in it, and the
-        groups that read nothing else (a listener of just this channel); return the
+        groups left reading nothing, whose patterns name channels (a listener of just
+        this channel; a wildcard's group stays for the channels to come); return the
         messages removed."""
         state = self.state
         name = log.name
@@ -54,18 +51,15 @@ class Expiry:
         for gc in list(log.states):
             groups.append(gc.group)
             self.subscriptions.detach(gc)
-        for grp in groups:
-            if not grp.gcs and not grp.members and all(
-                    p.concrete and p.text == name for p in grp.patterns):
+        for grp in groups:  # none has a member: the channel would not be idle
+            if not grp.gcs and all(p.concrete for p in grp.patterns):
                 del state.groups[grp.key]
-                state.ready_groups.pop(grp, None)
                 state.batch.group_defs[grp.key] = None
         removed = log.truncate_below(log.end)
         state.batch.truncates[name] = log.first_seq
         state.batch.channels[name] = log.next_seq
         del state.channels[name]
-        state.expiring.pop(log, None)
+        del state.expiring[log]
         state.retired[name] = log.next_seq
-        log.waiters = {}
         state.counters.channels_expired += 1
         return removed

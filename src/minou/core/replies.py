@@ -57,25 +57,25 @@ def reply_token(secret: bytes, inbox: str, correlation: str, request_id: str) ->
 
 def check_request(state: BrokerState, send: Send, client_id: str) -> None:
     """Raise unless ``send`` (headers naming ``x-reply-to``) is a request ``client_id``
-    may make and some connected reader serves."""
+    may make and some connected reader serves. (No detail fields: a publish answers
+    with its outcome's code and text only.)"""
     headers = send.headers or {}
     target = send.channel
     if target.endswith("*"):
-        raise BadRequest(f"a request goes to one channel, not to the pattern {target!r}",
-                         channel=target)
+        raise BadRequest(f"a request goes to one channel, not to the pattern {target!r}")
     if is_inbox(target):
-        raise BadRequest(f"a request cannot go to an inbox ({target!r})", channel=target)
+        raise BadRequest(f"a request cannot go to an inbox ({target!r})")
     reply_to = headers[REPLY_TO]
     if inbox_owner(reply_to) != client_id:
         raise NotAuthorized(
             f"a request's {REPLY_TO} must be an inbox of the requester's own "
-            f"({inbox_of(client_id)}!<instance>), not {reply_to[:255]!r}", channel=target)
+            f"({inbox_of(client_id)}!<instance>), not {reply_to[:255]!r}")
     validate_channel(reply_to)
     if not headers.get(CORRELATION_ID):
-        raise BadRequest(f"a request needs a {CORRELATION_ID} header", channel=target)
+        raise BadRequest(f"a request needs a {CORRELATION_ID} header")
     if not has_responders(state, target):
         raise NoResponders(f"no consumer or listener is connected to {target!r}: nobody "
-                           "would answer the request (nothing was stored)", channel=target)
+                           "would answer the request (nothing was stored)")
 
 
 def check_reply(state: BrokerState, send: Send, client_id: str | None) -> Send:
@@ -93,7 +93,7 @@ def check_reply(state: BrokerState, send: Send, client_id: str | None) -> Send:
         raise NotAuthorized(
             f"{target!r} is another client's inbox: only a reply to a request delivered to "
             f"you may go there ({REQUEST_ID}, {CORRELATION_ID} and {REPLY_TOKEN} as the "
-            "request's delivery had them)", channel=target)
+            "request's delivery had them)")
     kept = {k: v for k, v in headers.items() if k != REPLY_TOKEN}
     return msgspec.structs.replace(send, headers=kept, dedup=reply_dedup_key(request_id))
 
