@@ -28,10 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
+import minou  # noqa: E402
 from bench_clients import _process_key  # noqa: E402
 from bench_servers import MinouBroker  # noqa: E402
-
-import minou  # noqa: E402
 
 CHANNEL = "bench/v1/quote"
 

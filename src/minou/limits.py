@@ -133,6 +133,7 @@ CLIENT_SEND_QUEUE = 100_000
 CLIENT_FRAME_MESSAGES = 256  # messages waiting to be sent or confirmed
 CLIENT_RECONNECT_MIN_S = 0.05
 CLIENT_RECONNECT_MAX_S = 2.0
+CLIENT_STANDBY_RETRY_S = 0.25  # after a STANDBY answer: a takeover is near, try again soon
 CLIENT_REQUEST_TIMEOUT_S = 30.0
 
 # Authentication: what strangers and single clients can make the broker remember.

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import inspect
 import itertools
-import os
 import signal
 import time
 from collections import defaultdict
@@ -35,7 +34,7 @@ import pytest
 import minou
 from minou.client.message import Settlement
 
-from ..conftest import TEST_STORAGE, BrokerProcess, auth
+from ..conftest import BrokerProcess, auth
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -233,6 +232,7 @@ class World:
     epochs_at_kill: list[dict[str, int]] = field(default_factory=list)
     kill_times: list[float] = field(default_factory=list)
     sent: int = 0
+    confirmed_by: dict[int, int] = field(default_factory=dict)  # producer -> confirms
     ack_confirmed: int = 0
     order: int = 0
     pad: str = ""  # added to every payload: "large" makes the segments go to body files
@@ -281,6 +281,7 @@ async def producer(url: str, p: int, world: World, stop: asyncio.Event) -> None:
                 assert r.channel == ch
                 world.receipts[r.id] = Sent(p, i, r.channel, r.seq, r.id, epoch["at"],
                                             duplicate=r.duplicate)
+                world.confirmed_by[p] = world.confirmed_by.get(p, 0) + 1
     finally:
         await client.close()
 
@@ -484,13 +485,6 @@ LARGE_PAD = "x" * 40_000
 @pytest.mark.parametrize("durability", ["fsync", "interval", "large"])
 def test_kill_minus_nine_under_load(broker_factory: Any, tmp_path: Any, durability: str
                                     ) -> None:
-    # Open finding (issue 19 note, 2026-11-28): on Redis, 1 run in ~5 has one publish
-    # of a 40 KB batch never confirmed across the kills (the producer's future times
-    # out after 20 s; every confirmed message is intact). Run it with
-    # MINOU_TEST_STORAGE=redis and MINOU_TEST_LARGE_ON_REDIS=1 to reproduce.
-    if durability == "large" and TEST_STORAGE == "redis" and \
-            not os.environ.get("MINOU_TEST_LARGE_ON_REDIS"):
-        pytest.skip("40 KB messages on Redis: an open finding, see the comment")
     config = None
     if durability == "interval":
         config = tmp_path / "interval.toml"
@@ -567,14 +561,22 @@ async def _load_and_kill(broker: Broker, admin: minou.Client, pad: str = ""
             # Let real work happen in this run (more each time, so kills land at different
             # points), then kill -9 in the middle of it and restart on the same data dir.
             confirmed0, acked0 = len(world.receipts), world.ack_confirmed
+            by0 = dict(world.confirmed_by)
             want = 150 + 100 * k
 
-            def progressed(c0: int = confirmed0, a0: int = acked0, w: int = want) -> bool:
+            def progressed(c0: int = confirmed0, a0: int = acked0, w: int = want,
+                           b0: dict[int, int] = by0) -> bool:
                 failed()
                 # Every client back first: a crash while a client re-subscribes wedges it for
                 # good (test_client_recovers_when_the_connection_drops_while_resubscribing).
+                # Every producer had a confirm in this run: a kill before one that came back
+                # late got its resend through would leave its batch unconfirmed run after
+                # run (seen on Redis, where each restart first waits out the dead primary's
+                # lease as a standby).
                 return (all(cl.connected or cl._closing
                             for cl in [admin, *world.clients.values()])
+                        and all(world.confirmed_by.get(p, 0) > b0.get(p, 0)
+                                for p in range(PRODUCERS))
                         and len(world.receipts) >= c0 + w and world.ack_confirmed >= a0 + w // 2)
 
             await await_until(progressed, 15, f"progress in broker run {k}")

@@ -56,6 +56,7 @@ from ..limits import (
     CLIENT_RECONNECT_MIN_S,
     CLIENT_REQUEST_TIMEOUT_S,
     CLIENT_SEND_QUEUE,
+    CLIENT_STANDBY_RETRY_S,
     DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_HEARTBEAT_S,
     DEFAULT_PORT,
@@ -408,6 +409,7 @@ class Client:
         self._restoring: set[int] = set()  # re-subscribe requests of the current connection
         self._ever_connected = False  # until then a lost connection is connect()'s failure
         self._requester: Requester | None = None  # its inbox, made at the first request
+        self._standby_seen = False  # a standby answered the last attempt to connect
 
     # ------------------------------------------------------------ connection
     async def _open(self) -> None:
@@ -464,6 +466,7 @@ class Client:
                 if isinstance(exc, NotAuthenticated):
                     refused = refused or exc  # the broker answered: say why, not "no broker"
                 elif isinstance(exc, Standby):
+                    self._standby_seen = True
                     order[:0] = self._follow(exc)  # the primary next, then the others
                 elif isinstance(exc, ConnectionClosed):
                     exc = await _plain_to_tls_hint(scheme, host, port, exc)
@@ -628,12 +631,19 @@ class Client:
         delay = CLIENT_RECONNECT_MIN_S
         while not self._closing:
             self._url_index = (self._url_index + 1) % len(self.urls)
+            self._standby_seen = False
             try:
                 await self._open()
                 log.info("reconnected to %s", self.urls[self._url_index][1:])
                 return
             except MinouError as exc:  # whatever failed, try again: never give up silently
                 log.warning("reconnect failed: %s", exc)
+            if self._standby_seen:
+                # A standby answered: a takeover is under way (within owner_lease) and
+                # serving starts any moment; a growing backoff would miss it by seconds,
+                # and with it the window before the next failure.
+                await asyncio.sleep(CLIENT_STANDBY_RETRY_S * (0.5 + random.random()))
+                continue
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, CLIENT_RECONNECT_MAX_S)
 
