@@ -15,9 +15,10 @@ import time
 import pytest
 
 import minou
+from minou.errors import StorageUnavailable
 from minou.protocol import frames as f
 
-from ..conftest import RawPeer, signed_hello, wait_until
+from ..conftest import TEST_STORAGE, RawPeer, signed_hello, wait_until
 from .netproxy import Proxy
 
 BEAT = 0.5
@@ -109,8 +110,13 @@ def test_a_paused_broker_never_hangs_a_send_and_the_resend_is_stored_once(broker
         threads[0].join(40)
         assert not threads[0].is_alive(), "send() hung after SIGCONT"
         receipt = results["patient"]
-        assert isinstance(receipt, minou.Receipt), receipt
-        assert not results["patient_while_paused"]  # confirmed once the broker ran again
+        # On Redis the broker slept past its primary lease: until it holds the lease
+        # again it must write nothing (fencing), and a publish it reads first is refused
+        # with STORAGE_UNAVAILABLE, "retry later": an answer, not a hang, and not stored.
+        # Which comes first depends on the machine's load (seen under make test-redis).
+        refused = TEST_STORAGE == "redis" and isinstance(receipt, StorageUnavailable)
+        assert refused or isinstance(receipt, minou.Receipt), receipt
+        assert not results["patient_while_paused"]  # answered once the broker ran again
         # And the consumer's client is back, reading.
         producer.send("hang/v1/a", {"n": 3})
         producer.send("hangc/v1/a", {"n": 3})
@@ -121,7 +127,8 @@ def test_a_paused_broker_never_hangs_a_send_and_the_resend_is_stored_once(broker
     stored = asyncio.run(_count(broker, "hang/v1/a"))
     payloads = [m.payload["n"] for m in stored]
     # n=2 timed out: it may or may not be stored (it was written), but at most once.
-    assert sorted(p for p in payloads if p != 2) == [0, 1, 3], payloads
+    assert sorted(p for p in payloads if p != 2) == ([0, 3] if refused else [0, 1, 3]), \
+        payloads
     assert payloads.count(2) <= 1
 
 
