@@ -71,6 +71,7 @@ STORAGE_READ_PAGE = 2_000
 # never wait (a commit starts as soon as the writer is free).
 SETTLE_COMMIT_DELAY_S = 0.002
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
+DRAIN_COMMIT_WAIT_S = 5.0  # a soft stop waits this long for the last acks' commit
 EXPIRY_LOG_LINES = 10  # channels expired in one scan logged one by one; the rest counted
 CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)
 # A segment (one channel's messages of one commit) this large is written to a body file

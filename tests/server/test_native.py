@@ -384,3 +384,28 @@ async def test_a_connection_over_the_limit_is_refused_when_its_hello_comes(
     second.transport.close()
     await asyncio.sleep(0)
     assert second.transport not in broker.server.admission.refusing
+
+
+async def test_a_soft_stop_answers_the_last_ack_before_it_closes_the_connections(
+        broker: Harness) -> None:
+    """The drain ends when no delivery is out any more, which an ack makes true at
+    once; its SETTLED waits for the commit. A stop requested then closed the
+    connections first: the consumer heard nothing and took a durable ack for a lost one
+    (test_admin_cli's soft stop, once under load)."""
+    peer = await broker.connect("drainer")
+    peer.send(publish(1, {"n": 1}))
+    await peer.expect(f.Confirm)
+    peer.send(f.Subscribe(2, 1, "consume", [CH], group="g", prefetch=1))
+    await peer.expect(f.Result)
+    delivery = (await peer.expect(f.Deliver)).items[0]
+    server = broker.server
+    server.soft_stop("test")
+    broker.storage.hold()
+    peer.send(f.Ack(3, [delivery.tag]))
+    await broker.storage.writer_held()  # the ack is being committed: no delivery is out
+    await asyncio.sleep(0.2)  # the drain looks every 50 ms
+    assert not server._stopping.is_set()  # it waits for the ack's commit
+    broker.storage.release()
+    settled = await peer.expect(f.Settled)
+    assert (settled.req, settled.failed) == (3, [])
+    await wait_for(server._stopping.is_set, "the stop once the ack is answered")

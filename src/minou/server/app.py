@@ -47,6 +47,7 @@ from ..errors import (
 from ..limits import (
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
+    DRAIN_COMMIT_WAIT_S,
     EXPIRY_LOG_LINES,
     GC_THRESHOLD,
     MAX_FRAME_SIZE,
@@ -1329,6 +1330,14 @@ class BrokerServer:
                         and not self.http_consumers_busy():
                     break
                 await asyncio.sleep(0.05)
+            # The acks that ended the last deliveries are answered once their commit is
+            # durable: let it come before stop() closes the connections, or a consumer is
+            # told "not known to be durable" (ack() False) for an ack that was.
+            self.engine.commit(force=True)
+            settle_by = time.monotonic() + DRAIN_COMMIT_WAIT_S
+            while time.monotonic() < settle_by and not (
+                    self.scheduler.idle and not self.core.batch):
+                await asyncio.sleep(0.01)
             self.request_stop()
 
         if cluster:
