@@ -154,3 +154,13 @@ def test_a_queue_handed_to_another_broker_is_not_watched_any_more() -> None:
     assert log not in h.broker.state.expiring
     h.tick(IDLE + 1)
     assert h.broker.counters.channels_expired == 0
+
+
+def test_a_channel_a_reader_made_expires_once_it_left() -> None:
+    h = harness()
+    s = Session("l")
+    sub = h.subscribe(s, kind="listen", patterns="tmp/v1/named")  # makes the channel
+    assert "tmp/v1/named" in h.broker.channels
+    h.engine.unsubscribe(s, sub.sid)
+    h.tick(IDLE + 1)
+    assert "tmp/v1/named" not in h.broker.channels

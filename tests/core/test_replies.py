@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from minou.auth.rules import Rules
 from minou.core.broker import Session
 from minou.core.replies import reply_token
 from minou.errors import BadRequest
@@ -165,3 +166,52 @@ def test_a_request_delivered_again_after_its_reply_is_marked() -> None:
     h.tick(h.broker.state.dedup_window + 1)
     [fourth] = h.take(sub)
     assert REPLIED not in fourth.headers
+
+
+RULES = Rules.parse([{"client": "asker", "read": ["q/*"], "write": ["q/v1/1"]},
+                     {"client": "worker", "read": ["q/*"], "write": []}])
+
+
+def test_requests_and_headers_keep_the_write_rules_replies_need_none() -> None:
+    """Over HTTP there is no session: the client id comes from the rules' access."""
+    h, _, worker, sub = served()
+    asker = RULES.for_client("asker")
+    refs = {REPLY_TO: INBOX, CORRELATION_ID: "c1"}
+
+    def over_http(channel: str, **headers: str) -> Outcome:
+        out = h.engine.publish([send(channel, 1, headers=headers)], asker, h._replied)
+        h.commit()
+        return out[0]
+
+    assert over_http("q/v1/1", **refs).code == 0  # a request by the rules' client id
+    assert over_http("q/v1/2", **refs).code == 208  # a request the rules forbid
+    assert over_http("q/v1/2", trace="t").code == 208  # any headers: still the rules
+    # A responder whose rules let it write nothing answers with the token alone.
+    [req] = h.take(sub)
+    worker.access = RULES.for_client("worker")
+    good = {CORRELATION_ID: "c1", REQUEST_ID: req.id, REPLY_TOKEN: req.headers[REPLY_TOKEN]}
+    out = h.engine.publish([send(INBOX, "over http", headers=good)],  # no session either
+                           RULES.for_client("worker"), h._replied)[0]
+    h.commit()
+    assert out.code == 0, out
+    assert publish(h, worker, INBOX, "again", **good).duplicate
+
+
+def test_the_engine_hands_a_committed_reply_to_whoever_waits_for_it() -> None:
+    """HTTP's POST /v1/request waits in Engine.reply_waiters, by (inbox, correlation)."""
+    h, asker, worker, sub = served()
+    got: list[Any] = []
+    h.engine.reply_waiters[(INBOX, "c1")] = got.append
+    h.engine.reply_waiters[(INBOX, "other")] = lambda m: got.append(("wrong", m))
+    request(h, asker)
+    [req] = h.take(sub)
+    assert got == []  # the request itself is no reply
+    out = publish(h, worker, INBOX, "yes", **{CORRELATION_ID: "c1", REQUEST_ID: req.id,
+                                              REPLY_TOKEN: req.headers[REPLY_TOKEN]})
+    assert [m.id for m in got] == [out.id]
+    assert list(h.engine.reply_waiters) == [(INBOX, "other")]  # answered once, gone
+    publish(h, asker, "q/v1/1", 1, **{CORRELATION_ID: "other"})  # not an inbox: nothing
+    # The owner's own writes to its inbox, with no headers or another id: nothing either.
+    assert publish(h, asker, INBOX, "no headers").code == 0
+    assert publish(h, asker, INBOX, "x", **{CORRELATION_ID: "nobody"}).code == 0
+    assert len(got) == 1 and list(h.engine.reply_waiters) == [(INBOX, "other")]
