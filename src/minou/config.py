@@ -18,8 +18,8 @@ from typing import Any
 from . import limits
 from .auth.rules import Rules
 from .core.log import ChannelOptions
-from .errors import ConfigError
-from .names import INBOX_ENDPOINT
+from .errors import ConfigError, InvalidChannel
+from .names import INBOX_ENDPOINT, KV_ENDPOINT, KV_PREFIX, kv_channel
 from .schemas import (
     Compatibility,
     CompiledSchema,
@@ -36,6 +36,11 @@ DEFAULT_OPTIONS = ChannelOptions()
 INBOX_OPTIONS = ChannelOptions(prefetch=limits.INBOX_PREFETCH, ttl=limits.INBOX_TTL_S,
                                max_items=limits.INBOX_MAX_ITEMS, overflow="drop_oldest",
                                dead_letter=False, expire_idle=limits.INBOX_EXPIRE_IDLE_S)
+# Key-value buckets unless kv."<bucket>" (or kv."*") says otherwise: one revision per
+# key, a bounded number of revisions (the core indexes each one), no dead letters.
+KV_OPTIONS = ChannelOptions(max_items=limits.KV_MAX_REVISIONS, dead_letter=False,
+                            history=limits.KV_HISTORY)
+_KV_KEYS = ("history", "ttl", "max_items", "schema", "durability", "sync_interval")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -49,6 +54,7 @@ _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "schema": ((dict, str), "a JSON Schema object or a file path"),
     "durability": (str, "'fsync' or 'interval'"),
     "expire_idle": ((int, float), "a number of seconds > 0"),
+    "history": (int, f"an integer 1..{limits.MAX_KV_HISTORY}"),
     "sync_interval": ((int, float), "milliseconds, > 0 and <= "
                       f"{int(limits.MAX_SYNC_INTERVAL_S * 1000)}"),
 }
@@ -78,6 +84,7 @@ class Settings:
     websocket_heartbeat: float = limits.DEFAULT_HEARTBEAT_S
     strict_schemas: bool = False
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
+    kv: dict[str, ChannelOptions] = field(default_factory=dict)  # bucket (or "*") -> options
     # [auth]: "keys" (every client proves itself with its key pair), "token" (the shared
     # broker token alone; its holders are admins) or "off" (development, loopback only)
     auth_mode: str = "keys"
@@ -131,7 +138,11 @@ class Settings:
         return any(o.durability == "interval" for o in self.channels.values())
 
     def channel_options(self, key: str) -> ChannelOptions:
-        """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults)."""
+        """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults),
+        or for a bucket's channel (``_kv/v1/<bucket>``: ``kv."<bucket>"``, ``kv."*"``)."""
+        if key.startswith(KV_ENDPOINT + "/"):
+            bucket = key[len(KV_PREFIX):] if key.startswith(KV_PREFIX) else "*"
+            return self.kv.get(bucket) or self.kv.get("*") or KV_OPTIONS
         found = self.channels.get(key)
         if found is None:
             endpoint = key.split("/", 1)[0]
@@ -161,7 +172,7 @@ _TOP_KEYS = {
     "websocket_heartbeat": ((int, float), "a number of seconds > 0"),
     "strict_schemas": (bool, "true or false"),
 }
-_TABLES = ("auth", "channels", "rules", "storage", "tls")
+_TABLES = ("auth", "channels", "kv", "rules", "storage", "tls")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -176,8 +187,8 @@ def _expect(key: str, value: Any, types: Any, what: str) -> None:
         raise ConfigError(f"{key}: expected {what}, got {json.dumps(value, default=str)}")
 
 
-def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
-    where = f'channels."{name}"'
+def _channel_options(name: str, raw: Any, base_dir: Path, where: str = "") -> ChannelOptions:
+    where = where or f'channels."{name}"'
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a table of channel options")
     kwargs: dict[str, Any] = {}
@@ -191,6 +202,8 @@ def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
             kwargs[key] = compile_schema(load_schema(value, key=name, base_dir=base_dir),
                                          key=name)
             continue
+        if key == "history" and not 1 <= value <= limits.MAX_KV_HISTORY:
+            raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key in ("prefetch", "max_items") and value < 1:
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key in ("ttl", "retention", "expire_idle") and value <= 0:
@@ -207,6 +220,32 @@ def _channel_options(name: str, raw: Any, base_dir: Path) -> ChannelOptions:
             value = value / 1000  # seconds inside
         kwargs[key] = value
     return ChannelOptions(**kwargs)
+
+
+def _kv_options(raw: Any, base_dir: Path) -> dict[str, ChannelOptions]:
+    """The ``[kv."<bucket>"]`` tables: each bucket's options over the KV defaults."""
+    if not isinstance(raw, dict):
+        raise ConfigError('kv: expected a table keyed by bucket name (or "*"), e.g. '
+                          '[kv."config"] history = 5')
+    given: dict[str, dict[str, Any]] = {}
+    for bucket, opts in raw.items():
+        if bucket != "*":
+            try:
+                kv_channel(bucket)
+            except InvalidChannel as exc:
+                raise ConfigError(f'kv."{bucket}": {exc.message}') from None
+        where = f'kv."{bucket}"'
+        if not isinstance(opts, dict):
+            raise ConfigError(f"{where}: expected a table of bucket options")
+        for key in opts:
+            if key not in _KV_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown option (known: "
+                                  f"{', '.join(sorted(_KV_KEYS))})")
+        parsed = _channel_options(f"kv/{bucket}", opts, base_dir, where)
+        given[bucket] = {k: getattr(parsed, k) for k in opts}
+    # A bucket's table is laid over kv."*", which is laid over the defaults.
+    every = replace(KV_OPTIONS, **given.get("*", {}))
+    return {bucket: replace(every, **opts) for bucket, opts in given.items()}
 
 
 def _check_channel_key(name: str) -> None:
@@ -386,12 +425,18 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         if key == "rules":
             values["rules"] = Rules.parse(value)
             continue
+        if key == "kv":
+            values["kv"] = _kv_options(value, base_dir)
+            continue
         if key == "channels":
             if not isinstance(value, dict):
                 raise ConfigError("channels: expected a table keyed by endpoint/version")
             channels = {}
             for name, opts in value.items():
                 _check_channel_key(name)
+                if isinstance(opts, dict) and "history" in opts:
+                    raise ConfigError(f'channels."{name}".history: a bucket option: set it '
+                                      'in [kv."<bucket>"]')
                 channels[name] = _channel_options(name, opts, base_dir)
             values["channels"] = channels
             continue

@@ -47,6 +47,7 @@ class ErrorCode(IntEnum):
     NOT_FOUND = 212
     OUT_OF_SEQUENCE = 213
     NO_RESPONDERS = 214
+    REVISION_MISMATCH = 215
     # 3xx: the broker could not do it.
     STORAGE_UNAVAILABLE = 300
     INTERNAL = 301
@@ -91,6 +92,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
                                         "a producer sequence skipped messages"),
     ErrorCode.NO_RESPONDERS: CodeInfo(503, "no_responders",
                                       "no consumer serves the request's channel"),
+    ErrorCode.REVISION_MISMATCH: CodeInfo(412, "revision_mismatch",
+                                          "the key is not at the expected revision"),
     ErrorCode.STORAGE_UNAVAILABLE: CodeInfo(503, "storage_unavailable", "storage unavailable"),
     ErrorCode.INTERNAL: CodeInfo(500, "internal", "internal error"),
     ErrorCode.SLOW_CONSUMER: CodeInfo(503, "slow_consumer", "slow consumer disconnected"),
@@ -217,6 +220,14 @@ class NoResponders(RequestError):
     code = ErrorCode.NO_RESPONDERS
 
 
+class RevisionMismatch(RequestError):
+    """A compare-and-set put or delete of a KV key (``revision=``, HTTP ``If-Match``)
+    found the key at another revision: nothing was stored. The message names the
+    revision found (0: the key has no value)."""
+
+    code = ErrorCode.REVISION_MISMATCH
+
+
 class ReplyTimeout(RequestError):
     """An HTTP request got no reply within its ``timeout`` (the request may still be
     served later: it expires from its channel after that long). The native client
@@ -324,7 +335,7 @@ for _cls in (
     InvalidChannel, InvalidPayload, SchemaMismatch, MessageTooLarge, QueueFull, UnknownDelivery,
     UnknownSubscription, NotAuthenticated, PendingApproval, NotAuthorized, ShuttingDown,
     SlowConsumer, TooManyConnections, NotFound, StorageFull, StorageUnavailable,
-    OutOfSequence, Standby, NoResponders, ReplyTimeout, ResponderError,
+    OutOfSequence, Standby, NoResponders, ReplyTimeout, ResponderError, RevisionMismatch,
 ):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 

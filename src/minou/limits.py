@@ -36,6 +36,16 @@ INBOX_MAX_ITEMS = 10_000
 # An inbox whose owner is gone (no listener connected, nothing published or delivered)
 # is removed after this long, with its listener (channel option expire_idle).
 INBOX_EXPIRE_IDLE_S = 600.0
+# Key-value buckets (docs/kv.md), unless kv."<bucket>" says otherwise: revisions kept
+# per key, and the revisions a bucket holds (deletes included; the core indexes each
+# in memory, so this bounds that memory too).
+KV_HISTORY = 1
+MAX_KV_HISTORY = 64
+KV_MAX_REVISIONS = 100_000
+MAX_KV_WAIT_S = 30.0  # a watch's long poll: answered empty after at most this long
+MAX_KV_WAITERS = 10_000  # long polls waiting at once, over all clients
+DEFAULT_KV_PAGE = 1_000
+MAX_KV_PAGE = 10_000
 DEFAULT_REQUEST_TIMEOUT_S = 5.0  # client.request(), minou request, POST /v1/request
 MAX_REQUEST_TIMEOUT_S = 300.0  # a request waits at most this long (HTTP holds a socket)
 # durability = "interval" (issue 19): confirmed once written to the OS, made durable on

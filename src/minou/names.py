@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import quote, unquote
 
-from .errors import InvalidChannel
-from .limits import MAX_CHANNEL_LENGTH
+from .errors import BadRequest, InvalidChannel
+from .limits import MAX_CHANNEL_LENGTH, MAX_KEY_LENGTH
 
 DEAD_PREFIX = "_dead/"
 _ENDPOINT = re.compile(r"[A-Za-z0-9_-]+")
@@ -227,3 +227,47 @@ def is_inbox(pattern: str) -> bool:
 def reply_dedup_key(request_id: str) -> str:
     """The dedup key a reply to message ``request_id`` is stored under in the inbox."""
     return f"reply:{request_id}"
+
+
+# Key-value buckets (docs/kv.md). Bucket ``config`` is the channel ``_kv/v1/config``:
+# a put is a message whose key is the KV key, its seq the revision; a delete is a
+# message carrying KV_OP = "del" (a tombstone). A put or delete with KV_EXPECT is a
+# compare-and-set: stored only if the key's revision is still that ("0": no value).
+KV_ENDPOINT = "_kv"
+KV_PREFIX = "_kv/v1/"
+KV_OP = "x-kv-op"
+KV_EXPECT = "x-kv-expect"
+KV_DELETE = "del"
+_BUCKET = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_KV_KEY = re.compile(r"[A-Za-z0-9_=./:@-]+")
+
+
+def kv_channel(bucket: str) -> str:
+    """The channel of ``bucket``; InvalidChannel for a bad bucket name."""
+    if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket):
+        raise InvalidChannel(f"invalid bucket {str(bucket)[:80]!r}: 1 to 64 letters, digits, "
+                             "'-' or '_'", channel=str(bucket)[:80])
+    return KV_PREFIX + bucket
+
+
+def is_kv(channel: str) -> bool:
+    """Whether ``channel`` (or pattern) is a bucket's (dead letters are not)."""
+    return channel.startswith(KV_PREFIX)
+
+
+def kv_bucket(channel: str) -> str:
+    return channel[len(KV_PREFIX):]
+
+
+def validate_kv_key(key: object) -> str:
+    """Return ``key`` if it may name a value: 1..MAX_KEY_LENGTH of letters, digits and
+    ``_ = . / : @ -`` (so it is its own URL path segment and a prefix means one thing)."""
+    if not isinstance(key, str) or not key:
+        raise BadRequest("a KV key is a non-empty string")
+    if len(key) > MAX_KEY_LENGTH:
+        raise BadRequest(f"KV key is {len(key)} characters, the limit is {MAX_KEY_LENGTH}",
+                         limit=MAX_KEY_LENGTH)
+    if not _KV_KEY.fullmatch(key) or key.startswith("/") or "//" in key:
+        raise BadRequest(f"invalid KV key {key[:80]!r}: use letters, digits and _ = . / : @ - "
+                         "(no leading '/', no '//')")
+    return key

@@ -70,8 +70,19 @@ def test_bad_pattern_message_names_key_and_the_allowed_forms() -> None:
         Rules.parse([{"client": "*", "read": ["orders/*", "orders/v1/x*"]}])
     assert str(info.value) == (
         'rules[0].read[1]: \'orders/v1/x*\' is not a channel pattern (use "*", "endpoint/*", '
-        '"endpoint/version/*" or "endpoint/version/id")'
+        '"endpoint/version/*", "endpoint/version/id" or "kv/<bucket>")'
     )
+
+
+def test_kv_bucket_is_a_short_name_for_its_channel() -> None:
+    rules = Rules.parse([{"client": "app", "read": ["kv/config"], "write": ["kv/config"]}])
+    access = rules.for_client("app")
+    access.check_read("_kv/v1/config")
+    access.check_write("_kv/v1/config")
+    assert not access.may_read("_kv/v1/other")
+    assert not access.may_read("kv/v1/config")  # the endpoint "kv" is another thing
+    with pytest.raises(ConfigError, match="'kv/a b' is not a channel pattern"):
+        Rules.parse([{"client": "a", "read": ["kv/a b"]}])
 
 
 @pytest.mark.parametrize("pattern", [

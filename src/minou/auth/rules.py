@@ -44,12 +44,13 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidChannel, NotAuthorized
 from ..limits import RULES_CACHE_ENTRIES
-from ..names import DEAD_PREFIX, Pattern, parse_pattern
+from ..names import DEAD_PREFIX, Pattern, kv_channel, parse_pattern
 
 __all__ = ["ALLOW_ALL", "Access", "Rule", "Rules", "covers", "overlaps"]
 
 _KNOWN_KEYS = ("accept", "client", "read", "write")
-_PATTERN_HELP = '(use "*", "endpoint/*", "endpoint/version/*" or "endpoint/version/id")'
+_PATTERN_HELP = ('(use "*", "endpoint/*", "endpoint/version/*", "endpoint/version/id" or '
+                 '"kv/<bucket>")')
 _ANY = Pattern("*", "", concrete=False)  # prefix "" matches every channel, dead letters too
 _MISS = object()
 
@@ -168,6 +169,7 @@ def _parse_patterns(key: str, raw: object, *, allow_exclusive: bool
             if not allow_exclusive:
                 raise ConfigError(f"{where}: {entry!r}: '!' (exclusive) is only allowed in read")
             text, target = entry[1:], exclusive
+        text = _bucket_alias(text)
         try:
             _parse(text)
         except InvalidChannel:
@@ -176,6 +178,19 @@ def _parse_patterns(key: str, raw: object, *, allow_exclusive: bool
         if text not in target:
             target.append(text)
     return tuple(plain), tuple(exclusive)
+
+
+def _bucket_alias(text: str) -> str:
+    """``kv/<bucket>`` names bucket ``<bucket>``'s channel, ``_kv/v1/<bucket>``
+    (docs/kv.md); any other text is itself. (``kv/*`` stays the endpoint ``kv``'s
+    pattern: every bucket is ``_kv/v1/*``.)"""
+    head, _, bucket = text.partition("/")
+    if head != "kv" or not bucket or bucket == "*" or "/" in bucket:
+        return text
+    try:
+        return kv_channel(bucket)
+    except InvalidChannel:
+        return text  # reported as the bad pattern it is
 
 
 def _parse_rule(index: int, raw: object) -> Rule:

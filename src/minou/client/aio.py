@@ -66,6 +66,7 @@ from ..limits import (
 )
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
+from .kv import KeyValue, PersistentObject
 from .message import Message, Receipt, Settlement, until_closed
 from .peers import PEER_PREFETCH, Peer, peer_channels, peer_group
 from .requests import Requester, RequestHandler, make_responder, serve_each
@@ -1086,6 +1087,17 @@ class Client:
         sub = await self._subscribe("consume", reading, None, group=peer_group(channel, role),
                                     start="oldest", prefetch=prefetch, exclusive=True)
         return Peer(self, channel, role, sub)
+
+    # ------------------------------------------------------- key-value
+    def kv(self, bucket: str) -> KeyValue:
+        """Bucket ``bucket``: ``put``/``get``/``delete``/``keys``/``history``/``watch``
+        (docs/kv.md). The bucket is made by its first put."""
+        return KeyValue(self, bucket)
+
+    async def persist(self, name: str, fields: Iterable[str]) -> PersistentObject:
+        """An object whose ``fields`` are kept in bucket ``name``, loaded now;
+        ``save()`` writes only the fields changed since (docs/kv.md)."""
+        return await PersistentObject(self, name, fields).load()
 
     # ------------------------------------------------------------ settling
     def _settle(self, msg: Message, op: str, **kw: Any) -> Settlement:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from ..errors import ConnectionClosed, Timeout
 from .aio import Client, Subscription, connect
+from .kv import Entry, KeyValue, PersistentObject
 from .message import Message, Receipt
 from .peers import Peer
 
@@ -134,6 +135,69 @@ class SyncPeer:
         self._runner.call(self._peer.close())
 
 
+class SyncKeyValue:
+    """A bucket, blocking (``Client.kv``): the same calls, each waiting for its answer."""
+
+    def __init__(self, runner: _LoopThread, kv: KeyValue) -> None:
+        self._runner = runner
+        self._kv = kv
+        self.bucket = kv.bucket
+
+    def put(self, key: str, value: Any, **kw: Any) -> int:
+        return self._runner.call(self._kv.put(key, value, **kw))
+
+    def create(self, key: str, value: Any) -> int:
+        return self._runner.call(self._kv.create(key, value))
+
+    def get(self, key: str, **kw: Any) -> Entry | None:
+        return self._runner.call(self._kv.get(key, **kw))
+
+    def delete(self, key: str, **kw: Any) -> int:
+        return self._runner.call(self._kv.delete(key, **kw))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return self._runner.call(self._kv.keys(prefix))
+
+    def history(self, key: str) -> list[Entry]:
+        return self._runner.call(self._kv.history(key))
+
+    def items(self, prefix: str = "") -> dict[str, Entry]:
+        return self._runner.call(self._kv.items(prefix))
+
+    def watch(self, prefix: str = "", *, initial: bool = True) -> Iterator[Entry]:
+        """The current values, then each change as it comes (blocks between them)."""
+        watch = self._kv.watch(prefix, initial=initial)
+        while True:
+            try:
+                yield self._runner.call(watch.__anext__())
+            except StopAsyncIteration:
+                return
+
+
+class SyncPersistentObject:
+    """``Client.persist``, blocking: fields read and set as attributes."""
+
+    def __init__(self, runner: _LoopThread, obj: PersistentObject) -> None:
+        object.__setattr__(self, "_runner", runner)
+        object.__setattr__(self, "_obj", obj)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._obj, name, value)
+
+    def load(self) -> SyncPersistentObject:
+        self._runner.call(self._obj.load())
+        return self
+
+    def save(self, *, check: bool = False) -> list[str]:
+        return self._runner.call(self._obj.save(check=check))
+
+    def __repr__(self) -> str:
+        return repr(self._obj)
+
+
 class SyncClient:
     """Blocking client: ``with minou.connect_sync("minou://127.0.0.1:7700") as c: ...``"""
 
@@ -186,6 +250,15 @@ class SyncClient:
         """Take a role of a peer channel (``Client.peer``)."""
         return SyncPeer(self._runner, self._runner.call(self._client.peer(channel, role=role,
                                                                           **kw)))
+
+    def kv(self, bucket: str) -> SyncKeyValue:
+        """Bucket ``bucket`` (``Client.kv``)."""
+        return SyncKeyValue(self._runner, self._client.kv(bucket))
+
+    def persist(self, name: str, fields: Iterable[str]) -> SyncPersistentObject:
+        """A persistent object, loaded (``Client.persist``)."""
+        return SyncPersistentObject(self._runner,
+                                    self._runner.call(self._client.persist(name, fields)))
 
     def read(self, channel: str, from_seq: int = 1, **kw: Any) -> tuple[list[Message], int]:
         return self._runner.call(self._client.read(channel, from_seq, **kw))

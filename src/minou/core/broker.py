@@ -338,6 +338,14 @@ class Broker:
         """Rebuild memory from storage after a start."""
         self.restorer.restore(snap, now)
 
+    def index_bucket(self, channel: str, msgs: list[Msg]) -> None:
+        """Index a bucket's stored revisions (``msgs``, in seq order; a page at a time
+        is fine) after a start or an adoption; revisions past its history depth are
+        deleted with the next commit."""
+        log = self.state.channels.get(channel)
+        if log is not None and log.kv is not None:
+            self.commits.compact(log, log.kv.rebuild(msgs, log.options.history))
+
     # ------------------------------------------------ queues spread over brokers
     def adopt(self, snap: Snapshot, now: float) -> list[ChannelLog]:
         """Take a queue over while running: add its stored part (``ownership``)."""

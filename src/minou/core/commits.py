@@ -45,7 +45,8 @@ class Commits:
         if state.producers.dirty or state.producers.gone:
             batch.producers.update(state.producers.take())
         for log in touched:
-            if not log.states or log.options.retention is not None:
+            # A bucket's revisions are its state: its readers never remove them.
+            if not log.states or log.options.retention is not None or log.kv is not None:
                 continue
             floor = min(gc.floor for gc in log.states)
             if floor > log.first_seq:
@@ -88,12 +89,16 @@ class Commits:
             if log is None:
                 continue
             if msg.seq < log.first_seq or msg.seq in log.gone:
+                if log.kv is not None:
+                    log.kv.unstage(msg)
                 continue  # dropped (overflow) before it was committed
             log.inflight -= 1
             log.append_committed(msg)
             log.count += 1
             log.published += 1
             counters.published += 1
+            if log.kv is not None:
+                self.compact(log, log.kv.commit(msg, log.options.history))
             for gc in log.states:
                 if msg.special:
                     gc.add_special(msg.seq, msg.priority, msg.deliver_at, now)
@@ -131,6 +136,8 @@ class Commits:
                         pstate.refuse(pseq, pseq, int(error.code), error.message)
                         state.producers.mark(pstate)
             log = state.channels.get(msg.channel)
+            if log is not None and log.kv is not None:
+                log.kv.unstage(msg)
             if log is None or msg.seq < log.first_seq or msg.seq in log.gone:
                 continue  # dropped (overflow) before the commit: already a gap
             log.gone.add(msg.seq)
@@ -167,6 +174,16 @@ class Commits:
         if first is not None:
             raise first
 
+    def compact(self, log: ChannelLog, seqs: list[int]) -> None:
+        """Delete the revisions of a bucket past its history depth (``KvIndex.commit``)."""
+        if not seqs:
+            return
+        batch = self.state.batch
+        for seq in seqs:
+            if log.delete_one(seq):
+                batch.deletes.append((log.name, seq))
+        batch.channels[log.name] = log.next_seq
+
     def after_commit(self, callback: Callable[[], None],
                      failed: Callable[[RequestError], None] | None = None) -> None:
         """Call ``callback`` once what is staged now is durable; ``failed`` (with the
@@ -179,7 +196,7 @@ class Commits:
         """Channels with a retention period and the seq below which all readers settled."""
         out = []
         for log in self.state.channels.values():
-            if log.options.retention is not None and log.states:
+            if log.options.retention is not None and log.states and log.kv is None:
                 floor = min(gc.compute_floor() for gc in log.states)
                 if floor > log.first_seq:
                     out.append((log.name, floor))

@@ -19,6 +19,8 @@ from ..limits import (
     DEFAULT_REQUEUE_LIMIT,
     DEFAULT_SYNC_INTERVAL_S,
 )
+from ..names import is_kv
+from .kv import KvIndex
 
 
 class Msg(msgspec.Struct, array_like=True, gc=False):
@@ -85,6 +87,8 @@ class ChannelOptions:
     # Remove the channel (messages, and the groups that read only it) after this many
     # seconds without a publish, a delivery or a connected reader (core/expiry.py).
     expire_idle: float | None = None
+    # A key-value bucket's revisions kept per key (core/kv.py); other channels ignore it.
+    history: int = 1
 
 
 @dataclass(eq=False)
@@ -113,6 +117,11 @@ class ChannelLog:
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
     id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
     frozen: bool = False  # its queue is being handed over: nothing more is delivered
+    kv: KvIndex | None = None  # a key-value bucket's index (core/kv.py)
+
+    def __post_init__(self) -> None:
+        if is_kv(self.name):
+            self.kv = KvIndex()
 
     def lookup(self, seq: int) -> Msg | _Sentinel:
         if seq < self.first_seq or seq in self.gone:
@@ -175,6 +184,8 @@ class ChannelLog:
                 del self.readback[s]
         self.first_seq = seq
         self.count -= removed
+        if self.kv is not None:
+            self.kv.forget_below(seq)
         return removed
 
     def delete_one(self, seq: int) -> bool:
@@ -194,6 +205,8 @@ class ChannelLog:
         self.readback.pop(seq, None)
         self.special.pop(seq, None)
         self.count -= 1
+        if self.kv is not None:
+            self.kv.forget(seq)
         return True
 
     def drop_inflight(self) -> int:

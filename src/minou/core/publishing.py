@@ -25,16 +25,20 @@ from ..limits import (
 )
 from ..names import (
     INBOX_ENDPOINT,
+    KV_PREFIX,
     REPLY_TO,
     broadcast_prefix,
     is_dead_letter,
     is_inbox,
+    is_kv,
+    kv_bucket,
     schema_key,
     validate_channel,
 )
 from ..payloads import check_json, decode_json
 from ..protocol.frames import Outcome, Send
 from ..schemas import SchemaViolation
+from .kv import KvIndex, checked_put, is_tombstone
 from .log import ChannelLog, Msg
 from .producers import ProducerState
 from .replies import check_reply, check_request
@@ -201,6 +205,9 @@ class Publishing:
         if not direct and (is_inbox(target) or (send.headers and REPLY_TO in send.headers)):
             raise BadRequest(f"requests and replies ({target!r}) are published one by "
                              "one, not staged in a transaction", channel=target)
+        if not direct and is_kv(target):
+            raise BadRequest(f"bucket {kv_bucket(target)!r} is written with puts, not "
+                             "staged in a transaction", channel=target)
         if not access.unrestricted and not reply:
             access.check_write(target)
         self._check(send, target)
@@ -215,7 +222,8 @@ class Publishing:
         log = state.channels.get(target)
         schema = (log.options if log is not None else state.options(target)).schema
         if schema is not None:
-            self._check_schema(send, schema)
+            if not (is_tombstone(send.headers) and is_kv(target)):  # a delete has no value
+                self._check_schema(send, schema)
         elif state.strict_schemas and not is_dead_letter(target):
             key = schema_key(target)
             state.schema_refusals[key] = state.schema_refusals.get(key, 0) + 1
@@ -265,6 +273,12 @@ class Publishing:
             send, reply = self._request_or_reply(send, access, session)
         target = send.channel
         prefix = self.validate(send, access, direct=True, reply=reply)
+        if target.startswith(KV_PREFIX):
+            if prefix is not None:
+                raise BadRequest(f"{target!r}: a bucket is written key by key, not broadcast")
+            known = state.channels.get(target)
+            index = known.kv if known is not None else None
+            send = checked_put(send, index if index is not None else KvIndex(), now)
         if send.dedup:
             seen = state.dedup.get(target, send.dedup, now)
             if seen is not None:
@@ -332,4 +346,6 @@ class Publishing:
         batch.channels[log.name] = log.next_seq
         batch.messages.append(msg)
         batch.bytes += len(send.data)
+        if log.kv is not None:
+            log.kv.stage(msg)
         return msg

@@ -23,7 +23,7 @@ from typing import Any
 from ..auth.rules import Rules
 from ..errors import RequestError
 from ..limits import MAX_PRODUCER_STATES, PRODUCER_IDLE_S
-from ..names import is_dead_letter, schema_key
+from ..names import is_dead_letter, is_kv, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
@@ -105,8 +105,8 @@ class BrokerState:
 
     def options(self, channel: str) -> ChannelOptions:
         """The options of ``channel`` (a dead-letter channel has its channel's: its
-        schema key is that channel's)."""
-        return self.options_for(schema_key(channel))
+        schema key is that channel's; a bucket has its own)."""
+        return self.options_for(channel if is_kv(channel) else schema_key(channel))
 
     def log(self, name: str, now: float) -> ChannelLog:
         """Channel ``name``, created (and attached to the groups that match it) if new."""

@@ -28,6 +28,8 @@ from ..limits import (
     MAX_REQUEUE,
 )
 from ..names import DEAD_PREFIX, validate_channel
+from . import kv
+from .kv import KV_OPS
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("minou.admin")
 Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 # What a non-admin may run: each acts on the caller's own identity only.
+# (KV reads check the caller's read rights on the bucket themselves.)
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
-                              "credentials.revoke", "credentials.list"})
+                              "credentials.revoke", "credentials.list", *KV_OPS})
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -501,6 +504,7 @@ OPERATIONS: dict[str, Op] = {
     "credentials.renew": _renew_credential,
     "credentials.revoke": _revoke_credential,
     "credentials.list": _list_credentials,
+    **kv.OPERATIONS,
 }
 
 

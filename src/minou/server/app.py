@@ -70,6 +70,7 @@ from .connection import NativeConnection
 from .datadir import DataDirLocks
 from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
+from .kv import read_buckets
 from .oplog import watch_handshakes
 from .syncer import IntervalSync
 from .wire import internal_error, native_error
@@ -333,7 +334,11 @@ class BrokerServer:
         now = time.time()
         opening = self.storage.open_shared if self.spread is not None else self.storage.open
         snap = await self.loop.run_in_executor(self._writer_pool, opening, now)
+        buckets = await self.loop.run_in_executor(self._writer_pool, read_buckets,
+                                                  self.storage, snap)
         self.core.restore(snap, now)
+        for name, msgs in buckets.items():
+            self.core.index_bucket(name, msgs)
         self.registry = Registry((decode_record(blob) for blob in snap.clients),
                                  admins=self.settings.admins)
         self.credentials = Credentials(decode_credential(b) for b in snap.credentials)

@@ -258,6 +258,9 @@ class Engine:
         # Requests the broker itself waits on (HTTP's POST /v1/request): (inbox,
         # correlation id) -> called with the reply once it is committed.
         self.reply_waiters: dict[tuple[str, str], Callable[[Msg], None]] = {}
+        # Long polls waiting for a channel's next commit (a KV watch): channel -> the
+        # callbacks to call once, when a commit makes a message of it visible.
+        self.channel_waiters: dict[str, list[Callable[[], None]]] = {}
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -292,9 +295,17 @@ class Engine:
         kick = self.scheduler.committed(batch, self.monotonic(), self.clock())
         if self.reply_waiters and batch.messages:
             self._answer_waiters(batch.messages)
+        if self.channel_waiters and batch.messages:
+            self._wake_channel_waiters(batch.messages)
         self.resume_publishers()
         self.request_pump()
         self._follow(kick)
+
+    def _wake_channel_waiters(self, messages: list[Msg]) -> None:
+        waiters = self.channel_waiters
+        for name in {msg.channel for msg in messages if msg.channel in waiters}:
+            for wake in waiters.pop(name):
+                wake()
 
     def _answer_waiters(self, messages: list[Msg]) -> None:
         waiters = self.reply_waiters

@@ -31,7 +31,9 @@ import msgspec
 
 from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
+from ..names import kv_channel
 from ..protocol import frames as f
+from .kv import KV_OPS
 from .upstream import Upstream
 from .wire import native_error
 
@@ -43,7 +45,7 @@ REMOTE_TAGS = 1 << 52  # tags of deliveries from other brokers start here
 # broker (what its waiting requests want), and deliveries to give back as never sent.
 LINK_CREDIT = "link.credit"
 # Admin operations on one queue: answered by its owner
-OWNER_OPS = frozenset({"queue", "browse", "purge", "dead.requeue", "dead.purge"})
+OWNER_OPS = frozenset({"queue", "browse", "purge", "dead.requeue", "dead.purge", *KV_OPS})
 MAX_REMOTE_TAGS = 100_000  # unsettled remote deliveries remembered per connection
 FORWARD_PAUSE_BYTES = 8 << 20  # publishes forwarded and not confirmed: stop reading
 # A queue that moves while a publish is on its way (handed over, being adopted): the
@@ -647,8 +649,12 @@ class Front:
         """An admin operation on one queue (``OWNER_OPS``) sent to the queue's owner: a
         future of its answer, or None if that is this broker (or nobody yet)."""
         args = frame.args
-        name = args.get("channel") if frame.op == "browse" else \
-            f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
+        if frame.op in KV_OPS:
+            name: str | None = kv_channel(args["bucket"]) \
+                if isinstance(args.get("bucket"), str) else None
+        else:
+            name = args.get("channel") if frame.op == "browse" else \
+                f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
         up = self._owner_link(name) if isinstance(name, str) else None
         if up is None:
             return None

@@ -52,6 +52,7 @@ from ..errors import (
 from ..storage.redis.keys import shared_base
 from . import placement
 from .front import ADOPT, Door, Front
+from .kv import read_buckets
 from .primary import Server, _reason, broker_info, member_id
 
 log = logging.getLogger("minou.cluster")
@@ -396,7 +397,11 @@ class SpreadRole:
             now = time.time()
             snap = await loop.run_in_executor(server._writer_pool, server.storage.open_queue,
                                               queue, now)
-            server.core.adopt(snap, now)
+            buckets = await loop.run_in_executor(server._writer_pool, read_buckets,
+                                                 server.storage, snap)
+            server.core.adopt(snap, now)  # with its buckets' index, before any write to one
+            for name, msgs in buckets.items():
+                server.core.index_bucket(name, msgs)
             self.owned.add(queue)
             if snap.channels:
                 self._note("adopted", queue, previous=self.owners.get(queue))

@@ -1,0 +1,187 @@
+"""Key-value buckets on the one model: a bucket is a channel, a put a message. No I/O.
+
+Bucket ``config`` is the channel ``_kv/v1/config``. A put of ``limit`` is a message
+whose ``key`` is ``limit``; its seq is the value's **revision**. A delete is a message
+with header ``x-kv-op: del`` (a tombstone: the key's latest revision says "no value").
+So a bucket is durable, replicated and guarded by rules exactly as any channel.
+
+What the core adds is an index per bucket (``KvIndex``, on ``ChannelLog.kv``): for each
+key its revisions still stored, oldest first. It serves
+
+* **compare-and-set**: a put or delete carrying ``x-kv-expect: R`` is stored only if the
+  key's latest revision, counting the ones staged and not yet committed, is ``R`` (``0``:
+  the key has no value). Checked when staged, in the core's one thread, so two
+  concurrent writers cannot both win; a staged revision whose commit fails is undone
+  (``unstage``), so the next check sees what is really stored;
+* **history depth**: once committed, a key keeps its last ``history`` revisions (the
+  bucket's option, default 1); older ones are deleted from the channel (``commit``
+  returns them). Readers never truncate a bucket: its revisions are its state;
+* reads (``get``, ``keys``, ``history``) by the adapter, which loads bodies by seq.
+
+Revisions leave the index only with their message (``ChannelLog.delete_one`` and
+``truncate_below`` call ``forget``): a TTL expiry, a purge, overflow, idle expiry. The
+index is rebuilt from storage at start and when a broker adopts a spread queue
+(``rebuild``): it holds no state that storage does not.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+from ..errors import BadRequest, RevisionMismatch
+from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, validate_kv_key
+from ..protocol.frames import Send
+
+
+class Msg(Protocol):
+    """What the index reads of a stored message (``log.Msg``, which imports this)."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+    @property
+    def expires_at(self) -> float | None: ...
+
+_MAX_REVISION = 1 << 62
+
+
+def is_tombstone(headers: dict[str, str] | None) -> bool:
+    return bool(headers) and headers.get(KV_OP) == KV_DELETE  # type: ignore[union-attr]
+
+
+class KvIndex:
+    """The revisions of one bucket's keys (see the module docstring)."""
+
+    __slots__ = ("expires", "key_of", "revisions", "staged", "tombstones")
+
+    def __init__(self) -> None:
+        self.revisions: dict[str, list[int]] = {}  # committed and stored, oldest first
+        self.key_of: dict[int, str] = {}  # every revision above -> its key
+        self.tombstones: set[int] = set()  # revisions that are deletes
+        self.expires: dict[int, float] = {}  # revisions with a TTL -> when they expire
+        # Staged, not committed yet: key -> [(seq, is a delete)] in seq order.
+        self.staged: dict[str, list[tuple[int, bool]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.key_of)
+
+    # ---------------------------------------------------------------- reads
+    def latest(self, key: str, now: float) -> int:
+        """The committed revision holding ``key``'s value, or 0: none, deleted or expired."""
+        revs = self.revisions.get(key)
+        if not revs:
+            return 0
+        seq = revs[-1]
+        if seq in self.tombstones:
+            return 0
+        expires = self.expires.get(seq)
+        return 0 if expires is not None and expires <= now else seq
+
+    def history(self, key: str) -> list[int]:
+        """Every stored revision of ``key``, deletes included, oldest first."""
+        return list(self.revisions.get(key, ()))
+
+    def keys(self, prefix: str, now: float, after: str = "", limit: int = 0) -> list[str]:
+        """The keys with a value, starting with ``prefix``, sorted, after ``after``."""
+        found = sorted(k for k in self.revisions if k.startswith(prefix) and k > after
+                       and self.latest(k, now))
+        return found[:limit] if limit else found
+
+    # ------------------------------------------------------------- writes
+    def check(self, key: str, expect: int, now: float) -> None:
+        """Refuse a compare-and-set unless ``key`` is at revision ``expect`` now, counting
+        what is staged (0: no value)."""
+        staged = self.staged.get(key)
+        if staged:
+            seq, deleted = staged[-1]
+            current = 0 if deleted else seq
+        else:
+            current = self.latest(key, now)
+        if current != expect:
+            raise RevisionMismatch(
+                f"key {key!r} is at revision {current}, not {expect}" if current else
+                f"key {key!r} has no value (revision 0), not revision {expect}",
+                key=key, revision=current)
+
+    def stage(self, msg: Msg) -> None:
+        self.staged.setdefault(msg.key or "", []).append((msg.seq, is_tombstone(msg.headers)))
+
+    def unstage(self, msg: Msg) -> None:
+        """``msg`` will never be committed (its commit failed, or overflow dropped it)."""
+        key = msg.key or ""
+        staged = self.staged.get(key)
+        if staged:
+            staged[:] = [s for s in staged if s[0] != msg.seq]
+            if not staged:
+                del self.staged[key]
+
+    def commit(self, msg: Msg, history: int) -> list[int]:
+        """``msg`` is durable and visible: make it its key's latest revision; return the
+        revisions past ``history`` that must now be deleted from the channel."""
+        self.unstage(msg)
+        key = msg.key or ""
+        revs = self.revisions.setdefault(key, [])
+        revs.append(msg.seq)
+        self.key_of[msg.seq] = key
+        if is_tombstone(msg.headers):
+            self.tombstones.add(msg.seq)
+        if msg.expires_at is not None:
+            self.expires[msg.seq] = msg.expires_at
+        return revs[:-history] if len(revs) > history else []
+
+    def forget(self, seq: int) -> None:
+        """Revision ``seq`` was deleted from the channel."""
+        key = self.key_of.pop(seq, None)
+        if key is None:
+            return
+        self.tombstones.discard(seq)
+        self.expires.pop(seq, None)
+        revs = self.revisions[key]
+        revs.remove(seq)
+        if not revs:
+            del self.revisions[key]
+
+    def forget_below(self, seq: int) -> None:
+        for old in [s for s in self.key_of if s < seq]:
+            self.forget(old)
+
+    def rebuild(self, msgs: list[Msg], history: int) -> list[int]:
+        """Index stored messages (in seq order, after a start or an adoption); return
+        the revisions past ``history`` to delete (the option may have shrunk)."""
+        drop: list[int] = []
+        for msg in msgs:
+            if msg.seq not in self.key_of and msg.key:
+                drop += self.commit(msg, history)
+        return drop
+
+
+def checked_put(send: Send, index: KvIndex, now: float) -> Send:
+    """Check a write to a bucket (a key, no delay or priority, a well-formed
+    compare-and-set) against ``index``; return it as it is stored (without the
+    expected revision, which is a condition, not data)."""
+    bucket = kv_bucket(send.channel)
+    if send.key is None:
+        raise BadRequest(f"a write to bucket {bucket!r} names its key (the message key)")
+    validate_kv_key(send.key)
+    if send.delay or send.priority:
+        raise BadRequest(f"a write to bucket {bucket!r} has no delay and no priority")
+    headers = send.headers
+    if not headers:
+        return send
+    op = headers.get(KV_OP)
+    if op is not None and op != KV_DELETE:
+        raise BadRequest(f"{KV_OP} is {op[:40]!r}: the only operation is {KV_DELETE!r}")
+    expect = headers.get(KV_EXPECT)
+    if expect is None:
+        return send
+    if not (expect.isascii() and expect.isdigit()) or int(expect) >= _MAX_REVISION:
+        raise BadRequest(f"{KV_EXPECT} must be a revision (an integer >= 0), not "
+                         f"{expect[:40]!r}")
+    index.check(send.key, int(expect), now)
+    rest = {k: v for k, v in headers.items() if k != KV_EXPECT}
+    return msgspec.structs.replace(send, headers=rest or None)

@@ -1,0 +1,215 @@
+"""Key-value reads (docs/kv.md): the operations behind ``client.kv()``, the HTTP routes
+under ``/v1/kv`` and ``minou kv``. Writes are publishes (core/kv.py checks them).
+
+Every operation needs the right to read the bucket's channel (``_kv/v1/<bucket>``), the
+caller's own rules deciding, admin or not. Values are read by revision: from memory
+when cached, else one storage read. ``kv.read`` is the watch's long poll: the changes
+after a revision, waiting (at most ``MAX_KV_WAIT_S``) for the next commit when there
+are none yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..core.kv import KvIndex, is_tombstone
+from ..core.log import ChannelLog, Msg
+from ..errors import BadRequest, NotFound, TooManyConnections
+from ..limits import (
+    DEFAULT_KV_PAGE,
+    MAX_KV_PAGE,
+    MAX_KV_WAIT_S,
+    MAX_KV_WAITERS,
+    STORAGE_READ_PAGE,
+)
+from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
+
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+    from ..core.snapshot import Snapshot
+    from ..storage.base import Storage
+    from .ports import Server
+
+KV_OPS = frozenset({"kv.get", "kv.keys", "kv.history", "kv.read"})
+_EMPTY = KvIndex()
+
+
+def _text(args: dict[str, Any], name: str, default: str | None = None) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str):
+        raise BadRequest(f"give {name} (a string)")
+    return value
+
+
+def _number(args: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = args.get(name, default)
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise BadRequest(f"{name} must be a number {lo:g}..{hi:g}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise BadRequest(f"{name} must be a number {lo:g}..{hi:g}")
+    return value
+
+
+def bucket_of(server: Server, args: dict[str, Any], caller: Identity | None
+              ) -> tuple[str, ChannelLog | None]:
+    """The bucket's channel (read-checked for ``caller``) and its log, if it exists."""
+    channel = kv_channel(_text(args, "bucket"))
+    if caller is not None:
+        server.access_for(caller).check_read(channel)
+    return channel, server.core.channels.get(channel)
+
+
+def entry_view(msg: Msg) -> dict[str, Any]:
+    """A stored revision as JSON: the value parsed (JSON) or base64 (raw bytes)."""
+    deleted = is_tombstone(msg.headers)
+    value: Any = None
+    value_base64: str | None = None
+    if not deleted:
+        if msg.raw:
+            value_base64 = base64.b64encode(msg.data).decode()
+        else:
+            value = msgspec.json.decode(msg.data)
+    return {"key": msg.key, "revision": msg.seq, "op": "del" if deleted else "put",
+            "value": value, "value_base64": value_base64, "created": msg.published_at,
+            "expires_at": msg.expires_at}
+
+
+async def _revision(server: Server, log: ChannelLog, seq: int) -> Msg | None:
+    found = log.lookup(seq)
+    if isinstance(found, Msg):
+        return found
+    msgs = await server.read_messages(log.name, seq, seq + 1, 1)
+    return msgs[0] if msgs and msgs[0].seq == seq else None
+
+
+async def kv_get(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    channel, log = bucket_of(server, args, caller)
+    key = validate_kv_key(args.get("key"))
+    wanted = int(_number(args, "revision", 0, 0, 2**62))
+    index = log.kv if log is not None and log.kv is not None else _EMPTY
+    if wanted:
+        if wanted not in index.history(key):
+            raise NotFound(f"revision {wanted} of key {key!r} is not stored in bucket "
+                           f"{kv_bucket(channel)!r} (see its history)", key=key)
+        seq = wanted
+    else:
+        seq = index.latest(key, time.time())
+        if not seq:
+            raise NotFound(f"key {key!r} has no value in bucket {kv_bucket(channel)!r}", key=key)
+    msg = await _revision(server, log, seq) if log is not None else None
+    if msg is None:  # removed between the lookup and the read (a TTL, a purge)
+        raise NotFound(f"key {key!r} has no value in bucket {kv_bucket(channel)!r}", key=key)
+    return {"bucket": kv_bucket(channel), **entry_view(msg)}
+
+
+def kv_keys(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    channel, log = bucket_of(server, args, caller)
+    prefix = _text(args, "prefix", "")
+    after = _text(args, "after", "")
+    limit = int(_number(args, "limit", DEFAULT_KV_PAGE, 1, MAX_KV_PAGE))
+    index = log.kv if log is not None and log.kv is not None else _EMPTY
+    keys = index.keys(prefix, time.time(), after, limit + 1)
+    return {"bucket": kv_bucket(channel), "keys": keys[:limit], "more": len(keys) > limit,
+            "revision": log.end - 1 if log is not None else 0}
+
+
+async def kv_history(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    channel, log = bucket_of(server, args, caller)
+    key = validate_kv_key(args.get("key"))
+    entries = []
+    if log is not None and log.kv is not None:
+        for seq in log.kv.history(key):
+            msg = await _revision(server, log, seq)
+            if msg is not None:
+                entries.append(entry_view(msg))
+    if not entries:
+        raise NotFound(f"key {key!r} has no revision in bucket {kv_bucket(channel)!r}", key=key)
+    return {"bucket": kv_bucket(channel), "key": key, "entries": entries}
+
+
+async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """The revisions after ``after`` whose key starts with ``prefix``, in order; with
+    ``latest``, only the keys' current values (a snapshot, page by page). ``next`` is
+    the revision to go on after; ``wait`` seconds: wait for a commit when none is there."""
+    channel, log = bucket_of(server, args, caller)
+    after = int(_number(args, "after", 0, 0, 2**62))
+    prefix = _text(args, "prefix", "")
+    limit = int(_number(args, "limit", DEFAULT_KV_PAGE, 1, MAX_KV_PAGE))
+    latest = bool(args.get("latest", False))
+    wait = _number(args, "wait", 0, 0, MAX_KV_WAIT_S)
+    deadline = time.monotonic() + wait
+    while True:
+        log = server.core.channels.get(channel)
+        end = log.end if log is not None else 1
+        if log is not None and after + 1 < end:
+            msgs = await server.read_messages(channel, max(after + 1, log.first_seq), end,
+                                              limit)
+            nxt = msgs[-1].seq if len(msgs) == limit else end - 1
+            now = time.time()
+            kv = log.kv if log.kv is not None else _EMPTY
+            picked = [m for m in msgs if m.key is not None and m.key.startswith(prefix)
+                      and (not latest or kv.latest(m.key, now) == m.seq)]
+            if picked or not wait or latest:
+                return {"bucket": kv_bucket(channel), "entries": [entry_view(m) for m in picked],
+                        "next": nxt, "revision": end - 1}
+            after = nxt
+            continue
+        left = deadline - time.monotonic()
+        if left <= 0 or latest:
+            return {"bucket": kv_bucket(channel), "entries": [], "next": max(after, end - 1),
+                    "revision": end - 1}
+        await _next_commit(server, channel, left)
+
+
+async def _next_commit(server: Server, channel: str, timeout: float) -> None:
+    waiters = server.engine.channel_waiters
+    if sum(len(w) for w in waiters.values()) >= MAX_KV_WAITERS:
+        raise TooManyConnections(f"{MAX_KV_WAITERS} watches wait already: try again later",
+                                 limit=MAX_KV_WAITERS)
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    waiters.setdefault(channel, []).append(wake)
+    try:
+        await asyncio.wait_for(fut, timeout)
+    except TimeoutError:
+        pass
+    finally:
+        mine = waiters.get(channel)
+        if mine is not None and wake in mine:
+            mine.remove(wake)
+            if not mine:
+                del waiters[channel]
+
+
+def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Msg]]:
+    """Every stored revision of the buckets in ``snap`` (on the writer's thread, before
+    the core takes the snapshot, so its index is whole before any write reaches it)."""
+    out: dict[str, list[Msg]] = {}
+    for rec in snap.channels:
+        if not is_kv(rec.name):
+            continue
+        msgs = out[rec.name] = []
+        seq = rec.first_seq
+        while seq < rec.next_seq:
+            page = storage.read_range(rec.name, seq, rec.next_seq, STORAGE_READ_PAGE)
+            if not page:
+                break
+            msgs += page
+            seq = page[-1].seq + 1
+    return out
+
+
+OPERATIONS = {"kv.get": kv_get, "kv.keys": kv_keys, "kv.history": kv_history,
+              "kv.read": kv_read}

@@ -1,0 +1,181 @@
+"""Key-value buckets in the core (core/kv.py): a put is a message keyed by the KV key,
+its seq the revision; compare-and-set is checked when staged (counting staged puts)
+and undone with a failed commit; a key keeps its last ``history`` revisions; readers
+never truncate a bucket; the index follows deletes (TTL, purge) and is rebuilt from
+storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minou.config import parse_settings
+from minou.core.broker import Broker, Session
+from minou.errors import ErrorCode, StorageFull
+from minou.names import KV_DELETE, KV_EXPECT, KV_OP, kv_channel
+from minou.storage.memory import MemoryStorage
+
+from .helpers import Harness, send
+
+CFG = kv_channel("config")
+FULL = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+
+
+def harness(kv: dict | None = None, storage: MemoryStorage | None = None) -> Harness:
+    settings = parse_settings({"kv": kv or {}}, base_dir=Path("."))
+    return Harness(broker=Broker(channel_options=settings.channel_options), storage=storage)
+
+
+def put(key: str, value: object, expect: int | None = None, **kw: object):
+    headers = {KV_EXPECT: str(expect)} if expect is not None else None
+    return send(CFG, value, key=key, headers=headers, **kw)
+
+
+def delete(key: str, expect: int | None = None):
+    headers = {KV_OP: KV_DELETE}
+    if expect is not None:
+        headers[KV_EXPECT] = str(expect)
+    return send(CFG, None, key=key, headers=headers)
+
+
+def index(h: Harness):
+    return h.broker.channels[CFG].kv
+
+
+def test_a_put_is_a_revision_and_the_latest_one_is_the_value() -> None:
+    h = harness()
+    a, b = h.publish(put("limit", 1), put("currency", "EUR"))
+    (c,) = h.publish(put("limit", 2))
+    assert (a.seq, b.seq, c.seq) == (1, 2, 3)
+    kv = index(h)
+    assert kv.latest("limit", h.now) == 3
+    assert kv.latest("currency", h.now) == 2
+    assert kv.latest("nothing", h.now) == 0
+    assert kv.keys("", h.now) == ["currency", "limit"]
+    assert kv.keys("l", h.now) == ["limit"]
+    # History 1 (the default): the older revision of "limit" is deleted from storage.
+    assert kv.history("limit") == [3]
+    h.commit()
+    assert [m.seq for m in h.storage.read_range(CFG, 1, 10, 10)] == [2, 3]
+    # The stored revision carries no expected-revision header (a condition, not data).
+    (d,) = h.publish(put("limit", 3, expect=3))
+    assert d.code == 0
+    assert h.storage.read_range(CFG, d.seq, d.seq + 1, 1)[0].headers is None
+
+
+def test_compare_and_set_refuses_a_stale_revision_and_counts_what_is_staged() -> None:
+    h = harness()
+    (first,) = h.publish(put("limit", 1, expect=0))  # create: no value yet
+    assert first.code == 0
+    (again,) = h.publish(put("limit", 2, expect=0))
+    assert again.code == ErrorCode.REVISION_MISMATCH
+    assert "revision 1, not 0" in again.error
+    # Two writers staged in one batch with the same expected revision: one wins.
+    outcomes = h.publish(put("limit", 2, expect=1), put("limit", 3, expect=1))
+    assert [o.code for o in outcomes] == [0, ErrorCode.REVISION_MISMATCH]
+    assert index(h).latest("limit", h.now) == outcomes[0].seq
+    assert h.broker.counters.refused["revision_mismatch"] == 2
+
+
+def test_a_delete_is_a_tombstone_and_a_create_may_follow_it() -> None:
+    h = harness({"config": {"history": 3}})
+    h.publish(put("k", 1))
+    (gone,) = h.publish(delete("k", expect=1))
+    assert gone.code == 0
+    kv = index(h)
+    assert kv.latest("k", h.now) == 0
+    assert kv.keys("", h.now) == []
+    assert kv.history("k") == [1, 2]
+    assert (h.publish(delete("k", expect=1))[0].code == ErrorCode.REVISION_MISMATCH)
+    assert h.publish(put("k", 5, expect=0))[0].code == 0
+
+
+def test_a_failed_commit_undoes_its_staged_revisions() -> None:
+    h = harness()
+    h.publish(put("k", 1))
+    h.broker.publish([put("k", 2, expect=1)], h.now)
+    batch = h.broker.take_writes()
+    h.broker.on_failed(batch, FULL)
+    kv = index(h)
+    assert kv.staged == {}
+    assert kv.latest("k", h.now) == 1
+    # The put that failed did not move the key: the same compare-and-set succeeds now.
+    (o,) = h.publish(put("k", 2, expect=1))
+    assert o.code == 0
+
+
+def test_history_depth_keeps_the_last_revisions_and_readers_never_truncate() -> None:
+    h = harness({"config": {"history": 2}})
+    reader = Session("r")
+    sub = h.subscribe(reader, kind="listen", patterns=CFG, start="oldest", prefetch=100)
+    for v in range(5):
+        h.publish(put("k", v))
+    items = h.take(sub)
+    h.ack(reader, items)
+    h.commit()
+    kv = index(h)
+    assert kv.history("k") == [4, 5]
+    # Every reader settled everything, and the bucket still holds its value.
+    assert [m.seq for m in h.storage.read_range(CFG, 1, 10, 10)] == [4, 5]
+    assert h.broker.channels[CFG].first_seq <= 4
+
+
+def test_ttl_expiry_and_purge_remove_revisions_from_the_index() -> None:
+    h = harness({"config": {"ttl": 10}})
+    h.publish(put("k", 1))
+    kv = index(h)
+    assert kv.latest("k", h.now) == 1
+    assert kv.latest("k", h.now + 11) == 0  # past its TTL: no value, even before removal
+    assert kv.keys("", h.now + 11) == []
+    h.broker.expire([(CFG, 1)], h.now + 11)
+    assert kv.history("k") == [] and len(kv) == 0
+    h.publish(put("a", 1), put("b", 2))
+    h.broker.channels[CFG].truncate_below(h.broker.channels[CFG].end)
+    assert len(kv) == 0 and kv.revisions == {}
+
+
+def test_bad_writes_to_a_bucket_are_refused_precisely() -> None:
+    h = harness()
+    cases = [
+        (send(CFG, 1), "names its key"),
+        (send(CFG, 1, key="a b"), "invalid KV key"),
+        (send(CFG, 1, key="/a"), "invalid KV key"),
+        (send(CFG, 1, key="k", delay=5), "no delay"),
+        (send(CFG, 1, key="k", headers={KV_OP: "drop"}), "only operation"),
+        (send(CFG, 1, key="k", headers={KV_EXPECT: "-1"}), "must be a revision"),
+        (send("_kv/v1/*", 1, key="k"), "not broadcast"),
+    ]
+    for s, text in cases:
+        (o,) = h.publish(s)
+        assert o.code == ErrorCode.BAD_REQUEST, s
+        assert text in o.error
+    assert CFG not in h.broker.channels  # nothing made the bucket
+
+
+def test_a_bucket_is_not_written_in_a_transaction() -> None:
+    h = harness()
+    with pytest.raises(Exception, match="not staged in a transaction"):
+        h.broker.txn_publishing.stage(Session("w"), "t1", [put("k", 1)], h.now)
+
+
+def test_the_index_is_rebuilt_from_storage_after_a_restart() -> None:
+    store = MemoryStorage("kv-restart")
+    MemoryStorage.forget("kv-restart")
+    store = MemoryStorage("kv-restart")
+    store.open(0.0)
+    h = harness({"config": {"history": 2}}, storage=store)
+    for v in range(3):
+        h.publish(put("k", v))
+    h.publish(put("other", 1), delete("other"))
+    settings = parse_settings({"kv": {"config": {"history": 1}}}, base_dir=Path("."))
+    broker = Broker(channel_options=settings.channel_options)
+    broker.restore(store.open(h.now), h.now)
+    log = broker.channels[CFG]
+    broker.index_bucket(CFG, store.read_range(CFG, log.first_seq, log.end, 1000))
+    kv = log.kv
+    assert kv.latest("k", h.now) == 3
+    assert kv.latest("other", h.now) == 0
+    # The smaller history now applies: older revisions are deleted with the next commit.
+    assert kv.history("k") == [3] and kv.history("other") == [5]
+    assert sorted(broker.batch.deletes) == [(CFG, 2), (CFG, 4)]
