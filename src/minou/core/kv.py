@@ -31,6 +31,7 @@ from typing import Protocol
 import msgspec
 
 from ..errors import BadRequest, RevisionMismatch
+from ..limits import MAX_KV_REVISION
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, validate_kv_key
 from ..protocol.frames import Send
 
@@ -47,7 +48,6 @@ class Msg(Protocol):
     @property
     def expires_at(self) -> float | None: ...
 
-_MAX_REVISION = 1 << 62
 
 
 def is_tombstone(headers: dict[str, str] | None) -> bool:
@@ -179,7 +179,7 @@ def checked_put(send: Send, index: KvIndex, now: float) -> Send:
     expect = headers.get(KV_EXPECT)
     if expect is None:
         return send
-    if not (expect.isascii() and expect.isdigit()) or int(expect) >= _MAX_REVISION:
+    if not (expect.isascii() and expect.isdigit()) or int(expect) > MAX_KV_REVISION:
         raise BadRequest(f"{KV_EXPECT} must be a revision (an integer >= 0), not "
                          f"{expect[:40]!r}")
     index.check(send.key, int(expect), now)

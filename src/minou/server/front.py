@@ -650,8 +650,8 @@ class Front:
         future of its answer, or None if that is this broker (or nobody yet)."""
         args = frame.args
         if frame.op in KV_OPS:
-            name: str | None = kv_channel(args["bucket"]) \
-                if isinstance(args.get("bucket"), str) else None
+            bucket = "_" if frame.op == "kv.buckets" else args.get("bucket")
+            name: str | None = kv_channel(bucket) if isinstance(bucket, str) else None
         else:
             name = args.get("channel") if frame.op == "browse" else \
                 f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None

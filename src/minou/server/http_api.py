@@ -47,6 +47,7 @@ from . import nagios
 from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
+from .http_kv import HttpKv
 from .http_requests import ask, request_timeout
 from .wire import http_error, internal_error
 
@@ -533,6 +534,7 @@ class HttpApi:
                   methods=["DELETE"]),
             Route("/v1/admin/reload", self.admin_route("reload"), methods=["POST"]),
             Route("/v1/admin/soft-stop", self.admin_route("soft_stop"), methods=["POST"]),
+            *HttpKv(self, json_response).routes(),
         ]
 
     async def whoami(self, request: Request, identity: Identity) -> Response:

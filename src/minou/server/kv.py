@@ -23,6 +23,7 @@ from ..errors import BadRequest, NotFound, TooManyConnections
 from ..limits import (
     DEFAULT_KV_PAGE,
     MAX_KV_PAGE,
+    MAX_KV_REVISION,
     MAX_KV_WAIT_S,
     MAX_KV_WAITERS,
     STORAGE_READ_PAGE,
@@ -35,7 +36,9 @@ if TYPE_CHECKING:
     from ..storage.base import Storage
     from .ports import Server
 
-KV_OPS = frozenset({"kv.get", "kv.keys", "kv.history", "kv.read"})
+# Every bucket is in one queue (_kv/v1): with queues spread over brokers, its owner
+# answers them all (front.ask_owner).
+KV_OPS = frozenset({"kv.buckets", "kv.get", "kv.keys", "kv.history", "kv.read"})
 _EMPTY = KvIndex()
 
 
@@ -90,10 +93,27 @@ async def _revision(server: Server, log: ChannelLog, seq: int) -> Msg | None:
     return msgs[0] if msgs and msgs[0].seq == seq else None
 
 
+def kv_buckets(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """The buckets the caller may read: each one's keys, revisions held and options."""
+    access = server.access_for(caller) if caller is not None else None
+    now = time.time()
+    out = []
+    for name, log in sorted(server.core.channels.items()):
+        if log.kv is None or (access is not None and not access.may_read(name)):
+            continue
+        opts = log.options
+        out.append({"bucket": kv_bucket(name), "keys": len(log.kv.keys("", now)),
+                    "revisions": len(log.kv), "revision": log.end - 1,
+                    "history": opts.history, "ttl": opts.ttl, "max_revisions": opts.max_items,
+                    "schema": opts.schema.key if opts.schema is not None else None,
+                    "active_at": log.touched or None})
+    return {"buckets": out}
+
+
 async def kv_get(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
     channel, log = bucket_of(server, args, caller)
     key = validate_kv_key(args.get("key"))
-    wanted = int(_number(args, "revision", 0, 0, 2**62))
+    wanted = int(_number(args, "revision", 0, 0, MAX_KV_REVISION))
     index = log.kv if log is not None and log.kv is not None else _EMPTY
     if wanted:
         if wanted not in index.history(key):
@@ -140,7 +160,7 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
     ``latest``, only the keys' current values (a snapshot, page by page). ``next`` is
     the revision to go on after; ``wait`` seconds: wait for a commit when none is there."""
     channel, log = bucket_of(server, args, caller)
-    after = int(_number(args, "after", 0, 0, 2**62))
+    after = int(_number(args, "after", 0, 0, MAX_KV_REVISION))
     prefix = _text(args, "prefix", "")
     limit = int(_number(args, "limit", DEFAULT_KV_PAGE, 1, MAX_KV_PAGE))
     latest = bool(args.get("latest", False))
@@ -211,5 +231,5 @@ def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Msg]]:
     return out
 
 
-OPERATIONS = {"kv.get": kv_get, "kv.keys": kv_keys, "kv.history": kv_history,
-              "kv.read": kv_read}
+OPERATIONS = {"kv.buckets": kv_buckets, "kv.get": kv_get, "kv.keys": kv_keys,
+              "kv.history": kv_history, "kv.read": kv_read}

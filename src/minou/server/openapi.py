@@ -15,6 +15,7 @@ from ..errors import ERROR_TABLE
 from ..limits import (
     DEFAULT_BROWSE,
     DEFAULT_CREDENTIAL_TTL_S,
+    DEFAULT_KV_PAGE,
     DEFAULT_REQUEST_TIMEOUT_S,
     MAX_BATCH_HTTP,
     MAX_BROWSE,
@@ -23,6 +24,10 @@ from ..limits import (
     MAX_DELAY_S,
     MAX_FROM_SEQ,
     MAX_HTTP_WAIT_S,
+    MAX_KEY_LENGTH,
+    MAX_KV_PAGE,
+    MAX_KV_REVISION,
+    MAX_KV_WAIT_S,
     MAX_LEASE_S,
     MAX_PRIORITY,
     MAX_PURPOSE_CHARS,
@@ -189,6 +194,90 @@ SCHEMAS: dict[str, Any] = {
                                "groups": {"type": "array"},
                                "dead_letter": {"type": "object"}}},
 }
+
+
+_BUCKET = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+_KV_KEY = {"type": "string", "pattern": "^(?!/)(?!.*//)[A-Za-z0-9_=./:@-]+$",
+           "minLength": 1, "maxLength": MAX_KEY_LENGTH,
+           "description": "letters, digits and _ = . / : @ - (no leading '/', no '//')"}
+_REVISION = {"type": "integer", "minimum": 0, "maximum": MAX_KV_REVISION}
+_ENTRY = {"type": "object", "properties": {
+    "bucket": {"type": "string"}, "key": {"type": "string"}, "revision": _REVISION,
+    "op": {"enum": ["put", "del"]}, "value": {},
+    "value_base64": {"type": ["string", "null"]}, "created": {"type": "number"},
+    "expires_at": {"type": ["number", "null"]}}}
+_ETAG = {"ETag": {"description": 'the revision, quoted ("7")', "schema": {"type": "string"}}}
+
+
+def _kv_paths() -> dict[str, Any]:
+    """Key-value buckets (docs/kv.md): reads need the bucket's read rule, writes its
+    write rule (``kv/<bucket>``)."""
+    bucket = _path("bucket", _BUCKET, "the bucket (its channel is _kv/v1/<bucket>)")
+    key = _path("key", _KV_KEY, "the key")
+    condition = [
+        {"name": "If-Match", "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": '^("[0-9]{1,18}"|[0-9]{1,18})$'},
+         "description": "compare-and-set: written only if the key is at this revision "
+                        "(the ETag of a GET); else 412 revision_mismatch"},
+        {"name": "If-None-Match", "in": "header", "required": False,
+         "schema": {"enum": ["*"]},
+         "description": "create: written only if the key has no value; else 412 (not "
+                        "with If-Match)"}]
+    written = {"description": "stored (durable); the ETag is the new revision",
+               "headers": _ETAG, "content": {"application/json": {"schema": {
+                   "type": "object", "properties": {"bucket": {"type": "string"},
+                                                    "key": {"type": "string"},
+                                                    "revision": _REVISION}}}}}
+    return {
+        "/v1/kv": {"get": _op(
+            "The buckets the caller may read: keys, revisions held, options", tag="kv",
+            ok=_json(OBJECT, "buckets"))},
+        "/v1/kv/{bucket}": {"get": _op(
+            "A bucket's keys with a value, sorted (page with after=)", tag="kv",
+            params=[bucket, _query("prefix", {"type": "string"}, "keys starting with this"),
+                    _query("after", {"type": "string"}, "keys after this one (paging)"),
+                    _query("limit", {"type": "integer", "minimum": 1,
+                                     "maximum": MAX_KV_PAGE},
+                           f"at most this many (default {DEFAULT_KV_PAGE})")],
+            ok=_json(OBJECT, "keys, more (another page), revision (the bucket's latest)"))},
+        "/v1/kv/{bucket}/{key}": {
+            "get": _op(
+                "A key's value and revision (ETag); ?revision= a stored one, ?history=true "
+                "every stored revision", tag="kv",
+                params=[bucket, key,
+                        _query("revision", {"type": "integer", "minimum": 1,
+                                            "maximum": MAX_KV_REVISION}, "a stored revision of it"),
+                        _query("history", {"type": "boolean"}, "every stored revision")],
+                ok={"description": "the value", "headers": _ETAG,
+                    "content": {"application/json": {"schema": _ENTRY}}}),
+            "put": _op(
+                "Store a value (a new revision)", tag="kv",
+                params=[bucket, key, *condition,
+                        _query("ttl", {"type": "number", "exclusiveMinimum": 0,
+                                       "maximum": MAX_DELAY_S},
+                               "seconds the value lives (default: the bucket's ttl)")],
+                body={"required": True, "description": "the value (any JSON value)",
+                      "content": {"application/json": {"schema": {}}}},
+                ok=written, errors=(412, 413, 422, 429, 507)),
+            "delete": _op(
+                "Delete a key (a delete revision; its history stays)", tag="kv",
+                params=[bucket, key, *condition], ok=written, errors=(412, 429, 507))},
+        "/v1/kv-watch/{bucket}": {"get": _op(
+            "The revisions after ?after= (a watch's long poll), or with ?latest=true the "
+            "current values page by page", tag="kv",
+            params=[bucket,
+                    _query("after", {"type": "integer", "minimum": 0, "maximum": MAX_KV_REVISION},
+                           "revisions after this one (default 0)"),
+                    _query("prefix", {"type": "string"}, "keys starting with this"),
+                    _query("wait", {"type": "number", "minimum": 0,
+                                    "maximum": MAX_KV_WAIT_S},
+                           "seconds to wait for a change when there is none yet"),
+                    _query("latest", {"type": "boolean"}, "only the keys' current values"),
+                    _query("limit", {"type": "integer", "minimum": 1,
+                                     "maximum": MAX_KV_PAGE}, "revisions read at most")],
+            ok=_json(OBJECT, "entries, next (the revision to go on after), revision"),
+            errors=(503,))},
+    }
 
 
 def document(server_url: str | None = None) -> dict[str, Any]:
@@ -388,6 +477,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
     paths["/v1/credentials/{id}"] = {"delete": _op(
         "Revoke a credential and close the connections that presented it",
         tag="credentials", params=credential_id, ok=_json(OBJECT, "what was revoked"))}
+    paths.update(_kv_paths())
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "minou", "version": __version__,

@@ -1,0 +1,156 @@
+"""The HTTP routes of key-value buckets (docs/kv.md, docs/http.md "Key-value buckets").
+
+``GET /v1/kv`` lists the buckets, ``GET /v1/kv/{bucket}`` a bucket's keys,
+``GET|PUT|DELETE /v1/kv/{bucket}/{key}`` one key (its revision in ``ETag``; a write with
+``If-Match: "<revision>"`` is a compare-and-set, ``If-None-Match: *`` a create), and
+``GET /v1/kv-watch/{bucket}`` the changes after a revision, as a long poll. Reads are
+the broker operations of ``server/kv.py``; writes are publishes, checked by the core.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from ..errors import BadRequest, RequestError, error_from_code
+from ..limits import MAX_DELAY_S
+from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, kv_channel, validate_kv_key
+from ..protocol.frames import Outcome, Send
+
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+
+Answer = Callable[[int, Any], None]
+Refuse = Callable[[RequestError], None]
+_TRUE = ("1", "true", "yes")
+
+
+def expected_revision(if_match: str | None, if_none_match: str | None) -> int | None:
+    """The revision a write expects from its ``If-Match`` (``"7"`` or ``7``) or
+    ``If-None-Match: *`` (0: the key has no value); None: an unconditional write."""
+    if if_match is not None and if_none_match is not None:
+        raise BadRequest("give If-Match or If-None-Match, not both")
+    if if_none_match is not None:
+        if if_none_match.strip() != "*":
+            raise BadRequest('If-None-Match takes "*" only (create: the key has no value)')
+        return 0
+    if if_match is None:
+        return None
+    text = if_match.strip()
+    if text.startswith('"') and text.endswith('"') and len(text) >= 2:
+        text = text[1:-1]
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise BadRequest(f"If-Match takes one revision, e.g. \"7\" (the ETag of a GET), "
+                         f"not {if_match[:40]!r}")
+    return int(text)
+
+
+class HttpKv:
+    def __init__(self, api: Any, json: Callable[..., Response]) -> None:
+        # ``api``: the http_api.HttpApi these routes belong to (its guard, body limits,
+        # admin operations and publishing), not imported: it imports this module.
+        self.api = api
+        self.json = json  # http_api.json_response, the one JSON writer of the HTTP API
+
+    def routes(self) -> list[BaseRoute]:
+        g = self.api.guard
+        key = "/v1/kv/{bucket}/{key:path}"
+        return [
+            Route("/v1/kv", g(self.buckets), methods=["GET"]),
+            Route("/v1/kv/{bucket}", g(self.keys), methods=["GET"]),
+            Route(key, g(self.get), methods=["GET"]),
+            Route(key, g(self.put), methods=["PUT"]),
+            Route(key, g(self.delete), methods=["DELETE"]),
+            Route("/v1/kv-watch/{bucket}", g(self.watch), methods=["GET"]),
+        ]
+
+    async def buckets(self, request: Request, identity: Identity) -> Response:
+        return self.json(await self.api.admin_op("kv.buckets", {}, identity))
+
+    async def keys(self, request: Request, identity: Identity) -> Response:
+        q = request.query_params
+        args = {"bucket": request.path_params["bucket"], "prefix": q.get("prefix", ""),
+                "after": q.get("after", "")}
+        if "limit" in q:
+            args["limit"] = q["limit"]
+        return self.json(await self.api.admin_op("kv.keys", args, identity))
+
+    async def get(self, request: Request, identity: Identity) -> Response:
+        p, q = request.path_params, request.query_params
+        args: dict[str, Any] = {"bucket": p["bucket"], "key": p["key"]}
+        if q.get("history", "").lower() in _TRUE:
+            return self.json(await self.api.admin_op("kv.history", args, identity))
+        if q.get("revision"):
+            args["revision"] = q["revision"]
+        entry = await self.api.admin_op("kv.get", args, identity)
+        response = self.json(entry)
+        response.headers["etag"] = f'"{entry["revision"]}"'
+        return response
+
+    async def put(self, request: Request, identity: Identity) -> Response:
+        body = await self.api.body(request, one_message=True)
+        if not body:
+            raise BadRequest("give the value as a JSON body")
+        ttl = request.query_params.get("ttl")
+        try:
+            seconds = float(ttl) if ttl else None
+        except ValueError:
+            seconds = float("nan")
+        if seconds is not None and not 0 < seconds <= MAX_DELAY_S:  # NaN fails this too
+            raise BadRequest(f"ttl must be a number of seconds > 0 and <= {MAX_DELAY_S:g}, "
+                             f"not {str(ttl)[:40]!r}")
+        return await self._write(request, identity, body, {}, seconds)
+
+    async def delete(self, request: Request, identity: Identity) -> Response:
+        return await self._write(request, identity, b"null", {KV_OP: KV_DELETE}, None)
+
+    async def _write(self, request: Request, identity: Identity, data: bytes,
+                     headers: dict[str, str], ttl: float | None) -> Response:
+        p = request.path_params
+        channel = kv_channel(p["bucket"])
+        key = validate_kv_key(p["key"])
+        expect = expected_revision(request.headers.get("if-match"),
+                                   request.headers.get("if-none-match"))
+        if expect is not None:
+            headers[KV_EXPECT] = str(expect)
+        send = Send(channel, data, False, headers or None, 0, ttl, None, None, key)
+        stored: list[int] = []
+        response = await self.api.answered(partial(self._publish, identity, send, stored))
+        response.headers["etag"] = f'"{stored[0]}"'
+        return response
+
+    def _publish(self, identity: Identity, send: Send, stored: list[int], answer: Answer,
+                 refuse: Refuse) -> None:
+        def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
+            out = outcomes[0]
+            if out.code:  # the engine counted it
+                exc = copy.copy(failure) if failure is not None else \
+                    error_from_code(out.code, out.error, {"channel": out.channel})
+                exc.counted = True  # type: ignore[attr-defined]
+                refuse(exc)
+                return
+            stored.append(out.seq)
+            answer(200, {"bucket": kv_bucket(send.channel), "key": send.key,
+                         "revision": out.seq})
+
+        api = self.api
+        if api._forwarded(identity, [send], published):
+            return
+        api.engine.publish([send], api.server.access_for(identity), published)
+
+    async def watch(self, request: Request, identity: Identity) -> Response:
+        q = request.query_params
+        args: dict[str, Any] = {"bucket": request.path_params["bucket"],
+                                "prefix": q.get("prefix", ""),
+                                "latest": q.get("latest", "").lower() in _TRUE}
+        for name in ("after", "wait", "limit"):
+            if name in q:
+                args[name] = q[name]
+        return self.json(await self.api.admin_op("kv.read", args, identity))
+
