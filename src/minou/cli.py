@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from .cli_kv import kv_group
 from .config import load_settings
 from .errors import ConfigError, MinouError
 from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S
@@ -986,6 +987,9 @@ def whoami(conn: dict[str, Any], as_json: bool) -> None:
     if me["access"]:
         click.echo(f"read:  {', '.join(me['access']['read']) or '-'}")
         click.echo(f"write: {', '.join(me['access']['write']) or '-'}")
+
+
+main.add_command(kv_group(connection_options, json_option, _client, fail, _json_payload))
 
 
 if __name__ == "__main__":

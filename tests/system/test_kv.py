@@ -6,6 +6,9 @@ objects whose concurrent saves of different fields both survive."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +226,47 @@ def test_bad_kv_input_is_refused_precisely_and_the_broker_goes_on(broker):
 
     run(scenario())
 
+
+
+def cli(broker, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "minou", *args], env=broker.cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_put_get_del_ls_history_and_watch(broker):
+    out = cli(broker, "kv", "put", "config", "limit", '{"max": 10}')
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("stored config/limit revision ")
+    rev = int(out.stdout.split()[-1])
+    got = cli(broker, "kv", "get", "config", "limit", "--json")
+    assert json.loads(got.stdout)["value"] == {"max": 10}
+    stale = cli(broker, "kv", "put", "config", "limit", "1", "--revision", str(rev + 100))
+    assert stale.returncode == 1 and "revision mismatch:" in stale.stderr
+    assert cli(broker, "kv", "put", "config", "limit", "1", "--create").returncode == 1
+    bad = cli(broker, "kv", "put", "config", "limit", "{nope")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr
+    assert cli(broker, "kv", "put", "config", "limit", "2", "-r", str(rev)).returncode == 0
+    assert cli(broker, "kv", "put", "config", "other", '"x"').returncode == 0
+    assert cli(broker, "kv", "ls", "config").stdout.split() == ["limit", "other"]
+    listed = cli(broker, "kv", "ls").stdout
+    assert "config: 2 key(s)" in listed
+    assert "rev=" in cli(broker, "kv", "ls", "config", "--values").stdout
+    assert cli(broker, "kv", "history", "config", "limit").stdout.count("rev=") == 1
+    # watch: the current values, then a change made while it waits.
+    watching = subprocess.Popen([sys.executable, "-m", "minou", "kv", "watch", "config",
+                                 "--prefix", "lim", "--count", "2", "--json"],
+                                env=broker.cli_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(watching.stdout.readline())
+        assert (first["key"], first["value"]) == ("limit", 2)
+        assert cli(broker, "kv", "del", "config", "limit").returncode == 0
+        second = json.loads(watching.stdout.readline())
+        assert (second["key"], second["op"]) == ("limit", "del")
+        assert watching.wait(30) == 0
+    finally:
+        watching.kill()
+        watching.wait()
+        watching.stdout.close()
+    missing = cli(broker, "kv", "get", "config", "limit")
+    assert missing.returncode == 1 and "not found:" in missing.stderr
+    assert "has no value" in missing.stderr

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from ..errors import ConnectionClosed, RevisionMismatch, Standby, StorageUnavailable
+from ..errors import ConnectionClosed, RevisionMismatch, Standby, StorageUnavailable, Timeout
 from ..limits import MAX_KV_WAIT_S
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_channel, validate_kv_key
 
@@ -188,9 +188,11 @@ class Watch:
                     res = await client.admin("kv.keys", bucket=self.kv.bucket, limit=1)
                     self.revision = res["revision"]
                 return
+            # Each poll is answered well within the client's request timeout.
+            wait = max(0.5, min(WATCH_POLL_S, client.request_timeout * 0.8))
             res = await client.admin("kv.read", bucket=self.kv.bucket, after=self.revision,
-                                     prefix=self.prefix, wait=WATCH_POLL_S)
-        except (ConnectionClosed, Standby, StorageUnavailable):
+                                     prefix=self.prefix, wait=round(wait, 3))
+        except (ConnectionClosed, Standby, StorageUnavailable, Timeout):
             if client._closing:
                 self._closed = True
                 return
