@@ -83,7 +83,8 @@ dashboard:
 # Then the system tests that lean hardest on storage again, every broker on Redis (the
 # whole system suite on Redis is `make test-redis`: 8 min on two workers).
 REDIS_PASS := tests/system/test_smoke.py tests/system/test_durability.py \
-              tests/system/test_transactions.py tests/system/test_client.py
+              tests/system/test_transactions.py tests/system/test_client.py \
+              tests/system/test_kv.py
 # Two workers (pytest-xdist), each taking a whole file at a time: a file's tests share
 # its fixtures (one Spark cluster, one Redis) and run in order; 13 min instead of 23 here.
 # PYTEST_WORKERS=0 runs it in this process alone.

@@ -571,3 +571,31 @@ def test_request_reply_across_brokers_that_spread_the_queues(
             assert reply == {"echo": {"q": q}, "on": f"{q}/r"}
         with pytest.raises(minou.NoResponders):
             requester.request("nobody/v1/r", {}, timeout=10)
+
+
+def test_kv_buckets_work_from_every_broker_and_survive_their_owner_s_death(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Every bucket is in queue _kv/v1: its owner checks each compare-and-set, fronts
+    forward the writes and the reads; killed, another broker adopts it and rebuilds its
+    index from Redis, so revisions and compare-and-set go on."""
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 2)
+    with brokers[0].connect_sync("kv-a") as a, brokers[1].connect_sync("kv-b") as b:
+        rev = a.kv("config").put("limit", 1)
+        assert b.kv("config").get("limit").value == 1
+        with pytest.raises(minou.RevisionMismatch):
+            b.kv("config").put("limit", 2, revision=rev + 5)
+        rev = b.kv("config").put("limit", 2, revision=rev)
+        assert a.kv("config").get("limit").revision == rev
+        assert a.kv("config").keys() == ["limit"]
+    wait_until(lambda: "_kv/v1" in owners(brokers[0]), timeout=20)
+    owner = owners(brokers[0])["_kv/v1"]
+    victim = next(x for x in brokers if cluster_view(x)["this_broker"]["member"] == owner)
+    survivor = next(x for x in brokers if x is not victim)
+    victim.kill()
+    wait_until(lambda: owners(survivor).get("_kv/v1") not in (None, owner), timeout=30,
+               what="the survivor to adopt _kv/v1")
+    with survivor.connect_sync("kv-c") as c:
+        assert c.kv("config").get("limit").value == 2
+        with pytest.raises(minou.RevisionMismatch):
+            c.kv("config").create("limit", 3)
+        assert c.kv("config").put("limit", 3, revision=rev) > rev

@@ -43,6 +43,7 @@ from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
 from .admin import SELF_SERVICE_OPS
 from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
+from .kv import KV_OPS
 from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
@@ -411,7 +412,7 @@ class NativeConnection:
             return
         self.server.read_range(self, frame)
 
-    def _on_admin(self, frame: f.Admin) -> None:
+    def _on_admin(self, frame: f.Admin, adopted: bool = False) -> None:
         if frame.op == LINK_CREDIT:
             self._link_credit(frame)
             return
@@ -421,6 +422,10 @@ class NativeConnection:
                 f"client {self.session.client_id!r} is not one", op=frame.op)
         front = self.front
         if front is not None and isinstance(frame.args, dict):
+            waiting = front.adopting(frame) if frame.op in KV_OPS and not adopted else None
+            if waiting is not None:  # asked again once this broker holds the bucket
+                waiting.add_done_callback(lambda _: self._answer_admin_later(frame))
+                return
             there = front.ask_owner(frame) if frame.op in OWNER_OPS else None
             if there is not None:  # the queue's owner answers
                 there.add_done_callback(lambda fut: self.send(
@@ -434,6 +439,13 @@ class NativeConnection:
         else:  # changed state: answered once durable
             reply = f.Result(frame.req, result)
             self.engine.when_durable(lambda: self.send(reply))
+
+    def _answer_admin_later(self, frame: f.Admin) -> None:
+        try:
+            self._on_admin(frame, adopted=True)
+        except RequestError as exc:
+            self._refused(exc)
+            self._error(frame.req, exc)
 
     async def _everywhere(self, frame: f.Admin, local: Any) -> Any:
         if inspect.isawaitable(local):

@@ -645,17 +645,33 @@ class Front:
         conn.engine.after_commit(lambda: answers.part({"aborted": dropped}))
 
     # -------------------------------------------------------------- admin
-    def ask_owner(self, frame: f.Admin) -> asyncio.Future[f.Frame] | None:
-        """An admin operation on one queue (``OWNER_OPS``) sent to the queue's owner: a
-        future of its answer, or None if that is this broker (or nobody yet)."""
+    def adopting(self, frame: f.Admin) -> asyncio.Future[None] | None:
+        """For a KV read of a queue this broker is to own but has not claimed yet: its
+        adoption, to wait for before answering (answered at once, it would read an
+        empty bucket); None otherwise."""
+        name = self._op_channel(frame)
+        q = queue_of(name) if name is not None else None
+        if q is None or self.spread.route(q) != ADOPT:
+            return None
+        return self.spread.adoption(q)
+
+    @staticmethod
+    def _op_channel(frame: f.Admin) -> str | None:
+        """The channel an ``OWNER_OPS`` operation is about (its queue's owner answers)."""
         args = frame.args
         if frame.op in KV_OPS:
             bucket = "_" if frame.op == "kv.buckets" else args.get("bucket")
-            name: str | None = kv_channel(bucket) if isinstance(bucket, str) else None
-        else:
-            name = args.get("channel") if frame.op == "browse" else \
-                f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
-        up = self._owner_link(name) if isinstance(name, str) else None
+            return kv_channel(bucket) if isinstance(bucket, str) else None
+        if frame.op == "browse":
+            channel = args.get("channel")
+            return channel if isinstance(channel, str) else None
+        return f"{args['queue']}/x" if isinstance(args.get("queue"), str) else None
+
+    def ask_owner(self, frame: f.Admin) -> asyncio.Future[f.Frame] | None:
+        """An admin operation on one queue (``OWNER_OPS``) sent to the queue's owner: a
+        future of its answer, or None if that is this broker (or nobody yet)."""
+        name = self._op_channel(frame)
+        up = self._owner_link(name) if name is not None else None
         if up is None:
             return None
         answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()

@@ -49,6 +49,7 @@ from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
 from .http_kv import HttpKv
 from .http_requests import ask, request_timeout
+from .kv import KV_OPS
 from .wire import http_error, internal_error
 
 if TYPE_CHECKING:
@@ -144,6 +145,10 @@ class HttpApi:
     async def admin_op(self, op: str, args: dict[str, Any], identity: Identity) -> Any:
         spread = self.server.spread
         front = spread.http_front(identity) if spread is not None else None
+        if front is not None and op in KV_OPS:
+            waiting = front.adopting(Admin(0, op, args))
+            if waiting is not None:  # this broker is to hold the bucket: once it does
+                await waiting
         if front is not None and op in OWNER_OPS:
             there = front.ask_owner(Admin(0, op, args))
             if there is not None:  # queues spread over brokers: its owner answers
