@@ -42,6 +42,7 @@ INBOX_EXPIRE_IDLE_S = 600.0
 KV_HISTORY = 1
 MAX_KV_HISTORY = 64
 KV_MAX_REVISIONS = 100_000
+MAX_KV_REVISIONS_TOTAL = 2_000_000  # over every bucket (~150 bytes of index each)
 MAX_KV_REVISION = 1 << 62  # a revision (a seq) given in a compare-and-set or a read
 MAX_KV_WAIT_S = 30.0  # a watch's long poll: answered empty after at most this long
 MAX_KV_WAITERS = 10_000  # long polls waiting at once, over all clients

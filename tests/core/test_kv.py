@@ -179,3 +179,21 @@ def test_the_index_is_rebuilt_from_storage_after_a_restart() -> None:
     # The smaller history now applies: older revisions are deleted with the next commit.
     assert kv.history("k") == [3] and kv.history("other") == [5]
     assert sorted(broker.batch.deletes) == [(CFG, 2), (CFG, 4)]
+
+
+def test_the_revisions_of_every_bucket_together_are_bounded(monkeypatch) -> None:
+    from minou.core import kv
+
+    h = harness()
+    monkeypatch.setattr(kv, "MAX_KV_REVISIONS_TOTAL", 3)
+    h.publish(put("a", 1), send(kv_channel("other"), 2, key="b"))
+    assert h.broker.state.kv_count.total == 2
+    (ok,) = h.publish(put("c", 3))
+    assert ok.code == 0
+    (full,) = h.publish(send(kv_channel("third"), 4, key="d"))
+    assert full.code == ErrorCode.QUEUE_FULL
+    assert "hold 3 revisions, the limit is 3" in full.error
+    h.publish(delete("a"))  # a delete is a revision too: refused while full
+    h.broker.channels[CFG].truncate_below(h.broker.channels[CFG].end)
+    assert h.broker.state.kv_count.total == 1
+    assert h.publish(put("e", 5))[0].code == 0

@@ -30,8 +30,8 @@ from typing import Protocol
 
 import msgspec
 
-from ..errors import BadRequest, RevisionMismatch
-from ..limits import MAX_KV_REVISION
+from ..errors import BadRequest, QueueFull, RevisionMismatch
+from ..limits import MAX_KV_REVISION, MAX_KV_REVISIONS_TOTAL
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, validate_kv_key
 from ..protocol.frames import Send
 
@@ -54,12 +54,22 @@ def is_tombstone(headers: dict[str, str] | None) -> bool:
     return bool(headers) and headers.get(KV_OP) == KV_DELETE  # type: ignore[union-attr]
 
 
+class KvCount:
+    """The revisions indexed over every bucket of a broker (each costs memory)."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 class KvIndex:
     """The revisions of one bucket's keys (see the module docstring)."""
 
-    __slots__ = ("expires", "key_of", "revisions", "staged", "tombstones")
+    __slots__ = ("count", "expires", "key_of", "revisions", "staged", "tombstones")
 
     def __init__(self) -> None:
+        self.count = KvCount()  # the broker's (BrokerState.kv_count) once attached
         self.revisions: dict[str, list[int]] = {}  # committed and stored, oldest first
         self.key_of: dict[int, str] = {}  # every revision above -> its key
         self.tombstones: set[int] = set()  # revisions that are deletes
@@ -128,6 +138,7 @@ class KvIndex:
         revs = self.revisions.setdefault(key, [])
         revs.append(msg.seq)
         self.key_of[msg.seq] = key
+        self.count.total += 1
         if is_tombstone(msg.headers):
             self.tombstones.add(msg.seq)
         if msg.expires_at is not None:
@@ -139,6 +150,7 @@ class KvIndex:
         key = self.key_of.pop(seq, None)
         if key is None:
             return
+        self.count.total -= 1
         self.tombstones.discard(seq)
         self.expires.pop(seq, None)
         revs = self.revisions[key]
@@ -165,6 +177,10 @@ def checked_put(send: Send, index: KvIndex, now: float) -> Send:
     compare-and-set) against ``index``; return it as it is stored (without the
     expected revision, which is a condition, not data)."""
     bucket = kv_bucket(send.channel)
+    if index.count.total >= MAX_KV_REVISIONS_TOTAL:
+        raise QueueFull(f"the buckets of this broker hold {index.count.total} revisions, "
+                        f"the limit is {MAX_KV_REVISIONS_TOTAL}: delete keys, or lower "
+                        "history", limit=MAX_KV_REVISIONS_TOTAL)
     if send.key is None:
         raise BadRequest(f"a write to bucket {bucket!r} names its key (the message key)")
     validate_kv_key(send.key)

@@ -278,7 +278,10 @@ class Publishing:
                 raise BadRequest(f"{target!r}: a bucket is written key by key, not broadcast")
             known = state.channels.get(target)
             index = known.kv if known is not None else None
-            send = checked_put(send, index if index is not None else KvIndex(), now)
+            if index is None:  # a new bucket: nothing to compare with, the same limits
+                index = KvIndex()
+                index.count = state.kv_count
+            send = checked_put(send, index, now)
         if send.dedup:
             seen = state.dedup.get(target, send.dedup, now)
             if seen is not None:

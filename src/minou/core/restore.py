@@ -74,6 +74,8 @@ class Restorer:
         logs = []
         for rec in snap.channels:
             log = ChannelLog(rec.name, state.options(rec.name))
+            if log.kv is not None:
+                log.kv.count = state.kv_count
             log.next_seq = log.end = rec.next_seq
             log.first_seq = min(rec.first_seq, rec.next_seq)
             log.cache_lo = rec.next_seq

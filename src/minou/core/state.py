@@ -27,6 +27,7 @@ from ..names import is_dead_letter, is_kv, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
+from .kv import KvCount
 from .log import ChannelLog, ChannelOptions
 from .producers import Producers, ProducerState
 from .stats import Counters
@@ -64,6 +65,7 @@ class BrokerState:
         # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}
+        self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
         # Signs the reply tokens of request deliveries (core/replies.py); brokers that
         # spread the queues share one (the server sets it), one alone has its own.
@@ -113,6 +115,8 @@ class BrokerState:
         log = self.channels.get(name)
         if log is None:
             log = ChannelLog(name, self.options(name))
+            if log.kv is not None:
+                log.kv.count = self.kv_count
             seq = self.retired.pop(name, None)
             if seq is not None:  # it expired: no seq (nor id) is given twice
                 log.first_seq = log.end = log.next_seq = log.cache_lo = seq
