@@ -45,6 +45,9 @@ required = ["total"]
 [channels."orders/v2".schema]
 type = "object"
 required = ["total", "currency"]
+
+[kv."config"]
+history = 5
 """
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
@@ -498,3 +501,210 @@ def test_the_cluster_page_of_two_brokers_on_one_redis(browser, broker_factory, t
     finally:
         context.close()
         redis.stop()
+
+
+def _kv_row(page, key: str):
+    return page.locator(f'[data-testid=keys-table] tr[data-key="{key}"]')
+
+
+def _bucket_page(page, broker: BrokerProcess, bucket: str) -> None:
+    page.goto(f"{broker.http}/#/kv/{bucket}")
+    wait_until(lambda: page.get_by_test_id("bucket-title").inner_text().strip() == bucket, 10,
+               what="the bucket page")
+
+
+def test_the_buckets_page_and_a_buckets_keys_values_and_history(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
+        kv = c.kv("config")
+        kv.put("limit", 10)
+        kv.put("limit", 12)
+        kv.put("feature/dark", {"on": True, "since": "2025"})
+        kv.put("mode", "a")
+        kv.delete("mode")
+        kv.put("mode", "b")
+        kv.put("gone", "bye")
+        kv.delete("gone")
+        limit = kv.get("limit")
+        sign_in(page, dash_broker)
+        page.get_by_test_id("nav-kv").click()
+        row = page.locator('[data-testid=buckets-table] tr[data-bucket="config"]')
+        row.wait_for()
+        assert page.get_by_test_id("nav-kv").get_attribute("aria-current") == "page"
+        cells = [t.strip() for t in row.locator("td").all_inner_texts()]
+        assert cells[0] == "config" and cells[1] == "3", cells  # gone is not counted
+        assert cells[3] == "5" and cells[4] == "none", cells  # history, ttl
+        row.get_by_test_id("bucket-link").click()
+        wait_until(lambda: page.get_by_test_id("bucket-title").inner_text().strip() == "config",
+                   10, what="the bucket page")
+        assert page.url.endswith("#/kv/config")
+        rows = page.locator("[data-testid=keys-table] tr[data-key]")
+        wait_until(lambda: rows.count() == 3, 10, what="the keys")
+        assert [r.get_attribute("data-key") for r in rows.all()] == [
+            "feature/dark", "limit", "mode"]
+        options = page.get_by_test_id("bucket-options")
+        assert options.locator("dd[data-option=history]").inner_text() == "5 revisions per key"
+        wait_until(lambda: _kv_row(page, "limit").get_by_test_id("key-value").inner_text()
+                   == "12", 10, what="the value of limit")
+        assert _kv_row(page, "limit").get_attribute("data-revision") == str(limit.revision)
+        assert _kv_row(page, "feature/dark").get_by_test_id("key-value").inner_text() == \
+            '{"on":true,"since":"2025"}'
+        assert _kv_row(page, "mode").get_by_test_id("key-value").inner_text() == '"b"'
+        shot(page, "bucket")
+
+        # A key's history, newest first, the delete marked.
+        _kv_row(page, "mode").get_by_test_id("key-link").click()
+        history = page.locator("[data-testid=history-table] tr[data-revision]")
+        wait_until(lambda: history.count() == 3, 10, what="the history of mode")
+        assert [r.get_attribute("data-op") for r in history.all()] == ["put", "del", "put"]
+        assert [r.get_by_test_id("history-op").inner_text() for r in history.all()] == [
+            "put", "deleted", "put"]
+        assert history.nth(0).get_by_test_id("history-value").inner_text() == '"b"'
+        assert history.nth(2).get_by_test_id("history-value").inner_text() == '"a"'
+        assert _kv_row(page, "mode").get_by_test_id("key-link").get_attribute(
+            "aria-pressed") == "true"
+        # A write shows without a reload: the row's value and the history.
+        kv.put("mode", {"c": 3})
+        wait_until(lambda: history.count() == 4, 10, what="the new revision in the history")
+        wait_until(lambda: _kv_row(page, "mode").get_by_test_id("key-value").inner_text()
+                   == '{"c":3}', 10, what="the new value of mode")
+        # The prefix filter asks the broker for the keys starting with it.
+        page.get_by_test_id("key-filter").fill("feature/")
+        wait_until(lambda: rows.count() == 1, 10, what="the prefix filter")
+        assert rows.get_attribute("data-key") == "feature/dark"
+        kv.put("feature/beta", False)
+        wait_until(lambda: rows.count() == 2, 10, what="a new key under the prefix")
+        assert _kv_row(page, "feature/beta").get_by_test_id("key-value").inner_text() == "false"
+
+
+def test_a_bucket_shows_its_first_1000_keys_and_says_there_are_more(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
+        c.send_many([{"channel": "_kv/v1/big", "payload": i, "key": f"k{i:04d}"}
+                     for i in range(1005)])
+    sign_in(page, dash_broker)
+    _bucket_page(page, dash_broker, "big")
+    rows = page.locator("[data-testid=keys-table] tr[data-key]")
+    wait_until(lambda: rows.count() == 1000, 15, what="the first 1000 keys")
+    more = page.get_by_test_id("keys-more")
+    assert more.is_visible() and "first 1,000 keys of 1,005" in more.inner_text()
+    assert rows.nth(999).get_attribute("data-key") == "k0999"
+    wait_until(lambda: rows.nth(999).get_by_test_id("key-value").inner_text() == "999", 10,
+               what="the values of the keys shown")
+    page.get_by_test_id("key-filter").fill("k100")
+    wait_until(lambda: rows.count() == 5, 10, what="the keys starting with k100")
+    assert more.is_hidden()
+    assert _kv_row(page, "k1004").get_by_test_id("key-value").inner_text() == "1004"
+
+
+def test_edit_a_value_with_its_revision_and_refuse_a_concurrent_change(page, dash_broker):
+    writes = []
+    page.on("request", lambda r: writes.append(r) if r.method in ("PUT", "DELETE") else None)
+    with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
+        kv = c.kv("limits")
+        first = kv.put("retries", 3)
+        sign_in(page, dash_broker)
+        _bucket_page(page, dash_broker, "limits")
+        row = _kv_row(page, "retries")
+        wait_until(lambda: row.get_attribute("data-revision") == str(first), 10,
+                   what="the key's revision")
+        row.get_by_test_id("key-edit").click()
+        editor = page.get_by_test_id("value-input")
+        assert editor.input_value() == "3"
+        save = page.get_by_test_id("value-save")
+        error = page.get_by_test_id("editor-error")
+
+        # Invalid JSON: a precise message, and nothing is sent.
+        editor.fill('{"max": nope}')
+        save.click()
+        error.wait_for()
+        assert error.inner_text() == ('Not valid JSON at line 1, column 9: expected a value, '
+                                      'found "n". Nothing was saved.')
+        time.sleep(0.5)
+        assert writes == [] and kv.get("retries").revision == first
+
+        # A good value: a PUT with If-Match, the revision the editor opened on.
+        editor.fill('{"max": 5}')
+        save.click()
+        wait_until(lambda: "saved 'retries'" in page.get_by_test_id("toast").inner_text(), 10,
+                   what="the save")
+        assert error.is_hidden()
+        stored = kv.get("retries")
+        assert stored.value == {"max": 5}
+        assert [w.method for w in writes] == ["PUT"]
+        assert writes[0].headers["if-match"] == f'"{first}"'
+        wait_until(lambda: row.get_attribute("data-revision") == str(stored.revision), 10,
+                   what="the new revision")
+        assert row.get_by_test_id("key-value").inner_text() == '{"max":5}'
+
+        # A change made through the client while the editor is open: the poll warns and
+        # keeps the text, and the save is refused with the revisions named.
+        row.get_by_test_id("key-edit").click()
+        assert editor.input_value() == '{\n  "max": 5\n}'
+        editor.fill('{"max": 6}')
+        other = kv.put("retries", {"max": 7})
+        stale = page.get_by_test_id("editor-stale")
+        stale.wait_for()
+        assert f"revision {other} now, not {stored.revision}" in stale.inner_text()
+        assert editor.input_value() == '{"max": 6}'
+        save.click()
+        error.wait_for()
+        assert "Not saved" in error.inner_text()
+        assert f"is at revision {other}, not {stored.revision}" in error.inner_text()
+        assert writes[-1].headers["if-match"] == f'"{stored.revision}"'
+        assert kv.get("retries").value == {"max": 7}
+        assert editor.input_value() == '{"max": 6}'
+        # Start again from the value there now, and save over it.
+        page.get_by_test_id("value-reload").click()
+        wait_until(lambda: editor.input_value() == '{\n  "max": 7\n}', 10,
+                   what="the current value in the editor")
+        editor.fill("8")
+        save.click()
+        wait_until(lambda: kv.get("retries").value == 8, 10, what="the second save")
+
+
+def test_delete_a_key_after_the_confirmation(page, dash_broker):
+    with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
+        kv = c.kv("flags")
+        kv.put("keep", 1)
+        rev = kv.put("obsolete", True)
+        sign_in(page, dash_broker)
+        _bucket_page(page, dash_broker, "flags")
+        row = _kv_row(page, "obsolete")
+        wait_until(lambda: row.get_attribute("data-revision") == str(rev), 10, what="the key")
+        row.get_by_test_id("key-delete").click()
+        dialog = page.get_by_test_id("confirm-dialog")
+        dialog.wait_for()
+        assert "obsolete" in dialog.inner_text()
+        page.get_by_test_id("confirm-no").click()
+        time.sleep(0.5)
+        assert kv.get("obsolete") is not None  # cancelled: nothing sent
+        row.get_by_test_id("key-delete").click()
+        page.get_by_test_id("confirm-yes").click()
+        wait_until(lambda: "deleted 'obsolete'" in page.get_by_test_id("toast").inner_text(),
+                   10, what="the delete")
+        assert kv.get("obsolete") is None
+        assert [e.op for e in kv.history("obsolete")][-1] == "del"
+        wait_until(lambda: row.count() == 0, 10, what="the key to leave the table")
+        assert _kv_row(page, "keep").count() == 1
+
+
+def test_the_bucket_page_in_the_dark_on_a_phone(browser, dash_broker):
+    with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
+        c.kv("phone").put("a-rather-long-key/with/parts", {"text": "x" * 300})
+    context = browser.new_context(viewport={"width": 390, "height": 844}, color_scheme="dark")
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        sign_in(page, dash_broker)
+        _bucket_page(page, dash_broker, "phone")
+        row = _kv_row(page, "a-rather-long-key/with/parts")
+        row.get_by_test_id("key-edit").click()
+        editor = page.get_by_test_id("value-input")
+        assert '"text"' in editor.input_value()
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 400, "the bucket page overflows a phone screen"
+        background = editor.evaluate("(e) => getComputedStyle(e).backgroundColor")
+        r, g, b = (int(x) for x in background.strip("rgba()").split(",")[:3])
+        assert r + g + b < 200, background  # the editor is dark too
+        shot(page, "bucket-phone-dark")
+    finally:
+        context.close()

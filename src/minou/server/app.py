@@ -1268,9 +1268,11 @@ class BrokerServer:
 
         return await asyncio.get_running_loop().run_in_executor(self._reader_pool, lookup)
 
-    def spawn_reply(self, conn: NativeConnection, req: int, pending: Any) -> None:
+    def spawn_reply(self, conn: NativeConnection, req: int, pending: Any, *,
+                    read_only: bool = False) -> None:
         """Finish an admin operation that reads storage; reply (after its commit, if it
-        changed state) or send the error."""
+        changed state; at once if ``read_only``: it read committed state only) or send
+        the error."""
         from ..errors import RequestError
 
         async def run() -> None:
@@ -1285,7 +1287,10 @@ class BrokerServer:
                 log.exception("admin operation failed")
                 conn.send(native_error(req, internal_error()))
                 return
-            self.engine.when_durable(lambda: conn.send(f.Result(req, result)))
+            if read_only:
+                conn.send(f.Result(req, result))
+            else:
+                self.engine.when_durable(lambda: conn.send(f.Result(req, result)))
 
         self._spawn(run())
 

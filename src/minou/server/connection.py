@@ -434,8 +434,8 @@ class NativeConnection:
         result = self.server.admin(frame.op, frame.args, self.identity)
         if front is not None and frame.op in MERGED_OPS and not frame.args.get("here"):
             result = self._everywhere(frame, result)  # every broker's queues, merged
-        if inspect.isawaitable(result):
-            self.server.spawn_reply(self, frame.req, result)
+        if inspect.isawaitable(result):  # KV reads read committed state: answered at once
+            self.server.spawn_reply(self, frame.req, result, read_only=frame.op in KV_OPS)
         else:  # changed state: answered once durable
             reply = f.Result(frame.req, result)
             self.engine.when_durable(lambda: self.send(reply))

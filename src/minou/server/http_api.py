@@ -159,7 +159,8 @@ class HttpApi:
         result = self.server.admin(op, args, identity)
         if inspect.isawaitable(result):
             result = await result
-        await self.committed()
+        if op not in KV_OPS:  # those read committed state only
+            await self.committed()
         if front is not None and op in MERGED_OPS and not args.get("here"):
             result = await front.ask_everywhere(Admin(0, op, args), result, MERGED_OPS[op])
         return result
