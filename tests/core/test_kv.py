@@ -197,3 +197,14 @@ def test_the_revisions_of_every_bucket_together_are_bounded(monkeypatch) -> None
     h.broker.channels[CFG].truncate_below(h.broker.channels[CFG].end)
     assert h.broker.state.kv_count.total == 1
     assert h.publish(put("e", 5))[0].code == 0
+
+
+def test_a_bucket_schema_validates_values_but_not_deletes() -> None:
+    h = harness({"config": {"schema": {"type": "object", "required": ["max"]}}})
+    (bad,) = h.publish(put("limit", {"min": 1}))
+    assert bad.code == ErrorCode.SCHEMA_MISMATCH
+    assert "kv/config" in bad.error
+    (ok,) = h.publish(put("limit", {"max": 1}))
+    assert ok.code == 0
+    (gone,) = h.publish(delete("limit"))
+    assert gone.code == 0

@@ -26,12 +26,25 @@ def test_readme_python_examples_run_as_pasted(broker):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 0, out.stderr
-        assert "total" in out.stdout or "stored as seq" in out.stdout
+        assert any(seen in out.stdout for seen in ("total", "stored as seq", "'max': 20"))
 
 
 def minou(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "minou", *args], capture_output=True,
                           text=True, timeout=60, env=env)
+
+
+def test_kv_doc_example_runs_as_pasted(broker):
+    (code, *_) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "kv.md").read_text(),
+                            re.S)
+    code = code.replace("minou://127.0.0.1:7700", broker.url)
+    code = code.replace('key="keys/app-1.key"', f'key="{client_key("app-1")}"')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("{'max': 10} ")
+    assert lines[1] == "limit put {'max': 20}"  # the watch starts with the current value
 
 
 def test_cli_publish_consume_list_status(broker):
