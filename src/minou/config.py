@@ -134,8 +134,9 @@ class Settings:
 
     @property
     def any_interval(self) -> bool:
-        """Whether some channel's durability is "interval"."""
-        return any(o.durability == "interval" for o in self.channels.values())
+        """Whether some channel's (or bucket's) durability is "interval"."""
+        return any(o.durability == "interval"
+                   for o in (*self.channels.values(), *self.kv.values()))
 
     def channel_options(self, key: str) -> ChannelOptions:
         """Options for ``endpoint/version`` (falling back to ``endpoint/*``, then defaults),

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +271,30 @@ def test_cli_put_get_del_ls_history_and_watch(broker):
     missing = cli(broker, "kv", "get", "config", "limit")
     assert missing.returncode == 1 and "not found:" in missing.stderr
     assert "has no value" in missing.stderr
+
+
+def test_reload_applies_bucket_options(tmp_path: Path):
+    open_rules = '[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
+    config = tmp_path / "minou.toml"
+    config.write_text(open_rules)
+    broker = BrokerProcess(tmp_path / "data", config=config).start()
+    try:
+        with broker.connect_sync("app") as c:
+            kv = c.kv("config")
+            for n in range(3):
+                kv.put("k", n)
+            assert [e.value for e in kv.history("k")] == [2]
+            config.write_text(open_rules + '[kv."config"]\nhistory = 3\nttl = 0.5\n')
+            out = cli(broker, "reload")
+            assert out.returncode == 0, out.stderr
+            assert "kv" in out.stdout
+            for n in range(3, 6):
+                kv.put("k", n)
+            assert [e.value for e in kv.history("k")] == [3, 4, 5]
+            (bucket,) = c.admin("kv.buckets")["buckets"]
+            assert (bucket["history"], bucket["ttl"]) == (3, 0.5)
+            time.sleep(0.7)  # past the new ttl: no value, at once
+            assert kv.get("k") is None
+            assert kv.keys() == []
+    finally:
+        broker.stop()

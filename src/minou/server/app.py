@@ -1464,7 +1464,8 @@ _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_w
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",
-                "channels", "auth_mode", "broker_token", "admins", "rules", "storage_max_size")
+                "channels", "kv", "auth_mode", "broker_token", "admins", "rules",
+                "storage_max_size")
 
 
 def _comparable(value: Any) -> Any:
