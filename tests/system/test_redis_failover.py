@@ -31,6 +31,7 @@ import httpx
 import pytest
 import websockets.sync.client as wsc
 
+import minou
 from minou.errors import MinouError
 
 from ..conftest import BrokerProcess, wait_until
@@ -635,3 +636,25 @@ def test_a_broker_restarted_at_once_does_not_take_its_dead_self_for_the_primary(
     with b.connect_sync("after") as c:
         assert c.send(CH, {"n": 1}).seq >= 1
     assert b.stop() == 0
+
+
+def test_kv_compare_and_set_goes_on_after_the_standby_takes_over(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """The standby that takes over rebuilds the buckets' index from Redis before it
+    serves: values, revisions and compare-and-set are as the dead primary left them."""
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    with minou.connect_sync(primary.url, **primary.auth("kv")) as c:
+        kv = c.kv("config")
+        revs = [kv.put("leader", f"p{n}") for n in range(5)]
+        kv.put("gone", 1)
+        kv.delete("gone")
+    primary.kill()
+    wait_until(lambda: serving(standby), LEASE + 10, what="the standby to take over")
+    with minou.connect_sync(standby.url, **standby.auth("kv")) as c:
+        kv = c.kv("config")
+        assert (kv.get("leader").value, kv.get("leader").revision) == ("p4", revs[-1])
+        assert kv.get("gone") is None
+        with pytest.raises(minou.RevisionMismatch):
+            kv.put("leader", "stale", revision=revs[-2])
+        assert kv.put("leader", "s", revision=revs[-1]) > revs[-1]
+        assert kv.keys() == ["leader"]
