@@ -589,6 +589,12 @@ def test_a_bucket_shows_its_first_1000_keys_and_says_there_are_more(page, dash_b
     assert rows.nth(999).get_attribute("data-key") == "k0999"
     wait_until(lambda: rows.nth(999).get_by_test_id("key-value").inner_text() == "999", 10,
                what="the values of the keys shown")
+    # Polls go on, but read no value again while the bucket's revision stays put.
+    paths: list[str] = []
+    page.on("request", lambda r: paths.append(r.url.split("/", 3)[3]))
+    page.wait_for_timeout(4500)  # (events reach Python while Playwright waits)
+    assert sum(p.startswith("v1/kv/big?") for p in paths) >= 2, paths
+    assert [p for p in paths if p.startswith(("v1/kv-watch/", "v1/kv/big/"))] == [], paths
     page.get_by_test_id("key-filter").fill("k100")
     wait_until(lambda: rows.count() == 5, 10, what="the keys starting with k100")
     assert more.is_hidden()
@@ -618,7 +624,7 @@ def test_edit_a_value_with_its_revision_and_refuse_a_concurrent_change(page, das
         error.wait_for()
         assert error.inner_text() == ('Not valid JSON at line 1, column 9: expected a value, '
                                       'found "n". Nothing was saved.')
-        time.sleep(0.5)
+        page.wait_for_timeout(500)
         assert writes == [] and kv.get("retries").revision == first
 
         # A good value: a PUT with If-Match, the revision the editor opened on.
@@ -662,6 +668,8 @@ def test_edit_a_value_with_its_revision_and_refuse_a_concurrent_change(page, das
 
 
 def test_delete_a_key_after_the_confirmation(page, dash_broker):
+    deletes = []
+    page.on("request", lambda r: deletes.append(r) if r.method == "DELETE" else None)
     with minou.connect_sync(dash_broker.url, **dash_broker.admin_auth()) as c:
         kv = c.kv("flags")
         kv.put("keep", 1)
@@ -682,6 +690,7 @@ def test_delete_a_key_after_the_confirmation(page, dash_broker):
         wait_until(lambda: "deleted 'obsolete'" in page.get_by_test_id("toast").inner_text(),
                    10, what="the delete")
         assert kv.get("obsolete") is None
+        assert [d.headers.get("if-match") for d in deletes] == [f'"{rev}"']
         assert [e.op for e in kv.history("obsolete")][-1] == "del"
         wait_until(lambda: row.count() == 0, 10, what="the key to leave the table")
         assert _kv_row(page, "keep").count() == 1

@@ -46,19 +46,21 @@ export function onUnauthorized(fn) {
  * api("GET", "/v1/status") -> parsed JSON.
  * opts.query: {name: value} (null/undefined skipped); opts.token: use this token
  * (null: none) instead of the session's; opts.signin: a sign-in probe (a 401
- * does not trigger the global handler).
+ * does not trigger the global handler); opts.body: a JSON text to send;
+ * opts.headers: more request headers (e.g. If-Match).
  */
 export async function api(method, path, opts = {}) {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(opts.query || {})) {
     if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, String(v));
   }
-  const headers = { Accept: "application/json" };
+  const headers = { Accept: "application/json", ...(opts.headers || {}) };
+  if (opts.body !== undefined) headers["Content-Type"] = "application/json";
   const token = "token" in opts ? opts.token : session.token;
   if (token) headers.Authorization = `Bearer ${token}`;
   let res;
   try {
-    res = await fetch(url, { method, headers, cache: "no-store", credentials: "omit" });
+    res = await fetch(url, { method, headers, body: opts.body, cache: "no-store", credentials: "omit" });
   } catch (exc) {
     if (token && /header|ISO-8859|code point/i.test(String(exc && exc.message))) {
       throw new ApiError(400, "bad_token", "the token contains characters that cannot be sent");

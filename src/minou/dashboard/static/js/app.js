@@ -3,6 +3,8 @@
 
 import { api, ApiError, onUnauthorized, saveToken, session } from "./api.js";
 import { h } from "./dom.js";
+import * as bucketPage from "./pages/bucket.js";
+import * as bucketsPage from "./pages/buckets.js";
 import * as clientsPage from "./pages/clients.js";
 import * as clusterPage from "./pages/cluster.js";
 import * as overviewPage from "./pages/overview.js";
@@ -72,6 +74,11 @@ const ROUTES = [
   {
     re: /^\/queues\/(_dead\/)?([A-Za-z0-9_-]+)\/([^/]+)$/, page: queuePage, nav: "queues",
     params: (m) => ({ dead: !!m[1], endpoint: m[2], version: decodeURIComponent(m[3]) }),
+  },
+  { re: /^\/kv$/, page: bucketsPage, nav: "kv" },
+  {
+    re: /^\/kv\/([A-Za-z0-9_-]{1,64})$/, page: bucketPage, nav: "kv",
+    params: (m) => ({ bucket: m[1] }),
   },
   { re: /^\/clients$/, page: clientsPage, nav: "clients" },
   { re: /^\/cluster$/, page: clusterPage, nav: "cluster" },
