@@ -192,7 +192,8 @@ def test_the_revisions_of_every_bucket_together_are_bounded(monkeypatch) -> None
     assert ok.code == 0
     (full,) = h.publish(send(kv_channel("third"), 4, key="d"))
     assert full.code == ErrorCode.QUEUE_FULL
-    assert "hold 3 revisions, the limit is 3" in full.error
+    assert full.error == ("the buckets of this broker hold 3 revisions, the limit is 3: "
+                          "delete keys, or lower history")
     h.publish(delete("a"))  # a delete is a revision too: refused while full
     h.broker.channels[CFG].truncate_below(h.broker.channels[CFG].end)
     assert h.broker.state.kv_count.total == 1
@@ -208,3 +209,68 @@ def test_a_bucket_schema_validates_values_but_not_deletes() -> None:
     assert ok.code == 0
     (gone,) = h.publish(delete("limit"))
     assert gone.code == 0
+
+
+def _msg(seq: int, key: str, *, deleted: bool = False, expires: float | None = None):
+    from minou.core.log import Msg
+
+    headers = {KV_OP: KV_DELETE} if deleted else None
+    return Msg(CFG, seq, f"id{seq}", b"1", False, headers, 0, 0.0, expires, None, key)
+
+
+def test_the_index_alone_reads_writes_and_forgets_exactly() -> None:
+    from minou.core.kv import KvIndex
+
+    kv = KvIndex()
+    for seq, key in ((1, "a"), (2, "b"), (3, "c")):
+        assert kv.commit(_msg(seq, key), 1) == []
+    assert kv.commit(_msg(4, "a", expires=100.0), 2) == []
+    assert kv.commit(_msg(5, "a", deleted=True), 2) == [1]  # past history 2: the oldest
+    kv.forget(1)
+    assert kv.count.total == 4
+    assert kv.keys("", 0.0) == ["b", "c"]  # "a" is deleted
+    assert kv.keys("", 0.0, after="b") == ["c"]  # after is exclusive
+    assert kv.keys("", 0.0, limit=1) == ["b"]
+    kv.forget(5)  # the delete goes: "a" is at revision 4 again, until it expires
+    assert kv.tombstones == set()
+    assert kv.latest("a", 99.0) == 4
+    assert kv.latest("a", 100.0) == 0  # expired at exactly its time
+    kv.forget(4)
+    assert kv.expires == {} and "a" not in kv.revisions
+    kv.forget(42)  # unknown: nothing happens
+    assert kv.count.total == 2
+    kv.forget_below(3)  # 3 stays: below means below
+    assert kv.history("c") == [3] and kv.history("b") == []
+    # Indexing the same stored messages again (a page read twice) changes nothing.
+    assert kv.rebuild([_msg(3, "c"), _msg(6, "c")], 5) == []
+    assert kv.rebuild([_msg(3, "c"), _msg(6, "c")], 5) == []
+    assert kv.history("c") == [3, 6] and kv.count.total == 2
+
+
+def test_compare_and_set_after_a_staged_delete_and_on_an_expired_value() -> None:
+    h = harness({"config": {"ttl": 10}})
+    h.publish(put("k", 1))
+    outcomes = h.publish(delete("k", expect=1), put("k", 2, expect=1), put("k", 3, expect=0),
+                         commit=False)
+    assert [o.code for o in outcomes] == [0, ErrorCode.REVISION_MISMATCH, 0]
+    assert "has no value (revision 0), not revision 1" in outcomes[1].error
+    h.commit()
+    h.advance(11)  # the value of revision 3 expired: no value, so revision 0 matches
+    (o,) = h.publish(put("k", 4, expect=0))
+    assert o.code == 0
+
+
+def test_expected_revision_bounds_and_the_messages_name_the_bucket() -> None:
+    from minou.limits import MAX_KV_REVISION
+
+    h = harness()
+    (top,) = h.publish(put("k", 1, expect=MAX_KV_REVISION))
+    assert top.code == ErrorCode.REVISION_MISMATCH  # a revision, just not this one
+    (over,) = h.publish(put("k", 1, expect=MAX_KV_REVISION + 1))
+    assert over.code == ErrorCode.BAD_REQUEST
+    assert over.error == f"x-kv-expect must be a revision (an integer >= 0), not " \
+                         f"'{MAX_KV_REVISION + 1}'"
+    (nokey,) = h.publish(send(CFG, 1))
+    assert nokey.error == "a write to bucket 'config' names its key (the message key)"
+    (op,) = h.publish(send(CFG, 1, key="k", headers={KV_OP: "x" * 60}))
+    assert op.error == f"x-kv-op is {'x' * 40!r}: the only operation is 'del'"
