@@ -298,3 +298,26 @@ def test_reload_applies_bucket_options(tmp_path: Path):
             assert kv.keys() == []
     finally:
         broker.stop()
+
+
+def test_two_clients_saving_different_fields_at_once_both_survive(broker):
+    async def scenario() -> None:
+        a, b = await broker.connect("proc-a"), await broker.connect("proc-b")
+        one = await a.persist("job-state", fields=["progress", "status", "owner"])
+        two = await b.persist("job-state", fields=["progress", "status", "owner"])
+
+        async def work(obj: Any, field: str, values: list[Any]) -> None:
+            for v in values:
+                setattr(obj, field, v)
+                assert await obj.save() == [field]
+
+        await asyncio.gather(work(one, "progress", list(range(20))),
+                             work(two, "status", [f"step {n}" for n in range(20)]))
+        await one.load()
+        assert one.as_dict() == {"progress": 19, "status": "step 19", "owner": None}
+        assert one.revisions["owner"] == 0 and one.revisions["progress"] > 0
+        assert [e.value for e in await a.kv("job-state").history("status")] == ["step 19"]
+        await a.close()
+        await b.close()
+
+    run(scenario())
