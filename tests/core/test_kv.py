@@ -274,3 +274,11 @@ def test_expected_revision_bounds_and_the_messages_name_the_bucket() -> None:
     assert nokey.error == "a write to bucket 'config' names its key (the message key)"
     (op,) = h.publish(send(CFG, 1, key="k", headers={KV_OP: "x" * 60}))
     assert op.error == f"x-kv-op is {'x' * 40!r}: the only operation is 'del'"
+
+
+def test_a_put_staged_in_the_same_batch_is_the_revision_to_compare_with() -> None:
+    h = harness()
+    first, second = h.publish(put("k", 1), put("k", 2, expect=1), commit=False)
+    assert (first.code, second.code) == (0, 0)
+    (long,) = h.publish(put("k", 3, expect=int("9" * 60)))
+    assert long.error.endswith(f"not {'9' * 40!r}")
