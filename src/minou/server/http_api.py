@@ -187,6 +187,14 @@ class HttpApi:
                     _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
                     q.get("key") or None)
 
+        self.publish_send(identity, send, lambda out: answer(201, {
+            "channel": out.channel, "seq": out.seq, "id": out.id,
+            "duplicate": out.duplicate, "fanout": out.fanout}), refuse)
+
+    def publish_send(self, identity: Identity, send: Send, stored: Callable[[Outcome], None],
+                     refuse: Refuse) -> None:
+        """Publish one message for an HTTP request: ``stored`` with its outcome once
+        durable, or ``refuse`` with the (counted) error."""
         def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
             out = outcomes[0]
             if out.code:  # the engine counted it
@@ -195,8 +203,7 @@ class HttpApi:
                 exc.counted = True  # type: ignore[attr-defined]
                 refuse(exc)
                 return
-            answer(201, {"channel": out.channel, "seq": out.seq, "id": out.id,
-                         "duplicate": out.duplicate, "fanout": out.fanout})
+            stored(out)
 
         if self._forwarded(identity, [send], published):
             return

@@ -9,7 +9,6 @@ the broker operations of ``server/kv.py``; writes are publishes, checked by the 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from ..errors import BadRequest, RequestError, error_from_code
+from ..errors import BadRequest, RequestError
 from ..limits import MAX_DELAY_S
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, kv_channel, validate_kv_key
 from ..protocol.frames import Outcome, Send
@@ -127,22 +126,12 @@ class HttpKv:
 
     def _publish(self, identity: Identity, send: Send, stored: list[int], answer: Answer,
                  refuse: Refuse) -> None:
-        def published(outcomes: list[Outcome], failure: RequestError | None) -> None:
-            out = outcomes[0]
-            if out.code:  # the engine counted it
-                exc = copy.copy(failure) if failure is not None else \
-                    error_from_code(out.code, out.error, {"channel": out.channel})
-                exc.counted = True  # type: ignore[attr-defined]
-                refuse(exc)
-                return
+        def done(out: Outcome) -> None:
             stored.append(out.seq)
             answer(200, {"bucket": kv_bucket(send.channel), "key": send.key,
                          "revision": out.seq})
 
-        api = self.api
-        if api._forwarded(identity, [send], published):
-            return
-        api.engine.publish([send], api.server.access_for(identity), published)
+        self.api.publish_send(identity, send, done, refuse)
 
     async def watch(self, request: Request, identity: Identity) -> Response:
         q = request.query_params
