@@ -573,6 +573,38 @@ def test_request_reply_across_brokers_that_spread_the_queues(
             requester.request("nobody/v1/r", {}, timeout=10)
 
 
+def test_http_requests_through_any_broker_reach_responders_on_another(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """POST /v1/request on every broker, the responder on one, the requests' queues and
+    the inboxes (_inbox/v1) owned by any: the broker holding the inboxes makes the
+    request and waits for the reply (it commits there), the others relay its answer."""
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 3)
+    publish_all(brokers[0], 1)
+    h = bearer(brokers[1], "http-asker")  # the key is registered once, for every broker
+    with brokers[0].connect_sync("http-responder") as responder:
+        responder.serve("orders/*", lambda msg: {"echo": msg.payload, "on": msg.channel},
+                        group="echo", prefetch=16)
+        responder.request("orders/v1/warm", {}, timeout=10)  # the inboxes' queue exists
+        wait_until(lambda: settled_spread(brokers[0], 3), timeout=20)
+        inboxes = owners(brokers[0])["_inbox/v1"]
+        for b in brokers:
+            asked_here = cluster_view(b)["this_broker"]["member"] == inboxes
+            with httpx.Client(base_url=b.http, timeout=30, headers=h) as http:
+                for q in QUEUES:
+                    r = http.post(f"/v1/request/{q}/r", params={"timeout": 10},
+                                  json={"q": q, "here": asked_here})
+                    assert r.status_code == 200, r.text
+                    assert r.json() == {"echo": {"q": q, "here": asked_here}, "on": f"{q}/r"}
+                    assert r.headers["x-minou-reply-id"]
+                nobody = http.post("/v1/request/nobody/v1/r", params={"timeout": 5}, json={})
+                assert nobody.status_code == 503, nobody.text
+                assert nobody.json()["error"]["reason"] == "no_responders"
+    # A link op no client may send, whatever its rights.
+    with brokers[0].connect_sync("sneaky") as c, pytest.raises(minou.NotAuthorized,
+                                                               match="brokers' own links"):
+        c.admin("link.request", channel="orders/v1/x", data="e30=", headers="{}", timeout=1)
+
+
 def test_kv_buckets_work_from_every_broker_and_survive_their_owner_s_death(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     """Every bucket is in queue _kv/v1: its owner checks each compare-and-set, fronts

@@ -29,6 +29,7 @@ from ..limits import (
 )
 from ..names import DEAD_PREFIX, validate_channel
 from . import kv
+from .http_requests import REQUEST_OP, request_op
 from .kv import KV_OPS
 
 if TYPE_CHECKING:
@@ -39,8 +40,10 @@ log = logging.getLogger("minou.admin")
 Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 # What a non-admin may run: each acts on the caller's own identity only.
 # (KV reads check the caller's read rights on the bucket themselves.)
+# (REQUEST_OP refuses every caller but the brokers' own links.)
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
-                              "credentials.revoke", "credentials.list", *KV_OPS})
+                              "credentials.revoke", "credentials.list", *KV_OPS,
+                              REQUEST_OP})
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -505,6 +508,7 @@ OPERATIONS: dict[str, Op] = {
     "credentials.revoke": _revoke_credential,
     "credentials.list": _list_credentials,
     **kv.OPERATIONS,
+    REQUEST_OP: request_op,
 }
 
 

@@ -149,7 +149,7 @@ class Front:
         self._position_parts: dict[str, dict[str, int]] = {}
 
     # -------------------------------------------------------------- links
-    def _owner_link(self, channel: str) -> Upstream | None:
+    def owner_link(self, channel: str) -> Upstream | None:
         """The link to the broker owning ``channel``'s queue; None if that is this
         broker (or nobody yet: it answers here)."""
         q = queue_of(channel)
@@ -650,7 +650,12 @@ class Front:
         adoption, to wait for before answering (answered at once, it would read an
         empty bucket); None otherwise."""
         name = self._op_channel(frame)
-        q = queue_of(name) if name is not None else None
+        return self.adoption_for(name) if name is not None else None
+
+    def adoption_for(self, channel: str) -> asyncio.Future[None] | None:
+        """The adoption of ``channel``'s queue if this broker is to own it and has not
+        claimed it yet (to wait for before acting on it here); else None."""
+        q = queue_of(channel)
         if q is None or self.spread.route(q) != ADOPT:
             return None
         return self.spread.adoption(q)
@@ -671,7 +676,7 @@ class Front:
         """An admin operation on one queue (``OWNER_OPS``) sent to the queue's owner: a
         future of its answer, or None if that is this broker (or nobody yet)."""
         name = self._op_channel(frame)
-        up = self._owner_link(name) if name is not None else None
+        up = self.owner_link(name) if name is not None else None
         if up is None:
             return None
         answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()
@@ -713,7 +718,7 @@ class Front:
 
     # --------------------------------------------------------------- read
     def read(self, frame: f.Read) -> bool:
-        up = self._owner_link(frame.channel)
+        up = self.owner_link(frame.channel)
         if up is None:
             return False
 

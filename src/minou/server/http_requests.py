@@ -10,17 +10,27 @@ listener is needed, and replies nobody waits for any more expire with the inbox'
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.responses import Response
 
 from ..core.log import Msg
 from ..core.session import Session
-from ..errors import BadRequest, ReplyTimeout, RequestError, ResponderError, error_from_code
+from ..errors import (
+    BadRequest,
+    NotAuthorized,
+    ReplyTimeout,
+    RequestError,
+    ResponderError,
+    error_from_code,
+)
 from ..limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S
 from ..names import CORRELATION_ID, REPLY_ERROR, REPLY_TO, inbox_of
+from ..protocol import frames as f
 from ..protocol.frames import Outcome, Send
 
 if TYPE_CHECKING:
@@ -28,6 +38,11 @@ if TYPE_CHECKING:
     from .ports import Server
 
 HTTP_INBOX = "http"  # the instance part of the inbox HTTP requests are answered on
+# Queues spread over brokers: the ADMIN op a broker sends the one holding the inboxes to
+# make an HTTP request there (its reply commits there), and how much longer than the
+# request's own timeout the asking broker waits for that answer.
+REQUEST_OP = "link.request"
+LINK_MARGIN_S = 5.0
 
 
 def request_timeout(raw: str | None) -> float:
@@ -46,11 +61,37 @@ def request_timeout(raw: str | None) -> float:
 
 async def ask(server: Server, identity: Identity, channel: str, data: bytes,
               headers: Iterable[tuple[str, str]], timeout: float) -> Response:
-    """Publish the request, wait for its reply, answer with the reply's body."""
-    if server.spread is not None:
-        raise BadRequest("HTTP requests need [storage] placement = \"primary\" (with queues "
-                         "spread over brokers the reply may commit on another one); use "
-                         "the native client's request()")
+    """Publish the request, wait for its reply, answer with the reply's body. With
+    queues spread over brokers the broker owning the inboxes (queue ``_inbox/v1``)
+    waits for the reply, since it commits there: another broker asks it to
+    (``REQUEST_OP`` over the link) and relays its answer."""
+    spread = server.spread
+    if spread is not None:
+        front = spread.http_front(identity)
+        inbox = inbox_of(identity.client_id, HTTP_INBOX)
+        adopting = front.adoption_for(inbox)
+        if adopting is not None:  # this broker is to hold the inboxes: once it does
+            await adopting
+        owner = front.owner_link(inbox)
+        if owner is not None:
+            reply = await _ask_owner(owner, channel, data, dict(headers), timeout)
+            return _response(reply)
+    return _response(await ask_here(server, identity, channel, data, dict(headers), timeout))
+
+
+def _response(reply: dict[str, Any]) -> Response:
+    return Response(base64.b64decode(reply["data"]), status_code=200,
+                    media_type="application/octet-stream" if reply["raw"]
+                    else "application/json",
+                    headers={"x-minou-correlation-id": reply["correlation"],
+                             "x-minou-reply-id": reply["reply_id"]})
+
+
+async def ask_here(server: Server, identity: Identity, channel: str, data: bytes,
+                   headers: dict[str, str], timeout: float) -> dict[str, Any]:
+    """The request published (forwarded to its channel's owner if that is another
+    broker), its reply awaited on this broker: ``{data (base64), raw, correlation,
+    reply_id}``, or NoResponders, ReplyTimeout, ResponderError, any refusal."""
     engine = server.engine
     inbox = inbox_of(identity.client_id, HTTP_INBOX)
     correlation = uuid.uuid4().hex
@@ -68,13 +109,16 @@ async def ask(server: Server, identity: Identity, channel: str, data: bytes,
             fut.set_exception(failure if failure is not None else
                               error_from_code(out.code, out.error, {"channel": out.channel}))
 
-    send = Send(channel, data, False, {**dict(headers), REPLY_TO: inbox,
+    send = Send(channel, data, False, {**headers, REPLY_TO: inbox,
                                        CORRELATION_ID: correlation}, 0, timeout)
     session = Session(identity.client_id, access=server.access_for(identity),
                       admin=identity.admin)
     engine.reply_waiters[key] = replied
     try:
-        engine.publish([send], session.access, published, session=session)
+        spread = server.spread
+        if spread is None or not spread.http_front(identity).publish_sends(
+                [send], lambda outcomes: published(outcomes, None), session=session):
+            engine.publish([send], session.access, published, session=session)
         async with asyncio.timeout(timeout):
             reply = await fut
     except TimeoutError:
@@ -89,6 +133,47 @@ async def ask(server: Server, identity: Identity, channel: str, data: bytes,
         raise ResponderError(f"the responder failed on {channel!r}: {failure}",
                              type=failure, channel=channel,
                              reply=reply.data.decode("utf-8", "replace")[:1000])
-    return Response(reply.data, status_code=200,
-                    media_type="application/octet-stream" if reply.raw else "application/json",
-                    headers={"x-minou-correlation-id": correlation, "x-minou-reply-id": reply.id})
+    return {"data": base64.b64encode(reply.data).decode(), "raw": reply.raw,
+            "correlation": correlation, "reply_id": reply.id}
+
+
+async def _ask_owner(owner: Any, channel: str, data: bytes, headers: dict[str, str],
+                     timeout: float) -> dict[str, Any]:
+    """Have the broker owning the inboxes make the request (``REQUEST_OP``)."""
+    answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()
+    owner.request(f.Admin(0, REQUEST_OP, {
+        "channel": channel, "data": base64.b64encode(data).decode(),
+        "headers": msgspec.json.encode(headers).decode(), "timeout": timeout}),
+        lambda ev: answer.done() or answer.set_result(ev))
+    try:
+        async with asyncio.timeout(timeout + LINK_MARGIN_S):
+            ev = await answer
+    except TimeoutError:
+        raise ReplyTimeout(f"no reply to the request on {channel!r} within {timeout:g} s "
+                           "(the broker holding the inboxes did not answer)",
+                           channel=channel, timeout=timeout) from None
+    if isinstance(ev, f.Error):
+        raise error_from_code(ev.code, ev.message, ev.detail)
+    assert isinstance(ev, f.Result)
+    return ev.value  # type: ignore[no-any-return]
+
+
+async def request_op(server: Server, args: dict[str, Any], caller: Identity | None
+                     ) -> dict[str, Any]:
+    """``REQUEST_OP``: another broker of the cluster asks this one, which holds the
+    inboxes, to make an HTTP client's request (the link carries that client's identity,
+    so its rules apply)."""
+    if caller is None or caller.method != "link":
+        raise NotAuthorized(f"{REQUEST_OP!r} is for the brokers' own links", op=REQUEST_OP)
+    channel, data, headers = args.get("channel"), args.get("data"), args.get("headers")
+    timeout = args.get("timeout")
+    if not (isinstance(channel, str) and isinstance(data, str) and isinstance(headers, str)
+            and isinstance(timeout, int | float)):
+        raise BadRequest(f"{REQUEST_OP}: channel, data (base64), headers (JSON), timeout")
+    try:
+        body = base64.b64decode(data, validate=True)
+        extra = msgspec.json.decode(headers, type=dict[str, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise BadRequest(f"{REQUEST_OP}: {exc}") from None
+    return await ask_here(server, caller, channel, body, extra,
+                          request_timeout(str(timeout)))
