@@ -36,6 +36,9 @@ INBOX_MAX_ITEMS = 10_000
 # An inbox whose owner is gone (no listener connected, nothing published or delivered)
 # is removed after this long, with its listener (channel option expire_idle).
 INBOX_EXPIRE_IDLE_S = 600.0
+# Channels removed by idle expiry whose next seq is kept (a channel of the same name made
+# later goes on from it): past this many the oldest are forgotten, their rows with them.
+MAX_RETIRED_CHANNELS = 100_000
 # Key-value buckets (docs/kv.md), unless kv."<bucket>" says otherwise: revisions kept
 # per key, and the revisions a bucket holds (deletes included; the core indexes each
 # in memory, so this bounds that memory too).

@@ -164,3 +164,81 @@ def test_a_channel_a_reader_made_expires_once_it_left() -> None:
     h.engine.unsubscribe(s, sub.sid)
     h.tick(IDLE + 1)
     assert "tmp/v1/named" not in h.broker.channels
+
+
+def test_an_expired_inbox_leaves_nothing_behind() -> None:
+    from minou.config import Settings
+
+    h = Harness(broker=Broker(channel_options=Settings().channel_options))
+    inbox = inbox_of("asker", "i2")
+    owner = Session("asker")
+    h.subscribe(owner, kind="listen", patterns=inbox)
+    h.publish_values(inbox, [1])
+    h.disconnect(owner)
+    h.tick(3600)
+    assert inbox not in h.broker.channels
+    batch = h.commit()
+    assert batch.forgets == [inbox]
+    assert inbox not in h.broker.state.retired and not h.broker.state.forgetting
+    assert inbox not in {r.name for r in h.storage.open(h.now).channels}
+
+
+def test_a_channel_made_again_before_its_record_went_keeps_it() -> None:
+    h = Harness(broker=Broker(channel_options=lambda key: ChannelOptions(expire_idle=IDLE)))
+    inbox = inbox_of("a", "x")
+    first = Session("a")
+    h.subscribe(first, kind="listen", patterns=inbox)
+    h.disconnect(first)
+    h.tick(IDLE + 1)
+    assert inbox not in h.broker.channels
+    assert h.broker.batch.forgets == [inbox]
+    h.subscribe(Session("a"), kind="listen", patterns=inbox)  # back before the commit
+    assert inbox in h.broker.channels
+    assert h.broker.batch.forgets == [] and h.broker.state.forgetting == set()
+    h.commit()
+    assert inbox in {r.name for r in h.storage.open(h.now).channels}
+
+
+def test_past_the_bound_the_oldest_tombstones_go(monkeypatch) -> None:
+    from minou.core import expiry
+
+    monkeypatch.setattr(expiry, "MAX_RETIRED_CHANNELS", 2)
+    h = harness()
+    for n in range(4):
+        h.publish_values(f"tmp/v1/c{n}", [1, 2])
+        h.tick(IDLE + 1)
+    h.commit()
+    assert list(h.broker.state.retired) == ["tmp/v1/c2", "tmp/v1/c3"]
+    stored = {r.name for r in h.storage.open(h.now).channels}
+    assert {"tmp/v1/c0", "tmp/v1/c1"}.isdisjoint(stored)
+    assert {"tmp/v1/c2", "tmp/v1/c3"} <= stored
+    (o,) = h.publish_values("tmp/v1/c0", [9])  # forgotten: made again from seq 1
+    assert o.seq == 1
+    (o,) = h.publish_values("tmp/v1/c3", [9])  # still remembered: goes on
+    assert o.seq == 3
+
+
+def test_a_forget_outlives_a_failed_commit_and_a_channel_made_again_meanwhile_stays() -> None:
+    from minou.errors import StorageFull
+
+    h = Harness(broker=Broker(channel_options=lambda key: ChannelOptions(expire_idle=IDLE)))
+    full = StorageFull("full", data_dir="/x", free_bytes=0)
+    one, two = inbox_of("a", "1"), inbox_of("a", "2")
+    for inbox in (one, two):
+        s = Session("a")
+        h.subscribe(s, kind="listen", patterns=inbox)
+        h.disconnect(s)
+    h.commit()
+    h.tick(IDLE + 1)
+    failed = h.broker.take_writes()
+    assert sorted(failed.forgets) == [one, two]
+    h.broker.on_failed(failed, full)
+    assert sorted(h.broker.batch.forgets) == [one, two]  # carried
+    taken = h.broker.take_writes()  # being written when ``two`` comes back
+    h.subscribe(Session("a"), kind="listen", patterns=two)
+    h.storage.apply(taken)
+    h.broker.on_committed(taken, h.now)
+    assert h.broker.state.retired == {} and h.broker.state.forgetting == set()
+    h.commit()  # ``two`` is stored again, as a new channel
+    names = {r.name for r in h.storage.open(h.now).channels}
+    assert one not in names and two in names

@@ -307,6 +307,25 @@ def test_truncating_everything_keeps_the_channel_and_its_next_seq(
     assert st.read_range(CH, 1, 100, 100) == []
 
 
+def test_a_forgotten_channel_leaves_nothing_and_may_be_made_again(
+    backend: Factory, store: Storage
+) -> None:
+    store.apply(batch_of(msg(CH, 1), msg(CH, 2, data=b"x" * 5000), msg(CH2, 1)))
+    store.apply(WriteBatch(deletes=[(CH, 1)], truncates={CH: 3}, channels={CH: 3},
+                           forgets=[CH]))
+    assert CH not in records(peek(backend))
+    assert records(peek(backend))[CH2] == ChannelRecord(CH2, 2, 1, 1,
+                                                        records(peek(backend))[CH2].bytes)
+    # Made and forgotten in one batch (an inbox that came and went between commits).
+    store.apply(WriteBatch(channels={"tmp/v1/x": 1}, forgets=["tmp/v1/x"]))
+    assert "tmp/v1/x" not in records(peek(backend))
+    # Made again later: a new channel from seq 1.
+    store.apply(batch_of(msg(CH, 1, data=b"again")))
+    st, snap = reopen(backend, store)
+    assert records(snap)[CH] == ChannelRecord(CH, 2, 1, 1, records(snap)[CH].bytes)
+    assert [m.data for m in st.read_range(CH, 1, 10, 10)] == [b"again"]
+
+
 def test_a_truncate_never_moves_first_seq_back(backend: Factory, store: Storage) -> None:
     store.apply(batch_of(*(msg(CH, s) for s in range(1, 6))))
     store.apply(WriteBatch(truncates={CH: 4}, channels={CH: 6}))

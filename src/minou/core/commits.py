@@ -107,6 +107,10 @@ class Commits:
                 gc.group.ready[gc] = None
                 if gc.group.members:
                     ready_groups[gc.group] = None
+        for name in batch.forgets:  # the record went: the tombstone too, unless made again
+            state.forgetting.discard(name)
+            if name not in channels:
+                state.retired.pop(name, None)
         for callback in batch.on_commit:
             callback()
 
@@ -160,6 +164,8 @@ class Commits:
             elif key in pending.fence_undo and pending.fence_undo[key] == value:
                 pending.fence_undo[key] = before  # a later commit moved it on meanwhile
         pending.carry(batch, keep)
+        if pending.forgets:  # a channel made again since keeps its record
+            pending.forgets = [n for n in pending.forgets if n in state.forgetting]
         waiting = [(ok, fail) for ok, fail in
                    itertools.zip_longest(batch.on_commit, batch.on_fail) if ok is not None]
         pending.on_commit[:0] = [ok for ok, fail in waiting if fail is None]

@@ -6,11 +6,16 @@ batch, as a purge does.
 
 A removed channel leaves a tombstone, its next seq (storage keeps its row with no
 messages in it): a channel of the same name made later goes on from there, so no seq
-and no message id is ever given twice.
+and no message id is ever given twice. Tombstones are bounded: an inbox's goes at once
+(its name, a client object's, is not made again) and past ``MAX_RETIRED_CHANNELS`` the
+oldest go, with their rows (``WriteBatch.forgets``); such a name made again starts
+from seq 1.
 """
 
 from __future__ import annotations
 
+from ..limits import MAX_RETIRED_CHANNELS
+from ..names import is_inbox
 from .group import Group
 from .log import ChannelLog
 from .state import BrokerState
@@ -61,5 +66,16 @@ class Expiry:
         del state.channels[name]
         del state.expiring[log]
         state.retired[name] = log.next_seq
+        # An inbox's name is made once (a client object's): nothing of it needs to stay.
+        # Other names may come again (and go on at the next seq) while few enough are
+        # kept; past MAX_RETIRED_CHANNELS the oldest are forgotten.
+        forget = [name] if is_inbox(name) else []
+        if len(state.retired) - len(state.forgetting) - len(forget) > MAX_RETIRED_CHANNELS:
+            oldest = next((n for n in state.retired if n not in state.forgetting), None)
+            if oldest is not None and oldest not in forget:
+                forget.append(oldest)
+        for old in forget:
+            state.forgetting.add(old)
+            state.batch.forgets.append(old)
         state.counters.channels_expired += 1
         return removed

@@ -67,6 +67,8 @@ class BrokerState:
         self.expiring: dict[ChannelLog, None] = {}
         self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
+        # Retired names whose tombstone goes with a batch not yet committed (forgets)
+        self.forgetting: set[str] = set()
         # Signs the reply tokens of request deliveries (core/replies.py); brokers that
         # spread the queues share one (the server sets it), one alone has its own.
         self.reply_secret = secrets.token_bytes(32)
@@ -120,6 +122,10 @@ class BrokerState:
             seq = self.retired.pop(name, None)
             if seq is not None:  # it expired: no seq (nor id) is given twice
                 log.first_seq = log.end = log.next_seq = log.cache_lo = seq
+                if name in self.forgetting:  # made again before its record went
+                    self.forgetting.discard(name)
+                    if name in self.batch.forgets:  # still pending: it keeps its record
+                        self.batch.forgets.remove(name)
             self.channels[name] = log
             self.track_expiry(log, now)
             self.batch.channels[name] = log.next_seq

@@ -26,6 +26,9 @@ class WriteBatch:
     # channel -> next seq to assign; present for new channels and whenever messages are
     # removed (otherwise storage derives it from the highest stored seq)
     channels: dict[str, int] = field(default_factory=dict)
+    # Channels whose record goes too (removed by idle expiry, truncated whole before or
+    # in this batch): nothing of them stays, not even their next seq.
+    forgets: list[str] = field(default_factory=list)
     group_defs: dict[str, GroupDef | None] = field(default_factory=dict)  # None: delete
     group_states: dict[tuple[str, str], tuple[int, bytes] | None] = field(default_factory=dict)
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
@@ -78,6 +81,7 @@ class WriteBatch:
         names.update(c for c, _ in self.deletes)
         names.update(self.truncates)
         names.update(self.channels)
+        names.update(self.forgets)
         names.update(c for _, c in self.group_states)
         names.update(d[0] for d in self.dedup)
         names.update(k[2] for k in self.producers)
@@ -91,7 +95,8 @@ class WriteBatch:
         """Whether there is anything to store (a batch may carry only answers waiting
         for the commits before it)."""
         return bool(
-            self.messages or self.deletes or self.truncates or self.channels or self.group_defs
+            self.messages or self.deletes or self.truncates or self.channels or self.forgets
+            or self.group_defs
             or self.group_states or self.dedup or self.clients or self.credentials
             or self.reservations
             or self.fences or self.writers or self.dropped_fences or self.meta
@@ -120,6 +125,7 @@ class WriteBatch:
                              (self.producers, failed.producers)):
             for key, value in theirs.items():
                 mine.setdefault(key, value)  # type: ignore[attr-defined]
+        self.forgets[:0] = failed.forgets  # (Commits.on_failed drops those made again)
         self.dropped_fences[:0] = failed.dropped_fences
         self.used_tokens[:0] = failed.used_tokens
         self.staged[:0] = failed.staged

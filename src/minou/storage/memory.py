@@ -270,6 +270,12 @@ def _truncates(w: _Work, batch: WriteBatch) -> None:
         w.truncate(_known(w, name), first)
 
 
+def _forgets(w: _Work, batch: WriteBatch) -> None:
+    for name in batch.forgets:
+        if w.state.channels.pop(name, None) is not None:
+            w.state.used -= _cost(name)
+
+
 def _groups(w: _Work, batch: WriteBatch) -> None:
     deleted = {key for key, gdef in batch.group_defs.items() if gdef is None}
     for key, gdef in batch.group_defs.items():
@@ -327,8 +333,8 @@ def _staged(w: _Work, batch: WriteBatch) -> None:
         w.put("staged", (owner, txn, 0), (_enc.encode(result), float(at)))
 
 
-STEPS = (_channels, _messages_of, _deletes, _truncates, _groups, _dedup, _records, _fences,
-         _used_tokens, _staged)
+STEPS = (_channels, _messages_of, _deletes, _truncates, _forgets, _groups, _dedup, _records,
+         _fences, _used_tokens, _staged)
 
 
 def _prune(w: _Work, batch: WriteBatch, commits: int) -> None:
@@ -405,7 +411,7 @@ def _touched(batch: WriteBatch) -> set[str]:
     """The queues a batch writes to (as the Redis backend splits it)."""
     names = [m.channel for m in batch.messages]
     names += [c for c, _ in batch.deletes]
-    names += [*batch.truncates, *batch.channels]
+    names += [*batch.truncates, *batch.channels, *batch.forgets]
     names += [c for _, c in batch.group_states]
     names += [c for _, c in batch.fences]
     names += [d[0] for d in batch.dedup]

@@ -421,7 +421,11 @@ class SQLiteStorage:
                 raise self._full(db, f"body file: {exc.strerror}") from exc
             raise StorageUnavailable(f"commit failed: body file: {exc}") from exc
         self._commits += 1
-        if batch.truncates:
+        if batch.forgets:
+            with self._cid_lock:
+                for name in batch.forgets:
+                    self._cids.pop(name, None)
+        if batch.truncates or batch.forgets:
             self._collect_body_files(db)
         with self._sync_lock:
             if relaxed:
@@ -575,6 +579,14 @@ class SQLiteStorage:
                        (_rid(cid, 0), _rid(cid, first), first))
             db.execute("DELETE FROM removed WHERE rid >= ? AND rid < ?",
                        (_rid(cid, 0), _rid(cid, first)))
+        for name in batch.forgets:
+            cid = self._cids.get(name)
+            if cid is not None:  # its cid leaves _cids once committed (apply)
+                db.execute("DELETE FROM segments WHERE rid >= ? AND rid < ?",
+                           (_rid(cid, 0), _rid(cid + 1, 0)))
+                db.execute("DELETE FROM removed WHERE rid >= ? AND rid < ?",
+                           (_rid(cid, 0), _rid(cid + 1, 0)))
+                db.execute("DELETE FROM channels WHERE cid = ?", (cid,))
         for key, gdef in batch.group_defs.items():
             if gdef is None:
                 db.execute("DELETE FROM groups WHERE key = ?", (key,))

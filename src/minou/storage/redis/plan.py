@@ -37,6 +37,7 @@ class Plan:
     queues: dict[str, list[Any]] = field(default_factory=dict)  # queue -> ops
     shared: list[Any] = field(default_factory=list)
     created: dict[str, int] = field(default_factory=dict)  # new channel -> creation order
+    forgotten: list[str] = field(default_factory=list)  # channels whose record goes
     inserting: set[str] = field(default_factory=set)  # queues receiving messages
     grow: int = 0  # bytes the batch may add, at most (the quota is checked on it)
     group_queues: dict[str, set[str]] = field(default_factory=dict)  # states written
@@ -49,7 +50,7 @@ class Plan:
         ops = self.ops(queue)
         ops.append(op)
         ops.extend(args)
-        if op not in ("D", "T", "GX", "GD", "XP", "RD", "FX", "HD", "TP", "UT"):
+        if op not in ("D", "T", "CX", "GX", "GD", "XP", "RD", "FX", "HD", "TP", "UT"):
             self.grow += RECORD_BYTES + sum(len(a) for a in args if isinstance(a, str | bytes))
         elif op == "D":
             self.grow += RECORD_BYTES
@@ -124,6 +125,10 @@ def _removals(p: Plan, batch: WriteBatch, known: set[str]) -> None:
             p.add(_queue(name), "D", name, int(seq))
     for name, first in batch.truncates.items():
         p.add(_queue(name), "T", name, int(first))
+    for name in batch.forgets:
+        if name in known:
+            p.add(_queue(name), "CX", name)
+            p.forgotten.append(name)
 
 
 def _groups(p: Plan, batch: WriteBatch, group_queues: dict[str, set[str]]) -> None:

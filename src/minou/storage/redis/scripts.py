@@ -119,6 +119,19 @@ while i <= n do
       used = used - 64 * gone
     end
     i = i + 3
+  elseif op == 'CX' then
+    -- a channel removed whole (its messages truncated before): its record goes too
+    local ch = ARGV[i + 1]
+    if redis.call('HDEL', base .. 'next', ch) == 1 then used = used - 64 - #ch end
+    redis.call('HDEL', base .. 'first', ch)
+    redis.call('HDEL', base .. 'born', ch)
+    for _, s in ipairs(redis.call('ZRANGE', base .. 's:' .. ch, 0, -1)) do
+      segment_drop(ch, s)
+    end
+    local r = base .. 'r:' .. ch
+    used = used - 64 * redis.call('ZCARD', r)
+    redis.call('DEL', r, base .. 's:' .. ch, base .. 'm:' .. ch, base .. 'b:' .. ch)
+    i = i + 2
   elseif op == 'GX' then
     hdrop(base .. 'gs:' .. ARGV[i + 1])
     redis.call('SREM', base .. 'groups', ARGV[i + 1])

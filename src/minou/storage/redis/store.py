@@ -682,6 +682,10 @@ class RedisStorage:
                 if queue_of(name) not in fenced:
                     self._known.add(name)
                     self._born[name] = order
+            for name in p.forgotten:
+                if queue_of(name) not in fenced:
+                    self._known.discard(name)
+                    self._born.pop(name, None)
             self._next_order += len(p.created)
             for index, found in ((self._group_queues, p.group_queues),
                                  (self._writer_queues, p.writer_queues)):
