@@ -992,5 +992,33 @@ def whoami(conn: dict[str, Any], as_json: bool) -> None:
 main.add_command(kv_group(connection_options, json_option, _client, fail, _json_payload))
 
 
+@main.command()
+@connection_options
+@json_option
+def federation(conn: dict[str, Any], as_json: bool) -> None:
+    """The broker's federation links ([[federation]]): each direction's state, last
+    error, messages carried and lag (admin)."""
+    view = _admin(conn, "federation")
+    if as_json:
+        click.echo(json.dumps(view, indent=2))
+        return
+    if not view["links"]:
+        click.echo("no federation link ([[federation]] in the config)")
+    for link in view["links"]:
+        click.echo(f"{link['name']} -> {link['remote']}"
+                   + (f" (prefix {link['prefix']!r})" if link["prefix"] else ""))
+        for p in link["pipes"]:
+            since = time.strftime("%H:%M:%S", time.localtime(p["since"]))
+            click.echo(f"  {p['direction']:<4} {', '.join(p['patterns'])}: {p['state']} since "
+                       f"{since}, {p['forwarded']} carried, lag {p['lag_messages']} msg / "
+                       f"{p['lag_seconds']:.1f} s"
+                       + (f", {p['skipped_loops']} loop(s) skipped" if p["skipped_loops"]
+                          else "")
+                       + (f", {p['dead_lettered']} dead-lettered" if p["dead_lettered"]
+                          else ""))
+            if p["last_error"]:
+                click.echo(f"       last error: {p['last_error']}")
+
+
 if __name__ == "__main__":
     main()

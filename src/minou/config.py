@@ -61,6 +61,24 @@ _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
 
 
 @dataclass(frozen=True)
+class FederationLink:
+    """One ``[[federation]]`` link (docs/federation.md): this broker is a client of
+    ``remote`` with its own identity; ``push`` patterns go there, ``pull`` ones come
+    here, into the same channel names under ``prefix``."""
+
+    name: str
+    remote: str
+    push: tuple[str, ...] = ()
+    pull: tuple[str, ...] = ()
+    prefix: str = ""  # put before the endpoint of every channel on the destination
+    client_id: str | None = None  # the link's identity on the remote
+    key: str | None = None
+    broker_token: str | None = None
+    tls_fingerprint: str | None = None
+    cafile: str | None = None
+
+
+@dataclass(frozen=True)
 class Settings:
     broker_id: str = "minou"
     host: str = limits.DEFAULT_HOST
@@ -85,6 +103,7 @@ class Settings:
     strict_schemas: bool = False
     channels: dict[str, ChannelOptions] = field(default_factory=dict)
     kv: dict[str, ChannelOptions] = field(default_factory=dict)  # bucket (or "*") -> options
+    federation: tuple[FederationLink, ...] = ()
     # [auth]: "keys" (every client proves itself with its key pair), "token" (the shared
     # broker token alone; its holders are admins) or "off" (development, loopback only)
     auth_mode: str = "keys"
@@ -173,7 +192,7 @@ _TOP_KEYS = {
     "websocket_heartbeat": ((int, float), "a number of seconds > 0"),
     "strict_schemas": (bool, "true or false"),
 }
-_TABLES = ("auth", "channels", "kv", "rules", "storage", "tls")
+_TABLES = ("auth", "channels", "federation", "kv", "rules", "storage", "tls")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -247,6 +266,86 @@ def _kv_options(raw: Any, base_dir: Path) -> dict[str, ChannelOptions]:
     # A bucket's table is laid over kv."*", which is laid over the defaults.
     every = replace(KV_OPTIONS, **given.get("*", {}))
     return {bucket: replace(every, **opts) for bucket, opts in given.items()}
+
+
+_LINK_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_PREFIX = re.compile(r"[A-Za-z0-9_-]{0,32}")
+_LINK_KEYS = ("name", "remote", "push", "pull", "prefix", "client_id", "key",
+              "broker_token", "broker_token_file", "tls_fingerprint", "cafile")
+
+
+def _federation(raw: Any, base_dir: Path) -> tuple[FederationLink, ...]:
+    """The ``[[federation]]`` tables: each link checked whole, names unique."""
+    from .names import parse_pattern
+
+    if not isinstance(raw, list):
+        raise ConfigError("federation: expected a list of tables ([[federation]])")
+    links: list[FederationLink] = []
+    for i, table in enumerate(raw):
+        where = f"federation[{i}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: expected a table")
+        for key in table:
+            if key not in _LINK_KEYS:
+                raise ConfigError(f"{where}.{key}: unknown setting (known: "
+                                  f"{', '.join(_LINK_KEYS)})")
+        name = table.get("name")
+        if not isinstance(name, str) or not _LINK_NAME.fullmatch(name):
+            raise ConfigError(f"{where}.name: expected 1 to 64 letters, digits, '-' or '_', "
+                              f"got {json.dumps(name, default=str)}")
+        where = f'federation "{name}"'
+        if any(link.name == name for link in links):
+            raise ConfigError(f"{where}: a second link of that name")
+        remote = table.get("remote")
+        _expect(f"{where}.remote", remote, str, "a broker URL (minou://, minous://, ws://, "
+                "wss://)")
+        scheme = remote.split("://", 1)[0] if "://" in remote else ""
+        if scheme not in ("minou", "minous", "ws", "wss") or not remote.split("://", 1)[1]:
+            raise ConfigError(f"{where}.remote: expected minou://host:port, minous://host:port "
+                              f"(TLS), ws://host:port/v1/ws or wss://..., got {remote!r}")
+        patterns: dict[str, tuple[str, ...]] = {}
+        for side in ("push", "pull"):
+            value = table.get(side, [])
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}.{side}: expected a list of channel patterns")
+            for pattern in value:
+                try:
+                    parse_pattern(pattern)
+                except InvalidChannel as exc:
+                    raise ConfigError(f"{where}.{side}: {exc.message}") from None
+            patterns[side] = tuple(value)
+        if not patterns["push"] and not patterns["pull"]:
+            raise ConfigError(f"{where}: give push and/or pull patterns (what goes there, "
+                              "what comes here)")
+        prefix = table.get("prefix", "")
+        if not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix):
+            raise ConfigError(f"{where}.prefix: up to 32 letters, digits, '-' or '_', put "
+                              "before each channel's endpoint on the destination (a channel "
+                              "is endpoint/version/id: \"eu-\" makes orders/v1/1 "
+                              "eu-orders/v1/1)")
+        key = table.get("key")
+        if key is not None:
+            _expect(f"{where}.key", key, str, "a private key file path")
+            key = str(base_dir / key)
+            if not Path(key).is_file():
+                raise ConfigError(f"{where}.key: no file {key}")
+        client_id = table.get("client_id")
+        if client_id is not None:
+            _expect(f"{where}.client_id", client_id, str, "a client id")
+        elif key is not None:
+            client_id = Path(key).stem
+        for opt in ("tls_fingerprint", "cafile"):
+            if table.get(opt) is not None:
+                _expect(f"{where}.{opt}", table[opt], str, "a string")
+        cafile = table.get("cafile")
+        token_table = {k: v for k, v in table.items() if k.startswith("broker_token")}
+        token = _secret(token_table, "broker_token", base_dir) if token_table else None
+        links.append(FederationLink(
+            name=name, remote=remote, push=patterns["push"], pull=patterns["pull"],
+            prefix=prefix, client_id=client_id or f"federation-{name}", key=key,
+            broker_token=token, tls_fingerprint=table.get("tls_fingerprint"),
+            cafile=str(base_dir / cafile) if cafile else None))
+    return tuple(links)
 
 
 def _check_channel_key(name: str) -> None:
@@ -428,6 +527,9 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
             continue
         if key == "kv":
             values["kv"] = _kv_options(value, base_dir)
+            continue
+        if key == "federation":
+            values["federation"] = _federation(value, base_dir)
             continue
         if key == "channels":
             if not isinstance(value, dict):

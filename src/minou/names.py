@@ -271,3 +271,10 @@ def validate_kv_key(key: object) -> str:
         raise BadRequest(f"invalid KV key {key[:80]!r}: use letters, digits and _ = . / : @ - "
                          "(no leading '/', no '//')")
     return key
+
+
+# Federation (docs/federation.md): the broker a message was first published on, kept
+# over every hop (a link never sends a message to where it began), and where a copy
+# came from (the source channel and seq).
+FEDERATED_FROM = "x-federated-from"
+FEDERATED_SEQ = "x-federated-seq"

@@ -5,7 +5,7 @@ their channel's limit. Both are copied to the channel's dead-letter channel
 from __future__ import annotations
 
 from ..names import dead_letter_channel, is_dead_letter
-from .log import Msg
+from .log import ChannelLog, Msg
 from .publishing import make_room
 from .state import BrokerState
 
@@ -48,9 +48,25 @@ class DeadLetters:
         })
         if group:
             headers["x-dead-group"] = group
-        dead = Msg(log.name, log.next_seq, state.ids.new_id(log, log.next_seq), msg.data,
-                   msg.raw, headers, 0, msg.published_at, None, None, msg.key)
+        self._stage(log, msg.data, msg.raw, headers, msg.published_at, msg.key)
+
+    def keep(self, channel: str, data: bytes, raw: bool, headers: dict[str, str],
+             key: str | None, now: float) -> Msg:
+        """Stage a message that never was in ``channel`` (a federation link's, refused by
+        its destination) in ``channel``'s dead letters, whatever its options say."""
+        state = self.state
+        state.counters.dead_lettered += 1
+        log = state.log(dead_letter_channel(channel), now)
+        make_room(state, log)
+        return self._stage(log, data, raw, headers, now, key)
+
+    def _stage(self, log: ChannelLog, data: bytes, raw: bool, headers: dict[str, str],
+               published_at: float, key: str | None) -> Msg:
+        state = self.state
+        dead = Msg(log.name, log.next_seq, state.ids.new_id(log, log.next_seq), data,
+                   raw, headers, 0, published_at, None, None, key)
         log.next_seq += 1
         log.inflight += 1
         state.batch.channels[log.name] = log.next_seq
         state.batch.messages.append(dead)
+        return dead

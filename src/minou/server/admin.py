@@ -28,7 +28,7 @@ from ..limits import (
     MAX_REQUEUE,
 )
 from ..names import DEAD_PREFIX, validate_channel
-from . import kv
+from . import federation, kv
 from .http_requests import REQUEST_OP, request_op
 from .kv import KV_OPS
 
@@ -43,7 +43,7 @@ Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 # (REQUEST_OP refuses every caller but the brokers' own links.)
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
                               "credentials.revoke", "credentials.list", *KV_OPS,
-                              REQUEST_OP})
+                              REQUEST_OP, *federation.SELF_SERVICE})
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -509,6 +509,7 @@ OPERATIONS: dict[str, Op] = {
     "credentials.list": _list_credentials,
     **kv.OPERATIONS,
     REQUEST_OP: request_op,
+    **federation.OPERATIONS,
 }
 
 

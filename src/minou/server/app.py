@@ -70,6 +70,7 @@ from .connection import NativeConnection
 from .datadir import DataDirLocks
 from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
+from .federation import LOCAL_CREDENTIAL, Federation
 from .kv import read_buckets
 from .oplog import watch_handshakes
 from .syncer import IntervalSync
@@ -178,6 +179,7 @@ class BrokerServer:
         self._made_admin_key = ""  # its fingerprint, if this start made the admin key
         self._admin_race_until = 0.0
         self.tls: Any = None  # tls.TlsFiles when the listeners speak TLS
+        self.federation = Federation(self)  # [[federation]] links (started with start())
         self.overrides: dict[str, Any] = {}  # command-line settings a reload keeps
         self.reloads = 0
         self._dedup_warned = (0.0, 0)  # (when, evicted count then): see _warn_dedup_evictions
@@ -323,6 +325,14 @@ class BrokerServer:
         self._tasks.append(asyncio.create_task(self._ticker(), name="minou-ticker"))
         self.engine.commit()
         self.engine.request_pump()
+        self.federation.apply(self.settings.federation)  # links to other places
+
+    def local_url(self) -> str:
+        """This broker's native URL as a process on its own machine reaches it."""
+        assert self.native_address is not None
+        host, port = self.native_address
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        return _addr((host, port), "minous" if self.tls else "minou") or ""
 
     async def open(self) -> None:
         """Open storage and restore the broker's state, listening to nothing: what
@@ -375,6 +385,7 @@ class BrokerServer:
 
     async def stop(self) -> None:
         self.accepting = False
+        await self.federation.stop()
         if self._tcp is not None:
             self._tcp.close()
         if self._http is not None:
@@ -537,6 +548,13 @@ class BrokerServer:
             if why is not None:
                 self.registry.failures[why] += 1
                 raise NotAuthenticated(text, why=why)
+        if hello.credential and hello.credential.startswith(LOCAL_CREDENTIAL):
+            if not self.federation.credential_ok(hello.credential):
+                self.registry.failures["bad_federation_credential"] += 1
+                raise NotAuthenticated("this credential is not this broker's own",
+                                       why="bad_credential")
+            # A federation link of this very process, reading or writing here.
+            return Identity(hello.client_id, True, method="federation")
         if hello.credential and hello.credential.startswith("mlk1.") and \
                 self.spread is not None:
             try:  # another broker of the cluster, forwarding for a client it authenticated
@@ -676,6 +694,7 @@ class BrokerServer:
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
         self.storage.max_size = new.storage_max_size  # the writer applies it at its next commit
         closed = self._reapply_access()
+        self.federation.apply(new.federation)
         self.reloads += 1
         log.info("configuration reloaded (%s): changed %s", by, ", ".join(changed) or "nothing")
         return {
@@ -1464,8 +1483,8 @@ _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_w
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",
-                "channels", "kv", "auth_mode", "broker_token", "admins", "rules",
-                "storage_max_size")
+                "channels", "kv", "federation", "auth_mode", "broker_token", "admins",
+                "rules", "storage_max_size")
 
 
 def _comparable(value: Any) -> Any:

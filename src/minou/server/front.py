@@ -33,6 +33,7 @@ from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
 from ..names import kv_channel
 from ..protocol import frames as f
+from .federation import merge_fences
 from .kv import KV_OPS
 from .upstream import Upstream
 from .wire import native_error
@@ -778,4 +779,4 @@ def merge_queues(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 # Admin views each broker answers for the queues it owns: asked of all, merged
 MERGED_OPS: dict[str, Callable[[list[dict[str, Any]]], dict[str, Any]]] = {
-    "list": merge_lists, "queues": merge_queues}
+    "list": merge_lists, "queues": merge_queues, "txn.fences": merge_fences}

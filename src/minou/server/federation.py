@@ -1,0 +1,445 @@
+"""Federation (docs/federation.md): chosen channels shared with a broker in another
+place, over one outbound connection per link, each message exactly once.
+
+A ``[[federation]]`` link has up to two pipes: ``push`` (this broker's channels into
+the remote) and ``pull`` (the remote's into this broker). A pipe is a client of both
+brokers: of the remote with the link's own identity (its rules apply there), of this
+broker over loopback with a secret only this process knows (``LocalDoor``). It
+
+* reads each source channel under its patterns **in seq order** (``READ``, like the
+  Spark source: priority and delay do not reorder it), a page at a time;
+* commits each page into the destination channel (``prefix`` + the same name) as a
+  transaction fenced on (``fed:<link>:<direction>``, channel) by the page's last source
+  seq: a page committed twice is discarded the second time (the Spark sink's fences);
+* resumes, after any failure on either side, from the destination's fences
+  (``txn.fences``): what a commit made durable is never sent again, what it did not
+  is; nothing is kept on the link's side;
+* reports its progress to the source as a consumer group's position
+  (``federation:<link>:<direction>``), so the source keeps every message until it
+  crossed (and may then drop it by its own rules);
+* never sends a message back where it came from: ``x-federated-from`` names the
+  broker a message was first published on, and a pipe skips those whose origin is
+  its destination.
+
+Memory is bounded by one page per pipe; a slow destination slows the pipe. Failures
+(refused key, unreachable remote, a rule, a full disk) are the pipe's ``last_error``,
+retried with backoff and jitter; a message the destination refuses for itself (a
+schema, a rule for that channel) is dead-lettered on the source with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..errors import ErrorCode, MinouError, RequestError
+from ..names import FEDERATED_FROM, FEDERATED_SEQ
+from ..protocol import frames as f
+
+if TYPE_CHECKING:
+    from ..config import FederationLink
+    from .ports import Server
+
+log = logging.getLogger("minou.federation")
+
+LOCAL_CREDENTIAL = "mlf1."  # a pipe's credential on its own broker (then the secret)
+PAGE = 500  # messages read and committed at once per channel (bounds a pipe's memory)
+POLL_S = 0.05  # how often an idle pipe looks for new messages
+OFFSETS_EVERY_S = 1.0  # how often a busy pipe looks for new channels too
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+REQUEST_TIMEOUT_S = 30.0
+CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
+
+
+@dataclass
+class PipeStatus:
+    link: str
+    direction: str  # "push" | "pull"
+    patterns: tuple[str, ...]
+    state: str = "starting"  # "connecting", "up", "retrying", "stopped"
+    since: float = field(default_factory=time.time)
+    last_error: str = ""
+    last_error_at: float | None = None
+    forwarded: int = 0
+    skipped_loops: int = 0
+    dead_lettered: int = 0
+    lag_messages: int = 0
+    lag_seconds: float = 0.0
+    channels: int = 0
+    remote_broker: str = ""
+
+    def view(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+class Pipe:
+    """One direction of a link (see the module docstring)."""
+
+    def __init__(self, server: Server, link: FederationLink, direction: str,
+                 patterns: tuple[str, ...]) -> None:
+        self.server = server
+        self.link = link
+        self.direction = direction
+        self.status = PipeStatus(link.name, direction, patterns)
+        self.writer = f"fed:{link.name}:{direction}"
+        self.group = f"federation:{link.name}:{direction}"
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"minou-{self.writer}")
+
+    def cancel(self) -> None:
+        """Stop it (its connections close as its task ends)."""
+        if self._task is not None:
+            self._task.cancel()
+        self._set("stopped")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._set("stopped")
+
+    def _set(self, state: str) -> None:
+        if self.status.state != state:
+            self.status.state, self.status.since = state, time.time()
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while True:
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # every failure is the pipe's to report and retry
+                text = exc.message if isinstance(exc, RequestError) else str(exc) or \
+                    type(exc).__name__
+                if text != self.status.last_error or self.status.state == "up":
+                    log.warning("federation %s (%s): %s; retrying", self.link.name,
+                                self.direction, text)
+                self.status.last_error, self.status.last_error_at = text, time.time()
+                self._set("retrying")
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                continue
+            backoff = BACKOFF_MIN_S
+
+    async def _clients(self) -> tuple[Any, Any]:
+        local = await self.server.federation.local_client(self.link.name)
+        try:
+            remote = await self.server.federation.remote_client(self.link)
+        except BaseException:
+            await local.close()
+            raise
+        return (local, remote) if self.direction == "push" else (remote, local)
+
+    async def _session(self) -> None:
+        self._set("connecting")
+        source, dest = await self._clients()
+        try:
+            self.status.remote_broker = (dest if self.direction == "push" else
+                                         source).broker_id or ""
+            await self._forward(source, dest)
+        finally:
+            for c in (source, dest):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(c.close(), CLOSE_S)
+
+    async def _forward(self, source: Any, dest: Any) -> None:
+        origin, avoid = source.broker_id or "", dest.broker_id or ""
+        if origin == avoid:
+            raise RequestError(f"both brokers are called {origin!r}: give each its own "
+                               "broker_id (x-federated-from tells where a message began)")
+        patterns = list(self.status.patterns)
+        fences = (await dest.admin("txn.fences", writer_id=self.writer))["fences"]
+        positions: dict[str, int] = {}  # source channel -> next seq to send
+        blocked: dict[str, tuple[float, float]] = {}  # refused there: (retry at, wait)
+        self._set("up")
+        while True:
+            offsets = await source.offsets(patterns)
+            new = {ch: max(first, fences.get(self._dest(ch), 0) + 1)
+                   for ch, (first, _) in offsets.items() if ch not in positions}
+            if new:  # the source keeps them from now on until they crossed
+                await source.set_position(self.group, new)
+                positions.update(new)
+            moved = False
+            now = time.monotonic()
+            for ch, (_, nxt) in offsets.items():
+                if blocked.get(ch, (0.0, 0.0))[0] > now:
+                    continue
+                try:
+                    while positions[ch] < nxt and await self._page(source, dest, ch,
+                                                                   positions, origin, avoid):
+                        moved = True
+                    blocked.pop(ch, None)
+                except RequestError as exc:
+                    if not _refused_here(exc):
+                        raise
+                    # This channel alone is refused at the destination (a rule): the
+                    # others go on; it is tried again later, nothing of it skipped.
+                    wait = min(blocked.get(ch, (0.0, BACKOFF_MIN_S))[1] * 2, BACKOFF_MAX_S)
+                    blocked[ch] = (now + wait, wait)
+                    self.status.last_error = f"{self._dest(ch)}: {exc.message}"
+                    self.status.last_error_at = time.time()
+                    log.warning("federation %s (%s): %s", self.link.name, self.direction,
+                                self.status.last_error)
+            self._lag(offsets, positions)
+            if not moved:
+                await asyncio.sleep(POLL_S)
+
+    def _dest(self, channel: str) -> str:
+        return self.link.prefix + channel
+
+    async def _page(self, source: Any, dest: Any, ch: str, positions: dict[str, int],
+                    origin: str, avoid: str) -> bool:
+        page = await source.read_page(ch, positions[ch], limit=PAGE)
+        msgs = page.messages
+        if not msgs:
+            positions[ch] = max(positions[ch], page.next_seq)
+            return False
+        sends: list[f.Send] = []
+        for m in msgs:
+            headers = dict(m.headers or {})
+            first = headers.get(FEDERATED_FROM)
+            if first is not None and first == avoid:
+                self.status.skipped_loops += 1
+                continue
+            headers.setdefault(FEDERATED_FROM, origin)
+            headers[FEDERATED_SEQ] = f"{m.channel}:{m.seq}"
+            sends.append(f.Send(self._dest(ch), m.data, m.raw, headers, m.priority, None,
+                                None, None, m.key))
+        last = msgs[-1].seq
+        if sends:
+            await self._commit(source, dest, ch, sends, last, msgs)
+        positions[ch] = last + 1
+        self.status.forwarded += len(sends)
+        self.status.lag_seconds = max(0.0, time.time() - msgs[-1].published_at)
+        await source.set_position(self.group, {ch: last + 1})
+        return True
+
+    async def _commit(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
+                      batch_id: int, msgs: list[Any]) -> None:
+        txn = f"{self.writer}:{ch}:{batch_id}"
+        await dest.abort_transactions([txn])  # what an earlier try left staged
+        try:
+            await dest.stage_sends(txn, sends)
+            await dest.commit_transactions(self.writer, batch_id, [txn], lineage=self.writer)
+        except RequestError as exc:
+            if not _theirs(exc):
+                raise
+            await dest.abort_transactions([txn])
+            # Refused for what a message is (a schema, a rule for its channel): one at a
+            # time, the refused ones dead-lettered on the source with the reason.
+            await self._one_by_one(source, dest, ch, sends, msgs)
+
+    async def _one_by_one(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
+                          msgs: list[Any]) -> None:
+        local = source if self.direction == "push" else dest
+        by_seq = {f"{m.channel}:{m.seq}": m for m in msgs}
+        for send in sends:
+            key = (send.headers or {})[FEDERATED_SEQ]
+            seq = int(key.rsplit(":", 1)[1])
+            txn = f"{self.writer}:{ch}:{seq}"
+            await dest.abort_transactions([txn])
+            try:
+                await dest.stage_sends(txn, [send])
+                await dest.commit_transactions(self.writer, seq, [txn], lineage=self.writer)
+            except RequestError as exc:
+                if not _theirs(exc):
+                    raise
+                await dest.abort_transactions([txn])
+                await self._dead_letter(local, by_seq[key], exc)
+
+    async def _dead_letter(self, local: Any, msg: Any, exc: RequestError) -> None:
+        """Keep a message the destination refuses for what it is on this broker, in the
+        dead letters of its channel here (the source's for a push, the destination
+        channel's for a pull), with the reason: an operator requeues it once fixed."""
+        import base64
+
+        channel = msg.channel if self.direction == "push" else self._dest(msg.channel)
+        await local.admin("federation.dead_letter", channel=channel,
+                          data=base64.b64encode(msg.data).decode(), raw=msg.raw,
+                          key=msg.key or "", reason=exc.message[:500],
+                          headers=msgspec.json.encode(msg.headers or {}).decode(),
+                          source=f"{msg.channel}:{msg.seq}", link=self.link.name)
+        self.status.dead_lettered += 1
+        log.warning("federation %s (%s): %s seq %d refused by the destination, "
+                    "dead-lettered here: %s", self.link.name, self.direction, msg.channel,
+                    msg.seq, exc.message)
+
+    def _lag(self, offsets: dict[str, tuple[int, int]], positions: dict[str, int]) -> None:
+        behind = sum(max(0, nxt - positions.get(ch, nxt)) for ch, (_, nxt) in offsets.items())
+        self.status.lag_messages = behind
+        self.status.channels = len(offsets)
+        if not behind:
+            self.status.lag_seconds = 0.0
+
+
+def _theirs(exc: RequestError) -> bool:
+    """A refusal about the messages themselves (their payload): the others may go
+    through one at a time, and these are dead-lettered."""
+    return int(exc.code) in (int(ErrorCode.SCHEMA_MISMATCH), int(ErrorCode.INVALID_PAYLOAD),
+                             int(ErrorCode.MESSAGE_TOO_LARGE))
+
+
+def _refused_here(exc: RequestError) -> bool:
+    """A refusal about one channel at the destination (a rule, a reservation, a full
+    queue): that channel waits, the others go on."""
+    return int(exc.code) in (int(ErrorCode.NOT_AUTHORIZED), int(ErrorCode.QUEUE_FULL),
+                             int(ErrorCode.INVALID_CHANNEL))
+
+
+class Federation:
+    """Every configured link's pipes on this broker: started once the broker listens,
+    changed by a reload, stopped with it."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.secret = secrets.token_urlsafe(32)
+        self.pipes: dict[str, list[Pipe]] = {}  # link name -> its pipes
+        self.links: dict[str, FederationLink] = {}
+
+    def credential_ok(self, credential: str) -> bool:
+        import hmac
+
+        return hmac.compare_digest(credential.encode(),
+                                   (LOCAL_CREDENTIAL + self.secret).encode())
+
+    def apply(self, links: tuple[FederationLink, ...]) -> list[str]:
+        """Start, restart or stop pipes so that they match ``links``; return the names
+        of the links changed."""
+        wanted = {link.name: link for link in links}
+        changed = []
+        for name in list(self.links):
+            if wanted.get(name) != self.links[name]:
+                for pipe in self.pipes.pop(name, []):
+                    pipe.cancel()
+                del self.links[name]
+                changed.append(name)
+        for name, link in wanted.items():
+            if name in self.links:
+                continue
+            self.links[name] = link
+            pipes = [Pipe(self.server, link, d, p) for d, p in
+                     (("push", link.push), ("pull", link.pull)) if p]
+            for pipe in pipes:
+                pipe.start()
+            self.pipes[name] = pipes
+            if name not in changed:
+                changed.append(name)
+        return changed
+
+    async def stop(self) -> None:
+        pipes = [p for ps in self.pipes.values() for p in ps]
+        if pipes:
+            await asyncio.wait([asyncio.ensure_future(p.stop()) for p in pipes],
+                               timeout=CLOSE_S * 2)
+        self.pipes.clear()
+        self.links.clear()
+
+    def view(self) -> dict[str, Any]:
+        out = []
+        for name, link in self.links.items():
+            out.append({"name": name, "remote": link.remote, "prefix": link.prefix,
+                        "pipes": [p.status.view() for p in self.pipes.get(name, [])]})
+        return {"links": out}
+
+    async def local_client(self, name: str) -> Any:
+        from ..client.aio import connect
+
+        server = self.server
+        url = server.local_url()
+        return await connect(url, client_id=f"federation:{name}",
+                             credential=LOCAL_CREDENTIAL + self.secret, reconnect=False,
+                             request_timeout=REQUEST_TIMEOUT_S,
+                             tls_fingerprint=server.tls.fingerprint if server.tls else None)
+
+    async def remote_client(self, link: FederationLink) -> Any:
+        from ..client.aio import connect
+
+        return await connect(link.remote, client_id=link.client_id, key=link.key,
+                             broker_token=link.broker_token,
+                             tls_fingerprint=link.tls_fingerprint, cafile=link.cafile,
+                             reconnect=False, request_timeout=REQUEST_TIMEOUT_S)
+
+
+__all__ = ["Federation", "MinouError", "Pipe"]
+
+
+# ------------------------------------------------------------ broker operations
+def federation_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
+    """``federation``: every link's pipes, their state, last error, counts and lag."""
+    return server.federation.view()
+
+
+def fences_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
+    """``txn.fences``: the fences of writer ``writer_id`` (channel -> the last batch id
+    it committed there), for the writer's owner (or an admin): where a federation pipe,
+    or any fenced writer, goes on from."""
+    from ..errors import BadRequest, NotAuthorized
+
+    writer = args.get("writer_id")
+    if not isinstance(writer, str) or not writer:
+        raise BadRequest("give writer_id")
+    tx = server.core.transactions
+    owner = tx.writers.get(writer)
+    if owner is not None and caller is not None and not caller.admin and \
+            owner != caller.client_id:
+        raise NotAuthorized(f"writer id {writer!r} is client {owner!r}'s", owner=owner)
+    return {"writer_id": writer, "fences": {ch: batch for (w, ch), batch in tx.fences.items()
+                                            if w == writer}}
+
+
+def merge_fences(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """``txn.fences`` of several brokers (queues spread over them) as one."""
+    fences: dict[str, int] = {}
+    for part in parts:
+        for ch, batch in part.get("fences", {}).items():
+            fences[ch] = max(batch, fences.get(ch, batch))
+    return {"writer_id": parts[0].get("writer_id") if parts else "", "fences": fences}
+
+
+def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
+    """``federation.dead_letter``: a link of this process keeps a message its
+    destination refused in the dead letters here (refused to anyone else)."""
+    import base64
+
+    from ..errors import BadRequest, NotAuthorized
+    from ..names import validate_channel
+
+    if caller is None or caller.method != "federation":
+        raise NotAuthorized("'federation.dead_letter' is for this broker's own links",
+                            op="federation.dead_letter")
+    channel = args.get("channel")
+    if not isinstance(channel, str):
+        raise BadRequest("give channel")
+    validate_channel(channel)
+    try:
+        data = base64.b64decode(str(args.get("data", "")), validate=True)
+        headers = msgspec.json.decode(str(args.get("headers", "{}")), type=dict[str, str])
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise BadRequest(f"federation.dead_letter: {exc}") from None
+    headers.update({"x-dead-reason": "federation",
+                    "x-dead-detail": str(args.get("reason", ""))[:500],
+                    "x-original-channel": channel,
+                    "x-federation-link": str(args.get("link", "")),
+                    FEDERATED_SEQ: str(args.get("source", ""))})
+    msg = server.core.dead_letters.keep(channel, data, bool(args.get("raw")), headers,
+                                        str(args.get("key") or "") or None, time.time())
+    server.engine.commit()
+    return {"channel": msg.channel, "seq": msg.seq}
+
+
+OPERATIONS = {"federation": federation_op, "txn.fences": fences_op,
+              "federation.dead_letter": dead_letter_op}
+# Self-service: each checks its caller itself.
+SELF_SERVICE = frozenset({"txn.fences", "federation.dead_letter"})
