@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from minou.auth import keys as keyfiles
+from minou.auth.tokens import make_token
+
 from ..conftest import BrokerProcess, client_key, wait_until
 from .netproxy import Proxy
 
@@ -83,6 +88,19 @@ def test_push_and_pull_carry_each_message_once_in_order_with_its_origin(tmp_path
         pipes = {p["direction"]: p for p in ln["pipes"]}
         assert pipes["push"]["state"] == "up" and pipes["push"]["forwarded"] == 300
         assert pipes["pull"]["forwarded"] == 1 and pipes["pull"]["remote_broker"] == "us"
+        key = keyfiles.load_private(eu.admin_key)
+        admin = {"Authorization": f"Bearer {make_token('admin', key, 'eu', ttl=600)}"}
+        metrics = httpx.get(eu.http + "/metrics", headers=admin, timeout=10).text
+        assert 'minou_federation_forwarded_total{direction="push",link="eu-us"} 300.0' in metrics
+        assert 'minou_federation_up{direction="pull",link="eu-us"} 1.0' in metrics
+        assert 'minou_federation_lag_messages{direction="push",link="eu-us"} 0.0' in metrics
+        check = httpx.get(eu.http + "/status/federation/eu-us", headers=admin, timeout=10)
+        assert check.headers["x-nagios-exit"] == "0", check.text
+        assert check.text.startswith("OK - federation eu-us: push up, 0 behind")
+        assert httpx.get(eu.http + "/v1/federation", headers=admin,
+                         timeout=10).json()["links"][0]["name"] == "eu-us"
+        missing = httpx.get(eu.http + "/status/federation/nope", headers=admin, timeout=10)
+        assert missing.headers["x-nagios-exit"] == "3"
     finally:
         eu.stop()
         us.stop()
@@ -202,3 +220,30 @@ def test_exactly_once_across_cuts_and_kills(tmp_path):
         eu.stop()
         us.stop()
         proxy.close()
+
+
+def test_over_websocket_a_payload_the_remote_refuses_is_dead_lettered_here(tmp_path):
+    schema = ('[channels."orders/v1"]\nschema = { type = "object", required = ["id"] }\n')
+    us = start(tmp_path, "us", schema)
+    ws = us.http.replace("http://", "ws://") + "/v1/ws"  # firewall friendly: one socket
+    eu = start(tmp_path, "eu", link("eu-us", ws, push=["orders/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            for value in ({"id": 1}, "not an order", {"id": 2}, [3], {"id": 4}):
+                shop.send("orders/v1/1", value)
+        wait_until(lambda: len(read_all(us, "orders/v1/1")) == 3, timeout=30,
+                   what="the good orders on the remote")
+        assert [m.payload for m in read_all(us, "orders/v1/1")] == [
+            {"id": 1}, {"id": 2}, {"id": 4}]
+        wait_until(lambda: len(read_all(eu, "_dead/orders/v1/1")) == 2, timeout=30,
+                   what="the refused ones dead-lettered here")
+        dead = read_all(eu, "_dead/orders/v1/1")
+        assert [m.payload for m in dead] == ["not an order", [3]]
+        assert dead[0].headers["x-dead-reason"] == "federation"
+        assert "schema" in dead[0].headers["x-dead-detail"]
+        assert dead[0].headers["x-federated-seq"] == "orders/v1/1:2"
+        (push,) = status(eu)["links"][0]["pipes"]
+        assert push["dead_lettered"] == 2 and push["forwarded"] == 3
+    finally:
+        eu.stop()
+        us.stop()

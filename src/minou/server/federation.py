@@ -218,10 +218,11 @@ class Pipe:
             sends.append(f.Send(self._dest(ch), m.data, m.raw, headers, m.priority, None,
                                 None, None, m.key))
         last = msgs[-1].seq
+        dead = self.status.dead_lettered
         if sends:
             await self._commit(source, dest, ch, sends, last, msgs)
         positions[ch] = last + 1
-        self.status.forwarded += len(sends)
+        self.status.forwarded += len(sends) - (self.status.dead_lettered - dead)
         self.status.lag_seconds = max(0.0, time.time() - msgs[-1].published_at)
         await source.set_position(self.group, {ch: last + 1})
         return True

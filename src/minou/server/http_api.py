@@ -451,6 +451,17 @@ class HttpApi:
         return PlainTextResponse(result.text + "\n",
                                  headers={"X-Nagios-Exit": str(result.code)})
 
+    async def federation_nagios(self, request: Request, identity: Identity) -> Response:
+        """A federation link's state and lag as a Nagios check (``?minutes=``, 10)."""
+        minutes = _float(request.query_params, "minutes")
+        name = request.path_params["link"]
+        links = {ln["name"]: ln for ln in self.server.federation.view()["links"]}
+        result = nagios.check_federation(links[name], minutes=10.0 if minutes is None
+                                         else minutes) if name in links else \
+            nagios.unknown(f"no federation link {name!r} ([[federation]] in the config)")
+        return PlainTextResponse(result.text + "\n",
+                                 headers={"X-Nagios-Exit": str(result.code)})
+
     async def queue_status(self, request: Request, identity: Identity) -> Response:
         queue, channel = _split_queue(request.path_params["queue"])
         args = {"queue": queue, "channel": channel, "group": request.query_params.get("group")}
@@ -502,6 +513,9 @@ class HttpApi:
             Route("/v1/nack/{receipt}", g(self.nack), methods=["POST"]),
             Route("/v1/status", self.admin_route("status"), methods=["GET"]),
             Route("/v1/cluster", self.admin_route("cluster"), methods=["GET"]),
+            Route("/v1/federation", self.admin_route("federation"), methods=["GET"]),
+            Route("/status/federation/{link}", g(self.federation_nagios, admin=True),
+                  methods=["GET"]),
             Route("/v1/whoami", g(self.whoami), methods=["GET"]),
             Route("/v1/queues", g(self.queues, admin=True), methods=["GET"]),
             Route("/v1/rates/history", g(self.rate_history, admin=True), methods=["GET"]),

@@ -211,6 +211,40 @@ _MINOU_COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def _federation_metrics(pipes: Any) -> Iterator[Metric]:
+    """One series per federation link and direction (docs/federation.md)."""
+    labels = ["link", "direction"]
+    families = {
+        "up": GaugeMetricFamily("minou_federation_up", "1 while the link's direction is "
+                                "connected to both brokers and carrying.", labels=labels),
+        "forwarded": CounterMetricFamily("minou_federation_forwarded", "Messages the link "
+                                         "carried into the destination (since the start).",
+                                         labels=labels),
+        "lag_messages": GaugeMetricFamily("minou_federation_lag_messages", "Messages on the "
+                                          "source not carried yet.", labels=labels),
+        "lag_seconds": GaugeMetricFamily("minou_federation_lag_seconds", "Age of the last "
+                                         "message carried while behind (0: caught up).",
+                                         labels=labels),
+        "skipped_loops": CounterMetricFamily("minou_federation_loops_skipped", "Messages not "
+                                             "sent back to the broker they began on.",
+                                             labels=labels),
+        "dead_lettered": CounterMetricFamily("minou_federation_dead_lettered", "Messages the "
+                                             "destination refused, dead-lettered here.",
+                                             labels=labels),
+        "errors": GaugeMetricFamily("minou_federation_error", "1 while the link's last "
+                                    "attempt failed (its text: minou federation).",
+                                    labels=labels),
+    }
+    for p in pipes:
+        key = [str(p.get("link", "")), str(p.get("direction", ""))]
+        families["up"].add_metric(key, 1.0 if p.get("state") == "up" else 0.0)
+        families["errors"].add_metric(key, 1.0 if p.get("state") == "retrying" else 0.0)
+        for name in ("forwarded", "lag_messages", "lag_seconds", "skipped_loops",
+                     "dead_lettered"):
+            families[name].add_metric(key, float(p.get(name, 0) or 0))
+    yield from families.values()
+
+
 class Metrics:
     """The broker's metrics: histograms and rates it feeds, plus a scrape-time collector.
 
@@ -333,6 +367,7 @@ class Metrics:
         for listener, count in sorted((sockets.get("open") or {}).items()):
             gauge.add_metric([listener], float(count))
         yield gauge
+        yield from _federation_metrics(snap.get("federation") or ())
         yield GaugeMetricFamily("minou_connection_limit", "The connection limit: "
                                 "max_connections, capped by the file descriptor limit.",
                                 num(sockets, "limit"))

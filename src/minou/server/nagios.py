@@ -67,3 +67,27 @@ def check_queue(stats: dict[str, Any], *, minutes: float, group: str | None) -> 
 
 def _age(seconds: float | None) -> str:
     return "none" if seconds is None else f"{seconds:.0f} s"
+
+
+def check_federation(link: dict[str, Any], *, minutes: float) -> NagiosResult:
+    """A federation link (``Federation.view`` of one link): critical while a direction
+    is not carrying (retrying, its last error said), warning when one lags more than
+    ``minutes`` behind (critical past twice that)."""
+    warn_s, crit_s = minutes * 60, minutes * 120
+    code, parts, perf = OK, [], []
+    for p in link["pipes"]:
+        lag_s, lag_n = float(p["lag_seconds"]), int(p["lag_messages"])
+        d = p["direction"]
+        if p["state"] != "up":
+            code = CRITICAL
+            parts.append(f"{d} {p['state']}: {p['last_error'] or 'connecting'}")
+        else:
+            if lag_s >= crit_s:
+                code = CRITICAL
+            elif lag_s >= warn_s:
+                code = max(code, WARNING)
+            parts.append(f"{d} up, {lag_n} behind ({_age(lag_s)})")
+        perf += [f"{d}_lag_messages={lag_n}", f"{d}_lag_seconds={lag_s:.1f}s;{warn_s:g};"
+                 f"{crit_s:g}", f"{d}_forwarded={p['forwarded']}c"]
+    return NagiosResult(code, f"{LABELS[code]} - federation {link['name']}: "
+                        f"{'; '.join(parts) or 'no direction'} | {' '.join(perf)}")

@@ -422,6 +422,20 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Stop accepting, let deliveries settle, exit", tag="admin",
             ok=_json(OBJECT, "stopping"), errors=(503,))},
     }
+    paths["/v1/federation"] = {"get": _op(
+        "The federation links ([[federation]]): each direction's state, last error, "
+        "messages carried, lag (docs/federation.md)", tag="admin",
+        ok=_json(OBJECT, "links"))}
+    paths["/status/federation/{link}"] = {"get": _op(
+        "Nagios plugin output for a federation link: critical while a direction is not "
+        "carrying, warning past ?minutes= of lag (X-Nagios-Exit header: 0..3)",
+        tag="monitoring",
+        params=[_path("link", {"type": "string"}, "the link's name"),
+                _query("minutes", {"type": "number", "minimum": 0,
+                                   "maximum": _NAGIOS_MAX_MINUTES},
+                       "warn when a direction lags more than this (default 10)")],
+        ok={"description": "OK/WARNING/CRITICAL/UNKNOWN line with perfdata",
+            "content": {"text/plain": {"schema": {"type": "string"}}}})}
     for suffix, params in (("{endpoint}/{version}", QUEUE_PARAMS),
                            ("{endpoint}/{version}/{id}", MESSAGE_PARAMS)):
         paths[f"/status/nagios/{suffix}"] = {"get": _op(
