@@ -74,7 +74,7 @@ class MinouBroker:
     def __init__(self, workdir: Path, python: str = sys.executable,
                  storage: str = "sqlite", name: str = "minou", port: int = 0,
                  http_port: int = 0, placement: str = "primary",
-                 durability: str = "fsync") -> None:
+                 durability: str = "fsync", extra_config: str = "") -> None:
         """``durability``: the bench channel's (bench/v1: "fsync", the default, or
         "interval", issue 19). ``storage``: "sqlite" (the default: minou.db in the data
         dir), "redis" (a
@@ -91,6 +91,7 @@ class MinouBroker:
         self.standby = False  # the last start waited for the standby line, not the banner
         self.placement = placement  # [storage] placement on a shared Redis (docs/cluster.md)
         self.durability = durability
+        self.extra_config = extra_config  # top-level keys first: put before the rest
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -142,7 +143,7 @@ class MinouBroker:
         channel = (f'[channels."bench/v1"]\ndurability = "{self.durability}"\n'
                    if self.durability != "fsync" else "")
         config = self.workdir / f"minou-bench-{self.name}-{self.placement}.toml"
-        config.write_text(spread + channel +
+        config.write_text(self.extra_config + spread + channel +
                           '[[rules]]\nclient = "bench-*"\nread = ["*"]\nwrite = ["*"]\n')
         self.proc = subprocess.Popen(
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),

@@ -47,6 +47,38 @@ def test_kv_doc_example_runs_as_pasted(broker):
     assert lines[1] == "limit put {'max': 20}"  # the watch starts with the current value
 
 
+def test_federation_walkthrough_works_as_written(tmp_path):
+    """docs/federation.md's two configs, on free ports: a message published on one side
+    is on the other, with its origin."""
+    from ..conftest import BrokerProcess
+
+    text = (ROOT / "docs" / "federation.md").read_text()
+    us_toml, eu_toml = re.findall(r"```toml\n(broker_id = .*?)```", text, re.S)[:2]
+    (tmp_path / "us.toml").write_text(us_toml)
+    us = BrokerProcess(tmp_path / "us-data", config=tmp_path / "us.toml",
+                       open_rules=False).start()  # on free ports: the test's flags win
+    (tmp_path / "eu.toml").write_text(eu_toml.replace("127.0.0.1:7710", f"127.0.0.1:{us.port}"))
+    eu = BrokerProcess(tmp_path / "eu-data", config=tmp_path / "eu.toml",
+                       open_rules=False).start()
+    try:
+        assert minou("publish", "orders/v1/42", '{"total": 12.5}', "--url", eu.url
+                     ).returncode == 0
+        import time
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            listed = minou("list", "-m", "--json", "--url", us.url)
+            if "x-federated-from" in listed.stdout:
+                break
+            time.sleep(0.2)
+        assert '"x-federated-from": "eu"' in listed.stdout, listed.stdout
+        fed = minou("federation", "--url", eu.url)
+        assert "push orders/v1/*: up" in fed.stdout and "1 carried" in fed.stdout
+    finally:
+        eu.stop()
+        us.stop()
+
+
 def test_cli_publish_consume_list_status(broker):
     url = ["--url", broker.url, "--key", str(broker.admin_key)]
     out = minou("publish", *url, "orders/v1/7", '{"total": 3}', "--json")

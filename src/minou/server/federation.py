@@ -52,8 +52,9 @@ log = logging.getLogger("minou.federation")
 
 LOCAL_CREDENTIAL = "mlf1."  # a pipe's credential on its own broker (then the secret)
 PAGE = 500  # messages read and committed at once per channel (bounds a pipe's memory)
-POLL_S = 0.05  # how often an idle pipe looks for new messages
-OFFSETS_EVERY_S = 1.0  # how often a busy pipe looks for new channels too
+# An idle pipe looks for new messages after POLL_MIN_S, then ever less often up to
+# POLL_MAX_S: a busy link adds milliseconds, an idle one costs little.
+POLL_MIN_S, POLL_MAX_S = 0.002, 0.1
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 REQUEST_TIMEOUT_S = 30.0
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
@@ -164,6 +165,7 @@ class Pipe:
         positions: dict[str, int] = {}  # source channel -> next seq to send
         blocked: dict[str, tuple[float, float]] = {}  # refused there: (retry at, wait)
         self._set("up")
+        idle = POLL_MIN_S
         while True:
             offsets = await source.offsets(patterns)
             new = {ch: max(first, fences.get(self._dest(ch), 0) + 1)
@@ -193,8 +195,11 @@ class Pipe:
                     log.warning("federation %s (%s): %s", self.link.name, self.direction,
                                 self.status.last_error)
             self._lag(offsets, positions)
-            if not moved:
-                await asyncio.sleep(POLL_S)
+            if moved:
+                idle = POLL_MIN_S
+            else:
+                await asyncio.sleep(idle)
+                idle = min(idle * 1.5, POLL_MAX_S)
 
     def _dest(self, channel: str) -> str:
         return self.link.prefix + channel
