@@ -195,6 +195,8 @@ bench: $(BENCH_STAMP) bench-deps
 	$(BIN)/python bench/minou_bench.py $(if $(filter-out all,$(PEERS)),--peers $(PEERS)) $(BENCH_ARGS)
 	$(BIN)/python bench/dedup_soak.py $(or $(DEDUP_ARGS),--window 30 --settle 10)
 	$(BIN)/python bench/credentials_bench.py
+	$(BIN)/python bench/federation.py
+	$(BIN)/python bench/kv.py
 
 ## bench-dedup: dedup window memory and restart, a key on every publish vs none, with the
 ## default 120 s window (~6 min; `make bench` runs it with a 30 s one). docs/benchmarks.md.

@@ -247,3 +247,55 @@ def test_over_websocket_a_payload_the_remote_refuses_is_dead_lettered_here(tmp_p
     finally:
         eu.stop()
         us.stop()
+
+
+def test_a_link_waiting_for_approval_says_so_and_crosses_once_approved(tmp_path):
+    approval = ('[[rules]]\nclient = "bridge"\nread = ["*"]\nwrite = ["*"]\naccept = false\n'
+                '[[rules]]\nclient = "reader"\nread = ["*"]\n')
+    config = tmp_path / "us.toml"
+    config.write_text('broker_id = "us"\n' + approval)
+    us = BrokerProcess(tmp_path / "us", config=config).start()
+    eu = start(tmp_path, "eu", link("eu-us", us.url, push=["orders/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/1", "waits")
+        wait_until(lambda: "approval" in status(eu)["links"][0]["pipes"][0]["last_error"],
+                   timeout=30, what="the link saying it waits for approval")
+        assert status(eu)["links"][0]["pipes"][0]["state"] == "retrying"
+        assert subprocess.run([sys.executable, "-m", "minou", "clients", "approve", "bridge"],
+                              env=us.cli_env(), capture_output=True,
+                              timeout=60).returncode == 0
+        wait_until(lambda: [m.payload for m in read_all(us, "orders/v1/1")] == ["waits"],
+                   timeout=60, what="the message once the link is approved")
+    finally:
+        eu.stop()
+        us.stop()
+
+
+def test_reload_starts_and_stops_links(tmp_path):
+    us = start(tmp_path, "us")
+    config = tmp_path / "eu.toml"
+    config.write_text('broker_id = "eu"\n' + OPEN)
+    eu = BrokerProcess(tmp_path / "eu", config=config).start()
+    try:
+        assert status(eu) == {"links": []}
+        config.write_text('broker_id = "eu"\n' + OPEN + link("later", us.url,
+                                                             push=["orders/v1/*"]))
+        out = subprocess.run([sys.executable, "-m", "minou", "reload"], env=eu.cli_env(),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "federation" in out.stdout, out.stdout + out.stderr
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/1", 1)
+        wait_until(lambda: len(read_all(us, "orders/v1/1")) == 1, timeout=30,
+                   what="the link started by the reload")
+        config.write_text('broker_id = "eu"\n' + OPEN)
+        assert subprocess.run([sys.executable, "-m", "minou", "reload"], env=eu.cli_env(),
+                              capture_output=True, timeout=60).returncode == 0
+        assert status(eu) == {"links": []}
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/1", 2)
+        time.sleep(1.0)
+        assert len(read_all(us, "orders/v1/1")) == 1  # stopped: nothing more crosses
+    finally:
+        eu.stop()
+        us.stop()
