@@ -134,26 +134,24 @@ class Pipe:
                 continue
             backoff = BACKOFF_MIN_S
 
-    async def _clients(self) -> tuple[Any, Any]:
-        local = await self.server.federation.local_client(self.link.name)
-        try:
-            remote = await self.server.federation.remote_client(self.link)
-        except BaseException:
-            await local.close()
-            raise
-        return (local, remote) if self.direction == "push" else (remote, local)
-
     async def _session(self) -> None:
         self._set("connecting")
-        source, dest = await self._clients()
+        federation = self.server.federation
+        local = await federation.local_client(self.link.name)
         try:
-            self.status.remote_broker = (dest if self.direction == "push" else
-                                         source).broker_id or ""
+            remote = await federation.remote(self.link.name).get()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(local.close(), CLOSE_S)
+            raise
+        source, dest = (local, remote) if self.direction == "push" else (remote, local)
+        try:
+            self.status.remote_broker = remote.broker_id or ""
             await self._forward(source, dest)
         finally:
-            for c in (source, dest):
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(c.close(), CLOSE_S)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(local.close(), CLOSE_S)
+            await federation.remote(self.link.name).drop_if_dead(remote)
 
     async def _forward(self, source: Any, dest: Any) -> None:
         origin, avoid = source.broker_id or "", dest.broker_id or ""
@@ -304,6 +302,36 @@ def _refused_here(exc: RequestError) -> bool:
                              int(ErrorCode.INVALID_CHANNEL))
 
 
+class Remote:
+    """A link's one connection to its remote broker, shared by its two directions (one
+    outbound socket per link); made again once lost."""
+
+    def __init__(self, federation: Federation, link: FederationLink) -> None:
+        self.federation = federation
+        self.link = link
+        self.client: Any = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> Any:
+        async with self._lock:
+            if self.client is None or not self.client.connected:
+                await self.close()
+                self.client = await self.federation.remote_client(self.link)
+            return self.client
+
+    async def drop_if_dead(self, client: Any) -> None:
+        """After a direction's failure: the connection goes if it is lost (the other
+        direction then fails too and both make one new one)."""
+        if client is self.client and not client.connected:
+            await self.close()
+
+    async def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), CLOSE_S)
+
+
 class Federation:
     """Every configured link's pipes on this broker: started once the broker listens,
     changed by a reload, stopped with it."""
@@ -313,6 +341,11 @@ class Federation:
         self.secret = secrets.token_urlsafe(32)
         self.pipes: dict[str, list[Pipe]] = {}  # link name -> its pipes
         self.links: dict[str, FederationLink] = {}
+        self.remotes: dict[str, Remote] = {}  # link name -> its connection to the remote
+        self._closing: set[asyncio.Future[None]] = set()  # remotes of links a reload ended
+
+    def remote(self, name: str) -> Remote:
+        return self.remotes[name]
 
     def credential_ok(self, credential: str) -> bool:
         import hmac
@@ -329,12 +362,18 @@ class Federation:
             if wanted.get(name) != self.links[name]:
                 for pipe in self.pipes.pop(name, []):
                     pipe.cancel()
+                remote = self.remotes.pop(name, None)
+                if remote is not None and remote.client is not None:
+                    closing = asyncio.ensure_future(remote.close())
+                    self._closing.add(closing)
+                    closing.add_done_callback(self._closing.discard)
                 del self.links[name]
                 changed.append(name)
         for name, link in wanted.items():
             if name in self.links:
                 continue
             self.links[name] = link
+            self.remotes[name] = Remote(self, link)
             pipes = [Pipe(self.server, link, d, p) for d, p in
                      (("push", link.push), ("pull", link.pull)) if p]
             for pipe in pipes:
@@ -349,8 +388,11 @@ class Federation:
         if pipes:
             await asyncio.wait([asyncio.ensure_future(p.stop()) for p in pipes],
                                timeout=CLOSE_S * 2)
+        for remote in self.remotes.values():
+            await remote.close()
         self.pipes.clear()
         self.links.clear()
+        self.remotes.clear()
 
     def view(self) -> dict[str, Any]:
         out = []
