@@ -20,6 +20,7 @@ from minou.errors import PendingApproval
 
 from ..conftest import BrokerProcess, auth, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer, free_port
+from .test_federation import link, start
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -75,9 +76,9 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-def admin_token(broker: BrokerProcess) -> str:
+def admin_token(broker: BrokerProcess, broker_id: str = "minou") -> str:
     key = keyfiles.load_private(broker.admin_key)
-    return make_token("admin", key, "minou", ttl=600)
+    return make_token("admin", key, broker_id, ttl=600)
 
 
 @pytest.fixture
@@ -717,3 +718,135 @@ def test_the_bucket_page_in_the_dark_on_a_phone(browser, dash_broker):
         shot(page, "bucket-phone-dark")
     finally:
         context.close()
+
+
+def test_the_federation_page_without_a_link_says_how_to_declare_one(page, dash_broker):
+    sign_in(page, dash_broker)
+    page.get_by_test_id("nav-federation").click()
+    none = page.get_by_test_id("federation-none")
+    none.wait_for()
+    assert page.get_by_test_id("nav-federation").get_attribute("aria-current") == "page"
+    assert page.title() == "Federation · minou"
+    assert "[[federation]]" in none.inner_text() and "docs/federation.md" in none.inner_text()
+    assert page.get_by_test_id("federation-link").count() == 0
+
+
+def _pipe(page, name: str, direction: str):
+    return page.locator(f'[data-testid=federation-link][data-link="{name}"] '
+                        f'[data-testid=pipes-table] tr[data-direction="{direction}"]')
+
+
+def _text(row, testid: str) -> str:
+    return row.get_by_test_id(testid).inner_text().strip()
+
+
+def _rgb_sum(page, expression: str) -> int:
+    colour = page.evaluate(f"getComputedStyle({expression}).backgroundColor")
+    return sum(int(x) for x in colour.strip("rgba()").split(",")[:3])
+
+
+@pytest.mark.timeout(180)
+def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(browser,
+                                                                               tmp_path):
+    """Broker eu has a link to us (push orders/v1/*, invoices/v1/*; pull prices/v1/*) and
+    one to a port nobody listens on: the page shows both directions of the first up,
+    with what they carried and the dead letter us refused; the second retrying, with
+    the connection error in full; in the dark on a phone too."""
+    down = free_port()  # nobody listens there
+    us = start(tmp_path, "us", '[channels."invoices/v1"]\n'
+                               'schema = { type = "object", required = ["id"] }\n')
+    eu = start(tmp_path, "eu", link("eu-us", us.url, push=["orders/v1/*", "invoices/v1/*"],
+                                    pull=["prices/v1/*"])
+               + link("eu-down", f"minou://127.0.0.1:{down}", push=["audit/v1/*"]))
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        with eu.connect_sync("x") as x:
+            for n in range(5):
+                x.send("orders/v1/1", n)
+            x.send("invoices/v1/1", "not an invoice")  # refused by us: dead-lettered here
+        with us.connect_sync("y") as y:
+            y.send_many([("prices/v1/tea", 4.2), ("prices/v1/tea", 4.3)])
+        sign_in(page, eu, admin_token(eu, "eu"))
+        page.get_by_test_id("nav-federation").click()
+        card = page.locator('[data-testid=federation-link][data-link="eu-us"]')
+        card.wait_for()
+        assert page.get_by_test_id("federation-none").is_hidden()
+        assert _text(card, "link-remote") == us.url
+        assert _text(card, "link-prefix") == "no prefix"
+        push, pull = _pipe(page, "eu-us", "push"), _pipe(page, "eu-us", "pull")
+        wait_until(lambda: _text(push, "pipe-forwarded") == "5" and
+                   _text(pull, "pipe-forwarded") == "2", 30, what="the messages carried")
+        for row in (push, pull):
+            assert row.get_attribute("data-state") == "up"
+            state = row.get_by_test_id("pipe-state")
+            assert state.inner_text().strip() == "up"
+            assert "badge-ok" in state.get_attribute("class").split()
+            assert re.fullmatch(r"since (just now|\d+ (s|min) ago)", _text(row, "pipe-since"))
+            assert row.get_by_test_id("pipe-error").is_hidden()  # up, nothing failed
+            assert _text(row, "pipe-lag") == "0 msg · 0 s"
+            assert _text(row, "pipe-skipped") == "0"
+        assert _text(push, "pipe-direction") == "push" and _text(pull, "pipe-direction") == "pull"
+        assert push.get_by_test_id("pipe-patterns").locator("code").all_inner_texts() == [
+            "orders/v1/*", "invoices/v1/*"]
+        assert pull.get_by_test_id("pipe-patterns").locator("code").all_inner_texts() == [
+            "prices/v1/*"]
+        assert "from here to us" in push.inner_text()
+        assert "from us to here" in pull.inner_text()
+        wait_until(lambda: _text(push, "pipe-dead") == "1", 30, what="the dead letter")
+        assert _text(pull, "pipe-dead") == "0"
+        assert pull.get_by_test_id("pipe-dead-link").count() == 0
+        hrefs = push.get_by_test_id("pipe-dead-link").evaluate_all(
+            "(els) => els.map((e) => e.getAttribute('href'))")
+        assert hrefs == ["#/queues/_dead/orders/v1", "#/queues/_dead/invoices/v1"], hrefs
+
+        gone = _pipe(page, "eu-down", "push")
+        wait_until(lambda: gone.get_attribute("data-state") == "retrying", 15,
+                   what="the link to the port nobody listens on retrying")
+        state = gone.get_by_test_id("pipe-state")
+        assert state.inner_text().strip() == "retrying"
+        assert "badge-danger" in state.get_attribute("class").split()
+        error = gone.get_by_test_id("pipe-error")
+        assert error.is_visible()
+        assert f"cannot connect to minou://127.0.0.1:{down}" in error.inner_text()
+        assert "Connection refused" in error.inner_text()
+        assert _text(gone, "pipe-forwarded") == "0"
+        assert _text(page.locator('[data-link="eu-down"]'), "link-remote") == \
+            f"minou://127.0.0.1:{down}"
+        assert re.search(r"2 links · 3 directions: 2 up, 1 (retrying|connecting)",
+                         page.locator(".page-head .sub").inner_text())
+        shot(page, "federation")
+
+        # The dead-letter link opens the dead letters of the channel's queue.
+        push.get_by_test_id("pipe-dead-link").nth(1).click()
+        wait_until(lambda: page.get_by_test_id("queue-title").inner_text().strip() ==
+                   "_dead/invoices/v1", 10, what="the dead-letter queue page")
+        page.locator('[data-testid=channel][data-channel="1"]').click()
+        page.get_by_test_id("message-row").first.wait_for()
+        assert '"not an invoice"' in page.get_by_test_id("message-payload").first.inner_text()
+
+        # In the dark, on a phone: nothing overflows, the error is there in full.
+        phone = browser.new_context(viewport={"width": 390, "height": 844},
+                                    color_scheme="dark")
+        small = phone.new_page()
+        small.set_default_timeout(10_000)
+        try:
+            sign_in(small, eu, admin_token(eu, "eu"))
+            small.goto(eu.http + "/#/federation")
+            row = _pipe(small, "eu-down", "push")
+            wait_until(lambda: row.get_attribute("data-state") == "retrying", 15,
+                       what="the retrying link on the phone")
+            assert "Connection refused" in row.get_by_test_id("pipe-error").inner_text()
+            assert small.evaluate("document.documentElement.scrollWidth") <= 400, \
+                "the federation page overflows a phone screen"
+            assert _rgb_sum(small, "document.body") < 200  # dark
+            card_sum = _rgb_sum(small, "document.querySelector('[data-link=\"eu-us\"]')")
+            assert card_sum < 200  # the cards are dark too
+            shot(small, "federation-phone-dark")
+        finally:
+            phone.close()
+    finally:
+        context.close()
+        eu.stop()
+        us.stop()

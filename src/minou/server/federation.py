@@ -135,7 +135,8 @@ class Pipe:
             backoff = BACKOFF_MIN_S
 
     async def _session(self) -> None:
-        self._set("connecting")
+        if self.status.state != "retrying":  # a link down stays down since it went
+            self._set("connecting")
         federation = self.server.federation
         local = await federation.local_client(self.link.name)
         try:

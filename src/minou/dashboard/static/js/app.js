@@ -7,6 +7,7 @@ import * as bucketPage from "./pages/bucket.js";
 import * as bucketsPage from "./pages/buckets.js";
 import * as clientsPage from "./pages/clients.js";
 import * as clusterPage from "./pages/cluster.js";
+import * as federationPage from "./pages/federation.js";
 import * as overviewPage from "./pages/overview.js";
 import * as queuePage from "./pages/queue.js";
 import * as queuesPage from "./pages/queues.js";
@@ -82,6 +83,7 @@ const ROUTES = [
   },
   { re: /^\/clients$/, page: clientsPage, nav: "clients" },
   { re: /^\/cluster$/, page: clusterPage, nav: "cluster" },
+  { re: /^\/federation$/, page: federationPage, nav: "federation" },
 ];
 
 function parseHash() {
