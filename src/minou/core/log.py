@@ -134,6 +134,21 @@ class ChannelLog:
             return GONE  # not committed yet: not visible
         return MISSING
 
+    def cached_range(self, start: int, end: int, limit: int) -> list[Msg] | None:
+        """The live messages in ``[start, end)``, at most ``limit``, if memory holds
+        every one of them (a reader just behind the latest commit: no storage read);
+        else None."""
+        out: list[Msg] = []
+        seq = start
+        while seq < end and len(out) < limit:
+            found = self.lookup(seq)
+            if isinstance(found, Msg):
+                out.append(found)
+            elif found is MISSING:
+                return None
+            seq += 1
+        return out
+
     def append_committed(self, msg: Msg) -> None:
         self.cache[msg.seq] = msg
         self.cache_bytes += msg.size()

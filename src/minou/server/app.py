@@ -1154,10 +1154,12 @@ class BrokerServer:
             return
         upper = log_.end if not frame.to_seq else min(frame.to_seq, log_.end)
         limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
+        start = max(frame.from_seq, log_.first_seq, 1)
+        cached = log_.cached_range(start, upper, limit)  # recent ones: no storage read
 
         async def run() -> None:
             loop = asyncio.get_running_loop()
-            msgs = await loop.run_in_executor(
+            msgs = cached if cached is not None else await loop.run_in_executor(
                 self._reader_pool, self.storage.read_range, frame.channel,
                 max(frame.from_seq, 1), upper, limit,
             )

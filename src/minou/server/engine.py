@@ -261,6 +261,9 @@ class Engine:
         # Long polls waiting for a channel's next commit (a KV watch): channel -> the
         # callbacks to call once, when a commit makes a message of it visible.
         self.channel_waiters: dict[str, list[Callable[[], None]]] = {}
+        # Long polls waiting for a commit to any channel some patterns match (a
+        # federation link's source): (patterns, called once when one commits).
+        self.pattern_waiters: list[tuple[list[Any], Callable[[], None]]] = []
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -297,9 +300,20 @@ class Engine:
             self._answer_waiters(batch.messages)
         if self.channel_waiters and batch.messages:
             self._wake_channel_waiters(batch.messages)
+        if self.pattern_waiters and batch.messages:
+            self._wake_pattern_waiters({msg.channel for msg in batch.messages})
         self.resume_publishers()
         self.request_pump()
         self._follow(kick)
+
+    def _wake_pattern_waiters(self, channels: set[str]) -> None:
+        keep = []
+        for patterns, wake in self.pattern_waiters:
+            if any(p.matches(ch) for p in patterns for ch in channels):
+                wake()
+            else:
+                keep.append((patterns, wake))
+        self.pattern_waiters = keep
 
     def _wake_channel_waiters(self, messages: list[Msg]) -> None:
         waiters = self.channel_waiters

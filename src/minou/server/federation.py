@@ -55,6 +55,7 @@ PAGE = 500  # messages read and committed at once per channel (bounds a pipe's m
 # An idle pipe looks for new messages after POLL_MIN_S, then ever less often up to
 # POLL_MAX_S: a busy link adds milliseconds, an idle one costs little.
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.1
+WAIT_S = 1.0  # a pipe's long poll (channels.wait) on an idle source
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 REQUEST_TIMEOUT_S = 30.0
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
@@ -93,6 +94,7 @@ class Pipe:
         self.writer = f"fed:{link.name}:{direction}"
         self.group = f"federation:{link.name}:{direction}"
         self._task: asyncio.Task[None] | None = None
+        self._long_poll = True  # the source answers channels.wait (else: poll)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"minou-{self.writer}")
@@ -165,6 +167,7 @@ class Pipe:
         blocked: dict[str, tuple[float, float]] = {}  # refused there: (retry at, wait)
         self._set("up")
         idle = POLL_MIN_S
+        json_patterns = msgspec.json.encode(patterns).decode()
         while True:
             offsets = await source.offsets(patterns)
             new = {ch: max(first, fences.get(self._dest(ch), 0) + 1)
@@ -196,6 +199,20 @@ class Pipe:
             self._lag(offsets, positions)
             if moved:
                 idle = POLL_MIN_S
+            elif self._long_poll:
+                # Until the source commits to one of these channels (or a new one): the
+                # answer is the moment to look again. A broker that spreads its queues
+                # wakes it for its own commits only: hence the short wait.
+                try:
+                    await source.admin("channels.wait", patterns=json_patterns,
+                                       after=msgspec.json.encode(
+                                           {ch: nxt for ch, (_, nxt) in offsets.items()}
+                                       ).decode(), wait=WAIT_S)
+                except RequestError as exc:
+                    if int(exc.code) not in (int(ErrorCode.BAD_REQUEST),
+                                             int(ErrorCode.NOT_AUTHORIZED)):
+                        raise
+                    self._long_poll = False  # an older broker (no such operation): poll
             else:
                 await asyncio.sleep(idle)
                 idle = min(idle * 1.5, POLL_MAX_S)
@@ -233,8 +250,9 @@ class Pipe:
 
     async def _commit(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
                       batch_id: int, msgs: list[Any]) -> None:
-        txn = f"{self.writer}:{ch}:{batch_id}"
-        await dest.abort_transactions([txn])  # what an earlier try left staged
+        # A new id each try: what an earlier try left staged (a cut before its commit)
+        # is never committed with it, and expires on its own.
+        txn = f"{self.writer}:{ch}:{batch_id}:{secrets.token_hex(4)}"
         try:
             await dest.stage_sends(txn, sends)
             await dest.commit_transactions(self.writer, batch_id, [txn], lineage=self.writer)
@@ -253,8 +271,7 @@ class Pipe:
         for send in sends:
             key = (send.headers or {})[FEDERATED_SEQ]
             seq = int(key.rsplit(":", 1)[1])
-            txn = f"{self.writer}:{ch}:{seq}"
-            await dest.abort_transactions([txn])
+            txn = f"{self.writer}:{ch}:{seq}:{secrets.token_hex(4)}"
             try:
                 await dest.stage_sends(txn, [send])
                 await dest.commit_transactions(self.writer, seq, [txn], lineage=self.writer)
@@ -488,7 +505,61 @@ def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     return {"channel": msg.channel, "seq": msg.seq}
 
 
+async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
+    """``channels.wait``: answer once a channel the ``patterns`` (a JSON list) match has
+    a message past ``after`` (a JSON map channel -> next seq known), or a new such
+    channel has one, or ``wait`` seconds passed: a federation pipe's long poll instead
+    of polling. ``{"ready": bool}``. (With queues spread over brokers only this broker's
+    commits wake it: the caller keeps ``wait`` short.)"""
+    from ..errors import BadRequest, TooManyConnections
+    from ..limits import MAX_KV_WAIT_S, MAX_KV_WAITERS, MAX_PATTERNS_PER_REQUEST
+    from ..names import parse_pattern
+
+    try:
+        texts = msgspec.json.decode(str(args.get("patterns", "")), type=list[str])
+        after = msgspec.json.decode(str(args.get("after", "{}")), type=dict[str, int])
+        wait = float(args.get("wait", 0))
+    except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        raise BadRequest(f"channels.wait: patterns (JSON list), after (JSON map), wait: "
+                         f"{exc}") from None
+    if not texts or len(texts) > MAX_PATTERNS_PER_REQUEST or not 0 <= wait <= MAX_KV_WAIT_S:
+        raise BadRequest(f"channels.wait: 1..{MAX_PATTERNS_PER_REQUEST} patterns, wait "
+                         f"0..{MAX_KV_WAIT_S:g} s")
+    patterns = [parse_pattern(t) for t in texts]
+    if caller is not None:
+        access = server.access_for(caller)
+        for text in texts:
+            access.check_read(text)
+
+    def ready() -> bool:
+        return any(log.end > after.get(name, 1) for name, log in server.core.channels.items()
+                   if any(p.matches(name) for p in patterns))
+
+    if ready() or not wait:
+        return {"ready": ready()}
+    engine = server.engine
+    if len(engine.pattern_waiters) >= MAX_KV_WAITERS:
+        raise TooManyConnections(f"{MAX_KV_WAITERS} long polls wait already",
+                                 limit=MAX_KV_WAITERS)
+    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake() -> None:
+        if not woken.done():
+            woken.set_result(None)
+
+    entry = (patterns, wake)
+    engine.pattern_waiters.append(entry)
+    try:
+        await asyncio.wait_for(woken, wait)
+    except TimeoutError:
+        pass
+    finally:
+        if entry in engine.pattern_waiters:
+            engine.pattern_waiters.remove(entry)
+    return {"ready": ready()}
+
+
 OPERATIONS = {"federation": federation_op, "txn.fences": fences_op,
-              "federation.dead_letter": dead_letter_op}
+              "federation.dead_letter": dead_letter_op, "channels.wait": wait_op}
 # Self-service: each checks its caller itself.
-SELF_SERVICE = frozenset({"txn.fences", "federation.dead_letter"})
+SELF_SERVICE = frozenset({"txn.fences", "federation.dead_letter", "channels.wait"})

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.kv import KvIndex, is_tombstone
-from ..core.log import MISSING, ChannelLog, Msg
+from ..core.log import ChannelLog, Msg
 from ..errors import BadRequest, NotFound, TooManyConnections
 from ..limits import (
     DEFAULT_KV_PAGE,
@@ -170,7 +170,7 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
         log = server.core.channels.get(channel)
         end = log.end if log is not None else 1
         if log is not None and after + 1 < end:
-            msgs = _from_memory(log, max(after + 1, log.first_seq), end, limit)
+            msgs = log.cached_range(max(after + 1, log.first_seq), end, limit)
             if msgs is None:
                 msgs = await server.read_messages(channel, max(after + 1, log.first_seq),
                                                   end, limit)
@@ -189,21 +189,6 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
             return {"bucket": kv_bucket(channel), "entries": [], "next": max(after, end - 1),
                     "revision": end - 1}
         await _next_commit(server, channel, left)
-
-
-def _from_memory(log: ChannelLog, start: int, end: int, limit: int) -> list[Msg] | None:
-    """The live messages in ``[start, end)`` (at most ``limit``) if memory holds them
-    all (a watcher just behind the latest commit: no storage read), else None."""
-    if end - start > limit:
-        return None
-    out = []
-    for seq in range(start, end):
-        found = log.lookup(seq)
-        if isinstance(found, Msg):
-            out.append(found)
-        elif found is MISSING:
-            return None
-    return out
 
 
 async def _next_commit(server: Server, channel: str, timeout: float) -> None:
