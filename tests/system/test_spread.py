@@ -631,3 +631,36 @@ def test_kv_buckets_work_from_every_broker_and_survive_their_owner_s_death(
         with pytest.raises(minou.RevisionMismatch):
             c.kv("config").create("limit", 3)
         assert c.kv("config").put("limit", 3, revision=rev) > rev
+
+
+def test_a_federation_link_runs_on_one_broker_of_those_that_spread_the_queues(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Every broker of a spread cluster has the same [[federation]] link: the one owning
+    queue _federation/v1 runs it, so the remote gets each message once; killed, another
+    takes the links over and goes on from the fences."""
+    from .test_federation import link, read_all, start
+
+    remote = start(tmp_path, "far")
+    cfg = tmp_path / "spread.toml"
+    cfg.write_text(f'broker_id = "near"\n[storage]\nurl = "{redis.url}"\n'
+                   f'owner_lease = {LEASE}\nplacement = "spread"\n'
+                   + link("near-far", remote.url, push=["orders/*"]))
+    brokers = [broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2)]
+    ADMINS[redis.url] = brokers[0]
+    try:
+        sent = publish_all(brokers[0], 50, seqs=False)
+        wait_until(lambda: sum(len(read_all(remote, f"{q}/1")) for q in QUEUES) >= sent,
+                   timeout=60, what="every message on the remote")
+        runner = owners(brokers[0]).get("_federation/v1")
+        victim = next(b for b in brokers if cluster_view(b)["this_broker"]["member"] == runner)
+        survivor = next(b for b in brokers if b is not victim)
+        victim.kill()
+        sent += publish_all(survivor, 50, start=50, seqs=False)
+        wait_until(lambda: sum(len(read_all(remote, f"{q}/1")) for q in QUEUES) >= sent,
+                   timeout=90, what="the messages sent after the runner's death")
+        time.sleep(1.0)
+        for q in QUEUES:
+            got = [m.payload["n"] for m in read_all(remote, f"{q}/1")]
+            assert got == list(range(100)), f"{q}/1: each once, in order"
+    finally:
+        remote.stop()

@@ -43,6 +43,7 @@ import msgspec
 from ..errors import ErrorCode, MinouError, RequestError
 from ..names import FEDERATED_FROM, FEDERATED_SEQ
 from ..protocol import frames as f
+from .front import ADOPT
 
 if TYPE_CHECKING:
     from ..config import FederationLink
@@ -56,6 +57,10 @@ PAGE = 500  # messages read and committed at once per channel (bounds a pipe's m
 # POLL_MAX_S: a busy link adds milliseconds, an idle one costs little.
 POLL_MIN_S, POLL_MAX_S = 0.002, 0.1
 WAIT_S = 1.0  # a pipe's long poll (channels.wait) on an idle source
+# Queues spread over brokers: the broker owning this queue runs the links; the others
+# look again this often.
+LINKS_QUEUE = "_federation/v1"
+ELSEWHERE_S = 2.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 REQUEST_TIMEOUT_S = 30.0
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
@@ -137,6 +142,9 @@ class Pipe:
             backoff = BACKOFF_MIN_S
 
     async def _session(self) -> None:
+        while not await self._runs_here():
+            self._set("elsewhere")
+            await asyncio.sleep(ELSEWHERE_S)
         if self.status.state != "retrying":  # a link down stays down since it went
             self._set("connecting")
         federation = self.server.federation
@@ -169,6 +177,8 @@ class Pipe:
         idle = POLL_MIN_S
         json_patterns = msgspec.json.encode(patterns).decode()
         while True:
+            if not await self._runs_here():
+                return  # another broker of the cluster runs the links now
             offsets = await source.offsets(patterns)
             new = {ch: max(first, fences.get(self._dest(ch), 0) + 1)
                    for ch, (first, _) in offsets.items() if ch not in positions}
@@ -216,6 +226,23 @@ class Pipe:
             else:
                 await asyncio.sleep(idle)
                 idle = min(idle * 1.5, POLL_MAX_S)
+
+    async def _runs_here(self) -> bool:
+        """Whether this broker runs the links. Alone or as a cluster's primary: yes.
+        With the queues spread over brokers, the one owning queue ``LINKS_QUEUE`` does
+        (claimed like any queue, so one broker at a time): two brokers carrying one link
+        at once could commit pages of different bounds, which the fences cannot tell
+        apart."""
+        spread = self.server.spread
+        if spread is None:
+            return True
+        route = spread.route(LINKS_QUEUE)
+        if route is None:
+            return True
+        if route == ADOPT:
+            await spread.adoption(LINKS_QUEUE)
+            return spread.route(LINKS_QUEUE) is None
+        return False
 
     def _dest(self, channel: str) -> str:
         return self.link.prefix + channel
@@ -463,15 +490,6 @@ def fences_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
         raise NotAuthorized(f"writer id {writer!r} is client {owner!r}'s", owner=owner)
     return {"writer_id": writer, "fences": {ch: batch for (w, ch), batch in tx.fences.items()
                                             if w == writer}}
-
-
-def merge_fences(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """``txn.fences`` of several brokers (queues spread over them) as one."""
-    fences: dict[str, int] = {}
-    for part in parts:
-        for ch, batch in part.get("fences", {}).items():
-            fences[ch] = max(batch, fences.get(ch, batch))
-    return {"writer_id": parts[0].get("writer_id") if parts else "", "fences": fences}
 
 
 def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:

@@ -33,7 +33,6 @@ from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
 from ..names import kv_channel
 from ..protocol import frames as f
-from .federation import merge_fences
 from .kv import KV_OPS
 from .upstream import Upstream
 from .wire import native_error
@@ -775,6 +774,15 @@ def merge_queues(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``queues`` answers of several brokers as one."""
     return {"queues": _side_by_side(parts, "queues", "queue"),
             "groups": merge_groups([p.get("groups", []) for p in parts])}
+
+
+def merge_fences(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """``txn.fences`` of several brokers (queues spread over them) as one."""
+    fences: dict[str, int] = {}
+    for part in parts:
+        for ch, batch in part.get("fences", {}).items():
+            fences[ch] = max(batch, fences.get(ch, batch))
+    return {"writer_id": parts[0].get("writer_id") if parts else "", "fences": fences}
 
 
 # Admin views each broker answers for the queues it owns: asked of all, merged

@@ -15,6 +15,7 @@ const STATE_HINT = {
   retrying: "Failed (the error below): tried again with backoff, nothing lost meanwhile",
   starting: "Not started yet",
   stopped: "Stopped (the link was removed or changed, or the broker is stopping)",
+  elsewhere: "Another broker of the cluster runs the links (the owner of _federation/v1)",
 };
 const DIRECTION_HINT = {
   push: "push: this broker's channels under these patterns go to the remote",
@@ -215,7 +216,7 @@ export function mount(view) {
     const pipes = links.flatMap((ln) => ln.pipes || []);
     const counts = new Map();
     for (const p of pipes) counts.set(p.state, (counts.get(p.state) || 0) + 1);
-    const order = ["up", "retrying", "connecting", "starting", "stopped"];
+    const order = ["up", "retrying", "connecting", "starting", "elsewhere", "stopped"];
     const states = [...counts].sort((a, b) => order.indexOf(a[0]) - order.indexOf(b[0]))
       .map(([s, n]) => `${n} ${s}`).join(", ");
     setText(sub, links.length
