@@ -1010,7 +1010,8 @@ def federation(conn: dict[str, Any], as_json: bool) -> None:
         for p in link["pipes"]:
             since = time.strftime("%H:%M:%S", time.localtime(p["since"]))
             click.echo(f"  {p['direction']:<4} {', '.join(p['patterns'])}: {p['state']} since "
-                       f"{since}, {p['forwarded']} carried, lag {p['lag_messages']} msg / "
+                       f"{since}, {p['forwarded']} carried ({p['rate']:.0f} msg/s), lag "
+                       f"{p['lag_messages']} msg / "
                        f"{p['lag_seconds']:.1f} s"
                        + (f", {p['skipped_loops']} loop(s) skipped" if p["skipped_loops"]
                           else "")

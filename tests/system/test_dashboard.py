@@ -778,6 +778,7 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
         push, pull = _pipe(page, "eu-us", "push"), _pipe(page, "eu-us", "pull")
         wait_until(lambda: _text(push, "pipe-forwarded") == "5" and
                    _text(pull, "pipe-forwarded") == "2", 30, what="the messages carried")
+        assert _text(push, "pipe-rate").endswith("msg/s")  # carried over the last 10 s
         for row in (push, pull):
             assert row.get_attribute("data-state") == "up"
             state = row.get_by_test_id("pipe-state")

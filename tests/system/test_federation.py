@@ -87,6 +87,7 @@ def test_push_and_pull_carry_each_message_once_in_order_with_its_origin(tmp_path
         (ln,) = view["links"]
         pipes = {p["direction"]: p for p in ln["pipes"]}
         assert pipes["push"]["state"] == "up" and pipes["push"]["forwarded"] == 300
+        assert pipes["push"]["rate"] > 0  # 300 carried within the last 10 s
         assert pipes["pull"]["forwarded"] == 1 and pipes["pull"]["remote_broker"] == "us"
         key = keyfiles.load_private(eu.admin_key)
         admin = {"Authorization": f"Bearer {make_token('admin', key, 'eu', ttl=600)}"}

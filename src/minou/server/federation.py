@@ -35,6 +35,7 @@ import logging
 import random
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ LINKS_QUEUE = "_federation/v1"
 ELSEWHERE_S = 2.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 REQUEST_TIMEOUT_S = 30.0
+RATE_WINDOW_S = 10.0  # the window of a direction's rate
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
 
 
@@ -82,9 +84,21 @@ class PipeStatus:
     lag_seconds: float = 0.0
     channels: int = 0
     remote_broker: str = ""
+    rate: float = 0.0  # messages carried per second over the last RATE_WINDOW_S
+    _samples: deque[tuple[float, int]] = field(default_factory=deque, repr=False)
+
+    def sample(self, now: float) -> None:
+        """Note ``forwarded`` now; ``rate`` is its growth over the last window."""
+        samples = self._samples
+        samples.append((now, self.forwarded))
+        while len(samples) > 2 and now - samples[0][0] > RATE_WINDOW_S:
+            samples.popleft()
+        t0, n0 = samples[0]
+        self.rate = (self.forwarded - n0) / (now - t0) if now > t0 else 0.0
 
     def view(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
+                if not k.startswith("_")}
 
 
 class Pipe:
@@ -326,6 +340,7 @@ class Pipe:
                     msg.seq, exc.message)
 
     def _lag(self, offsets: dict[str, tuple[int, int]], positions: dict[str, int]) -> None:
+        self.status.sample(time.monotonic())
         behind = sum(max(0, nxt - positions.get(ch, nxt)) for ch, (_, nxt) in offsets.items())
         self.status.lag_messages = behind
         self.status.channels = len(offsets)

@@ -231,6 +231,8 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
         "dead_lettered": CounterMetricFamily("minou_federation_dead_lettered", "Messages the "
                                              "destination refused, dead-lettered here.",
                                              labels=labels),
+        "rate": GaugeMetricFamily("minou_federation_rate", "Messages carried per second "
+                                  "over the last 10 s.", labels=labels),
         "errors": GaugeMetricFamily("minou_federation_error", "1 while the link's last "
                                     "attempt failed (its text: minou federation).",
                                     labels=labels),
@@ -240,7 +242,7 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
         families["up"].add_metric(key, 1.0 if p.get("state") == "up" else 0.0)
         families["errors"].add_metric(key, 1.0 if p.get("state") == "retrying" else 0.0)
         for name in ("forwarded", "lag_messages", "lag_seconds", "skipped_loops",
-                     "dead_lettered"):
+                     "dead_lettered", "rate"):
             families[name].add_metric(key, float(p.get(name, 0) or 0))
     yield from families.values()
 

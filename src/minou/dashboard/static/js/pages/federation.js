@@ -5,7 +5,7 @@
 
 import { api } from "../api.js";
 import { card, createTable, emptyState, fill, h, setAttr, setText, show } from "../dom.js";
-import { fmtAgo, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
+import { fmtAgo, fmtDuration, fmtInt, fmtTime, plural, fmtRate } from "../format.js";
 import { queueHref } from "./queues.js";
 
 const STATE_BADGE = { up: "badge-ok", retrying: "badge-danger" }; // the others: neutral
@@ -112,6 +112,13 @@ function pipesTable(link) {
         cell: (td, p) => {
           td.dataset.testid = "pipe-forwarded";
           setText(td, fmtInt(p.forwarded));
+        },
+      },
+      {
+        key: "rate", label: "Rate", num: true, title: "Messages carried per second over the last 10 s",
+        cell: (td, p) => {
+          td.dataset.testid = "pipe-rate";
+          setText(td, fmtRate(num(p.rate)));
         },
       },
       {
