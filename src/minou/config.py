@@ -255,17 +255,22 @@ def _kv_options(raw: Any, base_dir: Path) -> dict[str, ChannelOptions]:
             except InvalidChannel as exc:
                 raise ConfigError(f'kv."{bucket}": {exc.message}') from None
         where = f'kv."{bucket}"'
-        if not isinstance(opts, dict):
-            raise ConfigError(f"{where}: expected a table of bucket options")
-        for key in opts:
-            if key not in _KV_KEYS:
-                raise ConfigError(f"{where}.{key}: unknown option (known: "
-                                  f"{', '.join(sorted(_KV_KEYS))})")
+        _check_table(where, opts, _KV_KEYS, "bucket options")
         parsed = _channel_options(f"kv/{bucket}", opts, base_dir, where)
         given[bucket] = {k: getattr(parsed, k) for k in opts}
     # A bucket's table is laid over kv."*", which is laid over the defaults.
     every = replace(KV_OPTIONS, **given.get("*", {}))
     return {bucket: replace(every, **opts) for bucket, opts in given.items()}
+
+
+def _check_table(where: str, value: Any, known: tuple[str, ...], what: str) -> None:
+    """``value`` is a table whose keys are all ``known``; else say which one is not."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a table of {what}")
+    for key in value:
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown setting (known: "
+                              f"{', '.join(sorted(known))})")
 
 
 _LINK_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -283,12 +288,7 @@ def _federation(raw: Any, base_dir: Path) -> tuple[FederationLink, ...]:
     links: list[FederationLink] = []
     for i, table in enumerate(raw):
         where = f"federation[{i}]"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{where}: expected a table")
-        for key in table:
-            if key not in _LINK_KEYS:
-                raise ConfigError(f"{where}.{key}: unknown setting (known: "
-                                  f"{', '.join(_LINK_KEYS)})")
+        _check_table(where, table, _LINK_KEYS, "link settings")
         name = table.get("name")
         if not isinstance(name, str) or not _LINK_NAME.fullmatch(name):
             raise ConfigError(f"{where}.name: expected 1 to 64 letters, digits, '-' or '_', "
@@ -339,7 +339,7 @@ def _federation(raw: Any, base_dir: Path) -> tuple[FederationLink, ...]:
                 _expect(f"{where}.{opt}", table[opt], str, "a string")
         cafile = table.get("cafile")
         token_table = {k: v for k, v in table.items() if k.startswith("broker_token")}
-        token = _secret(token_table, "broker_token", base_dir) if token_table else None
+        token = _secret(token_table, "broker_token", base_dir, where) if token_table else None
         links.append(FederationLink(
             name=name, remote=remote, push=patterns["push"], pull=patterns["pull"],
             prefix=prefix, client_id=client_id or f"federation-{name}", key=key,
@@ -357,20 +357,21 @@ def _check_channel_key(name: str) -> None:
         )
 
 
-def _secret(table: dict[str, Any], key: str, base_dir: Path) -> str | None:
+def _secret(table: dict[str, Any], key: str, base_dir: Path, section: str = "auth"
+            ) -> str | None:
     """A secret given inline or, better, in a file (``<key>_file``) kept out of the config."""
     inline, path = table.get(key), table.get(f"{key}_file")
     if inline is not None and path is not None:
-        raise ConfigError(f"auth.{key}: give {key} or {key}_file, not both")
+        raise ConfigError(f"{section}.{key}: give {key} or {key}_file, not both")
     if path is not None:
-        _expect(f"auth.{key}_file", path, str, "a file path")
+        _expect(f"{section}.{key}_file", path, str, "a file path")
         try:
             inline = (base_dir / path).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ConfigError(f"auth.{key}_file: cannot read {path}: {exc.strerror}") from exc
+            raise ConfigError(f"{section}.{key}_file: cannot read {path}: {exc.strerror}") from exc
     if inline is None:
         return None
-    where = f"auth.{key}_file" if path is not None else f"auth.{key}"
+    where = f"{section}.{key}_file" if path is not None else f"{section}.{key}"
     _expect(where, inline, str, f"a string of at least {limits.MIN_SECRET_CHARS} characters")
     if len(inline) < limits.MIN_SECRET_CHARS:
         raise ConfigError(f"{where}: expected a string of at least {limits.MIN_SECRET_CHARS} "

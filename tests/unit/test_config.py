@@ -430,3 +430,44 @@ def test_idle_expiry_and_the_inbox_defaults(tmp_path):
         600.0, 300.0, False, "drop_oldest")
     cfg.write_text('[channels."_inbox/v1"]\nttl = 60\n')  # the operator's own, whole
     assert load_settings(cfg).channel_options("_inbox/v1").expire_idle is None
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"kv": {"bad name": {}}}, 'kv."bad name": invalid bucket'),
+    ({"kv": {"a": {"prefetch": 3}}}, 'kv."a".prefetch: unknown setting'),
+    ({"kv": {"a": {"history": 0}}}, 'kv."a".history: expected an integer 1..64, got 0'),
+    ({"kv": {"a": 5}}, 'kv."a": expected a table of bucket options'),
+    ({"channels": {"a/v1": {"history": 2}}}, 'channels."a/v1".history: a bucket option'),
+    ({"federation": {"name": "x"}}, "federation: expected a list of tables"),
+    ({"federation": [{"name": "a b"}]}, "federation[0].name: expected 1 to 64 letters"),
+    ({"federation": [{"name": "x", "remote": "http://h"}]}, 'federation "x".remote: expected'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1"}]},
+     'federation "x": give push and/or pull'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["bad"]}]},
+     'federation "x".push: invalid pattern'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["a/*"],
+                      "prefix": "eu/"}]}, 'federation "x".prefix: up to 32 letters'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["a/*"],
+                      "key": "nope.key"}]}, 'federation "x".key: no file'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["a/*"],
+                      "broker_token": "short"}]}, 'federation "x".broker_token: expected'),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["a/*"], "port": 1}]},
+     "federation[0].port: unknown setting"),
+    ({"federation": [{"name": "x", "remote": "minou://h:1", "push": ["a/*"]},
+                     {"name": "x", "remote": "minou://h:1", "pull": ["a/*"]}]},
+     'federation "x": a second link of that name'),
+])
+def test_bad_kv_and_federation_settings_name_the_key(raw, message, tmp_path) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_settings(raw, base_dir=tmp_path)
+    assert message in str(info.value)
+
+
+def test_a_federation_link_parsed_whole(tmp_path) -> None:
+    key = tmp_path / "bridge.key"
+    key.write_text("x")
+    (link,) = parse_settings({"federation": [{
+        "name": "eu-us", "remote": "wss://us:7701/v1/ws", "key": "bridge.key",
+        "push": ["orders/v1/*"], "prefix": "eu-"}]}, base_dir=tmp_path).federation
+    assert (link.client_id, link.key, link.push, link.pull, link.prefix) == (
+        "bridge", str(key), ("orders/v1/*",), (), "eu-")

@@ -36,6 +36,7 @@ import random
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from ..errors import ErrorCode, MinouError, RequestError
 from ..names import FEDERATED_FROM, FEDERATED_SEQ
 from ..protocol import frames as f
 from .front import ADOPT
+from .kv import woken
 
 if TYPE_CHECKING:
     from ..config import FederationLink
@@ -574,21 +576,11 @@ async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     if len(engine.pattern_waiters) >= MAX_KV_WAITERS:
         raise TooManyConnections(f"{MAX_KV_WAITERS} long polls wait already",
                                  limit=MAX_KV_WAITERS)
-    woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def forget(wake: Callable[[], None]) -> None:
+        # Looked up each time: a wake-up replaces the engine's list.
+        engine.pattern_waiters = [w for w in engine.pattern_waiters if w[1] is not wake]
 
-    def wake() -> None:
-        if not woken.done():
-            woken.set_result(None)
-
-    entry = (patterns, wake)
-    engine.pattern_waiters.append(entry)
-    try:
-        await asyncio.wait_for(woken, wait)
-    except TimeoutError:
-        pass
-    finally:
-        if entry in engine.pattern_waiters:
-            engine.pattern_waiters.remove(entry)
+    await woken(lambda wake: engine.pattern_waiters.append((patterns, wake)), forget, wait)
     return {"ready": ready()}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -196,23 +197,34 @@ async def _next_commit(server: Server, channel: str, timeout: float) -> None:
     if sum(len(w) for w in waiters.values()) >= MAX_KV_WAITERS:
         raise TooManyConnections(f"{MAX_KV_WAITERS} watches wait already: try again later",
                                  limit=MAX_KV_WAITERS)
+
+    def forget(wake: Callable[[], None]) -> None:
+        mine = waiters.get(channel)
+        if mine is not None and wake in mine:
+            mine.remove(wake)
+            if not mine:
+                del waiters[channel]
+
+    await woken(lambda wake: waiters.setdefault(channel, []).append(wake), forget, timeout)
+
+
+async def woken(add: Callable[[Callable[[], None]], None],
+                remove: Callable[[Callable[[], None]], None], timeout: float) -> None:
+    """Wait until the callback given to ``add`` is called, or ``timeout`` passed; it is
+    ``remove``d either way (the long polls of KV watches and federation links)."""
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake() -> None:
         if not fut.done():
             fut.set_result(None)
 
-    waiters.setdefault(channel, []).append(wake)
+    add(wake)
     try:
         await asyncio.wait_for(fut, timeout)
     except TimeoutError:
         pass
     finally:
-        mine = waiters.get(channel)
-        if mine is not None and wake in mine:
-            mine.remove(wake)
-            if not mine:
-                del waiters[channel]
+        remove(wake)
 
 
 def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Msg]]:
