@@ -350,3 +350,13 @@ def error_from_code(code: int, message: str, detail: dict[str, Any] | None = Non
         except ValueError:
             err.code = ErrorCode.INTERNAL
     return err
+
+
+def describe(exc: BaseException) -> str:
+    """An exception's text for a person, never empty (``TimeoutError()`` says nothing)."""
+    text = str(exc)
+    if text:
+        return text
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    return type(exc).__name__

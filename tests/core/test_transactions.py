@@ -10,7 +10,7 @@ from minou.auth.rules import Rules
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 from minou.core.transactions import STAGED_TTL_S, Transactions
-from minou.errors import BadRequest, NotAuthorized, NotFound, QueueFull
+from minou.errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
 from minou.protocol.frames import Send
 from minou.storage.sqlite import SQLiteStorage
 
@@ -76,6 +76,41 @@ def test_fence_discards_what_a_batch_already_published() -> None:
     assert len(keep) == 1  # fences are per writer
     keep, _, _ = t.fence("w", 4, [s("a/v1/1")])
     assert len(keep) == 1
+
+
+def test_a_batch_whose_range_another_session_partly_committed_is_refused() -> None:
+    """Two runners of one federation link, reading at different times, cut pages of
+    different bounds: (0, 500] committed, then (0, 300] is a replay (discarded), but
+    (300, 800] overlaps what is stored and would repeat 301..500."""
+    t = Transactions()
+    t.fences[("w", "a/v1/1")] = 500
+    keep, skipped, _ = t.fence("w", 300, [s("a/v1/1")], after=0)
+    assert keep == [] and skipped == ["a/v1/1"]  # all of it stored already
+    with pytest.raises(OutOfSequence, match="at 500 on 'a/v1/1', inside this batch "
+                       r"\(300, 800\]") as err:
+        t.fence("w", 800, [s("a/v1/1")], after=300)
+    assert err.value.detail["fence"] == 500
+    keep, _, updates = t.fence("w", 800, [s("a/v1/1")], after=500)  # right after it
+    assert len(keep) == 1 and updates == {("w", "a/v1/1"): 800}
+    keep, _, _ = t.fence("w", 800, [s("a/v1/1")], after=600)  # a gap is no overlap
+    assert len(keep) == 1
+    keep, _, _ = t.fence("w", 800, [s("a/v1/1")])  # no after: the Spark sink's fences
+    assert len(keep) == 1
+    keep, _, _ = t.fence("w", 800, [s("a/v1/2")], after=300)  # no fence there yet
+    assert len(keep) == 1
+
+
+def test_an_overlapping_commit_publishes_nothing_and_keeps_its_transactions() -> None:
+    h = Harness()
+    c = Session("fed")
+    h.broker.stage(c, "t1", [Send("out/v1/a", js(i)) for i in range(3)], h.now)
+    h.broker.commit_txns(c, "w", 3, ["t1"], h.now, after=0)
+    h.commit()
+    h.broker.stage(c, "t2", [Send("out/v1/a", js(i)) for i in range(4)], h.now)
+    with pytest.raises(OutOfSequence):
+        h.broker.commit_txns(c, "w", 4, ["t2"], h.now, after=1)
+    assert h.broker.state.channels["out/v1/a"].next_seq == 4  # nothing more published
+    assert h.broker.commit_txns(c, "w", 4, ["t2"], h.now, after=3)["published"] == 4
 
 
 def test_limits_and_expiry(monkeypatch) -> None:

@@ -7,6 +7,7 @@ retried, losing nothing."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 
 from ..conftest import BrokerProcess, client_key, wait_until
+from ..redis_server import REDIS_SERVER, RedisServer
 from .netproxy import Proxy
 
 OPEN = '[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
@@ -248,6 +251,177 @@ def test_over_websocket_a_payload_the_remote_refuses_is_dead_lettered_here(tmp_p
     finally:
         eu.stop()
         us.stop()
+
+
+def test_a_page_another_runner_partly_committed_is_not_carried_twice(tmp_path):
+    """Two runners of one link (a cluster's runner paused past its turn, then woken
+    while the next one works) read at different moments and cut pages of different
+    bounds. Here the test is the other runner: while the link's page 11..20 is on its
+    way (the remote's replies slowed), it commits 11..15 under the link's writer id.
+    The link's commit of 11..20 is refused OUT_OF_SEQUENCE and it goes on after 15:
+    without that check the remote would hold 11..15 twice."""
+    us = start(tmp_path, "us")
+    proxy = Proxy("127.0.0.1", us.port).start()
+    eu = start(tmp_path, "eu", KEEP.replace("chat/v1", "orders/v1")
+               + link("eu-us", proxy.url, push=["orders/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send_many([("orders/v1/a", n) for n in range(1, 11)])
+            wait_until(lambda: len(read_all(us, "orders/v1/a")) == 10, timeout=30,
+                       what="the first ten on the remote")
+            proxy.reply_delay = 2.0  # the link's STAGE and commit arrive, answers lag
+            shop.send_many([("orders/v1/a", n) for n in range(11, 21)])
+        time.sleep(1.0)  # the link has read 11..20 and staged them (its answer waits)
+        with us.connect_sync("bridge") as other:
+            other.stage("other-runner", [("orders/v1/a", n) for n in range(11, 16)])
+            done = other.commit_transactions("fed:eu-us:push", 15, ["other-runner"],
+                                             lineage="fed:eu-us:push", after=10)
+            assert done["published"] == 5
+        proxy.reply_delay = 0.0
+        wait_until(lambda: len(read_all(us, "orders/v1/a")) >= 20, timeout=30,
+                   what="the rest on the remote")
+        time.sleep(1.0)  # anything carried twice would be there by now
+        assert [m.payload for m in read_all(us, "orders/v1/a")] == list(range(1, 21))
+        (push,) = status(eu)["links"][0]["pipes"]
+        assert push["state"] == "up" and push["lag_messages"] == 0
+    finally:
+        eu.stop()
+        us.stop()
+        proxy.close()
+
+
+def test_a_message_dead_lettered_before_a_restart_is_not_kept_twice(tmp_path):
+    """The last message the remote refused moves no fence there: after a restart the
+    link reads it again and is refused again, but the dead letters here keep it once
+    (their own fence, stored with the dead letter)."""
+    schema = '[channels."orders/v1"]\nschema = { type = "object", required = ["id"] }\n'
+    us = start(tmp_path, "us", schema)
+    # The source keeps its messages (retention): a restarted link reads from the fences.
+    eu = start(tmp_path, "eu", KEEP.replace("chat/v1", "orders/v1")
+               + link("eu-us", us.url, push=["orders/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/1", {"id": 1})
+            shop.send("orders/v1/1", "not an order")
+        wait_until(lambda: len(read_all(eu, "_dead/orders/v1/1")) == 1, timeout=30,
+                   what="the refused one dead-lettered here")
+        eu.kill()
+        eu.start()
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/1", {"id": 3})
+        # In seq order: once the third is on the remote, the second was read again.
+        wait_until(lambda: len(read_all(us, "orders/v1/1")) == 2, timeout=30,
+                   what="the third order on the remote")
+        assert [m.payload for m in read_all(us, "orders/v1/1")] == [{"id": 1}, {"id": 3}]
+        assert [m.payload for m in read_all(eu, "_dead/orders/v1/1")] == ["not an order"]
+    finally:
+        eu.stop()
+        us.stop()
+
+
+def test_a_full_destination_holds_the_link_back_and_it_resumes_with_nothing_lost(tmp_path):
+    """The remote's storage fills up (its max_size): the link's commits are refused
+    STORAGE_FULL, the direction says so and retries, the source keeps the messages;
+    once the remote has room (a reload raises max_size) the rest crosses, each once, in
+    order, and the remote never stopped."""
+    us = start(tmp_path, "us", '[storage]\nmax_size = "3MB"\n')
+    eu = start(tmp_path, "eu", KEEP.replace("chat/v1", "orders/v1")
+               + link("eu-us", us.url, push=["orders/v1/*"]))
+    pad = "x" * 2000
+    try:
+        with eu.connect_sync("shop") as shop:
+            for start_n in range(0, 3000, 250):
+                shop.send_many([("orders/v1/a", {"n": n, "pad": pad})
+                                for n in range(start_n, start_n + 250)])
+
+        def refused() -> bool:
+            (push,) = status(eu)["links"][0]["pipes"]
+            return push["state"] == "retrying" and "max_size" in push["last_error"]
+        wait_until(refused, timeout=60, what="the link to report the remote full")
+        (push,) = status(eu)["links"][0]["pipes"]
+        assert 0 < len(read_all(us, "orders/v1/a")) < 3000 and push["lag_messages"] > 0
+        assert us.alive
+        assert us.config is not None
+        us.config.write_text(us.config.read_text().replace('"3MB"', '"64MB"'))
+        assert us.proc is not None
+        us.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: len(read_all(us, "orders/v1/a")) >= 3000, timeout=120,
+                   interval=1.0, what="the rest on the remote once it has room")
+        assert [m.payload["n"] for m in read_all(us, "orders/v1/a")] == list(range(3000))
+        wait_until(lambda: status(eu)["links"][0]["pipes"][0]["state"] == "up", timeout=30,
+                   what="the link up again")
+    finally:
+        eu.stop()
+        us.stop()
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+def test_redis_gone_under_the_broker_running_a_link_loses_and_repeats_nothing(tmp_path):
+    """The broker running a link stores on Redis, and Redis is killed -9 mid-flow, in
+    both directions (its pushes read from Redis, its pulls commit into it): the pipes
+    report the refusals and retry; once Redis is back every message crosses once, in
+    order."""
+    redis = RedisServer(tmp_path / "redis").start()
+    us = start(tmp_path, "us", KEEP.replace("chat/v1", "prices/v1"))
+    config = tmp_path / "eu.toml"
+    config.write_text('broker_id = "eu"\n' + OPEN + KEEP.replace("chat/v1", "orders/v1")
+                      + link("eu-us", us.url, push=["orders/v1/*"], pull=["prices/v1/*"]))
+    eu = BrokerProcess(tmp_path / "eu", config=config, storage=redis.url).start()
+    sent = {"orders": 0, "prices": 0}
+    done = threading.Event()
+
+    def produce(broker: BrokerProcess, what: str) -> None:
+        import minou
+
+        with broker.connect_sync(f"{what}-producer", reconnect=True,
+                                 request_timeout=10) as c:
+            while not done.is_set() and sent[what] < 3000:
+                n = sent[what]
+                try:
+                    c.send_many([(f"{what}/v1/{i}", n + i) for i in range(2)])
+                except minou.MinouError:
+                    time.sleep(0.2)  # not confirmed: sent again (the source may hold both)
+                    continue
+                sent[what] += 2
+                time.sleep(0.002)
+
+    threads = [threading.Thread(target=produce, args=(eu, "orders")),
+               threading.Thread(target=produce, args=(us, "prices"))]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: sent["orders"] >= 600, timeout=60, what="the first orders")
+        redis.kill()
+
+        def refused() -> bool:  # prices come on in us; eu can neither read nor store
+            pipes = status(eu)["links"][0]["pipes"]
+            return all(p["state"] == "retrying" and p["last_error"] for p in pipes)
+        wait_until(refused, timeout=30, what="both directions to report Redis gone")
+        time.sleep(2.0)
+        redis.start()
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive()
+        assert eu.alive and us.alive
+        for what, source, dest in (("orders", eu, us), ("prices", us, eu)):
+            for i in range(2):
+                ch = f"{what}/v1/{i}"
+
+                def same(ch: str = ch, source: BrokerProcess = source,
+                         dest: BrokerProcess = dest) -> bool:
+                    return len(read_all(dest, ch)) >= len(read_all(source, ch))
+                wait_until(same, timeout=120, interval=1.0, what=f"{ch} catching up")
+                want = [m.payload for m in read_all(source, ch)]
+                assert len(want) >= 1500
+                assert [m.payload for m in read_all(dest, ch)] == want, \
+                    f"{ch}: not each once in order"
+    finally:
+        done.set()
+        for t in threads:
+            t.join(30)
+        eu.stop()
+        us.stop()
+        redis.stop()
 
 
 def test_a_link_waiting_for_approval_says_so_and_crosses_once_approved(tmp_path):

@@ -45,6 +45,7 @@ from ..errors import (
     SendQueueFull,
     Standby,
     Timeout,
+    describe,
     error_from_code,
 )
 from ..limits import (
@@ -448,7 +449,7 @@ class Client:
             except (OSError, TimeoutError, InvalidURI, InvalidHandshake, MinouError) as exc:
                 hint = await _plain_to_tls_hint(scheme, host, port, exc)
                 why = hint if isinstance(hint, str) else \
-                    f"no broker answered ({exc or type(exc).__name__})"
+                    f"no broker answered ({describe(exc)})"
                 errors.append(f"{where}: {why}")
                 continue
             self._proto = proto
@@ -471,7 +472,13 @@ class Client:
                     order[:0] = self._follow(exc)  # the primary next, then the others
                 elif isinstance(exc, ConnectionClosed):
                     exc = await _plain_to_tls_hint(scheme, host, port, exc)
-                errors.append(f"{where}: {exc or type(exc).__name__}")
+                if isinstance(exc, TimeoutError) and not str(exc):
+                    exc = Timeout(  # a broker that took the connection but never answered
+                        "no WELCOME within "
+                        f"{min(self.request_timeout, CLIENT_HANDSHAKE_TIMEOUT_S):g} s: the "
+                        "broker is paused, overloaded, or cannot check the key (its "
+                        "storage unreachable?)")
+                errors.append(f"{where}: {describe(exc)}")
                 continue
             self.broker_id = welcome.broker_id
             self._url_index = idx
@@ -1171,13 +1178,17 @@ class Client:
         return total
 
     async def commit_transactions(self, writer_id: str, batch_id: int,
-                                  txns: list[str], lineage: str = "") -> dict[str, Any]:
+                                  txns: list[str], lineage: str = "",
+                                  after: int = -1) -> dict[str, Any]:
         """Publish the staged transactions at once (durable when this returns), fenced per
         (writer_id, channel) on batch_id: a replayed batch is discarded, not duplicated.
         ``lineage`` names the run of batches (a streaming query's id): a writer id whose
-        fences belong to another run refuses it, rather than discard its batches."""
+        fences belong to another run refuses it, rather than discard its batches.
+        ``after`` (when ``>= 0``): the fence the writer believes its channels are at; a
+        channel already past it but short of batch_id is refused (``OutOfSequence``):
+        another session of this writer committed part of the batch's range."""
         res = await self._request(f.TxnCommit(self._next_req(), writer_id, batch_id,
-                                              list(txns), lineage))
+                                              list(txns), lineage, after))
         return dict(res.value)
 
     async def abort_transactions(self, txns: list[str]) -> int:

@@ -286,9 +286,10 @@ class SyncClient:
         return self._runner.call(self._client.stage(txn, list(items)))
 
     def commit_transactions(self, writer_id: str, batch_id: int,
-                            txns: list[str], lineage: str = "") -> dict[str, Any]:
+                            txns: list[str], lineage: str = "",
+                            after: int = -1) -> dict[str, Any]:
         return self._runner.call(self._client.commit_transactions(writer_id, batch_id, txns,
-                                                                  lineage))
+                                                                  lineage, after))
 
     def abort_transactions(self, txns: list[str]) -> int:
         return self._runner.call(self._client.abort_transactions(txns))

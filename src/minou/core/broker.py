@@ -385,11 +385,12 @@ class Broker:
         return self.txn_publishing.expire(now)
 
     def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
-                    now: float, lineage: str = "") -> dict[str, Any]:
+                    now: float, lineage: str = "", after: int = -1) -> dict[str, Any]:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
-        return self.txn_publishing.commit(session, writer_id, batch_id, txns, now, lineage)
+        return self.txn_publishing.commit(session, writer_id, batch_id, txns, now, lineage,
+                                          after)
 
     def txns_present(self, session: Session, txns: list[str]) -> list[str]:
         """Those of ``txns`` this client staged here (or committed here lately)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import BadRequest, NotAuthorized, NotFound, QueueFull
+from ..errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
 from ..limits import MAX_BATCH, MAX_STAGED_BYTES, MAX_TXN_ID, STAGED_TTL_S
 from ..protocol.frames import Send
 
@@ -127,10 +127,16 @@ class Transactions:
                 f"this one is discarded): minou writers release {writer_id} --drop-fences",
                 writer_id=writer_id, lineage=lineage, bound=bound, why="lineage")
 
-    def fence(self, writer_id: str, batch_id: int, sends: list[Send]
+    def fence(self, writer_id: str, batch_id: int, sends: list[Send], after: int = -1
               ) -> tuple[list[Send], list[str], dict[tuple[str, str], int]]:
         """Split ``sends`` by the fence: (to publish, channels skipped as replays, the
-        fence values to store with the publish). ``check_writer`` comes first."""
+        fence values to store with the publish). ``check_writer`` comes first.
+
+        ``after`` (when ``>= 0``) is the fence the writer believes its channels are at:
+        the batch covers ``(after, batch_id]``. A fence past ``after`` but short of
+        ``batch_id`` means another session of the writer (a federation runner that
+        lost its turn, say) committed part of that range with other bounds: publishing
+        would repeat that part, replaying would lose the rest, so it is refused."""
         keep: list[Send] = []
         skipped: set[str] = set()
         updates: dict[tuple[str, str], int] = {}
@@ -140,6 +146,13 @@ class Transactions:
             if fence is not None and fence >= batch_id:
                 skipped.add(send.channel)
                 continue
+            if fence is not None and 0 <= after < fence:
+                raise OutOfSequence(
+                    f"writer {writer_id!r} is at {fence} on {send.channel!r}, inside this "
+                    f"batch ({after}, {batch_id}]: another session of the writer committed "
+                    f"part of it. Read the fences again (txn.fences) and go on after {fence}",
+                    writer_id=writer_id, channel=send.channel, fence=fence, after=after,
+                    batch_id=batch_id)
             keep.append(send)
             updates[key] = batch_id
         return keep, sorted(skipped), updates

@@ -45,7 +45,7 @@ class TxnPublishing:
         return len(gone)
 
     def commit(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
-               now: float, lineage: str) -> dict[str, Any]:
+               now: float, lineage: str, after: int = -1) -> dict[str, Any]:
         """Publish the transactions in the pending batch, fenced per (writer, channel):
         all of it or, if anything would be refused, nothing (the transactions stay
         staged and the fences where they were, so the writer may abort and replay)."""
@@ -57,7 +57,7 @@ class TxnPublishing:
         if again is not None:  # sent again after its answer was lost: the same answer
             return again
         sends = tx.peek(session.client_id, txns)
-        keep, skipped, fences = tx.fence(writer_id, batch_id, sends)
+        keep, skipped, fences = tx.fence(writer_id, batch_id, sends, after)
         full = state.storage_refusal
         if full is not None:
             raise type(full)(full.message, **full.detail)

@@ -276,6 +276,10 @@ class TxnCommit(Frame):
     # checkpoint): bound to the writer id by its first commit; another one is refused,
     # since its batches would be taken for replays of the first run's and discarded.
     lineage: str = ""
+    # The fence the writer believes its channels are at (-1: no such check): a channel
+    # whose fence moved past it but not to batch_id is refused (OUT_OF_SEQUENCE), as
+    # another session of the writer committed part of this batch's range.
+    after: int = -1
 
 
 class TxnAbort(Frame):

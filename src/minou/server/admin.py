@@ -44,6 +44,11 @@ Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
                               "credentials.revoke", "credentials.list", *KV_OPS,
                               REQUEST_OP, *federation.SELF_SERVICE})
+# Operations that only look at the broker's state: answered at once, not after the
+# next commit, so an operator can look while storage is out of reach (a commit that
+# cannot happen would hold the answer).
+LOOK_OPS = frozenset({"status", "list", "queues", "whoami", "queue", "clients.list",
+                      "cluster", "credentials.list", "federation"})
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:

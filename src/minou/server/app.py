@@ -1313,7 +1313,8 @@ class BrokerServer:
             if read_only:
                 conn.send(f.Result(req, result))
             else:
-                self.engine.when_durable(lambda: conn.send(f.Result(req, result)))
+                self.engine.when_durable(lambda: conn.send(f.Result(req, result)),
+                                         lambda exc: conn.send(native_error(req, exc)))
 
         self._spawn(run())
 

@@ -20,6 +20,7 @@ import msgspec
 from ..core.producers import PRODUCER_ID
 from ..errors import (
     BadRequest,
+    ErrorCode,
     NotAuthenticated,
     NotAuthorized,
     ProtocolError,
@@ -41,7 +42,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
-from .admin import SELF_SERVICE_OPS
+from .admin import LOOK_OPS, SELF_SERVICE_OPS
 from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
 from .kv import KV_OPS
 from .wire import internal_error, native_error
@@ -234,12 +235,21 @@ class NativeConnection:
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
                             self.core.max_message_size, identity.client_id, identity.admin,
                             self.heartbeat, producer)
-        if self.core.batch.clients or self.core.batch.used_tokens:
+        refusal = self.core.storage_refusal
+        unreachable = refusal is not None and refusal.code == ErrorCode.STORAGE_UNAVAILABLE
+        if (self.core.batch.clients or self.core.batch.used_tokens) and not unreachable:
             # A first registration, or the token's id: welcome once they are durable
             # (hung on the batch before the write request hands it to the writer).
+            # Not while storage is out of reach: nothing could be made durable, and an
+            # operator must still get in to look (this process remembers the token's
+            # id meanwhile, so it cannot be replayed here; it is stored once back).
             self._held = []
             self.pause_reading()
-            self.engine.after_commit(lambda: self._welcome(welcome), urgent=True)
+            # A commit that fails for want of storage (a full disk, Redis gone) is no
+            # reason to shut the client out: welcomed all the same, as when storage was
+            # already known to be out of reach.
+            self.engine.after_commit(lambda: self._welcome(welcome),
+                                     lambda exc: self._welcome(welcome), urgent=True)
         else:
             self._send(welcome)
             self._start_heartbeats()
@@ -435,10 +445,14 @@ class NativeConnection:
         if front is not None and frame.op in MERGED_OPS and not frame.args.get("here"):
             result = self._everywhere(frame, result)  # every broker's queues, merged
         if inspect.isawaitable(result):  # KV reads read committed state: answered at once
-            self.server.spawn_reply(self, frame.req, result, read_only=frame.op in KV_OPS)
-        else:  # changed state: answered once durable
+            self.server.spawn_reply(self, frame.req, result,
+                                    read_only=frame.op in KV_OPS or frame.op in LOOK_OPS)
+        elif frame.op in LOOK_OPS:  # changed nothing: answered now
+            self.send(f.Result(frame.req, result))
+        else:  # changed state: answered once durable, or the commit's error
             reply = f.Result(frame.req, result)
-            self.engine.when_durable(lambda: self.send(reply))
+            self.engine.when_durable(lambda: self.send(reply), lambda exc: self.send(
+                native_error(frame.req, exc)))
 
     def _answer_admin_later(self, frame: f.Admin) -> None:
         try:
@@ -512,7 +526,7 @@ class NativeConnection:
             lambda exc: self.send(native_error(
                 frame.req, exc,
                 message=f"{exc.message} The transactions are dropped: stage them again.")),
-            frame.lineage)
+            frame.lineage, frame.after)
 
     def commit_present(self, frame: f.TxnCommit, answer: Any) -> None:
         """Commit those of ``frame``'s transactions staged on this broker (queues
@@ -531,7 +545,7 @@ class NativeConnection:
             lambda exc: answer(native_error(
                 frame.req, exc,
                 message=f"{exc.message} The transactions are dropped: stage them again.")),
-            frame.lineage)
+            frame.lineage, frame.after)
 
     def _on_txn_abort(self, frame: f.TxnAbort) -> None:
         dropped = self.core.abort_txns(self.session, list(frame.txns))

@@ -500,7 +500,8 @@ class Engine:
     # --------------------------------------------------------- transactions
     def commit_txns(self, session: Session, writer_id: str, batch_id: int, txns: list[str],
                     reply: Callable[[dict[str, Any]], None],
-                    failed: Callable[[RequestError], None], lineage: str = "") -> None:
+                    failed: Callable[[RequestError], None], lineage: str = "",
+                    after: int = -1) -> None:
         """Publish staged transactions under the writer's fences; ``reply`` with the
         result once durable, ``failed`` if that commit fails (nothing was published).
         A replay ("discarded": its fences were moved already) is answered only if the
@@ -508,7 +509,7 @@ class Engine:
         fences go back (found by the simulator, seed 1198)."""
         self.check_accepting()
         result = self.core.commit_txns(session, writer_id, batch_id, txns, self.clock(),
-                                       lineage)
+                                       lineage, after)
         replayed = list(result.get("replayed_channels") or [])
 
         def answer() -> None:

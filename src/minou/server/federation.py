@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..errors import ErrorCode, MinouError, RequestError
-from ..names import FEDERATED_FROM, FEDERATED_SEQ
+from ..names import FEDERATED_FROM, FEDERATED_SEQ, dead_letter_channel
 from ..protocol import frames as f
 from .front import ADOPT
 from .kv import woken
@@ -67,6 +67,9 @@ ELSEWHERE_S = 2.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 REQUEST_TIMEOUT_S = 30.0
 RATE_WINDOW_S = 10.0  # the window of a direction's rate
+# A direction up this long since its last error, no channel of it refused, shows none:
+# the error is history by then (the log keeps it), and a dashboard shows what is wrong.
+ERROR_KEPT_S = 300.0
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
 
 
@@ -97,6 +100,12 @@ class PipeStatus:
             samples.popleft()
         t0, n0 = samples[0]
         self.rate = (self.forwarded - n0) / (now - t0) if now > t0 else 0.0
+
+    def healthy(self, now: float) -> None:
+        """Everything goes through: forget an error older than ``ERROR_KEPT_S``."""
+        if self.state == "up" and self.last_error_at is not None and \
+                now - self.last_error_at > ERROR_KEPT_S:
+            self.last_error, self.last_error_at = "", None
 
     def view(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()
@@ -201,6 +210,7 @@ class Pipe:
             if new:  # the source keeps them from now on until they crossed
                 await source.set_position(self.group, new)
                 positions.update(new)
+            self._lag(offsets, positions)  # what is behind, even if the pages then fail
             moved = False
             now = time.monotonic()
             for ch, (_, nxt) in offsets.items():
@@ -212,6 +222,17 @@ class Pipe:
                         moved = True
                     blocked.pop(ch, None)
                 except RequestError as exc:
+                    if _overtaken(exc):
+                        # Another runner of this link (one that lost its turn, or took it
+                        # while this one was paused) committed part of the page: go on
+                        # after what it committed, never over it.
+                        fence = int(exc.detail.get("fence", positions[ch] - 1))
+                        log.info("federation %s (%s): %s is at %d already (another runner)"
+                                 "; going on from there", self.link.name, self.direction,
+                                 self._dest(ch), fence)
+                        positions[ch] = max(positions[ch], fence + 1)
+                        moved = True
+                        continue
                     if not _refused_here(exc):
                         raise
                     # This channel alone is refused at the destination (a rule): the
@@ -223,6 +244,8 @@ class Pipe:
                     log.warning("federation %s (%s): %s", self.link.name, self.direction,
                                 self.status.last_error)
             self._lag(offsets, positions)
+            if not blocked:
+                self.status.healthy(time.time())
             if moved:
                 idle = POLL_MIN_S
             elif self._long_poll:
@@ -284,7 +307,7 @@ class Pipe:
         last = msgs[-1].seq
         dead = self.status.dead_lettered
         if sends:
-            await self._commit(source, dest, ch, sends, last, msgs)
+            await self._commit(source, dest, ch, sends, last, msgs, positions[ch] - 1)
         positions[ch] = last + 1
         self.status.forwarded += len(sends) - (self.status.dead_lettered - dead)
         self.status.lag_seconds = max(0.0, time.time() - msgs[-1].published_at)
@@ -292,37 +315,49 @@ class Pipe:
         return True
 
     async def _commit(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
-                      batch_id: int, msgs: list[Any]) -> None:
+                      batch_id: int, msgs: list[Any], after: int) -> None:
+        """Commit one page, fenced on its last seq and on where it starts (``after``):
+        another runner that committed part of it makes this OUT_OF_SEQUENCE."""
+        try:
+            await self._commit_once(dest, ch, sends, batch_id, after)
+        except RequestError as exc:
+            if not _theirs(exc):
+                raise
+            # Refused for what a message is (a schema, a rule for its channel): one at a
+            # time, the refused ones dead-lettered on the source with the reason.
+            await self._one_by_one(source, dest, ch, sends, msgs, after)
+
+    async def _commit_once(self, dest: Any, ch: str, sends: list[f.Send], batch_id: int,
+                           after: int) -> None:
         # A new id each try: what an earlier try left staged (a cut before its commit)
         # is never committed with it, and expires on its own.
         txn = f"{self.writer}:{ch}:{batch_id}:{secrets.token_hex(4)}"
         try:
             await dest.stage_sends(txn, sends)
-            await dest.commit_transactions(self.writer, batch_id, [txn], lineage=self.writer)
-        except RequestError as exc:
-            if not _theirs(exc):
-                raise
-            await dest.abort_transactions([txn])
-            # Refused for what a message is (a schema, a rule for its channel): one at a
-            # time, the refused ones dead-lettered on the source with the reason.
-            await self._one_by_one(source, dest, ch, sends, msgs)
+            await dest.commit_transactions(self.writer, batch_id, [txn], lineage=self.writer,
+                                           after=after)
+        except RequestError:
+            # Drop what it staged: left there, failed tries (a full disk for an hour)
+            # would hold the destination's staging room until they expire. A lost
+            # connection cannot abort: its one page expires on its own.
+            with contextlib.suppress(MinouError, OSError, TimeoutError):
+                await asyncio.wait_for(dest.abort_transactions([txn]), CLOSE_S)
+            raise
 
     async def _one_by_one(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
-                          msgs: list[Any]) -> None:
+                          msgs: list[Any], after: int) -> None:
         local = source if self.direction == "push" else dest
         by_seq = {f"{m.channel}:{m.seq}": m for m in msgs}
         for send in sends:
             key = (send.headers or {})[FEDERATED_SEQ]
             seq = int(key.rsplit(":", 1)[1])
-            txn = f"{self.writer}:{ch}:{seq}:{secrets.token_hex(4)}"
             try:
-                await dest.stage_sends(txn, [send])
-                await dest.commit_transactions(self.writer, seq, [txn], lineage=self.writer)
+                await self._commit_once(dest, ch, [send], seq, after)
             except RequestError as exc:
                 if not _theirs(exc):
                     raise
-                await dest.abort_transactions([txn])
                 await self._dead_letter(local, by_seq[key], exc)
+            after = seq
 
     async def _dead_letter(self, local: Any, msg: Any, exc: RequestError) -> None:
         """Keep a message the destination refuses for what it is on this broker, in the
@@ -331,11 +366,14 @@ class Pipe:
         import base64
 
         channel = msg.channel if self.direction == "push" else self._dest(msg.channel)
-        await local.admin("federation.dead_letter", channel=channel,
+        kept = await local.admin("federation.dead_letter", channel=channel,
                           data=base64.b64encode(msg.data).decode(), raw=msg.raw,
                           key=msg.key or "", reason=exc.message[:500],
                           headers=msgspec.json.encode(msg.headers or {}).decode(),
-                          source=f"{msg.channel}:{msg.seq}", link=self.link.name)
+                          source=f"{msg.channel}:{msg.seq}", link=self.link.name,
+                          writer=self.writer, seq=msg.seq)
+        if (kept or {}).get("already"):
+            return  # kept before this pipe read the page again
         self.status.dead_lettered += 1
         log.warning("federation %s (%s): %s seq %d refused by the destination, "
                     "dead-lettered here: %s", self.link.name, self.direction, msg.channel,
@@ -355,6 +393,11 @@ def _theirs(exc: RequestError) -> bool:
     through one at a time, and these are dead-lettered."""
     return int(exc.code) in (int(ErrorCode.SCHEMA_MISMATCH), int(ErrorCode.INVALID_PAYLOAD),
                              int(ErrorCode.MESSAGE_TOO_LARGE))
+
+
+def _overtaken(exc: RequestError) -> bool:
+    """Another runner of the link committed part of the page (``detail.fence``)."""
+    return int(exc.code) == int(ErrorCode.OUT_OF_SEQUENCE)
 
 
 def _refused_here(exc: RequestError) -> bool:
@@ -509,9 +552,12 @@ def fences_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
                                             if w == writer}}
 
 
-def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
+async def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     """``federation.dead_letter``: a link of this process keeps a message its
-    destination refused in the dead letters here (refused to anyone else)."""
+    destination refused in the dead letters here (refused to anyone else), once: the
+    dead letter channel is fenced on (``writer``, its name) by the source seq, stored
+    with the message, so a pipe that reads the page again after a restart (nothing
+    moved the destination's fence) does not keep a second copy. Answered once durable."""
     import base64
 
     from ..errors import BadRequest, NotAuthorized
@@ -534,9 +580,20 @@ def dead_letter_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
                     "x-original-channel": channel,
                     "x-federation-link": str(args.get("link", "")),
                     FEDERATED_SEQ: str(args.get("source", ""))})
+    writer, seq = str(args.get("writer") or ""), int(args.get("seq") or 0)
+    fences, batch = server.core.state.transactions.fences, server.core.state.batch
+    key = (writer, dead_letter_channel(channel))
+    if writer and seq > 0 and fences.get(key, 0) >= seq:
+        return {"channel": key[1], "seq": None, "already": True}
     msg = server.core.dead_letters.keep(channel, data, bool(args.get("raw")), headers,
                                         str(args.get("key") or "") or None, time.time())
-    server.engine.commit()
+    if writer and seq > 0:
+        batch.fence_undo.setdefault(key, fences.get(key))  # back if the commit fails
+        fences[key] = batch.fences[key] = seq
+    durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    server.engine.after_commit(lambda: durable.done() or durable.set_result(None),
+                               lambda exc: durable.done() or durable.set_exception(exc))
+    await durable
     return {"channel": msg.channel, "seq": msg.seq}
 
 

@@ -30,7 +30,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import ERROR_TABLE, ErrorCode, TooManyConnections
+from ..errors import ERROR_TABLE, ErrorCode, TooManyConnections, describe
 from ..protocol import frames as f
 from ..tls import TlsPinMismatch, check_pin, client_context
 
@@ -195,7 +195,7 @@ class StandbyDoor:
             if sock is not None:
                 self._outgoing.discard(sock.getsockname()[1])
                 sock.close()
-            self._relay_failed(f"cannot reach the primary at {url}: {exc or type(exc).__name__}")
+            self._relay_failed(f"cannot reach the primary at {url}: {describe(exc)}")
             return None
         finally:
             self._opening -= 1

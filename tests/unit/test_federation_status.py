@@ -1,0 +1,30 @@
+"""A federation direction's status (no I/O): its rate and how long an error shows."""
+
+from __future__ import annotations
+
+from minou.server.federation import ERROR_KEPT_S, RATE_WINDOW_S, PipeStatus
+
+
+def test_an_error_shows_until_the_direction_has_been_well_for_a_while() -> None:
+    st = PipeStatus("eu-us", "push", ("orders/*",))
+    st.state, st.last_error, st.last_error_at = "up", "us: connection refused", 1000.0
+    st.healthy(1000.0 + ERROR_KEPT_S - 1)
+    assert st.last_error == "us: connection refused"  # recent: still shown
+    st.state = "retrying"
+    st.healthy(1000.0 + ERROR_KEPT_S + 1)
+    assert st.last_error  # not while it is down
+    st.state = "up"
+    st.healthy(1000.0 + ERROR_KEPT_S + 1)
+    assert st.last_error == "" and st.last_error_at is None
+    assert st.view()["last_error"] == ""
+
+
+def test_the_rate_is_what_was_carried_over_the_last_window() -> None:
+    st = PipeStatus("eu-us", "push", ("orders/*",))
+    st.sample(0.0)
+    st.forwarded = 500
+    st.sample(5.0)
+    assert st.rate == 100.0
+    st.forwarded = 600
+    st.sample(RATE_WINDOW_S + 10.0)  # the first sample left the window
+    assert st.rate == (600 - 500) / (RATE_WINDOW_S + 5.0)
