@@ -4,7 +4,7 @@ process during a publish or a consume+ack workload (the same client code as
 bench/minou_bench.py), and prints function-level hotspots per process and thread.
 
   .venv/bin/pip install py-spy
-  .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,pub1m,con] [--seconds 8]
+  .venv/bin/python bench/profile_minou.py [--scenario pub,pub1k,pub1m,con,con4] [--seconds 8]
   .venv/bin/python bench/profile_minou.py --storage redis   (a broker on Redis)
 
 With ``--storage redis`` the broker runs on a redis-server started here (AOF
@@ -219,7 +219,10 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
     try:
         url = broker.start()
         role, size = {"pub": ("pub", 100), "pub1k": ("pub", 1024), "pub1m": ("pub", 1 << 20),
-                      "con": ("con", 100)}[name]
+                      "con": ("con", 100), "con4": ("con", 100)}[name]
+        # con4: four competing consumer processes (test b's second row); the first
+        # is sampled as "the client"
+        extra_clients = 3 if name == "con4" else 0
         if role == "con":
             n = args.prefill
             jobs = [dict(peer="minou", url=url, role="pub", n=n // 2, size=100, window=1000,
@@ -232,11 +235,11 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
             r.config_set("slowlog-log-slower-than", 1000)
             r.slowlog_reset()
             r.config_resetstat()
-        client = subprocess.Popen(
-            [sys.executable, __file__, "--client", role, "--url", url,
-             "--seconds", str(args.seconds), "--size", str(size)],
-            stdout=subprocess.PIPE, text=True,
-        )
+        command = [sys.executable, __file__, "--client", role, "--url", url,
+                   "--seconds", str(args.seconds), "--size", str(size)]
+        client = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        others = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+                  for _ in range(extra_clients)]
         time.sleep(0.5)
         cpu0 = {"broker": thread_cpu(broker.pid), "client": thread_cpu(client.pid)}
         redis_pid = broker.redis.pid if broker.redis is not None else None
@@ -254,6 +257,8 @@ def scenario(name: str, args: argparse.Namespace, outdir: Path, workdir: Path) -
             t_cpu1 = time.monotonic()
             time.sleep(0.2)
         out, _ = client.communicate(timeout=args.seconds + 60)
+        for other in others:
+            out += " | " + other.communicate(timeout=60)[0].strip()
         redis_text = ""
         if r is not None:
             m = re.search(r"([\d,]+) msgs in ([\d.]+) s", out)
