@@ -44,8 +44,9 @@ run: $(STAMP)
 
 ## system-deps: Debian packages the tests need: chromium (dashboard tests), Java 17 (Spark
 ## tests), unshare and mount (the Spark cluster's workers run in mount namespaces),
-## redis-server (the storage contract and system suites on Redis)
-TEST_DEBS := chromium util-linux mount redis-server
+## redis-server (the storage contract and system suites on Redis), redis-tools (redis-cli
+## against the Redis protocol door)
+TEST_DEBS := chromium util-linux mount redis-server redis-tools
 system-deps: java
 	@missing=""; for d in $(TEST_DEBS); do \
 	  dpkg-query -W -f='$${Status}' $$d 2>/dev/null | grep -q 'install ok installed' \

@@ -30,7 +30,7 @@ from tests.redis_cluster import RedisCluster
 from tests.redis_sentinel import SentinelSet
 from tests.redis_server import REDIS_SERVER, RedisServer
 
-ADDRESS = re.compile(r"^\s+(native|http|tls)\s+(\S+)")
+ADDRESS = re.compile(r"^\s+(native|http|tls|redis)\s+(\S+)")
 # Brokers in tests run the default, authenticated mode. Unless a test brings its own
 # rules, this one auto-accepts every client and lets it read and write everything.
 OPEN_RULES = '\n[[rules]]\nclient = "*"\nread = ["*"]\nwrite = ["*"]\n'
@@ -122,6 +122,7 @@ class BrokerProcess:
     tls_fingerprint: str | None = None
     open_rules: bool = True  # add OPEN_RULES unless the config declares rules
     storage: str = ""  # --storage URL ("" : the default, SQLite in the data dir)
+    resp_port: int | None = None  # the Redis protocol door: None = off, 0 = any free port
 
     # ------------------------------------------------------------- identities
     @property
@@ -174,6 +175,8 @@ class BrokerProcess:
                "--http-port", str(self.http_port), "--log-level", "warning", *self.extra]
         if self.storage and "--storage" not in self.extra:
             cmd += ["--storage", self.storage]
+        if self.resp_port is not None:
+            cmd += ["--resp-port", str(self.resp_port)]
         config = self._config_file()
         if config is not None:
             cmd += ["--config", str(config)]
@@ -200,6 +203,8 @@ class BrokerProcess:
                     elif m and m.group(1) == "http":
                         self.http = m.group(2)
                         self.http_port = int(self.http.rsplit(":", 1)[1])
+                    elif m and m.group(1) == "redis":
+                        self.resp_port = int(m.group(2).rsplit(":", 1)[1])
                     elif m and m.group(1) == "tls":
                         self.tls_fingerprint = m.group(2)
                 return self

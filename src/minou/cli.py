@@ -119,6 +119,9 @@ def _install_uvloop() -> None:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Native protocol port (default 7700; 0 = any free).")
 @click.option("--http-port", type=int, help="HTTP/WebSocket port (default 7701; 0 = any free).")
+@click.option("--resp-port", type=int,
+              help="Redis protocol port (off unless set; 0 = any free): redis-cli and "
+                   "redis-py work against it, see docs/redis-protocol.md.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--dev", is_flag=True,
@@ -131,11 +134,13 @@ def _install_uvloop() -> None:
                    "redis+cluster://h1:7000,h2:7001; default: minou.db in "
                    "the data directory.")
 def start(config: str | None, data_dir: str | None, host: str | None, port: int | None,
-          http_port: int | None, log_level: str, dev: bool, storage_url: str | None) -> None:
+          http_port: int | None, resp_port: int | None, log_level: str, dev: bool,
+          storage_url: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides = {"data_dir": data_dir, "host": host, "port": port, "http_port": http_port,
+                 "resp_port": resp_port,
                  "auth_mode": "off" if dev else None, "storage": storage_url}
     try:
         settings = load_settings(config, **overrides)
@@ -169,6 +174,10 @@ def banner(st: dict[str, Any], data_dir: str) -> list[str]:
         how = "no sign-in: development mode" if st["auth"]["mode"] == "off" else \
             f"sign in with the token of: {prog} admin-token --data {shlex.quote(data_dir)} {reach}"
         lines.append(f"  dashboard {_reachable(st['http'])}/   ({how})")
+    if st.get("resp"):
+        port = st["resp"].rsplit(":", 1)[1]
+        lines.append(f"  redis   {_reachable(st['resp'])}   (Redis protocol: redis-cli -p {port}"
+                     + (" --tls" if tls else "") + ")")
     if tls:
         kind = "self-signed: clients pin it with --tls-fingerprint" if tls["self_signed"] \
             else "from the config"

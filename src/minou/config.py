@@ -84,6 +84,7 @@ class Settings:
     host: str = limits.DEFAULT_HOST
     port: int = limits.DEFAULT_PORT
     http_port: int | None = limits.DEFAULT_HTTP_PORT
+    resp_port: int | None = None  # the Redis protocol (docs/redis-protocol.md): off unless set
     data_dir: str = limits.DEFAULT_DATA_DIR
     max_message_size: int = limits.MAX_MESSAGE_SIZE
     max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
@@ -176,6 +177,7 @@ _TOP_KEYS = {
     "host": (str, "a host name or address"),
     "port": (int, "a port number 0..65535"),
     "http_port": (int, "a port number 0..65535"),
+    "resp_port": (int, "a port number 0..65535"),
     "data_dir": (str, "a directory path"),
     "max_message_size": (int, "a number of bytes >= 1"),
     "max_connections": (int, "an integer >= 1"),
@@ -549,7 +551,7 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
             raise ConfigError(f"{key}: unknown setting (known: {known})")
         types, what = _TOP_KEYS[key]
         _expect(key, value, types, what)
-        if key in ("port", "http_port") and not 0 <= value <= 65535:
+        if key in ("port", "http_port", "resp_port") and not 0 <= value <= 65535:
             raise ConfigError(f"{key}: expected {what}, got {value}")
         if (("bytes" in what or key in ("max_connections", "max_dedup_keys")) and value < 1) or (
                 key in _TIMEOUT_KEYS and value <= 0):

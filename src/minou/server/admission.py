@@ -69,7 +69,7 @@ class Admission:
         self.count_refusal = count_refusal
         self.descriptors = descriptors
         self.descriptors_before = descriptors_before
-        self.open: dict[Any, str] = {}  # transport -> "native" | "http"
+        self.open: dict[Any, str] = {}  # transport -> "native" | "http" | "resp"
         self.refusing: set[Any] = set()  # transports being refused (an answer, then close)
         self.refused: Counter[str] = Counter()  # by listener
         self.dropped = 0  # refused without an answer (MAX_REFUSING were in flight)
@@ -100,7 +100,8 @@ class Admission:
             f"WebSocket together ({why}); try again later", limit=limit)
         self.refused[kind] += 1
         self.count_refusal(exc.reason)
-        oplog.connection_refused("native" if kind == "native" else "HTTP", peer,
+        oplog.connection_refused({"native": "native", "resp": "Redis protocol"}.get(kind, "HTTP"),
+                                 peer,
                                  f"{len(self.open)} connections open ({why})")
         if len(self.refusing) >= MAX_REFUSING:
             self.dropped += 1
@@ -119,6 +120,8 @@ class Admission:
         return {"limit": self.limit, "max_connections": self.max_connections(),
                 "descriptors": self.descriptors,
                 "descriptors_before": self.descriptors_before,
-                "open": {"native": kinds["native"], "http": kinds["http"]},
-                "refused": {"native": self.refused["native"], "http": self.refused["http"]},
+                "open": {"native": kinds["native"], "http": kinds["http"],
+                         "resp": kinds["resp"]},
+                "refused": {"native": self.refused["native"], "http": self.refused["http"],
+                            "resp": self.refused["resp"]},
                 "refusing": len(self.refusing), "dropped": self.dropped}

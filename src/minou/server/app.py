@@ -209,6 +209,11 @@ class BrokerServer:
         self.started_at = time.time()
         self.native_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
+        self.resp_address: tuple[str, int] | None = None  # the Redis protocol's
+        self.resp_connections: set[Any] = set()
+        self._resp_socket: socket.socket | None = None
+        self._resp: Any = None
+        self._http_auth: Any = None
         self.commit_seconds_total = 0.0
         self.commits = 0
         self.messages_committed = 0
@@ -280,6 +285,9 @@ class BrokerServer:
             sockets.append(bind_listener(s.host, s.port, "native protocol", "--port"))
             if s.http_port is not None:
                 sockets.append(bind_listener(s.host, s.http_port, "HTTP", "--http-port"))
+            if s.resp_port is not None:
+                self._resp_socket = bind_listener(s.host, s.resp_port, "Redis protocol",
+                                                  "--resp-port")
         except StartupError:
             for sock in sockets:
                 sock.close()
@@ -376,6 +384,12 @@ class BrokerServer:
             self.http_consumers = HttpConsumers(self)
 
             self._http, self.http_address = await start_http(self, http)
+        if self._resp_socket is not None:
+            from .resp import start_resp
+
+            self._resp = await start_resp(self, self._resp_socket, ssl_context)
+            name = self._resp_socket.getsockname()
+            self.resp_address = (name[0], name[1])
 
     async def serve_forever(self) -> None:
         await self._stopping.wait()
@@ -390,6 +404,10 @@ class BrokerServer:
             self._tcp.close()
         if self._http is not None:
             self._http.should_exit = True
+        if self._resp is not None:
+            self._resp.close()
+        elif self._resp_socket is not None:  # bound, never served (stopped in standby)
+            self._resp_socket.close()
         closed = len(self.connections) + len(self.streams)
         for conn in list(self.connections):
             conn.close()
@@ -460,6 +478,15 @@ class BrokerServer:
         self.engine.draining = value
 
     # -------------------------------------------------------------- sessions
+    @property
+    def http_auth(self) -> Any:
+        """Bearer authentication as HTTP does it (the Redis protocol's AUTH uses it)."""
+        if self._http_auth is None:
+            from .http_auth import HttpAuth
+
+            self._http_auth = HttpAuth(self)
+        return self._http_auth
+
     def admit(self, conn: NativeConnection) -> None:
         """A new native connection (TCP or /v1/ws), its socket already within the
         connection limit (self.admission): enforce the HELLO deadline."""
@@ -1442,6 +1469,7 @@ class BrokerServer:
             "cluster": self.primary.status() if self.primary is not None else None,
             "native": _addr(self.native_address, "minous" if self.tls else "minou"),
             "http": _addr(self.http_address, "https" if self.tls else "http"),
+            "resp": _addr(self.resp_address, "rediss" if self.tls else "redis"),
             "auth": {"mode": self.settings.auth_mode,
                      "broker_token": self.settings.broker_token is not None,
                      "admin_key": str(self.admin_key_path) if self.admin_key_path else None,
@@ -1478,7 +1506,8 @@ class BrokerServer:
         }
 
 
-_RESTART_KEYS = ("broker_id", "host", "port", "http_port", "data_dir", "storage", "tls_cert",
+_RESTART_KEYS = ("broker_id", "host", "port", "http_port", "resp_port", "data_dir", "storage",
+                 "tls_cert",
                  "tls_key",
                  "tls_self_signed", "storage_reserve", "storage_wal_checkpoint",
                  "storage_owner_lease", "storage_replicas", "storage_standby",

@@ -216,20 +216,7 @@ class NativeConnection:
                 return
             self.refuse(exc)
             return
-        self.identity = identity
-        self.server.authentications[identity.method] += 1
-        self.session = self.server.open_session(identity, self)
-        spread = getattr(self.server, "spread", None)
-        if spread is not None and identity.method != "link":  # a link forwards no further
-            from .front import Front
-
-            self.front = Front(self, spread)
-        # The producer id a client had keeps its sequences across reconnects; it is
-        # only ever looked up with the authenticated client id, so presenting another
-        # client's id reaches nothing of theirs.
-        producer = hello.producer_id if PRODUCER_ID.fullmatch(hello.producer_id or "") \
-            else secrets.token_hex(8)
-        self.session.producer_id = producer
+        producer = self.begin(identity, hello.producer_id)
         if hello.heartbeat > 0:
             self.heartbeat = min(max(float(hello.heartbeat), MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
@@ -253,6 +240,25 @@ class NativeConnection:
         else:
             self._send(welcome)
             self._start_heartbeats()
+
+    def begin(self, identity: Any, producer_id: str | None = None) -> str:
+        """Serve ``identity`` from now on (authenticated by the caller: a HELLO here, a
+        Redis protocol AUTH for a connection that door drives); its producer id."""
+        self.identity = identity
+        self.server.authentications[identity.method] += 1
+        self.session = self.server.open_session(identity, self)
+        spread = getattr(self.server, "spread", None)
+        if spread is not None and identity.method != "link":  # a link forwards no further
+            from .front import Front
+
+            self.front = Front(self, spread)
+        # The producer id a client had keeps its sequences across reconnects; it is
+        # only ever looked up with the authenticated client id, so presenting another
+        # client's id reaches nothing of theirs.
+        producer = producer_id if PRODUCER_ID.fullmatch(producer_id or "") \
+            else secrets.token_hex(8)
+        self.session.producer_id = producer
+        return producer
 
     def hold(self, until: asyncio.Future[Any], then: Any) -> None:
         """Handle nothing more from this client until ``until`` is done, then call

@@ -1,0 +1,145 @@
+"""How Redis Streams map onto minou's model, without I/O (docs/redis-protocol.md).
+
+* A **stream key** is a channel. A key that already is a channel name
+  (``orders/v1/eu``) is that channel; any other key (``mystream``, ``app:events``) is
+  the channel ``redis/v1/<key URL-encoded>``, so Redis applications run unchanged and
+  ``[channels."redis/v1"]`` configures their streams (rules: ``redis/v1/*``).
+* A **stream id** is ``<seq>-0``: ordered and stable, the message's seq.
+* An **entry** round-trips byte for byte. One field ``payload`` whose value is JSON is
+  the message's JSON payload (what the other interfaces read). Fields that are all
+  UTF-8 text with distinct names become a JSON object of strings (header
+  ``x-resp-entry: fields``), so native, HTTP and Spark readers get ``{"field":
+  "value"}``. Anything else (binary values, repeated or non-text names) is a binary
+  payload: a msgpack array of the field and value byte strings, in order, with
+  ``x-resp-entry: binary`` and its content type.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote, unquote_to_bytes
+
+import msgspec
+
+from ..errors import InvalidChannel
+from ..names import validate_channel
+
+KEY_CHANNEL_PREFIX = "redis/v1/"
+ENTRY_HEADER = "x-resp-entry"
+FIELDS, BINARY = "fields", "binary"
+BINARY_CONTENT_TYPE = "application/vnd.minou.resp-entry+msgpack"
+PAYLOAD_FIELD = b"payload"
+_SAFE = "._~!$&'()+,;=:@-"  # what a channel id keeps unescaped (names._ID)
+
+
+class StreamKeyError(ValueError):
+    """A key that cannot name a stream (empty, or too long once encoded)."""
+
+
+def key_to_channel(key: bytes) -> str:
+    """The channel a stream key names (see the module docstring)."""
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        text = ""
+    if text:
+        try:
+            return validate_channel(text)
+        except InvalidChannel:
+            pass
+    if not key:
+        raise StreamKeyError("a stream key may not be empty")
+    channel = KEY_CHANNEL_PREFIX + quote(key, safe=_SAFE)
+    try:
+        return validate_channel(channel)
+    except InvalidChannel as exc:
+        raise StreamKeyError(f"stream key {key[:64]!r}: {exc.message}") from None
+
+
+def channel_to_key(channel: str) -> bytes:
+    """The key a client names ``channel`` by (the inverse of ``key_to_channel``)."""
+    if channel.startswith(KEY_CHANNEL_PREFIX):
+        return unquote_to_bytes(channel[len(KEY_CHANNEL_PREFIX):])
+    return channel.encode()
+
+
+def format_id(seq: int) -> bytes:
+    return b"%d-0" % seq
+
+
+def entry_to_message(fields: list[bytes]) -> tuple[bytes, bool, dict[str, str]]:
+    """``(data, raw, headers)`` of the message an entry's field/value list makes."""
+    if len(fields) == 2 and fields[0] == PAYLOAD_FIELD and _is_json(fields[1]):
+        return fields[1], False, {}
+    names = fields[0::2]
+    try:
+        texts = [f.decode() for f in fields]
+    except UnicodeDecodeError:
+        texts = None
+    if texts is not None and len(set(names)) == len(names):
+        obj = dict(zip(texts[0::2], texts[1::2], strict=True))
+        return msgspec.json.encode(obj), False, {ENTRY_HEADER: FIELDS}
+    return (msgspec.msgpack.encode(list(fields)), True,
+            {ENTRY_HEADER: BINARY, "content-type": BINARY_CONTENT_TYPE})
+
+
+def message_to_entry(data: bytes, raw: bool, headers: dict[str, str] | None) -> list[bytes]:
+    """The field/value list a RESP reader gets for a message (any interface's)."""
+    kind = (headers or {}).get(ENTRY_HEADER)
+    if kind == FIELDS and not raw:
+        try:
+            obj = msgspec.json.decode(data, type=dict[str, str])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            out: list[bytes] = []
+            for k, v in obj.items():
+                out += (k.encode(), v.encode())
+            return out
+    elif kind == BINARY and raw:
+        try:
+            items = msgspec.msgpack.decode(data, type=list[bytes])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            if len(items) % 2 == 0:
+                return items
+    return [PAYLOAD_FIELD, bytes(data)]
+
+
+def _is_json(value: bytes) -> bool:
+    try:
+        msgspec.json.decode(value)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
+
+
+class StreamIdError(ValueError):
+    """Not a stream id: Redis's own words (``Invalid stream ID specified as stream
+    command argument``)."""
+
+
+def parse_id(text: bytes, *, high: bool) -> int:
+    """The seq a stream id stands for in a range: ``-``/``+``, ``<ms>[-<n>]`` (our ids
+    are ``<seq>-0``: the first part is the seq; ``<s>-<n>`` with n > 0 falls between
+    ``s`` and ``s+1``), ``(`` exclusive. ``high``: the upper end of a range."""
+    exclusive = text.startswith(b"(")
+    body = text[1:] if exclusive else text
+    if body == b"-":
+        return 1 if not exclusive else _bad()
+    if body == b"+":
+        return (2 ** 63 - 1) if not exclusive else _bad()
+    first, _, second = body.partition(b"-")
+    if not first.isdigit() or (second and not second.isdigit()):
+        return _bad()
+    seq, sub = int(first), int(second) if second else None
+    if not high:
+        # from <s>-<n>: s itself only if n == 0 (or absent)
+        start = seq if not sub else seq + 1
+        return start + 1 if exclusive and (sub is None or sub == 0) else start
+    end = seq  # up to <s>-<n>: s is included for any n (its id is s-0)
+    return end - 1 if exclusive and (sub is None or sub == 0) else end
+
+
+def _bad() -> int:
+    raise StreamIdError("Invalid stream ID specified as stream command argument")

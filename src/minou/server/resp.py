@@ -1,0 +1,692 @@
+"""The Redis protocol door (docs/redis-protocol.md): ``resp_port``, RESP2 and RESP3.
+
+A thin adapter, like the WebSocket door: each Redis connection drives a native
+connection of its own (``_Inner``), whose frames come back as objects instead of
+bytes. So rules, schemas, quotas, queues spread over brokers, revocations and the
+error table are the native protocol's, and this module only translates: a command
+becomes native frames (PUBLISH, READ, ADMIN...), their answers become RESP replies.
+
+Replies go out in the order the commands came (pipelining), whatever order their
+answers arrive in: each command holds a slot in ``_slots``, filled when answered.
+A connection authenticates with ``AUTH`` or ``HELLO ... AUTH`` using what HTTP
+accepts as a bearer (a JWT signed with the client's key, reusable until it expires;
+a delegated credential; the broker token); ``--dev`` needs none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..errors import (
+    ERROR_TABLE,
+    ErrorCode,
+    NotAuthenticated,
+    RequestError,
+)
+from ..protocol import frames as f
+from ..protocol.resp import (
+    OK,
+    Error,
+    Map,
+    RespParser,
+    RespProtocolError,
+    Simple,
+    Verbatim,
+    encode,
+)
+from ..protocol.resp_streams import (
+    StreamIdError,
+    StreamKeyError,
+    entry_to_message,
+    format_id,
+    key_to_channel,
+    message_to_entry,
+    parse_id,
+)
+from . import oplog
+from .connection import NativeConnection
+
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+    from .ports import Server as BrokerServer
+
+log = logging.getLogger("minou.resp")
+
+REDIS_VERSION = "7.2.0"  # the Redis release whose command forms this door follows
+READ_PAGE = 1000  # messages one READ brings back for XRANGE
+MAX_PENDING_REPLIES = 10_000  # commands in flight on one connection: then reading pauses
+WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
+NOAUTH = "NOAUTH Authentication required."
+
+
+def wrong_args(name: str) -> Error:
+    return Error(f"ERR wrong number of arguments for '{name.lower()}' command")
+
+
+def refusal(exc: RequestError) -> Error:
+    """A minou refusal in Redis's shape: ``-NOPERM`` for rules (as Redis ACL says),
+    else ``-ERR``; then the minou reason in upper case and the message."""
+    reason = ERROR_TABLE[ErrorCode(int(exc.code))].reason.upper()
+    prefix = "NOPERM" if exc.code == ErrorCode.NOT_AUTHORIZED else "ERR"
+    return Error(f"{prefix} {reason} {exc.message}")
+
+
+def _frame_error(frame: f.Error) -> Error:
+    try:
+        reason = ERROR_TABLE[ErrorCode(frame.code)].reason.upper()
+    except ValueError:
+        reason = "ERROR"
+    prefix = "NOPERM" if frame.code == int(ErrorCode.NOT_AUTHORIZED) else "ERR"
+    return Error(f"{prefix} {reason} {frame.message}")
+
+
+class _Inner(NativeConnection):
+    """The native connection behind a Redis one: frames are handed over as objects."""
+
+    def __init__(self, server: BrokerServer, outer: RespConnection, peer: str) -> None:
+        super().__init__(server, outer, peer)  # the outer connection is its transport
+        self.outer = outer
+
+    def _send(self, frame: f.Frame) -> None:
+        if not self.closed:
+            self.outer.frame(frame)
+
+    def send(self, frame: f.Frame) -> None:
+        if not self.closed:
+            self.outer.frame(frame)
+
+    def send_deliveries(self, sid: int, items: list[f.Delivery]) -> None:
+        if not self.closed:
+            self.outer.frame(f.Deliver(sid, items))
+
+    def flush(self) -> None:
+        pass
+
+
+class _Slot:
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.reply: Any = None
+        self.done = False
+
+
+class RespConnection(asyncio.Protocol):
+    """One Redis protocol connection (see the module docstring)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = RespParser(max_bulk=server.settings.max_message_size + 64 * 1024)
+        self.proto = 2
+        self.id = next(self._ids)
+        self.name = b""
+        self.lib: dict[str, bytes] = {}
+        self.peer = "?"
+        self.inner: _Inner | None = None
+        self.identity: Identity | None = None
+        self.closed = False
+        self.closing = False  # QUIT or a protocol error: close once the replies are out
+        self._slots: deque[_Slot] = deque()
+        self._waiting: dict[int, Callable[[f.Frame], None]] = {}
+        self._req = itertools.count(1)
+        self._reading_paused = False
+        self._since = time.monotonic()
+
+    # ------------------------------------------------------------- transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = oplog.peer_text(peer, "resp")
+        refusal_ = self.server.admission.enter(transport, "resp", peer)
+        if refusal_ is not None:
+            transport.write(encode(Error(f"ERR max number of clients reached "
+                                         f"({refusal_.message})")))
+            transport.close()
+            self.closed = True
+            return
+        self.server.resp_connections.add(self)
+        if self.server.settings.auth_mode == "off":
+            from ..auth.registry import Identity
+
+            self._begin(Identity("resp-dev", True, method="development"))
+        else:
+            assert self.server.loop is not None
+            self.server.loop.call_later(self.server.settings.hello_timeout, self._auth_deadline)
+
+    def _auth_deadline(self) -> None:
+        if self.identity is None and not self.closed and self.transport is not None:
+            self.transport.write(encode(Error(
+                f"ERR no AUTH within {self.server.settings.hello_timeout:g} s")))
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            commands = self.parser.feed(data)
+        except RespProtocolError as exc:
+            self.server.core.counters.refuse("malformed_frame")
+            slot = self._slot()
+            self._fill(slot, Error(f"ERR {exc}"))
+            self.closing = True
+            self._drain()
+            return
+        for args in commands:
+            if self.closing:
+                break
+            self._command(args)
+        if self.inner is not None:
+            self.inner.engine.after_input()
+        self._drain()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.admission.leave(self.transport)
+        self.server.resp_connections.discard(self)
+        if self.inner is not None:
+            self.inner.lost()
+            self.server.connections.discard(self.inner)
+
+    # what _Inner needs of its transport
+    def write(self, data: bytes) -> None:  # never called: _Inner hands frames over
+        raise AssertionError("RESP inner connection wrote bytes")
+
+    def close(self) -> None:
+        self.closing = True
+        self._drain()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport else 0
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._reading_paused and \
+                len(self._slots) < MAX_PENDING_REPLIES:
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------- replies
+    def _slot(self) -> _Slot:
+        slot = _Slot()
+        self._slots.append(slot)
+        if len(self._slots) >= MAX_PENDING_REPLIES:
+            self.pause_reading()
+        return slot
+
+    def _fill(self, slot: _Slot, reply: Any) -> None:
+        slot.reply, slot.done = reply, True
+
+    def _answer(self, slot: _Slot, reply: Any) -> None:
+        """Fill ``slot`` later (an answer that came back) and send what is ready."""
+        self._fill(slot, reply)
+        self._drain()
+
+    def _drain(self) -> None:
+        if self.transport is None or self.closed:
+            return
+        out = bytearray()
+        slots = self._slots
+        while slots and slots[0].done:
+            out += encode(slots.popleft().reply, self.proto)
+        if out:
+            self.transport.write(bytes(out))
+        if self._reading_paused and len(slots) < MAX_PENDING_REPLIES // 2:
+            self.resume_reading()
+        if self.closing and not slots:
+            self.closed = True
+            self.transport.close()
+
+    def frame(self, frame: f.Frame) -> None:
+        """A frame from the inner native connection: the answer to one of ours."""
+        req = getattr(frame, "req", 0)
+        handler = self._waiting.pop(req, None) if req else None
+        if handler is not None:
+            handler(frame)
+            return
+        if isinstance(frame, f.Error) and frame.fatal:  # revoked, refused: the end
+            slot = self._slot()
+            self._fill(slot, _frame_error(frame))
+            self.closing = True
+            self._drain()
+
+    def _ask(self, frame: Any, slot: _Slot, then: Callable[[Any], Any]) -> None:
+        """Send ``frame`` to the inner connection; ``then(answer)`` fills ``slot``
+        (an ERROR answer becomes the Redis error)."""
+        assert self.inner is not None
+
+        def answered(reply: f.Frame) -> None:
+            if isinstance(reply, f.Error):
+                self._answer(slot, _frame_error(reply))
+                return
+            try:
+                self._answer(slot, then(reply))
+            except RequestError as exc:
+                self._answer(slot, refusal(exc))
+
+        self._waiting[frame.req] = answered
+        self.inner._handle(frame)
+
+    # ------------------------------------------------------------- commands
+    def _command(self, args: list[bytes]) -> None:
+        name = args[0].upper().decode(errors="replace")
+        slot = self._slot()
+        handler = COMMANDS.get(name)
+        if handler is None:
+            shown = " ".join(f"'{a[:64].decode(errors='replace')}'" for a in args[1:4])
+            self._fill(slot, Error(f"ERR unknown command '{args[0][:64].decode(errors='replace')}'"
+                                   f", with args beginning with: {shown}"))
+            return
+        if self.identity is None and name not in BEFORE_AUTH:
+            self._fill(slot, Error(NOAUTH))
+            return
+        try:
+            reply = handler(self, args, slot)
+        except RequestError as exc:
+            self.server.core.counters.refuse(exc.reason)
+            reply = refusal(exc)
+        except (StreamKeyError, StreamIdError) as exc:
+            reply = Error(f"ERR {exc}")
+        except Exception:  # a bug must cost one command, never the broker
+            log.exception("internal error handling RESP %s from %s", name, self.peer)
+            reply = Error("ERR INTERNAL internal error (logged by the broker)")
+        if reply is not _LATER:
+            self._fill(slot, reply)
+
+    def _begin(self, identity: Identity) -> None:
+        self.identity = identity
+        inner = _Inner(self.server, self, self.peer)
+        inner.begin(identity)
+        self.inner = inner
+        self.server.connections.add(inner)
+
+    def authenticate(self, user: bytes | None, password: bytes) -> Any:
+        """AUTH / HELLO AUTH: a bearer as HTTP takes it; ``user`` (unless ``default``)
+        must be the client it names."""
+        server = self.server
+        if server.settings.auth_mode == "off":
+            return OK
+        try:
+            identity = server.http_auth.identify("Bearer " + password.decode(),
+                                                 peer=self.peer)
+        except (NotAuthenticated, UnicodeDecodeError) as exc:
+            why = exc.message if isinstance(exc, RequestError) else "not UTF-8"
+            return Error(f"{WRONGPASS} (minou: {why})")
+        except RequestError as exc:  # pending approval
+            return refusal(exc)
+        if user not in (None, b"default") and user != identity.client_id.encode():
+            return Error(f"{WRONGPASS} (minou: the token is client "
+                         f"{identity.client_id!r}'s, not {user[:64].decode(errors='replace')!r})")
+        if self.identity is not None and self.inner is not None:  # AUTH again: a new identity
+            self.inner.lost()
+            self.server.connections.discard(self.inner)
+        self._begin(identity)
+        return OK
+
+
+_LATER = object()  # a handler that fills its slot when the answer comes
+
+
+# ------------------------------------------------------------------ handlers
+def _ping(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) > 2:
+        return wrong_args("ping")
+    return args[1] if len(args) == 2 else Simple("PONG")
+
+
+def _echo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    return args[1] if len(args) == 2 else wrong_args("echo")
+
+
+def _quit(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    c.closing = True
+    return OK
+
+
+def _reset(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    c.proto, c.name = 2, b""
+    if c.server.settings.auth_mode != "off" and c.inner is not None:
+        c.inner.lost()
+        c.server.connections.discard(c.inner)
+        c.inner, c.identity = None, None
+    return Simple("RESET")
+
+
+def _select(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) != 2:
+        return wrong_args("select")
+    if args[1] != b"0":
+        return Error("ERR DB index is out of range")
+    return OK
+
+
+def _auth(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) == 2:
+        return c.authenticate(None, args[1])
+    if len(args) == 3:
+        return c.authenticate(args[1], args[2])
+    return Error("ERR syntax error")
+
+
+def _hello(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    proto = c.proto
+    i = 1
+    if len(args) > 1:
+        try:
+            proto = int(args[1])
+        except ValueError:
+            return Error("ERR Protocol version is not an integer or out of range")
+        if proto not in (2, 3):
+            return Error("NOPROTO unsupported protocol version")
+        i = 2
+    name = None
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"AUTH" and i + 2 < len(args):
+            done = c.authenticate(args[i + 1], args[i + 2])
+            if isinstance(done, Error):
+                return done
+            i += 3
+        elif opt == b"SETNAME" and i + 1 < len(args):
+            name = args[i + 1]
+            i += 2
+        else:
+            shown = args[i][:64].decode(errors="replace")
+            return Error(f"ERR Syntax error in HELLO option '{shown}'")
+    if c.identity is None:
+        return Error("NOAUTH HELLO must be called with the client already authenticated, "
+                     "otherwise the HELLO <proto> AUTH <user> <pass> option can be used to "
+                     "authenticate the client and select the RESP protocol version at the "
+                     "same time")
+    c.proto = proto
+    if name is not None:
+        c.name = name
+    return Map([(b"server", b"redis"), (b"version", REDIS_VERSION.encode()),
+                (b"proto", proto), (b"id", c.id), (b"mode", b"standalone"),
+                (b"role", b"master"), (b"modules", []),
+                (b"minou", __version__.encode())])
+
+
+def _client(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 2:
+        return wrong_args("client")
+    sub = args[1].upper()
+    if sub == b"SETNAME" and len(args) == 3:
+        if b" " in args[2] or b"\n" in args[2]:
+            return Error("ERR Client names cannot contain spaces, newlines or special "
+                         "characters.")
+        c.name = args[2]
+        return OK
+    if sub == b"GETNAME" and len(args) == 2:
+        return c.name or None
+    if sub == b"ID" and len(args) == 2:
+        return c.id
+    if sub == b"SETINFO" and len(args) == 4:
+        attr = args[2].upper()
+        if attr not in (b"LIB-NAME", b"LIB-VER"):
+            return Error(f"ERR Unrecognized option '{args[2][:64].decode(errors='replace')}'")
+        c.lib[attr.decode().lower()] = args[3]
+        return OK
+    if sub == b"INFO" and len(args) == 2:
+        return Verbatim(_client_line(c) + "\n")
+    if sub in (b"SETNAME", b"GETNAME", b"ID", b"SETINFO", b"INFO"):
+        return wrong_args(f"client|{sub.decode().lower()}")
+    return Error(f"ERR unknown subcommand '{args[1][:64].decode(errors='replace')}'. "
+                 "Try CLIENT HELP.")
+
+
+def _client_line(c: RespConnection) -> str:
+    who = c.identity.client_id if c.identity is not None else ""
+    return (f"id={c.id} addr={c.peer.split(' ')[0]} name={c.name.decode(errors='replace')} "
+            f"age={int(time.monotonic() - c._since)} db=0 user={who} resp={c.proto} "
+            f"lib-name={c.lib.get('lib-name', b'').decode(errors='replace')} "
+            f"lib-ver={c.lib.get('lib-ver', b'').decode(errors='replace')}")
+
+
+def _info(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    st = c.server.status()
+    wanted = {a.decode(errors="replace").lower() for a in args[1:]} or {"default"}
+    every = bool(wanted & {"all", "everything", "default"})
+    port = (c.server.resp_address or ("", 0))[1]
+    sections = {
+        "server": [("redis_version", REDIS_VERSION), ("minou_version", __version__),
+                   ("redis_mode", "standalone"), ("broker_id", st["broker_id"]),
+                   ("tcp_port", port), ("uptime_in_seconds", int(st.get("uptime_s", 0)))],
+        "clients": [("connected_clients", len(c.server.resp_connections))],
+        "persistence": [("loading", 0), ("storage", st["storage"]["path"])],
+        "replication": [("role", "master")],
+        "keyspace": [],
+    }
+    lines: list[str] = []
+    for name, fields in sections.items():
+        if not every and name not in wanted:
+            continue
+        lines.append(f"# {name.capitalize()}")
+        lines += [f"{k}:{v}" for k, v in fields]
+        lines.append("")
+    return Verbatim("\r\n".join(lines))
+
+
+def _command_cmd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    sub = args[1].upper() if len(args) > 1 else b""
+    if sub == b"COUNT":
+        return len(COMMANDS)
+    if sub in (b"DOCS", b"INFO", b""):
+        return Map([]) if sub == b"DOCS" else []
+    return Error(f"ERR unknown subcommand '{args[1][:64].decode(errors='replace')}'. "
+                 "Try COMMAND HELP.")
+
+
+# -------------------------------------------------------------------- streams
+def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 5:
+        return wrong_args("xadd")
+    key = args[1]
+    i = 2
+    nomkstream = False
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"NOMKSTREAM":
+            nomkstream = True
+            i += 1
+        elif opt in (b"MAXLEN", b"MINID"):
+            i += 1
+            approx = i < len(args) and args[i] == b"~"
+            if i < len(args) and args[i] in (b"~", b"="):
+                i += 1
+            i += 1  # the threshold
+            if i + 1 < len(args) and args[i].upper() == b"LIMIT":
+                i += 2
+            if not approx:
+                return Error(f"ERR {opt.decode()} with an exact threshold is not supported: "
+                             "minou keeps a channel's messages by its retention and "
+                             "max_items (config [channels]); '~' (approximate) is accepted "
+                             "and trims nothing")
+        else:
+            break
+    if i >= len(args):
+        return wrong_args("xadd")
+    entry_id = args[i]
+    fields = args[i + 1:]
+    if not fields or len(fields) % 2:
+        return wrong_args("xadd")
+    if entry_id != b"*":
+        return Error("ERR minou assigns stream ids (<seq>-0): give '*' as the id")
+    channel = key_to_channel(key)
+    if nomkstream and channel not in c.server.core.channels:
+        return None
+    data, raw, headers = entry_to_message(fields)
+    assert c.inner is not None
+    frame = f.Publish(next(c._req), [f.Send(channel, data, raw, headers or None)])
+
+    def confirmed(reply: f.Frame) -> Any:
+        assert isinstance(reply, f.Confirm)
+        outcome = reply.outcomes[0]
+        if outcome.code:
+            return _outcome_error(outcome)
+        return format_id(outcome.seq)
+
+    c._ask(frame, slot, confirmed)
+    return _LATER
+
+
+def _outcome_error(outcome: f.Outcome) -> Error:
+    return _frame_error(f.Error(0, outcome.code, outcome.error))
+
+
+def _publish(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    """miniqueue's PUBLISH topic value: a durable publish (the number of messages
+    stored, 1), not Redis's fire-and-forget pub/sub."""
+    if len(args) != 3:
+        return wrong_args("publish")
+    channel = key_to_channel(args[1])
+    data, raw, headers = entry_to_message([b"payload", args[2]])
+    if raw or headers:  # not JSON: kept as bytes
+        data, raw, headers = args[2], True, {}
+    frame = f.Publish(next(c._req), [f.Send(channel, data, raw, headers or None)])
+
+    def confirmed(reply: f.Frame) -> Any:
+        assert isinstance(reply, f.Confirm)
+        outcome = reply.outcomes[0]
+        return _outcome_error(outcome) if outcome.code else 1
+
+    c._ask(frame, slot, confirmed)
+    return _LATER
+
+
+def _xlen(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) != 2:
+        return wrong_args("xlen")
+    channel = key_to_channel(args[1])
+    assert c.inner is not None
+    c.server.core.check_read(c.inner.session, channel)
+    log_ = c.server.core.channels.get(channel)
+    return log_.count if log_ is not None else 0
+
+
+def _xrange(c: RespConnection, args: list[bytes], slot: _Slot, *, reverse: bool = False
+            ) -> Any:
+    name = "xrevrange" if reverse else "xrange"
+    if len(args) not in (4, 6):
+        return wrong_args(name)
+    key = args[1]
+    lo_text, hi_text = (args[3], args[2]) if reverse else (args[2], args[3])
+    lo, hi = parse_id(lo_text, high=False), parse_id(hi_text, high=True)
+    count = None
+    if len(args) == 6:
+        if args[4].upper() != b"COUNT":
+            return Error("ERR syntax error")
+        try:
+            count = int(args[5])
+        except ValueError:
+            return Error("ERR value is not an integer or out of range")
+        if count <= 0:
+            return []
+    channel = key_to_channel(key)
+    entries: list[Any] = []
+    c.inner_read(channel, lo, hi, count, reverse, slot, entries)
+    return _LATER
+
+
+def _xrevrange(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    return _xrange(c, args, slot, reverse=True)
+
+
+def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int | None,
+               reverse: bool, slot: _Slot, entries: list[Any]) -> None:
+    """XRANGE / XREVRANGE: the channel's bounds first (OFFSETS), then READ pages of
+    ``[lo, hi]`` within them into ``entries`` (Redis entries), then fill ``slot``;
+    backwards a page at a time from the top for a reverse range."""
+
+    def bounded(reply: f.Frame) -> None:
+        found = (reply.value or {}).get(channel) if isinstance(reply, f.Result) else None
+        if not found:
+            self._answer(slot, [])
+            return
+        first, nxt = found
+        low, top = max(lo, int(first), 1), min(hi, int(nxt) - 1)
+        if low > top:
+            self._answer(slot, [])
+            return
+        page(low, top)
+
+    def page(low: int, top: int) -> None:
+        start = max(low, top - READ_PAGE + 1) if reverse else low
+        want = READ_PAGE if count is None or reverse else min(READ_PAGE, count - len(entries))
+        frame = f.Read(next(self._req), channel, start, want, top + 1)
+
+        def answered(reply: f.Frame) -> None:
+            if isinstance(reply, f.Error):
+                self._answer(slot, _frame_error(reply))
+                return
+            assert isinstance(reply, f.ReadResult)
+            got = [[format_id(d.seq), message_to_entry(d.data, d.raw, d.headers)]
+                   for d in reply.items if low <= d.seq <= top]
+            if reverse:
+                entries.extend(reversed(got))
+                more_from = None if start <= low else start - 1
+            else:
+                entries.extend(got)
+                more_from = reply.next_seq if reply.items and reply.next_seq <= top else None
+            if count is not None and len(entries) >= count:
+                del entries[count:]
+                more_from = None
+            if more_from is None:
+                self._answer(slot, entries)
+            elif reverse:
+                page(low, more_from)
+            else:
+                page(more_from, top)
+
+        self._waiting[frame.req] = answered
+        assert self.inner is not None
+        self.inner._handle(frame)
+
+    offsets = f.Offsets(next(self._req), [channel])
+    self._waiting[offsets.req] = lambda reply: (
+        self._answer(slot, _frame_error(reply)) if isinstance(reply, f.Error)
+        else bounded(reply))
+    assert self.inner is not None
+    self.inner._handle(offsets)
+
+
+RespConnection.inner_read = _read_into  # type: ignore[attr-defined]
+
+COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
+    "PING": _ping, "ECHO": _echo, "QUIT": _quit, "RESET": _reset, "SELECT": _select,
+    "AUTH": _auth, "HELLO": _hello, "CLIENT": _client, "INFO": _info,
+    "COMMAND": _command_cmd,
+    "XADD": _xadd, "XLEN": _xlen, "XRANGE": _xrange, "XREVRANGE": _xrevrange,
+    "PUBLISH": _publish,
+}
+BEFORE_AUTH = frozenset({"AUTH", "HELLO", "QUIT", "RESET"})
+
+
+async def start_resp(server: BrokerServer, sock: Any, ssl: Any) -> Any:
+    """Serve the Redis protocol on ``sock`` (bound by the caller)."""
+    assert server.loop is not None
+    return await server.loop.create_server(lambda: RespConnection(server), sock=sock, ssl=ssl)
+
+
+def close_all(server: BrokerServer) -> None:
+    for conn in list(server.resp_connections):
+        with contextlib.suppress(Exception):
+            conn.close()

@@ -1,0 +1,160 @@
+"""The RESP parser and encoder (no I/O): what clients send, split anywhere; what
+Redis says to what it cannot read; every reply type in RESP2 and RESP3; fuzzed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minou.protocol.resp import (
+    MAX_INLINE,
+    NULL_ARRAY,
+    OK,
+    Bool,
+    Double,
+    Error,
+    Map,
+    NullArray,
+    Push,
+    RespParser,
+    RespProtocolError,
+    Set,
+    Simple,
+    Verbatim,
+    encode,
+    split_inline,
+)
+
+
+def command(*args: bytes) -> bytes:
+    """A command as redis-py and every other library frame it."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def parse(data: bytes, max_bulk: int = 1 << 20) -> list[list[bytes]]:
+    return RespParser(max_bulk).feed(data)
+
+
+def test_commands_arrive_whole_pipelined_and_split_at_every_byte() -> None:
+    wire = (command(b"HELLO", b"3") + command(b"XADD", b"s", b"*", b"", b"\x00\xff\r\n")
+            + b"PING\r\n" + command(b"XLEN", b"s"))
+    want = [[b"HELLO", b"3"], [b"XADD", b"s", b"*", b"", b"\x00\xff\r\n"], [b"PING"],
+            [b"XLEN", b"s"]]
+    assert parse(wire) == want
+    for cut in range(len(wire) + 1):
+        p = RespParser(1 << 20)
+        got = p.feed(wire[:cut]) + p.feed(wire[cut:])
+        assert got == want, cut
+        assert p.buffered == 0
+    p = RespParser(1 << 20)  # a byte at a time
+    assert [c for i in range(len(wire)) for c in p.feed(wire[i:i + 1])] == want
+
+
+def test_inline_commands_split_as_redis_does() -> None:
+    assert parse(b"SET k v\r\n") == [[b"SET", b"k", b"v"]]
+    assert parse(b"  PING  \n") == [[b"PING"]]  # bare LF (nc), extra spaces
+    assert parse(b"\r\n\r\nPING\r\n") == [[b"PING"]]  # empty lines are skipped
+    assert split_inline(b'SET "a b" \'c d\'') == [b"SET", b"a b", b"c d"]
+    assert split_inline(b'ECHO "\\x41\\n\\"q"') == [b"ECHO", b'A\n"q']
+    assert split_inline(b"ECHO 'it\\'s'") == [b"ECHO", b"it's"]
+    assert split_inline(b'ECHO ""') == [b"ECHO", b""]
+    for bad in (b'ECHO "open', b"ECHO 'open", b'ECHO "a"b'):
+        with pytest.raises(RespProtocolError, match="unbalanced quotes in request"):
+            split_inline(bad)
+
+
+def test_empty_and_null_arrays_are_ignored() -> None:
+    assert parse(b"*0\r\n*-1\r\n" + command(b"PING")) == [[b"PING"]]
+
+
+@pytest.mark.parametrize(("wire", "why"), [
+    (b"*x\r\n", "invalid multibulk length"),
+    (b"*2\r\n:1\r\n", "expected '$', got ':'"),
+    (b"*1\r\n$x\r\n", "invalid bulk length"),
+    (b"*1\r\n$-5\r\n", "invalid bulk length"),
+    (b"*1\r\n$11\r\n", "invalid bulk length"),  # over max_bulk (10 here)
+    (b"*1\r\n$3\r\nabcXY", "bulk string not followed by CRLF"),
+    (b"*%d\r\n" % (1024 * 1024 + 1), "invalid multibulk length"),
+    (b"*1" + b"1" * 40, "too big mbulk count string"),
+    (b"*1\r\n$1" + b"1" * 40, "too big bulk count string"),
+])
+def test_what_cannot_be_framed_is_a_protocol_error_in_redis_words(wire: bytes, why: str
+                                                                   ) -> None:
+    with pytest.raises(RespProtocolError) as err:
+        parse(wire, max_bulk=10)
+    assert str(err.value) == f"Protocol error: {why}"
+
+
+def test_an_inline_line_is_bounded_even_before_its_end_arrives() -> None:
+    p = RespParser(10)
+    p.feed(b"A" * MAX_INLINE)  # not over yet
+    with pytest.raises(RespProtocolError, match="too big inline request"):
+        p.feed(b"A" * 10)
+
+
+def test_a_big_bulk_is_held_until_complete_and_nothing_more() -> None:
+    p = RespParser(1 << 20)
+    body = b"x" * 100_000
+    wire = command(b"XADD", b"s", b"*", b"f", body)
+    assert p.feed(wire[:50_000]) == []
+    assert p.buffered <= len(wire)
+    assert p.feed(wire[50_000:]) == [[b"XADD", b"s", b"*", b"f", body]]
+    assert p.buffered == 0
+
+
+def test_replies_in_resp2_and_resp3() -> None:
+    assert encode(OK) == b"+OK\r\n"
+    assert encode(Error("ERR bad\r\nthing")) == b"-ERR bad  thing\r\n"
+    assert encode(42) == b":42\r\n"
+    assert encode(b"\x00a") == b"$2\r\n\x00a\r\n"
+    assert encode("é") == b"$2\r\n\xc3\xa9\r\n"
+    assert encode(None) == b"$-1\r\n" and encode(None, 3) == b"_\r\n"
+    assert encode(NULL_ARRAY) == b"*-1\r\n" and encode(NullArray(), 3) == b"_\r\n"
+    assert encode([b"a", 1, None]) == b"*3\r\n$1\r\na\r\n:1\r\n$-1\r\n"
+    m = Map([(b"server", b"minou"), (b"proto", 3)])
+    assert encode(m) == b"*4\r\n$6\r\nserver\r\n$5\r\nminou\r\n$5\r\nproto\r\n:3\r\n"
+    assert encode(m, 3) == b"%2\r\n$6\r\nserver\r\n$5\r\nminou\r\n$5\r\nproto\r\n:3\r\n"
+    assert encode(Set([b"a"]), 3) == b"~1\r\n$1\r\na\r\n" and encode(Set([b"a"])) == \
+        b"*1\r\n$1\r\na\r\n"
+    assert encode(Double(1.5), 3) == b",1.5\r\n" and encode(Double(1.5)) == b"$3\r\n1.5\r\n"
+    assert encode(Double(float("inf")), 3) == b",inf\r\n"
+    assert encode(Bool(True), 3) == b"#t\r\n" and encode(True) == b":1\r\n"
+    assert encode(Verbatim("a"), 3) == b"=5\r\ntxt:a\r\n" and encode(Verbatim("a")) == \
+        b"$1\r\na\r\n"
+    assert encode(Push([b"message", b"c"]), 3) == b">2\r\n$7\r\nmessage\r\n$1\r\nc\r\n"
+    assert encode(Simple("PONG")) == b"+PONG\r\n"
+    with pytest.raises(TypeError):
+        encode(object())
+
+
+args_st = st.lists(st.binary(max_size=40), min_size=1, max_size=6)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(args_st, min_size=1, max_size=5), st.data())
+def test_any_commands_split_anywhere_come_out_as_sent(commands: list[list[bytes]],
+                                                      data: st.DataObject) -> None:
+    wire = b"".join(command(*c) for c in commands)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=6)))
+    p = RespParser(1 << 10)
+    got: list[list[bytes]] = []
+    last = 0
+    for cut in [*cuts, len(wire)]:
+        got += p.feed(wire[last:cut])
+        last = cut
+    assert got == commands and p.buffered == 0
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300), st.integers(0, 300))
+def test_random_bytes_give_commands_or_a_protocol_error_never_a_crash(data: bytes,
+                                                                     cut: int) -> None:
+    p = RespParser(64)
+    try:
+        for part in (data[:cut], data[cut:]):
+            for c in p.feed(part):
+                assert c and all(isinstance(a, bytes) for a in c)
+    except RespProtocolError as exc:
+        assert str(exc).startswith("Protocol error: ")
+    assert p.buffered <= len(data)
