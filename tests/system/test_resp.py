@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -204,3 +206,118 @@ def test_redis_cli_scripted(broker) -> None:
     anonymous = subprocess.run([REDIS_CLI, "-h", "127.0.0.1", "-p", str(broker.resp_port),
                                 "XLEN", "k"], capture_output=True, text=True, timeout=30)
     assert "NOAUTH Authentication required" in anonymous.stdout + anonymous.stderr
+
+
+def test_consumer_groups_as_a_streams_worker_uses_them(broker) -> None:
+    r = connect(broker, "worker")
+    for n in range(5):
+        r.xadd("jobs", {"n": str(n)})
+    assert r.xgroup_create("jobs", "workers", id="0") is True
+    with pytest.raises(redis.ResponseError, match=r"^BUSYGROUP Consumer Group name already"):
+        r.xgroup_create("jobs", "workers", id="0")
+    with pytest.raises(redis.ResponseError, match="requires the key to exist"):
+        r.xgroup_create("no-such-stream", "workers", id="$")
+    assert r.xgroup_create("no-such-stream", "workers", id="$", mkstream=True) is True
+    with pytest.raises(redis.ResponseError, match=r"^NOGROUP No such key 'jobs'"):
+        r.xreadgroup("nobody", "c1", {"jobs": ">"})
+
+    ((key, got),) = r.xreadgroup("workers", "c1", {"jobs": ">"}, count=2)
+    assert key == b"jobs" and [i for i, _ in got] == [b"1-0", b"2-0"]
+    assert got[0][1] == {b"n": b"0"}
+    summary = r.xpending("jobs", "workers")
+    assert summary["pending"] == 2 and summary["consumers"] == [{"name": b"c1", "pending": 2}]
+    # Its own pending entries again (id 0): what a restarted worker reads first
+    assert [i for i, _ in r.xreadgroup("workers", "c1", {"jobs": "0"})[0][1]] == \
+        [b"1-0", b"2-0"]
+    assert r.xack("jobs", "workers", b"1-0") == 1
+    assert r.xack("jobs", "workers", b"1-0") == 0  # not pending any more
+    # c1 went quiet: c2 claims what it held
+    claimed = r.xautoclaim("jobs", "workers", "c2", min_idle_time=0, start_id="0-0")
+    assert claimed[0] == b"0-0" and [i for i, _ in claimed[1]] == [b"2-0"]
+    (entry,) = r.xpending_range("jobs", "workers", "-", "+", 10)
+    assert entry["consumer"] == b"c2" and entry["times_delivered"] == 2
+    assert r.xclaim("jobs", "workers", "c3", 0, [b"2-0"], justid=True) == [b"2-0"]
+    # the rest, then nothing: a blocking read times out with nil
+    rest = r.xreadgroup("workers", "c2", {"jobs": ">"}, count=10, block=100)
+    assert [i for i, _ in rest[0][1]] == [b"3-0", b"4-0", b"5-0"]
+    assert not r.xreadgroup("workers", "c2", {"jobs": ">"}, count=10, block=200)
+    assert r.xack("jobs", "workers", b"2-0", b"3-0", b"4-0", b"5-0") == 4
+    assert r.xpending("jobs", "workers")["pending"] == 0
+    (info,) = r.xinfo_groups("jobs")
+    assert info["name"] == b"workers" and info["last-delivered-id"] == b"5-0"
+    assert {c["name"] for c in r.xinfo_consumers("jobs", "workers")} >= {b"c1", b"c2"}
+
+
+def test_a_blocked_read_gets_what_is_published_meanwhile_and_noack(broker) -> None:
+    r = connect(broker, "blocker")
+    r.xgroup_create("events", "g", id="$", mkstream=True)
+    out: list[Any] = []
+    reader = threading.Thread(target=lambda: out.append(
+        r.xreadgroup("g", "c", {"events": ">"}, count=5, block=10_000, noack=True)))
+    reader.start()
+    time.sleep(0.5)
+    connect(broker, "producer").xadd("events", {"hello": "world"})
+    reader.join(15)
+    ((_, entries),) = out[0]
+    assert entries[0][1] == {b"hello": b"world"}
+    assert r.xpending("events", "g")["pending"] == 0  # NOACK: nothing pending
+
+
+def test_a_streams_worker_survives_a_kill_9_losing_nothing_confirmed(broker) -> None:
+    """A typical worker loop (xreadgroup / xack / xautoclaim) against a broker killed -9
+    mid-flow: every XADD that returned an id is processed, at least once."""
+    producer = connect(broker, "producer")
+    producer.xgroup_create("work", "workers", id="0", mkstream=True)
+    confirmed: list[int] = []
+    processed: set[int] = set()
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        n = 0
+        while not stop.is_set() and n < 400:
+            try:
+                connect(broker, "producer").xadd("work", {"n": str(n)})
+            except Exception as exc:  # the broker is down: again
+                errors.append(repr(exc))
+                time.sleep(0.2)
+                continue
+            confirmed.append(n)
+            n += 1
+
+    def work() -> None:
+        client = None
+        while not stop.is_set():
+            try:
+                client = client or connect(broker, "worker")
+                client.xautoclaim("work", "workers", "w1", min_idle_time=5000,
+                                  start_id="0-0")
+                got = client.xreadgroup("workers", "w1", {"work": ">"}, count=50, block=200)
+                for _, entries in got or []:
+                    for msg_id, fields in entries:
+                        processed.add(int(fields[b"n"]))
+                        client.xack("work", "workers", msg_id)
+            except Exception as exc:  # the broker is down: again
+                errors.append(repr(exc))
+                client = None
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=work)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(confirmed) < 150 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        broker.kill()
+        broker.start()
+        deadline = time.monotonic() + 60
+        while (len(confirmed) < 400 or not set(confirmed) <= processed) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert len(confirmed) == 400, errors[-5:]
+    assert set(confirmed) <= processed, sorted(set(confirmed) - processed)[:10]

@@ -213,6 +213,7 @@ class BrokerServer:
         self.resp_connections: set[Any] = set()
         self._resp_socket: socket.socket | None = None
         self._resp: Any = None
+        self.resp_groups: Any = None  # resp_groups.RespGroups with the Redis protocol
         self._http_auth: Any = None
         self.commit_seconds_total = 0.0
         self.commits = 0
@@ -386,6 +387,9 @@ class BrokerServer:
             self._http, self.http_address = await start_http(self, http)
         if self._resp_socket is not None:
             from .resp import start_resp
+            from .resp_groups import RespGroups
+
+            self.resp_groups = RespGroups(self)
 
             self._resp = await start_resp(self, self._resp_socket, ssl_context)
             name = self._resp_socket.getsockname()
@@ -1090,6 +1094,8 @@ class BrokerServer:
                     self._stage_registry()
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
+                if self.resp_groups is not None:
+                    self.resp_groups.consumers.sweep(now)
                 try:
                     expired = await loop.run_in_executor(
                         self._reader_pool, self.storage.expired, now, 1000)

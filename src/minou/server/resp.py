@@ -32,7 +32,9 @@ from ..errors import (
     RequestError,
 )
 from ..protocol import frames as f
+from ..protocol.frames import Delivery
 from ..protocol.resp import (
+    NULL_ARRAY,
     OK,
     Error,
     Map,
@@ -53,6 +55,8 @@ from ..protocol.resp_streams import (
 )
 from . import oplog
 from .connection import NativeConnection
+from .http_consumers import HttpConsumer
+from .resp_groups import DEFAULT_COUNT, MAX_COUNT, RespGroups, group_name
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -142,6 +146,7 @@ class RespConnection(asyncio.Protocol):
         self._req = itertools.count(1)
         self._reading_paused = False
         self._since = time.monotonic()
+        self.blocked: set[Callable[[], None]] = set()  # blocking reads: end them if closed
 
     # ------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -192,6 +197,8 @@ class RespConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        for end in list(self.blocked):  # what their waiting reads get goes back
+            end()
         self.server.admission.leave(self.transport)
         self.server.resp_connections.discard(self)
         if self.inner is not None:
@@ -670,12 +677,385 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
 
 RespConnection.inner_read = _read_into  # type: ignore[attr-defined]
 
+
+# ------------------------------------------------------------- consumer groups
+NOGROUP = "NOGROUP No such key '{key}' or consumer group '{group}' in {cmd} with GROUP option"
+
+
+def _groups(c: RespConnection) -> RespGroups:
+    groups = c.server.resp_groups
+    assert groups is not None
+    return groups
+
+
+def _text(b: bytes) -> str:
+    return b[:200].decode(errors="replace")
+
+
+def _int(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise _Reply(Error("ERR value is not an integer or out of range")) from None
+
+
+class _Reply(Exception):
+    """Answer the command with ``reply`` now (raised from deep in an argument check)."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+
+def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 2:
+        return wrong_args("xgroup")
+    sub = args[1].upper()
+    groups = _groups(c)
+    assert c.identity is not None and c.inner is not None
+    if sub == b"CREATE":
+        if len(args) < 5:
+            return wrong_args("xgroup|create")
+        key, group, start_id = args[2], args[3], args[4]
+        opts = [a.upper() for a in args[5:]]
+        channel = key_to_channel(key)
+        gname = group_name(group, channel)
+        if groups.exists(gname):
+            return Error("BUSYGROUP Consumer Group name already exists")
+        if b"MKSTREAM" not in opts and channel not in c.server.core.channels:
+            return Error("ERR The XGROUP subcommand requires the key to exist. Note that for "
+                         "CREATE you may want to use the MKSTREAM option to create an empty "
+                         "stream automatically.")
+        if start_id == b"$":
+            start = "new"
+        elif start_id in (b"0", b"0-0", b"-"):
+            start = "oldest"
+        else:
+            start = f"seq:{parse_id(start_id, high=True) + 1}"
+        groups.create(c.identity, channel, gname, start)
+        return OK
+    if sub == b"DESTROY" and len(args) == 4:
+        channel = key_to_channel(args[2])
+        c.server.core.check_read(c.inner.session, channel)
+        return 1 if groups.destroy(group_name(args[3], channel)) else 0
+    if sub in (b"CREATECONSUMER", b"DELCONSUMER") and len(args) == 5:
+        channel = key_to_channel(args[2])
+        gname = group_name(args[3], channel)
+        if not groups.exists(gname):
+            return Error(f"NOGROUP No such consumer group '{_text(args[3])}' for key name "
+                         f"'{_text(args[2])}'")
+        names = groups.names.setdefault(gname, {})
+        if sub == b"CREATECONSUMER":
+            if args[4] in names:
+                return 0
+            groups.seen(gname, args[4])
+            return 1
+        mine = [e for e in groups.entries(gname).values() if e.consumer == args[4]]
+        groups.ack(gname, [])  # (drops stale entries)
+        for entry in mine:  # what it held goes back to the group
+            groups.entries(gname).pop(entry.item.seq, None)
+            groups._settle(entry, "nack")
+        names.pop(args[4], None)
+        return len(mine)
+    if sub == b"SETID":
+        return Error("ERR XGROUP SETID is not supported yet: create the group again (XGROUP "
+                     "DESTROY, then CREATE at the id) to move it")
+    return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XGROUP HELP.")
+
+
+def _parse_streams(args: list[bytes], at: int, cmd: str) -> tuple[list[bytes], list[bytes]]:
+    rest = args[at:]
+    if not rest or len(rest) % 2:
+        raise _Reply(Error("ERR Unbalanced 'xreadgroup' list of streams: for each stream key "
+                           "an ID or '>' must be specified." if cmd == "XREADGROUP" else
+                           "ERR Unbalanced 'xread' list of streams: for each stream key an "
+                           "ID or '$' must be specified."))
+    half = len(rest) // 2
+    return rest[:half], rest[half:]
+
+
+def _streams_reply(c: RespConnection, found: list[tuple[bytes, list[Any]]]) -> Any:
+    if c.proto >= 3:
+        return Map([(k, v) for k, v in found])
+    return [[k, v] for k, v in found]
+
+
+def _entry(item: Delivery) -> list[Any]:
+    return [format_id(item.seq), message_to_entry(item.data, item.raw, item.headers)]
+
+
+def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 7 or args[1].upper() != b"GROUP":
+        return wrong_args("xreadgroup")
+    group, name = args[2], args[3]
+    count, block, noack = None, None, False
+    i = 4
+    try:
+        while i < len(args):
+            opt = args[i].upper()
+            if opt == b"COUNT" and i + 1 < len(args):
+                count = max(1, min(_int(args[i + 1]), MAX_COUNT))
+                i += 2
+            elif opt == b"BLOCK" and i + 1 < len(args):
+                block = _int(args[i + 1])
+                if block < 0:
+                    return Error("ERR timeout is negative")
+                i += 2
+            elif opt == b"NOACK":
+                noack = True
+                i += 1
+            elif opt == b"STREAMS":
+                break
+            else:
+                return Error("ERR syntax error")
+        keys, ids = _parse_streams(args, i + 1, "XREADGROUP")
+    except _Reply as early:
+        return early.reply
+    groups = _groups(c)
+    assert c.identity is not None and c.inner is not None
+    targets = []
+    for key, sid in zip(keys, ids, strict=True):
+        channel = key_to_channel(key)
+        gname = group_name(group, channel)
+        if not groups.exists(gname):
+            return Error(NOGROUP.format(key=_text(key), group=_text(group), cmd="XREADGROUP"))
+        c.server.core.check_read(c.inner.session, channel)
+        groups.seen(gname, name)
+        targets.append((key, channel, gname, sid))
+    if any(sid != b">" for *_, sid in targets):
+        # The consumer's own pending entries after the id: history, never blocking.
+        found = []
+        for key, _channel, gname, sid in targets:
+            after = parse_id(sid, high=True) if sid != b">" else 2 ** 62
+            mine = sorted((e for e in groups.entries(gname).values()
+                           if e.consumer == name and e.item.seq > after),
+                          key=lambda e: e.item.seq)[:count or MAX_COUNT]
+            found.append((key, [_entry(e.item) for e in mine]))
+        return _streams_reply(c, found)
+    want = count or DEFAULT_COUNT
+    wait = 0.0 if block is None else (block / 1000 if block else 24 * 3600.0)
+    _take(c, slot, groups, targets, name, want, wait, noack)
+    return _LATER
+
+
+def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
+          targets: list[tuple[bytes, str, str, bytes]], name: bytes, want: int,
+          wait: float, noack: bool) -> None:
+    """Ask each stream's consumer for up to ``want`` messages; answer with what came
+    once the first one is here (the others ready by then come with it), or null once
+    ``wait`` passed."""
+    assert c.identity is not None
+    got: dict[bytes, list[Any]] = {}
+    cancels: list[Callable[[], object]] = []
+    state = {"open": len(targets) * want, "finished": False}
+    loop = asyncio.get_running_loop()
+
+    def finish() -> None:
+        if state["finished"]:
+            return
+        state["finished"] = True
+        c.blocked.discard(finish)
+        for cancel in cancels:
+            cancel()
+        if got:
+            c._answer(slot, _streams_reply(c, [(k, got[k]) for k, *_ in targets if k in got]))
+        else:
+            c._answer(slot, NULL_ARRAY)
+
+    for key, _channel, gname, _sid in targets:
+        holder = groups.consumer(c.identity, _channel, gname)
+
+        def done(item: Delivery | None, key: bytes = key, gname: str = gname,
+                 holder: HttpConsumer = holder) -> None:
+            state["open"] -= 1
+            if item is not None:
+                if state["finished"]:
+                    holder.give_back(item)  # the read was answered meanwhile
+                    return
+                groups.delivered(gname, name, holder, item, noack)
+                got.setdefault(key, []).append(_entry(item))
+                loop.call_soon(finish)
+            elif state["open"] == 0:
+                finish()
+
+        for _ in range(want):
+            cancels.append(holder.take(wait, done))
+    c.blocked.add(finish)
+
+
+def _ids(values: list[bytes]) -> list[int]:
+    return [parse_id(v, high=True) for v in values]
+
+
+def _xack(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 4:
+        return wrong_args("xack")
+    channel = key_to_channel(args[1])
+    return _groups(c).ack(group_name(args[2], channel), _ids(args[3:]))
+
+
+def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 3:
+        return wrong_args("xpending")
+    key, group = args[1], args[2]
+    channel = key_to_channel(key)
+    gname = group_name(group, channel)
+    groups = _groups(c)
+    if not groups.exists(gname):
+        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
+    entries = sorted(groups.entries(gname).values(), key=lambda e: e.item.seq)
+    if len(args) == 3:
+        if not entries:
+            return [0, None, None, None]
+        per: dict[bytes, int] = {}
+        for e in entries:
+            per[e.consumer] = per.get(e.consumer, 0) + 1
+        return [len(entries), format_id(entries[0].item.seq), format_id(entries[-1].item.seq),
+                [[k, str(v).encode()] for k, v in per.items()]]
+    i, min_idle = 3, 0
+    try:
+        if args[i].upper() == b"IDLE" and len(args) > i + 1:
+            min_idle, i = _int(args[i + 1]), i + 2
+        if len(args) < i + 3:
+            return Error("ERR syntax error")
+        lo, hi = parse_id(args[i], high=False), parse_id(args[i + 1], high=True)
+        count = _int(args[i + 2])
+    except _Reply as early:
+        return early.reply
+    who = args[i + 3] if len(args) > i + 3 else None
+    now = time.monotonic()
+    out = []
+    for e in entries:
+        idle = int((now - e.since) * 1000)
+        if lo <= e.item.seq <= hi and idle >= min_idle and (who is None or e.consumer == who):
+            out.append([format_id(e.item.seq), e.consumer, idle, e.count])
+            if len(out) >= count:
+                break
+    return out
+
+
+def _claim_options(args: list[bytes]) -> tuple[list[bytes], bool]:
+    ids: list[bytes] = []
+    justid = False
+    i = 0
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"JUSTID":
+            justid, i = True, i + 1
+        elif opt == b"FORCE":
+            i += 1
+        elif opt in (b"IDLE", b"TIME", b"RETRYCOUNT", b"LASTID"):
+            i += 2
+        else:
+            ids.append(args[i])
+            i += 1
+    return ids, justid
+
+
+def _xclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 6:
+        return wrong_args("xclaim")
+    key, group, name = args[1], args[2], args[3]
+    try:
+        min_idle = _int(args[4])
+    except _Reply as early:
+        return early.reply
+    channel = key_to_channel(key)
+    gname = group_name(group, channel)
+    groups = _groups(c)
+    if not groups.exists(gname):
+        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
+    ids, justid = _claim_options(args[5:])
+    claimed = groups.claim(gname, name, min_idle, _ids(ids), bump=not justid)
+    return [format_id(e.item.seq) if justid else _entry(e.item) for e in claimed]
+
+
+def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 6:
+        return wrong_args("xautoclaim")
+    key, group, name = args[1], args[2], args[3]
+    count, justid = DEFAULT_COUNT, False
+    try:
+        min_idle = _int(args[4])
+        start = parse_id(args[5], high=False)
+        i = 6
+        while i < len(args):
+            opt = args[i].upper()
+            if opt == b"COUNT" and i + 1 < len(args):
+                count, i = max(1, min(_int(args[i + 1]), MAX_COUNT)), i + 2
+            elif opt == b"JUSTID":
+                justid, i = True, i + 1
+            else:
+                return Error("ERR syntax error")
+    except _Reply as early:
+        return early.reply
+    channel = key_to_channel(key)
+    gname = group_name(group, channel)
+    groups = _groups(c)
+    if not groups.exists(gname):
+        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
+    now = time.monotonic()
+    candidates = sorted((e for e in groups.entries(gname).values()
+                         if e.item.seq >= start and (now - e.since) * 1000 >= min_idle),
+                        key=lambda e: e.item.seq)
+    taken, rest = candidates[:count], candidates[count:]
+    claimed = groups.claim(gname, name, min_idle, [e.item.seq for e in taken],
+                           bump=not justid)
+    nxt = format_id(rest[0].item.seq) if rest else b"0-0"
+    return [nxt, [format_id(e.item.seq) if justid else _entry(e.item) for e in claimed], []]
+
+
+def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 3:
+        return wrong_args("xinfo")
+    sub = args[1].upper()
+    channel = key_to_channel(args[2])
+    groups = _groups(c)
+    core = c.server.core
+    log_ = core.channels.get(channel)
+    if sub == b"GROUPS":
+        out = []
+        suffix = f"@{channel}"
+        for key, grp in core.state.groups.items():
+            gname = key.removeprefix("consume:")
+            if not key.startswith("consume:") or not gname.endswith(suffix):
+                continue
+            gc = grp.gcs.get(channel)
+            last = max(0, (gc.cursor if gc is not None else 1) - 1)
+            pending = len(groups.entries(gname))
+            lag = max(0, (log_.end if log_ is not None else 1) - (gc.cursor if gc else 1))
+            out.append(Map([(b"name", gname[:-len(suffix)].encode()),
+                            (b"consumers", len(groups.names.get(gname, {}))),
+                            (b"pending", pending), (b"last-delivered-id", format_id(last)),
+                            (b"entries-read", last), (b"lag", lag)]))
+        return out
+    if sub == b"CONSUMERS" and len(args) == 4:
+        gname = group_name(args[3], channel)
+        if not groups.exists(gname):
+            return Error(f"NOGROUP No such consumer group '{_text(args[3])}' for key name "
+                         f"'{_text(args[2])}'")
+        now = time.monotonic()
+        pel = groups.entries(gname)
+        return [Map([(b"name", n), (b"pending", sum(e.consumer == n for e in pel.values())),
+                     (b"idle", int((now - seen) * 1000)), (b"inactive", int((now - seen) * 1000))])
+                for n, seen in groups.names.get(gname, {}).items()]
+    if sub == b"STREAM":
+        if log_ is None:
+            return Error("ERR no such key")
+        last = format_id(max(0, log_.end - 1))
+        return Map([(b"length", log_.count), (b"last-generated-id", last),
+                    (b"first-entry", None), (b"last-entry", None),
+                    (b"groups", sum(1 for k in core.state.groups
+                                    if k.startswith("consume:") and k.endswith(f"@{channel}")))])
+    return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XINFO HELP.")
+
 COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
     "PING": _ping, "ECHO": _echo, "QUIT": _quit, "RESET": _reset, "SELECT": _select,
     "AUTH": _auth, "HELLO": _hello, "CLIENT": _client, "INFO": _info,
     "COMMAND": _command_cmd,
     "XADD": _xadd, "XLEN": _xlen, "XRANGE": _xrange, "XREVRANGE": _xrevrange,
     "PUBLISH": _publish,
+    "XGROUP": _xgroup, "XREADGROUP": _xreadgroup, "XACK": _xack, "XPENDING": _xpending,
+    "XCLAIM": _xclaim, "XAUTOCLAIM": _xautoclaim, "XINFO": _xinfo,
 }
 BEFORE_AUTH = frozenset({"AUTH", "HELLO", "QUIT", "RESET"})
 
