@@ -33,7 +33,11 @@ def command(*args: bytes) -> bytes:
 
 
 def parse(data: bytes, max_bulk: int = 1 << 20) -> list[list[bytes]]:
-    return RespParser(max_bulk).feed(data)
+    p = RespParser(max_bulk)
+    out = p.feed(data)
+    if p.error is not None:
+        raise p.error
+    return out
 
 
 def test_commands_arrive_whole_pipelined_and_split_at_every_byte() -> None:
@@ -89,8 +93,16 @@ def test_what_cannot_be_framed_is_a_protocol_error_in_redis_words(wire: bytes, w
 def test_an_inline_line_is_bounded_even_before_its_end_arrives() -> None:
     p = RespParser(10)
     p.feed(b"A" * MAX_INLINE)  # not over yet
-    with pytest.raises(RespProtocolError, match="too big inline request"):
-        p.feed(b"A" * 10)
+    assert p.error is None
+    assert p.feed(b"A" * 10) == []
+    assert str(p.error) == "Protocol error: too big inline request"
+    assert p.feed(b"PING\r\n") == [] and p.buffered == 0  # nothing more is read
+
+
+def test_commands_before_a_break_are_still_returned() -> None:
+    p = RespParser(10)
+    assert p.feed(command(b"PING") + b"*x\r\n" + command(b"PING")) == [[b"PING"]]
+    assert str(p.error) == "Protocol error: invalid multibulk length"
 
 
 def test_a_big_bulk_is_held_until_complete_and_nothing_more() -> None:
@@ -151,10 +163,8 @@ def test_any_commands_split_anywhere_come_out_as_sent(commands: list[list[bytes]
 def test_random_bytes_give_commands_or_a_protocol_error_never_a_crash(data: bytes,
                                                                      cut: int) -> None:
     p = RespParser(64)
-    try:
-        for part in (data[:cut], data[cut:]):
-            for c in p.feed(part):
-                assert c and all(isinstance(a, bytes) for a in c)
-    except RespProtocolError as exc:
-        assert str(exc).startswith("Protocol error: ")
+    for part in (data[:cut], data[cut:]):
+        for c in p.feed(part):
+            assert c and all(isinstance(a, bytes) for a in c)
+    assert p.error is None or str(p.error).startswith("Protocol error: ")
     assert p.buffered <= len(data)

@@ -321,3 +321,60 @@ def test_a_streams_worker_survives_a_kill_9_losing_nothing_confirmed(broker) -> 
             t.join(30)
     assert len(confirmed) == 400, errors[-5:]
     assert set(confirmed) <= processed, sorted(set(confirmed) - processed)[:10]
+
+
+def test_xread_reads_after_an_id_and_blocks_for_new_entries(broker) -> None:
+    r = connect(broker, "reader")
+    for n in range(3):
+        r.xadd("feed", {"n": str(n)})
+    ((key, entries),) = r.xread({"feed": "0"})
+    assert key == b"feed" and [i for i, _ in entries] == [b"1-0", b"2-0", b"3-0"]
+    assert [i for i, _ in r.xread({"feed": "1-0"}, count=1)[0][1]] == [b"2-0"]
+    assert not r.xread({"feed": "$"}, block=200)  # nothing new: nil after the wait
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(r.xread({"feed": "$"}, block=10_000)))
+    t.start()
+    time.sleep(0.5)
+    connect(broker, "writer").xadd("feed", {"n": "new"})
+    t.join(15)
+    ((_, got),) = out[0]
+    assert got == [(b"4-0", {b"n": b"new"})]
+    with pytest.raises(redis.ResponseError, match="XDEL is not supported"):
+        r.xdel("feed", b"1-0")
+    assert r.xtrim("feed", maxlen=1, approximate=True) == 0
+
+
+def test_bad_bytes_get_a_protocol_error_the_broker_goes_on(broker) -> None:
+    """Bad input from outside (raw sockets: no client library sends these): a precise
+    error in Redis's words, the connection closed, the broker unharmed and counting."""
+    import socket
+
+    def send(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", broker.resp_port), timeout=10) as s:
+            s.sendall(data)
+            out = b""
+            while chunk := s.recv(65536):
+                out += chunk
+            return out
+
+    assert send(b"*1\r\n$99999999999\r\n") == b"-ERR Protocol error: invalid bulk length\r\n"
+    assert send(b"*2\r\n:1\r\n") == b"-ERR Protocol error: expected '$', got ':'\r\n"
+    assert send(b'PING "open\r\n') == b"-ERR Protocol error: unbalanced quotes in request\r\n"
+    # before them, what was well framed is answered (here: it needs AUTH first)
+    assert send(b"XLEN k\r\n*x\r\n") == (b"-NOAUTH Authentication required.\r\n"
+                                        b"-ERR Protocol error: invalid multibulk length\r\n")
+    assert connect(broker, "after").ping() is True
+    assert broker.alive
+
+
+def test_a_connection_that_never_authenticates_is_closed(broker_factory) -> None:
+    import socket
+
+    cfg = broker_factory.make().data_dir.parent / "short-hello.toml"
+    cfg.write_text("hello_timeout = 1.0\n")
+    b = broker_factory.make(resp_port=0, config=cfg).start()
+    with socket.create_connection(("127.0.0.1", b.resp_port), timeout=10) as s:
+        started = time.monotonic()
+        assert s.recv(1000) == b"-ERR no AUTH within 1 s\r\n"
+        assert s.recv(1000) == b""  # closed
+        assert time.monotonic() - started < 5

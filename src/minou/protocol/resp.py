@@ -4,9 +4,10 @@
 commands complete so far, each a list of ``bytes`` arguments. Requests are what Redis
 accepts: arrays of bulk strings (what every client library sends, pipelined or not)
 and inline commands (a line of words, as ``redis-cli`` in a pipe or ``nc`` send), with
-Redis's quoting. Anything else raises ``RespProtocolError`` with Redis's own wording
-("Protocol error: invalid bulk length"): the connection answers it and closes, as
-Redis does, since the stream can no longer be framed.
+Redis's quoting. Anything else is a ``RespProtocolError`` in ``error``, with Redis's
+own wording ("Protocol error: invalid bulk length"): the connection answers the
+commands before it, then the error, and closes, as Redis does, since the stream can
+no longer be framed.
 
 Everything a peer can make the parser hold is bounded: an array's element count, a
 bulk string's length (``max_bulk``, the broker's message size plus room), an inline
@@ -110,6 +111,7 @@ class RespParser:
         # An array being read: the elements still to come and those read so far.
         self._left = 0
         self._args: list[bytes] = []
+        self.error: RespProtocolError | None = None  # the stream broke: close after
 
     @property
     def buffered(self) -> int:
@@ -117,7 +119,11 @@ class RespParser:
         return len(self._buf) - self._pos
 
     def feed(self, data: bytes) -> list[list[bytes]]:
-        """Add ``data``; return every command now complete (empty ones skipped)."""
+        """Add ``data``; return every command now complete (empty ones skipped). If the
+        stream broke after them, ``error`` says how (what came before is still
+        answered, as Redis does); nothing more is read then."""
+        if self.error is not None:
+            return []
         self._buf += data
         out: list[list[bytes]] = []
         try:
@@ -127,6 +133,10 @@ class RespParser:
                     break
                 if command:
                     out.append(command)
+        except RespProtocolError as exc:
+            self.error = exc
+            self._buf.clear()
+            self._pos = 0
         finally:
             if self._pos:
                 del self._buf[:self._pos]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections import deque
@@ -39,7 +40,6 @@ from ..protocol.resp import (
     Error,
     Map,
     RespParser,
-    RespProtocolError,
     Simple,
     Verbatim,
     encode,
@@ -67,6 +67,7 @@ log = logging.getLogger("minou.resp")
 REDIS_VERSION = "7.2.0"  # the Redis release whose command forms this door follows
 READ_PAGE = 1000  # messages one READ brings back for XRANGE
 MAX_PENDING_REPLIES = 10_000  # commands in flight on one connection: then reading pauses
+MAX_WAIT_S = 30.0  # one long poll of a blocking XREAD (then it asks again)
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 NOAUTH = "NOAUTH Authentication required."
 
@@ -178,19 +179,14 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        try:
-            commands = self.parser.feed(data)
-        except RespProtocolError as exc:
-            self.server.core.counters.refuse("malformed_frame")
-            slot = self._slot()
-            self._fill(slot, Error(f"ERR {exc}"))
-            self.closing = True
-            self._drain()
-            return
-        for args in commands:
+        for args in self.parser.feed(data):
             if self.closing:
                 break
             self._command(args)
+        if self.parser.error is not None and not self.closing:
+            self.server.core.counters.refuse("malformed_frame")
+            self._fill(self._slot(), Error(f"ERR {self.parser.error}"))
+            self.closing = True
         if self.inner is not None:
             self.inner.engine.after_input()
         self._drain()
@@ -274,6 +270,15 @@ class RespConnection(asyncio.Protocol):
             self._fill(slot, _frame_error(frame))
             self.closing = True
             self._drain()
+
+    def request(self, frame: Any) -> asyncio.Future[Any]:
+        """Send ``frame`` to the inner connection; a future of its answer (a frame)."""
+        assert self.inner is not None
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[frame.req] = lambda reply: fut.done() or fut.set_result(reply)
+        self.inner._handle(frame)
+        self.inner.engine.after_input()
+        return fut
 
     def _ask(self, frame: Any, slot: _Slot, then: Callable[[Any], Any]) -> None:
         """Send ``frame`` to the inner connection; ``then(answer)`` fills ``slot``
@@ -882,6 +887,101 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
     c.blocked.add(finish)
 
 
+def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    count, block = None, None
+    i = 1
+    try:
+        while i < len(args):
+            opt = args[i].upper()
+            if opt == b"COUNT" and i + 1 < len(args):
+                count = max(1, min(_int(args[i + 1]), MAX_COUNT))
+                i += 2
+            elif opt == b"BLOCK" and i + 1 < len(args):
+                block = _int(args[i + 1])
+                if block < 0:
+                    return Error("ERR timeout is negative")
+                i += 2
+            elif opt == b"STREAMS":
+                break
+            else:
+                return Error("ERR syntax error")
+        keys, ids = _parse_streams(args, i + 1, "XREAD")
+        targets = [(key, key_to_channel(key), sid) for key, sid in zip(keys, ids, strict=True)]
+        for _, _, sid in targets:
+            if sid not in (b"$", b"+"):
+                parse_id(sid, high=True)
+    except _Reply as early:
+        return early.reply
+    task = asyncio.ensure_future(_xread_run(c, slot, targets, count or DEFAULT_COUNT, block))
+
+    def end() -> None:
+        task.cancel()
+    c.blocked.add(end)
+    task.add_done_callback(lambda _: c.blocked.discard(end))
+    return _LATER
+
+
+async def _xread_run(c: RespConnection, slot: _Slot, targets: list[tuple[bytes, str, bytes]],
+                     count: int, block: int | None) -> None:
+    """XREAD: the entries after each id (``$``: after the last one now); with BLOCK,
+    a long poll (channels.wait) until one of the streams has something or time is up."""
+    try:
+        offsets = await c.request(f.Offsets(next(c._req), [ch for _, ch, _ in targets]))
+        if isinstance(offsets, f.Error):
+            c._answer(slot, _frame_error(offsets))
+            return
+        known = offsets.value or {}
+        after: dict[str, int] = {}
+        for _, ch, sid in targets:
+            nxt = int(known[ch][1]) if ch in known else 1
+            after[ch] = nxt - 1 if sid in (b"$", b"+") else parse_id(sid, high=True)
+        deadline = None if block is None else (
+            time.monotonic() + (block / 1000 if block else 10 ** 9))
+        while True:
+            found = []
+            for key, ch, _ in targets:
+                reply = await c.request(f.Read(next(c._req), ch, after[ch] + 1, count))
+                if isinstance(reply, f.Error):
+                    c._answer(slot, _frame_error(reply))
+                    return
+                items = [d for d in reply.items if d.seq > after[ch]][:count]
+                if items:
+                    found.append((key, [_entry(d) for d in items]))
+            if found:
+                c._answer(slot, _streams_reply(c, found))
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is None or left <= 0:
+                c._answer(slot, NULL_ARRAY)
+                return
+            wait = min(left, MAX_WAIT_S)
+            reply = await c.request(f.Admin(next(c._req), "channels.wait", {
+                "patterns": json.dumps([ch for _, ch, _ in targets]),
+                "after": json.dumps({ch: after[ch] + 1 for _, ch, _ in targets}),
+                "wait": wait}))
+            if isinstance(reply, f.Error):
+                c._answer(slot, _frame_error(reply))
+                return
+    except asyncio.CancelledError:
+        c._answer(slot, NULL_ARRAY)  # the connection is gone: nobody reads it
+        raise
+
+
+def _xdel(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    return Error("ERR XDEL is not supported: minou removes messages once every group "
+                 "settled them (or by retention); a consumer acknowledges with XACK")
+
+
+def _xtrim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 4:
+        return wrong_args("xtrim")
+    if args[3] == b"~":
+        return 0  # approximate: nothing trimmed (retention and max_items keep the size)
+    return Error(f"ERR XTRIM {_text(args[2].upper())} with an exact threshold is not "
+                 "supported: minou keeps a channel's messages by its retention and max_items "
+                 "(config [channels]); '~' (approximate) is accepted and trims nothing")
+
+
 def _ids(values: list[bytes]) -> list[int]:
     return [parse_id(v, high=True) for v in values]
 
@@ -1056,6 +1156,7 @@ COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
     "PUBLISH": _publish,
     "XGROUP": _xgroup, "XREADGROUP": _xreadgroup, "XACK": _xack, "XPENDING": _xpending,
     "XCLAIM": _xclaim, "XAUTOCLAIM": _xautoclaim, "XINFO": _xinfo,
+    "XREAD": _xread, "XDEL": _xdel, "XTRIM": _xtrim,
 }
 BEFORE_AUTH = frozenset({"AUTH", "HELLO", "QUIT", "RESET"})
 
