@@ -208,6 +208,10 @@ def _make_peer_factory(original):
             assert _MINOU_URL is not None
             return MinouPeer(_MINOU_URL, json=name == "minou-json",
                              channels=_JOB.get("channels"), group=_JOB.get("group"))
+        if name == "minou-resp":  # the Redis protocol door (bench/resp_bench.py)
+            import resp_bench
+
+            return resp_bench.RespPeer(_JOB)
         if name == "minou-http":  # test e: the HTTP API (bench/http_bench.py)
             import http_bench
 

@@ -96,6 +96,7 @@ class MinouBroker:
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
         self.data_dir: Path | None = None
+        self.resp_port: int | None = None  # the Redis protocol door, when configured
         self.starts = 0
 
     @property
@@ -196,6 +197,9 @@ class MinouBroker:
             m = re.search(r"http\s+(https?://\S+)", line)
             if m:
                 http_url = m.group(1)
+            m = re.search(r"redis\s+rediss?://\S+:(\d+)", line)
+            if m:  # the Redis protocol door (extra_config "resp_port = 0")
+                self.resp_port = int(m.group(1))
             if "stop with" in line and url:
                 break
         self.url = url

@@ -158,44 +158,55 @@ class RespParser:
         return line[:-1] if line.endswith(b"\r") else line
 
     def _next(self) -> list[bytes] | None:
+        # The hot path of every client library: written flat, on local names.
+        buf, pos = self._buf, self._pos
+        n = len(buf)
         if self._left == 0:
-            if self._pos >= len(self._buf):
+            if pos >= n:
                 return None
-            if self._buf[self._pos] != ord("*"):
+            if buf[pos] != 42:  # not '*': an inline command
                 return self._inline()
-            line = self._line(32, "mbulk count string")
-            if line is None:
+            end = buf.find(b"\r\n", pos)
+            if end < 0 or end - pos > 32:
+                if end >= 0 or n - pos > 32:
+                    raise RespProtocolError("Protocol error: too big mbulk count string")
                 return None
-            count = _number(line[1:], "invalid multibulk length")
+            count = _count(buf[pos + 1:end], "invalid multibulk length", negative=True)
+            self._pos = pos = end + 2
             if count > MAX_ARRAY:
                 raise RespProtocolError("Protocol error: invalid multibulk length")
             if count <= 0:
                 return []  # Redis ignores an empty or null array
             self._left, self._args = count, []
-        while self._left:
-            mark = self._pos
-            if mark >= len(self._buf):
-                return None
-            if self._buf[mark] != ord("$"):
-                got = chr(self._buf[mark]) if 32 <= self._buf[mark] < 127 else \
-                    f"\\x{self._buf[mark]:02x}"
+        args, left, max_bulk = self._args, self._left, self.max_bulk
+        while left:
+            if pos >= n:
+                break
+            if buf[pos] != 36:  # '$'
+                c = buf[pos]
+                got = chr(c) if 32 <= c < 127 else f"\\x{c:02x}"
                 raise RespProtocolError(f"Protocol error: expected '$', got '{got}'")
-            line = self._line(32, "bulk count string")
-            if line is None:
-                return None
-            size = _number(line[1:], "invalid bulk length")
-            if size < 0 or size > self.max_bulk:
+            end = buf.find(b"\r\n", pos)
+            if end < 0 or end - pos > 32:
+                if end >= 0 or n - pos > 32:
+                    raise RespProtocolError("Protocol error: too big bulk count string")
+                break
+            size = _count(buf[pos + 1:end], "invalid bulk length", negative=False)
+            if size > max_bulk:
                 raise RespProtocolError("Protocol error: invalid bulk length")
-            if len(self._buf) - self._pos < size + 2:
-                self._pos = mark  # read the length line again once the body is here
-                return None
-            body_end = self._pos + size
-            if self._buf[body_end:body_end + 2] != CRLF:
+            start = end + 2
+            stop = start + size
+            if stop + 2 > n:
+                break  # its length line is read again once the body is here
+            if buf[stop] != 13 or buf[stop + 1] != 10:
                 raise RespProtocolError("Protocol error: bulk string not followed by CRLF")
-            self._args.append(bytes(self._buf[self._pos:body_end]))
-            self._pos = body_end + 2
-            self._left -= 1
-        args, self._args = self._args, []
+            args.append(bytes(buf[start:stop]))
+            pos = stop + 2
+            left -= 1
+        self._pos, self._left = pos, left
+        if left:
+            return None
+        self._args = []
         return args
 
     def _inline(self) -> list[bytes] | None:
@@ -205,13 +216,13 @@ class RespParser:
         return split_inline(line)
 
 
-def _number(text: bytes, why: str) -> int:
-    try:
-        if not text or not text.lstrip(b"-").isdigit():
-            raise ValueError
+def _count(text: bytes | bytearray, why: str, *, negative: bool) -> int:
+    """A length line's number: digits only (``-`` first for an array's -1)."""
+    if text.isdigit():
         return int(text)
-    except ValueError:
-        raise RespProtocolError(f"Protocol error: {why}") from None
+    if negative and text[:1] == b"-" and text[1:].isdigit():
+        return int(text)
+    raise RespProtocolError(f"Protocol error: {why}")
 
 
 _ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("b"): b"\b",

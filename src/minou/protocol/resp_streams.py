@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import quote, unquote_to_bytes
 
 import msgspec
@@ -35,6 +36,7 @@ class StreamKeyError(ValueError):
     """A key that cannot name a stream (empty, or too long once encoded)."""
 
 
+@lru_cache(maxsize=8192)
 def key_to_channel(key: bytes) -> str:
     """The channel a stream key names (see the module docstring)."""
     try:

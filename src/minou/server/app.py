@@ -1095,7 +1095,7 @@ class BrokerServer:
                 if self.http_consumers is not None:
                     self.http_consumers.sweep(now)
                 if self.resp_groups is not None:
-                    self.resp_groups.consumers.sweep(now)
+                    self.resp_groups.sweep(now)
                 try:
                     expired = await loop.run_in_executor(
                         self._reader_pool, self.storage.expired, now, 1000)

@@ -55,8 +55,7 @@ from ..protocol.resp_streams import (
 )
 from . import oplog
 from .connection import NativeConnection
-from .http_consumers import HttpConsumer
-from .resp_groups import DEFAULT_COUNT, MAX_COUNT, RespGroups, group_name
+from .resp_groups import DEFAULT_COUNT, MAX_COUNT, RespConsumer, RespGroups, group_name
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -68,6 +67,7 @@ REDIS_VERSION = "7.2.0"  # the Redis release whose command forms this door follo
 READ_PAGE = 1000  # messages one READ brings back for XRANGE
 MAX_PENDING_REPLIES = 10_000  # commands in flight on one connection: then reading pauses
 MAX_WAIT_S = 30.0  # one long poll of a blocking XREAD (then it asks again)
+PUBLISH_BATCH = 1000  # pipelined XADDs gathered into one PUBLISH frame at most
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 NOAUTH = "NOAUTH Authentication required."
 
@@ -148,6 +148,7 @@ class RespConnection(asyncio.Protocol):
         self._reading_paused = False
         self._since = time.monotonic()
         self.blocked: set[Callable[[], None]] = set()  # blocking reads: end them if closed
+        self._batch: list[tuple[f.Send, _Slot, Callable[[f.Outcome], Any]]] = []
 
     # ------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -183,6 +184,7 @@ class RespConnection(asyncio.Protocol):
             if self.closing:
                 break
             self._command(args)
+        self._publish_batch()
         if self.parser.error is not None and not self.closing:
             self.server.core.counters.refuse("malformed_frame")
             self._fill(self._slot(), Error(f"ERR {self.parser.error}"))
@@ -310,6 +312,8 @@ class RespConnection(asyncio.Protocol):
         if self.identity is None and name not in BEFORE_AUTH:
             self._fill(slot, Error(NOAUTH))
             return
+        if self._batch and name != "XADD":
+            self._publish_batch()  # what came before takes effect first
         try:
             reply = handler(self, args, slot)
         except RequestError as exc:
@@ -322,6 +326,36 @@ class RespConnection(asyncio.Protocol):
             reply = Error("ERR INTERNAL internal error (logged by the broker)")
         if reply is not _LATER:
             self._fill(slot, reply)
+
+    def batch_publish(self, send: f.Send, slot: _Slot, answer: Callable[[f.Outcome], Any]
+                      ) -> None:
+        """Queue a publish of this read's commands: pipelined XADDs travel as one
+        PUBLISH frame (one pass through the engine, one commit), each answered from
+        its own outcome, in order."""
+        self._batch.append((send, slot, answer))
+        if len(self._batch) >= PUBLISH_BATCH:
+            self._publish_batch()
+
+    def _publish_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        frame = f.Publish(next(self._req), [send for send, _, _ in batch])
+
+        def confirmed(reply: f.Frame) -> None:
+            if isinstance(reply, f.Error):
+                error = _frame_error(reply)
+                for _, slot, _ in batch:
+                    self._fill(slot, error)
+            else:
+                assert isinstance(reply, f.Confirm)
+                for (_, slot, answer), outcome in zip(batch, reply.outcomes, strict=False):
+                    self._fill(slot, answer(outcome))
+            self._drain()
+
+        self._waiting[frame.req] = confirmed
+        assert self.inner is not None
+        self.inner._handle(frame)
 
     def _begin(self, identity: Identity) -> None:
         self.identity = identity
@@ -546,18 +580,12 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if nomkstream and channel not in c.server.core.channels:
         return None
     data, raw, headers = entry_to_message(fields)
-    assert c.inner is not None
-    frame = f.Publish(next(c._req), [f.Send(channel, data, raw, headers or None)])
-
-    def confirmed(reply: f.Frame) -> Any:
-        assert isinstance(reply, f.Confirm)
-        outcome = reply.outcomes[0]
-        if outcome.code:
-            return _outcome_error(outcome)
-        return format_id(outcome.seq)
-
-    c._ask(frame, slot, confirmed)
+    c.batch_publish(f.Send(channel, data, raw, headers or None), slot, _xadd_answer)
     return _LATER
+
+
+def _xadd_answer(outcome: f.Outcome) -> Any:
+    return _outcome_error(outcome) if outcome.code else format_id(outcome.seq)
 
 
 def _outcome_error(outcome: f.Outcome) -> Error:
@@ -846,44 +874,45 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
           targets: list[tuple[bytes, str, str, bytes]], name: bytes, want: int,
           wait: float, noack: bool) -> None:
     """Ask each stream's consumer for up to ``want`` messages; answer with what came
-    once the first one is here (the others ready by then come with it), or null once
-    ``wait`` passed."""
+    once the first batch is here (one stream's, the others' ready by then with it), or
+    null once ``wait`` passed."""
     assert c.identity is not None
     got: dict[bytes, list[Any]] = {}
-    cancels: list[Callable[[], object]] = []
-    state = {"open": len(targets) * want, "finished": False}
-    loop = asyncio.get_running_loop()
+    ends: list[Callable[[], None]] = []
+    state = {"open": len(targets), "finished": False}
 
     def finish() -> None:
         if state["finished"]:
             return
         state["finished"] = True
         c.blocked.discard(finish)
-        for cancel in cancels:
-            cancel()
+        for end in ends:
+            end()  # the others answer with what they hold now (counted in ``got``)
         if got:
             c._answer(slot, _streams_reply(c, [(k, got[k]) for k, *_ in targets if k in got]))
         else:
             c._answer(slot, NULL_ARRAY)
 
-    for key, _channel, gname, _sid in targets:
-        holder = groups.consumer(c.identity, _channel, gname)
+    for key, channel, gname, _sid in targets:
+        holder = groups.consumer(c.identity, channel, gname)
 
-        def done(item: Delivery | None, key: bytes = key, gname: str = gname,
-                 holder: HttpConsumer = holder) -> None:
+        def done(items: list[Delivery], key: bytes = key, gname: str = gname,
+                 holder: RespConsumer = holder) -> None:
             state["open"] -= 1
-            if item is not None:
-                if state["finished"]:
-                    holder.give_back(item)  # the read was answered meanwhile
+            if items:
+                if state["finished"]:  # answered meanwhile (the connection went away)
+                    for item in items:
+                        holder.give_back(item)
                     return
-                groups.delivered(gname, name, holder, item, noack)
-                got.setdefault(key, []).append(_entry(item))
-                loop.call_soon(finish)
+                entries = got.setdefault(key, [])
+                for item in items:
+                    groups.delivered(gname, name, holder, item, noack)
+                    entries.append(_entry(item))
+                finish()
             elif state["open"] == 0:
                 finish()
 
-        for _ in range(want):
-            cancels.append(holder.take(wait, done))
+        ends.append(holder.take(want, wait, done))
     c.blocked.add(finish)
 
 

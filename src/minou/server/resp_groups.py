@@ -18,14 +18,20 @@ there, whoever sent it). A lease that ran out is gone from the list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
-from ..errors import RequestError
+from ..errors import BadRequest
+from ..limits import MAX_SUBSCRIPTIONS, MIN_HTTP_WAIT_S
+from ..protocol import frames as f
 from ..protocol.frames import Delivery
-from .http_consumers import HttpConsumer, HttpConsumers
+from .front import Unpaced
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -34,16 +40,114 @@ if TYPE_CHECKING:
 RESP_LEASE_S = 600.0  # how long a pending entry is held without XACK or XCLAIM
 DEFAULT_COUNT = 100  # XREADGROUP without COUNT: a bounded batch chosen here
 MAX_COUNT = 10_000
+IDLE_S = 300.0  # a consumer nobody read with this long, holding nothing, is closed
+SID = 1  # a consumer's one subscription
 
 
 def group_name(group: bytes, channel: str) -> str:
     return f"{group.decode(errors='replace')}@{channel}"
 
 
+class _Read:
+    """One XREADGROUP waiting on a consumer: up to ``want`` messages."""
+
+    __slots__ = ("done", "items", "timer", "want")
+
+    def __init__(self, want: int, done: Callable[[list[Delivery]], None]) -> None:
+        self.want = want
+        self.items: list[Delivery] = []
+        self.done: Callable[[list[Delivery]], None] | None = done
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class RespConsumer(Unpaced):
+    """A detached session reading one channel in one group for one client, whose
+    credit is what the XREADGROUPs waiting on it want, no more: a batch is handed to
+    the first read in one go (the engine's one delivery call), and the read answers
+    once the broker's pump is done with it. What finds no read goes back at once."""
+
+    def __init__(self, owner: RespGroups, key: tuple[str, str], identity: Identity) -> None:
+        self.owner = owner
+        self.key = key
+        self.identity = identity
+        self.token = secrets.token_hex(8)
+        self.reads: deque[_Read] = deque()
+        self.session: Session | None = None
+        self.sub: Any = None
+        self.last_used = time.monotonic()
+        self.closed = False
+
+    @property
+    def server(self) -> Server:
+        return self.owner.server
+
+    @property
+    def engine(self) -> Any:
+        return self.owner.server.engine
+
+    def send_deliveries(self, sid: int, items: list[Delivery]) -> None:
+        loop = asyncio.get_running_loop()
+        for item in items:
+            read = next((r for r in self.reads if r.done and len(r.items) < r.want), None)
+            if read is None:
+                self.give_back(item)
+                continue
+            if not read.items:
+                loop.call_soon(self._finish, read)  # once this hand-over is complete
+            read.items.append(item)
+
+    def give_back(self, item: Delivery) -> None:
+        if self.session is not None:
+            self.server.core.withdraw(self.session, [item.tag], time.time())
+        self._credit()
+        self.server.engine.changed()
+
+    def send(self, frame: Any) -> None:
+        if isinstance(frame, f.Error):  # its subscription was ended (a group deleted)
+            self.owner.close(self)
+
+    def leases_expired(self) -> None:
+        self._credit()
+
+    def _credit(self) -> None:
+        sub = self.sub
+        if sub is None:
+            return
+        wanted = sum(r.want - len(r.items) for r in self.reads if r.done)
+        sub.prefetch = sub.unsettled + wanted
+        if wanted and self.session is not None:
+            self.server.wake_groups(self.session)
+
+    def take(self, want: int, wait: float, done: Callable[[list[Delivery]], None]
+             ) -> Callable[[], None]:
+        """``done(items)`` with up to ``want`` messages as soon as some came, or with
+        none after ``wait`` seconds (0: the broker's moment to hand over what is
+        ready). Returns a function that ends the read now (its items are answered)."""
+        self.last_used = time.monotonic()
+        read = _Read(want, done)
+        self.reads.append(read)
+        read.timer = asyncio.get_running_loop().call_later(
+            max(wait, MIN_HTTP_WAIT_S), self._finish, read)
+        self._credit()
+        return lambda: self._finish(read)
+
+    def _finish(self, read: _Read) -> None:
+        done, read.done = read.done, None
+        if done is None:
+            return
+        if read.timer is not None:
+            read.timer.cancel()
+        with contextlib.suppress(ValueError):
+            self.reads.remove(read)
+        self.last_used = time.monotonic()
+        self._credit()
+        done(read.items)
+
+
 @dataclass
 class Pending:
     consumer: bytes  # the Redis consumer name that holds it
-    holder: HttpConsumer  # whose lease it is (acks go there)
+    holder: RespConsumer  # whose lease it is (acks go there)
     item: Delivery
     since: float  # monotonic: its last delivery or claim
     count: int  # deliveries (claims count too, as in Redis)
@@ -57,7 +161,7 @@ class Pending:
 class RespGroups:
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.consumers = HttpConsumers(server)
+        self.consumers: dict[tuple[str, str], RespConsumer] = {}  # (client, group) ->
         self.pel: dict[str, dict[int, Pending]] = {}  # group -> seq -> entry
         self.names: dict[str, dict[bytes, float]] = {}  # group -> consumer -> last seen
 
@@ -84,14 +188,51 @@ class RespGroups:
             return False
         for entry in list(self.pel.pop(gname, {}).values()):
             self._settle(entry, "nack")
-        for consumer in [c for k, c in self.consumers.by_key.items() if k[1] == gname]:
-            self.consumers.close(consumer)
+        for consumer in [c for k, c in self.consumers.items() if k[1] == gname]:
+            self.close(consumer)
         self.names.pop(gname, None)
         self.server.admin("group.delete", {"group": consume_group_key(gname), "force": True})
         return True
 
-    def consumer(self, identity: Identity, channel: str, gname: str) -> HttpConsumer:
-        return self.consumers.get(identity, channel, gname, RESP_LEASE_S)
+    def consumer(self, identity: Identity, channel: str, gname: str) -> RespConsumer:
+        key = (identity.client_id, gname)
+        consumer = self.consumers.get(key)
+        if consumer is not None:
+            return consumer
+        server = self.server
+        server.engine.check_accepting()
+        mine = sum(k[0] == identity.client_id for k in self.consumers)
+        if mine >= MAX_SUBSCRIPTIONS:
+            raise BadRequest(f"client {identity.client_id!r} reads {mine} groups over the "
+                             f"Redis protocol (the limit is {MAX_SUBSCRIPTIONS})")
+        consumer = RespConsumer(self, key, identity)
+        session = Session(identity.client_id, consumer, access=server.access_for(identity),
+                          admin=identity.admin)
+        sub = server.engine.subscribe(session, SID, kind="consume", patterns=[channel],
+                                      group=gname, prefetch=1, lease=RESP_LEASE_S)
+        sub.prefetch = 0  # credit comes from waiting reads only
+        sub.on_demand = True
+        consumer.session, consumer.sub = session, sub
+        self.consumers[key] = consumer
+        return consumer
+
+    def close(self, consumer: RespConsumer) -> None:
+        self.consumers.pop(consumer.key, None)
+        consumer.closed = True
+        for read in list(consumer.reads):
+            consumer._finish(read)
+        if consumer.session is not None:
+            self.server.engine.close(consumer.session)
+            consumer.session = None
+
+    def sweep(self, now: float) -> None:
+        """Close consumers nobody read with for a while once they hold nothing."""
+        mono = time.monotonic()
+        for consumer in list(self.consumers.values()):
+            sub = consumer.sub
+            if mono - consumer.last_used > IDLE_S and not consumer.reads and \
+                    (sub is None or sub.unsettled == 0):
+                self.close(consumer)
 
     def seen(self, gname: str, name: bytes) -> None:
         self.names.setdefault(gname, {})[name] = time.monotonic()
@@ -106,7 +247,7 @@ class RespGroups:
             del pel[seq]
         return pel
 
-    def delivered(self, gname: str, name: bytes, holder: HttpConsumer, item: Delivery,
+    def delivered(self, gname: str, name: bytes, holder: RespConsumer, item: Delivery,
                   noack: bool) -> None:
         if noack:
             self._settle(Pending(name, holder, item, 0.0, 1), "ack")
@@ -115,24 +256,26 @@ class RespGroups:
             name, holder, item, time.monotonic(), item.attempts)
 
     def ack(self, gname: str, seqs: list[int]) -> int:
+        """XACK: settle the pending ones among ``seqs`` (one settle per holder)."""
         pel = self.entries(gname)
-        done = 0
+        by_holder: dict[RespConsumer, list[Pending]] = {}
         for seq in seqs:
             entry = pel.pop(seq, None)
-            if entry is not None and self._settle(entry, "ack"):
-                done += 1
-        return done
+            if entry is not None:
+                by_holder.setdefault(entry.holder, []).append(entry)
+        return sum(self._settle_all(holder, entries, "ack")
+                   for holder, entries in by_holder.items())
 
     def _settle(self, entry: Pending, op: str) -> bool:
-        holder = entry.holder
-        try:
-            result = self.consumers.settle(holder.identity, f"{holder.token}.{entry.item.tag}",
-                                           op)
-        except RequestError:
-            return False
-        if isinstance(result, asyncio.Future):  # on another broker: answered there
-            result.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return True
+        return self._settle_all(entry.holder, [entry], op) == 1
+
+    def _settle_all(self, holder: RespConsumer, entries: list[Pending], op: str) -> int:
+        if holder.session is None:
+            return 0
+        tags = [e.item.tag for e in entries]
+        failed = self.server.engine.settle(holder.session, op, tags, None)
+        holder._credit()
+        return len(tags) - len(failed or [])
 
     def claim(self, gname: str, name: bytes, min_idle_ms: int, seqs: list[int],
               *, bump: bool = True) -> list[Pending]:
@@ -151,4 +294,4 @@ class RespGroups:
         return out
 
     def unsettled(self) -> int:
-        return self.consumers.unsettled()
+        return sum(c.sub.unsettled for c in self.consumers.values() if c.sub is not None)
