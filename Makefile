@@ -198,6 +198,7 @@ bench: $(BENCH_STAMP) bench-deps
 	$(BIN)/python bench/credentials_bench.py
 	$(BIN)/python bench/federation.py
 	$(BIN)/python bench/kv.py
+	$(BIN)/python bench/resp_bench.py
 
 ## bench-dedup: dedup window memory and restart, a key on every publish vs none, with the
 ## default 120 s window (~6 min; `make bench` runs it with a 30 s one). docs/benchmarks.md.

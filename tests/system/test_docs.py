@@ -140,3 +140,35 @@ def test_example_config_starts_a_broker_that_enforces_it(broker_factory):
     with minou.connect_sync(broker.url, **auth("billing-7")) as billing:
         assert billing.send("invoice/v1/7", {"amount": 3}).seq == 1
         assert billing.admin("whoami")["access"]["write"] == ["invoice/v1/*"]
+
+
+def test_redis_protocol_doc_examples_work_as_written(tmp_path):
+    """docs/redis-protocol.md: the redis-cli session (against a --dev broker, as the
+    page starts it) prints what the page shows (as on a terminal: --no-raw), and the
+    redis-py worker runs."""
+    import shutil
+
+    from ..conftest import BrokerProcess
+
+    text = (ROOT / "docs" / "redis-protocol.md").read_text()
+    b = BrokerProcess(tmp_path / "data", extra=["--dev"], resp_port=0, open_rules=False)
+    b.start()
+    try:
+        port = str(b.resp_port)
+        (session,) = re.findall(r"```console\n(.*?)```", text, re.S)
+        cli = shutil.which("redis-cli")
+        if cli is not None:
+            steps = re.findall(r"^\$ redis-cli -p 6379 (.*)\n((?:[^$].*\n)*)", session, re.M)
+            assert len(steps) == 4
+            for command, shown in steps:
+                out = subprocess.run(f"{cli} --no-raw -p {port} {command}", shell=True,
+                                     capture_output=True, text=True, timeout=30)
+                assert out.returncode == 0, out.stderr
+                assert out.stdout.split() == shown.split(), command
+        (worker,) = re.findall(r"```python\n(.*?)```", text, re.S)
+        out = subprocess.run([sys.executable, "-c", worker.replace("6379", port)],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "b'resize'" in out.stdout
+    finally:
+        b.stop()
