@@ -24,12 +24,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $@
 
 $(TEST_STAMP): $(STAMP) Makefile
-	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis,resp]'
 	rm -f $(VENV)/.installed-test-*
 	touch $@
 
 $(MUTATE_STAMP): $(TEST_STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis,mutation]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,bench,redis,resp,mutation]'
 	rm -f $(VENV)/.installed-mutate-*
 	touch $@
 

@@ -6,6 +6,7 @@ authentication is the broker's; errors are Redis's words and minou's reasons."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 import threading
@@ -378,3 +379,128 @@ def test_a_connection_that_never_authenticates_is_closed(broker_factory) -> None
         assert s.recv(1000) == b"-ERR no AUTH within 1 s\r\n"
         assert s.recv(1000) == b""  # closed
         assert time.monotonic() - started < 5
+
+
+def test_plain_keys_for_locks_and_markers_are_durable(broker) -> None:
+    """SET/GET/DEL/EXISTS/TYPE/EXPIRE/TTL: a framework's locks and markers, kept in the
+    KV bucket 'redis' (durable, under the rules), across a restart."""
+    r = connect(broker, "locker")
+    assert r.set("marker", b"\x00v1") is True and r.get("marker") == b"\x00v1"
+    assert r.set("marker", "v2", nx=True) is None  # NX: a value is there
+    assert r.set("marker", "v3", xx=True) is True and r.get("marker") == b"v3"
+    assert r.set("nothing", "x", xx=True) is None
+    assert r.set("marker", "v4", get=True) == b"v3"
+    assert r.set("lock:jobs", "token-1", nx=True, px=60_000) is True
+    assert 0 < r.pttl("lock:jobs") <= 60_000 and r.ttl("marker") == -1 and r.ttl("nope") == -2
+    assert r.exists("marker", "lock:jobs", "nope") == 2
+    r.xadd("events", {"a": "1"})
+    assert (r.type("marker"), r.type("events"), r.type("nope")) == (b"string", b"stream",
+                                                                    b"none")
+    with pytest.raises(redis.ResponseError, match=r"^WRONGTYPE"):
+        r.get("events")
+    assert r.expire("marker", 100) is True and 95 <= r.ttl("marker") <= 100
+    assert r.persist("marker") is True and r.ttl("marker") == -1
+    assert r.set("short", "x", px=200) is True
+    time.sleep(0.4)
+    assert r.get("short") is None  # expired
+    assert r.set("key with spaces/and//slashes", "ok") is True  # stored encoded
+    assert r.get("key with spaces/and//slashes") == b"ok"
+    broker.kill()
+    broker.start()
+    r = connect(broker, "locker")
+    assert r.get("marker") == b"v4" and r.get("lock:jobs") == b"token-1"  # durable
+    assert r.delete("marker", "nope") == 1 and r.get("marker") is None
+    with broker.connect_sync("kv-reader") as c:  # the same values through KV
+        assert c.kv("redis").get("lock:jobs").value == b"token-1"
+
+
+def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
+    r = connect(broker, "scripted")
+    with r.pipeline(transaction=True) as pipe:  # MULTI ... EXEC
+        pipe.set("a", "1").get("a").xadd("tx-stream", {"f": "v"}).xlen("tx-stream")
+        assert pipe.execute() == [True, b"1", b"1-0", 1]
+    r.execute_command("MULTI")
+    with pytest.raises(redis.ResponseError, match="unknown command 'NOSUCH'"):
+        r.execute_command("NOSUCH")  # refused when queued, as Redis does
+    with pytest.raises(redis.exceptions.ExecAbortError, match="Transaction discarded"):
+        r.execute_command("EXEC")  # -EXECABORT
+    lock = r.lock("jobs-lock", timeout=10)  # SET NX PX, then a Lua release (EVALSHA)
+    assert lock.acquire(blocking=False)
+    assert not r.lock("jobs-lock", timeout=10).acquire(blocking=False)
+    lock.release()
+    assert r.get("jobs-lock") is None
+    assert r.eval("return redis.call('GET', KEYS[1])", 1, "a") == b"1"
+    assert r.eval("return {1, 'two', {3}}", 0) == [1, b"two", [3]]
+    assert r.eval("return redis.status_reply('FINE')", 0) == b"FINE"
+    with pytest.raises(redis.ResponseError, match="Error running script"):
+        r.eval("return redis.call('NOSUCH')", 0)
+    # pcall gives the error to the script as a table {err = ...}
+    assert r.eval("local e = redis.pcall('NOSUCH'); return type(e) .. ':' .. "
+                  "string.sub(e.err, 1, 3)", 0) == b"table:ERR"
+    with pytest.raises(redis.ResponseError, match=r"^BUSY"):
+        r.eval("while true do end", 0)  # stopped after its time limit
+    assert r.eval("return os == nil and io == nil", 0) == 1  # sandboxed
+    sha = r.script_load("return ARGV[1]")
+    assert r.evalsha(sha, 0, "hi") == b"hi"
+    assert r.script_exists(sha, "0" * 40) == [True, False]
+    with pytest.raises(redis.exceptions.NoScriptError):
+        r.evalsha("0" * 40, 0)
+    assert r.ping() is True
+
+
+def test_faststream_and_taskiq_run_their_ordinary_workers(broker) -> None:
+    """Two widely used frameworks built on Redis Streams consumer groups, unchanged,
+    against minou's door: FastStream (XGROUP CREATE, XREADGROUP, XACK) and
+    taskiq-redis (the same, plus MULTI/EXEC, a lock and XAUTOCLAIM)."""
+    faststream_redis = pytest.importorskip("faststream.redis")
+    taskiq_redis = pytest.importorskip("taskiq_redis")
+    from taskiq.api import run_receiver_task
+
+    jwt = token(broker, "framework")
+    url = f"redis://framework:{jwt}@127.0.0.1:{broker.resp_port}"
+
+    async def faststream_app() -> list[Any]:
+        app_broker = faststream_redis.RedisBroker(url)
+        got: list[Any] = []
+        done = asyncio.Event()
+
+        @app_broker.subscriber(stream=faststream_redis.StreamSub("orders", group="billing",
+                                                                 consumer="w1"))
+        async def handle(msg: dict) -> None:
+            got.append(msg)
+            if len(got) == 3:
+                done.set()
+
+        async with app_broker:
+            await app_broker.start()
+            for n in range(3):
+                await app_broker.publish({"n": n}, stream="orders")
+            await asyncio.wait_for(done.wait(), 30)
+        return got
+
+    assert asyncio.run(faststream_app()) == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+    async def taskiq_app() -> list[int]:
+        app_broker = taskiq_redis.RedisStreamBroker(url=url, idle_timeout=1000)
+        results: list[int] = []
+
+        @app_broker.task
+        async def add(a: int, b: int) -> int:
+            results.append(a + b)
+            return a + b
+
+        await app_broker.startup()
+        worker = asyncio.create_task(run_receiver_task(app_broker))
+        for n in range(5):
+            await add.kiq(n, 10)
+        for _ in range(600):
+            if len(results) >= 5:
+                break
+            await asyncio.sleep(0.05)
+        worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker
+        await app_broker.shutdown()
+        return sorted(results)
+
+    assert asyncio.run(taskiq_app()) == [10, 11, 12, 13, 14]

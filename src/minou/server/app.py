@@ -388,8 +388,11 @@ class BrokerServer:
         if self._resp_socket is not None:
             from .resp import start_resp
             from .resp_groups import RespGroups
+            from .resp_keys import Scripts
 
             self.resp_groups = RespGroups(self)
+            self.resp_scripts = Scripts()
+            self.resp_script_lock = asyncio.Lock()  # one Lua script at a time
 
             self._resp = await start_resp(self, self._resp_socket, ssl_context)
             name = self._resp_socket.getsockname()

@@ -53,7 +53,7 @@ from ..protocol.resp_streams import (
     message_to_entry,
     parse_id,
 )
-from . import oplog
+from . import oplog, resp_keys
 from .connection import NativeConnection
 from .resp_groups import DEFAULT_COUNT, MAX_COUNT, RespConsumer, RespGroups, group_name
 
@@ -117,11 +117,12 @@ class _Inner(NativeConnection):
 
 
 class _Slot:
-    __slots__ = ("done", "reply")
+    __slots__ = ("done", "fut", "reply")
 
-    def __init__(self) -> None:
+    def __init__(self, fut: asyncio.Future[Any] | None = None) -> None:
         self.reply: Any = None
         self.done = False
+        self.fut = fut  # a command run from EXEC or a script: its reply goes there
 
 
 class RespConnection(asyncio.Protocol):
@@ -149,6 +150,9 @@ class RespConnection(asyncio.Protocol):
         self._since = time.monotonic()
         self.blocked: set[Callable[[], None]] = set()  # blocking reads: end them if closed
         self._batch: list[tuple[f.Send, _Slot, Callable[[f.Outcome], Any]]] = []
+        self._tail: asyncio.Future[Any] | None = None  # the last command still running
+        self.multi: list[list[bytes]] | None = None  # MULTI's queue
+        self.multi_failed = False
 
     # ------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -239,6 +243,8 @@ class RespConnection(asyncio.Protocol):
 
     def _fill(self, slot: _Slot, reply: Any) -> None:
         slot.reply, slot.done = reply, True
+        if slot.fut is not None and not slot.fut.done():
+            slot.fut.set_result(reply)
 
     def _answer(self, slot: _Slot, reply: Any) -> None:
         """Fill ``slot`` later (an answer that came back) and send what is ready."""
@@ -301,17 +307,61 @@ class RespConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- commands
     def _command(self, args: list[bytes]) -> None:
-        name = args[0].upper().decode(errors="replace")
         slot = self._slot()
+        name = args[0].upper().decode(errors="replace")
+        if self.multi is not None and name not in ("EXEC", "DISCARD", "MULTI", "WATCH",
+                                                   "QUIT", "RESET"):
+            known = name in COMMANDS or name in ASYNC_COMMANDS
+            self.multi_failed = self.multi_failed or not known
+            self.multi.append(args)
+            self._fill(slot, Simple("QUEUED") if known else _unknown(args))
+            return
+        tail = self._tail
+        if tail is not None and not tail.done():
+            # An earlier command is still running (a plain key's, a script's): this one
+            # starts once it is done, so its effects come in the order sent.
+            async def later(tail: asyncio.Future[Any] = tail) -> None:
+                with contextlib.suppress(Exception):
+                    await tail
+                await self._start(args, slot)
+
+            self._tail = asyncio.ensure_future(later())
+            return
+        self._run(args, slot)
+
+    async def _start(self, args: list[bytes], slot: _Slot) -> None:
+        task = self._run(args, slot, nested=True)
+        self._publish_batch()
+        if task is not None:
+            await task
+
+    async def call(self, args: list[bytes]) -> Any:
+        """Run one command now and return its reply (EXEC's queue, a script's
+        redis.call): not queued among the connection's replies."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self._start(args, _Slot(fut))
+        return await fut
+
+    def _run(self, args: list[bytes], slot: _Slot, *, nested: bool = False
+             ) -> asyncio.Task[None] | None:
+        """Run a command into ``slot``; the task it goes on in (a coroutine's), if any."""
+        name = args[0].upper().decode(errors="replace")
+        if self.identity is None and name not in BEFORE_AUTH:
+            self._fill(slot, Error(NOAUTH) if name in COMMANDS or name in ASYNC_COMMANDS
+                       else _unknown(args))
+            return None
+        coroutine = ASYNC_COMMANDS.get(name)
+        if coroutine is not None:
+            if self._batch:
+                self._publish_batch()  # what came before takes effect first
+            task = asyncio.ensure_future(self._run_async(coroutine, args, slot))
+            if not nested:
+                self._tail = task
+            return task
         handler = COMMANDS.get(name)
         if handler is None:
-            shown = " ".join(f"'{a[:64].decode(errors='replace')}'" for a in args[1:4])
-            self._fill(slot, Error(f"ERR unknown command '{args[0][:64].decode(errors='replace')}'"
-                                   f", with args beginning with: {shown}"))
-            return
-        if self.identity is None and name not in BEFORE_AUTH:
-            self._fill(slot, Error(NOAUTH))
-            return
+            self._fill(slot, _unknown(args))
+            return None
         if self._batch and name != "XADD":
             self._publish_batch()  # what came before takes effect first
         try:
@@ -326,6 +376,27 @@ class RespConnection(asyncio.Protocol):
             reply = Error("ERR INTERNAL internal error (logged by the broker)")
         if reply is not _LATER:
             self._fill(slot, reply)
+        return None
+
+    async def _run_async(self, handler: Callable[..., Any], args: list[bytes],
+                         slot: _Slot) -> None:
+        try:
+            reply = await handler(self, args)
+        except resp_keys.Failed as failed:
+            reply = _frame_error(failed.frame)
+        except RequestError as exc:
+            self.server.core.counters.refuse(exc.reason)
+            reply = refusal(exc)
+        except (StreamKeyError, StreamIdError) as exc:
+            reply = Error(f"ERR {exc}")
+        except asyncio.CancelledError:
+            self._fill(slot, Error("ERR connection closed"))
+            raise
+        except Exception:  # a bug must cost one command, never the broker
+            log.exception("internal error handling RESP %s from %s",
+                          args[0][:32].decode(errors="replace"), self.peer)
+            reply = Error("ERR INTERNAL internal error (logged by the broker)")
+        self._answer(slot, reply)
 
     def batch_publish(self, send: f.Send, slot: _Slot, answer: Callable[[f.Outcome], Any]
                       ) -> None:
@@ -389,6 +460,12 @@ class RespConnection(asyncio.Protocol):
 
 
 _LATER = object()  # a handler that fills its slot when the answer comes
+
+
+def _unknown(args: list[bytes]) -> Error:
+    shown = " ".join(f"'{a[:64].decode(errors='replace')}'" for a in args[1:4])
+    return Error(f"ERR unknown command '{args[0][:64].decode(errors='replace')}', with "
+                 f"args beginning with: {shown}")
 
 
 # ------------------------------------------------------------------ handlers
@@ -1177,6 +1254,98 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                                     if k.startswith("consume:") and k.endswith(f"@{channel}")))])
     return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XINFO HELP.")
 
+# ------------------------------------------------- transactions and scripts
+def _multi(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if c.multi is not None:
+        return Error("ERR MULTI calls can not be nested")
+    c.multi, c.multi_failed = [], False
+    return OK
+
+
+def _discard(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if c.multi is None:
+        return Error("ERR DISCARD without MULTI")
+    c.multi = None
+    return OK
+
+
+def _watch(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if c.multi is not None:
+        return Error("ERR WATCH inside MULTI is not allowed")
+    return Error("ERR WATCH is not supported: minou's compare-and-set is SET ... NX, or "
+                 "a KV bucket's revisions")
+
+
+def _unwatch(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    return OK
+
+
+async def _exec(c: RespConnection, args: list[bytes]) -> Any:
+    queued, failed = c.multi, c.multi_failed
+    c.multi, c.multi_failed = None, False
+    if queued is None:
+        return Error("ERR EXEC without MULTI")
+    if failed:
+        return Error("EXECABORT Transaction discarded because of previous errors.")
+    return [await c.call(cmd) for cmd in queued]
+
+
+async def _eval(c: RespConnection, args: list[bytes]) -> Any:
+    name = args[0].upper()
+    if len(args) < 3:
+        return wrong_args(name.decode().lower())
+    scripts = c.server.resp_scripts
+    if name in (b"EVALSHA", b"EVALSHA_RO"):
+        body = scripts.by_sha.get(args[1].decode(errors="replace").lower())
+        if body is None:
+            return Error("NOSCRIPT No matching script. Please use EVAL.")
+    else:
+        body = args[1]
+        if len(body) > resp_keys.MAX_SCRIPT_BYTES:
+            return Error(f"ERR a script is at most {resp_keys.MAX_SCRIPT_BYTES} bytes here")
+        scripts.add(body)
+    try:
+        numkeys = int(args[2])
+    except ValueError:
+        return Error("ERR value is not an integer or out of range")
+    if numkeys < 0:
+        return Error("ERR Number of keys can't be negative")
+    if numkeys > len(args) - 3:
+        return Error("ERR Number of keys can't be greater than number of args")
+    try:
+        import lupa  # noqa: F401
+    except ImportError:
+        return Error("ERR Lua scripts need lupa: pip install 'minou[resp]'")
+    loop = asyncio.get_running_loop()
+    keys, argv = args[3:3 + numkeys], args[3 + numkeys:]
+    async with c.server.resp_script_lock:  # one script at a time: they are not isolated
+        return await loop.run_in_executor(None, resp_keys.run_script, c, loop, body, keys,
+                                          argv)
+
+
+def _script(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) < 2:
+        return wrong_args("script")
+    sub = args[1].upper()
+    scripts = c.server.resp_scripts
+    if sub == b"LOAD" and len(args) == 3:
+        if len(args[2]) > resp_keys.MAX_SCRIPT_BYTES:
+            return Error(f"ERR a script is at most {resp_keys.MAX_SCRIPT_BYTES} bytes here")
+        return scripts.add(args[2]).encode()
+    if sub == b"EXISTS":
+        return [int(a.decode(errors="replace").lower() in scripts.by_sha) for a in args[2:]]
+    if sub == b"FLUSH":
+        scripts.by_sha.clear()
+        return OK
+    return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try SCRIPT HELP.")
+
+
+ASYNC_COMMANDS: dict[str, Callable[..., Any]] = {
+    **resp_keys.KEY_COMMANDS, "EXEC": _exec, "EVAL": _eval, "EVALSHA": _eval,
+    "EVAL_RO": _eval, "EVALSHA_RO": _eval,
+}
+
+
 COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
     "PING": _ping, "ECHO": _echo, "QUIT": _quit, "RESET": _reset, "SELECT": _select,
     "AUTH": _auth, "HELLO": _hello, "CLIENT": _client, "INFO": _info,
@@ -1186,6 +1355,8 @@ COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
     "XGROUP": _xgroup, "XREADGROUP": _xreadgroup, "XACK": _xack, "XPENDING": _xpending,
     "XCLAIM": _xclaim, "XAUTOCLAIM": _xautoclaim, "XINFO": _xinfo,
     "XREAD": _xread, "XDEL": _xdel, "XTRIM": _xtrim,
+    "MULTI": _multi, "DISCARD": _discard, "WATCH": _watch, "UNWATCH": _unwatch,
+    "SCRIPT": _script,
 }
 BEFORE_AUTH = frozenset({"AUTH", "HELLO", "QUIT", "RESET"})
 

@@ -1,0 +1,371 @@
+"""Plain keys, transactions and Lua for the Redis protocol door (docs/redis-protocol.md).
+
+What frameworks use around streams: locks and markers (``SET k v NX PX 30000``, ``GET``,
+``DEL``, ``EXPIRE``, ``TTL``...), ``MULTI``/``EXEC``, and Lua scripts (redis-py's lock
+releases with one). Plain keys live in the KV bucket ``redis`` (channel
+``_kv/v1/redis``): durable like any message (a ``SET`` is answered once fsync'd), under
+the same rules (``kv/redis`` in a rule), a value's expiry its message's TTL, ``NX`` a
+compare-and-set on "no value". A key that is not a KV key as it is (``[A-Za-z0-9_=./:@-]``,
+no leading ``/`` or ``=``, no ``//``) is stored as ``=`` + its URL-safe base64.
+
+Every command here is a coroutine over the connection's inner native connection
+(``RespConnection.request``): ``MULTI``'s queue runs them in order at ``EXEC``, and a
+Lua script's ``redis.call`` runs them from the script's thread, waiting for each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..names import KV_DELETE, KV_EXPECT, KV_OP, KV_PREFIX
+from ..protocol import frames as f
+from ..protocol.resp import OK, Error, Simple
+from ..protocol.resp_streams import StreamKeyError, key_to_channel
+
+if TYPE_CHECKING:
+    from .resp import RespConnection
+
+BUCKET = "redis"
+CHANNEL = KV_PREFIX + BUCKET
+_PLAIN = re.compile(rb"[A-Za-z0-9_.:@-][A-Za-z0-9_=./:@-]{0,255}")
+MAX_SCRIPTS = 1000  # SCRIPT LOAD / EVAL keep at most this many scripts (then the oldest go)
+MAX_SCRIPT_BYTES = 64 * 1024
+SCRIPT_TIME_S = 5.0  # a script running longer is stopped with an error (Redis: BUSY)
+CALL_TIMEOUT_S = 30.0  # one redis.call's command, from the script's thread
+
+
+def kv_key(key: bytes) -> str:
+    if _PLAIN.fullmatch(key) and b"//" not in key:
+        return key.decode()
+    return "=" + base64.urlsafe_b64encode(key).decode().rstrip("=")
+
+
+class Value:
+    """A key's value as ``kv.get`` answered it."""
+
+    __slots__ = ("data", "expires_at", "revision")
+
+    def __init__(self, data: bytes, revision: int, expires_at: float | None) -> None:
+        self.data, self.revision, self.expires_at = data, revision, expires_at
+
+
+async def get(c: RespConnection, key: bytes) -> Value | None:
+    reply = await c.request(f.Admin(next(c._req), "kv.get",
+                                    {"bucket": BUCKET, "key": kv_key(key)}))
+    if isinstance(reply, f.Error):
+        if reply.code == 212:  # NOT_FOUND: no value
+            return None
+        raise Failed(reply)
+    view = reply.value
+    data = base64.b64decode(view["value_base64"]) if view.get("value_base64") is not None \
+        else _json_bytes(view.get("value"))
+    return Value(data, int(view["revision"]), view.get("expires_at"))
+
+
+def _json_bytes(value: Any) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(value)
+
+
+async def put(c: RespConnection, key: bytes, data: bytes, *, expect: int | None = None,
+              ttl: float | None = None, delete: bool = False) -> f.Outcome:
+    headers: dict[str, str] = {}
+    if expect is not None:
+        headers[KV_EXPECT] = str(expect)
+    if delete:
+        headers[KV_OP] = KV_DELETE
+    send = f.Send(CHANNEL, b"" if delete else data, True, headers or None, 0, ttl, None,
+                  None, kv_key(key))
+    reply = await c.request(f.Publish(next(c._req), [send]))
+    if isinstance(reply, f.Error):
+        raise Failed(reply)
+    return reply.outcomes[0]
+
+
+class Failed(Exception):
+    """An error answer from the broker, to turn into the Redis error."""
+
+    def __init__(self, frame: f.Error) -> None:
+        self.frame = frame
+
+
+def _stream_exists(c: RespConnection, key: bytes) -> bool:
+    try:
+        channel = key_to_channel(key)
+    except StreamKeyError:
+        return False
+    return channel in c.server.core.channels
+
+
+# ------------------------------------------------------------------ commands
+async def cmd_get(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) != 2:
+        return _wrong("get")
+    if _stream_exists(c, args[1]):
+        return _wrongtype()
+    value = await get(c, args[1])
+    return value.data if value is not None else None
+
+
+async def cmd_set(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) < 3:
+        return _wrong("set")
+    key, data = args[1], args[2]
+    nx = xx = keepttl = want_old = False
+    ttl: float | None = None
+    i = 3
+    while i < len(args):
+        opt = args[i].upper()
+        if opt in (b"NX", b"XX"):
+            nx, xx = nx or opt == b"NX", xx or opt == b"XX"
+            i += 1
+        elif opt in (b"EX", b"PX", b"EXAT", b"PXAT") and i + 1 < len(args):
+            try:
+                n = int(args[i + 1])
+            except ValueError:
+                return Error("ERR value is not an integer or out of range")
+            if n <= 0:
+                return Error("ERR invalid expire time in 'set' command")
+            now = time.time()
+            ttl = {b"EX": n, b"PX": n / 1000, b"EXAT": n - now, b"PXAT": n / 1000 - now}[opt]
+            i += 2
+        elif opt == b"KEEPTTL":
+            keepttl, i = True, i + 1
+        elif opt == b"GET":
+            want_old, i = True, i + 1
+        else:
+            return Error("ERR syntax error")
+    if (nx and xx) or (keepttl and ttl is not None):
+        return Error("ERR syntax error")
+    if ttl is not None and ttl <= 0:
+        return OK if not want_old else None  # already expired: Redis sets then drops it
+    old = await get(c, key) if (xx or want_old or keepttl) else None
+    if xx and old is None:
+        return None
+    if keepttl and old is not None and old.expires_at is not None:
+        ttl = max(0.001, old.expires_at - time.time())
+    expect = 0 if nx else (old.revision if xx and old is not None else None)
+    outcome = await put(c, key, data, expect=expect, ttl=ttl)
+    if outcome.code == 215:  # REVISION_MISMATCH: NX found a value (or XX lost it)
+        return None
+    if outcome.code:
+        raise Failed(f.Error(0, outcome.code, outcome.error))
+    if want_old:
+        return old.data if old is not None else None
+    return OK
+
+
+async def cmd_del(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) < 2:
+        return _wrong("del")
+    removed = 0
+    for key in args[1:]:
+        if _stream_exists(c, key):
+            return Error("ERR DEL of a stream is not supported: minou removes messages "
+                         "once every group settled them; an admin purges a channel "
+                         "(minou purge)")
+        old = await get(c, key)
+        if old is not None:
+            outcome = await put(c, key, b"", expect=old.revision, delete=True)
+            if not outcome.code:
+                removed += 1
+    return removed
+
+
+async def cmd_exists(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) < 2:
+        return _wrong("exists")
+    n = 0
+    for key in args[1:]:
+        if _stream_exists(c, key) or await get(c, key) is not None:
+            n += 1
+    return n
+
+
+async def cmd_type(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) != 2:
+        return _wrong("type")
+    if _stream_exists(c, args[1]):
+        return Simple("stream")
+    return Simple("string" if await get(c, args[1]) is not None else "none")
+
+
+async def cmd_expire(c: RespConnection, args: list[bytes]) -> Any:
+    name = args[0].upper()
+    if len(args) < 3:
+        return _wrong(name.decode().lower())
+    try:
+        n = int(args[2])
+    except ValueError:
+        return Error("ERR value is not an integer or out of range")
+    seconds = n / 1000 if name in (b"PEXPIRE", b"PEXPIREAT") else float(n)
+    if name in (b"EXPIREAT", b"PEXPIREAT"):
+        seconds -= time.time()
+    old = await get(c, args[1])
+    if old is None:
+        return 0
+    if seconds <= 0:
+        outcome = await put(c, args[1], b"", expect=old.revision, delete=True)
+    else:
+        outcome = await put(c, args[1], old.data, expect=old.revision, ttl=seconds)
+    return 0 if outcome.code else 1
+
+
+async def cmd_persist(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) != 2:
+        return _wrong("persist")
+    old = await get(c, args[1])
+    if old is None or old.expires_at is None:
+        return 0
+    outcome = await put(c, args[1], old.data, expect=old.revision)
+    return 0 if outcome.code else 1
+
+
+async def cmd_ttl(c: RespConnection, args: list[bytes]) -> Any:
+    if len(args) != 2:
+        return _wrong(args[0].decode().lower())
+    if _stream_exists(c, args[1]):
+        return -1
+    old = await get(c, args[1])
+    if old is None:
+        return -2
+    if old.expires_at is None:
+        return -1
+    left = max(0.0, old.expires_at - time.time())
+    return int(left * 1000) if args[0].upper() == b"PTTL" else round(left)
+
+
+def _wrong(name: str) -> Error:
+    return Error(f"ERR wrong number of arguments for '{name}' command")
+
+
+def _wrongtype() -> Error:
+    return Error("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+KEY_COMMANDS = {
+    "GET": cmd_get, "SET": cmd_set, "DEL": cmd_del, "UNLINK": cmd_del,
+    "EXISTS": cmd_exists, "TYPE": cmd_type, "EXPIRE": cmd_expire, "PEXPIRE": cmd_expire,
+    "EXPIREAT": cmd_expire, "PEXPIREAT": cmd_expire, "PERSIST": cmd_persist,
+    "TTL": cmd_ttl, "PTTL": cmd_ttl,
+}
+
+
+# ----------------------------------------------------------------------- Lua
+class Scripts:
+    """Scripts by SHA1, server-wide (SCRIPT LOAD, then EVALSHA from any connection)."""
+
+    def __init__(self) -> None:
+        self.by_sha: dict[str, bytes] = {}
+
+    def add(self, body: bytes) -> str:
+        sha = hashlib.sha1(body).hexdigest()
+        if sha not in self.by_sha:
+            while len(self.by_sha) >= MAX_SCRIPTS:
+                del self.by_sha[next(iter(self.by_sha))]
+            self.by_sha[sha] = body
+        return sha
+
+
+_SANDBOX = b"""
+local clock, error, deadline = os.clock, error, ...
+debug.sethook(function()
+  if clock() > deadline then error("BUSY script ran longer than its time limit", 0) end
+end, "", 10000)
+os, io, package, require, dofile, loadfile, load, loadstring, debug = nil
+"""
+
+
+def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
+               keys: list[bytes], argv: list[bytes]) -> Any:
+    """Run a Lua script (in a thread of its own): ``redis.call`` runs a command on this
+    connection, waiting for its answer. Redis's conversions both ways."""
+    import lupa
+
+    lua = lupa.LuaRuntime(encoding=None, register_eval=False, register_builtins=False,
+                          unpack_returned_tuples=True)
+    start = lua.eval("os.clock()")
+    lua.execute(_SANDBOX, start + SCRIPT_TIME_S)
+    table = lua.table_from
+
+    def to_lua(reply: Any) -> Any:
+        if reply is None:
+            return False
+        if isinstance(reply, Simple):
+            return table({b"ok": reply.text.encode()})
+        if isinstance(reply, Error):
+            return table({b"err": reply.text.encode()})
+        if isinstance(reply, list | tuple):
+            return table([to_lua(x) for x in reply])
+        if isinstance(reply, str):
+            return reply.encode()
+        return reply
+
+    def call(raising: bool, *parts: Any) -> Any:
+        args = [p if isinstance(p, bytes) else str(p).encode() for p in parts]
+        if not args:
+            raise lupa.LuaError("Please specify at least one argument for this redis lib call")
+        name = args[0].upper().decode(errors="replace")
+        if name in ("EVAL", "EVALSHA", "SCRIPT", "MULTI", "EXEC", "BLPOP") or \
+                (name == "XREADGROUP" and b"BLOCK" in [a.upper() for a in args]):
+            reply: Any = Error("ERR This Redis command is not allowed from script")
+        else:
+            reply = asyncio.run_coroutine_threadsafe(c.call(args), loop).result(CALL_TIMEOUT_S)
+        if raising and isinstance(reply, Error):
+            raise lupa.LuaError(reply.text)
+        return to_lua(reply)
+
+    redis = table({
+        b"call": lambda *a: call(True, *a),
+        b"pcall": lambda *a: call(False, *a),
+        b"status_reply": lambda s: table({b"ok": s}),
+        b"error_reply": lambda s: table({b"err": s}),
+        b"sha1hex": lambda s: hashlib.sha1(s).hexdigest().encode(),
+        b"log": lambda *a: None,
+    })
+    g = lua.globals()
+    g[b"redis"] = redis
+    g[b"KEYS"] = table(keys)
+    g[b"ARGV"] = table(argv)
+    try:
+        result = lua.execute(body)
+    except lupa.LuaError as exc:
+        text = str(exc)
+        if text.startswith("BUSY"):
+            return Error(text)
+        return Error(f"ERR Error running script: {text}")
+    return from_lua(result, lupa)
+
+
+def from_lua(value: Any, lupa: Any) -> Any:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return 1
+    if isinstance(value, float):
+        return int(value)
+    if isinstance(value, int | bytes):
+        return value
+    if lupa.lua_type(value) == "table":
+        ok, err = value[b"ok"], value[b"err"]
+        if err is not None:
+            return Error(err.decode(errors="replace") if isinstance(err, bytes) else str(err))
+        if ok is not None:
+            return Simple(ok.decode(errors="replace") if isinstance(ok, bytes) else str(ok))
+        out = []
+        i = 1
+        while (item := value[i]) is not None:  # up to the first nil, as Redis does
+            out.append(from_lua(item, lupa))
+            i += 1
+        return out
+    return None
+
+
+_LUA_LOCK = threading.Lock()  # one script at a time per broker: they are not isolated
