@@ -21,15 +21,16 @@ import hashlib
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, KV_PREFIX
 from ..protocol import frames as f
 from ..protocol.resp import OK, Error, Simple
 from ..protocol.resp_streams import StreamKeyError, key_to_channel
 
-if TYPE_CHECKING:
-    from .resp import RespConnection
+# The Redis connection (resp.RespConnection, which imports this module): what is used of
+# it is ``request``, ``call``, ``_req`` and ``server``.
+RespConnection = Any
 
 BUCKET = "redis"
 CHANNEL = KV_PREFIX + BUCKET
