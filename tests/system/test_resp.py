@@ -504,3 +504,72 @@ def test_faststream_and_taskiq_run_their_ordinary_workers(broker) -> None:
         return sorted(results)
 
     assert asyncio.run(taskiq_app()) == [10, 11, 12, 13, 14]
+
+
+def test_miniqueue_publish_subscribe_and_its_settlements(broker) -> None:
+    """miniqueue's own commands (its Redis mode, through redis-py's plain connection):
+    PUBLISH answers OK once durable; SUBSCRIBE hands one message at a time, each
+    answered with ACK, NACK (front), BACK (back) or DACK [s] (later); INIT is accepted."""
+    jwt = token(broker, "mq")
+    producer = redis.Connection(host="127.0.0.1", port=broker.resp_port, username="mq",
+                                password=jwt, socket_timeout=10)
+    for value in (b"value1", b"value2", b"value3"):
+        producer.send_command("PUBLISH", "topic", value)
+        assert producer.read_response() == b"OK"
+    sub = redis.Connection(host="127.0.0.1", port=broker.resp_port, username="mq",
+                           password=jwt, socket_timeout=10)
+    sub.send_command("SUBSCRIBE", "topic")
+    assert sub.read_response() == b"value1"
+    sub.send_command("INIT")  # the README's first command: nothing to answer
+    steps = [("ACK", b"value2"), ("NACK", b"value2"), ("BACK", b"value3"),
+             ("DACK", b"value2")]  # DACK (no seconds: 1 s, as miniqueue's code)
+    for command, then in steps:
+        sub.send_command(command)
+        assert sub.read_response() == b"OK", command
+        assert sub.read_response() == then, command
+    started = time.monotonic()
+    sub.send_command("ACK")  # value2 done; value3 comes back after its second
+    assert sub.read_response() == b"OK" and sub.read_response() == b"value3"
+    assert time.monotonic() - started > 0.5
+    sub.disconnect()  # held value3 goes back to the front
+    again = redis.Connection(host="127.0.0.1", port=broker.resp_port, username="mq",
+                             password=jwt, socket_timeout=10)
+    again.send_command("SUBSCRIBE", "topic")
+    assert again.read_response() == b"value3"
+    again.send_command("ACK")
+    assert again.read_response() == b"OK"
+    again.disconnect()
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="redis-server is not installed")
+def test_a_standby_answers_loading_until_it_serves(broker_factory, tmp_path) -> None:
+    """Two brokers on one Redis: the standby's Redis port answers LOADING (redis-py
+    raises BusyLoadingError: clients retry), until it takes over and serves."""
+    from ..redis_server import RedisServer, free_port
+
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        cfg = tmp_path / "cluster.toml"
+        cfg.write_text(f'[storage]\nurl = "{server.url}"\nowner_lease = 1.0\n')
+        primary = broker_factory.make(config=cfg, storage=server.url, resp_port=0).start()
+        standby = broker_factory.make(config=cfg, storage=server.url,
+                                      resp_port=free_port())
+        standby.port, standby.http_port = free_port(), free_port()
+        standby.start(ready="standby:")
+        jwt = token(primary, "app")
+        assert connect(primary, "app").xadd("s", {"a": "1"}) == b"1-0"
+        waiting = redis.Redis(host="127.0.0.1", port=standby.resp_port, username="app",
+                              password=jwt, socket_timeout=10, retry_on_error=[])
+        with pytest.raises(redis.exceptions.BusyLoadingError, match="loading its state"):
+            waiting.xlen("s")
+        primary.kill()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert waiting.xlen("s") == 1  # taken over: the same stream, served
+                break
+            except (redis.exceptions.BusyLoadingError, redis.ConnectionError):
+                assert time.monotonic() < deadline, "the standby never served"
+                time.sleep(0.2)
+    finally:
+        server.stop()

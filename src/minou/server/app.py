@@ -214,6 +214,7 @@ class BrokerServer:
         self._resp_socket: socket.socket | None = None
         self._resp: Any = None
         self.resp_groups: Any = None  # resp_groups.RespGroups with the Redis protocol
+        self.serving = False  # listening and open: what the Redis door waits for
         self._http_auth: Any = None
         self.commit_seconds_total = 0.0
         self.commits = 0
@@ -294,6 +295,8 @@ class BrokerServer:
                 sock.close()
             self._dir_lock.remove_if_fresh()
             raise
+        if self._resp_socket is not None:
+            await self._serve_resp()  # LOADING until this broker serves (redis-py retries)
         try:
             if hasattr(self.storage, "spread_as") and \
                     self.settings.storage_placement == "spread":
@@ -312,6 +315,8 @@ class BrokerServer:
                     await self.primary.release()
                     for sock in sockets:
                         sock.close()
+                    if self._resp is not None:
+                        self._resp.close()
                     self._dir_lock.release()
                     return
                 # Renewed from now on, not once the state is open: opening it (claims,
@@ -329,12 +334,27 @@ class BrokerServer:
                 task.cancel()
             for sock in sockets:
                 sock.close()
+            if self._resp is not None:
+                self._resp.close()
             self._dir_lock.release()
             raise
         self._tasks.append(asyncio.create_task(self._ticker(), name="minou-ticker"))
         self.engine.commit()
         self.engine.request_pump()
         self.federation.apply(self.settings.federation)  # links to other places
+
+    async def _serve_resp(self) -> None:
+        from .resp import start_resp
+        from .resp_groups import RespGroups
+        from .resp_keys import Scripts
+
+        assert self._resp_socket is not None
+        self.resp_groups = RespGroups(self)
+        self.resp_scripts = Scripts()
+        self.resp_script_lock = asyncio.Lock()  # one Lua script at a time
+        self._resp = await start_resp(self, self._resp_socket, self._tls_context())
+        name = self._resp_socket.getsockname()
+        self.resp_address = (name[0], name[1])
 
     def local_url(self) -> str:
         """This broker's native URL as a process on its own machine reaches it."""
@@ -385,18 +405,7 @@ class BrokerServer:
             self.http_consumers = HttpConsumers(self)
 
             self._http, self.http_address = await start_http(self, http)
-        if self._resp_socket is not None:
-            from .resp import start_resp
-            from .resp_groups import RespGroups
-            from .resp_keys import Scripts
-
-            self.resp_groups = RespGroups(self)
-            self.resp_scripts = Scripts()
-            self.resp_script_lock = asyncio.Lock()  # one Lua script at a time
-
-            self._resp = await start_resp(self, self._resp_socket, ssl_context)
-            name = self._resp_socket.getsockname()
-            self.resp_address = (name[0], name[1])
+        self.serving = True  # the Redis protocol door stops answering LOADING
 
     async def serve_forever(self) -> None:
         await self._stopping.wait()

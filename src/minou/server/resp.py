@@ -152,6 +152,7 @@ class RespConnection(asyncio.Protocol):
         self._batch: list[tuple[f.Send, _Slot, Callable[[f.Outcome], Any]]] = []
         self._tail: asyncio.Future[Any] | None = None  # the last command still running
         self.multi: list[list[bytes]] | None = None  # MULTI's queue
+        self.mq: MiniqueueSubscriber | None = None  # after miniqueue's SUBSCRIBE
         self.multi_failed = False
 
     # ------------------------------------------------------------- transport
@@ -167,15 +168,16 @@ class RespConnection(asyncio.Protocol):
             self.closed = True
             return
         self.server.resp_connections.add(self)
-        if self.server.settings.auth_mode == "off":
-            from ..auth.registry import Identity
-
-            self._begin(Identity("resp-dev", True, method="development"))
-        else:
+        if self.server.settings.auth_mode != "off":
             assert self.server.loop is not None
             self.server.loop.call_later(self.server.settings.hello_timeout, self._auth_deadline)
 
     def _auth_deadline(self) -> None:
+        if not self.server.serving and not self.closed:  # loading: wait with it
+            assert self.server.loop is not None
+            self.server.loop.call_later(self.server.settings.hello_timeout,
+                                        self._auth_deadline)
+            return
         if self.identity is None and not self.closed and self.transport is not None:
             self.transport.write(encode(Error(
                 f"ERR no AUTH within {self.server.settings.hello_timeout:g} s")))
@@ -201,6 +203,8 @@ class RespConnection(asyncio.Protocol):
         self.closed = True
         for end in list(self.blocked):  # what their waiting reads get goes back
             end()
+        if self.mq is not None:
+            self.mq.close()
         self.server.admission.leave(self.transport)
         self.server.resp_connections.discard(self)
         if self.inner is not None:
@@ -307,8 +311,19 @@ class RespConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- commands
     def _command(self, args: list[bytes]) -> None:
-        slot = self._slot()
+        if not self.server.serving:  # opening its state, or a standby: clients retry
+            self._fill(self._slot(), Error("LOADING minou is loading its state (or waits "
+                                           "as a standby); try again in a moment"))
+            return
+        if self.identity is None and self.server.settings.auth_mode == "off":
+            from ..auth.registry import Identity
+
+            self._begin(Identity("resp-dev", True, method="development"))
         name = args[0].upper().decode(errors="replace")
+        if self.mq is not None and name in MQ_COMMANDS:  # answered by the subscriber
+            self.mq.command(name, args)
+            return
+        slot = self._slot()
         if self.multi is not None and name not in ("EXEC", "DISCARD", "MULTI", "WATCH",
                                                    "QUIT", "RESET"):
             known = name in COMMANDS or name in ASYNC_COMMANDS
@@ -670,8 +685,8 @@ def _outcome_error(outcome: f.Outcome) -> Error:
 
 
 def _publish(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
-    """miniqueue's PUBLISH topic value: a durable publish (the number of messages
-    stored, 1), not Redis's fire-and-forget pub/sub."""
+    """miniqueue's PUBLISH topic value: a durable publish answered OK once stored, as
+    miniqueue does (not Redis's fire-and-forget pub/sub)."""
     if len(args) != 3:
         return wrong_args("publish")
     channel = key_to_channel(args[1])
@@ -683,7 +698,7 @@ def _publish(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     def confirmed(reply: f.Frame) -> Any:
         assert isinstance(reply, f.Confirm)
         outcome = reply.outcomes[0]
-        return _outcome_error(outcome) if outcome.code else 1
+        return _outcome_error(outcome) if outcome.code else OK
 
     c._ask(frame, slot, confirmed)
     return _LATER
@@ -1254,6 +1269,106 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                                     if k.startswith("consume:") and k.endswith(f"@{channel}")))])
     return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XINFO HELP.")
 
+# --------------------------------------------------------------- miniqueue
+MQ_COMMANDS = frozenset({"INIT", "ACK", "NACK", "BACK", "DACK"})
+
+
+class MiniqueueSubscriber:
+    """miniqueue's consumer over RESP: after ``SUBSCRIBE topic`` the connection gets one
+    message at a time (a bulk string of its bytes), and answers each with ``ACK``,
+    ``NACK`` (back to the front), ``BACK`` (to the back) or ``DACK [seconds]`` (back
+    after a delay, 1 s by default); each is answered ``OK``, then the next message comes.
+    ``INIT`` (miniqueue's README; its code starts without it) is accepted and ignored.
+    Subscribers of a topic share it (group ``miniqueue@<channel>``); what one holds
+    when it leaves goes back to the front."""
+
+    def __init__(self, c: RespConnection, channel: str) -> None:
+        assert c.identity is not None
+        self.c = c
+        self.holder = _groups(c).consumer(c.identity, channel, f"miniqueue@{channel}")
+        self.current: Delivery | None = None
+        self.end: Callable[[], None] | None = None
+
+    def next(self, slot: _Slot) -> None:
+        """Wait for the next message and send it in ``slot``."""
+        def done(items: list[Delivery]) -> None:
+            self.end = None
+            if self.c.closed:
+                for item in items:
+                    self.holder.give_back(item)
+                return
+            if not items:  # waited a day: keep waiting
+                self.next(slot)
+                return
+            self.current = items[0]
+            for extra in items[1:]:
+                self.holder.give_back(extra)
+            self.c._answer(slot, bytes(items[0].data))
+
+        self.end = self.holder.take(1, 24 * 3600.0, done)
+
+    def command(self, name: str, args: list[bytes]) -> None:
+        c = self.c
+        if name == "INIT":
+            return  # the subscription started with SUBSCRIBE
+        if self.current is None:
+            c._fill(c._slot(), Error("ERR no message to settle: wait for one"))
+            return
+        item, self.current = self.current, None
+        session = self.holder.session
+        op, kw = "ack", {}
+        if name == "NACK":
+            op, kw = "nack", {"front": True}
+        elif name == "BACK":
+            op, kw = "nack", {"front": False}
+        elif name == "DACK":
+            try:
+                seconds = float(args[1]) if len(args) > 1 else 1.0
+            except ValueError:
+                seconds = -1.0
+            if not 0 <= seconds <= 86400:
+                self.current = item
+                c._fill(c._slot(), Error("ERR DACK takes seconds: 0..86400"))
+                return
+            op, kw = "nack", {"delay": seconds}
+        answer, message = c._slot(), c._slot()
+        if session is None:
+            c._fill(answer, Error("ERR failed: the subscription ended"))
+            return
+
+        def settled(failed: list[tuple[int, int, str]], exc: RequestError | None) -> None:
+            # Once durable: a message sent back is in the queue again before the next
+            # one is taken (else NACK's "front" would come after the next message).
+            self.holder._credit()
+            c._answer(answer, refusal(exc) if exc is not None else
+                      Error(f"ERR failed to {op}: {failed[0][2]}") if failed else OK)
+            self.next(message)
+
+        c.server.engine.settle(session, op, [item.tag], settled, **kw)
+
+    def close(self) -> None:
+        if self.end is not None:
+            self.end()
+        if self.current is not None and self.holder.session is not None:
+            self.c.server.engine.settle(self.holder.session, "nack", [self.current.tag],
+                                        None, front=True)
+            self.current = None
+
+
+def _subscribe(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
+    if len(args) != 2:
+        return Error("ERR invalid number of args, want: 2 (miniqueue's SUBSCRIBE topic; "
+                     "minou has no Redis pub/sub)")
+    if c.mq is not None:
+        return Error("ERR this connection is subscribed already: ACK, NACK, BACK or DACK")
+    channel = key_to_channel(args[1])
+    assert c.inner is not None
+    c.server.core.check_read(c.inner.session, channel)
+    c.mq = MiniqueueSubscriber(c, channel)
+    c.mq.next(slot)
+    return _LATER
+
+
 # ------------------------------------------------- transactions and scripts
 def _multi(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if c.multi is not None:
@@ -1356,7 +1471,7 @@ COMMANDS: dict[str, Callable[[RespConnection, list[bytes], _Slot], Any]] = {
     "XCLAIM": _xclaim, "XAUTOCLAIM": _xautoclaim, "XINFO": _xinfo,
     "XREAD": _xread, "XDEL": _xdel, "XTRIM": _xtrim,
     "MULTI": _multi, "DISCARD": _discard, "WATCH": _watch, "UNWATCH": _unwatch,
-    "SCRIPT": _script,
+    "SCRIPT": _script, "SUBSCRIBE": _subscribe,
 }
 BEFORE_AUTH = frozenset({"AUTH", "HELLO", "QUIT", "RESET"})
 
