@@ -288,7 +288,10 @@ def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
                keys: list[bytes], argv: list[bytes]) -> Any:
     """Run a Lua script (in a thread of its own): ``redis.call`` runs a command on this
     connection, waiting for its answer. Redis's conversions both ways."""
-    import lupa
+    try:  # Lua 5.1, as Redis runs scripts (unpack, getn...), when lupa has it
+        import lupa.lua51 as lupa
+    except ImportError:
+        import lupa  # type: ignore[no-redef]
 
     lua = lupa.LuaRuntime(encoding=None, register_eval=False, register_builtins=False,
                           unpack_returned_tuples=True)
