@@ -186,7 +186,8 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
     with contextlib.ExitStack() as opened:
         admin = opened.enter_context(minou.connect_sync(broker.url, **broker.admin_auth()))
         wait_until(lambda: admin.admin("status")["admission"]["open"] == {"native": 1,
-                                                                          "http": 0},
+                                                                          "http": 0,
+                                                                          "resp": 0},
                    what="only the admin connection to be counted")
         keep_alive = Http(broker)
         opened.callback(keep_alive.close)
@@ -198,7 +199,8 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
                                                   additional_headers=stream_headers))
         stream.send(json.dumps({"op": "consume", "pattern": "lim/v1/*", "group": "g"}))
         assert json.loads(stream.recv(5))["type"] == "subscribed"
-        assert admin.admin("status")["admission"]["open"] == {"native": 1, "http": 3}
+        assert admin.admin("status")["admission"]["open"] == {"native": 1, "http": 3,
+                                                              "resp": 0}
 
         # The next one of each kind is refused, each the way its protocol can say it.
         late = RawPeer(broker.url)
@@ -232,7 +234,7 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
         assert frame_of(native_ws.recv(5)) == f.Pong(7)
 
         st = admin.admin("status")
-        assert st["admission"]["refused"] == {"native": 2, "http": 3}
+        assert st["admission"]["refused"] == {"native": 2, "http": 3, "resp": 0}
         assert st["counters"]["refused"]["too_many_connections"] == 5
         assert len(re.findall(r"native connection from 127\.0\.0\.1:\d+ refused: 4 "
                               r"connections open \(max_connections = 4\)",

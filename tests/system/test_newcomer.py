@@ -324,5 +324,5 @@ def test_make_run_installs_the_broker_alone_and_make_test_its_extras(tmp_path):
     run = planned("run")
     assert any(line.rstrip().endswith("install -q -e .") for line in run), run
     assert not any("[" in line for line in run), run  # no test, Spark or browser stack
-    assert any("[test,spark,bench,redis]" in line for line in planned("test"))
+    assert any("[test,spark,bench,redis,resp]" in line for line in planned("test"))
     assert any("[spark]" in line for line in planned("spark-demo"))

@@ -121,6 +121,8 @@ def test_refusals_are_redis_errors_and_the_connection_goes_on(broker_factory) ->
     cfg = broker_factory.make().data_dir.parent / "resp-rules.toml"
     cfg.write_text('[[rules]]\nclient = "ro"\nread = ["*"]\nwrite = []\n'
                    '[[rules]]\nclient = "writer"\nread = ["*"]\nwrite = ["*"]\n'
+                   '[[rules]]\nclient = "outsider"\nread = ["other/*"]\n'
+                   'write = ["other/*"]\n'
                    '[channels."orders/v1"]\nschema = { type = "object", required = ["id"] }\n')
     b = broker_factory.make(resp_port=0, config=cfg).start()
     r = connect(b, "ro")
@@ -143,6 +145,20 @@ def test_refusals_are_redis_errors_and_the_connection_goes_on(broker_factory) ->
     assert w.xadd("nothing-here", {"a": "1"}, nomkstream=True) is None
     with pytest.raises(redis.ResponseError, match="DB index is out of range"):
         w.execute_command("SELECT", "1")
+    # Groups are under the rules too: reading them needs read rights, changing them write
+    w.xadd("orders/v1/eu", {"payload": '{"id": 1}'})
+    w.xgroup_create("orders/v1/eu", "billing", id="0")
+    with pytest.raises(redis.exceptions.NoPermissionError, match="NOT_AUTHORIZED"):
+        r.xgroup_destroy("orders/v1/eu", "billing")  # ro: may read, not write
+    outsider = connect(b, "outsider")
+    for attempt in (lambda: outsider.xack("orders/v1/eu", "billing", "1-0"),
+                    lambda: outsider.xpending("orders/v1/eu", "billing"),
+                    lambda: outsider.xinfo_groups("orders/v1/eu"),
+                    lambda: outsider.xreadgroup("billing", "x", {"orders/v1/eu": ">"}),
+                    lambda: outsider.xrange("orders/v1/eu")):
+        with pytest.raises(redis.exceptions.NoPermissionError, match="NOT_AUTHORIZED"):
+            attempt()
+    assert w.xgroup_destroy("orders/v1/eu", "billing") == 1
     with pytest.raises(redis.ResponseError, match="unknown subcommand 'MAINT_NOTIFICATIONS'"):
         w.execute_command("CLIENT", "MAINT_NOTIFICATIONS", "on")
     assert w.ping() is True
@@ -573,3 +589,21 @@ def test_a_standby_answers_loading_until_it_serves(broker_factory, tmp_path) -> 
                 time.sleep(0.2)
     finally:
         server.stop()
+
+
+def test_redis_connections_count_towards_max_connections(broker_factory) -> None:
+    cfg = broker_factory.make().data_dir.parent / "few.toml"
+    cfg.write_text("max_connections = 3\n")
+    b = broker_factory.make(resp_port=0, config=cfg).start()
+    jwt = token(b, "many")
+    held = [redis.Redis(host="127.0.0.1", port=b.resp_port, username="many", password=jwt,
+                        socket_timeout=10, retry_on_error=[]) for _ in range(3)]
+    for r in held:
+        assert r.ping()
+    extra = redis.Redis(host="127.0.0.1", port=b.resp_port, username="many", password=jwt,
+                        socket_timeout=10, retry_on_error=[])
+    with pytest.raises(redis.exceptions.RedisError, match="max number of clients reached"):
+        extra.ping()
+    held[0].close()
+    time.sleep(0.3)
+    assert extra.ping() is True  # room again

@@ -55,7 +55,14 @@ from ..protocol.resp_streams import (
 )
 from . import oplog, resp_keys
 from .connection import NativeConnection
-from .resp_groups import DEFAULT_COUNT, MAX_COUNT, RespConsumer, RespGroups, group_name
+from .resp_groups import (
+    DEFAULT_COUNT,
+    MAX_COUNT,
+    MAX_PENDING,
+    RespConsumer,
+    RespGroups,
+    group_name,
+)
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -68,6 +75,7 @@ READ_PAGE = 1000  # messages one READ brings back for XRANGE
 MAX_PENDING_REPLIES = 10_000  # commands in flight on one connection: then reading pauses
 MAX_WAIT_S = 30.0  # one long poll of a blocking XREAD (then it asks again)
 PUBLISH_BATCH = 1000  # pipelined XADDs gathered into one PUBLISH frame at most
+MAX_MULTI = 10_000  # commands one MULTI queues at most (then EXEC answers EXECABORT)
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 NOAUTH = "NOAUTH Authentication required."
 
@@ -327,6 +335,11 @@ class RespConnection(asyncio.Protocol):
         if self.multi is not None and name not in ("EXEC", "DISCARD", "MULTI", "WATCH",
                                                    "QUIT", "RESET"):
             known = name in COMMANDS or name in ASYNC_COMMANDS
+            if len(self.multi) >= MAX_MULTI:
+                self.multi_failed = True
+                self._fill(slot, Error(f"ERR a transaction holds at most {MAX_MULTI} "
+                                       "commands here"))
+                return
             self.multi_failed = self.multi_failed or not known
             self.multi.append(args)
             self._fill(slot, Simple("QUEUED") if known else _unknown(args))
@@ -817,6 +830,23 @@ def _text(b: bytes) -> str:
     return b[:200].decode(errors="replace")
 
 
+def _readable(c: RespConnection, key: bytes) -> str:
+    """The key's channel, which this client may read (its rules), or the refusal."""
+    channel = key_to_channel(key)
+    assert c.inner is not None
+    c.server.core.check_read(c.inner.session, channel)
+    return channel
+
+
+def _writable(c: RespConnection, key: bytes) -> str:
+    """The key's channel, which this client may write: changing a group (destroying
+    it, its consumers) is a write, as Redis's ACL counts XGROUP."""
+    channel = _readable(c, key)
+    assert c.inner is not None
+    c.inner.session.access.check_write(channel)
+    return channel
+
+
 def _int(value: bytes) -> int:
     try:
         return int(value)
@@ -859,11 +889,10 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         groups.create(c.identity, channel, gname, start)
         return OK
     if sub == b"DESTROY" and len(args) == 4:
-        channel = key_to_channel(args[2])
-        c.server.core.check_read(c.inner.session, channel)
+        channel = _writable(c, args[2])
         return 1 if groups.destroy(group_name(args[3], channel)) else 0
     if sub in (b"CREATECONSUMER", b"DELCONSUMER") and len(args) == 5:
-        channel = key_to_channel(args[2])
+        channel = _writable(c, args[2])
         gname = group_name(args[3], channel)
         if not groups.exists(gname):
             return Error(f"NOGROUP No such consumer group '{_text(args[3])}' for key name "
@@ -956,6 +985,10 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                           key=lambda e: e.item.seq)[:count or MAX_COUNT]
             found.append((key, [_entry(e.item) for e in mine]))
         return _streams_reply(c, found)
+    for _key, _channel, gname, _sid in targets:
+        if len(groups.entries(gname)) >= MAX_PENDING:
+            return Error(f"ERR group has {MAX_PENDING} pending entries on this broker: "
+                         "XACK (or XCLAIM) them before reading more")
     want = count or DEFAULT_COUNT
     wait = 0.0 if block is None else (block / 1000 if block else 24 * 3600.0)
     _take(c, slot, groups, targets, name, want, wait, noack)
@@ -1110,7 +1143,7 @@ def _ids(values: list[bytes]) -> list[int]:
 def _xack(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 4:
         return wrong_args("xack")
-    channel = key_to_channel(args[1])
+    channel = _readable(c, args[1])
     return _groups(c).ack(group_name(args[2], channel), _ids(args[3:]))
 
 
@@ -1118,7 +1151,7 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 3:
         return wrong_args("xpending")
     key, group = args[1], args[2]
-    channel = key_to_channel(key)
+    channel = _readable(c, key)
     gname = group_name(group, channel)
     groups = _groups(c)
     if not groups.exists(gname):
@@ -1180,7 +1213,7 @@ def _xclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         min_idle = _int(args[4])
     except _Reply as early:
         return early.reply
-    channel = key_to_channel(key)
+    channel = _readable(c, key)
     gname = group_name(group, channel)
     groups = _groups(c)
     if not groups.exists(gname):
@@ -1209,7 +1242,7 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                 return Error("ERR syntax error")
     except _Reply as early:
         return early.reply
-    channel = key_to_channel(key)
+    channel = _readable(c, key)
     gname = group_name(group, channel)
     groups = _groups(c)
     if not groups.exists(gname):
@@ -1229,7 +1262,7 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 3:
         return wrong_args("xinfo")
     sub = args[1].upper()
-    channel = key_to_channel(args[2])
+    channel = _readable(c, args[2])
     groups = _groups(c)
     core = c.server.core
     log_ = core.channels.get(channel)

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 RESP_LEASE_S = 600.0  # how long a pending entry is held without XACK or XCLAIM
 DEFAULT_COUNT = 100  # XREADGROUP without COUNT: a bounded batch chosen here
 MAX_COUNT = 10_000
+MAX_PENDING = 100_000  # a group's pending entries on one broker: then XREADGROUP refuses
 IDLE_S = 300.0  # a consumer nobody read with this long, holding nothing, is closed
 SID = 1  # a consumer's one subscription
 
