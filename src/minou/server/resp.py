@@ -941,27 +941,8 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 7 or args[1].upper() != b"GROUP":
         return wrong_args("xreadgroup")
     group, name = args[2], args[3]
-    count, block, noack = None, None, False
-    i = 4
     try:
-        while i < len(args):
-            opt = args[i].upper()
-            if opt == b"COUNT" and i + 1 < len(args):
-                count = max(1, min(_int(args[i + 1]), MAX_COUNT))
-                i += 2
-            elif opt == b"BLOCK" and i + 1 < len(args):
-                block = _int(args[i + 1])
-                if block < 0:
-                    return Error("ERR timeout is negative")
-                i += 2
-            elif opt == b"NOACK":
-                noack = True
-                i += 1
-            elif opt == b"STREAMS":
-                break
-            else:
-                return Error("ERR syntax error")
-        keys, ids = _parse_streams(args, i + 1, "XREADGROUP")
+        count, block, noack, keys, ids = _read_options(args, 4, "XREADGROUP")
     except _Reply as early:
         return early.reply
     groups = _groups(c)
@@ -1041,25 +1022,34 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
     c.blocked.add(finish)
 
 
+def _read_options(args: list[bytes], i: int, cmd: str
+                  ) -> tuple[int | None, int | None, bool, list[bytes], list[bytes]]:
+    """XREAD's and XREADGROUP's options from ``args[i]`` on: (COUNT, BLOCK ms, NOACK
+    — XREADGROUP's only —, keys, ids); raises ``_Reply`` with the error."""
+    count, block, noack = None, None, False
+    while i < len(args):
+        opt = args[i].upper()
+        if opt == b"COUNT" and i + 1 < len(args):
+            count = max(1, min(_int(args[i + 1]), MAX_COUNT))
+            i += 2
+        elif opt == b"BLOCK" and i + 1 < len(args):
+            block = _int(args[i + 1])
+            if block < 0:
+                raise _Reply(Error("ERR timeout is negative"))
+            i += 2
+        elif opt == b"NOACK" and cmd == "XREADGROUP":
+            noack, i = True, i + 1
+        elif opt == b"STREAMS":
+            break
+        else:
+            raise _Reply(Error("ERR syntax error"))
+    keys, ids = _parse_streams(args, i + 1, cmd)
+    return count, block, noack, keys, ids
+
+
 def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
-    count, block = None, None
-    i = 1
     try:
-        while i < len(args):
-            opt = args[i].upper()
-            if opt == b"COUNT" and i + 1 < len(args):
-                count = max(1, min(_int(args[i + 1]), MAX_COUNT))
-                i += 2
-            elif opt == b"BLOCK" and i + 1 < len(args):
-                block = _int(args[i + 1])
-                if block < 0:
-                    return Error("ERR timeout is negative")
-                i += 2
-            elif opt == b"STREAMS":
-                break
-            else:
-                return Error("ERR syntax error")
-        keys, ids = _parse_streams(args, i + 1, "XREAD")
+        count, block, _, keys, ids = _read_options(args, 1, "XREAD")
         targets = [(key, key_to_channel(key), sid) for key, sid in zip(keys, ids, strict=True)]
         for _, _, sid in targets:
             if sid not in (b"$", b"+"):
