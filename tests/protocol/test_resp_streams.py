@@ -1,0 +1,82 @@
+"""How Redis stream keys, ids and entries map onto channels and messages (no I/O)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.protocol.resp_streams import (
+    BINARY,
+    ENTRY_HEADER,
+    FIELDS,
+    StreamIdError,
+    StreamKeyError,
+    channel_to_key,
+    entry_to_message,
+    format_id,
+    key_to_channel,
+    message_to_entry,
+    parse_id,
+)
+
+
+def test_a_channel_name_is_itself_any_other_key_lives_under_redis_v1() -> None:
+    assert key_to_channel(b"orders/v1/eu") == "orders/v1/eu"
+    assert key_to_channel(b"mystream") == "redis/v1/mystream"
+    assert key_to_channel(b"app:events") == "redis/v1/app:events"
+    assert key_to_channel(b"a b/c") == "redis/v1/a%20b%2Fc"
+    assert key_to_channel(b"\xff\x00") == "redis/v1/%FF%00"
+    assert key_to_channel(b"orders/v1/*") == "redis/v1/orders%2Fv1%2F%2A"  # not a pattern
+    with pytest.raises(StreamKeyError, match="may not be empty"):
+        key_to_channel(b"")
+    with pytest.raises(StreamKeyError, match="limit"):
+        key_to_channel(b"x" * 5000)
+
+
+@given(st.binary(min_size=1, max_size=60))
+def test_every_key_comes_back_as_it_was_named(key: bytes) -> None:
+    assert channel_to_key(key_to_channel(key)) == key
+
+
+def test_entries_map_to_what_other_interfaces_read() -> None:
+    assert entry_to_message([b"payload", b'{"n": 1}']) == (b'{"n": 1}', False, {})
+    data, raw, headers = entry_to_message([b"payload", b"not json"])
+    assert not raw and msgspec.json.decode(data) == {"payload": "not json"}
+    assert headers == {ENTRY_HEADER: FIELDS}
+    data, raw, headers = entry_to_message([b"b", b"1", b"a", b"2"])
+    assert data == b'{"b":"1","a":"2"}' and not raw  # in field order
+    for binary in ([b"bin", b"\xff"], [b"a", b"1", b"a", b"2"], [b"\xff", b"x"]):
+        data, raw, headers = entry_to_message(binary)
+        assert raw and headers[ENTRY_HEADER] == BINARY
+        assert msgspec.msgpack.decode(data) == binary
+    # what another interface published reads as one field: payload
+    assert message_to_entry(b'{"n":1}', False, None) == [b"payload", b'{"n":1}']
+    assert message_to_entry(b"\x00\x01", True, {}) == [b"payload", b"\x00\x01"]
+    # a header that lies about the body: still readable, as the payload
+    assert message_to_entry(b"[1]", False, {ENTRY_HEADER: FIELDS}) == [b"payload", b"[1]"]
+    assert message_to_entry(b"\x93", True, {ENTRY_HEADER: BINARY}) == [b"payload", b"\x93"]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=20)), min_size=1,
+                max_size=6))
+def test_any_entry_round_trips_byte_for_byte(pairs: list[tuple[bytes, bytes]]) -> None:
+    fields = [x for pair in pairs for x in pair]
+    data, raw, headers = entry_to_message(fields)
+    assert message_to_entry(data, raw, headers) == fields
+
+
+def test_ids_are_seqs_and_ranges_read_as_redis_does() -> None:
+    assert format_id(42) == b"42-0"
+    assert parse_id(b"-", high=False) == 1
+    assert parse_id(b"+", high=True) == 2 ** 63 - 1
+    assert parse_id(b"5", high=False) == 5 and parse_id(b"5-0", high=False) == 5
+    assert parse_id(b"5-3", high=False) == 6  # after 5-0
+    assert parse_id(b"5-3", high=True) == 5
+    assert parse_id(b"(5-0", high=False) == 6 and parse_id(b"(5", high=True) == 4
+    assert parse_id(b"(5-3", high=False) == 6 and parse_id(b"(5-3", high=True) == 5
+    for bad in (b"x", b"5-x", b"(-", b"(+", b"", b"-5"):
+        with pytest.raises(StreamIdError, match="Invalid stream ID"):
+            parse_id(bad, high=False)
