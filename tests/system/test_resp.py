@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -607,3 +608,15 @@ def test_redis_connections_count_towards_max_connections(broker_factory) -> None
     held[0].close()
     time.sleep(0.3)
     assert extra.ping() is True  # room again
+
+
+def test_a_revoked_client_is_cut_off_and_cannot_come_back(broker) -> None:
+    r = connect(broker, "doomed")
+    assert r.xadd("s", {"a": "1"}) == b"1-0"
+    done = subprocess.run([sys.executable, "-m", "minou", "clients", "revoke", "doomed"],
+                          env=broker.cli_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with pytest.raises(redis.exceptions.RedisError):
+        r.xadd("s", {"a": "2"})  # the connection was closed with the reason
+    with pytest.raises(redis.AuthenticationError, match="invalid username-password pair"):
+        r.ping()  # and its token is refused from now on
