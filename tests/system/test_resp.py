@@ -620,3 +620,27 @@ def test_a_revoked_client_is_cut_off_and_cannot_come_back(broker) -> None:
         r.xadd("s", {"a": "2"})  # the connection was closed with the reason
     with pytest.raises(redis.AuthenticationError, match="invalid username-password pair"):
         r.ping()  # and its token is refused from now on
+
+
+def test_setid_moves_a_group_and_xinfo_stream_shows_its_ends(broker_factory) -> None:
+    """With retention (else what every group passed is gone, unlike Redis: documented)."""
+    cfg = broker_factory.make().data_dir.parent / "keep.toml"
+    cfg.write_text('[channels."redis/v1"]\nretention = 3600\n')
+    broker = broker_factory.make(resp_port=0, config=cfg).start()
+    r = connect(broker, "mover")
+    for n in range(5):
+        r.xadd("moving", {"n": str(n)})
+    r.xgroup_create("moving", "g", id="$")
+    assert not r.xreadgroup("g", "c", {"moving": ">"}, count=10)  # created at the end
+    assert r.xgroup_setid("moving", "g", id="2-0") is True
+    got = r.xreadgroup("g", "c", {"moving": ">"}, count=10)
+    assert [i for i, _ in got[0][1]] == [b"3-0", b"4-0", b"5-0"]
+    assert r.xgroup_setid("moving", "g", id="0") is True  # from the start again
+    got = r.xreadgroup("g", "c", {"moving": ">"}, count=10)
+    assert [i for i, _ in got[0][1]] == [b"1-0", b"2-0", b"3-0", b"4-0", b"5-0"]
+    info = r.xinfo_stream("moving")
+    assert info["length"] == 5 and info["last-generated-id"] == b"5-0"
+    assert info["first-entry"] == (b"1-0", {b"n": b"0"})
+    assert info["last-entry"] == (b"5-0", {b"n": b"4"})
+    with pytest.raises(redis.ResponseError, match="equal or smaller than the target stream"):
+        r.xadd("moving", {"n": "again"}, id="3-0")  # Redis's words for a replayed id

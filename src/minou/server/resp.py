@@ -291,6 +291,16 @@ class RespConnection(asyncio.Protocol):
             self.closing = True
             self._drain()
 
+    def spawn(self, coro: Any) -> None:
+        """Run a command's coroutine, ended if the connection goes."""
+        task = asyncio.ensure_future(coro)
+
+        def end() -> None:
+            task.cancel()
+
+        self.blocked.add(end)
+        task.add_done_callback(lambda _: self.blocked.discard(end))
+
     def request(self, frame: Any) -> asyncio.Future[Any]:
         """Send ``frame`` to the inner connection; a future of its answer (a frame)."""
         assert self.inner is not None
@@ -679,9 +689,14 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     fields = args[i + 1:]
     if not fields or len(fields) % 2:
         return wrong_args("xadd")
-    if entry_id != b"*":
-        return Error("ERR minou assigns stream ids (<seq>-0): give '*' as the id")
     channel = key_to_channel(key)
+    if entry_id != b"*":
+        log_ = c.server.core.channels.get(channel)
+        top = log_.end - 1 if log_ is not None else 0
+        if parse_id(entry_id, high=True) <= top:  # a client's retry, say: Redis's words
+            return Error("ERR The ID specified in XADD is equal or smaller than the target "
+                         "stream top item")
+        return Error("ERR minou assigns stream ids (<seq>-0): give '*' as the id")
     if nomkstream and channel not in c.server.core.channels:
         return None
     data, raw, headers = entry_to_message(fields)
@@ -910,9 +925,18 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             groups._settle(entry, "nack")
         names.pop(args[4], None)
         return len(mine)
-    if sub == b"SETID":
-        return Error("ERR XGROUP SETID is not supported yet: create the group again (XGROUP "
-                     "DESTROY, then CREATE at the id) to move it")
+    if sub == b"SETID" and len(args) >= 5:
+        channel = _writable(c, args[2])
+        gname = group_name(args[3], channel)
+        if not groups.exists(gname):
+            return Error(f"NOGROUP No such key '{_text(args[2])}' or consumer group "
+                         f"'{_text(args[3])}' in XGROUP SETID")
+        start_id = args[4]
+        log_ = c.server.core.channels.get(channel)
+        nxt = log_.end if log_ is not None else 1
+        after = nxt - 1 if start_id == b"$" else parse_id(start_id, high=True)
+        groups.set_position(c.identity, channel, gname, after + 1)
+        return OK
     return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XGROUP HELP.")
 
 
@@ -1111,6 +1135,28 @@ async def _xread_run(c: RespConnection, slot: _Slot, targets: list[tuple[bytes, 
         raise
 
 
+async def _xinfo_stream(c: RespConnection, slot: _Slot, channel: str, head: list[Any]
+                        ) -> None:
+    """XINFO STREAM: what the channel's log says, with its first and last entries."""
+    last_id, length, groups = head
+    ends: list[Any] = []
+    try:
+        bounds = await c.request(f.Offsets(next(c._req), [channel]))
+        first, nxt = (bounds.value or {}).get(channel, (1, 1)) \
+            if isinstance(bounds, f.Result) else (1, 1)
+        for start in (int(first), max(int(first), int(nxt) - 1)):
+            reply = await c.request(f.Read(next(c._req), channel, start, 1, int(nxt)))
+            items = reply.items if isinstance(reply, f.ReadResult) else []
+            ends.append(_entry(items[0]) if items else None)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # the entries are a courtesy: the rest is answered anyway
+        ends = [None, None]
+    c._answer(slot, Map([(b"length", length), (b"last-generated-id", last_id),
+                         (b"first-entry", ends[0]), (b"last-entry", ends[1]),
+                         (b"groups", groups)]))
+
+
 def _xdel(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     return Error("ERR XDEL is not supported: minou removes messages once every group "
                  "settled them (or by retention); a consumer acknowledges with XACK")
@@ -1285,11 +1331,11 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if sub == b"STREAM":
         if log_ is None:
             return Error("ERR no such key")
-        last = format_id(max(0, log_.end - 1))
-        return Map([(b"length", log_.count), (b"last-generated-id", last),
-                    (b"first-entry", None), (b"last-entry", None),
-                    (b"groups", sum(1 for k in core.state.groups
-                                    if k.startswith("consume:") and k.endswith(f"@{channel}")))])
+        head = [format_id(max(0, log_.end - 1)), log_.count, sum(
+            1 for k in core.state.groups
+            if k.startswith("consume:") and k.endswith(f"@{channel}"))]
+        c.spawn(_xinfo_stream(c, slot, channel, head))
+        return _LATER
     return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XINFO HELP.")
 
 # --------------------------------------------------------------- miniqueue

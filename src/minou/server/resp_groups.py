@@ -195,6 +195,22 @@ class RespGroups:
         self.server.admin("group.delete", {"group": consume_group_key(gname), "force": True})
         return True
 
+    def set_position(self, identity: Identity, channel: str, gname: str, seq: int) -> None:
+        """XGROUP SETID: the group reads ``channel`` from ``seq`` on. Its readers here
+        give back what they hold first (Redis keeps a moved group's pending entries;
+        here they return to the group, read again from the new position if after it)."""
+        for entry in list(self.pel.pop(gname, {}).values()):
+            self._settle(entry, "nack")
+        for consumer in [c for k, c in self.consumers.items() if k[1] == gname]:
+            self.close(consumer)
+        server = self.server
+        session = Session(identity.client_id, None, access=server.access_for(identity),
+                          admin=identity.admin)
+        server.engine.subscribe(session, 1, kind="consume", patterns=[channel],
+                                group=gname, start=f"seq:{max(1, seq)}", prefetch=1,
+                                lease=0.0)
+        server.engine.close(session)
+
     def consumer(self, identity: Identity, channel: str, gname: str) -> RespConsumer:
         key = (identity.client_id, gname)
         consumer = self.consumers.get(key)
