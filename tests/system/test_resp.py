@@ -238,6 +238,12 @@ def test_consumer_groups_as_a_streams_worker_uses_them(broker) -> None:
     assert r.xgroup_create("no-such-stream", "workers", id="$", mkstream=True) is True
     with pytest.raises(redis.ResponseError, match=r"^NOGROUP No such key 'jobs'"):
         r.xreadgroup("nobody", "c1", {"jobs": ">"})
+    for missing in (lambda: r.xpending("jobs", "nobody"),
+                    lambda: r.xclaim("jobs", "nobody", "c1", 0, [b"1-0"]),
+                    lambda: r.xautoclaim("jobs", "nobody", "c1", 0, "0-0")):
+        with pytest.raises(redis.ResponseError, match=r"^NOGROUP No such key 'jobs' or "
+                           "consumer group 'nobody'"):
+            missing()
 
     ((key, got),) = r.xreadgroup("workers", "c1", {"jobs": ">"}, count=2)
     assert key == b"jobs" and [i for i, _ in got] == [b"1-0", b"2-0"]

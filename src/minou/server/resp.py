@@ -404,6 +404,8 @@ class RespConnection(asyncio.Protocol):
             self._publish_batch()  # what came before takes effect first
         try:
             reply = handler(self, args, slot)
+        except _Reply as early:
+            reply = early.reply
         except RequestError as exc:
             self.server.core.counters.refuse(exc.reason)
             reply = refusal(exc)
@@ -835,6 +837,16 @@ RespConnection.inner_read = _read_into  # type: ignore[attr-defined]
 NOGROUP = "NOGROUP No such key '{key}' or consumer group '{group}' in {cmd} with GROUP option"
 
 
+def _existing_group(c: RespConnection, key: bytes, group: bytes) -> str:
+    """The minou group of Redis group ``group`` on ``key`` (readable by this client),
+    or the NOGROUP answer."""
+    gname = group_name(group, _readable(c, key))
+    if not _groups(c).exists(gname):
+        raise _Reply(Error(f"NOGROUP No such key '{_text(key)}' or consumer group "
+                           f"'{_text(group)}'"))
+    return gname
+
+
 def _groups(c: RespConnection) -> RespGroups:
     groups = c.server.resp_groups
     assert groups is not None
@@ -1187,11 +1199,8 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 3:
         return wrong_args("xpending")
     key, group = args[1], args[2]
-    channel = _readable(c, key)
-    gname = group_name(group, channel)
+    gname = _existing_group(c, key, group)
     groups = _groups(c)
-    if not groups.exists(gname):
-        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
     entries = sorted(groups.entries(gname).values(), key=lambda e: e.item.seq)
     if len(args) == 3:
         if not entries:
@@ -1249,11 +1258,8 @@ def _xclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         min_idle = _int(args[4])
     except _Reply as early:
         return early.reply
-    channel = _readable(c, key)
-    gname = group_name(group, channel)
+    gname = _existing_group(c, key, group)
     groups = _groups(c)
-    if not groups.exists(gname):
-        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
     ids, justid = _claim_options(args[5:])
     claimed = groups.claim(gname, name, min_idle, _ids(ids), bump=not justid)
     return [format_id(e.item.seq) if justid else _entry(e.item) for e in claimed]
@@ -1278,11 +1284,8 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                 return Error("ERR syntax error")
     except _Reply as early:
         return early.reply
-    channel = _readable(c, key)
-    gname = group_name(group, channel)
+    gname = _existing_group(c, key, group)
     groups = _groups(c)
-    if not groups.exists(gname):
-        return Error(f"NOGROUP No such key '{_text(key)}' or consumer group '{_text(group)}'")
     now = time.monotonic()
     candidates = sorted((e for e in groups.entries(gname).values()
                          if e.item.seq >= start and (now - e.since) * 1000 >= min_idle),
