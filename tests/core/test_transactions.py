@@ -89,7 +89,10 @@ def test_a_batch_whose_range_another_session_partly_committed_is_refused() -> No
     with pytest.raises(OutOfSequence, match="at 500 on 'a/v1/1', inside this batch "
                        r"\(300, 800\]") as err:
         t.fence("w", 800, [s("a/v1/1")], after=300)
-    assert err.value.detail["fence"] == 500
+    assert err.value.detail == {"writer_id": "w", "channel": "a/v1/1", "fence": 500,
+                                "after": 300, "batch_id": 800}
+    with pytest.raises(OutOfSequence):  # a page from the very start overlaps too
+        t.fence("w", 800, [s("a/v1/1")], after=0)
     keep, _, updates = t.fence("w", 800, [s("a/v1/1")], after=500)  # right after it
     assert len(keep) == 1 and updates == {("w", "a/v1/1"): 800}
     keep, _, _ = t.fence("w", 800, [s("a/v1/1")], after=600)  # a gap is no overlap
