@@ -49,8 +49,16 @@ def test_entries_map_to_what_other_interfaces_read() -> None:
     assert data == b'{"b":"1","a":"2"}' and not raw  # in field order
     for binary in ([b"bin", b"\xff"], [b"a", b"1", b"a", b"2"], [b"\xff", b"x"]):
         data, raw, headers = entry_to_message(binary)
-        assert raw and headers[ENTRY_HEADER] == BINARY
+        assert raw and headers == {ENTRY_HEADER: BINARY,
+                                   "content-type": "application/vnd.minou.resp-entry+msgpack"}
         assert msgspec.msgpack.decode(data) == binary
+    # only the header makes a body fields: the same bytes without it are a payload
+    fields_body, _, _ = entry_to_message([b"a", b"b"])
+    assert message_to_entry(fields_body, False, None) == [b"payload", fields_body]
+    binary_body, _, _ = entry_to_message([b"a", b"\xff"])
+    assert message_to_entry(binary_body, True, None) == [b"payload", binary_body]
+    not_bytes = msgspec.msgpack.encode([1, 2])
+    assert message_to_entry(not_bytes, True, {ENTRY_HEADER: BINARY}) == [b"payload", not_bytes]
     # what another interface published reads as one field: payload
     assert message_to_entry(b'{"n":1}', False, None) == [b"payload", b'{"n":1}']
     assert message_to_entry(b"\x00\x01", True, {}) == [b"payload", b"\x00\x01"]
@@ -77,6 +85,8 @@ def test_ids_are_seqs_and_ranges_read_as_redis_does() -> None:
     assert parse_id(b"5-3", high=True) == 5
     assert parse_id(b"(5-0", high=False) == 6 and parse_id(b"(5", high=True) == 4
     assert parse_id(b"(5-3", high=False) == 6 and parse_id(b"(5-3", high=True) == 5
+    assert parse_id(b"(5-1", high=True) == 5  # 5-0 is below 5-1
     for bad in (b"x", b"5-x", b"(-", b"(+", b"", b"-5"):
-        with pytest.raises(StreamIdError, match="Invalid stream ID"):
+        with pytest.raises(StreamIdError) as err:
             parse_id(bad, high=False)
+        assert str(err.value) == "Invalid stream ID specified as stream command argument"
