@@ -168,3 +168,32 @@ def test_random_bytes_give_commands_or_a_protocol_error_never_a_crash(data: byte
             assert c and all(isinstance(a, bytes) for a in c)
     assert p.error is None or str(p.error).startswith("Protocol error: ")
     assert p.buffered <= len(data)
+
+
+def test_the_edges_of_every_limit_and_line() -> None:
+    assert parse(b"PING\n") == [[b"PING"]]  # a bare LF ends an inline line; nothing cut
+    longest = b"ECHO " + b"a" * (MAX_INLINE - 6)  # with its CR: the limit exactly
+    assert parse(longest + b"\r\n")[0][1] == b"a" * (MAX_INLINE - 6)
+    with pytest.raises(RespProtocolError, match="too big inline request"):
+        parse(longest + b"a\r\n")
+    assert parse(command(b"SET", b"k", b"x" * 10), max_bulk=10) == [[b"SET", b"k", b"x" * 10]]
+    for wire, why in ((b"*1\r\n$3\r\nabc\rX", "bulk string not followed by CRLF"),
+                      (b"*1\r\n$3\r\nabcX\n", "bulk string not followed by CRLF"),
+                      (b"*1\r\n x", "expected '$', got ' '"),
+                      (b"*1\r\n\x7f", "expected '$', got '\\x7f'"),
+                      (b"*1\r\n~", "expected '$', got '~'")):
+        with pytest.raises(RespProtocolError) as err:
+            parse(wire)
+        assert str(err.value) == f"Protocol error: {why}"
+    # a count line of 32 bytes is waited for; longer is refused, even before its end
+    p = RespParser(10)
+    assert p.feed(b"*" + b"1" * 31) == [] and p.error is None  # 32 bytes, no end yet
+    p.feed(b"1")
+    assert str(p.error) == "Protocol error: too big mbulk count string"
+
+
+def test_doubles_that_are_not_numbers() -> None:
+    assert encode(Double(float("-inf")), 3) == b",-inf\r\n"
+    assert encode(Double(float("nan")), 3) == b",nan\r\n"
+    assert encode(Double(float("-inf"))) == b"$4\r\n-inf\r\n"
+    assert encode(Double(0.0), 3) == b",0.0\r\n"
