@@ -195,6 +195,7 @@ MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 MAX_BATCH_HTTP = 1_000
 MAX_BROWSE = 1_000  # messages one admin browse page reads back from storage and encodes
 DEFAULT_BROWSE = 50  # ... when the request names no limit: a screenful
+MAX_DELETE = 1_000  # messages one delete (XDEL, the dashboard) names at once
 MAX_REQUEUE = 100_000  # dead letters one requeue reads and moves per channel
 DEFAULT_REQUEUE = 10_000  # ... when the request names no limit
 # from_seq of a browse: the integers every JSON client reads exactly (a double's 53 bits).

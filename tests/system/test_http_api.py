@@ -308,8 +308,15 @@ def test_admin_routes_browse_purge_requeue_delete(http_broker, http):
     assert inspect["depth"] == 5 and inspect["options"]["requeue_limit"] == 1
     listing = http.get("/v1/queues", headers=admin).json()
     assert any(q["queue"] == "orders/v1" and q["depth"] == 5 for q in listing["queues"])
+    gone = http.delete("/v1/queues/orders/v1/b/messages/2", headers=admin)
+    assert gone.json() == {"channel": "orders/v1/b", "deleted": [2], "messages": 1}
+    assert http.delete("/v1/queues/orders/v1/b/messages/2", headers=admin).json()[
+        "messages"] == 0
+    assert http.delete("/v1/queues/orders/v1/b/messages/2", headers=h).status_code == 403
+    assert [m["seq"] for m in http.get("/v1/queues/orders/v1/b/messages",
+                                       headers=admin).json()["messages"]] == [1, 3, 4, 5]
     purged = http.post("/v1/queues/orders/v1/purge", params={"channel": "b"}, headers=admin)
-    assert purged.json()["messages"] == 5
+    assert purged.json()["messages"] == 4
     assert http.get("/v1/queues/orders/v1", headers=admin).json()["depth"] == 0
     # Dead letters: make two, requeue them, consume them again.
     for i in range(2):
@@ -390,7 +397,8 @@ def test_openapi_document_is_served(http_broker, http):
                  "/status/nagios/{endpoint}/{version}", "/status/queues/{endpoint}/{version}",
                  "/health",
                  "/v1/messages/{message_id}/receipt", "/v1/queues/{endpoint}/{version}/purge",
-                 "/v1/dead/{endpoint}/{version}/requeue"):
+                 "/v1/dead/{endpoint}/{version}/requeue",
+                 "/v1/queues/{endpoint}/{version}/{id}/messages/{seq}"):
         assert path in doc["paths"], path
     assert http.get("/health").json()["status"] == "ok"
 

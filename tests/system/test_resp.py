@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import shutil
 import subprocess
 import sys
@@ -147,7 +148,7 @@ def test_refusals_are_redis_errors_and_the_connection_goes_on(broker_factory) ->
     with pytest.raises(redis.ResponseError, match="DB index is out of range"):
         w.execute_command("SELECT", "1")
     # Groups are under the rules too: reading them needs read rights, changing them write
-    w.xadd("orders/v1/eu", {"payload": '{"id": 1}'})
+    first = w.xadd("orders/v1/eu", {"payload": '{"id": 1}'})
     w.xgroup_create("orders/v1/eu", "billing", id="0")
     with pytest.raises(redis.exceptions.NoPermissionError, match="NOT_AUTHORIZED"):
         r.xgroup_destroy("orders/v1/eu", "billing")  # ro: may read, not write
@@ -160,6 +161,10 @@ def test_refusals_are_redis_errors_and_the_connection_goes_on(broker_factory) ->
         with pytest.raises(redis.exceptions.NoPermissionError, match="NOT_AUTHORIZED"):
             attempt()
     assert w.xgroup_destroy("orders/v1/eu", "billing") == 1
+    with pytest.raises(redis.exceptions.NoPermissionError, match="NOT_AUTHORIZED"):
+        r.xdel("orders/v1/eu", first)  # deleting is a write
+    assert w.xlen("orders/v1/eu") == 1 and w.xdel("orders/v1/eu", first) == 1
+    assert w.xlen("orders/v1/eu") == 0
     with pytest.raises(redis.ResponseError, match="unknown subcommand 'MAINT_NOTIFICATIONS'"):
         w.execute_command("CLIENT", "MAINT_NOTIFICATIONS", "on")
     assert w.ping() is True
@@ -363,8 +368,20 @@ def test_xread_reads_after_an_id_and_blocks_for_new_entries(broker) -> None:
     t.join(15)
     ((_, got),) = out[0]
     assert got == [(b"4-0", {b"n": b"new"})]
-    with pytest.raises(redis.ResponseError, match="XDEL is not supported"):
-        r.xdel("feed", b"1-0")
+    # XDEL: gone for every reader, across interfaces; ids that name no entry count 0
+    assert r.xdel("feed", b"2-0", b"2-1", b"99-0", b"2-0") == 1
+    assert r.xdel("feed", b"2-0") == 0 and r.xdel("no-such-stream", b"1-0") == 0
+    assert [i for i, _ in r.xrange("feed")] == [b"1-0", b"3-0", b"4-0"]
+    assert r.xlen("feed") == 3
+    r.xgroup_create("feed", "g", id="0")
+    assert [i for i, _ in r.xreadgroup("g", "c", {"feed": ">"})[0][1]] == \
+        [b"1-0", b"3-0", b"4-0"]
+    with pytest.raises(redis.ResponseError, match="Invalid stream ID"):
+        r.xdel("feed", b"x")
+    broker.kill()  # the delete was durable when answered
+    broker.start()
+    r = connect(broker, "reader")
+    assert [i for i, _ in r.xrange("feed")] == [b"1-0", b"3-0", b"4-0"]
     assert r.xtrim("feed", maxlen=1, approximate=True) == 0
 
 
@@ -650,3 +667,69 @@ def test_setid_moves_a_group_and_xinfo_stream_shows_its_ends(broker_factory) -> 
     assert info["last-entry"] == (b"5-0", {b"n": b"4"})
     with pytest.raises(redis.ResponseError, match="equal or smaller than the target stream"):
         r.xadd("moving", {"n": "again"}, id="3-0")  # Redis's words for a replayed id
+
+
+def test_command_docs_and_info_describe_the_commands(broker) -> None:
+    """What redis-cli builds its help and hints from (COMMAND DOCS) and cluster-aware
+    clients their key positions (COMMAND INFO)."""
+    for proto in (2, 3):
+        r = connect(broker, protocol=proto)
+        conn = r.connection_pool.get_connection()  # raw: redis-py parses all COMMANDs alike
+        conn.send_command("COMMAND", "DOCS", "XADD", "NOSUCH")
+        docs = conn.read_response()
+        r.connection_pool.release(conn)
+        if proto == 2:  # RESP2: flat arrays, as Redis sends them
+            assert docs[0] == b"xadd" and len(docs) == 2
+            doc = dict(zip(docs[1][::2], docs[1][1::2], strict=True))
+        else:
+            assert list(docs) == [b"xadd"]
+            doc = docs[b"xadd"]
+        assert doc[b"group"] == b"stream" and b"fsync" in doc[b"summary"]
+        assert len(doc[b"arguments"]) == 5  # key, NOMKSTREAM, the trim block, id, pairs
+    r = connect(broker)
+    assert r.command_count() == len(r.command_list()) >= 40
+    assert set(r.command_list()) >= {b"xadd", b"xreadgroup", b"set", b"eval"}
+    table = r.command()
+    assert table["xack"]["arity"] == -4 and table["xack"]["first_key_pos"] == 1
+    assert table["get"]["flags"] == ["readonly", "fast"]
+
+
+@pytest.mark.skipif(REDIS_CLI is None, reason="redis-cli (redis-tools) is not installed")
+def test_redis_cli_help_comes_from_the_broker(broker) -> None:
+    """Interactive redis-cli (on a terminal) asks COMMAND DOCS for `help <command>`."""
+    import os
+    import pty
+    import select
+
+    jwt = token(broker, "cli")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: redis-cli on the terminal
+        os.execv(REDIS_CLI, [REDIS_CLI, "-h", "127.0.0.1", "-p", str(broker.resp_port),
+                             "--user", "cli", "--pass", jwt, "--no-auth-warning"])
+    out = b""
+
+    def read_until(marker: bytes) -> None:
+        nonlocal out
+        deadline = time.monotonic() + 20
+        while marker not in out and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    return
+                out += chunk
+                for _ in range(chunk.count(b"\x1b[6n")):  # linenoise asks where the cursor is
+                    os.write(fd, b"\x1b[1;1R")
+
+    try:
+        read_until(b"> ")  # the prompt
+        os.write(fd, b"help XDEL\r")
+        read_until(b"a write")
+        os.write(fd, b"quit\r")
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode(errors="replace"))  # colours
+    assert "XDEL key id [id ...]" in text and "Deletes entries (a write)." in text, text[-500:]

@@ -53,6 +53,22 @@ def purge(core: Broker, log: ChannelLog) -> int:
     return removed
 
 
+def delete_messages(core: Broker, log: ChannelLog, seqs: list[int]) -> list[int]:
+    """Delete messages of ``log`` by seq (``XDEL``, an operator removing one message);
+    return the seqs that were there. A reader holding one now is not told: its ack
+    settles nothing and a requeue finds the message gone, as for an expired one."""
+    deleted = []
+    for seq in dict.fromkeys(seqs):
+        if log.delete_one(seq):
+            core.batch.deletes.append((log.name, seq))
+            deleted.append(seq)
+    if deleted:
+        core.batch.channels[log.name] = log.next_seq
+        for gc in log.states:  # their waiting counts and floors moved
+            core.state.mark(gc)
+    return deleted
+
+
 def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> dict[str, Any]:
     """Forget a reader group (a durable listener that will not come back, a consumer
     group that is retired), so retention stops waiting for it."""

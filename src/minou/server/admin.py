@@ -24,6 +24,7 @@ from ..limits import (
     DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_REQUEUE,
     MAX_BROWSE,
+    MAX_DELETE,
     MAX_FROM_SEQ,
     MAX_REQUEUE,
 )
@@ -43,6 +44,7 @@ Op = Callable[["Server", dict[str, Any], "Identity | None"], Any]
 # (REQUEST_OP refuses every caller but the brokers' own links.)
 SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew",
                               "credentials.revoke", "credentials.list", *KV_OPS,
+                              "messages.delete",
                               REQUEST_OP, *federation.SELF_SERVICE})
 # Operations that only look at the broker's state: answered at once, not after the
 # next commit, so an operator can look while storage is out of reach (a commit that
@@ -221,6 +223,41 @@ def _purge(server: Server, args: dict[str, Any], caller: Identity | None) -> Any
     removed = {log.name: maintenance.purge(server.core, log) for log in logs}
     server.engine.changed()
     return {"queue": queue, "purged": removed, "messages": sum(removed.values())}
+
+
+def _delete_messages(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """Delete messages of one channel by seq: an admin, or a client that may write the
+    channel (``XDEL`` on the Redis port)."""
+    channel = _str_arg(args, "channel")
+    assert channel is not None
+    validate_channel(channel)
+    if caller is not None:
+        server.access_for(caller).check_write(channel)
+    seqs = _seqs_arg(args)
+    log = server.core.channels.get(channel)
+    deleted = maintenance.delete_messages(server.core, log, seqs) if log is not None else []
+    if deleted:
+        server.engine.changed()
+    return {"channel": channel, "deleted": deleted, "messages": len(deleted)}
+
+
+def _seqs_arg(args: dict[str, Any]) -> list[int]:
+    """``seqs``: one seq, or several separated by commas (arguments are scalars)."""
+    value = args.get("seqs")
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        raise BadRequest("give seqs: a message seq, or several separated by commas")
+    parts = value.split(",")
+    if len(parts) > MAX_DELETE:
+        raise BadRequest(f"at most {MAX_DELETE} seqs at once (got {len(parts)})")
+    seqs = []
+    for part in parts:
+        part = part.strip()
+        if not (part.isascii() and part.isdigit()) or not 1 <= int(part) <= MAX_FROM_SEQ:
+            raise BadRequest(f"seqs: {part[:32]!r} is not a message seq (1..{MAX_FROM_SEQ})")
+        seqs.append(int(part))
+    return seqs
 
 
 def _known_or_not_found(server: Server, queue: str, channel_id: str | None) -> None:
@@ -494,6 +531,7 @@ OPERATIONS: dict[str, Op] = {
     "queue": _queue,
     "browse": _browse,
     "purge": _purge,
+    "messages.delete": _delete_messages,
     "group.delete": _delete_group,
     "dead.requeue": _requeue_dead,
     "dead.purge": _purge_dead,

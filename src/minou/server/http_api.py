@@ -405,6 +405,14 @@ class HttpApi:
                 "from_seq": _int(q, "from_seq", 0), "limit": _int(q, "limit", 50)}
         return json_response(await self.admin_op("browse", args, identity))
 
+    async def delete_message(self, request: Request, identity: Identity, dead: bool = False
+                             ) -> Response:
+        seq = request.path_params["seq"]
+        tail = f"/messages/{seq}"
+        args = {"channel": f"{_queue(request, dead)}/{_raw_id(request, tail=tail)}",
+                "seqs": seq}
+        return json_response(await self.admin_op("messages.delete", args, identity))
+
     def admin_route(self, op: str, *, query: tuple[str, ...] = (),
                     queue: bool = False, body: bool = False,
                     self_service: bool = False) -> Handler:
@@ -527,6 +535,10 @@ class HttpApi:
                   g(partial(self.browse, dead=True), admin=True), methods=["GET"]),
             Route("/v1/queues" + msg + "/messages", g(self.browse, admin=True),
                   methods=["GET"]),
+            Route("/v1/queues/_dead" + msg + "/messages/{seq}",
+                  g(partial(self.delete_message, dead=True), admin=True), methods=["DELETE"]),
+            Route("/v1/queues" + msg + "/messages/{seq}", g(self.delete_message, admin=True),
+                  methods=["DELETE"]),
             Route("/v1/queues" + queue + "/purge",
                   self.admin_route("purge", query=("channel",), queue=True), methods=["POST"]),
             Route("/v1/dead" + queue + "/requeue",

@@ -391,6 +391,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_BROWSE},
                            f"at most this many (default {DEFAULT_BROWSE})")],
             ok=_json(OBJECT, "a page of messages"))},
+        "/v1/queues/{endpoint}/{version}/{id}/messages/{seq}": {"delete": _op(
+            "Delete one stored message (a dead letter: /v1/queues/_dead/...)", tag="admin",
+            params=[*MESSAGE_PARAMS, _path("seq", {"type": "integer", "minimum": 1})],
+            ok=_json(OBJECT, "the seqs deleted (empty: it was not there)"))},
         "/v1/queues/{endpoint}/{version}/purge": {"post": _op(
             "Remove every message of a queue (or one channel)", tag="admin",
             params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id")],

@@ -32,6 +32,7 @@ from ..errors import (
     NotAuthenticated,
     RequestError,
 )
+from ..limits import MAX_DELETE, MAX_FROM_SEQ
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
 from ..protocol.resp import (
@@ -44,6 +45,7 @@ from ..protocol.resp import (
     Verbatim,
     encode,
 )
+from ..protocol.resp_commands import COMMAND_DOCS, docs_reply, info_reply
 from ..protocol.resp_streams import (
     StreamIdError,
     StreamKeyError,
@@ -650,12 +652,26 @@ def _info(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
 
 def _command_cmd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     sub = args[1].upper() if len(args) > 1 else b""
+    names = [_text(a) for a in args[2:]]
     if sub == b"COUNT":
-        return len(COMMANDS)
-    if sub in (b"DOCS", b"INFO", b""):
-        return Map([]) if sub == b"DOCS" else []
+        return len(COMMAND_DOCS)
+    if sub == b"LIST":
+        return [n.lower() for n in COMMAND_DOCS]
+    if sub == b"DOCS":
+        return Map([(name, _as_map(doc)) for name, doc in docs_reply(names)])
+    if sub in (b"INFO", b""):
+        return info_reply(names)
     return Error(f"ERR unknown subcommand '{args[1][:64].decode(errors='replace')}'. "
                  "Try COMMAND HELP.")
+
+
+def _as_map(value: Any) -> Any:
+    """COMMAND DOCS's nested dicts as RESP maps (flat arrays in RESP2, as Redis sends)."""
+    if isinstance(value, dict):
+        return Map([(k, _as_map(v)) for k, v in value.items()])
+    if isinstance(value, list):
+        return [_as_map(v) for v in value]
+    return value
 
 
 # -------------------------------------------------------------------- streams
@@ -1170,8 +1186,20 @@ async def _xinfo_stream(c: RespConnection, slot: _Slot, channel: str, head: list
 
 
 def _xdel(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
-    return Error("ERR XDEL is not supported: minou removes messages once every group "
-                 "settled them (or by retention); a consumer acknowledges with XACK")
+    if len(args) < 3:
+        return wrong_args("xdel")
+    channel = key_to_channel(args[1])
+    assert c.inner is not None
+    c.inner.session.access.check_write(channel)  # a write, as Redis's ACL counts XDEL
+    seqs = _exact_ids(args[2:])
+    if len(args) - 2 > MAX_DELETE:
+        return Error(f"ERR XDEL takes at most {MAX_DELETE} ids at once")
+    if not seqs:
+        return 0
+    c._ask(f.Admin(next(c._req), "messages.delete",
+                   {"channel": channel, "seqs": ",".join(map(str, seqs))}),
+           slot, lambda reply: reply.value["messages"])
+    return _LATER
 
 
 def _xtrim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1182,6 +1210,18 @@ def _xtrim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     return Error(f"ERR XTRIM {_text(args[2].upper())} with an exact threshold is not "
                  "supported: minou keeps a channel's messages by its retention and max_items "
                  "(config [channels]); '~' (approximate) is accepted and trims nothing")
+
+
+def _exact_ids(values: list[bytes]) -> list[int]:
+    """The seqs of ids that can name an entry (``<seq>-0``); others name none."""
+    seqs = []
+    for value in values:
+        first, _, second = value.partition(b"-")
+        if not first.isdigit() or (second and not second.isdigit()):
+            raise StreamIdError("Invalid stream ID specified as stream command argument")
+        if (not second or int(second) == 0) and 0 < int(first) <= MAX_FROM_SEQ:
+            seqs.append(int(first))
+    return seqs
 
 
 def _ids(values: list[bytes]) -> list[int]:
