@@ -6,7 +6,9 @@ authentication is the broker's; errors are Redis's words and minou's reasons."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
 import re
 import shutil
 import subprocess
@@ -578,6 +580,24 @@ def test_miniqueue_publish_subscribe_and_its_settlements(broker) -> None:
     assert again.read_response() == b"value3"
     again.send_command("ACK")
     assert again.read_response() == b"OK"
+    # SUBSCRIBE topic JSON: miniqueue's consumer payload, with dackCount once DACK'ed
+    again.disconnect()
+    producer.send_command("PUBLISH", "topic", b"\xffbytes")
+    assert producer.read_response() == b"OK"
+    js = redis.Connection(host="127.0.0.1", port=broker.resp_port, username="mq",
+                          password=jwt, socket_timeout=10)
+    js.send_command("SUBSCRIBE", "topic", "JSON")
+    assert json.loads(js.read_response()) == {"msg": base64.b64encode(b"\xffbytes").decode()}
+    for count in (1, 2):
+        js.send_command("DACK", "0")
+        assert js.read_response() == b"OK"
+        assert json.loads(js.read_response())["dackCount"] == count
+    js.send_command("ACK")
+    assert js.read_response() == b"OK"
+    js.disconnect()
+    js.send_command("SUBSCRIBE", "topic", "XML")
+    with pytest.raises(redis.ResponseError, match="SUBSCRIBE topic JSON"):
+        js.read_response()
     again.disconnect()
 
 

@@ -16,6 +16,7 @@ a delegated credential; the broker token); ``--dev`` needs none.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -1392,11 +1393,15 @@ class MiniqueueSubscriber:
     after a delay, 1 s by default); each is answered ``OK``, then the next message comes.
     ``INIT`` (miniqueue's README; its code starts without it) is accepted and ignored.
     Subscribers of a topic share it (group ``miniqueue@<channel>``); what one holds
-    when it leaves goes back to the front."""
+    when it leaves goes back to the front. ``SUBSCRIBE topic JSON`` sends each message
+    as miniqueue's HTTP consumer payload instead: ``{"msg": <base64>}``, with
+    ``"dackCount"`` once the message was DACK'ed (its Redis mode has no room for it)."""
 
-    def __init__(self, c: RespConnection, channel: str) -> None:
+    def __init__(self, c: RespConnection, channel: str, *, as_json: bool = False) -> None:
         assert c.identity is not None
         self.c = c
+        self.channel = channel
+        self.as_json = as_json
         self.holder = _groups(c).consumer(c.identity, channel, f"miniqueue@{channel}")
         self.current: Delivery | None = None
         self.end: Callable[[], None] | None = None
@@ -1415,9 +1420,18 @@ class MiniqueueSubscriber:
             self.current = items[0]
             for extra in items[1:]:
                 self.holder.give_back(extra)
-            self.c._answer(slot, bytes(items[0].data))
+            self.c._answer(slot, self._payload(items[0]))
 
         self.end = self.holder.take(1, 24 * 3600.0, done)
+
+    def _payload(self, item: Delivery) -> bytes:
+        if not self.as_json:
+            return bytes(item.data)
+        body: dict[str, Any] = {"msg": base64.b64encode(item.data).decode()}
+        count = _groups(self.c).dacks.get((self.channel, item.seq))
+        if count:
+            body["dackCount"] = count
+        return json.dumps(body).encode()
 
     def command(self, name: str, args: list[bytes]) -> None:
         c = self.c
@@ -1443,6 +1457,9 @@ class MiniqueueSubscriber:
                 c._fill(c._slot(), Error("ERR DACK takes seconds: 0..86400"))
                 return
             op, kw = "nack", {"delay": seconds}
+            _groups(c).dacked(self.channel, item.seq)
+        if op == "ack":
+            _groups(c).dacks.pop((self.channel, item.seq), None)
         answer, message = c._slot(), c._slot()
         if session is None:
             c._fill(answer, Error("ERR failed: the subscription ended"))
@@ -1468,15 +1485,16 @@ class MiniqueueSubscriber:
 
 
 def _subscribe(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
-    if len(args) != 2:
-        return Error("ERR invalid number of args, want: 2 (miniqueue's SUBSCRIBE topic; "
-                     "minou has no Redis pub/sub)")
+    as_json = len(args) == 3 and args[2].upper() == b"JSON"
+    if len(args) != 2 and not as_json:
+        return Error("ERR invalid number of args, want: 2 (miniqueue's SUBSCRIBE topic, "
+                     "or SUBSCRIBE topic JSON; minou has no Redis pub/sub)")
     if c.mq is not None:
         return Error("ERR this connection is subscribed already: ACK, NACK, BACK or DACK")
     channel = key_to_channel(args[1])
     assert c.inner is not None
     c.server.core.check_read(c.inner.session, channel)
-    c.mq = MiniqueueSubscriber(c, channel)
+    c.mq = MiniqueueSubscriber(c, channel, as_json=as_json)
     c.mq.next(slot)
     return _LATER
 

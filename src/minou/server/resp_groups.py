@@ -165,6 +165,18 @@ class RespGroups:
         self.consumers: dict[tuple[str, str], RespConsumer] = {}  # (client, group) ->
         self.pel: dict[str, dict[int, Pending]] = {}  # group -> seq -> entry
         self.names: dict[str, dict[bytes, float]] = {}  # group -> consumer -> last seen
+        # miniqueue's dackCount: (channel, seq) -> DACKs so far, until the message is
+        # acknowledged; oldest first out past MAX_PENDING (a count, not a message)
+        self.dacks: dict[tuple[str, int], int] = {}
+
+    def dacked(self, channel: str, seq: int) -> int:
+        """One more DACK of message ``seq`` of ``channel``: its count now."""
+        key = (channel, seq)
+        count = self.dacks.pop(key, 0) + 1
+        self.dacks[key] = count
+        if len(self.dacks) > MAX_PENDING:
+            del self.dacks[next(iter(self.dacks))]
+        return count
 
     # ------------------------------------------------------------ groups
     def exists(self, gname: str) -> bool:
