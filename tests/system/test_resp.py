@@ -461,6 +461,30 @@ def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
     with r.pipeline(transaction=True) as pipe:  # MULTI ... EXEC
         pipe.set("a", "1").get("a").xadd("tx-stream", {"f": "v"}).xlen("tx-stream")
         assert pipe.execute() == [True, b"1", b"1-0", 1]
+    # The XADDs of one EXEC are one publish: nothing another client sends meanwhile
+    # comes between them (one commit)
+    stop = threading.Event()
+
+    def other() -> None:
+        o = connect(broker, "other")
+        while not stop.is_set():
+            o.xadd("tx-shared", {"from": "other"})
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        wait_for = time.monotonic() + 10
+        while r.xlen("tx-shared") < 20 and time.monotonic() < wait_for:
+            time.sleep(0.01)
+        for _ in range(3):
+            with r.pipeline(transaction=True) as pipe:
+                for n in range(30):
+                    pipe.xadd("tx-shared", {"n": str(n)})
+                seqs = [int(i.split(b"-")[0]) for i in pipe.execute()]
+            assert seqs == list(range(seqs[0], seqs[0] + 30))
+    finally:
+        stop.set()
+        t.join(10)
     r.execute_command("MULTI")
     with pytest.raises(redis.ResponseError, match="unknown command 'NOSUCH'"):
         r.execute_command("NOSUCH")  # refused when queued, as Redis does

@@ -1532,7 +1532,28 @@ async def _exec(c: RespConnection, args: list[bytes]) -> Any:
         return Error("ERR EXEC without MULTI")
     if failed:
         return Error("EXECABORT Transaction discarded because of previous errors.")
-    return [await c.call(cmd) for cmd in queued]
+    # In order; the XADDs side by side travel as one publish (one commit: all of them
+    # durable or none), as a pipeline's do. Any other command waits for what came first.
+    loop = asyncio.get_running_loop()
+    replies: list[asyncio.Future[Any]] = []
+    adding: list[asyncio.Future[Any]] = []  # the XADDs not yet sent
+    for cmd in queued:
+        is_xadd = cmd[0].upper() == b"XADD"
+        if adding and not is_xadd:  # what comes next sees them done
+            c._publish_batch()
+            await asyncio.gather(*adding)
+            adding = []
+        fut: asyncio.Future[Any] = loop.create_future()
+        replies.append(fut)
+        task = c._run(cmd, _Slot(fut), nested=True)
+        if task is not None:
+            await task
+        if is_xadd:
+            adding.append(fut)
+        else:
+            await fut
+    c._publish_batch()
+    return [await fut for fut in replies]
 
 
 async def _eval(c: RespConnection, args: list[bytes]) -> Any:
