@@ -506,6 +506,34 @@ def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
     with pytest.raises(redis.ResponseError, match=r"^BUSY"):
         r.eval("while true do end", 0)  # stopped after its time limit
     assert r.eval("return os == nil and io == nil", 0) == 1  # sandboxed
+    # A script's writes are compare-and-set on what it read: a client writing the key
+    # while the script runs fails the script, its write is not lost
+    r.set("counter", "0")
+    stop = threading.Event()
+    writes: list[int] = []
+
+    def writer() -> None:
+        w = connect(broker, "other")
+        while not stop.is_set():
+            w.set("counter", "100")
+            writes.append(1)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        while not writes:
+            time.sleep(0.01)
+        with pytest.raises(redis.ResponseError, match="changed by another client while the "
+                           "script ran"):
+            r.eval("local v = redis.call('GET', KEYS[1]); for i = 1, 3e7 do end; "
+                   "return redis.call('SET', KEYS[1], v + 1)", 1, "counter")
+    finally:
+        stop.set()
+        t.join(10)
+    assert r.get("counter") == b"100"
+    assert r.eval("local v = redis.call('GET', KEYS[1]); "  # alone: it goes through
+                  "redis.call('SET', KEYS[1], v + 1); return redis.call('GET', KEYS[1])",
+                  1, "counter") == b"101"
     sha = r.script_load("return ARGV[1]")
     assert r.evalsha(sha, 0, "hi") == b"hi"
     assert r.script_exists(sha, "0" * 40) == [True, False]

@@ -164,6 +164,8 @@ class RespConnection(asyncio.Protocol):
         self._tail: asyncio.Future[Any] | None = None  # the last command still running
         self.multi: list[list[bytes]] | None = None  # MULTI's queue
         self.mq: MiniqueueSubscriber | None = None  # after miniqueue's SUBSCRIBE
+        # while a script runs: the plain keys it read, at which revision (0: none)
+        self.script_reads: dict[bytes, int] | None = None
         self.multi_failed = False
 
     # ------------------------------------------------------------- transport
@@ -1584,9 +1586,13 @@ async def _eval(c: RespConnection, args: list[bytes]) -> Any:
         return Error("ERR Lua scripts need lupa: pip install 'minou[resp]'")
     loop = asyncio.get_running_loop()
     keys, argv = args[3:3 + numkeys], args[3 + numkeys:]
-    async with c.server.resp_script_lock:  # one script at a time: they are not isolated
-        return await loop.run_in_executor(None, resp_keys.run_script, c, loop, body, keys,
-                                          argv)
+    async with c.server.resp_script_lock:  # one script at a time
+        c.script_reads = {}
+        try:
+            return await loop.run_in_executor(None, resp_keys.run_script, c, loop, body,
+                                              keys, argv)
+        finally:
+            c.script_reads = None
 
 
 def _script(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:

@@ -23,10 +23,13 @@ import threading
 import time
 from typing import Any
 
+from ..errors import ErrorCode
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, KV_PREFIX
 from ..protocol import frames as f
 from ..protocol.resp import OK, Error, Simple
 from ..protocol.resp_streams import StreamKeyError, key_to_channel
+
+REVISION_MISMATCH = int(ErrorCode.REVISION_MISMATCH)
 
 # The Redis connection (resp.RespConnection, which imports this module): what is used of
 # it is ``request``, ``call``, ``_req`` and ``server``.
@@ -59,14 +62,20 @@ class Value:
 async def get(c: RespConnection, key: bytes) -> Value | None:
     reply = await c.request(f.Admin(next(c._req), "kv.get",
                                     {"bucket": BUCKET, "key": kv_key(key)}))
+    reads = c.script_reads
     if isinstance(reply, f.Error):
         if reply.code == 212:  # NOT_FOUND: no value
+            if reads is not None:
+                reads.setdefault(key, 0)
             return None
         raise Failed(reply)
     view = reply.value
     data = base64.b64decode(view["value_base64"]) if view.get("value_base64") is not None \
         else _json_bytes(view.get("value"))
-    return Value(data, int(view["revision"]), view.get("expires_at"))
+    value = Value(data, int(view["revision"]), view.get("expires_at"))
+    if reads is not None:
+        reads.setdefault(key, value.revision)
+    return value
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -77,6 +86,13 @@ def _json_bytes(value: Any) -> bytes:
 
 async def put(c: RespConnection, key: bytes, data: bytes, *, expect: int | None = None,
               ttl: float | None = None, delete: bool = False) -> f.Outcome:
+    # In a script, a write is a compare-and-set on what the script read of the key:
+    # another client's write in between fails the script instead of being lost.
+    reads = c.script_reads
+    fenced = expect is None and reads is not None and key in reads
+    if fenced:
+        assert reads is not None
+        expect = reads[key]
     headers: dict[str, str] = {}
     if expect is not None:
         headers[KV_EXPECT] = str(expect)
@@ -87,7 +103,16 @@ async def put(c: RespConnection, key: bytes, data: bytes, *, expect: int | None 
     reply = await c.request(f.Publish(next(c._req), [send]))
     if isinstance(reply, f.Error):
         raise Failed(reply)
-    return reply.outcomes[0]
+    outcome: f.Outcome = reply.outcomes[0]
+    if reads is not None:
+        if fenced and outcome.code == REVISION_MISMATCH:
+            raise Failed(f.Error(0, REVISION_MISMATCH, (
+                f"key {key[:64].decode(errors='replace')!r} was changed by another client "
+                "while the script ran (a script's writes are compare-and-set on what it "
+                "read): run it again")))
+        if not outcome.code:
+            reads[key] = 0 if delete else outcome.seq
+    return outcome
 
 
 class Failed(Exception):
@@ -154,7 +179,7 @@ async def cmd_set(c: RespConnection, args: list[bytes]) -> Any:
         ttl = max(0.001, old.expires_at - time.time())
     expect = 0 if nx else (old.revision if xx and old is not None else None)
     outcome = await put(c, key, data, expect=expect, ttl=ttl)
-    if outcome.code == 215:  # REVISION_MISMATCH: NX found a value (or XX lost it)
+    if outcome.code == REVISION_MISMATCH:  # NX found a value (or XX lost it)
         return None
     if outcome.code:
         raise Failed(f.Error(0, outcome.code, outcome.error))
