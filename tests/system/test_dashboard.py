@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,9 @@ from minou.errors import PendingApproval
 
 from ..conftest import BrokerProcess, auth, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer, free_port
+from .conftest import CHROMIUM
 from .test_federation import link, start
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 CONFIG = """
 [[rules]]
@@ -63,17 +62,6 @@ def dash_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProc
     broker = BrokerProcess(base / "data", config=cfg).start()
     yield broker
     broker.kill()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                              args=["--no-sandbox", "--disable-dev-shm-usage"])
-        yield b
-        b.close()
 
 
 def admin_token(broker: BrokerProcess, broker_id: str = "minou") -> str:

@@ -112,6 +112,42 @@ export function toast(text, { error = false } = {}) {
   toastTimer = setTimeout(() => { el.hidden = true; }, error ? 9000 : 5000);
 }
 
+/* ------------------------------------------------------- scrolling regions */
+
+// A region whose content is wider or taller than itself must be reachable by
+// keyboard (a focus stop that arrow keys scroll) and named; one that fits takes no
+// tab stop. Re-checked whenever the region or its content changes size.
+const scrollWatch = typeof ResizeObserver === "undefined" ? null
+  : new ResizeObserver((entries) => {
+    for (const e of entries) markScrollable(e.target.closest("[data-scroll-label]"));
+  });
+
+function markScrollable(el) {
+  if (!el) return;
+  const over = el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1;
+  if (over === el.classList.contains("scrolls")) return;
+  el.classList.toggle("scrolls", over);
+  if (over) {
+    el.tabIndex = 0;
+    el.setAttribute("role", "region");
+    el.setAttribute("aria-label", `${el.dataset.scrollLabel} (scrolls)`);
+  } else {
+    el.removeAttribute("tabindex");
+    el.removeAttribute("role");
+    el.removeAttribute("aria-label");
+  }
+}
+
+/** Mark ``el`` as a region that may scroll (see above); returns it. */
+export function scrollable(el, label) {
+  el.dataset.scrollLabel = label;
+  if (scrollWatch) {
+    scrollWatch.observe(el);
+    if (el.firstElementChild) scrollWatch.observe(el.firstElementChild);
+  }
+  return el;
+}
+
 /* ------------------------------------------------------------ keyed tables */
 
 /**
@@ -128,7 +164,8 @@ export function createTable({ testid, columns, rowKey, rowAttrs, empty, sort = n
   const tbody = h("tbody");
   const table = h("table", { "data-testid": testid, "aria-label": label || null }, thead, tbody);
   const emptyBox = h("div", { class: "table-empty", hidden: true });
-  const wrap = h("div", null, h("div", { class: "table-wrap" }, table), emptyBox);
+  const tableWrap = scrollable(h("div", { class: "table-wrap" }, table), label || "table");
+  const wrap = h("div", null, tableWrap, emptyBox);
   const headRow = h("tr");
   const ths = new Map();
   for (const col of columns) {
@@ -146,7 +183,9 @@ export function createTable({ testid, columns, rowKey, rowAttrs, empty, sort = n
         render();
       });
     } else {
-      th = h("th", { class: cls, scope: "col" }, col.label);
+      // A column of buttons still has a header a screen reader can name.
+      th = h("th", { class: cls, scope: "col" },
+        col.label || h("span", { class: "sr-only" }, col.srLabel || "Actions"));
     }
     if (col.title) th.title = col.title;
     ths.set(col.key, th);
@@ -240,7 +279,7 @@ export function emptyState(title, text, example = null) {
   return h("div", { class: "empty" },
     title ? h("h3", null, title) : null,
     text ? h("p", null, text) : null,
-    example ? h("pre", null, h("code", null, example)) : null);
+    example ? scrollable(h("pre", null, h("code", null, example)), title || "example") : null);
 }
 
 /** A card: <section class="card"> with a header (title, extra) and a body. */

@@ -4,7 +4,7 @@
 // change is refused with 412 revision_mismatch instead of being overwritten).
 
 import { api } from "../api.js";
-import { card, confirmAction, createTable, emptyState, fill, h, setAttr, setText, show, toast } from "../dom.js";
+import { card, confirmAction, createTable, emptyState, fill, h, scrollable, setAttr, setText, show, toast } from "../dom.js";
 import { DASH, fmtAgo, fmtInt, fmtTime, plural } from "../format.js";
 import { fmtTtl, keyPath, putExample } from "./buckets.js";
 
@@ -246,7 +246,7 @@ export function mount(view, params, ctx) {
         cell: (td, e) => fill(td, String(e.revision), () => (e.op === "del"
           ? h("span", { class: "muted" }, DASH)
           : [e.value_base64 != null ? h("div", { class: "raw-label" }, `${plural(rawSize(e.value_base64), "raw byte")} (base64)`) : null,
-            h("pre", { class: "value-pre", "data-testid": "history-value" }, pretty(e))])),
+            scrollable(h("pre", { class: "value-pre", "data-testid": "history-value" }, pretty(e)), `revision ${e.revision} value`)])),
       },
       {
         key: "created", label: "Written", class: "nowrap",

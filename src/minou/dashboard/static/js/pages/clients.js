@@ -2,7 +2,7 @@
 // schemas (GET /v1/clients and GET /v1/status), with approve / reject / revoke.
 
 import { api, session } from "../api.js";
-import { card, confirmAction, createTable, emptyState, fill, h, setText, stat, toast } from "../dom.js";
+import { card, confirmAction, createTable, emptyState, fill, h, scrollable, setText, stat, toast } from "../dom.js";
 import { DASH, fmtAgo, fmtInt, fmtTime, plural } from "../format.js";
 
 const STATUS_BADGE = { active: "badge-ok", pending: "badge-warn", revoked: "badge-danger" };
@@ -265,10 +265,10 @@ export function mount(view, params, ctx) {
     // auth failures
     const failures = Object.entries(auth.failures || {});
     fill(failuresBox, failures, () => (failures.length
-      ? h("div", { class: "table-wrap" }, h("table", null,
+      ? scrollable(h("div", { class: "table-wrap" }, h("table", null,
         h("thead", null, h("tr", null, h("th", null, "Why"), h("th", { class: "num" }, "Count"))),
         h("tbody", null, failures.map(([why, n]) => h("tr", { "data-why": why },
-          h("td", null, h("code", null, why)), h("td", { class: "num" }, fmtInt(n)))))))
+          h("td", null, h("code", null, why)), h("td", { class: "num" }, fmtInt(n))))))), "authentication failures")
       : h("p", { class: "muted flush" }, "none: no authentication failed since the broker started")));
   }
 

@@ -4,7 +4,7 @@
 
 import { api, channelId, queuePath } from "../api.js";
 import { legend, loadHistory, RateChart, RateSeries } from "../chart.js";
-import { card, confirmAction, createTable, emptyState, fill, h, setAttr, setText, show, stat, toast } from "../dom.js";
+import { card, confirmAction, createTable, emptyState, fill, h, scrollable, setAttr, setText, show, stat, toast } from "../dom.js";
 import { DASH, fmtAgo, fmtBytes, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
 import { IN_FLIGHT_HINT, publishExample, WAITING_HINT } from "./queues.js";
 
@@ -46,10 +46,10 @@ function payloadView(m) {
     const n = m.size ?? Math.floor((m.payload_base64.length * 3) / 4) - (m.payload_base64.match(/=*$/)[0].length);
     return [
       h("div", { class: "raw-label" }, `${plural(n, "raw byte")} (base64)`),
-      h("pre", { class: "raw", "data-testid": "message-payload" }, truncate(m.payload_base64)),
+      scrollable(h("pre", { class: "raw", "data-testid": "message-payload" }, truncate(m.payload_base64)), `message ${m.seq} payload`),
     ];
   }
-  return h("pre", { "data-testid": "message-payload" }, truncate(JSON.stringify(m.payload, null, 2)));
+  return scrollable(h("pre", { "data-testid": "message-payload" }, truncate(JSON.stringify(m.payload, null, 2))), `message ${m.seq} payload`);
 }
 
 function truncate(text) {

@@ -1,0 +1,111 @@
+"""The dashboard audited as an accessibility reviewer would (issue 27): axe-core (WCAG
+2.0/2.1 A and AA, and best practices) over every view and dialog, light and dark, at
+desktop and phone width, on a broker with traffic, dead letters and a pending client.
+Any violation fails the test, naming its rule and the elements it found."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import minou
+from minou.errors import PendingApproval
+
+from ..conftest import BrokerProcess, auth, wait_until
+from .conftest import CHROMIUM
+from .test_dashboard import CONFIG, sign_in
+
+AXE = Path(__file__).resolve().parents[1] / "vendor" / "axe" / "axe.min.js"
+TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
+SIZES = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="chromium is not installed (make test installs it)")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker as an operator sees it: traffic, a dead letter, a pending client."""
+    base = tmp_path_factory.mktemp("a11y")
+    cfg = base / "a11y.toml"
+    cfg.write_text(CONFIG)
+    broker = BrokerProcess(base / "data", config=cfg).start()
+    with minou.connect_sync(broker.url, **auth("app-a11y")) as c:
+        c.send_many([("orders/v1/eu", {"total": i, "note": "x" * (i % 40)})
+                     for i in range(30)])
+        c.send("orders/v1/dead", {"total": 1})
+        sub = c.consume("orders/v1/dead", group="a11y-workers")
+        assert sub.get(timeout=5).nack()  # requeue_limit 0: a dead letter
+        c.kv("config").put("feature.flag", {"on": True})
+    with pytest.raises(PendingApproval):
+        minou.connect_sync(broker.url, **auth("shop-a11y"), reconnect=False)
+    yield broker
+    broker.kill()
+
+
+def _violations(page) -> list[str]:
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate(
+        "async (tags) => (await axe.run(document, {runOnly: {type: 'tag', values: tags},"
+        " resultTypes: ['violations']})).violations.map(v => [v.id, v.impact,"
+        " v.nodes.slice(0, 5).map(n => n.target.join(' ') + ' :: ' +"
+        " (n.failureSummary || '').split('\\n').slice(0, 2).join(' '))])", TAGS)
+    return [f"{rule} ({impact}): " + " | ".join(nodes) for rule, impact, nodes in result]
+
+
+VIEWS = {
+    "overview": ("#/overview", "broker-id"),
+    "queues": ("#/queues", "queue-filter"),
+    "queue": ("#/queues/orders/v1", "diagnosis"),
+    "dead-letters": ("#/queues/_dead/orders/v1", "queue-title"),
+    "buckets": ("#/kv", None),
+    "bucket": ("#/kv/config", None),
+    "clients": ("#/clients", "schemas"),
+    "cluster": ("#/cluster", None),
+    "federation": ("#/federation", None),
+}
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+@pytest.mark.parametrize("size", list(SIZES))
+def test_no_axe_violation_on_any_view(browser, audited, theme, size) -> None:
+    context = browser.new_context(viewport=SIZES[size], color_scheme=theme, bypass_csp=True)
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    found: dict[str, list[str]] = {}
+    try:
+        page.goto(audited.http + "/")
+        page.get_by_test_id("signin").wait_for()
+        found["sign-in"] = _violations(page)
+        sign_in(page, audited)
+        for name, (route, ready) in VIEWS.items():
+            page.goto(audited.http + "/" + route)
+            if ready:
+                page.get_by_test_id(ready).first.wait_for()
+            page.wait_for_timeout(300)  # the first poll's data drawn
+            found[name] = _violations(page)
+        # A channel's message browser, a key's history
+        page.goto(audited.http + "/#/queues/orders/v1")
+        page.locator('[data-testid=channel][data-channel="eu"]').click()
+        page.get_by_test_id("message-row").first.wait_for()
+        found["message-browser"] = _violations(page)
+        page.goto(audited.http + "/#/kv/config")
+        page.locator('[data-testid=keys-table] tr[data-key="feature.flag"]') \
+            .get_by_test_id("key-link").click()
+        page.locator("[data-testid=history-table] tr[data-revision]").first.wait_for()
+        found["key-history"] = _violations(page)
+        # A dialog open over a page
+        page.goto(audited.http + "/#/queues/orders/v1")
+        page.get_by_test_id("diagnosis").wait_for()
+        wait_until(lambda: page.get_by_test_id("dead-count").inner_text().strip()
+                   not in ("", "0"), 10, what="the dead letter")
+        page.get_by_test_id("dead-requeue").click()
+        page.get_by_test_id("confirm-dialog").wait_for()
+        found["confirm-dialog"] = _violations(page)
+    finally:
+        context.close()
+    bad = {view: v for view, v in found.items() if v}
+    assert not bad, "\n".join(f"{view}: {line}" for view, lines in bad.items()
+                              for line in lines)
