@@ -839,3 +839,51 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
         context.close()
         eu.stop()
         us.stop()
+
+
+def _refused_unauthenticated(broker: BrokerProcess) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(broker.http + "/metrics", headers={
+        "Authorization": f"Bearer {admin_token(broker)}"}).text
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "minou_requests_refused_total"
+               and s.labels.get("reason") == "not_authenticated")
+
+
+def test_loading_the_dashboard_counts_no_refusal_and_logs_nothing(browser, tmp_path):
+    """Before sign-in the page asks /health whether a token is needed: no 401, no
+    refused request counted, nothing in the console; signed in, neither."""
+    broker = BrokerProcess(tmp_path / "quiet").start()
+    context = browser.new_context(viewport={"width": 1280, "height": 860})
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
+            if m.type in ("error", "warning") else None)
+    try:
+        before = _refused_unauthenticated(broker)
+        for _ in range(3):
+            page.goto(broker.http + "/")
+            page.get_by_test_id("signin").wait_for()
+        sign_in(page, broker)
+        page.get_by_test_id("nav-queues").click()
+        page.get_by_test_id("queue-filter").wait_for()
+        assert _refused_unauthenticated(broker) == before
+        assert console == []
+        assert page.get_by_test_id("session-note").is_hidden()  # 10 min left: no notice
+    finally:
+        context.close()
+        broker.kill()
+
+
+def test_a_session_near_its_end_says_so_then_goes_back_to_sign_in(page, dash_broker):
+    key = keyfiles.load_private(dash_broker.admin_key)
+    sign_in(page, dash_broker, make_token("admin", key, "minou", ttl=200))
+    note = page.get_by_test_id("session-note")
+    note.wait_for()
+    assert re.search(r"Your session ends in [34] min \(the token expires at .+\): sign in "
+                     "again", note.inner_text()), note.inner_text()
+    page.get_by_test_id("signout").click()
+    sign_in(page, dash_broker, make_token("admin", key, "minou", ttl=8))
+    page.get_by_test_id("signin-error").wait_for(timeout=30_000)
+    assert "Your token expired at" in page.get_by_test_id("signin-error").inner_text()

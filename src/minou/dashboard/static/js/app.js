@@ -26,6 +26,7 @@ const els = {
   shell: $("#shell"),
   view: $("#view"),
   banner: $("#banner"),
+  sessionNote: $("#session-note"),
   identity: $("#identity"),
   devSlot: $("#dev-badge-slot"),
   theme: $("[data-testid=theme-toggle]"),
@@ -190,6 +191,8 @@ function setBanner(text, error = false) {
 
 function showSignin(message = null) {
   stop();
+  clearInterval(sessionTimer);
+  els.sessionNote.hidden = true;
   els.boot.hidden = true;
   els.shell.hidden = true;
   els.signin.hidden = false;
@@ -273,22 +276,35 @@ function enter(who, dev) {
     : `signed in as ${who.client_id}${who.method ? ` (${who.method})` : ""}`;
   els.signout.hidden = dev;
   if (!location.hash || location.hash === "#" || location.hash === "#/") location.replace("#/overview");
+  watchSession();
   route();
 }
 
+/** The broker's public health: whether it asks for a token at all ("auth": "off" in
+ * development mode). Asking it is no refused request: loading the sign-in page
+ * counts nothing and logs nothing. */
+async function probeAuth() {
+  const res = await fetch("/health", { cache: "no-store", credentials: "omit" });
+  const body = await res.json();
+  return body && body.auth;
+}
+
 async function boot() {
-  // Development mode: the broker answers without a token.
+  let auth;
   try {
-    const who = await api("GET", "/v1/whoami", { token: null, signin: true });
-    if (who && who.admin) {
-      enter(who, true);
-      return;
-    }
+    auth = await probeAuth();
   } catch (exc) {
-    if (exc instanceof ApiError && exc.status === 0) {
-      showSignin(`The broker is not answering: ${exc.message}`);
-      return;
-    }
+    showSignin(`The broker is not answering: ${exc && exc.message ? exc.message : exc}`);
+    return;
+  }
+  if (auth === "off") { // development mode: the broker answers without a token
+    try {
+      const who = await api("GET", "/v1/whoami", { token: null, signin: true });
+      if (who && who.admin) {
+        enter(who, true);
+        return;
+      }
+    } catch { /* then a token it is */ }
   }
   if (session.token) {
     try {
@@ -300,6 +316,56 @@ async function boot() {
     return;
   }
   showSignin(null);
+}
+
+/* ------------------------------------------------------------ session end */
+
+// A JWT's "exp" says when the broker stops taking it. The page cannot renew it (an
+// admin's key signs tokens, and the page never holds the key), so it says so ahead:
+// from WARN_S before the end a notice gives the time left, and at the end the page
+// goes back to the sign-in screen with the reason. A broker token has no end.
+const WARN_S = 300;
+let sessionTimer = null;
+
+function tokenExpiry(token) {
+  try {
+    const part = token.split(".")[1];
+    const json = atob(part.replace(/-/g, "+").replace(/_/g, "/"));
+    const exp = JSON.parse(json).exp;
+    return typeof exp === "number" ? exp : null;
+  } catch {
+    return null;
+  }
+}
+
+function watchSession() {
+  clearInterval(sessionTimer);
+  sessionTimer = null;
+  els.sessionNote.hidden = true;
+  const exp = session.token && !session.dev ? tokenExpiry(session.token) : null;
+  if (exp === null) return;
+  const check = () => {
+    const left = exp - Date.now() / 1000;
+    if (left <= 0) {
+      clearInterval(sessionTimer);
+      saveToken(null);
+      session.identity = null;
+      showSignin(`Your token expired at ${new Date(exp * 1000).toLocaleTimeString()}: ` +
+        "sign in with a new one (minou admin-token).");
+      return;
+    }
+    if (left > WARN_S) {
+      els.sessionNote.hidden = true;
+      return;
+    }
+    const minutes = Math.max(1, Math.round(left / 60));
+    els.sessionNote.textContent = `Your session ends in ${minutes} min ` +
+      `(the token expires at ${new Date(exp * 1000).toLocaleTimeString()}): ` +
+      "sign in again with a new token (minou admin-token) to go on.";
+    els.sessionNote.hidden = false;
+  };
+  check();
+  sessionTimer = setInterval(check, 10_000);
 }
 
 boot();
