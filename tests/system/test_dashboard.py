@@ -887,3 +887,44 @@ def test_a_session_near_its_end_says_so_then_goes_back_to_sign_in(page, dash_bro
     sign_in(page, dash_broker, make_token("admin", key, "minou", ttl=8))
     page.get_by_test_id("signin-error").wait_for(timeout=30_000)
     assert "Your token expired at" in page.get_by_test_id("signin-error").inner_text()
+
+
+def test_static_assets_are_compressed_and_cached_by_build(dash_broker):
+    """index.html is never cached and names every file under /assets/<build>/, served
+    gzip'd (when asked) with a year's immutable cache; plain paths answer uncached."""
+    import gzip
+
+    from minou.dashboard import STATIC_DIR
+
+    index = httpx.get(dash_broker.http + "/")
+    assert index.headers["cache-control"] == "no-cache"
+    assert "default-src 'self'" in index.headers["content-security-policy"]
+    linked = re.findall(r'(?:href|src)="(/assets/[0-9a-f]{12}/[^"]+)"', index.text)
+    assert {link.split("/", 3)[3] for link in linked} >= {
+        "style.css", "js/app.js", "js/theme-init.js", "vendor/uPlot.iife.min.js",
+        "favicon.svg"}
+    raw = packed = 0
+    with httpx.Client(base_url=dash_broker.http) as http:
+        for link in linked:
+            name = link.split("/", 3)[3]
+            on_disk = (STATIC_DIR / name).read_bytes()
+            r = http.get(link, headers={"Accept-Encoding": "gzip"})
+            assert r.status_code == 200 and r.content == on_disk  # httpx un-gzips
+            assert r.headers["cache-control"] == "public, max-age=31536000, immutable"
+            if len(on_disk) > 4096:
+                assert r.headers["content-encoding"] == "gzip", name
+                raw += len(on_disk)
+                packed += len(gzip.compress(on_disk))
+            plain = http.get(link, headers={"Accept-Encoding": "identity"})
+            assert "content-encoding" not in plain.headers and plain.content == on_disk
+            again = http.get(link, headers={"If-None-Match": r.headers["etag"]})
+            assert again.status_code == 304 and again.content == b""
+        module = http.get(linked[0].rsplit("/", 1)[0] + "/js/pages/queue.js")
+        assert module.headers["content-type"].startswith("text/javascript")  # an import
+        old = http.get("/assets/000000000000/style.css")  # a page from an older build
+        assert old.status_code == 200 and old.headers["cache-control"] == "no-cache"
+        assert http.get("/style.css").headers["cache-control"] == "no-cache"
+        assert http.get("/assets/nope/none.js").status_code == 404
+        refused = http.post("/style.css")
+        assert refused.status_code == 400 and "POST is not allowed" in refused.text
+    assert packed < raw / 2

@@ -232,10 +232,9 @@ def build_app(server: Server) -> Any:
     from ..dashboard import STATIC_DIR
 
     if (STATIC_DIR / "index.html").exists():
-        from starlette.staticfiles import StaticFiles
+        from .http_assets import DashboardAssets
 
-        routes.append(Mount("/", app=StaticFiles(directory=STATIC_DIR, html=True),
-                            name="dashboard"))
+        routes.append(Mount("/", app=DashboardAssets(STATIC_DIR), name="dashboard"))
     app = Starlette(exception_handlers={404: not_found, 405: not_allowed}, routes=routes)
     FastLane.SECURITY_HEADERS = _SecurityHeaders.HEADERS
     return FastLane(api, _SecurityHeaders(app))
