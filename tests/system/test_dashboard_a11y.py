@@ -15,7 +15,7 @@ from minou.errors import PendingApproval
 
 from ..conftest import BrokerProcess, auth, wait_until
 from .conftest import CHROMIUM
-from .test_dashboard import CONFIG, sign_in
+from .test_dashboard import CONFIG, admin_token, sign_in
 
 AXE = Path(__file__).resolve().parents[1] / "vendor" / "axe" / "axe.min.js"
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
@@ -109,3 +109,74 @@ def test_no_axe_violation_on_any_view(browser, audited, theme, size) -> None:
     bad = {view: v for view, v in found.items() if v}
     assert not bad, "\n".join(f"{view}: {line}" for view, lines in bad.items()
                               for line in lines)
+
+
+def _focused(page) -> dict:
+    return page.evaluate("(() => { const e = document.activeElement;"
+                         " return {tag: e.tagName, text: (e.innerText || '').trim(),"
+                         " label: e.getAttribute('aria-label') || '',"
+                         " testid: e.dataset.testid || ''}; })()")
+
+
+def test_a_keyboard_walk_keeps_the_focus_on_the_content(browser, audited) -> None:
+    """Sign in, skip to the content, open pages, confirm a dialog, approve a client,
+    all with the keyboard: after each, the focus is on the new content's heading or a
+    control, never the page's body; the toast never covers the focused control."""
+    context = browser.new_context(viewport=SIZES["desktop"])
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    try:
+        with minou.connect_sync(audited.url, **auth("app-walk")) as c:
+            c.send("orders/v1/walk", {"total": 2})
+            sub = c.consume("orders/v1/walk", group="walkers")
+            assert sub.get(timeout=5).nack()  # a dead letter to requeue
+        with pytest.raises(PendingApproval):
+            minou.connect_sync(audited.url, **auth("shop-walk"), reconnect=False)
+        page.goto(audited.http + "/")
+        page.get_by_test_id("token-input").wait_for()
+        assert _focused(page)["testid"] == "token-input"
+        page.keyboard.type(admin_token(audited))
+        page.keyboard.press("Enter")
+        page.get_by_test_id("broker-id").wait_for()
+        assert _focused(page) | {"label": ""} == {"tag": "H1", "text": "Overview",
+                                                   "label": "", "testid": ""}
+        page.evaluate("document.activeElement.blur()")
+        page.keyboard.press("Tab")  # the first stop: the skip link, visible
+        assert _focused(page)["testid"] == "skip-link"
+        assert page.get_by_test_id("skip-link").bounding_box()["y"] >= 0
+        page.keyboard.press("Enter")
+        assert _focused(page)["tag"] == "H1"
+        page.get_by_test_id("nav-queues").focus()
+        page.keyboard.press("Enter")
+        page.get_by_test_id("queue-filter").wait_for()
+        assert _focused(page)["text"] == "Queues"
+        page.goto(audited.http + "/#/queues/orders/v1")
+        wait_until(lambda: _focused(page)["text"] == "orders/v1", 10, what="the heading")
+        requeue = page.get_by_test_id("dead-requeue")
+        wait_until(lambda: requeue.is_enabled(), 10, what="dead letters to requeue")
+        requeue.focus()
+        page.keyboard.press("Enter")
+        page.get_by_test_id("confirm-dialog").wait_for()
+        assert _focused(page)["testid"] == "confirm-no"  # the safe choice first
+        page.keyboard.press("Tab")
+        page.keyboard.press("Enter")
+        page.get_by_test_id("toast").wait_for()
+        wait_until(lambda: requeue.is_disabled(), 10, what="no dead letters left")
+        wait_until(lambda: _focused(page)["tag"] != "BODY", 5, what="the focus kept")
+        page.get_by_test_id("nav-clients").focus()
+        page.keyboard.press("Enter")
+        approve = page.locator('tr[data-client="shop-walk"]').get_by_test_id("approve")
+        approve.wait_for()
+        assert approve.get_attribute("aria-label") == "Approve client shop-walk"
+        approve.focus()
+        page.keyboard.press("Enter")
+        page.get_by_test_id("toast").wait_for()
+        wait_until(lambda: approve.count() == 0, 10, what="the client approved")
+        wait_until(lambda: _focused(page)["tag"] != "BODY", 5, what="the focus kept")
+        focused = page.evaluate("document.activeElement.getBoundingClientRect().toJSON()")
+        shown = page.get_by_test_id("toast").bounding_box()
+        assert not (shown["x"] < focused["right"] and focused["left"] < shown["x"] +
+                    shown["width"] and shown["y"] < focused["bottom"] and
+                    focused["top"] < shown["y"] + shown["height"]), (shown, focused)
+    finally:
+        context.close()

@@ -25,6 +25,8 @@ const els = {
   signinButton: $("[data-testid=signin-button]"),
   shell: $("#shell"),
   view: $("#view"),
+  main: $("#main"),
+  skip: $("[data-testid=skip-link]"),
   banner: $("#banner"),
   sessionNote: $("#session-note"),
   identity: $("#identity"),
@@ -115,8 +117,44 @@ function route() {
   const instance = r.page.mount(els.view, r.params, { refreshNow: poll });
   current = { instance, path: r.path };
   document.title = `${instance.title} · minou`;
+  focusHeading();
   poll();
 }
+
+/* ------------------------------------------------------------------ focus */
+
+/** Focus the view's heading (after a navigation, a sign-in, the skip link). */
+function focusHeading() {
+  const heading = els.view.querySelector("h1") || els.main;
+  if (heading !== els.main) heading.tabIndex = -1;
+  heading.focus({ preventScroll: true });
+}
+
+els.skip.addEventListener("click", (e) => {
+  e.preventDefault(); // "#main" is not a route
+  focusHeading();
+  els.main.scrollIntoView();
+});
+
+// The focused control went away (a row re-drawn, an Approve done, a button now
+// disabled): focus goes to the view's heading, never to the page's body. A click on
+// a blank spot leaves the body focused, as browsers do (the control is still there).
+let lastFocused = null;
+document.addEventListener("focusin", (e) => { lastFocused = e.target; });
+
+function focusLost() {
+  const active = document.activeElement;
+  if (active && active !== document.body) return;
+  const gone = lastFocused;
+  if (!gone || els.shell.hidden || document.querySelector("dialog[open]")) return;
+  if (!gone.isConnected || gone.disabled || gone.closest("[hidden]")) {
+    lastFocused = null;
+    focusHeading();
+  }
+}
+new MutationObserver(() => setTimeout(focusLost, 0)).observe(els.view, {
+  childList: true, subtree: true, attributes: true, attributeFilter: ["disabled", "hidden"],
+});
 
 function unmount() {
   if (current) {

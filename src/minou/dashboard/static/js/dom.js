@@ -97,6 +97,25 @@ export function confirmAction({ title, text, yes = "Confirm" }) {
 
 let toastTimer = null;
 
+/** A toast never covers the focused control: bottom right, or top right when the
+ * focus sits under it. Checked on show and whenever the focus moves. */
+function keepClearOfFocus(el) {
+  const region = el.parentElement;
+  region.classList.remove("top");
+  if (el.hidden) return;
+  const f = document.activeElement;
+  if (!f || f === document.body) return;
+  const a = el.getBoundingClientRect();
+  const b = f.getBoundingClientRect();
+  if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) {
+    region.classList.add("top");
+  }
+}
+document.addEventListener("focusin", () => {
+  const el = document.querySelector("[data-testid=toast]");
+  if (el) keepClearOfFocus(el);
+});
+
 /** One toast at a time (aria-live region); errors stay longer. Click dismisses it. */
 export function toast(text, { error = false } = {}) {
   const el = document.querySelector("[data-testid=toast]");
@@ -109,6 +128,7 @@ export function toast(text, { error = false } = {}) {
   el.classList.toggle("error", error);
   el.setAttribute("role", error ? "alert" : "status");
   el.hidden = false;
+  keepClearOfFocus(el);
   toastTimer = setTimeout(() => { el.hidden = true; }, error ? 9000 : 5000);
 }
 

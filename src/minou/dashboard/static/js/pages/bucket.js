@@ -318,8 +318,8 @@ export function mount(view, params, ctx) {
         key: "actions", label: "Actions", class: "actions",
         cell: (td, k) => {
           fill(td, k.key, () => h("div", { class: "btn-row" },
-            h("button", { type: "button", class: "btn btn-sm", "data-testid": "key-edit", onclick: () => openEditor(k.key) }, "Edit"),
-            h("button", { type: "button", class: "btn btn-sm btn-danger", "data-testid": "key-delete", onclick: () => remove(k.key) }, "Delete")));
+            h("button", { type: "button", class: "btn btn-sm", "data-testid": "key-edit", "aria-label": `Edit key ${k.key}`, onclick: () => openEditor(k.key) }, "Edit"),
+            h("button", { type: "button", class: "btn btn-sm btn-danger", "data-testid": "key-delete", "aria-label": `Delete key ${k.key}`, onclick: () => remove(k.key) }, "Delete")));
           const [edit, del] = td.querySelectorAll("button");
           const raw = !!(k.entry && k.entry.value_base64 != null);
           edit.disabled = !k.entry || raw;

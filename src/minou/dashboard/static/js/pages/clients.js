@@ -156,8 +156,11 @@ export function mount(view, params, ctx) {
   function actions(built) {
     const c = new Proxy(built, { get: (t, k) => (latest.get(built.client_id) || t)[k] });
     const self = c.client_id === session.identity?.client_id;
+    // Each button names the client it acts on ("Approve client billing-7"): a list
+    // of "Approve" buttons tells a screen reader nothing.
     const btn = (testid, label, fn, danger = false) => h("button", {
       type: "button", class: `btn btn-sm${danger ? " btn-danger" : ""}`, "data-testid": testid,
+      "aria-label": `${label} client ${c.client_id}`,
       onclick: (e) => fn(e.currentTarget),
     }, label);
     const approve = btn("approve", c.status === "revoked" ? "Re-approve" : "Approve", (b) => act(b, c, "approve", null,

@@ -181,7 +181,7 @@ export function mount(view, params, ctx) {
         key: "actions", label: "", class: "actions",
         cell: (td, g) => fill(td, g.group, () => h("button", {
           type: "button", class: "btn btn-sm btn-danger", "data-testid": "group-forget",
-          onclick: () => forgetGroup(g),
+          "aria-label": `Forget group ${g.group}`, onclick: () => forgetGroup(g),
         }, "Forget")),
       },
     ],
@@ -384,6 +384,11 @@ export function mount(view, params, ctx) {
     const dead = dq ? dq.depth : 0;
     setText(deadCount, String(dead));
     deadCard.el.classList.toggle("has-dead", dead > 0);
+    for (const b of [requeueBtn, deadPurgeBtn]) { // nothing to act on: say so
+      if (b.dataset.busy) continue;
+      b.disabled = dead === 0;
+      b.title = dead === 0 ? "No dead letters" : "";
+    }
     if (!isDead) {
       show(deadCard.el.querySelector(".dead-link"), !!dq);
     }
@@ -445,12 +450,14 @@ export function mount(view, params, ctx) {
   async function run(button, { title, text, yes, method = "POST", path, done }) {
     if (!(await confirmAction({ title, text, yes }))) return;
     button.disabled = true;
+    button.dataset.busy = "1";
     try {
       const res = await api(method, path);
       toast(done(res || {}));
     } catch (exc) {
       toast(exc.message, { error: true });
     } finally {
+      delete button.dataset.busy;
       button.disabled = false;
       ctx.refreshNow();
     }
