@@ -297,6 +297,10 @@ def test_requeue_dead_moves_dead_letters_back_with_new_seqs_and_clean_headers() 
     assert moved[0].key == "k1"
     assert moved[0].id == h.broker.new_id(log, 4) != msgs[0].id
     assert log.count == 3 and dead.count == 0
+    # Counted as requeued, not as published: a requeue is no new traffic
+    assert (log.published, log.requeued) == (3, 3)
+    # (the broker's published: the 3 sent and their 3 dead-letter copies; not 9)
+    assert (h.broker.counters.published, h.broker.counters.requeued) == (6, 3)
     # The group reads them again as new messages: attempts start over.
     s = Session("c2")
     sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
@@ -1090,3 +1094,37 @@ def test_queue_stats_name_the_schema_of_the_queue() -> None:
     schema = compile_schema({"type": "object"}, key=Q)
     h = Harness(channel_options=lambda key: ChannelOptions(schema=schema))
     assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["schema"] == schema.key
+
+
+def test_a_dead_letter_queue_is_diagnosed_as_one_and_keeps_no_dead_letters_itself() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0))
+    msgs = _dead_letters(h, send(CH, {"n": 1}), send(CH, {"n": 2}))
+    assert msgs[0].headers is not None
+    assert msgs[0].headers["x-dead-detail"] == ("delivered 1 time without an ack; the "
+                                                "queue's requeue_limit is 0")
+    dead_q = "_dead/" + Q
+    # read by people, not consumers: no "never subscribed" warning
+    assert _diagnose(h, dead_q) == (f"2 dead letter(s) of {Q}: messages that expired or were "
+                                    "given up after too many deliveries. Each one says why; "
+                                    "requeue them once the cause is fixed, or delete them.")
+    stats = mt.queue_stats(h.broker, dead_q, now=h.now)
+    assert stats["options"]["dead_letter"] is False
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["dead_letter"] is True
+    assert mt.requeue_dead(h.broker, _log(h, DEAD), msgs, h.now) == 2
+    h.commit()
+    assert _diagnose(h, dead_q) == f"No dead letters: nothing of {Q} waits here."
+
+
+def test_delete_messages_removes_the_live_ones_it_names_once() -> None:
+    h = Harness()
+    h.publish(*(send(CH, {"n": i}) for i in range(5)))
+    h.commit()
+    log = _log(h)
+    assert mt.delete_messages(h.broker, log, [2, 4, 2, 9, 0]) == [2, 4]
+    assert log.count == 3
+    batch = h.commit()
+    assert sorted(batch.deletes) == [(CH, 2), (CH, 4)]
+    s = Session("reader")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    assert [d.seq for d in h.take(sub)] == [1, 3, 5]
+    assert mt.delete_messages(h.broker, log, [2]) == []

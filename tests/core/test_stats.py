@@ -32,7 +32,7 @@ def test_a_channels_figures_count_what_happened_to_its_messages() -> None:
     (stats,) = mt.queue_stats(h.broker, Q, now=h.now)["channels"]
     assert stats == {
         "channel": CH, "depth": 3, "first_seq": 1, "next_seq": 7, "unsettled": 1,
-        "published": 5, "dropped": 2, "expired": 1,
+        "published": 5, "requeued": 0, "dropped": 2, "expired": 1,
         "readers": ["consume:g", "listen:l:audit"],
         "expire_idle": None, "active_at": h.now,  # the last delivery
     }
@@ -69,7 +69,7 @@ def test_the_counters_are_flat_numbers_with_the_refusals_by_reason() -> None:
     h.publish_values(CH, [1])
     out = h.broker.counters.as_dict()
     assert out == {
-        "published": 1, "delivered": 0, "redelivered": 0, "acked": 0, "nacked": 0,
+        "published": 1, "requeued": 0, "delivered": 0, "redelivered": 0, "acked": 0, "nacked": 0,
         "dead_lettered": 0, "expired": 0, "dropped": 0, "duplicates": 0,
         "lease_expired": 0, "channels_expired": 0, "refused": dict(h.broker.counters.refused),
     }

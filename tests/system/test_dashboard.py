@@ -181,7 +181,12 @@ def test_browse_a_message_and_requeue_a_dead_letter(page, dash_broker):
         # The message browser shows it, pretty-printed.
         page.goto(dash_broker.http + "/#/queues/orders/v1")
         page.locator('[data-testid=channel][data-channel="7"]').click()
-        page.get_by_test_id("message-row").first.wait_for()
+        row = page.get_by_test_id("message-row").last
+        row.wait_for()
+        # One line each, the payload's first bytes in it; opened in place
+        assert '"note":"browse me"' in row.locator("[data-field=preview]").inner_text()
+        assert row.get_by_test_id("message-payload").is_hidden()
+        row.locator("summary").click()
         payloads = page.get_by_test_id("message-payload").all_inner_texts()
         assert any('"note": "browse me"' in p for p in payloads), payloads
         shot(page, "queue")
@@ -812,7 +817,12 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
         wait_until(lambda: page.get_by_test_id("queue-title").inner_text().strip() ==
                    "_dead/invoices/v1", 10, what="the dead-letter queue page")
         page.locator('[data-testid=channel][data-channel="1"]').click()
-        page.get_by_test_id("message-row").first.wait_for()
+        row = page.get_by_test_id("message-row").first
+        row.wait_for()
+        # a dead letter's line says why and where from
+        assert row.locator("[data-field=source]").inner_text() == "invoices/v1/1"
+        assert row.locator("[data-field=reason]").inner_text() != "—"
+        row.locator("summary").click()
         assert '"not an invoice"' in page.get_by_test_id("message-payload").first.inner_text()
 
         # In the dark, on a phone: nothing overflows, the error is there in full.
@@ -928,3 +938,56 @@ def test_static_assets_are_compressed_and_cached_by_build(dash_broker):
         refused = http.post("/style.css")
         assert refused.status_code == 400 and "POST is not allowed" in refused.text
     assert packed < raw / 2
+
+
+def test_dead_letters_are_a_view_of_their_own(page, dash_broker):
+    """A dead-letter queue: its reason and source channel on each line, one message
+    requeued or deleted (after a confirmation), bulk actions off when it is empty, no
+    "never subscribed" warning, and a requeue counted as a requeue, not a publish."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def counter(name: str) -> float:
+        text = httpx.get(dash_broker.http + "/metrics", headers={
+            "Authorization": f"Bearer {admin_token(dash_broker)}"}).text
+        return sum(s.value for fam in text_string_to_metric_families(text)
+                   for s in fam.samples if s.name == name)
+
+    with minou.connect_sync(dash_broker.url, **auth("app-dlq")) as c:
+        for n in (1, 2):
+            c.send("orders/v1/dlq", {"total": n})
+        sub = c.consume("orders/v1/dlq", group="dlq-workers")
+        for _ in range(2):
+            assert sub.get(timeout=5).nack()  # requeue_limit 0: dead letters
+        sign_in(page, dash_broker)
+        page.goto(dash_broker.http + "/#/queues/_dead/orders/v1")
+        page.locator('[data-testid=channel][data-channel="dlq"]').click()
+        rows = page.get_by_test_id("message-row")
+        wait_until(lambda: rows.count() == 2, 10, what="two dead letters")
+        diagnosis = page.get_by_test_id("diagnosis").inner_text()
+        assert "never subscribed" not in diagnosis and "dead letter(s) of orders/v1" in diagnosis
+        for row in rows.all():
+            assert row.locator("[data-field=reason]").inner_text() == "requeue_limit"
+            assert row.locator("[data-field=source]").inner_text() == "orders/v1/dlq"
+        published = counter("minou_messages_published_total")
+        first = rows.first
+        first.locator("summary").click()
+        assert "without an ack" in first.locator("[data-field=why]").inner_text()
+        first.get_by_test_id("message-requeue").click()
+        page.get_by_test_id("confirm-yes").click()
+        wait_until(lambda: "requeued message" in page.get_by_test_id("toast").inner_text(), 10,
+                   what="the requeue")
+        back = sub.get(timeout=5)
+        assert back.payload["total"] in (1, 2) and back.ack()
+        wait_until(lambda: rows.count() == 1, 10, what="one dead letter left")
+        second = rows.first
+        second.locator("summary").click()
+        second.get_by_test_id("message-delete").click()
+        assert "cannot be undone" in page.get_by_test_id("confirm-dialog").inner_text()
+        page.get_by_test_id("confirm-yes").click()
+        wait_until(lambda: rows.count() == 0, 10, what="no dead letter left")
+        wait_until(lambda: page.get_by_test_id("dead-requeue").is_disabled(), 10,
+                   what="the bulk actions off")
+        assert page.get_by_test_id("dead-purge").is_disabled()
+        assert counter("minou_messages_requeued_total") >= 1
+        # the requeue is no publish (the dead letters' copies were counted before)
+        assert counter("minou_messages_published_total") == published

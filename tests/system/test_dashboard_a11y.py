@@ -91,6 +91,8 @@ def test_no_axe_violation_on_any_view(browser, audited, theme, size) -> None:
         page.locator('[data-testid=channel][data-channel="eu"]').click()
         page.get_by_test_id("message-row").first.wait_for()
         found["message-browser"] = _violations(page)
+        page.get_by_test_id("message-row").first.locator("summary").click()
+        found["message-open"] = _violations(page)
         page.goto(audited.http + "/#/kv/config")
         page.locator('[data-testid=keys-table] tr[data-key="feature.flag"]') \
             .get_by_test_id("key-link").click()

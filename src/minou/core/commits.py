@@ -84,6 +84,7 @@ class Commits:
         # Batches are written one at a time, in order, and a failed one's state is
         # carried into the next: everything taken up to this one is durable now.
         state.durable = max(state.durable, batch.number)
+        requeued = batch.requeued
         for msg in batch.messages:
             log = channels.get(msg.channel)
             if log is None:
@@ -95,8 +96,12 @@ class Commits:
             log.inflight -= 1
             log.append_committed(msg)
             log.count += 1
-            log.published += 1
-            counters.published += 1
+            if requeued and (msg.channel, msg.seq) in requeued:
+                log.requeued += 1
+                counters.requeued += 1
+            else:
+                log.published += 1
+                counters.published += 1
             if log.kv is not None:
                 self.compact(log, log.kv.commit(msg, log.options.history))
             for gc in log.states:

@@ -112,6 +112,7 @@ class ChannelLog:
     dropped: int = 0
     expired: int = 0
     published: int = 0
+    requeued: int = 0  # dead letters moved back here (not in published)
     loading: bool = False
     touched: float = 0.0  # the last publish or delivery, or when a reader was last seen
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load

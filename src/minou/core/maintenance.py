@@ -113,7 +113,8 @@ def requeue_dead(core: Broker, dead: ChannelLog, msgs: list[Msg], now: float) ->
         headers = {k: v for k, v in (m.headers or {}).items() if k not in _DEAD_HEADERS}
         send = Send(target.name, m.data, m.raw, headers or None, m.priority, None, None, None,
                     m.key)
-        core.publishing.stage(target, send, now)
+        staged = core.publishing.stage(target, send, now)
+        core.batch.requeued.add((target.name, staged.seq))
         core.batch.deletes.append((dead.name, m.seq))
         moved += 1
     for gc in dead.states:
@@ -181,6 +182,7 @@ def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
         **waiting_and_in_flight(logs, group, now),
         "oldest_waiting_age_s": round(max(waiting_ages), 3) if waiting_ages else None,
         "published": sum(log.published for log in logs),
+        "requeued": sum(log.requeued for log in logs),
         "delivered": sum(gc.delivered for log in logs for gc in log.states),
         "acked": sum(gc.acks for log in logs for gc in log.states),
         "dropped": sum(log.dropped for log in logs),
@@ -196,11 +198,12 @@ def queue_stats(core: Broker, queue: str, channel_id: str | None = None,
 def _options(core: Broker, queue: str) -> dict[str, Any]:
     """The options of ``queue``'s channels (a reload gives its channels the new ones;
     dead letters have their channel's)."""
-    opts = core.options_for(queue[len(DEAD_PREFIX):] if queue.startswith(DEAD_PREFIX)
-                            else queue)
+    dead = queue.startswith(DEAD_PREFIX)
+    opts = core.options_for(queue[len(DEAD_PREFIX):] if dead else queue)
     return {"prefetch": opts.prefetch, "ttl": opts.ttl, "max_items": opts.max_items,
             "overflow": opts.overflow, "requeue_limit": opts.requeue_limit,
-            "dead_letter": opts.dead_letter, "retention": opts.retention,
+            # a dead letter of a dead letter is dropped (core/dead_letters.py)
+            "dead_letter": opts.dead_letter and not dead, "retention": opts.retention,
             "schema": opts.schema.key if opts.schema is not None else None,
             "durability": opts.durability,
             "sync_interval_ms": round(opts.sync_interval * 1000, 3)
@@ -297,6 +300,17 @@ def _no_room(members: list[Subscription], waiting: int, in_flight: int) -> str:
     return text
 
 
+def _dead_diagnosis(queue: str, stats: dict[str, Any]) -> str:
+    """A dead-letter queue is read by people, not consumers: no reader is normal."""
+    base = queue[len(DEAD_PREFIX):]
+    depth = stats["depth"]
+    if depth == 0:
+        return f"No dead letters: nothing of {base} waits here."
+    return (f"{depth} dead letter(s) of {base}: messages that expired or were given up "
+            "after too many deliveries. Each one says why; requeue them once the cause is "
+            "fixed, or delete them.")
+
+
 def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
              draining: bool = False, schema_recent: float = 0.0,
              deliver_rate: float = 0.0, rate_window: float = 60.0) -> str:
@@ -310,6 +324,8 @@ def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
     if schema_recent > 0:
         return (f"Publishes are being refused by the schema of {queue} "
                 f"({schema_recent:.1f}/s over the last minute): producers send the wrong format.")
+    if queue.startswith(DEAD_PREFIX):
+        return _dead_diagnosis(queue, stats)
     if stats["depth"] == 0:
         if stats["published"] == 0:
             return f"Nothing has been published to {queue} yet."

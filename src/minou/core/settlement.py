@@ -132,7 +132,7 @@ class Settlement:
             gc.settle(lease.seq)
             gc.acks -= 1
             self.dead_letters.dead_letter(lease.msg, "requeue_limit", gc.group.key,
-                                          f"requeued more than {limit} times")
+                                          _too_many(limit))
         else:
             gc.requeue(lease.seq, front=front, delay=delay, now=now)
             if delay > 0:
@@ -142,3 +142,10 @@ class Settlement:
                     gc.returned_from.clear()  # stale ones (purged, expired): start afresh
                 gc.returned_from[lease.seq] = id(sub)
         self.state.mark(gc)
+
+
+def _too_many(limit: int) -> str:
+    """Why a message was dead-lettered, in words: "delivered 3 times, the requeue
+    limit is 2" (its deliveries are one more than its requeues)."""
+    return (f"delivered {limit + 1} time{'s' if limit else ''} without an ack; the queue's "
+            f"requeue_limit is {limit}")

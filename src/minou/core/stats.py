@@ -14,6 +14,7 @@ from .log import ChannelLog
 @dataclass
 class Counters:
     published: int = 0
+    requeued: int = 0  # dead letters moved back: not counted as published
     delivered: int = 0
     redelivered: int = 0
     acked: int = 0
@@ -40,7 +41,7 @@ def channel_stats(log: ChannelLog) -> dict[str, Any]:
     return {
         "channel": log.name, "depth": log.count, "first_seq": log.first_seq,
         "next_seq": log.end, "unsettled": unsettled, "published": log.published,
-        "dropped": log.dropped, "expired": log.expired,
+        "requeued": log.requeued, "dropped": log.dropped, "expired": log.expired,
         "readers": [gc.group.key for gc in log.states],
         "expire_idle": log.options.expire_idle, "active_at": log.touched,
     }

@@ -42,6 +42,8 @@ class WriteBatch:
     meta: dict[str, str] = field(default_factory=dict)
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires
     on_commit: list[Callable[[], None]] = field(default_factory=list)
+    # (channel, seq) of messages that are dead letters moved back: counted as requeued
+    requeued: set[tuple[str, int]] = field(default_factory=set)
     # Beside on_commit, one each: called instead if the commit fails (None: that
     # callback waits for the commit that carries this batch's state).
     on_fail: list[Callable[[RequestError], None] | None] = field(default_factory=list)
@@ -112,6 +114,7 @@ class WriteBatch:
         with its publishes, and its callbacks are the caller's."""
         self.messages[:0] = messages
         self.deletes[:0] = failed.deletes
+        self.requeued |= failed.requeued
         for name, first in failed.truncates.items():
             self.truncates[name] = max(first, self.truncates.get(name, first))
         for name, next_seq in failed.channels.items():

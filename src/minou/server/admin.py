@@ -291,9 +291,16 @@ async def _requeue_dead(server: Server, args: dict[str, Any],
         queue = queue[len(DEAD_PREFIX):]
     channel_id = _str_arg(args, "channel", required=False)
     limit = _int_arg(args, "limit", DEFAULT_REQUEUE, 1, MAX_REQUEUE)
+    seqs = _seqs_arg(args) if args.get("seqs") not in (None, "") else None
+    if seqs is not None and not channel_id:
+        raise BadRequest("seqs name messages of one channel: give channel too")
     moved: dict[str, int] = {}
     for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
-        msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)
+        if seqs is not None:  # these dead letters only (the dashboard's one message)
+            msgs = [m for seq in seqs
+                    for m in await server.read_messages(dead.name, seq, seq + 1, 1)]
+        else:
+            msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)
         moved[dead.name] = maintenance.requeue_dead(server.core, dead, msgs, time.time())
     server.engine.changed()
     return {"queue": queue, "requeued": moved, "messages": sum(moved.values())}

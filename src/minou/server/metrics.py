@@ -201,6 +201,8 @@ _MINOU_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("acked", "minou_messages_acked", "Messages acknowledged by consumers."),
     ("nacked", "minou_messages_nacked", "Messages negatively acknowledged by consumers."),
     ("dead_lettered", "minou_messages_dead_lettered", "Messages moved to a dead-letter channel."),
+    ("requeued", "minou_messages_requeued", "Dead letters moved back to their channel (not "
+     "counted in published)."),
     ("expired", "minou_messages_expired", "Messages expired by their TTL."),
     ("dropped", "minou_messages_dropped", "Messages dropped (queue limits)."),
     ("duplicates", "minou_messages_duplicate", "Publishes recognised as duplicates and not "

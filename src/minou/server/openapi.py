@@ -403,7 +403,9 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Move dead letters back to their channels", tag="admin",
             params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
                     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_REQUEUE},
-                           "at most this many per channel")],
+                           "at most this many per channel"),
+                    _query("seqs", {"type": "string", "pattern": "^[0-9]+(,[0-9]+)*$"},
+                           "only these dead letters (seqs of the channel given)")],
             ok=_json(OBJECT, "messages requeued per channel"))},
         "/v1/dead/{endpoint}/{version}/purge": {"post": _op(
             "Remove dead letters", tag="admin",

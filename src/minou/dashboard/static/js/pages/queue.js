@@ -52,6 +52,13 @@ function payloadView(m) {
   return scrollable(h("pre", { "data-testid": "message-payload" }, truncate(JSON.stringify(m.payload, null, 2))), `message ${m.seq} payload`);
 }
 
+/** The first bytes of a payload, on one line. */
+function preview(m) {
+  const text = m.payload_base64 != null ? `(${plural(m.size ?? 0, "raw byte")}) ${m.payload_base64}`
+    : JSON.stringify(m.payload);
+  return text.length > 120 ? text.slice(0, 120) + "…" : text;
+}
+
 function truncate(text) {
   if (text.length <= MAX_PAYLOAD_CHARS) return text;
   return text.slice(0, MAX_PAYLOAD_CHARS) + `\n… (${fmtInt(text.length - MAX_PAYLOAD_CHARS)} more characters)`;
@@ -139,15 +146,20 @@ export function mount(view, params, ctx) {
   channelsCard.body.append(channelsBox, channelsMore);
 
   // messages
-  const prevBtn = h("button", { type: "button", class: "btn btn-sm", "data-testid": "messages-prev", disabled: true }, "← Previous");
-  const nextBtn = h("button", { type: "button", class: "btn btn-sm", "data-testid": "messages-next", disabled: true }, "Next →");
-  const pageInfo = h("span", { class: "info" });
+  // The pager twice, above and below the list: one state, two sets of buttons.
+  const pagers = ["", "-bottom"].map((suffix) => ({
+    prev: h("button", { type: "button", class: "btn btn-sm", "data-testid": `messages-prev${suffix}`, disabled: true }, "← Previous"),
+    next: h("button", { type: "button", class: "btn btn-sm", "data-testid": `messages-next${suffix}`, disabled: true }, "Next →"),
+    info: h("span", { class: "info", "aria-hidden": suffix ? "true" : null }),
+  }));
+  const pagerEl = (p, label) => h("nav", { class: "pager", "aria-label": label }, p.prev, p.info, p.next);
   const msgTitle = h("h2", { id: "messages-title" }, "Messages");
   const msgList = h("div", { class: "messages" });
   const msgNote = h("div", { hidden: true });
   const messagesCard = h("section", { class: "card", "data-testid": "messages", "aria-labelledby": "messages-title" },
-    h("div", { class: "card-head" }, msgTitle, h("div", { class: "pager" }, prevBtn, pageInfo, nextBtn)),
-    h("div", { class: "card-body" }, msgNote, msgList));
+    h("div", { class: "card-head" }, msgTitle, pagerEl(pagers[0], "Message pages")),
+    h("div", { class: "card-body" }, msgNote, msgList,
+      h("div", { class: "pager-bottom" }, pagerEl(pagers[1], "Message pages (bottom)"))));
 
   // groups
   const groupRates = new Map();
@@ -196,7 +208,7 @@ export function mount(view, params, ctx) {
   const content = h("div", { class: "grid" },
     stats,
     h("div", { class: "grid grid-2" }, chartCard.el, optionsCard.el),
-    deadCard.el, channelsCard.el, messagesCard, groupsCard.el);
+    deadCard.el, groupsCard.el, channelsCard.el, messagesCard);
   view.replaceChildren(head, diagnosis, notFound, content);
 
   history.gap();
@@ -224,19 +236,29 @@ export function mount(view, params, ctx) {
     ctx.refreshNow();
   }
 
-  prevBtn.addEventListener("click", () => {
-    if (!browse.stack.length) return;
-    browse.from = browse.stack.pop();
-    browse.req++;
-    ctx.refreshNow();
-  });
-  nextBtn.addEventListener("click", () => {
-    if (browse.next == null) return;
-    browse.stack.push(browse.from);
-    browse.from = browse.next;
-    browse.req++;
-    ctx.refreshNow();
-  });
+  for (const p of pagers) {
+    p.prev.addEventListener("click", () => {
+      if (!browse.stack.length) return;
+      browse.from = browse.stack.pop();
+      browse.req++;
+      ctx.refreshNow();
+    });
+    p.next.addEventListener("click", () => {
+      if (browse.next == null) return;
+      browse.stack.push(browse.from);
+      browse.from = browse.next;
+      browse.req++;
+      ctx.refreshNow();
+    });
+  }
+
+  function setPager(prevOff, nextOff, text) {
+    for (const p of pagers) {
+      p.prev.disabled = prevOff;
+      p.next.disabled = nextOff;
+      setText(p.info, text);
+    }
+  }
 
   function renderChannels() {
     const channels = detail ? detail.channels || [] : [];
@@ -262,6 +284,62 @@ export function mount(view, params, ctx) {
     if (!channels.length) channelsBox.replaceChildren(h("span", { class: "muted" }, "No channel."));
   }
 
+  /** One message: a line (seq, id, age, attempts, size, the payload's first bytes; on
+   * a dead-letter queue its reason and source channel too) that opens in place on the
+   * message's headers, payload and actions. */
+  function messageRow(m, key, now) {
+    const hdrs = m.headers || {};
+    const headers = Object.entries(hdrs);
+    const details = [
+      field("id", h("span", { class: "mono" }, m.id), { "data-field": "id-full" }),
+      field("published", fmtTime(m.published_at)),
+      m.priority ? field("priority", String(m.priority), { "data-field": "priority" }) : null,
+      m.key != null ? field("key", h("span", { class: "mono" }, m.key), { "data-field": "key" }) : null,
+      m.expires_at ? field("expires", fmtAgo(m.expires_at, now), { title: fmtTime(m.expires_at) }) : null,
+      m.deliver_at && m.deliver_at > now ? field("delayed until", fmtTime(m.deliver_at)) : null,
+      isDead && hdrs["x-dead-detail"] ? field("why", hdrs["x-dead-detail"], { "data-field": "why" }) : null,
+    ];
+    const del = h("button", { type: "button", class: "btn btn-sm btn-danger", "data-testid": "message-delete",
+      "aria-label": `Delete message ${m.seq}` }, "Delete");
+    del.addEventListener("click", () => run(del, {
+      title: `Delete message ${m.seq} of ${queue}/${browse.channel}?`,
+      text: "It is removed for every reader. This cannot be undone.",
+      yes: "Delete", method: "DELETE",
+      path: `/v1/queues/${qp}/${encodeURIComponent(browse.channel)}/messages/${m.seq}`,
+      done: (r) => (r.messages ? `deleted message ${m.seq}` : `message ${m.seq} was already gone`),
+    }));
+    let requeue = null;
+    if (isDead) {
+      requeue = h("button", { type: "button", class: "btn btn-sm", "data-testid": "message-requeue",
+        "aria-label": `Requeue message ${m.seq}` }, "Requeue");
+      requeue.addEventListener("click", () => run(requeue, {
+        title: `Requeue message ${m.seq}?`,
+        text: `It goes back to ${hdrs["x-original-channel"] || base} and is delivered again.`,
+        yes: "Requeue",
+        path: `/v1/dead/${queuePath(base)}/requeue?channel=${encodeURIComponent(browse.channel)}&seqs=${m.seq}`,
+        done: (r) => (r.messages ? `requeued message ${m.seq}` : `message ${m.seq} was not requeued (gone, or held by a reader)`),
+      }));
+    }
+    return h("details", { class: "message", "data-testid": "message-row", "data-key": key, "data-seq": m.seq, "data-id": m.id },
+      h("summary", { class: "message-line" + (isDead ? " dead" : "") },
+        h("span", { class: "seq", "data-field": "seq" }, `#${m.seq}`),
+        h("span", { class: "mono id", "data-field": "id", title: m.id }, m.id),
+        h("span", { class: "age", "data-field": "age", title: fmtTime(m.published_at) }),
+        h("span", { class: "attempts", "data-field": "attempts" }),
+        h("span", { class: "size", "data-field": "size" }, fmtBytes(m.size)),
+        isDead ? h("span", { class: "badge badge-warn reason", "data-field": "reason", title: hdrs["x-dead-detail"] || "" }, hdrs["x-dead-reason"] || DASH) : null,
+        isDead ? h("span", { class: "mono source", "data-field": "source" }, hdrs["x-original-channel"] || DASH) : null,
+        h("span", { class: "mono preview", "data-field": "preview" }, preview(m))),
+      h("div", { class: "message-body" },
+        h("div", { class: "message-fields" }, ...details),
+        h("div", { class: "message-headers", "data-field": "headers" },
+          headers.length
+            ? headers.map(([k, v]) => h("span", { class: "badge", "data-header": k }, `${k}: ${v}`))
+            : h("span", { class: "muted small" }, "no headers")),
+        payloadView(m),
+        h("div", { class: "btn-row message-actions" }, requeue, del)));
+  }
+
   function renderMessages(res, depth) {
     const now = Date.now() / 1000;
     const msgs = res.messages || [];
@@ -272,27 +350,9 @@ export function mount(view, params, ctx) {
       const key = `${m.seq}:${m.id}`;
       keep.add(key);
       let row = rows.get(key);
-      if (!row) {
-        const headers = Object.entries(m.headers || {});
-        row = h("article", { class: "message", "data-testid": "message-row", "data-key": key, "data-seq": m.seq, "data-id": m.id },
-          h("div", { class: "message-head" },
-            h("span", { class: "seq", "data-field": "seq" }, `#${m.seq}`),
-            field("id", h("span", { class: "mono" }, m.id), { "data-field": "id" }),
-            field("age", "", { "data-field": "age", title: fmtTime(m.published_at) }),
-            field("attempts", "", { "data-field": "attempts" }),
-            m.priority ? field("priority", String(m.priority), { "data-field": "priority" }) : null,
-            m.key != null ? field("key", h("span", { class: "mono" }, m.key), { "data-field": "key" }) : null,
-            field("size", fmtBytes(m.size), { "data-field": "size" }),
-            m.expires_at ? field("expires", fmtAgo(m.expires_at, now), { title: fmtTime(m.expires_at) }) : null,
-            m.deliver_at && m.deliver_at > now ? field("delayed until", fmtTime(m.deliver_at)) : null),
-          h("div", { class: "message-headers", "data-field": "headers" },
-            headers.length
-              ? headers.map(([k, v]) => h("span", { class: "badge", "data-header": k }, `${k}: ${v}`))
-              : h("span", { class: "muted small" }, "no headers")),
-          payloadView(m));
-      }
-      setText(row.querySelector("[data-field=age] .v"), fmtAgo(m.published_at, now));
-      setText(row.querySelector("[data-field=attempts] .v"), String(m.attempts ?? 0));
+      if (!row) row = messageRow(m, key, now);
+      setText(row.querySelector("[data-field=age]"), fmtAgo(m.published_at, now));
+      setText(row.querySelector("[data-field=attempts]"), plural(m.attempts ?? 0, "attempt"));
       order.push(row);
     }
     for (const [key, el] of rows) if (!keep.has(key)) el.remove();
@@ -301,10 +361,8 @@ export function mount(view, params, ctx) {
     });
 
     browse.next = res.next_seq < res.end && msgs.length ? res.next_seq : null;
-    prevBtn.disabled = browse.stack.length === 0;
-    nextBtn.disabled = browse.next == null;
     const stored = depth ?? Math.max(0, res.end - res.first_seq);
-    setText(pageInfo, msgs.length
+    setPager(browse.stack.length === 0, browse.next == null, msgs.length
       ? `seq ${msgs[0].seq}–${msgs[msgs.length - 1].seq} · ${fmtInt(stored)} stored`
       : `${fmtInt(stored)} stored`);
     if (!msgs.length) {
@@ -321,9 +379,7 @@ export function mount(view, params, ctx) {
     msgList.replaceChildren();
     fill(msgNote, `err:${exc.message}`, () => h("p", { class: "form-error" }, `Could not browse the messages: ${exc.message}`));
     msgNote.hidden = false;
-    prevBtn.disabled = browse.stack.length === 0;
-    nextBtn.disabled = true;
-    setText(pageInfo, "");
+    setPager(browse.stack.length === 0, true, "");
   }
 
   // ------------------------------------------------------------ refresh
