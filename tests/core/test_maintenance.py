@@ -732,7 +732,8 @@ def test_diagnose_every_member_at_its_prefetch_limit() -> None:
     h.publish_values(CH, [1, 2, 3, 4])
     got = h.pump()
     assert (len(got[sa]), len(got[sb])) == (1, 2)
-    assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit: they hold 3 "
+    assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit (they take at "
+                            "most 1 and 2 at a time, as they subscribed): they hold 3 "
                             "message(s) in flight and are not acking.")
     h.ack(a, got[sa])
     assert "prefetch limit" not in _diagnose(h)
@@ -807,9 +808,10 @@ def test_diagnose_names_http_consumers_among_consumers_at_their_limit() -> None:
     native = h.subscribe(Session("worker"), 2, patterns=CH, group="g", prefetch=1)
     h.publish_values(CH, [1, 2])
     assert len(h.take(native)) == 1
-    assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit: they hold 1 "
-                            "message(s) in flight and are not acking. 1 of them are HTTP "
-                            "consumer(s) with no request waiting.")
+    assert _diagnose(h) == ("All 2 consumer(s) are at their prefetch limit (each takes at "
+                            "most 1 at a time, as they subscribed): they hold 1 message(s) "
+                            "in flight and are not acking. 1 of them are HTTP consumer(s) "
+                            "with no request waiting.")
 
 
 def test_diagnose_is_not_flowing_when_the_oldest_waiting_message_is_older_than_the_window(

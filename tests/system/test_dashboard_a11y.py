@@ -182,3 +182,51 @@ def test_a_keyboard_walk_keeps_the_focus_on_the_content(browser, audited) -> Non
                     focused["top"] < shown["y"] + shown["height"]), (shown, focused)
     finally:
         context.close()
+
+
+def test_tables_fit_actions_in_view_on_a_desktop_and_names_on_a_phone(browser, audited):
+    """At 1280 px every action of the clients table is visible without scrolling
+    sideways; on a phone the wide tables keep their first (name) column in view, say
+    they scroll (a focusable region with an edge shadow), and the stat tiles leave no
+    empty gap at the end of a row."""
+    for width, height in ((1280, 860), (390, 844)):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        page = context.new_page()
+        page.set_default_timeout(10_000)
+        try:
+            sign_in(page, audited)
+            page.goto(audited.http + "/#/clients")
+            page.locator('tr[data-client="shop-a11y"]').get_by_test_id("approve").wait_for()
+            hidden = page.evaluate("""() => {
+                const wrap = document.querySelector('[data-testid=clients-table]')
+                    .closest('.table-wrap').getBoundingClientRect();
+                return [...document.querySelectorAll('[data-testid=clients-table] tbody button')]
+                    .filter(b => { const r = b.getBoundingClientRect();
+                        return r.right > Math.min(wrap.right, innerWidth) + 1; })
+                    .map(b => b.getAttribute('aria-label') || b.textContent); }""")
+            assert width < 1280 or hidden == [], f"{width} px: out of view: {hidden}"
+            if width < 760:
+                for route, table in (("#/clients", "clients-table"),
+                                     ("#/queues", "queues-table")):
+                    page.goto(audited.http + "/" + route)
+                    page.get_by_test_id(table).locator("tbody tr").first.wait_for()
+                    page.wait_for_timeout(200)
+                    wrap = page.get_by_test_id(table).locator("xpath=..")
+                    assert "scrolls" in (wrap.get_attribute("class") or "")
+                    assert wrap.get_attribute("tabindex") == "0"
+                    first = page.get_by_test_id(table).locator("tbody td").first
+                    before = first.bounding_box()["x"]
+                    wrap.evaluate("w => { w.scrollLeft = 400; }")
+                    assert abs(first.bounding_box()["x"] - before) < 1, "the name scrolled away"
+            page.goto(audited.http + "/#/overview")
+            page.get_by_test_id("broker-id").wait_for()
+            gap = page.evaluate("""() => {
+                const s = document.querySelector('.stats'); const r = s.getBoundingClientRect();
+                const tiles = [...s.children].map(t => t.getBoundingClientRect());
+                const lastRowTop = Math.max(...tiles.map(t => t.top));
+                const right = Math.max(...tiles.filter(t => t.top === lastRowTop)
+                    .map(t => t.right));
+                return r.right - right; }""")
+            assert gap < 2, f"{width} px: {gap} px empty at the end of the tiles' last row"
+        finally:
+            context.close()

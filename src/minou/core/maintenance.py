@@ -293,8 +293,13 @@ def _no_room(members: list[Subscription], waiting: int, in_flight: int) -> str:
         if in_flight:
             text += f"; they hold {in_flight} message(s) in flight (delivered, not yet acked)"
         return text + "."
-    text = (f"All {len(members)} consumer(s) are at their prefetch limit: they hold "
-            f"{in_flight} message(s) in flight and are not acking.")
+    limits = sorted({m.prefetch for m in members if not m.on_demand})  # polls: 0
+    each = (f"each takes at most {limits[0]}" if len(limits) == 1 else
+            f"they take at most {', '.join(map(str, limits[:-1]))} and {limits[-1]}")
+    # The prefetch a consumer subscribed with, not the queue's option: say so.
+    text = (f"All {len(members)} consumer(s) are at their prefetch limit ({each} at a "
+            f"time, as they subscribed): they hold {in_flight} message(s) in flight and "
+            "are not acking.")
     if polls:
         text += f" {len(polls)} of them are HTTP consumer(s) with no request waiting."
     return text

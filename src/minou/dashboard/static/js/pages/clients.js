@@ -47,6 +47,10 @@ export function mount(view, params, ctx) {
         }, c.status)),
       },
       {
+        key: "actions", label: "", class: "actions",
+        cell: (td, c) => fill(td, [c.status, c.client_id === session.identity?.client_id], () => actions(c)),
+      },
+      {
         key: "fingerprint", label: "Key fingerprint",
         cell: (td, c) => fill(td, [c.fingerprint, c.algorithm], () => h("span", {
           class: "fingerprint", title: `${c.algorithm || ""} ${c.fingerprint || ""}`.trim(),
@@ -72,10 +76,6 @@ export function mount(view, params, ctx) {
           : accessView(c.access))),
       },
       { key: "note", label: "Note", class: "wrap", cell: (td, c) => setText(td, c.note || "") },
-      {
-        key: "actions", label: "", class: "actions",
-        cell: (td, c) => fill(td, [c.status, c.client_id === session.identity?.client_id], () => actions(c)),
-      },
     ],
     rowKey: (c) => c.client_id,
     rowAttrs: (c) => ({ "data-client": c.client_id, "data-status": c.status }),
