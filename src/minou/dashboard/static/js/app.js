@@ -99,6 +99,7 @@ function parseHash() {
 }
 
 let current = null; // {page instance, path}
+let loadingTimer = null;
 
 function route() {
   if (els.shell.hidden) return;
@@ -114,6 +115,11 @@ function route() {
     else a.removeAttribute("aria-current");
   }
   setBanner(null);
+  // Until its first data is drawn the view shows its heading only: what comes in then
+  // appears at once instead of pushing what was drawn empty down (layout shift).
+  els.view.classList.add("loading");
+  clearTimeout(loadingTimer);
+  loadingTimer = setTimeout(() => els.view.classList.remove("loading"), 3000);
   const instance = r.page.mount(els.view, r.params, { refreshNow: poll });
   current = { instance, path: r.path };
   document.title = `${instance.title} · minou`;
@@ -190,6 +196,7 @@ async function poll() {
     } catch (exc) {
       if (mine === current) pollFailed(exc);
     }
+    if (mine === current) els.view.classList.remove("loading");
   })();
   await inflight;
   inflight = null;
