@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 PAGES = {
+    "sign-in": "",  # on a second broker that asks for a token
     "overview": "#/overview",
     "queues": "#/queues",
     "queue": "#/queues/orders/v1",
@@ -45,11 +46,13 @@ history = 5
 ADDRESS = re.compile(r"^\s+(native|http)\s+(\S+)")
 
 
-def start_broker(base: Path) -> tuple[subprocess.Popen[str], str, str]:
+def start_broker(base: Path, *, dev: bool = True) -> tuple[subprocess.Popen[str], str, str]:
+    base.mkdir(parents=True, exist_ok=True)
     (base / "minou.toml").write_text(CONFIG)
     log = open(base / "broker.log", "w")  # noqa: SIM115 (the broker's whole life)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "minou", "start", "--dev", "--data", str(base / "data"),
+        [sys.executable, "-m", "minou", "start", *(["--dev"] if dev else []),
+         "--data", str(base / "data"),
          "--port", "0", "--http-port", "0", "--log-level", "warning",
          "--config", str(base / "minou.toml")], stdout=log, stderr=subprocess.STDOUT,
         text=True)
@@ -101,7 +104,8 @@ def main() -> None:
     if shutil.which("npx") is None and "LIGHTHOUSE" not in os.environ:
         sys.exit("needs node and npm (npx), or LIGHTHOUSE=/path/to/lighthouse")
     with tempfile.TemporaryDirectory(prefix="minou-lighthouse-") as tmp:
-        proc, url, http = start_broker(Path(tmp))
+        proc, url, http = start_broker(Path(tmp) / "dev")
+        locked, _, locked_http = start_broker(Path(tmp) / "locked", dev=False)
         try:
             give_it_traffic(url)
             print("| page | form | accessibility | best practices | performance | CLS |")
@@ -111,13 +115,15 @@ def main() -> None:
                 if name not in wanted:
                     continue
                 for mobile in (False, True):
-                    r = lighthouse(f"{http}/{route}", mobile)
+                    base = locked_http if name == "sign-in" else http
+                    r = lighthouse(f"{base}/{route}", mobile)
                     print(f"| {name} | {'mobile' if mobile else 'desktop'} | "
                           f"{r['accessibility']:.0f} | {r['best-practices']:.0f} | "
                           f"{r['performance']:.0f} | {r['cls']:.3f} |", flush=True)
         finally:
-            proc.terminate()
-            proc.wait(10)
+            for p in (proc, locked):
+                p.terminate()
+                p.wait(10)
 
 
 if __name__ == "__main__":
