@@ -155,6 +155,7 @@ def test_a_keyboard_walk_keeps_the_focus_on_the_content(browser, audited) -> Non
         page.goto(audited.http + "/#/queues/orders/v1")
         wait_until(lambda: _focused(page)["text"] == "orders/v1", 10, what="the heading")
         requeue = page.get_by_test_id("dead-requeue")
+        requeue.wait_for()  # visible: the view's first data is drawn
         wait_until(lambda: requeue.is_enabled(), 10, what="dead letters to requeue")
         requeue.focus()
         page.keyboard.press("Enter")

@@ -291,9 +291,8 @@ async def _requeue_dead(server: Server, args: dict[str, Any],
         queue = queue[len(DEAD_PREFIX):]
     channel_id = _str_arg(args, "channel", required=False)
     limit = _int_arg(args, "limit", DEFAULT_REQUEUE, 1, MAX_REQUEUE)
+    # seqs: those dead letters only, of the channel given (of each channel without one)
     seqs = _seqs_arg(args) if args.get("seqs") not in (None, "") else None
-    if seqs is not None and not channel_id:
-        raise BadRequest("seqs name messages of one channel: give channel too")
     moved: dict[str, int] = {}
     for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
         if seqs is not None:  # these dead letters only (the dashboard's one message)

@@ -22,6 +22,7 @@ from ..limits import (
     MAX_CHANNEL_LENGTH,
     MAX_CREDENTIAL_TTL_S,
     MAX_DELAY_S,
+    MAX_DELETE,
     MAX_FROM_SEQ,
     MAX_HTTP_WAIT_S,
     MAX_KEY_LENGTH,
@@ -43,6 +44,7 @@ from ..limits import (
 # MAX_CHANNEL_LENGTH characters, which JSON Schema cannot say of three path parameters,
 # so the document gives the endpoint a share and the id what the longest version leaves.
 _ENDPOINT_MAX_LENGTH = 50
+_SEQ = "[1-9][0-9]{0,14}"  # a message seq as text: 15 digits stay under MAX_FROM_SEQ
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]+$", "minLength": 1,
          "maxLength": _ENDPOINT_MAX_LENGTH}
 _VERSION = {"type": "string", "pattern": "^v[1-9][0-9]{0,5}$"}
@@ -393,7 +395,8 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             ok=_json(OBJECT, "a page of messages"))},
         "/v1/queues/{endpoint}/{version}/{id}/messages/{seq}": {"delete": _op(
             "Delete one stored message (a dead letter: /v1/queues/_dead/...)", tag="admin",
-            params=[*MESSAGE_PARAMS, _path("seq", {"type": "integer", "minimum": 1})],
+            params=[*MESSAGE_PARAMS, _path("seq", {"type": "integer", "minimum": 1,
+                                                   "maximum": MAX_FROM_SEQ})],
             ok=_json(OBJECT, "the seqs deleted (empty: it was not there)"))},
         "/v1/queues/{endpoint}/{version}/purge": {"post": _op(
             "Remove every message of a queue (or one channel)", tag="admin",
@@ -404,8 +407,10 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             params=[*QUEUE_PARAMS, _query("channel", {"type": "string"}, "one channel id"),
                     _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_REQUEUE},
                            "at most this many per channel"),
-                    _query("seqs", {"type": "string", "pattern": "^[0-9]+(,[0-9]+)*$"},
-                           "only these dead letters (seqs of the channel given)")],
+                    _query("seqs", {"type": "string",
+                                    "pattern": f"^{_SEQ}(,{_SEQ}){{0,{MAX_DELETE - 1}}}$"},
+                           f"only these dead letters (at most {MAX_DELETE} seqs) of the "
+                           "channel given, or of each channel")],
             ok=_json(OBJECT, "messages requeued per channel"))},
         "/v1/dead/{endpoint}/{version}/purge": {"post": _op(
             "Remove dead letters", tag="admin",
