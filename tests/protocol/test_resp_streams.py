@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minou.protocol.resp_streams import (
@@ -19,6 +19,7 @@ from minou.protocol.resp_streams import (
     key_to_channel,
     message_to_entry,
     parse_id,
+    stream_pattern,
 )
 
 
@@ -28,7 +29,7 @@ def test_a_channel_name_is_itself_any_other_key_lives_under_redis_v1() -> None:
     assert key_to_channel(b"app:events") == "redis/v1/app:events"
     assert key_to_channel(b"a b/c") == "redis/v1/a%20b%2Fc"
     assert key_to_channel(b"\xff\x00") == "redis/v1/%FF%00"
-    assert key_to_channel(b"orders/v1/*") == "redis/v1/orders%2Fv1%2F%2A"  # not a pattern
+    assert key_to_channel(b"orders/v1/x/*") == "redis/v1/orders%2Fv1%2Fx%2F%2A"  # no pattern
     with pytest.raises(StreamKeyError, match="may not be empty"):
         key_to_channel(b"")
     with pytest.raises(StreamKeyError, match="limit"):
@@ -37,6 +38,7 @@ def test_a_channel_name_is_itself_any_other_key_lives_under_redis_v1() -> None:
 
 @given(st.binary(min_size=1, max_size=60))
 def test_every_key_comes_back_as_it_was_named(key: bytes) -> None:
+    assume(stream_pattern(key) is None)  # a pattern names streams, not one (XREAD)
     assert channel_to_key(key_to_channel(key)) == key
 
 
@@ -90,3 +92,16 @@ def test_ids_are_seqs_and_ranges_read_as_redis_does() -> None:
         with pytest.raises(StreamIdError) as err:
             parse_id(bad, high=False)
         assert str(err.value) == "Invalid stream ID specified as stream command argument"
+
+
+def test_a_wildcard_key_is_a_pattern_and_names_no_single_stream() -> None:
+    from minou.protocol.resp_streams import StreamKeyError, key_to_channel, stream_pattern
+
+    for key in (b"orders/v1/*", b"orders/*", b"_dead/orders/v1/*"):
+        pattern = stream_pattern(key)
+        assert pattern is not None and pattern.text == key.decode() and not pattern.concrete
+        with pytest.raises(StreamKeyError, match="is a pattern"):
+            key_to_channel(key)
+    for key in (b"orders/v1/eu", b"jobs", b"a*", b"/*", b"orders/v1/x/*", b"\xff/*"):
+        assert stream_pattern(key) is None
+    assert key_to_channel(b"a*").startswith("redis/v1/")  # a plain key with a star

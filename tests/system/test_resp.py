@@ -805,3 +805,32 @@ def test_redis_cli_help_comes_from_the_broker(broker) -> None:
             os.waitpid(pid, 0)
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode(errors="replace"))  # colours
     assert "XDEL key id [id ...]" in text and "Deletes entries (a write)." in text, text[-500:]
+
+
+def test_xread_reads_every_stream_a_pattern_matches(broker) -> None:
+    """A wildcard key (orders/v1/*) is every stream it matches, each answered under its
+    own key; with $ and BLOCK a stream made meanwhile is read from its start. Other
+    commands name one stream and refuse a pattern."""
+    r = connect(broker, "reader")
+    for key in ("orders/v1/eu", "orders/v1/us", "other/v1/x"):
+        r.xadd(key, {"payload": '{"n": 1}'})
+    r.xadd("orders/v1/eu", {"payload": '{"n": 2}'})
+    got = {key: [i for i, _ in entries] for key, entries in r.xread({"orders/v1/*": "0"})}
+    assert got == {b"orders/v1/eu": [b"1-0", b"2-0"], b"orders/v1/us": [b"1-0"]}
+    got = {key: [i for i, _ in entries] for key, entries in r.xread({"orders/*": "1-0"})}
+    assert got == {b"orders/v1/eu": [b"2-0"]}  # an id applies to each stream
+    assert not r.xread({"orders/v1/*": "$"}, block=200)
+    out: list[Any] = []
+    waiter = connect(broker, "reader")
+    t = threading.Thread(target=lambda: out.append(
+        waiter.xread({"orders/v1/*": "$"}, block=10_000)))
+    t.start()
+    time.sleep(0.5)
+    connect(broker, "writer").xadd("orders/v1/asia", {"payload": '{"n": 3}'})
+    t.join(15)
+    ((key, entries),) = out[0]
+    assert key == b"orders/v1/asia" and [i for i, _ in entries] == [b"1-0"]
+    with pytest.raises(redis.ResponseError, match="is a pattern: XREAD reads every stream"):
+        r.xadd("orders/v1/*", {"payload": "1"})
+    with pytest.raises(redis.ResponseError, match="is a pattern"):
+        r.xgroup_create("orders/v1/*", "g", id="0")

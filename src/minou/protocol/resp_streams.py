@@ -4,6 +4,9 @@
   (``orders/v1/eu``) is that channel; any other key (``mystream``, ``app:events``) is
   the channel ``redis/v1/<key URL-encoded>``, so Redis applications run unchanged and
   ``[channels."redis/v1"]`` configures their streams (rules: ``redis/v1/*``).
+* A key that is a **wildcard pattern** (``orders/v1/*``, ``orders/*``) names every
+  channel it matches: ``XREAD`` reads them all (each as a stream of its own in the
+  answer); other commands name one stream and refuse it.
 * A **stream id** is ``<seq>-0``: ordered and stable, the message's seq.
 * An **entry** round-trips byte for byte. One field ``payload`` whose value is JSON is
   the message's JSON payload (what the other interfaces read). Fields that are all
@@ -22,7 +25,7 @@ from urllib.parse import quote, unquote_to_bytes
 import msgspec
 
 from ..errors import InvalidChannel
-from ..names import validate_channel
+from ..names import Pattern, parse_pattern, validate_channel
 
 KEY_CHANNEL_PREFIX = "redis/v1/"
 ENTRY_HEADER = "x-resp-entry"
@@ -36,6 +39,17 @@ class StreamKeyError(ValueError):
     """A key that cannot name a stream (empty, or too long once encoded)."""
 
 
+def stream_pattern(key: bytes) -> Pattern | None:
+    """The wildcard pattern a key is (``orders/v1/*``), else None."""
+    if not key.endswith(b"/*"):
+        return None
+    try:
+        pattern = parse_pattern(key.decode())
+    except (InvalidChannel, UnicodeDecodeError):
+        return None
+    return None if pattern.concrete else pattern
+
+
 @lru_cache(maxsize=8192)
 def key_to_channel(key: bytes) -> str:
     """The channel a stream key names (see the module docstring)."""
@@ -43,6 +57,10 @@ def key_to_channel(key: bytes) -> str:
         text = key.decode()
     except UnicodeDecodeError:
         text = ""
+    if stream_pattern(key) is not None:
+        raise StreamKeyError(f"{text!r} is a pattern: XREAD reads every stream it matches; "
+                             "this command names one stream (e.g. "
+                             f"{text[:-1]}<id>)")
     if text:
         try:
             return validate_channel(text)

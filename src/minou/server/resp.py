@@ -34,6 +34,7 @@ from ..errors import (
     RequestError,
 )
 from ..limits import MAX_DELETE, MAX_FROM_SEQ
+from ..names import Pattern
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
 from ..protocol.resp import (
@@ -50,11 +51,13 @@ from ..protocol.resp_commands import COMMAND_DOCS, docs_reply, info_reply
 from ..protocol.resp_streams import (
     StreamIdError,
     StreamKeyError,
+    channel_to_key,
     entry_to_message,
     format_id,
     key_to_channel,
     message_to_entry,
     parse_id,
+    stream_pattern,
 )
 from . import oplog, resp_keys
 from .connection import NativeConnection
@@ -1105,7 +1108,15 @@ def _read_options(args: list[bytes], i: int, cmd: str
 def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     try:
         count, block, _, keys, ids = _read_options(args, 1, "XREAD")
-        targets = [(key, key_to_channel(key), sid) for key, sid in zip(keys, ids, strict=True)]
+        targets: list[tuple[bytes, str | Pattern, bytes]] = []
+        for key, sid in zip(keys, ids, strict=True):
+            pattern = stream_pattern(key)
+            if pattern is not None:  # every stream it matches (read rights on it first)
+                assert c.inner is not None
+                c.server.core.check_read(c.inner.session, pattern.text)
+                targets.append((key, pattern, sid))
+            else:
+                targets.append((key, key_to_channel(key), sid))
         for _, _, sid in targets:
             if sid not in (b"$", b"+"):
                 parse_id(sid, high=True)
@@ -1120,25 +1131,50 @@ def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     return _LATER
 
 
-async def _xread_run(c: RespConnection, slot: _Slot, targets: list[tuple[bytes, str, bytes]],
-                     count: int, block: int | None) -> None:
+MAX_PATTERN_STREAMS = 100  # the streams one pattern of an XREAD reads at most
+
+
+def _xread_streams(c: RespConnection, targets: list[tuple[bytes, str | Pattern, bytes]]
+                   ) -> list[tuple[bytes, str, bytes]]:
+    """The streams XREAD reads now: each key's channel; for a pattern, the channels it
+    matches that this client may read (at most MAX_PATTERN_STREAMS, in name order),
+    each under its own key."""
+    assert c.inner is not None
+    access = c.inner.session.access
+    out: list[tuple[bytes, str, bytes]] = []
+    for key, target, sid in targets:
+        if isinstance(target, str):
+            out.append((key, target, sid))
+            continue
+        names = sorted(n for n in c.server.core.channels
+                       if target.matches(n) and access.may_read(n))
+        out += [(channel_to_key(n), n, sid) for n in names[:MAX_PATTERN_STREAMS]]
+    return out
+
+
+async def _xread_run(c: RespConnection, slot: _Slot,
+                     targets: list[tuple[bytes, str | Pattern, bytes]], count: int,
+                     block: int | None) -> None:
     """XREAD: the entries after each id (``$``: after the last one now); with BLOCK,
-    a long poll (channels.wait) until one of the streams has something or time is up."""
+    a long poll (channels.wait) until one of the streams has something or time is up.
+    A pattern's streams are looked for again after each wait: one made meanwhile is
+    read from its start."""
     try:
-        offsets = await c.request(f.Offsets(next(c._req), [ch for _, ch, _ in targets]))
+        streams = _xread_streams(c, targets)
+        offsets = await c.request(f.Offsets(next(c._req), [ch for _, ch, _ in streams]))
         if isinstance(offsets, f.Error):
             c._answer(slot, _frame_error(offsets))
             return
         known = offsets.value or {}
         after: dict[str, int] = {}
-        for _, ch, sid in targets:
+        for _, ch, sid in streams:
             nxt = int(known[ch][1]) if ch in known else 1
             after[ch] = nxt - 1 if sid in (b"$", b"+") else parse_id(sid, high=True)
         deadline = None if block is None else (
             time.monotonic() + (block / 1000 if block else 10 ** 9))
         while True:
             found = []
-            for key, ch, _ in targets:
+            for key, ch, _ in streams:
                 reply = await c.request(f.Read(next(c._req), ch, after[ch] + 1, count))
                 if isinstance(reply, f.Error):
                     c._answer(slot, _frame_error(reply))
@@ -1155,12 +1191,16 @@ async def _xread_run(c: RespConnection, slot: _Slot, targets: list[tuple[bytes, 
                 return
             wait = min(left, MAX_WAIT_S)
             reply = await c.request(f.Admin(next(c._req), "channels.wait", {
-                "patterns": json.dumps([ch for _, ch, _ in targets]),
-                "after": json.dumps({ch: after[ch] + 1 for _, ch, _ in targets}),
+                "patterns": json.dumps([t if isinstance(t, str) else t.text
+                                        for _, t, _ in targets]),
+                "after": json.dumps({ch: after[ch] + 1 for _, ch, _ in streams}),
                 "wait": wait}))
             if isinstance(reply, f.Error):
                 c._answer(slot, _frame_error(reply))
                 return
+            streams = _xread_streams(c, targets)
+            for _, ch, sid in streams:  # a stream made since the read began: all of it
+                after.setdefault(ch, 0 if sid in (b"$", b"+") else parse_id(sid, high=True))
     except asyncio.CancelledError:
         c._answer(slot, NULL_ARRAY)  # the connection is gone: nobody reads it
         raise
