@@ -127,8 +127,8 @@ export function mount(view, params, ctx) {
 
   // dead letters
   const deadCount = h("span", { "data-testid": "dead-count", class: "tabular" }, "0");
-  const requeueBtn = h("button", { type: "button", class: "btn", "data-testid": "dead-requeue", "aria-label": `Requeue the dead letters of ${base}` }, "Requeue dead letters");
-  const deadPurgeBtn = h("button", { type: "button", class: "btn btn-danger", "data-testid": "dead-purge", "aria-label": `Purge the dead letters of ${base}` }, "Purge dead letters");
+  const requeueBtn = h("button", { type: "button", class: "btn", "data-testid": "dead-requeue", "aria-label": `Requeue dead letters of ${base}` }, "Requeue dead letters");
+  const deadPurgeBtn = h("button", { type: "button", class: "btn btn-danger", "data-testid": "dead-purge", "aria-label": `Purge dead letters of ${base}` }, "Purge dead letters");
   const deadLink = h("a", { href: `#/queues/${deadQueue}` }, isDead ? "" : "browse them");
   const deadCard = card("Dead letters", { id: "dead-title", testid: "dead-letters" });
   deadCard.body.append(
