@@ -13,6 +13,7 @@ const OTHER_COUNTERS = [
   ["redelivered", "Redelivered"],
   ["nacked", "Nacked"],
   ["dead_lettered", "Dead-lettered"],
+  ["requeued", "Requeued (dead letters moved back)"],
   ["expired", "Expired"],
   ["dropped", "Dropped"],
   ["duplicates", "Duplicates"],
