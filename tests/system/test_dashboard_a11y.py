@@ -185,8 +185,17 @@ def test_a_keyboard_walk_keeps_the_focus_on_the_content(browser, audited) -> Non
         context.close()
 
 
+# The buttons of table rows that sit past their table's visible edge (or the window's)
+OUT_OF_VIEW = """() => [...document.querySelectorAll('.table-wrap tbody button')].filter(b => {
+    const r = b.getBoundingClientRect();
+    const wrap = b.closest('.table-wrap').getBoundingClientRect();
+    return r.right > Math.min(wrap.right, innerWidth) + 1; })
+  .map(b => b.getAttribute('aria-label') || b.textContent)"""
+
+
 def test_tables_fit_actions_in_view_on_a_desktop_and_names_on_a_phone(browser, audited):
-    """At 1280 px every action of the clients table is visible without scrolling
+    """At 1280 px every action of a table row (clients, a queue's groups, a bucket's
+    keys) is visible without scrolling
     sideways; on a phone the wide tables keep their first (name) column in view, say
     they scroll (a focusable region with an edge shadow), and the stat tiles leave no
     empty gap at the end of a row."""
@@ -196,16 +205,12 @@ def test_tables_fit_actions_in_view_on_a_desktop_and_names_on_a_phone(browser, a
         page.set_default_timeout(10_000)
         try:
             sign_in(page, audited)
-            page.goto(audited.http + "/#/clients")
-            page.locator('tr[data-client="shop-a11y"]').get_by_test_id("approve").wait_for()
-            hidden = page.evaluate("""() => {
-                const wrap = document.querySelector('[data-testid=clients-table]')
-                    .closest('.table-wrap').getBoundingClientRect();
-                return [...document.querySelectorAll('[data-testid=clients-table] tbody button')]
-                    .filter(b => { const r = b.getBoundingClientRect();
-                        return r.right > Math.min(wrap.right, innerWidth) + 1; })
-                    .map(b => b.getAttribute('aria-label') || b.textContent); }""")
-            assert width < 1280 or hidden == [], f"{width} px: out of view: {hidden}"
+            for route, ready in (("#/clients", "approve"), ("#/queues/orders/v1", "group-forget"),
+                                 ("#/kv/config", "key-edit")):
+                page.goto(audited.http + "/" + route)
+                page.get_by_test_id(ready).first.wait_for()
+                hidden = page.evaluate(OUT_OF_VIEW)
+                assert width < 1280 or hidden == [], f"{width} px {route}: out of view: {hidden}"
             if width < 760:
                 for route, table in (("#/clients", "clients-table"),
                                      ("#/queues", "queues-table")):
