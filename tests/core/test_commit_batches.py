@@ -58,15 +58,18 @@ def test_a_carried_batch_moves_first_and_next_seqs_only_forward() -> None:
 
 def test_a_carried_batch_keeps_the_newer_value_of_each_key_and_goes_first() -> None:
     failed = WriteBatch(writers={"w": "old", "x": "kept"}, meta={"m": "old"},
+                        requeued={("a", 7)},
                         deletes=[("a", 1)], dropped_fences=["w1"], unstaged=[("c", "t1")],
                         used_tokens=[("j1", 1.0)], staged=[("c", "t", 1, [], 0.0)])
     pending = WriteBatch(writers={"w": None}, meta={"m": "new"}, deletes=[("a", 2)],
+                         requeued={("b", 1)},
                          dropped_fences=["w2"], unstaged=[("c", "t2")],
                          used_tokens=[("j2", 2.0)], staged=[("c", "t", 2, [], 1.0)])
     pending.carry(failed, [])
     assert pending.writers == {"w": None, "x": "kept"}
     assert pending.meta == {"m": "new"}
     assert pending.deletes == [("a", 1), ("a", 2)]
+    assert pending.requeued == {("a", 7), ("b", 1)}  # requeues written later count as such
     assert pending.dropped_fences == ["w1", "w2"]
     assert pending.unstaged == [("c", "t1"), ("c", "t2")]
     assert pending.used_tokens == [("j1", 1.0), ("j2", 2.0)]

@@ -313,6 +313,12 @@ def test_admin_routes_browse_purge_requeue_delete(http_broker, http):
     assert http.delete("/v1/queues/orders/v1/b/messages/2", headers=admin).json()[
         "messages"] == 0
     assert http.delete("/v1/queues/orders/v1/b/messages/2", headers=h).status_code == 403
+    for bad in ("abc", "0", "-1", str(2**60)):  # not a message seq: said, nothing deleted
+        r = http.delete(f"/v1/queues/orders/v1/b/messages/{bad}", headers=admin)
+        assert r.status_code == 400 and "is not a message seq" in r.json()["error"]["message"]
+    too_many = ",".join(str(n) for n in range(1, 1002))
+    r = http.post("/v1/dead/orders/v1/requeue", params={"seqs": too_many}, headers=admin)
+    assert r.status_code == 400 and "at most 1000 seqs" in r.json()["error"]["message"]
     assert [m["seq"] for m in http.get("/v1/queues/orders/v1/b/messages",
                                        headers=admin).json()["messages"]] == [1, 3, 4, 5]
     purged = http.post("/v1/queues/orders/v1/purge", params={"channel": "b"}, headers=admin)

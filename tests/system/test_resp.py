@@ -509,27 +509,27 @@ def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
     # A script's writes are compare-and-set on what it read: a client writing the key
     # while the script runs fails the script, its write is not lost
     r.set("counter", "0")
-    stop = threading.Event()
-    writes: list[int] = []
+    r.delete("started", "written")
+    other = connect(broker, "other")
 
-    def writer() -> None:
-        w = connect(broker, "other")
-        while not stop.is_set():
-            w.set("counter", "100")
-            writes.append(1)
+    def writer() -> None:  # once the script has read the counter, another client writes it
+        deadline = time.monotonic() + 10
+        while other.get("started") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        other.set("counter", "100")
+        other.set("written", "1")
 
     t = threading.Thread(target=writer)
     t.start()
     try:
-        while not writes:
-            time.sleep(0.01)
         with pytest.raises(redis.ResponseError, match="changed by another client while the "
                            "script ran"):
-            r.eval("local v = redis.call('GET', KEYS[1]); for i = 1, 3e7 do end; "
-                   "return redis.call('SET', KEYS[1], v + 1)", 1, "counter")
+            r.eval("local v = redis.call('GET', KEYS[1]); redis.call('SET', KEYS[2], '1'); "
+                   "repeat until redis.call('GET', KEYS[3]); "
+                   "return redis.call('SET', KEYS[1], v + 1)", 3, "counter", "started",
+                   "written")
     finally:
-        stop.set()
-        t.join(10)
+        t.join(15)
     assert r.get("counter") == b"100"
     assert r.eval("local v = redis.call('GET', KEYS[1]); "  # alone: it goes through
                   "redis.call('SET', KEYS[1], v + 1); return redis.call('GET', KEYS[1])",
@@ -823,13 +823,18 @@ def test_xread_reads_every_stream_a_pattern_matches(broker) -> None:
     out: list[Any] = []
     waiter = connect(broker, "reader")
     t = threading.Thread(target=lambda: out.append(
-        waiter.xread({"orders/v1/*": "$"}, block=10_000)))
+        waiter.xread({"orders/v1/*": "$"}, block=20_000)))
     t.start()
-    time.sleep(0.5)
-    connect(broker, "writer").xadd("orders/v1/asia", {"payload": '{"n": 3}'})
+    # A new stream each time until the blocked read answers: whichever was made after
+    # it began is read from its start (one made before it is past its "$")
+    writer, made = connect(broker, "writer"), 0
+    while t.is_alive() and made < 100:
+        made += 1
+        writer.xadd(f"orders/v1/new-{made}", {"payload": '{"n": 3}'})
+        t.join(0.1)
     t.join(15)
     ((key, entries),) = out[0]
-    assert key == b"orders/v1/asia" and [i for i, _ in entries] == [b"1-0"]
+    assert key.startswith(b"orders/v1/new-") and [i for i, _ in entries] == [b"1-0"]
     with pytest.raises(redis.ResponseError, match="is a pattern: XREAD reads every stream"):
         r.xadd("orders/v1/*", {"payload": "1"})
     with pytest.raises(redis.ResponseError, match="is a pattern"):
