@@ -1119,14 +1119,26 @@ def test_a_dead_letter_queue_is_diagnosed_as_one_and_keeps_no_dead_letters_itsel
 
 def test_delete_messages_removes_the_live_ones_it_names_once() -> None:
     h = Harness()
+    s = Session("reader")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.broker.unsubscribe(s, sub.sid, h.now)  # the group stays, reading nothing now
     h.publish(*(send(CH, {"n": i}) for i in range(5)))
     h.commit()
     log = _log(h)
+    (gc,) = log.states
+    h.broker.state.dirty.clear()
     assert mt.delete_messages(h.broker, log, [2, 4, 2, 9, 0]) == [2, 4]
     assert log.count == 3
+    assert gc in h.broker.state.dirty  # its waiting count changed: written again
     batch = h.commit()
     assert sorted(batch.deletes) == [(CH, 2), (CH, 4)]
-    s = Session("reader")
     sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
     assert [d.seq for d in h.take(sub)] == [1, 3, 5]
     assert mt.delete_messages(h.broker, log, [2]) == []
+
+
+def test_a_dead_letters_reason_counts_its_deliveries_in_words() -> None:
+    from minou.core.settlement import _too_many
+
+    assert _too_many(0) == "delivered 1 time without an ack; the queue's requeue_limit is 0"
+    assert _too_many(2) == "delivered 3 times without an ack; the queue's requeue_limit is 2"
