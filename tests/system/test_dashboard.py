@@ -54,12 +54,16 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="chromium is not installed (make test installs it)")
 
 
-@pytest.fixture(scope="module")
-def dash_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    base = tmp_path_factory.mktemp("dash")
+def start_dashboard_broker(base: Path) -> BrokerProcess:
+    """A broker with CONFIG's rules, schemas and bucket (authenticated mode)."""
     cfg = base / "dash.toml"
     cfg.write_text(CONFIG)
-    broker = BrokerProcess(base / "data", config=cfg).start()
+    return BrokerProcess(base / "data", config=cfg).start()
+
+
+@pytest.fixture(scope="module")
+def dash_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    broker = start_dashboard_broker(tmp_path_factory.mktemp("dash"))
     yield broker
     broker.kill()
 

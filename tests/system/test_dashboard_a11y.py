@@ -15,7 +15,7 @@ from minou.errors import PendingApproval
 
 from ..conftest import BrokerProcess, auth, wait_until
 from .conftest import CHROMIUM
-from .test_dashboard import CONFIG, admin_token, sign_in
+from .test_dashboard import admin_token, sign_in, start_dashboard_broker
 
 AXE = Path(__file__).resolve().parents[1] / "vendor" / "axe" / "axe.min.js"
 TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
@@ -28,10 +28,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """A broker as an operator sees it: traffic, a dead letter, a pending client."""
-    base = tmp_path_factory.mktemp("a11y")
-    cfg = base / "a11y.toml"
-    cfg.write_text(CONFIG)
-    broker = BrokerProcess(base / "data", config=cfg).start()
+    broker = start_dashboard_broker(tmp_path_factory.mktemp("a11y"))
     with minou.connect_sync(broker.url, **auth("app-a11y")) as c:
         c.send_many([("orders/v1/eu", {"total": i, "note": "x" * (i % 40)})
                      for i in range(30)])
