@@ -10,8 +10,13 @@ commands before it, then the error, and closes, as Redis does, since the stream 
 no longer be framed.
 
 Everything a peer can make the parser hold is bounded: an array's element count, a
-bulk string's length (``max_bulk``, the broker's message size plus room), an inline
-line (64 KiB, Redis's own limit), and the bytes buffered for one unfinished request.
+bulk string's length (``max_bulk``, the broker's message size plus room), the bytes of
+one command's arguments together (``max_request``: twice ``max_bulk``, at least 1 MiB,
+each argument counted ``ARG_OVERHEAD`` more), and an inline line (64 KiB, Redis's own
+limit).
+
+``request_parser(max_bulk)`` is the parser a connection uses: the same results read by
+hiredis's C reader when ``minou[resp]`` installed it (``resp_hiredis``), this one else.
 
 ``encode(value, proto)`` writes one reply. Python values map the obvious way (``None``
 is a null, ``int`` an integer, ``bytes``/``str`` a bulk string, ``list`` an array); the
@@ -21,12 +26,16 @@ flat array in RESP2, a ``Double`` a bulk string, a ``Bool`` an integer).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 MAX_INLINE = 64 * 1024  # Redis's PROTO_INLINE_MAX_SIZE
 MAX_ARRAY = 1024 * 1024  # elements in one request (Redis: 1M for a client)
+# What an argument costs held beyond its bytes (a bytes object, a list slot), counted
+# against max_request so a million empty arguments are bounded as their bytes are.
+ARG_OVERHEAD = 64
 CRLF = b"\r\n"
 
 
@@ -104,19 +113,28 @@ OK = Simple("OK")
 class RespParser:
     """Incremental request parser (see the module docstring). Not thread-safe."""
 
-    def __init__(self, max_bulk: int) -> None:
+    def __init__(self, max_bulk: int, max_request: int | None = None) -> None:
         self.max_bulk = max_bulk
+        self.max_request = max_request if max_request is not None else \
+            default_max_request(max_bulk)
         self._buf = bytearray()
         self._pos = 0
-        # An array being read: the elements still to come and those read so far.
+        # An array being read: the elements still to come, those read so far and their
+        # bytes together.
         self._left = 0
         self._args: list[bytes] = []
+        self._held = 0
         self.error: RespProtocolError | None = None  # the stream broke: close after
 
     @property
     def buffered(self) -> int:
         """Bytes held for a request not complete yet (bounded by the limits)."""
         return len(self._buf) - self._pos
+
+    @property
+    def at_boundary(self) -> bool:
+        """Between two commands: nothing of a next one read yet."""
+        return not self._left and len(self._buf) == self._pos and self.error is None
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         """Add ``data``; return every command now complete (empty ones skipped). If the
@@ -177,8 +195,8 @@ class RespParser:
                 raise RespProtocolError("Protocol error: invalid multibulk length")
             if count <= 0:
                 return []  # Redis ignores an empty or null array
-            self._left, self._args = count, []
-        args, left, max_bulk = self._args, self._left, self.max_bulk
+            self._left, self._args, self._held = count, [], 0
+        args, left, max_bulk, held = self._args, self._left, self.max_bulk, self._held
         while left:
             if pos >= n:
                 break
@@ -194,6 +212,8 @@ class RespParser:
             size = _count(buf[pos + 1:end], "invalid bulk length", negative=False)
             if size > max_bulk:
                 raise RespProtocolError("Protocol error: invalid bulk length")
+            if held + size + ARG_OVERHEAD > self.max_request:  # the arguments together
+                raise RespProtocolError("Protocol error: too big request")
             start = end + 2
             stop = start + size
             if stop + 2 > n:
@@ -201,9 +221,10 @@ class RespParser:
             if buf[stop] != 13 or buf[stop + 1] != 10:
                 raise RespProtocolError("Protocol error: bulk string not followed by CRLF")
             args.append(bytes(buf[start:stop]))
+            held += size + ARG_OVERHEAD
             pos = stop + 2
             left -= 1
-        self._pos, self._left = pos, left
+        self._pos, self._left, self._held = pos, left, held
         if left:
             return None
         self._args = []
@@ -214,6 +235,28 @@ class RespParser:
         if line is None:
             return None
         return split_inline(line)
+
+
+def default_max_request(max_bulk: int) -> int:
+    """The bytes one command's arguments may hold together, by default."""
+    return max(2 * max_bulk, 1 << 20)
+
+
+def request_parser(max_bulk: int) -> RespParser:
+    """The parser for one connection: hiredis's C reader behind ``RespParser``'s
+    results when it is installed, else ``RespParser``."""
+    if _hiredis_parser() is None:
+        return RespParser(max_bulk)
+    return _hiredis_parser()(max_bulk)  # type: ignore[misc]
+
+
+@functools.cache
+def _hiredis_parser() -> Any:
+    try:
+        from .resp_hiredis import HiredisParser
+    except ImportError:  # minou[resp] not installed
+        return None
+    return HiredisParser
 
 
 def _count(text: bytes | bytearray, why: str, *, negative: bool) -> int:

@@ -42,10 +42,10 @@ from ..protocol.resp import (
     OK,
     Error,
     Map,
-    RespParser,
     Simple,
     Verbatim,
     encode,
+    request_parser,
 )
 from ..protocol.resp_commands import COMMAND_DOCS, docs_reply, info_reply
 from ..protocol.resp_streams import (
@@ -147,7 +147,7 @@ class RespConnection(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.parser = RespParser(max_bulk=server.settings.max_message_size + 64 * 1024)
+        self.parser = request_parser(max_bulk=server.settings.max_message_size + 64 * 1024)
         self.proto = 2
         self.id = next(self._ids)
         self.name = b""
