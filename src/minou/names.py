@@ -193,6 +193,7 @@ def schema_key(channel: str) -> str:
 # REPLY_TOKEN the request's delivery carried (the broker drops it when storing the
 # reply). "!" splits unambiguously: quote() always escapes it in the client id.
 INBOX_ENDPOINT = "_inbox"
+_INBOX_PATH = INBOX_ENDPOINT + "/"
 INBOX_PREFIX = "_inbox/v1/"
 REPLY_TO = "x-reply-to"
 CORRELATION_ID = "x-correlation-id"
@@ -220,8 +221,10 @@ def inbox_owner(channel: str) -> str | None:
 
 def is_inbox(pattern: str) -> bool:
     """Whether ``pattern`` (a channel or a pattern, dead letters included) reads inboxes."""
-    body = pattern[len(DEAD_PREFIX):] if pattern.startswith(DEAD_PREFIX) else pattern
-    return body.startswith(INBOX_ENDPOINT + "/")
+    if pattern.startswith(_INBOX_PATH):
+        return True
+    return pattern.startswith(DEAD_PREFIX) and \
+        pattern.startswith(_INBOX_PATH, len(DEAD_PREFIX))
 
 
 def reply_dedup_key(request_id: str) -> str:

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minou.protocol.resp import MAX_ARRAY, RespParser, RespProtocolError, request_parser
+from minou.protocol.resp import MAX_ARRAY, RespParser, RespProtocolError
 from minou.protocol.resp_hiredis import HiredisParser
+from minou.server.resp import RequestParser
 
 from .test_resp import command
 
@@ -31,7 +32,7 @@ def both(parts: list[bytes], max_bulk: int = 1 << 10) -> tuple[list[list[bytes]]
 
 
 def test_the_broker_reads_with_hiredis_when_it_is_installed() -> None:
-    assert isinstance(request_parser(1 << 20), HiredisParser)
+    assert RequestParser is HiredisParser
 
 
 def test_pipelined_commands_split_at_every_byte() -> None:

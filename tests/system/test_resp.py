@@ -496,6 +496,19 @@ def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
     lock.release()
     assert r.get("jobs-lock") is None
     assert r.eval("return redis.call('GET', KEYS[1])", 1, "a") == b"1"
+    # Stream replies reach a script and EXEC as values (the fast lanes answer sockets
+    # with RESP they made in one go; these must not get those bytes)
+    sid = r.eval("return redis.call('XADD', KEYS[1], '*', 'f', 'v')", 1, "lua-stream")
+    assert re.fullmatch(rb"\d+-0", sid)
+    r.xgroup_create("lua-stream", "lg", id="0")
+    assert r.eval("local got = redis.call('XREADGROUP', 'GROUP', 'lg', 'c', 'COUNT', 5, "
+                  "'STREAMS', KEYS[1], '>'); return got[1][2][1]", 1,
+                  "lua-stream") == [sid, [b"f", b"v"]]
+    with r.pipeline(transaction=True) as pipe:
+        pipe.xadd("lua-stream", {"g": "w"}).xreadgroup("lg", "c", {"lua-stream": ">"}, count=5)
+        added, read = pipe.execute()
+    assert read == [[b"lua-stream", [(added, {b"g": b"w"})]]]
+    assert r.xack("lua-stream", "lg", sid, added) == 2
     assert r.eval("return {1, 'two', {3}}", 0) == [1, b"two", [3]]
     assert r.eval("return redis.status_reply('FINE')", 0) == b"FINE"
     with pytest.raises(redis.ResponseError, match="Error running script"):

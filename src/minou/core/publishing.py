@@ -234,7 +234,8 @@ class Publishing:
         if send.headers:
             if len(send.headers) > MAX_HEADERS:
                 raise BadRequest(f"{len(send.headers)} headers, the limit is {MAX_HEADERS}")
-            if sum(len(k) + len(v) for k, v in send.headers.items()) > MAX_HEADER_SIZE:
+            if sum(map(len, send.headers)) + sum(map(len, send.headers.values())) > \
+                    MAX_HEADER_SIZE:
                 raise BadRequest(f"headers are over the {MAX_HEADER_SIZE} byte limit")
         for label, text in (("dedup key", send.dedup), ("message key", send.key)):
             if text is not None and len(text) > MAX_KEY_LENGTH:

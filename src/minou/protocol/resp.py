@@ -15,8 +15,8 @@ one command's arguments together (``max_request``: twice ``max_bulk``, at least 
 each argument counted ``ARG_OVERHEAD`` more), and an inline line (64 KiB, Redis's own
 limit).
 
-``request_parser(max_bulk)`` is the parser a connection uses: the same results read by
-hiredis's C reader when ``minou[resp]`` installed it (``resp_hiredis``), this one else.
+``resp_hiredis.HiredisParser`` gives the same results read by hiredis's C reader; the
+broker uses it when ``minou[resp]`` installed hiredis.
 
 ``encode(value, proto)`` writes one reply. Python values map the obvious way (``None``
 is a null, ``int`` an integer, ``bytes``/``str`` a bulk string, ``list`` an array); the
@@ -26,7 +26,6 @@ flat array in RESP2, a ``Double`` a bulk string, a ``Bool`` an integer).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +102,13 @@ class Push:
 class NullArray:
     """A null where an array was expected (``*-1`` in RESP2, ``_`` in RESP3): what
     XREAD answers when BLOCK timed out."""
+
+
+class Encoded(bytes):
+    """A reply already in RESP (one that reads the same in RESP2 and RESP3): sent as it
+    is. What a hot path builds once instead of handing ``encode`` a value per reply."""
+
+    __slots__ = ()
 
 
 NULL_ARRAY = NullArray()
@@ -242,23 +248,6 @@ def default_max_request(max_bulk: int) -> int:
     return max(2 * max_bulk, 1 << 20)
 
 
-def request_parser(max_bulk: int) -> RespParser:
-    """The parser for one connection: hiredis's C reader behind ``RespParser``'s
-    results when it is installed, else ``RespParser``."""
-    if _hiredis_parser() is None:
-        return RespParser(max_bulk)
-    return _hiredis_parser()(max_bulk)  # type: ignore[misc]
-
-
-@functools.cache
-def _hiredis_parser() -> Any:
-    try:
-        from .resp_hiredis import HiredisParser
-    except ImportError:  # minou[resp] not installed
-        return None
-    return HiredisParser
-
-
 def _count(text: bytes | bytearray, why: str, *, negative: bool) -> int:
     """A length line's number: digits only (``-`` first for an array's -1)."""
     if text.isdigit():
@@ -336,13 +325,17 @@ def split_inline(line: bytes) -> list[bytes]:
 # ------------------------------------------------------------------------ replies
 def encode(value: Any, proto: int = 2) -> bytes:
     """One reply in RESP2 (``proto`` 2) or RESP3 (3)."""
+    if type(value) is Encoded:
+        return value
     out = bytearray()
     _encode(out, value, proto)
     return bytes(out)
 
 
 def _encode(out: bytearray, value: Any, proto: int) -> None:
-    if value is None:
+    if type(value) is Encoded:
+        out += value
+    elif value is None:
         out += b"_\r\n" if proto >= 3 else b"$-1\r\n"
     elif isinstance(value, bytes | bytearray | memoryview):
         out += b"$%d\r\n" % len(value)

@@ -32,6 +32,7 @@ ENTRY_HEADER = "x-resp-entry"
 FIELDS, BINARY = "fields", "binary"
 BINARY_CONTENT_TYPE = "application/vnd.minou.resp-entry+msgpack"
 PAYLOAD_FIELD = b"payload"
+_json = msgspec.json.Encoder()
 _SAFE = "._~!$&'()+,;=:@-"  # what a channel id keeps unescaped (names._ID)
 
 
@@ -86,18 +87,39 @@ def format_id(seq: int) -> bytes:
     return b"%d-0" % seq
 
 
+def encoded_id(seq: int) -> bytes:
+    """``format_id(seq)`` as a RESP bulk string."""
+    return b"$%d\r\n%d-0\r\n" % (len(b"%d" % seq) + 2, seq)
+
+
+def encoded_entry(seq: int, fields: list[bytes]) -> bytes:
+    """The entry ``[id, [field, value, ...]]`` as RESP (the same in RESP2 and RESP3)."""
+    parts = [b"*2\r\n", encoded_id(seq), b"*%d\r\n" % len(fields)]
+    for value in fields:
+        parts.append(b"$%d\r\n" % len(value))
+        parts.append(value)
+        parts.append(b"\r\n")
+    return b"".join(parts)
+
+
 def entry_to_message(fields: list[bytes]) -> tuple[bytes, bool, dict[str, str]]:
     """``(data, raw, headers)`` of the message an entry's field/value list makes."""
-    if len(fields) == 2 and fields[0] == PAYLOAD_FIELD and _is_json(fields[1]):
-        return fields[1], False, {}
-    names = fields[0::2]
+    if len(fields) == 2:  # the common entry, made without the general path's lists
+        name, value = fields
+        if name == PAYLOAD_FIELD and _is_json(value):
+            return value, False, {}
+        try:
+            return _json.encode({name.decode(): value.decode()}), False, {ENTRY_HEADER: FIELDS}
+        except UnicodeDecodeError:
+            pass
     try:
-        texts = [f.decode() for f in fields]
+        texts = list(map(bytes.decode, fields))
     except UnicodeDecodeError:
-        texts = None
-    if texts is not None and len(set(names)) == len(names):
+        pass
+    else:
         obj = dict(zip(texts[0::2], texts[1::2], strict=True))
-        return msgspec.json.encode(obj), False, {ENTRY_HEADER: FIELDS}
+        if 2 * len(obj) == len(fields):  # no field name twice
+            return _json.encode(obj), False, {ENTRY_HEADER: FIELDS}
     return (msgspec.msgpack.encode(list(fields)), True,
             {ENTRY_HEADER: BINARY, "content-type": BINARY_CONTENT_TYPE})
 

@@ -40,18 +40,21 @@ from ..protocol.frames import Delivery
 from ..protocol.resp import (
     NULL_ARRAY,
     OK,
+    Encoded,
     Error,
     Map,
+    RespParser,
     Simple,
     Verbatim,
     encode,
-    request_parser,
 )
 from ..protocol.resp_commands import COMMAND_DOCS, docs_reply, info_reply
 from ..protocol.resp_streams import (
     StreamIdError,
     StreamKeyError,
     channel_to_key,
+    encoded_entry,
+    encoded_id,
     entry_to_message,
     format_id,
     key_to_channel,
@@ -81,6 +84,12 @@ READ_PAGE = 1000  # messages one READ brings back for XRANGE
 MAX_PENDING_REPLIES = 10_000  # commands in flight on one connection: then reading pauses
 MAX_WAIT_S = 30.0  # one long poll of a blocking XREAD (then it asks again)
 PUBLISH_BATCH = 1000  # pipelined XADDs gathered into one PUBLISH frame at most
+try:  # hiredis's C reader, with the pure parser's results (minou[resp])
+    from ..protocol.resp_hiredis import HiredisParser as RequestParser
+except ImportError:
+    RequestParser = RespParser  # type: ignore[misc,assignment]
+MAX_CACHED_KEYS = 64  # stream keys whose channel one connection remembers
+_XADD_NAMES = frozenset({b"XADD", b"xadd", b"Xadd"})
 MAX_MULTI = 10_000  # commands one MULTI queues at most (then EXEC answers EXECABORT)
 WRONGPASS = "WRONGPASS invalid username-password pair or user is disabled."
 NOAUTH = "NOAUTH Authentication required."
@@ -147,7 +156,7 @@ class RespConnection(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.parser = request_parser(max_bulk=server.settings.max_message_size + 64 * 1024)
+        self.parser = RequestParser(max_bulk=server.settings.max_message_size + 64 * 1024)
         self.proto = 2
         self.id = next(self._ids)
         self.name = b""
@@ -164,6 +173,7 @@ class RespConnection(asyncio.Protocol):
         self._since = time.monotonic()
         self.blocked: set[Callable[[], None]] = set()  # blocking reads: end them if closed
         self._batch: list[tuple[f.Send, _Slot, Callable[[f.Outcome], Any]]] = []
+        self._channels: dict[bytes, str] = {}  # stream key -> channel, for XADD's fast lane
         self._tail: asyncio.Future[Any] | None = None  # the last command still running
         self.multi: list[list[bytes]] | None = None  # MULTI's queue
         self.mq: MiniqueueSubscriber | None = None  # after miniqueue's SUBSCRIBE
@@ -202,10 +212,14 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
+        fast = self._fast_lane()
         for args in self.parser.feed(data):
             if self.closing:
                 break
+            if fast and args[0] in _XADD_NAMES and self._xadd_fast(args):
+                continue
             self._command(args)
+            fast = self._fast_lane()
         self._publish_batch()
         if self.parser.error is not None and not self.closing:
             self.server.core.counters.refuse("malformed_frame")
@@ -276,8 +290,10 @@ class RespConnection(asyncio.Protocol):
             return
         out = bytearray()
         slots = self._slots
+        proto = self.proto
         while slots and slots[0].done:
-            out += encode(slots.popleft().reply, self.proto)
+            reply = slots.popleft().reply
+            out += reply if type(reply) is Encoded else encode(reply, proto)
         if out:
             self.transport.write(bytes(out))
         if self._reading_paused and len(slots) < MAX_PENDING_REPLIES // 2:
@@ -445,6 +461,37 @@ class RespConnection(asyncio.Protocol):
                           args[0][:32].decode(errors="replace"), self.peer)
             reply = Error("ERR INTERNAL internal error (logged by the broker)")
         self._answer(slot, reply)
+
+    def _fast_lane(self) -> bool:
+        """Whether the next plain ``XADD`` may skip the general dispatch: the broker
+        serves, the client is known, no MULTI, subscriber or earlier command is running."""
+        tail = self._tail
+        return (self.identity is not None and self.server.serving and self.multi is None
+                and self.mq is None and (tail is None or tail.done()))
+
+    def _xadd_fast(self, args: list[bytes]) -> bool:
+        """``XADD key * field value ...`` (what producers send) queued for this read's
+        PUBLISH; False for any other form, which the general path answers."""
+        if len(args) < 5 or args[2] != b"*" or not len(args) % 2:
+            return False
+        key = args[1]
+        channel = self._channels.get(key)
+        if channel is None:
+            try:
+                channel = key_to_channel(key)
+            except StreamKeyError:
+                return False
+            if len(self._channels) >= MAX_CACHED_KEYS:
+                self._channels.clear()
+            self._channels[key] = channel
+        data, raw, headers = entry_to_message(args[3:])
+        slot = _Slot()
+        slots = self._slots
+        slots.append(slot)
+        if len(slots) >= MAX_PENDING_REPLIES:
+            self.pause_reading()
+        self.batch_publish(f.Send(channel, data, raw, headers or None), slot, _xadd_wire)
+        return True
 
     def batch_publish(self, send: f.Send, slot: _Slot, answer: Callable[[f.Outcome], Any]
                       ) -> None:
@@ -732,6 +779,12 @@ def _xadd_answer(outcome: f.Outcome) -> Any:
     return _outcome_error(outcome) if outcome.code else format_id(outcome.seq)
 
 
+def _xadd_wire(outcome: f.Outcome) -> Any:
+    """``_xadd_answer`` already in RESP: for a reply that goes to the socket as it is
+    (not to EXEC's list or a script's ``redis.call``)."""
+    return _outcome_error(outcome) if outcome.code else Encoded(encoded_id(outcome.seq))
+
+
 def _outcome_error(outcome: f.Outcome) -> Error:
     return _frame_error(f.Error(0, outcome.code, outcome.error))
 
@@ -986,13 +1039,19 @@ def _parse_streams(args: list[bytes], at: int, cmd: str) -> tuple[list[bytes], l
 
 
 def _streams_reply(c: RespConnection, found: list[tuple[bytes, list[Any]]]) -> Any:
-    if c.proto >= 3:
+    if c.proto >= 3 and c.script_reads is None:  # a script sees RESP2's shape, as in Redis
         return Map([(k, v) for k, v in found])
     return [[k, v] for k, v in found]
 
 
 def _entry(item: Delivery) -> list[Any]:
     return [format_id(item.seq), message_to_entry(item.data, item.raw, item.headers)]
+
+
+def _wire_entry(item: Delivery) -> Encoded:
+    """``_entry(item)`` already in RESP (the same in RESP2 and RESP3)."""
+    return Encoded(encoded_entry(item.seq, message_to_entry(item.data, item.raw,
+                                                            item.headers)))
 
 
 def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1025,7 +1084,7 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             found.append((key, [_entry(e.item) for e in mine]))
         return _streams_reply(c, found)
     for _key, _channel, gname, _sid in targets:
-        if len(groups.entries(gname)) >= MAX_PENDING:
+        if groups.pending(gname) >= MAX_PENDING:
             return Error(f"ERR group has {MAX_PENDING} pending entries on this broker: "
                          "XACK (or XCLAIM) them before reading more")
     want = count or DEFAULT_COUNT
@@ -1069,9 +1128,10 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
                         holder.give_back(item)
                     return
                 entries = got.setdefault(key, [])
+                entry = _wire_entry if slot.fut is None else _entry  # a script's: values
                 for item in items:
                     groups.delivered(gname, name, holder, item, noack)
-                    entries.append(_entry(item))
+                    entries.append(entry(item))
                 finish()
             elif state["open"] == 0:
                 finish()
@@ -1268,7 +1328,13 @@ def _exact_ids(values: list[bytes]) -> list[int]:
 
 
 def _ids(values: list[bytes]) -> list[int]:
-    return [parse_id(v, high=True) for v in values]
+    out = []
+    for v in values:
+        head = v[:-2]
+        # the ids minou hands out (<seq>-0), as XACK sends them back: without parse_id
+        out.append(int(head) if v.endswith(b"-0") and head.isdigit() else
+                   parse_id(v, high=True))
+    return out
 
 
 def _xack(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:

@@ -145,7 +145,7 @@ class RespConsumer(Unpaced):
         done(read.items)
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     consumer: bytes  # the Redis consumer name that holds it
     holder: RespConsumer  # whose lease it is (acks go there)
@@ -284,13 +284,23 @@ class RespGroups:
         self.pel.setdefault(gname, {})[item.seq] = Pending(
             name, holder, item, time.monotonic(), item.attempts)
 
+    def pending(self, gname: str) -> int:
+        """How many entries the group has pending (``len(entries(gname))``, without
+        looking at each while far from the limit)."""
+        pel = self.pel.get(gname)
+        if not pel:
+            return 0
+        return len(pel) if len(pel) < MAX_PENDING else len(self.entries(gname))
+
     def ack(self, gname: str, seqs: list[int]) -> int:
         """XACK: settle the pending ones among ``seqs`` (one settle per holder)."""
-        pel = self.entries(gname)
+        pel = self.pel.get(gname)
+        if not pel:
+            return 0
         by_holder: dict[RespConsumer, list[Pending]] = {}
         for seq in seqs:
             entry = pel.pop(seq, None)
-            if entry is not None:
+            if entry is not None and entry.live:  # only these: a scan of all is O(pending)
                 by_holder.setdefault(entry.holder, []).append(entry)
         return sum(self._settle_all(holder, entries, "ack")
                    for holder, entries in by_holder.items())

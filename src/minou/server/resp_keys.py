@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import ErrorCode
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, KV_PREFIX
 from ..protocol import frames as f
-from ..protocol.resp import OK, Error, Simple
+from ..protocol.resp import OK, Bool, Double, Error, Map, NullArray, Push, Set, Simple, Verbatim
 from ..protocol.resp_streams import StreamKeyError, key_to_channel
 
 REVISION_MISMATCH = int(ErrorCode.REVISION_MISMATCH)
@@ -325,7 +325,9 @@ def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
     table = lua.table_from
 
     def to_lua(reply: Any) -> Any:
-        if reply is None:
+        """A reply as Redis hands it to a script: in its RESP2 shape, whatever the
+        connection speaks (a map is a flat table, a null false, a boolean 1 or 0)."""
+        if reply is None or isinstance(reply, NullArray):
             return False
         if isinstance(reply, Simple):
             return table({b"ok": reply.text.encode()})
@@ -333,6 +335,16 @@ def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
             return table({b"err": reply.text.encode()})
         if isinstance(reply, list | tuple):
             return table([to_lua(x) for x in reply])
+        if isinstance(reply, Map):
+            return table([to_lua(x) for pair in reply.pairs for x in pair])
+        if isinstance(reply, Set | Push):
+            return table([to_lua(x) for x in reply.items])
+        if isinstance(reply, Bool):
+            return int(reply.value)
+        if isinstance(reply, Double):
+            return repr(reply.value).encode()
+        if isinstance(reply, Verbatim):
+            return reply.text.encode()
         if isinstance(reply, str):
             return reply.encode()
         return reply
