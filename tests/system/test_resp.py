@@ -24,6 +24,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 
 from ..conftest import BrokerProcess, client_key
+from .test_http_api import admin_bearer
 
 redis = pytest.importorskip("redis")
 REDIS_CLI = shutil.which("redis-cli")
@@ -67,6 +68,27 @@ def test_a_connection_must_authenticate_and_wrong_passwords_say_wrongpass(broker
         assert r.ping() is True
     assert redis.Redis(host="127.0.0.1", port=broker.resp_port, password=jwt,
                        socket_timeout=10).ping()  # the password alone (user "default")
+
+
+def test_pipelined_xadds_answer_each_in_order_and_a_payload_too_deep_alone(broker) -> None:
+    """The fast lane answers a pipeline's XADDs from one slot: a refusal among them
+    still answers that command alone, in its place, and the others are stored."""
+    r = connect(broker)
+    deep = b"[" * 65 + b"]" * 65  # MAX_JSON_DEPTH is 64
+    pipe = r.pipeline(transaction=False)
+    pipe.xadd("deep", {"n": "1"}).xadd("deep", {"payload": deep}).xadd("deep", {"n": "3"})
+    pipe.xadd("deep", {"payload": b"[1, 2"})  # not JSON: a text field like any other
+    pipe.xlen("deep").xadd("deep", {"n": "5"})
+    first, refused, third, fourth, length, fifth = pipe.execute(raise_on_error=False)
+    assert isinstance(refused, redis.ResponseError)
+    assert str(refused).startswith("INVALID_PAYLOAD payload nests arrays and objects 65 deep")
+    ids = [first, third, fourth, fifth]
+    assert [int(i.split(b"-")[0]) for i in ids] == sorted(int(i.split(b"-")[0]) for i in ids)
+    assert length == 3
+    assert [e[1] for e in r.xrange("deep")] == [{b"n": b"1"}, {b"n": b"3"},
+                                                {b"payload": b"[1, 2"}, {b"n": b"5"}]
+    text = httpx.get(f"{broker.http}/metrics", headers=admin_bearer(broker), timeout=10).text
+    assert 'minou_requests_refused_total{reason="invalid_payload"} 1.0' in text  # counted
 
 
 def test_entries_round_trip_byte_for_byte_in_resp2_and_resp3(broker) -> None:

@@ -171,10 +171,10 @@ class Broker:
     # --------------------------------------------------------------- publish
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
                 session: Session | None = None, refuse: RequestError | None = None,
-                ) -> tuple[list[Outcome], list[Msg]]:
+                json_checked: bool = False) -> tuple[list[Outcome], list[Msg]]:
         """Validate and stage ``sends``: one outcome each, and the staged messages
         (``Publishing.publish``; ``self.replays`` lists the answers it repeated)."""
-        return self.publishing.publish(sends, now, access, session, refuse)
+        return self.publishing.publish(sends, now, access, session, refuse, json_checked)
 
     def settle_duplicates(self, outcomes: list[Outcome],
                           early: list[tuple[int, ProducerState | None, int]]) -> None:

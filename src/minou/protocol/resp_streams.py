@@ -26,6 +26,7 @@ import msgspec
 
 from ..errors import InvalidChannel
 from ..names import Pattern, parse_pattern, validate_channel
+from ..payloads import check_depth
 
 KEY_CHANNEL_PREFIX = "redis/v1/"
 ENTRY_HEADER = "x-resp-entry"
@@ -103,10 +104,13 @@ def encoded_entry(seq: int, fields: list[bytes]) -> bytes:
 
 
 def entry_to_message(fields: list[bytes]) -> tuple[bytes, bool, dict[str, str]]:
-    """``(data, raw, headers)`` of the message an entry's field/value list makes."""
+    """``(data, raw, headers)`` of the message an entry's field/value list makes. A
+    JSON payload is valid JSON within the depth limit (``InvalidPayload`` if it nests
+    deeper: the Redis door publishes these without the broker checking them again)."""
     if len(fields) == 2:  # the common entry, made without the general path's lists
         name, value = fields
         if name == PAYLOAD_FIELD and _is_json(value):
+            check_depth(value)
             return value, False, {}
         try:
             return _json.encode({name.decode(): value.decode()}), False, {ENTRY_HEADER: FIELDS}

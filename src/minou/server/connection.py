@@ -63,6 +63,10 @@ class Transport(Protocol):
 
 
 class NativeConnection:
+    # Whether what this connection publishes was made or checked as JSON (within the
+    # depth limit) before it came: the Redis door's inner connection, never a socket's.
+    json_checked = False
+
     def __init__(self, server: Server, transport: Transport, peer: str) -> None:
         self.server = server
         self.core = server.core
@@ -318,7 +322,8 @@ class NativeConnection:
             self.send(f.Confirm(req, outcomes))
 
         self.engine.publish(frame.msgs, self.session.access, confirm, session=self.session,
-                            publisher=self, routed=self.front is not None)
+                            publisher=self, routed=self.front is not None,
+                            json_checked=self.json_checked)
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
         reply = f.Result(frame.req, {"sid": frame.sid})

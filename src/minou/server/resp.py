@@ -119,6 +119,8 @@ def _frame_error(frame: f.Error) -> Error:
 class _Inner(NativeConnection):
     """The native connection behind a Redis one: frames are handed over as objects."""
 
+    json_checked = True  # entry_to_message made or checked every JSON payload
+
     def __init__(self, server: BrokerServer, outer: RespConnection, peer: str) -> None:
         super().__init__(server, outer, peer)  # the outer connection is its transport
         self.outer = outer
@@ -140,12 +142,13 @@ class _Inner(NativeConnection):
 
 
 class _Slot:
-    __slots__ = ("done", "fut", "reply")
+    __slots__ = ("count", "done", "fut", "reply")
 
     def __init__(self, fut: asyncio.Future[Any] | None = None) -> None:
         self.reply: Any = None
         self.done = False
         self.fut = fut  # a command run from EXEC or a script: its reply goes there
+        self.count = 1  # commands it answers: more for pipelined XADDs' one slot
 
 
 class RespConnection(asyncio.Protocol):
@@ -167,6 +170,8 @@ class RespConnection(asyncio.Protocol):
         self.closed = False
         self.closing = False  # QUIT or a protocol error: close once the replies are out
         self._slots: deque[_Slot] = deque()
+        self._queued = 0  # commands the slots answer (the bound on pipelining)
+        self._group: _Slot | None = None  # the slot of XADDs on the fast lane, still open
         self._waiting: dict[int, Callable[[f.Frame], None]] = {}
         self._req = itertools.count(1)
         self._reading_paused = False
@@ -175,6 +180,7 @@ class RespConnection(asyncio.Protocol):
         self._batch: list[tuple[f.Send, _Slot, Callable[[f.Outcome], Any]]] = []
         self._channels: dict[bytes, str] = {}  # stream key -> channel, for XADD's fast lane
         self._tail: asyncio.Future[Any] | None = None  # the last command still running
+        self._published: asyncio.Future[Any] | None = None  # the last PUBLISH's answer
         self.multi: list[list[bytes]] | None = None  # MULTI's queue
         self.mq: MiniqueueSubscriber | None = None  # after miniqueue's SUBSCRIBE
         # while a script runs: the plain keys it read, at which revision (0: none)
@@ -263,7 +269,7 @@ class RespConnection(asyncio.Protocol):
 
     def resume_reading(self) -> None:
         if self.transport is not None and self._reading_paused and \
-                len(self._slots) < MAX_PENDING_REPLIES:
+                self._queued < MAX_PENDING_REPLIES:
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -271,7 +277,9 @@ class RespConnection(asyncio.Protocol):
     def _slot(self) -> _Slot:
         slot = _Slot()
         self._slots.append(slot)
-        if len(self._slots) >= MAX_PENDING_REPLIES:
+        self._group = None  # XADDs after this command answer after it
+        self._queued += 1
+        if self._queued >= MAX_PENDING_REPLIES:
             self.pause_reading()
         return slot
 
@@ -292,11 +300,13 @@ class RespConnection(asyncio.Protocol):
         slots = self._slots
         proto = self.proto
         while slots and slots[0].done:
-            reply = slots.popleft().reply
+            slot = slots.popleft()
+            self._queued -= slot.count
+            reply = slot.reply
             out += reply if type(reply) is Encoded else encode(reply, proto)
         if out:
             self.transport.write(bytes(out))
-        if self._reading_paused and len(slots) < MAX_PENDING_REPLIES // 2:
+        if self._reading_paused and self._queued < MAX_PENDING_REPLIES // 2:
             self.resume_reading()
         if self.closing and not slots:
             self.closed = True
@@ -379,9 +389,14 @@ class RespConnection(asyncio.Protocol):
             self._fill(slot, Simple("QUEUED") if known else _unknown(args))
             return
         tail = self._tail
+        if (tail is None or tail.done()) and name != "XADD":
+            if self._batch:
+                self._publish_batch()  # what came before takes effect first
+            tail = self._published  # a read after XADDs sees them, as in Redis
         if tail is not None and not tail.done():
-            # An earlier command is still running (a plain key's, a script's): this one
-            # starts once it is done, so its effects come in the order sent.
+            # An earlier command is still running (a plain key's, a script's, XADDs'
+            # PUBLISH): this one starts once it is done, so its effects come in the
+            # order sent.
             async def later(tail: asyncio.Future[Any] = tail) -> None:
                 with contextlib.suppress(Exception):
                     await tail
@@ -484,39 +499,64 @@ class RespConnection(asyncio.Protocol):
             if len(self._channels) >= MAX_CACHED_KEYS:
                 self._channels.clear()
             self._channels[key] = channel
-        data, raw, headers = entry_to_message(args[3:])
-        slot = _Slot()
-        slots = self._slots
-        slots.append(slot)
-        if len(slots) >= MAX_PENDING_REPLIES:
+        try:
+            data, raw, headers = entry_to_message(args[3:])
+        except RequestError:  # the general path refuses it, counted
+            return False
+        group = self._group
+        if group is None:  # one slot answers the XADDs of one PUBLISH, in one write
+            group = self._group = _Slot()
+            group.count = 0
+            self._slots.append(group)
+        group.count += 1
+        self._queued += 1
+        if self._queued >= MAX_PENDING_REPLIES:
             self.pause_reading()
-        self.batch_publish(f.Send(channel, data, raw, headers or None), slot, _xadd_wire)
+        self._batch.append((f.Send(channel, data, raw, headers or None), group, None))
+        if len(self._batch) >= PUBLISH_BATCH:
+            self._publish_batch()
         return True
 
-    def batch_publish(self, send: f.Send, slot: _Slot, answer: Callable[[f.Outcome], Any]
-                      ) -> None:
+    def batch_publish(self, send: f.Send, slot: _Slot,
+                      answer: Callable[[f.Outcome], Any] | None) -> None:
         """Queue a publish of this read's commands: pipelined XADDs travel as one
         PUBLISH frame (one pass through the engine, one commit), each answered from
-        its own outcome, in order."""
+        its own outcome, in order (``answer`` None: into the fast lane's group slot,
+        already as RESP)."""
         self._batch.append((send, slot, answer))
         if len(self._batch) >= PUBLISH_BATCH:
             self._publish_batch()
 
     def _publish_batch(self) -> None:
         batch, self._batch = self._batch, []
+        self._group = None
         if not batch:
             return
         frame = f.Publish(next(self._req), [send for send, _, _ in batch])
+        published = self._published = asyncio.get_running_loop().create_future()
 
         def confirmed(reply: f.Frame) -> None:
+            published.set_result(None)
             if isinstance(reply, f.Error):
-                error = _frame_error(reply)
-                for _, slot, _ in batch:
-                    self._fill(slot, error)
+                error, outcomes = _frame_error(reply), [None] * len(batch)
             else:
                 assert isinstance(reply, f.Confirm)
-                for (_, slot, answer), outcome in zip(batch, reply.outcomes, strict=False):
-                    self._fill(slot, answer(outcome))
+                error, outcomes = None, reply.outcomes
+            group: _Slot | None = None
+            parts: list[bytes] = []
+            for (_, slot, answer), outcome in zip(batch, outcomes, strict=False):
+                if answer is not None:
+                    self._fill(slot, error or answer(outcome))
+                    continue
+                if slot is not group:
+                    if group is not None:
+                        self._fill(group, Encoded(b"".join(parts)))
+                    group, parts = slot, []
+                parts.append(encode(error, self.proto) if error is not None else
+                             encoded_id(outcome.seq) if not outcome.code else
+                             encode(_outcome_error(outcome), self.proto))
+            if group is not None:
+                self._fill(group, Encoded(b"".join(parts)))
             self._drain()
 
         self._waiting[frame.req] = confirmed
@@ -778,11 +818,6 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
 def _xadd_answer(outcome: f.Outcome) -> Any:
     return _outcome_error(outcome) if outcome.code else format_id(outcome.seq)
 
-
-def _xadd_wire(outcome: f.Outcome) -> Any:
-    """``_xadd_answer`` already in RESP: for a reply that goes to the socket as it is
-    (not to EXEC's list or a script's ``redis.call``)."""
-    return _outcome_error(outcome) if outcome.code else Encoded(encoded_id(outcome.seq))
 
 
 def _outcome_error(outcome: f.Outcome) -> Error:
