@@ -34,6 +34,7 @@ FIELDS, BINARY = "fields", "binary"
 BINARY_CONTENT_TYPE = "application/vnd.minou.resp-entry+msgpack"
 PAYLOAD_FIELD = b"payload"
 _json = msgspec.json.Encoder()
+_fields = msgspec.json.Decoder(dict[str, str])
 _SAFE = "._~!$&'()+,;=:@-"  # what a channel id keeps unescaped (names._ID)
 
 
@@ -95,11 +96,8 @@ def encoded_id(seq: int) -> bytes:
 
 def encoded_entry(seq: int, fields: list[bytes]) -> bytes:
     """The entry ``[id, [field, value, ...]]`` as RESP (the same in RESP2 and RESP3)."""
-    parts = [b"*2\r\n", encoded_id(seq), b"*%d\r\n" % len(fields)]
-    for value in fields:
-        parts.append(b"$%d\r\n" % len(value))
-        parts.append(value)
-        parts.append(b"\r\n")
+    parts = [b"*2\r\n$%d\r\n%d-0\r\n*%d\r\n" % (len(b"%d" % seq) + 2, seq, len(fields))]
+    parts += [b"$%d\r\n%b\r\n" % (len(value), value) for value in fields]
     return b"".join(parts)
 
 
@@ -133,7 +131,7 @@ def message_to_entry(data: bytes, raw: bool, headers: dict[str, str] | None) -> 
     kind = (headers or {}).get(ENTRY_HEADER)
     if kind == FIELDS and not raw:
         try:
-            obj = msgspec.json.decode(data, type=dict[str, str])
+            obj = _fields.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError):
             pass
         else:

@@ -87,15 +87,22 @@ class RespConsumer(Unpaced):
         return self.owner.server.engine
 
     def send_deliveries(self, sid: int, items: list[Delivery]) -> None:
+        """``items`` in order to the waiting reads, each up to what it wants; what
+        none wants goes back."""
         loop = asyncio.get_running_loop()
-        for item in items:
-            read = next((r for r in self.reads if r.done and len(r.items) < r.want), None)
-            if read is None:
-                self.give_back(item)
+        given = 0
+        for read in self.reads:
+            if given >= len(items):
+                break
+            room = read.want - len(read.items)
+            if read.done is None or room <= 0:
                 continue
             if not read.items:
                 loop.call_soon(self._finish, read)  # once this hand-over is complete
-            read.items.append(item)
+            read.items += items[given:given + room]
+            given += room
+        for item in items[given:]:
+            self.give_back(item)
 
     def give_back(self, item: Delivery) -> None:
         if self.session is not None:
