@@ -82,7 +82,7 @@ def test_a_big_bulk_and_a_long_pipeline_are_held_only_as_long_as_unfinished() ->
     body = b"x" * 300_000
     wire = command(b"XADD", b"s", b"*", b"f", body)
     p = HiredisParser(1 << 20)
-    assert p.feed(wire[:100_000]) == [] and p.buffered == 100_000
+    assert p.feed(wire[:100_000]) == [] and 99_900 < p.buffered <= 100_000
     assert p.feed(wire[100_000:200_000]) == [] and p.error is None
     assert p.feed(wire[200_000:]) == [[b"XADD", b"s", b"*", b"f", body]]
     assert p.buffered == 0

@@ -425,6 +425,11 @@ def test_bad_bytes_get_a_protocol_error_the_broker_goes_on(broker) -> None:
     assert send(b"*1\r\n$99999999999\r\n") == b"-ERR Protocol error: invalid bulk length\r\n"
     assert send(b"*2\r\n:1\r\n") == b"-ERR Protocol error: expected '$', got ':'\r\n"
     assert send(b'PING "open\r\n') == b"-ERR Protocol error: unbalanced quotes in request\r\n"
+    # many arguments, each within the limit, together over it: refused before the rest
+    # arrives (the C reader hands such a command to the pure parser, which counts)
+    arg = b"$1000000\r\n" + b"x" * 1_000_000 + b"\r\n"
+    assert send(b"*40\r\n" + arg * 2 + b"$1000000\r\n") == \
+        b"-ERR Protocol error: too big request\r\n"
     # before them, what was well framed is answered (here: it needs AUTH first)
     assert send(b"XLEN k\r\n*x\r\n") == (b"-NOAUTH Authentication required.\r\n"
                                         b"-ERR Protocol error: invalid multibulk length\r\n")
