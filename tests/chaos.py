@@ -1235,7 +1235,11 @@ class Chaos:
                 # Explained: no earlier delivery of it was settled (ack confirmed).
                 if any(e.acked_at is not None for e in ds[:k]):
                     c.duplicates_unexplained += 1
-                    ex["unexplained duplicate"].append(f"{g} {ch}#{seq} {len(ds)} times")
+                    # the whole story (who, over which broker, when each ack was
+                    # confirmed): an ack confirmed after this delivery, by the broker
+                    # that had handed the message over again, is the case to look at
+                    ex["unexplained duplicate"].append(f"{g} {ch}#{seq} {len(ds)} times; "
+                                                       "history: " + self._history(ds))
                 else:
                     c.duplicates_explained += 1
         # Order: within one connection (one broker session), a consumer's first
