@@ -126,6 +126,25 @@ def entry_to_message(fields: list[bytes]) -> tuple[bytes, bool, dict[str, str]]:
             {ENTRY_HEADER: BINARY, "content-type": BINARY_CONTENT_TYPE})
 
 
+def encoded_message(seq: int, data: bytes, raw: bool, headers: dict[str, str] | None
+                    ) -> bytes:
+    """``encoded_entry(seq, message_to_entry(data, raw, headers))`` in one pass for the
+    common entry (text fields), as XREADGROUP sends a thousand at a time."""
+    if headers and not raw and headers.get(ENTRY_HEADER) == FIELDS:
+        try:
+            obj = _fields.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            parts = [b"*2\r\n$%d\r\n%d-0\r\n*%d\r\n" % (len(b"%d" % seq) + 2, seq,
+                                                            2 * len(obj))]
+            for k, v in obj.items():
+                kb, vb = k.encode(), v.encode()
+                parts.append(b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(kb), kb, len(vb), vb))
+            return b"".join(parts)
+    return encoded_entry(seq, message_to_entry(data, raw, headers))
+
+
 def message_to_entry(data: bytes, raw: bool, headers: dict[str, str] | None) -> list[bytes]:
     """The field/value list a RESP reader gets for a message (any interface's)."""
     kind = (headers or {}).get(ENTRY_HEADER)

@@ -53,8 +53,8 @@ from ..protocol.resp_streams import (
     StreamIdError,
     StreamKeyError,
     channel_to_key,
-    encoded_entry,
     encoded_id,
+    encoded_message,
     entry_to_message,
     format_id,
     key_to_channel,
@@ -1083,10 +1083,14 @@ def _entry(item: Delivery) -> list[Any]:
     return [format_id(item.seq), message_to_entry(item.data, item.raw, item.headers)]
 
 
-def _wire_entry(item: Delivery) -> Encoded:
-    """``_entry(item)`` already in RESP (the same in RESP2 and RESP3)."""
-    return Encoded(encoded_entry(item.seq, message_to_entry(item.data, item.raw,
-                                                            item.headers)))
+def _streams_wire(c: RespConnection, found: list[tuple[bytes, list[bytes]]]) -> Encoded:
+    """``_streams_reply`` of entries already in RESP (``encoded_message``), as RESP."""
+    parts = [(b"%%%d\r\n" if c.proto >= 3 else b"*%d\r\n") % len(found)]
+    for key, entries in found:
+        head = b"$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(entries))
+        parts.append(head if c.proto >= 3 else b"*2\r\n" + head)
+        parts += entries
+    return Encoded(b"".join(parts))
 
 
 def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1138,6 +1142,8 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
     got: dict[bytes, list[Any]] = {}
     ends: list[Callable[[], None]] = []
     state = {"open": len(targets), "finished": False}
+    # To the socket: the entries are written as RESP at once; to a script or EXEC: values
+    wire = slot.fut is None
 
     def finish() -> None:
         if state["finished"]:
@@ -1147,7 +1153,8 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
         for end in ends:
             end()  # the others answer with what they hold now (counted in ``got``)
         if got:
-            c._answer(slot, _streams_reply(c, [(k, got[k]) for k, *_ in targets if k in got]))
+            found = [(k, got[k]) for k, *_ in targets if k in got]
+            c._answer(slot, _streams_wire(c, found) if wire else _streams_reply(c, found))
         else:
             c._answer(slot, NULL_ARRAY)
 
@@ -1163,10 +1170,12 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
                         holder.give_back(item)
                     return
                 entries = got.setdefault(key, [])
-                entry = _wire_entry if slot.fut is None else _entry  # a script's: values
-                for item in items:
-                    groups.delivered(gname, name, holder, item, noack)
-                    entries.append(entry(item))
+                groups.delivered_all(gname, name, holder, items, noack)
+                if wire:
+                    entries += [encoded_message(i.seq, i.data, i.raw, i.headers)
+                                for i in items]
+                else:
+                    entries += map(_entry, items)
                 finish()
             elif state["open"] == 0:
                 finish()

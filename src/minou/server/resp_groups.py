@@ -299,6 +299,18 @@ class RespGroups:
             return 0
         return len(pel) if len(pel) < MAX_PENDING else len(self.entries(gname))
 
+    def delivered_all(self, gname: str, name: bytes, holder: RespConsumer,
+                      items: list[Delivery], noack: bool) -> None:
+        """``delivered`` for each of ``items``, handed over together."""
+        if noack:
+            for item in items:
+                self.delivered(gname, name, holder, item, True)
+            return
+        pel = self.pel.setdefault(gname, {})
+        now = time.monotonic()
+        for item in items:
+            pel[item.seq] = Pending(name, holder, item, now, item.attempts)
+
     def ack(self, gname: str, seqs: list[int]) -> int:
         """XACK: settle the pending ones among ``seqs`` (one settle per holder)."""
         pel = self.pel.get(gname)
