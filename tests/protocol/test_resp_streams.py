@@ -105,3 +105,24 @@ def test_a_wildcard_key_is_a_pattern_and_names_no_single_stream() -> None:
     for key in (b"orders/v1/eu", b"jobs", b"a*", b"/*", b"orders/v1/x/*", b"\xff/*"):
         assert stream_pattern(key) is None
     assert key_to_channel(b"a*").startswith("redis/v1/")  # a plain key with a star
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(st.integers(0, 10**18).map(lambda n: b"%d-0" % n),
+                          st.sampled_from([b"1-0 2-0", b"", b"05-0", b"7", b"3-1", b"(4-0",
+                                           b"-", b"+", b"x-0", b"1-00", b" 1-0"])),
+                min_size=1, max_size=8))
+def test_xacks_ids_read_fast_as_parse_id_reads_them(values: list[bytes]) -> None:
+    """XACK's ids are read at C speed when they are all minou's (<seq>-0): the same
+    seqs as parse_id, and parse_id's error for any other."""
+    from minou.server.resp import _ids
+
+    try:
+        want: list[int] | str = [parse_id(v, high=True) for v in values]
+    except StreamIdError as exc:
+        want = str(exc)
+    try:
+        got: list[int] | str = _ids(values)
+    except StreamIdError as exc:
+        got = str(exc)
+    assert got == want
