@@ -13,6 +13,7 @@ from minou.protocol.resp import (
     OK,
     Bool,
     Double,
+    Encoded,
     Error,
     Map,
     NullArray,
@@ -136,6 +137,9 @@ def test_replies_in_resp2_and_resp3() -> None:
         b"$1\r\na\r\n"
     assert encode(Push([b"message", b"c"]), 3) == b">2\r\n$7\r\nmessage\r\n$1\r\nc\r\n"
     assert encode(Simple("PONG")) == b"+PONG\r\n"
+    # a reply a hot path made as RESP already goes out as it is, alone or inside another
+    assert encode(Encoded(b"$3\r\n1-0\r\n"), 3) == b"$3\r\n1-0\r\n"
+    assert encode([Encoded(b":1\r\n"), b"a"]) == b"*2\r\n:1\r\n$1\r\na\r\n"
     with pytest.raises(TypeError):
         encode(object())
 
