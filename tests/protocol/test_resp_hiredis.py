@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minou.protocol.resp import MAX_ARRAY, RespParser, RespProtocolError
-from minou.protocol.resp_hiredis import HiredisParser
+from minou.protocol.resp_hiredis import PROBE_LIMIT, HiredisParser
 from minou.server.resp import RequestParser
 
 from .test_resp import command
@@ -100,7 +100,8 @@ def test_one_command_over_max_request_is_refused_though_complete() -> None:
 
 
 canonical = st.lists(st.binary(max_size=40), min_size=1, max_size=6).map(lambda a: command(*a))
-inline = st.sampled_from([b"PING\r\n", b"SET k 'v w'\r\n", b"  \r\n", b"ECHO \"a\\x41\"\n"])
+inline = st.sampled_from([b"PING\r\n", b"SET k 'v w'\r\n", b"  \r\n", b"ECHO \"a\\x41\"\n",
+                          b"$10\r\n", b":1\r\n", b"+OK\r\n", b"_\r\n"])
 odd = st.sampled_from([b"*0\r\n", b"*-1\r\n", b"*1\r\n:1\r\n", b"*1\r\n$-1\r\n", b"*x\r\n",
                        b"*1\r\n$99\r\n", b"*2\r\n$1\r\na\r\n*1\r\n$1\r\nb\r\n"])
 
@@ -131,3 +132,56 @@ def test_a_broken_stream_reads_nothing_more() -> None:
     assert p.feed(command(b"PING") + b"*x\r\n" + command(b"PING")) == [[b"PING"]]
     assert isinstance(p.error, RespProtocolError)
     assert p.feed(command(b"PING")) == []
+
+
+def test_what_libraries_send_never_leaves_the_c_reader_up_to_each_limit() -> None:
+    """The pure parser is the slow path: a stream of well-framed commands never goes to
+    it, even with a command exactly at each limit; what is over one does."""
+    p = HiredisParser(1000, max_request=5000)
+    wire = (command(b"XADD", b"s", b"*", b"d", b"y" * 100) * 50
+            + command(b"x" * 1000)  # one argument of exactly max_bulk
+            + command(b"SET", b"x" * 1000)  # and with others
+            + command(*[b"z" * 936] * 5))  # 5 x (936 + 64) = max_request exactly
+    got = []
+    for cut in range(0, len(wire), 997):
+        got += p.feed(wire[cut:cut + 997])
+    assert len(got) == 53 and p.error is None
+    assert p.handovers == 0
+    assert p.feed(b"PING\r\n") == [[b"PING"]] and p.handovers == 1  # inline: handed over
+    assert p.feed(command(b"PING") + b"PING\r\n") == [[b"PING"]] * 2 and p.handovers == 2
+    big = HiredisParser(1 << 20)
+    wire = command(b"x" * 70_000)
+    assert big.feed(wire[:PROBE_LIMIT]) == [] and big.handovers == 0  # probed, held
+    assert big.feed(wire[PROBE_LIMIT:]) == [[b"x" * 70_000]] and big.handovers == 0
+    assert big.feed(wire[:PROBE_LIMIT + 1]) == [] and big.handovers == 1  # over: pure
+
+
+def test_a_configured_max_request_holds_on_both_paths() -> None:
+    arg = b"$1000\r\n" + b"x" * 1000 + b"\r\n"
+    p = HiredisParser(1000, max_request=5000)  # 4 x 1064 fits, 5 do not
+    assert p.feed(b"*4\r\n" + arg * 4) == [[b"x" * 1000] * 4]
+    assert p.feed(b"*10\r\n" + arg * 4 + b"$1000\r\n") == []  # the 5th header: too big
+    assert str(p.error) == "Protocol error: too big request"
+    p = HiredisParser(1000, max_request=5000)
+    assert p.feed(command(b"PING") + b"*5\r\n" + arg * 5) == [[b"PING"]]  # complete
+    assert str(p.error) == "Protocol error: too big request"
+    p = HiredisParser(1000, max_request=5000)
+    p.feed(b"PING\r\n*10\r\n" + arg * 4)  # on the pure parser since the inline PING
+    p.feed(arg)
+    assert str(p.error) == "Protocol error: too big request"
+
+
+def test_commands_before_a_big_unfinished_one_are_returned_with_it_held() -> None:
+    body = b"x" * 200_000
+    wire = command(b"XADD", b"s", b"*", b"f", body)
+    p = HiredisParser(1 << 20)
+    assert p.feed(command(b"PING") + wire[:100_000]) == [[b"PING"]]
+    assert p.feed(wire[100_000:]) == [[b"XADD", b"s", b"*", b"f", body]]
+
+
+def test_an_array_of_exactly_max_array_elements_is_read_by_the_c_reader() -> None:
+    p = HiredisParser(10, max_request=1 << 30)  # so that only the count limits it
+    assert len(p.feed(b"*%d\r\n" % MAX_ARRAY + b"$0\r\n\r\n" * MAX_ARRAY)[0]) == MAX_ARRAY
+    assert p.handovers == 0
+    p.feed(b"*%d\r\n" % (MAX_ARRAY + 1) + b"$0\r\n\r\n" * (MAX_ARRAY + 1))
+    assert str(p.error) == "Protocol error: invalid multibulk length"

@@ -57,6 +57,7 @@ class HiredisParser:
         self._reader = hiredis.Reader()
         self._raw = bytearray()  # the unfinished command's bytes, from its first
         self._pure: RespParser | None = None  # reading until the next boundary
+        self.handovers = 0  # times the pure parser took the stream (the slow path)
         self.error: RespProtocolError | None = None
 
     @property
@@ -71,8 +72,6 @@ class HiredisParser:
             return self._feed_pure(data)
         if not data:
             return []
-        if not self._raw and data[:1] != b"*":  # between commands: not an array
-            return self._hand_over([], data)
         raw = self._raw
         raw += data
         reader = self._reader
@@ -84,37 +83,36 @@ class HiredisParser:
                 # Only a non-empty array of bulk strings within the limits is a command
                 # the C reader read as Redis would; anything else: the pure parser's.
                 if type(command) is not list or not command or len(command) > MAX_ARRAY:
-                    return self._hand_over(out, None)
+                    return self._hand_over(out)
                 try:
                     total = len(b"".join(command))  # TypeError: not all bytes
                 except TypeError:
-                    return self._hand_over(out, None)
+                    return self._hand_over(out)
                 if total + ARG_OVERHEAD * len(command) > max_request or (
                         total > max_bulk and max(map(len, command)) > max_bulk):
-                    return self._hand_over(out, None)
+                    return self._hand_over(out)
                 out.append(command)
         except hiredis.ProtocolError:
-            return self._hand_over(out, None)
+            return self._hand_over(out)
         if out:
             del raw[:_framed_size(out)]
         if len(raw) > PROBE_LIMIT:  # a big command: the pure parser holds it (per bulk,
-            return self._hand_over([], None, returned=out)  # not per byte), and counts
+            return self._hand_over([], returned=out)  # not per byte), and counts
         if raw:  # the unfinished command: refused now if its headers already say so
             probe = RespParser(self.max_bulk, self.max_request)
-            probe.feed(bytes(raw))
-            if probe.error is not None:
-                return self._hand_over([], None, returned=out)
+            if probe.feed(bytes(raw)) or probe.error is not None:
+                # (complete to the pure parser: an inline "$10" the C reader waits on)
+                return self._hand_over([], returned=out)
         return out
 
-    def _hand_over(self, out: list[list[bytes]], data: bytes | None,
-                   returned: list[list[bytes]] | None = None) -> list[list[bytes]]:
+    def _hand_over(self, out: list[list[bytes]], returned: list[list[bytes]] | None = None
+                   ) -> list[list[bytes]]:
         """The pure parser reads on from the first command not returned: ``out`` were
         read from the start of ``_raw``, ``returned`` before it (already cut off)."""
         raw = self._raw
         if out:
             del raw[:_framed_size(out)]
-        if data is not None:
-            raw += data
+        self.handovers += 1
         pending = bytes(raw)
         raw.clear()
         self._reader = hiredis.Reader()
