@@ -204,6 +204,7 @@ def test_connection_commands_clients_send(broker) -> None:
     assert r.echo("hi") == b"hi"
     info = r.info()
     assert info["redis_version"] == "7.2.0" and info["role"] == "master"
+    assert info["minou_request_parser"] == "hiredis"  # minou[resp] is installed here
     assert r.execute_command("SELECT", "0")
     pipe = r.pipeline(transaction=False)
     for i in range(200):
@@ -407,6 +408,47 @@ def test_xread_reads_after_an_id_and_blocks_for_new_entries(broker) -> None:
     r = connect(broker, "reader")
     assert [i for i, _ in r.xrange("feed")] == [b"1-0", b"3-0", b"4-0"]
     assert r.xtrim("feed", maxlen=1, approximate=True) == 0
+
+
+def test_a_pipeline_that_ends_with_a_command_waiting_for_another_is_answered(broker) -> None:
+    """A read after XADDs waits for their commit, a command after a plain key's waits for
+    it: when such a command ends the pipeline, its answer still goes out (nothing else
+    arrives to send it)."""
+    r = connect(broker)
+    pipe = r.pipeline(transaction=False)
+    pipe.xadd("ends", {"a": "1"}).xadd("ends", {"a": "2"}).xlen("ends")
+    assert pipe.execute()[2] == 2
+    pipe = r.pipeline(transaction=False)
+    pipe.set("ends-key", "v").xlen("ends")  # SET runs on a task; XLEN after it
+    assert pipe.execute() == [True, 2]
+
+
+def test_without_hiredis_the_pure_parser_serves_the_same(broker_factory, tmp_path,
+                                                       monkeypatch) -> None:
+    """A core install (no minou[resp]): the broker reads requests with the pure-Python
+    parser, and a client sees no difference."""
+    blocker = tmp_path / "no-hiredis"
+    blocker.mkdir()
+    (blocker / "hiredis.py").write_text("raise ImportError('hiredis blocked by the test')\n")
+    monkeypatch.setenv("PYTHONPATH", str(blocker))  # the broker's import finds this first
+    b = broker_factory.make(resp_port=0).start()
+    r = connect(b)
+    assert r.info()["minou_request_parser"] == "python"
+    pipe = r.pipeline(transaction=False)
+    for i in range(300):
+        pipe.xadd("plain", {"i": str(i)})
+    pipe.xlen("plain")
+    *ids, length = pipe.execute()
+    assert ids == [f"{i}-0".encode() for i in range(1, 301)] and length == 300
+    r.xgroup_create("plain", "g", id="0")
+    got = r.xreadgroup("g", "c", {"plain": ">"}, count=1000)[0][1]
+    assert len(got) == 300 and got[7][1] == {b"i": b"7"}
+    assert r.xack("plain", "g", *[i for i, _ in got]) == 300
+    import socket
+
+    with socket.create_connection(("127.0.0.1", b.resp_port), timeout=10) as s:
+        s.sendall(b"PING\r\n")  # inline, before AUTH
+        assert s.recv(100).startswith(b"-NOAUTH")
 
 
 def test_bad_bytes_get_a_protocol_error_the_broker_goes_on(broker) -> None:

@@ -402,6 +402,7 @@ class RespConnection(asyncio.Protocol):
                 with contextlib.suppress(Exception):
                     await tail
                 await self._start(args, slot)
+                self._drain()  # a command answered at once: nothing else sends it
 
             self._tail = asyncio.ensure_future(later())
             return
@@ -728,6 +729,9 @@ def _info(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     sections = {
         "server": [("redis_version", REDIS_VERSION), ("minou_version", __version__),
                    ("redis_mode", "standalone"), ("broker_id", st["broker_id"]),
+                   # which request parser runs: "python" says `pip install 'minou[resp]'`
+                   ("minou_request_parser",
+                    "python" if RequestParser is RespParser else "hiredis"),
                    ("tcp_port", port), ("uptime_in_seconds", int(st.get("uptime_s", 0)))],
         "clients": [("connected_clients", len(c.server.resp_connections))],
         "persistence": [("loading", 0), ("storage", st["storage"]["path"])],
