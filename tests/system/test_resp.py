@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -421,6 +422,43 @@ def test_a_pipeline_that_ends_with_a_command_waiting_for_another_is_answered(bro
     pipe = r.pipeline(transaction=False)
     pipe.set("ends-key", "v").xlen("ends")  # SET runs on a task; XLEN after it
     assert pipe.execute() == [True, 2]
+
+
+def test_a_client_that_does_not_read_its_replies_holds_little_of_the_broker(broker) -> None:
+    """Pipelined reads whose replies the client never takes: once a megabyte of replies
+    waits, the broker runs no more of its commands and stops reading it (before, 3,000
+    XRANGEs of 100 KB made it hold 720 MB). Others are served meanwhile; once the client
+    reads, every reply comes, in order."""
+    import socket
+
+    import hiredis
+
+    def rss_mb() -> float:
+        status = Path(f"/proc/{broker.proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+    r = connect(broker)
+    pipe = r.pipeline(transaction=False)
+    for _ in range(100):
+        pipe.xadd("wide", {"d": "x" * 500})
+    pipe.execute()
+    before = rss_mb()
+    s = socket.create_connection(("127.0.0.1", broker.resp_port), timeout=10)
+    password = token(broker, "app").encode()
+    s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password))
+    xrange = b"*4\r\n$6\r\nXRANGE\r\n$4\r\nwide\r\n$1\r\n-\r\n$1\r\n+\r\n"
+    s.sendall(xrange * 2000)  # ~100 MB of replies, none read yet
+    assert r.xlen("wide") == 100  # another client is served meanwhile
+    assert rss_mb() - before < 40, (before, rss_mb())
+    reader, replies = hiredis.Reader(), []
+    deadline = time.monotonic() + 60
+    while len(replies) < 2001 and time.monotonic() < deadline:
+        reader.feed(s.recv(1 << 20))
+        while (reply := reader.gets()) is not False:
+            replies.append(reply)
+    s.close()
+    assert replies[0] == b"OK" and len(replies) == 2001
+    assert all(len(reply) == 100 for reply in replies[1:])
 
 
 def test_without_hiredis_the_pure_parser_serves_the_same(broker_factory, tmp_path,

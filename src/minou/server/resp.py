@@ -89,6 +89,8 @@ try:  # hiredis's C reader, with the pure parser's results (minou[resp])
     from ..protocol.resp_hiredis import HiredisParser as RequestParser
 except ImportError:
     RequestParser = RespParser  # type: ignore[misc,assignment]
+WRITE_HIGH = 1 << 20  # unsent reply bytes past which a connection's commands wait
+RUN_WINDOW = 256  # commands other than XADD run ahead of their replies, at most
 MAX_CACHED_KEYS = 64  # stream keys whose channel one connection remembers
 _XADD_NAMES = frozenset({b"XADD", b"xadd", b"Xadd"})
 MAX_MULTI = 10_000  # commands one MULTI queues at most (then EXEC answers EXECABORT)
@@ -172,6 +174,9 @@ class RespConnection(asyncio.Protocol):
         self.closing = False  # QUIT or a protocol error: close once the replies are out
         self._slots: deque[_Slot] = deque()
         self._queued = 0  # commands the slots answer (the bound on pipelining)
+        self._backlog: deque[list[bytes]] = deque()  # read, not run: replies are waiting
+        self._writing_paused = False  # more than WRITE_HIGH bytes of replies unsent
+        self._in_backlog = False
         self._group: _Slot | None = None  # the slot of XADDs on the fast lane, still open
         self._waiting: dict[int, Callable[[f.Frame], None]] = {}
         self._req = itertools.count(1)
@@ -191,6 +196,7 @@ class RespConnection(asyncio.Protocol):
     # ------------------------------------------------------------- transport
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=WRITE_HIGH)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = oplog.peer_text(peer, "resp")
         refusal_ = self.server.admission.enter(transport, "resp", peer)
@@ -219,16 +225,42 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        fast = self._fast_lane()
-        for args in self.parser.feed(data):
-            if self.closing:
-                break
-            if fast and args[0] in _XADD_NAMES and self._xadd_fast(args):
-                continue
-            self._command(args)
+        self._backlog.extend(self.parser.feed(data))
+        self._run_backlog()
+
+    def _run_backlog(self) -> None:
+        """Run the commands read, until a client that does not read its replies has
+        ``WRITE_HIGH`` bytes of them waiting (the rest wait, and reading stops, until
+        ``resume_writing``) or ``RUN_WINDOW`` commands are unanswered (until ``_drain``
+        sends some): what the broker holds for a client stays bounded."""
+        backlog = self._backlog
+        self._in_backlog = True
+        try:
             fast = self._fast_lane()
+            while backlog and not self._writing_paused:
+                if self.closing:
+                    backlog.clear()
+                    break
+                args = backlog[0]
+                if fast and args[0] in _XADD_NAMES:
+                    backlog.popleft()
+                    if self._xadd_fast(args):
+                        continue
+                elif self._queued >= RUN_WINDOW:
+                    break  # replies not answered yet: their size is not known, wait
+                else:
+                    backlog.popleft()
+                self._command(args)
+                fast = self._fast_lane()
+            if backlog:
+                self.pause_reading()
+            self._finish_read()
+        finally:
+            self._in_backlog = False
+
+    def _finish_read(self) -> None:
         self._publish_batch()
-        if self.parser.error is not None and not self.closing:
+        if self.parser.error is not None and not self.closing and not self._backlog:
             self.server.core.counters.refuse("malformed_frame")
             self._fill(self._slot(), Error(f"ERR {self.parser.error}"))
             self.closing = True
@@ -236,8 +268,18 @@ class RespConnection(asyncio.Protocol):
             self.inner.engine.after_input()
         self._drain()
 
+    def pause_writing(self) -> None:  # the client is not reading its replies
+        self._writing_paused = True
+        self.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._run_backlog()
+        self.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._backlog.clear()
         for end in list(self.blocked):  # what their waiting reads get goes back
             end()
         if self.mq is not None:
@@ -270,7 +312,8 @@ class RespConnection(asyncio.Protocol):
 
     def resume_reading(self) -> None:
         if self.transport is not None and self._reading_paused and \
-                self._queued < MAX_PENDING_REPLIES:
+                self._queued < MAX_PENDING_REPLIES and not self._writing_paused and \
+                not self._backlog:
             self._reading_paused = False
             self.transport.resume_reading()
 
@@ -307,6 +350,9 @@ class RespConnection(asyncio.Protocol):
             out += reply if type(reply) is Encoded else encode(reply, proto)
         if out:
             self.transport.write(bytes(out))
+        if self._backlog and not self._in_backlog and not self._writing_paused and \
+                self._queued < RUN_WINDOW:
+            self._run_backlog()  # what waited for these replies runs now
         if self._reading_paused and self._queued < MAX_PENDING_REPLIES // 2:
             self.resume_reading()
         if self.closing and not slots:
