@@ -1180,7 +1180,10 @@ class BrokerServer:
     async def _apply_retention(self, now: float) -> None:
         loop = asyncio.get_running_loop()
         for channel, floor in self.core.retention_candidates():
-            retention = self.core.channels[channel].options.retention or 0.0
+            log_ = self.core.channels.get(channel)
+            if log_ is None:  # handed over or dropped while an earlier one was read
+                continue
+            retention = log_.options.retention or 0.0
             first = await loop.run_in_executor(
                 self._reader_pool, self.storage.retained_until, channel, floor, now - retention
             )
