@@ -106,6 +106,24 @@ def client_key(client_id: str) -> Path:
     return path
 
 
+_RESTART_PORTS = itertools.count(int.from_bytes(os.urandom(2), "big") % 9000)
+
+
+def restartable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range (32768-60999): a broker
+    restarted on it after a kill -9 never finds it taken by some client's outgoing
+    connection, which port 0 (an ephemeral port) risks on a busy machine."""
+    for _ in range(2000):
+        port = 21000 + next(_RESTART_PORTS) % 11000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 21000-31999")
+
+
 @dataclass
 class BrokerProcess:
     """A real ``minou start`` subprocess; its URLs are read from what it prints."""
@@ -170,6 +188,8 @@ class BrokerProcess:
         """Start and wait for ``ready`` in the output (a standby says "standby:" and
         prints no addresses: give it fixed ``port``/``http_port``)."""
         # Restarts reuse the ports of the first start, like a real restart would.
+        self.port = self.port or restartable_port()
+        self.http_port = self.http_port or restartable_port()
         cmd = [sys.executable, "-m", "minou", "start", "--data", str(self.data_dir),
                "--host", "127.0.0.1", "--port", str(self.port),
                "--http-port", str(self.http_port), "--log-level", "warning", *self.extra]
