@@ -524,3 +524,43 @@ def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> 
     assert [gc.group.key for gc in broker.channels[CH].states] == ["consume:g"]
     broker.tick(1_000.0 + 30.0)  # the delayed seq 5 comes due with its timer
     assert grp.gcs[CH] in grp.ready
+
+
+def test_explicit_stream_ids_survive_and_points_no_message_needs_are_dropped(
+    h: Harness, tmp_path: Path
+) -> None:
+    """core/stream_ids.py: a publish naming its Redis stream id keeps it after a restart;
+    the points below the first live message but the last are dropped from storage."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    outs = h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2),
+                     send(CH, 3, headers={ID_HEADER: "200-5"}), send(CH, 4),
+                     send(CH, 5, headers={ID_HEADER: "150-0"}))  # not above the top
+    assert [o.code == 0 for o in outs] == [True, True, True, True, False]
+    assert "equal or smaller than the target stream top" in outs[4].error
+    ids = h.broker.channels[CH].stream_ids
+    assert ids is not None and [ids.text(s) for s in (1, 2, 3, 4)] == [
+        b"100-0", b"100-1", b"200-5", b"200-6"]
+    got = h.take(sub)
+    assert got[0].headers == {ID_HEADER: "100-0"} and got[1].headers is None
+    h.ack(a, got[:3])  # 1-3 go: the point at 3 still numbers 4, the one at 1 goes
+    h.commit()
+    assert h.broker.channels[CH].first_seq == 4
+    h2 = _restart(h, tmp_path)
+    ids = h2.broker.channels[CH].stream_ids
+    assert ids is not None and list(ids.seqs) == [3] and ids.text(4) == b"200-6"
+    assert ids.text(5) == b"200-7"  # what '*' gives next
+    h2.commit()  # the dropped point's row goes with this batch
+    assert h2.storage is not None
+    h2.storage.close()
+    st = _new(tmp_path)
+    snap = st.open(h2.now + 1)
+    assert [k for k in snap.meta if k.startswith("resp-id/")] == [point_key(CH, 3)]
+    broker = Broker()
+    broker.restore(snap, h2.now + 1)
+    h3 = Harness(broker=broker, storage=st, now=h2.now + 1)
+    outs = h3.publish(send(CH, 6, headers={ID_HEADER: "200-6"}), send(CH, 7))
+    assert "equal or smaller" in outs[0].error and outs[1].code == 0
+    assert h3.broker.channels[CH].stream_ids.text(outs[1].seq) == b"200-7"

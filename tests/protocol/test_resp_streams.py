@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 import pytest
 from hypothesis import assume, given, settings
@@ -15,7 +17,9 @@ from minou.protocol.resp_streams import (
     StreamKeyError,
     channel_to_key,
     entry_to_message,
+    exact_seq,
     format_id,
+    id_of,
     key_to_channel,
     message_to_entry,
     parse_id,
@@ -85,7 +89,9 @@ def test_ids_are_seqs_and_ranges_read_as_redis_does() -> None:
     assert parse_id(b"5", high=False) == 5 and parse_id(b"5-0", high=False) == 5
     assert parse_id(b"5-3", high=False) == 6  # after 5-0
     assert parse_id(b"5-3", high=True) == 5
-    assert parse_id(b"(5-0", high=False) == 6 and parse_id(b"(5", high=True) == 4
+    # "(5" as the end is "before 5-<max>" (Redis completes it, then steps back): 5-0 is in
+    assert parse_id(b"(5-0", high=False) == 6 and parse_id(b"(5", high=True) == 5
+    assert parse_id(b"(5-0", high=True) == 4 and parse_id(b"(5", high=False) == 6
     assert parse_id(b"(5-3", high=False) == 6 and parse_id(b"(5-3", high=True) == 5
     assert parse_id(b"(5-1", high=True) == 5  # 5-0 is below 5-1
     for bad in (b"x", b"5-x", b"(-", b"(+", b"", b"-5"):
@@ -112,17 +118,69 @@ def test_a_wildcard_key_is_a_pattern_and_names_no_single_stream() -> None:
                           st.sampled_from([b"1-0 2-0", b"", b"05-0", b"7", b"3-1", b"(4-0",
                                            b"-", b"+", b"x-0", b"1-00", b" 1-0"])),
                 min_size=1, max_size=8))
-def test_xacks_ids_read_fast_as_parse_id_reads_them(values: list[bytes]) -> None:
+def test_xacks_ids_read_fast_as_exact_seq_reads_them(values: list[bytes]) -> None:
     """XACK's ids are read at C speed when they are all minou's (<seq>-0): the same
-    seqs as parse_id, and parse_id's error for any other."""
+    seqs as exact_seq (-1 for an id no entry has), and its error for any other."""
     from minou.server.resp import _ids
 
     try:
-        want: list[int] | str = [parse_id(v, high=True) for v in values]
+        want: list[int] | str = [-1 if (s := exact_seq(v, None)) is None else s
+                                 for v in values]
     except StreamIdError as exc:
         want = str(exc)
     try:
-        got: list[int] | str = _ids(values)
+        got: list[int] | str = _ids(values, None)
     except StreamIdError as exc:
         got = str(exc)
     assert got == want
+
+
+id_texts = st.builds(
+    lambda ex, ms, n: (b"(" if ex else b"") + b"%d" % ms + (b"" if n is None else b"-%d" % n),
+    st.booleans(), st.integers(0, 2000), st.one_of(st.none(), st.integers(0, 4)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 400), st.integers(0, 3)),
+                max_size=8), st.lists(id_texts, min_size=1, max_size=6))
+def test_range_bounds_and_exact_ids_follow_the_streams_own_ids(
+        points: list[tuple[int, int, int]], texts: list[bytes]) -> None:
+    """With explicit ids (core/stream_ids.py) or without, a bound is the first (last)
+    seq whose id is at or above (below) the id given, as a scan over the ids finds it."""
+    from minou.core.stream_ids import SEQ_BITS, StreamIds, make_id
+    from minou.errors import BadRequest
+
+    ids = StreamIds()
+    seq = 0
+    for gap, dms, n in points:  # explicit ids above the top, some seqs apart
+        seq += gap + 1
+        top = ids.id_of(seq - 1)
+        with contextlib.suppress(BadRequest):  # not above the top: no point
+            ids.assign(seq, (top >> SEQ_BITS) + dms, n)
+    end = seq + 2500
+    model = [ids.id_of(s) for s in range(end)]
+    for text in texts:
+        body = text.lstrip(b"(")
+        ms, _, n = body.partition(b"-")
+        exclusive = text.startswith(b"(")
+        low_id = make_id(int(ms), int(n) if n else 0) + (1 if exclusive else 0)
+        high_id = make_id(int(ms), int(n) if n else (1 << 64) - 1) - (1 if exclusive else 0)
+        if high_id < 0:  # "(0-0" as an end: nothing is below it
+            with pytest.raises(StreamIdError):
+                parse_id(text, high=True, ids=ids)
+            high_id = None
+        for table in (ids, None):
+            ids_of = model if table is ids else [s << SEQ_BITS for s in range(end)]
+            low = next(s for s in range(1, end) if ids_of[s] >= low_id)
+            high = max((s for s in range(end) if high_id is not None
+                        and ids_of[s] <= high_id), default=0)
+            assert parse_id(text, high=False, ids=table) == low
+            if high_id is not None:
+                assert parse_id(text, high=True, ids=table) == high
+        if not exclusive:
+            want = make_id(int(ms), int(n) if n else 0)
+            found = next((s for s in range(1, end) if model[s] == want), None)
+            assert exact_seq(body, ids) == found
+            assert exact_seq(body, None) == (int(ms) if not n or int(n) == 0 else None)
+    assert [id_of(s, ids) for s in range(1, 5)] == [ids.text(s) for s in range(1, 5)]
+    assert id_of(7, None) == b"7-0"

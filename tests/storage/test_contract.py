@@ -500,6 +500,14 @@ def test_meta_put_and_replace(backend: Factory, store: Storage) -> None:
     assert snap.meta == {"listen_keys": "escaped", "lineage:w1": "w0"}
 
 
+def test_a_meta_row_set_to_none_is_dropped(backend: Factory, store: Storage) -> None:
+    """Explicit stream ids' points (core/stream_ids.py) are dropped as their messages go."""
+    store.apply(WriteBatch(meta={"resp-id/a/v1/x/3": "9-0", "resp-id/a/v1/x/7": "12-4"}))
+    store.apply(WriteBatch(meta={"resp-id/a/v1/x/3": None}))
+    _, snap = reopen(backend, store)
+    assert snap.meta == {"resp-id/a/v1/x/7": "12-4"}
+
+
 def test_used_tokens_are_returned_until_they_expire(backend: Factory, store: Storage) -> None:
     store.apply(WriteBatch(used_tokens=[("jti-1", NOW + 10), ("jti-2", NOW + 60)]))
     store.apply(WriteBatch(used_tokens=[("jti-3", NOW + 30)]))

@@ -108,7 +108,10 @@ def test_shared_part_and_each_queue_opened_are_the_whole_open(brokers) -> None:
     a = brokers("a")
     a.st.open_shared(NOW)
     a.st.apply(batch_of(msg(A1, 1), msg(A2, 1), msg(B1, 1), clients={"x": b"rec"},
-                        reservations={"orders/v1/1": "x"}))
+                        reservations={"orders/v1/1": "x"},
+                        # explicit stream ids' points are the queue's (core/stream_ids.py)
+                        meta={f"resp-id/{A1}/1": "50-0", f"resp-id/{B1}/1": "7-3",
+                              "listen_keys": "escaped"}))
     whole = RedisStorage(brokers.url, claim=False)
     try:
         snap = whole.open(NOW)
@@ -120,6 +123,7 @@ def test_shared_part_and_each_queue_opened_are_the_whole_open(brokers) -> None:
     assert shared == shared_part(snap)
     for q in ("orders/v1", "audit/v2"):
         assert b.st.open_queue(q, NOW) == queue_part(snap, q)
+    assert b.st.open_queue("orders/v1", NOW).meta == {f"resp-id/{A1}/1": "50-0"}
 
 
 def test_on_a_cluster_a_claim_cut_between_its_two_steps_raises_no_epoch(

@@ -861,6 +861,72 @@ def test_setid_moves_a_group_and_xinfo_stream_shows_its_ends(broker_factory) -> 
         r.xadd("moving", {"n": "again"}, id="3-0")  # Redis's words for a replayed id
 
 
+def test_explicit_xadd_ids_are_honoured_named_by_every_command_and_kept_by_a_kill(
+        broker_factory) -> None:
+    """XADD with an id of the client's (issue 26, item 4): honoured when above the top,
+    '*' after it numbers on from it as Redis does, every command that names or answers
+    ids uses them, and a kill -9 keeps them (they are stored with their messages)."""
+    cfg = broker_factory.make().data_dir.parent / "keep.toml"
+    cfg.write_text('[channels."redis/v1"]\nretention = 3600\n')
+    broker = broker_factory.make(resp_port=0, config=cfg).start()
+    r = connect(broker, "ider")
+    assert r.xadd("ev", {"n": "1"}) == b"1-0"
+    assert r.xadd("ev", {"n": "2"}, id="1700000000000-0") == b"1700000000000-0"
+    assert r.xadd("ev", {"n": "3"}) == b"1700000000000-1"  # '*' after an id from the future
+    assert r.xadd("ev", {"n": "4"}, id="1700000000000-7") == b"1700000000000-7"
+    assert r.xadd("ev", {"n": "5"}, id="1700000000005-*") == b"1700000000005-0"
+    for stale, words in (("1700000000000-7", "equal or smaller than the target stream top"),
+                         ("5-0", "equal or smaller than the target stream top"),
+                         ("not-an-id", "Invalid stream ID")):
+        with pytest.raises(redis.ResponseError, match=words):
+            r.xadd("ev", {"n": "x"}, id=stale)
+    pipe = r.pipeline(transaction=False)  # in one pipeline: each checked against the last
+    pipe.xadd("ev", {"n": "6"}, id="1700000000009-0")
+    pipe.xadd("ev", {"n": "x"}, id="1700000000008-0")
+    pipe.xadd("ev", {"n": "7"})
+    first, refused, after = pipe.execute(raise_on_error=False)
+    assert first == b"1700000000009-0" and after == b"1700000000009-1"
+    assert isinstance(refused, redis.ResponseError) and "equal or smaller" in str(refused)
+    ids = [b"1-0", b"1700000000000-0", b"1700000000000-1", b"1700000000000-7",
+           b"1700000000005-0", b"1700000000009-0", b"1700000000009-1"]
+    assert [i for i, _ in r.xrange("ev")] == ids
+    assert [i for i, _ in r.xrange("ev", "(1700000000000-0", "1700000000005")] == ids[2:5]
+    assert [i for i, _ in r.xrevrange("ev", "+", "1700000000000-2", count=2)] == ids[:2:-1][:2]
+    assert r.xrange("ev", "1700000000000-2", "1700000000000-6") == []
+    assert r.xinfo_stream("ev")["last-generated-id"] == ids[-1]
+    assert [i for i, _ in r.xread({"ev": "1700000000000-1"})[0][1]] == ids[3:]
+
+    r.xgroup_create("ev", "g", id="1700000000000-0")  # reads what is after that id
+    got = r.xreadgroup("g", "c1", {"ev": ">"}, count=3)
+    assert [i for i, _ in got[0][1]] == ids[2:5]
+    assert r.xpending("ev", "g")["min"] == ids[2] and r.xpending("ev", "g")["max"] == ids[4]
+    assert [e["message_id"] for e in r.xpending_range("ev", "g", ids[3], "+", 10)] == ids[3:5]
+    assert r.xack("ev", "g", ids[2], "1700000000000-2") == 1  # an id no entry has: none
+    claimed = r.xclaim("ev", "g", "c2", 0, [ids[3]], justid=True)
+    assert claimed == [ids[3]]
+    nxt, auto, _ = r.xautoclaim("ev", "g", "c3", 0, start_id=ids[4])
+    assert [i for i, _ in auto] == [ids[4]] and nxt == b"0-0"
+    assert [i for i, _ in r.xreadgroup("g", "c2", {"ev": "0"})[0][1]] == [ids[3]]
+    assert r.xdel("ev", ids[1], "1700000000000-2") == 1
+    assert r.xgroup_setid("ev", "g", id=ids[4]) is True
+    assert [i for i, _ in r.xreadgroup("g", "c1", {"ev": ">"}, count=9)[0][1]] == ids[5:]
+    with broker.connect_sync("ider-native") as c:  # other interfaces see the id given
+        msgs = c.read("redis/v1/ev", 1)[0]
+        given = {m.headers["x-resp-id"] for m in msgs if "x-resp-id" in m.headers}
+        assert given == {"1700000000000-7", "1700000000005-0", "1700000000009-0"}
+
+    broker.kill()
+    broker.start()
+    r = connect(broker, "ider")
+    assert [i for i, _ in r.xrange("ev")] == [ids[0], *ids[2:]]
+    assert r.xadd("ev", {"n": "8"}) == b"1700000000009-2"
+    with pytest.raises(redis.ResponseError, match="equal or smaller"):
+        r.xadd("ev", {"n": "x"}, id="1700000000009-2")
+    assert r.xadd("ev", {"n": "9"}, id="1800000000000-0") == b"1800000000000-0"
+    assert [i for i, _ in r.xrange("ev", "1700000000009-1", "+")] == [
+        b"1700000000009-1", b"1700000000009-2", b"1800000000000-0"]
+
+
 def test_command_docs_and_info_describe_the_commands(broker) -> None:
     """What redis-cli builds its help and hints from (COMMAND DOCS) and cluster-aware
     clients their key positions (COMMAND INFO)."""

@@ -19,6 +19,7 @@ from ..names import is_inbox
 from .group import Group
 from .log import ChannelLog
 from .state import BrokerState
+from .stream_ids import point_key
 from .subscriptions import Subscriptions
 
 EXPIRY_SCAN_S = 1.0  # how often the channels that may expire are looked at
@@ -61,6 +62,9 @@ class Expiry:
                 del state.groups[grp.key]
                 state.batch.group_defs[grp.key] = None
         removed = log.truncate_below(log.end)
+        if log.stream_ids is not None:  # a stream made again under the name starts anew
+            for seq in log.stream_ids.seqs:
+                state.batch.meta[point_key(name, seq)] = None
         state.batch.truncates[name] = log.first_seq
         state.batch.channels[name] = log.next_seq
         del state.channels[name]

@@ -21,6 +21,7 @@ from ..limits import (
 )
 from ..names import is_kv
 from .kv import KvIndex
+from .stream_ids import StreamIds
 
 
 class Msg(msgspec.Struct, array_like=True, gc=False):
@@ -119,6 +120,7 @@ class ChannelLog:
     id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
     frozen: bool = False  # its queue is being handed over: nothing more is delivered
     kv: KvIndex | None = None  # a key-value bucket's index (core/kv.py)
+    stream_ids: StreamIds | None = None  # explicit Redis stream ids (core/stream_ids.py)
 
     def __post_init__(self) -> None:
         if is_kv(self.name):

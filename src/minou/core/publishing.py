@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
+
 from ..auth.rules import ALLOW_ALL, Access
 from ..errors import BadRequest, ErrorCode, MessageTooLarge, QueueFull, RequestError, SchemaMismatch
 from ..limits import (
@@ -44,6 +46,7 @@ from .producers import ProducerState
 from .replies import check_reply, check_request
 from .session import Session
 from .state import BrokerState
+from .stream_ids import ID_HEADER, StreamIds, id_text, parse_explicit, point_key
 
 
 def check_room(log: ChannelLog) -> None:
@@ -294,10 +297,17 @@ class Publishing:
                 state.counters.duplicates += 1
                 return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
         if prefix is None:
-            msg = self.stage(state.log(target, now), send, now)
+            log = state.log(target, now)
+            if send.headers and ID_HEADER in send.headers:
+                msg = self._stage_with_id(log, send, now)
+            else:
+                msg = self.stage(log, send, now)
             staged.append(msg)
             outcome = Outcome(seq=msg.seq, id=msg.id, channel=target)
         else:
+            if send.headers and ID_HEADER in send.headers:
+                raise BadRequest(f"{ID_HEADER!r} names one message's stream id: publish it "
+                                 "to one channel, not a broadcast")
             targets = [log for name, log in state.channels.items()
                        if name.startswith(prefix) and log.states]
             if len(targets) > MAX_BROADCAST_FANOUT or \
@@ -334,6 +344,28 @@ class Publishing:
             return check_reply(self.state, send, session.client_id if session is not None
                                else access.client_id), True
         return send, False
+
+    def _stage_with_id(self, log: ChannelLog, send: Send, now: float) -> Msg:
+        """Stage a message that names its Redis stream id (``XADD key <id> ...``):
+        refused unless above the stream's top; its header then holds the id it got,
+        and a point records it (stored as meta in the same batch)."""
+        assert send.headers is not None
+        ms, n = parse_explicit(send.headers[ID_HEADER])
+        ids = log.stream_ids if log.stream_ids is not None else StreamIds()
+        seq = log.next_seq
+        value, point = ids.resolve(seq, ms, n)
+        send = msgspec.structs.replace(send, headers={**send.headers,
+                                                      ID_HEADER: id_text(value)})
+        msg = self.stage(log, send, now)
+        assert msg.seq == seq
+        if point:
+            log.stream_ids = ids
+            ids.add(seq, value)
+            meta = self.state.batch.meta
+            meta[point_key(log.name, seq)] = id_text(value)
+            for old in ids.prune(log.first_seq):
+                meta[point_key(log.name, old)] = None
+        return msg
 
     def stage(self, log: ChannelLog, send: Send, now: float) -> Msg:
         """Give ``send`` the next seq of ``log`` and add it to the pending batch (making

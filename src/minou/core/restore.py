@@ -10,6 +10,7 @@ from .group import Group, GroupChannel
 from .log import ChannelLog
 from .snapshot import Snapshot
 from .state import BrokerState
+from .stream_ids import StreamIds, point_key, stored_points
 from .transactions import WRITER_LINEAGE_META
 
 LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
@@ -87,7 +88,27 @@ class Restorer:
         for channel, seq, priority, deliver_at in snap.specials:
             if channel in state.channels:
                 state.channels[channel].special[seq] = (priority, deliver_at)
+        self._stream_ids(snap, logs)
         return logs
+
+    def _stream_ids(self, snap: Snapshot, logs: list[ChannelLog]) -> None:
+        """The explicit Redis stream ids of these channels (core/stream_ids.py), but
+        for points no live message needs any more (dropped from storage too)."""
+        mine = {log.name: log for log in logs}
+        meta = self.state.batch.meta
+        for name, points in stored_points(snap.meta).items():
+            log = mine.get(name)
+            if log is None:
+                continue
+            ids = StreamIds()
+            for seq, value in points:
+                if seq < log.next_seq:
+                    ids.add(seq, value)
+                else:  # a point whose message was never stored
+                    meta[point_key(name, seq)] = None
+            for old in ids.prune(log.first_seq):
+                meta[point_key(name, old)] = None
+            log.stream_ids = ids if len(ids) else None
 
     def _group_states(self, snap: Snapshot, now: float) -> dict[Group, None]:
         state = self.state

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .group import GroupDef
+from .stream_ids import parse_point_key
 
 
 @dataclass
@@ -69,6 +70,8 @@ def queue_part(snap: Snapshot, queue: str) -> Snapshot:
         dedup=[d for d in snap.dedup if mine(d[0])],
         fences=[f for f in snap.fences if mine(f[1])],
         producers=[p for p in snap.producers if mine(p[2])],
+        meta={k: v for k, v in snap.meta.items()
+              if (point := parse_point_key(k)) is not None and mine(point[0])},
     )
 
 

@@ -39,7 +39,7 @@ class WriteBatch:
     fences: dict[tuple[str, str], int] = field(default_factory=dict)  # (writer, channel) -> batch
     writers: dict[str, str | None] = field(default_factory=dict)  # writer id -> owner; None: free
     dropped_fences: list[str] = field(default_factory=list)  # writer ids whose fences go
-    meta: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, str | None] = field(default_factory=dict)  # None: drop the row
     used_tokens: list[tuple[str, float]] = field(default_factory=list)  # jti, expires
     on_commit: list[Callable[[], None]] = field(default_factory=list)
     # (channel, seq) of messages that are dead letters moved back: counted as requeued

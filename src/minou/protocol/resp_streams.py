@@ -7,7 +7,9 @@
 * A key that is a **wildcard pattern** (``orders/v1/*``, ``orders/*``) names every
   channel it matches: ``XREAD`` reads them all (each as a stream of its own in the
   answer); other commands name one stream and refuse it.
-* A **stream id** is ``<seq>-0``: ordered and stable, the message's seq.
+* A **stream id** is ``<seq>-0``: ordered and stable, the message's seq; a stream
+  given ids of its own (``XADD key 1700000000000-0 ...``) numbers by them
+  (core/stream_ids.py): ``ids`` arguments below are the channel's ``StreamIds``.
 * An **entry** round-trips byte for byte. One field ``payload`` whose value is JSON is
   the message's JSON payload (what the other interfaces read). Fields that are all
   UTF-8 text with distinct names become a JSON object of strings (header
@@ -24,6 +26,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 import msgspec
 
+from ..core.stream_ids import ID_MAX, N_MASK, SEQ_BITS, StreamIds, make_id, search_end
 from ..errors import InvalidChannel
 from ..names import Pattern, parse_pattern, validate_channel
 from ..payloads import check_depth
@@ -94,9 +97,14 @@ def encoded_id(seq: int) -> bytes:
     return b"$%d\r\n%d-0\r\n" % (len(b"%d" % seq) + 2, seq)
 
 
-def encoded_entry(seq: int, fields: list[bytes]) -> bytes:
-    """The entry ``[id, [field, value, ...]]`` as RESP (the same in RESP2 and RESP3)."""
-    parts = [b"*2\r\n$%d\r\n%d-0\r\n*%d\r\n" % (len(b"%d" % seq) + 2, seq, len(fields))]
+def encoded_entry(seq: int, fields: list[bytes], sid: bytes | None = None) -> bytes:
+    """The entry ``[id, [field, value, ...]]`` as RESP (the same in RESP2 and RESP3);
+    its id ``<seq>-0`` unless ``sid`` gives it (a stream with explicit ids)."""
+    if sid is None:
+        parts = [b"*2\r\n$%d\r\n%d-0\r\n*%d\r\n" % (len(b"%d" % seq) + 2, seq,
+                                                        len(fields))]
+    else:
+        parts = [b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(sid), sid, len(fields))]
     parts += [b"$%d\r\n%b\r\n" % (len(value), value) for value in fields]
     return b"".join(parts)
 
@@ -126,10 +134,12 @@ def entry_to_message(fields: list[bytes]) -> tuple[bytes, bool, dict[str, str]]:
             {ENTRY_HEADER: BINARY, "content-type": BINARY_CONTENT_TYPE})
 
 
-def encoded_message(seq: int, data: bytes, raw: bool, headers: dict[str, str] | None
-                    ) -> bytes:
-    """``encoded_entry(seq, message_to_entry(data, raw, headers))`` in one pass for the
-    common entry (text fields), as XREADGROUP sends a thousand at a time."""
+def encoded_message(seq: int, data: bytes, raw: bool, headers: dict[str, str] | None,
+                    sid: bytes | None = None) -> bytes:
+    """``encoded_entry(seq, message_to_entry(data, raw, headers), sid)`` in one pass for
+    the common entry (text fields), as XREADGROUP sends a thousand at a time."""
+    if sid is not None:
+        return encoded_entry(seq, message_to_entry(data, raw, headers), sid)
     if headers and not raw and headers.get(ENTRY_HEADER) == FIELDS:
         try:
             obj = _fields.decode(data)
@@ -182,26 +192,63 @@ class StreamIdError(ValueError):
     command argument``)."""
 
 
-def parse_id(text: bytes, *, high: bool) -> int:
-    """The seq a stream id stands for in a range: ``-``/``+``, ``<ms>[-<n>]`` (our ids
-    are ``<seq>-0``: the first part is the seq; ``<s>-<n>`` with n > 0 falls between
-    ``s`` and ``s+1``), ``(`` exclusive. ``high``: the upper end of a range."""
+MAX_BOUND = 2 ** 63 - 1  # the highest seq a bound names (frames carry int64)
+
+
+def parse_id(text: bytes, *, high: bool, ids: StreamIds | None = None) -> int:
+    """The seq bound a stream id stands for in a range, as Redis reads it: ``-``/``+``;
+    ``<ms>-<n>``; ``<ms>`` (``<ms>-0`` at the low end, ``<ms>-<max>`` at the high one);
+    ``(`` exclusive (the id after, or before, the one given). ``high`` False: the
+    lowest seq whose id is at or above it; True: the highest seq whose id is at or
+    below it. ``ids``: the channel's explicit ids (else every id is ``<seq>-0``)."""
     exclusive = text.startswith(b"(")
     body = text[1:] if exclusive else text
     if body == b"-":
-        return 1 if not exclusive else _bad()
-    if body == b"+":
-        return (2 ** 63 - 1) if not exclusive else _bad()
-    first, _, second = body.partition(b"-")
-    if not first.isdigit() or (second and not second.isdigit()):
+        value = 0 if not exclusive else _bad()
+    elif body == b"+":
+        value = ID_MAX if not exclusive else _bad()
+    else:
+        first, dash, second = body.partition(b"-")
+        if not first.isdigit() or (dash and not second.isdigit()):
+            return _bad()
+        ms = int(first)
+        n = int(second) if dash else (N_MASK if high else 0)
+        if ms > N_MASK or n > N_MASK:
+            return _bad()
+        value = make_id(ms, n)
+        if exclusive:
+            value += -1 if high else 1
+            if not 0 <= value <= ID_MAX:
+                return _bad()
+    if high:  # the highest seq whose id is <= value
+        if ids is None:
+            seq = value >> SEQ_BITS
+        else:
+            seq = ids.ceil(value + 1, search_end(value + 1, 1)) - 1
+    elif ids is None:  # the lowest seq whose id is >= value
+        seq = max(1, (value + N_MASK) >> SEQ_BITS)
+    else:
+        seq = ids.ceil(value, search_end(value, 1))
+    return min(seq, MAX_BOUND)
+
+
+def exact_seq(text: bytes, ids: StreamIds | None) -> int | None:
+    """The seq of the entry whose id is exactly ``text`` (``<ms>`` is ``<ms>-0``); None
+    if no entry can have it. StreamIdError if it is not an id."""
+    first, dash, second = text.partition(b"-")
+    if not first.isdigit() or (dash and not second.isdigit()):
         return _bad()
-    seq, sub = int(first), int(second) if second else None
-    if not high:
-        # from <s>-<n>: s itself only if n == 0 (or absent)
-        start = seq if not sub else seq + 1
-        return start + 1 if exclusive and (sub is None or sub == 0) else start
-    end = seq  # up to <s>-<n>: s is included for any n (its id is s-0)
-    return end - 1 if exclusive and (sub is None or sub == 0) else end
+    ms, n = int(first), int(second) if dash else 0
+    if ms > N_MASK or n > N_MASK:
+        return _bad()
+    if ids is None:
+        return ms if n == 0 and ms <= MAX_BOUND else None
+    value = make_id(ms, n)
+    return ids.seq_of(value, search_end(value, 1))
+
+
+def id_of(seq: int, ids: StreamIds | None) -> bytes:
+    return b"%d-0" % seq if ids is None else ids.text(seq)
 
 
 def _bad() -> int:

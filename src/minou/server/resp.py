@@ -28,8 +28,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..core.stream_ids import ID_HEADER, TOP_ERROR, ZERO_ERROR, StreamIds, parse_explicit
 from ..errors import (
     ERROR_TABLE,
+    BadRequest,
     ErrorCode,
     NotAuthenticated,
     RequestError,
@@ -57,7 +59,8 @@ from ..protocol.resp_streams import (
     encoded_id,
     encoded_message,
     entry_to_message,
-    format_id,
+    exact_seq,
+    id_of,
     key_to_channel,
     message_to_entry,
     parse_id,
@@ -592,6 +595,7 @@ class RespConnection(asyncio.Protocol):
                 error, outcomes = None, reply.outcomes
             group: _Slot | None = None
             parts: list[bytes] = []
+            channels = self.server.core.channels
             for (_, slot, answer), outcome in zip(batch, outcomes, strict=False):
                 if answer is not None:
                     self._fill(slot, error or answer(outcome))
@@ -601,8 +605,9 @@ class RespConnection(asyncio.Protocol):
                         self._fill(group, Encoded(b"".join(parts)))
                     group, parts = slot, []
                 parts.append(encode(error, self.proto) if error is not None else
-                             encoded_id(outcome.seq) if not outcome.code else
-                             encode(_outcome_error(outcome), self.proto))
+                             encode(_xadd_answer(self, outcome), self.proto)
+                             if outcome.code or _has_ids(channels, outcome.channel) else
+                             encoded_id(outcome.seq))
             if group is not None:
                 self._fill(group, Encoded(b"".join(parts)))
             self._drain()
@@ -852,22 +857,41 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if not fields or len(fields) % 2:
         return wrong_args("xadd")
     channel = key_to_channel(key)
-    if entry_id != b"*":
-        log_ = c.server.core.channels.get(channel)
-        top = log_.end - 1 if log_ is not None else 0
-        if parse_id(entry_id, high=True) <= top:  # a client's retry, say: Redis's words
-            return Error("ERR The ID specified in XADD is equal or smaller than the target "
-                         "stream top item")
-        return Error("ERR minou assigns stream ids (<seq>-0): give '*' as the id")
     if nomkstream and channel not in c.server.core.channels:
         return None
     data, raw, headers = entry_to_message(fields)
-    c.batch_publish(f.Send(channel, data, raw, headers or None), slot, _xadd_answer)
+    if entry_id != b"*":  # checked against the top, and kept, by the core (stream_ids.py)
+        try:
+            parse_explicit(entry_id.decode("ascii"))
+        except (BadRequest, UnicodeDecodeError):
+            return Error("ERR Invalid stream ID specified as stream command argument")
+        headers = {**headers, ID_HEADER: entry_id.decode("ascii")}
+    c.batch_publish(f.Send(channel, data, raw, headers or None), slot,
+                    lambda outcome: _xadd_answer(c, outcome))
     return _LATER
 
 
-def _xadd_answer(outcome: f.Outcome) -> Any:
-    return _outcome_error(outcome) if outcome.code else format_id(outcome.seq)
+REDIS_XADD_ERRORS = (TOP_ERROR, ZERO_ERROR)
+
+
+def _xadd_answer(c: RespConnection, outcome: f.Outcome) -> Any:
+    """An XADD's id, or its refusal (in Redis's own words where Redis has them)."""
+    if outcome.code:
+        if outcome.error in REDIS_XADD_ERRORS:
+            return Error(f"ERR {outcome.error}")
+        return _outcome_error(outcome)
+    return id_of(outcome.seq, _stream_ids(c, outcome.channel))
+
+
+def _has_ids(channels: dict[str, Any], channel: str) -> bool:
+    log_ = channels.get(channel)
+    return log_ is not None and log_.stream_ids is not None
+
+
+def _stream_ids(c: RespConnection, channel: str) -> StreamIds | None:
+    """The channel's explicit ids (None: every id is ``<seq>-0``)."""
+    log_ = c.server.core.channels.get(channel)
+    return log_.stream_ids if log_ is not None else None
 
 
 
@@ -911,8 +935,10 @@ def _xrange(c: RespConnection, args: list[bytes], slot: _Slot, *, reverse: bool 
     if len(args) not in (4, 6):
         return wrong_args(name)
     key = args[1]
+    channel = key_to_channel(key)
+    ids = _stream_ids(c, channel)
     lo_text, hi_text = (args[3], args[2]) if reverse else (args[2], args[3])
-    lo, hi = parse_id(lo_text, high=False), parse_id(hi_text, high=True)
+    lo, hi = parse_id(lo_text, high=False, ids=ids), parse_id(hi_text, high=True, ids=ids)
     count = None
     if len(args) == 6:
         if args[4].upper() != b"COUNT":
@@ -923,7 +949,6 @@ def _xrange(c: RespConnection, args: list[bytes], slot: _Slot, *, reverse: bool 
             return Error("ERR value is not an integer or out of range")
         if count <= 0:
             return []
-    channel = key_to_channel(key)
     entries: list[Any] = []
     c.inner_read(channel, lo, hi, count, reverse, slot, entries)
     return _LATER
@@ -961,8 +986,8 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
                 self._answer(slot, _frame_error(reply))
                 return
             assert isinstance(reply, f.ReadResult)
-            got = [[format_id(d.seq), message_to_entry(d.data, d.raw, d.headers)]
-                   for d in reply.items if low <= d.seq <= top]
+            ids = _stream_ids(self, channel)
+            got = [_entry(d, ids) for d in reply.items if low <= d.seq <= top]
             if reverse:
                 entries.extend(reversed(got))
                 more_from = None if start <= low else start - 1
@@ -1073,7 +1098,8 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         elif start_id in (b"0", b"0-0", b"-"):
             start = "oldest"
         else:
-            start = f"seq:{parse_id(start_id, high=True) + 1}"
+            after = parse_id(start_id, high=True, ids=_stream_ids(c, channel))
+            start = f"seq:{after + 1}"
         groups.create(c.identity, channel, gname, start)
         return OK
     if sub == b"DESTROY" and len(args) == 4:
@@ -1107,7 +1133,8 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         start_id = args[4]
         log_ = c.server.core.channels.get(channel)
         nxt = log_.end if log_ is not None else 1
-        after = nxt - 1 if start_id == b"$" else parse_id(start_id, high=True)
+        after = nxt - 1 if start_id == b"$" else parse_id(
+            start_id, high=True, ids=_stream_ids(c, channel))
         groups.set_position(c.identity, channel, gname, after + 1)
         return OK
     return Error(f"ERR unknown subcommand '{_text(args[1])}'. Try XGROUP HELP.")
@@ -1130,8 +1157,8 @@ def _streams_reply(c: RespConnection, found: list[tuple[bytes, list[Any]]]) -> A
     return [[k, v] for k, v in found]
 
 
-def _entry(item: Delivery) -> list[Any]:
-    return [format_id(item.seq), message_to_entry(item.data, item.raw, item.headers)]
+def _entry(item: Delivery, ids: StreamIds | None) -> list[Any]:
+    return [id_of(item.seq, ids), message_to_entry(item.data, item.raw, item.headers)]
 
 
 def _streams_wire(c: RespConnection, found: list[tuple[bytes, list[bytes]]]) -> Encoded:
@@ -1166,12 +1193,13 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if any(sid != b">" for *_, sid in targets):
         # The consumer's own pending entries after the id: history, never blocking.
         found = []
-        for key, _channel, gname, sid in targets:
-            after = parse_id(sid, high=True) if sid != b">" else 2 ** 62
+        for key, channel, gname, sid in targets:
+            ids = _stream_ids(c, channel)
+            after = parse_id(sid, high=True, ids=ids) if sid != b">" else 2 ** 62
             mine = sorted((e for e in groups.entries(gname).values()
                            if e.consumer == name and e.item.seq > after),
                           key=lambda e: e.item.seq)[:count or MAX_COUNT]
-            found.append((key, [_entry(e.item) for e in mine]))
+            found.append((key, [_entry(e.item, ids) for e in mine]))
         return _streams_reply(c, found)
     for _key, _channel, gname, _sid in targets:
         if groups.pending(gname) >= MAX_PENDING:
@@ -1213,7 +1241,7 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
         holder = groups.consumer(c.identity, channel, gname)
 
         def done(items: list[Delivery], key: bytes = key, gname: str = gname,
-                 holder: RespConsumer = holder) -> None:
+                 holder: RespConsumer = holder, channel: str = channel) -> None:
             state["open"] -= 1
             if items:
                 if state["finished"]:  # answered meanwhile (the connection went away)
@@ -1222,11 +1250,15 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
                     return
                 entries = got.setdefault(key, [])
                 groups.delivered_all(gname, name, holder, items, noack)
-                if wire:
+                ids = _stream_ids(c, channel)
+                if wire and ids is None:
                     entries += [encoded_message(i.seq, i.data, i.raw, i.headers)
                                 for i in items]
+                elif wire:
+                    entries += [encoded_message(i.seq, i.data, i.raw, i.headers,
+                                                ids.text(i.seq)) for i in items]
                 else:
-                    entries += map(_entry, items)
+                    entries += [_entry(i, ids) for i in items]
                 finish()
             elif state["open"] == 0:
                 finish()
@@ -1324,7 +1356,8 @@ async def _xread_run(c: RespConnection, slot: _Slot,
         after: dict[str, int] = {}
         for _, ch, sid in streams:
             nxt = int(known[ch][1]) if ch in known else 1
-            after[ch] = nxt - 1 if sid in (b"$", b"+") else parse_id(sid, high=True)
+            after[ch] = nxt - 1 if sid in (b"$", b"+") else parse_id(
+                sid, high=True, ids=_stream_ids(c, ch))
         deadline = None if block is None else (
             time.monotonic() + (block / 1000 if block else 10 ** 9))
         while True:
@@ -1336,7 +1369,8 @@ async def _xread_run(c: RespConnection, slot: _Slot,
                     return
                 items = [d for d in reply.items if d.seq > after[ch]][:count]
                 if items:
-                    found.append((key, [_entry(d) for d in items]))
+                    ids = _stream_ids(c, ch)
+                    found.append((key, [_entry(d, ids) for d in items]))
             if found:
                 c._answer(slot, _streams_reply(c, found))
                 return
@@ -1355,7 +1389,8 @@ async def _xread_run(c: RespConnection, slot: _Slot,
                 return
             streams = _xread_streams(c, targets)
             for _, ch, sid in streams:  # a stream made since the read began: all of it
-                after.setdefault(ch, 0 if sid in (b"$", b"+") else parse_id(sid, high=True))
+                after.setdefault(ch, 0 if sid in (b"$", b"+") else parse_id(
+                    sid, high=True, ids=_stream_ids(c, ch)))
     except asyncio.CancelledError:
         c._answer(slot, NULL_ARRAY)  # the connection is gone: nobody reads it
         raise
@@ -1373,7 +1408,7 @@ async def _xinfo_stream(c: RespConnection, slot: _Slot, channel: str, head: list
         for start in (int(first), max(int(first), int(nxt) - 1)):
             reply = await c.request(f.Read(next(c._req), channel, start, 1, int(nxt)))
             items = reply.items if isinstance(reply, f.ReadResult) else []
-            ends.append(_entry(items[0]) if items else None)
+            ends.append(_entry(items[0], _stream_ids(c, channel)) if items else None)
     except asyncio.CancelledError:
         raise
     except Exception:  # the entries are a courtesy: the rest is answered anyway
@@ -1389,7 +1424,7 @@ def _xdel(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     channel = key_to_channel(args[1])
     assert c.inner is not None
     c.inner.session.access.check_write(channel)  # a write, as Redis's ACL counts XDEL
-    seqs = _exact_ids(args[2:])
+    seqs = _exact_ids(args[2:], _stream_ids(c, channel))
     if len(args) - 2 > MAX_DELETE:
         return Error(f"ERR XDEL takes at most {MAX_DELETE} ids at once")
     if not seqs:
@@ -1410,41 +1445,35 @@ def _xtrim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                  "(config [channels]); '~' (approximate) is accepted and trims nothing")
 
 
-def _exact_ids(values: list[bytes]) -> list[int]:
-    """The seqs of ids that can name an entry (``<seq>-0``); others name none."""
+def _exact_ids(values: list[bytes], ids: StreamIds | None) -> list[int]:
+    """The seqs of the entries these ids name (an id no entry can have names none)."""
     seqs = []
     for value in values:
-        first, _, second = value.partition(b"-")
-        if not first.isdigit() or (second and not second.isdigit()):
-            raise StreamIdError("Invalid stream ID specified as stream command argument")
-        if (not second or int(second) == 0) and 0 < int(first) <= MAX_FROM_SEQ:
-            seqs.append(int(first))
+        seq = exact_seq(value, ids)
+        if seq is not None and 0 < seq <= MAX_FROM_SEQ:
+            seqs.append(seq)
     return seqs
 
 
 _ID_LIST = re.compile(rb"\d{1,18}-0(?: \d{1,18}-0)*")
 
 
-def _ids(values: list[bytes]) -> list[int]:
-    joined = b" ".join(values)
-    if _ID_LIST.fullmatch(joined):  # minou's own ids (XACK's): read at C speed
-        seqs = list(map(int, joined.replace(b"-0", b"").split()))
-        if len(seqs) == len(values):  # no value held a space of its own
-            return seqs
-    out = []
-    for v in values:
-        head = v[:-2]
-        # the ids minou hands out (<seq>-0), as XACK sends them back: without parse_id
-        out.append(int(head) if v.endswith(b"-0") and head.isdigit() else
-                   parse_id(v, high=True))
-    return out
+def _ids(values: list[bytes], ids: StreamIds | None) -> list[int]:
+    """XACK's and XCLAIM's ids as seqs (an id no entry has: -1, which settles none)."""
+    if ids is None:
+        joined = b" ".join(values)
+        if _ID_LIST.fullmatch(joined):  # minou's own ids (XACK's): read at C speed
+            seqs = list(map(int, joined.replace(b"-0", b"").split()))
+            if len(seqs) == len(values):  # no value held a space of its own
+                return seqs
+    return [-1 if seq is None else seq for seq in (exact_seq(v, ids) for v in values)]
 
 
 def _xack(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 4:
         return wrong_args("xack")
     channel = _readable(c, args[1])
-    return _groups(c).ack(group_name(args[2], channel), _ids(args[3:]))
+    return _groups(c).ack(group_name(args[2], channel), _ids(args[3:], _stream_ids(c, channel)))
 
 
 def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1453,6 +1482,7 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     key, group = args[1], args[2]
     gname = _existing_group(c, key, group)
     groups = _groups(c)
+    ids = _stream_ids(c, key_to_channel(key))
     entries = sorted(groups.entries(gname).values(), key=lambda e: e.item.seq)
     if len(args) == 3:
         if not entries:
@@ -1460,7 +1490,7 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         per: dict[bytes, int] = {}
         for e in entries:
             per[e.consumer] = per.get(e.consumer, 0) + 1
-        return [len(entries), format_id(entries[0].item.seq), format_id(entries[-1].item.seq),
+        return [len(entries), id_of(entries[0].item.seq, ids), id_of(entries[-1].item.seq, ids),
                 [[k, str(v).encode()] for k, v in per.items()]]
     i, min_idle = 3, 0
     try:
@@ -1468,7 +1498,8 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             min_idle, i = _int(args[i + 1]), i + 2
         if len(args) < i + 3:
             return Error("ERR syntax error")
-        lo, hi = parse_id(args[i], high=False), parse_id(args[i + 1], high=True)
+        lo, hi = parse_id(args[i], high=False, ids=ids), parse_id(args[i + 1], high=True,
+                                                                   ids=ids)
         count = _int(args[i + 2])
     except _Reply as early:
         return early.reply
@@ -1478,7 +1509,7 @@ def _xpending(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     for e in entries:
         idle = int((now - e.since) * 1000)
         if lo <= e.item.seq <= hi and idle >= min_idle and (who is None or e.consumer == who):
-            out.append([format_id(e.item.seq), e.consumer, idle, e.count])
+            out.append([id_of(e.item.seq, ids), e.consumer, idle, e.count])
             if len(out) >= count:
                 break
     return out
@@ -1512,9 +1543,10 @@ def _xclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         return early.reply
     gname = _existing_group(c, key, group)
     groups = _groups(c)
-    ids, justid = _claim_options(args[5:])
-    claimed = groups.claim(gname, name, min_idle, _ids(ids), bump=not justid)
-    return [format_id(e.item.seq) if justid else _entry(e.item) for e in claimed]
+    given, justid = _claim_options(args[5:])
+    ids = _stream_ids(c, key_to_channel(key))
+    claimed = groups.claim(gname, name, min_idle, _ids(given, ids), bump=not justid)
+    return [id_of(e.item.seq, ids) if justid else _entry(e.item, ids) for e in claimed]
 
 
 def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1524,7 +1556,8 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     count, justid = DEFAULT_COUNT, False
     try:
         min_idle = _int(args[4])
-        start = parse_id(args[5], high=False)
+        ids = _stream_ids(c, key_to_channel(key))
+        start = parse_id(args[5], high=False, ids=ids)
         i = 6
         while i < len(args):
             opt = args[i].upper()
@@ -1545,8 +1578,9 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     taken, rest = candidates[:count], candidates[count:]
     claimed = groups.claim(gname, name, min_idle, [e.item.seq for e in taken],
                            bump=not justid)
-    nxt = format_id(rest[0].item.seq) if rest else b"0-0"
-    return [nxt, [format_id(e.item.seq) if justid else _entry(e.item) for e in claimed], []]
+    nxt = id_of(rest[0].item.seq, ids) if rest else b"0-0"
+    return [nxt, [id_of(e.item.seq, ids) if justid else _entry(e.item, ids) for e in claimed],
+            []]
 
 
 def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
@@ -1570,7 +1604,8 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             lag = max(0, (log_.end if log_ is not None else 1) - (gc.cursor if gc else 1))
             out.append(Map([(b"name", gname[:-len(suffix)].encode()),
                             (b"consumers", len(groups.names.get(gname, {}))),
-                            (b"pending", pending), (b"last-delivered-id", format_id(last)),
+                            (b"pending", pending),
+                            (b"last-delivered-id", id_of(last, log_.stream_ids if log_ else None)),
                             (b"entries-read", last), (b"lag", lag)]))
         return out
     if sub == b"CONSUMERS" and len(args) == 4:
@@ -1586,7 +1621,7 @@ def _xinfo(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if sub == b"STREAM":
         if log_ is None:
             return Error("ERR no such key")
-        head = [format_id(max(0, log_.end - 1)), log_.count, sum(
+        head = [id_of(max(0, log_.end - 1), log_.stream_ids), log_.count, sum(
             1 for k in core.state.groups
             if k.startswith("consume:") and k.endswith(f"@{channel}"))]
         c.spawn(_xinfo_stream(c, slot, channel, head))

@@ -619,8 +619,7 @@ class SQLiteStorage:
             db.execute("DELETE FROM fences WHERE writer = ?", (writer,))
         _put_or_drop(db, "writers", "writer", "owner", batch.writers)
         if batch.meta:
-            db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
-                           list(batch.meta.items()))
+            _put_or_drop(db, "meta", "key", "value", batch.meta)
         if batch.fences:
             db.executemany(
                 "INSERT OR REPLACE INTO fences(writer, channel, batch) VALUES (?, ?, ?)",

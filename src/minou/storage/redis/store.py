@@ -75,6 +75,7 @@ from redis.retry import Retry
 
 from ...core.log import Msg
 from ...core.snapshot import Snapshot
+from ...core.stream_ids import POINT_META
 from ...core.writes import WriteBatch
 from ...errors import StorageFenced, StorageFull, StorageUnavailable
 from ...limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
@@ -97,6 +98,11 @@ SOCKET_TIMEOUT = 10.0  # a commit Redis never answers fails rather than hangs th
 CONNECT_TIMEOUT = 5.0
 SHARED_TABLES = ("groups", "clients", "credentials", "reservations", "writers", "meta")
 MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob (``SCAN``/``HSCAN`` ``MATCH``)."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 class RedisStorage:
@@ -280,9 +286,14 @@ class RedisStorage:
         with self._redis(f"opening {queue}"):
             dump = self._client.evalsha(self._sha("dump"), 1, base + "next", base)
             groups = self._client.hgetall(self._shared + "groups")
+            # the queue's explicit stream ids (core/stream_ids.py), in the shared meta
+            points = dict(self._client.hscan_iter(
+                self._shared + "meta", match=glob_escape(f"{POINT_META}{queue}/") + "*",
+                count=1000))
         state = reading.queue_snapshot(dump, now)
-        snap = reading.shared_snapshot({t: [] for t in SHARED_TABLES} | {"groups": groups},
-                                       [], {}, [], now)
+        snap = reading.shared_snapshot(
+            {t: [] for t in SHARED_TABLES} | {"groups": groups, "meta": points},
+            [], {}, [], now)
         reading.merge(snap, [state])
         with self._lock:
             self._queues.add(queue)

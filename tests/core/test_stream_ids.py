@@ -1,0 +1,171 @@
+"""Stream ids of a channel given explicit ids (core/stream_ids.py), against a model that
+numbers every seq one by one as Redis numbers XADD."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.core.stream_ids import (
+    N_MASK,
+    SEQ_BITS,
+    StreamIds,
+    make_id,
+    parse_explicit,
+    parse_point_key,
+    point_key,
+    search_end,
+)
+from minou.errors import BadRequest
+
+
+def model_next(top: int, seq: int) -> int:
+    """The id XADD '*' gives the message at ``seq`` after ``top``: ``<seq>-0`` if that is
+    greater, else the top's ms with the next n (Redis with a clock at ``seq`` ms)."""
+    return max(seq << SEQ_BITS, top + 1)
+
+
+# each step: None for '*', else an explicit (ms, n) given relative to the top
+steps = st.lists(st.one_of(
+    st.none(),
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),  # near the top
+    st.tuples(st.integers(4, 10**6), st.integers(0, 5)),  # far ahead
+), max_size=60)
+
+
+def run(plan: list[tuple[int, int] | None]) -> tuple[StreamIds, list[int]]:
+    ids, model = StreamIds(), [0]  # model[seq] = id; model[0] = 0 (no message)
+    for step in plan:
+        seq = len(model)
+        top = model[-1]
+        if step is None:
+            want = model_next(top, seq)
+        else:
+            dm, n = step
+            ms = (top >> SEQ_BITS) + dm
+            want = make_id(ms, n)
+            if want <= top:
+                with pytest.raises(BadRequest, match=r"equal or smaller|greater than 0\-0"):
+                    ids.assign(seq, ms, n)
+                continue
+            ids.assign(seq, ms, n)
+        model.append(want)
+        assert ids.id_of(seq) == want
+    return ids, model
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_ids_match_the_model_and_never_change(plan: list[tuple[int, int] | None]) -> None:
+    ids, model = run(plan)
+    for seq in range(1, len(model)):
+        assert ids.id_of(seq) == model[seq]
+        assert ids.id_of(seq) > ids.id_of(seq - 1) if seq > 1 else True
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.integers(0, 10**6 + 20), st.integers(0, 6))
+def test_ceil_and_exact_lookups_match_a_scan(plan: list[tuple[int, int] | None],
+                                             ms: int, n: int) -> None:
+    ids, model = run(plan)
+    end = len(model)
+    value = make_id(ms, n)
+    scan = next((s for s in range(1, end) if model[s] >= value), end)
+    assert ids.ceil(value, end) == scan
+    exact = next((s for s in range(1, end) if model[s] == value), None)
+    assert ids.seq_of(value, end) == exact
+    for s in range(1, end):  # every stored id is found
+        assert ids.seq_of(model[s], end) == s
+    # past search_end no id is <= value, whatever comes
+    far = search_end(value, end)
+    assert ids.id_of(far) > value
+    assert far >= end
+
+
+def test_auto_ids_follow_an_id_from_the_future_as_redis_does() -> None:
+    ids = StreamIds()
+    assert ids.assign(3, 1000, 5) == make_id(1000, 5)
+    assert [ids.text(s) for s in (1, 2, 3, 4, 5)] == [b"1-0", b"2-0", b"1000-5", b"1000-6",
+                                                     b"1000-7"]
+    assert ids.text(1000) == b"1000-1002"
+    assert ids.text(1001) == b"1001-0"
+
+
+def test_an_id_the_message_gets_anyway_makes_no_point() -> None:
+    ids = StreamIds()
+    assert ids.assign(1, 1, 0) is None
+    assert ids.assign(2, 7, 0) == make_id(7, 0)
+    assert ids.assign(3, 7, 1) is None
+    assert len(ids) == 1
+
+
+def test_ms_star_takes_the_next_n_of_that_ms() -> None:
+    ids = StreamIds()
+    assert ids.assign(1, 50, None) == make_id(50, 0)
+    assert ids.assign(2, 50, None) is None  # 50-1: what '*' gives anyway
+    assert ids.text(2) == b"50-1"
+    with pytest.raises(BadRequest, match="equal or smaller"):
+        ids.assign(3, 49, None)
+    assert ids.assign(3, 60, None) == make_id(60, 0)
+
+
+def test_zero_and_the_top_are_refused_in_redis_words() -> None:
+    ids = StreamIds()
+    with pytest.raises(BadRequest, match="must be greater than 0-0"):
+        ids.assign(1, 0, 0)
+    ids.assign(1, 5, 5)
+    with pytest.raises(BadRequest, match="equal or smaller than the target stream top"):
+        ids.assign(2, 5, 5)
+    assert len(ids) == 1
+
+
+def test_points_are_bounded_with_a_precise_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("minou.core.stream_ids.MAX_POINTS", 3)
+    ids = StreamIds()
+    for seq in (1, 2, 3):
+        ids.assign(seq, 10 * seq, 1)
+    with pytest.raises(BadRequest, match="3 entries added with ids of their own"):
+        ids.assign(4, 100, 1)
+    assert len(ids) == 3
+    assert ids.id_of(4) == make_id(30, 2)  # '*' still numbers the next message
+
+
+def test_prune_keeps_the_point_that_still_numbers_live_messages() -> None:
+    ids = StreamIds()
+    for seq, ms in ((2, 100), (5, 200), (9, 300)):
+        ids.assign(seq, ms, 0)
+    before = {s: ids.id_of(s) for s in range(6, 15)}
+    assert ids.prune(4) == []  # the point at 2 numbers 3 and 4
+    assert ids.prune(6) == [2]
+    assert {s: ids.id_of(s) for s in range(6, 15)} == before
+    assert ids.prune(100) == [5]
+    assert len(ids) == 1
+
+
+def test_points_added_out_of_order_at_start_up() -> None:
+    ids, other = StreamIds(), StreamIds()
+    for seq, ms in ((2, 100), (5, 200), (9, 300)):
+        ids.assign(seq, ms, 0)
+    for seq, ms in ((9, 300), (2, 100), (5, 200)):
+        other.add(seq, make_id(ms, 0))
+    assert [other.id_of(s) for s in range(1, 20)] == [ids.id_of(s) for s in range(1, 20)]
+
+
+@pytest.mark.parametrize("text", ["", "1", "-1-0", "1-", "a-b", "1-0-0", "1-**",
+                                  "99999999999999999999999-0", f"1-{N_MASK + 1}"])
+def test_explicit_ids_that_are_not_ids(text: str) -> None:
+    with pytest.raises(BadRequest, match="Invalid stream ID"):
+        parse_explicit(text)
+
+
+def test_explicit_ids() -> None:
+    assert parse_explicit("5-3") == (5, 3)
+    assert parse_explicit("5-*") == (5, None)
+    assert parse_explicit(f"{N_MASK}-{N_MASK}") == (N_MASK, N_MASK)
+
+
+def test_point_keys_round_trip() -> None:
+    assert parse_point_key(point_key("redis/v1/a%2Fb", 12)) == ("redis/v1/a%2Fb", 12)
+    assert parse_point_key("listen_keys") is None
+    assert parse_point_key("resp-id/x/") is None
