@@ -120,10 +120,12 @@ class Harness:
             self.commit()
 
     # ------------------------------------------------------------- publish
-    def publish(self, *sends: Send, commit: bool = True) -> list[Outcome]:
+    def publish(self, *sends: Send, commit: bool = True, resp_door: bool = False
+                ) -> list[Outcome]:
         """Publish through the engine; the outcomes as known now (``replies`` gets the
-        final ones once their commit is durable)."""
-        outcomes = self.engine.publish(sends, ALLOW_ALL, self._replied, publisher=self)
+        final ones once their commit is durable). ``resp_door``: as the Redis door does."""
+        outcomes = self.engine.publish(sends, ALLOW_ALL, self._replied, publisher=self,
+                                       resp_door=resp_door)
         if commit:
             self.commit()
         return outcomes

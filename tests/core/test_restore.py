@@ -537,7 +537,8 @@ def test_explicit_stream_ids_survive_and_points_no_message_needs_are_dropped(
     sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
     outs = h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2),
                      send(CH, 3, headers={ID_HEADER: "200-5"}), send(CH, 4),
-                     send(CH, 5, headers={ID_HEADER: "150-0"}))  # not above the top
+                     send(CH, 5, headers={ID_HEADER: "150-0"}),  # not above the top
+                     resp_door=True)
     assert [o.code == 0 for o in outs] == [True, True, True, True, False]
     assert "equal or smaller than the target stream top" in outs[4].error
     ids = h.broker.channels[CH].stream_ids
@@ -561,6 +562,9 @@ def test_explicit_stream_ids_survive_and_points_no_message_needs_are_dropped(
     broker = Broker()
     broker.restore(snap, h2.now + 1)
     h3 = Harness(broker=broker, storage=st, now=h2.now + 1)
-    outs = h3.publish(send(CH, 6, headers={ID_HEADER: "200-6"}), send(CH, 7))
+    outs = h3.publish(send(CH, 6, headers={ID_HEADER: "200-6"}), send(CH, 7), resp_door=True)
     assert "equal or smaller" in outs[0].error and outs[1].code == 0
     assert h3.broker.channels[CH].stream_ids.text(outs[1].seq) == b"200-7"
+    # Through any other door the header is an ordinary one (a copied message keeps it)
+    (out,) = h3.publish(send(CH, 8, headers={ID_HEADER: "1-0"}))
+    assert out.code == 0 and h3.broker.channels[CH].stream_ids.text(out.seq) == b"200-8"

@@ -171,10 +171,10 @@ class Broker:
     # --------------------------------------------------------------- publish
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
                 session: Session | None = None, refuse: RequestError | None = None,
-                json_checked: bool = False) -> tuple[list[Outcome], list[Msg]]:
+                resp_door: bool = False) -> tuple[list[Outcome], list[Msg]]:
         """Validate and stage ``sends``: one outcome each, and the staged messages
         (``Publishing.publish``; ``self.replays`` lists the answers it repeated)."""
-        return self.publishing.publish(sends, now, access, session, refuse, json_checked)
+        return self.publishing.publish(sends, now, access, session, refuse, resp_door)
 
     def settle_duplicates(self, outcomes: list[Outcome],
                           early: list[tuple[int, ProducerState | None, int]]) -> None:

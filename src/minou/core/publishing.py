@@ -81,15 +81,17 @@ class Publishing:
 
     def publish(self, sends: Iterable[Send], now: float, access: Access = ALLOW_ALL,
                 session: Session | None = None, refuse: RequestError | None = None,
-                json_checked: bool = False) -> tuple[list[Outcome], list[Msg]]:
+                resp_door: bool = False) -> tuple[list[Outcome], list[Msg]]:
         """Validate and stage ``sends``; return one outcome each and the staged messages.
 
         A send with a producer sequence (``pseq``) from a ``session`` with a producer id
         is checked against that producer's state first: a sequence handled before is
         answered as it was (``state.replays`` lists those), not stored again. ``refuse``
         refuses every send with it (the broker is stopping), remembered like any refusal.
-        ``json_checked``: the door made or checked each JSON payload itself (the Redis
-        protocol's entries), within the depth limit; a schema still reads it.
+        ``resp_door``: published through the Redis protocol door, which made or checked
+        each JSON payload itself (its entries), within the depth limit (a schema still
+        reads it), and whose ``XADD`` names a stream id in the header ``x-resp-id``
+        (anywhere else that header is an ordinary one: a copied message keeps it).
         """
         state = self.state
         outcomes: list[Outcome] = []
@@ -101,13 +103,13 @@ class Publishing:
         for send in sends:
             if numbered and send.pseq:
                 self._publish_numbered(send, now, staged, access, session, outcomes, full,  # type: ignore[arg-type]
-                                       json_checked)
+                                       resp_door)
             else:
                 try:
                     if full is not None:
                         raise type(full)(full.message)
                     outcomes.append(self._publish_one(send, now, staged, access, session,
-                                                      json_checked))
+                                                      resp_door))
                 except RequestError as exc:
                     outcomes.append(self._refusal(send, exc))
             last = outcomes[-1]
@@ -155,7 +157,7 @@ class Publishing:
 
     def _publish_numbered(self, send: Send, now: float, staged: list[Msg], access: Access,
                           session: Session, outcomes: list[Outcome],
-                          full: RequestError | None, json_checked: bool = False) -> None:
+                          full: RequestError | None, resp_door: bool = False) -> None:
         """A publish with its producer's sequence: answered from the producer's state if
         that sequence was handled before (even while publishes are refused: it was
         stored then), else published and the state moved on."""
@@ -177,7 +179,7 @@ class Publishing:
                     return
             if full is not None:
                 raise type(full)(full.message)
-            outcome = self._publish_one(send, now, staged, access, session, json_checked)
+            outcome = self._publish_one(send, now, staged, access, session, resp_door)
         except RequestError as exc:
             outcomes.append(self._refusal(send, exc))
             if exc.code != ErrorCode.OUT_OF_SEQUENCE:
@@ -199,7 +201,7 @@ class Publishing:
         return pstate
 
     def validate(self, send: Send, access: Access, *, direct: bool = False,
-                 reply: bool = False, json_checked: bool = False) -> str | None:
+                 reply: bool = False, resp_door: bool = False) -> str | None:
         """Everything a publish checks before storing (name, rules, size, JSON, schema);
         return the broadcast prefix, or None for a concrete channel. ``direct``: a
         publish, whose requests and inbox writes ``_request_or_reply`` checked (a
@@ -217,10 +219,10 @@ class Publishing:
                              "staged in a transaction", channel=target)
         if not access.unrestricted and not reply:
             access.check_write(target)
-        self._check(send, target, json_checked)
+        self._check(send, target, resp_door)
         return prefix
 
-    def _check(self, send: Send, target: str, json_checked: bool = False) -> None:
+    def _check(self, send: Send, target: str, resp_door: bool = False) -> None:
         state = self.state
         size, limit = len(send.data), state.max_message_size
         if size > limit:
@@ -236,7 +238,7 @@ class Publishing:
             state.schema_refusals[key] = state.schema_refusals.get(key, 0) + 1
             raise SchemaMismatch(f"{key} declares no schema and strict_schemas is on: "
                                  "declare channels.\"" + key + "\".schema", schema=key)
-        elif not send.raw and not json_checked:
+        elif not send.raw and not resp_door:
             check_json(send.data)
         if send.headers:
             if len(send.headers) > MAX_HEADERS:
@@ -274,14 +276,14 @@ class Publishing:
             ) from None
 
     def _publish_one(self, send: Send, now: float, staged: list[Msg], access: Access,
-                     session: Session | None = None, json_checked: bool = False) -> Outcome:
+                     session: Session | None = None, resp_door: bool = False) -> Outcome:
         state = self.state
         reply = False
         if send.headers or send.channel.startswith(INBOX_ENDPOINT):
             send, reply = self._request_or_reply(send, access, session)
         target = send.channel
         prefix = self.validate(send, access, direct=True, reply=reply,
-                               json_checked=json_checked)
+                               resp_door=resp_door)
         if target.startswith(KV_PREFIX):
             if prefix is not None:
                 raise BadRequest(f"{target!r}: a bucket is written key by key, not broadcast")
@@ -298,14 +300,14 @@ class Publishing:
                 return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
         if prefix is None:
             log = state.log(target, now)
-            if send.headers and ID_HEADER in send.headers:
+            if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)
             else:
                 msg = self.stage(log, send, now)
             staged.append(msg)
             outcome = Outcome(seq=msg.seq, id=msg.id, channel=target)
         else:
-            if send.headers and ID_HEADER in send.headers:
+            if resp_door and send.headers and ID_HEADER in send.headers:
                 raise BadRequest(f"{ID_HEADER!r} names one message's stream id: publish it "
                                  "to one channel, not a broadcast")
             targets = [log for name, log in state.channels.items()

@@ -65,7 +65,7 @@ class Transport(Protocol):
 class NativeConnection:
     # Whether what this connection publishes was made or checked as JSON (within the
     # depth limit) before it came: the Redis door's inner connection, never a socket's.
-    json_checked = False
+    resp_door = False
 
     def __init__(self, server: Server, transport: Transport, peer: str) -> None:
         self.server = server
@@ -323,7 +323,7 @@ class NativeConnection:
 
         self.engine.publish(frame.msgs, self.session.access, confirm, session=self.session,
                             publisher=self, routed=self.front is not None,
-                            json_checked=self.json_checked)
+                            resp_door=self.resp_door)
 
     def _on_subscribe(self, frame: f.Subscribe) -> None:
         reply = f.Result(frame.req, {"sid": frame.sid})

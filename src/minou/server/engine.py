@@ -401,7 +401,7 @@ class Engine:
 
     def publish(self, sends: Sequence[Send], access: Any, reply: PublishReply, *,
                 session: Session | None = None, publisher: Publisher | None = None,
-                routed: bool = False, json_checked: bool = False) -> list[Outcome]:
+                routed: bool = False, resp_door: bool = False) -> list[Outcome]:
         """Validate and stage ``sends``; ``reply`` once they are durable (at once when
         nothing was staged); the outcomes as known now are returned (the reply has the
         final ones). A door that cannot be paused (``publisher`` None) is
@@ -420,7 +420,7 @@ class Engine:
         received = time.perf_counter()
         core = self.core
         outcomes, staged = core.publish(sends, self.clock(), access, session, stopping,
-                                        json_checked)
+                                        resp_door)
         early = core.early_duplicates
         if not staged and not core.replays and not early:
             down = core.storage_refusal is not None and \

@@ -125,7 +125,8 @@ def _frame_error(frame: f.Error) -> Error:
 class _Inner(NativeConnection):
     """The native connection behind a Redis one: frames are handed over as objects."""
 
-    json_checked = True  # entry_to_message made or checked every JSON payload
+    # entry_to_message made or checked every JSON payload; an XADD's id is x-resp-id
+    resp_door = True
 
     def __init__(self, server: BrokerServer, outer: RespConnection, peer: str) -> None:
         super().__init__(server, outer, peer)  # the outer connection is its transport
