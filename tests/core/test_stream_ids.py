@@ -169,3 +169,76 @@ def test_point_keys_round_trip() -> None:
     assert parse_point_key(point_key("redis/v1/a%2Fb", 12)) == ("redis/v1/a%2Fb", 12)
     assert parse_point_key("listen_keys") is None
     assert parse_point_key("resp-id/x/") is None
+
+
+def test_refusals_are_redis_words_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    for text in ("x", f"{N_MASK + 1}-0"):
+        with pytest.raises(BadRequest) as err:
+            parse_explicit(text)
+        assert err.value.message == "Invalid stream ID specified as stream command argument"
+    ids = StreamIds()
+    ids.assign(1, 5, N_MASK)
+    with pytest.raises(BadRequest) as err:  # no n left in that ms
+        ids.assign(2, 5, None)
+    assert err.value.message == ("The ID specified in XADD is equal or smaller than the "
+                                 "target stream top item")
+    monkeypatch.setattr("minou.core.stream_ids.MAX_POINTS", 1)
+    with pytest.raises(BadRequest) as err:
+        ids.assign(2, 9, 0)
+    assert err.value.message == (
+        "this stream holds 1 entries added with ids of their own (the limit, kept in "
+        "memory until the entries are removed): add with '*' or let readers settle the "
+        "older entries")
+
+
+def test_ids_use_all_64_bits_of_each_part() -> None:
+    ids = StreamIds()
+    assert ids.assign(1, N_MASK, N_MASK - 1) == make_id(N_MASK, N_MASK - 1)
+    assert ids.text(1) == b"%d-%d" % (N_MASK, N_MASK - 1)
+    assert ids.text(2) == b"%d-%d" % (N_MASK, N_MASK)
+
+
+def test_a_point_added_again_replaces_the_first() -> None:
+    ids = StreamIds()
+    ids.add(5, make_id(50, 1))
+    ids.add(5, make_id(60, 2))  # the last one again
+    assert len(ids) == 1 and ids.id_of(5) == make_id(60, 2)
+    ids.add(9, make_id(90, 0))
+    ids.add(5, make_id(70, 3))  # an earlier one again (start-up reads any order)
+    assert list(ids.seqs) == [5, 9] and ids.id_of(5) == make_id(70, 3)
+    assert ids.id_of(9) == make_id(90, 0)
+
+
+def test_the_search_ends_just_past_the_last_seq_an_id_can_have() -> None:
+    assert search_end(make_id(5, 7), 1) == 7 and search_end(make_id(5, 7), 30) == 30
+
+
+def test_stored_points_read_every_point_row_and_skip_the_rest() -> None:
+    from minou.core.stream_ids import stored_points
+
+    meta = {"listen_keys": "escaped", point_key("a/v1/x", 3): "", point_key("a/v1/x", 4):
+            "bad", point_key("a/v1/x", 5): "9-0", "lineage:w": "z",
+            point_key("b/v1/y", 2): "7-3"}
+    assert stored_points(meta) == {"a/v1/x": [(5, make_id(9, 0))],
+                                   "b/v1/y": [(2, make_id(7, 3))]}
+
+
+def test_the_points_of_every_stream_together_are_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base = StreamIds.held
+    a, b = StreamIds(), StreamIds()
+    a.assign(1, 10, 1)
+    b.assign(1, 10, 1)
+    b.assign(2, 20, 1)
+    assert StreamIds.held == base + 3
+    monkeypatch.setattr("minou.core.stream_ids.MAX_POINTS_HELD", base + 3)
+    with pytest.raises(BadRequest) as err:
+        a.assign(2, 30, 1)
+    assert err.value.message.startswith("the broker holds")
+    assert a.assign(2, 10, 2) is None  # no point needed: never refused for the bound
+    assert b.prune(2) == [1] and StreamIds.held == base + 2
+    a.assign(3, 30, 1)  # room again
+    del a, err  # a channel removed: its points go with it (the traceback held it too)
+    assert StreamIds.held == base + 1
+    b.add(2, make_id(25, 0))  # replaced, not added
+    assert StreamIds.held == base + 1

@@ -51,13 +51,13 @@ def redis(tmp_path: Path) -> Any:
     server.stop()
 
 
-def spread_brokers(broker_factory: Any, redis: RedisServer | str, tmp_path: Path, n: int
-                   ) -> list[BrokerProcess]:
+def spread_brokers(broker_factory: Any, redis: RedisServer | str, tmp_path: Path, n: int,
+                   **make: Any) -> list[BrokerProcess]:
     url = redis if isinstance(redis, str) else redis.url
     cfg = tmp_path / "spread.toml"
     cfg.write_text(f'[storage]\nurl = "{url}"\nowner_lease = {LEASE}\n'
                    'placement = "spread"\n')
-    made = [broker_factory.make(config=cfg, storage=url).start() for _ in range(n)]
+    made = [broker_factory.make(config=cfg, storage=url, **make).start() for _ in range(n)]
     ADMINS[url] = made[0]
     return made
 
@@ -170,6 +170,32 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue_native_and_h
     got = consume(brokers[2], sent)
     assert len(got) == sent and set(got.values()) == {1}
     assert consume(brokers[1], 0, timeout=2.0) == {}
+
+
+def test_an_xadd_naming_its_id_is_refused_by_a_broker_that_does_not_own_the_queue(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """A stream's explicit ids live in its owner's memory (core/stream_ids.py): another
+    broker refuses such an XADD naming the owner, rather than store it under '*'."""
+    redis_py = pytest.importorskip("redis")
+    from .test_resp import connect
+
+    brokers = spread_brokers(broker_factory, redis, tmp_path, 2, resp_port=0)
+    publish_all(brokers[0], 1)
+    wait_until(lambda: settled_spread(brokers[0], 2), timeout=20)
+    placed = owners(brokers[0])
+    mine = cluster_view(brokers[0])["this_broker"]["member"]
+    r = connect(brokers[0], "ider")
+    refused = 0
+    for q in QUEUES:
+        if placed[q] == mine:
+            assert r.xadd(f"{q}/1", {"n": "1"}, id="1700000000000-0") == b"1700000000000-0"
+        else:
+            with pytest.raises(redis_py.ResponseError, match=f"owns the stream's queue "
+                                                            f"\\({placed[q]}\\)"):
+                r.xadd(f"{q}/1", {"n": "1"}, id="1700000000000-0")
+            refused += 1
+            assert r.xadd(f"{q}/1", {"n": "1"}) == b"2-0"  # '*' goes to the owner
+    assert 0 < refused < len(QUEUES), placed  # all on one broker: odds 2 / 2**12
 
 
 def test_http_stream_and_admin_views_reach_queues_owned_by_another_broker(

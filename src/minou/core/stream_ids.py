@@ -29,6 +29,7 @@ ID_MAX = (1 << 2 * SEQ_BITS) - 1
 POINT_META = "resp-id/"  # + channel + "/" + seq -> "<ms>-<n>"
 ID_HEADER = "x-resp-id"  # a publish's explicit id: "<ms>-<n>" or "<ms>-*"
 MAX_POINTS = 100_000  # per channel: explicit ids held in memory until their messages go
+MAX_POINTS_HELD = 1_000_000  # by every channel of the process together (24 MB)
 TOP_ERROR = "The ID specified in XADD is equal or smaller than the target stream top item"
 ZERO_ERROR = "The ID specified in XADD must be greater than 0-0"
 _EXPLICIT = re.compile(r"(\d{1,20})-(\d{1,20}|\*)\Z")
@@ -71,11 +72,15 @@ class StreamIds:
     """The points of one channel, in seq order (three parallel arrays: 24 bytes each)."""
 
     __slots__ = ("mss", "ns", "seqs")
+    held = 0  # the points every StreamIds of this process holds
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.mss = array("Q")
         self.ns = array("Q")
+
+    def __del__(self) -> None:  # a channel removed or handed over: its points go with it
+        StreamIds.held -= len(self.seqs)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -130,6 +135,11 @@ class StreamIds:
                 f"this stream holds {MAX_POINTS:,} entries added with ids of their own "
                 "(the limit, kept in memory until the entries are removed): add with '*' "
                 "or let readers settle the older entries")
+        if StreamIds.held >= MAX_POINTS_HELD:
+            raise BadRequest(
+                f"the broker holds {MAX_POINTS_HELD:,} entries added with ids of their own "
+                "over all streams (the limit, kept in memory until the entries are "
+                "removed): add with '*' or let readers settle older entries")
         return value, True
 
     def add(self, seq: int, value: int) -> None:
@@ -139,10 +149,12 @@ class StreamIds:
             if i and self.seqs[i - 1] == seq:
                 self.mss[i - 1], self.ns[i - 1] = value >> SEQ_BITS, value & N_MASK
                 return
+            StreamIds.held += 1
             self.seqs.insert(i, seq)
             self.mss.insert(i, value >> SEQ_BITS)
             self.ns.insert(i, value & N_MASK)
             return
+        StreamIds.held += 1
         self.seqs.append(seq)
         self.mss.append(value >> SEQ_BITS)
         self.ns.append(value & N_MASK)
@@ -155,6 +167,7 @@ class StreamIds:
             return []
         dropped = self.seqs[:k].tolist()
         del self.seqs[:k], self.mss[:k], self.ns[:k]
+        StreamIds.held -= k
         return dropped
 
     def ceil(self, value: int, hi: int) -> int:

@@ -68,6 +68,7 @@ from ..protocol.resp_streams import (
 )
 from . import oplog, resp_keys
 from .connection import NativeConnection
+from .front import ADOPT
 from .resp_groups import (
     DEFAULT_COUNT,
     MAX_COUNT,
@@ -866,6 +867,11 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             parse_explicit(entry_id.decode("ascii"))
         except (BadRequest, UnicodeDecodeError):
             return Error("ERR Invalid stream ID specified as stream command argument")
+        owner = c.server.spread.route_channel(channel) if c.server.spread else None
+        if owner not in (None, ADOPT):  # its ids live in that broker's memory
+            return Error(f"ERR an XADD with an id of its own is stored by the broker that "
+                         f"owns the stream's queue ({owner}): connect to that one, or give "
+                         "'*' as the id")
         headers = {**headers, ID_HEADER: entry_id.decode("ascii")}
     c.batch_publish(f.Send(channel, data, raw, headers or None), slot,
                     lambda outcome: _xadd_answer(c, outcome))
