@@ -547,8 +547,10 @@ def test_explicit_stream_ids_survive_and_points_no_message_needs_are_dropped(
     got = h.take(sub)
     assert got[0].headers == {ID_HEADER: "100-0"} and got[1].headers is None
     h.ack(a, got[:3])  # 1-3 go: the point at 3 still numbers 4, the one at 1 goes
-    h.commit()
+    batch = h.commit()
     assert h.broker.channels[CH].first_seq == 4
+    assert list(h.broker.channels[CH].stream_ids.seqs) == [3]  # pruned as they go
+    assert batch.meta == {point_key(CH, 1): None}
     h2 = _restart(h, tmp_path)
     ids = h2.broker.channels[CH].stream_ids
     assert ids is not None and list(ids.seqs) == [3] and ids.text(4) == b"200-6"

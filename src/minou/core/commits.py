@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ..errors import RequestError
 from .log import ChannelLog, Msg
 from .state import BrokerState
+from .stream_ids import prune_points
 from .writes import WriteBatch
 
 
@@ -53,6 +54,7 @@ class Commits:
                 log.truncate_below(floor)
                 batch.truncates[log.name] = log.first_seq
                 batch.channels[log.name] = log.next_seq  # stored with the removal
+                prune_points(log.name, log.stream_ids, log.first_seq, batch.meta)
         state.batch = WriteBatch()
         state.taken += 1
         batch.number = state.taken
@@ -221,3 +223,4 @@ class Commits:
             batch = self.state.batch
             batch.truncates[channel] = log.first_seq
             batch.channels[channel] = log.next_seq
+            prune_points(channel, log.stream_ids, log.first_seq, batch.meta)

@@ -46,7 +46,14 @@ from .producers import ProducerState
 from .replies import check_reply, check_request
 from .session import Session
 from .state import BrokerState
-from .stream_ids import ID_HEADER, StreamIds, id_text, parse_explicit, point_key
+from .stream_ids import (
+    ID_HEADER,
+    StreamIds,
+    id_text,
+    parse_explicit,
+    point_key,
+    prune_points,
+)
 
 
 def check_room(log: ChannelLog) -> None:
@@ -353,6 +360,8 @@ class Publishing:
         and a point records it (stored as meta in the same batch)."""
         assert send.headers is not None
         ms, n = parse_explicit(send.headers[ID_HEADER])
+        meta = self.state.batch.meta
+        prune_points(log.name, log.stream_ids, log.first_seq, meta)  # room first
         ids = log.stream_ids if log.stream_ids is not None else StreamIds()
         seq = log.next_seq
         value, point = ids.resolve(seq, ms, n)
@@ -363,10 +372,7 @@ class Publishing:
         if point:
             log.stream_ids = ids
             ids.add(seq, value)
-            meta = self.state.batch.meta
             meta[point_key(log.name, seq)] = id_text(value)
-            for old in ids.prune(log.first_seq):
-                meta[point_key(log.name, old)] = None
         return msg
 
     def stage(self, log: ChannelLog, send: Send, now: float) -> Msg:

@@ -10,7 +10,7 @@ from .group import Group, GroupChannel
 from .log import ChannelLog
 from .snapshot import Snapshot
 from .state import BrokerState
-from .stream_ids import StreamIds, point_key, stored_points
+from .stream_ids import StreamIds, point_key, prune_points, stored_points
 from .transactions import WRITER_LINEAGE_META
 
 LISTEN_KEYS_META = "listen_keys"  # storage meta: "escaped" once older listener keys migrated
@@ -106,8 +106,7 @@ class Restorer:
                     ids.add(seq, value)
                 else:  # a point whose message was never stored
                     meta[point_key(name, seq)] = None
-            for old in ids.prune(log.first_seq):
-                meta[point_key(name, old)] = None
+            prune_points(name, ids, log.first_seq, meta)
             log.stream_ids = ids if len(ids) else None
 
     def _group_states(self, snap: Snapshot, now: float) -> dict[Group, None]:

@@ -187,6 +187,15 @@ class StreamIds:
         return seq if seq < end and self.id_of(seq) == value else None
 
 
+def prune_points(name: str, ids: StreamIds | None, first_seq: int,
+                 meta: dict[str, str | None]) -> None:
+    """Drop the points of channel ``name`` its live messages (from ``first_seq``) no
+    longer need, from memory and (through ``meta``, a batch's) from storage."""
+    if ids is not None:
+        for old in ids.prune(first_seq):
+            meta[point_key(name, old)] = None
+
+
 def search_end(value: int, end: int) -> int:
     """A seq past every seq whose id could be <= ``value``, and past ``end``: a seq's
     id is at least ``<seq - 1>-0`` (a point is above the id before it)."""
