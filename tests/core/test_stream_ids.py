@@ -218,8 +218,8 @@ def test_the_search_ends_just_past_the_last_seq_an_id_can_have() -> None:
 def test_stored_points_read_every_point_row_and_skip_the_rest() -> None:
     from minou.core.stream_ids import stored_points
 
-    meta = {"listen_keys": "escaped", "lineage:v": "3-0", point_key("a/v1/x", 3): "", point_key("a/v1/x", 4):
-            "bad", point_key("a/v1/x", 5): "9-0", "lineage:w": "z",
+    meta = {"listen_keys": "escaped", "lineage:v": "3-0", point_key("a/v1/x", 3): "",
+            point_key("a/v1/x", 4): "bad", point_key("a/v1/x", 5): "9-0", "lineage:w": "z",
             point_key("b/v1/y", 2): "7-3"}
     assert stored_points(meta) == {"a/v1/x": [(5, make_id(9, 0))],
                                    "b/v1/y": [(2, make_id(7, 3))]}
