@@ -85,13 +85,14 @@ def test_a_handed_over_queue_is_claimed_at_once_and_the_old_owner_writes_nothing
 
 
 def test_a_dead_owners_queue_is_claimed_and_its_late_writes_are_fenced(brokers) -> None:
-    a, b = brokers("a", lease_s=0.3), brokers("b")
+    a, b = brokers("a", lease_s=1.0), brokers("b")
     a.st.open_shared(NOW)
     b.st.open_shared(NOW)
+    a.lease.seen({"native": "minou://127.0.0.1/a"})  # its record from now (a slow machine)
     a.st.apply(batch_of(msg(A1, 1)))
     with pytest.raises(StorageFenced):
         b.st.open_queue("orders/v1", NOW)
-    time.sleep(0.4)  # a's record runs out: it is dead to the others (a real wait: Redis's clock)
+    time.sleep(1.1)  # a's record runs out: it is dead to the others (a real wait: Redis's clock)
     assert b.lease.alive_members() == ["b"]
     b.st.open_queue("orders/v1", NOW)
     with pytest.raises(StorageFenced, match="claimed by another broker"):
