@@ -1142,3 +1142,26 @@ def test_a_dead_letters_reason_counts_its_deliveries_in_words() -> None:
 
     assert _too_many(0) == "delivered 1 time without an ack; the queue's requeue_limit is 0"
     assert _too_many(2) == "delivered 3 times without an ack; the queue's requeue_limit is 2"
+
+
+def test_a_deleted_entry_a_reader_holds_keeps_its_stream_id() -> None:
+    """XDEL of an entry a consumer still holds moves the first live seq past it; the
+    points numbering it stay until the reader's floor passes (its group shows it by its
+    id in XPENDING / XCLAIM: core/stream_ids.py)."""
+    from minou.core.stream_ids import ID_HEADER
+
+    h = Harness()
+    s = Session("reader")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}),
+              send(CH, 2, headers={ID_HEADER: "200-0"}), resp_door=True)
+    held = h.take(sub)
+    log = _log(h)
+    assert mt.delete_messages(h.broker, log, [1]) == [1]
+    assert log.first_seq == 2
+    h.publish(send(CH, 3, headers={ID_HEADER: "300-0"}), resp_door=True)
+    assert log.stream_ids is not None and log.stream_ids.text(1) == b"100-0"
+    h.ack(s, held)
+    h.commit()  # the floor passes them: the points below go
+    h.publish(send(CH, 4, headers={ID_HEADER: "400-0"}), resp_door=True)
+    assert list(log.stream_ids.seqs) == [3, 4]

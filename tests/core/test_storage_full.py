@@ -307,3 +307,24 @@ def test_fences_dropped_by_an_admin_while_their_commit_is_written_stay_dropped()
     assert h.broker.transactions.fences == {}
     h.broker.stage(w, "t2", [send(CH, 1)], h.now)
     assert h.broker.commit_txns(w, "job", 1, ["t2"], h.now)["published"] == 1
+
+
+def test_an_explicit_stream_id_whose_commit_failed_may_be_given_again(tmp_path: Path) -> None:
+    """An XADD with the client's id (core/stream_ids.py) that was never stored: its
+    retry is not refused as "equal or smaller than the top", and no row of it stays."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    h = Harness(storage=_storage(tmp_path))
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), resp_door=True)
+    h.publish(send(CH, 2, headers={ID_HEADER: "200-0"}), send(CH, 3), commit=False,
+              resp_door=True)
+    failed = fail(h)
+    assert failed.meta == {point_key(CH, 2): "200-0"}
+    ids = h.broker.channels[CH].stream_ids
+    assert ids is not None and list(ids.seqs) == [1]
+    (again,) = h.publish(send(CH, 2, headers={ID_HEADER: "200-0"}), resp_door=True)
+    assert again.code == 0 and ids.text(again.seq) == b"200-0"
+    h2 = restart(h, tmp_path)
+    ids2 = h2.broker.channels[CH].stream_ids
+    assert ids2 is not None and list(ids2.seqs) == [1, again.seq]
+    assert [ids2.text(s) for s in (1, again.seq)] == [b"100-0", b"200-0"]

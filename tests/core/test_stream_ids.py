@@ -17,7 +17,6 @@ from minou.core.stream_ids import (
     parse_explicit,
     parse_point_key,
     point_key,
-    search_end,
 )
 from minou.errors import BadRequest
 
@@ -31,8 +30,8 @@ def model_next(top: int, seq: int) -> int:
 # each step: None for '*', else an explicit (ms, n) given relative to the top
 steps = st.lists(st.one_of(
     st.none(),
-    st.tuples(st.integers(0, 3), st.integers(0, 3)),  # near the top
-    st.tuples(st.integers(4, 10**6), st.integers(0, 5)),  # far ahead
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),  # near the top (1-1, 1-2, ...)
+    st.tuples(st.integers(4, 3000), st.integers(0, 5)),  # far ahead
 ), max_size=60)
 
 
@@ -67,7 +66,7 @@ def test_ids_match_the_model_and_never_change(plan: list[tuple[int, int] | None]
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps, st.integers(0, 10**6 + 20), st.integers(0, 6))
+@given(steps, st.integers(0, 3000 * 60 + 20), st.integers(0, 6))
 def test_ceil_and_exact_lookups_match_a_scan(plan: list[tuple[int, int] | None],
                                              ms: int, n: int) -> None:
     ids, model = run(plan)
@@ -77,12 +76,14 @@ def test_ceil_and_exact_lookups_match_a_scan(plan: list[tuple[int, int] | None],
     assert ids.ceil(value, end) == scan
     exact = next((s for s in range(1, end) if model[s] == value), None)
     assert ids.seq_of(value, end) == exact
-    for s in range(1, end):  # every stored id is found
-        assert ids.seq_of(model[s], end) == s
-    # past search_end no id is <= value, whatever comes
-    far = search_end(value, end)
-    assert ids.id_of(far) > value
-    assert far >= end
+    for s in range(1, end):  # every stored id is found, with or without a bound
+        assert ids.seq_of(model[s], end) == s and ids.seq_of(model[s]) == s
+    # Unbounded: over the seqs to come too, numbered by '*' from the top
+    future = list(model)
+    while future[-1] <= value or len(future) <= end:
+        future.append(model_next(future[-1], len(future)))
+    assert ids.ceil(value) == next(s for s in range(1, len(future)) if future[s] >= value)
+    assert ids.id_of(ids.search_end(value)) > value
 
 
 def test_auto_ids_follow_an_id_from_the_future_as_redis_does() -> None:
@@ -154,7 +155,7 @@ def test_points_added_out_of_order_at_start_up() -> None:
     assert [other.id_of(s) for s in range(1, 20)] == [ids.id_of(s) for s in range(1, 20)]
 
 
-@pytest.mark.parametrize("text", ["", "1", "-1-0", "1-", "a-b", "1-0-0", "1-**",
+@pytest.mark.parametrize("text", ["", "-1-0", "1-", "a-b", "1-0-0", "1-**",
                                   "99999999999999999999999-0", f"1-{N_MASK + 1}"])
 def test_explicit_ids_that_are_not_ids(text: str) -> None:
     with pytest.raises(BadRequest, match="Invalid stream ID"):
@@ -162,6 +163,7 @@ def test_explicit_ids_that_are_not_ids(text: str) -> None:
 
 
 def test_explicit_ids() -> None:
+    assert parse_explicit("5") == (5, 0)  # as Redis reads XADD s 5 ...
     assert parse_explicit("5-3") == (5, 3)
     assert parse_explicit("5-*") == (5, None)
     assert parse_explicit(f"{N_MASK}-{N_MASK}") == (N_MASK, N_MASK)
@@ -211,8 +213,43 @@ def test_a_point_added_again_replaces_the_first() -> None:
     assert ids.id_of(9) == make_id(90, 0)
 
 
-def test_the_search_ends_just_past_the_last_seq_an_id_can_have() -> None:
-    assert search_end(make_id(5, 7), 1) == 7 and search_end(make_id(5, 7), 30) == 30
+def test_the_search_ends_past_the_points_and_the_id() -> None:
+    ids = StreamIds()
+    assert ids.search_end(make_id(5, 7)) == 7
+    for seq in range(1, 11):  # 1-1, 1-2, ... 1-10: ids below <seq>-0
+        ids.assign(seq, 1, seq)
+    assert ids.search_end(make_id(1, 5)) == 12
+    assert ids.ceil(make_id(1, 5)) == 5 and ids.seq_of(make_id(1, 7)) == 7
+    assert ids.id_of(11) == make_id(11, 0)  # '*' next: <seq>-0 is above 1-10
+    assert ids.ceil(make_id(1, 11)) == 11 and ids.ceil(make_id(2, 0)) == 11
+    assert ids.ceil(make_id(11, 1)) == 12
+
+
+def test_an_n_run_past_its_64_bits_carries_and_stays_increasing() -> None:
+    ids = StreamIds()
+    ids.assign(2, 5, N_MASK - 1)
+    got = [ids.id_of(s) for s in range(1, 10)]
+    assert got == sorted(set(got)) and got[1:4] == [make_id(5, N_MASK - 1),
+                                                    make_id(5, N_MASK), make_id(6, 0)]
+    assert got[5] == make_id(6, 2) and got[6] == make_id(7, 0)
+    top = StreamIds()
+    top.assign(1, N_MASK, N_MASK)
+    with pytest.raises(BadRequest) as err:
+        top.check_next(2)
+    assert err.value.message == ("The stream has exhausted the last possible ID, unable "
+                                 "to add more items")
+    ids.check_next(10)  # room left: nothing raised
+
+
+def test_a_point_whose_message_was_never_stored_is_removed() -> None:
+    ids = StreamIds()
+    ids.assign(2, 100, 0)
+    ids.assign(3, 200, 0)
+    held = StreamIds.held
+    assert ids.remove(3) and not ids.remove(3) and not ids.remove(7)
+    assert StreamIds.held == held - 1 and list(ids.seqs) == [2]
+    assert ids.id_of(3) == make_id(100, 1)  # numbered from the point before
+    assert ids.assign(3, 200, 0) == make_id(200, 0)  # the id may be given again
 
 
 def test_stored_points_read_every_point_row_and_skip_the_rest() -> None:

@@ -927,6 +927,36 @@ def test_explicit_xadd_ids_are_honoured_named_by_every_command_and_kept_by_a_kil
         b"1700000000009-1", b"1700000000009-2", b"1800000000000-0"]
 
 
+def test_small_explicit_ids_as_tests_and_imports_give_them_are_found_by_every_read(
+        broker_factory) -> None:
+    """Ids below <seq>-0 (``1-1``, ``1-2``, ... as test suites and imports give them):
+    a reader that carries on from the last id it saw gets each entry once, exact ids
+    settle and delete (a lookup bounded by the seq alone found none of them)."""
+    cfg = broker_factory.make().data_dir.parent / "keep.toml"
+    cfg.write_text('[channels."redis/v1"]\nretention = 3600\n')
+    broker = broker_factory.make(resp_port=0, config=cfg).start()
+    r = connect(broker, "small-ids")
+    ids = [r.xadd("imp", {"n": str(i)}, id=f"1-{i}") for i in range(1, 11)]
+    assert ids == [b"1-%d" % i for i in range(1, 11)]
+    assert r.xadd("imp", {"n": "ms only"}, id="7") == b"7-0"  # XADD s 7: 7-0, as Redis
+    assert [i for i, _ in r.xrange("imp", "1-3", "1-3")] == [b"1-3"]
+    seen, last = [], "0"
+    while True:  # an XREAD loop carrying its last id on
+        got = r.xread({"imp": last}, count=4)
+        if not got:
+            break
+        entries = got[0][1]
+        seen += [i for i, _ in entries]
+        last = entries[-1][0].decode()
+    assert seen == [*ids, b"7-0"]
+    r.xgroup_create("imp", "g", id="0")
+    assert len(r.xreadgroup("g", "c", {"imp": ">"}, count=20)[0][1]) == 11
+    assert r.xack("imp", "g", "1-7", "1-8", "1-99") == 2
+    assert r.xdel("imp", "1-9") == 1  # still pending, by its id, as in Redis
+    assert [e["message_id"] for e in r.xpending_range("imp", "g", "-", "+", 20)] == [
+        *ids[:6], ids[8], ids[9], b"7-0"]
+
+
 def test_command_docs_and_info_describe_the_commands(broker) -> None:
     """What redis-cli builds its help and hints from (COMMAND DOCS) and cluster-aware
     clients their key positions (COMMAND INFO)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from ..errors import RequestError
 from .log import ChannelLog, Msg
 from .state import BrokerState
-from .stream_ids import prune_points
+from .stream_ids import point_key, prune_points
 from .writes import WriteBatch
 
 
@@ -171,6 +171,11 @@ class Commits:
             elif key in pending.fence_undo and pending.fence_undo[key] == value:
                 pending.fence_undo[key] = before  # a later commit moved it on meanwhile
         pending.carry(batch, keep)
+        for msg in batch.publishes:  # an id a client gave may be given again (a retry)
+            log = state.channels.get(msg.channel)
+            if log is not None and log.stream_ids is not None and \
+                    log.stream_ids.remove(msg.seq):
+                pending.meta[point_key(msg.channel, msg.seq)] = None
         if pending.forgets:  # a channel made again since keeps its record
             pending.forgets = [n for n in pending.forgets if n in state.forgetting]
         waiting = [(ok, fail) for ok, fail in

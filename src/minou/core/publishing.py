@@ -310,6 +310,8 @@ class Publishing:
             if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)
             else:
+                if resp_door and log.stream_ids is not None:
+                    log.stream_ids.check_next(log.next_seq)
                 msg = self.stage(log, send, now)
             staged.append(msg)
             outcome = Outcome(seq=msg.seq, id=msg.id, channel=target)
@@ -361,7 +363,10 @@ class Publishing:
         assert send.headers is not None
         ms, n = parse_explicit(send.headers[ID_HEADER])
         meta = self.state.batch.meta
-        prune_points(log.name, log.stream_ids, log.first_seq, meta)  # room first
+        # Room first; not past a reader's floor: a pending entry deleted under it (XDEL)
+        # is still shown to its group by its id.
+        floor = min((gc.floor for gc in log.states), default=log.first_seq)
+        prune_points(log.name, log.stream_ids, min(log.first_seq, floor), meta)
         ids = log.stream_ids if log.stream_ids is not None else StreamIds()
         seq = log.next_seq
         value, point = ids.resolve(seq, ms, n)

@@ -81,5 +81,6 @@ def shared_part(snap: Snapshot) -> Snapshot:
         groups=list(snap.groups), dedup=[d for d in snap.dedup if queue_of(d[0]) is None],
         clients=list(snap.clients), credentials=list(snap.credentials),
         reservations=dict(snap.reservations), writers=dict(snap.writers),
-        meta=dict(snap.meta), used_tokens=list(snap.used_tokens), staged=list(snap.staged),
+        meta={k: v for k, v in snap.meta.items() if parse_point_key(k) is None},
+        used_tokens=list(snap.used_tokens), staged=list(snap.staged),
     )

@@ -31,8 +31,9 @@ ID_HEADER = "x-resp-id"  # a publish's explicit id: "<ms>-<n>" or "<ms>-*"
 MAX_POINTS = 100_000  # per channel: explicit ids held in memory until their messages go
 MAX_POINTS_HELD = 1_000_000  # by every channel of the process together (24 MB)
 TOP_ERROR = "The ID specified in XADD is equal or smaller than the target stream top item"
+EXHAUSTED_ERROR = "The stream has exhausted the last possible ID, unable to add more items"
 ZERO_ERROR = "The ID specified in XADD must be greater than 0-0"
-_EXPLICIT = re.compile(r"(\d{1,20})-(\d{1,20}|\*)\Z")
+_EXPLICIT = re.compile(r"(\d{1,20})(?:-(\d{1,20}|\*))?\Z")  # "<ms>" alone is <ms>-0
 
 
 def make_id(ms: int, n: int) -> int:
@@ -62,7 +63,7 @@ def parse_explicit(text: str) -> tuple[int, int | None]:
     if m is None:
         raise BadRequest("Invalid stream ID specified as stream command argument")
     ms = int(m.group(1))
-    n = None if m.group(2) == "*" else int(m.group(2))
+    n = None if m.group(2) == "*" else int(m.group(2) or 0)
     if ms > N_MASK or (n is not None and n > N_MASK):
         raise BadRequest("Invalid stream ID specified as stream command argument")
     return ms, n
@@ -94,9 +95,9 @@ class StreamIds:
         s0, ms = self.seqs[i], self.mss[i]
         if seq == s0:
             return ms << SEQ_BITS | self.ns[i]
-        if seq <= ms:
-            return (ms << SEQ_BITS) + self.ns[i] + seq - s0
-        return seq << SEQ_BITS
+        # (ms, n + k) while that is above <seq>-0, which takes over after: an n that
+        # runs past its 64 bits carries into ms, and the max keeps ids increasing then.
+        return max((ms << SEQ_BITS) + self.ns[i] + seq - s0, seq << SEQ_BITS)
 
     def text(self, seq: int) -> bytes:
         value = self.id_of(seq)
@@ -110,6 +111,12 @@ class StreamIds:
             return None
         self.add(seq, value)
         return value
+
+    def check_next(self, seq: int) -> None:
+        """An ``XADD *`` as message ``seq``: refused, in Redis's words, once the ids are
+        used up (a point at the largest ms took every n)."""
+        if self.id_of(seq) > ID_MAX:
+            raise BadRequest(EXHAUSTED_ERROR)
 
     def resolve(self, seq: int, ms: int, n: int | None) -> tuple[int, bool]:
         """The id ``ms-n`` stands for as the next message's (``seq``), and whether it
@@ -170,8 +177,16 @@ class StreamIds:
         StreamIds.held -= k
         return dropped
 
-    def ceil(self, value: int, hi: int) -> int:
-        """The lowest seq in ``[1, hi)`` whose id is >= ``value``; ``hi`` if none."""
+    def search_end(self, value: int) -> int:
+        """A seq whose id is above ``value``: so is every later one. Past the last
+        point (seq p, ms m) a seq's id is at least ``<seq>-0`` once seq > m."""
+        last = max(self.seqs[-1], self.mss[-1]) if self.seqs else 0
+        return max(last, value >> SEQ_BITS) + 2
+
+    def ceil(self, value: int, hi: int | None = None) -> int:
+        """The lowest seq in ``[1, hi)`` whose id is >= ``value`` (``hi`` if none;
+        None: the lowest seq at all)."""
+        hi = self.search_end(value) if hi is None else hi
         lo = 1
         while lo < hi:
             mid = (lo + hi) // 2
@@ -181,10 +196,21 @@ class StreamIds:
                 lo = mid + 1
         return lo
 
-    def seq_of(self, value: int, end: int) -> int | None:
-        """The seq below ``end`` whose id is exactly ``value``, if any."""
+    def seq_of(self, value: int, end: int | None = None) -> int | None:
+        """The seq below ``end`` (None: any) whose id is exactly ``value``, if any."""
         seq = self.ceil(value, end)
-        return seq if seq < end and self.id_of(seq) == value else None
+        return seq if (end is None or seq < end) and self.id_of(seq) == value else None
+
+    def remove(self, seq: int) -> bool:
+        """Forget the point at ``seq`` (its message was never stored: a failed commit),
+        so the id can be given again. Ids of the seqs it numbered (none stored) follow
+        the point before, still below every later point."""
+        i = bisect_right(self.seqs, seq) - 1
+        if i < 0 or self.seqs[i] != seq:
+            return False
+        del self.seqs[i], self.mss[i], self.ns[i]
+        StreamIds.held -= 1
+        return True
 
 
 def prune_points(name: str, ids: StreamIds | None, first_seq: int,
@@ -196,10 +222,6 @@ def prune_points(name: str, ids: StreamIds | None, first_seq: int,
             meta[point_key(name, old)] = None
 
 
-def search_end(value: int, end: int) -> int:
-    """A seq past every seq whose id could be <= ``value``, and past ``end``: a seq's
-    id is at least ``<seq - 1>-0`` (a point is above the id before it)."""
-    return max(end, (value >> SEQ_BITS) + 2)
 
 
 def stored_points(meta: dict[str, str]) -> dict[str, list[tuple[int, int]]]:

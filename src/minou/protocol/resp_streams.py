@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 import msgspec
 
-from ..core.stream_ids import ID_MAX, N_MASK, SEQ_BITS, StreamIds, make_id, search_end
+from ..core.stream_ids import ID_MAX, N_MASK, SEQ_BITS, StreamIds, make_id
 from ..errors import InvalidChannel
 from ..names import Pattern, parse_pattern, validate_channel
 from ..payloads import check_depth
@@ -221,14 +221,11 @@ def parse_id(text: bytes, *, high: bool, ids: StreamIds | None = None) -> int:
             if not 0 <= value <= ID_MAX:
                 return _bad()
     if high:  # the highest seq whose id is <= value
-        if ids is None:
-            seq = value >> SEQ_BITS
-        else:
-            seq = ids.ceil(value + 1, search_end(value + 1, 1)) - 1
+        seq = value >> SEQ_BITS if ids is None else ids.ceil(value + 1) - 1
     elif ids is None:  # the lowest seq whose id is >= value
         seq = max(1, (value + N_MASK) >> SEQ_BITS)
     else:
-        seq = ids.ceil(value, search_end(value, 1))
+        seq = ids.ceil(value)
     return min(seq, MAX_BOUND)
 
 
@@ -244,7 +241,7 @@ def exact_seq(text: bytes, ids: StreamIds | None) -> int | None:
     if ids is None:
         return ms if n == 0 and ms <= MAX_BOUND else None
     value = make_id(ms, n)
-    return ids.seq_of(value, search_end(value, 1))
+    return ids.seq_of(value)
 
 
 def id_of(seq: int, ids: StreamIds | None) -> bytes:

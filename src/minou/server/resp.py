@@ -28,7 +28,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..core.stream_ids import ID_HEADER, TOP_ERROR, ZERO_ERROR, StreamIds, parse_explicit
+from ..core.stream_ids import (
+    EXHAUSTED_ERROR,
+    ID_HEADER,
+    TOP_ERROR,
+    ZERO_ERROR,
+    StreamIds,
+    parse_explicit,
+)
 from ..errors import (
     ERROR_TABLE,
     BadRequest,
@@ -878,7 +885,7 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     return _LATER
 
 
-REDIS_XADD_ERRORS = (TOP_ERROR, ZERO_ERROR)
+REDIS_XADD_ERRORS = (TOP_ERROR, ZERO_ERROR, EXHAUSTED_ERROR)
 
 
 def _xadd_answer(c: RespConnection, outcome: f.Outcome) -> Any:
@@ -1471,9 +1478,11 @@ def _ids(values: list[bytes], ids: StreamIds | None) -> list[int]:
         joined = b" ".join(values)
         if _ID_LIST.fullmatch(joined):  # minou's own ids (XACK's): read at C speed
             seqs = list(map(int, joined.replace(b"-0", b"").split()))
-            if len(seqs) == len(values):  # no value held a space of its own
+            # (no value held a space of its own; none names a seq no entry can have)
+            if len(seqs) == len(values) and max(seqs) <= MAX_FROM_SEQ:
                 return seqs
-    return [-1 if seq is None else seq for seq in (exact_seq(v, ids) for v in values)]
+    return [-1 if seq is None or seq > MAX_FROM_SEQ else seq
+            for seq in (exact_seq(v, ids) for v in values)]
 
 
 def _xack(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:

@@ -28,6 +28,8 @@ Under ``<prefix>:{<queue>}:``
 ``prod``           hash msgpack [client, producer, channel] -> msgpack rest of the row
 ``fencers``        set of writers with a fence in this queue
 ``fw:<writer>``    hash channel -> the writer's last batch number
+``ids``            hash "resp-id/<channel>/<seq>" -> "<ms>-<n>": stream ids clients gave
+                   (core/stream_ids.py; storage meta rows on other backends)
 =================  =====================================================================
 
 Shared state, written by every broker, under ``<prefix>:{shared}:`` (one slot: it

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from ...core.log import Msg
+from ...core.stream_ids import parse_point_key
 from ...core.writes import WriteBatch
 from ...errors import StorageUnavailable
 from ..segments import encode, runs
@@ -50,7 +51,7 @@ class Plan:
         ops = self.ops(queue)
         ops.append(op)
         ops.extend(args)
-        if op not in ("D", "T", "CX", "GX", "GD", "XP", "RD", "FX", "HD", "TP", "UT"):
+        if op not in ("D", "T", "CX", "GX", "GD", "XP", "RD", "FX", "HD", "TP", "UT", "ID"):
             self.grow += RECORD_BYTES + sum(len(a) for a in args if isinstance(a, str | bytes))
         elif op == "D":
             self.grow += RECORD_BYTES
@@ -195,7 +196,16 @@ def _shared(p: Plan, batch: WriteBatch) -> None:
     _put_or_drop(p, "clients", batch.clients.items())
     _put_or_drop(p, "credentials", batch.credentials.items())
     _put_or_drop(p, "writers", batch.writers.items())
-    _put_or_drop(p, "meta", batch.meta.items())
+    shared_meta = []
+    for key, value in batch.meta.items():
+        point = parse_point_key(key)
+        if point is None:
+            shared_meta.append((key, value))
+        elif value is None:  # a queue's own: written atomically with its messages
+            p.add(_queue(point[0]), "ID", key)
+        else:
+            p.add(_queue(point[0]), "I", key, value)
+    _put_or_drop(p, "meta", shared_meta)
     for jti, expires in batch.used_tokens:
         p.add(None, "TK", jti, _float(expires))
     if batch.used_tokens:  # every token lives at most an hour (as SQLite prunes)

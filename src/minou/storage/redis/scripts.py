@@ -151,6 +151,12 @@ while i <= n do
   elseif op == 'XP' then
     dedup_prune(ARGV[i + 1])
     i = i + 2
+  elseif op == 'I' then  -- a stream id a client gave (core/stream_ids.py), in its queue
+    hput(base .. 'ids', ARGV[i + 1], ARGV[i + 2])
+    i = i + 3
+  elseif op == 'ID' then
+    hdel(base .. 'ids', ARGV[i + 1])
+    i = i + 2
   elseif op == 'R' then
     hput(base .. 'prod', ARGV[i + 1], ARGV[i + 2])
     i = i + 3

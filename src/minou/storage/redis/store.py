@@ -75,7 +75,6 @@ from redis.retry import Retry
 
 from ...core.log import Msg
 from ...core.snapshot import Snapshot
-from ...core.stream_ids import POINT_META
 from ...core.writes import WriteBatch
 from ...errors import StorageFenced, StorageFull, StorageUnavailable
 from ...limits import STORAGE_RESERVE_BYTES, STORAGE_RESUME_BYTES
@@ -98,11 +97,6 @@ SOCKET_TIMEOUT = 10.0  # a commit Redis never answers fails rather than hangs th
 CONNECT_TIMEOUT = 5.0
 SHARED_TABLES = ("groups", "clients", "credentials", "reservations", "writers", "meta")
 MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
-
-
-def glob_escape(text: str) -> str:
-    """``text`` matched literally by a Redis glob (``SCAN``/``HSCAN`` ``MATCH``)."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
 class RedisStorage:
@@ -201,10 +195,14 @@ class RedisStorage:
             for q in found:
                 base = queue_base(self.prefix, q)
                 pipe.execute_command("EVALSHA", self._shas["dump"], 1, base + "next", base)
-            dumps = pipe.execute() if found else []
+                pipe.hgetall(base + "ids")  # stream ids clients gave (core/stream_ids.py)
+            replies = pipe.execute() if found else []
+            dumps, points = replies[0::2], replies[1::2]
             snap, used = self._read_shared(now)
         states = [reading.queue_snapshot(d, now) for d in dumps]
         reading.merge(snap, states)
+        for rows in points:
+            snap.meta.update((reading.text(k), reading.text(v)) for k, v in rows.items())
         with self._lock:
             self._queues = set(found)
             self._used = {q: s.used for q, s in zip(found, states, strict=True)}
@@ -286,10 +284,7 @@ class RedisStorage:
         with self._redis(f"opening {queue}"):
             dump = self._client.evalsha(self._sha("dump"), 1, base + "next", base)
             groups = self._client.hgetall(self._shared + "groups")
-            # the queue's explicit stream ids (core/stream_ids.py), in the shared meta
-            points = dict(self._client.hscan_iter(
-                self._shared + "meta", match=glob_escape(f"{POINT_META}{queue}/") + "*",
-                count=1000))
+            points = self._client.hgetall(base + "ids")  # stream ids clients gave
         state = reading.queue_snapshot(dump, now)
         snap = reading.shared_snapshot(
             {t: [] for t in SHARED_TABLES} | {"groups": groups, "meta": points},
