@@ -328,3 +328,36 @@ def test_an_explicit_stream_id_whose_commit_failed_may_be_given_again(tmp_path: 
     ids2 = h2.broker.channels[CH].stream_ids
     assert ids2 is not None and list(ids2.seqs) == [1, again.seq]
     assert [ids2.text(s) for s in (1, again.seq)] == [b"100-0", b"200-0"]
+
+
+def test_a_failed_id_stays_used_when_a_later_publish_was_numbered_from_it(
+        tmp_path: Path) -> None:
+    """Removing the failed point would renumber what came after it (a later XADD was
+    answered by it or checked against it): it stays, and is written with the next
+    commit."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    h = Harness(storage=_storage(tmp_path))
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), commit=False, resp_door=True)
+    batch = h.broker.take_writes()  # in flight
+    h.publish(send(CH, 2, headers={ID_HEADER: "100-1"}), commit=False, resp_door=True)
+    h.broker.on_failed(batch, FULL)
+    ids = h.broker.channels[CH].stream_ids
+    assert ids is not None and ids.text(2) == b"100-1"
+    assert h.broker.state.batch.meta[point_key(CH, 1)] == "100-0"
+    h.commit()
+    h2 = restart(h, tmp_path)
+    assert h2.broker.channels[CH].stream_ids.text(2) == b"100-1"
+
+
+def test_a_failed_id_stays_when_the_commit_may_have_been_written(tmp_path: Path) -> None:
+    """Only a full disk says nothing was written; an unavailable storage may have
+    written it (Redis: the connection lost in the middle): the id stays used."""
+    from minou.core.stream_ids import ID_HEADER
+    from minou.errors import StorageUnavailable
+
+    h = Harness(storage=_storage(tmp_path))
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), commit=False, resp_door=True)
+    fail(h, StorageUnavailable("lost in the middle"))
+    ids = h.broker.channels[CH].stream_ids
+    assert ids is not None and list(ids.seqs) == [1]

@@ -288,3 +288,29 @@ def test_the_points_of_every_stream_together_are_bounded(
     assert StreamIds.held == base + 1
     b.add(1, make_id(5, 0))  # an earlier one (start-up order): one more
     assert StreamIds.held == base + 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.integers(1, 70))
+def test_after_pruning_the_live_ids_are_kept_and_found(plan: list[tuple[int, int] | None],
+                                                       first: int) -> None:
+    """Points below the first live seq go (but the one numbering it); the ids from
+    there on do not change and every search still finds them (ids below <seq>-0 too)."""
+    ids, model = run(plan)
+    end = len(model)
+    first = min(first, end)
+    ids.prune(first)
+    got = [ids.id_of(s) for s in range(1, end)]
+    assert got == sorted(set(got))  # still increasing, gone seqs included
+    for s in range(first, end):
+        assert ids.id_of(s) == model[s]
+        assert ids.seq_of(model[s]) == s and ids.ceil(model[s]) == s
+
+
+def test_ids_below_seq_stay_in_order_once_their_first_points_are_pruned() -> None:
+    ids = StreamIds()
+    for seq, n in ((1, 1), (2, 2), (3, 4)):
+        ids.assign(seq, 1, n)
+    assert ids.prune(3) == [1, 2]
+    assert [ids.text(s) for s in (1, 2, 3, 4)] == [b"1-0", b"1-3", b"1-4", b"4-0"]
+    assert ids.ceil(make_id(1, 4)) == 3 and ids.seq_of(make_id(1, 4)) == 3

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from ..errors import RequestError
+from ..errors import RequestError, StorageFull
 from .log import ChannelLog, Msg
 from .state import BrokerState
 from .stream_ids import point_key, prune_points
@@ -121,6 +121,22 @@ class Commits:
         for callback in batch.on_commit:
             callback()
 
+    def _forget_points(self, failed: WriteBatch, pending: WriteBatch) -> None:
+        """The stream ids clients gave in ``failed`` (never stored) may be given again,
+        where no later seq of their channel was assigned since (those were numbered
+        from them, or checked against them: their points stay)."""
+        failed_seqs: dict[str, set[int]] = {}
+        for msg in failed.publishes:
+            failed_seqs.setdefault(msg.channel, set()).add(msg.seq)
+        for name, seqs in failed_seqs.items():
+            log = self.state.channels.get(name)
+            ids = log.stream_ids if log is not None else None
+            if ids is None or log is None or log.next_seq != max(seqs) + 1:
+                continue
+            while ids.seqs and ids.seqs[-1] in seqs:  # from the last: only failed after it
+                pending.meta[point_key(name, ids.seqs[-1])] = None
+                ids.remove(ids.seqs[-1])
+
     def on_failed(self, batch: WriteBatch, error: RequestError) -> None:
         """The commit of ``batch`` failed and wrote nothing (a full disk).
 
@@ -171,11 +187,8 @@ class Commits:
             elif key in pending.fence_undo and pending.fence_undo[key] == value:
                 pending.fence_undo[key] = before  # a later commit moved it on meanwhile
         pending.carry(batch, keep)
-        for msg in batch.publishes:  # an id a client gave may be given again (a retry)
-            log = state.channels.get(msg.channel)
-            if log is not None and log.stream_ids is not None and \
-                    log.stream_ids.remove(msg.seq):
-                pending.meta[point_key(msg.channel, msg.seq)] = None
+        if isinstance(error, StorageFull):  # nothing was written: a retry may give its id
+            self._forget_points(batch, pending)
         if pending.forgets:  # a channel made again since keeps its record
             pending.forgets = [n for n in pending.forgets if n in state.forgetting]
         waiting = [(ok, fail) for ok, fail in

@@ -310,7 +310,7 @@ class Publishing:
             if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)
             else:
-                if resp_door and log.stream_ids is not None:
+                if log.stream_ids is not None:  # its ids used up: refused through any door
                     log.stream_ids.check_next(log.next_seq)
                 msg = self.stage(log, send, now)
             staged.append(msg)

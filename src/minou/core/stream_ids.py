@@ -91,7 +91,14 @@ class StreamIds:
         point comes first)."""
         i = bisect_right(self.seqs, seq) - 1
         if i < 0:
-            return seq << SEQ_BITS
+            if not self.seqs:
+                return seq << SEQ_BITS
+            # Below the first point: <seq>-0, unless points before it were pruned and
+            # it is below <seq>-0 (1-4 after 1-1, 1-2): then counted down from it, so
+            # that ids stay in order for the searches (these seqs are gone: not live,
+            # not held by a reader).
+            first = self.mss[0] << SEQ_BITS | self.ns[0]
+            return min(seq << SEQ_BITS, max(0, first - (self.seqs[0] - seq)))
         s0, ms = self.seqs[i], self.mss[i]
         if seq == s0:
             return ms << SEQ_BITS | self.ns[i]
@@ -202,9 +209,9 @@ class StreamIds:
         return seq if (end is None or seq < end) and self.id_of(seq) == value else None
 
     def remove(self, seq: int) -> bool:
-        """Forget the point at ``seq`` (its message was never stored: a failed commit),
-        so the id can be given again. Ids of the seqs it numbered (none stored) follow
-        the point before, still below every later point."""
+        """Forget the point at ``seq``, the last one: its message was never stored (a
+        commit that wrote nothing) and no later seq was assigned, so the id can be
+        given again. (The seqs it numbered were never stored either.)"""
         i = bisect_right(self.seqs, seq) - 1
         if i < 0 or self.seqs[i] != seq:
             return False
