@@ -314,3 +314,16 @@ def test_ids_below_seq_stay_in_order_once_their_first_points_are_pruned() -> Non
     assert ids.prune(3) == [1, 2]
     assert [ids.text(s) for s in (1, 2, 3, 4)] == [b"1-0", b"1-3", b"1-4", b"4-0"]
     assert ids.ceil(make_id(1, 4)) == 3 and ids.seq_of(make_id(1, 4)) == 3
+
+
+def test_edges_of_the_id_space() -> None:
+    ids = StreamIds()
+    ids.assign(1, N_MASK, N_MASK - 1)
+    ids.check_next(2)  # the very last id is still one: given
+    assert ids.id_of(2) == (1 << 2 * 64) - 1
+    with pytest.raises(BadRequest, match="exhausted"):
+        ids.check_next(3)
+    assert StreamIds().search_end(make_id(0, 5)) == 2
+    only = StreamIds()
+    only.assign(2, 100, 0)
+    assert only.remove(2) and len(only) == 0  # the first (and only) point too
