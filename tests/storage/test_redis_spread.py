@@ -134,15 +134,16 @@ def test_on_a_cluster_a_claim_cut_between_its_two_steps_raises_no_epoch(
     must not raise the epoch when it wakes: the later claim's term fences it."""
     if request.node.callspec.params["brokers"] != "cluster":
         pytest.skip("the two-step claim is Redis Cluster's")
-    a, b = brokers("a", lease_s=0.3), brokers("b")
+    a, b = brokers("a", lease_s=1.0), brokers("b")
     a.st.open_shared(NOW)
     b.st.open_shared(NOW)
     shared = a.st._shared
+    a.lease.seen({"native": "minou://127.0.0.1/a"})  # its record from now (a slow machine)
     # a's first step alone, as if paused right after it
     step1 = a.st._client.evalsha(a.st._sha("own"), 4, shared + "owners", shared + "alive",
                                  shared + "queues", shared + "ownterm", "a", "orders/v1")
     assert step1[0] == b"ok"
-    time.sleep(0.4)  # a's record runs out; b claims the queue in both steps
+    time.sleep(1.1)  # a's record runs out; b claims the queue in both steps
     b.st.open_queue("orders/v1", NOW)
     b.st.apply(batch_of(msg(A1, 1)))
     base = queue_base(a.st.prefix, "orders/v1")
