@@ -323,6 +323,8 @@ def test_edges_of_the_id_space() -> None:
     assert ids.id_of(2) == (1 << 2 * 64) - 1
     with pytest.raises(BadRequest, match="exhausted"):
         ids.check_next(3)
+    with pytest.raises(BadRequest, match="exhausted"):  # an explicit id too, as Redis
+        ids.assign(3, N_MASK, None)
     assert StreamIds().search_end(make_id(0, 5)) == 2
     only = StreamIds()
     only.assign(2, 100, 0)

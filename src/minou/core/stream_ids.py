@@ -130,6 +130,8 @@ class StreamIds:
         needs a point. BadRequest (Redis's words) unless it is greater than the top, or
         if it needs a point and the channel holds ``MAX_POINTS``. Changes nothing."""
         top = self.id_of(seq - 1) if seq > 1 else 0
+        if top >= ID_MAX:  # as Redis answers any XADD then
+            raise BadRequest(EXHAUSTED_ERROR)
         if n is None:  # <ms>-*: the next n of that ms
             if ms == top >> SEQ_BITS:
                 if top & N_MASK == N_MASK:
