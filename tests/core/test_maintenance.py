@@ -1165,3 +1165,22 @@ def test_a_deleted_entry_a_reader_holds_keeps_its_stream_id() -> None:
     h.commit()  # the floor passes them: the points below go
     h.publish(send(CH, 4, headers={ID_HEADER: "400-0"}), resp_door=True)
     assert list(log.stream_ids.seqs) == [3, 4]
+
+
+def test_an_explicit_id_prunes_points_of_entries_deleted_with_no_reader() -> None:
+    """No reader: XDEL moves the first live seq, no settlement prunes; the next XADD with
+    an id drops the points no live entry needs (rows too), and its header holds the id
+    it got (``<ms>-*`` resolved)."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    h = Harness()
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}),
+              send(CH, 2, headers={ID_HEADER: "200-0"}),
+              send(CH, 3, headers={ID_HEADER: "300-0"}), resp_door=True)
+    log = _log(h)
+    assert mt.delete_messages(h.broker, log, [1, 2]) == [1, 2]
+    h.publish(send(CH, 4, headers={ID_HEADER: "300-*"}), commit=False, resp_door=True)
+    batch = h.commit()
+    assert list(log.stream_ids.seqs) == [3]
+    assert batch.meta[point_key(CH, 1)] is None and batch.meta[point_key(CH, 2)] is None
+    assert batch.messages[-1].headers == {ID_HEADER: "300-1"}

@@ -570,3 +570,33 @@ def test_explicit_stream_ids_survive_and_points_no_message_needs_are_dropped(
     # Through any other door the header is an ordinary one (a copied message keeps it)
     (out,) = h3.publish(send(CH, 8, headers={ID_HEADER: "1-0"}))
     assert out.code == 0 and h3.broker.channels[CH].stream_ids.text(out.seq) == b"200-8"
+
+
+def test_stored_points_no_message_needs_are_dropped_at_start(h: Harness,
+                                                             tmp_path: Path) -> None:
+    """Rows of points below the first live message (but the last) and of seqs never
+    stored go at start; a channel left with none has no id table."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+    from minou.core.writes import WriteBatch
+
+    other = "orders/v1/2"
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2, headers={ID_HEADER:
+              "200-0"}), send(other, 3), resp_door=True)
+    h.commit()
+    assert h.storage is not None
+    h.storage.apply(WriteBatch(meta={point_key(CH, 9): "900-0", point_key(other, 1): "1-5",
+                                     point_key(other, 2): "2-0",
+                                     point_key("aaa/v1/gone", 1): "7-0"}))
+    h.storage.apply(WriteBatch(truncates={CH: 2}, channels={CH: 3}))
+    h2 = _restart(h, tmp_path)
+    ids = h2.broker.channels[CH].stream_ids
+    assert ids is not None and list(ids.seqs) == [2] and ids.text(3) == b"200-1"
+    assert h2.broker.channels[other].stream_ids is not None  # 1-5 at seq 1
+    dropped = {k for k, v in h2.broker.state.batch.meta.items() if v is None}
+    assert dropped == {point_key(CH, 9), point_key(CH, 1), point_key(other, 2)}
+    assert h2.broker.channels[other].stream_ids.text(1) == b"1-5"
+    h3 = _restart(h2, tmp_path)  # with only a never-stored point: no table at all
+    assert h3.broker.channels[other].stream_ids is not None
+    h3.storage.apply(WriteBatch(meta={point_key(other, 1): None, point_key(other, 5): "9-0"}))
+    h4 = _restart(h3, tmp_path)
+    assert h4.broker.channels[other].stream_ids is None

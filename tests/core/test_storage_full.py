@@ -361,3 +361,21 @@ def test_a_failed_id_stays_when_the_commit_may_have_been_written(tmp_path: Path)
     fail(h, StorageUnavailable("lost in the middle"))
     ids = h.broker.channels[CH].stream_ids
     assert ids is not None and list(ids.seqs) == [1]
+
+
+def test_every_failed_id_of_every_channel_may_be_given_again(tmp_path: Path) -> None:
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    other = "orders/v1/2"
+    h = Harness(storage=_storage(tmp_path))
+    h.publish(send(other, 0, headers={ID_HEADER: "5-0"}), resp_door=True)  # stored
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2, headers={ID_HEADER:
+              "200-0"}), send(other, 3, headers={ID_HEADER: "50-0"}), commit=False,
+              resp_door=True)
+    fail(h)
+    assert h.broker.channels[CH].stream_ids is not None
+    assert list(h.broker.channels[CH].stream_ids.seqs) == []
+    assert list(h.broker.channels[other].stream_ids.seqs) == [1]
+    meta = h.broker.state.batch.meta
+    assert meta[point_key(CH, 1)] is None and meta[point_key(CH, 2)] is None
+    assert meta[point_key(other, 2)] is None
