@@ -59,6 +59,19 @@ def not_utf8(exc: UnicodeError, what: str) -> InvalidPayload:
     return InvalidPayload(f"{what} is not UTF-8 (JSON text is UTF-8)")
 
 
+def undecodable(exc: msgspec.DecodeError, data: bytes | str, what: str,
+                malformed: type[RequestError] = InvalidPayload) -> RequestError:
+    """The refusal of text msgspec could not decode. msgspec < 0.23 raised
+    UnicodeDecodeError for bytes that are not UTF-8; later ones say only "Invalid
+    UTF-8" in a DecodeError: either way the client hears which byte."""
+    if not isinstance(data, str):
+        try:
+            bytes(data).decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return not_utf8(bad, what)
+    return malformed(f"{what} is not valid JSON: {exc}")
+
+
 def decode_json(data: bytes | str, *, what: str = "payload",
                 malformed: type[RequestError] = InvalidPayload) -> Any:
     """The value of the JSON text ``data``, or InvalidPayload naming what is wrong
@@ -68,7 +81,7 @@ def decode_json(data: bytes | str, *, what: str = "payload",
     try:
         return _decoder.decode(data)
     except msgspec.DecodeError as exc:
-        raise malformed(f"{what} is not valid JSON: {exc}") from None
+        raise undecodable(exc, data, what, malformed) from None
     except UnicodeError as exc:  # invalid UTF-8 bytes; lone surrogates in a str
         raise not_utf8(exc, what) from None
     except RecursionError:  # the stack was already deep: the limit is the message

@@ -66,7 +66,7 @@ def test_at_the_limit_is_fine_and_brackets_in_strings_do_not_count():
 
 @pytest.mark.parametrize(("data", "message"), [
     (b'"caf\xe9"', "payload is not UTF-8 (JSON text is UTF-8): it holds byte 0xe9"),
-    (b"\xff", "payload is not valid JSON"),
+    (b"\xff", "payload is not UTF-8 (JSON text is UTF-8): it holds byte 0xff"),
     ('"\ud800"', "payload is not UTF-8"),  # a lone surrogate in a str
     (b'{"a": 1', "payload is not valid JSON: Input data was truncated"),
     (b"", "payload is not valid JSON"),

@@ -41,7 +41,7 @@ from ..errors import (
 from ..limits import MAX_BATCH_HTTP
 from ..limits import MAX_HTTP_WAIT_S as MAX_WAIT_S
 from ..names import validate_channel
-from ..payloads import check_depth, decode_json, not_utf8
+from ..payloads import check_depth, decode_json, not_utf8, undecodable
 from ..protocol.frames import Admin, Delivery, Error, Outcome, Result, Send
 from . import nagios
 from .front import MERGED_OPS, OWNER_OPS
@@ -220,7 +220,7 @@ class HttpApi:
         except msgspec.ValidationError as exc:
             raise BadRequest(f"body must be a JSON array of messages: {exc}") from None
         except msgspec.DecodeError as exc:
-            raise BadRequest(f"body is not valid JSON: {exc}") from None
+            raise undecodable(exc, body, "body", BadRequest) from None
         except UnicodeError as exc:
             raise not_utf8(exc, "body") from None
         if not 1 <= len(items) <= MAX_BATCH_HTTP:
