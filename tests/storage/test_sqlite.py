@@ -15,7 +15,7 @@ from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.storage.sqlite import RESERVE_FILE, SQLiteStorage
 
-from .test_contract import _fill, batch_of, msg
+from .test_contract import _fill, batch_of, msg, records
 
 CH = "orders/v1/1"
 CH2 = "orders/v1/2"
@@ -175,3 +175,59 @@ def test_the_synchronous_mode_follows_each_batch(tmp_path: Path) -> None:
     store.apply(batch_of(msg("m/v1/a", 2)))
     assert mode() == 2
     store.close()
+
+
+def _removed_rows(path: str) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("SELECT count(*) FROM removed").fetchone()[0]
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_truncation_drops_the_removed_rows_below_it_also_after_a_restart(
+    tmp_path: Path, reopen: bool,
+) -> None:
+    """The rows of removed messages go with the truncation that passes them, whether
+    the deletes were made by this process or found at open; a channel that never had
+    deletes is truncated as well."""
+    data = tmp_path / "d"
+    store = SQLiteStorage(data)
+    store.open(NOW)
+    store.apply(batch_of(*(msg(CH, s) for s in range(1, 6)), *(msg(CH2, s) for s in (1, 2))))
+    store.apply(WriteBatch(deletes=[(CH, 2), (CH, 4)], channels={CH: 6}))
+    assert _removed_rows(store.path) == 2
+    if reopen:
+        store.close()
+        store = SQLiteStorage(data)
+        store.open(NOW)
+    try:
+        store.apply(WriteBatch(truncates={CH: 3, CH2: 2}, channels={CH: 6, CH2: 3}))
+        assert _removed_rows(store.path) == 1  # seq 4's row stays: it is above the cut
+        store.apply(WriteBatch(truncates={CH: 6}, channels={CH: 6}))
+        assert _removed_rows(store.path) == 0
+    finally:
+        store.close()
+    st = SQLiteStorage(data)
+    try:
+        recs = records(st.open(NOW))
+        assert (recs[CH].first_seq, recs[CH].next_seq, recs[CH].count) == (6, 6, 0)
+        assert (recs[CH2].first_seq, recs[CH2].next_seq, recs[CH2].count) == (2, 3, 1)
+    finally:
+        st.close()
+
+
+def test_a_channel_created_and_truncated_in_one_batch_keeps_its_first_seq(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "d"
+    store = SQLiteStorage(data)
+    store.open(NOW)
+    try:
+        store.apply(batch_of(*(msg(CH, s) for s in range(1, 4)), truncates={CH: 3}))
+    finally:
+        store.close()
+    st = SQLiteStorage(data)
+    try:
+        rec = records(st.open(NOW))[CH]
+        assert (rec.first_seq, rec.next_seq, rec.count) == (3, 4, 1)
+    finally:
+        st.close()
