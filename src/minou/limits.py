@@ -81,6 +81,10 @@ SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the 
 # ones are read back from storage in pages.
 BODY_CACHE_BYTES = 48 << 20
 STORAGE_READ_PAGE = 2_000
+# ... and at most this many payload bytes a page (always one message): a backlog of
+# 1 MiB messages read back 2,000 at a time held 2 GiB, and a read answered in one frame
+# must stay under MAX_FRAME_SIZE.
+STORAGE_READ_BYTES = 8 << 20
 
 # Acks, nacks and subscriptions wait at most this long for a commit to share; publishes
 # never wait (a commit starts as soon as the writer is free).
@@ -147,6 +151,9 @@ CLIENT_SEND_QUEUE = 100_000
 # burst while it still reads the rest (and confirms come back sooner), large enough
 # to keep per-frame costs low.
 CLIENT_FRAME_MESSAGES = 256  # messages waiting to be sent or confirmed
+# ... and at most this many payload bytes (always one message): a burst of large
+# messages goes out in several frames, each well under MAX_FRAME_SIZE.
+CLIENT_FRAME_BYTES = 8 << 20
 CLIENT_RECONNECT_MIN_S = 0.05
 CLIENT_RECONNECT_MAX_S = 2.0
 CLIENT_STANDBY_RETRY_S = 0.25  # after a STANDBY answer: a takeover is near, try again soon

@@ -19,7 +19,7 @@ import pytest
 
 from minou.config import Settings
 from minou.core.group import GroupDef
-from minou.core.log import Msg
+from minou.core.log import Msg, page_end
 from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.protocol.frames import Send
@@ -407,6 +407,34 @@ def test_read_range_pages_through_many_batches(backend: Factory, store: Storage)
         got += seqs(page)
         nxt = page[-1].seq + 1
     assert got == [s for s in range(20, 106) if s not in (50, 51)]
+
+
+@pytest.mark.parametrize("max_bytes", [1, 250, 300, 301, 10_000])
+def test_read_range_stops_at_max_bytes_with_at_least_one_message(
+    backend: Factory, store: Storage, max_bytes: int,
+) -> None:
+    """A page ends with the message that brings its payloads to ``max_bytes`` (so it
+    has one at least), in the body cache's seqs and across segments and a removed one;
+    ``page_end`` then says where the next page starts, and paging gets them all."""
+    for first in range(1, 40, 8):  # 100 B each, 8 to a segment
+        store.apply(batch_of(*(msg(CH, s, b"%03d" % s + b"." * 97)
+                               for s in range(first, first + 8))))
+    store.apply(WriteBatch(deletes=[(CH, 5)], channels={CH: 41}))
+    st, _ = reopen(backend, store)
+    live = [s for s in range(1, 41) if s != 5]
+    per_page = max(1, -(-max_bytes // 100))
+    page = st.read_range(CH, 1, 41, 1000, max_bytes)
+    assert seqs(page) == live[:per_page]
+    nxt = page_end(page, 1000, max_bytes, 41)
+    assert nxt == (live[per_page - 1] + 1 if per_page < len(live) else 41)
+    got, nxt = [], 1
+    while nxt < 41:
+        page = st.read_range(CH, nxt, 41, 1000, max_bytes)
+        got += seqs(page)
+        nxt = page_end(page, 1000, max_bytes, 41)
+    assert got == live
+    assert seqs(st.read_range(CH, 1, 41, 3, max_bytes)) == live[:min(3, per_page)]
+    assert seqs(st.read_range(CH, 1, 41, 1000)) == live  # no byte limit: as before
 
 
 # --------------------------------------------------------------------- groups

@@ -24,7 +24,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
@@ -50,6 +50,7 @@ from ..errors import (
 )
 from ..limits import (
     CLIENT_CONFIRM_TIMEOUT_S,
+    CLIENT_FRAME_BYTES,
     CLIENT_FRAME_MESSAGES,
     CLIENT_HANDSHAKE_TIMEOUT_S,
     CLIENT_MAX_NUMBERED_CHANNELS,
@@ -860,7 +861,7 @@ class Client:
         numbered = self.idempotent and bool(self.producer_id) and self._unnumbered
         pseqs, replace = self._pseqs, msgspec.structs.replace
         while self._outbox and self.connected:
-            n = CLIENT_FRAME_MESSAGES
+            n = _frame_cut(self._outbox)
             chunk, self._outbox = self._outbox[:n], self._outbox[n:]
             if numbered:  # publishes made while there was no numbering connection
                 for i, (send, fut, deadline) in enumerate(chunk):
@@ -1171,9 +1172,10 @@ class Client:
         """``stage`` of ready-made sends (bytes kept as they are: a federation link
         passes another broker's messages through untouched)."""
         total = 0
-        for i in range(0, len(sends), CLIENT_FRAME_MESSAGES):
-            res = await self._request(f.Stage(self._next_req(), txn,
-                                              sends[i:i + CLIENT_FRAME_MESSAGES]))
+        while sends:
+            n = _frame_cut(sends)
+            res = await self._request(f.Stage(self._next_req(), txn, sends[:n]))
+            sends = sends[n:]
             total = int(res.value["staged"])
         return total
 
@@ -1243,6 +1245,25 @@ class Client:
 
 _NEVER = float("inf")
 _Pending = tuple[f.Send, "asyncio.Future[Receipt]", float]
+
+
+def _frame_cut(items: Sequence[Any]) -> int:
+    """How many of the first publishes (``Send``s, or tuples starting with one) go in
+    one frame: at most CLIENT_FRAME_MESSAGES and CLIENT_FRAME_BYTES of payload and
+    headers, always at least one (a burst of 1 MiB messages would otherwise make one
+    frame over MAX_FRAME_SIZE, and the broker would drop the connection)."""
+    total = 0
+    n = min(len(items), CLIENT_FRAME_MESSAGES)
+    for i in range(n):
+        send = items[i]
+        if not isinstance(send, f.Send):
+            send = send[0]
+        total += len(send.data) + len(send.channel)
+        if send.headers:
+            total += sum(len(k) + len(v) for k, v in send.headers.items())
+        if total > CLIENT_FRAME_BYTES and i:
+            return i
+    return n
 
 
 class ReadPage(NamedTuple):

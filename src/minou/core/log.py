@@ -56,6 +56,18 @@ class Msg(msgspec.Struct, array_like=True, gc=False):
         return f"Msg({self.channel!r}, seq={self.seq})"
 
 
+def page_end(msgs: list[Msg], limit: int, max_bytes: int | None, upto: int) -> int:
+    """Where the next page of a read of ``[..., upto)`` starts: after its last message
+    when the read stopped at ``limit`` messages or ``max_bytes`` of payload (more may
+    follow), else ``upto`` (it read everything there was)."""
+    if not msgs:
+        return upto
+    if len(msgs) >= limit or (max_bytes is not None
+                              and sum(len(m.data) for m in msgs) >= max_bytes):
+        return msgs[-1].seq + 1
+    return upto
+
+
 class _Sentinel:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -137,16 +149,20 @@ class ChannelLog:
             return GONE  # not committed yet: not visible
         return MISSING
 
-    def cached_range(self, start: int, end: int, limit: int) -> list[Msg] | None:
-        """The live messages in ``[start, end)``, at most ``limit``, if memory holds
-        every one of them (a reader just behind the latest commit: no storage read);
-        else None."""
+    def cached_range(self, start: int, end: int, limit: int,
+                     max_bytes: int | None = None) -> list[Msg] | None:
+        """The live messages in ``[start, end)``, at most ``limit`` (and ``max_bytes``
+        of payload, always one), if memory holds every one of them (a reader just behind
+        the latest commit: no storage read); else None."""
         out: list[Msg] = []
-        seq = start
+        seq, size = start, 0
         while seq < end and len(out) < limit:
             found = self.lookup(seq)
             if isinstance(found, Msg):
                 out.append(found)
+                size += len(found.data)
+                if max_bytes is not None and size >= max_bytes:
+                    break
             elif found is MISSING:
                 return None
             seq += 1

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth.credentials import check_ttl
 from ..core import maintenance
-from ..core.log import Msg
+from ..core.log import Msg, page_end
 from ..errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
 from ..limits import (
     DEFAULT_BROWSE,
@@ -27,6 +27,7 @@ from ..limits import (
     MAX_DELETE,
     MAX_FROM_SEQ,
     MAX_REQUEUE,
+    STORAGE_READ_BYTES,
 )
 from ..names import DEAD_PREFIX, validate_channel
 from . import federation, kv
@@ -209,7 +210,7 @@ async def _browse(server: Server, args: dict[str, Any], caller: Identity | None)
     for gc in log.states:
         for seq, n in gc.attempts.items():
             attempts[seq] = max(attempts.get(seq, 0), n)
-    next_seq = msgs[-1].seq + 1 if len(msgs) == limit else log.end
+    next_seq = page_end(msgs, limit, STORAGE_READ_BYTES, log.end)
     return {"channel": channel, "first_seq": log.first_seq, "next_seq": next_seq,
             "end": log.end, "messages": [message_view(m, attempts.get(m.seq, 0)) for m in msgs]}
 

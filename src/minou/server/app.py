@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -29,7 +29,7 @@ from ..auth.registry import ClientRecord, Identity, Registry, decode_record, enc
 from ..auth.rules import ALLOW_ALL
 from ..config import Settings
 from ..core.broker import Broker, Session
-from ..core.log import Msg
+from ..core.log import Msg, page_end
 from ..core.writes import WriteBatch
 from ..errors import (
     ErrorCode,
@@ -56,6 +56,7 @@ from ..limits import (
     REFUSAL_WAIT_S,
     SETTLE_COMMIT_DELAY_S,
     STORAGE_PROBE_S,
+    STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
     STORAGE_RETRY_S,
     SWEEP_INTERVAL_S,
@@ -1072,7 +1073,7 @@ class BrokerServer:
             try:
                 msgs = await loop.run_in_executor(
                     self._reader_pool, self.storage.read_range, load.channel,
-                    load.from_seq, load.upto, STORAGE_READ_PAGE)
+                    load.from_seq, load.upto, STORAGE_READ_PAGE, STORAGE_READ_BYTES)
                 break
             except StorageUnavailable as exc:
                 if not self._recovers or self._stopping.is_set():
@@ -1080,7 +1081,7 @@ class BrokerServer:
                 # Its readers wait for this page: try again until storage is back.
                 log.debug("reading %s waits for storage: %s", load.channel, exc.message)
                 await asyncio.sleep(STORAGE_PROBE_S)
-        self.engine.loaded(load, msgs, STORAGE_READ_PAGE)
+        self.engine.loaded(load, msgs, STORAGE_READ_PAGE, STORAGE_READ_BYTES)
 
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
@@ -1203,20 +1204,22 @@ class BrokerServer:
         upper = log_.end if not frame.to_seq else min(frame.to_seq, log_.end)
         limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
         start = max(frame.from_seq, log_.first_seq, 1)
-        cached = log_.cached_range(start, upper, limit)  # recent ones: no storage read
+        # Recent ones come from memory; either way a page holds at most
+        # STORAGE_READ_BYTES of payloads, so its answer fits in one frame.
+        cached = log_.cached_range(start, upper, limit, STORAGE_READ_BYTES)
 
         async def run() -> None:
             loop = asyncio.get_running_loop()
             msgs = cached if cached is not None else await loop.run_in_executor(
                 self._reader_pool, self.storage.read_range, frame.channel,
-                max(frame.from_seq, 1), upper, limit,
+                max(frame.from_seq, 1), upper, limit, STORAGE_READ_BYTES,
             )
             items = [
                 f.Delivery(0, m.channel, m.seq, m.id, m.data, m.raw, m.headers, 0,
                            m.published_at, m.priority, m.key)
                 for m in msgs
             ]
-            next_seq = msgs[-1].seq + 1 if len(msgs) == limit else upper
+            next_seq = page_end(msgs, limit, STORAGE_READ_BYTES, upper)
             conn.send(f.ReadResult(frame.req, items, next_seq, log_.first_seq))
 
         self._spawn(run())
@@ -1236,10 +1239,13 @@ class BrokerServer:
 
     async def read_messages(self, channel: str, from_seq: int, upto: int,
                             limit: int) -> list[Msg]:
-        """Committed, live messages of ``channel`` from storage (the reader thread)."""
+        """Committed, live messages of ``channel`` from storage (the reader thread): at
+        most ``limit`` and STORAGE_READ_BYTES of payloads (``page_end`` says where the
+        next page starts)."""
         assert self.loop is not None
         return await self.loop.run_in_executor(
-            self._reader_pool, self.storage.read_range, channel, from_seq, upto, limit)
+            self._reader_pool, self.storage.read_range, channel, from_seq, upto, limit,
+            STORAGE_READ_BYTES)
 
     async def oldest_published(self, log_: Any, group: str | None = None) -> float | None:
         """When the oldest message not yet settled (by ``group``) was published."""
@@ -1440,6 +1446,20 @@ class BrokerServer:
         consumers = getattr(self, "http_consumers", None)
         return bool(consumers and consumers.unsettled())
 
+    async def _dead_letters(self, dead: Any, most: int = 10_000) -> AsyncIterator[Msg]:
+        """The first ``most`` dead letters of ``dead``, a page at a time (a page holds
+        at most STORAGE_READ_BYTES: dead letters may be 1 MiB each)."""
+        seq = dead.first_seq
+        while most > 0 and seq < dead.end:
+            limit, upto = min(most, STORAGE_READ_PAGE), dead.end
+            page = await self.read_messages(dead.name, seq, upto, limit)
+            if not page:
+                return
+            for m in page:
+                yield m
+            most -= len(page)
+            seq = page_end(page, limit, STORAGE_READ_BYTES, upto)
+
     async def message_receipt(self, message_id: str) -> dict[str, Any]:
         from ..core import maintenance
         from ..errors import UnknownDelivery
@@ -1456,7 +1476,7 @@ class BrokerServer:
         if out["state"] == "removed":
             dead = self.core.channels.get("_dead/" + log_.name)
             if dead is not None:
-                for m in await self.read_messages(dead.name, dead.first_seq, dead.end, 10_000):
+                async for m in self._dead_letters(dead):
                     headers = m.headers or {}
                     if headers.get("x-original-id") == message_id:
                         out["state"] = "dead_lettered"

@@ -31,7 +31,7 @@ from typing import Any, Literal, Protocol
 
 from ..core.broker import Broker, Session
 from ..core.group import Subscription
-from ..core.log import Msg
+from ..core.log import Msg, page_end
 from ..core.writes import WriteBatch
 from ..errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown
 from ..names import CORRELATION_ID, INBOX_PREFIX
@@ -195,10 +195,11 @@ def pump(core: Broker, now: float, *, draining: bool = False) -> Pumped:
                   again=core.has_ready, commit=bool(core.batch))
 
 
-def loaded(core: Broker, load: Load, msgs: list[Msg], page: int) -> None:
+def loaded(core: Broker, load: Load, msgs: list[Msg], page: int,
+           max_bytes: int | None = None) -> None:
     """Hand a storage page to the core: a full page means more may follow it."""
-    hi = msgs[-1].seq + 1 if len(msgs) == page else load.upto
-    core.on_loaded(load.channel, load.from_seq, msgs, hi)
+    core.on_loaded(load.channel, load.from_seq, msgs,
+                   page_end(msgs, page, max_bytes, load.upto))
 
 
 # ---------------------------------------------------------------- the engine
@@ -592,6 +593,7 @@ class Engine:
         if turn.commit:
             self.commit(urgent=False)
 
-    def loaded(self, load: Load, msgs: list[Msg], page: int) -> None:
-        loaded(self.core, load, msgs, page)
+    def loaded(self, load: Load, msgs: list[Msg], page: int,
+               max_bytes: int | None = None) -> None:
+        loaded(self.core, load, msgs, page, max_bytes)
         self.request_pump()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.kv import KvIndex, is_tombstone
-from ..core.log import ChannelLog, Msg
+from ..core.log import ChannelLog, Msg, page_end
 from ..errors import BadRequest, NotFound, TooManyConnections
 from ..limits import (
     DEFAULT_KV_PAGE,
@@ -27,6 +27,7 @@ from ..limits import (
     MAX_KV_REVISION,
     MAX_KV_WAIT_S,
     MAX_KV_WAITERS,
+    STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
 )
 from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
@@ -171,11 +172,12 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
         log = server.core.channels.get(channel)
         end = log.end if log is not None else 1
         if log is not None and after + 1 < end:
-            msgs = log.cached_range(max(after + 1, log.first_seq), end, limit)
+            msgs = log.cached_range(max(after + 1, log.first_seq), end, limit,
+                                    STORAGE_READ_BYTES)
             if msgs is None:
                 msgs = await server.read_messages(channel, max(after + 1, log.first_seq),
                                                   end, limit)
-            nxt = msgs[-1].seq if len(msgs) == limit else end - 1
+            nxt = page_end(msgs, limit, STORAGE_READ_BYTES, end) - 1
             now = time.time()
             kv = log.kv if log.kv is not None else _EMPTY
             picked = [m for m in msgs if m.key is not None and m.key.startswith(prefix)

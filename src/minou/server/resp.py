@@ -990,10 +990,17 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
             return
         page(low, top)
 
-    def page(low: int, top: int) -> None:
-        start = max(low, top - READ_PAGE + 1) if reverse else low
+    def page(low: int, top: int, start: int | None = None,
+             window: list[Any] | None = None, first: int | None = None) -> None:
+        # Backwards: the window [start, top] is read forwards (``window`` holds what
+        # came so far: a page cut short by bytes goes on from ``first``, its
+        # next_seq), then added reversed.
+        if start is None:
+            start = max(low, top - READ_PAGE + 1) if reverse else low
+        if first is None:
+            first = start
         want = READ_PAGE if count is None or reverse else min(READ_PAGE, count - len(entries))
-        frame = f.Read(next(self._req), channel, start, want, top + 1)
+        frame = f.Read(next(self._req), channel, first, want, top + 1)
 
         def answered(reply: f.Frame) -> None:
             if isinstance(reply, f.Error):
@@ -1001,11 +1008,16 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
                 return
             assert isinstance(reply, f.ReadResult)
             ids = _stream_ids(self, channel)
-            got = [_entry(d, ids) for d in reply.items if low <= d.seq <= top]
             if reverse:
-                entries.extend(reversed(got))
+                got = (window or []) + [(d.seq, _entry(d, ids)) for d in reply.items
+                                         if low <= d.seq <= top]
+                if reply.items and reply.next_seq <= top:
+                    page(low, top, start, got, reply.next_seq)  # this window's rest
+                    return
+                entries.extend(e for _, e in reversed(got))
                 more_from = None if start <= low else start - 1
             else:
+                got = [_entry(d, ids) for d in reply.items if low <= d.seq <= top]
                 entries.extend(got)
                 more_from = reply.next_seq if reply.items and reply.next_seq <= top else None
             if count is not None and len(entries) >= count:

@@ -36,8 +36,12 @@ class Storage(Protocol):
     def full_message(self, space: dict[str, Any], cause: str = ...) -> str:
         """The refusal text while full: the data directory and its free space."""
 
-    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
-        """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most ``limit``."""
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int,
+                   max_bytes: int | None = None) -> list[Msg]:
+        """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most
+        ``limit``; with ``max_bytes``, the page ends with the message that brings its
+        payloads to that many bytes (so it holds at least one; ``core.log.page_end``
+        says where the next page starts)."""
 
     def expired(self, now: float, limit: int) -> list[Msg]:
         """Messages whose TTL has passed (with their bodies, to dead-letter them)."""

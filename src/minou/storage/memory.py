@@ -556,7 +556,8 @@ class MemoryStorage:
         return room, space
 
     # -------------------------------------------------------------- reading
-    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int,
+                   max_bytes: int | None = None) -> list[Msg]:
         ch = self._state().channels.get(channel)
         if ch is None or limit <= 0:
             return []
@@ -564,6 +565,7 @@ class MemoryStorage:
         if lo >= hi:
             return []
         out: list[Msg] = []
+        size, most = 0, max_bytes if max_bytes is not None else 1 << 62
         # From the segment holding ``lo`` (the last one starting at or before it).
         for i in range(max(0, bisect_right(ch.starts, lo) - 1), len(ch.starts)):
             if ch.starts[i] >= hi:
@@ -571,7 +573,8 @@ class MemoryStorage:
             for m in _messages.decode(ch.segments[ch.starts[i]].body):
                 if lo <= m.seq < hi and m.seq not in ch.removed:
                     out.append(m)
-                    if len(out) >= limit:
+                    size += len(m.data)
+                    if len(out) >= limit or size >= most:
                         return out
         return out
 

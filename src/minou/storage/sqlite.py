@@ -696,10 +696,13 @@ class SQLiteStorage:
         row = db.execute("SELECT first_seq FROM channels WHERE cid = ?", (cid,)).fetchone()
         return row[0] if row else 1
 
-    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
-        return _read_again_if_gone(self._read_range, channel, from_seq, to_seq, limit)
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int,
+                   max_bytes: int | None = None) -> list[Msg]:
+        return _read_again_if_gone(self._read_range, channel, from_seq, to_seq, limit,
+                                   max_bytes)
 
-    def _read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+    def _read_range(self, channel: str, from_seq: int, to_seq: int, limit: int,
+                    max_bytes: int | None) -> list[Msg]:
         cid = self._cids.get(channel)
         if cid is None or limit <= 0:
             return []
@@ -716,6 +719,7 @@ class SQLiteStorage:
             "SELECT rid FROM removed WHERE rid >= ? AND rid < ?", (_rid(cid, lo),
                                                                    _rid(cid, hi)))}
         out: list[Msg] = []
+        size, most = 0, max_bytes if max_bytes is not None else 1 << 62
         for body, body_file in db.execute(
             "SELECT body, body_file FROM segments WHERE rid >= ? AND rid < ? ORDER BY rid",
             (start if start is not None else _rid(cid, lo), _rid(cid, hi)),
@@ -723,7 +727,8 @@ class SQLiteStorage:
             for m in _segment.decode(self._body(body, body_file)):
                 if lo <= m.seq < hi and m.seq not in removed:
                     out.append(m)
-                    if len(out) >= limit:
+                    size += len(m.data)
+                    if len(out) >= limit or size >= most:
                         return out
         return out
 

@@ -326,6 +326,7 @@ return out
 READ = r"""#!lua flags=no-writes
 local base, ch = ARGV[1], ARGV[2]
 local lo, hi, limit = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local most = tonumber(ARGV[6] or '0')  -- bytes of segment bodies (0: no limit)
 local first = tonumber(redis.call('HGET', base .. 'first', ch) or '1')
 if lo < first then lo = first end
 if lo < 0 then lo = 0 end
@@ -333,10 +334,12 @@ if lo >= hi then return {first, {}, {}, 0} end
 local s = base .. 's:' .. ch
 local from = redis.call('ZREVRANGEBYSCORE', s, lo, '-inf', 'LIMIT', 0, 1)[1] or lo
 local starts = redis.call('ZRANGEBYSCORE', s, from, '(' .. hi)
-local bodies, count, more = {}, 0, 0
+local bodies, count, more, size = {}, 0, 0, 0
 for j, st in ipairs(starts) do
-  if count >= limit then more = 1 break end
-  bodies[#bodies + 1] = redis.call('HGET', base .. 'b:' .. ch, st)
+  if count >= limit or (most > 0 and size >= most) then more = 1 break end
+  local body = redis.call('HGET', base .. 'b:' .. ch, st)
+  bodies[#bodies + 1] = body
+  if body then size = size + #body end
   local last = tonumber(string.match(redis.call('HGET', base .. 'm:' .. ch, st), '^(%d+)'))
   local a, b = math.max(tonumber(st), lo), math.min(last, hi - 1)
   if b >= a then count = count + b - a + 1 end

@@ -780,23 +780,28 @@ class RedisStorage:
             return sum(self._used.values())
 
     # ----------------------------------------------------------- reading
-    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int) -> list[Msg]:
+    def read_range(self, channel: str, from_seq: int, to_seq: int, limit: int,
+                   max_bytes: int | None = None) -> list[Msg]:
         queue = queue_of(channel)
         if queue is None or limit <= 0:
             return []
         base = queue_base(self.prefix, queue)
         out: list[Msg] = []
         lo = from_seq
+        size, most = 0, max_bytes if max_bytes is not None else 1 << 62
         while True:
-            first, bodies, removed, more = self._read("read", base + "next", base, channel,
-                                                      lo, to_seq, limit - len(out))
+            # The script stops fetching segments past the byte budget too (0: none).
+            first, bodies, removed, more = self._read(
+                "read", base + "next", base, channel, lo, to_seq, limit - len(out),
+                max(most - size, 1) if max_bytes is not None else 0)
             start, gone, last = max(lo, int(first), 0), {int(r) for r in removed}, None
             for body in bodies:
                 for m in decode_messages(body):
                     last = m.seq
                     if start <= m.seq < to_seq and m.seq not in gone:
                         out.append(m)
-                        if len(out) >= limit:
+                        size += len(m.data)
+                        if len(out) >= limit or size >= most:
                             return out
             if not more or last is None:  # removed seqs left the page short: read on
                 return out
