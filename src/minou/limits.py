@@ -81,7 +81,8 @@ SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the 
 # ones are read back from storage in pages.
 BODY_CACHE_BYTES = 48 << 20
 STORAGE_READ_PAGE = 2_000
-# ... and at most this many payload bytes a page (always one message): a backlog of
+# ... and at most this many bytes a page (``core.log.read_weight``: payloads, headers,
+# names; always one message): a backlog of
 # 1 MiB messages read back 2,000 at a time held 2 GiB, and a read answered in one frame
 # must stay under MAX_FRAME_SIZE.
 STORAGE_READ_BYTES = 8 << 20
@@ -205,6 +206,7 @@ DEFAULT_BROWSE = 50  # ... when the request names no limit: a screenful
 MAX_DELETE = 1_000  # messages one delete (XDEL, the dashboard) names at once
 MAX_REQUEUE = 100_000  # dead letters one requeue reads and moves per channel
 DEFAULT_REQUEUE = 10_000  # ... when the request names no limit
+MAX_REQUEUE_BYTES = 64 << 20  # ... and at most this much of them (``more`` says more wait)
 # from_seq of a browse: the integers every JSON client reads exactly (a double's 53 bits).
 MAX_FROM_SEQ = 2**53
 

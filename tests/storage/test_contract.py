@@ -19,7 +19,7 @@ import pytest
 
 from minou.config import Settings
 from minou.core.group import GroupDef
-from minou.core.log import Msg, page_end
+from minou.core.log import Msg, page_end, read_weight
 from minou.core.writes import WriteBatch
 from minou.errors import ErrorCode, StorageError, StorageFull, StorageUnavailable
 from minou.protocol.frames import Send
@@ -409,12 +409,12 @@ def test_read_range_pages_through_many_batches(backend: Factory, store: Storage)
     assert got == [s for s in range(20, 106) if s not in (50, 51)]
 
 
-@pytest.mark.parametrize("max_bytes", [1, 250, 300, 301, 10_000])
+@pytest.mark.parametrize("max_bytes", [1, 400, 576, 577, 100_000])
 def test_read_range_stops_at_max_bytes_with_at_least_one_message(
     backend: Factory, store: Storage, max_bytes: int,
 ) -> None:
-    """A page ends with the message that brings its payloads to ``max_bytes`` (so it
-    has one at least), in the body cache's seqs and across segments and a removed one;
+    """A page ends with the message that brings its ``read_weight`` to ``max_bytes``
+    (so it has one at least), in the body cache's seqs and across segments and a removed one;
     ``page_end`` then says where the next page starts, and paging gets them all."""
     for first in range(1, 40, 8):  # 100 B each, 8 to a segment
         store.apply(batch_of(*(msg(CH, s, b"%03d" % s + b"." * 97)
@@ -422,7 +422,11 @@ def test_read_range_stops_at_max_bytes_with_at_least_one_message(
     store.apply(WriteBatch(deletes=[(CH, 5)], channels={CH: 41}))
     st, _ = reopen(backend, store)
     live = [s for s in range(1, 41) if s != 5]
-    per_page = max(1, -(-max_bytes // 100))
+    weights = [read_weight(m) for m in st.read_range(CH, 1, 41, 1000)]
+    per_page, total = 0, 0
+    while per_page < len(live) and total < max_bytes:  # through the one reaching it
+        total += weights[per_page]
+        per_page += 1
     page = st.read_range(CH, 1, 41, 1000, max_bytes)
     assert seqs(page) == live[:per_page]
     nxt = page_end(page, 1000, max_bytes, 41)
@@ -435,6 +439,43 @@ def test_read_range_stops_at_max_bytes_with_at_least_one_message(
     assert got == live
     assert seqs(st.read_range(CH, 1, 41, 3, max_bytes)) == live[:min(3, per_page)]
     assert seqs(st.read_range(CH, 1, 41, 1000)) == live  # no byte limit: as before
+
+
+def test_read_range_by_bytes_gets_past_removed_seqs_and_holes(
+    backend: Factory, store: Storage,
+) -> None:
+    """1 MiB messages a segment each, a removed one and a seq never stored (a failed
+    publish's hole) before more: paging by bytes ends, with every live one, also from
+    a start inside the hole (where a read begins at the segment before it)."""
+    big = b"x" * (1 << 20)
+    for s in range(1, 9):
+        store.apply(batch_of(msg(CH, s, big)))
+    store.apply(WriteBatch(deletes=[(CH, 8)], channels={CH: 10}))  # 9: never stored
+    store.apply(batch_of(*(msg(CH, s, big) for s in (10, 11, 12))))
+    st, _ = reopen(backend, store)
+    for start, live in ((1, [*range(1, 8), 10, 11, 12]), (8, [10, 11, 12]),
+                        (9, [10, 11, 12])):
+        got, nxt = [], start
+        for _ in range(20):  # a read that makes no progress would spin
+            if nxt >= 13:
+                break
+            page = st.read_range(CH, nxt, 13, 2000, 8 << 20)
+            got += seqs(page)
+            nxt = page_end(page, 2000, 8 << 20, 13)
+        assert got == live, start
+
+
+def test_read_range_by_bytes_counts_headers_and_names(backend: Factory, store: Storage) -> None:
+    """Tiny payloads with 8 KiB of headers each: a page stops by what they weigh in a
+    frame (``read_weight``), not by their payloads alone."""
+    headers = {f"h{i:02d}": "v" * 250 for i in range(32)}
+    store.apply(batch_of(*(msg(CH, s, b"1", headers=headers) for s in range(1, 201))))
+    st, _ = reopen(backend, store)
+    page = st.read_range(CH, 1, 201, 1000, 100_000)
+    weight = read_weight(page[0])
+    assert weight > 8_000
+    assert len(page) == -(-100_000 // weight)
+    assert page_end(page, 1000, 100_000, 201) == len(page) + 1
 
 
 # --------------------------------------------------------------------- groups

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import minou
 from minou.limits import MAX_FRAME_SIZE, STORAGE_READ_BYTES
 
 MB = 1_000_000
@@ -108,3 +109,66 @@ def test_a_backlog_of_large_messages_is_read_back_a_bounded_page_at_a_time(broke
             assert peak[0] - baseline < 250, (baseline, peak[0])
 
     asyncio.run(asyncio.wait_for(run(), 180))
+
+
+def test_many_large_dead_letters_are_all_requeued(broker_factory, tmp_path):
+    """12 dead letters of 1 MB (more than one 8 MiB page): ``dead.requeue`` reads them a
+    page at a time and moves every one back."""
+    cfg = tmp_path / "dead.toml"
+    cfg.write_text('[channels."large/v1"]\nrequeue_limit = 0\n')
+    broker = broker_factory.make(config=cfg).start()
+    bodies = _bodies(12)
+
+    async def run() -> None:
+        async with await broker.connect("deadly") as c:
+            await asyncio.gather(*(c.send("large/v1/d", b) for b in bodies))
+            sub = await c.consume("large/v1/d", group="g", prefetch=12)
+            for _ in range(12):
+                m = await sub.get(30)
+                m.nack()  # requeue_limit 0: a dead letter at once
+            await sub.close()
+        async with await minou.connect(broker.url, **broker.admin_auth()) as admin:
+            for _ in range(100):
+                listing = await admin.admin("list", channel="_dead/large/v1/d")
+                if listing["channels"] and listing["channels"][0]["depth"] == 12:
+                    break
+                await asyncio.sleep(0.1)
+            out = await admin.admin("dead.requeue", queue="large/v1", channel="d")
+            assert out["messages"] == 12 and out["more"] is False, out
+            for _ in range(100):  # the answer may come before the commit of the moves
+                listing = await admin.admin("list", channel="large/v1/d")
+                if listing["channels"][0]["next_seq"] == 25:
+                    break
+                await asyncio.sleep(0.1)
+        assert listing["channels"][0]["next_seq"] == 25, listing
+        async with await broker.connect("deadly") as c:
+            sub = await c.consume("large/v1/d", group="g2", start="oldest", prefetch=4)
+            again = []
+            for _ in range(12):
+                m = await sub.get(30)
+                again.append(m.payload)
+                m.ack()
+            assert sorted(again) == sorted(bodies)
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_a_read_of_messages_heavy_with_headers_fits_one_frame(broker):
+    """2,200 messages of one payload byte and 8 KiB of headers: 18 MB in all, and READ
+    asks for all of them at once. The page stops by what they weigh with their headers
+    (it stopped by payload bytes alone before, and the answer was over 16 MiB)."""
+    headers = {f"h{i:02d}": "v" * 250 for i in range(32)}
+
+    async def run() -> None:
+        async with await broker.connect("headers") as c:
+            for i in range(0, 2200, 200):
+                await asyncio.gather(*(c.send("large/v1/h", i + k, headers=headers)
+                                       for k in range(200)))
+            seen, seq = [], 1
+            while seq <= 2200:
+                page, seq = await c.read("large/v1/h", seq, limit=10_000)
+                assert page and len(page) < 2200
+                seen += [m.payload for m in page]
+            assert seen == list(range(2200))
+
+    asyncio.run(asyncio.wait_for(run(), 120))

@@ -56,14 +56,24 @@ class Msg(msgspec.Struct, array_like=True, gc=False):
         return f"Msg({self.channel!r}, seq={self.seq})"
 
 
+def read_weight(m: Msg) -> int:
+    """What a message weighs in a page read back or answered: its payload, headers and
+    names, plus what framing adds. Pages stop at STORAGE_READ_BYTES of it, so one page
+    (and one more message at most) fits a frame whatever the messages carry."""
+    n = len(m.data) + len(m.channel) + len(m.id) + 64
+    if m.headers:
+        n += sum(len(k) + len(v) + 8 for k, v in m.headers.items())
+    return n
+
+
 def page_end(msgs: list[Msg], limit: int, max_bytes: int | None, upto: int) -> int:
     """Where the next page of a read of ``[..., upto)`` starts: after its last message
-    when the read stopped at ``limit`` messages or ``max_bytes`` of payload (more may
-    follow), else ``upto`` (it read everything there was)."""
+    when the read stopped at ``limit`` messages or ``max_bytes`` (of ``read_weight``:
+    more may follow), else ``upto`` (it read everything there was)."""
     if not msgs:
         return upto
     if len(msgs) >= limit or (max_bytes is not None
-                              and sum(len(m.data) for m in msgs) >= max_bytes):
+                              and sum(map(read_weight, msgs)) >= max_bytes):
         return msgs[-1].seq + 1
     return upto
 
@@ -152,7 +162,7 @@ class ChannelLog:
     def cached_range(self, start: int, end: int, limit: int,
                      max_bytes: int | None = None) -> list[Msg] | None:
         """The live messages in ``[start, end)``, at most ``limit`` (and ``max_bytes``
-        of payload, always one), if memory holds every one of them (a reader just behind
+        of ``read_weight``, always one), if memory holds every one of them (a reader just behind
         the latest commit: no storage read); else None."""
         out: list[Msg] = []
         seq, size = start, 0
@@ -160,7 +170,7 @@ class ChannelLog:
             found = self.lookup(seq)
             if isinstance(found, Msg):
                 out.append(found)
-                size += len(found.data)
+                size += read_weight(found)
                 if max_bytes is not None and size >= max_bytes:
                     break
             elif found is MISSING:

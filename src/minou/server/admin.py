@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..auth.credentials import check_ttl
 from ..core import maintenance
-from ..core.log import Msg, page_end
+from ..core.log import Msg, page_end, read_weight
 from ..errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
 from ..limits import (
     DEFAULT_BROWSE,
@@ -27,7 +27,9 @@ from ..limits import (
     MAX_DELETE,
     MAX_FROM_SEQ,
     MAX_REQUEUE,
+    MAX_REQUEUE_BYTES,
     STORAGE_READ_BYTES,
+    STORAGE_READ_PAGE,
 )
 from ..names import DEAD_PREFIX, validate_channel
 from . import federation, kv
@@ -295,15 +297,37 @@ async def _requeue_dead(server: Server, args: dict[str, Any],
     # seqs: those dead letters only, of the channel given (of each channel without one)
     seqs = _seqs_arg(args) if args.get("seqs") not in (None, "") else None
     moved: dict[str, int] = {}
+    more = False
     for dead in maintenance.channels_of(server.core, DEAD_PREFIX + queue, channel_id):
         if seqs is not None:  # these dead letters only (the dashboard's one message)
             msgs = [m for seq in seqs
                     for m in await server.read_messages(dead.name, seq, seq + 1, 1)]
         else:
-            msgs = await server.read_messages(dead.name, dead.first_seq, dead.end, limit)
+            msgs, cut = await _dead_pages(server, dead, limit)
+            more = more or cut
         moved[dead.name] = maintenance.requeue_dead(server.core, dead, msgs, time.time())
     server.engine.changed()
-    return {"queue": queue, "requeued": moved, "messages": sum(moved.values())}
+    # ``more``: a channel's dead letters passed MAX_REQUEUE_BYTES; requeue again for the rest.
+    return {"queue": queue, "requeued": moved, "messages": sum(moved.values()), "more": more}
+
+
+async def _dead_pages(server: Server, dead: Any, limit: int) -> tuple[list[Msg], bool]:
+    """The first ``limit`` dead letters of ``dead``, read a page at a time, and at most
+    MAX_REQUEUE_BYTES of them (their copies wait in memory for the commit): whether that
+    bound left some behind."""
+    msgs: list[Msg] = []
+    seq, weight = dead.first_seq, 0
+    while len(msgs) < limit and seq < dead.end:
+        if weight >= MAX_REQUEUE_BYTES:
+            return msgs, True
+        want = min(limit - len(msgs), STORAGE_READ_PAGE)
+        page = await server.read_messages(dead.name, seq, dead.end, want)
+        if not page:
+            break
+        msgs += page
+        weight += sum(map(read_weight, page))
+        seq = page_end(page, want, STORAGE_READ_BYTES, dead.end)
+    return msgs, False
 
 
 def _purge_dead(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:

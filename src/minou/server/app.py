@@ -1205,7 +1205,7 @@ class BrokerServer:
         limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
         start = max(frame.from_seq, log_.first_seq, 1)
         # Recent ones come from memory; either way a page holds at most
-        # STORAGE_READ_BYTES of payloads, so its answer fits in one frame.
+        # STORAGE_READ_BYTES (read_weight), so its answer fits in one frame.
         cached = log_.cached_range(start, upper, limit, STORAGE_READ_BYTES)
 
         async def run() -> None:
@@ -1240,7 +1240,7 @@ class BrokerServer:
     async def read_messages(self, channel: str, from_seq: int, upto: int,
                             limit: int) -> list[Msg]:
         """Committed, live messages of ``channel`` from storage (the reader thread): at
-        most ``limit`` and STORAGE_READ_BYTES of payloads (``page_end`` says where the
+        most ``limit`` and STORAGE_READ_BYTES (``page_end`` says where the
         next page starts)."""
         assert self.loop is not None
         return await self.loop.run_in_executor(

@@ -996,7 +996,10 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
         # came so far: a page cut short by bytes goes on from ``first``, its
         # next_seq), then added reversed.
         if start is None:
-            start = max(low, top - READ_PAGE + 1) if reverse else low
+            # Backwards with COUNT: a window of what is still wanted (a few seqs gone
+            # cost another window), not 1,000 entries read for one.
+            span = READ_PAGE if count is None else min(READ_PAGE, count - len(entries))
+            start = max(low, top - span + 1) if reverse else low
         if first is None:
             first = start
         want = READ_PAGE if count is None or reverse else min(READ_PAGE, count - len(entries))

@@ -40,8 +40,8 @@ class Storage(Protocol):
                    max_bytes: int | None = None) -> list[Msg]:
         """Live messages with ``from_seq <= seq < to_seq`` in seq order, at most
         ``limit``; with ``max_bytes``, the page ends with the message that brings its
-        payloads to that many bytes (so it holds at least one; ``core.log.page_end``
-        says where the next page starts)."""
+        ``core.log.read_weight`` (payload, headers, names) to that many bytes (so it
+        holds at least one; ``core.log.page_end`` says where the next page starts)."""
 
     def expired(self, now: float, limit: int) -> list[Msg]:
         """Messages whose TTL has passed (with their bodies, to dead-letter them)."""

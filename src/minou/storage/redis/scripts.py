@@ -339,10 +339,12 @@ for j, st in ipairs(starts) do
   if count >= limit or (most > 0 and size >= most) then more = 1 break end
   local body = redis.call('HGET', base .. 'b:' .. ch, st)
   bodies[#bodies + 1] = body
-  if body then size = size + #body end
   local last = tonumber(string.match(redis.call('HGET', base .. 'm:' .. ch, st), '^(%d+)'))
   local a, b = math.max(tonumber(st), lo), math.min(last, hi - 1)
-  if b >= a then count = count + b - a + 1 end
+  if b >= a then  -- only segments with seqs in range count (the first may end below lo)
+    count = count + b - a + 1
+    if body then size = size + #body end
+  end
 end
 local removed = redis.call('ZRANGEBYSCORE', base .. 'r:' .. ch, lo, '(' .. hi)
 return {first, bodies, removed, more}

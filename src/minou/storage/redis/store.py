@@ -73,7 +73,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ...core.log import Msg
+from ...core.log import Msg, read_weight
 from ...core.snapshot import Snapshot
 from ...core.writes import WriteBatch
 from ...errors import StorageFenced, StorageFull, StorageUnavailable
@@ -800,11 +800,14 @@ class RedisStorage:
                     last = m.seq
                     if start <= m.seq < to_seq and m.seq not in gone:
                         out.append(m)
-                        size += len(m.data)
+                        size += read_weight(m)
                         if len(out) >= limit or size >= most:
                             return out
             if not more or last is None:  # removed seqs left the page short: read on
                 return out
+            if last < lo:  # the script stops only after a segment in range
+                raise StorageUnavailable(f"reading {channel!r} from seq {lo} made no "
+                                         "progress (a damaged segment index?)")
             lo = last + 1
 
     def expired(self, now: float, limit: int) -> list[Msg]:
