@@ -409,7 +409,7 @@ def test_read_range_pages_through_many_batches(backend: Factory, store: Storage)
     assert got == [s for s in range(20, 106) if s not in (50, 51)]
 
 
-@pytest.mark.parametrize("max_bytes", [1, 400, 576, 577, 100_000])
+@pytest.mark.parametrize("max_bytes", [1, 612, 1224, 1225, 100_000])
 def test_read_range_stops_at_max_bytes_with_at_least_one_message(
     backend: Factory, store: Storage, max_bytes: int,
 ) -> None:

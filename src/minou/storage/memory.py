@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from ..core.group import GroupDef
-from ..core.log import Msg, read_weight
+from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFenced, StorageFull, StorageUnavailable
@@ -573,7 +573,7 @@ class MemoryStorage:
             for m in _messages.decode(ch.segments[ch.starts[i]].body):
                 if lo <= m.seq < hi and m.seq not in ch.removed:
                     out.append(m)
-                    size += read_weight(m)
+                    size += read_weight(m) if m.headers else len(m.data) + READ_WEIGHT_BASE
                     if len(out) >= limit or size >= most:
                         return out
         return out

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from ..core.group import GroupDef
-from ..core.log import Msg, read_weight
+from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
@@ -727,7 +727,7 @@ class SQLiteStorage:
             for m in _segment.decode(self._body(body, body_file)):
                 if lo <= m.seq < hi and m.seq not in removed:
                     out.append(m)
-                    size += read_weight(m)
+                    size += read_weight(m) if m.headers else len(m.data) + READ_WEIGHT_BASE
                     if len(out) >= limit or size >= most:
                         return out
         return out

@@ -73,7 +73,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ...core.log import Msg, read_weight
+from ...core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ...core.snapshot import Snapshot
 from ...core.writes import WriteBatch
 from ...errors import StorageFenced, StorageFull, StorageUnavailable
@@ -800,7 +800,7 @@ class RedisStorage:
                     last = m.seq
                     if start <= m.seq < to_seq and m.seq not in gone:
                         out.append(m)
-                        size += read_weight(m)
+                        size += read_weight(m) if m.headers else len(m.data) + READ_WEIGHT_BASE
                         if len(out) >= limit or size >= most:
                             return out
             if not more or last is None:  # removed seqs left the page short: read on
