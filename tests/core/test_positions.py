@@ -344,3 +344,23 @@ def test_a_subscription_without_prefetch_over_existing_channels_takes_theirs() -
     sub = h.subscribe(Session("c"), patterns="orders/*", group="g")  # reads orders/v1/1
     assert sub.prefetch == 2
     assert seqs(h.take(sub)) == [1, 2]
+
+
+def test_deliveries_returning_across_a_restart_from_a_seq_come_once() -> None:
+    """A member leaves before its deliveries' attempt counts are stored (they go back
+    only after the next commit), and the group restarts from seq:1 meanwhile: the returns
+    land on the group's replaced state and must not deliver from it (XGROUP SETID gave
+    3, 4, 5 twice when its commit came late)."""
+    h = Harness()
+    a = Session("a")
+    sub = h.subscribe(a, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2, 3, 4, 5])
+    assert seqs(h.take(sub)) == [1, 2, 3, 4, 5]
+    h.engine.close(a)  # no commit first: the five wait for it to come back
+    b = Session("b")
+    again = h.subscribe(b, patterns=CH, group="g", start="seq:1", prefetch=10)
+    got = seqs(h.take(again))
+    for _ in range(3):
+        h.commit()
+        got += seqs(h.take(again))
+    assert sorted(got) == [1, 2, 3, 4, 5]

@@ -127,6 +127,11 @@ class Settlement:
         gc, sub = lease.gc, lease.sub
         if gc.pending.get(lease.seq) is not lease:
             return  # purged, seeked past or detached meanwhile
+        if gc.group.gcs.get(gc.log.name) is not gc:
+            # The group's state was replaced (a restart from ``seq:``) while this waited
+            # for its commit: requeued there it would be delivered from the old state,
+            # beside the new one's own copy.
+            return
         limit = gc.log.options.requeue_limit
         if gc.attempts.get(lease.seq, 0) > limit:
             gc.settle(lease.seq)
