@@ -395,11 +395,17 @@ def test_redis_gone_under_the_broker_running_a_link_loses_and_repeats_nothing(tm
         with us.connect_sync("more-prices") as c:  # something for the pull to carry now
             c.send_many([("prices/v1/0", -1), ("prices/v1/1", -1)])
 
+        seen: list[Any] = []
+
         def refused() -> bool:  # prices come on in us, eu cannot store them (the push
             # direction may just wait: nothing new is stored in eu meanwhile)
             pipes = {p["direction"]: p for p in status(eu)["links"][0]["pipes"]}
+            seen[:] = [pipes]
             return pipes["pull"]["state"] == "retrying" and bool(pipes["pull"]["last_error"])
-        wait_until(refused, timeout=30, what="the pull direction to report Redis gone")
+        try:
+            wait_until(refused, timeout=30, what="the pull direction to report Redis gone")
+        except AssertionError as exc:  # what it reported instead (failed once, under load)
+            raise AssertionError(f"{exc}; the pipes said last: {seen}") from None
         time.sleep(2.0)
         redis.start()
         for t in threads:
