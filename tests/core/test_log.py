@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minou.core.broker import Session
-from minou.core.log import GONE, MISSING, ChannelLog, Msg
+from minou.core.log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, page_end, read_weight
 
 from .helpers import Harness
 
@@ -181,3 +181,39 @@ def test_truncating_to_a_deleted_seq_starts_the_log_at_the_next_live_one() -> No
     assert log.truncate_below(3) == 2
     assert (log.first_seq, log.count, log.oldest_live()) == (3, 2, 4)
     assert log.lookup(3) is GONE and isinstance(log.lookup(4), Msg)
+
+
+# ------------------------------------------------- pages bounded by bytes (read-back)
+def _m(seq: int, size: int, headers: dict[str, str] | None = None) -> Msg:
+    return Msg("orders/v1/1", seq, f"id-{seq}", b"x" * size, headers=headers)
+
+
+def test_read_weight_is_payload_headers_and_a_base() -> None:
+    assert read_weight(_m(1, 100)) == 100 + READ_WEIGHT_BASE
+    assert read_weight(_m(1, 0, {"ab": "cde", "f": ""})) == \
+        READ_WEIGHT_BASE + (2 + 3 + 8) + (1 + 0 + 8)
+
+
+def test_page_end_says_where_the_next_page_starts() -> None:
+    w = 100 + READ_WEIGHT_BASE
+    page = [_m(s, 100) for s in (3, 4, 6)]
+    assert page_end([], 10, None, 50) == 50  # nothing there: read to the end
+    assert page_end(page, 3, None, 50) == 7  # full by count
+    assert page_end(page, 10, None, 50) == 50  # short, no byte bound: that was all
+    assert page_end(page, 10, 3 * w, 50) == 7  # exactly at the bound: cut there
+    assert page_end(page, 10, 3 * w + 1, 50) == 50  # under it: that was all
+
+
+def test_cached_range_stops_at_max_bytes_with_one_message_at_least() -> None:
+    log = ChannelLog("orders/v1/1")
+    for s in range(1, 6):
+        log.append_committed(_m(s, 1000))
+    log.next_seq = 6
+    w = 1000 + READ_WEIGHT_BASE
+    seqs_of = [[m.seq for m in page] for page in (
+        log.cached_range(1, 6, 10, 1), log.cached_range(1, 6, 10, 2 * w),
+        log.cached_range(1, 6, 10, 2 * w + 1), log.cached_range(2, 6, 2, None),
+        log.cached_range(1, 6, 10, None), log.cached_range(1, 3, 10, None))]
+    assert seqs_of == [[1], [1, 2], [1, 2, 3], [2, 3], [1, 2, 3, 4, 5], [1, 2]]
+    log.evict_below(3)  # 1 and 2 are in storage only now
+    assert log.cached_range(1, 6, 10, 10 * w) is None
