@@ -750,6 +750,9 @@ def status(conn: dict[str, Any], as_json: bool) -> None:
                                         f"bytes of {flow.get('delivery_buffer_budget', 0)}")
         table.add_row("dead connections", f"{flow.get('dead_connections_cut', 0)} cut (no "
                                           "heartbeat for two intervals)")
+        if "in_flight_bytes" in flow:
+            table.add_row("unsettled", f"{flow['in_flight_bytes']} bytes of messages delivered "
+                                       f"and not settled, of {flow['in_flight_limit']}")
     auth = st["auth"]
     table.add_row("auth", f"{auth['mode']}: {auth['clients']} clients, {auth['pending']} pending, "
                           f"{auth['rules']} rules; failures {json.dumps(auth['failures'])}")

@@ -95,6 +95,7 @@ class Settings:
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     slow_consumer_seconds: float = limits.CONSUMER_STALL_S
     delivery_buffer_bytes: int = limits.DELIVERY_BUFFER_BUDGET
+    in_flight_bytes: int = limits.IN_FLIGHT_BYTES  # unsettled deliveries' messages (all)
     hello_timeout: float = limits.HELLO_TIMEOUT_S
     http_header_timeout: float = limits.HTTP_HEADER_TIMEOUT_S
     http_idle_timeout: float = limits.HTTP_IDLE_TIMEOUT_S
@@ -188,6 +189,7 @@ _TOP_KEYS = {
     "slow_consumer_bytes": (int, "a number of bytes >= 1"),
     "slow_consumer_seconds": ((int, float), "a number of seconds > 0"),
     "delivery_buffer_bytes": (int, "a number of bytes >= 1"),
+    "in_flight_bytes": (int, "a number of bytes >= 1"),
     "hello_timeout": ((int, float), "a number of seconds > 0"),
     "http_header_timeout": ((int, float), "a number of seconds > 0"),
     "http_idle_timeout": ((int, float), "a number of seconds > 0"),

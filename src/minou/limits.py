@@ -242,6 +242,12 @@ RETURNED_FROM_LIMIT = 10_000
 CONSUMER_STALL_S = 30.0  # paused at the write water mark this long with deliveries out: cut
 DELIVERY_BUFFER_BUDGET = 128 << 20  # unsent delivery bytes across all connections
 BUDGET_SHARE = 256 << 10  # past the budget, a connection holding more gets no deliveries
+# Deliveries out and not settled keep their messages (core/in_flight.py): the bytes all
+# subscriptions may hold (in_flight_bytes), what one may hold past that, and what one
+# may hold at most; one holding nothing always gets a message.
+IN_FLIGHT_BYTES = 512 << 20
+IN_FLIGHT_SHARE = 1 << 20
+IN_FLIGHT_PER_SUBSCRIPTION = 64 << 20
 
 # Delegated credentials (auth.credentials): a client that proved itself with its key
 # hands tasks running elsewhere (Spark executors) a secret bound to its identity.

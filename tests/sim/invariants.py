@@ -12,6 +12,7 @@ import bisect
 from collections.abc import Sequence
 from typing import NoReturn
 
+from minou.core.broker import Broker
 from minou.core.writes import WriteBatch
 from minou.names import is_dead_letter
 from minou.protocol.frames import Outcome, Send
@@ -69,6 +70,10 @@ INVARIANTS: dict[str, str] = {
         "the unread delivery bytes of all connections together stay within the delivery "
         "budget, plus one pump turn, plus per connection its share and one turn's "
         "deliveries to it",
+    "in_flight_bytes":
+        "the bytes unsettled deliveries hold are accounted exactly (each subscription's "
+        "and their total are the weights of the live leases), and a delivery goes to a "
+        "member the in-flight bounds do not stop (one holding nothing always may)",
     "progress": "the broker finishes its work: no endless loop of commits, pumps or loads",
 }
 
@@ -191,12 +196,23 @@ def on_delivery(ledger: Ledger, group: str, channel: str, seq: int, msg_id: str,
         made.insert(i, (tag, seq))
 
 
+def _stopped(ledger: Ledger, conn: int, sid: int, bounds: tuple[int, int, int]) -> bool:
+    """Whether the in-flight bounds (limit, share, per subscription) stop a member."""
+    limit, share, per_sub = bounds
+    held = ledger.held(conn, sid)
+    return held > 0 and (held >= per_sub or (held >= share and ledger.held_total() >= limit))
+
+
 def on_member_delivery(ledger: Ledger, group: str, channel: str, seq: int, to: Member,
-                       members: Sequence[Member]) -> None:
+                       members: Sequence[Member], bounds: tuple[int, int, int]) -> None:
     """Checked in the order the pump made its deliveries (by tag), before the ledger
     records this one. ``members``: the group's subscriptions and whether each was
-    reading when the pump turn began."""
+    reading when the pump turn began; ``bounds``: the in-flight ones."""
     conn, sid, prefetch, reading = to
+    if _stopped(ledger, conn, sid, bounds):
+        fail("in_flight_bytes", f"{(channel, seq)} delivered to {group} member {conn}/{sid} "
+             f"holding {ledger.held(conn, sid)} bytes unsettled, of "
+             f"{ledger.held_total()} in all (bounds: limit, share, per member {bounds})")
     if not reading:
         fail("round_robin", f"{(channel, seq)} delivered to {group} member {conn}/{sid}, "
              "which is not reading (paused)")
@@ -206,7 +222,8 @@ def on_member_delivery(ledger: Ledger, group: str, channel: str, seq: int, to: M
     back_from = ledger.returned_from.pop((group, channel, seq), None)
     if back_from == (conn, sid):
         others = [m for m in members if (m[0], m[1]) != (conn, sid) and m[3]
-                  and ledger.unsettled(m[0], m[1]) < m[2]]
+                  and ledger.unsettled(m[0], m[1]) < m[2]
+                  and not _stopped(ledger, m[0], m[1], bounds)]
         if others:
             fail("round_robin", f"{(channel, seq)} came back from {group} member "
                  f"{conn}/{sid} and went to it again while {others[0][:2]} had credit")
@@ -240,6 +257,28 @@ def on_pump_turn(ledger: Ledger, limit: int, share: int, turn: Sequence[int],
              f"delivery bytes {sorted(unsent, reverse=True)}, over {bound} (budget "
              f"{limit}, share {share}, largest turn {ledger.max_turn}, to one "
              f"connection {ledger.max_conn_turn})")
+
+
+def on_step_in_flight(core: Broker, ledger: Ledger) -> None:
+    """After every step: the pool's counts are the weights of the live leases, and
+    those are what the model holds live (a count given back twice or never would stop
+    a consumer for good, or let one hold past its bound)."""
+    held: dict[int, int] = {}
+    for grp in core.groups.values():
+        for gc in grp.gcs.values():
+            for lease in gc.pending.values():
+                if not lease.returning:
+                    held[id(lease.sub)] = held.get(id(lease.sub), 0) + lease.weight
+    for grp in core.groups.values():
+        for sub in grp.members:
+            if sub.held != held.get(id(sub), 0):
+                fail("in_flight_bytes", f"member {sub.session.client_id}/{sub.sid} of "
+                     f"{grp.key} counts {sub.held} bytes unsettled, its leases weigh "
+                     f"{held.get(id(sub), 0)}")
+    total = core.in_flight.total
+    if total != sum(held.values()) or total != ledger.held_total():
+        fail("in_flight_bytes", f"{total} bytes unsettled counted, the leases weigh "
+             f"{sum(held.values())}, the model's live deliveries {ledger.held_total()}")
 
 
 # -------------------------------------------------------------- settlements

@@ -61,6 +61,7 @@ class Tag:
     seq: int
     attempts: int
     expires: float  # when a tick takes the lease back
+    weight: int = 0  # what it holds against the in-flight bounds (read_weight)
     live: bool = True
 
     @property
@@ -166,12 +167,12 @@ class Ledger:
 
     # ----------------------------------------------------------- deliveries
     def deliver(self, conn: int, sid: int, group: str, lease_s: float, channel: str,
-                seq: int, tag: int, attempts: int, now: float) -> Tag:
+                seq: int, tag: int, attempts: int, now: float, weight: int = 0) -> Tag:
         read = (group, channel, seq)
         before = self.holder.get(read)
         if before is not None:
             self.kill(self.tags[before])
-        t = Tag(tag, conn, sid, group, channel, seq, attempts, now + lease_s)
+        t = Tag(tag, conn, sid, group, channel, seq, attempts, now + lease_s, weight)
         self.tags[tag] = t
         self.live_tags[tag] = t
         self.holder[read] = tag
@@ -203,6 +204,12 @@ class Ledger:
 
     def unsettled(self, conn: int, sid: int) -> int:
         return sum(1 for t in self.live_tags.values() if t.conn == conn and t.sid == sid)
+
+    def held(self, conn: int, sid: int) -> int:
+        return sum(t.weight for t in self.live_tags.values() if t.conn == conn and t.sid == sid)
+
+    def held_total(self) -> int:
+        return sum(t.weight for t in self.live_tags.values())
 
     def conn_closed(self, conn: int, sid: int | None = None) -> None:
         for t in [t for t in self.live_tags.values()

@@ -68,6 +68,10 @@ class Scenario:
     budget_bytes: int = 1 << 40
     budget_share: int = BUDGET_SHARE
     high_water: int = 400
+    # in_flight_bytes, and InFlightBytes' share and per-subscription bound
+    in_flight_bytes: int = 1 << 40
+    in_flight_share: int = 1 << 40
+    in_flight_per_sub: int = 1 << 40
     channels: list[str] = field(default_factory=list)  # the concrete channels
     rules: Rules = field(default_factory=lambda: Rules.parse(None))
 
@@ -106,7 +110,10 @@ class Scenario:
             brng = random.Random(f"budget-{seed}")
             budget = {"budget_bytes": brng.choice((300, 800, 2_000)),
                       "budget_share": brng.choice((0, 100, 300)),
-                      "high_water": brng.choice((400, 3_000))}
+                      "high_water": brng.choice((400, 3_000)),
+                      "in_flight_bytes": brng.choice((1_500, 4_000, 1 << 40)),
+                      "in_flight_share": brng.choice((0, 600, 1_200)),
+                      "in_flight_per_sub": brng.choice((1_200, 3_000, 1 << 40))}
         return cls(
             seed=seed, clients=names, features=features, options=options, groups=groups,
             writers=writers,

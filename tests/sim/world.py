@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from minou.core.broker import Broker, Session
+from minou.core.log import READ_WEIGHT_BASE
 from minou.core.writes import WriteBatch
 from minou.errors import StorageFenced, StorageFull
 from minou.limits import (
@@ -202,6 +203,7 @@ class World:
         core = Broker(channel_options=sc.options_for, dedup_window=sc.dedup_window,
                       default_lease=sc.default_lease, cache_budget=sc.cache_budget)
         core.rules = sc.rules
+        core.in_flight.configure(sc.in_flight_bytes, sc.in_flight_share, sc.in_flight_per_sub)
         core.restore(snap, self.now)
         core.migrate_listen_keys(sc.clients)
         self.host = SimHost(self)
@@ -347,15 +349,19 @@ class World:
         members = [(c.serial, s, i.prefetch, reading.get((c.serial, s), True))
                    for c in self.conns.values() for s, i in c.subs.items()
                    if i.group == info.group]
+        sc = self.scenario
         inv.on_member_delivery(ledger, info.group, d.channel, d.seq,
                                (conn.serial, sid, info.prefetch,
-                                reading.get((conn.serial, sid), True)), members)
+                                reading.get((conn.serial, sid), True)), members,
+                               (sc.in_flight_bytes, sc.in_flight_share, sc.in_flight_per_sub))
         inv.on_delivery(ledger, info.group, d.channel, d.seq, d.id, d.tag, d.attempts,
                         self.now)
         if self.scenario.rules.is_exclusive(d.channel.removeprefix("_dead/")):
             inv.on_exclusive_delivery(ledger, d.channel, conn.session.client_id)
+        weight = len(d.data) + READ_WEIGHT_BASE + sum(
+            len(k) + len(v) + 8 for k, v in (d.headers or {}).items())
         ledger.deliver(conn.serial, sid, info.group, info.lease_s, d.channel, d.seq,
-                       d.tag, d.attempts, self.now)
+                       d.tag, d.attempts, self.now, weight)
         if conn.drain:
             ledger.drained.add((info.group, d.channel, d.seq))
 
@@ -383,6 +389,7 @@ class World:
         self._doing = event
         try:
             text = self._do(event)
+            inv.on_step_in_flight(self.engine.core, self.ledger)
         except inv.Violation as v:
             self.log(f"{self._doing}: VIOLATION {v}")
             raise

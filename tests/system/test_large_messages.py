@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import minou
-from minou.limits import MAX_FRAME_SIZE, STORAGE_READ_BYTES
+from minou.core.log import READ_WEIGHT_BASE
+from minou.limits import IN_FLIGHT_PER_SUBSCRIPTION, MAX_FRAME_SIZE, STORAGE_READ_BYTES
 
 MB = 1_000_000
 
@@ -170,5 +171,74 @@ def test_a_read_of_messages_heavy_with_headers_fits_one_frame(broker):
                 assert page and len(page) < 2200
                 seen += [m.payload for m in page]
             assert seen == list(range(2200))
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+async def _take_all(sub, quiet: float = 1.0) -> list:
+    """Every delivery that comes until none has for ``quiet`` seconds (none is acked)."""
+    got = []
+    while True:
+        try:
+            got.append(await sub.get(quiet))
+        except minou.Timeout:
+            return got
+
+
+def test_a_consumer_that_never_acks_large_messages_holds_a_bounded_amount(broker):
+    """A consumer with prefetch 120 takes 1 MB messages and acks none: the broker stops
+    at 64 MiB of unsettled messages for it (IN_FLIGHT_PER_SUBSCRIPTION; it handed out
+    all 120, 120 MB kept in memory, and prefetch goes up to 100,000), and each ack lets
+    one more come. A reader of another group is not held back by it."""
+    n = 120
+    body = os.urandom(MB)
+    weight = MB + READ_WEIGHT_BASE
+    bound = -(-IN_FLIGHT_PER_SUBSCRIPTION // weight)  # the delivery that reaches it goes
+
+    async def run() -> None:
+        async with await broker.connect("heavy") as c:
+            for _ in range(n // 8):
+                await asyncio.gather(*(c.send("large/v1/held", body) for _ in range(8)))
+            sub = await c.consume("large/v1/held", group="g", prefetch=n)
+            held = await _take_all(sub)
+            assert len(held) == bound, (len(held), bound)
+            async with await minou.connect(broker.url, **broker.admin_auth()) as admin:
+                flow = (await admin.admin("status"))["flow"]
+            assert flow["in_flight_bytes"] == bound * weight, flow
+            for m in held[:10]:
+                m.ack()
+            more = await _take_all(sub)
+            assert [m.seq for m in more] == list(range(bound + 1, bound + 11))
+            async with await broker.connect("other") as o:
+                other = await o.consume("large/v1/held", group="g2", prefetch=4)
+                m = await other.get(10)  # the oldest kept (g acked 1..10, the only group)
+                assert m.seq == 11 and m.payload == body
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+
+
+def test_past_in_flight_bytes_a_heavy_reader_waits_and_a_light_one_goes_on(
+        broker_factory, tmp_path):
+    """in_flight_bytes = 4 MB: a reader that holds 8 of 500 KB messages reaches it and
+    gets no more; a reader of another group gets messages up to its 1 MiB share, then
+    waits too; once the heavy one acks, the light one gets more without acking."""
+    cfg = tmp_path / "in_flight.toml"
+    cfg.write_text("in_flight_bytes = 4000000\n")
+    broker = broker_factory.make(config=cfg).start()
+    body = os.urandom(500_000)
+
+    async def run() -> None:
+        async with await broker.connect("heavy") as h, await broker.connect("light") as li:
+            await asyncio.gather(*(h.send("large/v1/pool", body) for _ in range(30)))
+            heavy = await h.consume("large/v1/pool", group="ga", prefetch=30)
+            taken = await _take_all(heavy)
+            assert len(taken) == 8  # 8 x 500,512 bytes reach 4,000,000
+            light = await li.consume("large/v1/pool", group="gb", prefetch=30)
+            first = await _take_all(light)
+            assert [m.seq for m in first] == [1, 2, 3]  # its share (1 MiB) reached
+            for m in taken:
+                m.ack()
+            later = await _take_all(light)
+            assert later and later[0].seq == 4, [m.seq for m in later]
 
     asyncio.run(asyncio.wait_for(run(), 120))

@@ -48,6 +48,7 @@ from .dedup import DedupWindow
 from .delivery import Dispatcher
 from .expiry import Expiry
 from .group import Group, NeedLoad, Subscription
+from .in_flight import InFlightBytes
 from .log import ChannelLog, ChannelOptions, Msg
 from .producers import Producers, ProducerState
 from .publishing import Publishing
@@ -107,6 +108,7 @@ class Broker:
     groups = _Shared[dict[str, Group]]()
     batch = _Shared[WriteBatch]()
     dedup = _Shared[DedupWindow]()
+    in_flight = _Shared[InFlightBytes]()
     producers = _Shared[Producers]()
     transactions = _Shared[Transactions]()
     reservations = _Shared[dict[str, str]]()

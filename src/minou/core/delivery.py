@@ -46,6 +46,7 @@ class Dispatcher:
         while ready:
             found = grp.member_for()
             if found is None:
+                self.state.in_flight.over(grp)
                 # Members that only hit their burst limit get more in the next round.
                 return any(m.burst and m.active and not m.paused
                            and m.prefetch > m.unsettled for m in grp.members)
@@ -93,6 +94,13 @@ class Dispatcher:
         state.dirty[gc] = None  # attempts survive a crash: stored with the next commit
         lease.count_in = state.taken + 1
         sub.unsettled += 1
+        # InFlightBytes.take, inlined (per delivery)
+        weight = lease.weight
+        sub.held += weight
+        pool = state.in_flight
+        pool.total += weight
+        if pool.total >= pool.limit:
+            pool.reached()
         sub.session.leases[tag] = lease
         sub.leases[tag] = lease
         counters = state.counters

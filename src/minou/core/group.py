@@ -22,7 +22,8 @@ import msgspec
 
 from ..limits import BURST_BYTES
 from ..names import Pattern
-from .log import GONE, MISSING, ChannelLog, Msg
+from .in_flight import InFlightBytes
+from .log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, read_weight
 
 
 def _heap(items: list[Any]) -> list[Any]:
@@ -32,7 +33,7 @@ def _heap(items: list[Any]) -> list[Any]:
 
 class Lease:
     __slots__ = ("count_in", "delivered", "expires", "gc", "msg", "returning", "seq", "sub",
-                 "tag")
+                 "tag", "weight")
 
     def __init__(
         self, tag: int, gc: GroupChannel, msg: Msg, sub: Subscription, now: float
@@ -42,6 +43,8 @@ class Lease:
         self.msg = msg
         self.seq = msg.seq
         self.sub = sub
+        # What it holds against the in-flight bounds (read_weight, inlined: per delivery)
+        self.weight = read_weight(msg) if msg.headers else len(msg.data) + READ_WEIGHT_BASE
         self.delivered = now
         self.expires = now + sub.lease_s  # an extend moves it
         # The commit (WriteBatch.number) that stores this delivery's attempt count, and
@@ -197,6 +200,7 @@ class GroupChannel:
             if below is None or seq < below:
                 if not lease.returning:  # a returned one gave its credit back already
                     lease.sub.unsettled -= 1
+                    lease.sub.pool.give_back(lease.sub, lease.weight)
                 lease.sub.session.leases.pop(lease.tag, None)
                 lease.sub.leases.pop(lease.tag, None)
                 del self.pending[seq]
@@ -276,7 +280,9 @@ class Subscription:
     group: Group
     prefetch: int
     lease_s: float
+    pool: InFlightBytes
     unsettled: int = 0
+    held: int = 0  # bytes of the unsettled deliveries (InFlightBytes)
     paused: bool = False
     active: bool = True
     # Credit only while a request waits (an HTTP long poll); with none, no credit at all.
@@ -290,6 +296,8 @@ class Subscription:
     @property
     def credit(self) -> int:
         if self.paused or not self.active or self.burst >= BURST_BYTES:
+            return 0
+        if self.held >= self.pool.cap:  # InFlightBytes.stops, inlined
             return 0
         return self.prefetch - self.unsettled
 

@@ -293,6 +293,16 @@ def _no_room(members: list[Subscription], waiting: int, in_flight: int) -> str:
         if in_flight:
             text += f"; they hold {in_flight} message(s) in flight (delivered, not yet acked)"
         return text + "."
+    heavy = [m for m in members if m.pool.stops(m.held)]
+    if heavy:
+        pool = heavy[0].pool
+        why = (f"each holds {pool.per_subscription >> 20} MiB or more"
+               if all(m.held >= pool.per_subscription for m in heavy) else
+               f"the broker's consumers hold {pool.total >> 20} MiB of unsettled messages "
+               f"together (in_flight_bytes is {pool.limit >> 20} MiB)")
+        return (f"{len(heavy)} of {len(members)} consumer(s) hold as many bytes of "
+                f"unsettled messages as they may ({why}): they hold {in_flight} message(s) "
+                "in flight and get more as they ack.")
     limits = sorted({m.prefetch for m in members if not m.on_demand})  # polls: 0
     each = (f"each takes at most {limits[0]}" if len(limits) == 1 else
             f"they take at most {', '.join(map(str, limits[:-1]))} and {limits[-1]}")
@@ -359,7 +369,8 @@ def diagnose(core: Broker, queue: str, stats: dict[str, Any], now: float, *,
     unread = [log.name for log in logs if log.count and not log.states]
     hint = (f" {len(unread)} of its channels ({unread[0]}{', …' if len(unread) > 1 else ''}) "
             "have no reader at all: their messages wait for one." if unread else "")
-    asking = [m for m in members if m.active and not m.paused and m.prefetch > m.unsettled]
+    asking = [m for m in members if m.active and not m.paused and m.prefetch > m.unsettled
+              and not m.pool.stops(m.held)]
     if not asking and (waiting or in_flight):
         return _no_room(members, waiting, in_flight) + hint
     flowing = ("Messages are flowing: {} delivered per {}.".format(*rate_text(deliver_rate))

@@ -45,10 +45,17 @@ class Settlement:
         counters, mark = state.counters, state.mark
         failed: list[tuple[int, int, str]] = []
         latency = state.ack_latency if now is not None else None
+        pool = state.in_flight
         for lease in self._settling(session, tags, failed):
             gc = lease.gc
             gc.settle(lease.seq)
-            lease.sub.unsettled -= 1
+            sub = lease.sub
+            sub.unsettled -= 1
+            if sub.held < pool.cap and not pool.full:  # give_back, nothing to wake: inlined
+                sub.held -= lease.weight
+                pool.total -= lease.weight
+            else:
+                pool.give_back(sub, lease.weight)
             counters.acked += 1
             mark(gc)
             if latency is not None:
@@ -115,6 +122,7 @@ class Settlement:
             return
         sub.unsettled -= 1
         state = self.state
+        state.in_flight.give_back(sub, lease.weight)
         if counted and lease.count_in > state.durable:
             lease.returning = True
             state.batch.on_commit.append(lambda: self._requeue(lease, now, front, delay))

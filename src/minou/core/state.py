@@ -27,6 +27,7 @@ from ..names import is_dead_letter, is_kv, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
+from .in_flight import InFlightBytes
 from .kv import KvCount
 from .log import ChannelLog, ChannelOptions
 from .producers import Producers, ProducerState
@@ -78,6 +79,7 @@ class BrokerState:
         self.taken = 0  # pragma: no mutate  (only differences to durable matter)
         self.durable = 0
         self.ready_groups: dict[Group, None] = {}
+        self.in_flight = InFlightBytes(self.mark_ready)
         self.dirty: dict[GroupChannel, None] = {}
         self.timed: dict[GroupChannel, None] = {}
         # Leases extended past their subscription's expiry order: (expires, tag, lease)

@@ -86,7 +86,8 @@ class Subscriptions:
             prefetch = first.log.options.prefetch if first else self.options_prefetch(patterns[0])
         if exclusive:
             self.rights.reserve(session, texts[0])
-        sub = Subscription(session, sid, grp, prefetch, lease or self.state.default_lease)
+        sub = Subscription(session, sid, grp, prefetch, lease or self.state.default_lease,
+                           self.state.in_flight)
         grp.members.append(sub)
         session.subs[sid] = sub
         self.state.mark_ready(grp)

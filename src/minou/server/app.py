@@ -173,6 +173,7 @@ class BrokerServer:
         self.core.strict_schemas = settings.strict_schemas
         self.core.any_interval = settings.any_interval
         self.core.dedup.max_keys = settings.max_dedup_keys
+        self.core.in_flight.configure(settings.in_flight_bytes)
         self.registry = Registry()
         self.credentials = Credentials()
         self.authentications: Counter[str] = Counter()  # native HELLOs, by method
@@ -735,6 +736,7 @@ class BrokerServer:
         core.dedup_window = new.dedup_window
         core.dedup.max_keys = new.max_dedup_keys
         core.default_lease = new.default_lease
+        core.in_flight.configure(new.in_flight_bytes)
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
         self.storage.max_size = new.storage_max_size  # the writer applies it at its next commit
         closed = self._reapply_access()
@@ -1536,6 +1538,8 @@ class BrokerServer:
                      "dead_connections_cut": self.dead_connections,
                      "unsent_delivery_bytes": self.unsent_delivery_bytes,
                      "delivery_buffer_budget": self.settings.delivery_buffer_bytes,
+                     "in_flight_bytes": self.core.in_flight.total,
+                     "in_flight_limit": self.core.in_flight.limit,
                      "budget_paused_connections": sum(c.budget_paused
                                                       for c in self.connections)},
             "producers": {"states": len(self.core.producers),
@@ -1556,7 +1560,7 @@ _RESTART_KEYS = ("broker_id", "host", "port", "http_port", "resp_port", "data_di
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
                 "max_dedup_keys",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
-                "delivery_buffer_bytes", "hello_timeout",
+                "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",
                 "channels", "kv", "federation", "auth_mode", "broker_token", "admins",
                 "rules", "storage_max_size")

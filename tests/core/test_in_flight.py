@@ -1,0 +1,182 @@
+"""The bytes unsettled deliveries hold (``core/in_flight.py``): a subscription stops
+at its own bound, at its share once all of them together hold the limit, always gets
+one message when it holds nothing, and every way a delivery ends gives its bytes back
+(a missed one would stall its consumer for good)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from minou.core import maintenance
+from minou.core.broker import Session
+from minou.core.group import Subscription
+from minou.protocol.frames import Delivery, Send
+
+from .helpers import Harness, seqs
+
+CH = "orders/v1/1"
+BODY = b'"' + b"x" * 1_000 + b'"'  # 1,002 bytes of JSON
+WEIGHT = len(BODY) + 512  # read_weight: payload and the fixed part
+
+
+def big(n: int, channel: str = CH) -> list[Send]:
+    return [Send(channel, BODY) for _ in range(n)]
+
+
+def harness(*, limit: int = 1 << 40, share: int = 1 << 40, per_sub: int = 1 << 40
+            ) -> Harness:
+    h = Harness()
+    h.broker.in_flight.configure(limit, share, per_sub)
+    return h
+
+
+def accounted(h: Harness) -> int:
+    """Check the pool against the leases themselves: each subscription holds the weight
+    of its live deliveries, the total is their sum. Returns the total."""
+    held: dict[int, int] = {}
+    for grp in h.broker.groups.values():
+        for gc in grp.gcs.values():
+            for lease in gc.pending.values():
+                if not lease.returning:
+                    held[id(lease.sub)] = held.get(id(lease.sub), 0) + lease.weight
+    for grp in h.broker.groups.values():
+        for sub in grp.members:
+            assert sub.held == held.get(id(sub), 0), (sub.sid, sub.held, held)
+    assert h.broker.in_flight.total == sum(held.values())
+    return h.broker.in_flight.total
+
+
+def test_a_subscription_at_its_byte_bound_gets_nothing_more_until_it_acks() -> None:
+    h = harness(per_sub=4 * WEIGHT - 1)  # the 4th delivery crosses it
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(*big(10))
+    first = h.take(sub)
+    assert seqs(first) == [1, 2, 3, 4]  # prefetch would have allowed all 10
+    assert h.take(sub) == []
+    assert accounted(h) == 4 * WEIGHT
+    h.ack(c, first[:1])  # back under its bound: the ack's wake delivers again
+    assert seqs(h.take(sub)) == [5]
+    h.ack(c, first[1:])
+    assert seqs(h.take(sub)) == [6, 7, 8]
+    assert accounted(h) == 4 * WEIGHT
+
+
+def test_a_subscription_holding_nothing_gets_a_message_larger_than_every_bound() -> None:
+    h = harness(limit=10, share=10, per_sub=10)
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(*big(3))
+    got = h.take(sub)
+    assert seqs(got) == [1]
+    assert h.take(sub) == []
+    h.ack(c, got)
+    assert seqs(h.take(sub)) == [2]
+
+
+def test_past_the_limit_a_subscription_within_its_share_goes_on_and_a_heavy_one_waits(
+) -> None:
+    h = harness(limit=3 * WEIGHT, share=2 * WEIGHT)
+    a, b = Session("a"), Session("b")
+    heavy = h.subscribe(a, patterns=CH, group="ga", prefetch=100)
+    h.publish(*big(10))
+    taken = h.take(heavy)
+    assert seqs(taken) == [1, 2, 3]  # the third reaches the limit: it holds past its share
+    light = h.subscribe(b, patterns=CH, group="gb", prefetch=100)
+    # Another group: it gets messages until it holds its own share, then waits too.
+    got = h.take(light)
+    assert seqs(got) == [1, 2]
+    assert h.take(heavy) == [] and h.take(light) == []
+    assert accounted(h) == 5 * WEIGHT
+    # The heavy reader's acks take the total under the limit: the stopped group wakes
+    # though its member acked nothing, and takes one more (reaching the limit again).
+    heavy.paused = True  # (its connection stopped reading: it takes nothing now)
+    h.ack(a, taken)
+    assert seqs(h.pump().get(light, [])) == [3]
+    assert accounted(h) == 3 * WEIGHT
+    heavy.paused = False
+    h.broker.mark_ready(heavy.group)  # (what its connection's resume does)
+    assert seqs(h.take(heavy)) == [4, 5]  # within its share it goes on
+    assert h.take(heavy) == [] and h.take(light) == []
+
+
+def test_the_limit_set_again_by_a_reload_applies_to_the_next_delivery() -> None:
+    h = harness(limit=2 * WEIGHT, share=WEIGHT)
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(*big(6))
+    assert seqs(h.take(sub)) == [1, 2]
+    h.broker.in_flight.configure(1 << 30, WEIGHT)  # the groups it stopped wake
+    assert seqs(h.take(sub)) == [3, 4, 5, 6]
+
+
+def _settle_paths() -> dict[str, Callable[[Harness, Session, Subscription, list[Delivery]],
+                                          None]]:
+    def ack(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        h.ack(s, out)
+
+    def nack(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        sub.paused = True  # the returned ones stay returned
+        h.nack(s, out)
+
+    def lease_runs_out(h: Harness, s: Session, sub: Subscription, out: list[Delivery]
+                       ) -> None:
+        sub.paused = True
+        h.tick(sub.lease_s + 1.0)
+
+    def extended_lease_runs_out(h: Harness, s: Session, sub: Subscription,
+                                out: list[Delivery]) -> None:
+        h.extend(s, out, 30.0)
+        sub.paused = True
+        h.tick(31.0)
+
+    def withdraw(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        sub.paused = True
+        h.broker.withdraw(s, [d.tag for d in out], h.now)
+
+    def unsubscribe(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        h.store_attempts()
+        h.broker.unsubscribe(s, sub.sid, h.now)
+
+    def disconnect(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        h.disconnect(s)
+
+    def remove_pattern(h: Harness, s: Session, sub: Subscription, out: list[Delivery]
+                       ) -> None:
+        h.broker.remove_pattern(s, sub.sid, CH, h.now)  # its other pattern stays
+
+    def seek_past(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        h.broker.set_position(Session("ops", admin=True), "g", {CH: 100}, h.now)
+
+    def purge(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
+        maintenance.purge(h.broker, h.broker.channels[CH])
+
+    def delete_group(h: Harness, s: Session, sub: Subscription, out: list[Delivery]
+                     ) -> None:
+        h.store_attempts()
+        maintenance.delete_group(h.broker, "consume:g", h.now, force=True)
+
+    def hand_queue_over(h: Harness, s: Session, sub: Subscription, out: list[Delivery]
+                        ) -> None:
+        h.commit()  # (the adapter commits first)
+        h.broker.release_queue("orders/v1", h.now)
+
+    return {f.__name__: f for f in (
+        ack, nack, lease_runs_out, extended_lease_runs_out, withdraw, unsubscribe,
+        disconnect, remove_pattern, seek_past, purge, delete_group, hand_queue_over)}
+
+
+@pytest.mark.parametrize("path", sorted(_settle_paths()))
+def test_every_way_a_delivery_ends_gives_its_bytes_back(path: str) -> None:
+    h = harness(per_sub=3 * WEIGHT - 1)
+    s = Session("c")
+    sub = h.subscribe(s, patterns=[CH, "other/v1/*"], group="g", prefetch=100)
+    h.publish(*big(5))
+    out = h.take(sub)
+    assert len(out) == 3 and accounted(h) == 3 * WEIGHT
+    _settle_paths()[path](h, s, sub, out)
+    h.commit()  # returned deliveries wait for the commit of their attempt counts
+    assert accounted(h) == 0
+    assert sub.held == 0
