@@ -180,3 +180,74 @@ def test_every_way_a_delivery_ends_gives_its_bytes_back(path: str) -> None:
     h.commit()  # returned deliveries wait for the commit of their attempt counts
     assert accounted(h) == 0
     assert sub.held == 0
+
+
+def _pump_all(h: Harness) -> dict[Subscription, list[Delivery]]:
+    """Pump turns until no group is ready (the server runs another turn while a burst
+    limit left work)."""
+    out: dict[Subscription, list[Delivery]] = {}
+    for _ in range(50):
+        for sub, items in h.pump().items():
+            out.setdefault(sub, []).extend(items)
+        if not h.broker.state.ready_groups:
+            return out
+    raise AssertionError("the pump kept going")
+
+
+def test_a_reader_acking_one_at_a_time_does_not_keep_the_room_a_stopped_one_waits_for(
+) -> None:
+    """The pool is full; a heavy reader acks its oldest message one at a time and reads
+    on, a light one waits at its share. Once the pool drains (under 7/8 of the limit)
+    the light one is served first: it gets messages, and the heavy one waits (before,
+    the acker's group was served first and took the room back at every ack)."""
+    h = harness(limit=8 * WEIGHT, share=2 * WEIGHT)
+    hs, ls = Session("heavy"), Session("light")
+    h.publish(*big(60))
+    heavy = h.subscribe(hs, patterns=CH, group="ga", prefetch=30)
+    held = _pump_all(h).get(heavy, [])
+    assert len(held) == 8
+    light = h.subscribe(ls, patterns=CH, group="gb", prefetch=30)
+    assert seqs(_pump_all(h).get(light, [])) == [1, 2]  # its share
+    later: list[Delivery] = []
+    for _ in range(20):
+        h.ack(hs, [held.pop(0)])
+        out = _pump_all(h)
+        held += out.get(heavy, [])
+        later += out.get(light, [])
+        assert accounted(h) <= 8 * WEIGHT + 2 * WEIGHT + WEIGHT  # limit, a share, one
+    assert seqs(later)[:1] == [3]
+    assert light.held > 2 * WEIGHT  # past its share: the drained pool's room was its
+
+
+def test_a_full_pool_drains_to_seven_eighths_before_it_lets_readers_past_their_share(
+) -> None:
+    h = harness(limit=16 * WEIGHT, share=WEIGHT)
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(*big(40))
+    out = h.take(sub)
+    assert len(out) == 16 and h.broker.in_flight.full
+    h.ack(c, out[:2])  # 14 of 16: still full, and it holds past its share
+    assert h.take(sub) == [] and h.broker.in_flight.full
+    h.ack(c, out[2:3])  # 13 of 16: under 7/8, drained
+    assert not h.broker.in_flight.full
+    assert seqs(h.take(sub)) == [17, 18, 19]
+
+
+def test_only_groups_the_full_pool_stopped_are_woken_when_it_drains() -> None:
+    """Groups that found no member for another reason (prefetch, a paused reader) are
+    not kept to be woken: with many of them each drain would pump them all."""
+    h = harness(limit=4 * WEIGHT, share=WEIGHT)
+    heavy = Session("heavy")
+    hsub = h.subscribe(heavy, patterns=CH, group="heavy", prefetch=100)
+    h.publish(*big(10))
+    out = h.take(hsub)
+    assert len(out) == 4 and h.broker.in_flight.full
+    for i in range(5):  # each at its prefetch of 1, holding under its share
+        s = Session(f"p{i}")
+        sub = h.subscribe(s, patterns="small/v1/1", group=f"p{i}", prefetch=1)
+    h.publish(*[Send("small/v1/1", b"1") for _ in range(3)])
+    _pump_all(h)
+    stopped = {grp.key for grp in h.broker.in_flight.stopped}  # type: ignore[attr-defined]
+    assert stopped == {"consume:heavy"}
+    assert sub.unsettled == 1

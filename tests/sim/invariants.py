@@ -197,10 +197,12 @@ def on_delivery(ledger: Ledger, group: str, channel: str, seq: int, msg_id: str,
 
 
 def _stopped(ledger: Ledger, conn: int, sid: int, bounds: tuple[int, int, int]) -> bool:
-    """Whether the in-flight bounds (limit, share, per subscription) stop a member."""
-    limit, share, per_sub = bounds
+    """Whether the in-flight bounds (limit, share, per subscription) stop a member: at
+    its own bound, or at its share while the pool is full (from reaching the limit
+    until it drains under 7/8 of it)."""
+    _, share, per_sub = bounds
     held = ledger.held(conn, sid)
-    return held > 0 and (held >= per_sub or (held >= share and ledger.held_total() >= limit))
+    return held > 0 and (held >= per_sub or (held >= share and ledger.in_flight_full))
 
 
 def on_member_delivery(ledger: Ledger, group: str, channel: str, seq: int, to: Member,

@@ -124,6 +124,9 @@ class Ledger:
     readers: dict[str, str] = field(default_factory=dict)  # this run: exclusive -> client
     max_turn: int = 0  # the most delivery bytes one pump turn wrote
     max_conn_turn: int = 0  # ... to one connection
+    # The in-flight pool (core/in_flight.py) is full: set by the delivery that reaches
+    # in_flight_bytes, cleared by the settlement that takes it under 7/8 of it.
+    in_flight_full: bool = False
     # --- known broker bugs (known.py): which are tolerated, and what they let through
     tolerated: frozenset[str] = frozenset()
     seen_known: dict[str, int] = field(default_factory=dict)
@@ -175,6 +178,8 @@ class Ledger:
         t = Tag(tag, conn, sid, group, channel, seq, attempts, now + lease_s, weight)
         self.tags[tag] = t
         self.live_tags[tag] = t
+        if self.held_total() >= self.scenario.in_flight_bytes:
+            self.in_flight_full = True
         self.holder[read] = tag
         self.attempts[read] = attempts
         self.seen_attempts[read] = max(attempts, self.seen_attempts.get(read, 0))
@@ -182,7 +187,10 @@ class Ledger:
 
     def kill(self, t: Tag) -> None:
         t.live = False
-        self.live_tags.pop(t.tag, None)
+        if self.live_tags.pop(t.tag, None) is not None and self.in_flight_full:
+            limit = self.scenario.in_flight_bytes
+            if self.held_total() < limit - limit // 8:
+                self.in_flight_full = False
 
     def returned(self, t: Tag, *, by_member: bool = False) -> None:
         """A delivery came back unsettled (nack, lease expiry, unsubscribe, disconnect):
@@ -221,6 +229,7 @@ class Ledger:
         self.run += 1
         self.tags.clear()
         self.live_tags.clear()
+        self.in_flight_full = False
         self.holder.clear()
         self.returned_from.clear()
         self.readers.clear()

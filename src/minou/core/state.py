@@ -17,7 +17,7 @@ The three work sets, each a dict used as an ordered set:
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..auth.rules import Rules
@@ -79,7 +79,7 @@ class BrokerState:
         self.taken = 0  # pragma: no mutate  (only differences to durable matter)
         self.durable = 0
         self.ready_groups: dict[Group, None] = {}
-        self.in_flight = InFlightBytes(self.mark_ready)
+        self.in_flight = InFlightBytes(self.mark_ready, self.ready_first)
         self.dirty: dict[GroupChannel, None] = {}
         self.timed: dict[GroupChannel, None] = {}
         # Leases extended past their subscription's expiry order: (expires, tag, lease)
@@ -168,3 +168,14 @@ class BrokerState:
         """Let the next pump serve ``group``, if it has something ready and a member."""
         if group.ready and group.members:
             self.ready_groups[group] = None  # pragma: no mutate
+
+    def ready_first(self, groups: Iterable[Group]) -> None:
+        """``mark_ready`` each of ``groups``, in that order, ahead of the groups ready
+        already (``InFlightBytes``: readers the full pool stopped go before those whose
+        settlements made the room)."""
+        rest = list(self.ready_groups)
+        self.ready_groups.clear()
+        for group in groups:
+            self.mark_ready(group)
+        for group in rest:
+            self.ready_groups[group] = None
