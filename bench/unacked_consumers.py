@@ -60,9 +60,9 @@ async def run(url: str, pid: int, args: argparse.Namespace) -> None:
                 flow = (await p.admin("status"))["flow"]
                 rss = rss_mib(pid)
                 peak = max(peak, rss)
+                unsettled = flow.get("in_flight_bytes", 0) / 2**20  # (older brokers: none)
                 print(f"  {min(start + 8, args.messages):9d}  {rss:7.0f}  "
-                      f"{'/'.join(map(str, got)):>24}  {flow['in_flight_bytes'] / 2**20:13.1f}",
-                      flush=True)
+                      f"{'/'.join(map(str, got)):>24}  {unsettled:13.1f}", flush=True)
         print(f"peak RSS {peak:.0f} MiB (+{peak - before:.0f}); deliveries held unsettled: "
               f"{sum(got)}")
         for t in tasks:

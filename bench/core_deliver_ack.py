@@ -1,0 +1,59 @@
+"""The broker core alone, no sockets and no storage: deliver and ack N messages of 100 B
+to a consumer group of 1 and of 4 members (prefetch 1,000), and print the microseconds
+per message (median and best of --runs). Measures what per-message work in
+``core/delivery.py`` and ``core/settlement.py`` costs, without the noise of the rest.
+
+Usage:  .venv/bin/python bench/core_deliver_ack.py [-n 200000] [--runs 5]
+        (PYTHONPATH=<other checkout>/src to measure another version)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+from minou.core.broker import Broker, Session
+from minou.protocol.frames import Send
+
+
+def run(members: int, n: int) -> float:
+    b = Broker()
+    now = 1000.0
+    for i in range(members):
+        b.subscribe(Session(f"c{i}"), 1, kind="consume", patterns=["o/v1/1"], group="g",
+                    prefetch=1000, now=now)
+    body = b'"' + b"x" * 98 + b'"'
+    for _ in range(0, n, 1000):
+        b.publish([Send("o/v1/1", body) for _ in range(1000)], now)
+        b.on_committed(b.take_writes(), now)
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        done = 0
+        while done < n:
+            out, loads = b.pump(now)
+            assert not loads
+            for sub, items in out.items():
+                b.ack(sub.session, [d.tag for d in items], now)
+                done += len(items)
+            b.take_writes()
+        return (time.perf_counter() - t0) / n * 1e6
+    finally:
+        gc.enable()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=200_000)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    for members in (1, 4):
+        times = sorted(run(members, args.n) for _ in range(args.runs))
+        print(f"members {members}: median {times[len(times) // 2]:.3f} µs/msg "
+              f"(best {times[0]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
