@@ -403,7 +403,10 @@ def test_redis_gone_under_the_broker_running_a_link_loses_and_repeats_nothing(tm
             seen[:] = [pipes]
             return pipes["pull"]["state"] == "retrying" and bool(pipes["pull"]["last_error"])
         try:
-            wait_until(refused, timeout=30, what="the pull direction to report Redis gone")
+            # 60 s: a page already on its way may wait out its commit's request timeout
+            # (30 s) before the refusal reaches the pipe (twice under a full run's load
+            # the pipes still said "up", no error, at 30 s).
+            wait_until(refused, timeout=60, what="the pull direction to report Redis gone")
         except AssertionError as exc:  # what it reported instead (failed once, under load)
             raise AssertionError(f"{exc}; the pipes said last: {seen}") from None
         time.sleep(2.0)

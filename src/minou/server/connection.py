@@ -700,7 +700,10 @@ class NativeConnection:
             self.stalled_since = now
             return
         seconds = self.server.settings.slow_consumer_seconds
-        if now - self.stalled_since >= seconds:
+        # Not ``now - stalled_since >= seconds``: a difference of two clock readings can
+        # round below the sum it came from (when the sum crosses a power of two), so a
+        # tick exactly ``seconds`` later could fail to cut (a test did, once).
+        if now >= self.stalled_since + seconds:
             self._cut_slow(SlowConsumer(
                 f"no deliveries were read for {seconds:g} s while "
                 f"{len(self.session.leases)} were unsettled; the connection is closed and "
