@@ -266,6 +266,10 @@ HTTP_CONSUMER_IDLE_S = 60.0  # unused this long (and its lease) with nothing uns
 # Prefetch of one /v1/stream subscription: deliveries out and not yet settled, each leased
 # and held by the broker until it is.
 MAX_STREAM_PREFETCH = 1_000
+# The Redis door: an XRANGE / XREVRANGE answer is gathered whole before it is sent (a
+# RESP reply cannot be streamed and then fail); past this (payload + 512 B an entry) it
+# is refused with RANGE_TOO_LARGE and the client reads the range in parts with COUNT.
+RESP_RANGE_BYTES = 64 << 20
 
 # Exactly-once sink (core/transactions.py): staged publishes live in memory only.
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+import minou
 from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 
@@ -1077,4 +1078,33 @@ def test_ranges_of_large_entries_come_whole_and_in_order_both_ways(broker) -> No
     assert [e[0] for e in r.xrange("large/v1/1", min=ids[3], count=20)] == ids[3:23]
     assert [e[0] for e in r.xrevrange("large/v1/1", max=ids[25], min=ids[2])] == \
         ids[2:26][::-1]
+    r.close()
+
+
+def test_a_range_larger_than_an_answer_may_hold_is_refused_and_read_in_parts(broker) -> None:
+    """XRANGE / XREVRANGE without COUNT over 70 MB of entries: the answer would be held
+    whole in the broker's memory before it is sent, so past RESP_RANGE_BYTES (64 MiB) it
+    is refused with RANGE_TOO_LARGE (counted); the connection goes on, and the same
+    range read in parts with COUNT comes whole."""
+    r = connect(broker)
+    body = os.urandom(1_000_000)
+    pipe = r.pipeline(transaction=False)
+    for _ in range(70):
+        pipe.xadd("large/v1/range", {"blob": body})
+    ids = pipe.execute()
+    for call in (lambda: r.xrange("large/v1/range"), lambda: r.xrevrange("large/v1/range")):
+        with pytest.raises(redis.ResponseError, match=r"RANGE_TOO_LARGE .* COUNT"):
+            call()
+    assert r.ping()
+    got: list[bytes] = []
+    start = "-"
+    while True:
+        part = r.xrange("large/v1/range", min=start, count=20)
+        if not part:
+            break
+        got += [entry_id for entry_id, _ in part]
+        start = "(" + part[-1][0].decode()
+    assert got == ids
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as admin:
+        assert admin.admin("status")["counters"]["refused"]["range_too_large"] == 2
     r.close()

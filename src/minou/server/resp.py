@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..core.log import READ_WEIGHT_BASE
 from ..core.stream_ids import (
     EXHAUSTED_ERROR,
     ID_HEADER,
@@ -43,7 +44,7 @@ from ..errors import (
     NotAuthenticated,
     RequestError,
 )
-from ..limits import MAX_DELETE, MAX_FROM_SEQ
+from ..limits import MAX_DELETE, MAX_FROM_SEQ, RESP_RANGE_BYTES
 from ..names import Pattern
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
@@ -976,7 +977,9 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
                reverse: bool, slot: _Slot, entries: list[Any]) -> None:
     """XRANGE / XREVRANGE: the channel's bounds first (OFFSETS), then READ pages of
     ``[lo, hi]`` within them into ``entries`` (Redis entries), then fill ``slot``;
-    backwards a page at a time from the top for a reverse range."""
+    backwards a page at a time from the top for a reverse range. An answer past
+    RESP_RANGE_BYTES is refused (RANGE_TOO_LARGE) as soon as it is."""
+    gathered = [0]  # what the answer weighs so far (payloads + READ_WEIGHT_BASE each)
 
     def bounded(reply: f.Frame) -> None:
         found = (reply.value or {}).get(channel) if isinstance(reply, f.Result) else None
@@ -1010,6 +1013,14 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
                 self._answer(slot, _frame_error(reply))
                 return
             assert isinstance(reply, f.ReadResult)
+            gathered[0] += sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
+            if gathered[0] > RESP_RANGE_BYTES:
+                self.server.core.counters.refuse("range_too_large")
+                self._answer(slot, Error(
+                    f"ERR RANGE_TOO_LARGE the entries of {channel!r} asked for are more "
+                    f"than {RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before "
+                    "it is sent): read the range in parts with COUNT"))
+                return
             ids = _stream_ids(self, channel)
             if reverse:
                 got = (window or []) + [(d.seq, _entry(d, ids)) for d in reply.items
