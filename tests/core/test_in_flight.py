@@ -251,3 +251,36 @@ def test_only_groups_the_full_pool_stopped_are_woken_when_it_drains() -> None:
     stopped = {grp.key for grp in h.broker.in_flight.stopped}  # type: ignore[attr-defined]
     assert stopped == {"consume:heavy"}
     assert sub.unsettled == 1
+
+
+def test_when_the_pool_drains_the_group_whose_ack_drained_it_is_served_last() -> None:
+    """Both readers wait while the pool is full; the heavy one's acks drain it while it
+    holds less than the light one: ordered by what they hold it would go first and take
+    the room back, but the group whose settlement made the room goes last."""
+    h = harness(limit=8 * WEIGHT, share=4 * WEIGHT)
+    hs, ls = Session("heavy"), Session("light")
+    h.publish(*big(30))
+    heavy = h.subscribe(hs, patterns=CH, group="ga", prefetch=30)
+    taken = _pump_all(h).get(heavy, [])
+    assert len(taken) == 8
+    light = h.subscribe(ls, patterns=CH, group="gb", prefetch=30)
+    assert seqs(_pump_all(h).get(light, [])) == [1, 2, 3, 4]  # its share: 12 in all
+    h.ack(hs, taken[:6])  # 6 of 8 W: under 7/8 of the limit, heavy holding 2 (light 4)
+    out = _pump_all(h)
+    assert seqs(out.get(light, [])) == [5, 6]  # served first, up to the limit
+    assert seqs(out.get(heavy, [])) == [9, 10]  # then the heavy one, up to its share
+
+
+def test_a_group_the_full_pool_stopped_may_lose_its_members_before_it_drains() -> None:
+    h = harness(limit=4 * WEIGHT, share=WEIGHT)
+    a, b = Session("a"), Session("b")
+    h.publish(*big(10))
+    first = h.subscribe(a, patterns=CH, group="ga", prefetch=30)
+    taken = _pump_all(h).get(first, [])
+    second = h.subscribe(b, patterns=CH, group="gb", prefetch=30)
+    assert len(_pump_all(h).get(second, [])) == 1  # past its share: stopped
+    assert len(h.broker.in_flight.stopped) == 2  # type: ignore[attr-defined]
+    h.disconnect(b)  # its group is left with no member, still noted as stopped
+    h.ack(a, taken)  # the pool drains and wakes what it stopped: no member there
+    assert not h.broker.in_flight.full and accounted(h) == 0
+    assert len(_pump_all(h).get(first, [])) == 4

@@ -94,7 +94,7 @@ class Dispatcher:
         state.dirty[gc] = None  # attempts survive a crash: stored with the next commit
         lease.count_in = state.taken + 1
         sub.unsettled += 1
-        # InFlightBytes.take, inlined (per delivery)
+        # Counted in the in-flight bounds (core/in_flight.py), inlined: per delivery
         weight = lease.weight
         sub.held += weight
         pool = state.in_flight

@@ -77,14 +77,10 @@ class InFlightBytes:
         if self.full and any(m.held >= self.cap for m in grp.members):
             self.stopped[grp] = None
 
-    def take(self, sub: Holder, weight: int) -> None:
-        sub.held += weight
-        self.total += weight
-        if self.total >= self.limit:
-            self.reached()
-
     def reached(self) -> None:
-        """The total is at the limit: until it drains, a subscription may hold its share."""
+        """The total is at the limit: until it drains, a subscription may hold its share.
+        (Dispatcher._deliver counts a delivery in: ``held`` and ``total`` grow by its
+        weight, and this is called once the total reaches ``limit``.)"""
         self.full = True
         self.cap = max(1, min(self.share, self.per_subscription))
 
