@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import gc
 import hmac
+import inspect
 import logging
 import os
 import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -1233,11 +1234,25 @@ class BrokerServer:
 
         before = self.handoffs
         result = run_admin(self, op, args, caller)
-        if self.handoffs != before:
-            # The operation's changes already went to the writer (it was idle): the
-            # caller answers once the core's next batch commits, which comes after.
-            self.core.after_commit(lambda: None)
+        if inspect.isawaitable(result):  # it changes state (if at all) after its reads
+            return self._after_handoff(result)
+        self._wait_for_handoff(before)
         return result
+
+    async def _after_handoff(self, pending: Awaitable[Any]) -> Any:
+        before = self.handoffs
+        result = await pending
+        self._wait_for_handoff(before)
+        return result
+
+    def _wait_for_handoff(self, before: int) -> None:
+        """An admin operation's changes may already have gone to the writer (it was
+        idle): then what the caller waits for (``Engine.when_durable``: the core's batch)
+        is empty though the commit is not done. A no-op in the next batch makes the
+        caller answer once that one commits, which comes after. (An awaitable operation,
+        ``dead.requeue``, was answered before the commit of its moves.)"""
+        if self.handoffs != before:
+            self.core.after_commit(lambda: None)
 
     async def read_messages(self, channel: str, from_seq: int, upto: int,
                             limit: int) -> list[Msg]:
