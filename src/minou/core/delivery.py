@@ -69,16 +69,20 @@ class Dispatcher:
             if msg.expires_at is not None and msg.expires_at <= now:
                 self.dead_letters.expire(msg.channel, msg.seq, msg)
                 continue
-            del ready[gc]
-            ready[gc] = None  # rotate: the group's channels take turns
+            if len(ready) > 1:  # rotate: the group's channels take turns
+                del ready[gc]
+                ready[gc] = None
             # A message that came back from a member goes to another one with credit
             # (``found`` above is still the turn's member: nothing since took credit).
             if gc.returned_from:
                 found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
                 assert found is not None  # checked above; nothing since took credit away
             sub, idx = found
-            grp.took(idx)
-            out.setdefault(sub, []).append(self._deliver(sub, gc, msg, now))
+            grp.rr = (idx + 1) % len(grp.members)  # the next turn: the member after it
+            items = out.get(sub)
+            if items is None:
+                items = out[sub] = []
+            items.append(self._deliver(sub, gc, msg, now))
             sub.burst += len(msg.data) + 64
         return False
 

@@ -330,8 +330,8 @@ class Group:
     def member_for(self, avoid: int = 0) -> tuple[Subscription, int] | None:
         """The next member with credit in round-robin order (and its index), passing over
         the member whose ``id()`` is ``avoid`` while another has credit. The turn moves
-        only when a delivery is made (``took``): a pump round that finds nothing to
-        deliver must not use up members' turns."""
+        only when a delivery is made (``Dispatcher._pump_group`` sets ``rr``): a pump
+        round that finds nothing to deliver must not use up members' turns."""
         members = self.members
         n = len(members)
         if not n:
@@ -350,7 +350,3 @@ class Group:
                     continue
                 return sub, idx
         return fallback
-
-    def took(self, idx: int) -> None:
-        """Member ``idx`` got a delivery: the next turn is the member after it."""
-        self.rr = (idx + 1) % len(self.members)
