@@ -23,6 +23,25 @@ import time
 from pathlib import Path
 
 
+def start_dev_broker(prefix: str) -> tuple[subprocess.Popen, str, Path]:
+    """A ``minou start --dev`` broker (this Python) on a fresh data directory and free
+    ports: its process, its native URL (read from its banner) and its work directory
+    (``broker.log`` there). The caller terminates it."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    log = open(work / "broker.log", "w")  # noqa: SIM115 (the broker writes it until the end)
+    proc = subprocess.Popen([sys.executable, "-m", "minou", "start", "--dev", "--data",
+                             str(work / "data"), "--port", "0", "--http-port", "0"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    log.close()  # the child keeps its own descriptor
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the broker exited: {(work / 'broker.log').read_text()}")
+        for line in (work / "broker.log").read_text().splitlines():
+            if line.strip().startswith("native"):
+                return proc, line.split()[1], work
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

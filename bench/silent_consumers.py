@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import minou
+from bench_servers import start_dev_broker
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
 
@@ -48,19 +47,9 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=60.0)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="minou-silent-"))
-    log = open(work / "broker.log", "w")  # noqa: SIM115 (the broker writes it until the end)
-    proc = subprocess.Popen([sys.executable, "-m", "minou", "start", "--dev", "--data",
-                             str(work / "data"), "--port", "0", "--http-port", "0"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc, url, _ = start_dev_broker("minou-silent-")
     socks: list[socket.socket] = []
     try:
-        url = ""
-        while not url:
-            time.sleep(0.05)
-            for line in (work / "broker.log").read_text().splitlines():
-                if line.strip().startswith("native"):
-                    url = line.split()[1]
         host, port = url.removeprefix("minou://").rsplit(":", 1)
         socks = [silent(host, int(port), i, args.prefetch) for i in range(args.consumers)]
         print(f"{args.consumers} silent consumers, prefetch {args.prefetch}; "
@@ -92,7 +81,6 @@ def main() -> int:
             s.close()
         proc.terminate()
         proc.wait(30)
-        log.close()
 
 
 if __name__ == "__main__":

@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import minou
+from bench_servers import start_dev_broker
 
 
 def rss_mib(pid: int) -> float:
@@ -79,24 +77,13 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=1500)
     ap.add_argument("--size", type=int, default=1_000_000)
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="minou-unacked-"))
-    log = open(work / "broker.log", "w")  # noqa: SIM115 (the broker writes it until the end)
-    proc = subprocess.Popen([sys.executable, "-m", "minou", "start", "--dev", "--data",
-                             str(work / "data"), "--port", "0", "--http-port", "0"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc, url, _ = start_dev_broker("minou-unacked-")
     try:
-        url = ""
-        while not url:
-            time.sleep(0.05)
-            for line in (work / "broker.log").read_text().splitlines():
-                if line.strip().startswith("native"):
-                    url = line.split()[1]
         asyncio.run(run(url, proc.pid, args))
         return 0
     finally:
         proc.terminate()
         proc.wait(30)
-        log.close()
 
 
 if __name__ == "__main__":

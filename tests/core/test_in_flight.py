@@ -194,6 +194,21 @@ def _pump_all(h: Harness) -> dict[Subscription, list[Delivery]]:
     raise AssertionError("the pump kept going")
 
 
+def _heavy_then_light(h: Harness, messages: int, light_share: list[int]
+                      ) -> tuple[Session, Subscription, list[Delivery], Subscription]:
+    """A heavy reader (group ga, prefetch 30) takes messages until the pool is full (8
+    of them), then a light one (group gb) takes ``light_share`` (its share) and waits.
+    Returns the heavy session, the heavy subscription, its deliveries, the light one."""
+    hs, ls = Session("heavy"), Session("light")
+    h.publish(*big(messages))
+    heavy = h.subscribe(hs, patterns=CH, group="ga", prefetch=30)
+    taken = _pump_all(h).get(heavy, [])
+    assert len(taken) == 8
+    light = h.subscribe(ls, patterns=CH, group="gb", prefetch=30)
+    assert seqs(_pump_all(h).get(light, [])) == light_share
+    return hs, heavy, taken, light
+
+
 def test_a_reader_acking_one_at_a_time_does_not_keep_the_room_a_stopped_one_waits_for(
 ) -> None:
     """The pool is full; a heavy reader acks its oldest message one at a time and reads
@@ -201,13 +216,7 @@ def test_a_reader_acking_one_at_a_time_does_not_keep_the_room_a_stopped_one_wait
     the light one is served first: it gets messages, and the heavy one waits (before,
     the acker's group was served first and took the room back at every ack)."""
     h = harness(limit=8 * WEIGHT, share=2 * WEIGHT)
-    hs, ls = Session("heavy"), Session("light")
-    h.publish(*big(60))
-    heavy = h.subscribe(hs, patterns=CH, group="ga", prefetch=30)
-    held = _pump_all(h).get(heavy, [])
-    assert len(held) == 8
-    light = h.subscribe(ls, patterns=CH, group="gb", prefetch=30)
-    assert seqs(_pump_all(h).get(light, [])) == [1, 2]  # its share
+    hs, heavy, held, light = _heavy_then_light(h, 60, [1, 2])
     later: list[Delivery] = []
     for _ in range(20):
         h.ack(hs, [held.pop(0)])
@@ -258,13 +267,7 @@ def test_when_the_pool_drains_the_group_whose_ack_drained_it_is_served_last() ->
     holds less than the light one: ordered by what they hold it would go first and take
     the room back, but the group whose settlement made the room goes last."""
     h = harness(limit=8 * WEIGHT, share=4 * WEIGHT)
-    hs, ls = Session("heavy"), Session("light")
-    h.publish(*big(30))
-    heavy = h.subscribe(hs, patterns=CH, group="ga", prefetch=30)
-    taken = _pump_all(h).get(heavy, [])
-    assert len(taken) == 8
-    light = h.subscribe(ls, patterns=CH, group="gb", prefetch=30)
-    assert seqs(_pump_all(h).get(light, [])) == [1, 2, 3, 4]  # its share: 12 in all
+    hs, heavy, taken, light = _heavy_then_light(h, 30, [1, 2, 3, 4])  # 12 held in all
     h.ack(hs, taken[:6])  # 6 of 8 W: under 7/8 of the limit, heavy holding 2 (light 4)
     out = _pump_all(h)
     assert seqs(out.get(light, [])) == [5, 6]  # served first, up to the limit
