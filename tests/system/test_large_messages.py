@@ -173,7 +173,7 @@ def test_a_read_of_messages_heavy_with_headers_fits_one_frame(broker):
     asyncio.run(asyncio.wait_for(run(), 120))
 
 
-async def _take_all(sub, quiet: float = 1.0) -> list:
+async def _take_all(sub, quiet: float = 2.0) -> list:
     """Every delivery that comes until none has for ``quiet`` seconds (none is acked)."""
     got = []
     while True:

@@ -21,6 +21,7 @@ def test_the_commented_example_loads():
     assert (orders.prefetch, orders.requeue_limit, orders.overflow) == (100, 5, "refuse")
     assert s.channel_options("audit/v3").retention == 604800
     assert s.channel_options("other/v1").prefetch == 1
+    assert s.in_flight_bytes == 512 << 20
     assert Path(s.data_dir).is_absolute()
 
 
@@ -46,6 +47,10 @@ def test_flags_override_the_file(tmp_path):
         ("websocket_heartbeat = 0", "websocket_heartbeat: expected a number of seconds > 0"),
         ('websocket_heartbeat = "5s"', "websocket_heartbeat: expected a number of seconds"),
         ("max_dedup_keys = 0", "max_dedup_keys: expected an integer >= 1"),
+        ("in_flight_bytes = 0", "in_flight_bytes: expected a number of bytes >= 1, got 0"),
+        ('in_flight_bytes = "lots"',
+         'in_flight_bytes: expected a number of bytes >= 1, got "lots"'),
+        ("in_flight_bytes = true", "in_flight_bytes: expected a number of bytes >= 1, got true"),
         ('[channels."orders/v1"]\ndurability = "never"',
          "channels.\"orders/v1\".durability: expected 'fsync' or 'interval', got \"never\""),
         ('[channels."orders/v1"]\nsync_interval = 0',
