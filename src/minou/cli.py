@@ -25,8 +25,8 @@ from rich.text import Text
 from . import __version__
 from .cli_kv import kv_group
 from .config import load_settings
-from .errors import ConfigError, MinouError
-from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S
+from .errors import BadRequest, ConfigError, MinouError
+from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_CLIENT_ID, MAX_REQUEST_TIMEOUT_S
 
 DEFAULT_URL = "minou://127.0.0.1:7700"
 CONSUME_WAIT_S = 10.0  # `minou consume` gives up after this much silence (0 = never)
@@ -608,9 +608,12 @@ def admin_token(url: str, data_dir: str, key_path: str | None, ttl: int,
 def keygen(client_id: str, out_dir: str) -> None:
     """Make an Ed25519 key pair for CLIENT_ID: CLIENT_ID.key (mode 0600) and .pub."""
     from .auth import keys
+    from .names import check_label
 
-    if not client_id or "/" in client_id or len(client_id) > 200:
-        fail("CLIENT_ID must be 1..200 characters without '/'", code=2)
+    try:  # the broker registers no other ids: a key for one would never be accepted
+        check_label("CLIENT_ID", client_id, MAX_CLIENT_ID, slash=False)
+    except BadRequest as exc:
+        fail(exc.message, code=2)
     key = keys.generate()
     try:
         private, public = keys.save(key, out_dir, client_id)

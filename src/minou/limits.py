@@ -20,7 +20,10 @@ MAX_CHANNEL_LENGTH = 255
 MAX_BATCH = 10_000  # messages in one publish frame
 # Subscriptions of one connection (or stream or HTTP client): each costs a scan of the
 # channels and groups when made, so thousands would stall the broker for everyone.
+MAX_CLIENT_ID = 200  # characters of a client id (HELLO refuses longer ones)
 MAX_SUBSCRIPTIONS = 256
+MAX_GROUP_NAME = 300  # characters of a group or listener name (a pattern fits: the default)
+MAX_GROUPS = 20_000  # consumer groups and durable listeners the broker keeps (each for good)
 
 DEFAULT_PREFETCH = 1  # SPEC §1: per channel config, default 1
 MAX_PREFETCH = 100_000
@@ -275,6 +278,7 @@ RESP_RANGE_BYTES = 64 << 20
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE
 MAX_STAGED_BYTES = 256 << 20  # everything staged, all writers together
 MAX_TXN_ID = 200  # characters of a transaction id, a writer id or a lineage (kept per writer)
+MAX_WRITERS_PER_CLIENT = 1_000  # writer ids one client may own (each is kept for good)
 # Idempotent producers: refused ranges remembered per (producer, channel), so a resend of
 # a refused publish gets the same error; a few cover a run of refusals and retries.
 MAX_REFUSED_RANGES = 8

@@ -6,7 +6,7 @@ import pytest
 
 from minou.core.broker import Session
 from minou.core.log import ChannelOptions
-from minou.errors import BadRequest, InvalidChannel, UnknownSubscription
+from minou.errors import BadRequest, InvalidChannel, QueueFull, UnknownSubscription
 
 from .helpers import Harness, payloads, send, seqs
 
@@ -330,3 +330,43 @@ def test_a_channel_waiting_for_its_load_holds_up_none_of_the_groups_other_channe
     out, loads = h.broker.pump(h.now)
     assert [need.log.name for need in loads] == ["jobs/v1/a"]
     assert payloads(out[sub]) == ["in memory"]  # in the same round, not after the load
+
+
+# ------------------------------------------------------- names and how many groups
+@pytest.mark.parametrize("kind, field", [("consume", "group"), ("listen", "name")])
+@pytest.mark.parametrize("bad", ["a\x00b", "\u202eevil", "two words", "x" * 301, "line\nbreak"])
+def test_a_group_or_listener_name_is_bounded_and_printable(kind: str, field: str, bad: str
+                                                           ) -> None:
+    h = Harness()
+    with pytest.raises(BadRequest) as caught:
+        h.subscribe(Session("c"), patterns=CH, kind=kind, **{field: bad})
+    assert caught.value.message.startswith(("group name", "listener name"))
+    assert h.broker.state.groups == {}
+    # A name of 300 printable characters, "/" and non-ASCII letters included, is fine.
+    h.subscribe(Session("c"), patterns=CH, kind=kind, **{field: "é/" + "x" * 298})
+
+
+def test_set_position_refuses_a_bad_group_name_before_making_the_group() -> None:
+    h = Harness()
+    with pytest.raises(BadRequest):
+        h.broker.set_position(Session("c"), "x" * 301, {CH: 1}, h.now)
+    with pytest.raises(BadRequest):
+        h.broker.set_position(Session("c"), "", {CH: 1}, h.now)
+    assert h.broker.state.groups == {}
+
+
+def test_the_broker_keeps_at_most_max_groups_groups(monkeypatch) -> None:
+    import minou.core.subscriptions as subscriptions
+
+    monkeypatch.setattr(subscriptions, "MAX_GROUPS", 3)
+    h = Harness()
+    c = Session("c")
+    for i in range(3):
+        h.subscribe(c, i + 1, patterns=CH, group=f"g{i}")
+    with pytest.raises(QueueFull) as caught:
+        h.subscribe(c, 9, patterns=CH, group="g9")
+    assert caught.value.detail == {"limit": 3} and "consume:g9" not in h.broker.state.groups
+    with pytest.raises(QueueFull):
+        h.broker.set_position(c, "g9", {CH: 1}, h.now)
+    # Joining a group that exists makes none: still allowed at the bound.
+    h.subscribe(Session("d"), 1, patterns=CH, group="g0")

@@ -60,7 +60,7 @@ def test_a_writer_id_belongs_to_its_first_committer() -> None:
     t.check_writer("c1", "job")
     with pytest.raises(NotAuthorized, match="writer id 'job' belongs to client 'c1'"):
         t.check_writer("c2", "job")
-    with pytest.raises(BadRequest, match="writer_id is 1"):
+    with pytest.raises(BadRequest, match="writer_id is empty"):
         t.check_writer("c1", "")
 
 
@@ -675,3 +675,53 @@ def test_aborts_and_commits_in_one_batch_are_all_stored(tmp_path) -> None:
     assert h.broker.commit_txns(app, "w", 0, ["one"], 1.0) == first
     assert h.broker.commit_txns(app, "w", 1, ["two"], 1.0) == second
     h.storage.close()  # type: ignore[union-attr]
+
+
+def test_a_commit_naming_a_transaction_twice_is_refused_and_changes_nothing() -> None:
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "t11", [Send("out/v1/a", b"1")], h.now)
+    with pytest.raises(BadRequest) as caught:
+        h.broker.commit_txns(c, "w", 1, ["t11", "t11"], h.now)
+    assert "t11" in caught.value.message and caught.value.detail == {"txns": "t11"}
+    # Nothing was taken: the transaction is still staged, and commits once.
+    assert h.broker.commit_txns(c, "w", 1, ["t11"], h.now)["published"] == 1
+    assert h.broker.state.transactions.staged == {}
+
+
+def test_a_commit_naming_no_transaction_does_not_claim_the_writer_id() -> None:
+    h = Harness()
+    squatter, job = Session("squatter"), Session("job")
+    assert h.broker.commit_txns(squatter, "nightly", 1, [], h.now)["published"] == 0
+    assert "nightly" not in h.broker.state.transactions.writers
+    h.broker.stage(job, "t", [Send("out/v1/a", b"1")], h.now)
+    assert h.broker.commit_txns(job, "nightly", 1, ["t"], h.now)["published"] == 1
+    assert h.broker.state.transactions.writers["nightly"] == "job"
+
+
+@pytest.mark.parametrize("writer", ["a\x00b", "job\u202e", "my job", "line\nbreak"])
+def test_a_new_writer_id_must_be_printable_without_spaces(writer: str) -> None:
+    t = Transactions()
+    with pytest.raises(BadRequest) as caught:
+        t.check_writer("c", writer)
+    assert "printable" in caught.value.message and caught.value.detail["character"]
+
+
+def test_one_client_owns_at_most_max_writers_per_client_writer_ids(monkeypatch) -> None:
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "MAX_WRITERS_PER_CLIENT", 2)
+    h = Harness()
+    c, other = Session("spark"), Session("other")
+    for i, writer in enumerate(["w1", "w2"]):
+        h.broker.stage(c, f"t{i}", [Send("out/v1/a", b"1")], h.now)
+        h.broker.commit_txns(c, writer, 1, [f"t{i}"], h.now)
+    h.broker.stage(c, "t9", [Send("out/v1/a", b"1")], h.now)
+    with pytest.raises(QueueFull) as caught:
+        h.broker.commit_txns(c, "w3", 1, ["t9"], h.now)
+    assert caught.value.detail == {"client": "spark", "limit": 2}
+    assert "w3" not in h.broker.state.transactions.writers
+    # Its own ids still commit, and the bound is per client.
+    assert h.broker.commit_txns(c, "w1", 2, ["t9"], h.now)["published"] == 1
+    h.broker.stage(other, "t", [Send("out/v1/a", b"1")], h.now)
+    assert h.broker.commit_txns(other, "w3", 1, ["t"], h.now)["published"] == 1

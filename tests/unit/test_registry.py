@@ -433,3 +433,16 @@ def test_a_pending_client_asking_too_often_is_refused_for_a_while():
         login(reg, "eager", key, now=NOW + 0.5)
     assert info.value.detail["why"] == "too_many_attempts"
     pending(reg, "eager", key, now=NOW + PENDING_ATTEMPTS[1] + 1)
+
+
+@pytest.mark.parametrize("client_id", ["eu-1\x00", "eu-1\u202e", "eu-1 ", "eu-x\nINFO forged",
+                                       "eu-a/b", "eu-../../x", "x" * 201])
+def test_a_new_client_id_must_be_printable_without_spaces_or_slashes(client_id: str) -> None:
+    reg = Registry()
+    exc = refused(reg, client_id, keys.generate(), accepts=ACCEPT_ALL)
+    assert exc.detail == {"why": "client_id"} and "client id" in exc.message
+    assert reg.records == {} and reg.failures["client_id"] == 1
+    with pytest.raises(NotAuthenticated):
+        reg.register(client_id, pem(keys.generate()), note="by hand")
+    # Letters beyond ASCII are names too.
+    assert login(reg, "kundé-1", keys.generate(), accepts=ACCEPT_ALL).client_id == "kundé-1"

@@ -22,18 +22,30 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..errors import ConfigError, NotAuthenticated, PendingApproval
+from ..errors import BadRequest, ConfigError, NotAuthenticated, PendingApproval
 from ..limits import (
+    MAX_CLIENT_ID,
     MAX_PENDING_CLIENTS,
     MAX_PENDING_PER_ADDRESS,
     MAX_PUBLIC_KEY_BYTES,
     PENDING_ATTEMPTS,
 )
+from ..names import check_label
 from .attempts import AttemptLimiter
 from .keys import PublicKey, fingerprint, load_public, public_pem
 from .tokens import ReplayGuard, algorithm_for, verify_token
 
 ACTIVE, PENDING, REVOKED = "active", "pending", "revoked"
+
+
+def check_client_id(client_id: str) -> None:
+    """A new client's id: 1..200 printable characters without spaces or "/" (one that
+    prints like another's, or forges a line of a listing, or a path when it names its
+    key file, is refused). Ids registered before this check stay valid."""
+    try:
+        check_label("client id", client_id, MAX_CLIENT_ID, slash=False)
+    except BadRequest as exc:
+        raise NotAuthenticated(exc.message, why="client_id") from None
 
 class ClientRecord(msgspec.Struct, kw_only=True):
     client_id: str
@@ -243,6 +255,7 @@ class Registry:
             raise NotAuthenticated(
                 f"client {client_id!r} is not registered; present its public key on the first "
                 "connection", why="unknown_client")
+        check_client_id(client_id)
         key = parse_public_key(public_key)
         # The token must verify with the presented key: only its holder can register it.
         claims = verify_token(token, key, client_id=client_id, audience=audience, now=now)
@@ -293,6 +306,7 @@ class Registry:
     def register(self, client_id: str, public_key: str, *, note: str,
                  now: float | None = None) -> ClientRecord:
         """Record ``public_key`` for ``client_id`` as active (the broker's own admin key)."""
+        check_client_id(client_id)
         key = parse_public_key(public_key)
         moment = time.time() if now is None else now
         record = ClientRecord(

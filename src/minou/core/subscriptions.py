@@ -5,10 +5,11 @@ unsettled deliveries back through ``settlement``."""
 
 from __future__ import annotations
 
-from ..errors import BadRequest, NotAuthorized, UnknownSubscription
-from ..limits import MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
+from ..errors import BadRequest, NotAuthorized, QueueFull, UnknownSubscription
+from ..limits import MAX_GROUP_NAME, MAX_GROUPS, MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
 from ..names import (
     Pattern,
+    check_label,
     consume_group_key,
     is_dead_letter,
     listen_group_key,
@@ -59,8 +60,12 @@ class Subscriptions:
         texts = [p.text for p in parsed]
         self.rights.check_read(session, *texts, claim=False)
         if kind == "consume":
+            if group:
+                check_label("group name", group, MAX_GROUP_NAME)
             key = consume_group_key(group or patterns[0])
         else:
+            if name:
+                check_label("listener name", name, MAX_GROUP_NAME)
             key = listen_group_key(session.client_id, name or patterns[0])
         start_cursor = self._parse_start(start, kind)
         if not 0 <= prefetch <= MAX_PREFETCH:
@@ -75,8 +80,7 @@ class Subscriptions:
         # Checked: now this read claims what it reads (the group's channels too).
         self.rights.check_read(session, *texts, *(p.text for p in grp.patterns) if grp else ())
         if grp is None:
-            grp = Group(key, kind, [])
-            self.state.groups[key] = grp
+            grp = self._new_group(key, kind)
         elif start.startswith("seq:") and not grp.members:
             self._reset(grp, start_cursor, now)
         for pattern in parsed:
@@ -92,6 +96,17 @@ class Subscriptions:
         session.subs[sid] = sub
         self.state.mark_ready(grp)
         return sub
+
+    def _new_group(self, key: str, kind: str) -> Group:
+        """A group the broker keeps for good (its definition and state are stored):
+        their number is bounded, so no client can fill memory and disk with them."""
+        if len(self.state.groups) >= MAX_GROUPS:
+            raise QueueFull(f"the broker keeps {len(self.state.groups)} consumer groups and "
+                            f"listeners (the limit is {MAX_GROUPS}); join an existing group, or "
+                            "have an admin delete unused ones (DELETE /v1/groups/{group})",
+                            limit=MAX_GROUPS)
+        grp = self.state.groups[key] = Group(key, kind, [])
+        return grp
 
     def _check_exclusive(self, session: Session, kind: str, parsed: list[Pattern],
                          grp: Group | None) -> None:
@@ -244,8 +259,7 @@ class Subscriptions:
     def set_position(self, session: Session, group: str, positions: dict[str, int],
                      now: float) -> dict[str, int]:
         """Everything below ``positions[channel]`` is settled for consumer ``group``."""
-        if not group:
-            raise BadRequest("give the group name")
+        check_label("group name", group, MAX_GROUP_NAME)
         key = consume_group_key(group)
         grp = self.state.groups.get(key)
         for channel, next_seq in positions.items():
@@ -258,8 +272,7 @@ class Subscriptions:
         # Positioning a group on a channel reads it, as subscribing would: it claims.
         self.rights.check_read(session, *positions)
         if grp is None:
-            grp = Group(key, "consume", [])
-            self.state.groups[key] = grp
+            grp = self._new_group(key, "consume")
         lags: dict[str, int] = {}
         for channel, next_seq in positions.items():
             self._add_pattern(grp, channel, "oldest", now)

@@ -27,7 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
-from ..limits import MAX_BATCH, MAX_STAGED_BYTES, MAX_TXN_ID, STAGED_TTL_S
+from ..limits import (
+    MAX_BATCH,
+    MAX_STAGED_BYTES,
+    MAX_TXN_ID,
+    MAX_WRITERS_PER_CLIENT,
+    STAGED_TTL_S,
+)
+from ..names import check_label
 from ..protocol.frames import Send
 
 WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
@@ -100,16 +107,36 @@ class Transactions:
         return sends
 
     def check_writer(self, client_id: str, writer_id: str) -> None:
-        """Raise unless ``client_id`` may commit under ``writer_id``: its own, or unowned."""
-        if not writer_id or len(writer_id) > MAX_TXN_ID:
-            raise BadRequest(f"writer_id is 1..{MAX_TXN_ID} characters")
+        """Raise unless ``client_id`` may commit under ``writer_id``: its own, or unowned
+        (and then the client may own one more)."""
         owner = self.writers.get(writer_id)
+        if owner is None:  # a new id: named as names are, and one more for its client
+            check_label("writer_id", writer_id, MAX_TXN_ID)
+            owned = sum(1 for o in self.writers.values() if o == client_id)
+            if owned >= MAX_WRITERS_PER_CLIENT:
+                raise QueueFull(
+                    f"client {client_id!r} owns {owned} writer ids (the limit is "
+                    f"{MAX_WRITERS_PER_CLIENT}); commit under one it owns, or have an admin "
+                    "release old ones (minou writers release ID)",
+                    client=client_id, limit=MAX_WRITERS_PER_CLIENT)
         if owner is not None and owner != client_id:
             raise NotAuthorized(
                 f"writer id {writer_id!r} belongs to client {owner!r} (the first to commit "
                 f"under it); client {client_id!r} may not commit under it: use a writer id "
                 "of your own (an admin can release it: writers.release)",
                 writer_id=writer_id, owner=owner, client=client_id)
+
+    def bind_writer(self, writer_id: str, client_id: str) -> None:
+        """``writer_id`` is ``client_id``'s from now on (``check_writer`` came first)."""
+        self.writers[writer_id] = client_id
+
+    @staticmethod
+    def check_names(txns: list[str]) -> None:
+        """A commit names each transaction once: a name twice would be taken twice."""
+        if len(set(txns)) != len(txns):
+            twice = sorted({t for t in txns if txns.count(t) > 1})
+            raise BadRequest(f"the commit names transaction(s) {twice[:5]} more than once; "
+                             "name each once", txns=", ".join(twice[:5]))
 
     def check_lineage(self, writer_id: str, lineage: str) -> None:
         """Raise if ``writer_id`` fences another run of batches than ``lineage``: that

@@ -53,6 +53,7 @@ class TxnPublishing:
         tx, batch = state.transactions, state.batch
         tx.check_writer(session.client_id, writer_id)
         tx.check_lineage(writer_id, lineage)
+        tx.check_names(txns)
         again = tx.answered(session.client_id, txns)
         if again is not None:  # sent again after its answer was lost: the same answer
             return again
@@ -75,8 +76,10 @@ class TxnPublishing:
             batch.fence_undo.setdefault(key, tx.fences.get(key))
         tx.fences.update(fences)
         batch.fences.update(fences)
-        if writer_id not in tx.writers:  # the first commit binds the id
-            tx.writers[writer_id] = session.client_id
+        # The first commit that names a transaction binds the id (one naming none only
+        # checks: else any client could claim every writer id for nothing).
+        if txns and writer_id not in tx.writers:
+            tx.bind_writer(writer_id, session.client_id)
             batch.writers[writer_id] = session.client_id
         if lineage and tx.lineages.get(writer_id) != lineage:
             tx.lineages[writer_id] = lineage

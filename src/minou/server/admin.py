@@ -381,8 +381,10 @@ def _clients_list(server: Server, args: dict[str, Any], caller: Identity | None)
                                                               server.settings.admins)
         item["access"] = rules.for_client(client_id).describe()
         out.append(item)
+    writers = server.core.transactions.writers
+    # The first 1,000 only: an answer must fit a frame however many ids clients own.
     return {"clients": out, "reservations": dict(sorted(server.core.reservations.items())),
-            "writers": dict(sorted(server.core.transactions.writers.items())),
+            "writers": dict(sorted(writers.items())[:1000]), "writers_total": len(writers),
             "rules": rules.describe(), "admins": sorted(server.settings.admins)}
 
 
