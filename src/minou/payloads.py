@@ -10,6 +10,7 @@ brackets costs two ``count`` calls.
 
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from itertools import accumulate
@@ -88,6 +89,42 @@ def decode_json(data: bytes | str, *, what: str = "payload",
         raise InvalidPayload(f"{what} nests arrays and objects too deep; the limit is "
                              f"{MAX_JSON_DEPTH} (MAX_JSON_DEPTH)",
                              limit=MAX_JSON_DEPTH) from None
+
+
+# Every string in turn (outside strings valid JSON has no quote), and the ":" after it
+# when it is a key: matching strings alone keeps the scan aligned on real strings.
+_STRING_OR_KEY = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"(\s*:)?')
+
+
+def _keys_in(value: Any) -> int:
+    """How many keys the objects in a decoded JSON value hold, all levels."""
+    if isinstance(value, dict):
+        return len(value) + sum(_keys_in(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_keys_in(v) for v in value)
+    return 0
+
+
+def repeated_key(data: bytes | str, value: Any) -> str | None:
+    """A key that one object of the JSON text ``data`` holds twice (``value`` is its
+    decoded value), or None. Decoders keep one of the two (msgspec the last, others the
+    first), so such a payload may mean one thing to the schema and another to a reader.
+    Cheap when there is none: keys counted in the text against those decoded."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if sum(1 for colon in _STRING_OR_KEY.findall(raw) if colon) == _keys_in(value):
+        return None
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen and not found:
+                found.append(key)
+            seen.add(key)
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)
+    return found[0] if found else None
 
 
 def check_json(data: bytes | str, *, what: str = "payload") -> None:

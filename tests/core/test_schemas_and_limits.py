@@ -112,6 +112,19 @@ def test_a_payload_that_is_not_json_is_invalid_before_the_schema_is_asked() -> N
     assert h.broker.schema_refusals == {}
 
 
+def test_a_payload_repeating_a_key_is_refused_where_a_schema_checks_it() -> None:
+    # The schema sees the last "qty" (a valid 1); a reader keeping the first would see 0.
+    h = with_schema()
+    twice = Send(CH, b'{"qty": 0, "qty": 1}')
+    err = refusal(h.broker, twice)
+    assert err.code == ErrorCode.INVALID_PAYLOAD and "qty" in err.message
+    assert err.detail == {"schema": "orders/v1", "key": "qty"}
+    assert codes(h, twice, Send(CH, b'{"qty": 1}')) == [ErrorCode.INVALID_PAYLOAD, 0]
+    assert h.broker.schema_refusals == {"orders/v1": 2}
+    # Without a schema nothing checks the value: stored as it came.
+    assert codes(h, Send("orders/v2/1", b'{"qty": 0, "qty": 1}')) == [0]
+
+
 def test_strict_schemas_refuse_channels_that_declare_none_except_dead_letters() -> None:
     h = with_schema()
     h.broker.strict_schemas = True

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from minou.errors import BadRequest, InvalidPayload
 from minou.limits import MAX_JSON_DEPTH
-from minou.payloads import check_depth, check_json, decode_json, json_depth
+from minou.payloads import check_depth, check_json, decode_json, json_depth, repeated_key
 
 
 def nested(depth: int) -> bytes:
@@ -91,3 +91,25 @@ def test_a_request_that_is_no_json_may_be_a_bad_request():
         decode_json(b"not json", what="stream message", malformed=BadRequest)
     with pytest.raises(InvalidPayload, match="the limit is 64"):  # depth stays a payload's
         decode_json(nested(100), what="stream message", malformed=BadRequest)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.booleans())
+def test_json_without_a_repeated_key_has_none_found(value, ascii_only):
+    text = json.dumps(value, ensure_ascii=ascii_only).encode()
+    assert repeated_key(text, decode_json(text)) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, tricky_text, st.booleans())
+def test_a_key_repeated_anywhere_is_found(value, key, ascii_only):
+    # The repeated key is put inside the value, in an object of its own at the end.
+    inner = json.dumps({key: value}, ensure_ascii=ascii_only)
+    twice = "{" + inner[1:-1] + ", " + inner[1:-1] + "}"
+    text = json.dumps([value, "x"], ensure_ascii=ascii_only)[:-1] + ", " + twice + "]"
+    assert repeated_key(text.encode(), decode_json(text.encode())) == key
+
+
+def test_a_key_written_with_an_escape_is_the_same_key():
+    text = b'{"amount": "DROP TABLE", "\\u0061mount": 1}'
+    assert repeated_key(text, decode_json(text)) == "amount"

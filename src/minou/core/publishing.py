@@ -13,7 +13,15 @@ from typing import Any
 import msgspec
 
 from ..auth.rules import ALLOW_ALL, Access
-from ..errors import BadRequest, ErrorCode, MessageTooLarge, QueueFull, RequestError, SchemaMismatch
+from ..errors import (
+    BadRequest,
+    ErrorCode,
+    InvalidPayload,
+    MessageTooLarge,
+    QueueFull,
+    RequestError,
+    SchemaMismatch,
+)
 from ..limits import (
     MAX_BROADCAST_BYTES,
     MAX_BROADCAST_FANOUT,
@@ -37,7 +45,7 @@ from ..names import (
     schema_key,
     validate_channel,
 )
-from ..payloads import check_json, decode_json
+from ..payloads import check_json, decode_json, repeated_key
 from ..protocol.frames import Outcome, Send
 from ..schemas import SchemaViolation
 from .kv import KvIndex, checked_put, is_tombstone
@@ -273,6 +281,13 @@ class Publishing:
             raise SchemaMismatch(f"{schema.key} has a JSON schema; raw payloads are refused",
                                  schema=schema.key)
         value = decode_json(send.data)
+        repeated = repeated_key(send.data, value)
+        if repeated is not None:  # the schema saw one of its values; a reader may see the other
+            refusals[schema.key] = refusals.get(schema.key, 0) + 1
+            raise InvalidPayload(
+                f"payload repeats key {repeated[:64]!r} in one object; on a channel with a "
+                f"schema ({schema.key}) every key appears once, so that every reader sees "
+                "the value the schema checked", schema=schema.key, key=repeated[:64])
         try:
             schema.validate(value)
         except SchemaViolation as exc:
