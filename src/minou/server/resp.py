@@ -45,7 +45,7 @@ from ..errors import (
     RequestError,
 )
 from ..limits import MAX_DELETE, MAX_FROM_SEQ, RESP_RANGE_BYTES
-from ..names import Pattern
+from ..names import Pattern, is_inbox
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
 from ..protocol.resp import (
@@ -867,7 +867,11 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if not fields or len(fields) % 2:
         return wrong_args("xadd")
     channel = key_to_channel(key)
-    if nomkstream and channel not in c.server.core.channels:
+    if nomkstream and channel not in c.server.core.channels and not is_inbox(channel):
+        # the refusal an existing stream's XADD gets, before saying there is none (an
+        # inbox's writes are the publish's to judge, whether it exists or not)
+        assert c.inner is not None
+        c.inner.session.access.check_write(channel)
         return None
     data, raw, headers = entry_to_message(fields)
     if entry_id != b"*":  # checked against the top, and kept, by the core (stream_ids.py)
@@ -950,7 +954,7 @@ def _xrange(c: RespConnection, args: list[bytes], slot: _Slot, *, reverse: bool 
     if len(args) not in (4, 6):
         return wrong_args(name)
     key = args[1]
-    channel = key_to_channel(key)
+    channel = _readable(c, key)  # the rights first: nothing said of a stream it may not read
     ids = _stream_ids(c, channel)
     lo_text, hi_text = (args[3], args[2]) if reverse else (args[2], args[3])
     lo, hi = parse_id(lo_text, high=False, ids=ids), parse_id(hi_text, high=True, ids=ids)
@@ -1125,7 +1129,7 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             return wrong_args("xgroup|create")
         key, group, start_id = args[2], args[3], args[4]
         opts = [a.upper() for a in args[5:]]
-        channel = key_to_channel(key)
+        channel = _readable(c, key)  # before BUSYGROUP or "requires the key to exist"
         gname = group_name(group, channel)
         if groups.exists(gname):
             return Error("BUSYGROUP Consumer Group name already exists")
@@ -1222,12 +1226,13 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     groups = _groups(c)
     assert c.identity is not None and c.inner is not None
     targets = []
+    for key in keys:  # the rights on every stream before any group is looked for
+        _readable(c, key)
     for key, sid in zip(keys, ids, strict=True):
         channel = key_to_channel(key)
         gname = group_name(group, channel)
         if not groups.exists(gname):
             return Error(NOGROUP.format(key=_text(key), group=_text(group), cmd="XREADGROUP"))
-        c.server.core.check_read(c.inner.session, channel)
         groups.seen(gname, name)
         targets.append((key, channel, gname, sid))
     if any(sid != b">" for *_, sid in targets):
@@ -1342,8 +1347,8 @@ def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                 assert c.inner is not None
                 c.server.core.check_read(c.inner.session, pattern.text)
                 targets.append((key, pattern, sid))
-            else:
-                targets.append((key, key_to_channel(key), sid))
+            else:  # the rights first, as the other streams commands
+                targets.append((key, _readable(c, key), sid))
         for _, _, sid in targets:
             if sid not in (b"$", b"+"):
                 parse_id(sid, high=True)
@@ -1478,6 +1483,9 @@ def _xdel(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
 def _xtrim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     if len(args) < 4:
         return wrong_args("xtrim")
+    assert c.inner is not None
+    # a write, as Redis's ACL counts XTRIM (and XDEL): refused alike, stream or none
+    c.inner.session.access.check_write(key_to_channel(args[1]))
     if args[3] == b"~":
         return 0  # approximate: nothing trimmed (retention and max_items keep the size)
     return Error(f"ERR XTRIM {_text(args[2].upper())} with an exact threshold is not "
@@ -1596,9 +1604,10 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         return wrong_args("xautoclaim")
     key, group, name = args[1], args[2], args[3]
     count, justid = DEFAULT_COUNT, False
+    channel = _readable(c, key)  # the rights before the stream's ids or its group
     try:
         min_idle = _int(args[4])
-        ids = _stream_ids(c, key_to_channel(key))
+        ids = _stream_ids(c, channel)
         start = parse_id(args[5], high=False, ids=ids)
         i = 6
         while i < len(args):

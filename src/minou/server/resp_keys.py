@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ErrorCode
+from ..errors import BadRequest, ErrorCode
+from ..limits import MAX_KEY_LENGTH
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, KV_PREFIX
 from ..protocol import frames as f
 from ..protocol.resp import OK, Bool, Double, Error, Map, NullArray, Push, Set, Simple, Verbatim
@@ -38,6 +39,9 @@ RespConnection = Any
 BUCKET = "redis"
 CHANNEL = KV_PREFIX + BUCKET
 _PLAIN = re.compile(rb"[A-Za-z0-9_.:@-][A-Za-z0-9_=./:@-]{0,255}")
+_PLAIN_CHARS = re.compile(rb"[A-Za-z0-9_.:@-][A-Za-z0-9_=./:@-]*")
+# the bytes of a key stored encoded ("=" + URL-safe base64 without padding) at most
+MAX_ENCODED_KEY = (MAX_KEY_LENGTH - 1) * 3 // 4
 MAX_SCRIPTS = 1000  # SCRIPT LOAD / EVAL keep at most this many scripts (then the oldest go)
 MAX_SCRIPT_BYTES = 64 * 1024
 SCRIPT_TIME_S = 5.0  # a script running longer is stopped with an error (Redis: BUSY)
@@ -48,6 +52,21 @@ def kv_key(key: bytes) -> str:
     if _PLAIN.fullmatch(key) and b"//" not in key:
         return key.decode()
     return "=" + base64.urlsafe_b64encode(key).decode().rstrip("=")
+
+
+def stored_key(key: bytes) -> str:
+    """``kv_key(key)``, or the refusal of a key too long to store, naming its length as
+    the client sent it and the limit for its kind (not the encoded key's length)."""
+    stored = kv_key(key)
+    if len(stored) <= MAX_KEY_LENGTH:
+        return stored
+    if _PLAIN_CHARS.fullmatch(key) and b"//" not in key:
+        raise BadRequest(f"key is {len(key)} bytes, the limit is {MAX_KEY_LENGTH} (for a "
+                         "key of letters, digits and _=./:@-)", limit=MAX_KEY_LENGTH)
+    raise BadRequest(f"key is {len(key)} bytes, the limit is {MAX_ENCODED_KEY} for a key "
+                     "with other bytes, a leading '/' or '=', or '//' (stored encoded; "
+                     f"{MAX_KEY_LENGTH} for a key of letters, digits and _=./:@-)",
+                     limit=MAX_ENCODED_KEY)
 
 
 class Value:
@@ -61,7 +80,7 @@ class Value:
 
 async def get(c: RespConnection, key: bytes) -> Value | None:
     reply = await c.request(f.Admin(next(c._req), "kv.get",
-                                    {"bucket": BUCKET, "key": kv_key(key)}))
+                                    {"bucket": BUCKET, "key": stored_key(key)}))
     reads = c.script_reads
     if isinstance(reply, f.Error):
         if reply.code == 212:  # NOT_FOUND: no value
@@ -99,7 +118,7 @@ async def put(c: RespConnection, key: bytes, data: bytes, *, expect: int | None 
     if delete:
         headers[KV_OP] = KV_DELETE
     send = f.Send(CHANNEL, b"" if delete else data, True, headers or None, 0, ttl, None,
-                  None, kv_key(key))
+                  None, stored_key(key))
     reply = await c.request(f.Publish(next(c._req), [send]))
     if isinstance(reply, f.Error):
         raise Failed(reply)
@@ -123,11 +142,16 @@ class Failed(Exception):
 
 
 def _stream_exists(c: RespConnection, key: bytes) -> bool:
+    """Whether ``key`` is a stream this client may read. One it may not read counts as
+    none, whether it exists or not (the plain key of that name is looked for, under
+    the rules of the bucket): nothing tells the client whether it is there, as XREAD's
+    patterns skip the streams a client may not read."""
     try:
         channel = key_to_channel(key)
     except StreamKeyError:
         return False
-    return channel in c.server.core.channels
+    core = c.server.core
+    return channel in core.channels and core.may_read(c.inner.session, channel)
 
 
 # ------------------------------------------------------------------ commands
