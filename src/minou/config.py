@@ -42,22 +42,54 @@ KV_OPTIONS = ChannelOptions(max_items=limits.KV_MAX_REVISIONS, dead_letter=False
                             history=limits.KV_HISTORY)
 _KV_KEYS = ("history", "ttl", "max_items", "schema", "durability", "sync_interval")
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+# Integers without a maximum of their own: what SQLite, msgpack (a WELCOME carries
+# max_message_size) and Redis hold; a larger one loaded, then failed every HELLO.
+MAX_SETTING_INT = 2**63 - 1
+# A delivery (the message, its headers, channel and ids) must fit one frame of
+# MAX_FRAME_SIZE, the most a client reads: 64 KiB is left for all but the payload.
+MAX_MESSAGE_SIZE_SETTING = limits.MAX_FRAME_SIZE - (64 << 10)
+# Seconds without a maximum of their own: ten years is surely a mistake beyond (as a
+# message's ttl and delay); NaN and infinity are refused with them.
+MAX_SETTING_SECONDS = limits.MAX_DELAY_S
+_MAX_SECONDS_TEXT = f"{MAX_SETTING_SECONDS:.0f} (ten years)"
+# Kernel pseudo-filesystems: a data directory there fails at start, or writes to devices.
+# /dev/shm is an ordinary tmpfs, kept for data that may vanish with the machine.
+_PSEUDO_FS = ("/proc", "/sys", "/dev")
+_DEV_SHM = "/dev/shm"
 
 _CHANNEL_KEYS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "prefetch": (int, "an integer >= 1"),
-    "ttl": ((int, float), "a number of seconds > 0"),
-    "max_items": (int, "an integer >= 1"),
+    "prefetch": (int, f"an integer >= 1 and <= {limits.MAX_PREFETCH}"),
+    "ttl": ((int, float), f"a number of seconds > 0 and <= {_MAX_SECONDS_TEXT}"),
+    "max_items": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "overflow": (str, "'refuse' or 'drop_oldest'"),
-    "requeue_limit": (int, "an integer >= 0"),
+    "requeue_limit": (int, f"an integer >= 0 and <= {MAX_SETTING_INT}"),
     "dead_letter": (bool, "true or false"),
-    "retention": ((int, float), "a number of seconds > 0"),
+    "retention": ((int, float), f"a number of seconds > 0 and <= {_MAX_SECONDS_TEXT}"),
     "schema": ((dict, str), "a JSON Schema object or a file path"),
     "durability": (str, "'fsync' or 'interval'"),
-    "expire_idle": ((int, float), "a number of seconds > 0"),
+    "expire_idle": ((int, float), f"a number of seconds > 0 and <= {_MAX_SECONDS_TEXT}"),
     "history": (int, f"an integer 1..{limits.MAX_KV_HISTORY}"),
     "sync_interval": ((int, float), "milliseconds, > 0 and <= "
                       f"{int(limits.MAX_SYNC_INTERVAL_S * 1000)}"),
 }
+# What each number may be, as (lowest, highest, whether the lowest itself is refused);
+# the comparisons also refuse NaN.
+_Range = tuple[float, float, bool]
+_CHANNEL_RANGES: dict[str, _Range] = {
+    "prefetch": (1, limits.MAX_PREFETCH, False),
+    "ttl": (0, MAX_SETTING_SECONDS, True),
+    "max_items": (1, MAX_SETTING_INT, False),
+    "requeue_limit": (0, MAX_SETTING_INT, False),
+    "retention": (0, MAX_SETTING_SECONDS, True),
+    "expire_idle": (0, MAX_SETTING_SECONDS, True),
+    "history": (1, limits.MAX_KV_HISTORY, False),
+    "sync_interval": (0, limits.MAX_SYNC_INTERVAL_S * 1000, True),
+}
+
+
+def _in_range(value: float, where: _Range) -> bool:
+    low, high, open_low = where
+    return (low < value <= high) if open_low else (low <= value <= high)
 
 
 @dataclass(frozen=True)
@@ -173,6 +205,8 @@ class Settings:
         return found
 
 
+_SECONDS = ((int, float), f"a number of seconds > 0 and <= {_MAX_SECONDS_TEXT}")
+_BYTES = (int, f"a number of bytes >= 1 and <= {MAX_SETTING_INT}")
 _TOP_KEYS = {
     "broker_id": (str, "a string"),
     "host": (str, "a host name or address"),
@@ -180,28 +214,47 @@ _TOP_KEYS = {
     "http_port": (int, "a port number 0..65535"),
     "resp_port": (int, "a port number 0..65535"),
     "data_dir": (str, "a directory path"),
-    "max_message_size": (int, "a number of bytes >= 1"),
-    "max_connections": (int, "an integer >= 1"),
-    "default_lease": ((int, float), "a number of seconds > 0"),
-    "dedup_window": ((int, float), "a number of seconds >= 0"),
-    "max_dedup_keys": (int, "an integer >= 1"),
-    "publish_pause_bytes": (int, "a number of bytes >= 1"),
-    "slow_consumer_bytes": (int, "a number of bytes >= 1"),
-    "slow_consumer_seconds": ((int, float), "a number of seconds > 0"),
-    "delivery_buffer_bytes": (int, "a number of bytes >= 1"),
-    "in_flight_bytes": (int, "a number of bytes >= 1"),
-    "hello_timeout": ((int, float), "a number of seconds > 0"),
-    "http_header_timeout": ((int, float), "a number of seconds > 0"),
-    "http_idle_timeout": ((int, float), "a number of seconds > 0"),
-    "websocket_heartbeat": ((int, float), "a number of seconds > 0"),
+    "max_message_size": (int, f"a number of bytes >= 1 and <= {MAX_MESSAGE_SIZE_SETTING} "
+                         f"(a message fits one {limits.MAX_FRAME_SIZE >> 20} MiB frame)"),
+    "max_connections": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
+    "default_lease": ((int, float), f"a number of seconds > 0 and <= {limits.MAX_LEASE_S:g}"),
+    "dedup_window": ((int, float), f"a number of seconds >= 0 and <= {_MAX_SECONDS_TEXT}"),
+    "max_dedup_keys": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
+    "publish_pause_bytes": _BYTES,
+    "slow_consumer_bytes": _BYTES,
+    "slow_consumer_seconds": _SECONDS,
+    "delivery_buffer_bytes": _BYTES,
+    "in_flight_bytes": _BYTES,
+    "hello_timeout": _SECONDS,
+    "http_header_timeout": _SECONDS,
+    "http_idle_timeout": _SECONDS,
+    "websocket_heartbeat": ((int, float), f"a number of seconds > 0 and <= "
+                            f"{limits.MAX_HEARTBEAT_S:g}"),
     "strict_schemas": (bool, "true or false"),
+}
+_TOP_RANGES: dict[str, _Range] = {
+    "port": (0, 65535, False),
+    "http_port": (0, 65535, False),
+    "resp_port": (0, 65535, False),
+    "max_message_size": (1, MAX_MESSAGE_SIZE_SETTING, False),
+    "max_connections": (1, MAX_SETTING_INT, False),
+    "default_lease": (0, limits.MAX_LEASE_S, True),
+    "dedup_window": (0, MAX_SETTING_SECONDS, False),
+    "max_dedup_keys": (1, MAX_SETTING_INT, False),
+    "publish_pause_bytes": (1, MAX_SETTING_INT, False),
+    "slow_consumer_bytes": (1, MAX_SETTING_INT, False),
+    "slow_consumer_seconds": (0, MAX_SETTING_SECONDS, True),
+    "delivery_buffer_bytes": (1, MAX_SETTING_INT, False),
+    "in_flight_bytes": (1, MAX_SETTING_INT, False),
+    "hello_timeout": (0, MAX_SETTING_SECONDS, True),
+    "http_header_timeout": (0, MAX_SETTING_SECONDS, True),
+    "http_idle_timeout": (0, MAX_SETTING_SECONDS, True),
+    "websocket_heartbeat": (0, limits.MAX_HEARTBEAT_S, True),
 }
 _TABLES = ("auth", "channels", "federation", "kv", "rules", "storage", "tls")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_TIMEOUT_KEYS = ("hello_timeout", "http_header_timeout", "http_idle_timeout",
-                 "slow_consumer_seconds", "websocket_heartbeat")
 
 
 def _expect(key: str, value: Any, types: Any, what: str) -> None:
@@ -226,21 +279,13 @@ def _channel_options(name: str, raw: Any, base_dir: Path, where: str = "") -> Ch
             kwargs[key] = compile_schema(load_schema(value, key=name, base_dir=base_dir),
                                          key=name)
             continue
-        if key == "history" and not 1 <= value <= limits.MAX_KV_HISTORY:
-            raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
-        if key in ("prefetch", "max_items") and value < 1:
-            raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
-        if key in ("ttl", "retention", "expire_idle") and value <= 0:
-            raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
-        if key == "requeue_limit" and value < 0:
+        if key in _CHANNEL_RANGES and not _in_range(value, _CHANNEL_RANGES[key]):
             raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
         if key == "overflow" and value not in ("refuse", "drop_oldest"):
             raise ConfigError(f"{where}.{key}: expected {what}, got {json.dumps(value)}")
         if key == "durability" and value not in ("fsync", "interval"):
             raise ConfigError(f"{where}.{key}: expected {what}, got {json.dumps(value)}")
         if key == "sync_interval":
-            if not 0 < value <= limits.MAX_SYNC_INTERVAL_S * 1000:
-                raise ConfigError(f"{where}.{key}: expected {what}, got {value}")
             value = value / 1000  # seconds inside
         kwargs[key] = value
     return ChannelOptions(**kwargs)
@@ -431,14 +476,20 @@ def _tls(raw: Any, base_dir: Path) -> dict[str, Any]:
 def parse_size(key: str, value: Any) -> int:
     """Bytes from an integer or a string such as "40MB" (10^6) or "512MiB" (2^20)."""
     what = 'a size: bytes, or a string such as "40MB" or "2GiB"'
+    at_most = f"expected a size of at most {MAX_SETTING_INT} bytes"
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
             raise ConfigError(f"{key}: expected {what}, got {value}")
+        if value > MAX_SETTING_INT:
+            raise ConfigError(f"{key}: {at_most}, got {value}")
         return value
     m = _SIZE.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         raise ConfigError(f"{key}: expected {what}, got {json.dumps(value, default=str)}")
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+    size = float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()]
+    if not size <= MAX_SETTING_INT:  # also a float of 400 digits, which is infinity
+        raise ConfigError(f"{key}: {at_most}, got {json.dumps(value)}")
+    return int(size)
 
 
 def _storage(raw: Any) -> dict[str, Any]:
@@ -496,7 +547,26 @@ def _storage(raw: Any) -> dict[str, Any]:
     return out
 
 
-def _check_consistency(settings: Settings) -> None:
+def _check_data_dir(data_dir: str, key: str) -> None:
+    """The broker writes its database, admin key and a reserve file into ``data_dir``:
+    refuse the filesystem root and kernel pseudo-filesystems (``key`` names the source)."""
+    try:
+        real = Path(data_dir).resolve()
+    except (OSError, RuntimeError):  # a symlink loop: the lock names it at start
+        return
+    given = json.dumps(data_dir)
+    shown = given if str(real) == data_dir else f"{given} (resolves to {real})"
+    if real.parent == real:
+        raise ConfigError(f"{key}: {shown} is the filesystem root; give a directory of its "
+                          "own, e.g. ./data")
+    for top in _PSEUDO_FS:
+        if real.is_relative_to(top) and not real.is_relative_to(_DEV_SHM):
+            raise ConfigError(f"{key}: {shown} is inside {top}, a kernel pseudo-filesystem; "
+                              "give a directory of its own, e.g. ./data")
+
+
+def _check_consistency(settings: Settings, data_dir_key: str = "data_dir") -> None:
+    _check_data_dir(settings.data_dir, data_dir_key)
     if settings.auth_mode == "off" and not settings.loopback:
         raise ConfigError(f"auth.mode: 'off' (development mode) listens on loopback only; "
                           f"host is {settings.host!r}")
@@ -553,10 +623,7 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
             raise ConfigError(f"{key}: unknown setting (known: {known})")
         types, what = _TOP_KEYS[key]
         _expect(key, value, types, what)
-        if key in ("port", "http_port", "resp_port") and not 0 <= value <= 65535:
-            raise ConfigError(f"{key}: expected {what}, got {value}")
-        if (("bytes" in what or key in ("max_connections", "max_dedup_keys")) and value < 1) or (
-                key in _TIMEOUT_KEYS and value <= 0):
+        if key in _TOP_RANGES and not _in_range(value, _TOP_RANGES[key]):
             raise ConfigError(f"{key}: expected {what}, got {value}")
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):
@@ -570,6 +637,31 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
     return settings
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as read, every key kept: json.loads would keep only a repeated key's
+    last value, silently (TOML refuses a repeated key itself)."""
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _unique_keys(value: Any, path: Path, where: str) -> Any:
+    """``value`` with its objects as dicts, refusing a key given twice in one of them."""
+    if not isinstance(value, list):
+        return value
+    if not isinstance(value, _Pairs):
+        return [_unique_keys(v, path, f"{where}[{i}]") for i, v in enumerate(value)]
+    out: dict[str, Any] = {}
+    for key, item in value:
+        name = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+        inner = f"{where}.{name}" if where else name
+        if key in out:
+            raise ConfigError(f"{path}: {inner}: given twice in one object (JSON would keep "
+                              "the last value silently); give each key once")
+        out[key] = _unique_keys(item, path, inner)
+    return out
+
+
 def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
     """Read ``path`` (TOML or JSON) and apply command-line ``overrides`` (None = unset)."""
     settings = Settings()
@@ -580,7 +672,8 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
         try:
-            raw = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+            raw = (tomllib.loads(text) if p.suffix == ".toml"
+                   else _unique_keys(json.loads(text, object_pairs_hook=_Pairs), p, ""))
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: "
                               f"{exc}") from exc
@@ -591,6 +684,10 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
         from .storage.factory import check_url
 
         check_url(clean["storage"])
+    for key, value in clean.items():  # ports from the command line: 70000 would wrap
+        if key in _TOP_RANGES and not _in_range(value, _TOP_RANGES[key]):
+            raise ConfigError(f"--{key.replace('_', '-')}: expected {_TOP_KEYS[key][1]}, "
+                              f"got {value}")
     settings = replace(settings, **clean)
-    _check_consistency(settings)
+    _check_consistency(settings, "--data" if "data_dir" in clean else "data_dir")
     return settings

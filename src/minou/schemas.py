@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import unquote
 
 import fastjsonschema
 from fastjsonschema import JsonSchemaDefinitionException, JsonSchemaValueException
@@ -78,11 +79,17 @@ class CompiledSchema:
     _check: Callable[[Any], Any] = field(repr=False, compare=False)
 
     def validate(self, value: object) -> None:
-        """Raise SchemaViolation if ``value`` (a decoded JSON payload) does not match."""
+        """Raise SchemaViolation if ``value`` (a decoded JSON payload) does not match, or
+        if the validator fails on it: that refuses one message, never the broker."""
         try:
             self._check(value)
         except JsonSchemaValueException as exc:
             raise _violation(exc) from None
+        except Exception as exc:  # RecursionError from a $ref loop compile_schema missed
+            raise SchemaViolation(
+                "$", f"cannot be checked: the schema's validator failed on it "
+                f"({type(exc).__name__}: {exc}); the operator must fix {_where(self.key)}"
+            ) from None
 
 
 def _violation(exc: JsonSchemaValueException) -> SchemaViolation:
@@ -206,11 +213,119 @@ def _canonical(document: object) -> str:
     )
 
 
+# Subschemas applied to the very value their schema is (no property or item is entered
+# first): a $ref cycle through these alone recurses without end.
+_IN_PLACE_ONE = ("not", "if", "then", "else")
+_IN_PLACE_MANY = ("allOf", "anyOf", "oneOf")
+# Probed at compile time: a validator that recurses on one of these is refused whatever
+# the static check below could see (refs resolved through an $id, say).
+_PROBES: tuple[object, ...] = ({}, [], None, 0, "", False)
+_FOLLOW = object()  # in place of a subschema: the one a $ref points to
+
+
+def _pointer(document: object, ref: str) -> object:
+    """The subschema a local ``#/...`` ref names, or _MISSING."""
+    node = document
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node
+
+
+def _local_refs(node: object) -> Iterator[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            yield ref
+        for value in node.values():
+            yield from _local_refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _local_refs(value)
+
+
+def _nested_ids(node: object, top: bool = True) -> bool:
+    """Whether a subschema sets its own base URI ($id, draft-04 id): "#/..." refs under it
+    name that resource, not the document, so the static check cannot follow them."""
+    if isinstance(node, dict):
+        if not top and isinstance(node.get("$id", node.get("id")), str):
+            return True
+        return any(_nested_ids(v, False) for v in node.values())
+    return isinstance(node, list) and any(_nested_ids(v, False) for v in node)
+
+
+def _in_place(node: dict[str, Any], at: str) -> Iterator[tuple[str, object]]:
+    """(where, subschema) of what ``node`` applies to its own value."""
+    ref = node.get("$ref")
+    if isinstance(ref, str):  # fastjsonschema ignores a $ref's sibling keywords
+        if ref == "#" or ref.startswith("#/"):
+            yield ref, _FOLLOW
+        return
+    for word in _IN_PLACE_ONE:
+        if word in node:
+            yield f"{at}/{word}", node[word]
+    for word in _IN_PLACE_MANY:
+        if isinstance(node.get(word), list):
+            for i, sub in enumerate(node[word]):
+                yield f"{at}/{word}/{i}", sub
+    dependencies = node.get("dependencies")
+    if isinstance(dependencies, dict):  # a schema dependency applies to the object itself
+        for name, sub in dependencies.items():
+            yield f"{at}/dependencies/{name}", sub
+
+
+def _ref_loop(document: dict[str, Any]) -> list[str] | None:
+    """A chain of $refs (with allOf, not... between them) that comes back to where it
+    started without entering a property or an item: validating any value that reaches
+    it never ends. JSON Schema leaves them undefined ("Schemas SHOULD NOT make use of
+    infinite recursive nesting like this")."""
+    if _nested_ids(document):
+        return None
+    done: set[str] = set()
+
+    def walk(at: str, node: object, trail: list[str]) -> list[str] | None:
+        if node is _FOLLOW:  # a $ref: go on where it points
+            node = _pointer(document, at)
+        if at in trail:
+            return [*trail[trail.index(at):], at]
+        if at in done or not isinstance(node, dict):
+            return None
+        trail.append(at)
+        for where, sub in _in_place(node, at):
+            loop = walk(where, sub, trail)
+            if loop:
+                return loop
+        trail.pop()
+        done.add(at)
+        return None
+
+    for ref in dict.fromkeys(_local_refs(document)):
+        loop = walk(ref, _FOLLOW, [])
+        if loop:
+            return loop
+    return None
+
+
 def compile_schema(source: dict[str, Any], *, key: str) -> CompiledSchema:
     """Compile ``source`` for ``key``; an unusable schema is a ConfigError naming the key."""
     if not isinstance(source, dict):
         raise ConfigError(
             f"{_where(key)}: invalid JSON Schema: expected an object, got {_json_type(source)}"
+        )
+    try:
+        loop = _ref_loop(source)
+    except RecursionError:
+        raise ConfigError(f"{_where(key)}: invalid JSON Schema: nested too deeply") from None
+    if loop:
+        raise ConfigError(
+            f"{_where(key)}: invalid JSON Schema: $ref loop {' -> '.join(loop)} applies the "
+            "schema to the same value again without end; a recursive schema must enter a "
+            "property or an item before it refers back"
         )
     try:
         fingerprint = hashlib.sha256(_canonical(source).encode()).hexdigest()[:16]
@@ -223,6 +338,16 @@ def compile_schema(source: dict[str, Any], *, key: str) -> CompiledSchema:
         raise ConfigError(
             f"{_where(key)}: invalid JSON Schema: {str(exc) or type(exc).__name__}"
         ) from exc
+    for probe in copy.deepcopy(_PROBES):
+        try:
+            check(probe)
+        except RecursionError:
+            raise ConfigError(
+                f"{_where(key)}: invalid JSON Schema: validating {json.dumps(probe)} "
+                "recurses without end (a $ref loop that enters no property or item)"
+            ) from None
+        except Exception:  # a mismatch; any other failure, validate() turns into a refusal
+            continue
     return CompiledSchema(key=key, source=own, fingerprint=fingerprint, _check=check)
 
 

@@ -229,6 +229,82 @@ def test_a_relative_ref_against_a_remote_id_is_refused():
     assert "$ref 'http://example.com/item.json' points outside" in str(info.value)
 
 
+# --- $ref loops -----------------------------------------------------------------------------
+
+LOOP = "applies the schema to the same value again without end"
+
+
+@pytest.mark.parametrize(
+    ("schema", "loop"),
+    [
+        ({"$ref": "#"}, "# -> #"),
+        ({"$ref": "#/definitions/a", "definitions": {"a": {"$ref": "#/definitions/b"},
+                                                     "b": {"$ref": "#/definitions/a"}}},
+         "#/definitions/a -> #/definitions/b -> #/definitions/a"),
+        # Reached only through a property (no probe gets there), through allOf.
+        ({"properties": {"x": {"$ref": "#/$defs/a"}},
+          "$defs": {"a": {"allOf": [{"type": "object"}, {"$ref": "#/$defs/a"}]}}},
+         "#/$defs/a -> #/$defs/a/allOf/1 -> #/$defs/a"),
+        ({"anyOf": [{"type": "string"}, {"not": {"$ref": "#"}}]},
+         "# -> #/anyOf/1 -> #/anyOf/1/not -> #"),
+        ({"dependencies": {"x": {"$ref": "#"}}}, "# -> #/dependencies/x -> #"),
+    ],
+    ids=["root", "a-b-a", "behind-a-property", "anyOf-not", "dependencies"],
+)
+def test_a_ref_loop_that_consumes_nothing_is_refused_naming_the_loop(schema, loop):
+    with pytest.raises(ConfigError) as info:
+        compile_schema(schema, key=KEY)
+    assert str(info.value) == (
+        f"{WHERE}: invalid JSON Schema: $ref loop {loop} {LOOP}; a recursive schema must "
+        "enter a property or an item before it refers back")
+
+
+def test_a_loop_through_an_id_is_refused_by_the_probes():
+    # The static check follows "#/..." refs only; a probe instance still recurses.
+    schema = {"$id": "http://schemas.example.com/s.json", "$ref": "s.json#"}
+    with pytest.raises(ConfigError) as info:
+        compile_schema(schema, key=KEY)
+    assert str(info.value) == (f"{WHERE}: invalid JSON Schema: validating {{}} recurses "
+                               "without end (a $ref loop that enters no property or item)")
+
+
+@pytest.mark.parametrize(
+    ("schema", "value"),
+    [
+        ({"type": "object", "properties": {"child": {"$ref": "#"}}},
+         {"child": {"child": {}}}),
+        ({"$ref": "#/definitions/node", "definitions": {"node": {
+            "type": "object",
+            "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node"}}},
+        }}}, {"kids": [{"kids": []}, {}]}),
+        ({"definitions": {"a": {"type": "integer"}}, "allOf": [{"$ref": "#/definitions/a"}],
+          "anyOf": [{"$ref": "#/definitions/a"}]}, 1),
+        # JSON-Schema-Test-Suite's infinite-loop-detection case: one definition reached
+        # twice for the same value is no loop.
+        ({"$defs": {"int": {"type": "integer"}},
+          "allOf": [{"properties": {"foo": {"$ref": "#/$defs/int"}}},
+                    {"additionalProperties": {"$ref": "#/$defs/int"}}]}, {"foo": 1}),
+    ],
+    ids=["tree", "nodes", "shared-definition", "same-definition-twice"],
+)
+def test_recursion_that_enters_a_property_or_item_compiles(schema, value):
+    assert compile_schema(schema, key=KEY).validate(value) is None
+
+
+def test_a_validator_that_fails_is_a_violation_of_that_message_not_an_error():
+    # A loop only a payload reaches, behind an $id: neither check sees it at compile time.
+    schema = {"$id": "http://schemas.example.com/s.json",
+              "definitions": {"a": {"$ref": "s.json#/definitions/a"}},
+              "properties": {"q": {"$ref": "#/definitions/a"}}}
+    compiled = compile_schema(schema, key=KEY)
+    compiled.validate({"p": 1})
+    err = violation(schema, {"q": 1})
+    assert err.path == "$"
+    assert err.reason == (
+        "cannot be checked: the schema's validator failed on it (RecursionError: maximum "
+        f"recursion depth exceeded); the operator must fix {WHERE}")
+
+
 # --- compatibility --------------------------------------------------------------------------
 
 
