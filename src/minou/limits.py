@@ -20,6 +20,7 @@ MAX_CHANNEL_LENGTH = 255
 MAX_BATCH = 10_000  # messages in one publish frame
 # Subscriptions of one connection (or stream or HTTP client): each costs a scan of the
 # channels and groups when made, so thousands would stall the broker for everyone.
+MAX_HTTP_HEAD_BYTES = 64 << 10  # an HTTP request line and headers (a token is at most 4 KiB)
 MAX_CLIENT_ID = 200  # characters of a client id (HELLO refuses longer ones)
 MAX_SUBSCRIPTIONS = 256
 MAX_GROUP_NAME = 300  # characters of a group or listener name (a pattern fits: the default)

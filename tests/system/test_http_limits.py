@@ -25,6 +25,7 @@ from websockets.exceptions import InvalidStatus
 import minou
 from minou.config import load_settings
 from minou.errors import ConfigError, ConnectionClosed, ErrorCode
+from minou.limits import MAX_HTTP_HEAD_BYTES
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
 
@@ -133,6 +134,61 @@ def test_a_slowloris_request_gets_a_408_then_the_close(broker_factory, tmp_path)
     assert status(broker)["counters"]["refused"]["request_timeout"] == 1
     assert re.search(r"HTTP connection from 127\.0\.0\.1:\d+ cut: request headers not "
                      r"complete within 0\.6 s", broker.output)
+
+
+def test_a_request_head_past_the_limit_is_refused_while_it_is_still_arriving(
+        broker_factory, tmp_path):
+    """A header line that never ends, sent fast: refused once past MAX_HTTP_HEAD_BYTES
+    (the parser kept every byte of it until the header timeout, whatever the rate)."""
+    broker = limited(broker_factory, tmp_path, "http_header_timeout = 30\n")
+    big = Http(broker)
+    big.sock.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\nX-Pad: ")
+    sent, answered = 0, False
+    while sent < 4 * MAX_HTTP_HEAD_BYTES and not answered:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            big.sock.sendall(b"a" * 8192)
+        sent += 8192
+        answered = bool(select.select([big.sock], [], [], 0)[0])
+    status_code, headers, body = big.response()
+    assert status_code == 400 and headers["connection"] == "close"
+    assert error_of(body)["detail"] == {"limit": MAX_HTTP_HEAD_BYTES}
+    assert sent <= 4 * MAX_HTTP_HEAD_BYTES  # answered while it was still sending
+    big.close()
+    nextone = Http(broker)
+    assert nextone.get()[0] == 200  # the next client is served
+    nextone.close()
+    assert status(broker)["counters"]["refused"]["bad_request"] == 1
+    assert "request line and headers over 65536 bytes" in broker.output
+
+
+def test_a_stranger_sending_a_body_slowly_is_refused_at_its_headers(broker_factory, tmp_path):
+    """No token, a body announced and never sent: 401 at once, not a slot held for as
+    long as the body takes (bodies have no time limit); with a token the body is awaited."""
+    broker = limited(broker_factory, tmp_path, "max_connections = 20\n")
+    strangers = []
+    for framing in (b"Content-Length: 100000\r\n", b"Transfer-Encoding: chunked\r\n"):
+        for token in (b"", b"Authorization: Bearer not-a-token\r\n"):
+            s = Http(broker)
+            s.sock.sendall(b"POST /v1/messages/a/v1/b HTTP/1.1\r\nHost: t\r\n" + framing
+                           + token + b"\r\n" + (b"5\r\nhello" if b"chunked" in framing
+                                                  else b"hello"))
+            status_code, headers, body = s.response()
+            assert status_code == 401 and headers["connection"] == "close", body
+            assert error_of(body)["reason"] == "not_authenticated"
+            assert s.closed_by_peer()
+            strangers.append(s)
+    # A client with a token gets its body read and its publish answered.
+    auth = bearer(broker, "pub-1")["Authorization"].encode()
+    ok = Http(broker)
+    ok.sock.sendall(b"POST /v1/messages/a/v1/b HTTP/1.1\r\nHost: t\r\nAuthorization: "
+                    + auth + b"\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n")
+    time.sleep(0.3)
+    ok.sock.sendall(b'{"a":1}')
+    assert ok.response()[0] == 201
+    ok.close()
+    for s in strangers:
+        s.close()
+    assert status(broker)["counters"]["refused"]["not_authenticated"] == 4
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_its_idle_timeout(broker_factory,

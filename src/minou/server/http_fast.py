@@ -34,9 +34,9 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ..errors import RequestError, RequestTimeout
+from ..errors import BadRequest, NotAuthenticated, RequestError, RequestTimeout
 from ..limits import HTTP_LINGER_S as LINGER_S
-from ..limits import REFUSAL_WAIT_S
+from ..limits import MAX_HTTP_HEAD_BYTES, REFUSAL_WAIT_S
 from . import oplog
 from .http_api import body_too_large, hot_route, raw_channel_id
 from .wire import http_error
@@ -321,14 +321,35 @@ class MinouHttpProtocol(HttpToolsProtocol):
     refusal: TooManyConnections | None = None  # over the connection limit: answer this
     deadline: float | None = None  # loop time by which the headers being read must be in
     reading = False  # a request has begun and its headers are not complete
+    head_bytes = 0  # bytes received since then (one read's worth may be uncounted)
     _watchdog: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered with "connection: close": read and dropped until closed
+        if self.reading:
+            # The parser keeps a header's pieces until the header is whole: bounded here,
+            # not by time alone (a fast sender filled memory within the header timeout).
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HTTP_HEAD_BYTES:
+                self._head_too_large()
+                return
+        super().data_received(data)
+
+    def _head_too_large(self) -> None:
+        exc = BadRequest(f"the request line and headers are over {MAX_HTTP_HEAD_BYTES} bytes "
+                         "(MAX_HTTP_HEAD_BYTES)", limit=MAX_HTTP_HEAD_BYTES)
+        self.api.count_refusal(exc)
+        oplog.request_head_too_large(self.client, MAX_HTTP_HEAD_BYTES)
+        self.reading, self.deadline = False, None
+        self.close_with(exc)
 
     def on_message_begin(self) -> None:
         # uvicorn arms the keep-alive timer when an answer completes and cancels it when
         # data arrives; an answer given while this read is parsed must not leave it
         # armed over the next request.
         self._unset_keepalive_if_required()
-        self.reading = True
+        self.reading, self.head_bytes = True, 0
         self.expect_headers(self.api.server.settings.http_header_timeout)
         super().on_message_begin()
 
@@ -434,8 +455,44 @@ class MinouHttpProtocol(HttpToolsProtocol):
             # Requests behind one answered with "connection: close" (or a 413): the
             # client must assume they were not done, so none is.
             self.cycle = _DONE  # type: ignore[assignment]
+        elif self._refused_before_body():
+            self.cycle = _DONE  # type: ignore[assignment]
         elif self._hot_cycle() is None:
             super().on_headers_complete()
+
+    def _refused_before_body(self) -> bool:
+        """A request with a body and no valid token is answered 401 at its headers: its
+        body is not waited for (bodies have no time limit, so a stranger sending one
+        slowly held a connection slot for as long as it liked). Every route that takes
+        a body needs a token; the check is cached per token like the route's own."""
+        api = self.api
+        if api.server.settings.auth_mode == "off":
+            return False
+        authorization = None
+        body = False
+        for name, value in self.headers:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif (name == b"content-length" and value.strip(b" \t0")) \
+                    or name == b"transfer-encoding":
+                body = True
+        if not body:
+            return False
+        query_token = None
+        if authorization is None:
+            try:
+                query = httptools.parse_url(self.url).query or b""
+            except httptools.HttpParserInvalidURLError:
+                query = b""
+            if b"access_token=" in query:
+                query_token = dict(parse_qsl(query.decode("latin-1"))).get("access_token")
+        try:
+            api.auth.identify(authorization, query_token, self.client)
+        except NotAuthenticated as exc:
+            api.count_refusal(exc)
+            self.close_with(exc)
+            return True
+        return False
 
     def _hot_cycle(self) -> HotCycle | None:
         parser = self.parser

@@ -24,6 +24,7 @@ from ..limits import (
     MAX_DELAY_S,
     MAX_DELETE,
     MAX_FROM_SEQ,
+    MAX_GROUP_NAME,
     MAX_HTTP_WAIT_S,
     MAX_KEY_LENGTH,
     MAX_KV_PAGE,
@@ -52,6 +53,9 @@ _LONGEST_VERSION = "v999999"  # what the pattern above allows (names._VERSION)
 _ID_CHARS = r"(?:[A-Za-z0-9._~!$&'()+,;=:@-]|%[0-9A-Fa-f]{2})"
 _ID = {"type": "string", "pattern": f"^(?:{_ID_CHARS}+|\\*)$", "minLength": 1,
        "maxLength": MAX_CHANNEL_LENGTH - _ENDPOINT_MAX_LENGTH - len(f"/{_LONGEST_VERSION}/")}
+# A group name is 1..MAX_GROUP_NAME printable characters without spaces (names.check_label:
+# non-ASCII letters too, which a portable pattern cannot list; printable ASCII here).
+_GROUP = {"type": "string", "pattern": "^[!-~]+$", "minLength": 1, "maxLength": MAX_GROUP_NAME}
 _SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S}
 _PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY}
 # Not a limit: the Nagios route takes any finite threshold; a documented range only.
@@ -323,7 +327,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
         "/v1/consume/{endpoint}/{version}/{id}": {"post": _op(
             "Take the next message as a competing consumer (long-poll)", tag="messages",
             params=[*MESSAGE_PARAMS,
-                    _query("group", {"type": "string"}, "consumer group (default: pattern)"),
+                    _query("group", _GROUP, "consumer group (default: pattern)"),
                     _query("wait", {"type": "number", "minimum": 0,
                                     "maximum": MAX_HTTP_WAIT_S},
                            "seconds to wait for a message"),

@@ -81,6 +81,13 @@ def request_too_slow(peer: Any, seconds: float) -> None:
                     _peer(peer), seconds)
 
 
+def request_head_too_large(peer: Any, limit: int) -> None:
+    """An HTTP request whose line and headers went past the limit."""
+    if _allow("HTTP request heads too large"):
+        log.warning("HTTP connection from %s cut: request line and headers over %d bytes",
+                    _peer(peer), limit)
+
+
 def connection_dead(peer: Any, client_id: str | None, silent: float, interval: float,
                     held: int) -> None:
     """A connection that missed its heartbeats: the peer (or the path to it) is gone."""
