@@ -278,3 +278,29 @@ def test_any_other_storage_failure_stops_the_broker_with_a_non_zero_status(tmp_p
     server = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert server.exit_status == 1
     assert "SQLITE_IOERR_FSYNC" in server.stop_reason
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_database_removed_under_the_broker_stops_it_before_another_confirm(
+        broker_factory, tmp_path, how):
+    """SQLite goes on writing to a removed file: every confirm from then on would be lost
+    at the next start. The next commit notices, answers STORAGE_UNAVAILABLE instead of a
+    confirm, and the broker stops with a non-zero status saying why."""
+    from minou.errors import ErrorCode, RequestError
+
+    b = broker_factory.make().start()
+    db = b.data_dir / "minou.db"
+    with b.connect_sync("pub") as pub:
+        pub.send(CH, {"n": 1})
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        if how == "replaced":  # a restore copied over it, say
+            sqlite3.connect(db).close()
+        with pytest.raises(RequestError) as info:
+            pub.send(CH, {"n": 2})
+    assert info.value.code == ErrorCode.STORAGE_UNAVAILABLE
+    assert "removed or replaced" in info.value.message
+    assert b.proc is not None and b.proc.wait(20) != 0
+    assert "removed or replaced while the broker ran" in b.output
+    if how == "removed":
+        assert not db.exists()  # no empty database made where the old one was

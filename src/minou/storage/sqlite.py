@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.request import pathname2url
 
 import msgspec
 
@@ -197,12 +198,20 @@ class SQLiteStorage:
         self._synced = 0
         self._sync_lock = threading.Lock()
         self._wal_fd: int | None = None
+        # (device, inode) of the database file once opened: a file removed or replaced
+        # under a running broker is noticed at the next commit (``_check_in_place``).
+        self._identity: tuple[int, int] | None = None
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
             try:
-                db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                # Once open, a thread's connection must find the file, not make an empty
+                # one where a removed database was (its data would seem to be gone).
+                target = self.path if self._identity is None else \
+                    f"file:{pathname2url(self.path)}?mode=rw"
+                db = sqlite3.connect(target, isolation_level=None, check_same_thread=False,
+                                     uri=self._identity is not None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
                 db.execute("PRAGMA busy_timeout=5000")
@@ -252,6 +261,8 @@ class SQLiteStorage:
         except (BodyFileError, OSError) as exc:
             raise StorageUnavailable(f"cannot read the body files of {self.path}: {exc}"
                                      ) from exc
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)
         if not self._make_reserve():
             log.warning("no room for the %s reserve %s: if the disk fills up, acks may not "
                         "be recorded until space is freed", size_text(self.reserve),
@@ -420,6 +431,7 @@ class SQLiteStorage:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._full(db, f"body file: {exc.strerror}") from exc
             raise StorageUnavailable(f"commit failed: body file: {exc}") from exc
+        self._check_in_place()
         self._commits += 1
         if batch.forgets:
             with self._cid_lock:
@@ -432,6 +444,24 @@ class SQLiteStorage:
                 self._relaxed += 1
             else:  # the WAL was synced through this commit: every frame before it too
                 self._synced = self._relaxed
+
+    def _check_in_place(self) -> None:
+        """Raise StorageUnavailable if the database file is no longer the one this
+        broker opened (removed, or replaced: an operator's mistake, a restore run
+        beside it). SQLite would go on writing to the removed file, and every publish
+        confirmed from then on would be gone at the next start."""
+        try:
+            st = os.stat(self.path)
+            moved = (st.st_dev, st.st_ino) != self._identity
+        except OSError as exc:
+            moved, why = True, exc.strerror or str(exc)
+        else:
+            why = "another file is there now"
+        if moved and self._identity is not None:
+            raise StorageUnavailable(
+                f"the database file {self.path} was removed or replaced while the broker "
+                f"ran ({why}): this commit is not where the broker reads at its next start, "
+                "so it is not confirmed; the broker stops")
 
     # ------------------------------------------------------ interval durability
     def unsynced(self) -> bool:
