@@ -274,6 +274,7 @@ MAX_STREAM_PREFETCH = 1_000
 # RESP reply cannot be streamed and then fail); past this (payload + 512 B an entry) it
 # is refused with RANGE_TOO_LARGE and the client reads the range in parts with COUNT.
 RESP_RANGE_BYTES = 64 << 20
+RESP_RANGE_TOTAL_BYTES = 128 << 20  # ... and all those being gathered at once, together
 
 # Exactly-once sink (core/transactions.py): staged publishes live in memory only.
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE

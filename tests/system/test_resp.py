@@ -1081,6 +1081,49 @@ def test_ranges_of_large_entries_come_whole_and_in_order_both_ways(broker) -> No
     r.close()
 
 
+def test_ranges_gathered_at_once_share_one_bound(broker) -> None:
+    """Four clients each asking for 60 MB (under the 64 MiB of one answer) at the same
+    time would hold 240 MB: past RESP_RANGE_TOTAL_BYTES (128 MiB) for all of them
+    together, some are refused with RANGE_TOO_LARGE saying so (forty such clients held
+    gigabytes); each answer given is whole, and the broker goes on."""
+    import threading
+
+    r = connect(broker)
+    body = os.urandom(1_000_000)
+    pipe = r.pipeline(transaction=False)
+    for _ in range(60):
+        pipe.xadd("large/v1/total", {"blob": body})
+    ids = pipe.execute()
+    clients = [connect(broker) for _ in range(4)]
+    refused: list[str] = []
+    for _attempt in range(3):  # the reads must overlap: almost always the first time
+        start = threading.Barrier(len(clients))
+        results: list[object] = [None] * len(clients)
+
+        def read(i: int, start: threading.Barrier, results: list[object]) -> None:
+            start.wait()
+            try:
+                results[i] = [e for e, _ in clients[i].xrange("large/v1/total", count=60)]
+            except redis.ResponseError as exc:
+                results[i] = str(exc)
+
+        threads = [threading.Thread(target=read, args=(i, start, results))
+                   for i in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        refused = [x for x in results if isinstance(x, str)]
+        assert all(x == ids for x in results if not isinstance(x, str)), "a partial answer"
+        assert all("RANGE_TOO_LARGE range reads in progress hold" in x for x in refused)
+        if refused:
+            break
+    assert refused, "four overlapping 60 MB ranges were all answered"
+    assert [e for e, _ in r.xrange("large/v1/total", count=60)] == ids  # alone: whole
+    for c in (r, *clients):
+        c.close()
+
+
 def test_a_range_larger_than_an_answer_may_hold_is_refused_and_read_in_parts(broker) -> None:
     """XRANGE / XREVRANGE without COUNT over 70 MB of entries: the answer would be held
     whole in the broker's memory before it is sent, so past RESP_RANGE_BYTES (64 MiB) it

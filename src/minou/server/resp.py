@@ -44,7 +44,7 @@ from ..errors import (
     NotAuthenticated,
     RequestError,
 )
-from ..limits import MAX_DELETE, MAX_FROM_SEQ, RESP_RANGE_BYTES
+from ..limits import MAX_DELETE, MAX_FROM_SEQ, RESP_RANGE_BYTES, RESP_RANGE_TOTAL_BYTES
 from ..names import Pattern, is_inbox
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
@@ -192,6 +192,7 @@ class RespConnection(asyncio.Protocol):
         self._in_backlog = False
         self._group: _Slot | None = None  # the slot of XADDs on the fast lane, still open
         self._waiting: dict[int, Callable[[f.Frame], None]] = {}
+        self.range_held = 0  # bytes of XRANGE answers this connection is gathering
         self._req = itertools.count(1)
         self._reading_paused = False
         self._since = time.monotonic()
@@ -985,6 +986,11 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
     RESP_RANGE_BYTES is refused (RANGE_TOO_LARGE) as soon as it is."""
     gathered = [0]  # what the answer weighs so far (payloads + READ_WEIGHT_BASE each)
 
+    def finish(reply: Any) -> None:
+        self.range_held -= gathered[0]
+        gathered[0] = 0
+        self._answer(slot, reply)
+
     def bounded(reply: f.Frame) -> None:
         found = (reply.value or {}).get(channel) if isinstance(reply, f.Result) else None
         if not found:
@@ -1014,16 +1020,29 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
 
         def answered(reply: f.Frame) -> None:
             if isinstance(reply, f.Error):
-                self._answer(slot, _frame_error(reply))
+                finish(_frame_error(reply))
                 return
             assert isinstance(reply, f.ReadResult)
-            gathered[0] += sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
+            weight = sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
+            gathered[0] += weight
+            self.range_held += weight
             if gathered[0] > RESP_RANGE_BYTES:
                 self.server.core.counters.refuse("range_too_large")
-                self._answer(slot, Error(
+                finish(Error(
                     f"ERR RANGE_TOO_LARGE the entries of {channel!r} asked for are more "
                     f"than {RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before "
                     "it is sent): read the range in parts with COUNT"))
+                return
+            # Every connection's answers being gathered share one bound too: many
+            # clients asking for big ranges at once held their sum (gigabytes).
+            held = self.range_held + sum(c.range_held for c in self.server.resp_connections
+                                         if c is not self)
+            if held > RESP_RANGE_TOTAL_BYTES:
+                self.server.core.counters.refuse("range_too_large")
+                finish(Error(
+                    f"ERR RANGE_TOO_LARGE range reads in progress hold {held >> 20} MiB, "
+                    f"the most all of them may ({RESP_RANGE_TOTAL_BYTES >> 20} MiB): retry "
+                    "in a moment, or read the range in parts with COUNT"))
                 return
             ids = _stream_ids(self, channel)
             if reverse:
@@ -1042,7 +1061,7 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
                 del entries[count:]
                 more_from = None
             if more_from is None:
-                self._answer(slot, entries)
+                finish(entries)
             elif reverse:
                 page(low, more_from)
             else:
