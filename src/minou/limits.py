@@ -108,6 +108,7 @@ BODY_FILE_LIMIT_BYTES = 64 << 20  # then the next body file starts
 # The reserve is a file of this size in the data dir (and as many pages above max_size),
 # given back on the first SQLITE_FULL so the broker can still record acks and state.
 STORAGE_RESERVE_BYTES = 4 << 20
+WAL_HEADROOM_BYTES = 8 << 20  # disk kept beyond the WAL's size so a checkpoint can take it in
 STORAGE_RESUME_BYTES = 4 << 20  # publishes are accepted again once this much is free
 # Several brokers on one Redis: a standby takes over this long after the primary's
 # last lease renewal (renewed every third of it); configurable within these bounds.

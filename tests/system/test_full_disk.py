@@ -304,3 +304,58 @@ def test_a_database_removed_under_the_broker_stops_it_before_another_confirm(
     assert "removed or replaced while the broker ran" in b.output
     if how == "removed":
         assert not db.exists()  # no empty database made where the old one was
+
+
+def test_a_disk_filled_fast_with_small_messages_keeps_acks_durable_and_resumes_alone(
+        broker_factory, tmp_path):
+    """A fast publisher filled the disk with a WAL the database file could not grow to
+    take in: no checkpoint could run, every ack appended to the WAL, and once the reserve
+    was used up acks were not durable and nothing could free space until an operator
+    did. Now publishes stop while the disk can still take the WAL in: every ack is
+    durable, and the pages the acks free let publishing resume by itself."""
+    import asyncio
+
+    mnt = tmp_path / "mnt"
+    _mount_tmpfs(mnt, "40m")
+    b: BrokerProcess | None = None
+    try:
+        (mnt / "data").mkdir()
+        data = tmp_path / "data"
+        data.symlink_to(mnt / "data")
+        b = broker_factory.make(data_dir=data).start()
+
+        async def scenario() -> tuple[int, int, int]:
+            pub = await minou.connect(b.url, **auth("pub"))
+            confirmed = 0
+            while True:  # 50 at a time: faster than checkpoints on a small disk
+                res = await asyncio.gather(*[pub.send(f"fill/v1/{i % 4}", {"pad": PAD[:8000]})
+                                             for i in range(50)], return_exceptions=True)
+                confirmed += sum(not isinstance(r, BaseException) for r in res)
+                if any(isinstance(r, StorageFull) for r in res):
+                    break
+                assert not any(isinstance(r, BaseException) for r in res), res
+            sub = await pub.consume("fill/v1/*", group="g", prefetch=100)
+            durable = not_durable = 0
+            while durable + not_durable < confirmed:
+                msg = await sub.get(timeout=20)
+                if await msg.ack():
+                    durable += 1
+                else:
+                    not_durable += 1
+            await pub.close()
+            return confirmed, durable, not_durable
+
+        confirmed, durable, not_durable = asyncio.run(scenario())
+        assert confirmed > 1000 and (durable, not_durable) == (confirmed, 0)
+        wait_until(lambda: health(b).status_code == 200, timeout=20,
+                   what="publishing to resume in the pages the acks freed")
+        with b.connect_sync("pub") as pub:
+            assert pub.send(CH, {"n": 1}).seq > 0
+        assert b.output.count("storage full") == 1 and "Traceback" not in b.output
+        assert "keeps room to take the write-ahead log" in b.output
+    finally:
+        if b is not None:
+            b.kill()
+        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

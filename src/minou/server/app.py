@@ -52,6 +52,7 @@ from ..limits import (
     EXPIRY_LOG_LINES,
     GC_THRESHOLD,
     MAX_FRAME_SIZE,
+    MIN_CHECKPOINT_WAL_BYTES,
     PUBLISH_RESUME_BYTES,
     REFUSAL_LINGER_S,
     REFUSAL_WAIT_S,
@@ -1154,10 +1155,22 @@ class BrokerServer:
         if not wal:
             return
         idle = now - self._last_commit_at > 2.0
-        if idle or wal > self.settings.storage_wal_checkpoint // 2:
+        if idle or wal > self.settings.storage_wal_checkpoint // 2 or self._wal_crowds_disk(wal):
             assert self.loop is not None
             self._checkpoint = self.loop.run_in_executor(
                 self._house_pool, self.storage.checkpoint, idle)
+
+    def _wal_crowds_disk(self, wal: int) -> bool:
+        """Whether the WAL holds more than a quarter of what the disk has left: on a
+        nearly full disk it is checkpointed long before its threshold, or a fast
+        publisher fills the disk with a WAL no checkpoint can take in any more."""
+        if wal < MIN_CHECKPOINT_WAL_BYTES:
+            return False
+        try:
+            st = os.statvfs(self.storage.data_dir)  # type: ignore[attr-defined]
+        except (OSError, AttributeError):
+            return False
+        return wal > st.f_bavail * st.f_frsize // 4
 
     def note_unsent(self, conn: NativeConnection, buffered: int) -> bool:
         """A delivery write left ``buffered`` bytes unsent on ``conn``: whether it must

@@ -47,6 +47,7 @@ from ..limits import (
     CHECKPOINT_WAL_BYTES,
     STORAGE_RESERVE_BYTES,
     STORAGE_RESUME_BYTES,
+    WAL_HEADROOM_BYTES,
 )
 from ..protocol.frames import Send
 from . import segments
@@ -395,6 +396,8 @@ class SQLiteStorage:
         relaxed = batch.sync_within is not None
         try:
             self._limit(db)
+            if batch.messages and self.max_size is None:
+                self._check_headroom(db, batch)
             if relaxed != self._local.relaxed:
                 db.execute(f"PRAGMA synchronous={'NORMAL' if relaxed else 'FULL'}")
                 self._local.relaxed = relaxed
@@ -485,6 +488,29 @@ class SQLiteStorage:
             self._synced = max(self._synced, upto)
 
     # ------------------------------------------------------------ full disk
+    def _check_headroom(self, db: sqlite3.Connection, batch: WriteBatch) -> None:
+        """Raise StorageFull before messages would leave the disk too little room to take
+        the WAL into the database file. A WAL whose pages the file cannot grow to hold is
+        never checkpointed nor reset, so every later commit (acks too) appends to it
+        until the disk is full for good: the broker could neither store nor free
+        anything until an operator made room. One ``statvfs`` when the disk has room."""
+        try:
+            st = os.statvfs(self.data_dir)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        wal = self.wal_bytes()
+        size = sum(len(m.data) for m in batch.messages) + READ_WEIGHT_BASE * len(batch.messages)
+        if free - size >= 2 * wal + WAL_HEADROOM_BYTES:
+            return
+        # Pages freed inside the database file take new pages without it growing.
+        unused = db.execute("PRAGMA freelist_count").fetchone()[0] * \
+            db.execute("PRAGMA page_size").fetchone()[0]
+        if free + unused - size < wal + WAL_HEADROOM_BYTES // 4:
+            raise _QuotaReached(
+                f"the disk keeps room to take the write-ahead log ({size_text(wal)}) into "
+                "the database file, so that acks can free space again")
+
     def _full(self, db: sqlite3.Connection, cause: str) -> StorageFull:
         """The StorageFull to raise for ``cause``; gives the reserve back (first time)."""
         try:
@@ -520,7 +546,7 @@ class SQLiteStorage:
         unused = db.execute("PRAGMA freelist_count").fetchone()[0]
         used = (pages - unused) * page_size + self.bodies.size_bytes()
         out = {"disk_free": disk_free, "used": used, "free": disk_free,
-               "max_size": self.max_size}
+               "max_size": self.max_size, "unused": unused * page_size}
         if self.max_size is not None:
             out["free"] = min(disk_free, max(0, self.max_size - used))
         return out
@@ -536,8 +562,15 @@ class SQLiteStorage:
             missing = max(0, self.reserve - self.reserve_path.stat().st_size)
         except OSError:
             missing = max(0, self.reserve)
-        room = space["disk_free"] - missing >= need and (
-            self.max_size is None or self.max_size - space["used"] >= need)
+        # Pages acks freed inside the database file take new messages without it
+        # growing: room too, once the disk can hold the reserve again and the WAL can
+        # still be taken into the file (``_check_headroom``).
+        disk = space["disk_free"] - missing
+        if self.max_size is None:
+            headroom = disk + space["unused"] - self.wal_bytes() - WAL_HEADROOM_BYTES // 4
+            room = disk >= 0 and headroom >= need
+        else:
+            room = disk >= need and self.max_size - space["used"] >= need
         if room:
             self.reserve_released = False
             self._make_reserve()
