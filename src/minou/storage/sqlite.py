@@ -500,9 +500,9 @@ class SQLiteStorage:
             return
         free = st.f_bavail * st.f_frsize
         wal = self.wal_bytes()
-        size = sum(len(m.data) for m in batch.messages) + READ_WEIGHT_BASE * len(batch.messages)
-        if free - size >= 2 * wal + WAL_HEADROOM_BYTES:
+        if free >= 2 * wal + 8 * WAL_HEADROOM_BYTES:  # the common case: nothing to add up
             return
+        size = sum(len(m.data) for m in batch.messages) + READ_WEIGHT_BASE * len(batch.messages)
         # Pages freed inside the database file take new pages without it growing.
         unused = db.execute("PRAGMA freelist_count").fetchone()[0] * \
             db.execute("PRAGMA page_size").fetchone()[0]
