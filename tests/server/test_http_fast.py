@@ -100,7 +100,10 @@ async def test_a_publish_without_a_bearer_is_refused_401(make_server, http) -> N
     assert status == 401
     assert headers["www-authenticate"] == 'Bearer realm="minou"'
     assert body["error"]["detail"]["why"] == "no_token"
+    # Refused at its headers, its body not waited for: the connection is closed.
+    assert headers["connection"] == "close"
 
+    peer = http(broker)
     peer.send(post(f"/v1/messages/{CH}", b"{}", f"Authorization: Bearer {TOKEN}"))
     status, _, body = await peer.response()
     assert (status, body["seq"]) == (201, 1)
