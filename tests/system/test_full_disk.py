@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,19 +203,34 @@ def _mount_tmpfs(where: Path, size: str) -> None:
                     "max_size tests cover the same SQLITE_FULL path")
 
 
-def test_a_real_full_tmpfs(broker_factory, tmp_path):
+@contextlib.contextmanager
+def broker_on_tmpfs(broker_factory: Any, tmp_path: Path, size: str, ballast: int = 0
+                    ) -> Iterator[tuple[BrokerProcess, Path]]:
+    """A broker whose data directory is on a tmpfs of ``size`` (its log and config stay
+    off it), with ``ballast`` bytes in a file beside it; yields (broker, ballast path).
+    The broker is killed before the unmount: nothing may hold the mount open."""
     mnt = tmp_path / "mnt"
-    _mount_tmpfs(mnt, "32m")
+    _mount_tmpfs(mnt, size)
     b: BrokerProcess | None = None
     try:
         (mnt / "data").mkdir()
         data = tmp_path / "data"
-        data.symlink_to(mnt / "data")  # the broker's log and config stay off the tmpfs
-        ballast = mnt / "ballast"
-        with open(ballast, "wb") as out:
-            out.write(b"\0" * (10 << 20))
+        data.symlink_to(mnt / "data")
+        with open(mnt / "ballast", "wb") as out:
+            out.write(b"\0" * ballast)
         b = broker_factory.make(data_dir=data).start()
-        where = str(data.resolve())
+        yield b, mnt / "ballast"
+    finally:
+        if b is not None:
+            b.kill()
+        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_real_full_tmpfs(broker_factory, tmp_path):
+    with broker_on_tmpfs(broker_factory, tmp_path, "32m", ballast=10 << 20) as (b, ballast):
+        where = str(b.data_dir.resolve())
         http_auth = bearer(b, "http-pub")
         with b.connect_sync("pub") as pub:
             before, exc = fill(pub, "x" * 400_000)  # big: few acks to make durable
@@ -232,13 +248,7 @@ def test_a_real_full_tmpfs(broker_factory, tmp_path):
             after = {pub.send(CH, {"n": n, "pad": PAD}).seq: n
                      for n in range(100_000, 100_005)}
         assert b.output.count("storage full") == 1 and "Traceback" not in b.output
-        check_after_kill(b, before, after, durable, mnt / "data" / "minou.db")
-    finally:
-        if b is not None:
-            b.kill()  # nothing may hold the mount open
-        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        check_after_kill(b, before, after, durable, b.data_dir.resolve() / "minou.db")
 
 
 def test_any_other_storage_failure_stops_the_broker_with_a_non_zero_status(tmp_path):
@@ -315,37 +325,29 @@ def test_a_disk_filled_fast_with_small_messages_keeps_acks_durable_and_resumes_a
     durable, and the pages the acks free let publishing resume by itself."""
     import asyncio
 
-    mnt = tmp_path / "mnt"
-    _mount_tmpfs(mnt, "40m")
-    b: BrokerProcess | None = None
-    try:
-        (mnt / "data").mkdir()
-        data = tmp_path / "data"
-        data.symlink_to(mnt / "data")
-        b = broker_factory.make(data_dir=data).start()
+    async def scenario(b: BrokerProcess) -> tuple[int, int, int]:
+        pub = await minou.connect(b.url, **auth("pub"))
+        confirmed = 0
+        while True:  # 50 at a time: faster than checkpoints on a small disk
+            res = await asyncio.gather(*[pub.send(f"fill/v1/{i % 4}", {"pad": PAD[:8000]})
+                                         for i in range(50)], return_exceptions=True)
+            confirmed += sum(not isinstance(r, BaseException) for r in res)
+            if any(isinstance(r, StorageFull) for r in res):
+                break
+            assert not any(isinstance(r, BaseException) for r in res), res
+        sub = await pub.consume("fill/v1/*", group="g", prefetch=100)
+        durable = not_durable = 0
+        while durable + not_durable < confirmed:
+            msg = await sub.get(timeout=20)
+            if await msg.ack():
+                durable += 1
+            else:
+                not_durable += 1
+        await pub.close()
+        return confirmed, durable, not_durable
 
-        async def scenario() -> tuple[int, int, int]:
-            pub = await minou.connect(b.url, **auth("pub"))
-            confirmed = 0
-            while True:  # 50 at a time: faster than checkpoints on a small disk
-                res = await asyncio.gather(*[pub.send(f"fill/v1/{i % 4}", {"pad": PAD[:8000]})
-                                             for i in range(50)], return_exceptions=True)
-                confirmed += sum(not isinstance(r, BaseException) for r in res)
-                if any(isinstance(r, StorageFull) for r in res):
-                    break
-                assert not any(isinstance(r, BaseException) for r in res), res
-            sub = await pub.consume("fill/v1/*", group="g", prefetch=100)
-            durable = not_durable = 0
-            while durable + not_durable < confirmed:
-                msg = await sub.get(timeout=20)
-                if await msg.ack():
-                    durable += 1
-                else:
-                    not_durable += 1
-            await pub.close()
-            return confirmed, durable, not_durable
-
-        confirmed, durable, not_durable = asyncio.run(scenario())
+    with broker_on_tmpfs(broker_factory, tmp_path, "40m") as (b, _):
+        confirmed, durable, not_durable = asyncio.run(scenario(b))
         assert confirmed > 1000 and (durable, not_durable) == (confirmed, 0)
         wait_until(lambda: health(b).status_code == 200, timeout=20,
                    what="publishing to resume in the pages the acks freed")
@@ -353,9 +355,3 @@ def test_a_disk_filled_fast_with_small_messages_keeps_acks_durable_and_resumes_a
             assert pub.send(CH, {"n": 1}).seq > 0
         assert b.output.count("storage full") == 1 and "Traceback" not in b.output
         assert "keeps room to take the write-ahead log" in b.output
-    finally:
-        if b is not None:
-            b.kill()
-        done = subprocess.run(["umount", str(mnt)], capture_output=True, text=True)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

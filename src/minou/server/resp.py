@@ -991,6 +991,10 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
         gathered[0] = 0
         self._answer(slot, reply)
 
+    def refuse(why: str) -> None:
+        self.server.core.counters.refuse("range_too_large")
+        finish(Error(f"ERR RANGE_TOO_LARGE {why}; read the range in parts with COUNT"))
+
     def bounded(reply: f.Frame) -> None:
         found = (reply.value or {}).get(channel) if isinstance(reply, f.Result) else None
         if not found:
@@ -1027,22 +1031,17 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
             gathered[0] += weight
             self.range_held += weight
             if gathered[0] > RESP_RANGE_BYTES:
-                self.server.core.counters.refuse("range_too_large")
-                finish(Error(
-                    f"ERR RANGE_TOO_LARGE the entries of {channel!r} asked for are more "
-                    f"than {RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before "
-                    "it is sent): read the range in parts with COUNT"))
+                refuse(f"the entries of {channel!r} asked for are more than "
+                       f"{RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before it is "
+                       "sent)")
                 return
             # Every connection's answers being gathered share one bound too: many
             # clients asking for big ranges at once held their sum (gigabytes).
             held = self.range_held + sum(c.range_held for c in self.server.resp_connections
                                          if c is not self)
             if held > RESP_RANGE_TOTAL_BYTES:
-                self.server.core.counters.refuse("range_too_large")
-                finish(Error(
-                    f"ERR RANGE_TOO_LARGE range reads in progress hold {held >> 20} MiB, "
-                    f"the most all of them may ({RESP_RANGE_TOTAL_BYTES >> 20} MiB): retry "
-                    "in a moment, or read the range in parts with COUNT"))
+                refuse(f"range reads in progress hold {held >> 20} MiB, the most all of "
+                       f"them may ({RESP_RANGE_TOTAL_BYTES >> 20} MiB): retry in a moment")
                 return
             ids = _stream_ids(self, channel)
             if reverse:
