@@ -49,3 +49,37 @@ def test_the_wal_stays_within_one_and_a_half_thresholds(broker_factory, tmp_path
     sampler.join(2)
     assert acked > 2000  # the load ran: messages were stored, delivered and acked
     assert max(samples) <= 1.5 * THRESHOLD, f"WAL reached {max(samples) / (1 << 20):.1f} MiB"
+
+
+def test_a_failing_checkpoint_is_one_log_line_not_a_traceback_a_tick(tmp_path, caplog):
+    """Out of descriptors (say), the checkpoint thread cannot open the database: the
+    next tick tries again, and the log says so in a line, rate-limited, instead of an
+    asyncio "exception was never retrieved" traceback for every tick."""
+    import asyncio
+    import logging
+
+    from minou.config import Settings
+    from minou.errors import StorageUnavailable
+    from minou.server.app import BrokerServer
+
+    async def scenario() -> None:
+        server = BrokerServer(Settings(data_dir=str(tmp_path / "d"), port=0, http_port=None,
+                                       auth_mode="off"))
+        await server.start()
+        try:
+            def broken(truncate: bool = False) -> None:
+                raise StorageUnavailable("cannot open minou.db: unable to open database file")
+
+            server.storage.checkpoint = broken  # type: ignore[method-assign]
+            server.storage.wal_bytes = lambda: 1 << 20  # type: ignore[method-assign]
+            for tick in range(3):
+                server._maybe_checkpoint(time.time() + 10 + tick)  # idle: it checkpoints
+                await asyncio.sleep(0.05)
+        finally:
+            await server.stop()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(scenario())
+    failed = [r for r in caplog.records if "WAL checkpoint failed" in r.getMessage()]
+    assert len(failed) == 3 and "unable to open database file" in failed[0].getMessage()
+    assert not any("never retrieved" in r.getMessage() for r in caplog.records)

@@ -1159,6 +1159,10 @@ class BrokerServer:
             assert self.loop is not None
             self._checkpoint = self.loop.run_in_executor(
                 self._house_pool, self.storage.checkpoint, idle)
+            # Its failure is a line in the log (rate-limited), not a traceback a tick.
+            self._checkpoint.add_done_callback(
+                lambda fut: fut.cancelled() or fut.exception() is None
+                or oplog.checkpoint_failed(fut.exception()))  # type: ignore[arg-type]
 
     def _wal_crowds_disk(self, wal: int) -> bool:
         """Whether the WAL holds more than a quarter of what the disk has left: on a

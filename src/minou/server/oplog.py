@@ -68,6 +68,12 @@ def refused(exc: NotAuthenticated, client_id: str | None, peer: Any, via: str) -
                     via, exc.message, why)
 
 
+def checkpoint_failed(exc: BaseException) -> None:
+    """A WAL checkpoint that failed (out of descriptors, say): the next tick tries again."""
+    if _allow("checkpoint failures"):
+        log.warning("WAL checkpoint failed, tried again at the next tick: %s", exc)
+
+
 def connection_refused(listener: str, peer: Any, reason: str) -> None:
     """A new connection over the connection limit (see admission.py)."""
     if _allow("connections refused"):
