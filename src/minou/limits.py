@@ -23,7 +23,7 @@ MAX_BATCH = 10_000  # messages in one publish frame
 MAX_HTTP_HEAD_BYTES = 64 << 10  # an HTTP request line and headers (a token is at most 4 KiB)
 MAX_CLIENT_ID = 200  # characters of a client id (HELLO refuses longer ones)
 MAX_SUBSCRIPTIONS = 256
-MAX_GROUP_NAME = 300  # characters of a group or listener name (a pattern fits: the default)
+MAX_GROUP_NAME = 512  # characters of a group or listener name (a Redis door's group@stream fits)
 MAX_GROUPS = 20_000  # consumer groups and durable listeners the broker keeps (each for good)
 
 DEFAULT_PREFETCH = 1  # SPEC §1: per channel config, default 1

@@ -145,22 +145,25 @@ LISTEN_PREFIX = "listen:"
 LEGACY_LISTEN_PREFIX = "listen-legacy:"  # an old key no client can be told apart in
 
 
-def check_label(kind: str, text: object, limit: int, *, slash: bool = True) -> str:
+def check_label(kind: str, text: object, limit: int, *, slash: bool = True,
+                space: bool = False) -> str:
     """Return ``text`` if it may name a thing a client makes the broker keep (a client,
-    a group, a writer): 1..``limit`` printable characters, no spaces, no control or
-    invisible ones (NUL, line breaks, right-to-left marks: a name that prints like
-    another's, or forges a line of a listing), and no "/" unless ``slash``."""
+    a group, a writer): 1..``limit`` printable characters, no control or invisible ones
+    (NUL, line breaks, right-to-left marks: a name that prints like another's, or forges
+    a line of a listing), no spaces unless ``space`` (Redis group names may hold them)
+    and no "/" unless ``slash``."""
     if not isinstance(text, str) or not text:
         raise BadRequest(f"{kind} is empty: give 1..{limit} printable characters")
     if len(text) > limit:
         raise BadRequest(f"{kind} is {len(text)} characters, the limit is {limit}",
                          limit=limit)
-    if not text.isprintable() or " " in text or (not slash and "/" in text):
-        bad = next(c for c in text
-                   if not c.isprintable() or c == " " or (not slash and c == "/"))
+    if not text.isprintable() or (not space and " " in text) or (not slash and "/" in text):
+        bad = next(c for c in text if not c.isprintable() or (not space and c == " ")
+                   or (not slash and c == "/"))
         what = {" ": "a space", "/": "a '/'"}.get(bad, f"U+{ord(bad):04X}")
+        rule = ", ".join(x for x, allowed in (("spaces", space), ("/", slash)) if not allowed)
         raise BadRequest(f"{kind} {text[:64]!r} holds {what}: names are printable "
-                         f"characters without spaces{'' if slash else ' or /'}",
+                         f"characters{f' without {rule}' if rule else ''}",
                          character=f"U+{ord(bad):04X}")
     return text
 

@@ -334,7 +334,7 @@ def test_a_channel_waiting_for_its_load_holds_up_none_of_the_groups_other_channe
 
 # ------------------------------------------------------- names and how many groups
 @pytest.mark.parametrize("kind, field", [("consume", "group"), ("listen", "name")])
-@pytest.mark.parametrize("bad", ["a\x00b", "\u202eevil", "two words", "x" * 301, "line\nbreak"])
+@pytest.mark.parametrize("bad", ["a\x00b", "\u202eevil", "x" * 513, "line\nbreak", "tab\there"])
 def test_a_group_or_listener_name_is_bounded_and_printable(kind: str, field: str, bad: str
                                                            ) -> None:
     h = Harness()
@@ -342,14 +342,15 @@ def test_a_group_or_listener_name_is_bounded_and_printable(kind: str, field: str
         h.subscribe(Session("c"), patterns=CH, kind=kind, **{field: bad})
     assert caught.value.message.startswith(("group name", "listener name"))
     assert h.broker.state.groups == {}
-    # A name of 300 printable characters, "/" and non-ASCII letters included, is fine.
-    h.subscribe(Session("c"), patterns=CH, kind=kind, **{field: "é/" + "x" * 298})
+    # A name of 512 printable characters, "/", spaces and non-ASCII letters included
+    # (Redis group names may hold spaces), is fine.
+    h.subscribe(Session("c"), patterns=CH, kind=kind, **{field: "é/ " + "x" * 509})
 
 
 def test_set_position_refuses_a_bad_group_name_before_making_the_group() -> None:
     h = Harness()
     with pytest.raises(BadRequest):
-        h.broker.set_position(Session("c"), "x" * 301, {CH: 1}, h.now)
+        h.broker.set_position(Session("c"), "x" * 513, {CH: 1}, h.now)
     with pytest.raises(BadRequest):
         h.broker.set_position(Session("c"), "", {CH: 1}, h.now)
     assert h.broker.state.groups == {}
@@ -370,3 +371,36 @@ def test_the_broker_keeps_at_most_max_groups_groups(monkeypatch) -> None:
         h.broker.set_position(c, "g9", {CH: 1}, h.now)
     # Joining a group that exists makes none: still allowed at the bound.
     h.subscribe(Session("d"), 1, patterns=CH, group="g0")
+
+
+def test_a_group_made_before_the_name_bounds_is_still_joined() -> None:
+    """Names are checked when a group is made: one stored before (a tab in its name,
+    say) is joined and positioned as before, its state kept."""
+    from minou.core.group import Group
+    from minou.names import consume_group_key
+
+    h = Harness()
+
+    old = consume_group_key("old\tgroup")
+    h.broker.state.groups[old] = Group(old, "consume", [])
+    sub = h.subscribe(Session("d"), patterns=CH, group="old\tgroup")
+    assert sub.group is h.broker.state.groups[old]
+    h.broker.set_position(Session("d"), "old\tgroup", {CH: 1}, h.now)
+
+
+def test_a_refused_new_group_claims_no_exclusive_channel(monkeypatch) -> None:
+    """The bounds on a new group are checked before the read claims a free exclusive
+    channel: a refused subscribe leaves the channel free for someone else."""
+    import minou.core.subscriptions as subscriptions
+    from minou.auth.rules import Rules
+
+    monkeypatch.setattr(subscriptions, "MAX_GROUPS", 0)
+    rules = Rules.parse([{"client": "*", "read": ["!invoice/*"]}])
+    h = Harness()
+    h.broker.rules = rules
+    c = Session("c", access=rules.for_client("c"))
+    with pytest.raises(QueueFull):
+        h.subscribe(c, patterns="invoice/v1/1", group="g")
+    with pytest.raises(QueueFull):
+        h.broker.set_position(c, "g", {"invoice/v1/1": 1}, h.now)
+    assert h.broker.state.reservations == {}

@@ -699,6 +699,18 @@ def test_a_commit_naming_no_transaction_does_not_claim_the_writer_id() -> None:
     assert h.broker.state.transactions.writers["nightly"] == "job"
 
 
+def test_a_commit_naming_no_transaction_binds_no_lineage_either() -> None:
+    # A lineage bound by an empty commit would refuse the real job's first batch.
+    h = Harness()
+    squatter, job = Session("squatter"), Session("job")
+    h.broker.commit_txns(squatter, "orders-job", 0, [], h.now, lineage="x")
+    assert "orders-job" not in h.broker.state.transactions.lineages
+    assert not any(k.startswith("writer_lineage:") for k in h.broker.state.batch.meta)
+    h.broker.stage(job, "t", [Send("out/v1/a", b"1")], h.now)
+    assert h.broker.commit_txns(job, "orders-job", 0, ["t"], h.now,
+                                lineage="query-1")["published"] == 1
+
+
 @pytest.mark.parametrize("writer", ["a\x00b", "job\u202e", "my job", "line\nbreak"])
 def test_a_new_writer_id_must_be_printable_without_spaces(writer: str) -> None:
     t = Transactions()

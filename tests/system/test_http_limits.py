@@ -191,6 +191,44 @@ def test_a_stranger_sending_a_body_slowly_is_refused_at_its_headers(broker_facto
     assert status(broker)["counters"]["refused"]["not_authenticated"] == 4
 
 
+def test_a_body_in_the_same_read_as_the_head_is_not_counted_as_head(broker_factory,
+                                                                   tmp_path):
+    """The head limit counts what comes before the blank line: a 90 KB publish whose
+    headers end in the same read as the body starts is stored, not refused as a head
+    over 64 KiB (the request line came in a read before, as headers split on a network)."""
+    broker = limited(broker_factory, tmp_path, "")
+    auth = bearer(broker, "pub-1")["Authorization"].encode()
+    body = json.dumps({"pad": "x" * 90_000}).encode()
+    conn = Http(broker)
+    conn.sock.sendall(b"POST /v1/messages/a/v1/b HTTP/1.1\r\n")
+    time.sleep(0.2)  # the broker reads the request line alone: the head has begun
+    conn.sock.sendall(b"Host: t\r\nAuthorization: "
+                      + auth + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert conn.response()[0] == 201
+    conn.close()
+
+
+def test_a_refusal_at_the_headers_never_overtakes_an_earlier_answer(broker_factory,
+                                                                   tmp_path):
+    """Pipelined behind a long poll, a request without a valid token is not refused at
+    its headers (that answer would overtake the poll's): the poll is answered first,
+    then the route refuses the second request, in order."""
+    broker = limited(broker_factory, tmp_path, "")
+    auth = bearer(broker, "con-1")["Authorization"].encode()
+    conn = Http(broker)
+    conn.sock.sendall(
+        b"POST /v1/consume/a/v1/b?group=g&wait=1 HTTP/1.1\r\nHost: t\r\nAuthorization: "
+        + auth + b"\r\nContent-Length: 0\r\n\r\n"
+        + b"POST /v1/messages/a/v1/b HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer bad\r\n"
+        b"Content-Length: 7\r\n\r\n{\"a\":1}")
+    status_code, _, _ = conn.response()
+    assert status_code in (200, 204)  # the poll's own answer (nothing came: 204)
+    status_code, _, body = conn.response()
+    assert status_code == 401 and error_of(body)["reason"] == "not_authenticated"
+    conn.close()
+
+
 def test_an_idle_keep_alive_connection_is_closed_after_its_idle_timeout(broker_factory,
                                                                          tmp_path):
     broker = limited(broker_factory, tmp_path,

@@ -34,6 +34,11 @@ read = ["*"]
 write = []
 
 [[rules]]
+client = "solo-*"        # an exclusive stream each: the first reader owns it
+read = ["!solo/*"]
+write = ["solo/*"]
+
+[[rules]]
 client = "good-*"
 read = ["*"]
 write = ["*"]
@@ -255,3 +260,20 @@ def test_a_plain_key_too_long_is_refused_naming_its_own_length(guarded) -> None:
             encoded = 1 + -(-len(key) * 4 // 3)  # "=" + base64 without padding
             assert f"is {encoded}" not in text  # not the encoded key's length
     assert r.ping() is True
+
+
+def test_a_refused_command_claims_no_exclusive_stream(guarded) -> None:
+    """NOGROUP, BUSYGROUP or a bad id refuse the command: it read nothing, so the free
+    exclusive stream it names stays free for the client that reads it first."""
+    first, second = connect(guarded, "solo-1"), connect(guarded, "solo-2")
+    second.xadd("solo/v1/x", {"payload": "{}"})  # a write claims nothing
+    for call in (lambda: first.xreadgroup("nogroup", "c", {"solo/v1/x": ">"}),
+                 lambda: first.xrange("solo/v1/x", "not-an-id", "+"),
+                 lambda: first.xautoclaim("solo/v1/x", "nogroup", "c", 0)):
+        with pytest.raises(redis.ResponseError):
+            call()
+    assert second.xlen("solo/v1/x") == 1  # still free: solo-2 reads it, and owns it now
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        first.xlen("solo/v1/x")
+    first.close()
+    second.close()

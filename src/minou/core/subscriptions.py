@@ -60,12 +60,8 @@ class Subscriptions:
         texts = [p.text for p in parsed]
         self.rights.check_read(session, *texts, claim=False)
         if kind == "consume":
-            if group:
-                check_label("group name", group, MAX_GROUP_NAME)
             key = consume_group_key(group or patterns[0])
         else:
-            if name:
-                check_label("listener name", name, MAX_GROUP_NAME)
             key = listen_group_key(session.client_id, name or patterns[0])
         start_cursor = self._parse_start(start, kind)
         if not 0 <= prefetch <= MAX_PREFETCH:
@@ -73,6 +69,9 @@ class Subscriptions:
         if not 0 <= lease <= MAX_LEASE_S:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
         grp = self.state.groups.get(key)
+        if grp is None:  # checked before anything is claimed; a group that exists is joined
+            self._may_make_group("group name" if kind == "consume" else "listener name",
+                                 group if kind == "consume" else name)
         if exclusive:
             self._check_exclusive(session, kind, parsed, grp)
         if grp is not None:
@@ -97,14 +96,20 @@ class Subscriptions:
         self.state.mark_ready(grp)
         return sub
 
-    def _new_group(self, key: str, kind: str) -> Group:
-        """A group the broker keeps for good (its definition and state are stored):
-        their number is bounded, so no client can fill memory and disk with them."""
+    def _may_make_group(self, kind: str, name: str | None) -> None:
+        """Raise unless a new group may be made: the broker keeps each for good (its
+        definition and state are stored), so their number is bounded, and so is the
+        name a client gives one (a default, a pattern, is valid already). Groups made
+        before these bounds are joined whatever their names."""
+        if name:
+            check_label(kind, name, MAX_GROUP_NAME, space=True)
         if len(self.state.groups) >= MAX_GROUPS:
             raise QueueFull(f"the broker keeps {len(self.state.groups)} consumer groups and "
                             f"listeners (the limit is {MAX_GROUPS}); join an existing group, or "
                             "have an admin delete unused ones (DELETE /v1/groups/{group})",
                             limit=MAX_GROUPS)
+
+    def _new_group(self, key: str, kind: str) -> Group:
         grp = self.state.groups[key] = Group(key, kind, [])
         return grp
 
@@ -259,9 +264,12 @@ class Subscriptions:
     def set_position(self, session: Session, group: str, positions: dict[str, int],
                      now: float) -> dict[str, int]:
         """Everything below ``positions[channel]`` is settled for consumer ``group``."""
-        check_label("group name", group, MAX_GROUP_NAME)
+        if not group:
+            raise BadRequest("give the group name")
         key = consume_group_key(group)
         grp = self.state.groups.get(key)
+        if grp is None:
+            self._may_make_group("group name", group)
         for channel, next_seq in positions.items():
             validate_channel(channel)
             self.rights.check_read(session, channel, claim=False)

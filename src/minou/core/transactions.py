@@ -23,6 +23,7 @@ commits under their writer id.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +135,7 @@ class Transactions:
     def check_names(txns: list[str]) -> None:
         """A commit names each transaction once: a name twice would be taken twice."""
         if len(set(txns)) != len(txns):
-            twice = sorted({t for t in txns if txns.count(t) > 1})
+            twice = sorted(t for t, n in Counter(txns).items() if n > 1)
             raise BadRequest(f"the commit names transaction(s) {twice[:5]} more than once; "
                              "name each once", txns=", ".join(twice[:5]))
 

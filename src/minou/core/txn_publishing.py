@@ -81,7 +81,7 @@ class TxnPublishing:
         if txns and writer_id not in tx.writers:
             tx.bind_writer(writer_id, session.client_id)
             batch.writers[writer_id] = session.client_id
-        if lineage and tx.lineages.get(writer_id) != lineage:
+        if txns and lineage and tx.lineages.get(writer_id) != lineage:
             tx.lineages[writer_id] = lineage
             batch.meta[WRITER_LINEAGE_META + writer_id] = lineage
         result = {"published": len(staged), "discarded": len(sends) - len(keep),

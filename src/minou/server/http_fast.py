@@ -321,7 +321,8 @@ class MinouHttpProtocol(HttpToolsProtocol):
     refusal: TooManyConnections | None = None  # over the connection limit: answer this
     deadline: float | None = None  # loop time by which the headers being read must be in
     reading = False  # a request has begun and its headers are not complete
-    head_bytes = 0  # bytes received since then (one read's worth may be uncounted)
+    head_bytes = 0  # bytes of its head received since then (one read's may be uncounted)
+    head_tail = b""  # the last bytes read while in a head: a blank line may span two reads
     _watchdog: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -330,7 +331,11 @@ class MinouHttpProtocol(HttpToolsProtocol):
         if self.reading:
             # The parser keeps a header's pieces until the header is whole: bounded here,
             # not by time alone (a fast sender filled memory within the header timeout).
-            self.head_bytes += len(data)
+            # Only what comes before the blank line counts: a body may share the read.
+            probe = self.head_tail + data
+            end = probe.find(b"\r\n\r\n")
+            self.head_bytes += len(data) if end < 0 else max(0, end + 4 - len(self.head_tail))
+            self.head_tail = probe[-3:]
             if self.head_bytes > MAX_HTTP_HEAD_BYTES:
                 self._head_too_large()
                 return
@@ -342,14 +347,25 @@ class MinouHttpProtocol(HttpToolsProtocol):
         self.api.count_refusal(exc)
         oplog.request_head_too_large(self.client, MAX_HTTP_HEAD_BYTES)
         self.reading, self.deadline = False, None
-        self.close_with(exc)
+        self._refuse_now_or_after(exc)
+
+    def _refuse_now_or_after(self, exc: RequestError) -> None:
+        """Answer ``exc`` and close; behind a request still being answered (pipelined),
+        that answer goes out first and the connection closes after it, this request
+        unanswered (as after a 408): an answer must never overtake an earlier one."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.keep_alive = False
+            self.closing = True  # the rest is read and dropped
+        else:
+            self.close_with(exc)
 
     def on_message_begin(self) -> None:
         # uvicorn arms the keep-alive timer when an answer completes and cancels it when
         # data arrives; an answer given while this read is parsed must not leave it
         # armed over the next request.
         self._unset_keepalive_if_required()
-        self.reading, self.head_bytes = True, 0
+        self.reading, self.head_bytes, self.head_tail = True, 0, b""
         self.expect_headers(self.api.server.settings.http_header_timeout)
         super().on_message_begin()
 
@@ -466,26 +482,28 @@ class MinouHttpProtocol(HttpToolsProtocol):
         slowly held a connection slot for as long as it liked). Every route that takes
         a body needs a token; the check is cached per token like the route's own."""
         api = self.api
-        if api.server.settings.auth_mode == "off":
-            return False
+        cycle = self.cycle
+        if api.server.settings.auth_mode == "off" or (
+                cycle is not None and not cycle.response_complete):
+            return False  # behind a request being answered, the route checks it after
         authorization = None
         body = False
         for name, value in self.headers:
             if name == b"authorization":
-                authorization = value.decode("latin-1")
+                if authorization is None:  # the first, as the routes take it
+                    authorization = value.decode("latin-1")
             elif (name == b"content-length" and value.strip(b" \t0")) \
                     or name == b"transfer-encoding":
                 body = True
         if not body:
             return False
         query_token = None
-        if authorization is None:
+        if not authorization:  # as the routes: an empty header gives way to the query
             try:
                 query = httptools.parse_url(self.url).query or b""
             except httptools.HttpParserInvalidURLError:
                 query = b""
-            if b"access_token=" in query:
-                query_token = dict(parse_qsl(query.decode("latin-1"))).get("access_token")
+            query_token = dict(parse_qsl(query.decode("latin-1"))).get("access_token")
         try:
             api.auth.identify(authorization, query_token, self.client)
         except NotAuthenticated as exc:

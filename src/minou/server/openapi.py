@@ -53,8 +53,8 @@ _LONGEST_VERSION = "v999999"  # what the pattern above allows (names._VERSION)
 _ID_CHARS = r"(?:[A-Za-z0-9._~!$&'()+,;=:@-]|%[0-9A-Fa-f]{2})"
 _ID = {"type": "string", "pattern": f"^(?:{_ID_CHARS}+|\\*)$", "minLength": 1,
        "maxLength": MAX_CHANNEL_LENGTH - _ENDPOINT_MAX_LENGTH - len(f"/{_LONGEST_VERSION}/")}
-# A group name is 1..MAX_GROUP_NAME printable characters without spaces (names.check_label:
-# non-ASCII letters too, which a portable pattern cannot list; printable ASCII here).
+# A new group's name is 1..MAX_GROUP_NAME printable characters (names.check_label: spaces
+# and non-ASCII letters too, which a portable pattern cannot list; printable ASCII here).
 _GROUP = {"type": "string", "pattern": "^[!-~]+$", "minLength": 1, "maxLength": MAX_GROUP_NAME}
 _SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_DELAY_S}
 _PRIORITY = {"type": "integer", "minimum": MIN_PRIORITY, "maximum": MAX_PRIORITY}

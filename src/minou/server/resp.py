@@ -955,7 +955,8 @@ def _xrange(c: RespConnection, args: list[bytes], slot: _Slot, *, reverse: bool 
     if len(args) not in (4, 6):
         return wrong_args(name)
     key = args[1]
-    channel = _readable(c, key)  # the rights first: nothing said of a stream it may not read
+    # the rights first: nothing said of a stream it may not read (the READ claims)
+    channel = _readable(c, key, claim=False)
     ids = _stream_ids(c, channel)
     lo_text, hi_text = (args[3], args[2]) if reverse else (args[2], args[3])
     lo, hi = parse_id(lo_text, high=False, ids=ids), parse_id(hi_text, high=True, ids=ids)
@@ -1088,10 +1089,13 @@ NOGROUP = "NOGROUP No such key '{key}' or consumer group '{group}' in {cmd} with
 def _existing_group(c: RespConnection, key: bytes, group: bytes) -> str:
     """The minou group of Redis group ``group`` on ``key`` (readable by this client),
     or the NOGROUP answer."""
-    gname = group_name(group, _readable(c, key))
+    channel = _readable(c, key, claim=False)
+    gname = group_name(group, channel)
     if not _groups(c).exists(gname):
         raise _Reply(Error(f"NOGROUP No such key '{_text(key)}' or consumer group "
                            f"'{_text(group)}'"))
+    assert c.inner is not None
+    c.server.core.check_read(c.inner.session, channel)  # the group's work reads it: claims
     return gname
 
 
@@ -1105,11 +1109,15 @@ def _text(b: bytes) -> str:
     return b[:200].decode(errors="replace")
 
 
-def _readable(c: RespConnection, key: bytes) -> str:
-    """The key's channel, which this client may read (its rules), or the refusal."""
+def _readable(c: RespConnection, key: bytes, *, claim: bool = True) -> str:
+    """The key's channel, which this client may read (its rules), or the refusal. The
+    check claims a free exclusive channel as a read does, unless not ``claim`` (a check
+    before a refusal the command may still give, NOGROUP say: the read claims later)."""
     channel = key_to_channel(key)
     assert c.inner is not None
-    c.server.core.check_read(c.inner.session, channel)
+    core, session = c.server.core, c.inner.session
+    if claim or core.read_refusal(session, channel) is not None:
+        core.check_read(session, channel)  # raises, counted, when refused
     return channel
 
 
@@ -1147,7 +1155,8 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             return wrong_args("xgroup|create")
         key, group, start_id = args[2], args[3], args[4]
         opts = [a.upper() for a in args[5:]]
-        channel = _readable(c, key)  # before BUSYGROUP or "requires the key to exist"
+        # before BUSYGROUP or "requires the key to exist" (making the group claims)
+        channel = _readable(c, key, claim=False)
         gname = group_name(group, channel)
         if groups.exists(gname):
             return Error("BUSYGROUP Consumer Group name already exists")
@@ -1245,12 +1254,13 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     assert c.identity is not None and c.inner is not None
     targets = []
     for key in keys:  # the rights on every stream before any group is looked for
-        _readable(c, key)
+        _readable(c, key, claim=False)
     for key, sid in zip(keys, ids, strict=True):
         channel = key_to_channel(key)
         gname = group_name(group, channel)
         if not groups.exists(gname):
             return Error(NOGROUP.format(key=_text(key), group=_text(group), cmd="XREADGROUP"))
+        c.server.core.check_read(c.inner.session, channel)  # reading it claims it
         groups.seen(gname, name)
         targets.append((key, channel, gname, sid))
     if any(sid != b">" for *_, sid in targets):
@@ -1366,7 +1376,7 @@ def _xread(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                 c.server.core.check_read(c.inner.session, pattern.text)
                 targets.append((key, pattern, sid))
             else:  # the rights first, as the other streams commands
-                targets.append((key, _readable(c, key), sid))
+                targets.append((key, _readable(c, key, claim=False), sid))
         for _, _, sid in targets:
             if sid not in (b"$", b"+"):
                 parse_id(sid, high=True)
@@ -1622,7 +1632,7 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         return wrong_args("xautoclaim")
     key, group, name = args[1], args[2], args[3]
     count, justid = DEFAULT_COUNT, False
-    channel = _readable(c, key)  # the rights before the stream's ids or its group
+    channel = _readable(c, key, claim=False)  # the rights before the stream's ids or group
     try:
         min_idle = _int(args[4])
         ids = _stream_ids(c, channel)

@@ -568,7 +568,9 @@ class SQLiteStorage:
         disk = space["disk_free"] - missing
         if self.max_size is None:
             headroom = disk + space["unused"] - self.wal_bytes() - WAL_HEADROOM_BYTES // 4
-            room = disk >= 0 and headroom >= need
+            # and room on the disk itself for a WAL's worth of commits (large bodies go
+            # to files): else the next commit finds it full again, a new episode a probe
+            room = disk >= need // 4 and headroom >= need
         else:
             room = disk >= need and self.max_size - space["used"] >= need
         if room:
