@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import limits
 from .auth.rules import Rules
@@ -567,6 +568,10 @@ def _check_data_dir(data_dir: str, key: str) -> None:
 
 def _check_consistency(settings: Settings, data_dir_key: str = "data_dir") -> None:
     _check_data_dir(settings.data_dir, data_dir_key)
+    if settings.storage.startswith("sqlite:"):
+        # The database's own directory takes the WAL and the reserve file just the same.
+        _check_data_dir(str(Path(urlsplit(settings.storage).path).parent),
+                        "storage.url's directory")
     if settings.auth_mode == "off" and not settings.loopback:
         raise ConfigError(f"auth.mode: 'off' (development mode) listens on loopback only; "
                           f"host is {settings.host!r}")

@@ -146,6 +146,18 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice would keep its last value silently: a schema read differently
+    # from how it was written.
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {json.dumps(key)} is given twice in one object; "
+                             "give each key once")
+        out[key] = value
+    return out
+
+
 def load_schema(raw: dict[str, Any] | str, *, key: str, base_dir: Path) -> dict[str, Any]:
     """Return the schema document configured for ``key``: inline, or read from a JSON file.
 
@@ -166,13 +178,14 @@ def load_schema(raw: dict[str, Any] | str, *, key: str, base_dir: Path) -> dict[
             f"{_where(key)}: cannot read schema file {path}: {exc.strerror or exc}"
         ) from exc
     try:
-        document = json.loads(data, parse_constant=_reject_constant)
+        document = json.loads(data, parse_constant=_reject_constant,
+                              object_pairs_hook=_unique_object)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{_where(key)}: {path} is not valid JSON: {exc.msg} "
             f"(line {exc.lineno}, column {exc.colno})"
         ) from exc
-    except ValueError as exc:  # undecodable bytes, NaN/Infinity
+    except ValueError as exc:  # undecodable bytes, NaN/Infinity, a repeated key
         raise ConfigError(f"{_where(key)}: {path} is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise ConfigError(

@@ -141,6 +141,17 @@ def test_data_on_the_command_line_is_checked_and_named_so(tmp_path):
     assert load_settings(cfg, data_dir=str(tmp_path / "d")).data_dir == str(tmp_path / "d")
 
 
+def test_a_sqlite_url_at_the_root_or_in_a_pseudo_filesystem_is_refused_too(tmp_path):
+    # storage.url puts the database (and its WAL) outside data_dir: the same rule holds.
+    assert ('storage.url\'s directory: "//" (resolves to /) is the filesystem root' in refusal(
+        tmp_path, '[storage]\nurl = "sqlite:////minou.db"\n'))
+    assert ('storage.url\'s directory: "/proc/x" is inside /proc' in refusal(
+        tmp_path, '[storage]\nurl = "sqlite:///proc/x/minou.db"\n'))
+    ok = tmp_path / "cfg.toml"
+    ok.write_text(f'[storage]\nurl = "sqlite://{tmp_path}/db/minou.db"\n')
+    assert load_settings(ok).storage.endswith("/db/minou.db")
+
+
 @pytest.mark.parametrize("key", ["port", "http_port", "resp_port"])
 def test_a_port_on_the_command_line_is_checked_too(key):
     # 70000 used to be taken, and the broker listened on 70000 - 65536 = 4464.

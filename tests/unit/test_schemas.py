@@ -141,6 +141,10 @@ def test_load_schema_from_a_path_relative_to_the_config(tmp_path):
         ("nan.json", '{"maximum": NaN}', "is not valid JSON"),
         ("latin1.json", b'{"title": "caf\xe9"}', "is not valid JSON"),
         ("list.json", "[1, 2]", "must hold a JSON object, got an array"),
+        # Read as written: a repeated key would silently keep its last value.
+        ("twice.json", '{"type": "object", "properties": {"a": {"type": "string"}, '
+                       '"a": {}}}',
+         'is not valid JSON: key "a" is given twice in one object; give each key once'),
     ],
 )
 def test_load_schema_errors_name_the_key(tmp_path, name, content, message):
