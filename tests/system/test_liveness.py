@@ -317,6 +317,7 @@ def test_a_stream_websocket_that_answers_no_ping_is_closed_and_its_messages_go_b
     are delivered to a reader that answers (the lease is 60 s)."""
     from .test_http_api import bearer
     from .test_http_stream import raw_websocket, receive, stream, ws_frame
+    from .test_idle_expiry import metric
 
     cfg = tmp_path / "ws.toml"
     cfg.write_text("websocket_heartbeat = 0.5\n")
@@ -340,6 +341,10 @@ def test_a_stream_websocket_that_answers_no_ping_is_closed_and_its_messages_go_b
                 got.add(message["payload"]["i"])
                 ws.send(json.dumps({"op": "ack", "receipt": message["receipt"]}))
         assert got == {0, 1, 2}
+        # Cut as a native connection missing its heartbeats is: counted and logged.
+        assert "connection of 'ws-silent' from ws:127.0.0.1:" in broker.output
+        assert "3 unsettled deliveries returned to their queues" in broker.output
+        assert metric(broker, "minou_connections_dead_total") >= 1
     finally:
         sock.close()
 

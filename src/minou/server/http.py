@@ -167,7 +167,7 @@ class _WebSocketTransport:
 def build_app(server: Server) -> Any:
     from ..errors import BadRequest, NotFound, UnexpectedFrame
     from .http_api import FastLane, HttpApi, error_response
-    from .http_stream import serve_stream
+    from .http_stream import WS_OWNER, serve_stream
     from .openapi import document
 
     api = HttpApi(server)
@@ -183,6 +183,7 @@ def build_app(server: Server) -> Any:
         await ws.accept()
         transport = _WebSocketTransport(ws)
         conn = NativeConnection(server, transport, oplog.peer_text(ws.client, "ws"))
+        ws.scope[WS_OWNER] = conn
         transport.conn, transport.task = conn, asyncio.current_task()
         server.admit(conn)
 
@@ -330,20 +331,37 @@ def _http_protocol(app: Any) -> Any:
 def _ws_protocol(server: Server) -> Any:
     """uvicorn's sans-I/O WebSocket protocol, except that a text message that is not
     UTF-8 closes the socket with 1007 (RFC 6455) counted as ``invalid_payload``, and
-    without the traceback uvicorn logs for it (a client can send those at will);
+    without the traceback uvicorn logs for it (a client can send those at will), and a
+    socket cut for answering no ping is counted and logged as a dead connection;
     uvicorn's default if this uvicorn lacks that protocol."""
     try:
         from uvicorn.protocols.websockets.websockets_sansio_impl import (
             WebSocketsSansIOProtocol,
         )
         from websockets.protocol import State
-        for name in ("send_receive_event_to_app", "handle_parser_exception"):
+        for name in ("send_receive_event_to_app", "handle_parser_exception",
+                     "keepalive_timeout"):
             getattr(WebSocketsSansIOProtocol, name)
     except (ImportError, AttributeError):
         return "auto"
+    from .http_stream import WS_OWNER
+
     refuse = server.core.counters.refuse
 
-    class Utf8CheckingProtocol(WebSocketsSansIOProtocol):
+    class MinouWebSocketProtocol(WebSocketsSansIOProtocol):
+        def keepalive_timeout(self) -> None:
+            # A socket that answers no ping is cut like a native connection that misses
+            # its heartbeats: counted and logged, whose it was and what it held.
+            if not (self.close_sent or self.transport.is_closing()):
+                owner = self.scope.get(WS_OWNER) if self.scope else None
+                session = getattr(owner, "session", None)
+                server.dead_connections += 1
+                oplog.connection_dead(
+                    oplog.peer_text(self.client, "ws"), getattr(session, "client_id", None),
+                    (self.ping_interval or 0) + (self.ping_timeout or 0),
+                    self.ping_interval or 0, len(session.leases) if session else 0)
+            super().keepalive_timeout()
+
         def send_receive_event_to_app(self) -> None:
             if getattr(self, "curr_msg_data_type", None) == "text" and not self.close_sent:
                 data = b"".join(self.frames)
@@ -359,4 +377,4 @@ def _ws_protocol(server: Server) -> Any:
                 self.frames = [data]
             super().send_receive_event_to_app()
 
-    return Utf8CheckingProtocol
+    return MinouWebSocketProtocol

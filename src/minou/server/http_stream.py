@@ -265,6 +265,10 @@ class StreamSession:
         self.engine.publish([send], self.session.access, published, publisher=self)
 
 
+# The scope key under which a WebSocket route leaves what holds the socket's session.
+WS_OWNER = "minou.owner"
+
+
 async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
     server = api.server
     try:
@@ -277,6 +281,7 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
     await ws.accept()
     stream = StreamSession(server, identity)
     stream.task = asyncio.current_task()
+    ws.scope[WS_OWNER] = stream  # for the protocol's keepalive: whose socket went quiet
     server.streams.add(stream)
 
     async def pump_out() -> None:
