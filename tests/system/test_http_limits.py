@@ -428,6 +428,27 @@ def test_the_limit_derives_from_the_descriptor_limit_and_holds_it(broker_factory
     assert "Too many open files" not in broker.output
     assert "out of system resource" not in broker.output
 
+    # An operator lowers the limit under the running broker (prlimit --nofile): the next
+    # sockets are counted against what the process may hold now, and a native client
+    # is refused at once instead of waiting in the backlog for an accept() that fails.
+    lowered = 200
+    resource.prlimit(broker.proc.pid, resource.RLIMIT_NOFILE, (lowered, hard))
+    fewer = lowered - 64 - 64
+    flood = [Http(broker) for _ in range(fewer - 1)]
+    try:
+        last = Http(broker)  # answered: those before it were taken in (one listener's order)
+        flood.append(last)
+        assert last.get()[0] == 200
+        late = RawPeer(broker.url)
+        err = late.read()
+        assert isinstance(err, f.Error) and err.code == ErrorCode.TOO_MANY_CONNECTIONS
+        assert f"capped to {fewer} by the process's {lowered} file descriptors" in err.message
+        late.close()
+    finally:
+        for sock in flood:
+            sock.close()
+    assert "out of system resource" not in broker.output
+
 
 def test_timeouts_must_be_positive(tmp_path):
     for key in ("http_header_timeout", "http_idle_timeout"):

@@ -67,7 +67,7 @@ from ..protocol import frames as f
 from ..storage.base import Housekeeping, Storage, Syncing
 from ..storage.factory import open_storage
 from . import oplog
-from .admission import Admission, raise_descriptor_limit
+from .admission import Admission, descriptor_limit, raise_descriptor_limit
 from .binding import bind_listener
 from .connection import NativeConnection
 from .datadir import DataDirLocks
@@ -276,8 +276,9 @@ class BrokerServer:
         # Millions of small long-lived objects (messages, leases) make the default cyclic
         # GC thresholds stall the loop for milliseconds; nothing here relies on cycles.
         gc.set_threshold(GC_THRESHOLD, 50, 100)
-        before, after = raise_descriptor_limit()
-        self.admission.descriptors, self.admission.descriptors_before = after, before
+        before, _ = raise_descriptor_limit()
+        self.admission.descriptor_limit = descriptor_limit
+        self.admission.descriptors_before = before
         if self.settings.http_port is not None:
             from .http import check_fast_path
 
