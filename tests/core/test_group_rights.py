@@ -127,3 +127,24 @@ def test_a_wildcard_read_reserves_nothing() -> None:
     me = Session("me")  # its key's rules allow the wildcard (as before a reload)
     h.subscribe(me, kind="listen", patterns="invoice/v1/*")
     assert h.broker.reservations == {}
+
+
+def test_a_group_named_like_a_pattern_is_made_only_by_who_may_read_that_pattern() -> None:
+    """Consumers that name no group share the group named after their pattern: a client
+    allowed one channel may not make that group (on its channel) and so lock out every
+    consumer of the pattern while it stays connected."""
+    h = Harness()
+    narrow, wide = session("narrow"), session("wide")
+    with pytest.raises(NotAuthorized, match="group name 'orders/v1/\\*' is the group of the "
+                                            "consumers of pattern 'orders/v1/\\*'"):
+        h.subscribe(narrow, patterns="orders/v1/1", group="orders/v1/*")
+    with pytest.raises(NotAuthorized, match="group name 'orders/v1/\\*'"):
+        h.broker.set_position(narrow, "orders/v1/*", {"orders/v1/1": 1}, h.now)
+    assert "consume:orders/v1/*" not in h.broker.groups
+    # The pattern's consumers get their default group; one it may read it may name.
+    h.subscribe(wide, patterns="orders/v1/*")
+    h.subscribe(narrow, 2, patterns="orders/v1/1", group="orders/v1/1")
+    h.subscribe(narrow, 3, patterns="orders/v1/1", group="orders-eu")  # not a pattern
+    # Joining such a group once made is governed by the group's patterns, as before.
+    with pytest.raises(NotAuthorized, match="group 'orders/v1/\\*' also reads"):
+        h.subscribe(narrow, 4, patterns="orders/v1/1", group="orders/v1/*")

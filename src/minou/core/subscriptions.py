@@ -5,7 +5,7 @@ unsettled deliveries back through ``settlement``."""
 
 from __future__ import annotations
 
-from ..errors import BadRequest, NotAuthorized, QueueFull, UnknownSubscription
+from ..errors import BadRequest, InvalidChannel, NotAuthorized, QueueFull, UnknownSubscription
 from ..limits import MAX_GROUP_NAME, MAX_GROUPS, MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
 from ..names import (
     Pattern,
@@ -70,7 +70,7 @@ class Subscriptions:
             raise BadRequest(f"lease must be 0..{MAX_LEASE_S} seconds, got {lease}")
         grp = self.state.groups.get(key)
         if grp is None:  # checked before anything is claimed; a group that exists is joined
-            self._may_make_group("group name" if kind == "consume" else "listener name",
+            self._may_make_group(session, "group name" if kind == "consume" else "listener name",
                                  group if kind == "consume" else name)
         if exclusive:
             self._check_exclusive(session, kind, parsed, grp)
@@ -96,18 +96,37 @@ class Subscriptions:
         self.state.mark_ready(grp)
         return sub
 
-    def _may_make_group(self, kind: str, name: str | None) -> None:
+    def _may_make_group(self, session: Session, kind: str, name: str | None) -> None:
         """Raise unless a new group may be made: the broker keeps each for good (its
         definition and state are stored), so their number is bounded, and so is the
         name a client gives one (a default, a pattern, is valid already). Groups made
         before these bounds are joined whatever their names."""
         if name:
             check_label(kind, name, MAX_GROUP_NAME, space=True)
+            if kind == "group name":
+                self._may_take_default_name(session, name)
         if len(self.state.groups) >= MAX_GROUPS:
             raise QueueFull(f"the broker keeps {len(self.state.groups)} consumer groups and "
                             f"listeners (the limit is {MAX_GROUPS}); join an existing group, or "
                             "have an admin delete unused ones (DELETE /v1/groups/{group})",
                             limit=MAX_GROUPS)
+
+    def _may_take_default_name(self, session: Session, name: str) -> None:
+        """A group named like a pattern is the group of whoever consumes that pattern
+        without naming one: only a client that may read the pattern may make it. Else a
+        client allowed one channel could make ``orders/v1/*`` on that channel, and every
+        consumer of ``orders/v1/*`` would be refused for sharing a group with it."""
+        try:
+            pattern = parse_pattern(name)
+        except InvalidChannel:
+            return
+        try:
+            self.rights.check_read(session, pattern.text, claim=False)
+        except NotAuthorized as exc:
+            raise NotAuthorized(
+                f"group name {name!r} is the group of the consumers of pattern {name!r} that "
+                f"name none, and client {session.client_id!r} may not read it "
+                f"({exc.message}); name the group otherwise", group=name) from None
 
     def _new_group(self, key: str, kind: str) -> Group:
         grp = self.state.groups[key] = Group(key, kind, [])
@@ -269,7 +288,7 @@ class Subscriptions:
         key = consume_group_key(group)
         grp = self.state.groups.get(key)
         if grp is None:
-            self._may_make_group("group name", group)
+            self._may_make_group(session, "group name", group)
         for channel, next_seq in positions.items():
             validate_channel(channel)
             self.rights.check_read(session, channel, claim=False)
