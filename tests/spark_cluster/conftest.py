@@ -321,15 +321,20 @@ def cluster_client(cluster_broker: BrokerProcess) -> Iterator[Any]:
         c.close()
 
 
+def make_job_args(spark_cluster: SparkCluster, broker: BrokerProcess,
+                  workdir: Path) -> dict[str, Any]:
+    """What every driver scenario gets: the broker, the job's identity as the driver
+    holds it, the masked directory and a work directory (checkpoints)."""
+    return {"brokers": broker.url, "client_id": JOB_CLIENT_ID,
+            "key_file": str(spark_cluster.job_key),
+            "tls_fingerprint": broker.tls_fingerprint,
+            "driver_keys": str(spark_cluster.driver_keys), "workdir": str(workdir)}
+
+
 @pytest.fixture
 def job_args(spark_cluster: SparkCluster, cluster_broker: BrokerProcess,
              tmp_path: Path) -> dict[str, Any]:
-    """What every driver scenario gets: the broker, the job's identity as the driver
-    holds it, the masked directory and a work directory (checkpoints)."""
-    return {"brokers": cluster_broker.url, "client_id": JOB_CLIENT_ID,
-            "key_file": str(spark_cluster.job_key),
-            "tls_fingerprint": cluster_broker.tls_fingerprint,
-            "driver_keys": str(spark_cluster.driver_keys), "workdir": str(tmp_path)}
+    return make_job_args(spark_cluster, cluster_broker, tmp_path)
 
 
 # ---------------------------------------------------------------- drivers
@@ -339,9 +344,16 @@ class DriverFailed(AssertionError):
 
 @pytest.fixture
 def run_driver(spark_cluster: SparkCluster, tmp_path: Path) -> Callable[..., dict[str, Any]]:
-    """``run_driver(scenario, args, timeout) -> dict``: driver.py in a subprocess, as a
-    client of the cluster; returns the JSON of its last stdout line, or raises with the
-    tail of its stderr."""
+    return driver_runner(spark_cluster, tmp_path)
+
+
+def driver_runner(spark_cluster: SparkCluster,
+                  tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """``run(scenario, args, timeout) -> dict``: driver.py in a subprocess, as a client
+    of the cluster; returns the JSON of its last stdout line, or raises with the tail of
+    its stderr. ``scenario`` may name several, ``a+b``: one application runs them in
+    turn (a Spark application takes ~15 s to start here), ``args`` then holds each
+    one's arguments under its name and the result each one's result."""
     runs = iter(range(1, 1000))
 
     def run(scenario: str, args: dict[str, Any], timeout: float = 120.0, *,

@@ -7,6 +7,9 @@ SparkContext per process, and pytest's own process may hold a local one).
 Connects to the standalone master in ``$MINOU_SPARK_MASTER``, runs one scenario (a
 function below, by name), stops the session and prints one JSON line on stdout, last:
 what the scenario returns, and ``app_id`` (the executors' directories are named by it).
+``a+b`` runs several in one application, in turn: ARGS then holds each one's arguments
+under its name (and the session's, ``ui``/``spark_conf``/``log_level``, at the top), the
+result each one's result.
 Everything else (Spark's log included) goes to stderr.
 
 Every scenario gets the broker and the job's identity as the driver holds it:
@@ -262,20 +265,21 @@ def mask(spark: Any, args: Args) -> dict[str, Any]:
 def batch_read(spark: Any, args: Args) -> dict[str, Any]:
     """A batch read of ``args["pattern"]``: rows per partition and where they ran, per
     channel count/min/max seq, and distinct (channel, seq)."""
-    from pyspark.sql import functions as F
-
     opts = connector_options(spark, args)
     wait_executors(spark, 2)
     df = (spark.read.format("minou").options(**opts).option("pattern", args["pattern"])
           .option("maxRecordsPerPartition", str(args.get("per_partition", 2500))).load())
-    parts = df.rdd.mapPartitions(lambda rows: [(os.getcwd(), sum(1 for _ in rows))]).collect()
+    # One job (each reads the channels again): where each partition ran, its rows.
+    parts = df.select("channel", "seq").rdd.mapPartitions(
+        lambda rows: [(os.getcwd(), [(r[0], r[1]) for r in rows])]).collect()
     say("partitions read")
-    per_channel = {r["channel"]: [r["n"], r["lo"], r["hi"]] for r in df.groupBy("channel").agg(
-        F.count("*").alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi")).collect()}
-    count = df.count()
-    distinct = df.select("channel", "seq").distinct().count()
-    return {"partitions": parts, "count": count, "per_channel": per_channel,
-            "distinct": distinct}
+    keys = [k for _, rows in parts for k in rows]
+    per_channel: dict[str, list[int]] = {}
+    for ch, seq in keys:
+        n, lo, hi = per_channel.get(ch, (0, seq, seq))
+        per_channel[ch] = [n + 1, min(lo, seq), max(hi, seq)]
+    return {"partitions": [(cwd, len(rows)) for cwd, rows in parts], "count": len(keys),
+            "per_channel": per_channel, "distinct": len(set(keys))}
 
 
 @scenario
@@ -425,15 +429,24 @@ def unreachable(spark: Any, args: Args) -> dict[str, Any]:
 
 def main() -> int:
     name, args = sys.argv[1], json.loads(sys.argv[2])
-    if name not in SCENARIOS:
-        raise SystemExit(f"unknown scenario {name!r}; known: {', '.join(sorted(SCENARIOS))}")
+    names = name.split("+")
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"unknown scenario {unknown[0]!r}; known: "
+                         f"{', '.join(sorted(SCENARIOS))}")
     spark = session(f"minou-cluster-{name}", ui=bool(args.get("ui")),
                     conf=args.get("spark_conf"))
     if args.get("log_level"):
         spark.sparkContext.setLogLevel(args["log_level"])
     try:
-        result = {**SCENARIOS[name](spark, args),
-                  "app_id": spark.sparkContext.applicationId}
+        if len(names) == 1:
+            result = SCENARIOS[name](spark, args)
+        else:  # one application, each scenario with its own arguments, in turn
+            result = {}
+            for n in names:
+                result[n] = SCENARIOS[n](spark, args[n])
+                say(f"part {n} done")
+        result["app_id"] = spark.sparkContext.applicationId
         say(f"scenario {name} done")
     finally:
         spark.stop()

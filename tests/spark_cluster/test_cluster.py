@@ -1,13 +1,14 @@
 """The connector on a real standalone cluster whose executors cannot see the driver's keys.
 
 Each test runs one driver (driver.py, a subprocess) against the session's cluster and
-checks the broker's side with its own client. How tests (b)-(d) let tasks authenticate
-is ``AUTH``, a key of driver.py's ``AUTH`` table: ``credential`` (the default: a
-delegated credential the connector issues on the driver; nothing shipped) or ``ship``
-(the key shipped with ``addFile``, ``executorAuth=keyFile``);
-``MINOU_SPARK_CLUSTER_AUTH=ship`` runs them so without editing anything. Either way
-they check which it was: the key's copies in the executors' directories exist exactly
-when it was shipped.
+checks the broker's side with its own client; the four whose scenarios need nothing of
+their own (no killed worker, UI or split DNS) share one driver, ``one_app``. How the
+tests let tasks authenticate is ``AUTH``, a key of driver.py's ``AUTH`` table:
+``credential`` (the default: a delegated credential the connector issues on the
+driver; nothing shipped) or ``ship`` (the key shipped with ``addFile``,
+``executorAuth=keyFile``); ``MINOU_SPARK_CLUSTER_AUTH=ship`` runs them so without
+editing anything. Either way they check which it was: the key's copies in the
+executors' directories exist exactly when it was shipped.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ..spark.helpers import read_all
-from .conftest import SPLIT_NAME, SparkCluster
+from .conftest import SPLIT_NAME, SparkCluster, driver_runner, make_job_args
 
 # How tests (b)-(d) hand the job's identity to the executors (a key of driver.AUTH).
 AUTH = os.environ.get("MINOU_SPARK_CLUSTER_AUTH", "credential")
@@ -65,13 +69,60 @@ def check_key_copies(cluster: SparkCluster, app_id: str) -> None:
         assert not copies, f"the key reached executors under AUTH={AUTH}: {copies}"
 
 
+@dataclass
+class OneApp:
+    """The scenarios that need no application of their own, run by one driver (a Spark
+    application takes ~15 s to start here, and its executors' first Python task ~10 s
+    more): what each was given and what it returned."""
+
+    eps: dict[str, str]
+    results: dict[str, Any]
+    tls_broker: Any
+
+    @property
+    def app_id(self) -> str:
+        return self.results["app_id"]
+
+
+@pytest.fixture(scope="module")
+def one_app(spark_cluster: SparkCluster, cluster_broker: Any, cluster_client: Any,
+            tls_cluster_broker: Any, tmp_path_factory: pytest.TempPathFactory) -> OneApp:
+    root = tmp_path_factory.mktemp("one-app")
+    eps = {name: prefix(name) for name in ("mask", "cbatch", "cdrain", "ctls")}
+    publish(cluster_client, channels(eps["mask"])[:1], 10)  # a read with tasks to fail
+    publish(cluster_client, channels(eps["cbatch"]), 5000)
+    publish(cluster_client, channels(eps["cdrain"]), 5000)
+    with tls_cluster_broker.connect_sync("spark-cluster-tests") as c:
+        publish(c, channels(eps["ctls"]), 500)
+    # The TLS broker's CA file sits beside the key (executors cannot see it there) and
+    # reaches them through addFile, named by its bare name.
+    ca = spark_cluster.driver_keys / f"broker-ca-{uuid.uuid4().hex[:6]}.pem"
+    ca.write_bytes((tls_cluster_broker.data_dir / "tls" / "cert.pem").read_bytes())
+
+    def args(part: str, broker: Any = cluster_broker) -> dict[str, Any]:
+        (root / part).mkdir()
+        return make_job_args(spark_cluster, broker, root / part)
+
+    ep = eps["cdrain"]
+    parts = {
+        "mask": {**args("mask"), "pattern": f"{eps['mask']}/v1/*"},
+        "batch_read": {**args("batch_read"), "auth": AUTH, "pattern": f"{eps['cbatch']}/v1/*",
+                       "per_partition": 2500},
+        "stream_drain": {**args("stream_drain"), "auth": AUTH, "pattern": f"{ep}/v1/*",
+                         "out": f"{ep}out/v1/sink", "writer_id": f"w-{ep}",
+                         "per_batch": 5000},
+        "tls_read_and_stream": {
+            **args("tls_read_and_stream", tls_cluster_broker), "tls_fingerprint": None,
+            "cafile": str(ca), "pattern": f"{eps['ctls']}/v1/*",
+            "out": f"{eps['ctls']}out/v1/sink", "writer_id": f"w-{eps['ctls']}"},
+    }
+    results = driver_runner(spark_cluster, root)("+".join(parts), parts, 360)
+    return OneApp(eps, results, tls_cluster_broker)
+
+
 def test_executors_cannot_see_the_driver_keys(spark_cluster: SparkCluster,
-                                              run_driver: RunDriver, job_args: dict[str, Any],
-                                              cluster_client: Any) -> None:
-    ep = prefix("mask")
-    publish(cluster_client, channels(ep)[:1], 10)  # a read with tasks to fail
-    res = run_driver("mask", {**job_args, "pattern": f"{ep}/v1/*",
-                              "spark_conf": {"spark.task.maxFailures": "1"}}, 120)
+                                              one_app: OneApp) -> None:
+    res = one_app.results["mask"]
     key = spark_cluster.job_key
     # The driver (on the host) sees the key; the precondition of everything below.
     assert res["driver"]["key_exists"] and res["driver"]["listdir"] == sorted(
@@ -87,16 +138,14 @@ def test_executors_cannot_see_the_driver_keys(spark_cluster: SparkCluster,
     assert res["unshipped_rows"] is None, res
     assert "no such file on" in res["unshipped_error"], res["unshipped_error"]
     assert str(key) in res["unshipped_error"] or key.name in res["unshipped_error"]
-    assert not [p for d in spark_cluster.worker_dirs for p in (d / res["app_id"]).rglob("*.key")]
+    if AUTH != "ship":  # (the application's other scenarios ship it then)
+        assert not [p for d in spark_cluster.worker_dirs
+                    for p in (d / one_app.app_id).rglob("*.key")]
 
 
-def test_batch_read(spark_cluster: SparkCluster, run_driver: RunDriver,
-                    job_args: dict[str, Any], cluster_client: Any) -> None:
-    ep = prefix("cbatch")
-    chans = channels(ep)
-    publish(cluster_client, chans, 5000)
-    res = run_driver("batch_read", {**job_args, "auth": AUTH, "pattern": f"{ep}/v1/*",
-                                    "per_partition": 2500}, 150)
+def test_batch_read(spark_cluster: SparkCluster, one_app: OneApp) -> None:
+    res = one_app.results["batch_read"]
+    chans = channels(one_app.eps["cbatch"])
     assert res["count"] == 20_000
     assert res["distinct"] == 20_000
     assert res["per_channel"] == {ch: [5000, 1, 5000] for ch in chans}
@@ -104,24 +153,33 @@ def test_batch_read(spark_cluster: SparkCluster, run_driver: RunDriver,
     assert len(parts) == 8 and sum(n for _, n in parts) == 20_000
     # The read ran in executors, on both workers.
     assert {spark_cluster.worker_of(cwd) for cwd, _ in parts} == {0, 1}, parts
-    check_key_copies(spark_cluster, res["app_id"])
+    check_key_copies(spark_cluster, one_app.app_id)
 
 
-def test_stream_into_transactional_sink(spark_cluster: SparkCluster, run_driver: RunDriver,
-                                        job_args: dict[str, Any],
+def test_stream_into_transactional_sink(spark_cluster: SparkCluster, one_app: OneApp,
                                         cluster_client: Any) -> None:
-    ep = prefix("cdrain")
+    res = one_app.results["stream_drain"]
+    ep = one_app.eps["cdrain"]
     chans, out = channels(ep), f"{ep}out/v1/sink"
-    publish(cluster_client, chans, 5000)
-    res = run_driver("stream_drain", {**job_args, "auth": AUTH, "pattern": f"{ep}/v1/*",
-                                      "out": out, "writer_id": f"w-{ep}",
-                                      "per_batch": 5000}, 180)
     assert res["rows"] == 20_000 and res["batches"] == 4, res
     landed = sink_keys(cluster_client, out)
     assert sum(landed.values()) == 20_000
     assert set(landed) == source_keys(cluster_client, chans)
     assert max(landed.values()) == 1
-    check_key_copies(spark_cluster, res["app_id"])
+    check_key_copies(spark_cluster, one_app.app_id)
+
+
+def test_tls_broker_with_a_cafile_shipped_by_name(spark_cluster: SparkCluster,
+                                                  one_app: OneApp) -> None:
+    """An authenticated TLS broker; its CA file sits beside the key (executors cannot see
+    it there) and reaches them through addFile, named by its bare name."""
+    res = one_app.results["tls_read_and_stream"]
+    ep = one_app.eps["ctls"]
+    assert res["count"] == 2000 and res["rows"] == 2000, res
+    with one_app.tls_broker.connect_sync("spark-cluster-tests") as c:
+        landed = sink_keys(c, f"{ep}out/v1/sink")
+    assert len(landed) == 2000 and max(landed.values()) == 1
+    check_key_copies(spark_cluster, one_app.app_id)
 
 
 def test_stream_survives_a_killed_worker(spark_cluster: SparkCluster, run_driver: RunDriver,
@@ -169,29 +227,6 @@ def test_stream_survives_a_killed_worker(spark_cluster: SparkCluster, run_driver
     duplicated = {k: n for k, n in landed.items() if n > 1}
     assert (len(missing), len(extra), len(duplicated)) == (0, 0, 0), (
         sorted(missing)[:5], sorted(extra)[:5], list(duplicated.items())[:5])
-    check_key_copies(spark_cluster, res["app_id"])
-
-
-def test_tls_broker_with_a_cafile_shipped_by_name(spark_cluster: SparkCluster,
-                                                  run_driver: RunDriver,
-                                                  job_args: dict[str, Any],
-                                                  tls_cluster_broker: Any) -> None:
-    """An authenticated TLS broker; its CA file sits beside the key (executors cannot see
-    it there) and reaches them through addFile, named by its bare name."""
-    broker = tls_cluster_broker
-    ca = spark_cluster.driver_keys / f"broker-ca-{uuid.uuid4().hex[:6]}.pem"
-    ca.write_bytes((broker.data_dir / "tls" / "cert.pem").read_bytes())
-    ep = prefix("ctls")
-    chans = channels(ep)
-    with broker.connect_sync("spark-cluster-tests") as c:
-        publish(c, chans, 500)
-    res = run_driver("tls_read_and_stream", {
-        **job_args, "brokers": broker.url, "tls_fingerprint": None, "cafile": str(ca),
-        "pattern": f"{ep}/v1/*", "out": f"{ep}out/v1/sink", "writer_id": f"w-{ep}"}, 180)
-    assert res["count"] == 2000 and res["rows"] == 2000, res
-    with broker.connect_sync("spark-cluster-tests") as c:
-        landed = sink_keys(c, f"{ep}out/v1/sink")
-    assert len(landed) == 2000 and max(landed.values()) == 1
     check_key_copies(spark_cluster, res["app_id"])
 
 
