@@ -9,6 +9,11 @@ STAMP       := $(VENV)/.installed-core-$(CKSUM)
 TEST_STAMP  := $(VENV)/.installed-test-$(CKSUM)
 SPARK_STAMP := $(VENV)/.installed-spark-$(CKSUM)
 MUTATE_STAMP := $(VENV)/.installed-mutate-$(CKSUM)
+# Python keeps compiled modules in __pycache__ (ignored by git). An environment that
+# turns that off (PYTHONDONTWRITEBYTECODE, as some CI images do) has every process
+# compile minou's ~300 modules again: a broker then takes 0.55 s to start instead of
+# 0.35 s, and the suite starts about a thousand of them.
+unexport PYTHONDONTWRITEBYTECODE
 APT    := $(shell command -v apt-get 2>/dev/null)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
