@@ -548,7 +548,7 @@ def _storage(raw: Any) -> dict[str, Any]:
     return out
 
 
-def _check_data_dir(data_dir: str, key: str) -> None:
+def _check_data_dir(data_dir: str, key: str, example: str = "./data") -> None:
     """The broker writes its database, admin key and a reserve file into ``data_dir``:
     refuse the filesystem root and kernel pseudo-filesystems (``key`` names the source)."""
     try:
@@ -559,19 +559,20 @@ def _check_data_dir(data_dir: str, key: str) -> None:
     shown = given if str(real) == data_dir else f"{given} (resolves to {real})"
     if real.parent == real:
         raise ConfigError(f"{key}: {shown} is the filesystem root; give a directory of its "
-                          "own, e.g. ./data")
+                          f"own, e.g. {example}")
     for top in _PSEUDO_FS:
         if real.is_relative_to(top) and not real.is_relative_to(_DEV_SHM):
             raise ConfigError(f"{key}: {shown} is inside {top}, a kernel pseudo-filesystem; "
-                              "give a directory of its own, e.g. ./data")
+                              f"give a directory of its own, e.g. {example}")
 
 
 def _check_consistency(settings: Settings, data_dir_key: str = "data_dir") -> None:
     _check_data_dir(settings.data_dir, data_dir_key)
-    if settings.storage.startswith("sqlite:"):
+    url = urlsplit(settings.storage)
+    if url.scheme == "sqlite":
         # The database's own directory takes the WAL and the reserve file just the same.
-        _check_data_dir(str(Path(urlsplit(settings.storage).path).parent),
-                        "storage.url's directory")
+        _check_data_dir(str(Path(url.path).parent), "storage.url's directory",
+                        "sqlite:///var/lib/minou/minou.db")
     if settings.auth_mode == "off" and not settings.loopback:
         raise ConfigError(f"auth.mode: 'off' (development mode) listens on loopback only; "
                           f"host is {settings.host!r}")

@@ -146,14 +146,18 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # A key given twice would keep its last value silently: a schema read differently
     # from how it was written.
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise ValueError(f"key {json.dumps(key)} is given twice in one object; "
-                             "give each key once")
+            raise _RepeatedKey(f"key {json.dumps(key)} is given twice in one object (JSON "
+                               "readers keep the last value silently); give each key once")
         out[key] = value
     return out
 
@@ -185,7 +189,9 @@ def load_schema(raw: dict[str, Any] | str, *, key: str, base_dir: Path) -> dict[
             f"{_where(key)}: {path} is not valid JSON: {exc.msg} "
             f"(line {exc.lineno}, column {exc.colno})"
         ) from exc
-    except ValueError as exc:  # undecodable bytes, NaN/Infinity, a repeated key
+    except _RepeatedKey as exc:
+        raise ConfigError(f"{_where(key)}: {path}: {exc}") from exc
+    except ValueError as exc:  # undecodable bytes, NaN/Infinity
         raise ConfigError(f"{_where(key)}: {path} is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise ConfigError(

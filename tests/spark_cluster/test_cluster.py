@@ -104,6 +104,9 @@ def one_app(spark_cluster: SparkCluster, cluster_broker: Any, cluster_client: An
         return make_job_args(spark_cluster, broker, root / part)
 
     ep = eps["cdrain"]
+    # The mask first: it checks that a key named by its driver path and shipped nowhere
+    # reaches no executor, before a part ships anything (AUTH=ship). Its failing read is
+    # tried spark.task.maxFailures times (4, the default the other parts want).
     parts = {
         "mask": {**args("mask"), "pattern": f"{eps['mask']}/v1/*"},
         "batch_read": {**args("batch_read"), "auth": AUTH, "pattern": f"{eps['cbatch']}/v1/*",

@@ -147,6 +147,8 @@ def test_a_sqlite_url_at_the_root_or_in_a_pseudo_filesystem_is_refused_too(tmp_p
         tmp_path, '[storage]\nurl = "sqlite:////minou.db"\n'))
     assert ('storage.url\'s directory: "/proc/x" is inside /proc' in refusal(
         tmp_path, '[storage]\nurl = "sqlite:///proc/x/minou.db"\n'))
+    assert ('storage.url\'s directory: "/proc/x" is inside /proc' in refusal(
+        tmp_path, '[storage]\nurl = "SQLITE:///proc/x/minou.db"\n'))  # schemes are caseless
     ok = tmp_path / "cfg.toml"
     ok.write_text(f'[storage]\nurl = "sqlite://{tmp_path}/db/minou.db"\n')
     assert load_settings(ok).storage.endswith("/db/minou.db")

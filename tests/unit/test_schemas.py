@@ -144,7 +144,8 @@ def test_load_schema_from_a_path_relative_to_the_config(tmp_path):
         # Read as written: a repeated key would silently keep its last value.
         ("twice.json", '{"type": "object", "properties": {"a": {"type": "string"}, '
                        '"a": {}}}',
-         'is not valid JSON: key "a" is given twice in one object; give each key once'),
+         'twice.json: key "a" is given twice in one object (JSON readers keep the '
+         'last value silently); give each key once'),
     ],
 )
 def test_load_schema_errors_name_the_key(tmp_path, name, content, message):

@@ -120,13 +120,13 @@ class Subscriptions:
             pattern = parse_pattern(name)
         except InvalidChannel:
             return
-        try:
-            self.rights.check_read(session, pattern.text, claim=False)
-        except NotAuthorized as exc:
+        # Not recorded as a refused read: nobody was kept from reading the pattern.
+        refusal = self.rights.read_refusal(session, pattern.text)
+        if refusal is not None:
             raise NotAuthorized(
                 f"group name {name!r} is the group of the consumers of pattern {name!r} that "
                 f"name none, and client {session.client_id!r} may not read it "
-                f"({exc.message}); name the group otherwise", group=name) from None
+                f"({refusal.message}); name the group otherwise", group=name)
 
     def _new_group(self, key: str, kind: str) -> Group:
         grp = self.state.groups[key] = Group(key, kind, [])

@@ -724,6 +724,11 @@ class NativeConnection:
         self._beat_timer = asyncio.get_running_loop().call_at(
             max(self._beat_due, now), self._beat)
 
+    def silence_is_ours(self) -> bool:
+        """Not reading this socket on purpose (flow control, frames held): a peer that
+        seems silent meanwhile may not be."""
+        return self.reading_paused or self._held is not None
+
     def _beat(self) -> None:
         """Send a heartbeat if nothing else went out for an interval; declare the peer
         dead if nothing came in for HEARTBEAT_MISSES intervals."""
@@ -732,7 +737,7 @@ class NativeConnection:
             return
         now = time.monotonic()
         interval = self.heartbeat
-        if now - self._beat_due > interval or self.reading_paused or self._held is not None:
+        if now - self._beat_due > interval or self.silence_is_ours():
             # This process was not running (paused, or the loop blocked) or is not
             # reading this socket (flow control): the silence is ours, not the peer's.
             self.last_heard = now

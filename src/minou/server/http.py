@@ -339,8 +339,7 @@ def _ws_protocol(server: Server) -> Any:
             WebSocketsSansIOProtocol,
         )
         from websockets.protocol import State
-        for name in ("send_receive_event_to_app", "handle_parser_exception",
-                     "keepalive_timeout"):
+        for name in ("send_receive_event_to_app", "handle_parser_exception"):
             getattr(WebSocketsSansIOProtocol, name)
     except (ImportError, AttributeError):
         return "auto"
@@ -350,16 +349,32 @@ def _ws_protocol(server: Server) -> Any:
 
     class MinouWebSocketProtocol(WebSocketsSansIOProtocol):
         def keepalive_timeout(self) -> None:
-            # A socket that answers no ping is cut like a native connection that misses
-            # its heartbeats: counted and logged, whose it was and what it held.
-            if not (self.close_sent or self.transport.is_closing()):
-                owner = self.scope.get(WS_OWNER) if self.scope else None
-                session = getattr(owner, "session", None)
-                server.dead_connections += 1
-                oplog.connection_dead(
-                    oplog.peer_text(self.client, "ws"), getattr(session, "client_id", None),
-                    (self.ping_interval or 0) + (self.ping_timeout or 0),
-                    self.ping_interval or 0, len(session.leases) if session else 0)
+            """No pong in time. uvicorn reads nothing (pongs included) while the route is
+            not receiving: when the route paused on purpose (flow control), the silence
+            is ours, and the socket is pinged again rather than cut, as the native
+            heartbeat does. A socket that really went quiet is cut as uvicorn does, and
+            counted and logged like a native connection missing its heartbeats (not
+            when its route had closed it already: that was counted where it happened)."""
+            owner = self.scope.get(WS_OWNER) if self.scope else None
+            if owner is not None and not (self.close_sent or self.transport.is_closing()):
+                if owner.silence_is_ours():
+                    self.pong_timer = None
+                    self.pending_ping_payload = None
+                    self.schedule_ping()
+                    return
+                if not owner.closed:
+                    session = owner.session
+                    server.dead_connections += 1
+                    oplog.connection_dead(
+                        oplog.peer_text(self.client, "ws"),
+                        session.client_id if session is not None else None,
+                        (self.ping_interval or 0) + (self.ping_timeout or 0),
+                        self.ping_interval or 0, len(session.leases) if session else 0)
+                    super().keepalive_timeout()
+                    # Not a close that waits for the peer to read what is buffered (it
+                    # reads nothing): the deliveries it holds go back now.
+                    self.transport.abort()
+                    return
             super().keepalive_timeout()
 
         def send_receive_event_to_app(self) -> None:
