@@ -389,8 +389,10 @@ def _read_payload(payload: str) -> str:
 @connection_options
 @click.argument("pattern")
 @click.option("--group", "-g", help="Consumer group (default: the pattern).")
-@click.option("--count", "-n", type=int, default=0, help="Stop after N messages (0 = no limit).")
-@click.option("--timeout", "-t", type=float, default=CONSUME_WAIT_S, show_default=True,
+@click.option("--count", "-n", type=click.IntRange(min=0), default=0,
+              help="Stop after N messages (0 = no limit).")
+@click.option("--timeout", "-t", type=click.FloatRange(min=0), default=CONSUME_WAIT_S,
+              show_default=True,
               help="Stop when nothing arrives for this many seconds (0 = wait until Ctrl-C).")
 @click.option("--no-ack", is_flag=True, help="Return the messages instead of acking them.")
 @json_option

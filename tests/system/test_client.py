@@ -7,7 +7,13 @@ import asyncio
 import pytest
 
 import minou
-from minou.errors import ConnectionClosed, InvalidChannel, SendQueueFull, UnknownDelivery
+from minou.errors import (
+    BadRequest,
+    ConnectionClosed,
+    InvalidChannel,
+    SendQueueFull,
+    UnknownDelivery,
+)
 
 
 def run(coro):
@@ -279,3 +285,72 @@ def test_offsets_at_a_time_find_the_first_seq_published_then(broker):
         assert got == {"when/v1/a": (1, 9, 6), "when/v1/b": (1, 2, 1)}
         assert c.offsets_at("when/v1/a", cut - 3600)["when/v1/a"][2] == 1
         assert c.offsets_at("when/v1/a", time.time() + 1)["when/v1/a"][2] == 9  # none yet
+
+
+def test_a_wrong_field_is_refused_at_once_and_never_holds_up_the_others(broker):
+    """A priority of the wrong type used to make the whole frame undecodable: every
+    publish of that turn then timed out, "may still be stored". Now the call raises,
+    nothing of it is sent, and the publishes beside it are confirmed."""
+    async def main():
+        client = await broker.connect("careless", confirm_timeout=10)
+        good = [client.send("careless/v1/a", {"n": i}) for i in range(5)]
+        for bad, error in ((dict(priority=5.5), TypeError), (dict(priority=True), TypeError),
+                           (dict(priority=2**70), BadRequest),
+                           (dict(ttl="9"), TypeError), (dict(delay=10**400), BadRequest),
+                           (dict(headers={"a": 1}), TypeError), (dict(key=5), TypeError)):
+            with pytest.raises(error):
+                client.send("careless/v1/a", {"bad": True}, **bad)
+        good += [client.send("careless/v1/a", {"n": i}) for i in range(5, 10)]
+        receipts = await asyncio.gather(*good)
+        assert [r.seq for r in receipts] == list(range(1, 11))
+        # send_many checks every message first: a wrong one sends none of them.
+        with pytest.raises(TypeError, match=r"priority must be an integer 0\.\.9, got 1\.5"):
+            await client.send_many([("careless/v1/b", 1),
+                                    {"channel": "careless/v1/b", "payload": 2,
+                                     "priority": 1.5}])
+        assert (await client.offsets(["careless/v1/b"])) == {}
+        await client.close()
+
+    run(main())
+
+
+def test_send_many_says_which_were_stored_when_the_broker_refuses_some(broker):
+    async def main():
+        client = await broker.connect("partial")
+        with pytest.raises(InvalidChannel) as refused:
+            await client.send_many([("partial/v1/a", 1), ("partial/v1/a/../b", 2),
+                                    ("partial/v1/a", 3)])
+        first, error, last = refused.value.results
+        assert isinstance(first, minou.Receipt) and isinstance(last, minou.Receipt)
+        assert error is refused.value
+        page, _ = await client.read("partial/v1/a", 1)
+        assert [m.payload for m in page] == [1, 3]  # a retry sends only the refused one
+        await client.close()
+
+    run(main())
+
+
+def test_a_closed_or_forked_sync_client_says_so_and_never_hangs(broker):
+    import os
+
+    client = broker.connect_sync("forker")
+    client.send("fork/v1/a", 1)
+    pid = os.fork()
+    if pid == 0:  # the child: the connection and its thread stayed in the parent
+        code = 1
+        try:
+            client.send("fork/v1/a", 2)
+        except ConnectionClosed as exc:
+            code = 0 if "after os.fork()" in str(exc) else 2
+        finally:
+            client.close()  # nothing to do here, and it says nothing
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert client.send("fork/v1/a", 3).seq == 2  # the parent's client goes on
+    client.close()
+    client.close()  # twice: nothing
+    with pytest.raises(ConnectionClosed, match="client closed"):
+        client.send("fork/v1/a", 4)
+    with pytest.raises(ConnectionClosed, match="client closed"):
+        client.consume("fork/v1/*")

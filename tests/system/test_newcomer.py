@@ -326,3 +326,12 @@ def test_make_run_installs_the_broker_alone_and_make_test_its_extras(tmp_path):
     assert not any("[" in line for line in run), run  # no test, Spark or browser stack
     assert any("[test,spark,bench,redis,resp]" in line for line in planned("test"))
     assert any("[spark]" in line for line in planned("spark-demo"))
+
+
+def test_the_http_url_or_a_negative_count_is_a_precise_error_not_a_traceback():
+    out = cli("publish", "x/v1/a", "1", "--url", "http://127.0.0.1:1")
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "http:// is the broker's HTTP API, the client speaks its native port" in out.stderr
+    # A count below zero used to consume nothing, say nothing, exit 0, and make the group.
+    out = cli("consume", "x/v1/*", "--count", "-1", "--url", "minou://127.0.0.1:1")
+    assert out.returncode == 2 and "'--count' / '-n': -1 is not in the range x>=0" in out.stderr

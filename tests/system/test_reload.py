@@ -74,6 +74,9 @@ def test_reload_applies_rules_schemas_and_limits_without_dropping_connections(re
         wait_until(lambda: app._client.last_error is not None, 5, what="the ended subscription")
         assert "ended by a reload" in str(app._client.last_error)
         assert app._client.connected
+        # The application that reads the ended subscription is told, not left waiting.
+        with pytest.raises(NotAuthorized, match="subscription 1 ended by a reload"):
+            sub.get(timeout=5)
 
 
 def test_a_bad_config_on_reload_changes_nothing_and_says_why(reloadable):

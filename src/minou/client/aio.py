@@ -64,6 +64,9 @@ from ..limits import (
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT_S,
     HEARTBEAT_MISSES,
+    MAX_DELAY_S,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     PROTOCOL_VERSION,
 )
 from ..protocol import frames as f
@@ -95,8 +98,13 @@ def parse_url(url: str) -> tuple[str, str, int, str]:
         default = 443 if parts.scheme == "wss" else 80
         return parts.scheme, parts.hostname or "127.0.0.1", parts.port or default, (
             parts.path or "/v1/ws")
-    raise ValueError(f"unsupported broker URL {url!r}: use minou://host:port, minous://host:port "
-                     "(TLS), ws:// or wss://")
+    hint = ""
+    if parts.scheme in ("http", "https"):
+        hint = (f"; {parts.scheme}:// is the broker's HTTP API, the client speaks its native "
+                "port (minou://host:7700) or WebSocket on the HTTP port "
+                f"({'wss' if parts.scheme == 'https' else 'ws'}://host:port/v1/ws)")
+    raise ConfigError(f"unsupported broker URL {url!r}: use minou://host:port, "
+                      f"minous://host:port (TLS), ws:// or wss://{hint}")
 
 
 class _WebSocketTransport:
@@ -255,6 +263,7 @@ class Subscription:
         self._queue: deque[Message] = deque()
         self._wakeup = asyncio.Event()
         self._closed = False
+        self._ended: MinouError | None = None  # why the broker ended it (a reload's rules)
         self._task: asyncio.Task[None] | None = None
         if handler is not None:
             self._task = asyncio.create_task(self._run_handler())
@@ -266,6 +275,8 @@ class Subscription:
     async def get(self, timeout: float | None = None) -> Message:
         """The next message; raises Timeout after ``timeout`` seconds."""
         while not self._queue:
+            if self._ended is not None:
+                raise self._ended
             if self._closed:
                 raise ConnectionClosed("subscription closed")
             self._wakeup.clear()
@@ -281,7 +292,20 @@ class Subscription:
     def __aiter__(self) -> AsyncIterator[Message]:
         return until_closed(self.get)
 
+    def _end(self, why: MinouError) -> None:
+        """The broker ended this subscription (a reload's rules no longer allow it):
+        what came before is still handed out, then ``get`` and iteration raise ``why``."""
+        self._ended = why
+        self._closed = True
+        self._wakeup.set()
+
     async def _run_handler(self) -> None:
+        try:
+            await self._handle_each()
+        except MinouError as exc:
+            log.error("subscription %d ended: %s", self.sid, exc)
+
+    async def _handle_each(self) -> None:
         assert self.handler is not None
         async for msg in self:
             try:
@@ -798,6 +822,10 @@ class Client:
             return
         if ev.fatal and isinstance(exc, NotAuthenticated):
             log.error("the broker refused this client: %s", exc)
+        sid = ev.detail.get("sid") if not ev.req else None
+        sub = self._subs.pop(sid, None) if isinstance(sid, int) else None
+        if sub is not None:  # ended by the broker: not subscribed again on a reconnect
+            sub._end(exc)
         self.last_error = exc
         log.warning("broker error: %s", exc)
 
@@ -902,8 +930,23 @@ class Client:
         """Publish; the returned future resolves to a Receipt once the message is durable.
 
         ``payload`` is any JSON value; ``bytes`` are sent raw. Sending to
-        ``endpoint/v1/*`` broadcasts to every id of that version with a reader.
+        ``endpoint/v1/*`` broadcasts to every id of that version with a reader. A field
+        of the wrong type raises TypeError, a value out of range BadRequest, here and
+        before anything is sent.
         """
+        raw = isinstance(payload, bytes | bytearray | memoryview)
+        data = bytes(payload) if raw else _json_encode(payload)
+        if (type(channel) is not str or type(priority) is not int
+                or not MIN_PRIORITY <= priority <= MAX_PRIORITY or ttl is not None
+                or delay is not None or headers is not None or dedup is not None
+                or key is not None):  # (the common publish skips the call)
+            priority, ttl, delay = _checked_fields(channel, headers, priority, ttl, delay,
+                                                   dedup, key)
+        return self._enqueue(channel, data, raw, headers, priority, ttl, delay, dedup, key)
+
+    def _enqueue(self, channel: str, data: bytes, raw: bool, headers: dict[str, str] | None,
+                 priority: int, ttl: float | None, delay: float | None, dedup: str | None,
+                 key: str | None) -> asyncio.Future[Receipt]:
         if self._closing:
             raise ConnectionClosed("client closed")
         if self._gone:
@@ -933,8 +976,7 @@ class Client:
                 pseq = self._pseqs[channel] = (last or 0) + 1
         else:
             self._unnumbered = True
-        send = _make_send(channel, payload, headers=headers, priority=priority, ttl=ttl,
-                          delay=delay, dedup=dedup, key=key, pseq=pseq)
+        send = f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key, pseq)
         fut: asyncio.Future[Receipt] = loop.create_future()
         self._outbox.append((send, fut, deadline))
         self._pending_count += 1
@@ -996,14 +1038,26 @@ class Client:
     async def send_many(
         self, items: Iterable[tuple[str, Any] | dict[str, Any]]
     ) -> list[Receipt]:
-        """Publish many messages in as few frames as possible; wait for all confirms."""
-        futs = []
-        for item in items:
-            if isinstance(item, dict):
-                futs.append(self.send(**item))
-            else:
-                futs.append(self.send(item[0], item[1]))
-        return list(await asyncio.gather(*futs))
+        """Publish many messages in as few frames as possible; wait for all confirms.
+
+        Every message is checked before any is sent (a wrong field raises, nothing
+        sent). If the broker refuses some, the first refusal is raised once all are
+        answered, its ``results`` holding each message's Receipt or error in order: the
+        others are stored, and a retry should send only those refused.
+        """
+        prepared = [_prepared(**{"headers": None, "priority": 0, "ttl": None, "delay": None,
+                                 "dedup": None, "key": None, **item})
+                    if isinstance(item, dict) else _prepared(item[0], item[1], None, 0, None,
+                                                             None, None, None)
+                    for item in items]
+        futs = [self._enqueue(*p) for p in prepared]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        for outcome in results:
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, MinouError):
+                    outcome.results = results  # type: ignore[attr-defined]
+                raise outcome
+        return cast(list[Receipt], results)
 
     # ---------------------------------------------------------- subscribing
     async def _subscribe(self, kind: str, patterns: str | list[str], handler: Handler | None,
@@ -1275,9 +1329,64 @@ class ReadPage(NamedTuple):
 def _make_send(channel: str, payload: Any, *, headers: dict[str, str] | None = None,
                priority: int = 0, ttl: float | None = None, delay: float | None = None,
                dedup: str | None = None, key: str | None = None, pseq: int = 0) -> f.Send:
-    raw = isinstance(payload, bytes | bytearray | memoryview)
-    data = bytes(payload) if raw else _json_encode(payload)
-    return f.Send(channel, data, raw, headers, priority, ttl, delay, dedup, key, pseq)
+    return f.Send(*_prepared(channel, payload, headers, priority, ttl, delay, dedup, key),
+                  pseq)
+
+
+# A publish checked and encoded, not yet numbered: Send's fields but the last (pseq).
+_Ready = tuple[str, bytes, bool, "dict[str, str] | None", int, "float | None",
+               "float | None", "str | None", "str | None"]
+
+
+def _prepared(channel: str, payload: Any, headers: dict[str, str] | None, priority: int,
+              ttl: float | None, delay: float | None, dedup: str | None,
+              key: str | None) -> _Ready:
+    data, raw = _payload(payload)
+    priority, ttl, delay = _checked_fields(channel, headers, priority, ttl, delay, dedup, key)
+    return channel, data, raw, headers, priority, ttl, delay, dedup, key
+
+
+def _payload(payload: Any) -> tuple[bytes, bool]:
+    """(the bytes sent, whether raw): ``bytes`` as they are, anything else as JSON."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return bytes(payload), True
+    return _json_encode(payload), False
+
+
+def _checked_fields(channel: Any, headers: Any, priority: Any, ttl: Any, delay: Any,
+                    dedup: Any, key: Any) -> tuple[int, float | None, float | None]:
+    """A publish's fields as the frame carries them, or TypeError / BadRequest naming the
+    one that is wrong, before anything is sent."""
+    if type(channel) is not str:
+        raise TypeError(f"channel must be a string, got {type(channel).__name__}")
+    if type(priority) is not int:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an integer {MIN_PRIORITY}..{MAX_PRIORITY}, "
+                            f"got {priority!r}")
+        priority = int(priority)
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise BadRequest(f"priority {priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY}")
+    if ttl is not None or delay is not None:
+        ttl, delay = _seconds("ttl", ttl), _seconds("delay", delay)
+    if headers is not None and (not isinstance(headers, dict) or not all(
+            type(k) is str and type(v) is str for k, v in headers.items())):
+        raise TypeError(f"headers must map strings to strings, got {headers!r:.200}")
+    for label, text in (("dedup", dedup), ("key", key)):
+        if text is not None and type(text) is not str:
+            raise TypeError(f"{label} must be a string, got {type(text).__name__}")
+    return priority, ttl, delay
+
+
+def _seconds(label: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{label} must be a number of seconds, got {value!r:.100}")
+    try:
+        return float(value)  # an integer past 64 bits fits a float (the broker names it)
+    except OverflowError:
+        raise BadRequest(f"{label} must be 0..{MAX_DELAY_S:g} seconds, got an integer of "
+                         f"{value.bit_length()} bits") from None
 
 
 def _start(start: str | int) -> str:

@@ -9,6 +9,7 @@ here submits a coroutine to it and waits for the result. No call waits forever:
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
@@ -25,14 +26,28 @@ T = TypeVar("T")
 class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.pid = os.getpid()
+        self.stopped = False
         self.thread = threading.Thread(target=self.loop.run_forever, name="minou-client",
                                        daemon=True)
         self.thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if self.stopped or os.getpid() != self.pid:
+            coro.close()  # never run: no "was never awaited" warning either
+            if self.stopped:
+                raise ConnectionClosed("client closed")
+            # The loop's thread and the connection stay in the parent: a call here would
+            # wait for a thread this process does not have.
+            raise ConnectionClosed(
+                f"this client was connected in process {self.pid}, and this is process "
+                f"{os.getpid()} (after os.fork()): connect again in this process")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:
+        self.stopped = True
+        if os.getpid() != self.pid:
+            return
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         if not self.loop.is_running():
@@ -305,10 +320,15 @@ class SyncClient:
         return self._runner.call(self._client.set_position(group, positions))
 
     def close(self) -> None:
+        """Close; again, or in a process forked after connecting, it does nothing."""
+        runner = self._runner
+        if runner.stopped or os.getpid() != runner.pid:
+            runner.stopped = True
+            return
         try:
-            self._runner.call(self._client.close(), timeout=10)
+            runner.call(self._client.close(), timeout=10)
         finally:
-            self._runner.stop()
+            runner.stop()
 
     def __enter__(self) -> SyncClient:
         return self
