@@ -426,3 +426,32 @@ def test_batch_publish_one_result_per_message(http_broker, http):
     got = [http.post("/v1/consume/orders/v1/batch", params={"wait": 2}, headers=h).json()
            for _ in range(3)]
     assert [g["payload"] for g in got] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_a_clean_stop_answers_the_long_polls_waiting_and_does_not_wait_for_them(broker):
+    """SIGTERM with a consume long poll waiting 30 s: it is answered at once (no
+    message, 204), and the stop does not wait for it (it waited 5 s for the poll, then
+    closed the socket unanswered)."""
+    import threading
+
+    headers = bearer(broker, "poller")
+    answers: list[int] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=broker.http, headers=headers, timeout=40) as http:
+            answers.append(http.post("/v1/consume/poll/v1/*",
+                                     params={"group": "g", "wait": 30}).status_code)
+
+    waiting = threading.Thread(target=poll)
+    waiting.start()
+    admin = admin_bearer(broker)
+
+    def polling() -> bool:
+        text = httpx.get(f"{broker.http}/metrics", headers=admin, timeout=10).text
+        return any(line.startswith('minou_group_members{group="consume:g"}')
+                   and not line.endswith(" 0.0") for line in text.splitlines())
+
+    wait_until(polling, 10, what="the long poll to wait in group g")
+    assert broker.stop() == 0
+    waiting.join(10)
+    assert answers == [204]  # (an empty reply before: the socket closed unanswered)

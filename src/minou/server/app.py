@@ -425,6 +425,8 @@ class BrokerServer:
             self._tcp.close()
         if self._http is not None:
             self._http.should_exit = True
+            if self.http_consumers is not None:
+                self.http_consumers.end_waits()
         if self._resp is not None:
             self._resp.close()
         elif self._resp_socket is not None:  # bound, never served (stopped in standby)

@@ -243,6 +243,14 @@ class HttpConsumers:
         front.settle(frame, [tag], done)
         return answered
 
+    def end_waits(self) -> None:
+        """The broker is stopping: every long poll still waiting is answered now (no
+        message: 204) rather than holding the stop up until its wait ends."""
+        for consumer in list(self.by_key.values()):
+            for fut in list(consumer.waiters):
+                if not fut.done():
+                    fut.cancel()
+
     def close(self, consumer: HttpConsumer) -> None:
         self.by_key.pop(consumer.key, None)
         self.by_token.pop(consumer.token, None)
