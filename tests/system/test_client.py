@@ -300,7 +300,10 @@ def test_a_wrong_field_is_refused_at_once_and_never_holds_up_the_others(broker):
                            (dict(headers={"a": 1}), TypeError), (dict(key=5), TypeError)):
             with pytest.raises(error):
                 client.send("careless/v1/a", {"bad": True}, **bad)
-        good += [client.send("careless/v1/a", {"n": i}) for i in range(5, 10)]
+        for bad_payload in ({"x": float("nan")}, [1, {"y": float("-inf")}]):
+            with pytest.raises(ValueError, match="NaN or an infinity"):
+                client.send("careless/v1/a", bad_payload)  # it would arrive as null
+        good += [client.send("careless/v1/a", {"n": i, "none": None}) for i in range(5, 10)]
         receipts = await asyncio.gather(*good)
         assert [r.seq for r in receipts] == list(range(1, 11))
         # send_many checks every message first: a wrong one sends none of them.

@@ -935,7 +935,7 @@ class Client:
         before anything is sent.
         """
         raw = isinstance(payload, bytes | bytearray | memoryview)
-        data = bytes(payload) if raw else _json_encode(payload)
+        data = bytes(payload) if raw else _json_bytes(payload)
         if (type(channel) is not str or type(priority) is not int
                 or not MIN_PRIORITY <= priority <= MAX_PRIORITY or ttl is not None
                 or delay is not None or headers is not None or dedup is not None
@@ -1350,7 +1350,30 @@ def _payload(payload: Any) -> tuple[bytes, bool]:
     """(the bytes sent, whether raw): ``bytes`` as they are, anything else as JSON."""
     if isinstance(payload, bytes | bytearray | memoryview):
         return bytes(payload), True
-    return _json_encode(payload), False
+    return _json_bytes(payload), False
+
+
+def _json_bytes(payload: Any) -> bytes:
+    """``payload`` as JSON; ValueError if it holds NaN or an infinity, which the encoder
+    would write as null (a value changed, silently). Looked for only when the text has a
+    null in it."""
+    data = _json_encode(payload)
+    if b"null" in data and _non_finite(payload):
+        raise ValueError("payload holds NaN or an infinity, which JSON cannot carry "
+                         "(it would arrive as null); send a string or leave the field out")
+    return data
+
+
+def _non_finite(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, float):
+        return value != value or value in (_NEVER, -_NEVER)
+    if depth > 64:  # deeper than any broker accepts: the broker names that
+        return False
+    if isinstance(value, dict):
+        return any(_non_finite(v, depth + 1) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_non_finite(v, depth + 1) for v in value)
+    return False
 
 
 def _checked_fields(channel: Any, headers: Any, priority: Any, ttl: Any, delay: Any,
