@@ -110,6 +110,9 @@ def test_sighup_reloads_and_says_so_once(broker_factory, tmp_path):
     lines = broker.output.splitlines()
     assert len([line for line in lines if "reloaded" in line]) == 1, lines
     assert len([line for line in lines if "failed" in line]) == 1, lines
+    # What changed, by name and value, for the operator reading the log.
+    reloaded = next(line for line in lines if "reloaded" in line)
+    assert "max_message_size 1048576 -> 2048" in reloaded and "channels (orders/v1)" in reloaded
 
 
 UNCHANGED = """

@@ -725,6 +725,8 @@ class BrokerServer:
         try:
             new = load_settings(old.config_path, **self.overrides)
         except ConfigError as exc:
+            if by != "SIGHUP":  # (the SIGHUP handler logs its own failure)
+                log.error("reload (%s) refused, nothing changed: %s", by, exc)
             raise BadRequest(f"reload refused, nothing changed: {exc}") from None
         restart = [k for k in _RESTART_KEYS if getattr(new, k) != getattr(old, k)]
         new = replace(new, **{k: getattr(old, k) for k in _RESTART_KEYS})
@@ -747,7 +749,10 @@ class BrokerServer:
         closed = self._reapply_access()
         self.federation.apply(new.federation)
         self.reloads += 1
-        log.info("configuration reloaded (%s): changed %s", by, ", ".join(changed) or "nothing")
+        log.info("configuration reloaded (%s): changed %s%s", by,
+                 "; ".join(_what_changed(k, getattr(old, k), getattr(new, k))
+                           for k in changed) or "nothing",
+                 f"; not applied until a restart: {', '.join(restart)}" if restart else "")
         return {
             "reloaded": old.config_path, "changed": changed, "needs_restart": restart,
             "subscriptions_closed": closed,
@@ -1592,6 +1597,20 @@ _RESTART_KEYS = ("broker_id", "host", "port", "http_port", "resp_port", "data_di
                  "tls_self_signed", "storage_reserve", "storage_wal_checkpoint",
                  "storage_owner_lease", "storage_replicas", "storage_standby",
                  "websocket_heartbeat")
+def _what_changed(key: str, before: Any, after: Any) -> str:
+    """One reloaded setting for the log: a number's values, a table's entries by name
+    (never a secret's value)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        names = sorted({*before, *after} - {k for k in before.keys() & after.keys()
+                                            if _comparable(before[k]) == _comparable(after[k])})
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10
+                                         else "")
+        return f"{key} ({shown})"
+    if isinstance(before, int | float | bool) and isinstance(after, int | float | bool):
+        return f"{key} {before} -> {after}"
+    return key
+
+
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
                 "max_dedup_keys",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
