@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -429,21 +430,31 @@ def test_batch_publish_one_result_per_message(http_broker, http):
 
 
 def test_a_clean_stop_answers_the_long_polls_waiting_and_does_not_wait_for_them(broker):
-    """SIGTERM with a consume long poll waiting 30 s: it is answered at once (no
-    message, 204), and the stop does not wait for it (it waited 5 s for the poll, then
-    closed the socket unanswered)."""
+    """SIGTERM with three long polls waiting 30 s: a consume and a KV watch are
+    answered at once with nothing (204, no entries), a request awaiting its reply with
+    503 shutting_down; the stop does not wait for them (it waited 5 s for them, then
+    closed the sockets unanswered)."""
     import threading
 
     headers = bearer(broker, "poller")
-    answers: list[int] = []
+    holder = broker.connect_sync("holder")
+    holder.consume("held/v1/*", group="held")  # takes the request, never answers
+    holder.kv("flags").put("a", 1)
+    answers: dict[str, Any] = {}
 
-    def poll() -> None:
+    def poll(name: str, method: str, path: str, **kw: Any) -> None:
         with httpx.Client(base_url=broker.http, headers=headers, timeout=40) as http:
-            answers.append(http.post("/v1/consume/poll/v1/*",
-                                     params={"group": "g", "wait": 30}).status_code)
+            r = http.request(method, path, **kw)
+            answers[name] = (r.status_code, r.json() if r.content else None)
 
-    waiting = threading.Thread(target=poll)
-    waiting.start()
+    waits = [threading.Thread(target=poll, args=a, kwargs=kw) for a, kw in (
+        (("consume", "POST", "/v1/consume/poll/v1/*"), {"params": {"group": "g",
+                                                                   "wait": 30}}),
+        (("watch", "GET", "/v1/kv-watch/flags"), {"params": {"after": 1, "wait": 30}}),
+        (("request", "POST", "/v1/request/held/v1/q"), {"params": {"timeout": 30},
+                                                        "json": {}}))]
+    for t in waits:
+        t.start()
     admin = admin_bearer(broker)
 
     def polling() -> bool:
@@ -452,6 +463,12 @@ def test_a_clean_stop_answers_the_long_polls_waiting_and_does_not_wait_for_them(
                    and not line.endswith(" 0.0") for line in text.splitlines())
 
     wait_until(polling, 10, what="the long poll to wait in group g")
+    time.sleep(0.5)  # (the watch and the request: nothing to wait on from outside)
     assert broker.stop() == 0
-    waiting.join(10)
-    assert answers == [204]  # (an empty reply before: the socket closed unanswered)
+    for t in waits:
+        t.join(10)
+    holder.close()
+    assert answers["consume"] == (204, None)  # (an empty reply before)
+    assert answers["watch"][0] == 200 and answers["watch"][1]["entries"] == []
+    assert answers["request"][0] == 503
+    assert answers["request"][1]["error"]["reason"] == "shutting_down"

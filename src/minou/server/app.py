@@ -37,6 +37,7 @@ from ..errors import (
     NotAuthenticated,
     NotAuthorized,
     RequestError,
+    ShuttingDown,
     StartupError,
     StorageError,
     StorageFenced,
@@ -195,6 +196,7 @@ class BrokerServer:
         self.core.ack_latency = self.metrics.ack_latency
         self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
+        self.http_asks: set[asyncio.Future[Any]] = set()  # HTTP requests awaiting replies
         # Passed in (tests, the simulator) or chosen by Settings.storage.
         self.storage: Storage = storage if storage is not None else open_storage(settings)
         local = [Path(self.storage.path).parent] if self.storage.backend == "sqlite" else []
@@ -418,6 +420,19 @@ class BrokerServer:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    def _end_http_waits(self) -> None:
+        """Stopping: the HTTP long polls still waiting are answered now, not cut after
+        the stop's wait for them: KV watches with what they have, requests awaiting a
+        reply with SHUTTING_DOWN (503)."""
+        for wakes in list(self.engine.channel_waiters.values()):
+            for wake in list(wakes):
+                wake()
+        for fut in list(self.http_asks):
+            if not fut.done():
+                fut.set_exception(ShuttingDown(
+                    "the broker is stopping: the reply cannot come back through it; ask "
+                    "again (another broker, or this one once restarted)"))
+
     async def stop(self) -> None:
         self.accepting = False
         await self.federation.stop()
@@ -427,6 +442,7 @@ class BrokerServer:
             self._http.should_exit = True
             if self.http_consumers is not None:
                 self.http_consumers.end_waits()
+            self._end_http_waits()
         if self._resp is not None:
             self._resp.close()
         elif self._resp_socket is not None:  # bound, never served (stopped in standby)

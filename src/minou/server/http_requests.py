@@ -114,6 +114,7 @@ async def ask_here(server: Server, identity: Identity, channel: str, data: bytes
     session = Session(identity.client_id, access=server.access_for(identity),
                       admin=identity.admin)
     engine.reply_waiters[key] = replied
+    server.http_asks.add(fut)
     try:
         spread = server.spread
         if spread is None or not spread.http_front(identity).publish_sends(
@@ -127,6 +128,7 @@ async def ask_here(server: Server, identity: Identity, channel: str, data: bytes
                            timeout=timeout) from None
     finally:
         engine.reply_waiters.pop(key, None)
+        server.http_asks.discard(fut)
     reply_headers = reply.headers or {}
     failure = reply_headers.get(REPLY_ERROR)
     if failure is not None:
