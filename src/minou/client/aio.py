@@ -935,7 +935,12 @@ class Client:
         before anything is sent.
         """
         raw = isinstance(payload, bytes | bytearray | memoryview)
-        data = bytes(payload) if raw else _json_bytes(payload)
+        if raw:
+            data = bytes(payload)
+        else:  # _json_bytes, inline: this is the publish path
+            data = _json_encode(payload)
+            if b"null" in data and _non_finite(payload):
+                raise ValueError(_NON_FINITE)
         if (type(channel) is not str or type(priority) is not int
                 or not MIN_PRIORITY <= priority <= MAX_PRIORITY or ttl is not None
                 or delay is not None or headers is not None or dedup is not None
@@ -1359,9 +1364,12 @@ def _json_bytes(payload: Any) -> bytes:
     null in it."""
     data = _json_encode(payload)
     if b"null" in data and _non_finite(payload):
-        raise ValueError("payload holds NaN or an infinity, which JSON cannot carry "
-                         "(it would arrive as null); send a string or leave the field out")
+        raise ValueError(_NON_FINITE)
     return data
+
+
+_NON_FINITE = ("payload holds NaN or an infinity, which JSON cannot carry (it would arrive "
+               "as null); send a string or leave the field out")
 
 
 def _non_finite(value: Any, depth: int = 0) -> bool:
