@@ -560,6 +560,9 @@ def _check_data_dir(data_dir: str, key: str, example: str = "./data") -> None:
     if real.parent == real:
         raise ConfigError(f"{key}: {shown} is the filesystem root; give a directory of its "
                           f"own, e.g. {example}")
+    if real.exists() and not real.is_dir():
+        raise ConfigError(f"{key}: {shown} is a file, not a directory; give a directory "
+                          f"of its own, e.g. {example}")
     for top in _PSEUDO_FS:
         if real.is_relative_to(top) and not real.is_relative_to(_DEV_SHM):
             raise ConfigError(f"{key}: {shown} is inside {top}, a kernel pseudo-filesystem; "

@@ -163,6 +163,13 @@ def test_a_port_on_the_command_line_is_checked_too(key):
     assert getattr(load_settings(None, **{key: 0}), key) == 0
 
 
+def test_a_data_dir_that_is_a_file_is_named_so(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=f'^--data: "{afile}" is a file, not a directory'):
+        load_settings(None, data_dir=str(afile))
+
+
 def test_dev_shm_is_an_ordinary_directory(tmp_path):
     assert load_settings(None, data_dir="/dev/shm/minou").data_dir == "/dev/shm/minou"
 

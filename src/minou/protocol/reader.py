@@ -22,6 +22,11 @@ class BadFrame:
     frame_type: int
 
 
+# The first bytes of an HTTP response or request, read as a frame header: the peer is on
+# (or dialled) the wrong port.
+_HTTP_STARTS = (b"HTTP", b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC")
+
+
 class FrameReader:
     def __init__(self, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
         self._buf = bytearray()
@@ -54,6 +59,13 @@ class FrameReader:
             self._dead = ProtocolError("frame length 0 is invalid: a frame has at least a type")
             raise self._dead
         if length > self._max:
+            start = bytes(buf[pos:pos + 8])
+            if start.startswith(_HTTP_STARTS):  # a frame "length" that spells HTTP
+                self._dead = ProtocolError(
+                    f"the peer speaks HTTP ({start.decode('latin-1')!r}...), not minou's "
+                    "native protocol: the native port takes minou:// clients, and HTTP and "
+                    "WebSocket clients (ws://host:port/v1/ws) the HTTP port")
+                raise self._dead
             self._dead = FrameTooLarge(
                 f"frame of {length} bytes is over the {self._max} byte limit",
                 limit=self._max,
