@@ -197,6 +197,7 @@ class BrokerServer:
         self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
         self.http_asks: set[asyncio.Future[Any]] = set()  # HTTP requests awaiting replies
+        self.closing = False  # stop() has begun: long polls answer at once
         # Passed in (tests, the simulator) or chosen by Settings.storage.
         self.storage: Storage = storage if storage is not None else open_storage(settings)
         local = [Path(self.storage.path).parent] if self.storage.backend == "sqlite" else []
@@ -435,6 +436,7 @@ class BrokerServer:
 
     async def stop(self) -> None:
         self.accepting = False
+        self.closing = True
         await self.federation.stop()
         if self._tcp is not None:
             self._tcp.close()

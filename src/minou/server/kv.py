@@ -188,7 +188,7 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
             after = nxt
             continue
         left = deadline - time.monotonic()
-        if left <= 0 or latest or not server.accepting:  # (stopping: answered now)
+        if left <= 0 or latest or server.closing:  # (stopping: answered now)
             return {"bucket": kv_bucket(channel), "entries": [], "next": max(after, end - 1),
                     "revision": end - 1}
         await _next_commit(server, channel, left)

@@ -40,6 +40,7 @@ class Server(Protocol):
     tls: Any  # tls.TlsFiles when the listeners speak TLS
     http_consumers: Any  # http_consumers.HttpConsumers with the HTTP API
     http_asks: set[Any]  # futures of HTTP requests awaiting their replies
+    closing: bool  # stop() has begun
     http_task: asyncio.Task[Any] | None
     connections: set[Any]  # connection.NativeConnection
     streams: set[Any]  # http_stream.StreamSession
