@@ -74,7 +74,7 @@ async def ask(server: Server, identity: Identity, channel: str, data: bytes,
             await adopting
         owner = front.owner_link(inbox)
         if owner is not None:
-            reply = await _ask_owner(owner, channel, data, dict(headers), timeout)
+            reply = await _ask_owner(server, owner, channel, data, dict(headers), timeout)
             return _response(reply)
     return _response(await ask_here(server, identity, channel, data, dict(headers), timeout))
 
@@ -139,10 +139,11 @@ async def ask_here(server: Server, identity: Identity, channel: str, data: bytes
             "correlation": correlation, "reply_id": reply.id}
 
 
-async def _ask_owner(owner: Any, channel: str, data: bytes, headers: dict[str, str],
-                     timeout: float) -> dict[str, Any]:
+async def _ask_owner(server: Server, owner: Any, channel: str, data: bytes,
+                     headers: dict[str, str], timeout: float) -> dict[str, Any]:
     """Have the broker owning the inboxes make the request (``REQUEST_OP``)."""
     answer: asyncio.Future[f.Frame] = asyncio.get_running_loop().create_future()
+    server.http_asks.add(answer)  # ended at once if this broker stops meanwhile
     owner.request(f.Admin(0, REQUEST_OP, {
         "channel": channel, "data": base64.b64encode(data).decode(),
         "headers": msgspec.json.encode(headers).decode(), "timeout": timeout}),
@@ -154,6 +155,8 @@ async def _ask_owner(owner: Any, channel: str, data: bytes, headers: dict[str, s
         raise ReplyTimeout(f"no reply to the request on {channel!r} within {timeout:g} s "
                            "(the broker holding the inboxes did not answer)",
                            channel=channel, timeout=timeout) from None
+    finally:
+        server.http_asks.discard(answer)
     if isinstance(ev, f.Error):
         raise error_from_code(ev.code, ev.message, ev.detail)
     assert isinstance(ev, f.Result)
