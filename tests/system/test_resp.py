@@ -1151,3 +1151,46 @@ def test_a_range_larger_than_an_answer_may_hold_is_refused_and_read_in_parts(bro
     with minou.connect_sync(broker.url, **broker.admin_auth()) as admin:
         assert admin.admin("status")["counters"]["refused"]["range_too_large"] == 2
     r.close()
+
+
+def test_a_multi_behind_xadds_in_one_pipeline_queues_and_aborts_as_alone(broker) -> None:
+    """MULTI waited behind the XADDs' commit, and the commands pipelined after it ran at
+    once instead of being queued: a transaction that had to abort was partly stored."""
+    r = connect(broker)
+    pipe = r.pipeline(transaction=False)
+    pipe.xadd("tx-a", {"n": "1"})
+    pipe.execute_command("MULTI")
+    pipe.xadd("tx-a", {"n": "2"})
+    pipe.execute_command("NOPE")
+    pipe.xadd("tx-a", {"n": "3"})
+    pipe.execute_command("EXEC")
+    out = pipe.execute(raise_on_error=False)
+    assert out[0] == b"1-0" and out[1] in (b"OK", True) and out[2] in (b"QUEUED", True)
+    assert "unknown command 'NOPE'" in str(out[3])
+    assert isinstance(out[5], redis.exceptions.ExecAbortError), out
+    assert r.xlen("tx-a") == 1
+    # And one that holds: queued behind a SET, applied whole at EXEC.
+    pipe = r.pipeline(transaction=False)
+    pipe.set("tx-marker", "x")
+    pipe.execute_command("MULTI")
+    pipe.xadd("tx-b", {"n": "1"})
+    pipe.xadd("tx-b", {"n": "2"})
+    pipe.execute_command("EXEC")
+    out = pipe.execute()
+    assert out[2] in (b"QUEUED", True) and out[4] == [b"1-0", b"2-0"], out
+    assert r.xlen("tx-b") == 2
+
+
+def test_a_read_after_xadds_sees_every_one_before_it_whatever_is_between(broker) -> None:
+    """XADD; PING; XADD; XLEN: the second XADD (run after the PING) was not yet
+    committed when XLEN ran, which counted 1."""
+    r = connect(broker)
+    for i in range(5):
+        pipe = r.pipeline(transaction=False)
+        pipe.xadd(f"rd-{i}", {"n": "1"})
+        pipe.ping()
+        pipe.xadd(f"rd-{i}", {"n": "2"})
+        pipe.xlen(f"rd-{i}")
+        pipe.xrange(f"rd-{i}")
+        out = pipe.execute()
+        assert out[3] == 2 and [entry_id for entry_id, _ in out[4]] == [b"1-0", b"2-0"], out

@@ -437,17 +437,7 @@ class RespConnection(asyncio.Protocol):
             self.mq.command(name, args)
             return
         slot = self._slot()
-        if self.multi is not None and name not in ("EXEC", "DISCARD", "MULTI", "WATCH",
-                                                   "QUIT", "RESET"):
-            known = name in COMMANDS or name in ASYNC_COMMANDS
-            if len(self.multi) >= MAX_MULTI:
-                self.multi_failed = True
-                self._fill(slot, Error(f"ERR a transaction holds at most {MAX_MULTI} "
-                                       "commands here"))
-                return
-            self.multi_failed = self.multi_failed or not known
-            self.multi.append(args)
-            self._fill(slot, Simple("QUEUED") if known else _unknown(args))
+        if self._queued_in_multi(name, args, slot):
             return
         tail = self._tail
         if (tail is None or tail.done()) and name != "XADD":
@@ -461,12 +451,43 @@ class RespConnection(asyncio.Protocol):
             async def later(tail: asyncio.Future[Any] = tail) -> None:
                 with contextlib.suppress(Exception):
                     await tail
-                await self._start(args, slot)
+                # What the commands before it did is known only now: a MULTI that
+                # ran meanwhile queues this one, and XADDs published meanwhile (by
+                # the general path) are committed before it runs, as above.
+                while not self._queued_in_multi(name, args, slot):
+                    published = self._published
+                    if name != "XADD":
+                        if self._batch:
+                            self._publish_batch()
+                            published = self._published
+                        if published is not None and not published.done():
+                            with contextlib.suppress(Exception):
+                                await published
+                            continue
+                    await self._start(args, slot)
+                    break
                 self._drain()  # a command answered at once: nothing else sends it
 
             self._tail = asyncio.ensure_future(later())
             return
         self._run(args, slot)
+
+    def _queued_in_multi(self, name: str, args: list[bytes], slot: _Slot) -> bool:
+        """Inside MULTI: queue the command (QUEUED, or the error that will make EXEC
+        abort) into ``slot``, and say so."""
+        if self.multi is None or name in ("EXEC", "DISCARD", "MULTI", "WATCH", "QUIT",
+                                          "RESET"):
+            return False
+        known = name in COMMANDS or name in ASYNC_COMMANDS
+        if len(self.multi) >= MAX_MULTI:
+            self.multi_failed = True
+            self._fill(slot, Error(f"ERR a transaction holds at most {MAX_MULTI} "
+                                   "commands here"))
+            return True
+        self.multi_failed = self.multi_failed or not known
+        self.multi.append(args)
+        self._fill(slot, Simple("QUEUED") if known else _unknown(args))
+        return True
 
     async def _start(self, args: list[bytes], slot: _Slot) -> None:
         task = self._run(args, slot, nested=True)
