@@ -148,12 +148,23 @@ def test_bad_stream_messages_get_errors_and_the_stream_lives(stream_broker):
              "bad_request"),
             ({"op": "nack", "receipt": "1.1", "delay": 1e300}, "bad_request"),
             ({"op": "teleport"}, "bad_request"),
+            # A misspelt option was dropped for its default (here: from new, not oldest).
+            ({"op": "listen", "pattern": "orders/v1/*", "strat": "oldest"}, "bad_request"),
+            ({"op": "consume", "pattern": "orders/v1/*", "prefecth": 1}, "bad_request"),
+            ({"op": "nack", "receipt": "1.1", "front": "no"}, "bad_request"),  # was front
+            ({"op": "ack"}, "bad_request"),  # was "receipt None is not one of ..."
         ]:
             ws.send(json.dumps(bad))
             error = receive(ws, "error")
             assert error["reason"] == reason, bad
-            if bad["op"] == "ack":
+            if bad["op"] == "ack" and "receipt" in bad:
                 assert error["receipt"] == bad["receipt"]
+            if "strat" in bad or "prefecth" in bad:
+                assert "unknown field" in error["message"], error
+        ws.send(json.dumps({"op": "listen", "pattern": "orders/v1/u"}))
+        sid = receive(ws, "subscribed")["sid"]
+        ws.send(json.dumps({"op": "unsubscribe", "sid": sid, "ref": "u1"}))
+        assert receive(ws, "unsubscribed") == {"type": "unsubscribed", "sid": sid, "ref": "u1"}
         ws.send(b"\x00binary")
         assert "send stream messages as text" in receive(ws, "error")["message"]
         for sid in range(257):

@@ -167,6 +167,14 @@ class StreamSession:
                 raise BadRequest("a stream message is a JSON object with an 'op'")
             ref = msg.get("ref")
             op = msg.get("op")
+            fields = _OP_FIELDS.get(op) if isinstance(op, str) else None
+            if fields is not None:
+                # A misspelt option would be dropped, and the op run with its default
+                # (a "strat" that starts from new, a "prefecth" of 10): refused instead.
+                unknown = [k for k in msg if k not in fields]
+                if unknown:
+                    raise BadRequest(f"unknown field {unknown[0]!r} in a {op} (it takes "
+                                     f"{', '.join(sorted(fields - {'op', 'ref'}))})")
             if op in ("consume", "listen"):
                 self._subscribe(op, msg, ref)
             elif op in ("ack", "nack"):
@@ -178,6 +186,7 @@ class StreamSession:
                 self.engine.unsubscribe(self.session, sid)
                 if self.front is not None:
                     self.front.unsubscribe(f.Unsubscribe(0, sid))
+                self.emit({"type": "unsubscribed", "sid": sid, "ref": ref})
             else:
                 raise BadRequest(f"unknown op {op!r} (consume, listen, ack, nack, publish, "
                                  "unsubscribe)")
@@ -195,21 +204,26 @@ class StreamSession:
         prefetch = _int(msg, "prefetch", 10)
         if not 1 <= prefetch <= MAX_STREAM_PREFETCH:
             raise BadRequest(f"prefetch must be 1..{MAX_STREAM_PREFETCH}")
+        lease = msg.get("lease", 0.0)  # seconds; 0: the broker's default_lease
+        if not isinstance(lease, int | float) or isinstance(lease, bool):
+            raise BadRequest(f"lease must be a number of seconds, not {_shown(lease)}")
         sid = self.next_sid
         group, start, name = _str(msg, "group"), _str(msg, "start") or "", _str(msg, "name")
         self.engine.subscribe(self.session, sid, kind=kind, patterns=[pattern], group=group,
-                              start=start, prefetch=prefetch, name=name)
+                              start=start, prefetch=prefetch, name=name, lease=float(lease))
         self.next_sid += 1
         if self.front is not None:  # the same subscription on every other broker
             self.front.subscribe(f.Subscribe(0, sid, kind, [pattern], group, start, prefetch,
-                                             0.0, name), f.Result(0, None))
+                                             float(lease), name), f.Result(0, None))
         # Now, not after the commit: the broker picks the sid, so the client must learn
         # it before the first message that carries it (which may come before the commit).
         self.emit({"type": "subscribed", "sid": sid, "pattern": pattern, "ref": ref})
 
     def _settle(self, op: str, msg: dict[str, Any]) -> None:
         receipt = msg.get("receipt")
-        sid, _, tag = str(receipt).partition(".")
+        if not isinstance(receipt, str):
+            raise BadRequest(f"a {op} needs the receipt (a string) of the delivery")
+        sid, _, tag = receipt.partition(".")
         if not (sid.isascii() and sid.isdigit() and tag.isascii() and tag.isdigit()):
             raise UnknownDelivery(f"receipt {receipt!r} is not one of this stream's",
                                   receipt=str(receipt))
@@ -218,7 +232,10 @@ class StreamSession:
             delay = msg.get("delay") or 0.0
             if not isinstance(delay, int | float) or isinstance(delay, bool):
                 raise BadRequest("delay must be a number of seconds")
-            kw = {"delay": float(delay), "front": msg.get("front", True) is not False}
+            front = msg.get("front", True)
+            if not isinstance(front, bool):
+                raise BadRequest(f"front must be true or false, got {front!r:.40}")
+            kw = {"delay": float(delay), "front": front}
         reply = {"type": "settled", "receipt": receipt, "op": op}
         if self.front is not None and int(tag) >= REMOTE_TAGS:
             self._settle_remote(op, int(tag), reply, **kw)
@@ -271,6 +288,18 @@ class StreamSession:
 
 # The scope key under which a WebSocket route leaves what holds the socket's session.
 WS_OWNER = "minou.owner"
+
+
+# The fields each op takes (publish checks its own, publish_send below).
+_OP_FIELDS: dict[str, frozenset[str]] = {
+    "consume": frozenset({"op", "ref", "pattern", "group", "prefetch", "start", "name",
+                          "lease"}),
+    "listen": frozenset({"op", "ref", "pattern", "group", "prefetch", "start", "name",
+                         "lease"}),
+    "ack": frozenset({"op", "ref", "receipt"}),
+    "nack": frozenset({"op", "ref", "receipt", "delay", "front"}),
+    "unsubscribe": frozenset({"op", "ref", "sid"}),
+}
 
 
 async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
