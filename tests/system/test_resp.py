@@ -1194,3 +1194,25 @@ def test_a_read_after_xadds_sees_every_one_before_it_whatever_is_between(broker)
         pipe.xrange(f"rd-{i}")
         out = pipe.execute()
         assert out[3] == 2 and [entry_id for entry_id, _ in out[4]] == [b"1-0", b"2-0"], out
+
+
+def test_arguments_redis_refuses_are_refused_as_redis_words_them(broker) -> None:
+    r = connect(broker)
+    r.xadd("args-a", {"n": "1"})
+    r.xgroup_create("args-a", "g", id="0")
+    for command, message in (
+            (("XAUTOCLAIM", "args-a", "g", "c", "0", "0", "COUNT", "0"), "COUNT must be > 0"),
+            (("XAUTOCLAIM", "args-a", "g", "c", "0", "0", "COUNT", "-3"), "COUNT must be > 0"),
+            (("XADD", "args-a", "MAXLEN", "~", "-1", "*", "n", "2"),
+             "The MAXLEN argument must be >= 0"),
+            (("XCLAIM", "args-a", "g", "c", "99999999999999999999", "1-0"),
+             "value is not an integer or out of range")):
+        with pytest.raises(redis.ResponseError, match=message):
+            r.execute_command(*command)
+    # COUNT 0 or less is no limit in Redis: a (bounded) batch here, not one entry.
+    r.xadd("args-a", {"n": "2"})
+    got = r.execute_command("XREADGROUP", "GROUP", "g", "c", "COUNT", "-1", "STREAMS",
+                            "args-a", ">")
+    entries = got[0][1] if isinstance(got, list) else got[b"args-a"][0]
+    assert len(entries) == 2
+    assert r.xlen("args-a") == 2  # the refused XADD stored nothing

@@ -872,6 +872,12 @@ def _xadd(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
             approx = i < len(args) and args[i] == b"~"
             if i < len(args) and args[i] in (b"~", b"="):
                 i += 1
+            if opt == b"MAXLEN" and i < len(args):
+                try:
+                    if _int(args[i]) < 0:
+                        return Error("ERR The MAXLEN argument must be >= 0.")
+                except _Reply as early:
+                    return early.reply
             i += 1  # the threshold
             if i + 1 < len(args) and args[i].upper() == b"LIMIT":
                 i += 2
@@ -1152,10 +1158,14 @@ def _writable(c: RespConnection, key: bytes) -> str:
 
 
 def _int(value: bytes) -> int:
+    """A 64-bit signed integer argument, as Redis reads them."""
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise _Reply(Error("ERR value is not an integer or out of range")) from None
+        number = None
+    if number is None or not -(1 << 63) <= number < 1 << 63:
+        raise _Reply(Error("ERR value is not an integer or out of range"))
+    return number
 
 
 class _Reply(Exception):
@@ -1369,7 +1379,8 @@ def _read_options(args: list[bytes], i: int, cmd: str
     while i < len(args):
         opt = args[i].upper()
         if opt == b"COUNT" and i + 1 < len(args):
-            count = max(1, min(_int(args[i + 1]), MAX_COUNT))
+            asked = _int(args[i + 1])  # 0 or less: no limit, as in Redis (a bounded batch)
+            count = min(asked, MAX_COUNT) if asked > 0 else None
             i += 2
         elif opt == b"BLOCK" and i + 1 < len(args):
             block = _int(args[i + 1])
@@ -1662,7 +1673,10 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         while i < len(args):
             opt = args[i].upper()
             if opt == b"COUNT" and i + 1 < len(args):
-                count, i = max(1, min(_int(args[i + 1]), MAX_COUNT)), i + 2
+                asked = _int(args[i + 1])
+                if asked < 1:
+                    return Error("ERR COUNT must be > 0")
+                count, i = min(asked, MAX_COUNT), i + 2
             elif opt == b"JUSTID":
                 justid, i = True, i + 1
             else:
