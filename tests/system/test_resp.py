@@ -1216,3 +1216,25 @@ def test_arguments_redis_refuses_are_refused_as_redis_words_them(broker) -> None
     entries = got[0][1] if isinstance(got, list) else got[b"args-a"][0]
     assert len(entries) == 2
     assert r.xlen("args-a") == 2  # the refused XADD stored nothing
+
+
+def test_a_block_0_reader_sees_the_connection_go_when_the_broker_stops(broker) -> None:
+    """It was answered nil (redis-py: [], "nothing came"), which BLOCK 0 never means."""
+    import threading
+
+    r = connect(broker)
+    r.xadd("blk", {"n": "1"})
+    seen: list[Any] = []
+
+    def reader() -> None:
+        try:
+            seen.append(r.xread({"blk": "$"}, block=0))
+        except redis.ConnectionError as exc:
+            seen.append(exc)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.5)  # the read is waiting (nothing to see it from outside)
+    assert broker.stop() == 0
+    t.join(20)
+    assert len(seen) == 1 and isinstance(seen[0], redis.ConnectionError), seen

@@ -1497,7 +1497,12 @@ async def _xread_run(c: RespConnection, slot: _Slot,
                 after.setdefault(ch, 0 if sid in (b"$", b"+") else parse_id(
                     sid, high=True, ids=_stream_ids(c, ch)))
     except asyncio.CancelledError:
-        c._answer(slot, NULL_ARRAY)  # the connection is gone: nobody reads it
+        if getattr(c.server, "closing", False) and not c.closed:
+            # The broker stops: cut the connection as Redis's SHUTDOWN does (a nil
+            # would read as "nothing came", which a BLOCK 0 never answers).
+            c.abort()
+        else:
+            c._answer(slot, NULL_ARRAY)  # the connection is gone: nobody reads it
         raise
 
 
