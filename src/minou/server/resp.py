@@ -484,6 +484,13 @@ class RespConnection(asyncio.Protocol):
             self._fill(slot, Error(f"ERR a transaction holds at most {MAX_MULTI} "
                                    "commands here"))
             return True
+        doc = COMMAND_DOCS.get(name)
+        if known and doc is not None and (len(args) != doc.arity if doc.arity > 0
+                                          else len(args) < -doc.arity):
+            # Refused when queued, as Redis does: EXEC then aborts the whole transaction.
+            self.multi_failed = True
+            self._fill(slot, wrong_args(name.lower()))
+            return True
         self.multi_failed = self.multi_failed or not known
         self.multi.append(args)
         self._fill(slot, Simple("QUEUED") if known else _unknown(args))
