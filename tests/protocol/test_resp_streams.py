@@ -185,3 +185,11 @@ def test_range_bounds_and_exact_ids_follow_the_streams_own_ids(
             assert exact_seq(body, None) == (int(ms) if not n or int(n) == 0 else None)
     assert [id_of(s, ids) for s in range(1, 5)] == [ids.text(s) for s in range(1, 5)]
     assert id_of(7, None) == b"7-0"
+
+
+def test_a_stream_key_too_long_is_shown_as_text_cut_short() -> None:
+    with pytest.raises(StreamKeyError) as refused:
+        key_to_channel(b"s" * 1009)
+    message = str(refused.value)
+    assert message.startswith("stream key 'ssss") and "...': channel name is" in message
+    assert "b'" not in message  # (a Python bytes literal before)

@@ -78,7 +78,8 @@ def key_to_channel(key: bytes) -> str:
     try:
         return validate_channel(channel)
     except InvalidChannel as exc:
-        raise StreamKeyError(f"stream key {key[:64]!r}: {exc.message}") from None
+        shown = key[:64].decode(errors="backslashreplace") + ("..." if len(key) > 64 else "")
+        raise StreamKeyError(f"stream key {shown!r}: {exc.message}") from None
 
 
 def channel_to_key(channel: str) -> bytes:
