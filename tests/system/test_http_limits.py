@@ -373,6 +373,16 @@ def test_idle_sockets_are_cut_and_the_limit_frees_up(broker_factory, tmp_path):
 
 
 # --------------------------------------------------------- file descriptors
+def assert_native_refused(broker: Any, limit: int, descriptors: int) -> None:
+    """A native client past the limit is refused at once, the cap and its cause named."""
+    late = RawPeer(broker.url)
+    err = late.read()
+    assert isinstance(err, f.Error) and err.code == ErrorCode.TOO_MANY_CONNECTIONS
+    assert (f"capped to {limit} by the process's {descriptors} file descriptors"
+            in err.message)
+    late.close()
+
+
 def test_the_limit_derives_from_the_descriptor_limit_and_holds_it(broker_factory, tmp_path,
                                                                   monkeypatch):
     """The reported case, scaled down: a process with few descriptors, flooded with idle
@@ -401,11 +411,7 @@ def test_the_limit_derives_from_the_descriptor_limit_and_holds_it(broker_factory
             over = Http(broker)
             flood.append(over)
             assert over.get()[0] == 503
-        late = RawPeer(broker.url)
-        err = late.read()
-        assert isinstance(err, f.Error) and err.code == ErrorCode.TOO_MANY_CONNECTIONS
-        assert f"capped to {limit} by the process's {hard} file descriptors" in err.message
-        late.close()
+        assert_native_refused(broker, limit, hard)
         assert broker.proc is not None
         assert len(os.listdir(f"/proc/{broker.proc.pid}/fd")) < hard - 20
         for sock in flood:
@@ -439,11 +445,7 @@ def test_the_limit_derives_from_the_descriptor_limit_and_holds_it(broker_factory
         last = Http(broker)  # answered: those before it were taken in (one listener's order)
         flood.append(last)
         assert last.get()[0] == 200
-        late = RawPeer(broker.url)
-        err = late.read()
-        assert isinstance(err, f.Error) and err.code == ErrorCode.TOO_MANY_CONNECTIONS
-        assert f"capped to {fewer} by the process's {lowered} file descriptors" in err.message
-        late.close()
+        assert_native_refused(broker, fewer, lowered)
     finally:
         for sock in flood:
             sock.close()
