@@ -136,8 +136,9 @@ def test_a_group_named_like_a_pattern_is_made_only_by_who_may_read_that_pattern(
     h = Harness()
     narrow, wide = session("narrow"), session("wide")
     with pytest.raises(NotAuthorized, match="group name 'orders/v1/\\*' is the group of the "
-                                            "consumers of pattern 'orders/v1/\\*'"):
+                                            "consumers of pattern 'orders/v1/\\*'") as refused:
         h.subscribe(narrow, patterns="orders/v1/1", group="orders/v1/*")
+    assert refused.value.detail["group"] == "orders/v1/*"  # for clients, in the error frame
     with pytest.raises(NotAuthorized, match="group name 'orders/v1/\\*'"):
         h.broker.set_position(narrow, "orders/v1/*", {"orders/v1/1": 1}, h.now)
     assert "consume:orders/v1/*" not in h.broker.groups
