@@ -44,7 +44,14 @@ from ..errors import (
     NotAuthenticated,
     RequestError,
 )
-from ..limits import MAX_DELETE, MAX_FROM_SEQ, RESP_RANGE_BYTES, RESP_RANGE_TOTAL_BYTES
+from ..limits import (
+    MAX_DELETE,
+    MAX_FROM_SEQ,
+    REFUSAL_LINGER_S,
+    RESP_RANGE_BYTES,
+    RESP_RANGE_TOTAL_BYTES,
+    STORAGE_READ_BYTES,
+)
 from ..names import Pattern, is_inbox
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
@@ -371,7 +378,21 @@ class RespConnection(asyncio.Protocol):
             self.resume_reading()
         if self.closing and not slots:
             self.closed = True
-            self.transport.close()
+            if self.parser.error is None:
+                self.transport.close()
+            else:
+                self._linger(self.transport)
+
+    @staticmethod
+    def _linger(transport: asyncio.Transport) -> None:
+        """Close after a protocol error, reading (and dropping: ``data_received`` is
+        closing) what the client still sends for REFUSAL_LINGER_S: a client library
+        writes a whole too-big command before it reads, and a close with bytes unread
+        makes the kernel send a reset, which can destroy the error before it is read."""
+        if transport.can_write_eof():  # not TLS: the client sees the end after the error
+            transport.write_eof()
+        transport.resume_reading()
+        asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.close)
 
     def frame(self, frame: f.Frame) -> None:
         """A frame from the inner native connection: the answer to one of ours."""
@@ -1019,101 +1040,135 @@ def _read_into(self: RespConnection, channel: str, lo: int, hi: int, count: int 
     ``[lo, hi]`` within them into ``entries`` (Redis entries), then fill ``slot``;
     backwards a page at a time from the top for a reverse range. An answer past
     RESP_RANGE_BYTES is refused (RANGE_TOO_LARGE) as soon as it is."""
-    gathered = [0]  # what the answer weighs so far (payloads + READ_WEIGHT_BASE each)
+    _RangeRead(self, channel, lo, hi, count, reverse, slot, entries).start()
 
-    def finish(reply: Any) -> None:
-        self.range_held -= gathered[0]
-        gathered[0] = 0
-        self._answer(slot, reply)
 
-    def refuse(why: str) -> None:
-        self.server.core.counters.refuse("range_too_large")
-        finish(Error(f"ERR RANGE_TOO_LARGE {why}; read the range in parts with COUNT"))
+RespConnection.inner_read = _read_into  # type: ignore[attr-defined]
 
-    def bounded(reply: f.Frame) -> None:
-        found = (reply.value or {}).get(channel) if isinstance(reply, f.Result) else None
+
+class _RangeRead:
+    """One XRANGE / XREVRANGE being gathered (``_read_into``). An object, not nested
+    closures: a closure calling itself is a reference cycle, which held every answer
+    (up to 64 MiB) until the cyclic GC ran, rarely with GC_THRESHOLD: reading 1 MB
+    entries grew the broker by gigabytes."""
+
+    __slots__ = ("c", "channel", "count", "entries", "gathered", "hi", "lo", "reverse",
+                 "slot")
+
+    def __init__(self, c: RespConnection, channel: str, lo: int, hi: int,
+                 count: int | None, reverse: bool, slot: _Slot, entries: list[Any]) -> None:
+        self.c, self.channel, self.lo, self.hi = c, channel, lo, hi
+        self.count, self.reverse, self.slot, self.entries = count, reverse, slot, entries
+        self.gathered = 0  # what the answer weighs so far (payloads + READ_WEIGHT_BASE)
+
+    def start(self) -> None:
+        c = self.c
+        offsets = f.Offsets(next(c._req), [self.channel])
+        c._waiting[offsets.req] = self.bounded
+        assert c.inner is not None
+        c.inner._handle(offsets)
+
+    def finish(self, reply: Any) -> None:
+        self.c.range_held -= self.gathered
+        self.gathered = 0
+        self.c._answer(self.slot, reply)
+
+    def refuse(self, why: str) -> None:
+        self.c.server.core.counters.refuse("range_too_large")
+        self.finish(Error(f"ERR RANGE_TOO_LARGE {why}; read the range in parts with COUNT"))
+
+    def bounded(self, reply: f.Frame) -> None:
+        if isinstance(reply, f.Error):
+            self.finish(_frame_error(reply))
+            return
+        found = (reply.value or {}).get(self.channel) if isinstance(reply, f.Result) else None
         if not found:
-            self._answer(slot, [])
+            self.finish([])
             return
         first, nxt = found
-        low, top = max(lo, int(first), 1), min(hi, int(nxt) - 1)
+        low, top = max(self.lo, int(first), 1), min(self.hi, int(nxt) - 1)
         if low > top:
-            self._answer(slot, [])
+            self.finish([])
             return
-        page(low, top)
+        self.page(low, top)
 
-    def page(low: int, top: int, start: int | None = None,
+    def page(self, low: int, top: int, start: int | None = None,
              window: list[Any] | None = None, first: int | None = None) -> None:
         # Backwards: the window [start, top] is read forwards (``window`` holds what
         # came so far: a page cut short by bytes goes on from ``first``, its
         # next_seq), then added reversed.
+        c, count = self.c, self.count
         if start is None:
             # Backwards with COUNT: a window of what is still wanted (a few seqs gone
             # cost another window), not 1,000 entries read for one.
-            span = READ_PAGE if count is None else min(READ_PAGE, count - len(entries))
-            start = max(low, top - span + 1) if reverse else low
+            span = READ_PAGE if count is None else min(READ_PAGE, count - len(self.entries))
+            start = max(low, top - span + 1) if self.reverse else low
         if first is None:
             first = start
-        want = READ_PAGE if count is None or reverse else min(READ_PAGE, count - len(entries))
-        frame = f.Read(next(self._req), channel, first, want, top + 1)
+        if (held := _answers_held(c.server)) > RESP_RANGE_TOTAL_BYTES:
+            self.refuse(_total_held(held))  # before a page more is read for nothing
+            return
+        want = READ_PAGE if count is None or self.reverse else \
+            min(READ_PAGE, count - len(self.entries))
+        frame = f.Read(next(c._req), self.channel, first, want, top + 1)
+        c._waiting[frame.req] = lambda reply: self.answered(reply, low, top, start, window)
+        assert c.inner is not None
+        c.inner._handle(frame)
 
-        def answered(reply: f.Frame) -> None:
-            if isinstance(reply, f.Error):
-                finish(_frame_error(reply))
+    def answered(self, reply: f.Frame, low: int, top: int, start: int,
+                 window: list[Any] | None) -> None:
+        c, channel, count, entries = self.c, self.channel, self.count, self.entries
+        if isinstance(reply, f.Error):
+            self.finish(_frame_error(reply))
+            return
+        assert isinstance(reply, f.ReadResult)
+        weight = sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
+        self.gathered += weight
+        c.range_held += weight
+        if self.gathered > RESP_RANGE_BYTES:
+            self.refuse(f"the entries of {channel!r} asked for are more than "
+                        f"{RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before it "
+                        "is sent)")
+            return
+        # Every connection's answers being gathered, or written and not read yet,
+        # share one bound too: many clients asking for big ranges at once, or
+        # asking and never reading, held their sum (gigabytes).
+        held = _answers_held(c.server)
+        if held > RESP_RANGE_TOTAL_BYTES:
+            self.refuse(_total_held(held))
+            return
+        ids = _stream_ids(c, channel)
+        if self.reverse:
+            got = (window or []) + [(d.seq, _entry(d, ids)) for d in reply.items
+                                     if low <= d.seq <= top]
+            if reply.items and reply.next_seq <= top:
+                self.page(low, top, start, got, reply.next_seq)  # this window's rest
                 return
-            assert isinstance(reply, f.ReadResult)
-            weight = sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
-            gathered[0] += weight
-            self.range_held += weight
-            if gathered[0] > RESP_RANGE_BYTES:
-                refuse(f"the entries of {channel!r} asked for are more than "
-                       f"{RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before it is "
-                       "sent)")
-                return
-            # Every connection's answers being gathered share one bound too: many
-            # clients asking for big ranges at once held their sum (gigabytes).
-            held = self.range_held + sum(c.range_held for c in self.server.resp_connections
-                                         if c is not self)
-            if held > RESP_RANGE_TOTAL_BYTES:
-                refuse(f"range reads in progress hold {held >> 20} MiB, the most all of "
-                       f"them may ({RESP_RANGE_TOTAL_BYTES >> 20} MiB): retry in a moment")
-                return
-            ids = _stream_ids(self, channel)
-            if reverse:
-                got = (window or []) + [(d.seq, _entry(d, ids)) for d in reply.items
-                                         if low <= d.seq <= top]
-                if reply.items and reply.next_seq <= top:
-                    page(low, top, start, got, reply.next_seq)  # this window's rest
-                    return
-                entries.extend(e for _, e in reversed(got))
-                more_from = None if start <= low else start - 1
-            else:
-                got = [_entry(d, ids) for d in reply.items if low <= d.seq <= top]
-                entries.extend(got)
-                more_from = reply.next_seq if reply.items and reply.next_seq <= top else None
-            if count is not None and len(entries) >= count:
-                del entries[count:]
-                more_from = None
-            if more_from is None:
-                finish(entries)
-            elif reverse:
-                page(low, more_from)
-            else:
-                page(more_from, top)
-
-        self._waiting[frame.req] = answered
-        assert self.inner is not None
-        self.inner._handle(frame)
-
-    offsets = f.Offsets(next(self._req), [channel])
-    self._waiting[offsets.req] = lambda reply: (
-        self._answer(slot, _frame_error(reply)) if isinstance(reply, f.Error)
-        else bounded(reply))
-    assert self.inner is not None
-    self.inner._handle(offsets)
+            entries.extend(e for _, e in reversed(got))
+            more_from = None if start <= low else start - 1
+        else:
+            entries.extend(_entry(d, ids) for d in reply.items if low <= d.seq <= top)
+            more_from = reply.next_seq if reply.items and reply.next_seq <= top else None
+        if count is not None and len(entries) >= count:
+            del entries[count:]
+            more_from = None
+        if more_from is None:
+            self.finish(entries)
+        elif self.reverse:
+            self.page(low, more_from)
+        else:
+            self.page(more_from, top)
 
 
-RespConnection.inner_read = _read_into  # type: ignore[attr-defined]
+def _total_held(held: int) -> str:
+    return (f"range reads in progress hold {held >> 20} MiB, the most all of them may "
+            f"({RESP_RANGE_TOTAL_BYTES >> 20} MiB): retry in a moment")
+
+
+def _answers_held(server: Any) -> int:
+    """The bytes of read answers every RESP connection holds: being gathered
+    (``range_held``) or handed to its socket and not read by the client yet."""
+    return sum(c.range_held + c.get_write_buffer_size() for c in server.resp_connections)
 
 
 # ------------------------------------------------------------- consumer groups
@@ -1339,7 +1394,10 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
         if state["finished"]:
             return
         state["finished"] = True
-        c.blocked.discard(finish)
+        # Named through ``registered``, emptied here: ``finish`` naming itself would be a
+        # reference cycle holding ``got`` (the whole answer) and the slot until the
+        # cyclic GC ran, rarely with GC_THRESHOLD.
+        c.blocked.discard(registered.pop())
         for end in ends:
             end()  # the others answer with what they hold now (counted in ``got``)
         if got:
@@ -1375,6 +1433,7 @@ def _take(c: RespConnection, slot: _Slot, groups: RespGroups,
                 finish()
 
         ends.append(holder.take(want, wait, done))
+    registered = [finish]
     c.blocked.add(finish)
 
 
@@ -1474,12 +1533,25 @@ async def _xread_run(c: RespConnection, slot: _Slot,
             time.monotonic() + (block / 1000 if block else 10 ** 9))
         while True:
             found = []
+            # An answer is held whole until the client reads it: it stops at a page's
+            # bytes, and at what the answers of every connection may hold together
+            # (always one entry: the client reads on from the last id it got).
+            room = min(STORAGE_READ_BYTES, RESP_RANGE_TOTAL_BYTES - _answers_held(c.server))
             for key, ch, _ in streams:
+                if room <= 0 and found:
+                    break
                 reply = await c.request(f.Read(next(c._req), ch, after[ch] + 1, count))
                 if isinstance(reply, f.Error):
                     c._answer(slot, _frame_error(reply))
                     return
-                items = [d for d in reply.items if d.seq > after[ch]][:count]
+                items = []
+                for d in reply.items:
+                    if d.seq <= after[ch]:
+                        continue
+                    if len(items) == count or (room <= 0 and (items or found)):
+                        break
+                    items.append(d)
+                    room -= len(d.data) + READ_WEIGHT_BASE
                 if items:
                     ids = _stream_ids(c, ch)
                     found.append((key, [_entry(d, ids) for d in items]))
