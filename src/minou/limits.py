@@ -80,6 +80,11 @@ CONSUMER_WRITE_LOW = 1 << 20
 BURST_BYTES = 1 << 20  # deliveries per subscription per pump round, so writes can pause us
 CONSUMER_HARD_LIMIT = 64 << 20  # then cut it, with an error frame first (nats-server)
 SLOW_CONSUMER_GRACE_S = 2.0  # after the cut, time to read the error before the socket drops
+# A native client's READs: at most this many answered at once, and none while more than
+# READ_ANSWERS_UNSENT bytes wait to be read by it; the ones after wait (so do its other
+# frames: nothing more is read from it) until it reads some of what it was sent.
+READS_PER_CONNECTION = 4
+READ_ANSWERS_UNSENT = 16 << 20
 
 # Memory: recent message bodies are kept in memory for fast delivery; older
 # ones are read back from storage in pages.

@@ -7,11 +7,12 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import minou
 from minou.protocol import frames as f
 
-from ..conftest import RawPeer, wait_until
+from ..conftest import RawPeer, signed_hello, wait_until
 
 BODY = "x" * 4000  # ~4 KB messages, as in the report
 
@@ -98,3 +99,66 @@ def test_silent_consumers_together_pin_a_bounded_amount_of_memory(broker_factory
     finally:
         for s in silent:
             s.close()
+
+
+def _anon_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
+def _silent_reader(broker: Any, reads: int) -> RawPeer:
+    """HELLO and ``reads`` READs of 8 messages of ``wide/v1/r`` in one write, then
+    nothing read (a small receive window from the start: set later, it stays tiny)."""
+    peer = RawPeer(broker.url)
+    peer.sock.close()
+    peer.sock = socket.socket()
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    peer.sock.settimeout(10)
+    peer.sock.connect(("127.0.0.1", broker.port))
+    frames = [f.encode(f.Read(i + 1, "wide/v1/r", 1, 8)) for i in range(reads)]
+    peer.write(f.encode(signed_hello("app")) + b"".join(frames))
+    return peer
+
+
+def test_a_reader_asking_on_without_reading_the_answers_holds_little(broker) -> None:
+    """READs pipelined behind the HELLO by a client that reads none of the answers:
+    the broker answers a few, then reads nothing more from it until it reads some
+    (before, every answer waited in the broker: 200 READs of 8 MB held 1.1 GB). Once
+    it reads, every answer comes, in order."""
+    with broker.connect_sync("app") as c:
+        for _ in range(40):
+            c.send("wide/v1/r", "y" * 250_000)
+    before = _anon_mib(broker.proc.pid)
+    peer = _silent_reader(broker, 60)
+    last, steady = -1.0, 0
+    while steady < 3:  # until the broker's memory stops moving
+        time.sleep(0.3)
+        now = _anon_mib(broker.proc.pid)
+        steady = steady + 1 if abs(now - last) < 1 else 0
+        last = now
+    assert last - before < 50, f"60 unread answers of 2 MB: the broker grew {last - before:.0f} MiB"
+    assert isinstance(peer.read(), f.Welcome)
+    answers = [peer.read() for _ in range(60)]
+    assert [a.req for a in answers] == list(range(1, 61))  # type: ignore[attr-defined]
+    assert all(len(a.items) == 8 for a in answers)  # type: ignore[attr-defined]
+    peer.close()
+
+
+def test_a_reader_whose_reads_wait_and_that_reads_nothing_is_cut(broker_factory,
+                                                               tmp_path) -> None:
+    """Its READs wait for it to read the answers; reading nothing at all for
+    ``slow_consumer_seconds``, it is cut (logged, counted), as a consumer that stops
+    reading its deliveries is: what it held goes."""
+    cfg = tmp_path / "stall.toml"
+    cfg.write_text("slow_consumer_seconds = 2\n")
+    b = broker_factory.make(config=cfg).start()
+    with b.connect_sync("app") as c:
+        for _ in range(40):
+            c.send("wide/v1/r", "y" * 250_000)
+    peer = _silent_reader(b, 60)
+    wait_until(lambda: status(b)["flow"]["slow_consumers_cut"] >= 1, 20,
+               what="the silent reader to be cut")
+    assert "no answers were read for 2 s while more READs waited" in b.output
+    peer.close()

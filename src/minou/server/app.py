@@ -218,6 +218,10 @@ class BrokerServer:
         self.http_address: tuple[str, int] | None = None
         self.resp_address: tuple[str, int] | None = None  # the Redis protocol's
         self.resp_connections: set[Any] = set()
+        # The Redis door's read answers: bytes being gathered, and the connections
+        # with more than their water mark of replies unsent (resp._answers_held).
+        self.resp_range_held = 0
+        self.resp_unread: set[Any] = set()
         self._resp_socket: socket.socket | None = None
         self._resp: Any = None
         self.resp_groups: Any = None  # resp_groups.RespGroups with the Redis protocol
@@ -1092,10 +1096,11 @@ class BrokerServer:
                     time.time() - self.storage_full_since)
         self.engine.commit()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def _load(self, load: Load) -> None:
         loop = asyncio.get_running_loop()
@@ -1238,7 +1243,8 @@ class BrokerServer:
                 self.core.truncate(channel, first)
 
     # ------------------------------------------------------------ reading
-    def read_range(self, conn: NativeConnection, frame: f.Read) -> None:
+    def read_range(self, conn: NativeConnection, frame: f.Read) -> asyncio.Future[Any] | None:
+        """Answer a READ: at once (None) or once storage was read (the task)."""
         from ..names import validate_channel
 
         validate_channel(frame.channel)
@@ -1246,7 +1252,7 @@ class BrokerServer:
         log_ = self.core.channels.get(frame.channel)
         if log_ is None:
             conn.send(f.ReadResult(frame.req, [], 1, 1))
-            return
+            return None
         upper = log_.end if not frame.to_seq else min(frame.to_seq, log_.end)
         limit = max(1, min(frame.limit or STORAGE_READ_PAGE, 10_000))
         start = max(frame.from_seq, log_.first_seq, 1)
@@ -1268,7 +1274,7 @@ class BrokerServer:
             next_seq = page_end(msgs, limit, STORAGE_READ_BYTES, upper)
             conn.send(f.ReadResult(frame.req, items, next_seq, log_.first_seq))
 
-        self._spawn(run())
+        return self._spawn(run())
 
     # -------------------------------------------------------------- admin
     def admin(self, op: str, args: dict[str, Any], caller: Identity | None = None) -> Any:

@@ -37,6 +37,8 @@ from ..limits import (
     MAX_POSITION_CHANNELS,
     MIN_HEARTBEAT_S,
     PROTOCOL_VERSION,
+    READ_ANSWERS_UNSENT,
+    READS_PER_CONNECTION,
     SLOW_CONSUMER_GRACE_S,
 )
 from ..protocol import frames as f
@@ -98,6 +100,8 @@ class NativeConnection:
         # Frames that came behind a HELLO whose WELCOME waits for a commit: nothing is
         # answered before the WELCOME (and before the token's id is durable).
         self._held: list[f.Frame | BadFrame] | None = None
+        self.reads_out = 0  # READs being answered (storage read, not sent yet)
+        self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
         self._out: list[bytes] = []
         # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
         self.heartbeat = 0.0
@@ -304,6 +308,9 @@ class NativeConnection:
         for event in held:
             if self.closed:
                 return
+            if self._held is not None:  # held again by one of them (a READ: no room)
+                self._held.append(event)
+                continue
             self._handle(event)
         self.flush()
         self.engine.after_input()
@@ -431,7 +438,32 @@ class NativeConnection:
     def _on_read(self, frame: f.Read) -> None:
         if self.front is not None and self.front.read(frame):
             return
-        self.server.read_range(self, frame)
+        if not self.resp_door and (
+                self.reads_out >= READS_PER_CONNECTION
+                or self.transport.get_write_buffer_size() > READ_ANSWERS_UNSENT):
+            # A client asking on without reading what it was answered: the answers
+            # would wait in this process (200 READs of 8 MiB held 1.5 GB). Nothing more
+            # is read from it until it reads some (TCP's own flow control from there).
+            # (The Redis door bounds its reads itself: RUN_WINDOW, its range bound.)
+            self._read_room = room = asyncio.get_running_loop().create_future()
+            self.hold(room, lambda: self._handle(frame))
+            return
+        task = self.server.read_range(self, frame)
+        if task is not None:
+            self.reads_out += 1
+            task.add_done_callback(self._read_done)
+
+    def _read_done(self, _: object) -> None:
+        self.reads_out -= 1
+        self._read_room_check()
+
+    def _read_room_check(self) -> None:
+        room = self._read_room
+        if room is not None and not room.done() and not self.closed and \
+                self.reads_out < READS_PER_CONNECTION and \
+                self.transport.get_write_buffer_size() <= READ_ANSWERS_UNSENT:
+            self._read_room = None
+            room.set_result(None)
 
     def _on_admin(self, frame: f.Admin, adopted: bool = False) -> None:
         if frame.op == LINK_CREDIT:
@@ -668,9 +700,12 @@ class NativeConnection:
         asyncio.get_running_loop().call_later(SLOW_CONSUMER_GRACE_S, self.transport.abort)
 
     def set_paused(self, paused: bool) -> None:
-        """The transport's write buffer crossed a water mark: stop or resume deliveries."""
+        """The transport's write buffer crossed a water mark: stop or resume deliveries
+        (and READs held for want of room)."""
         self._water_paused = paused
         self._apply_pause()
+        if not paused:
+            self._read_room_check()
 
     def set_budget_paused(self, paused: bool) -> None:
         if paused != self.budget_paused:
@@ -689,10 +724,11 @@ class NativeConnection:
     def watch_progress(self, buffered: int, now: float) -> None:
         """Called every tick: a consumer that has unsettled deliveries and unsent bytes
         but read nothing for ``slow_consumer_seconds`` is cut, so it holds neither
-        messages nor memory until its leases end."""
+        messages nor memory until its leases end; so is a reader whose READs wait for
+        it to read their answers."""
         sent = self.bytes_written - buffered
         if not buffered or sent != self._sent_seen or self.session is None \
-                or not self.session.leases:
+                or not (self.session.leases or self._read_room is not None):
             self._sent_seen = sent
             self.stalled_since = None
             return
@@ -703,7 +739,11 @@ class NativeConnection:
         # Not ``now - stalled_since >= seconds``: a difference of two clock readings can
         # round below the sum it came from (when the sum crosses a power of two), so a
         # tick exactly ``seconds`` later could fail to cut (a test did, once).
-        if now >= self.stalled_since + seconds:
+        if now >= self.stalled_since + seconds and not self.session.leases:
+            self._cut_slow(SlowConsumer(
+                f"no answers were read for {seconds:g} s while more READs waited for "
+                "room; the connection is closed", seconds=seconds))
+        elif now >= self.stalled_since + seconds:
             self._cut_slow(SlowConsumer(
                 f"no deliveries were read for {seconds:g} s while "
                 f"{len(self.session.leases)} were unsettled; the connection is closed and "

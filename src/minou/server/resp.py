@@ -199,7 +199,6 @@ class RespConnection(asyncio.Protocol):
         self._in_backlog = False
         self._group: _Slot | None = None  # the slot of XADDs on the fast lane, still open
         self._waiting: dict[int, Callable[[f.Frame], None]] = {}
-        self.range_held = 0  # bytes of XRANGE answers this connection is gathering
         self._req = itertools.count(1)
         self._reading_paused = False
         self._since = time.monotonic()
@@ -210,6 +209,7 @@ class RespConnection(asyncio.Protocol):
         self._published: asyncio.Future[Any] | None = None  # the last PUBLISH's answer
         self.multi: list[list[bytes]] | None = None  # MULTI's queue
         self.mq: MiniqueueSubscriber | None = None  # after miniqueue's SUBSCRIBE
+        self.range_held = 0  # bytes of XRANGE answers this connection is gathering
         # while a script runs: the plain keys it read, at which revision (0: none)
         self.script_reads: dict[bytes, int] | None = None
         self.multi_failed = False
@@ -289,12 +289,21 @@ class RespConnection(asyncio.Protocol):
             self.inner.engine.after_input()
         self._drain()
 
+    def hold_range(self, change: int) -> None:
+        """Count ``change`` more bytes of range answers being gathered, here and in the
+        server's total (what a lost connection held leaves the total with it)."""
+        if self in self.server.resp_connections:
+            self.range_held += change
+            self.server.resp_range_held += change
+
     def pause_writing(self) -> None:  # the client is not reading its replies
         self._writing_paused = True
+        self.server.resp_unread.add(self)
         self.pause_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self.server.resp_unread.discard(self)
         self._run_backlog()
         self.resume_reading()
 
@@ -306,7 +315,9 @@ class RespConnection(asyncio.Protocol):
         if self.mq is not None:
             self.mq.close()
         self.server.admission.leave(self.transport)
+        self.hold_range(-self.range_held)
         self.server.resp_connections.discard(self)
+        self.server.resp_unread.discard(self)
         if self.inner is not None:
             self.inner.lost()
             self.server.connections.discard(self.inner)
@@ -1069,7 +1080,7 @@ class _RangeRead:
         c.inner._handle(offsets)
 
     def finish(self, reply: Any) -> None:
-        self.c.range_held -= self.gathered
+        self.c.hold_range(-self.gathered)
         self.gathered = 0
         self.c._answer(self.slot, reply)
 
@@ -1124,7 +1135,7 @@ class _RangeRead:
         assert isinstance(reply, f.ReadResult)
         weight = sum(len(d.data) + READ_WEIGHT_BASE for d in reply.items)
         self.gathered += weight
-        c.range_held += weight
+        c.hold_range(weight)
         if self.gathered > RESP_RANGE_BYTES:
             self.refuse(f"the entries of {channel!r} asked for are more than "
                         f"{RESP_RANGE_BYTES >> 20} MiB (an answer is held whole before it "
@@ -1166,9 +1177,10 @@ def _total_held(held: int) -> str:
 
 
 def _answers_held(server: Any) -> int:
-    """The bytes of read answers every RESP connection holds: being gathered
-    (``range_held``) or handed to its socket and not read by the client yet."""
-    return sum(c.range_held + c.get_write_buffer_size() for c in server.resp_connections)
+    """The bytes of read answers the RESP connections hold: being gathered, or handed
+    to a socket and not read by the client yet (counted on the connections past their
+    water mark: looking at every one of 10,000 per page read would cost more)."""
+    return server.resp_range_held + sum(c.get_write_buffer_size() for c in server.resp_unread)
 
 
 # ------------------------------------------------------------- consumer groups
