@@ -373,6 +373,36 @@ def test_the_broker_keeps_at_most_max_groups_groups(monkeypatch) -> None:
     h.subscribe(Session("d"), 1, patterns=CH, group="g0")
 
 
+def test_one_client_may_make_only_its_share_of_the_groups(monkeypatch) -> None:
+    """MAX_GROUPS is the broker's: one client (not an admin) may make at most
+    MAX_GROUPS_PER_CLIENT of them, so it cannot use them all and lock every other
+    client out of new groups. A group it deleted leaves its share."""
+    import minou.core.subscriptions as subscriptions
+    from minou.core.maintenance import delete_group
+
+    monkeypatch.setattr(subscriptions, "MAX_GROUPS_PER_CLIENT", 2)
+    h = Harness()
+    c = Session("c")
+    h.subscribe(c, 1, patterns=CH, group="g0")
+    h.broker.set_position(c, "g1", {CH: 1}, h.now)
+    with pytest.raises(QueueFull) as caught:
+        h.subscribe(c, 3, patterns=CH, group="g2")
+    assert caught.value.detail == {"limit": 2}
+    assert "client 'c' made 2 of the consumer groups" in caught.value.message
+    with pytest.raises(QueueFull):
+        h.broker.set_position(c, "g2", {CH: 1}, h.now)
+    with pytest.raises(QueueFull):  # a durable listener is a group too
+        h.subscribe(c, 4, kind="listen", patterns=CH, name="l")
+    assert "consume:g2" not in h.broker.state.groups
+    h.subscribe(c, 5, patterns=CH, group="g0")  # joining one that exists: allowed
+    h.subscribe(Session("d"), 1, patterns=CH, group="d0")  # others: their own share
+    h.subscribe(Session("root", admin=True), 1, patterns=CH, group="a0")
+    h.subscribe(Session("root", admin=True), 1, patterns=CH, group="a1")
+    h.subscribe(Session("root", admin=True), 1, patterns=CH, group="a2")
+    delete_group(h.broker, "consume:g1", h.now)
+    h.subscribe(c, 6, patterns=CH, group="g2")
+
+
 def test_a_group_made_before_the_name_bounds_is_still_joined() -> None:
     """Names are checked when a group is made: one stored before (a tab in its name,
     say) is joined and positioned as before, its state kept."""

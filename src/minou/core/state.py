@@ -63,6 +63,9 @@ class BrokerState:
 
         self.channels: dict[str, ChannelLog] = {}
         self.groups: dict[str, Group] = {}
+        # Who made each group since this broker started (not stored): a client's share
+        # of MAX_GROUPS is counted from it (Subscriptions._may_make_group).
+        self.group_makers: dict[str, str] = {}
         # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}

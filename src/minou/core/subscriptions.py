@@ -6,7 +6,14 @@ unsettled deliveries back through ``settlement``."""
 from __future__ import annotations
 
 from ..errors import BadRequest, InvalidChannel, NotAuthorized, QueueFull, UnknownSubscription
-from ..limits import MAX_GROUP_NAME, MAX_GROUPS, MAX_LEASE_S, MAX_PREFETCH, MAX_SUBSCRIPTIONS
+from ..limits import (
+    MAX_GROUP_NAME,
+    MAX_GROUPS,
+    MAX_GROUPS_PER_CLIENT,
+    MAX_LEASE_S,
+    MAX_PREFETCH,
+    MAX_SUBSCRIPTIONS,
+)
 from ..names import (
     Pattern,
     check_label,
@@ -79,7 +86,7 @@ class Subscriptions:
         # Checked: now this read claims what it reads (the group's channels too).
         self.rights.check_read(session, *texts, *(p.text for p in grp.patterns) if grp else ())
         if grp is None:
-            grp = self._new_group(key, kind)
+            grp = self._new_group(key, kind, session)
         elif start.startswith("seq:") and not grp.members:
             self._reset(grp, start_cursor, now)
         for pattern in parsed:
@@ -110,6 +117,24 @@ class Subscriptions:
                             f"listeners (the limit is {MAX_GROUPS}); join an existing group, or "
                             "have an admin delete unused ones (DELETE /v1/groups/{group})",
                             limit=MAX_GROUPS)
+        if not session.admin:
+            made = self._made_by(session.client_id)
+            if made >= MAX_GROUPS_PER_CLIENT:
+                raise QueueFull(
+                    f"client {session.client_id!r} made {made} of the consumer groups and "
+                    f"listeners this broker keeps (a client may make {MAX_GROUPS_PER_CLIENT} "
+                    f"of the {MAX_GROUPS}, so that no one uses them all); join an existing "
+                    "group, or have an admin delete unused ones (DELETE /v1/groups/{group})",
+                    limit=MAX_GROUPS_PER_CLIENT)
+
+    def _made_by(self, client_id: str) -> int:
+        """How many of the groups that exist ``client_id`` made since the start (groups
+        restored from storage have no maker: they count towards MAX_GROUPS only)."""
+        makers, groups = self.state.group_makers, self.state.groups
+        if len(makers) > 2 * MAX_GROUPS:  # groups made and deleted since: forget those
+            for key in [k for k in makers if k not in groups]:
+                del makers[key]
+        return sum(1 for key, maker in makers.items() if maker == client_id and key in groups)
 
     def _may_take_default_name(self, session: Session, name: str) -> None:
         """A group named like a pattern is the group of whoever consumes that pattern
@@ -128,8 +153,9 @@ class Subscriptions:
                 f"name none, and client {session.client_id!r} may not read it "
                 f"({refusal.message}); name the group otherwise", group=name)
 
-    def _new_group(self, key: str, kind: str) -> Group:
+    def _new_group(self, key: str, kind: str, session: Session) -> Group:
         grp = self.state.groups[key] = Group(key, kind, [])
+        self.state.group_makers[key] = session.client_id
         return grp
 
     def _check_exclusive(self, session: Session, kind: str, parsed: list[Pattern],
@@ -299,7 +325,7 @@ class Subscriptions:
         # Positioning a group on a channel reads it, as subscribing would: it claims.
         self.rights.check_read(session, *positions)
         if grp is None:
-            grp = self._new_group(key, "consume")
+            grp = self._new_group(key, "consume", session)
         lags: dict[str, int] = {}
         for channel, next_seq in positions.items():
             self._add_pattern(grp, channel, "oldest", now)
