@@ -1209,6 +1209,37 @@ def test_large_entries_read_again_and_again_leave_the_broker_as_it_was(broker) -
     assert grown < 25, f"2,000 scripts grew the broker by {grown:.0f} MiB"
 
 
+def test_a_script_may_hold_only_so_much_memory(broker) -> None:
+    """A script's Lua is bounded in memory (64 MiB): 300 strings of 10 MB kept in a
+    table held 2.9 GB of the broker before (and ran three times its time limit). It is
+    answered with the reason, counted, and the broker and the connection go on."""
+    r = connect(broker)
+    base = _anon_mib(broker)
+    peak = [0.0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _anon_mib(broker) - base)
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(redis.ResponseError,
+                           match=r"not enough memory \(a script may hold 64 MiB\)"):
+            r.eval("local t = {} for i = 1, 300 do t[i] = string.rep('x', 10000000) .. i end "
+                   "return #t", 0)
+    finally:
+        done.set()
+        watcher.join()
+    assert peak[0] < 400, f"the script grew the broker by {peak[0]:.0f} MiB"
+    assert r.eval("return #string.rep('x', 1000000)", 0) == 1_000_000  # within: fine
+    assert r.ping()
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as admin:
+        assert admin.admin("status")["counters"]["refused"].get("script_memory") == 1
+
+
 def test_xread_answers_a_page_of_large_entries_and_reads_on(broker) -> None:
     """XREAD holds its answer whole: entries of 1 MB asked for on four streams at once
     (a page of 8 MiB each: 32 MB, and a pattern reads up to 100 streams) come a page

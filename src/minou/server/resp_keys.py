@@ -45,6 +45,9 @@ MAX_ENCODED_KEY = (MAX_KEY_LENGTH - 1) * 3 // 4
 MAX_SCRIPTS = 1000  # SCRIPT LOAD / EVAL keep at most this many scripts (then the oldest go)
 MAX_SCRIPT_BYTES = 64 * 1024
 SCRIPT_TIME_S = 5.0  # a script running longer is stopped with an error (Redis: BUSY)
+# What a script's Lua may hold (its tables, its strings, what redis.call returned):
+# without it 300 string.rep of 10 MB held 2.9 GB of the broker's memory.
+SCRIPT_MEMORY_BYTES = 64 << 20
 CALL_TIMEOUT_S = 30.0  # one redis.call's command, from the script's thread
 
 
@@ -328,7 +331,7 @@ _SANDBOX = b"""
 local clock, error, deadline = os.clock, error, ...
 debug.sethook(function()
   if clock() > deadline then error("BUSY script ran longer than its time limit", 0) end
-end, "", 10000)
+end, "", 1000)
 os, io, package, require, dofile, loadfile, load, loadstring, debug = nil
 """
 
@@ -343,7 +346,7 @@ def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
         import lupa  # type: ignore[no-redef]
 
     lua = lupa.LuaRuntime(encoding=None, register_eval=False, register_builtins=False,
-                          unpack_returned_tuples=True)
+                          unpack_returned_tuples=True, max_memory=SCRIPT_MEMORY_BYTES)
     start = lua.eval("os.clock()")
     lua.execute(_SANDBOX, start + SCRIPT_TIME_S)
     runtime = [lua]  # emptied when the script ends (see the end)
@@ -405,6 +408,10 @@ def run_script(c: RespConnection, loop: asyncio.AbstractEventLoop, body: bytes,
     try:
         try:
             result = lua.execute(body)
+        except lupa.LuaMemoryError:
+            c.server.core.counters.refuse("script_memory")
+            return Error("ERR Error running script: not enough memory (a script may hold "
+                         f"{SCRIPT_MEMORY_BYTES >> 20} MiB)")
         except lupa.LuaError as exc:
             text = str(exc)
             if text.startswith("BUSY"):
