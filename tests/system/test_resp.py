@@ -1209,6 +1209,61 @@ def test_large_entries_read_again_and_again_leave_the_broker_as_it_was(broker) -
     assert grown < 25, f"2,000 scripts grew the broker by {grown:.0f} MiB"
 
 
+def test_transactions_being_queued_hold_only_so_much(broker) -> None:
+    """A MULTI's queue is bounded in bytes (64 MiB), and all of them together (256 MiB):
+    1,500 SETs of 900 KB queued held 1.3 GB. Past it the command is refused, EXEC
+    aborts, it is counted; the broker goes on."""
+    import socket
+
+    import hiredis
+
+    password = token(broker, "app").encode()
+    value = b"v" * 900_000
+    set_cmd = b"*3\r\n$3\r\nSET\r\n$2\r\nk1\r\n$%d\r\n%s\r\n" % (len(value), value)
+
+    def queue(n: int) -> tuple[socket.socket, list[Any]]:
+        """A connection in MULTI that queued ``n`` SETs: its replies so far."""
+        s = socket.create_connection(("127.0.0.1", broker.resp_port), timeout=10)
+        s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n*1\r\n$5\r\nMULTI\r\n"
+                  % (len(password), password) + set_cmd * n)
+        reader, replies = hiredis.Reader(), []
+        while len(replies) < n + 2:
+            reader.feed(s.recv(1 << 16))
+            while (reply := reader.gets()) is not False:
+                replies.append(reply)
+        return s, replies
+
+    before = _anon_mib(broker)
+    s, replies = queue(80)  # 72 MB
+    errors = [r for r in replies if isinstance(r, hiredis.ReplyError)]
+    assert replies[:2] == [b"OK", b"OK"] and replies[2] == b"QUEUED"
+    assert errors and "a transaction holds at most 64 MiB of commands here" in str(errors[0])
+    s.sendall(b"*1\r\n$4\r\nEXEC\r\n")
+    assert s.recv(100).startswith(b"-EXECABORT")
+    s.close()
+    held = [queue(66)[0] for _ in range(4)]  # 59 MB each, 238 MB together
+    s, replies = queue(66)
+    assert any("the transactions being queued hold" in str(r) for r in replies
+               if isinstance(r, hiredis.ReplyError))
+    assert _anon_mib(broker) - before < 400
+    for c in (*held, s):
+        c.close()
+    r = connect(broker)
+    wait_until(lambda: _try_multi(r, value), what="a transaction queued once the others went")
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as admin:
+        assert admin.admin("status")["counters"]["refused"]["multi_too_large"] >= 2
+
+
+def _try_multi(r: Any, value: bytes) -> bool:
+    try:
+        with r.pipeline(transaction=True) as p:
+            p.set("k2", value)
+            p.get("k2")
+            return p.execute() == [True, value]
+    except redis.ResponseError:
+        return False
+
+
 def test_a_script_may_hold_only_so_much_memory(broker) -> None:
     """A script's Lua is bounded in memory (64 MiB): 300 strings of 10 MB kept in a
     table held 2.9 GB of the broker before (and ran three times its time limit). It is

@@ -222,6 +222,7 @@ class BrokerServer:
         # with more than their water mark of replies unsent (resp._answers_held).
         self.resp_range_held = 0
         self.resp_unread: set[Any] = set()
+        self.resp_multi_bytes = 0  # MULTI queues' bytes, all connections (resp.py)
         self._resp_socket: socket.socket | None = None
         self._resp: Any = None
         self.resp_groups: Any = None  # resp_groups.RespGroups with the Redis protocol
