@@ -160,5 +160,40 @@ def test_a_reader_whose_reads_wait_and_that_reads_nothing_is_cut(broker_factory,
     peer = _silent_reader(b, 60)
     wait_until(lambda: status(b)["flow"]["slow_consumers_cut"] >= 1, 20,
                what="the silent reader to be cut")
-    assert "no answers were read for 2 s while more READs waited" in b.output
+    assert "no answers were read for 2 s while more requests waited" in b.output
+    peer.close()
+
+
+def test_requests_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> None:
+    """Any request, not only READ: 10,000 OFFSETS of 100 channels (~7 KB answers each)
+    sent by a client that reads nothing held ~70 MB (20,000: 141 MB, and on). Past
+    16 MiB of answers unread nothing more is read from it; once it reads, every answer
+    comes, in order."""
+    names = [f"ch{i:03d}/v1/" + "x" * 60 for i in range(100)]
+    with broker.connect_sync("app") as c:
+        for name in names:
+            c.send(name, {"n": 1})
+    before = _anon_mib(broker.proc.pid)
+    peer = RawPeer(broker.url)
+    peer.sock.close()
+    peer.sock = socket.socket()
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    peer.sock.settimeout(10)
+    peer.sock.connect(("127.0.0.1", broker.port))
+    peer.write(f.encode(signed_hello("app")))
+    for chunk in range(20):
+        frames = b"".join(f.encode(f.Offsets(chunk * 500 + i + 1, names)) for i in range(500))
+        peer.sock.settimeout(0.5)
+        try:
+            peer.sock.sendall(frames)
+        except TimeoutError:
+            break  # the broker stopped reading this client: as meant
+    peer.sock.settimeout(10)
+    time.sleep(1)
+    grown = _anon_mib(broker.proc.pid) - before
+    assert grown < 45, f"unread answers grew the broker by {grown:.0f} MiB"
+    assert isinstance(peer.read(), f.Welcome)
+    first = [peer.read() for _ in range(300)]
+    assert [a.req for a in first] == list(range(1, 301))  # type: ignore[attr-defined]
+    assert all(len(a.value) == 100 for a in first)  # type: ignore[attr-defined]
     peer.close()
