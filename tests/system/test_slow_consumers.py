@@ -197,3 +197,33 @@ def test_requests_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> Non
     assert [a.req for a in first] == list(range(1, 301))  # type: ignore[attr-defined]
     assert all(len(a.value) == 100 for a in first)  # type: ignore[attr-defined]
     peer.close()
+
+
+def test_kv_reads_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> None:
+    """Answers that come after a storage read (a KV get) are written later than the
+    request is handled: 300 gets of a 900 KB value by a client reading nothing held
+    257 MiB. Now at most 4 such answers are on their way at once, and none past 16 MiB
+    unread; once the client reads, they come in order."""
+    with broker.connect_sync("app") as c:
+        c.kv("big").put("k", "x" * 900_000)
+    before = _anon_mib(broker.proc.pid)
+    peer = RawPeer(broker.url)
+    peer.sock.close()
+    peer.sock = socket.socket()
+    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    peer.sock.settimeout(10)
+    peer.sock.connect(("127.0.0.1", broker.port))
+    gets = b"".join(f.encode(f.Admin(i + 1, "kv.get", {"bucket": "big", "key": "k"}))
+                    for i in range(300))
+    peer.write(f.encode(signed_hello("app")) + gets)
+    last, steady = -1.0, 0
+    while steady < 3:  # until the broker's memory stops moving
+        time.sleep(0.3)
+        now = _anon_mib(broker.proc.pid)
+        steady = steady + 1 if abs(now - last) < 1 else 0
+        last = now
+    assert last - before < 60, f"300 unread KV answers grew the broker by {last - before:.0f} MiB"
+    assert isinstance(peer.read(), f.Welcome)
+    first = [peer.read() for _ in range(30)]
+    assert [a.req for a in first] == list(range(1, 31))  # type: ignore[attr-defined]
+    peer.close()

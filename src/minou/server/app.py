@@ -1413,7 +1413,7 @@ class BrokerServer:
         return await asyncio.get_running_loop().run_in_executor(self._reader_pool, lookup)
 
     def spawn_reply(self, conn: NativeConnection, req: int, pending: Any, *,
-                    read_only: bool = False) -> None:
+                    read_only: bool = False) -> asyncio.Future[Any]:
         """Finish an admin operation that reads storage; reply (after its commit, if it
         changed state; at once if ``read_only``: it read committed state only) or send
         the error."""
@@ -1437,7 +1437,7 @@ class BrokerServer:
                 self.engine.when_durable(lambda: conn.send(f.Result(req, result)),
                                          lambda exc: conn.send(native_error(req, exc)))
 
-        self._spawn(run())
+        return self._spawn(run())
 
     def ended_subscriptions(self, subs: list[Any], reason: str) -> None:
         """Tell the connections whose subscriptions an admin ended."""

@@ -103,6 +103,7 @@ class NativeConnection:
         self.reads_out = 0  # READs being answered (storage read, not sent yet)
         self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
         self._out: list[bytes] = []
+        self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
         # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
         self.heartbeat = 0.0
         self.last_heard = time.monotonic()  # any bytes from the peer
@@ -142,7 +143,7 @@ class NativeConnection:
                 if self._held is not None:
                     self._held.append(event)
                     continue
-                if self.transport.get_write_buffer_size() > READ_ANSWERS_UNSENT:
+                if self._no_room():
                     self._wait_for_room(event)  # it does not read what it is answered
                     continue
                 self._handle(event)
@@ -294,6 +295,9 @@ class NativeConnection:
                 if self._held is not None:  # held again by one of them
                     self._held.append(event)
                     continue
+                if self._no_room():
+                    self._wait_for_room(event)
+                    continue
                 self._handle(event)
             self.flush()
             self.engine.after_input()
@@ -313,6 +317,9 @@ class NativeConnection:
                 return
             if self._held is not None:  # held again by one of them (a READ: no room)
                 self._held.append(event)
+                continue
+            if self._no_room():
+                self._wait_for_room(event)
                 continue
             self._handle(event)
         self.flush()
@@ -447,10 +454,23 @@ class NativeConnection:
             # (The Redis door bounds its reads itself: RUN_WINDOW, its range bound.)
             self._wait_for_room(frame)
             return
-        task = self.server.read_range(self, frame)
+        self._answer_later(self.server.read_range(self, frame))
+
+    def _answer_later(self, task: asyncio.Future[Any] | None) -> None:
+        """An answer that storage must be read for first (a READ, a KV read): counted
+        until sent, READS_PER_CONNECTION at most at once (its size is not known before)."""
         if task is not None:
             self.reads_out += 1
             task.add_done_callback(self._read_done)
+
+    def _no_room(self) -> bool:
+        """Whether 16 MiB of answers wait for the client to read them (those of this
+        read written first once they pass 1 MiB, so that they count), or
+        READS_PER_CONNECTION answers wait for storage (READ, KV reads)."""
+        if self._out_bytes > 1 << 20:
+            self.flush()
+        return self.reads_out >= READS_PER_CONNECTION or \
+            self.transport.get_write_buffer_size() > READ_ANSWERS_UNSENT
 
     def _wait_for_room(self, event: f.Frame | BadFrame) -> None:
         """A client asking on without reading what it was answered: the answers would
@@ -495,8 +515,10 @@ class NativeConnection:
         if front is not None and frame.op in MERGED_OPS and not frame.args.get("here"):
             result = self._everywhere(frame, result)  # every broker's queues, merged
         if inspect.isawaitable(result):  # KV reads read committed state: answered at once
-            self.server.spawn_reply(self, frame.req, result,
-                                    read_only=frame.op in KV_OPS or frame.op in LOOK_OPS)
+            task = self.server.spawn_reply(self, frame.req, result,
+                                           read_only=frame.op in KV_OPS or frame.op in LOOK_OPS)
+            if not (isinstance(frame.args, dict) and frame.args.get("wait")):
+                self._answer_later(task)  # a long poll waits: counted by its own bound
         elif frame.op in LOOK_OPS:  # changed nothing: answered now
             self.send(f.Result(frame.req, result))
         else:  # changed state: answered once durable, or the commit's error
@@ -617,7 +639,8 @@ class NativeConnection:
             raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS answer "
                              f"lists at most {MAX_OFFSETS_CHANNELS}: narrow the patterns")
         if frame.at > 0:  # the seqs by publish time are read from storage
-            self.server.spawn_reply(self, frame.req, self.server.seqs_at(found, frame.at))
+            self._answer_later(
+                self.server.spawn_reply(self, frame.req, self.server.seqs_at(found, frame.at)))
             return
         self._send(f.Result(frame.req, found))
 
@@ -652,12 +675,15 @@ class NativeConnection:
         self.engine.after_commit(lambda: self.send(frame))
 
     def _send(self, frame: f.Frame) -> None:
-        self._out.append(f.encode(frame))
+        data = f.encode(frame)
+        self._out.append(data)
+        self._out_bytes += len(data)
 
     def _error(self, req: int, exc: RequestError, *, fatal: bool = False) -> None:
         self._send(native_error(req, exc, fatal=fatal))
 
     def flush(self) -> None:
+        self._out_bytes = 0
         if self._out and not self.closed:
             data = b"".join(self._out)
             self.bytes_written += len(data)
