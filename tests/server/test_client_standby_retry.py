@@ -7,6 +7,7 @@ loopback socket that answers every HELLO as a standby does; no broker is needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 
 import pytest
@@ -46,6 +47,9 @@ async def test_a_standby_answer_is_retried_soon_a_dead_port_after_backoff(
     loop = asyncio.create_task(client._reconnect_loop())
     await asyncio.sleep(4.0)
     loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    await client.close()  # the try cut short by the cancel leaves no socket behind
     server.close()
     await server.wait_closed()
     # One try may open two connections (the client checks whether the port speaks
