@@ -219,6 +219,18 @@ def test_a_sequence_that_is_not_positive_is_refused_with_a_message() -> None:
     assert publish(h, producer(), numbered(CH, 3))[0].code == 0
 
 
+def test_a_sequence_past_64_bits_is_refused_and_the_commit_goes_on() -> None:
+    """A pseq over 2**63 - 1 (msgpack carries up to 2**64 - 1) reached the producers'
+    table, and SQLite refused the whole commit: the broker stopped (found by the
+    fuzzer). Refused alone, precisely; nothing of it is remembered."""
+    h = Harness()
+    p = producer()
+    out = publish(h, p, numbered(CH, 1), Send(CH, js(1), pseq=2**64 - 1), numbered(CH, 2))
+    assert [o.code for o in out] == [0, ErrorCode.BAD_REQUEST, 0]
+    assert "a producer sequence (pseq) is 1..9223372036854775807" in out[1].error
+    assert max(s.last for s in h.broker.state.producers.states.values()) == 2
+
+
 def test_replayed_answers_name_their_channel() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(max_items=2))
     p = producer()

@@ -63,6 +63,8 @@ from .stream_ids import (
     prune_points,
 )
 
+MAX_PSEQ = (1 << 63) - 1  # stored as SQLite's (and Redis's) signed 64-bit INTEGER
+
 
 def check_room(log: ChannelLog) -> None:
     """Raise QueueFull if ``log`` refuses another message (max_items, overflow "refuse")."""
@@ -176,6 +178,11 @@ class Publishing:
         """A publish with its producer's sequence: answered from the producer's state if
         that sequence was handled before (even while publishes are refused: it was
         stored then), else published and the state moved on."""
+        if send.pseq > MAX_PSEQ:  # stored as a 64-bit integer: a bigger one
+            # broke the commit, and the broker stopped
+            outcomes.append(self._refusal(send, BadRequest(
+                f"a producer sequence (pseq) is 1..{MAX_PSEQ}, got {send.pseq}")))
+            return
         producers = self.state.producers
         pstate = session.producer_states.get(send.channel)
         if pstate is None or pstate.evicted:
