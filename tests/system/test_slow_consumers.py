@@ -108,15 +108,33 @@ def _anon_mib(pid: int) -> float:
     raise AssertionError("no RssAnon")
 
 
-def _silent_reader(broker: Any, reads: int) -> RawPeer:
-    """HELLO and ``reads`` READs of 8 messages of ``wide/v1/r`` in one write, then
-    nothing read (a small receive window from the start: set later, it stays tiny)."""
+def _small_window_peer(broker: Any) -> RawPeer:
+    """A raw connection with a small receive window from the start (set after the
+    connect, it stays tiny for good): what it does not read stays in the broker."""
     peer = RawPeer(broker.url)
     peer.sock.close()
     peer.sock = socket.socket()
     peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     peer.sock.settimeout(10)
     peer.sock.connect(("127.0.0.1", broker.port))
+    return peer
+
+
+def _steady_anon_mib(pid: int) -> float:
+    """``_anon_mib`` once it stopped moving (three readings 0.3 s apart within 1 MiB)."""
+    last, steady = -1.0, 0
+    while steady < 3:
+        time.sleep(0.3)
+        now = _anon_mib(pid)
+        steady = steady + 1 if abs(now - last) < 1 else 0
+        last = now
+    return last
+
+
+def _silent_reader(broker: Any, reads: int) -> RawPeer:
+    """HELLO and ``reads`` READs of 8 messages of ``wide/v1/r`` in one write, then
+    nothing read (a small receive window from the start: set later, it stays tiny)."""
+    peer = _small_window_peer(broker)
     frames = [f.encode(f.Read(i + 1, "wide/v1/r", 1, 8)) for i in range(reads)]
     peer.write(f.encode(signed_hello("app")) + b"".join(frames))
     return peer
@@ -132,12 +150,7 @@ def test_a_reader_asking_on_without_reading_the_answers_holds_little(broker) -> 
             c.send("wide/v1/r", "y" * 250_000)
     before = _anon_mib(broker.proc.pid)
     peer = _silent_reader(broker, 60)
-    last, steady = -1.0, 0
-    while steady < 3:  # until the broker's memory stops moving
-        time.sleep(0.3)
-        now = _anon_mib(broker.proc.pid)
-        steady = steady + 1 if abs(now - last) < 1 else 0
-        last = now
+    last = _steady_anon_mib(broker.proc.pid)
     assert last - before < 50, f"60 unread answers of 2 MB: the broker grew {last - before:.0f} MiB"
     assert isinstance(peer.read(), f.Welcome)
     answers = [peer.read() for _ in range(60)]
@@ -174,12 +187,7 @@ def test_requests_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> Non
         for name in names:
             c.send(name, {"n": 1})
     before = _anon_mib(broker.proc.pid)
-    peer = RawPeer(broker.url)
-    peer.sock.close()
-    peer.sock = socket.socket()
-    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    peer.sock.settimeout(10)
-    peer.sock.connect(("127.0.0.1", broker.port))
+    peer = _small_window_peer(broker)
     peer.write(f.encode(signed_hello("app")))
     for chunk in range(20):
         frames = b"".join(f.encode(f.Offsets(chunk * 500 + i + 1, names)) for i in range(500))
@@ -207,21 +215,11 @@ def test_kv_reads_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> Non
     with broker.connect_sync("app") as c:
         c.kv("big").put("k", "x" * 900_000)
     before = _anon_mib(broker.proc.pid)
-    peer = RawPeer(broker.url)
-    peer.sock.close()
-    peer.sock = socket.socket()
-    peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    peer.sock.settimeout(10)
-    peer.sock.connect(("127.0.0.1", broker.port))
+    peer = _small_window_peer(broker)
     gets = b"".join(f.encode(f.Admin(i + 1, "kv.get", {"bucket": "big", "key": "k"}))
                     for i in range(300))
     peer.write(f.encode(signed_hello("app")) + gets)
-    last, steady = -1.0, 0
-    while steady < 3:  # until the broker's memory stops moving
-        time.sleep(0.3)
-        now = _anon_mib(broker.proc.pid)
-        steady = steady + 1 if abs(now - last) < 1 else 0
-        last = now
+    last = _steady_anon_mib(broker.proc.pid)
     assert last - before < 60, f"300 unread KV answers grew the broker by {last - before:.0f} MiB"
     assert isinstance(peer.read(), f.Welcome)
     first = [peer.read() for _ in range(30)]
