@@ -26,6 +26,7 @@ MAX_SUBSCRIPTIONS = 256
 MAX_GROUP_NAME = 512  # characters of a group or listener name (a Redis door's group@stream fits)
 MAX_GROUPS = 20_000  # consumer groups and durable listeners the broker keeps (each for good)
 MAX_GROUPS_PER_CLIENT = 2_000  # ... of which one client (not an admin) may make
+MAX_PATTERNS_PER_GROUP = 10_000  # patterns a group reads (a channel by name is one)
 
 DEFAULT_PREFETCH = 1  # SPEC §1: per channel config, default 1
 MAX_PREFETCH = 100_000

@@ -403,6 +403,54 @@ def test_one_client_may_make_only_its_share_of_the_groups(monkeypatch) -> None:
     h.subscribe(c, 6, patterns=CH, group="g2")
 
 
+def test_a_group_reads_a_bounded_number_of_patterns(monkeypatch) -> None:
+    """Each pattern a group reads is kept for good (stored with the group) and each
+    channel it names is a channel read: MAX_PATTERNS_PER_GROUP bounds them, counted as
+    distinct texts, refused whole (nothing of the request is added or made)."""
+    import minou.core.subscriptions as subscriptions
+
+    monkeypatch.setattr(subscriptions, "MAX_PATTERNS_PER_GROUP", 3)
+    h = Harness()
+    c = Session("c")
+    with pytest.raises(BadRequest):  # one request past the bound: refused as it is
+        h.subscribe(c, 1, patterns=[f"a/v1/{i}" for i in range(4)], group="g")
+    sub = h.subscribe(c, 1, patterns=["a/v1/1", "a/v1/1", "a/v1/2"], group="g")
+    grp = sub.group
+    h.broker.subscriptions.add_pattern(c, 1, "a/v1/1", h.now)  # read already: free
+    h.broker.subscriptions.add_pattern(c, 1, "b/v1/*", h.now)
+    assert [p.text for p in grp.patterns] == ["a/v1/1", "a/v1/2", "b/v1/*"]
+    with pytest.raises(QueueFull) as caught:
+        h.broker.subscriptions.add_pattern(c, 1, "a/v1/3", h.now)
+    assert caught.value.detail == {"limit": 3}
+    assert "the group would read 4 patterns" in caught.value.message
+    with pytest.raises(QueueFull):
+        h.broker.set_position(c, "g", {"a/v1/1": 1, "c/v1/1": 1}, h.now)
+    with pytest.raises(QueueFull):  # joining with one more is adding one more
+        h.subscribe(Session("d"), 1, patterns=["a/v1/1", "d/v1/*"], group="g")
+    assert len(grp.patterns) == 3 and not {"a/v1/3", "c/v1/1"} & set(h.broker.state.channels)
+    h.broker.set_position(c, "g", {"a/v1/1": 1}, h.now)  # within: positioned
+    with pytest.raises(QueueFull):  # a new group is bounded the same
+        h.broker.set_position(c, "g2", {f"e/v1/{i}": 1 for i in range(4)}, h.now)
+    assert "consume:g2" not in h.broker.state.groups
+
+
+def test_a_group_matches_by_name_and_by_wildcard_after_changes() -> None:
+    """The group's patterns are indexed (names in a set, wildcards apart): what it
+    matches follows every add and remove."""
+    h = Harness()
+    c = Session("c")
+    sub = h.subscribe(c, 1, patterns=["a/v1/1", "b/*"], group="g")
+    grp = sub.group
+    assert grp.matches("a/v1/1") and grp.matches("b/v2/x") and not grp.matches("a/v1/2")
+    h.broker.subscriptions.add_pattern(c, 1, "a/v1/*", h.now)
+    assert grp.matches("a/v1/2")
+    h.broker.subscriptions.remove_pattern(c, 1, "a/v1/*")
+    h.broker.subscriptions.remove_pattern(c, 1, "b/*")
+    assert grp.matches("a/v1/1") and not grp.matches("a/v1/2") and not grp.matches("b/v2/x")
+    h.broker.subscriptions.add_pattern(c, 1, "b/*", h.now)  # removed, then read again
+    assert grp.matches("b/v1/y") and [p.text for p in grp.patterns] == ["a/v1/1", "b/*"]
+
+
 def test_a_group_made_before_the_name_bounds_is_still_joined() -> None:
     """Names are checked when a group is made: one stored before (a tab in its name,
     say) is joined and positioned as before, its state kept."""

@@ -320,9 +320,34 @@ class Group:
     members: list[Subscription] = field(default_factory=list)
     ready: dict[GroupChannel, None] = field(default_factory=dict)
     rr: int = 0
+    # ``patterns`` indexed: a group may read thousands of channels by name (a Spark
+    # source positions each), and a scan of them per new channel or per added pattern
+    # made a large SUBSCRIBE stall the whole broker. Change patterns only through
+    # ``add_pattern`` and ``set_patterns``.
+    texts: set[str] = field(init=False, repr=False)
+    wildcards: list[Pattern] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.set_patterns(self.patterns)
+
+    def set_patterns(self, patterns: list[Pattern]) -> None:
+        self.patterns = patterns
+        self.texts = {p.text for p in patterns}
+        self.wildcards = [p for p in patterns if not p.concrete]
+
+    def add_pattern(self, pattern: Pattern) -> bool:
+        """Read ``pattern`` too; False if the group reads it already."""
+        if pattern.text in self.texts:
+            return False
+        self.patterns.append(pattern)
+        self.texts.add(pattern.text)
+        if not pattern.concrete:
+            self.wildcards.append(pattern)
+        return True
 
     def matches(self, channel: str) -> bool:
-        return any(p.matches(channel) for p in self.patterns)
+        # A concrete pattern's text is the channel's name (a wildcard's never is one).
+        return channel in self.texts or any(p.matches(channel) for p in self.wildcards)
 
     def definition(self) -> GroupDef:
         return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns))

@@ -92,19 +92,21 @@ class Rights:
             return owner_to_be
         return owner
 
-    def check_group_rights(self, session: Session, grp: Group, patterns: list[str]) -> None:
+    def check_group_rights(self, session: Session, grp: Group, patterns: list[str],
+                           *, joining: bool = True) -> None:
         """A group hands its members messages of every pattern it reads, so a member
         must be allowed all of them: the joiner the group's patterns (also a durable
         listener's, which rules or reservations may have changed under), and the members
-        the joiner's new ones (a group name is no way around the rules)."""
+        the joiner's new ones (a group name is no way around the rules). A member adding
+        a pattern was checked when it joined (a reload re-checks live members)."""
         if grp.kind == "listen":
             name = grp.key[len(listen_group_key(session.client_id, "")):]
             what, instead = f"listener {name!r}", "listen under another name"
         else:
             name = grp.key.removeprefix("consume:")
             what, instead = f"group {name!r}", "consume under a group of your own"
-        have = {p.text for p in grp.patterns}
-        for text in have:
+        have = grp.texts
+        for text in have if joining else ():
             try:
                 self.check_read(session, text, claim=False)
             except NotAuthorized as exc:
@@ -112,12 +114,17 @@ class Rights:
                     f"{what} also reads {text!r}, which client {session.client_id!r} "
                     f"may not ({exc.message}); {instead}",
                     group=name, pattern=text) from None
+        new = [text for text in dict.fromkeys(patterns) if text not in have]
+        # Rights are a client's: one (not admin) member of each will do, and the joiner's
+        # own client may read what it asks for (its checks came first).
+        checked = set() if session.admin else {session.client_id}
         for member in grp.members:
-            if member.session is session or member.session.admin:
+            if member.session.admin or member.session.client_id in checked:
                 continue
-            for text in patterns:
+            checked.add(member.session.client_id)
+            for text in new:
                 # Reserved for the joiner once it reads: another client may not share it.
-                if text not in have and self.read_refusal(
+                if self.read_refusal(
                         member.session, text, owner_to_be=session.client_id) is not None:
                     raise NotAuthorized(
                         f"group {name!r} has a member, client {member.session.client_id!r}, "

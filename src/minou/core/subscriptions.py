@@ -11,6 +11,7 @@ from ..limits import (
     MAX_GROUPS,
     MAX_GROUPS_PER_CLIENT,
     MAX_LEASE_S,
+    MAX_PATTERNS_PER_GROUP,
     MAX_PREFETCH,
     MAX_SUBSCRIPTIONS,
 )
@@ -57,6 +58,10 @@ class Subscriptions:
             raise BadRequest(f"kind must be 'listen' or 'consume', not {kind!r}")
         if not patterns:
             raise BadRequest("subscribe needs at least one pattern")
+        if len(patterns) > MAX_PATTERNS_PER_GROUP:
+            raise BadRequest(f"{len(patterns)} patterns in one subscribe; the limit is "
+                             f"{MAX_PATTERNS_PER_GROUP}: read channels with a wildcard "
+                             "(orders/v1/*)", limit=MAX_PATTERNS_PER_GROUP)
         parsed = [parse_pattern(p) for p in patterns]
         if sid in session.subs:
             raise BadRequest(f"subscription id {sid} is already in use on this connection")
@@ -81,6 +86,7 @@ class Subscriptions:
                                  group if kind == "consume" else name)
         if exclusive:
             self._check_exclusive(session, kind, parsed, grp)
+        self._check_pattern_room(grp, texts)
         if grp is not None:
             self.rights.check_group_rights(session, grp, texts)
         # Checked: now this read claims what it reads (the group's channels too).
@@ -89,8 +95,7 @@ class Subscriptions:
             grp = self._new_group(key, kind, session)
         elif start.startswith("seq:") and not grp.members:
             self._reset(grp, start_cursor, now)
-        for pattern in parsed:
-            self._add_pattern(grp, pattern.text, start_cursor, now)
+        self._add_patterns(grp, texts, start_cursor, now)
         if not prefetch:
             first = next(iter(grp.gcs.values()), None)
             prefetch = first.log.options.prefetch if first else self.options_prefetch(patterns[0])
@@ -196,18 +201,45 @@ class Subscriptions:
             return log.first_seq
         return max(int(start), log.first_seq)
 
-    def _add_pattern(self, grp: Group, text: str, start: int | str, now: float) -> None:
-        if any(p.text == text for p in grp.patterns):
-            return
+    def _add_patterns(self, grp: Group, texts: list[str], start: int | str,
+                      now: float) -> None:
+        """Have ``grp`` read ``texts`` too (checked), from ``start`` in channels it did
+        not read; its definition is stored once."""
+        added = False
+        for text in texts:
+            added = self._add_pattern(grp, text, start, now) or added
+        if added:
+            self.state.batch.group_defs[grp.key] = grp.definition()
+
+    def _add_pattern(self, grp: Group, text: str, start: int | str, now: float) -> bool:
         pattern = parse_pattern(text)
-        grp.patterns.append(pattern)
-        self.state.batch.group_defs[grp.key] = grp.definition()
-        hosts = self.state.hosts
-        if pattern.concrete and (hosts is None or hosts(text)):
-            self.state.log(text, now)  # a named channel exists from its first reader on
-        for name, log in self.state.channels.items():
+        if not grp.add_pattern(pattern):
+            return False
+        state = self.state
+        if pattern.concrete:
+            hosts = state.hosts
+            if hosts is None or hosts(text):
+                state.log(text, now)  # a named channel exists from its first reader on
+            log = state.channels.get(text)
+            if log is not None and text not in grp.gcs:
+                state.attach(grp, log, self._cursor_for(log, start), now)
+            return True
+        for name, log in state.channels.items():
             if name not in grp.gcs and pattern.matches(name):
-                self.state.attach(grp, log, self._cursor_for(log, start), now)
+                state.attach(grp, log, self._cursor_for(log, start), now)
+        return True
+
+    def _check_pattern_room(self, grp: Group | None, texts: list[str]) -> None:
+        """Raise unless ``grp`` (None: a group to be made) may read ``texts`` too."""
+        have = grp.texts if grp is not None else set()
+        new = len({t for t in texts if t not in have})
+        if len(have) + new > MAX_PATTERNS_PER_GROUP:
+            what = "group" if grp is None or grp.kind == "consume" else "listener"
+            raise QueueFull(
+                f"the {what} would read {len(have) + new} patterns (channels by name count "
+                f"one each); the limit is {MAX_PATTERNS_PER_GROUP}: read channels with a "
+                "wildcard (orders/v1/*), or split them over several groups",
+                limit=MAX_PATTERNS_PER_GROUP)
 
     def _reset(self, grp: Group, start: int | str, now: float) -> None:
         for name, gc in list(grp.gcs.items()):
@@ -228,10 +260,11 @@ class Subscriptions:
         sub = self._sub(session, sid)
         text = parse_pattern(pattern).text
         self.rights.check_read(session, text, claim=False)
-        self.rights.check_group_rights(session, sub.group, [text])
+        self.rights.check_group_rights(session, sub.group, [text], joining=False)
         self.rights.check_read(session, text)
         grp = sub.group
-        self._add_pattern(grp, pattern, "new" if grp.kind == "listen" else "oldest", now)
+        self._check_pattern_room(grp, [text])
+        self._add_patterns(grp, [text], "new" if grp.kind == "listen" else "oldest", now)
         self.state.mark_ready(grp)
 
     def remove_pattern(self, session: Session, sid: int, pattern: str) -> None:
@@ -242,7 +275,7 @@ class Subscriptions:
             raise BadRequest(f"subscription {sid} has no pattern {pattern!r}")
         if not kept:
             raise BadRequest("cannot remove the last pattern; unsubscribe instead")
-        grp.patterns = kept
+        grp.set_patterns(kept)
         self.state.batch.group_defs[grp.key] = grp.definition()
         for name, gc in list(grp.gcs.items()):
             if not grp.matches(name):
@@ -320,6 +353,7 @@ class Subscriptions:
             self.rights.check_read(session, channel, claim=False)
             if next_seq < 1:
                 raise BadRequest(f"position of {channel!r} must be >= 1")
+        self._check_pattern_room(grp, list(positions))
         if grp is not None:  # moving a group: the rules of every member still hold
             self.rights.check_group_rights(session, grp, list(positions))
         # Positioning a group on a channel reads it, as subscribing would: it claims.
@@ -327,8 +361,8 @@ class Subscriptions:
         if grp is None:
             grp = self._new_group(key, "consume", session)
         lags: dict[str, int] = {}
+        self._add_patterns(grp, list(positions), "oldest", now)
         for channel, next_seq in positions.items():
-            self._add_pattern(grp, channel, "oldest", now)
             gc = grp.gcs.get(channel)
             if gc is None:  # another broker's queue (spread): its owner positions it
                 continue
