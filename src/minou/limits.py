@@ -287,6 +287,7 @@ RESP_RANGE_TOTAL_BYTES = 128 << 20  # ... and all those being gathered at once, 
 # Exactly-once sink (core/transactions.py): staged publishes live in memory only.
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE
 MAX_STAGED_BYTES = 256 << 20  # everything staged, all writers together
+MAX_STAGED_BYTES_PER_CLIENT = 128 << 20  # ... of which one client's (so no one takes all)
 MAX_TXN_ID = 200  # characters of a transaction id, a writer id or a lineage (kept per writer)
 MAX_WRITERS_PER_CLIENT = 1_000  # writer ids one client may own (each is kept for good)
 # Idempotent producers: refused ranges remembered per (producer, channel), so a resend of

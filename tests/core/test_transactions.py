@@ -9,7 +9,7 @@ import pytest
 from minou.auth.rules import Rules
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
-from minou.core.transactions import STAGED_TTL_S, Transactions
+from minou.core.transactions import STAGED_MESSAGE_BASE, STAGED_TTL_S, Transactions
 from minou.errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
 from minou.protocol.frames import Send
 from minou.storage.sqlite import SQLiteStorage
@@ -30,14 +30,23 @@ def s(channel: str, body: bytes = b"{}") -> Send:
     return Send(channel, body)
 
 
+def payload_only(monkeypatch) -> None:
+    """Weigh staged messages by their payload: tests of the bookkeeping count bytes."""
+    import minou.core.transactions as tx
+
+    monkeypatch.setattr(tx, "staged_weight", lambda send: len(send.data))
+
+
 def test_stage_take_and_bytes_accounting() -> None:
+    import minou.core.transactions as tx
+
     t = Transactions()
     assert t.stage("c", "t1", [s("a/v1/1", b"12345")], 0.0) == 1
     assert t.stage("c", "t1", [s("a/v1/2", b"123")], 0.0) == 2
-    assert t.bytes == 8
+    assert t.bytes == t.owner_bytes["c"] == 8 + 2 * (6 + tx.STAGED_MESSAGE_BASE)
     sends = t.take("c", ["t1"])
     assert [x.channel for x in sends] == ["a/v1/1", "a/v1/2"]
-    assert t.bytes == 0 and t.staged == {} and t.committed == 1
+    assert t.bytes == 0 and t.owner_bytes == {} and t.staged == {} and t.committed == 1
     with pytest.raises(NotFound, match="unknown transaction"):
         t.take("c", ["t1"])
 
@@ -120,6 +129,8 @@ def test_limits_and_expiry(monkeypatch) -> None:
     import minou.core.transactions as tx
 
     monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES_PER_CLIENT", 10)
+    payload_only(monkeypatch)
     t = Transactions()
     t.stage("c", "a", [s("a/v1/1", b"123456")], 0.0)
     with pytest.raises(QueueFull):
@@ -279,6 +290,8 @@ def test_abort_gives_back_the_staged_bytes_so_a_client_can_stage_up_to_the_limit
     import minou.core.transactions as tx
 
     monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES_PER_CLIENT", 10)
+    payload_only(monkeypatch)
     h = Harness()
     c = Session("spark")
     assert h.broker.stage(c, "a", [Send("out/v1/a", b"1234")], h.now) == 1
@@ -303,6 +316,8 @@ def test_a_commit_gives_back_the_staged_bytes_too(monkeypatch) -> None:
     import minou.core.transactions as tx
 
     monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 4)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES_PER_CLIENT", 4)
+    payload_only(monkeypatch)
     h = Harness()
     c = Session("spark")
     h.broker.stage(c, "a", [Send("out/v1/a", b"1234")], h.now)
@@ -343,6 +358,8 @@ def test_staged_bytes_may_reach_the_limit_exactly(monkeypatch) -> None:
     import minou.core.transactions as tx
 
     monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES_PER_CLIENT", 10)
+    payload_only(monkeypatch)
     t = Transactions()
     t.stage("c", "a", [s("a/v1/1", b"12345")], 0.0)
     t.stage("c", "b", [s("a/v1/1", b"12345")], 0.0)
@@ -350,6 +367,47 @@ def test_staged_bytes_may_reach_the_limit_exactly(monkeypatch) -> None:
         t.stage("c", "c", [s("a/v1/1", b"1")], 0.0)
     assert caught.value.message
     assert t.bytes == 10
+
+
+def test_a_staged_message_weighs_what_it_holds_not_only_its_payload(monkeypatch) -> None:
+    """Empty messages staged by the 10,000 held ~200 B of memory each and counted 0: a
+    client held 747 MiB against a 256 MiB bound. Names, headers and a base count too."""
+    import minou.core.transactions as tx
+
+    assert tx.staged_weight(Send("a/v1/1", b"")) == 6 + STAGED_MESSAGE_BASE
+    full = Send("a/v1/1", b"12", headers={"k": "vv"}, key="kk", dedup="ddd")
+    assert tx.staged_weight(full) == 2 + 6 + STAGED_MESSAGE_BASE + (1 + 2 + 8) + 2 + 3
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 100 * (6 + STAGED_MESSAGE_BASE))
+    t = Transactions()
+    t.stage("c", "a", [Send("a/v1/1", b"")] * 100, 0.0)  # exactly the bound
+    with pytest.raises(QueueFull) as caught:
+        t.stage("d", "b", [Send("a/v1/1", b"")], 0.0)
+    assert caught.value.detail == {"limit": tx.MAX_STAGED_BYTES}
+    t.abort("c", ["a"])
+    assert t.bytes == 0 and t.owner_bytes == {}
+
+
+def test_one_client_may_stage_only_its_share(monkeypatch) -> None:
+    """A client may fill MAX_STAGED_BYTES_PER_CLIENT, not the broker's whole bound:
+    another writer still stages. Its share comes back on commit, abort or expiry."""
+    import minou.core.transactions as tx
+
+    payload_only(monkeypatch)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES", 10)
+    monkeypatch.setattr(tx, "MAX_STAGED_BYTES_PER_CLIENT", 6)
+    t = Transactions()
+    t.stage("c", "a", [s("a/v1/1", b"1234")], 0.0)
+    t.stage("c", "b", [s("a/v1/1", b"12")], 0.0)  # 6: its share, full
+    with pytest.raises(QueueFull) as caught:
+        t.stage("c", "x", [s("a/v1/1", b"1")], 0.0)
+    assert caught.value.detail == {"client": "c", "limit": 6}
+    assert "client 'c' has 6 bytes staged already" in caught.value.message
+    t.stage("d", "a", [s("a/v1/1", b"1234")], 0.0)  # another client: room left
+    assert t.owner_bytes == {"c": 6, "d": 4} and t.bytes == 10
+    t.take("c", ["a"])
+    t.stage("c", "y", [s("a/v1/1", b"1234")], 0.0)
+    t.expire(now=100.0, ttl=5.0)
+    assert t.owner_bytes == {} and t.bytes == 0
 
 
 def test_an_unknown_transaction_names_the_first_five_missing_ids() -> None:
@@ -461,8 +519,8 @@ def test_transaction_stats_are_what_the_stats_endpoint_shows() -> None:
     h.broker.commit_txns(c, "w", 1, ["b"], h.now)  # out/v1/a replays batch 1
     h.broker.stage(c, "open", [Send("out/v1/a", b"[1,2]")], h.now)
     assert h.broker.transactions.stats() == {
-        "staged": 1, "staged_bytes": 5, "committed": 2, "discarded_by_fence": 1,
-        "expired": 0, "fences": 3, "writers": 1}
+        "staged": 1, "staged_bytes": 5 + 8 + STAGED_MESSAGE_BASE, "committed": 2,
+        "discarded_by_fence": 1, "expired": 0, "fences": 3, "writers": 1}
 
 
 def test_staged_parts_survive_restarts_in_order(tmp_path) -> None:

@@ -31,6 +31,7 @@ from ..errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFu
 from ..limits import (
     MAX_BATCH,
     MAX_STAGED_BYTES,
+    MAX_STAGED_BYTES_PER_CLIENT,
     MAX_TXN_ID,
     MAX_WRITERS_PER_CLIENT,
     STAGED_TTL_S,
@@ -39,6 +40,24 @@ from ..names import check_label
 from ..protocol.frames import Send
 
 WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
+# What a staged message holds besides the bytes it carries: the Send object, its slot
+# in the transaction's list, its stored row. Measured: 4,000,000 empty messages held
+# 747 MiB of the broker's memory, ~196 B each.
+STAGED_MESSAGE_BASE = 200
+
+
+def staged_weight(send: Send) -> int:
+    """What staging ``send`` costs the broker (counted against MAX_STAGED_BYTES):
+    weighing the payload alone let frames of empty messages hold memory uncounted."""
+    weight = len(send.data) + len(send.channel) + STAGED_MESSAGE_BASE
+    if send.headers:
+        weight += sum(len(k) + len(v) + 8 for k, v in send.headers.items())
+    if send.key:
+        weight += len(send.key)
+    if send.dedup:
+        weight += len(send.dedup)
+    return weight
+
 
 @dataclass
 class StagedTxn:  # staged[(owner, txn)]: only its owner may commit or abort it
@@ -61,7 +80,8 @@ class Transactions:
         # was lost with the connection, or the broker restarted) gets the same answer
         # instead of "unknown transaction", for as long as a staged one would live.
         self.done: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
-        self.bytes = 0
+        self.bytes = 0  # staged_weight of everything staged
+        self.owner_bytes: dict[str, int] = {}  # ... by client
         self.committed = 0  # transactions committed since start
         self.discarded = 0  # messages dropped by a fence (replayed batches)
         self.expired = 0
@@ -72,10 +92,18 @@ class Transactions:
             raise BadRequest(f"a transaction id is 1..{MAX_TXN_ID} characters")
         if len(sends) > MAX_BATCH:
             raise BadRequest(f"{len(sends)} messages in one frame; the limit is {MAX_BATCH}")
-        size = sum(len(s.data) for s in sends)
+        size = sum(staged_weight(s) for s in sends)
         if self.bytes + size > MAX_STAGED_BYTES:
             raise QueueFull(f"{self.bytes} bytes are staged already (limit {MAX_STAGED_BYTES}); "
-                            "commit or abort transactions first")
+                            "commit or abort transactions first", limit=MAX_STAGED_BYTES)
+        mine = self.owner_bytes.get(owner, 0)
+        if mine + size > MAX_STAGED_BYTES_PER_CLIENT:
+            raise QueueFull(
+                f"client {owner!r} has {mine} bytes staged already and this stage weighs "
+                f"{size} (a client may stage {MAX_STAGED_BYTES_PER_CLIENT} of the broker's "
+                f"{MAX_STAGED_BYTES}, a message weighing its bytes plus "
+                f"{STAGED_MESSAGE_BASE}); commit or abort transactions first",
+                client=owner, limit=MAX_STAGED_BYTES_PER_CLIENT)
         if (owner, txn) in self.gone:
             raise NotFound(f"transaction {txn!r} expired (nothing staged for "
                            f"{STAGED_TTL_S:.0f} s); stage the whole of it again under a new id",
@@ -85,10 +113,24 @@ class Transactions:
             staged = self.staged[(owner, txn)] = StagedTxn(now)
         staged.touched = now
         staged.sends.extend(sends)
-        staged.bytes += size
+        self._add_bytes(owner, staged, size)
         staged.parts += 1
-        self.bytes += size
         return len(staged.sends)
+
+    def _add_bytes(self, owner: str, staged: StagedTxn, size: int) -> None:
+        """Count ``size`` more (less, if negative) for ``staged``, its owner, the broker."""
+        staged.bytes += size
+        self.bytes += size
+        mine = self.owner_bytes.get(owner, 0) + size
+        if mine:
+            self.owner_bytes[owner] = mine
+        else:
+            self.owner_bytes.pop(owner, None)
+
+    def _drop(self, key: tuple[str, str]) -> StagedTxn:
+        staged = self.staged.pop(key)
+        self._add_bytes(key[0], staged, -staged.bytes)
+        return staged
 
     def peek(self, owner: str, txns: list[str]) -> list[Send]:
         """The messages of ``owner``'s transactions ``txns`` (all must exist), left staged."""
@@ -103,7 +145,7 @@ class Transactions:
         """Remove ``txns`` (as ``peek`` checks them) and return their messages."""
         sends = self.peek(owner, txns)
         for t in txns:
-            self.bytes -= self.staged.pop((owner, t)).bytes
+            self._drop((owner, t))
         self.committed += len(txns)
         return sends
 
@@ -188,9 +230,8 @@ class Transactions:
     def abort(self, owner: str, txns: list[str]) -> int:
         dropped = 0
         for t in txns:
-            staged = self.staged.pop((owner, t), None)
-            if staged is not None:
-                self.bytes -= staged.bytes
+            if (owner, t) in self.staged:
+                self._drop((owner, t))
                 dropped += 1
         return dropped
 
@@ -199,7 +240,7 @@ class Transactions:
         (owner, txn) (their stored rows go)."""
         old = [t for t, s in self.staged.items() if now - s.touched > ttl]
         for t in old:
-            self.bytes -= self.staged.pop(t).bytes
+            self._drop(t)
             self.gone[t] = now
         self.gone = {t: at for t, at in self.gone.items() if now - at <= ttl}
         self.expired += len(old)
@@ -233,10 +274,8 @@ class Transactions:
                 staged = self.staged[(owner, txn)] = StagedTxn(touched)
             staged.touched = max(staged.touched, touched)
             staged.sends.extend(sends)
-            size = sum(len(s.data) for s in sends)
-            staged.bytes += size
+            self._add_bytes(owner, staged, sum(staged_weight(s) for s in sends))
             staged.parts += 1
-            self.bytes += size
 
     def stats(self) -> dict[str, int]:
         return {"staged": len(self.staged), "staged_bytes": self.bytes,
