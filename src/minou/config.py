@@ -124,6 +124,7 @@ class Settings:
     default_lease: float = limits.DEFAULT_LEASE_S
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
     max_dedup_keys: int = limits.MAX_DEDUP_KEYS  # past it the oldest keys expire early
+    max_channels: int = limits.DEFAULT_MAX_CHANNELS  # past it a new channel is refused
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     slow_consumer_seconds: float = limits.CONSUMER_STALL_S
@@ -221,6 +222,7 @@ _TOP_KEYS = {
     "default_lease": ((int, float), f"a number of seconds > 0 and <= {limits.MAX_LEASE_S:g}"),
     "dedup_window": ((int, float), f"a number of seconds >= 0 and <= {_MAX_SECONDS_TEXT}"),
     "max_dedup_keys": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
+    "max_channels": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "publish_pause_bytes": _BYTES,
     "slow_consumer_bytes": _BYTES,
     "slow_consumer_seconds": _SECONDS,
@@ -242,6 +244,7 @@ _TOP_RANGES: dict[str, _Range] = {
     "default_lease": (0, limits.MAX_LEASE_S, True),
     "dedup_window": (0, MAX_SETTING_SECONDS, False),
     "max_dedup_keys": (1, MAX_SETTING_INT, False),
+    "max_channels": (1, MAX_SETTING_INT, False),
     "publish_pause_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_seconds": (0, MAX_SETTING_SECONDS, True),

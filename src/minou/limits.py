@@ -133,6 +133,10 @@ HELLO_TIMEOUT_S = 10.0
 # descriptor: native, HTTP and WebSocket ones count together against max_connections,
 # capped by what the descriptor limit leaves once these are set aside.
 DEFAULT_MAX_CONNECTIONS = 10_000
+# Channels the broker holds (config max_channels): each costs ~2 KB of memory for good
+# (its state, its groups' cursors, a stored row) and is made by its first publish or
+# named reader, so without a bound any client with write rights could make millions.
+DEFAULT_MAX_CHANNELS = 100_000
 # Not client sockets: storage (three SQLite connections x database, WAL and shm), the
 # data-directory lock, both listeners, the event loop, stdio, files read on demand
 # (config, keys, TLS, the dashboard's static files).

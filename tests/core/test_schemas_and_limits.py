@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
-from minou.errors import ErrorCode, MessageTooLarge, RequestError, SchemaMismatch
+from minou.errors import ErrorCode, MessageTooLarge, QueueFull, RequestError, SchemaMismatch
 from minou.limits import (
     MAX_DELAY_S,
     MAX_HEADER_SIZE,
@@ -26,7 +26,7 @@ from minou.limits import (
 from minou.protocol.frames import Send
 from minou.schemas import compile_schema
 
-from .helpers import Harness, js, payloads
+from .helpers import Harness, js, payloads, send
 
 CH = "orders/v1/1"
 ORDER = {
@@ -253,3 +253,30 @@ def test_ttl_and_delay_are_within_zero_and_ten_years(field: str, value: float, o
         assert broker.publishing.validate(send, Session("c").access) is None
     else:
         assert refusal(broker, send).code == ErrorCode.BAD_REQUEST
+
+
+def test_the_broker_makes_at_most_max_channels_channels() -> None:
+    """A channel is made by its first publish or named reader and kept (~2 KB): past
+    max_channels a new one is refused, precisely, per message; channels that exist go
+    on, and a dead letter is made whatever the count (a failed message is never lost)."""
+    h = Harness(channel_options=lambda key: ChannelOptions(requeue_limit=0))
+    h.broker.max_channels = 2
+    s = Session("c")
+    sub = h.subscribe(s, patterns="a/v1/1", group="g", prefetch=1)  # made by its reader
+    ok, refused = h.publish(send("a/v1/2", 1), send("a/v1/3", 1))
+    assert ok.seq == 1 and refused.seq == 0 and refused.code and \
+        "the broker holds 2 channels and the limit is 2 (max_channels)" in refused.error
+    assert "a/v1/3" not in h.broker.state.channels
+    with pytest.raises(QueueFull) as caught:  # a reader naming a new one: refused too
+        h.subscribe(s, 2, patterns=["a/v1/2", "a/v1/4"], group="g2")
+    assert caught.value.detail == {"limit": 2} and "consume:g2" not in h.broker.state.groups
+    with pytest.raises(QueueFull):
+        h.broker.set_position(s, "g", {"a/v1/5": 1}, h.now)
+    h.subscribe(s, 3, patterns=["a/v1/*"], group="g3")  # a wildcard makes none
+    assert h.publish(send("a/v1/1", 1))[0].seq == 1  # channels that exist go on
+    (d,) = h.take(sub)
+    h.nack(s, [d])  # requeue_limit 0: dead-lettered, past the bound
+    h.commit()
+    assert "_dead/a/v1/1" in h.broker.state.channels
+    h.broker.max_channels = 10  # a reload raises it: made again
+    assert h.publish(send("a/v1/3", 1))[0].seq == 1

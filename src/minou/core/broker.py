@@ -97,6 +97,7 @@ class Broker:
     broker_id = _Shared[str]()
     cache_budget = _Shared[int]()
     max_message_size = _Shared[int]()
+    max_channels = _Shared[int]()
     dedup_window = _Shared[float]()
     default_lease = _Shared[float]()
     options_for = _Shared[Callable[[str], ChannelOptions]]()

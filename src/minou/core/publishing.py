@@ -328,6 +328,8 @@ class Publishing:
                 state.counters.duplicates += 1
                 return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
         if prefix is None:
+            if target not in state.channels:
+                state.check_new_channels(1)
             log = state.log(target, now)
             if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..auth.rules import Rules
-from ..errors import RequestError
-from ..limits import MAX_PRODUCER_STATES, PRODUCER_IDLE_S
+from ..errors import QueueFull, RequestError
+from ..limits import DEFAULT_MAX_CHANNELS, MAX_PRODUCER_STATES, PRODUCER_IDLE_S
 from ..names import is_dead_letter, is_kv, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
@@ -46,6 +46,7 @@ class BrokerState:
         self.options_for: Callable[[str], ChannelOptions] = (
             options_for or (lambda key: ChannelOptions()))
         self.max_message_size = max_message_size
+        self.max_channels = DEFAULT_MAX_CHANNELS  # the adapter sets the config's
         self.dedup_window = dedup_window
         self.default_lease = default_lease
         self.cache_budget = cache_budget
@@ -116,6 +117,17 @@ class BrokerState:
         """The options of ``channel`` (a dead-letter channel has its channel's: its
         schema key is that channel's; a bucket has its own)."""
         return self.options_for(channel if is_kv(channel) else schema_key(channel))
+
+    def check_new_channels(self, count: int) -> None:
+        """Raise unless ``count`` more channels may be made (dead letters are made
+        whatever the count: a message that failed must never be lost)."""
+        held = len(self.channels)
+        if count and held + count > self.max_channels:
+            raise QueueFull(
+                f"the broker holds {held} channels and the limit is {self.max_channels} "
+                "(max_channels): write to channels that exist, let unused ones go "
+                "(channel option expire_idle), or raise max_channels",
+                limit=self.max_channels)
 
     def log(self, name: str, now: float) -> ChannelLog:
         """Channel ``name``, created (and attached to the groups that match it) if new."""

@@ -230,9 +230,15 @@ class Subscriptions:
         return True
 
     def _check_pattern_room(self, grp: Group | None, texts: list[str]) -> None:
-        """Raise unless ``grp`` (None: a group to be made) may read ``texts`` too."""
+        """Raise unless ``grp`` (None: a group to be made) may read ``texts`` too, and
+        the channels they name and that do not exist yet may be made."""
         have = grp.texts if grp is not None else set()
-        new = len({t for t in texts if t not in have})
+        fresh = {t for t in texts if t not in have}
+        state, hosts = self.state, self.state.hosts
+        state.check_new_channels(sum(
+            1 for t in fresh if t not in state.channels and parse_pattern(t).concrete
+            and (hosts is None or hosts(t))))
+        new = len(fresh)
         if len(have) + new > MAX_PATTERNS_PER_GROUP:
             what = "group" if grp is None or grp.kind == "consume" else "listener"
             raise QueueFull(

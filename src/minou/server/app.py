@@ -176,6 +176,7 @@ class BrokerServer:
         self.core.strict_schemas = settings.strict_schemas
         self.core.any_interval = settings.any_interval
         self.core.dedup.max_keys = settings.max_dedup_keys
+        self.core.max_channels = settings.max_channels
         self.core.in_flight.configure(settings.in_flight_bytes)
         self.registry = Registry()
         self.credentials = Credentials()
@@ -765,6 +766,7 @@ class BrokerServer:
         core.max_message_size = new.max_message_size
         core.dedup_window = new.dedup_window
         core.dedup.max_keys = new.max_dedup_keys
+        core.max_channels = new.max_channels
         core.default_lease = new.default_lease
         core.in_flight.configure(new.in_flight_bytes)
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
@@ -1637,7 +1639,7 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
 
 
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
-                "max_dedup_keys",
+                "max_dedup_keys", "max_channels",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",
