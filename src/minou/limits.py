@@ -73,6 +73,10 @@ MAX_DEDUP_KEYS = 2_000_000
 MIN_PRIORITY, MAX_PRIORITY = 0, 9  # higher is served first; 0 is the default
 # ttl and delay of a message (and a nack's delay): ten years is surely a mistake beyond.
 MAX_DELAY_S = 10 * 365 * 86400.0
+# Messages with a priority or a delay that wait, over every channel: each is held in
+# memory (in its channel and in every group reading it: ~800 B with four groups), so a
+# writer scheduling without end would grow the broker without end.
+MAX_SCHEDULED_MESSAGES = 1_000_000
 
 # Flow control (DESIGN: bound every buffer).
 PUBLISH_PAUSE_BYTES = 32 << 20  # stop reading publishers past this many uncommitted bytes

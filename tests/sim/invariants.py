@@ -74,6 +74,9 @@ INVARIANTS: dict[str, str] = {
         "the bytes unsettled deliveries hold are accounted exactly (each subscription's "
         "and their total are the weights of the live leases), and a delivery goes to a "
         "member the in-flight bounds do not stop (one holding nothing always may)",
+    "scheduled_count":
+        "the count of messages with a priority or a delay held (bounded by "
+        "MAX_SCHEDULED_MESSAGES) is what the channels hold, after every step",
     "progress": "the broker finishes its work: no endless loop of commits, pumps or loads",
 }
 
@@ -277,6 +280,10 @@ def on_step_in_flight(core: Broker, ledger: Ledger) -> None:
                 fail("in_flight_bytes", f"member {sub.session.client_id}/{sub.sid} of "
                      f"{grp.key} counts {sub.held} bytes unsettled, its leases weigh "
                      f"{held.get(id(sub), 0)}")
+    specials = sum(len(log.special) for log in core.channels.values())
+    if core.state.special_count.total != specials:
+        fail("scheduled_count", f"{core.state.special_count.total} special messages "
+             f"counted, the channels hold {specials}")
     total = core.in_flight.total
     if total != sum(held.values()) or total != ledger.held_total():
         fail("in_flight_bytes", f"{total} bytes unsettled counted, the leases weigh "

@@ -121,6 +121,15 @@ class ChannelOptions:
     history: int = 1
 
 
+class SpecialCount:
+    """The special (priority or delayed) messages held over every channel of a broker."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 @dataclass(eq=False)
 class ChannelLog:
     name: str
@@ -137,6 +146,9 @@ class ChannelLog:
     rb_lo: int = 0
     rb_hi: int = 0
     special: dict[int, tuple[int, float | None]] = field(default_factory=dict)
+    # The broker's (BrokerState.special_count) once it holds this log: ``special``'s size
+    # over every channel, kept as ``special`` changes.
+    special_count: SpecialCount = field(default_factory=SpecialCount)
     gone: set[int] = field(default_factory=set)  # deleted seqs above first_seq
     states: list = field(default_factory=list)  # GroupChannel readers
     dropped: int = 0
@@ -191,7 +203,12 @@ class ChannelLog:
         if msg.seq >= self.end:
             self.end = msg.seq + 1
         if msg.special:
-            self.special[msg.seq] = (msg.priority, msg.deliver_at)
+            self.add_special(msg.seq, msg.priority, msg.deliver_at)
+
+    def add_special(self, seq: int, priority: int, deliver_at: float | None) -> None:
+        if seq not in self.special:
+            self.special_count.total += 1
+        self.special[seq] = (priority, deliver_at)
 
     def evict_below(self, seq: int) -> int:
         """Drop cached bodies below ``seq``; return bytes freed."""
@@ -226,8 +243,10 @@ class ChannelLog:
         gone_in_range = sum(1 for s in self.gone if s < seq)
         removed = (seq - self.first_seq) - gone_in_range
         self.gone = {s for s in self.gone if s >= seq}
-        for s in [s for s in self.special if s < seq]:
+        below = [s for s in self.special if s < seq]
+        for s in below:
             del self.special[s]
+        self.special_count.total -= len(below)
         if self.cache_lo < seq:
             self.evict_below(seq)
         if self.rb_hi and seq >= self.rb_lo:
@@ -254,7 +273,8 @@ class ChannelLog:
         if m is not None:
             self.cache_bytes -= m.size()
         self.readback.pop(seq, None)
-        self.special.pop(seq, None)
+        if self.special.pop(seq, None) is not None:
+            self.special_count.total -= 1
         self.count -= 1
         if self.kv is not None:
             self.kv.forget(seq)

@@ -91,6 +91,7 @@ def release(state: BrokerState, queue: str, now: float) -> int:
     groups: dict[Group, None] = {}
     for name in names:
         log = state.channels.pop(name)
+        state.special_count.total -= len(log.special)
         state.expiring.pop(log, None)
         for gc in list(log.states):
             grp = gc.group

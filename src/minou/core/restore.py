@@ -75,6 +75,7 @@ class Restorer:
         logs = []
         for rec in snap.channels:
             log = ChannelLog(rec.name, state.options(rec.name))
+            log.special_count = state.special_count
             if log.kv is not None:
                 log.kv.count = state.kv_count
             log.next_seq = log.end = rec.next_seq
@@ -87,7 +88,7 @@ class Restorer:
             logs.append(log)
         for channel, seq, priority, deliver_at in snap.specials:
             if channel in state.channels:
-                state.channels[channel].special[seq] = (priority, deliver_at)
+                state.channels[channel].add_special(seq, priority, deliver_at)
         self._stream_ids(snap, logs)
         return logs
 

@@ -22,14 +22,19 @@ from typing import Any
 
 from ..auth.rules import Rules
 from ..errors import QueueFull, RequestError
-from ..limits import DEFAULT_MAX_CHANNELS, MAX_PRODUCER_STATES, PRODUCER_IDLE_S
+from ..limits import (
+    DEFAULT_MAX_CHANNELS,
+    MAX_PRODUCER_STATES,
+    MAX_SCHEDULED_MESSAGES,
+    PRODUCER_IDLE_S,
+)
 from ..names import is_dead_letter, is_kv, schema_key
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease
 from .ids import MessageIds
 from .in_flight import InFlightBytes
 from .kv import KvCount
-from .log import ChannelLog, ChannelOptions
+from .log import ChannelLog, ChannelOptions, SpecialCount
 from .producers import Producers, ProducerState
 from .stats import Counters
 from .transactions import Transactions
@@ -70,6 +75,7 @@ class BrokerState:
         # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}
+        self.special_count = SpecialCount()  # priority or delayed messages held (core/log.py)
         self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
         # Retired names whose tombstone goes with a batch not yet committed (forgets)
@@ -129,11 +135,23 @@ class BrokerState:
                 "(channel option expire_idle), or raise max_channels",
                 limit=self.max_channels)
 
+    def check_scheduled_room(self, count: int) -> None:
+        """Raise unless ``count`` more messages with a priority or a delay may wait
+        (those of the pending batch count; a batch being written may pass it a little)."""
+        held = self.special_count.total + self.batch.specials
+        if count and held + count > MAX_SCHEDULED_MESSAGES:
+            raise QueueFull(
+                f"{held} messages with a priority or a delay wait already, over every "
+                f"channel (the limit is {MAX_SCHEDULED_MESSAGES}: each is held in memory); "
+                "publish it without one, or once consumers have taken some",
+                limit=MAX_SCHEDULED_MESSAGES)
+
     def log(self, name: str, now: float) -> ChannelLog:
         """Channel ``name``, created (and attached to the groups that match it) if new."""
         log = self.channels.get(name)
         if log is None:
             log = ChannelLog(name, self.options(name))
+            log.special_count = self.special_count
             if log.kv is not None:
                 log.kv.count = self.kv_count
             seq = self.retired.pop(name, None)

@@ -104,6 +104,8 @@ class TxnPublishing:
         have changed since STAGE) and room in channels that refuse when full."""
         for send in sends:
             self.publishing.validate(send, access)
+        self.state.check_scheduled_room(
+            sum(1 for s in sends if s.priority > 0 or s.delay))
         for name, n in Counter(s.channel for s in sends).items():
             log = self.state.channels.get(name)
             opts = log.options if log is not None else self.state.options(name)

@@ -62,6 +62,7 @@ class WriteBatch:
     # commit fails, those sequences become refusals (a resend gets the same error)
     sequenced: list[tuple[Any, int]] = field(default_factory=list)
     bytes: int = 0
+    specials: int = 0  # messages with a priority or a delay in ``messages`` (not stored)
     number: int = 0  # set when the writer takes it: commits are numbered in order
     # Set when the writer takes it: None, the batch is on the disk before anything
     # waiting for it is answered (fsync); else every channel it writes to has
