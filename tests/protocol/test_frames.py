@@ -4,6 +4,7 @@ bytes are cut up."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import msgspec
 import pytest
@@ -19,11 +20,14 @@ from minou.protocol.frames import (
     Admin,
     Bye,
     Hello,
+    JsonText,
     Ping,
     Publish,
+    Result,
     Send,
     Settled,
     Welcome,
+    json_text_hook,
 )
 
 from .strategies import FRAME_STRATEGIES, frames
@@ -324,3 +328,34 @@ def test_a_reader_that_always_holds_a_partial_frame_keeps_its_memory_bounded():
         peak = max(peak, len(reader._buf))
     assert got == 60_000 and reader.buffered == 0
     assert peak <= 2 * 65536 + 2 * 1001
+
+
+# -- JSON text kept as text (stored KV values) ------------------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@SETTINGS
+@given(_json_values, st.sampled_from([b"", b" ", b"\n\t "]))
+def test_json_text_is_the_value_in_a_frame_and_the_text_in_json(value, space):
+    # As stored: whatever spacing and escapes the publisher used (decoding into Raw
+    # trims only the outer spaces, as the broker does).
+    text = space + json.dumps(value, indent=len(space) or None,
+                              ensure_ascii=bool(space)).encode() + space
+    raw = msgspec.json.decode(text, type=msgspec.Raw)
+    held = JsonText(raw)
+    assert encode(Result(7, {"value": held})) == encode(Result(7, {"value": value}))
+    answer = msgspec.json.Encoder(enc_hook=json_text_hook).encode({"value": held})
+    assert answer == b'{"value":' + bytes(raw) + b"}"
+    assert msgspec.json.decode(answer) == {"value": value}
+
+
+def test_json_text_is_refused_by_an_encoder_without_the_hook():
+    held = JsonText(msgspec.Raw(b"[1]"))
+    with pytest.raises(TypeError):
+        msgspec.json.encode({"value": held})  # never str() of it, never silently
+    assert repr(held) == "JsonText(3 bytes)"

@@ -575,6 +575,8 @@ def test_plain_keys_for_locks_and_markers_are_durable(broker) -> None:
     assert r.delete("marker", "nope") == 1 and r.get("marker") is None
     with broker.connect_sync("kv-reader") as c:  # the same values through KV
         assert c.kv("redis").get("lock:jobs").value == b"token-1"
+        c.kv("redis").put("made-by-kv", {"a": [1, 2]})
+    assert r.get("made-by-kv") == b'{"a":[1,2]}'  # a JSON value: its text
 
 
 def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:

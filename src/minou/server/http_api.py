@@ -42,7 +42,7 @@ from ..limits import MAX_BATCH_HTTP
 from ..limits import MAX_HTTP_WAIT_S as MAX_WAIT_S
 from ..names import validate_channel
 from ..payloads import check_depth, decode_json, not_utf8, undecodable
-from ..protocol.frames import Admin, Delivery, Error, Outcome, Result, Send
+from ..protocol.frames import Admin, Delivery, Error, Outcome, Result, Send, json_text_hook
 from . import nagios
 from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 _encode = msgspec.json.encode
 _decode = msgspec.json.decode
+_encode_answer = msgspec.json.Encoder(enc_hook=json_text_hook).encode  # KV values as stored
 
 
 class BatchMessage(msgspec.Struct, forbid_unknown_fields=True):
@@ -84,7 +85,7 @@ Refuse = Callable[[RequestError], None]
 
 
 def json_response(value: Any, status: int = 200) -> Response:
-    return Response(_encode(value), status_code=status, media_type="application/json")
+    return Response(_encode_answer(value), status_code=status, media_type="application/json")
 
 
 def body_too_large(size: int, limit: int, *, one_message: bool) -> RequestError:

@@ -31,6 +31,7 @@ from ..limits import (
     STORAGE_READ_PAGE,
 )
 from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
+from ..protocol.frames import JsonText
 
 if TYPE_CHECKING:
     from ..auth.registry import Identity
@@ -72,16 +73,30 @@ def bucket_of(server: Server, args: dict[str, Any], caller: Identity | None
     return channel, server.core.channels.get(channel)
 
 
+def stored_json(data: bytes) -> msgspec.Raw | None:
+    """``data`` as one JSON value's text, or None if it is not one. Decoding into Raw
+    checks the syntax without building a Python object (~2 ms a MiB, where decoding
+    60 MiB of ``[[],[],...]`` took 1.5 GB and 6 s): the answer may embed it as is."""
+    try:
+        return msgspec.json.decode(data, type=msgspec.Raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def entry_view(msg: Msg) -> dict[str, Any]:
-    """A stored revision as JSON: the value parsed (JSON) or base64 (raw bytes)."""
+    """A stored revision as an answer: the value as its JSON text (``JsonText``: each
+    door writes it, never decoded here) or base64 (raw bytes)."""
     deleted = is_tombstone(msg.headers)
-    value: Any = None
+    value: JsonText | None = None
     value_base64: str | None = None
     if not deleted:
-        if msg.raw:
+        # Published JSON was checked then; bytes that are not JSON (stored otherwise,
+        # or damaged) are answered as bytes rather than spliced into a JSON answer.
+        text = None if msg.raw else stored_json(msg.data)
+        if text is None:
             value_base64 = base64.b64encode(msg.data).decode()
         else:
-            value = msgspec.json.decode(msg.data)
+            value = JsonText(text)
     return {"key": msg.key, "revision": msg.seq, "op": "del" if deleted else "put",
             "value": value, "value_base64": value_base64, "created": msg.published_at,
             "expires_at": msg.expires_at}

@@ -103,6 +103,8 @@ async def get(c: RespConnection, key: bytes) -> Value | None:
 def _json_bytes(value: Any) -> bytes:
     import msgspec
 
+    if isinstance(value, f.JsonText):  # the text as stored
+        return bytes(value.text)
     return msgspec.json.encode(value)
 
 
