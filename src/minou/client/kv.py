@@ -118,14 +118,23 @@ class KeyValue:
 
     async def history(self, key: str) -> list[Entry]:
         """Every stored revision of ``key``, oldest first (the bucket keeps ``history``
-        of them per key); empty if it has none."""
-        try:
-            res = await self.client.admin("kv.history", bucket=self.bucket, key=key)
-        except Exception as exc:
-            if _missing(exc):
-                return []
-            raise
-        return [_entry(e) for e in res["entries"]]
+        of them per key); empty if it has none. Read page by page: the broker answers
+        a few MiB of values at a time."""
+        out: list[Entry] = []
+        after = 0
+        while True:
+            try:
+                res = await self.client.admin("kv.history", bucket=self.bucket, key=key,
+                                              after=after)
+            except Exception as exc:
+                if _missing(exc):  # (a later page: its revisions went meanwhile)
+                    return out
+                raise
+            out += [_entry(e) for e in res["entries"]]
+            # A broker before pages answered everything, without "more".
+            if not res.get("more") or not res["entries"]:
+                return out
+            after = res["next"]
 
     async def items(self, prefix: str = "") -> dict[str, Entry]:
         """The current value of every key starting with ``prefix``."""

@@ -83,7 +83,10 @@ class HttpKv:
     async def get(self, request: Request, identity: Identity) -> Response:
         p, q = request.path_params, request.query_params
         args: dict[str, Any] = {"bucket": p["bucket"], "key": p["key"]}
-        if q.get("history", "").lower() in _TRUE:
+        if q.get("history", "").lower() in _TRUE:  # a page of them: after=, limit=
+            for name in ("after", "limit"):
+                if name in q:
+                    args[name] = q[name]
             return self.json(await self.api.admin_op("kv.history", args, identity))
         if q.get("revision"):
             args["revision"] = q["revision"]

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..core.kv import KvIndex, is_tombstone
-from ..core.log import ChannelLog, Msg, page_end
+from ..core.log import ChannelLog, Msg, page_end, read_weight
 from ..errors import BadRequest, NotFound, TooManyConnections
 from ..limits import (
     DEFAULT_KV_PAGE,
+    KV_PAGE_BYTES,
     MAX_KV_PAGE,
     MAX_KV_REVISION,
     MAX_KV_WAIT_S,
@@ -158,18 +159,43 @@ def kv_keys(server: Server, args: dict[str, Any], caller: Identity | None) -> An
             "revision": log.end - 1 if log is not None else 0}
 
 
+def _no_revision(channel: str, key: str) -> NotFound:
+    return NotFound(f"key {key!r} has no revision in bucket {kv_bucket(channel)!r}", key=key)
+
+
 async def kv_history(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """The stored revisions of ``key`` after revision ``after``, oldest first, a page at
+    a time: at most ``limit`` of them and KV_PAGE_BYTES of ``read_weight`` (always one).
+    ``more``: others follow, asked for with ``after=next`` (the last one answered)."""
     channel, log = bucket_of(server, args, caller)
     key = validate_kv_key(args.get("key"))
-    entries = []
-    if log is not None and log.kv is not None:
-        for seq in log.kv.history(key):
-            msg = await _revision(server, log, seq)
-            if msg is not None:
-                entries.append(entry_view(msg))
-    if not entries:
-        raise NotFound(f"key {key!r} has no revision in bucket {kv_bucket(channel)!r}", key=key)
-    return {"bucket": kv_bucket(channel), "key": key, "entries": entries}
+    after = int(_number(args, "after", 0, 0, MAX_KV_REVISION))
+    limit = int(_number(args, "limit", DEFAULT_KV_PAGE, 1, MAX_KV_PAGE))
+    seqs = log.kv.history(key) if log is not None and log.kv is not None else []
+    if log is None or not seqs:
+        raise _no_revision(channel, key)
+    entries: list[dict[str, Any]] = []
+    size, nxt, more = 0, after, False
+    for seq in seqs:
+        if seq <= after:
+            continue
+        if len(entries) >= limit:
+            more = True
+            break
+        msg = await _revision(server, log, seq)
+        if msg is None:  # removed meanwhile (a TTL, a purge)
+            continue
+        weight = read_weight(msg)
+        if entries and size + weight > KV_PAGE_BYTES:
+            more = True  # (read again by the next page: at most one value read twice)
+            break
+        entries.append(entry_view(msg))
+        size += weight
+        nxt = seq
+    if not entries and not after:  # every one removed meanwhile
+        raise _no_revision(channel, key)
+    return {"bucket": kv_bucket(channel), "key": key, "entries": entries, "next": nxt,
+            "more": more}
 
 
 async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
