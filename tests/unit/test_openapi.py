@@ -66,6 +66,17 @@ def test_admin_bounds_are_the_brokers() -> None:
     assert f"at most {limits.RATE_HISTORY_QUEUES} queues" in history
 
 
+def test_kv_history_bounds_are_the_brokers() -> None:
+    key = "/v1/kv/{bucket}/{key}"
+    assert span(param(key, "after", "get")) == (0, limits.MAX_KV_REVISION)
+    assert span(param(key, "limit", "get")) == (1, limits.MAX_KV_PAGE)
+    assert f"(default {limits.DEFAULT_KV_PAGE})" in parameter(key, "limit", "get")["description"]
+    answer = DOC["paths"][key]["get"]["responses"]["200"]["content"]["application/json"]
+    (page,) = [s for s in answer["schema"]["anyOf"] if "more" in s["properties"]]
+    assert f"at most {limits.KV_PAGE_BYTES >> 20} MiB" in page["properties"]["entries"][
+        "description"]
+
+
 def test_credential_bounds_are_the_brokers() -> None:
     for path in ("/v1/credentials", "/v1/credentials/{id}/renew"):
         ttl = body(path)["properties"]["ttl"]

@@ -17,6 +17,7 @@ from ..limits import (
     DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_KV_PAGE,
     DEFAULT_REQUEST_TIMEOUT_S,
+    KV_PAGE_BYTES,
     MAX_BATCH_HTTP,
     MAX_BROWSE,
     MAX_CHANNEL_LENGTH,
@@ -212,6 +213,13 @@ _ENTRY = {"type": "object", "properties": {
     "op": {"enum": ["put", "del"]}, "value": {},
     "value_base64": {"type": ["string", "null"]}, "created": {"type": "number"},
     "expires_at": {"type": ["number", "null"]}}}
+_HISTORY = {"type": "object", "properties": {
+    "bucket": {"type": "string"}, "key": {"type": "string"},
+    "entries": {"type": "array", "items": _ENTRY,
+                "description": f"oldest first, at most {KV_PAGE_BYTES >> 20} MiB of values "
+                               "(always one)"},
+    "next": {**_REVISION, "description": "the last revision answered: after= of the next page"},
+    "more": {"type": "boolean", "description": "more revisions follow: ask for the next page"}}}
 _ETAG = {"ETag": {"description": 'the revision, quoted ("7")', "schema": {"type": "string"}}}
 
 
@@ -249,13 +257,21 @@ def _kv_paths() -> dict[str, Any]:
         "/v1/kv/{bucket}/{key}": {
             "get": _op(
                 "A key's value and revision (ETag); ?revision= a stored one, ?history=true "
-                "every stored revision", tag="kv",
+                "its stored revisions, a page at a time (after=next while more)", tag="kv",
                 params=[bucket, key,
                         _query("revision", {"type": "integer", "minimum": 1,
                                             "maximum": MAX_KV_REVISION}, "a stored revision of it"),
-                        _query("history", {"type": "boolean"}, "every stored revision")],
-                ok={"description": "the value", "headers": _ETAG,
-                    "content": {"application/json": {"schema": _ENTRY}}}),
+                        _query("history", {"type": "boolean"}, "its stored revisions instead"),
+                        _query("after", {"type": "integer", "minimum": 0,
+                                         "maximum": MAX_KV_REVISION},
+                               "with history: the revisions after this one (default 0)"),
+                        _query("limit", {"type": "integer", "minimum": 1,
+                                         "maximum": MAX_KV_PAGE},
+                               f"with history: at most this many (default {DEFAULT_KV_PAGE})")],
+                ok={"description": "the value; with history=true a page of its revisions",
+                    "headers": _ETAG,
+                    "content": {"application/json": {"schema": {"anyOf": [_ENTRY,
+                                                                          _HISTORY]}}}}),
             "put": _op(
                 "Store a value (a new revision)", tag="kv",
                 params=[bucket, key, *condition,

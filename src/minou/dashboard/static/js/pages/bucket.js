@@ -621,9 +621,15 @@ export function mount(view, params, ctx) {
 
     const key = selected;
     if (key && (!history || history.key !== key || history.at !== info.revision)) {
-      let entries = [];
+      const entries = [];
       try {
-        entries = (await api("GET", keyUrl(key), { query: { history: "true" } })).entries || [];
+        // a page of revisions at a time (a few MiB of values): the next one after the last
+        for (let after = 0; ;) {
+          const page = await api("GET", keyUrl(key), { query: { history: "true", after } });
+          entries.push(...(page.entries || []));
+          if (!page.more || !(page.entries || []).length || !alive || key !== selected) break;
+          after = page.next;
+        }
       } catch (exc) {
         if (exc.status !== 404) throw exc; // 404: no revision of it is stored
       }
