@@ -57,10 +57,11 @@ MAX_KV_WAIT_S = 30.0  # a watch's long poll: answered empty after at most this l
 MAX_KV_WAITERS = 10_000  # long polls waiting at once, over all clients
 DEFAULT_KV_PAGE = 1_000
 MAX_KV_PAGE = 10_000
-# A page of a key's history stops before this many bytes of ``core.log.read_weight``
-# (always one revision): the native door answers each stored JSON value transcoded into
-# msgpack, up to 2.25 times its JSON (a float "1e5," becomes 9 bytes), so a page stays
-# under MAX_FRAME_SIZE; a whole history (64 revisions of 1 MiB) would not.
+# A page of KV revisions (kv.history, kv.read) holds at most this many bytes of
+# ``core.log.read_weight`` (history: always one revision; read: and one more at most):
+# the native door answers each stored JSON value transcoded into msgpack, up to 2.25
+# times its JSON (a float "1e5," becomes 9 bytes), so a page stays under MAX_FRAME_SIZE;
+# a whole history (64 revisions of 1 MiB), or STORAGE_READ_BYTES of values, would not.
 KV_PAGE_BYTES = 4 << 20
 DEFAULT_REQUEST_TIMEOUT_S = 5.0  # client.request(), minou request, POST /v1/request
 MAX_REQUEST_TIMEOUT_S = 300.0  # a request waits at most this long (HTTP holds a socket)

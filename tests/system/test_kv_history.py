@@ -108,3 +108,23 @@ def test_an_http_history_embeds_the_stored_json_as_is(broker_factory, tmp_path):
         assert [bytes(e.value) for e in got] == bodies  # byte for byte
     with broker.connect_sync("app-1") as c:  # the native door carries the value itself
         assert c.kv("big").get("k").value == msgspec.json.decode(bodies[-1])
+
+
+def test_the_current_values_come_in_pages_that_fit_a_frame_too(broker_factory, tmp_path):
+    # kv.read (items(), a watch's start) paged by STORAGE_READ_BYTES: ten values of
+    # 900 KB of JSON were one 20 MB native answer once transcoded (floats: 9 bytes).
+    broker = _big_broker(broker_factory, tmp_path)
+    values = {f"k{n}": [0.5] * 224_999 + [n] for n in range(20)}
+
+    async def scenario() -> None:
+        c = await broker.connect("app", request_timeout=20)
+        kv = c.kv("big")
+        for key, value in values.items():
+            await kv.put(key, value)
+        assert {k: e.value for k, e in (await kv.items()).items()} == values
+        page = await c.admin("kv.read", bucket="big", after=0)
+        assert 0 < len(page["entries"]) < len(values)
+        assert len(msgspec.msgpack.encode(page)) < MAX_FRAME_SIZE
+        await c.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 240))

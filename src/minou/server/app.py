@@ -1307,14 +1307,14 @@ class BrokerServer:
             self.core.after_commit(lambda: None)
 
     async def read_messages(self, channel: str, from_seq: int, upto: int,
-                            limit: int) -> list[Msg]:
+                            limit: int, max_bytes: int = STORAGE_READ_BYTES) -> list[Msg]:
         """Committed, live messages of ``channel`` from storage (the reader thread): at
-        most ``limit`` and STORAGE_READ_BYTES (``page_end`` says where the
-        next page starts)."""
+        most ``limit`` and ``max_bytes`` (``page_end`` says where the next page
+        starts)."""
         assert self.loop is not None
         return await self.loop.run_in_executor(
             self._reader_pool, self.storage.read_range, channel, from_seq, upto, limit,
-            STORAGE_READ_BYTES)
+            max_bytes)
 
     async def oldest_published(self, log_: Any, group: str | None = None) -> float | None:
         """When the oldest message not yet settled (by ``group``) was published."""

@@ -28,7 +28,6 @@ from ..limits import (
     MAX_KV_REVISION,
     MAX_KV_WAIT_S,
     MAX_KV_WAITERS,
-    STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
 )
 from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
@@ -213,12 +212,13 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
         log = server.core.channels.get(channel)
         end = log.end if log is not None else 1
         if log is not None and after + 1 < end:
+            # KV_PAGE_BYTES, not STORAGE_READ_BYTES: the page must fit a frame as msgpack.
             msgs = log.cached_range(max(after + 1, log.first_seq), end, limit,
-                                    STORAGE_READ_BYTES)
+                                    KV_PAGE_BYTES)
             if msgs is None:
                 msgs = await server.read_messages(channel, max(after + 1, log.first_seq),
-                                                  end, limit)
-            nxt = page_end(msgs, limit, STORAGE_READ_BYTES, end) - 1
+                                                  end, limit, KV_PAGE_BYTES)
+            nxt = page_end(msgs, limit, KV_PAGE_BYTES, end) - 1
             now = time.time()
             kv = log.kv if log.kv is not None else _EMPTY
             picked = [m for m in msgs if m.key is not None and m.key.startswith(prefix)
