@@ -359,3 +359,10 @@ def test_json_text_is_refused_by_an_encoder_without_the_hook():
     with pytest.raises(TypeError):
         msgspec.json.encode({"value": held})  # never str() of it, never silently
     assert repr(held) == "JsonText(3 bytes)"
+
+
+def test_the_hooks_refuse_other_types_as_msgspec_does():
+    json_encode = msgspec.json.Encoder(enc_hook=json_text_hook).encode
+    for enc in (json_encode, lambda v: encode(Result(1, v))):
+        with pytest.raises(TypeError, match="Encoding objects of type object is unsupported"):
+            enc({"x": object()})

@@ -353,16 +353,22 @@ class JsonText:
         return f"JsonText({len(self.text)} bytes)"
 
 
+def _unsupported(obj: Any) -> TypeError:
+    # msgspec's own words for a type without a hook (a hook's NotImplementedError would
+    # reach the caller as it is, without them)
+    return TypeError(f"Encoding objects of type {type(obj).__name__} is unsupported")
+
+
 def json_text_hook(obj: Any) -> Any:
     """``enc_hook`` of a JSON encoder of answers that may hold JsonText."""
     if isinstance(obj, JsonText):
         return obj.text
-    raise NotImplementedError
+    raise _unsupported(obj)
 
 
 def _msgpack_hook(obj: Any) -> Any:
     if not isinstance(obj, JsonText):
-        raise NotImplementedError
+        raise _unsupported(obj)
     # The decoded value is a tree that reference counting frees as soon as it is
     # encoded: collections meanwhile find nothing of it, and the 300,000 small lists of
     # a 1 MiB value would start several (they tripled the time).
