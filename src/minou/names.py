@@ -120,6 +120,19 @@ def parse_pattern(text: str) -> Pattern:
     return Pattern(text, text, concrete=True)
 
 
+def match_keys(channel: str) -> list[str]:
+    """The ``prefix`` of every pattern that matches ``channel``: its name, and its name
+    cut after each "/". (A wildcard's prefix ends in "/", a concrete pattern's never
+    does, so ``p.matches(channel)`` is ``p.prefix in match_keys(channel)``: patterns
+    can be looked up by what a channel is, instead of each tried against it.)"""
+    keys = [channel]
+    cut = channel.find("/")
+    while cut >= 0:
+        keys.append(channel[:cut + 1])
+        cut = channel.find("/", cut + 1)
+    return keys
+
+
 def broadcast_prefix(target: str) -> str | None:
     """For ``endpoint/version/*`` return the prefix of its channels, else None."""
     body = target[len(DEAD_PREFIX):] if target.startswith(DEAD_PREFIX) else target

@@ -36,6 +36,7 @@ from ..core.writes import WriteBatch
 from ..errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown
 from ..names import CORRELATION_ID, INBOX_PREFIX
 from ..protocol.frames import Delivery, Outcome, Send
+from .long_polls import PatternWaiters
 
 Kick = Literal["now", "timer", "none"]
 # A publish's answer: the outcomes (final: after the commit they waited for), and the
@@ -263,8 +264,8 @@ class Engine:
         # callbacks to call once, when a commit makes a message of it visible.
         self.channel_waiters: dict[str, list[Callable[[], None]]] = {}
         # Long polls waiting for a commit to any channel some patterns match (a
-        # federation link's source): (patterns, called once when one commits).
-        self.pattern_waiters: list[tuple[list[Any], Callable[[], None]]] = []
+        # federation link's source, XREAD BLOCK): called once when one commits.
+        self.pattern_waiters = PatternWaiters()
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits
@@ -302,19 +303,10 @@ class Engine:
         if self.channel_waiters and batch.messages:
             self._wake_channel_waiters(batch.messages)
         if self.pattern_waiters and batch.messages:
-            self._wake_pattern_waiters({msg.channel for msg in batch.messages})
+            self.pattern_waiters.wake({msg.channel for msg in batch.messages})
         self.resume_publishers()
         self.request_pump()
         self._follow(kick)
-
-    def _wake_pattern_waiters(self, channels: set[str]) -> None:
-        keep = []
-        for patterns, wake in self.pattern_waiters:
-            if any(p.matches(ch) for p in patterns for ch in channels):
-                wake()
-            else:
-                keep.append((patterns, wake))
-        self.pattern_waiters = keep
 
     def _wake_channel_waiters(self, messages: list[Msg]) -> None:
         waiters = self.channel_waiters

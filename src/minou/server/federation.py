@@ -36,7 +36,6 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -605,7 +604,7 @@ async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     commits wake it: the caller keeps ``wait`` short.)"""
     from ..errors import BadRequest, TooManyConnections
     from ..limits import MAX_KV_WAIT_S, MAX_KV_WAITERS, MAX_PATTERNS_PER_REQUEST
-    from ..names import parse_pattern
+    from ..names import match_keys, parse_pattern
 
     try:
         texts = msgspec.json.decode(str(args.get("patterns", "")), type=list[str])
@@ -622,22 +621,19 @@ async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
         access = server.access_for(caller)
         for text in texts:
             access.check_read(text)
+    keys = {p.prefix for p in patterns}  # a channel's few keys looked up, not 256 tried
 
     def ready() -> bool:
         return any(log.end > after.get(name, 1) for name, log in server.core.channels.items()
-                   if any(p.matches(name) for p in patterns))
+                   if not keys.isdisjoint(match_keys(name)))
 
     if ready() or not wait:
         return {"ready": ready()}
-    engine = server.engine
-    if len(engine.pattern_waiters) >= MAX_KV_WAITERS:
+    waiters = server.engine.pattern_waiters
+    if len(waiters) >= MAX_KV_WAITERS:
         raise TooManyConnections(f"{MAX_KV_WAITERS} long polls wait already",
                                  limit=MAX_KV_WAITERS)
-    def forget(wake: Callable[[], None]) -> None:
-        # Looked up each time: a wake-up replaces the engine's list.
-        engine.pattern_waiters = [w for w in engine.pattern_waiters if w[1] is not wake]
-
-    await woken(lambda wake: engine.pattern_waiters.append((patterns, wake)), forget, wait)
+    await woken(lambda wake: waiters.add(patterns, wake), waiters.remove, wait)
     return {"ready": ready()}
 
 
