@@ -241,14 +241,17 @@ async def _next_commit(server: Server, channel: str, timeout: float) -> None:
         raise TooManyConnections(f"{MAX_KV_WAITERS} watches wait already: try again later",
                                  limit=MAX_KV_WAITERS)
 
+    def add(wake: Callable[[], None]) -> None:
+        waiters.setdefault(channel, {})[wake] = None
+
     def forget(wake: Callable[[], None]) -> None:
         mine = waiters.get(channel)
-        if mine is not None and wake in mine:
-            mine.remove(wake)
+        if mine is not None:
+            mine.pop(wake, None)
             if not mine:
                 del waiters[channel]
 
-    await woken(lambda wake: waiters.setdefault(channel, []).append(wake), forget, timeout)
+    await woken(add, forget, timeout)
 
 
 async def woken(add: Callable[[Callable[[], None]], None],
