@@ -54,7 +54,12 @@ KV_MAX_REVISIONS = 100_000
 MAX_KV_REVISIONS_TOTAL = 2_000_000  # over every bucket (~150 bytes of index each)
 MAX_KV_REVISION = 1 << 62  # a revision (a seq) given in a compare-and-set or a read
 MAX_KV_WAIT_S = 30.0  # a watch's long poll: answered empty after at most this long
-MAX_KV_WAITERS = 10_000  # long polls waiting at once, over all clients
+# Long polls waiting at once over all clients: KV watches, and as many channels.wait
+# (federation links, XREAD BLOCK); each holds a timer, and over HTTP a socket.
+MAX_KV_WAITERS = 10_000
+# ... of which one client (not an admin) may have waiting, both kinds together and over
+# all its connections: else one client could hold them all and every other be refused.
+MAX_LONG_POLLS_PER_CLIENT = 100
 DEFAULT_KV_PAGE = 1_000
 MAX_KV_PAGE = 10_000
 # A page of KV revisions (kv.history, kv.read) holds at most this many bytes of

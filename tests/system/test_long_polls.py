@@ -1,5 +1,6 @@
-"""Long polls (KV watches, ``channels.wait``) against a real broker: many polls of
-many patterns cost a commit what it wrote, not every pattern of every poll."""
+"""Long polls (KV watches, ``channels.wait``) against a real broker: one client may
+have only so many waiting, whatever its connections, so that others still can; many
+polls of many patterns cost a commit what it wrote, not every pattern of every poll."""
 
 from __future__ import annotations
 
@@ -8,11 +9,89 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 import minou
+from minou.errors import TooManyConnections
+
+MAX_LONG_POLLS_PER_CLIENT = 100  # limits.py's, written out: what a client is told
 
 
 def run(coro: Any, timeout: float = 120) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def _refusals(admin: minou.Client) -> int:
+    status = await admin.admin("status")
+    return int(status["counters"]["refused"].get("too_many_connections", 0))
+
+
+def test_one_client_gets_only_so_many_long_polls_and_another_still_waits(broker) -> None:
+    """One client could take every slot (10,000 KV watches, as many channels.wait) and
+    have every other refused. Now past MAX_LONG_POLLS_PER_CLIENT of its own, both kinds
+    and all its connections together, it is refused, precisely and counted; another
+    client still waits, and is answered by the commit it waits for; an admin is
+    bounded in all only."""
+    half = MAX_LONG_POLLS_PER_CLIENT // 2
+    quiet = json.dumps(["quiet/*"])
+
+    async def scenario() -> None:
+        greedy = await broker.connect("greedy")
+        again = await broker.connect("greedy")  # the same client, another connection
+        patient = await broker.connect("patient")
+        admin = await minou.connect(broker.url, **broker.admin_auth())
+        try:
+            revision = await greedy.kv("cfg").put("k", 1)
+            watches = [asyncio.create_task(greedy.admin(
+                "kv.read", bucket="cfg", after=revision, wait=25)) for _ in range(half)]
+            waits = [asyncio.create_task(again.admin(
+                "channels.wait", patterns=quiet, after="{}", wait=25))
+                for _ in range(MAX_LONG_POLLS_PER_CLIENT - half)]
+            await asyncio.sleep(0)
+            await greedy.ping()
+            await again.ping()  # all of them are waiting now
+            before = await _refusals(admin)
+            for client in (greedy, again):
+                with pytest.raises(TooManyConnections) as refused:
+                    await client.admin("kv.read", bucket="cfg", after=revision, wait=25)
+                assert "MAX_LONG_POLLS_PER_CLIENT" in refused.value.message
+                assert f"may have {MAX_LONG_POLLS_PER_CLIENT} at once" in \
+                    refused.value.message
+                assert refused.value.detail["limit"] == MAX_LONG_POLLS_PER_CLIENT
+            with pytest.raises(TooManyConnections, match="client 'greedy' has 100 long "
+                               r"polls waiting \(KV watches and channels.wait together"):
+                await greedy.admin("channels.wait", patterns=quiet, after="{}", wait=25)
+            assert await _refusals(admin) - before == 3
+            assert not any(t.done() for t in watches + waits)  # refusing cut none
+            # Another client still waits, both kinds, and an admin past the bound.
+            other_watch = asyncio.create_task(patient.admin(
+                "kv.read", bucket="cfg", after=revision, wait=25))
+            other_wait = asyncio.create_task(patient.admin(
+                "channels.wait", patterns=quiet, after="{}", wait=25))
+            admin_waits = [asyncio.create_task(admin.admin(
+                "channels.wait", patterns=quiet, after="{}", wait=25))
+                for _ in range(MAX_LONG_POLLS_PER_CLIENT + 1)]
+            await asyncio.sleep(0)
+            await patient.ping()
+            await admin.ping()
+            assert not any(t.done() for t in [other_watch, other_wait, *admin_waits])
+            await patient.kv("cfg").put("k", 2)
+            await patient.send("quiet/v1/x", 1)
+            entries = (await asyncio.wait_for(other_watch, 20))["entries"]
+            assert [e["key"] for e in entries] == ["k"]
+            assert (await asyncio.wait_for(other_wait, 20))["ready"]
+            answered = await asyncio.wait_for(
+                asyncio.gather(*watches, *waits, *admin_waits), 20)
+            assert len(answered) == 2 * MAX_LONG_POLLS_PER_CLIENT + 1
+            # Answered: their slots are free again.
+            assert (await greedy.admin("channels.wait", patterns=quiet,
+                                       after=json.dumps({"quiet/v1/x": 2}), wait=0.1)
+                    ) == {"ready": False}
+        finally:
+            for client in (greedy, again, patient, admin):
+                await client.close()
+
+    run(scenario())
 
 
 def test_many_polls_of_many_patterns_do_not_stall_a_commit(broker) -> None:

@@ -1,6 +1,6 @@
-"""The index of long polls waiting for commits (server/long_polls.py), without a
-broker: a commit wakes exactly the polls whose patterns match a channel it wrote,
-looked up by the channel's keys rather than every pattern tried."""
+"""Long polls waiting for commits (server/long_polls.py), without a broker: a commit
+wakes exactly the polls whose patterns match a channel it wrote, looked up by the
+channel's keys rather than every pattern tried; a client holds only so many."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from minou.auth.registry import Identity
+from minou.errors import TooManyConnections
 from minou.names import Pattern, match_keys, parse_pattern
-from minou.server.long_polls import PatternWaiters
+from minou.server.long_polls import LongPolls, PatternWaiters
 
 CHANNELS = ["orders/v1/1", "orders/v1/10", "orders/v2/1", "orders2/v1/1", "order/v1/1",
             "_dead/orders/v1/1", "_dead/orders/v2/7", "_dead/order/v1/1", "pay/v1/a%2Fb",
@@ -99,3 +101,28 @@ def test_a_commit_tries_no_pattern_and_forgetting_leaves_nothing_behind(
         waiters.remove(poll)
         waiters.remove(poll)
     assert len(waiters) == 0 and not waiters._by_key
+
+
+def test_a_client_holds_only_so_many_slots_and_gives_each_back() -> None:
+    polls = LongPolls(per_kind=5, per_client=2)
+    alice, bob = Identity("alice", False), Identity("bob", False)
+    admin = Identity("ops", True)
+    with polls.slot("KV watches", alice), polls.slot("channels.wait long polls", alice):
+        with pytest.raises(TooManyConnections, match="MAX_LONG_POLLS_PER_CLIENT") as \
+                refused, polls.slot("KV watches", alice):
+            pass
+        assert refused.value.detail == {"limit": 2, "client": "alice"}
+        assert "client 'alice' has 2 long polls waiting" in refused.value.message
+        with polls.slot("KV watches", bob), polls.slot("KV watches", admin), \
+                polls.slot("KV watches", None), polls.slot("KV watches", admin):
+            # The kind's bound holds for everyone, admins and the broker too.
+            for caller in (Identity("carol", False), admin, None):
+                with pytest.raises(TooManyConnections, match="MAX_KV_WAITERS"), \
+                        polls.slot("KV watches", caller):
+                    pass
+            with polls.slot("channels.wait long polls", bob):  # the other kind: its own
+                pass
+    assert not polls.kinds and not polls.clients  # nothing kept once all gave back
+    with pytest.raises(ValueError), polls.slot("KV watches", alice):  # a poll that fails
+        raise ValueError
+    assert not polls.clients

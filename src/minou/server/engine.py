@@ -36,7 +36,7 @@ from ..core.writes import WriteBatch
 from ..errors import ErrorCode, PublishBacklog, RequestError, ShuttingDown
 from ..names import CORRELATION_ID, INBOX_PREFIX
 from ..protocol.frames import Delivery, Outcome, Send
-from .long_polls import PatternWaiters
+from .long_polls import LongPolls, PatternWaiters
 
 Kick = Literal["now", "timer", "none"]
 # A publish's answer: the outcomes (final: after the commit they waited for), and the
@@ -268,6 +268,7 @@ class Engine:
         # Long polls waiting for a commit to any channel some patterns match (a
         # federation link's source, XREAD BLOCK): called once when one commits.
         self.pattern_waiters = PatternWaiters()
+        self.long_polls = LongPolls()  # how many of both wait, in all and per client
         self._pump_scheduled = False
 
     # ------------------------------------------------------------- commits

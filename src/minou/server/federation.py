@@ -602,8 +602,8 @@ async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     channel has one, or ``wait`` seconds passed: a federation pipe's long poll instead
     of polling. ``{"ready": bool}``. (With queues spread over brokers only this broker's
     commits wake it: the caller keeps ``wait`` short.)"""
-    from ..errors import BadRequest, TooManyConnections
-    from ..limits import MAX_KV_WAIT_S, MAX_KV_WAITERS, MAX_PATTERNS_PER_REQUEST
+    from ..errors import BadRequest
+    from ..limits import MAX_KV_WAIT_S, MAX_PATTERNS_PER_REQUEST
     from ..names import match_keys, parse_pattern
 
     try:
@@ -630,10 +630,8 @@ async def wait_op(server: Server, args: dict[str, Any], caller: Any) -> Any:
     if ready() or not wait:
         return {"ready": ready()}
     waiters = server.engine.pattern_waiters
-    if len(waiters) >= MAX_KV_WAITERS:
-        raise TooManyConnections(f"{MAX_KV_WAITERS} long polls wait already",
-                                 limit=MAX_KV_WAITERS)
-    await woken(lambda wake: waiters.add(patterns, wake), waiters.remove, wait)
+    with server.engine.long_polls.slot("channels.wait long polls", caller):
+        await woken(lambda wake: waiters.add(patterns, wake), waiters.remove, wait)
     return {"ready": ready()}
 
 

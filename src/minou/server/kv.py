@@ -20,14 +20,13 @@ import msgspec
 
 from ..core.kv import KvIndex, is_tombstone
 from ..core.log import ChannelLog, Msg, page_end, read_weight
-from ..errors import BadRequest, NotFound, TooManyConnections
+from ..errors import BadRequest, NotFound
 from ..limits import (
     DEFAULT_KV_PAGE,
     KV_PAGE_BYTES,
     MAX_KV_PAGE,
     MAX_KV_REVISION,
     MAX_KV_WAIT_S,
-    MAX_KV_WAITERS,
     STORAGE_READ_PAGE,
 )
 from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
@@ -232,14 +231,12 @@ async def kv_read(server: Server, args: dict[str, Any], caller: Identity | None)
         if left <= 0 or latest or server.closing:  # (stopping: answered now)
             return {"bucket": kv_bucket(channel), "entries": [], "next": max(after, end - 1),
                     "revision": end - 1}
-        await _next_commit(server, channel, left)
+        await _next_commit(server, channel, left, caller)
 
 
-async def _next_commit(server: Server, channel: str, timeout: float) -> None:
+async def _next_commit(server: Server, channel: str, timeout: float,
+                       caller: Identity | None) -> None:
     waiters = server.engine.channel_waiters
-    if sum(len(w) for w in waiters.values()) >= MAX_KV_WAITERS:
-        raise TooManyConnections(f"{MAX_KV_WAITERS} watches wait already: try again later",
-                                 limit=MAX_KV_WAITERS)
 
     def add(wake: Callable[[], None]) -> None:
         waiters.setdefault(channel, {})[wake] = None
@@ -251,7 +248,8 @@ async def _next_commit(server: Server, channel: str, timeout: float) -> None:
             if not mine:
                 del waiters[channel]
 
-    await woken(add, forget, timeout)
+    with server.engine.long_polls.slot("KV watches", caller):
+        await woken(add, forget, timeout)
 
 
 async def woken(add: Callable[[Callable[[], None]], None],

@@ -1,6 +1,7 @@
-"""Long polls waiting for a commit (``channels.wait``: federation links, the Redis
-door's XREAD BLOCK): who waits for which channels. No I/O: the engine wakes them after
-each commit, the poll forgets itself when it times out or is cancelled.
+"""Long polls waiting for a commit (KV watches; ``channels.wait``: federation links,
+the Redis door's XREAD BLOCK): how many may wait, and who waits for which channels. No
+I/O: the engine wakes them after each commit, a poll forgets itself when it times out
+or is cancelled.
 
 Both must cost what they touch, not everything that waits: 10,000 polls of 256
 patterns each, tried one by one against a commit of 100 channels, held the event loop
@@ -10,11 +11,67 @@ timed out, each by rebuilding the list of the others, is quadratic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
+from ..errors import TooManyConnections
+from ..limits import MAX_KV_WAITERS, MAX_LONG_POLLS_PER_CLIENT
 from ..names import Pattern, match_keys
 
+if TYPE_CHECKING:
+    from ..auth.registry import Identity
+
 Wake = Callable[[], None]
+
+
+class LongPolls:
+    """How many polls wait at once: of each kind at most ``per_kind`` (the broker's
+    bound), and of one client's, both kinds together, at most ``per_client``: else one
+    client (one connection pipelining polls) could take every slot and have every other
+    refused. Admins, and the broker itself (no caller), are bounded in all only, as
+    for the groups a client makes (``MAX_GROUPS_PER_CLIENT``)."""
+
+    def __init__(self, *, per_kind: int = MAX_KV_WAITERS,
+                 per_client: int = MAX_LONG_POLLS_PER_CLIENT) -> None:
+        self.per_kind = per_kind
+        self.per_client = per_client
+        self.kinds: Counter[str] = Counter()
+        self.clients: Counter[str] = Counter()
+
+    @contextmanager
+    def slot(self, kind: str, caller: Identity | None) -> Iterator[None]:
+        """Hold a slot while the poll waits; ``TooManyConnections`` past either bound
+        (counted by whoever answers it, as every refusal)."""
+        if self.kinds[kind] >= self.per_kind:
+            raise TooManyConnections(
+                f"{self.kinds[kind]:,} {kind} wait already, as many as the broker holds at "
+                f"once (MAX_KV_WAITERS): try again later", limit=self.per_kind)
+        client = None if caller is None or caller.admin else caller.client_id
+        if client is not None and self.clients[client] >= self.per_client:
+            raise TooManyConnections(
+                f"client {client!r} has {self.clients[client]} long polls waiting (KV "
+                f"watches and channels.wait together, over all its connections); a client "
+                f"may have {self.per_client} at once (MAX_LONG_POLLS_PER_CLIENT), so that "
+                f"no one takes all {self.per_kind:,} the broker holds: let one be answered "
+                "(or close a watch) before starting another", limit=self.per_client,
+                client=client)
+        self.kinds[kind] += 1
+        if client is not None:
+            self.clients[client] += 1
+        try:
+            yield
+        finally:
+            _give_back(self.kinds, kind)
+            if client is not None:
+                _give_back(self.clients, client)
+
+
+def _give_back(counts: Counter[str], key: str) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:  # gone: a client id seen once is not kept for ever
+        del counts[key]
 
 
 class PatternWaiters:
