@@ -94,6 +94,40 @@ def test_one_client_gets_only_so_many_long_polls_and_another_still_waits(broker)
     run(scenario())
 
 
+def test_the_long_polls_of_a_connection_that_closes_give_their_slots_back(broker) -> None:
+    """A client that goes away with 100 polls waiting, and comes back at once (a
+    restart, a reconnect), was refused for as long as they would have waited (up to
+    30 s): they are cancelled with the connection."""
+    quiet = json.dumps(["quiet/*"])
+
+    async def scenario() -> None:
+        gone = await broker.connect("flaky")
+        polls = [asyncio.create_task(gone.admin("channels.wait", patterns=quiet, after="{}",
+                                                wait=25))
+                 for _ in range(MAX_LONG_POLLS_PER_CLIENT)]
+        await asyncio.sleep(0)
+        await gone.ping()
+        await gone.close()
+        await asyncio.gather(*polls, return_exceptions=True)
+        back = await broker.connect("flaky")
+        try:
+            deadline = time.monotonic() + 3
+            while True:
+                try:
+                    answer = await back.admin("channels.wait", patterns=quiet, after="{}",
+                                              wait=0.2)
+                    break
+                except TooManyConnections:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+            assert answer == {"ready": False}
+        finally:
+            await back.close()
+
+    run(scenario())
+
+
 def test_many_polls_of_many_patterns_do_not_stall_a_commit(broker) -> None:
     """1,000 channels.wait of 256 patterns each (an admin's: not bounded per client),
     none of which a publish to 500 channels matches: each poll's patterns were tried

@@ -101,6 +101,9 @@ class NativeConnection:
         # answered before the WELCOME (and before the token's id is durable).
         self._held: list[f.Frame | BadFrame] | None = None
         self.reads_out = 0  # READs being answered (storage read, not sent yet)
+        # Long polls waiting (a KV watch, channels.wait): cancelled when the connection
+        # goes, so that its client gets their slots back at once, not once they time out.
+        self._long_polls: set[asyncio.Future[Any]] = set()
         self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
         self._out: list[bytes] = []
         self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
@@ -518,7 +521,10 @@ class NativeConnection:
             task = self.server.spawn_reply(self, frame.req, result,
                                            read_only=frame.op in KV_OPS or frame.op in LOOK_OPS)
             if not (isinstance(frame.args, dict) and frame.args.get("wait")):
-                self._answer_later(task)  # a long poll waits: counted by its own bound
+                self._answer_later(task)
+            else:  # a long poll waits: counted by its own bound (server/long_polls.py)
+                self._long_polls.add(task)
+                task.add_done_callback(self._long_polls.discard)
         elif frame.op in LOOK_OPS:  # changed nothing: answered now
             self.send(f.Result(frame.req, result))
         else:  # changed state: answered once durable, or the commit's error
@@ -868,6 +874,8 @@ class NativeConnection:
             self.core.counters.refuse("truncated_frame")
         self.closed = True
         self._stop_heartbeats()
+        for task in list(self._long_polls):  # nobody is there to answer
+            task.cancel()
         if self.front is not None:
             self.front.close()
         if self.session is not None:
