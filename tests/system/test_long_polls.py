@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 import minou
 from minou.errors import TooManyConnections
+
+from ..conftest import wait_until
+from .test_http_api import bearer
 
 MAX_LONG_POLLS_PER_CLIENT = 100  # limits.py's, written out: what a client is told
 
@@ -126,6 +132,39 @@ def test_the_long_polls_of_a_connection_that_closes_give_their_slots_back(broker
             await back.close()
 
     run(scenario())
+
+
+def test_the_http_watches_of_clients_that_left_give_their_slots_back(broker) -> None:
+    """uvicorn does not cancel a request whose client left: 100 KV watches over HTTP
+    whose sockets closed held their client's slots until they timed out (25 s here).
+    Now a watch is given up with its socket."""
+    h = bearer(broker, "http-flaky")
+    with minou.connect_sync(broker.url, **broker.auth("http-flaky")) as c:
+        revision = c.kv("cfg").put("k", 1)
+    url = urlsplit(broker.http)
+    watch = (f"GET /v1/kv-watch/cfg?after={revision}&wait=25 HTTP/1.1\r\nHost: t\r\n"
+             f"Authorization: {h['Authorization']}\r\n\r\n").encode()
+    socks = [socket.create_connection((url.hostname, url.port), timeout=10)
+             for _ in range(MAX_LONG_POLLS_PER_CLIENT)]
+    with minou.connect_sync(broker.url, **broker.admin_auth()) as admin, \
+            httpx.Client(base_url=broker.http, timeout=30, headers=h) as http:
+        def waiting() -> int:
+            return int(admin.admin("status")["long_polls"].get("KV watches", 0))
+
+        try:
+            for sock in socks:
+                sock.sendall(watch)
+            wait_until(lambda: waiting() == MAX_LONG_POLLS_PER_CLIENT, 20, what="100 watches")
+            r = http.get("/v1/kv-watch/cfg", params={"after": revision, "wait": 25})
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["reason"] == "too_many_connections"
+            assert "MAX_LONG_POLLS_PER_CLIENT" in r.json()["error"]["message"]
+        finally:
+            for sock in socks:
+                sock.close()
+        wait_until(lambda: waiting() == 0, 5, what="the watches of closed sockets to go")
+        r = http.get("/v1/kv-watch/cfg", params={"after": revision, "wait": 0.2})
+        assert r.status_code == 200 and r.json()["entries"] == [], r.text
 
 
 def test_many_polls_of_many_patterns_do_not_stall_a_commit(broker) -> None:

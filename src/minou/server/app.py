@@ -1597,6 +1597,7 @@ class BrokerServer:
             "reloads": self.reloads,
             "transactions": self.core.transactions.stats(),
             "connections": len(self.connections),
+            "long_polls": dict(self.engine.long_polls.kinds),  # waiting now, by kind
             "admission": self.admission.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "uncommitted_bytes": self.uncommitted_bytes,

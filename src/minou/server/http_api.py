@@ -47,7 +47,7 @@ from . import nagios
 from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
-from .http_kv import HttpKv
+from .http_kv import HttpKv, disconnected
 from .http_requests import ask, request_timeout
 from .kv import KV_OPS
 from .wire import http_error, internal_error
@@ -606,7 +606,7 @@ async def _next_while_connected(request: Request, consumer: HttpConsumer, wait: 
     not cancel a request whose client left and drops what it answers: a message handed
     to it would stay leased to nobody until its lease ran out."""
     taking = asyncio.ensure_future(consumer.next(wait))
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait((taking, gone), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -622,11 +622,6 @@ async def _next_while_connected(request: Request, consumer: HttpConsumer, wait: 
         consumer.give_back(item)
         return None
     return item
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _queue(request: Request, dead: bool = False) -> str:

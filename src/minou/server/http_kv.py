@@ -9,7 +9,8 @@ the broker operations of ``server/kv.py``; writes are publishes, checked by the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -144,5 +145,27 @@ class HttpKv:
         for name in ("after", "wait", "limit"):
             if name in q:
                 args[name] = q[name]
-        return self.json(await self.api.admin_op("kv.read", args, identity))
+        answer = await while_connected(request, self.api.admin_op("kv.read", args, identity))
+        return Response(status_code=204) if answer is None else self.json(answer)
+
+
+async def while_connected(request: Request, work: Awaitable[Any]) -> Any:
+    """``work``'s answer, or None once the client disconnected: then it is cancelled.
+    uvicorn does not cancel a request whose client left: a long poll (a KV watch) held
+    its client's slot (MAX_LONG_POLLS_PER_CLIENT) until it timed out."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():  # the client left (or this request is cancelled): give up
+            task.cancel()
+    return task.result() if task.done() else None
+
+
+async def disconnected(request: Request) -> None:
+    """Returns once the client of ``request`` (read whole) has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
