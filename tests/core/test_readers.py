@@ -482,3 +482,35 @@ def test_a_refused_new_group_claims_no_exclusive_channel(monkeypatch) -> None:
     with pytest.raises(QueueFull):
         h.broker.set_position(c, "g", {"invoice/v1/1": 1}, h.now)
     assert h.broker.state.reservations == {}
+
+
+def test_joining_with_the_patterns_a_group_reads_writes_nothing_about_it() -> None:
+    """A group's definition is stored when its patterns change, once per request: a
+    member joining with the patterns it reads already changes nothing to store."""
+    h = Harness()
+    h.subscribe(Session("a"), 1, patterns=["a/v1/1", "b/*"], group="g")
+    assert list(h.broker.state.batch.group_defs) == ["consume:g"]
+    h.commit()
+    h.subscribe(Session("b"), 1, patterns=["b/*", "a/v1/1"], group="g")
+    h.broker.set_position(Session("b"), "g", {"a/v1/1": 1}, h.now)
+    assert h.broker.state.batch.group_defs == {}
+    h.subscribe(Session("c"), 1, patterns=["b/*", "c/v1/1"], group="g")
+    assert h.broker.state.batch.group_defs["consume:g"].patterns == ("a/v1/1", "b/*", "c/v1/1")
+
+
+def test_queues_spread_over_brokers_a_reader_makes_only_this_brokers_channels() -> None:
+    """With queues spread over brokers (``hosts``), a reader naming another broker's
+    channel makes nothing of it here, and it does not count against max_channels; the
+    bound counts exactly the channels that would be made."""
+    h = Harness()
+    h.broker.state.hosts = lambda channel: channel.startswith("mine/")
+    h.broker.max_channels = 2
+    h.publish(send("mine/v1/0", 1))
+    s = Session("c")
+    sub = h.subscribe(s, 1, patterns=["mine/v1/1", "theirs/v1/1", "theirs/v1/2"],
+                      group="g")  # one made here: exactly the room left
+    assert sorted(h.broker.state.channels) == ["mine/v1/0", "mine/v1/1"]
+    assert sorted(sub.group.gcs) == ["mine/v1/1"]
+    with pytest.raises(QueueFull):
+        h.subscribe(s, 2, patterns=["mine/v1/2"], group="g2")
+    h.subscribe(s, 3, patterns=["theirs/v1/3"], group="g3")  # another broker's: room

@@ -280,3 +280,16 @@ def test_the_broker_makes_at_most_max_channels_channels() -> None:
     assert "_dead/a/v1/1" in h.broker.state.channels
     h.broker.max_channels = 10  # a reload raises it: made again
     assert h.publish(send("a/v1/3", 1))[0].seq == 1
+
+
+def test_one_batch_cannot_pass_the_bound_of_scheduled_messages(monkeypatch) -> None:
+    """The messages of the batch not yet committed count each: four of priority 1 in
+    one publish, with room for three, have the fourth refused alone."""
+    import minou.core.state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_SCHEDULED_MESSAGES", 3)
+    h = Harness()
+    out = h.publish(*(send("a/v1/1", i, priority=1) for i in range(4)), send("a/v1/1", 9))
+    assert [o.seq for o in out] == [1, 2, 3, 0, 4]
+    assert "3 messages with a priority or a delay wait already" in out[3].error
+    assert h.broker.state.special_count.total == 3

@@ -240,6 +240,9 @@ def test_staged_transactions_are_stored_and_dropped_when_done(tmp_path) -> None:
     assert list(staged) == [("app", "kept")]
     assert [s.channel for s in staged[("app", "kept")].sends] == ["out/v1/x"] * 2 + ["out/v1/y"]
     assert h.broker.transactions.bytes == staged[("app", "kept")].bytes > 0
+    # Its client's share is counted again too (bounded per client after a restart).
+    assert h.broker.transactions.owner_bytes == {"app": staged[("app", "kept")].bytes}
+    assert staged[("app", "kept")].parts == 2  # the next STAGE is stored as part 3
     result = h.broker.commit_txns(app, "job", 1, ["kept"], 3700.0)
     assert result["published"] == 3
     h.storage.close()  # type: ignore[union-attr]
@@ -795,3 +798,33 @@ def test_one_client_owns_at_most_max_writers_per_client_writer_ids(monkeypatch) 
     assert h.broker.commit_txns(c, "w1", 2, ["t9"], h.now)["published"] == 1
     h.broker.stage(other, "t", [Send("out/v1/a", b"1")], h.now)
     assert h.broker.commit_txns(other, "w3", 1, ["t"], h.now)["published"] == 1
+
+
+def test_a_commit_is_refused_whole_past_the_bound_of_scheduled_messages(monkeypatch) -> None:
+    """Messages with a priority or a delay are held in memory until taken; a commit
+    that would pass MAX_SCHEDULED_MESSAGES is refused whole (nothing published), and
+    one that fits exactly goes through. A priority of 1 and a delay alone both count."""
+    import minou.core.state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_SCHEDULED_MESSAGES", 3)
+    h = Harness()
+    c = Session("spark")
+    h.broker.stage(c, "a", [Send("out/v1/a", js(1), priority=1),
+                            Send("out/v1/a", js(2), delay=60.0), Send("out/v1/a", js(3))], h.now)
+    h.broker.stage(c, "b", [Send("out/v1/a", js(4), priority=1),
+                            Send("out/v1/a", js(5), delay=60.0)], h.now)
+    with pytest.raises(QueueFull) as caught:
+        h.broker.commit_txns(c, "w", 1, ["a", "b"], h.now)
+    assert caught.value.detail == {"limit": 3}
+    assert "out/v1/a" not in h.broker.state.channels  # nothing published
+    assert h.broker.commit_txns(c, "w", 1, ["a"], h.now)["published"] == 3
+    h.commit()
+    h.broker.stage(c, "c", [Send("out/v1/a", js(6), priority=1)], h.now)
+    assert h.broker.commit_txns(c, "w", 2, ["c"], h.now)["published"] == 1  # 3: exactly
+    h.commit()
+    h.broker.stage(c, "d", [Send("out/v1/a", js(7), delay=1.0)], h.now)
+    with pytest.raises(QueueFull):
+        h.broker.commit_txns(c, "w", 3, ["d"], h.now)
+    h.broker.stage(c, "e", [Send("out/v1/a", js(8)), Send("out/v1/a", js(9), priority=0)],
+                   h.now)
+    assert h.broker.commit_txns(c, "w", 3, ["e"], h.now)["published"] == 2  # plain: room
