@@ -60,7 +60,7 @@ def test_one_client_gets_only_so_many_long_polls_and_another_still_waits(broker)
             for client in (greedy, again):
                 with pytest.raises(TooManyConnections) as refused:
                     await client.admin("kv.read", bucket="cfg", after=revision, wait=25)
-                assert "MAX_LONG_POLLS_PER_CLIENT" in refused.value.message
+                assert "max_long_polls_per_client" in refused.value.message
                 assert f"may have {MAX_LONG_POLLS_PER_CLIENT} at once" in \
                     refused.value.message
                 assert refused.value.detail["limit"] == MAX_LONG_POLLS_PER_CLIENT
@@ -158,7 +158,7 @@ def test_the_http_watches_of_clients_that_left_give_their_slots_back(broker) -> 
             r = http.get("/v1/kv-watch/cfg", params={"after": revision, "wait": 25})
             assert r.status_code == 503, r.text
             assert r.json()["error"]["reason"] == "too_many_connections"
-            assert "MAX_LONG_POLLS_PER_CLIENT" in r.json()["error"]["message"]
+            assert "max_long_polls_per_client" in r.json()["error"]["message"]
         finally:
             for sock in socks:
                 sock.close()
@@ -198,3 +198,41 @@ def test_many_polls_of_many_patterns_do_not_stall_a_commit(broker) -> None:
             await other.close()
 
     run(scenario())
+
+
+def test_the_bound_per_client_is_a_setting_a_reload_moves(broker_factory, tmp_path) -> None:
+    """A fleet of workers under one identity (Redis workers blocked in XREAD, say) may
+    need more: ``max_long_polls_per_client`` sets it, and a reload applies it."""
+    from ..conftest import OPEN_RULES
+    from .test_reload import minou_cli
+
+    cfg = tmp_path / "polls.toml"
+    cfg.write_text("max_long_polls_per_client = 2\n" + OPEN_RULES)
+    b = broker_factory.make(config=cfg).start()
+    quiet = json.dumps(["quiet/*"])
+
+    async def polls(n: int) -> tuple[list[Any], minou.Client]:
+        client = await b.connect("fleet")
+        waiting = [asyncio.create_task(client.admin(
+            "channels.wait", patterns=quiet, after="{}", wait=20)) for _ in range(n)]
+        await asyncio.sleep(0)
+        await client.ping()
+        return waiting, client
+
+    async def third_is_refused() -> bool:
+        waiting, client = await polls(2)
+        try:
+            await client.admin("channels.wait", patterns=quiet, after="{}", wait=0.1)
+            return False
+        except TooManyConnections as exc:
+            assert exc.detail["limit"] == 2
+            return True
+        finally:
+            await client.close()
+            await asyncio.gather(*waiting, return_exceptions=True)
+
+    assert run(third_is_refused())
+    cfg.write_text("max_long_polls_per_client = 3\n" + OPEN_RULES)
+    out = minou_cli(b, "reload", "--json")
+    assert out.returncode == 0 and "max_long_polls_per_client" in out.stdout, out.stderr
+    assert not run(third_is_refused())

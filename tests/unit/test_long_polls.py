@@ -108,7 +108,7 @@ def test_a_client_holds_only_so_many_slots_and_gives_each_back() -> None:
     alice, bob = Identity("alice", False), Identity("bob", False)
     admin = Identity("ops", True)
     with polls.slot("KV watches", alice), polls.slot("channels.wait long polls", alice):
-        with pytest.raises(TooManyConnections, match="MAX_LONG_POLLS_PER_CLIENT") as \
+        with pytest.raises(TooManyConnections, match="max_long_polls_per_client") as \
                 refused, polls.slot("KV watches", alice):
             pass
         assert refused.value.detail == {"limit": 2, "client": "alice"}

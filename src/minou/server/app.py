@@ -260,6 +260,7 @@ class BrokerServer:
             pause_bytes=lambda: self.settings.publish_pause_bytes,
             resume_bytes=PUBLISH_RESUME_BYTES)
         self.engine.publish_latency = self.metrics.publish_latency
+        self.engine.long_polls.per_client = settings.max_long_polls_per_client
         self.scheduler = self.engine.scheduler
         self._last_commit_at = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -767,6 +768,7 @@ class BrokerServer:
         core.dedup_window = new.dedup_window
         core.dedup.max_keys = new.max_dedup_keys
         core.max_channels = new.max_channels
+        self.engine.long_polls.per_client = new.max_long_polls_per_client
         core.default_lease = new.default_lease
         core.in_flight.configure(new.in_flight_bytes)
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
@@ -1640,7 +1642,7 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
 
 
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
-                "max_dedup_keys", "max_channels",
+                "max_dedup_keys", "max_channels", "max_long_polls_per_client",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",

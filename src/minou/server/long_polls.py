@@ -53,7 +53,7 @@ class LongPolls:
             raise TooManyConnections(
                 f"client {client!r} has {self.clients[client]} long polls waiting (KV "
                 f"watches and channels.wait together, over all its connections); a client "
-                f"may have {self.per_client} at once (MAX_LONG_POLLS_PER_CLIENT), so that "
+                f"may have {self.per_client} at once (max_long_polls_per_client), so that "
                 f"no one takes all {self.per_kind:,} the broker holds: let one be answered "
                 "(or close a watch) before starting another", limit=self.per_client,
                 client=client)
