@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from minou.core.broker import Session
 from minou.core.log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, page_end, read_weight
 
-from .helpers import Harness
+from .helpers import Harness, send
 
 CH = "orders/v1/1"
 
@@ -164,6 +164,21 @@ def test_the_cache_counts_each_body_with_its_overhead() -> None:
     assert h.broker.trim_cache() == 0
     h.broker.cache_budget = log.cache_bytes - 1
     assert h.broker.trim_cache() == 100 + 280
+
+
+def test_the_cache_counts_headers_and_keys_too() -> None:
+    """A message's headers and key are held with its body: 64 headers of 120 bytes and a
+    256-character key on a 1-byte payload hold ~12 KB, which the budget counted as 281
+    bytes (a writer made the cache hold 40 x its budget). Each header counts its text
+    and ~140 bytes of objects, the dict 240, the key its text and 50."""
+    h = Harness()
+    headers = {f"h{i:02d}": "v" * 117 for i in range(64)}
+    h.publish(send(CH, 1, headers=headers, key="k" * 256), send(CH, 2))
+    log = h.broker.channels[CH]
+    plain = 1 + 280
+    assert log.cache_bytes == plain + 240 + 64 * (3 + 117 + 140) + 256 + 50 + plain
+    h.broker.cache_budget = 10_000
+    assert h.broker.trim_cache() > 0  # the headed one does not fit a budget of 10 KB
 
 
 def test_reprs_name_the_channel_and_position() -> None:
