@@ -27,6 +27,10 @@ MAX_GROUP_NAME = 512  # characters of a group or listener name (a Redis door's g
 MAX_GROUPS = 20_000  # consumer groups and durable listeners the broker keeps (each for good)
 MAX_GROUPS_PER_CLIENT = 2_000  # ... of which one client (not an admin) may make
 MAX_PATTERNS_PER_GROUP = 10_000  # patterns a group reads (a channel by name is one)
+# ... and over every group (~270 B each, held for good): one client's 2,000 groups of
+# 10,000 patterns would be 20 million (~5 GiB)
+MAX_GROUP_PATTERNS = 1_000_000
+MAX_GROUP_PATTERNS_PER_CLIENT = 100_000  # over the groups one client (not an admin) made
 
 DEFAULT_PREFETCH = 1  # SPEC §1: per channel config, default 1
 MAX_PREFETCH = 100_000

@@ -514,3 +514,51 @@ def test_queues_spread_over_brokers_a_reader_makes_only_this_brokers_channels() 
     with pytest.raises(QueueFull):
         h.subscribe(s, 2, patterns=["mine/v1/2"], group="g2")
     h.subscribe(s, 3, patterns=["theirs/v1/3"], group="g3")  # another broker's: room
+
+
+def test_the_patterns_of_all_groups_are_bounded_and_counted(monkeypatch) -> None:
+    """Each pattern is held for good with its group: MAX_GROUP_PATTERNS bounds them over
+    every group and MAX_GROUP_PATTERNS_PER_CLIENT over the groups one client made (one
+    client's 2,000 groups of 10,000 patterns held ~5 GiB). The count follows every
+    add, remove and deleted group."""
+    import minou.core.subscriptions as subscriptions
+    from minou.core.maintenance import delete_group
+
+    monkeypatch.setattr(subscriptions, "MAX_GROUP_PATTERNS", 6)
+    monkeypatch.setattr(subscriptions, "MAX_GROUP_PATTERNS_PER_CLIENT", 4)
+    h = Harness()
+    c, d = Session("c"), Session("d")
+    count = h.broker.state.pattern_count
+    h.subscribe(c, 1, patterns=["a/v1/1", "b/*"], group="g1")
+    h.subscribe(c, 2, patterns=["c/*", "d/v1/*"], group="g2")  # c's 4: its share
+    assert count.total == 4
+    with pytest.raises(QueueFull) as caught:
+        h.subscribe(c, 3, patterns=["e/*"], group="g3")
+    assert caught.value.detail == {"client": "c", "limit": 4}
+    h.subscribe(c, 4, patterns=["b/*"], group="g1")  # joined, nothing new: allowed
+    h.subscribe(d, 1, patterns=["e/*", "f/*"], group="d1")  # 6: the broker's all
+    with pytest.raises(QueueFull) as caught:
+        h.subscribe(d, 2, patterns=["g/*"], group="d2")
+    assert caught.value.detail == {"limit": 6}
+    h.subscribe(Session("root", admin=True), 1, patterns=["b/*"], group="g1")  # nothing new
+    h.broker.subscriptions.remove_pattern(c, 2, "d/v1/*")
+    assert count.total == 5
+    h.broker.subscriptions.add_pattern(d, 1, "g/*", h.now)  # the room given back
+    h.broker.unsubscribe(c, 1, h.now)
+    h.broker.unsubscribe(c, 4, h.now)
+    delete_group(h.broker, "consume:g1", h.now, force=True)
+    assert count.total == 4 == sum(len(g.patterns) for g in h.broker.state.groups.values())
+    h.subscribe(c, 5, patterns=["h/*", "i/*"], group="g5")
+
+
+def test_a_group_matches_dead_letters_only_by_their_own_patterns() -> None:
+    """Patterns are looked up by prefix: ``orders/*`` reads no dead letter of orders,
+    ``_dead/orders/*`` reads them all, a name reads that channel only."""
+    h = Harness()
+    grp = h.subscribe(Session("c"), 1, patterns=["orders/*"], group="g").group
+    assert grp.matches("orders/v2/x") and not grp.matches("_dead/orders/v1/1")
+    assert not grp.matches("ordersx/v1/1") and not grp.matches("orders")
+    dead = h.subscribe(Session("c"), 2, patterns=["_dead/orders/*", "pay/v1/7"],
+                       group="d").group
+    assert dead.matches("_dead/orders/v1/1") and not dead.matches("orders/v1/1")
+    assert dead.matches("pay/v1/7") and not dead.matches("pay/v1/70")

@@ -74,6 +74,9 @@ INVARIANTS: dict[str, str] = {
         "the bytes unsettled deliveries hold are accounted exactly (each subscription's "
         "and their total are the weights of the live leases), and a delivery goes to a "
         "member the in-flight bounds do not stop (one holding nothing always may)",
+    "pattern_count":
+        "the count of patterns over every group (bounded by MAX_GROUP_PATTERNS) is what "
+        "the groups read, after every step",
     "scheduled_count":
         "the count of messages with a priority or a delay held (bounded by "
         "MAX_SCHEDULED_MESSAGES) is what the channels hold, after every step",
@@ -280,6 +283,10 @@ def on_step_in_flight(core: Broker, ledger: Ledger) -> None:
                 fail("in_flight_bytes", f"member {sub.session.client_id}/{sub.sid} of "
                      f"{grp.key} counts {sub.held} bytes unsettled, its leases weigh "
                      f"{held.get(id(sub), 0)}")
+    patterns = sum(len(grp.patterns) for grp in core.groups.values())
+    if core.state.pattern_count.total != patterns:
+        fail("pattern_count", f"{core.state.pattern_count.total} patterns counted, the "
+             f"groups read {patterns}")
     specials = sum(len(log.special) for log in core.channels.values())
     if core.state.special_count.total != specials:
         fail("scheduled_count", f"{core.state.special_count.total} special messages "

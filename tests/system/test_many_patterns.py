@@ -51,3 +51,29 @@ def test_large_subscribe_and_position_leave_other_clients_answered(broker):
     finally:
         big.close()
         other.close()
+
+
+def test_one_clients_groups_read_a_bounded_number_of_patterns(broker):
+    """Groups stay once made (their patterns with them): one client's 2,000 groups of
+    10,000 patterns held ~5 GiB. Its groups may read 100,000 patterns in all
+    (MAX_GROUP_PATTERNS_PER_CLIENT); past that it is refused, precisely, and new
+    channels of other clients still cost a few lookups per group."""
+    from minou.limits import MAX_GROUP_PATTERNS_PER_CLIENT
+
+    big = RawPeer(broker.url)
+    try:
+        big.hello("big")
+        big.sock.settimeout(120)
+        for g in range(MAX_GROUP_PATTERNS_PER_CLIENT // N + 1):
+            req = g + 1
+            big.write(f.encode(f.Subscribe(req, req, "consume",
+                                           [f"w{g}x{i}/*" for i in range(N)], group=f"g{g}")))
+            answer = answer_to(big, req)
+        assert isinstance(answer, f.Error) and answer.detail["reason"] == "queue_full", answer
+        assert answer.detail["limit"] == MAX_GROUP_PATTERNS_PER_CLIENT
+        assert f"client 'big' made read {MAX_GROUP_PATTERNS_PER_CLIENT} patterns" in \
+            answer.message
+        with broker.connect_sync("other") as other:
+            assert other.send("fresh/v1/1", {"n": 1}).seq == 1
+    finally:
+        big.close()

@@ -59,7 +59,7 @@ class Expiry:
             self.subscriptions.detach(gc)
         for grp in groups:  # none has a member: the channel would not be idle
             if not grp.gcs and all(p.concrete for p in grp.patterns):
-                del state.groups[grp.key]
+                state.drop_group(grp)
                 state.batch.group_defs[grp.key] = None
         removed = log.truncate_below(log.end)
         if log.stream_ids is not None:  # a stream made again under the name starts anew

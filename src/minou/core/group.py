@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..limits import BURST_BYTES
-from ..names import Pattern
+from ..names import Pattern, match_keys
 from .in_flight import InFlightBytes
 from .log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, read_weight
 
@@ -311,6 +311,15 @@ class GroupDef:
     patterns: tuple[str, ...]
 
 
+class PatternCount:
+    """The patterns groups read, over every group of a broker (each held for good)."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 @dataclass(eq=False)
 class Group:
     key: str
@@ -324,16 +333,31 @@ class Group:
     # source positions each), and a scan of them per new channel or per added pattern
     # made a large SUBSCRIBE stall the whole broker. Change patterns only through
     # ``add_pattern`` and ``set_patterns``.
+    # Each pattern by its prefix (a name's is the name): a channel matches a group that
+    # has one of its ``match_keys``, a few lookups however many wildcards the group has
+    # (trying each of 10,000 wildcards of each group stalled every new channel).
     texts: set[str] = field(init=False, repr=False)
-    wildcards: list[Pattern] = field(init=False, repr=False)
+    prefixes: set[str] = field(init=False, repr=False)
+    # The broker's count of patterns over all groups (BrokerState.pattern_count) once
+    # the group is the broker's (``adopt``).
+    count: PatternCount = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.count = PatternCount()
+        self.texts, self.prefixes = set(), set()
         self.set_patterns(self.patterns)
 
+    def adopt(self, count: PatternCount) -> None:
+        """Count this group's patterns in ``count`` (the broker's) from now on."""
+        self.count.total -= len(self.patterns)
+        count.total += len(self.patterns)
+        self.count = count
+
     def set_patterns(self, patterns: list[Pattern]) -> None:
+        self.count.total += len(patterns) - len(self.texts)
         self.patterns = patterns
         self.texts = {p.text for p in patterns}
-        self.wildcards = [p for p in patterns if not p.concrete]
+        self.prefixes = {p.prefix for p in patterns}
 
     def add_pattern(self, pattern: Pattern) -> bool:
         """Read ``pattern`` too; False if the group reads it already."""
@@ -341,13 +365,17 @@ class Group:
             return False
         self.patterns.append(pattern)
         self.texts.add(pattern.text)
-        if not pattern.concrete:
-            self.wildcards.append(pattern)
+        self.prefixes.add(pattern.prefix)
+        self.count.total += 1
         return True
 
     def matches(self, channel: str) -> bool:
-        # A concrete pattern's text is the channel's name (a wildcard's never is one).
-        return channel in self.texts or any(p.matches(channel) for p in self.wildcards)
+        return self.matches_keys(match_keys(channel))
+
+    def matches_keys(self, keys: list[str]) -> bool:
+        """Whether the group reads a channel whose ``match_keys`` are ``keys``."""
+        prefixes = self.prefixes
+        return any(k in prefixes for k in keys)
 
     def definition(self) -> GroupDef:
         return GroupDef(self.key, self.kind, tuple(p.text for p in self.patterns))

@@ -84,7 +84,7 @@ def delete_group(core: Broker, key: str, now: float, *, force: bool = False) -> 
     logs = [gc.log for gc in grp.gcs.values()]
     for gc in list(grp.gcs.values()):
         core.subscriptions.detach(gc)
-    del core.groups[key]
+    core.state.drop_group(grp)
     core.state.ready_groups.pop(grp, None)
     core.batch.group_defs[key] = None
     for log in logs:  # the other readers' floors may now let storage truncate

@@ -36,6 +36,7 @@ from ..names import (
     inbox_of,
     inbox_owner,
     is_inbox,
+    match_keys,
     reply_dedup_key,
     validate_channel,
 )
@@ -46,7 +47,8 @@ from .state import BrokerState
 
 def has_responders(state: BrokerState, channel: str) -> bool:
     """Whether a connected consumer or listener reads ``channel`` now."""
-    return any(group.members and group.matches(channel) for group in state.groups.values())
+    keys = match_keys(channel)
+    return any(group.members and group.matches_keys(keys) for group in state.groups.values())
 
 
 def reply_token(secret: bytes, inbox: str, correlation: str, request_id: str) -> str:

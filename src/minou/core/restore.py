@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..names import migrate_listen_key, parse_pattern
+from ..names import match_keys, migrate_listen_key, parse_pattern
 from .group import Group, GroupChannel
 from .log import ChannelLog
 from .snapshot import Snapshot
@@ -25,9 +25,7 @@ class Restorer:
         """Rebuild memory from storage after a start."""
         state = self.state
         for gdef in snap.groups:
-            state.groups[gdef.key] = Group(
-                gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]
-            )
+            state.add_group(Group(gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]))
         logs = self._channels(snap, now)
         self._group_states(snap, now)
         self._attach_unsaved(logs, now)
@@ -55,8 +53,8 @@ class Restorer:
                              "their queue before it is adopted again")
         for gdef in snap.groups:
             if gdef.key not in state.groups:
-                state.groups[gdef.key] = Group(
-                    gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns])
+                state.add_group(Group(
+                    gdef.key, gdef.kind, [parse_pattern(p) for p in gdef.patterns]))
         logs = self._channels(snap, now)
         touched = self._group_states(snap, now)
         touched.update(self._attach_unsaved(logs, now))
@@ -133,9 +131,10 @@ class Restorer:
         first seq."""
         state = self.state
         touched: dict[Group, None] = {}
+        keyed = [(log, match_keys(log.name)) for log in logs]
         for grp in state.groups.values():
-            for log in logs:
-                if log.name not in grp.gcs and grp.matches(log.name):
+            for log, keys in keyed:
+                if log.name not in grp.gcs and grp.matches_keys(keys):
                     state.attach(grp, log, log.first_seq, now)
                     touched[grp] = None
         return touched

@@ -28,9 +28,9 @@ from ..limits import (
     MAX_SCHEDULED_MESSAGES,
     PRODUCER_IDLE_S,
 )
-from ..names import is_dead_letter, is_kv, schema_key
+from ..names import is_dead_letter, is_kv, match_keys, schema_key
 from .dedup import DedupWindow
-from .group import Group, GroupChannel, Lease
+from .group import Group, GroupChannel, Lease, PatternCount
 from .ids import MessageIds
 from .in_flight import InFlightBytes
 from .kv import KvCount
@@ -75,6 +75,7 @@ class BrokerState:
         # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}
+        self.pattern_count = PatternCount()  # patterns over every group (core/group.py)
         self.special_count = SpecialCount()  # priority or delayed messages held (core/log.py)
         self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
@@ -135,6 +136,16 @@ class BrokerState:
                 "(channel option expire_idle), or raise max_channels",
                 limit=self.max_channels)
 
+    def add_group(self, grp: Group) -> Group:
+        """Keep ``grp`` (its patterns counted in ``pattern_count``)."""
+        self.groups[grp.key] = grp
+        grp.adopt(self.pattern_count)
+        return grp
+
+    def drop_group(self, grp: Group) -> None:
+        del self.groups[grp.key]
+        grp.adopt(PatternCount())
+
     def check_scheduled_room(self, count: int) -> None:
         """Raise unless ``count`` more messages with a priority or a delay may wait
         (those of the pending batch count; a batch being written may pass it a little)."""
@@ -164,8 +175,9 @@ class BrokerState:
             self.channels[name] = log
             self.track_expiry(log, now)
             self.batch.channels[name] = log.next_seq
+            keys = match_keys(name)
             for group in self.groups.values():
-                if group.matches(name):
+                if group.matches_keys(keys):
                     # A new channel has no delayed messages to load at ``now``.
                     self.attach(group, log, log.first_seq, now)  # pragma: no mutate
         return log

@@ -8,6 +8,8 @@ from __future__ import annotations
 from ..errors import BadRequest, InvalidChannel, NotAuthorized, QueueFull, UnknownSubscription
 from ..limits import (
     MAX_GROUP_NAME,
+    MAX_GROUP_PATTERNS,
+    MAX_GROUP_PATTERNS_PER_CLIENT,
     MAX_GROUPS,
     MAX_GROUPS_PER_CLIENT,
     MAX_LEASE_S,
@@ -86,7 +88,7 @@ class Subscriptions:
                                  group if kind == "consume" else name)
         if exclusive:
             self._check_exclusive(session, kind, parsed, grp)
-        self._check_pattern_room(grp, texts)
+        self._check_pattern_room(session, grp, texts)
         if grp is not None:
             self.rights.check_group_rights(session, grp, texts)
         # Checked: now this read claims what it reads (the group's channels too).
@@ -159,7 +161,7 @@ class Subscriptions:
                 f"({refusal.message}); name the group otherwise", group=name)
 
     def _new_group(self, key: str, kind: str, session: Session) -> Group:
-        grp = self.state.groups[key] = Group(key, kind, [])
+        grp = self.state.add_group(Group(key, kind, []))
         self.state.group_makers[key] = session.client_id
         return grp
 
@@ -229,7 +231,8 @@ class Subscriptions:
                 state.attach(grp, log, self._cursor_for(log, start), now)
         return True
 
-    def _check_pattern_room(self, grp: Group | None, texts: list[str]) -> None:
+    def _check_pattern_room(self, session: Session, grp: Group | None,
+                            texts: list[str]) -> None:
         """Raise unless ``grp`` (None: a group to be made) may read ``texts`` too, and
         the channels they name and that do not exist yet may be made."""
         have = grp.texts if grp is not None else set()
@@ -246,6 +249,27 @@ class Subscriptions:
                 f"one each); the limit is {MAX_PATTERNS_PER_GROUP}: read channels with a "
                 "wildcard (orders/v1/*), or split them over several groups",
                 limit=MAX_PATTERNS_PER_GROUP)
+        if not fresh:
+            return
+        held = state.pattern_count.total
+        if held + new > MAX_GROUP_PATTERNS:
+            raise QueueFull(
+                f"the broker's groups read {held} patterns (the limit is "
+                f"{MAX_GROUP_PATTERNS}: each is held for good); read channels with "
+                "wildcards, or have an admin delete unused groups (DELETE "
+                "/v1/groups/{group})", limit=MAX_GROUP_PATTERNS)
+        if session.admin:
+            return
+        groups = state.groups
+        mine = sum(len(g.patterns) for key, maker in state.group_makers.items()
+                   if maker == session.client_id and (g := groups.get(key)) is not None)
+        if mine + new > MAX_GROUP_PATTERNS_PER_CLIENT:
+            raise QueueFull(
+                f"the groups client {session.client_id!r} made read {mine} patterns and "
+                f"this adds {new} (a client's groups may read {MAX_GROUP_PATTERNS_PER_CLIENT} "
+                f"of the broker's {MAX_GROUP_PATTERNS}); read channels with wildcards, or "
+                "have an admin delete unused groups", client=session.client_id,
+                limit=MAX_GROUP_PATTERNS_PER_CLIENT)
 
     def _reset(self, grp: Group, start: int | str, now: float) -> None:
         for name, gc in list(grp.gcs.items()):
@@ -269,7 +293,7 @@ class Subscriptions:
         self.rights.check_group_rights(session, sub.group, [text], joining=False)
         self.rights.check_read(session, text)
         grp = sub.group
-        self._check_pattern_room(grp, [text])
+        self._check_pattern_room(session, grp, [text])
         self._add_patterns(grp, [text], "new" if grp.kind == "listen" else "oldest", now)
         self.state.mark_ready(grp)
 
@@ -359,7 +383,7 @@ class Subscriptions:
             self.rights.check_read(session, channel, claim=False)
             if next_seq < 1:
                 raise BadRequest(f"position of {channel!r} must be >= 1")
-        self._check_pattern_room(grp, list(positions))
+        self._check_pattern_room(session, grp, list(positions))
         if grp is not None:  # moving a group: the rules of every member still hold
             self.rights.check_group_rights(session, grp, list(positions))
         # Positioning a group on a channel reads it, as subscribing would: it claims.
