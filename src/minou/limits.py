@@ -232,6 +232,7 @@ MAX_BROADCAST_FANOUT = 10_000  # channels one broadcast may be stored in
 MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
 MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
 MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
+SEQS_AT_SLICE = 500  # channels an OFFSETS "at" looks up in storage per turn of the reader
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 # HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
 # message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).
