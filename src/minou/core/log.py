@@ -9,6 +9,8 @@ absent from its dict was deleted (``GONE``).
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -129,6 +131,34 @@ class ChannelOptions:
     history: int = 1
 
 
+class Gone(set[int]):
+    """The deleted seqs of a channel above its first: a set, with a heap of them so
+    that forgetting those below a seq costs what it forgets. Truncation follows every
+    commit that moves a reader: rebuilding the set each time made 2,000,000 deleted
+    seqs (a writer deleting every other message) slow every consumer of the channel."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self, seqs: Iterable[int] = ()) -> None:
+        super().__init__(seqs)
+        self._heap = sorted(self)
+
+    def add(self, seq: int) -> None:
+        if seq not in self:
+            super().add(seq)
+            heapq.heappush(self._heap, seq)
+
+    def drop_below(self, seq: int) -> int:
+        """Forget the seqs below ``seq``; return how many there were."""
+        heap, dropped = self._heap, 0
+        while heap and heap[0] < seq:
+            s = heapq.heappop(heap)
+            if s in self:  # (one discarded meanwhile left its heap entry: skipped)
+                super().discard(s)
+                dropped += 1
+        return dropped
+
+
 class SpecialCount:
     """The special (priority or delayed) messages held over every channel of a broker."""
 
@@ -157,7 +187,7 @@ class ChannelLog:
     # The broker's (BrokerState.special_count) once it holds this log: ``special``'s size
     # over every channel, kept as ``special`` changes.
     special_count: SpecialCount = field(default_factory=SpecialCount)
-    gone: set[int] = field(default_factory=set)  # deleted seqs above first_seq
+    gone: Gone = field(default_factory=Gone)  # deleted seqs above first_seq
     states: list = field(default_factory=list)  # GroupChannel readers
     dropped: int = 0
     expired: int = 0
@@ -248,9 +278,7 @@ class ChannelLog:
         if seq <= self.first_seq:
             return 0
         seq = min(seq, self.end)
-        gone_in_range = sum(1 for s in self.gone if s < seq)
-        removed = (seq - self.first_seq) - gone_in_range
-        self.gone = {s for s in self.gone if s >= seq}
+        removed = (seq - self.first_seq) - self.gone.drop_below(seq)
         below = [s for s in self.special if s < seq]
         for s in below:
             del self.special[s]

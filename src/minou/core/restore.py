@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ..names import match_keys, migrate_listen_key, parse_pattern
 from .group import Group, GroupChannel
-from .log import ChannelLog
+from .log import ChannelLog, Gone
 from .snapshot import Snapshot
 from .state import BrokerState
 from .stream_ids import StreamIds, point_key, prune_points, stored_points
@@ -80,7 +80,7 @@ class Restorer:
             log.first_seq = min(rec.first_seq, rec.next_seq)
             log.cache_lo = rec.next_seq
             log.count = rec.count
-            log.gone = set(rec.gone)
+            log.gone = Gone(rec.gone)
             state.channels[rec.name] = log
             state.track_expiry(log, now)
             logs.append(log)
