@@ -125,6 +125,7 @@ class Settings:
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
     max_dedup_keys: int = limits.MAX_DEDUP_KEYS  # past it the oldest keys expire early
     max_channels: int = limits.DEFAULT_MAX_CHANNELS  # past it a new channel is refused
+    max_clients: int = limits.DEFAULT_MAX_CLIENTS  # past it a new client id is refused
     # long polls (KV watches, XREAD BLOCK, federation pulls) one client may have waiting
     max_long_polls_per_client: int = limits.MAX_LONG_POLLS_PER_CLIENT
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
@@ -225,6 +226,7 @@ _TOP_KEYS = {
     "dedup_window": ((int, float), f"a number of seconds >= 0 and <= {_MAX_SECONDS_TEXT}"),
     "max_dedup_keys": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "max_channels": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
+    "max_clients": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "max_long_polls_per_client": (int, f"an integer >= 1 and <= {limits.MAX_KV_WAITERS}"),
     "publish_pause_bytes": _BYTES,
     "slow_consumer_bytes": _BYTES,
@@ -248,6 +250,7 @@ _TOP_RANGES: dict[str, _Range] = {
     "dedup_window": (0, MAX_SETTING_SECONDS, False),
     "max_dedup_keys": (1, MAX_SETTING_INT, False),
     "max_channels": (1, MAX_SETTING_INT, False),
+    "max_clients": (1, MAX_SETTING_INT, False),
     "max_long_polls_per_client": (1, limits.MAX_KV_WAITERS, False),
     "publish_pause_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_bytes": (1, MAX_SETTING_INT, False),

@@ -204,6 +204,11 @@ MIN_SECRET_CHARS = 16  # [auth] broker_token: a shorter one is a password, not a
 # Clients waiting for approval, from all addresses: unknown clients cannot grow the
 # registry without bound (an admin reviews each one).
 MAX_PENDING_CLIENTS = 1_000
+# Clients the registry holds, whatever their status (config max_clients): each is kept in
+# memory and stored for good (~10 KB with a 200-character id), and an auto-accepting rule
+# ("billing-*") registered one per HELLO to anyone with a fresh key pair (600/s from one
+# socket). Past it a new id is refused; registered clients connect as before.
+DEFAULT_MAX_CLIENTS = 100_000
 MAX_PUBLIC_KEY_BYTES = 4_096  # a PEM key presented at registration: RSA-4096 is ~800 bytes
 # Keys (client ids, addresses) one attempt limiter tracks: past it, keys whose window ended
 # are forgotten and, if all are live, new keys are refused (a flood of ids is not kept).

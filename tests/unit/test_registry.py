@@ -422,6 +422,46 @@ def test_one_address_registers_a_bounded_number_of_pending_clients():
         hello("s-later", "10.0.0.9")
 
 
+def hello_from(reg: Registry, cid: str, address: str, *, key=None, accepts=ACCEPT_ALL,
+               now: float = NOW, max_clients: int = 100_000) -> Identity:
+    """One HELLO from ``address`` with a fresh token (and a fresh key unless given)."""
+    key = key or keys.generate()
+    return reg.authenticate(client_id=cid, token=make_token(cid, key, AUD, now=now),
+                            public_key=pem(key), audience=AUD, admins=ADMINS, accepts=accepts,
+                            now=now, address=address, max_clients=max_clients)
+
+
+def test_registered_clients_are_bounded_broker_wide():
+    """Past max_clients records (any status) a new id is refused, auto-accepted or not;
+    those registered go on connecting; forgetting one, or a higher bound, makes room."""
+    rules = Rules.parse([{"client": "billing-*"}])
+    reg = Registry()
+    key = keys.generate()
+    hello_from(reg, "billing-1", "10.0.0.1", key=key, accepts=rules.accepts, max_clients=3)
+    hello_from(reg, "billing-2", "10.0.0.2", accepts=rules.accepts, max_clients=3)
+    with pytest.raises(PendingApproval):
+        hello_from(reg, "shop-1", "10.0.0.3", accepts=rules.accepts, max_clients=3)
+    reg.revoke("billing-2", by="op")  # a revoked record is kept, and counts
+    reg.take_changes()
+    for cid in ("billing-3", "shop-2", "admin"):  # auto-accepted, pending, an admin's id
+        with pytest.raises(NotAuthenticated) as info:
+            hello_from(reg, cid, "10.0.0.4", accepts=rules.accepts, max_clients=3)
+        err = info.value
+        assert type(err) is NotAuthenticated and err.detail == {
+            "why": "too_many_clients", "limit": 3}
+        assert "the broker holds 3 clients and the limit is 3 (max_clients)" in str(err)
+        assert cid not in reg.records
+    assert reg.take_changes() == {} and reg.failures["too_many_clients"] == 3
+    assert hello_from(reg, "billing-1", "10.0.0.1", key=key, accepts=rules.accepts,
+                      max_clients=3).client_id == "billing-1"
+    assert hello_from(reg, "billing-3", "10.0.0.4", accepts=rules.accepts,
+                      max_clients=4).client_id == "billing-3"
+    reg.forget("billing-2")
+    assert hello_from(reg, "billing-4", "10.0.0.4", accepts=rules.accepts,
+                      max_clients=4).client_id == "billing-4"
+    assert reg.register("admin", pem(keys.generate()), note="the broker's own key")
+
+
 def test_a_pending_client_asking_too_often_is_refused_for_a_while():
     from minou.limits import PENDING_ATTEMPTS
 

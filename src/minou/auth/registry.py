@@ -24,6 +24,7 @@ import msgspec
 
 from ..errors import BadRequest, ConfigError, NotAuthenticated, PendingApproval
 from ..limits import (
+    DEFAULT_MAX_CLIENTS,
     MAX_CLIENT_ID,
     MAX_PENDING_CLIENTS,
     MAX_PENDING_PER_ADDRESS,
@@ -203,25 +204,27 @@ class Registry:
         accepts: Callable[[str], bool | None],
         now: float | None = None,
         address: str = "",
+        max_clients: int = DEFAULT_MAX_CLIENTS,
     ) -> Identity:
         """Verify ``token`` for ``client_id``; register a first-seen key. Raises
         NotAuthenticated (or PendingApproval) with a precise reason. ``address`` (the
-        peer's host) bounds what one place can register."""
+        peer's host) bounds what one place can register; ``max_clients`` (the config's,
+        read at each HELLO so that a reload moves it) what all places can."""
         moment = time.time() if now is None else now
         try:
             return self._authenticate(client_id, token, public_key, audience, admins, accepts,
-                                      moment, address)
+                                      moment, address, max_clients)
         except NotAuthenticated as exc:
             self.failures[str(exc.detail.get("why", "token"))] += 1
             raise
 
     def _authenticate(self, client_id: str, token: str, public_key: str | None, audience: str,
                       admins: frozenset[str], accepts: Callable[[str], bool | None],
-                      now: float, address: str) -> Identity:
+                      now: float, address: str, max_clients: int) -> Identity:
         record = self.records.get(client_id)
         if record is None:
             return self._first_contact(client_id, token, public_key, audience, admins, accepts,
-                                       now, address)
+                                       now, address, max_clients)
         if record.status == REVOKED:
             raise NotAuthenticated(f"client {client_id!r} is revoked; an admin can approve it "
                                    "again", why="revoked")
@@ -250,7 +253,7 @@ class Registry:
 
     def _first_contact(self, client_id: str, token: str, public_key: str | None, audience: str,
                        admins: frozenset[str], accepts: Callable[[str], bool | None],
-                       now: float, address: str) -> Identity:
+                       now: float, address: str, max_clients: int) -> Identity:
         if public_key is None:
             raise NotAuthenticated(
                 f"client {client_id!r} is not registered; present its public key on the first "
@@ -260,6 +263,14 @@ class Registry:
         # The token must verify with the presented key: only its holder can register it.
         claims = verify_token(token, key, client_id=client_id, audience=audience, now=now)
         accepted = client_id not in admins and accepts(client_id) is True
+        # Every record is kept in memory and stored for good, whatever its status (a
+        # revoked one too: it keeps its id from being claimed again with another key).
+        if len(self.records) >= max_clients:
+            raise NotAuthenticated(
+                f"the broker holds {len(self.records)} clients and the limit is "
+                f"{max_clients} (max_clients): new ones are refused, registered ones "
+                "connect as before; an admin can forget unused ones (minou clients "
+                "forget) or raise max_clients", why="too_many_clients", limit=max_clients)
         if not accepted and sum(r.status == PENDING
                                 for r in self.records.values()) >= MAX_PENDING_CLIENTS:
             raise NotAuthenticated(f"{MAX_PENDING_CLIENTS} clients already wait for approval; "

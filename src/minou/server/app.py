@@ -655,7 +655,7 @@ class BrokerServer:
             return self.registry.authenticate(
                 client_id=hello.client_id, token=hello.token, public_key=hello.public_key,
                 audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts,
-                address=oplog.peer_host(peer))
+                address=oplog.peer_host(peer), max_clients=s.max_clients)
         finally:
             self._stage_registry()
 
@@ -1650,7 +1650,7 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
 
 
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
-                "max_dedup_keys", "max_channels", "max_long_polls_per_client",
+                "max_dedup_keys", "max_channels", "max_clients", "max_long_polls_per_client",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",
