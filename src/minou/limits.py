@@ -209,6 +209,11 @@ MAX_PENDING_CLIENTS = 1_000
 # ("billing-*") registered one per HELLO to anyone with a fresh key pair (600/s from one
 # socket). Past it a new id is refused; registered clients connect as before.
 DEFAULT_MAX_CLIENTS = 100_000
+# New ids auto-accepted from one address: at most 100 per 60 s (pending ones are bounded
+# by MAX_PENDING_PER_ADDRESS), so one socket cannot fill max_clients in minutes. A host
+# starting a fleet of workers, each its own id, registers them at once (a test of slow
+# consumers registers 22 within a second, all from 127.0.0.1).
+REGISTRATIONS_PER_ADDRESS = (100, 60.0)
 MAX_PUBLIC_KEY_BYTES = 4_096  # a PEM key presented at registration: RSA-4096 is ~800 bytes
 # Keys (client ids, addresses) one attempt limiter tracks: past it, keys whose window ended
 # are forgotten and, if all are live, new keys are refused (a flood of ids is not kept).

@@ -585,6 +585,31 @@ def test_one_address_cannot_register_pending_clients_without_bound(secure, bysta
     assert auth_failures(secure).get("too_many_pending", 0) >= 1
 
 
+def test_one_address_cannot_register_auto_accepted_clients_without_bound(secure, bystander):
+    """The "billing-*" rule auto-accepts: a stranger with fresh key pairs registered one
+    active client per HELLO (600/s, ~10 KB each, kept). 100 new ids a minute from one
+    address (the bystander was the first), then a precise refusal, logged and counted;
+    an id registered before connects as before."""
+    from minou.limits import REGISTRATIONS_PER_ADDRESS
+
+    limit, window = REGISTRATIONS_PER_ADDRESS
+    for i in range(limit - 1):
+        connect(secure, f"billing-flood-{i}").close()
+    with pytest.raises(NotAuthenticated,
+                       match=rf"^{limit} new clients were registered from 127\.0\.0\.1 "
+                             rf"within {window:g} s; new ones from there are refused") as info:
+        connect(secure, "billing-flood-more")
+    assert not isinstance(info.value, PendingApproval)
+    with connect(secure, "billing-flood-0") as again:
+        assert again.admin("whoami")["client_id"] == "billing-flood-0"
+    with admin(secure) as a:
+        ids = {c["client_id"] for c in a.admin("clients.list")["clients"]}
+    assert "billing-flood-more" not in ids and "billing-flood-0" in ids
+    assert auth_failures(secure)["too_many_registrations"] == 1
+    assert refused(secure)["not_authenticated"] >= 1
+    wait_until(lambda: "[too_many_registrations]" in secure.output, what="the log line")
+
+
 def test_one_small_request_cannot_make_the_broker_do_unbounded_work(broker_factory):
     """Long keys, a broadcast over too many bytes, too many patterns or positions in one
     request: each refused with its named limit; the connection and a bystander go on."""

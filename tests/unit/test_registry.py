@@ -431,6 +431,58 @@ def hello_from(reg: Registry, cid: str, address: str, *, key=None, accepts=ACCEP
                             now=now, address=address, max_clients=max_clients)
 
 
+def test_one_address_registers_auto_accepted_clients_at_a_bounded_rate():
+    """An auto-accepting rule made one active client per HELLO, as fast as a socket could
+    send them: 100 new ids a minute per address, then refused precisely (nothing recorded,
+    nothing in the replay guard); registered ids, other addresses, and the same address
+    a window later go on."""
+    from minou.limits import REGISTRATIONS_PER_ADDRESS
+
+    limit, window = REGISTRATIONS_PER_ADDRESS
+    reg = Registry()
+    first = keys.generate()
+    hello_from(reg, "billing-0", "10.0.0.9", key=first)
+    for i in range(1, limit):
+        hello_from(reg, f"billing-{i}", "10.0.0.9", now=NOW + i / limit)
+    reg.take_changes()
+    guarded = len(reg.replay)
+    with pytest.raises(NotAuthenticated) as info:
+        hello_from(reg, "billing-more", "10.0.0.9", now=NOW + 1)
+    err = info.value
+    assert type(err) is NotAuthenticated and err.detail["why"] == "too_many_registrations"
+    assert str(err) == (f"{limit} new clients were registered from 10.0.0.9 within "
+                        f"{window:g} s; new ones from there are refused for the rest of that "
+                        "time, registered ones connect as before")
+    assert reg.failures["too_many_registrations"] == 1
+    assert "billing-more" not in reg.records and reg.take_changes() == {}
+    assert len(reg.replay) == guarded
+    # A registered client from the same address, another address's new one: not affected.
+    assert hello_from(reg, "billing-0", "10.0.0.9", key=first, now=NOW + 1).client_id == \
+        "billing-0"
+    assert hello_from(reg, "billing-other", "10.0.0.10", now=NOW + 1).client_id == \
+        "billing-other"
+    # A pending registration is bounded apart (MAX_PENDING_PER_ADDRESS), not by this rate.
+    with pytest.raises(PendingApproval):
+        hello_from(reg, "shop-1", "10.0.0.9", accepts=NO_RULES, now=NOW + 1)
+    # The next window: room again.
+    assert hello_from(reg, "billing-more", "10.0.0.9", now=NOW + window).client_id == \
+        "billing-more"
+
+
+def test_registrations_from_too_many_addresses_at_once_are_refused_by_what_they_met():
+    """The per-address windows are bounded in number (MAX_ATTEMPT_KEYS): past it a new
+    address is refused too, and the error says it was the number of addresses."""
+    from minou.auth.attempts import AttemptLimiter
+
+    reg = Registry()
+    reg._registrations = AttemptLimiter(20, 60.0, max_keys=2)
+    hello_from(reg, "billing-a", "10.0.0.1")
+    hello_from(reg, "billing-b", "10.0.0.2")
+    with pytest.raises(NotAuthenticated, match=r"registering from 2 addresses within 60 s"):
+        hello_from(reg, "billing-c", "10.0.0.3")
+    assert hello_from(reg, "billing-c", "10.0.0.3", now=NOW + 60).client_id == "billing-c"
+
+
 def test_registered_clients_are_bounded_broker_wide():
     """Past max_clients records (any status) a new id is refused, auto-accepted or not;
     those registered go on connecting; forgetting one, or a higher bound, makes room."""

@@ -29,3 +29,9 @@ class AttemptLimiter:
                 return False
         self._windows[key] = (start, count + 1)
         return True
+
+    def used(self, key: str, now: float) -> int:
+        """Tries ``key`` made in its current window: a refusal says which bound it met
+        (its own limit, or too many keys at once)."""
+        start, count = self._windows.get(key, (now, 0))
+        return 0 if now - start >= self.window else count

@@ -30,6 +30,7 @@ from ..limits import (
     MAX_PENDING_PER_ADDRESS,
     MAX_PUBLIC_KEY_BYTES,
     PENDING_ATTEMPTS,
+    REGISTRATIONS_PER_ADDRESS,
 )
 from ..names import check_label
 from .attempts import AttemptLimiter
@@ -127,6 +128,9 @@ class Registry:
         self.replay = ReplayGuard()
         self._pending_from: dict[str, str] = {}  # pending client id -> address it came from
         self._pending_attempts = AttemptLimiter(*PENDING_ATTEMPTS)
+        # New ids auto-accepted per address: pending ones wait for an admin and are
+        # bounded in number, active ones would otherwise come as fast as HELLOs do.
+        self._registrations = AttemptLimiter(*REGISTRATIONS_PER_ADDRESS)
         self.failures: Counter[str] = Counter()  # why authentications failed, for metrics
         self._keys: dict[str, PublicKey] = {}
         self._changes: dict[str, ClientRecord | None] = {}
@@ -284,6 +288,9 @@ class Registry:
                     f"{mine} clients registered from {address} already wait for approval; "
                     "new ones from there are refused until an admin decides",
                     why="too_many_pending")
+        if accepted and address and not self._registrations.allow(address, now):
+            raise NotAuthenticated(self._registrations_refused(address, now),
+                                   why="too_many_registrations")
         if accepted:
             self.replay.check_and_remember(str(claims["jti"]), float(claims["exp"]), now,
                                            client=client_id)
@@ -306,6 +313,17 @@ class Registry:
                 f"admin's approval: minou clients approve {client_id}", why="pending",
                 fingerprint=record.fingerprint)
         return Identity(client_id, False, record.fingerprint)
+
+    def _registrations_refused(self, address: str, now: float) -> str:
+        limit, window = REGISTRATIONS_PER_ADDRESS
+        if self._registrations.used(address, now) >= limit:
+            return (f"{limit} new clients were registered from {address} within {window:g} s; "
+                    "new ones from there are refused for the rest of that time, registered "
+                    "ones connect as before")
+        # The limiter tracks a bounded number of addresses: more at once are refused too.
+        return (f"new clients are registering from {self._registrations.max_keys} "
+                f"addresses within {window:g} s; new ones are refused for a while, "
+                "registered ones connect as before")
 
     # ----------------------------------------------------------------- admin
     def _get(self, client_id: str) -> ClientRecord:
