@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -272,6 +272,10 @@ class RespGroups:
 
     def seen(self, gname: str, name: bytes) -> None:
         self.names.setdefault(gname, {})[name] = time.monotonic()
+
+    def consumer_pending(self, gname: str) -> Counter[bytes]:
+        """Pending entries per consumer name, in one pass over the group's list."""
+        return Counter(e.consumer for e in self.entries(gname).values())
 
     # ------------------------------------------------------------ pending
     def entries(self, gname: str) -> dict[int, Pending]:
