@@ -317,6 +317,14 @@ MAX_STREAM_PREFETCH = 1_000
 # is refused with RANGE_TOO_LARGE and the client reads the range in parts with COUNT.
 RESP_RANGE_BYTES = 64 << 20
 RESP_RANGE_TOTAL_BYTES = 128 << 20  # ... and all those being gathered at once, together
+# Redis consumer names (XGROUP CREATECONSUMER, XREADGROUP, XCLAIM) are kept per group in
+# memory, as Redis keeps them: a name is at most this many bytes (hostname + pid + a uuid
+# fit; 1,000 names of 512 KiB held 513 MiB), a group keeps this many, and the broker this
+# many over every group (groups are MAX_GROUPS: per group alone, gigabytes). A name not
+# used for resp_groups.IDLE_S that holds no pending entry is forgotten.
+MAX_CONSUMER_NAME = 512
+MAX_CONSUMERS_PER_GROUP = 10_000
+MAX_CONSUMER_NAMES = 100_000  # ~60 MB at the longest names
 
 # Exactly-once sink (core/transactions.py): staged publishes live in memory only.
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE

@@ -1463,3 +1463,86 @@ def test_a_command_with_the_wrong_number_of_arguments_inside_multi_aborts_exec(b
     assert "wrong number of arguments for 'get' command" in str(out[3])
     assert isinstance(out[5], redis.exceptions.ExecAbortError), out
     assert r.xlen("arity-a") == 0
+
+
+def _refused(b: BrokerProcess, reason: str) -> float:
+    text = httpx.get(f"{b.http}/metrics", headers=admin_bearer(b), timeout=10).text
+    found = re.search(rf'minou_requests_refused_total{{reason="{reason}"}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_consumer_name_too_long_is_refused_by_every_command_naming_one(broker) -> None:
+    """Consumer names are kept per group (as Redis keeps them): each is bounded, so
+    that one XGROUP CREATECONSUMER cannot make the broker keep a megabyte."""
+    r = connect(broker)
+    r.xadd("names-a", {"n": "1"})
+    r.xgroup_create("names-a", "g", id="0")
+    long, limit = b"n" * 513, b"n" * 512
+    for command in (("XGROUP", "CREATECONSUMER", "names-a", "g", long),
+                    ("XREADGROUP", "GROUP", "g", long, "STREAMS", "names-a", ">"),
+                    ("XCLAIM", "names-a", "g", long, "0", "1-0"),
+                    ("XAUTOCLAIM", "names-a", "g", long, "0", "0")):
+        with pytest.raises(redis.ResponseError,
+                           match=r"^BAD_REQUEST consumer name is 513 bytes, the limit is 512$"):
+            r.execute_command(*command)
+    assert r.ping() is True  # the connection goes on
+    assert _refused(broker, "bad_request") == 4
+    assert r.xpending("names-a", "g")["pending"] == 0  # the refused read took nothing
+    assert r.execute_command("XGROUP", "CREATECONSUMER", "names-a", "g", limit) == 1
+    assert [c["name"] for c in r.xinfo_consumers("names-a", "g")] == [limit]
+
+
+def test_consumer_names_of_a_megabyte_leave_the_broker_as_it_was(broker) -> None:
+    """1,000 names of 512 KiB held 513 MiB for good (closing the connection freed
+    nothing); refused, they leave nothing behind."""
+    r = connect(broker)
+    r.xgroup_create("names-m", "g", id="$", mkstream=True)
+    before = _steady_anon_mib(broker)
+    kept = 0
+    for batch in range(20):
+        pipe = r.pipeline(transaction=False)
+        for i in range(50):
+            pipe.execute_command("XGROUP", "CREATECONSUMER", "names-m", "g",
+                                 b"%04d-%03d-" % (batch, i) + b"x" * (512 << 10))
+        kept += sum(x == 1 for x in pipe.execute(raise_on_error=False))
+    r.close()
+    grown = _steady_anon_mib(broker) - before
+    assert grown < 64, f"the broker's heap grew {grown:.0f} MiB ({kept} names kept)"
+    assert kept == 0
+    assert connect(broker).xinfo_consumers("names-m", "g") == []
+
+
+def test_a_group_keeps_10000_consumer_names_and_lists_them_at_once(broker) -> None:
+    r = connect(broker)
+    r.xgroup_create("names-c", "g", id="0", mkstream=True)
+    names = [b"worker-%05d-" % i + b"h" * 100 for i in range(10_000)]
+    for at in range(0, len(names), 200):  # pipelines under the door's RUN_WINDOW (256)
+        pipe = r.pipeline(transaction=False)
+        for name in names[at:at + 200]:
+            pipe.execute_command("XGROUP", "CREATECONSUMER", "names-c", "g", name)
+        assert pipe.execute() == [1] * len(names[at:at + 200])
+    for at in range(0, 5_000, 200):
+        pipe = r.pipeline(transaction=False)
+        for n in range(at, at + 200):
+            pipe.xadd("names-c", {"n": str(n)})
+        pipe.execute()
+    assert len(r.xreadgroup("g", names[0], {"names-c": ">"}, count=5_000)[0][1]) == 5_000
+    # Every name's pending entries counted in one pass over the group's (one pass per
+    # name: 10,000 x 5,000 comparisons, seconds in which the broker served no one)
+    started = time.monotonic()
+    listed = r.xinfo_consumers("names-c", "g")
+    assert time.monotonic() - started < 1.0
+    assert [c["name"] for c in listed] == names  # in order, as Redis lists them
+    assert listed[0]["pending"] == 5_000 and {c["pending"] for c in listed[1:]} == {0}
+    full = (r"^QUEUE_FULL group 'g@redis/v1/names-c' has 10000 consumer names \(the limit "
+            r"is 10000\); reuse a name, or XGROUP DELCONSUMER those no longer used \(one "
+            r"unused for 300 s that holds no pending entry is forgotten\)$")
+    with pytest.raises(redis.ResponseError, match=full):
+        r.execute_command("XGROUP", "CREATECONSUMER", "names-c", "g", "one-more")
+    with pytest.raises(redis.ResponseError, match=full):
+        r.xreadgroup("g", "one-more", {"names-c": ">"})
+    assert _refused(broker, "queue_full") == 2
+    assert r.xreadgroup("g", names[1], {"names-c": "0"}) == [[b"names-c", []]]  # a known one
+    r.xgroup_delconsumer("names-c", "g", names[-1])
+    assert r.execute_command("XGROUP", "CREATECONSUMER", "names-c", "g", "one-more") == 1
+    assert r.xinfo_groups("names-c")[0]["consumers"] == 10_000

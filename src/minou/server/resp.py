@@ -1315,18 +1315,17 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         if not groups.exists(gname):
             return Error(f"NOGROUP No such consumer group '{_text(args[3])}' for key name "
                          f"'{_text(args[2])}'")
-        names = groups.names.setdefault(gname, {})
         if sub == b"CREATECONSUMER":
-            if args[4] in names:
+            if args[4] in groups.names.get(gname, {}):
                 return 0
-            groups.seen(gname, args[4])
+            groups.seen(gname, args[4])  # raises past the bounds on names
             return 1
         mine = [e for e in groups.entries(gname).values() if e.consumer == args[4]]
         groups.ack(gname, [])  # (drops stale entries)
         for entry in mine:  # what it held goes back to the group
             groups.entries(gname).pop(entry.item.seq, None)
             groups._settle(entry, "nack")
-        names.pop(args[4], None)
+        groups.forget(gname, args[4])
         return len(mine)
     if sub == b"SETID" and len(args) >= 5:
         channel = _writable(c, args[2])
@@ -1394,8 +1393,10 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         if not groups.exists(gname):
             return Error(NOGROUP.format(key=_text(key), group=_text(group), cmd="XREADGROUP"))
         c.server.core.check_read(c.inner.session, channel)  # reading it claims it
-        groups.seen(gname, name)
+        groups.admit(gname, name)
         targets.append((key, channel, gname, sid))
+    for _key, _channel, gname, _sid in targets:  # once every group would take the name
+        groups.seen(gname, name)
     if any(sid != b">" for *_, sid in targets):
         # The consumer's own pending entries after the id: history, never blocking.
         found = []

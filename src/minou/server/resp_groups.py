@@ -13,6 +13,12 @@ consumer name holds each delivered message, since when, how many deliveries. XAC
 settles the lease, XCLAIM / XAUTOCLAIM move an entry to another consumer name (the
 lease stays with the detached consumer that holds it, so the acknowledgement goes
 there, whoever sent it). A lease that ran out is gone from the list.
+
+The **consumer names** a group has seen (XGROUP CREATECONSUMER, XREADGROUP, XCLAIM) are
+kept as Redis keeps them, but bounded: ``MAX_CONSUMER_NAME`` bytes each,
+``MAX_CONSUMERS_PER_GROUP`` per group, ``MAX_CONSUMER_NAMES`` in all; past a bound a new
+name is refused. A name not used for ``IDLE_S`` that holds no pending entry is
+forgotten (workers named per process start would otherwise fill a group in time).
 """
 
 from __future__ import annotations
@@ -27,8 +33,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.broker import Session
-from ..errors import BadRequest
-from ..limits import MAX_SUBSCRIPTIONS, MIN_HTTP_WAIT_S
+from ..errors import BadRequest, QueueFull
+from ..limits import (
+    MAX_CONSUMER_NAME,
+    MAX_CONSUMER_NAMES,
+    MAX_CONSUMERS_PER_GROUP,
+    MAX_SUBSCRIPTIONS,
+    MIN_HTTP_WAIT_S,
+)
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
 from .front import Unpaced
@@ -41,7 +53,10 @@ RESP_LEASE_S = 600.0  # how long a pending entry is held without XACK or XCLAIM
 DEFAULT_COUNT = 100  # XREADGROUP without COUNT: a bounded batch chosen here
 MAX_COUNT = 10_000
 MAX_PENDING = 100_000  # a group's pending entries on one broker: then XREADGROUP refuses
-IDLE_S = 300.0  # a consumer nobody read with this long, holding nothing, is closed
+IDLE_S = 300.0  # a consumer (or a consumer name) unused this long, holding nothing, goes
+# Idle names are looked for this often: a group whose idle names hold entries would
+# otherwise have its pending list scanned at every sweep.
+NAMES_SWEEP_S = 30.0
 SID = 1  # a consumer's one subscription
 
 
@@ -171,7 +186,10 @@ class RespGroups:
         self.server = server
         self.consumers: dict[tuple[str, str], RespConsumer] = {}  # (client, group) ->
         self.pel: dict[str, dict[int, Pending]] = {}  # group -> seq -> entry
-        self.names: dict[str, dict[bytes, float]] = {}  # group -> consumer -> last seen
+        # group -> consumer name -> last used (monotonic), least recently used first
+        self.names: dict[str, dict[bytes, float]] = {}
+        self.name_count = 0  # over every group (MAX_CONSUMER_NAMES)
+        self.names_swept = time.monotonic()
         # miniqueue's dackCount: (channel, seq) -> DACKs so far, until the message is
         # acknowledged; oldest first out past MAX_PENDING (a count, not a message)
         self.dacks: dict[tuple[str, int], int] = {}
@@ -210,7 +228,7 @@ class RespGroups:
             self._settle(entry, "nack")
         for consumer in [c for k, c in self.consumers.items() if k[1] == gname]:
             self.close(consumer)
-        self.names.pop(gname, None)
+        self.name_count -= len(self.names.pop(gname, {}))
         self.server.admin("group.delete", {"group": consume_group_key(gname), "force": True})
         return True
 
@@ -262,16 +280,71 @@ class RespGroups:
             consumer.session = None
 
     def sweep(self, now: float) -> None:
-        """Close consumers nobody read with for a while once they hold nothing."""
+        """Close consumers nobody read with for a while once they hold nothing; now and
+        then, forget the consumer names likewise."""
         mono = time.monotonic()
         for consumer in list(self.consumers.values()):
             sub = consumer.sub
             if mono - consumer.last_used > IDLE_S and not consumer.reads and \
                     (sub is None or sub.unsettled == 0):
                 self.close(consumer)
+        if mono - self.names_swept >= NAMES_SWEEP_S:
+            self.names_swept = mono
+            self.forget_idle(mono)
+
+    # ------------------------------------------------------------ consumer names
+    def admit(self, gname: str, name: bytes) -> None:
+        """Raise unless ``name`` is, or may become, one of the group's consumer names."""
+        if len(name) > MAX_CONSUMER_NAME:
+            raise BadRequest(f"consumer name is {len(name)} bytes, the limit is "
+                             f"{MAX_CONSUMER_NAME}", limit=MAX_CONSUMER_NAME)
+        names = self.names.get(gname, {})
+        if name in names:
+            return
+        forgotten = f"(one unused for {IDLE_S:.0f} s that holds no pending entry is forgotten)"
+        if len(names) >= MAX_CONSUMERS_PER_GROUP:
+            raise QueueFull(f"group {gname!r} has {len(names)} consumer names (the limit is "
+                            f"{MAX_CONSUMERS_PER_GROUP}); reuse a name, or XGROUP DELCONSUMER "
+                            f"those no longer used {forgotten}",
+                            limit=MAX_CONSUMERS_PER_GROUP)
+        if self.name_count >= MAX_CONSUMER_NAMES:
+            raise QueueFull(f"the broker keeps {self.name_count} consumer names over every "
+                            f"group (the limit is {MAX_CONSUMER_NAMES}); reuse a name, or "
+                            f"XGROUP DELCONSUMER those no longer used {forgotten}",
+                            limit=MAX_CONSUMER_NAMES)
 
     def seen(self, gname: str, name: bytes) -> None:
-        self.names.setdefault(gname, {})[name] = time.monotonic()
+        """``name`` used with the group now (raises as ``admit`` does)."""
+        self.admit(gname, name)
+        self._touch(self.names.setdefault(gname, {}), name)
+
+    def _touch(self, names: dict[bytes, float], name: bytes) -> None:
+        if names.pop(name, None) is None:
+            self.name_count += 1
+        names[name] = time.monotonic()  # at the end: the least recently used stay first
+
+    def forget(self, gname: str, name: bytes) -> None:
+        names = self.names.get(gname)
+        if names is not None and names.pop(name, None) is not None:
+            self.name_count -= 1
+
+    def forget_idle(self, mono: float) -> None:
+        """Forget the names not used for ``IDLE_S`` that hold no pending entry (a group
+        whose first, least recently used, name is recent has none: passed over)."""
+        for gname, names in list(self.names.items()):
+            if not names:
+                if not self.exists(gname):  # deleted by another door
+                    del self.names[gname]
+                continue
+            if mono - next(iter(names.values())) <= IDLE_S:
+                continue
+            held = {e.consumer for e in self.entries(gname).values()}
+            for name, seen in list(names.items()):
+                if mono - seen <= IDLE_S:
+                    break
+                if name not in held:
+                    del names[name]
+                    self.name_count -= 1
 
     def consumer_pending(self, gname: str) -> Counter[bytes]:
         """Pending entries per consumer name, in one pass over the group's list."""
@@ -287,8 +360,17 @@ class RespGroups:
             del pel[seq]
         return pel
 
+    def _delivered_to(self, gname: str, name: bytes) -> None:
+        """A read's name is used again when it is answered (it was admitted when the
+        read began; a long block may have outlived its idle time and it was forgotten:
+        back, past the bounds by as many reads as waited so)."""
+        names = self.names.get(gname)
+        if names is not None:  # (none: the group was destroyed meanwhile)
+            self._touch(names, name)
+
     def delivered(self, gname: str, name: bytes, holder: RespConsumer, item: Delivery,
                   noack: bool) -> None:
+        self._delivered_to(gname, name)
         if noack:
             self._settle(Pending(name, holder, item, 0.0, 1), "ack")
             return
@@ -306,6 +388,7 @@ class RespGroups:
     def delivered_all(self, gname: str, name: bytes, holder: RespConsumer,
                       items: list[Delivery], noack: bool) -> None:
         """``delivered`` for each of ``items``, handed over together."""
+        self._delivered_to(gname, name)
         if noack:
             for item in items:
                 self.delivered(gname, name, holder, item, True)
@@ -341,6 +424,7 @@ class RespGroups:
 
     def claim(self, gname: str, name: bytes, min_idle_ms: int, seqs: list[int],
               *, bump: bool = True) -> list[Pending]:
+        self.seen(gname, name)  # first: a name refused claims nothing
         pel = self.entries(gname)
         now = time.monotonic()
         out = []
@@ -352,7 +436,6 @@ class RespGroups:
             if bump:
                 entry.count += 1
             out.append(entry)
-        self.seen(gname, name)
         return out
 
     def unsettled(self) -> int:
