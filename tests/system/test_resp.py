@@ -1546,3 +1546,23 @@ def test_a_group_keeps_10000_consumer_names_and_lists_them_at_once(broker) -> No
     r.xgroup_delconsumer("names-c", "g", names[-1])
     assert r.execute_command("XGROUP", "CREATECONSUMER", "names-c", "g", "one-more") == 1
     assert r.xinfo_groups("names-c")[0]["consumers"] == 10_000
+
+
+def test_a_long_pipeline_of_commands_answered_at_once_is_answered_whole(broker) -> None:
+    """Commands run ahead of their replies by RUN_WINDOW (256) at most; a pipeline of
+    more, each answered at once, read in several pieces, stopped at the window: the
+    replies went out, and the rest waited for a restart nothing made (the client timed
+    out, 4 times out of 4 with 300-500 XGROUP CREATECONSUMER of 500-byte names)."""
+    r = connect(broker)
+    try:
+        r.xadd("redis/v1/pipe", {"f": "v"})
+        r.xgroup_create("redis/v1/pipe", "g", id="0")
+        for batch in range(3):
+            pipe = r.pipeline(transaction=False)
+            for i in range(500):
+                pipe.execute_command("XGROUP", "CREATECONSUMER", "redis/v1/pipe", "g",
+                                     f"{batch}-{i:03d}-".encode() + b"x" * 480)
+            assert pipe.execute() == [1] * 500
+        assert r.ping()
+    finally:
+        r.close()

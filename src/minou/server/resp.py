@@ -262,25 +262,32 @@ class RespConnection(asyncio.Protocol):
         backlog = self._backlog
         self._in_backlog = True
         try:
-            fast = self._fast_lane()
-            while backlog and not self._writing_paused:
-                if self.closing:
-                    backlog.clear()
-                    break
-                args = backlog[0]
-                if fast and args[0] in _XADD_NAMES:
-                    backlog.popleft()
-                    if self._xadd_fast(args):
-                        continue
-                elif self._queued >= RUN_WINDOW:
-                    break  # replies not answered yet: their size is not known, wait
-                else:
-                    backlog.popleft()
-                self._command(args)
+            while True:
                 fast = self._fast_lane()
-            if backlog:
-                self.pause_reading()
-            self._finish_read()
+                while backlog and not self._writing_paused:
+                    if self.closing:
+                        backlog.clear()
+                        break
+                    args = backlog[0]
+                    if fast and args[0] in _XADD_NAMES:
+                        backlog.popleft()
+                        if self._xadd_fast(args):
+                            continue
+                    elif self._queued >= RUN_WINDOW:
+                        break  # replies not answered yet: their size is not known, wait
+                    else:
+                        backlog.popleft()
+                    self._command(args)
+                    fast = self._fast_lane()
+                if backlog:
+                    self.pause_reading()
+                self._finish_read()
+                # The replies made meanwhile went out (``_drain``), which does not run
+                # the backlog again from in here: go on while the window has room, or
+                # what waited for those replies waited for a restart nothing made.
+                if not backlog or self._writing_paused or self.closing or \
+                        self._queued >= RUN_WINDOW:
+                    break
         finally:
             self._in_backlog = False
 
