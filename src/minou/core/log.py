@@ -55,6 +55,8 @@ class Msg(msgspec.Struct, array_like=True, gc=False):
         object, its bytes and its cache slot; its headers (the dict, and two strings
         and a slot each: 64 one-letter headers are ~8 KB) and its key. Counting the
         payload alone let headers and keys hold 40 x the cache's budget."""
+        if self.headers is None and self.key is None:  # the common case, kept short
+            return len(self.data) + 280
         size = len(self.data) + 280
         if self.headers:
             size += 240 + sum(len(k) + len(v) + 140 for k, v in self.headers.items())

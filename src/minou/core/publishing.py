@@ -327,13 +327,13 @@ class Publishing:
             if seen is not None:
                 state.counters.duplicates += 1
                 return Outcome(seq=seen[0], id=seen[1], channel=target, duplicate=True)
-        scheduled = send.priority > 0 or bool(send.delay)  # held in memory until taken
         if prefix is None:
-            if target not in state.channels:
-                state.check_new_channels(1)
-            if scheduled:
+            if send.delay or send.priority > 0:  # held in memory until taken
                 state.check_scheduled_room(1)
-            log = state.log(target, now)
+            log = state.channels.get(target)
+            if log is None:
+                state.check_new_channels(1)
+                log = state.log(target, now)
             if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)
             else:
@@ -356,7 +356,7 @@ class Publishing:
                     f"and {MAX_BROADCAST_BYTES >> 20} MiB per broadcast: send to fewer ids")
             for log in targets:  # a broadcast is stored everywhere or nowhere
                 check_room(log)
-            if scheduled:
+            if send.delay or send.priority > 0:
                 state.check_scheduled_room(len(targets))
             first: Msg | None = None
             for log in targets:
@@ -429,7 +429,7 @@ class Publishing:
         batch.channels[log.name] = log.next_seq
         batch.messages.append(msg)
         batch.bytes += len(send.data)
-        if msg.special:
+        if msg.deliver_at is not None or msg.priority > 0:  # Msg.special, inlined
             batch.specials += 1
         if log.kv is not None:
             log.kv.stage(msg)
