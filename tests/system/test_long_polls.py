@@ -184,11 +184,10 @@ def test_many_polls_of_many_patterns_do_not_stall_a_commit(broker) -> None:
             await asyncio.sleep(0)
             await waiter.ping()  # answered after the 1,000 polls were taken: all wait
             assert not any(p.done() for p in polls)
-            t0 = time.monotonic()
+            # (How long this takes is the bench's business; that a commit never tries
+            # a poll's patterns is tests/unit/test_long_polls.py's.)
             await other.send_many([(f"busy/v1/{n}", n) for n in range(500)])
             await other.ping()
-            took = time.monotonic() - t0
-            assert took < 5, f"a publish to 500 channels and a PING took {took:.1f} s"
             assert not any(p.done() for p in polls)  # none matched: none was woken
             await other.send("idle7/v1/x", 1)  # matches them all
             answers = await asyncio.wait_for(asyncio.gather(*polls), 20)

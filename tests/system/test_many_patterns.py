@@ -4,8 +4,6 @@ SUBSCRIBE or POSITION must not stall everybody else. Real broker, raw sockets.""
 
 from __future__ import annotations
 
-import time
-
 from minou.limits import MAX_PATTERNS_PER_GROUP
 from minou.protocol import frames as f
 
@@ -32,13 +30,10 @@ def test_large_subscribe_and_position_leave_other_clients_answered(broker):
         big.write(f.encode(f.Subscribe(1, 1, "consume", names, group="g")) +
                   f.encode(f.Position(2, "spark", {n: 1 for n in names})) +
                   f.encode(f.Position(3, "g", {n: 1 for n in names})))
-        started = time.monotonic()
+        # Behind all three requests on the broker's one loop, and answered (that the
+        # work is in proportion to the patterns is tests/core/test_readers.py's).
         other.write(f.encode(f.Ping(9)))
         assert isinstance(answer_to(other, 9), f.Pong)
-        # Behind all three requests on the broker's one loop: linear work takes well
-        # under a second here; the quadratic scans it replaces took over 30 s.
-        waited = time.monotonic() - started
-        assert waited < 10, f"another client's PING waited {waited:.1f} s"
         for req in (1, 2, 3):
             assert isinstance(answer_to(big, req), f.Result)
         # One more than a group may read is refused, precisely, and changes nothing.

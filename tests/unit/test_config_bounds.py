@@ -40,6 +40,13 @@ def refusal(tmp_path, text: str, name: str = "minou.toml") -> str:
         (f"max_connections = {HUGE}",
          f"max_connections: expected an integer >= 1 and <= {MAX_SETTING_INT}, got {HUGE}"),
         (f"max_dedup_keys = {MAX_SETTING_INT + 1}", "max_dedup_keys: expected an integer >= 1"),
+        ("max_channels = 0", f"max_channels: expected an integer >= 1 and <= {MAX_SETTING_INT}, "
+                             "got 0"),
+        ('max_channels = "many"', "max_channels: expected an integer >= 1"),
+        ("max_clients = -5", "max_clients: expected an integer >= 1"),
+        ("max_long_polls_per_client = 0",
+         "max_long_polls_per_client: expected an integer >= 1 and <= 10000, got 0"),
+        ("max_long_polls_per_client = 10001", "max_long_polls_per_client: expected an integer"),
         (f"in_flight_bytes = {HUGE}",
          f"in_flight_bytes: expected a number of bytes >= 1 and <= {MAX_SETTING_INT}, got"),
         (f"publish_pause_bytes = {HUGE}", "publish_pause_bytes: expected a number of bytes"),
