@@ -325,6 +325,11 @@ RESP_RANGE_TOTAL_BYTES = 128 << 20  # ... and all those being gathered at once, 
 MAX_CONSUMER_NAME = 512
 MAX_CONSUMERS_PER_GROUP = 10_000
 MAX_CONSUMER_NAMES = 100_000  # ~60 MB at the longest names
+# ... of which the names one client (not an admin) made: one client creating fresh
+# names, and keeping them used, took all 100,000 and refused every other client a new
+# one. A tenth, as MAX_GROUPS_PER_CLIENT is of MAX_GROUPS: a full group's worth, or a
+# fleet of 100 workers under one identity reading 100 groups each by its own name.
+MAX_CONSUMER_NAMES_PER_CLIENT = 10_000
 
 # Exactly-once sink (core/transactions.py): staged publishes live in memory only.
 STAGED_TTL_S = 3600.0  # an orphan (a failed task's) expires this long after its last STAGE

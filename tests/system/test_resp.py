@@ -1546,6 +1546,68 @@ def test_a_group_keeps_10000_consumer_names_and_lists_them_at_once(broker) -> No
     assert r.xinfo_groups("names-c")[0]["consumers"] == 10_000
 
 
+def _make_names(r: Any, key: str, names: list[str]) -> list[Any]:
+    """XGROUP CREATECONSUMER of each of ``names`` in group g of ``key``: the answers."""
+    out: list[Any] = []
+    for at in range(0, len(names), 200):  # pipelines under the door's RUN_WINDOW (256)
+        pipe = r.pipeline(transaction=False)
+        for name in names[at:at + 200]:
+            pipe.execute_command("XGROUP", "CREATECONSUMER", key, "g", name)
+        out += pipe.execute(raise_on_error=False)
+    return out
+
+
+def test_one_client_makes_only_its_share_of_the_consumer_names(broker) -> None:
+    """One client creating fresh names (and keeping them used) could take all 100,000
+    the broker keeps, and every other client's XREADGROUP with a new name was refused:
+    a client makes at most 10,000 (MAX_CONSUMER_NAMES_PER_CLIENT), the others go on, and
+    each way a name goes gives its maker the slot back."""
+    hog, other = connect(broker, "hog"), connect(broker, "other")
+    for key in ("share-a", "share-b", "share-c"):
+        hog.xgroup_create(key, "g", id="0", mkstream=True)
+    hog.xadd("share-c", {"n": "1"})
+    # 5,000 in each of two groups: under the bound per group, the whole of its share
+    assert _make_names(hog, "share-a", [f"hog-a-{i:04d}" for i in range(5_000)]) == [1] * 5_000
+    assert _make_names(hog, "share-b", [f"hog-b-{i:04d}" for i in range(5_000)]) == [1] * 5_000
+    full = (r"^QUEUE_FULL client 'hog' made 10000 of the consumer names this broker keeps "
+            r"over every group \(a client may make 10000 of the 100000, so that no one uses "
+            r"them all\); reuse a name, or XGROUP DELCONSUMER those no longer used \(one "
+            r"unused for 300 s that holds no pending entry is forgotten\)$")
+    for command in (("XGROUP", "CREATECONSUMER", "share-c", "g", "hog-new"),
+                    ("XREADGROUP", "GROUP", "g", "hog-new", "STREAMS", "share-c", ">"),
+                    ("XCLAIM", "share-c", "g", "hog-new", "0", "1-0"),
+                    ("XAUTOCLAIM", "share-c", "g", "hog-new", "0", "0")):
+        with pytest.raises(redis.ResponseError, match=full):
+            hog.execute_command(*command)
+    assert _refused(broker, "queue_full") == 4
+    assert broker.output.count("client 'hog' made 10000 Redis consumer names, its share") == 1
+    assert hog.xpending("share-c", "g")["pending"] == 0  # the refused read took nothing
+    assert hog.xreadgroup("g", "hog-a-0000", {"share-a": "0"}) == [[b"share-a", []]]  # its own
+    # Another client makes names and reads; using one of hog's costs it no slot.
+    assert other.execute_command("XGROUP", "CREATECONSUMER", "share-a", "g", "other-1") == 1
+    got = other.xreadgroup("g", "other-2", {"share-c": ">"})
+    assert [fields for _id, fields in got[0][1]] == [{b"n": b"1"}]
+    other.xack("share-c", "g", got[0][1][0][0])
+    assert other.xreadgroup("g", "hog-a-0001", {"share-a": "0"}) == [[b"share-a", []]]
+    assert {c["name"] for c in other.xinfo_consumers("share-c", "g")} == {b"other-2"}
+    # XGROUP DELCONSUMER gives the slot back (and only that one).
+    assert hog.xgroup_delconsumer("share-a", "g", "hog-a-0002") == 0
+    assert _make_names(hog, "share-c", ["hog-c-0000", "hog-c-0001"])[0] == 1
+    assert _make_names(hog, "share-c", ["hog-c-0001"])[0].args[0].startswith(
+        "QUEUE_FULL client 'hog' made 10000")
+    # XGROUP DESTROY gives back the group's 5,000, an admin deleting a group (HTTP) its own.
+    assert hog.xgroup_destroy("share-b", "g") == 1
+    assert _make_names(hog, "share-c", [f"hog-c-{i:04d}" for i in range(1, 5_001)]) == \
+        [1] * 5_000
+    assert isinstance(_make_names(hog, "share-c", ["hog-c-5001"])[0], redis.ResponseError)
+    deleted = httpx.delete(f"{broker.http}/v1/groups/consume:g@redis/v1/share-a",
+                           params={"force": "true"}, headers=admin_bearer(broker), timeout=10)
+    assert deleted.status_code == 200, deleted.text
+    assert _make_names(hog, "share-c", [f"hog-c-{i:04d}" for i in range(5_001, 9_000)]) == \
+        [1] * 3_999
+    assert hog.xinfo_groups("share-c")[0]["consumers"] == 1 + 9_000
+
+
 def test_a_long_pipeline_of_commands_answered_at_once_is_answered_whole(broker) -> None:
     """Commands run ahead of their replies by RUN_WINDOW (256) at most; a pipeline of
     more, each answered at once, read in several pieces, stopped at the window: the

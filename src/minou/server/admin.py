@@ -283,6 +283,8 @@ def _delete_group(server: Server, args: dict[str, Any], caller: Identity | None)
     result = maintenance.delete_group(server.core, group, time.time(),
                                       force=bool(args.get("force")))
     server.ended_subscriptions(members, f"group {group!r} was deleted by {_by(caller)}")
+    if server.resp_groups is not None:  # its Redis consumer names go with it
+        server.resp_groups.group_deleted(group)
     server.engine.changed()
     return result
 

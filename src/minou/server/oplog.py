@@ -1,5 +1,6 @@
 """The lines an operator reads: refused logins, pending clients, failed TLS handshakes,
-connections refused over the limit, HTTP requests too slow to arrive.
+connections refused over the limit, HTTP requests too slow to arrive, a client that
+used up its share of something all clients draw on.
 
 Each names what happened, the client id and the peer address, never a token or a key.
 A client can cause these at will, so they are rate limited per kind: a flood of bad
@@ -66,6 +67,14 @@ def refused(exc: NotAuthenticated, client_id: str | None, peer: Any, via: str) -
     if _allow("authentication failures"):
         log.warning("authentication failed for %s from %s (%s): %s [%s]", who, _peer(peer),
                     via, exc.message, why)
+
+
+def share_used(client_id: str, what: str, limit: int) -> None:
+    """A client refused because it holds its share of something every client draws on
+    (logged once until it holds less: its own retries cost no line)."""
+    if _allow("clients at their share"):
+        log.warning("client %r made %s, its share (the limit is %d): more are refused "
+                    "until it frees some, other clients go on", client_id, what, limit)
 
 
 def checkpoint_failed(exc: BaseException) -> None:

@@ -39,6 +39,7 @@ class Server(Protocol):
     rates: Any  # rate_history.RateHistory
     tls: Any  # tls.TlsFiles when the listeners speak TLS
     http_consumers: Any  # http_consumers.HttpConsumers with the HTTP API
+    resp_groups: Any  # resp_groups.RespGroups with the Redis protocol
     http_asks: set[Any]  # futures of HTTP requests awaiting their replies
     closing: bool  # stop() has begun
     http_task: asyncio.Task[Any] | None

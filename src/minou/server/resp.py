@@ -1325,7 +1325,7 @@ def _xgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         if sub == b"CREATECONSUMER":
             if args[4] in groups.names.get(gname, {}):
                 return 0
-            groups.seen(gname, args[4])  # raises past the bounds on names
+            groups.seen(gname, args[4], c.identity)  # raises past the bounds on names
             return 1
         mine = [e for e in groups.entries(gname).values() if e.consumer == args[4]]
         groups.ack(gname, [])  # (drops stale entries)
@@ -1392,6 +1392,7 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     groups = _groups(c)
     assert c.identity is not None and c.inner is not None
     targets = []
+    new = 0  # names this read makes: each group's counts towards the bounds on all
     for key in keys:  # the rights on every stream before any group is looked for
         _readable(c, key, claim=False)
     for key, sid in zip(keys, ids, strict=True):
@@ -1400,10 +1401,10 @@ def _xreadgroup(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
         if not groups.exists(gname):
             return Error(NOGROUP.format(key=_text(key), group=_text(group), cmd="XREADGROUP"))
         c.server.core.check_read(c.inner.session, channel)  # reading it claims it
-        groups.admit(gname, name)
+        new += groups.admit(gname, name, c.identity, more=new)
         targets.append((key, channel, gname, sid))
     for _key, _channel, gname, _sid in targets:  # once every group would take the name
-        groups.seen(gname, name)
+        groups.seen(gname, name, c.identity)
     if any(sid != b">" for *_, sid in targets):
         # The consumer's own pending entries after the id: history, never blocking.
         found = []
@@ -1787,7 +1788,9 @@ def _xclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
     groups = _groups(c)
     given, justid = _claim_options(args[5:])
     ids = _stream_ids(c, key_to_channel(key))
-    claimed = groups.claim(gname, name, min_idle, _ids(given, ids), bump=not justid)
+    assert c.identity is not None
+    claimed = groups.claim(gname, name, c.identity, min_idle, _ids(given, ids),
+                           bump=not justid)
     return [id_of(e.item.seq, ids) if justid else _entry(e.item, ids) for e in claimed]
 
 
@@ -1822,7 +1825,8 @@ def _xautoclaim(c: RespConnection, args: list[bytes], slot: _Slot) -> Any:
                          if e.item.seq >= start and (now - e.since) * 1000 >= min_idle),
                         key=lambda e: e.item.seq)
     taken, rest = candidates[:count], candidates[count:]
-    claimed = groups.claim(gname, name, min_idle, [e.item.seq for e in taken],
+    assert c.identity is not None
+    claimed = groups.claim(gname, name, c.identity, min_idle, [e.item.seq for e in taken],
                            bump=not justid)
     nxt = id_of(rest[0].item.seq, ids) if rest else b"0-0"
     return [nxt, [id_of(e.item.seq, ids) if justid else _entry(e.item, ids) for e in claimed],

@@ -16,9 +16,14 @@ there, whoever sent it). A lease that ran out is gone from the list.
 
 The **consumer names** a group has seen (XGROUP CREATECONSUMER, XREADGROUP, XCLAIM) are
 kept as Redis keeps them, but bounded: ``MAX_CONSUMER_NAME`` bytes each,
-``MAX_CONSUMERS_PER_GROUP`` per group, ``MAX_CONSUMER_NAMES`` in all; past a bound a new
-name is refused. A name not used for ``IDLE_S`` that holds no pending entry is
-forgotten (workers named per process start would otherwise fill a group in time).
+``MAX_CONSUMERS_PER_GROUP`` per group, ``MAX_CONSUMER_NAMES`` in all, of which
+``MAX_CONSUMER_NAMES_PER_CLIENT`` made by one client; past a bound a new name is refused.
+A name is counted for the client that made it known to its group (its **maker**), for as
+long as the group keeps it: another client using the same name uses it without a slot
+of its own, and the maker gets its slot back when the name goes (forgotten idle, XGROUP
+DELCONSUMER, the group destroyed or deleted through another door). A name not used for
+``IDLE_S`` that holds no pending entry is forgotten (workers named per process start
+would otherwise fill a group in time).
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ from ..errors import BadRequest, QueueFull
 from ..limits import (
     MAX_CONSUMER_NAME,
     MAX_CONSUMER_NAMES,
+    MAX_CONSUMER_NAMES_PER_CLIENT,
     MAX_CONSUMERS_PER_GROUP,
     MAX_SUBSCRIPTIONS,
     MIN_HTTP_WAIT_S,
 )
 from ..protocol import frames as f
 from ..protocol.frames import Delivery
+from . import oplog
 from .front import Unpaced
 
 if TYPE_CHECKING:
@@ -189,6 +196,11 @@ class RespGroups:
         # group -> consumer name -> last used (monotonic), least recently used first
         self.names: dict[str, dict[bytes, float]] = {}
         self.name_count = 0  # over every group (MAX_CONSUMER_NAMES)
+        # group -> consumer name -> its maker, the client it is counted for, and each
+        # maker's count over every group (MAX_CONSUMER_NAMES_PER_CLIENT)
+        self.makers: dict[str, dict[bytes, str]] = {}
+        self.made: Counter[str] = Counter()
+        self.share_logged: set[str] = set()  # refused at their share, not below it since
         self.names_swept = time.monotonic()
         # miniqueue's dackCount: (channel, seq) -> DACKs so far, until the message is
         # acknowledged; oldest first out past MAX_PENDING (a count, not a message)
@@ -216,7 +228,8 @@ class RespGroups:
         server.engine.subscribe(session, 1, kind="consume", patterns=[channel],
                                 group=gname, start=start, prefetch=1, lease=0.0)
         server.engine.close(session)
-        self.names.setdefault(gname, {})
+        self.drop_names(gname)  # those of a group of that name deleted through another door
+        self.names[gname] = {}
 
     def destroy(self, gname: str) -> bool:
         from ..names import consume_group_key
@@ -228,7 +241,7 @@ class RespGroups:
             self._settle(entry, "nack")
         for consumer in [c for k, c in self.consumers.items() if k[1] == gname]:
             self.close(consumer)
-        self.name_count -= len(self.names.pop(gname, {}))
+        self.drop_names(gname)
         self.server.admin("group.delete", {"group": consume_group_key(gname), "force": True})
         return True
 
@@ -293,58 +306,101 @@ class RespGroups:
             self.forget_idle(mono)
 
     # ------------------------------------------------------------ consumer names
-    def admit(self, gname: str, name: bytes) -> None:
-        """Raise unless ``name`` is, or may become, one of the group's consumer names."""
+    def admit(self, gname: str, name: bytes, who: Identity, *, more: int = 0) -> bool:
+        """Raise unless ``name`` is, or may become, one of the group's consumer names
+        (made by ``who`` after ``more`` other new names the same command makes); return
+        whether it is new."""
         if len(name) > MAX_CONSUMER_NAME:
             raise BadRequest(f"consumer name is {len(name)} bytes, the limit is "
                              f"{MAX_CONSUMER_NAME}", limit=MAX_CONSUMER_NAME)
         names = self.names.get(gname, {})
         if name in names:
-            return
+            return False
         forgotten = f"(one unused for {IDLE_S:.0f} s that holds no pending entry is forgotten)"
         if len(names) >= MAX_CONSUMERS_PER_GROUP:
             raise QueueFull(f"group {gname!r} has {len(names)} consumer names (the limit is "
                             f"{MAX_CONSUMERS_PER_GROUP}); reuse a name, or XGROUP DELCONSUMER "
                             f"those no longer used {forgotten}",
                             limit=MAX_CONSUMERS_PER_GROUP)
-        if self.name_count >= MAX_CONSUMER_NAMES:
+        if not who.admin:
+            self._check_share(who.client_id, self.made[who.client_id] + more, forgotten)
+        if self.name_count + more >= MAX_CONSUMER_NAMES:
             raise QueueFull(f"the broker keeps {self.name_count} consumer names over every "
                             f"group (the limit is {MAX_CONSUMER_NAMES}); reuse a name, or "
                             f"XGROUP DELCONSUMER those no longer used {forgotten}",
                             limit=MAX_CONSUMER_NAMES)
+        return True
 
-    def seen(self, gname: str, name: bytes) -> None:
-        """``name`` used with the group now (raises as ``admit`` does)."""
-        self.admit(gname, name)
-        self._touch(self.names.setdefault(gname, {}), name)
+    def _check_share(self, client_id: str, made: int, forgotten: str) -> None:
+        if made < MAX_CONSUMER_NAMES_PER_CLIENT:
+            return
+        if client_id not in self.share_logged:  # once until it goes below its share
+            self.share_logged.add(client_id)
+            oplog.share_used(client_id, f"{made} Redis consumer names",
+                             MAX_CONSUMER_NAMES_PER_CLIENT)
+        raise QueueFull(f"client {client_id!r} made {made} of the consumer names this broker "
+                        f"keeps over every group (a client may make "
+                        f"{MAX_CONSUMER_NAMES_PER_CLIENT} of the {MAX_CONSUMER_NAMES}, so that "
+                        f"no one uses them all); reuse a name, or XGROUP DELCONSUMER those no "
+                        f"longer used {forgotten}",
+                        client=client_id, limit=MAX_CONSUMER_NAMES_PER_CLIENT)
 
-    def _touch(self, names: dict[bytes, float], name: bytes) -> None:
-        if names.pop(name, None) is None:
+    def seen(self, gname: str, name: bytes, who: Identity) -> None:
+        """``name`` used with the group by ``who`` now (raises as ``admit`` does)."""
+        self.admit(gname, name, who)
+        self._touch(self.names.setdefault(gname, {}), gname, name, who.client_id)
+
+    def _touch(self, names: dict[bytes, float], gname: str, name: bytes,
+               client_id: str) -> None:
+        if names.pop(name, None) is None:  # new: counted for its maker
             self.name_count += 1
+            self.makers.setdefault(gname, {})[name] = client_id
+            self.made[client_id] += 1
         names[name] = time.monotonic()  # at the end: the least recently used stay first
 
     def forget(self, gname: str, name: bytes) -> None:
+        """The group no longer keeps ``name``: its slot goes back to its maker."""
         names = self.names.get(gname)
-        if names is not None and names.pop(name, None) is not None:
-            self.name_count -= 1
+        if names is None or names.pop(name, None) is None:
+            return
+        self.name_count -= 1
+        self._unmade(self.makers[gname].pop(name))
+
+    def _unmade(self, client_id: str, count: int = 1) -> None:
+        left = self.made[client_id] - count
+        if left > 0:
+            self.made[client_id] = left
+        else:  # a client id seen once is not kept for ever
+            del self.made[client_id]
+        if left < MAX_CONSUMER_NAMES_PER_CLIENT:
+            self.share_logged.discard(client_id)
+
+    def drop_names(self, gname: str) -> None:
+        """Forget every name of the group (destroyed, deleted, or made anew)."""
+        self.name_count -= len(self.names.pop(gname, {}))
+        for client_id, count in Counter(self.makers.pop(gname, {}).values()).items():
+            self._unmade(client_id, count)
+
+    def group_deleted(self, key: str) -> None:
+        """The minou group ``key`` was deleted (by an admin, through any door)."""
+        if key.startswith("consume:"):
+            self.drop_names(key.removeprefix("consume:"))
 
     def forget_idle(self, mono: float) -> None:
         """Forget the names not used for ``IDLE_S`` that hold no pending entry (a group
         whose first, least recently used, name is recent has none: passed over)."""
         for gname, names in list(self.names.items()):
-            if not names:
-                if not self.exists(gname):  # deleted by another door
-                    del self.names[gname]
+            if not self.exists(gname):  # deleted by another door (idle expiry of its stream)
+                self.drop_names(gname)
                 continue
-            if mono - next(iter(names.values())) <= IDLE_S:
+            if not names or mono - next(iter(names.values())) <= IDLE_S:
                 continue
             held = {e.consumer for e in self.entries(gname).values()}
             for name, seen in list(names.items()):
                 if mono - seen <= IDLE_S:
                     break
                 if name not in held:
-                    del names[name]
-                    self.name_count -= 1
+                    self.forget(gname, name)
 
     def consumer_pending(self, gname: str) -> Counter[bytes]:
         """Pending entries per consumer name, in one pass over the group's list."""
@@ -360,17 +416,17 @@ class RespGroups:
             del pel[seq]
         return pel
 
-    def _delivered_to(self, gname: str, name: bytes) -> None:
+    def _delivered_to(self, gname: str, name: bytes, holder: RespConsumer) -> None:
         """A read's name is used again when it is answered (it was admitted when the
         read began; a long block may have outlived its idle time and it was forgotten:
-        back, past the bounds by as many reads as waited so)."""
+        back, past the bounds by as many reads as waited so, made by the reader)."""
         names = self.names.get(gname)
         if names is not None:  # (none: the group was destroyed meanwhile)
-            self._touch(names, name)
+            self._touch(names, gname, name, holder.identity.client_id)
 
     def delivered(self, gname: str, name: bytes, holder: RespConsumer, item: Delivery,
                   noack: bool) -> None:
-        self._delivered_to(gname, name)
+        self._delivered_to(gname, name, holder)
         if noack:
             self._settle(Pending(name, holder, item, 0.0, 1), "ack")
             return
@@ -388,7 +444,7 @@ class RespGroups:
     def delivered_all(self, gname: str, name: bytes, holder: RespConsumer,
                       items: list[Delivery], noack: bool) -> None:
         """``delivered`` for each of ``items``, handed over together."""
-        self._delivered_to(gname, name)
+        self._delivered_to(gname, name, holder)
         if noack:
             for item in items:
                 self.delivered(gname, name, holder, item, True)
@@ -422,9 +478,9 @@ class RespGroups:
         holder._credit()
         return len(tags) - len(failed or [])
 
-    def claim(self, gname: str, name: bytes, min_idle_ms: int, seqs: list[int],
-              *, bump: bool = True) -> list[Pending]:
-        self.seen(gname, name)  # first: a name refused claims nothing
+    def claim(self, gname: str, name: bytes, who: Identity, min_idle_ms: int,
+              seqs: list[int], *, bump: bool = True) -> list[Pending]:
+        self.seen(gname, name, who)  # first: a name refused claims nothing
         pel = self.entries(gname)
         now = time.monotonic()
         out = []
