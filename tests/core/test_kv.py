@@ -200,6 +200,29 @@ def test_the_revisions_of_every_bucket_together_are_bounded(monkeypatch) -> None
     assert h.publish(put("e", 5))[0].code == 0
 
 
+def test_the_index_holds_a_key_once_whatever_its_revisions() -> None:
+    """Each revision arrives with its own copy of the key's text (decoded per message):
+    the index keeps one, so 64 revisions of a 256-character key cost their entries,
+    not 64 keys (~300 B more each)."""
+    import tracemalloc
+
+    from minou.core.kv import KvIndex
+
+    kv = KvIndex()
+    text = "k" * 256
+    kv.commit(_msg(1, text), 64)  # the key's first revision holds its string
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(2, 2002):
+            kv.commit(_msg(seq, (text + ".")[:-1]), 10_000)  # an equal, distinct string
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kv.history(text) == list(range(1, 2002))
+    assert grown / 2000 < 200, f"{grown / 2000:.0f} B a revision"  # a key's copy: 305
+
+
 def test_a_bucket_schema_validates_values_but_not_deletes() -> None:
     h = harness({"config": {"schema": {"type": "object", "required": ["max"]}}})
     (bad,) = h.publish(put("limit", {"min": 1}))

@@ -135,7 +135,14 @@ class KvIndex:
         revisions past ``history`` that must now be deleted from the channel."""
         self.unstage(msg)
         key = msg.key or ""
-        revs = self.revisions.setdefault(key, [])
+        revs = self.revisions.get(key)
+        if revs is None:
+            revs = self.revisions[key] = []
+        else:
+            # The key's one string, as its oldest revision holds it: each message brings
+            # its own copy, and keeping that per revision held a 256-character key
+            # again for each of its revisions (~300 B each).
+            key = self.key_of[revs[0]]
         revs.append(msg.seq)
         self.key_of[msg.seq] = key
         self.count.total += 1
