@@ -55,7 +55,16 @@ MAX_RETIRED_CHANNELS = 100_000
 KV_HISTORY = 1
 MAX_KV_HISTORY = 64
 KV_MAX_REVISIONS = 100_000
-MAX_KV_REVISIONS_TOTAL = 2_000_000  # over every bucket (~150 bytes of index each)
+# Over every bucket: a revision is ~100 B of index, and each key ~170 B more and its
+# text (a key's revisions share one string). Measured from outside (bench/
+# kv_index_memory.py), a broker grows ~440 B a revision of its own 8-character key,
+# ~650 B with 256 characters (2,000,000: ~0.9 and ~1.3 GB), ~250 B a revision of keys
+# with 64 revisions each.
+MAX_KV_REVISIONS_TOTAL = 2_000_000
+# ... and the characters of their keys, each key once, over every bucket: 2,000,000 keys
+# of 64 characters fit; the longest keys (256) stop at ~520,000 (~340 MB), so the
+# worst case is short keys' (~0.9 GB), not 1.3 GB.
+MAX_KV_KEY_BYTES = 128 << 20
 MAX_KV_REVISION = 1 << 62  # a revision (a seq) given in a compare-and-set or a read
 MAX_KV_WAIT_S = 30.0  # a watch's long poll: answered empty after at most this long
 # Long polls waiting at once over all clients: KV watches, and as many channels.wait

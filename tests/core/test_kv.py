@@ -200,6 +200,46 @@ def test_the_revisions_of_every_bucket_together_are_bounded(monkeypatch) -> None
     assert h.publish(put("e", 5))[0].code == 0
 
 
+def test_the_keys_of_every_bucket_together_are_bounded_by_their_bytes(monkeypatch) -> None:
+    from minou.core import kv
+
+    store = MemoryStorage("kv-key-bytes")
+    MemoryStorage.forget("kv-key-bytes")
+    store = MemoryStorage("kv-key-bytes")
+    store.open(0.0)
+    h = harness({"config": {"history": 4}}, storage=store)
+    monkeypatch.setattr(kv, "MAX_KV_KEY_BYTES", 10)
+    h.publish(put("abcd", 1), send(kv_channel("other"), 2, key="efgh"))
+    assert h.broker.state.kv_count.key_bytes == 8
+    assert h.publish(put("ab", 3))[0].code == 0  # 10: at the limit, not past it
+    (full,) = h.publish(send(kv_channel("third"), 4, key="x"))
+    assert full.code == ErrorCode.QUEUE_FULL
+    assert full.error == ("the keys of this broker's buckets hold 10 bytes, a new key of 1 "
+                          "would pass the limit of 10: use shorter keys, or fewer (a deleted "
+                          "key stays, as its delete marker, until its bucket is purged)")
+    assert h.broker.state.counters.refused["queue_full"] == 1
+    with pytest.raises(kv.QueueFull) as refused:
+        kv.checked_put(put("x", 4), index(h), h.now)
+    assert refused.value.detail == {"limit": 10}
+    # Keys already indexed take more revisions, and deletes, however full.
+    assert [o.code for o in h.publish(put("abcd", 5), put("abcd", 6), delete("ab"))] == [0] * 3
+    assert h.broker.state.kv_count.key_bytes == 10  # each key once, whatever its revisions
+    h.commit()
+    # A restart counts them again from storage.
+    h2 = harness({"config": {"history": 4}}, storage=store)
+    h2.broker.restore(store.open(h.now), h.now)
+    for name in (CFG, kv_channel("other")):
+        log = h2.broker.channels[name]
+        h2.broker.index_bucket(name, store.read_range(name, log.first_seq, log.end, 1000))
+    assert h2.broker.state.kv_count.key_bytes == 10
+    assert h2.publish(put("x", 7))[0].code == ErrorCode.QUEUE_FULL
+    # A purge of the bucket frees its keys: only "efgh" stays.
+    log = h2.broker.channels[CFG]
+    log.truncate_below(log.end)
+    assert h2.broker.state.kv_count.key_bytes == 4
+    assert h2.publish(put("x", 8))[0].code == 0
+
+
 def test_the_index_holds_a_key_once_whatever_its_revisions() -> None:
     """Each revision arrives with its own copy of the key's text (decoded per message):
     the index keeps one, so 64 revisions of a 256-character key cost their entries,

@@ -31,7 +31,7 @@ from typing import Protocol
 import msgspec
 
 from ..errors import BadRequest, QueueFull, RevisionMismatch
-from ..limits import MAX_KV_REVISION, MAX_KV_REVISIONS_TOTAL
+from ..limits import MAX_KV_KEY_BYTES, MAX_KV_REVISION, MAX_KV_REVISIONS_TOTAL
 from ..names import KV_DELETE, KV_EXPECT, KV_OP, kv_bucket, validate_kv_key
 from ..protocol.frames import Send
 
@@ -55,12 +55,14 @@ def is_tombstone(headers: dict[str, str] | None) -> bool:
 
 
 class KvCount:
-    """The revisions indexed over every bucket of a broker (each costs memory)."""
+    """The revisions indexed over every bucket of a broker, and the characters of their
+    keys (each key once): both cost memory."""
 
-    __slots__ = ("total",)
+    __slots__ = ("key_bytes", "total")
 
     def __init__(self) -> None:
         self.total = 0
+        self.key_bytes = 0  # keys are ASCII (validate_kv_key): a character is a byte
 
 
 class KvIndex:
@@ -138,6 +140,7 @@ class KvIndex:
         revs = self.revisions.get(key)
         if revs is None:
             revs = self.revisions[key] = []
+            self.count.key_bytes += len(key)
         else:
             # The key's one string, as its oldest revision holds it: each message brings
             # its own copy, and keeping that per revision held a 256-character key
@@ -164,6 +167,7 @@ class KvIndex:
         revs.remove(seq)
         if not revs:
             del self.revisions[key]
+            self.count.key_bytes -= len(key)
 
     def forget_below(self, seq: int) -> None:
         for old in [s for s in self.key_of if s < seq]:
@@ -179,6 +183,18 @@ class KvIndex:
         return drop
 
 
+def check_key_room(count: KvCount, key: str) -> None:
+    """Refuse a new ``key`` if the keys indexed would pass MAX_KV_KEY_BYTES with it
+    (checked when staged, as the revisions are: a batch being written may pass it a
+    little)."""
+    if count.key_bytes + len(key) > MAX_KV_KEY_BYTES:
+        raise QueueFull(f"the keys of this broker's buckets hold {count.key_bytes} bytes, "
+                        f"a new key of {len(key)} would pass the limit of "
+                        f"{MAX_KV_KEY_BYTES}: use shorter keys, or fewer (a deleted key "
+                        "stays, as its delete marker, until its bucket is purged)",
+                        limit=MAX_KV_KEY_BYTES)
+
+
 def checked_put(send: Send, index: KvIndex, now: float) -> Send:
     """Check a write to a bucket (a key, no delay or priority, a well-formed
     compare-and-set) against ``index``; return it as it is stored (without the
@@ -191,6 +207,8 @@ def checked_put(send: Send, index: KvIndex, now: float) -> Send:
     if send.key is None:
         raise BadRequest(f"a write to bucket {bucket!r} names its key (the message key)")
     validate_kv_key(send.key)
+    if send.key not in index.revisions:
+        check_key_room(index.count, send.key)
     if send.delay or send.priority:
         raise BadRequest(f"a write to bucket {bucket!r} has no delay and no priority")
     headers = send.headers
