@@ -225,6 +225,28 @@ def test_after_a_release_nothing_of_that_queue_answers_for_it() -> None:
     assert state is not known and state.last == 5  # started afresh, not from 2
 
 
+def test_a_released_bucket_no_longer_counts_against_the_kv_bounds() -> None:
+    """Buckets are one queue (_kv/v1) that spread brokers hand on: the revisions and
+    keys a broker no longer holds must not count against MAX_KV_REVISIONS_TOTAL and
+    MAX_KV_KEY_BYTES (else each hand-over and adoption counted them once more)."""
+    h = _built()
+    h.publish(send("_kv/v1/config", 1, key="limit"), send("_kv/v1/config", 2, key="limit"),
+              send("_kv/v1/flags", True, key="dark-mode"))
+    h.commit()
+    count = h.broker.state.kv_count
+    assert count.total == 2
+    snap = h.storage.open(h.now)
+    for _ in range(2):
+        h.broker.release_queue("_kv/v1", h.now)
+        assert count.total == 0 and count.key_bytes == 0
+        h.broker.adopt(queue_part(snap, "_kv/v1"), h.now)
+        for name in ("_kv/v1/config", "_kv/v1/flags"):
+            log = h.broker.channels[name]
+            h.broker.index_bucket(name, h.storage.read_range(name, log.first_seq, log.end,
+                                                             100))
+        assert count.total == 2 and count.key_bytes == len("limit") + len("dark-mode")
+
+
 def test_an_adopted_queue_serves_its_groups_members_at_once() -> None:
     h = _built()
     snap = h.storage.open(h.now)

@@ -169,6 +169,12 @@ class KvIndex:
             del self.revisions[key]
             self.count.key_bytes -= len(key)
 
+    def uncount(self) -> None:
+        """This bucket leaves the broker (its queue handed on, ``ownership.release``):
+        its revisions and keys no longer count against the broker's bounds."""
+        self.count.total -= len(self.key_of)
+        self.count.key_bytes -= sum(map(len, self.revisions))
+
     def forget_below(self, seq: int) -> None:
         for old in [s for s in self.key_of if s < seq]:
             self.forget(old)

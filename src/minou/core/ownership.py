@@ -92,6 +92,8 @@ def release(state: BrokerState, queue: str, now: float) -> int:
     for name in names:
         log = state.channels.pop(name)
         state.special_count.total -= len(log.special)
+        if log.kv is not None:
+            log.kv.uncount()
         state.expiring.pop(log, None)
         for gc in list(log.states):
             grp = gc.group
