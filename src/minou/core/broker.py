@@ -34,7 +34,7 @@ Time is always passed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from ..auth.rules import ALLOW_ALL, Access, Rules
@@ -49,6 +49,7 @@ from .delivery import Dispatcher
 from .expiry import Expiry
 from .group import Group, NeedLoad, Subscription
 from .in_flight import InFlightBytes
+from .kv import Revision
 from .log import ChannelLog, ChannelOptions, Msg
 from .producers import Producers, ProducerState
 from .publishing import Publishing
@@ -341,7 +342,7 @@ class Broker:
         """Rebuild memory from storage after a start."""
         self.restorer.restore(snap, now)
 
-    def index_bucket(self, channel: str, msgs: list[Msg]) -> None:
+    def index_bucket(self, channel: str, msgs: Sequence[Revision | Msg]) -> None:
         """Index a bucket's stored revisions (``msgs``, in seq order; a page at a time
         is fine) after a start or an adoption; revisions past its history depth are
         deleted with the next commit."""

@@ -26,6 +26,7 @@ index is rebuilt from storage at start and when a broker adopts a spread queue
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
@@ -48,6 +49,24 @@ class Msg(Protocol):
     @property
     def expires_at(self) -> float | None: ...
 
+
+class Revision(msgspec.Struct, array_like=True, gc=False):
+    """What the index reads of a stored revision, its value left out: a bucket's
+    revisions are read whole before they are indexed (``rebuild``), and with their
+    values that was every value of every bucket in memory at once at each start."""
+
+    seq: int
+    key: str | None
+    headers: dict[str, str] | None  # TOMBSTONE (one dict for all) or None
+    expires_at: float | None
+
+
+TOMBSTONE = {KV_OP: KV_DELETE}
+
+
+def revision_of(msg: Msg) -> Revision:
+    return Revision(msg.seq, msg.key, TOMBSTONE if is_tombstone(msg.headers) else None,
+                    msg.expires_at)
 
 
 def is_tombstone(headers: dict[str, str] | None) -> bool:
@@ -179,7 +198,7 @@ class KvIndex:
         for old in [s for s in self.key_of if s < seq]:
             self.forget(old)
 
-    def rebuild(self, msgs: list[Msg], history: int) -> list[int]:
+    def rebuild(self, msgs: Sequence[Msg], history: int) -> list[int]:
         """Index stored messages (in seq order, after a start or an adoption); return
         the revisions past ``history`` to delete (the option may have shrunk)."""
         drop: list[int] = []

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..core.kv import KvIndex, is_tombstone
+from ..core.kv import KvIndex, Revision, is_tombstone, revision_of
 from ..core.log import ChannelLog, Msg, page_end, read_weight
 from ..errors import BadRequest, NotFound
 from ..limits import (
@@ -27,6 +27,7 @@ from ..limits import (
     MAX_KV_PAGE,
     MAX_KV_REVISION,
     MAX_KV_WAIT_S,
+    STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
 )
 from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
@@ -271,20 +272,23 @@ async def woken(add: Callable[[Callable[[], None]], None],
         remove(wake)
 
 
-def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Msg]]:
-    """Every stored revision of the buckets in ``snap`` (on the writer's thread, before
-    the core takes the snapshot, so its index is whole before any write reaches it)."""
-    out: dict[str, list[Msg]] = {}
+def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Revision]]:
+    """Every stored revision of the buckets in ``snap``, as the index reads it (on the
+    writer's thread, before the core takes the snapshot, so its index is whole before
+    any write reaches it). Values are read a page (STORAGE_READ_BYTES) at a time and
+    left out: only the index's part of each revision is kept until it is indexed."""
+    out: dict[str, list[Revision]] = {}
     for rec in snap.channels:
         if not is_kv(rec.name):
             continue
-        msgs = out[rec.name] = []
+        revisions = out[rec.name] = []
         seq = rec.first_seq
         while seq < rec.next_seq:
-            page = storage.read_range(rec.name, seq, rec.next_seq, STORAGE_READ_PAGE)
+            page = storage.read_range(rec.name, seq, rec.next_seq, STORAGE_READ_PAGE,
+                                      STORAGE_READ_BYTES)
             if not page:
                 break
-            msgs += page
+            revisions += map(revision_of, page)
             seq = page[-1].seq + 1
     return out
 
