@@ -64,8 +64,11 @@ class Revision(msgspec.Struct, array_like=True, gc=False):
 TOMBSTONE = {KV_OP: KV_DELETE}
 
 
-def revision_of(msg: Msg) -> Revision:
-    return Revision(msg.seq, msg.key, TOMBSTONE if is_tombstone(msg.headers) else None,
+def revision_of(msg: Msg, keys: dict[str, str]) -> Revision:
+    """``msg``'s part in the index; its key as ``keys`` has it (one string per key while a
+    bucket is read, as the index keeps one: not one per revision until it is indexed)."""
+    key = msg.key if msg.key is None else keys.setdefault(msg.key, msg.key)
+    return Revision(msg.seq, key, TOMBSTONE if is_tombstone(msg.headers) else None,
                     msg.expires_at)
 
 

@@ -282,13 +282,14 @@ def read_buckets(storage: Storage, snap: Snapshot) -> dict[str, list[Revision]]:
         if not is_kv(rec.name):
             continue
         revisions = out[rec.name] = []
+        keys: dict[str, str] = {}
         seq = rec.first_seq
         while seq < rec.next_seq:
             page = storage.read_range(rec.name, seq, rec.next_seq, STORAGE_READ_PAGE,
                                       STORAGE_READ_BYTES)
             if not page:
                 break
-            revisions += map(revision_of, page)
+            revisions += [revision_of(msg, keys) for msg in page]
             seq = page[-1].seq + 1
     return out
 
