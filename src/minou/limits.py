@@ -58,7 +58,7 @@ KV_MAX_REVISIONS = 100_000
 # Over every bucket: a revision is ~100 B of index, and each key ~170 B more and its
 # text (a key's revisions share one string). Measured from outside (bench/
 # kv_index_memory.py), a broker grows ~440 B a revision of its own 8-character key,
-# ~650 B with 256 characters (2,000,000: ~0.9 and ~1.3 GB), ~250 B a revision of keys
+# ~650 B with 256 characters (2,000,000: ~0.9 and ~1.3 GB), ~270-300 B a revision of keys
 # with 64 revisions each.
 MAX_KV_REVISIONS_TOTAL = 2_000_000
 # ... and the characters of their keys, each key once, over every bucket: 2,000,000 keys
