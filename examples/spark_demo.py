@@ -68,6 +68,14 @@ def spark_session():  # type: ignore[no-untyped-def]
     return spark
 
 
+def shown(payload: object) -> str:
+    """A dead letter's payload as text: the pipeline dead-letters orders as they came, in
+    binary (JSON or not), so they read back as bytes."""
+    if isinstance(payload, bytes):
+        return payload.decode("utf-8", "replace")
+    return json.dumps(payload)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=2000, help="orders to publish")
@@ -106,7 +114,7 @@ def main() -> None:
                 print(f"{minute:<26} {customer:<10} {orders:>6} {revenue:>10.2f}")
             total = sum(int(t[0]) for t in totals.values())
             print(f"\n{len(reports)} report rows covering {total} orders; {len(dead)} invalid "
-                  f"orders dead-lettered (e.g. {json.dumps(dead[0].payload) if dead else '-'})"
+                  f"orders dead-lettered (e.g. {shown(dead[0].payload) if dead else '-'})"
                   f"; {time.monotonic() - t0:.1f} s")
         finally:
             proc.terminate()
