@@ -172,3 +172,83 @@ def test_redis_protocol_doc_examples_work_as_written(tmp_path):
         assert "b'resize'" in out.stdout
     finally:
         b.stop()
+
+
+def doc_pages() -> list[Path]:
+    """README.md and every page of docs/ a reader pastes from (benchmarks.md quotes runs)."""
+    return [ROOT / "README.md",
+            *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "benchmarks.md")]
+
+
+# `minou ...` where a reader runs it: at the start of a shell line (after `$ `, a path,
+# `$(`, or the command it follows), or at the start of an inline code span.
+_RUN = r"(?:^\s*(?:\$ )?|\$\(|&& |; |\| )(?:[\w./~-]*/)?minou ([a-z][^#`)\n]*)"
+
+
+def minou_invocations(text: str) -> list[tuple[str, list[str]]]:
+    found = []
+    for lang, block in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        if lang in ("sh", "console", "bash", ""):
+            for line in block.splitlines():
+                found += [(line.strip(), m.split()) for m in re.findall(_RUN, line)]
+    prose = re.sub(r"```\w*\n.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`\n]+)`", prose):
+        found += [(span, m.split()) for m in re.findall(_RUN, span)]
+    return found
+
+
+def _resolve(words: list[str]) -> tuple[object, int, str]:
+    """The CLI command ``words`` run, how many words name it, and what is unknown."""
+    from minou.cli import main
+
+    cmd, used = main, 0
+    for word in words:
+        if not hasattr(cmd, "get_command") or word.startswith("-"):
+            break
+        subs = [cmd.get_command(None, w) for w in word.split("|")]  # type: ignore[arg-type]
+        if None in subs:
+            return cmd, used, " ".join(words[:used + 1])
+        cmd, used = subs[0], used + 1
+    return cmd, used, ""
+
+
+def test_every_command_and_option_the_docs_run_exists():
+    """Each `minou <command> [--option]` the README and docs/ show is one the CLI has
+    (kv.md named a `minou purge` there is not)."""
+    wrong, seen = [], 0
+    for page in doc_pages():
+        for line, words in minou_invocations(page.read_text()):
+            seen += 1
+            cmd, used, unknown = _resolve(words)
+            if unknown:
+                wrong.append(f"{page.name}: no command 'minou {unknown}' ({line})")
+                continue
+            options = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}  # type: ignore[attr-defined]
+            for word in words[used:]:
+                flag = word.split("=")[0]
+                if re.fullmatch(r"--?[a-zA-Z][\w-]*", flag) and flag not in options | {
+                        "--help", "-h"}:
+                    wrong.append(f"{page.name}: 'minou {' '.join(words[:used])}' has no "
+                                 f"{flag} ({line})")
+    assert seen > 100
+    assert not wrong, "\n".join(wrong)
+
+
+def run_doc_python(page: str, broker) -> list[str]:  # type: ignore[no-untyped-def]
+    """The first python block of docs/<page> against ``broker``, each keys/<id>.key
+    replaced by that client's key: its output lines."""
+    (code, *_) = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S)
+    code = code.replace("minou://127.0.0.1:7700", broker.url)
+    code = re.sub(r'key="keys/([\w-]+)\.key"', lambda m: f'key="{client_key(m[1])}"', code)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_request_reply_doc_example_runs_as_pasted(broker):
+    assert run_doc_python("requests.md", broker) == ["{'item': 'tea', 'price': 8.4}"]
+
+
+def test_peer_channel_doc_example_runs_as_pasted(broker):
+    assert run_doc_python("peers.md", broker) == ["{'text': 'got hello'}"]
