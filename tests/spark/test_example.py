@@ -51,3 +51,22 @@ def test_the_example_pipeline(spark, minou_broker, client, opts, tmp_path):
     spark_orders.build(spark, args).start().awaitTermination()
     assert totals() == {"ada": (20, 200.0), "ken": (20, 200.0)}
     shutil.rmtree(tmp_path / "ckpt", ignore_errors=True)
+
+
+def test_make_spark_demo_runs_to_its_summary(tmp_path):
+    """``make spark-demo`` (examples/spark_demo.py) as a user runs it: its own broker and
+    Spark, to the summary line, exit 0 (it once printed its totals, then a traceback)."""
+    import os
+    import re
+    import subprocess
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # its broker's data dir and checkpoint
+    out = subprocess.run([sys.executable, str(EXAMPLES / "spark_demo.py"), "-n", "300"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = re.search(r"(\d+) report rows covering (\d+) orders; (\d+) invalid orders "
+                        r"dead-lettered \(e\.g\. (.*)\)", out.stdout)
+    assert summary, out.stdout[-2000:]
+    # 300 orders, every 97th broken (0, 97, 194, 291): the rest are reported, once each.
+    assert (int(summary[2]), int(summary[3])) == (296, 4)
+    assert '"oops"' in summary[4]
