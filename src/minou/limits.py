@@ -299,7 +299,9 @@ DELIVERY_BUFFER_BUDGET = 128 << 20  # unsent delivery bytes across all connectio
 BUDGET_SHARE = 256 << 10  # past the budget, a connection holding more gets no deliveries
 # Deliveries out and not settled keep their messages (core/in_flight.py): the bytes all
 # subscriptions may hold (in_flight_bytes), what one may hold past that, and what one
-# may hold at most; one holding nothing always gets a message.
+# may hold at most; one holding nothing always gets a message. A delivery weighs what
+# its message holds in memory (core.log.held_weight: headers ~140 B each, the key, at
+# least payload + 512): weighed by their text, header-heavy messages held 8 x the bound.
 IN_FLIGHT_BYTES = 512 << 20
 IN_FLIGHT_SHARE = 1 << 20
 IN_FLIGHT_PER_SUBSCRIPTION = 64 << 20

@@ -12,6 +12,7 @@ import pytest
 from minou.core import maintenance
 from minou.core.broker import Session
 from minou.core.group import Subscription
+from minou.core.log import Msg, read_weight
 from minou.protocol.frames import Delivery, Send
 
 from .helpers import Harness, seqs
@@ -100,6 +101,40 @@ def test_past_the_limit_a_subscription_within_its_share_goes_on_and_a_heavy_one_
     h.broker.mark_ready(heavy.group)  # (what its connection's resume does)
     assert seqs(h.take(heavy)) == [4, 5]  # within its share it goes on
     assert h.take(heavy) == [] and h.take(light) == []
+
+
+def test_header_heavy_messages_are_weighed_by_what_they_hold_in_memory() -> None:
+    """A 3-byte message with 64 headers and a key holds ~9.8 KB of objects (Msg.size)
+    and was weighed 1,283 (read_weight: the headers' text alone, no key): the bound
+    meant for 4 of them let 31 through."""
+    headers = {f"h{i:02d}": "v" for i in range(64)}
+    heavy = [Send(CH, b'"x"', headers=dict(headers), key=f"k{i:03d}") for i in range(40)]
+    weight = Msg(CH, 1, "", b'"x"', headers=headers, key="k000").size()
+    assert weight > 7 * read_weight(Msg(CH, 1, "", b'"x"', headers=headers))
+    h = harness(per_sub=4 * weight - 1)  # the 4th delivery crosses it
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(*heavy)
+    first = h.take(sub)
+    assert seqs(first) == [1, 2, 3, 4], len(first)
+    assert h.take(sub) == []
+    assert accounted(h) == 4 * weight
+    h.ack(c, first)
+    assert seqs(h.take(sub)) == [5, 6, 7, 8]
+    assert accounted(h) == 4 * weight
+
+
+def test_a_message_without_headers_or_key_weighs_its_payload_and_the_fixed_part() -> None:
+    """The common case Lease inlines (empty headers alike); a long key counts."""
+    keyed = Msg(CH, 3, "", BODY, key="k" * 256).size()
+    assert keyed > WEIGHT
+    h = harness()
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=100)
+    h.publish(Send(CH, BODY), Send(CH, BODY, headers={}), Send(CH, BODY, key="k" * 256))
+    assert len(h.take(sub)) == 3
+    assert [lease.weight for lease in sub.leases.values()] == [WEIGHT, WEIGHT, keyed]
+    assert accounted(h) == 2 * WEIGHT + keyed
 
 
 def test_the_limit_set_again_by_a_reload_applies_to_the_next_delivery() -> None:

@@ -149,6 +149,9 @@ class SimClient:
         self.sent = 0
         self.stale: list[int] = []  # own tags of this run that must no longer settle
         self.writer = TxnWriter(f"w-{client_id}") if writer else None
+        # Headers and keys (``budget``): their own generator, so that the other draws,
+        # and the histories without the feature, stay what they were.
+        self.extras = random.Random(f"extras-{world.scenario.seed}-{client_id}")
 
     # ------------------------------------------------------------ helpers
     @property
@@ -247,8 +250,10 @@ class SimClient:
             pseq = 0
             if "numbered" in f and not broadcast and rng.random() < 0.3:
                 pseq = self.pseq[target] = self.pseq.get(target, 0) + 1
-            send = Send(target, json.dumps({"p": pid}).encode(), priority=priority,
-                        ttl=ttl, delay=delay, dedup=dedup, pseq=pseq)
+            headers, key = self._extras(pid) if "budget" in f else (None, None)
+            send = Send(target, json.dumps({"p": pid}).encode(), headers=headers,
+                        priority=priority, ttl=ttl, delay=delay, dedup=dedup, key=key,
+                        pseq=pseq)
             kind = "numbered" if pseq else "plain"
             self.world.ledger.sent[pid] = Sent(pid, target, dedup, kind)
             if pseq:
@@ -256,6 +261,16 @@ class SimClient:
             sends.append(send)
             pids.append(pid)
         return self._publish(conn, sends, pids)
+
+    def _extras(self, pid: str) -> tuple[dict[str, str] | None, str | None]:
+        """A third of the messages carry a few headers, and half of those a key: what
+        a delivery holds against the small in-flight bounds counts them (their memory
+        weighs several times their text)."""
+        rng = self.extras
+        if rng.random() >= 0.33:
+            return None, None
+        headers = {f"h{i}": "v" * rng.randint(1, 3) for i in range(rng.randint(1, 6))}
+        return headers, (pid if rng.random() < 0.5 else None)
 
     def _publish(self, conn: Connection, sends: list[Send], pids: list[str]) -> str:
         world = self.world

@@ -61,7 +61,7 @@ class Tag:
     seq: int
     attempts: int
     expires: float  # when a tick takes the lease back
-    weight: int = 0  # what it holds against the in-flight bounds (read_weight)
+    weight: int = 0  # what it holds against the in-flight bounds (memory, headers and key)
     live: bool = True
 
     @property

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from minou.core.broker import Broker, Session
-from minou.core.log import READ_WEIGHT_BASE
+from minou.core.log import READ_WEIGHT_BASE, Msg
 from minou.core.writes import WriteBatch
 from minou.errors import StorageFenced, StorageFull
 from minou.limits import (
@@ -46,6 +46,16 @@ from .scenario import FEATURES, T0, Scenario
 
 _STORES = itertools.count(1)
 QUIESCE_STEPS = 200_000  # more engine work than this with nothing new coming in: a loop
+
+
+def _held_weight(d: Delivery) -> int:
+    """What the model counts a delivery holding against the in-flight bounds: its
+    message's memory (``Msg.size``: headers and key included) and never less than its
+    read weight (payload, headers' text and READ_WEIGHT_BASE)."""
+    wire = len(d.data) + READ_WEIGHT_BASE + sum(
+        len(k) + len(v) + 8 for k, v in (d.headers or {}).items())
+    memory = Msg(d.channel, d.seq, d.id, d.data, d.raw, d.headers, key=d.key).size()
+    return max(wire, memory)
 
 
 class SimHost:
@@ -358,10 +368,8 @@ class World:
                         self.now)
         if self.scenario.rules.is_exclusive(d.channel.removeprefix("_dead/")):
             inv.on_exclusive_delivery(ledger, d.channel, conn.session.client_id)
-        weight = len(d.data) + READ_WEIGHT_BASE + sum(
-            len(k) + len(v) + 8 for k, v in (d.headers or {}).items())
         ledger.deliver(conn.serial, sid, info.group, info.lease_s, d.channel, d.seq,
-                       d.tag, d.attempts, self.now, weight)
+                       d.tag, d.attempts, self.now, _held_weight(d))
         if conn.drain:
             ledger.drained.add((info.group, d.channel, d.seq))
 

@@ -23,7 +23,7 @@ import msgspec
 from ..limits import BURST_BYTES
 from ..names import Pattern, match_keys
 from .in_flight import InFlightBytes
-from .log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, read_weight
+from .log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, held_weight
 
 
 def _heap(items: list[Any]) -> list[Any]:
@@ -43,8 +43,10 @@ class Lease:
         self.msg = msg
         self.seq = msg.seq
         self.sub = sub
-        # What it holds against the in-flight bounds (read_weight, inlined: per delivery)
-        self.weight = read_weight(msg) if msg.headers else len(msg.data) + READ_WEIGHT_BASE
+        # What it holds against the in-flight bounds (held_weight, its common case
+        # inlined: per delivery)
+        self.weight = (len(msg.data) + READ_WEIGHT_BASE
+                       if not msg.headers and msg.key is None else held_weight(msg))
         self.delivered = now
         self.expires = now + sub.lease_s  # an extend moves it
         # The commit (WriteBatch.number) that stores this delivery's attempt count, and

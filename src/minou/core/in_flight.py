@@ -4,7 +4,8 @@ A delivery's lease keeps its message (the body too: a dead letter needs it) unti
 reader settles it, and the body cache may have let the message go meanwhile. Prefetch
 bounds how many a subscription holds, not how big they are: a consumer that takes
 1 MiB messages with a prefetch of 1,500 and never acks would pin 1.5 GiB. So each
-delivery is weighed (``read_weight``: payload, headers and a fixed part) and:
+delivery is weighed by what its message holds in memory (``log.held_weight``: payload,
+headers and key as ``Msg.size`` counts them, and at least payload + 512) and:
 
 - a subscription holding ``per_subscription`` bytes or more gets no more deliveries;
 - once all subscriptions together hold ``limit`` bytes, the pool is *full* until they

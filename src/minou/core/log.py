@@ -85,6 +85,17 @@ def read_weight(m: Msg) -> int:
     return len(m.data) + READ_WEIGHT_BASE
 
 
+def held_weight(m: Msg) -> int:
+    """What an unsettled delivery of ``m`` holds against the in-flight bounds: what the
+    message holds in memory (``Msg.size``: a header's objects are ~140 B, its text alone
+    in read_weight, and the key counts) and never less than ``read_weight``. A lease
+    inlines the common case, no headers and no key: ``len(data) + READ_WEIGHT_BASE``
+    (keep them equal). Weighed by read_weight alone (a wire measure: it cuts pages),
+    1-byte messages with 64 headers counted 1/8 of their Msg.size, so the bounds let
+    8 x as many of them be held."""
+    return max(read_weight(m), m.size())
+
+
 def page_end(msgs: list[Msg], limit: int, max_bytes: int | None, upto: int) -> int:
     """Where the next page of a read of ``[..., upto)`` starts: after its last message
     when the read stopped at ``limit`` messages or ``max_bytes`` (of ``read_weight``:
