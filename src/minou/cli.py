@@ -921,7 +921,8 @@ def credentials_list(conn: dict[str, Any], as_json: bool) -> None:
 @json_option
 def credentials_renew(conn: dict[str, Any], credential_id: str, ttl: float,
                       as_json: bool) -> None:
-    """Extend a live credential to now + TTL."""
+    """Extend a live credential to now + TTL (never shorter: one that already lasts
+    longer keeps its expiry)."""
     result = _admin(conn, "credentials.renew", id=credential_id, ttl=ttl)
     if as_json:
         click.echo(json.dumps(result, indent=2))
