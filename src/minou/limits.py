@@ -252,6 +252,13 @@ MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
 MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
 MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
 SEQS_AT_SLICE = 500  # channels an OFFSETS "at" looks up in storage per turn of the reader
+# OFFSETS with "at" being answered at once for one client (not an admin), over all its
+# connections; past it the request is refused at once, before any matching. Each costs
+# the loop ~70 ms and the one reader thread a lookup per channel for 50,000 channels:
+# 20 of them sent at once from a few connections of one client held every other
+# client's PING ~1.2 s. A reader asks one at a time (Spark's driver, once per query it
+# plans), so 4 lets a client plan 4 queries at once, as a connection has 4 READs.
+MAX_OFFSETS_AT_PER_CLIENT = 4
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 # HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
 # message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).

@@ -146,6 +146,9 @@ def test_three_brokers_spread_the_queues_and_any_serves_every_queue_native_and_h
         # OFFSETS answers for every queue, whoever owns it (what Spark's reader lists)
         offsets = c.offsets("orders/*")
         assert offsets == {f"{q}/1": (1, 26) for q in QUEUES}
+        # ... by publish time too (a task on each broker, merged by the client's)
+        assert c.offsets_at("orders/*", time.time() - 3600) == \
+            {f"{q}/1": (1, 26, 1) for q in QUEUES}
         # ... and POSITION moves a group on every owner: past seq 20 on each channel
         lags = c.set_position("positioned", {f"{q}/1": 21 for q in QUEUES})
         assert lags == {f"{q}/1": 5 for q in QUEUES}

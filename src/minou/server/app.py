@@ -33,6 +33,7 @@ from ..core.broker import Broker, Session
 from ..core.log import Msg, page_end
 from ..core.writes import WriteBatch
 from ..errors import (
+    BadRequest,
     ErrorCode,
     NotAuthenticated,
     NotAuthorized,
@@ -77,6 +78,7 @@ from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
 from .federation import LOCAL_CREDENTIAL, Federation
 from .kv import read_buckets
+from .lookups import ClientLookups
 from .oplog import watch_handshakes
 from .syncer import IntervalSync
 from .wire import internal_error, native_error
@@ -251,6 +253,7 @@ class BrokerServer:
         self._retry_timer = False
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
+        self.lookups = ClientLookups()  # OFFSETS-at being answered, per client
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
         self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
@@ -1404,6 +1407,18 @@ class BrokerServer:
         totals.update(published=c.published, delivered=c.delivered, acked=c.acked)
         self.rates.sample(now, totals)
 
+    def offsets_at(self, session: Session, patterns: list[str], at: float,
+                   limit: int | None) -> asyncio.Future[dict[str, list[int]]]:
+        """OFFSETS with ``at``: the channels matched now (read rules checked: refused
+        here), then looked up in storage in a task (``seqs_at``). Past ``limit``
+        channels matched, ``BadRequest`` before any lookup (None: the caller checks, a
+        front merging every broker's part)."""
+        found = self.core.offsets(session, patterns)
+        if limit is not None and len(found) > limit:
+            raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS "
+                             f"answer lists at most {limit}: narrow the patterns")
+        return asyncio.ensure_future(self.seqs_at(found, at))
+
     async def seqs_at(self, found: dict[str, list[int]], at: float) -> dict[str, list[int]]:
         """``found`` (channel -> [first, next]) with a third seq each: the first one
         published at or after ``at`` (``next`` if none was), from storage (publish
@@ -1608,6 +1623,7 @@ class BrokerServer:
             "transactions": self.core.transactions.stats(),
             "connections": len(self.connections),
             "long_polls": dict(self.engine.long_polls.kinds),  # waiting now, by kind
+            "offsets_at": len(self.lookups),  # OFFSETS with at being answered now
             "admission": self.admission.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "uncommitted_bytes": self.uncommitted_bytes,

@@ -104,6 +104,8 @@ class NativeConnection:
         # Long polls waiting (a KV watch, channels.wait): cancelled when the connection
         # goes, so that its client gets their slots back at once, not once they time out.
         self._long_polls: set[asyncio.Future[Any]] = set()
+        # OFFSETS-at lookups (each holds a slot of its client's): cancelled likewise.
+        self._lookups: set[asyncio.Future[Any]] = set()
         self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
         self._out: list[bytes] = []
         self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
@@ -636,19 +638,37 @@ class NativeConnection:
         if len(frame.patterns) > MAX_PATTERNS_PER_REQUEST:
             raise BadRequest(f"{len(frame.patterns)} patterns in one OFFSETS request; the limit "
                              f"is {MAX_PATTERNS_PER_REQUEST}")
+        if frame.at > 0:  # the seqs by publish time are read from storage
+            self._offsets_at(frame)
+            return
         found = self.core.offsets(self.session, list(frame.patterns))
         if self.front is not None:  # every broker answers for the queues it owns
-            local = self.server.seqs_at(found, frame.at) if frame.at > 0 else found
-            self.front.offsets(frame, local, MAX_OFFSETS_CHANNELS)
+            self.front.offsets(frame, found, MAX_OFFSETS_CHANNELS)
             return
         if len(found) > MAX_OFFSETS_CHANNELS:
             raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS answer "
                              f"lists at most {MAX_OFFSETS_CHANNELS}: narrow the patterns")
-        if frame.at > 0:  # the seqs by publish time are read from storage
-            self._answer_later(
-                self.server.spawn_reply(self, frame.req, self.server.seqs_at(found, frame.at)))
-            return
         self._send(f.Result(frame.req, found))
+
+    def _offsets_at(self, frame: f.Offsets) -> None:
+        """A lookup of its client's (MAX_OFFSETS_AT_PER_CLIENT over all its connections:
+        refused before any work past it), given back however it ends; cancelled if the
+        connection goes (nobody is there to answer)."""
+        give_back = self.server.lookups.take(self.identity)
+        try:
+            lookup = self.server.offsets_at(self.session, list(frame.patterns), frame.at,
+                                            None if self.front is not None
+                                            else MAX_OFFSETS_CHANNELS)
+        except BaseException:
+            give_back()
+            raise
+        lookup.add_done_callback(lambda _: give_back())
+        self._lookups.add(lookup)
+        lookup.add_done_callback(self._lookups.discard)
+        if self.front is not None:  # every broker answers for the queues it owns
+            self.front.offsets(frame, lookup, MAX_OFFSETS_CHANNELS)
+            return
+        self._answer_later(self.server.spawn_reply(self, frame.req, lookup))
 
     def _on_position(self, frame: f.Position) -> None:
         if len(frame.positions) > MAX_POSITION_CHANNELS:
@@ -874,7 +894,7 @@ class NativeConnection:
             self.core.counters.refuse("truncated_frame")
         self.closed = True
         self._stop_heartbeats()
-        for task in list(self._long_polls):  # nobody is there to answer
+        for task in [*self._long_polls, *self._lookups]:  # nobody is there to answer
             task.cancel()
         if self.front is not None:
             self.front.close()

@@ -495,8 +495,9 @@ class Front:
             up.request(frame, remote)
         if asyncio.isfuture(local) or asyncio.iscoroutine(local):
             task = asyncio.ensure_future(local)
-            task.add_done_callback(lambda t: part(error=str(t.exception()))
-                                   if t.exception() else part(t.result()))
+            task.add_done_callback(lambda t: None if t.cancelled()  # the connection went
+                                   else part(error=str(t.exception())) if t.exception()
+                                   else part(t.result()))
         else:
             part(local)
 

@@ -77,6 +77,14 @@ def share_used(client_id: str, what: str, limit: int) -> None:
                     "until it frees some, other clients go on", client_id, what, limit)
 
 
+def client_bound(client_id: str, what: str, bound: str, limit: int) -> None:
+    """A request refused because its client already has ``limit`` of ``what``: an
+    operator sees who runs into a per-client bound (and which, to raise or to ask why)."""
+    if _allow("requests past a per-client bound"):
+        log.warning("client %r refused: it has %d %s, the limit (%s)", client_id, limit,
+                    what, bound)
+
+
 def checkpoint_failed(exc: BaseException) -> None:
     """A WAL checkpoint that failed (out of descriptors, say): the next tick tries again."""
     if _allow("checkpoint failures"):

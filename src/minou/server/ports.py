@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..protocol import frames as f
     from .admission import Admission
     from .engine import CommitScheduler, Engine
+    from .lookups import ClientLookups
 
 
 class Server(Protocol):
@@ -35,6 +36,7 @@ class Server(Protocol):
     registry: Registry
     credentials: Credentials
     admission: Admission
+    lookups: ClientLookups  # OFFSETS-at being answered, per client
     metrics: Any  # metrics.Metrics
     rates: Any  # rate_history.RateHistory
     tls: Any  # tls.TlsFiles when the listeners speak TLS
@@ -81,6 +83,8 @@ class Server(Protocol):
     def read_range(self, conn: Any, frame: f.Read) -> None: ...
     def read_messages(self, channel: str, from_seq: int, upto: int,
                       limit: int, max_bytes: int = ...) -> Awaitable[list[Any]]: ...
+    def offsets_at(self, session: Session, patterns: list[str], at: float,
+                   limit: int | None) -> asyncio.Future[dict[str, list[int]]]: ...
     def seqs_at(self, found: dict[str, list[int]], at: float
                 ) -> Awaitable[dict[str, list[int]]]: ...
     def oldest_published(self, log_: Any, group: str | None = None

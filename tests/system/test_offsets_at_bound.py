@@ -1,0 +1,123 @@
+"""OFFSETS with ``at`` (a Spark starting timestamp over many channels) costs the event
+loop a match of every channel and the reader thread a lookup of each: one client may
+have MAX_OFFSETS_AT_PER_CLIENT of them being answered at once over all its
+connections. Past it the request is refused at once, precisely and counted; the
+client's others and every other client are answered as before, and its slots come
+back whatever ends a lookup. Real broker, raw sockets."""
+
+from __future__ import annotations
+
+import time
+
+import minou
+from minou.errors import ErrorCode
+from minou.protocol import frames as f
+
+from ..conftest import RawPeer
+
+BOUND = 4  # limits.MAX_OFFSETS_AT_PER_CLIENT, written out: what a client is told
+CHANNELS = 20_000  # enough that a lookup is still going when the last request comes
+PATTERN = "bound/*"
+
+
+def _make_channels(broker) -> None:
+    writer = RawPeer(broker.url)
+    try:
+        writer.hello("writer")
+        writer.sock.settimeout(120)
+        for lo in range(0, CHANNELS, 5_000):
+            writer.write(f.encode(f.Publish(lo + 1, [f.Send(f"bound/v1/c{i}", b"1")
+                                                     for i in range(lo, lo + 5_000)])))
+            assert isinstance(writer.read(), f.Confirm)
+    finally:
+        writer.close()
+
+
+def _peers(broker, client: str, count: int) -> list[RawPeer]:
+    peers = []
+    for _ in range(count):
+        peer = RawPeer(broker.url)
+        peers.append(peer)
+        peer.hello(client)
+        peer.sock.settimeout(120)
+    return peers
+
+
+def _ask(peer: RawPeer, count: int, since: float) -> None:
+    """``count`` OFFSETS-at written at once (a connection has 4 answered at a time:
+    READS_PER_CONNECTION; more would wait, not be refused)."""
+    peer.write(b"".join(f.encode(f.Offsets(req, [PATTERN], at=since))
+                        for req in range(1, count + 1)))
+
+
+def _answered_whole(frame: f.Frame) -> bool:
+    """Every channel, each with its one message published after ``since``."""
+    return isinstance(frame, f.Result) and len(frame.value) == CHANNELS and \
+        all(v == [1, 2, 1] for v in frame.value.values())
+
+
+def _refusals(admin) -> int:
+    return int(admin.admin("status")["counters"]["refused"].get("too_many_connections", 0))
+
+
+def test_one_client_has_only_so_many_offsets_at_at_once_over_its_connections(broker):
+    """Three connections of one client send 4 each at once: 12 lookups of 20,000
+    channels, each ~70 ms of the loop at 50,000 (20 held every other client's PING
+    ~1.2 s). Those past 4 are refused before any work; the rest answer in full, as
+    does another client asking meanwhile; once answered the slots are free again."""
+    _make_channels(broker)
+    since = time.time() - 3600
+    greedy = _peers(broker, "greedy", 3)
+    other = _peers(broker, "other", 1)[0]
+    fourth: list[RawPeer] = []
+    admin = minou.connect_sync(broker.url, **broker.admin_auth())
+    try:
+        before = _refusals(admin)
+        for peer in greedy:
+            _ask(peer, BOUND, since)
+        _ask(other, 1, since)
+        answers = [peer.read() for peer in greedy for _ in range(BOUND)]
+        refused = [a for a in answers if isinstance(a, f.Error)]
+        assert refused, "12 lookups of one client at once, none refused"
+        for error in refused:
+            assert error.code == ErrorCode.TOO_MANY_CONNECTIONS and not error.fatal
+            assert "client 'greedy' has 4 OFFSETS requests with at being answered" in \
+                error.message
+            assert "MAX_OFFSETS_AT_PER_CLIENT" in error.message
+            assert error.detail["limit"] == BOUND and error.detail["client"] == "greedy"
+        answered = [a for a in answers if not isinstance(a, f.Error)]
+        assert len(answered) >= BOUND and all(_answered_whole(a) for a in answered)
+        assert _answered_whole(other.read())  # another client: not refused, answered
+        assert _refusals(admin) - before == len(refused)
+        # All answered: the client's slots are free, over connections as before (a
+        # refusal is not fatal: the connections refused go on).
+        fourth += _peers(broker, "greedy", 1)
+        for peer in greedy + fourth:
+            _ask(peer, 1, since)
+        assert all(_answered_whole(peer.read()) for peer in greedy + fourth)
+    finally:
+        admin.close()
+        for peer in greedy + fourth + [other]:
+            peer.close()
+
+
+def test_the_lookups_of_a_connection_that_goes_give_their_slots_back(broker):
+    """A client whose connection goes with 4 lookups being answered, back at once on
+    new connections (a restarted Spark driver), is answered: the lookups are given up
+    with their connection (nobody is there to read them), not finished first."""
+    _make_channels(broker)
+    since = time.time() - 3600
+    gone = _peers(broker, "flaky", 1)[0]
+    _ask(gone, BOUND, since)
+    gone.close()  # after the requests (read first), while they are looked up
+    back = _peers(broker, "flaky", BOUND)  # each HELLO answered: the close was seen
+    try:
+        for peer in back:
+            _ask(peer, 1, since)
+        answers = [peer.read() for peer in back]
+        assert [a for a in answers if isinstance(a, f.Error)] == []
+        assert all(_answered_whole(a) for a in answers)
+    finally:
+        for peer in back:
+            peer.close()
+
