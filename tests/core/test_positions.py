@@ -171,6 +171,37 @@ def test_offsets_of_a_free_exclusive_channel_by_name_claim_it() -> None:
     assert set(h.broker.offsets(root, ["invoice/v1/*"])) == {"invoice/v1/1", "invoice/v1/2"}
 
 
+def test_offsets_in_steps_check_rights_at_once_and_let_others_go_between_steps() -> None:
+    """OFFSETS-at matches its patterns a slice of channels a turn of the event loop
+    (whole, 50,000 channels held it ~60 ms): the rules refuse at the call, before any
+    step; the steps together answer what ``offsets`` does, each channel once however
+    many wildcards match it; one removed between steps is left out, one made is not
+    listed (the match is of the channels there were)."""
+    h = Harness()
+    h.broker.rules = Rules.parse([{"client": "*", "read": ["orders/*", "pay/*",
+                                                          "!invoice/*"]}])
+    h.publish(*(send(f"orders/v1/{i}", i) for i in range(10)), send("orders/v2/x", 1),
+              send("pay/v1/1", 1), send("invoice/v1/1", 1))
+    h.broker.offsets(Session("owner"), ["invoice/v1/1"])  # reserves it
+    c = Session("c")
+    refused(NotAuthorized, h.broker.match_offsets, c, ["orders/*", "invoice/v1/1"], {}, 3)
+    patterns = ["orders/*", "orders/v1/*", CH, "pay/v1/1"]
+    out: dict[str, list[int]] = {}
+    steps = h.broker.match_offsets(c, patterns, out, 3)
+    assert out == {CH: [1, 2], "pay/v1/1": [1, 2]}  # by name: at once
+    taken = 0
+    for _ in steps:
+        taken += 1
+        if taken == 1:  # between two steps: one channel goes, another comes
+            del h.broker.channels["orders/v1/9"]
+            h.publish(send("orders/v1/new", 1))
+    assert taken == 4  # 13 channels, 3 a step: 5 steps, a yield between two
+    whole = h.broker.offsets(c, patterns)
+    assert out == {k: v for k, v in whole.items() if k != "orders/v1/new"}
+    assert set(out) == {f"orders/v1/{i}" for i in range(9)} | {"orders/v2/x", "pay/v1/1"}
+    assert Harness().broker.offsets(c, ["orders/*"]) == {}  # no channel at all
+
+
 # ------------------------------------------------------- restart from seq:<n>
 def test_a_group_without_members_restarts_from_a_seq_once_each() -> None:
     h = Harness()

@@ -34,7 +34,7 @@ Time is always passed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from ..auth.rules import ALLOW_ALL, Access, Rules
@@ -414,6 +414,11 @@ class Broker:
     def offsets(self, session: Session, patterns: list[str]) -> dict[str, list[int]]:
         """``{channel: [first_seq, next_seq]}`` for every channel the patterns match."""
         return self.subscriptions.offsets(session, patterns)
+
+    def match_offsets(self, session: Session, patterns: list[str], out: dict[str, list[int]],
+                      step: int = 0) -> Iterator[None]:
+        """``offsets`` in steps: see ``Subscriptions.match_offsets``."""
+        return self.subscriptions.match_offsets(session, patterns, out, step)
 
     def set_position(self, session: Session, group: str, positions: dict[str, int],
                      now: float) -> dict[str, int]:

@@ -55,6 +55,7 @@ from ..limits import (
     GC_THRESHOLD,
     MAX_FRAME_SIZE,
     MIN_CHECKPOINT_WAL_BYTES,
+    OFFSETS_MATCH_SLICE,
     PUBLISH_RESUME_BYTES,
     REFUSAL_LINGER_S,
     REFUSAL_WAIT_S,
@@ -1409,15 +1410,22 @@ class BrokerServer:
 
     def offsets_at(self, session: Session, patterns: list[str], at: float,
                    limit: int | None) -> asyncio.Future[dict[str, list[int]]]:
-        """OFFSETS with ``at``: the channels matched now (read rules checked: refused
-        here), then looked up in storage in a task (``seqs_at``). Past ``limit``
-        channels matched, ``BadRequest`` before any lookup (None: the caller checks, a
-        front merging every broker's part)."""
-        found = self.core.offsets(session, patterns)
-        if limit is not None and len(found) > limit:
-            raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS "
-                             f"answer lists at most {limit}: narrow the patterns")
-        return asyncio.ensure_future(self.seqs_at(found, at))
+        """OFFSETS with ``at``: read rules checked now (refused here); then, in a task,
+        the channels matched a slice a turn of the loop and looked up in storage
+        (``seqs_at``). Past ``limit`` channels matched, ``BadRequest`` before any
+        lookup (None: the caller checks, a front merging every broker's part)."""
+        found: dict[str, list[int]] = {}
+        steps = self.core.match_offsets(session, patterns, found, OFFSETS_MATCH_SLICE)
+
+        async def run() -> dict[str, list[int]]:
+            for _ in steps:  # whole, 50,000 channels held the loop ~60 ms
+                await asyncio.sleep(0)
+            if limit is not None and len(found) > limit:
+                raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS "
+                                 f"answer lists at most {limit}: narrow the patterns")
+            return await self.seqs_at(found, at)
+
+        return asyncio.ensure_future(run())
 
     async def seqs_at(self, found: dict[str, list[int]], at: float) -> dict[str, list[int]]:
         """``found`` (channel -> [first, next]) with a third seq each: the first one
