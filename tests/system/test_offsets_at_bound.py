@@ -13,7 +13,7 @@ import minou
 from minou.errors import ErrorCode
 from minou.protocol import frames as f
 
-from ..conftest import RawPeer
+from ..conftest import RawPeer, wait_until
 
 BOUND = 4  # limits.MAX_OFFSETS_AT_PER_CLIENT, written out: what a client is told
 CHANNELS = 20_000  # enough that a lookup is still going when the last request comes
@@ -89,6 +89,9 @@ def test_one_client_has_only_so_many_offsets_at_at_once_over_its_connections(bro
         assert len(answered) >= BOUND and all(_answered_whole(a) for a in answered)
         assert _answered_whole(other.read())  # another client: not refused, answered
         assert _refusals(admin) - before == len(refused)
+        wait_until(lambda: "client 'greedy' refused: it has 4 OFFSETS lookups with at being "
+                   "answered, the limit (MAX_OFFSETS_AT_PER_CLIENT)" in broker.output,
+                   what="the refusal logged")
         # All answered: the client's slots are free, over connections as before (a
         # refusal is not fatal: the connections refused go on).
         fourth += _peers(broker, "greedy", 1)
