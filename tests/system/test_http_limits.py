@@ -229,19 +229,45 @@ def test_a_refusal_at_the_headers_never_overtakes_an_earlier_answer(broker_facto
     conn.close()
 
 
+def publish_request(auth: bytes) -> bytes:
+    return (b"POST /v1/messages/idle/v1/1 HTTP/1.1\r\nHost: t\r\nAuthorization: " + auth
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n{\"a\":1}")
+
+
+@pytest.mark.parametrize("route", ["health", "publish"])
 def test_an_idle_keep_alive_connection_is_closed_after_its_idle_timeout(broker_factory,
-                                                                         tmp_path):
+                                                                         tmp_path, route):
+    """Through the app (GET /health) and through the protocol's own answers (a publish,
+    whose idle timeout is the connection's one deadline, not uvicorn's timer: a header
+    timeout far longer must not put the idle close off)."""
     broker = limited(broker_factory, tmp_path,
-                     "http_idle_timeout = 1.0\nhttp_header_timeout = 5\n")
-    conn = Http(broker)
-    for _ in range(6):  # 1.8 s of requests 0.3 s apart: idle is counted from each answer
-        assert conn.get()[0] == 200
-        time.sleep(0.3)
-    assert conn.get()[0] == 200
-    answered = time.monotonic()
-    assert conn.closed_by_peer()
-    assert 0.9 <= time.monotonic() - answered < 5
-    conn.close()
+                     "http_idle_timeout = 2.0\nhttp_header_timeout = 10\n")
+    request, expect = HEALTH, 200
+    if route == "publish":
+        request, expect = publish_request(bearer(broker, "idle-1")["Authorization"].encode()), 201
+    with contextlib.ExitStack() as opened:  # closed whatever an assertion says
+        conn = Http(broker)
+        opened.callback(conn.close)
+        for _ in range(10):  # 3 s of requests 0.3 s apart: idle is counted from each answer
+            assert conn.get(request)[0] == expect
+            time.sleep(0.3)
+        # A request begun just before the idle timeout, its headers slow: the header
+        # timeout counts for it from its first byte, the idle one no longer does.
+        time.sleep(0.7)  # 1 s after the last answer
+        head, _, rest = request.partition(b"\r\n")
+        conn.sock.sendall(head + b"\r\n")
+        time.sleep(1.5)  # past the idle deadline, within the header timeout
+        conn.sock.sendall(rest)
+        assert conn.response()[0] == expect
+        answered = time.monotonic()
+        assert conn.closed_by_peer()
+        assert 1.9 <= time.monotonic() - answered < 6
+        fresh = Http(broker)  # its first answer's idle timeout, well before its header one
+        opened.callback(fresh.close)
+        assert fresh.get(request)[0] == expect
+        answered = time.monotonic()
+        assert fresh.closed_by_peer(timeout=15)
+        assert 1.9 <= time.monotonic() - answered < 6
 
 
 def test_blank_lines_do_not_keep_an_idle_connection_open(broker_factory, tmp_path):

@@ -67,7 +67,7 @@ def test_connection_state_no_longer_set_is_named(monkeypatch: pytest.MonkeyPatch
         # a uvicorn that renamed the keep-alive timer: everything else is still set here
         self.loop = self.parser = self.transport = self.client = self.server_state = None
         self.cycle = self.headers = self.expect_100_continue = None
-        self.limit_concurrency = self.timeout_keep_alive = None
+        self.limit_concurrency = self.timeout_keep_alive = self.pipeline = None
 
     monkeypatch.setattr(httptools_impl.HttpToolsProtocol, "__init__", without_keepalive_task)
     with pytest.raises(StartupError) as info:

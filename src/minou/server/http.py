@@ -47,7 +47,8 @@ _FAST_PATH_METHODS = ("connection_made", "connection_lost", "on_message_begin",
                       "_unset_keepalive_if_required")
 _FAST_PATH_STATE = ("loop", "parser", "transport", "client", "server_state", "cycle", "url",
                     "headers", "expect_100_continue", "limit_concurrency",
-                    "timeout_keep_alive", "timeout_keep_alive_task")
+                    "timeout_keep_alive", "timeout_keep_alive_task", "flow", "pipeline",
+                    "scope")
 _STATE_SET_IN = ("__init__", "connection_made", "on_message_begin")
 # ... and of httptools (public API, but the fast path reads the parser directly).
 _PARSER_METHODS = ("get_method", "get_http_version", "should_keep_alive", "should_upgrade")

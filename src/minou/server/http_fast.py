@@ -38,7 +38,7 @@ from ..errors import BadRequest, NotAuthenticated, RequestError, RequestTimeout
 from ..limits import HTTP_LINGER_S as LINGER_S
 from ..limits import MAX_HTTP_HEAD_BYTES, REFUSAL_WAIT_S
 from . import oplog
-from .http_api import body_too_large, hot_route, raw_channel_id
+from .http_api import HEADER_PREFIX, body_too_large, hot_route, raw_channel_id
 from .wire import http_error
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ log = logging.getLogger("minou.http")
 _encode = msgspec.json.encode
 HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack", "consume",
                        "consume_dead"))
+_MESSAGE_HEADER = HEADER_PREFIX.encode("latin-1")
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; "
                    b"charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n"
@@ -171,7 +172,8 @@ class HotCycle:
                 p = self.params
                 channel = (f"{p['endpoint']}/{p['version']}/"
                            f"{raw_channel_id(self.raw_path, p)}")
-                headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers]
+                headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers
+                           if k.startswith(_MESSAGE_HEADER)]  # the only ones it reads
                 api.publish_now(identity, channel, query, headers, bytes(self.body),
                                 self.answer_json, self.refuse)
             elif self.kind == "publish_batch":
@@ -265,7 +267,7 @@ class HotCycle:
         transport.write_now(response)  # type: ignore[attr-defined]
         if not self.keep_alive:
             protocol.finish(lingering=self.more_body)
-        protocol.on_response_complete()
+        protocol.hot_response_complete()
 
 
 class _Done:
@@ -323,6 +325,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
     reading = False  # a request has begun and its headers are not complete
     head_bytes = 0  # bytes of its head received since then (one read's may be uncounted)
     head_tail = b""  # the last bytes read while in a head: a blank line may span two reads
+    idle = False  # ``deadline`` is the idle timeout after a hot answer, not a head's
     _watchdog: asyncio.TimerHandle | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -366,8 +369,20 @@ class MinouHttpProtocol(HttpToolsProtocol):
         # armed over the next request.
         self._unset_keepalive_if_required()
         self.reading, self.head_bytes, self.head_tail = True, 0, b""
+        if self.idle:  # the idle deadline of a hot answer ends: the headers' begins now
+            self.idle, self.deadline = False, None
         self.expect_headers(self.api.server.settings.http_header_timeout)
+        # What uvicorn's on_message_begin resets; its ASGI scope is made only for a
+        # request that goes to the app (``_make_scope``): hot ones never read it.
+        self.url, self.expect_100_continue, self.headers = b"", False, []
+
+    def _make_scope(self) -> None:
+        """uvicorn's scope for the request whose head was just read, as its
+        ``on_message_begin`` makes it (keeping what the parser gave since)."""
+        url, expect, headers = self.url, self.expect_100_continue, self.headers
         super().on_message_begin()
+        self.url, self.expect_100_continue, self.headers = url, expect, headers
+        self.scope["headers"] = headers
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport))  # type: ignore[arg-type]
@@ -388,8 +403,17 @@ class MinouHttpProtocol(HttpToolsProtocol):
         deadline = self.loop.time() + seconds
         if self.deadline is None or deadline < self.deadline:
             self.deadline = deadline
-        if self._watchdog is None:
-            self._watchdog = self.loop.call_at(self.deadline, self._check_deadline)
+        self._watch()
+
+    def _watch(self) -> None:
+        """The one timer watches ``deadline``: armed if none is, re-armed if it would
+        ring after it (it rings early otherwise, and the check re-arms it)."""
+        watchdog = self._watchdog
+        if watchdog is not None:
+            if watchdog.when() <= self.deadline:  # type: ignore[operator]
+                return
+            watchdog.cancel()
+        self._watchdog = self.loop.call_at(self.deadline, self._check_deadline)  # type: ignore[arg-type]
 
     def _check_deadline(self) -> None:
         self._watchdog = None
@@ -431,6 +455,21 @@ class MinouHttpProtocol(HttpToolsProtocol):
         self.cycle = _DONE  # type: ignore[assignment]
         self.transport.write_now(b"".join(head))  # type: ignore[attr-defined]
         self.finish(lingering=True)
+
+    def hot_response_complete(self) -> None:
+        """A hot answer went out: what uvicorn's ``on_response_complete`` does, but the
+        idle timeout is the connection's one lazy deadline (``_check_deadline``), not a
+        timer made and cancelled per request."""
+        if self.pipeline:  # requests queued behind it go to the app: uvicorn's way
+            self.on_response_complete()
+            return
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        self.idle, self.deadline = True, self.loop.time() + self.timeout_keep_alive
+        self._watch()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -474,6 +513,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
         elif self._refused_before_body():
             self.cycle = _DONE  # type: ignore[assignment]
         elif self._hot_cycle() is None:
+            self._make_scope()
             super().on_headers_complete()
 
     def _refused_before_body(self) -> bool:
