@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import parse_qsl
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minou.errors import ErrorCode
+from minou.server.http_fast import query_params
 
 from .conftest import Harness, post
 
@@ -118,3 +122,13 @@ async def test_uvicorn_logs_through_the_brokers_logging(broker: Harness, http) -
         assert logger.handlers == [] and logger.propagate, name
     assert logging.getLogger("uvicorn.error").getEffectiveLevel() == logging.WARNING
     assert not logging.getLogger("uvicorn.access").propagate  # access_log=False: none
+
+
+@given(st.lists(st.tuples(st.text("ab=&%+2;x ", max_size=4), st.text("ab=&%+2;x ", max_size=4)),
+                max_size=5).map(lambda kv: "&".join(f"{k}={v}" if v else k for k, v in kv))
+       | st.text("ab=&%+20;x ", max_size=12))
+def test_query_params_are_parse_qsl_s(query: str) -> None:
+    """The hot routes' query parser answers as the stdlib's (the routes on Starlette's
+    path read queries with it), fast path or not."""
+    expected = dict(parse_qsl(query, keep_blank_values=True))
+    assert query_params(query.encode("latin-1")) == expected
