@@ -254,7 +254,8 @@ MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
 SEQS_AT_SLICE = 500  # channels an OFFSETS "at" looks up in storage per turn of the reader
 # ... and it tries the broker's channels against its patterns this many a turn of the
 # event loop (~1 us each: ~6 ms a turn), so other clients' frames go between the turns
-# of a lookup over 100,000 channels (whole, 50,000 held the loop ~60 ms a request).
+# of a lookup over 100,000 channels (whole, 50,000 held the loop ~60 ms a request); so
+# does an OFFSETS without "at" whose wildcards meet more channels than this.
 OFFSETS_MATCH_SLICE = 5_000
 # OFFSETS with "at" being answered at once for one client (not an admin), over all its
 # connections; past it the request is refused at once, before any matching. Each costs

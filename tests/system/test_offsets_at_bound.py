@@ -124,3 +124,52 @@ def test_the_lookups_of_a_connection_that_goes_give_their_slots_back(broker):
         for peer in back:
             peer.close()
 
+
+
+def _ready_frames(peer: RawPeer) -> list[f.Frame]:
+    """The frames already arrived on ``peer``'s socket, without waiting for more."""
+    peer.sock.setblocking(False)
+    try:
+        while True:
+            try:
+                data = peer.sock.recv(65536)
+            except BlockingIOError:
+                break
+            if not data:
+                break
+            peer.reader.receive_data(data)
+    finally:
+        peer.sock.setblocking(True)
+    frames = []
+    while (ev := peer.reader.next_event()) is not None:
+        frames.append(ev)
+    return frames
+
+
+def test_plain_offsets_over_many_channels_are_matched_between_other_work(broker):
+    """OFFSETS with a wildcard (no ``at``) over more channels than one slice
+    (OFFSETS_MATCH_SLICE) are matched a slice a turn of the event loop, as those with
+    ``at``: another client's PING, sent once the first of 50 pipelined ones is
+    answered, is answered while the rest are still being matched (whole, each held the
+    loop for its whole match: 50 over 50,000 channels held every other client ~3.5 s,
+    and that PING came after the 50th answer). They are not refused per client (a
+    reader asks one at every batch); a connection takes 4 at a time. A pattern that
+    matches nothing still tries every channel: small answers, which arrive in the
+    order they are written."""
+    _make_channels(broker)
+    asker, pinger = _peers(broker, "plain", 1)[0], _peers(broker, "pinger", 1)[0]
+    try:
+        count = 50
+        asker.write(b"".join(f.encode(f.Offsets(req, ["nothing/*"]))
+                             for req in range(1, count + 1)))
+        assert asker.read() == f.Result(1, {})
+        pinger.write(f.encode(f.Ping(7)))
+        assert pinger.read() == f.Pong(7)
+        already = _ready_frames(asker)  # answers written before the PONG was
+        rest = [asker.read() for _ in range(count - 1 - len(already))]
+    finally:
+        asker.close()
+        pinger.close()
+    assert sorted(fr.req for fr in already + rest) == list(range(2, count + 1))
+    assert all(fr.value == {} for fr in already + rest)
+    assert len(already) < count - 1, "the PING waited for every OFFSETS match"

@@ -1410,8 +1410,8 @@ class BrokerServer:
 
     def offsets_at(self, session: Session, patterns: list[str], at: float,
                    limit: int | None) -> asyncio.Future[dict[str, list[int]]]:
-        """OFFSETS with ``at``: read rules checked now (refused here); then, in a task,
-        the channels matched a slice a turn of the loop and looked up in storage
+        """OFFSETS: read rules checked now (refused here); then, in a task, the channels
+        matched a slice a turn of the loop and, with ``at`` > 0, looked up in storage
         (``seqs_at``). Past ``limit`` channels matched, ``BadRequest`` before any
         lookup (None: the caller checks, a front merging every broker's part)."""
         found: dict[str, list[int]] = {}
@@ -1423,7 +1423,7 @@ class BrokerServer:
             if limit is not None and len(found) > limit:
                 raise BadRequest(f"the patterns match {len(found)} channels; one OFFSETS "
                                  f"answer lists at most {limit}: narrow the patterns")
-            return await self.seqs_at(found, at)
+            return await self.seqs_at(found, at) if at > 0 else found
 
         return asyncio.ensure_future(run())
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..auth.registry import Identity
 
 
-def _nothing() -> None:
+def nothing() -> None:
     pass
 
 
@@ -43,7 +43,7 @@ class ClientLookups:
         often it is called: on the answer, an error or a cancellation alike)."""
         client = None if caller is None or caller.admin else caller.client_id
         if client is None:
-            return _nothing
+            return nothing
         held = self.clients[client]
         if held >= self.per_client:
             oplog.client_bound(client, "OFFSETS lookups with at being answered",
