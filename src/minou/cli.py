@@ -1034,7 +1034,9 @@ def federation(conn: dict[str, Any], as_json: bool) -> None:
                        + (f", {p['skipped_loops']} loop(s) skipped" if p["skipped_loops"]
                           else "")
                        + (f", {p['dead_lettered']} dead-lettered" if p["dead_lettered"]
-                          else ""))
+                          else "")
+                       + (f", {p['refused_channels']} channel(s) refused there"
+                          if p.get("refused_channels") else ""))
             if p["last_error"]:
                 click.echo(f"       last error: {p['last_error']}")
 

@@ -244,6 +244,18 @@ RULES_CACHE_ENTRIES = 4_096
 # then one summary: a flood of bad logins costs a few lines, not a full disk.
 SECURITY_LOG_LINES = 20
 SECURITY_LOG_WINDOW_S = 10.0
+# A federation pipe's lines about what its destination refuses (a dead-lettered message,
+# a channel that waits): a destination refusing every message (a schema, a rule) wrote
+# one line per message, 5,000 lines for 5,000 messages. Per pipe at most this many per
+# window, then one count; `minou federation` counts them all.
+FEDERATION_LOG_LINES = 10
+FEDERATION_LOG_WINDOW_S = 60.0
+# Transactions a federation pipe staged on its destination and could not abort (the
+# connection was lost between STAGE and TXN_COMMIT): it aborts them on its next
+# connection, rather than have them hold the destination's staging room (its identity's
+# 128 MiB, MAX_STAGED_BYTES_PER_CLIENT) for STAGED_TTL_S. One per failed page; the
+# oldest beyond this many are left to expire.
+FEDERATION_ORPHANS_KEPT = 64
 
 # Amplification: what one small request may make the broker do.
 MAX_KEY_LENGTH = 256  # characters of a message key or a dedup key (kept in memory per key)

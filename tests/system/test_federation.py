@@ -152,7 +152,13 @@ def test_a_remote_that_refuses_the_link_is_reported_and_nothing_is_lost(tmp_path
         wait_until(lambda: "orders/v1/1" in status(eu)["links"][0]["pipes"][0]["last_error"],
                    timeout=30, what="the refusal reported")
         assert "may not write" in status(eu)["links"][0]["pipes"][0]["last_error"]
+        assert status(eu)["links"][0]["pipes"][0]["refused_channels"] == 1
         assert read_all(us, "orders/v1/1") == []
+        time.sleep(5.0)  # the channel is tried again after 1 s, then 2 s, then 4 s
+        # Logged once, not at each try (a rule refusing 10,000 channels wrote 10,000
+        # lines every 30 s).
+        refusals = [ln for ln in eu.output.splitlines() if "may not write" in ln]
+        assert len(refusals) == 1, refusals
         # The rule is fixed: everything crosses, once.
         config.write_text('broker_id = "us"\n[[rules]]\nclient = "*"\nread = ["*"]\n'
                           'write = ["*"]\n')
@@ -486,3 +492,95 @@ def test_reload_starts_and_stops_links(tmp_path):
     finally:
         eu.stop()
         us.stop()
+
+
+def test_a_message_or_channel_legal_here_but_not_there_stops_only_itself(tmp_path):
+    """Two things the source takes and the destination refuses for ever used to stop the
+    whole direction (BAD_REQUEST, retried with backoff for ever, every channel waiting):
+    a channel name of 190 characters (the link's transaction id went past 200) and a
+    message with 64 headers (the link adds two: 66, over MAX_HEADERS). Now the long
+    channel crosses, the message with 64 headers is dead-lettered here with the reason,
+    and the channels after them go on."""
+    us = start(tmp_path, "us")
+    eu = start(tmp_path, "eu", KEEP.replace("chat/v1", "orders/v1")
+               + link("eu-us", us.url, push=["orders/v1/*"]))
+    long_channel = "orders/v1/" + "x" * 190
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/a", 1)
+            shop.send(long_channel, 2)
+            shop.send("orders/v1/h", 3, headers={f"h{i}": "v" for i in range(64)})
+            shop.send("orders/v1/h", 4)
+            shop.send("orders/v1/z", 5)
+        wait_until(lambda: [m.payload for m in read_all(us, "orders/v1/z")] == [5],
+                   timeout=30, what="the last channel on the remote")
+        assert [m.payload for m in read_all(us, long_channel)] == [2]
+        assert [m.payload for m in read_all(us, "orders/v1/h")] == [4]
+        (dead,) = read_all(eu, "_dead/orders/v1/h")
+        assert dead.payload == 3 and dead.headers["x-dead-reason"] == "federation"
+        assert "66 headers" in dead.headers["x-dead-detail"]
+        (push,) = status(eu)["links"][0]["pipes"]
+        assert push["state"] == "up" and push["dead_lettered"] == 1
+        assert push["forwarded"] == 4 and push["lag_messages"] == 0
+    finally:
+        eu.stop()
+        us.stop()
+
+
+def test_a_destination_refusing_every_message_costs_a_few_log_lines(tmp_path):
+    """A destination whose schema refuses every message: each is dead-lettered here and
+    counted, but the log has at most FEDERATION_LOG_LINES lines about them (it had one
+    per message: 600 lines for 600 messages)."""
+    schema = '[channels."orders/v1"]\nschema = { type = "object", required = ["id"] }\n'
+    us = start(tmp_path, "us", schema)
+    eu = start(tmp_path, "eu", link("eu-us", us.url, push=["orders/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send_many([(f"orders/v1/{n % 3}", "not an order") for n in range(600)])
+        wait_until(lambda: status(eu)["links"][0]["pipes"][0]["dead_lettered"] == 600,
+                   timeout=120, interval=0.5, what="every message dead-lettered here")
+        assert sum(len(read_all(eu, f"_dead/orders/v1/{i}")) for i in range(3)) == 600
+        lines = [ln for ln in eu.output.splitlines() if "dead-lettered here" in ln]
+        assert 1 <= len(lines) <= 10, len(lines)  # limits.FEDERATION_LOG_LINES
+    finally:
+        eu.stop()
+        us.stop()
+
+
+def test_a_page_a_lost_connection_left_staged_is_aborted_on_the_next(tmp_path):
+    """The link's STAGE reaches the remote, its answer is lost and the connection is
+    cut before the commit: the page stays staged there (an hour, against the link
+    identity's 128 MiB of staging room: a link cut so a few dozen times an hour was then
+    refused QUEUE_FULL). The next connection aborts it: nothing stays staged, the
+    messages cross once, and the link counts it (orphans_dropped)."""
+    us = start(tmp_path, "us")
+    proxy = Proxy("127.0.0.1", us.port).start()
+    eu = start(tmp_path, "eu", KEEP.replace("chat/v1", "orders/v1")
+               + link("eu-us", proxy.url, push=["orders/v1/*"]))
+
+    def transactions() -> dict[str, Any]:
+        import minou
+
+        with minou.connect_sync(us.url, **us.admin_auth()) as admin:
+            return admin.admin("status")["transactions"]
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send("orders/v1/a", 1)
+            wait_until(lambda: len(read_all(us, "orders/v1/a")) == 1, timeout=30,
+                       what="the first message on the remote")
+            proxy.replies_lost = True  # the remote's answers go nowhere from now
+            shop.send_many([("orders/v1/a", n) for n in range(2, 12)])
+        wait_until(lambda: transactions()["staged"] == 1, timeout=30,
+                   what="the link's page staged on the remote")
+        proxy.replies_lost = False
+        proxy.cut()
+        wait_until(lambda: len(read_all(us, "orders/v1/a")) == 11, timeout=60,
+                   what="the page carried on the next connection")
+        assert [m.payload for m in read_all(us, "orders/v1/a")] == list(range(1, 12))
+        assert transactions()["staged"] == 0
+        (push,) = status(eu)["links"][0]["pipes"]
+        assert push["orphans_dropped"] == 1
+    finally:
+        eu.stop()
+        us.stop()
+        proxy.close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import random
 import secrets
@@ -41,7 +42,14 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..errors import ErrorCode, MinouError, RequestError
+from ..errors import BadRequest, ErrorCode, MinouError, RequestError
+from ..limits import (
+    FEDERATION_LOG_LINES,
+    FEDERATION_LOG_WINDOW_S,
+    FEDERATION_ORPHANS_KEPT,
+    MAX_HEADER_SIZE,
+    MAX_HEADERS,
+)
 from ..names import FEDERATED_FROM, FEDERATED_SEQ, dead_letter_channel
 from ..protocol import frames as f
 from .front import ADOPT
@@ -70,6 +78,9 @@ RATE_WINDOW_S = 10.0  # the window of a direction's rate
 # the error is history by then (the log keeps it), and a dashboard shows what is wrong.
 ERROR_KEPT_S = 300.0
 CLOSE_S = 2.0  # a pipe's connections get this long to close (the broker is stopping)
+# A channel name as long as MAX_CHANNEL_LENGTH made a transaction id past MAX_TXN_ID (200):
+# longer names go into it as a digest.
+TXN_CHANNEL_CHARS = 80
 
 
 @dataclass
@@ -84,6 +95,8 @@ class PipeStatus:
     forwarded: int = 0
     skipped_loops: int = 0
     dead_lettered: int = 0
+    refused_channels: int = 0  # channels waiting now on a refusal of the destination
+    orphans_dropped: int = 0  # pages left staged there by a lost connection, aborted later
     lag_messages: int = 0
     lag_seconds: float = 0.0
     channels: int = 0
@@ -111,6 +124,32 @@ class PipeStatus:
                 if not k.startswith("_")}
 
 
+class _LogBudget:
+    """A pipe's lines about refusals: at most FEDERATION_LOG_LINES per
+    FEDERATION_LOG_WINDOW_S, then one line counting the rest (a destination refusing
+    every message must not write a line per message)."""
+
+    def __init__(self, pipe: str) -> None:
+        self.pipe = pipe
+        self.window_start = 0.0
+        self.lines = 0
+        self.suppressed = 0
+
+    def allow(self, now: float) -> bool:
+        if now - self.window_start >= FEDERATION_LOG_WINDOW_S:
+            if self.suppressed:
+                log.warning("federation %s: %d more refusal(s) by the destination in the "
+                            "last %.0f s, not logged one by one (minou federation counts "
+                            "them: dead_lettered, refused_channels)", self.pipe,
+                            self.suppressed, now - self.window_start)
+            self.window_start, self.lines, self.suppressed = now, 0, 0
+        if self.lines < FEDERATION_LOG_LINES:
+            self.lines += 1
+            return True
+        self.suppressed += 1
+        return False
+
+
 class Pipe:
     """One direction of a link (see the module docstring)."""
 
@@ -124,6 +163,10 @@ class Pipe:
         self.group = f"federation:{link.name}:{direction}"
         self._task: asyncio.Task[None] | None = None
         self._long_poll = True  # the source answers channels.wait (else: poll)
+        # Transactions staged on the destination whose connection was lost before they
+        # were committed or aborted: aborted on the next connection.
+        self._orphans: deque[str] = deque(maxlen=FEDERATION_ORPHANS_KEPT)
+        self._log_budget = _LogBudget(f"{link.name} ({direction})")
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"minou-{self.writer}")
@@ -195,8 +238,10 @@ class Pipe:
                                "broker_id (x-federated-from tells where a message began)")
         patterns = list(self.status.patterns)
         fences = (await dest.admin("txn.fences", writer_id=self.writer))["fences"]
+        await self._drop_orphans(dest)
         positions: dict[str, int] = {}  # source channel -> next seq to send
         blocked: dict[str, tuple[float, float]] = {}  # refused there: (retry at, wait)
+        refusals: dict[str, str] = {}  # channel refused there -> the refusal last logged
         self._set("up")
         idle = POLL_MIN_S
         json_patterns = msgspec.json.encode(patterns).decode()
@@ -220,6 +265,7 @@ class Pipe:
                                                                    positions, origin, avoid):
                         moved = True
                     blocked.pop(ch, None)
+                    refusals.pop(ch, None)
                 except RequestError as exc:
                     if _overtaken(exc):
                         # Another runner of this link (one that lost its turn, or took it
@@ -240,8 +286,15 @@ class Pipe:
                     blocked[ch] = (now + wait, wait)
                     self.status.last_error = f"{self._dest(ch)}: {exc.message}"
                     self.status.last_error_at = time.time()
-                    log.warning("federation %s (%s): %s", self.link.name, self.direction,
-                                self.status.last_error)
+                    # Once per channel and refusal, not at every retry: a rule refusing
+                    # 10,000 channels wrote 10,000 lines every 30 s.
+                    if refusals.get(ch) != exc.message and \
+                            self._log_budget.allow(time.monotonic()):
+                        log.warning("federation %s (%s): %s; this channel waits and is "
+                                    "tried again, the others go on", self.link.name,
+                                    self.direction, self.status.last_error)
+                    refusals[ch] = exc.message
+            self.status.refused_channels = len(blocked)
             self._lag(offsets, positions)
             if not blocked:
                 self.status.healthy(time.time())
@@ -293,7 +346,7 @@ class Pipe:
             positions[ch] = max(positions[ch], page.next_seq)
             return False
         sends: list[f.Send] = []
-        for m in msgs:
+        for i, m in enumerate(msgs):
             headers = dict(m.headers or {})
             first = headers.get(FEDERATED_FROM)
             if first is not None and first == avoid:
@@ -301,6 +354,17 @@ class Pipe:
                 continue
             headers.setdefault(FEDERATED_FROM, origin)
             headers[FEDERATED_SEQ] = f"{m.channel}:{m.seq}"
+            over = _headers_over(headers)
+            if over:
+                if i:  # the page ends before it: its turn comes in order, alone
+                    msgs = msgs[:i]
+                    break
+                # Legal here, refused there for ever (BAD_REQUEST stopped the whole
+                # direction): dead-lettered here, as a refused payload is.
+                await self._dead_letter(self._local(source, dest), m, BadRequest(over))
+                positions[ch] = m.seq + 1
+                await source.set_position(self.group, {ch: m.seq + 1})
+                return True
             sends.append(f.Send(self._dest(ch), m.data, m.raw, headers, m.priority, None,
                                 None, None, m.key))
         last = msgs[-1].seq
@@ -329,23 +393,51 @@ class Pipe:
     async def _commit_once(self, dest: Any, ch: str, sends: list[f.Send], batch_id: int,
                            after: int) -> None:
         # A new id each try: what an earlier try left staged (a cut before its commit)
-        # is never committed with it, and expires on its own.
-        txn = f"{self.writer}:{ch}:{batch_id}:{secrets.token_hex(4)}"
+        # is never committed with it.
+        txn = f"{self.writer}:{_txn_channel(ch)}:{batch_id}:{secrets.token_hex(4)}"
         try:
             await dest.stage_sends(txn, sends)
             await dest.commit_transactions(self.writer, batch_id, [txn], lineage=self.writer,
                                            after=after)
         except RequestError:
             # Drop what it staged: left there, failed tries (a full disk for an hour)
-            # would hold the destination's staging room until they expire. A lost
-            # connection cannot abort: its one page expires on its own.
-            with contextlib.suppress(MinouError, OSError, TimeoutError):
+            # would hold the destination's staging room until they expire.
+            try:
                 await asyncio.wait_for(dest.abort_transactions([txn]), CLOSE_S)
+            except (MinouError, OSError, TimeoutError):
+                self._orphans.append(txn)
             raise
+        except BaseException:
+            # The connection was lost (or the pipe stopped) between STAGE and the commit's
+            # answer: the page may be staged there, held for an hour. The next connection
+            # aborts it (a commit that did land is not undone: nothing is staged then).
+            self._orphans.append(txn)
+            raise
+
+    async def _drop_orphans(self, dest: Any) -> None:
+        """Abort what earlier connections left staged on the destination."""
+        if not self._orphans:
+            return
+        txns = list(self._orphans)
+        try:
+            dropped = await dest.abort_transactions(txns)
+        except RequestError as exc:  # refused: they expire on their own (STAGED_TTL_S)
+            log.warning("federation %s (%s): could not abort %d page(s) left staged on the "
+                        "destination (they expire there in an hour): %s", self.link.name,
+                        self.direction, len(txns), exc.message)
+            dropped = 0
+        self._orphans.clear()
+        self.status.orphans_dropped += dropped
+        if dropped:
+            log.info("federation %s (%s): aborted %d page(s) a lost connection left staged "
+                     "on the destination", self.link.name, self.direction, dropped)
+
+    def _local(self, source: Any, dest: Any) -> Any:
+        return source if self.direction == "push" else dest
 
     async def _one_by_one(self, source: Any, dest: Any, ch: str, sends: list[f.Send],
                           msgs: list[Any], after: int) -> None:
-        local = source if self.direction == "push" else dest
+        local = self._local(source, dest)
         by_seq = {f"{m.channel}:{m.seq}": m for m in msgs}
         for send in sends:
             key = (send.headers or {})[FEDERATED_SEQ]
@@ -374,9 +466,10 @@ class Pipe:
         if (kept or {}).get("already"):
             return  # kept before this pipe read the page again
         self.status.dead_lettered += 1
-        log.warning("federation %s (%s): %s seq %d refused by the destination, "
-                    "dead-lettered here: %s", self.link.name, self.direction, msg.channel,
-                    msg.seq, exc.message)
+        if self._log_budget.allow(time.monotonic()):
+            log.warning("federation %s (%s): %s seq %d refused by the destination, "
+                        "dead-lettered here: %s", self.link.name, self.direction,
+                        msg.channel, msg.seq, exc.message)
 
     def _lag(self, offsets: dict[str, tuple[int, int]], positions: dict[str, int]) -> None:
         self.status.sample(time.monotonic())
@@ -394,6 +487,26 @@ def _theirs(exc: RequestError) -> bool:
                              int(ErrorCode.MESSAGE_TOO_LARGE))
 
 
+def _headers_over(headers: dict[str, str]) -> str:
+    """Why the destination would refuse these headers (the two the link adds may take a
+    message past MAX_HEADERS or MAX_HEADER_SIZE), or ""."""
+    if len(headers) > MAX_HEADERS:
+        return (f"{len(headers)} headers with the link's {FEDERATED_FROM} and "
+                f"{FEDERATED_SEQ}, the limit is {MAX_HEADERS}")
+    size = sum(map(len, headers)) + sum(map(len, headers.values()))
+    if size > MAX_HEADER_SIZE:
+        return (f"headers of {size} bytes with the link's {FEDERATED_FROM} and "
+                f"{FEDERATED_SEQ}, over the {MAX_HEADER_SIZE} byte limit")
+    return ""
+
+
+def _txn_channel(channel: str) -> str:
+    """``channel`` in a transaction id: as it is, or a digest when it is long."""
+    if len(channel) <= TXN_CHANNEL_CHARS:
+        return channel
+    return "~" + hashlib.blake2s(channel.encode(), digest_size=8).hexdigest()
+
+
 def _overtaken(exc: RequestError) -> bool:
     """Another runner of the link committed part of the page (``detail.fence``)."""
     return int(exc.code) == int(ErrorCode.OUT_OF_SEQUENCE)
@@ -401,9 +514,10 @@ def _overtaken(exc: RequestError) -> bool:
 
 def _refused_here(exc: RequestError) -> bool:
     """A refusal about one channel at the destination (a rule, a reservation, a full
-    queue): that channel waits, the others go on."""
+    queue, a request it cannot take for that channel): that channel waits, the others go
+    on. (A BAD_REQUEST stopped the whole direction: every channel waited on one.)"""
     return int(exc.code) in (int(ErrorCode.NOT_AUTHORIZED), int(ErrorCode.QUEUE_FULL),
-                             int(ErrorCode.INVALID_CHANNEL))
+                             int(ErrorCode.INVALID_CHANNEL), int(ErrorCode.BAD_REQUEST))
 
 
 class Remote:

@@ -235,6 +235,14 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
                                              labels=labels),
         "rate": GaugeMetricFamily("minou_federation_rate", "Messages carried per second "
                                   "over the last 10 s.", labels=labels),
+        "refused_channels": GaugeMetricFamily("minou_federation_refused_channels",
+                                              "Channels waiting on a refusal of the "
+                                              "destination (a rule, a full queue).",
+                                              labels=labels),
+        "orphans_dropped": CounterMetricFamily("minou_federation_orphans_dropped",
+                                               "Pages a lost connection left staged on the "
+                                               "destination, aborted on the next one.",
+                                               labels=labels),
         "errors": GaugeMetricFamily("minou_federation_error", "1 while the link's last "
                                     "attempt failed (its text: minou federation).",
                                     labels=labels),
@@ -244,7 +252,7 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
         families["up"].add_metric(key, 1.0 if p.get("state") == "up" else 0.0)
         families["errors"].add_metric(key, 1.0 if p.get("state") == "retrying" else 0.0)
         for name in ("forwarded", "lag_messages", "lag_seconds", "skipped_loops",
-                     "dead_lettered", "rate"):
+                     "dead_lettered", "rate", "refused_channels", "orphans_dropped"):
             families[name].add_metric(key, float(p.get(name, 0) or 0))
     yield from families.values()
 
