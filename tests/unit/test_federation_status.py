@@ -28,3 +28,19 @@ def test_the_rate_is_what_was_carried_over_the_last_window() -> None:
     st.forwarded = 600
     st.sample(RATE_WINDOW_S + 10.0)  # the first sample left the window
     assert st.rate == (600 - 500) / (RATE_WINDOW_S + 5.0)
+
+
+def test_backoff_doubles_while_tries_fail_and_starts_again_after_a_long_run() -> None:
+    from minou.server.federation import BACKOFF_MAX_S, BACKOFF_MIN_S, BACKOFF_RESET_S, Backoff
+
+    b = Backoff()
+    waits = [b.failed(0.0) for _ in range(8)]
+    assert waits[:3] == [BACKOFF_MIN_S, BACKOFF_MIN_S * 2, BACKOFF_MIN_S * 4]
+    assert waits[-1] == BACKOFF_MAX_S and max(waits) == BACKOFF_MAX_S
+    # Up a short while, then down again: still backing off.
+    assert b.failed(BACKOFF_RESET_S - 1) == BACKOFF_MAX_S
+    # Up long enough: the next cut is retried at once again, then doubles anew.
+    assert b.failed(BACKOFF_RESET_S) == BACKOFF_MIN_S
+    assert b.failed(0.0) == BACKOFF_MIN_S * 2
+    b.ended()
+    assert b.failed(0.0) == BACKOFF_MIN_S

@@ -72,6 +72,30 @@ WAIT_S = 1.0  # a pipe's long poll (channels.wait) on an idle source
 LINKS_QUEUE = "_federation/v1"
 ELSEWHERE_S = 2.0
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
+# A link up this long before it fails starts its backoff again (it doubled for ever: a
+# link that had failed six times in its life waited 15-30 s at every later cut, and
+# took 50 s to catch up after a minute's outage).
+BACKOFF_RESET_S = 30.0
+
+
+class Backoff:
+    """The wait before a pipe's next try: doubling from BACKOFF_MIN_S up to BACKOFF_MAX_S
+    while tries fail, from the start again once the link had stayed up BACKOFF_RESET_S
+    (the caller adds jitter)."""
+
+    def __init__(self) -> None:
+        self.next = BACKOFF_MIN_S
+
+    def failed(self, up_for: float) -> float:
+        """A try failed after the link was up ``up_for`` seconds (0: never up)."""
+        if up_for >= BACKOFF_RESET_S:
+            self.next = BACKOFF_MIN_S
+        wait, self.next = self.next, min(self.next * 2, BACKOFF_MAX_S)
+        return wait
+
+    def ended(self) -> None:
+        """A session ended without failing."""
+        self.next = BACKOFF_MIN_S
 REQUEST_TIMEOUT_S = 30.0
 RATE_WINDOW_S = 10.0  # the window of a direction's rate
 # A direction up this long since its last error, no channel of it refused, shows none:
@@ -167,6 +191,7 @@ class Pipe:
         # were committed or aborted: aborted on the next connection.
         self._orphans: deque[str] = deque(maxlen=FEDERATION_ORPHANS_KEPT)
         self._log_budget = _LogBudget(f"{link.name} ({direction})")
+        self._up_since = 0.0  # monotonic time the pipe last went up
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"minou-{self.writer}")
@@ -187,9 +212,11 @@ class Pipe:
     def _set(self, state: str) -> None:
         if self.status.state != state:
             self.status.state, self.status.since = state, time.time()
+            if state == "up":
+                self._up_since = time.monotonic()
 
     async def _run(self) -> None:
-        backoff = BACKOFF_MIN_S
+        backoff = Backoff()
         while True:
             try:
                 await self._session()
@@ -202,11 +229,12 @@ class Pipe:
                     log.warning("federation %s (%s): %s; retrying", self.link.name,
                                 self.direction, text)
                 self.status.last_error, self.status.last_error_at = text, time.time()
+                up_for = time.monotonic() - self._up_since if self.status.state == "up" \
+                    else 0.0
                 self._set("retrying")
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await asyncio.sleep(backoff.failed(up_for) * random.uniform(0.5, 1.0))
                 continue
-            backoff = BACKOFF_MIN_S
+            backoff.ended()
 
     async def _session(self) -> None:
         while not await self._runs_here():
