@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -304,8 +305,9 @@ def stream_drain(spark: Any, args: Args) -> dict[str, Any]:
 def stream_kill(spark: Any, args: Args) -> dict[str, Any]:
     """A processingTime query from ``channels`` into the sink while the driver publishes
     ``rounds`` rounds of ``per_round`` messages per channel. While a batch's tasks run on
-    both executors (and more wait), the driver asks pytest to kill -9 a worker (writes
-    ``kill_request``, waits for ``kill_done``), then publishes the rest. Stops once every
+    both executors (and more wait), the driver stops the worker's process group
+    (SIGSTOP of ``victim_pgid``) and asks pytest to kill -9 it (writes ``kill_request``,
+    waits for ``kill_done``), then publishes the rest. Stops once every
     message is in the sink and the source has nothing left."""
     opts = connector_options(spark, args)
     channels, rounds, per_round = args["channels"], args["rounds"], args["per_round"]
@@ -336,6 +338,9 @@ def stream_kill(spark: Any, args: Args) -> dict[str, Any]:
             return False
 
         wait_for("a stage with both executors busy", busy, limit, query)
+        # Frozen at once, so the task it runs cannot end before pytest's kill lands (on
+        # a loaded machine it sometimes did: the kill then hit an idle executor).
+        os.killpg(int(args["victim_pgid"]), signal.SIGSTOP)
         Path(args["kill_request"]).write_text(json.dumps(kill))
         say(f"asking for the kill: {kill}")
         wait_for("the worker's kill", lambda: Path(args["kill_done"]).exists(), 30)

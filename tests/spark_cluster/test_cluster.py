@@ -213,7 +213,8 @@ def test_stream_survives_a_killed_worker(spark_cluster: SparkCluster, run_driver
             **job_args, "auth": AUTH, "pattern": f"{ep}/v1/*", "channels": chans,
             "out": out, "writer_id": f"w-{ep}", "rounds": 4, "per_round": 1250,
             "per_batch": 4000, "per_partition": 250, "trigger": "500 milliseconds",
-            "kill_request": str(request), "kill_done": str(done)}, 200)
+            "kill_request": str(request), "kill_done": str(done),
+            "victim_pgid": victim.pid}, 200)  # its own session: the group is its pid
     finally:
         stop.set()
         thread.join(10)
