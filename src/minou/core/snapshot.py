@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .dedup import DedupRows
 from .group import GroupDef
 from .stream_ids import parse_point_key
 
@@ -31,7 +32,8 @@ class Snapshot:
     specials: list[tuple[str, int, int, float | None]] = field(default_factory=list)
     groups: list[GroupDef] = field(default_factory=list)
     group_states: list[tuple[str, str, int, bytes]] = field(default_factory=list)
-    dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    # (channel, key, expires_at, seq, id); SQLite gives them as compact columns
+    dedup: list[tuple[str, str, float, int, str]] | DedupRows = field(default_factory=list)
     clients: list[bytes] = field(default_factory=list)  # encoded auth.registry.ClientRecord
     credentials: list[bytes] = field(default_factory=list)  # encoded auth.credentials.Credential
     reservations: dict[str, str] = field(default_factory=dict)  # exclusive channel -> owner

@@ -36,6 +36,7 @@ from urllib.request import pathname2url
 
 import msgspec
 
+from ..core.dedup import DedupRows
 from ..core.group import GroupDef
 from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ..core.snapshot import ChannelRecord, Snapshot
@@ -59,6 +60,9 @@ SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room e
 RESERVE_FILE = "minou.reserve"
 log = logging.getLogger("minou.storage")
 _T = TypeVar("_T")
+# Dedup rows read at once at a start before they go into columns (core/dedup.DedupRows):
+# ~10 MB of tuples at most (256-character keys), then freed.
+DEDUP_READ_PAGE = 16_384
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
@@ -349,12 +353,7 @@ class SQLiteStorage:
         snap.group_states = [
             tuple(r) for r in db.execute("SELECT grp, channel, floor, state FROM group_states")
         ]  # type: ignore[misc]
-        snap.dedup = [
-            tuple(r)
-            for r in db.execute(
-                "SELECT channel, key, expires_at, seq, id FROM dedup WHERE expires_at > ?", (now,)
-            )
-        ]  # type: ignore[misc]
+        snap.dedup = self._dedup(db, now)
         snap.clients = [body for (body,) in db.execute("SELECT record FROM clients")]
         snap.credentials = [body for (body,) in db.execute("SELECT record FROM credentials")]
         snap.reservations = dict(db.execute("SELECT channel, owner FROM reservations"))
@@ -373,6 +372,17 @@ class SQLiteStorage:
             "SELECT client, producer, channel, last, run_pseq, run_last, run_seq, id_hash, "
             "used, refused FROM producers")]
         return snap
+
+    @staticmethod
+    def _dedup(db: sqlite3.Connection, now: float) -> DedupRows:
+        """The unexpired dedup entries, read a page at a time into columns: as a list of
+        tuples, MAX_DEDUP_KEYS of them held ~1.1 GB at a start (core/dedup.py)."""
+        rows = DedupRows()
+        cur = db.execute("SELECT channel, key, expires_at, seq, id FROM dedup "
+                         "WHERE expires_at > ? ORDER BY channel, key", (now,))
+        while page := cur.fetchmany(DEDUP_READ_PAGE):
+            rows.extend(page)
+        return rows
 
     def _cid(self, db: sqlite3.Connection, name: str, next_seq: int) -> int:
         cid = self._cids.get(name)
