@@ -16,8 +16,10 @@ Cases:
             running (core/dedup.py); the stored rows are read back at a start.
 ``staged``  two clients each staging 120 MiB (MAX_STAGED_BYTES_PER_CLIENT is 128 MiB,
             MAX_STAGED_BYTES 256 MiB) in 64 KiB messages: held in memory running too.
-``groups``  ``--groups`` durable listeners on ``--channels`` channels, each listener
-            reading one channel: a restart attaches every group to what it reads.
+``groups``  ``--groups`` durable listeners (MAX_GROUPS is 20,000) on ``--channels``
+            channels (DEFAULT_MAX_CHANNELS 100,000), each reading one channel: a restart
+            attaches every group to the channels it reads and were made after its last
+            save.
 """
 
 from __future__ import annotations
@@ -76,9 +78,11 @@ async def fill_groups(url: str, groups: int, channels: int) -> None:
         for start in range(0, channels, BATCH):
             await c.send_many([(f"bench/v1/g{i}", 1)
                                for i in range(start, min(start + BATCH, channels))])
-        for g in range(groups):
-            sub = await c.listen(f"bench/v1/g{g % channels}", name=f"l{g}")
-            await sub.close()
+    for first in range(0, groups, 2_000):  # MAX_GROUPS_PER_CLIENT
+        async with await connect(url, f"bench-listener-{first}") as c:
+            for g in range(first, min(first + 2_000, groups)):
+                sub = await c.listen(f"bench/v1/g{g % channels}", name=f"l{g}")
+                await sub.close()
 
 
 # ------------------------------------------------------------------ restart
@@ -86,7 +90,7 @@ async def first_publish(url: str, deadline: float) -> None:
     while True:
         try:
             async with await connect(url) as c:
-                await c.send("bench/v1/first", 1)
+                await c.send("bench/v1/g0", 1)  # one that exists: channels may be full
                 return
         except (OSError, minou.MinouError):
             if time.monotonic() > deadline:

@@ -128,15 +128,25 @@ class Restorer:
 
     def _attach_unsaved(self, logs: list[ChannelLog], now: float) -> dict[Group, None]:
         """Channels created after a group's last save: the group reads them from their
-        first seq."""
+        first seq. The groups reading a channel are looked up by its ``match_keys``:
+        trying every group against every channel took 20,000 groups x 100,000 channels
+        (their bounds) = 2e9 checks at each start. Attached in the order that did."""
         state = self.state
+        rank: dict[Group, int] = {}
+        reading: dict[str, list[Group]] = {}  # pattern prefix -> the groups with it
+        for i, grp in enumerate(state.groups.values()):
+            rank[grp] = i
+            for prefix in grp.prefixes:
+                reading.setdefault(prefix, []).append(grp)
+        found: list[tuple[int, int, Group, ChannelLog]] = []
+        for j, log in enumerate(logs):
+            groups = {grp for key in match_keys(log.name) for grp in reading.get(key, ())}
+            found += [(rank[grp], j, grp, log) for grp in groups if log.name not in grp.gcs]
+        found.sort(key=lambda f: f[:2])
         touched: dict[Group, None] = {}
-        keyed = [(log, match_keys(log.name)) for log in logs]
-        for grp in state.groups.values():
-            for log, keys in keyed:
-                if log.name not in grp.gcs and grp.matches_keys(keys):
-                    state.attach(grp, log, log.first_seq, now)
-                    touched[grp] = None
+        for _, _, grp, log in found:
+            state.attach(grp, log, log.first_seq, now)
+            touched[grp] = None
         return touched
 
     def migrate_listen_keys(self, registered: Iterable[str]) -> dict[str, str]:
