@@ -58,8 +58,10 @@ class Msg(msgspec.Struct, array_like=True, gc=False):
         if self.headers is None and self.key is None:  # the common case, kept short
             return len(self.data) + 280
         size = len(self.data) + 280
-        if self.headers:
-            size += 240 + sum(len(k) + len(v) + 140 for k, v in self.headers.items())
+        headers = self.headers
+        if headers:  # (summed with map: a generator over the items cost twice as much)
+            size += 240 + 140 * len(headers) + sum(map(len, headers)) + \
+                sum(map(len, headers.values()))
         if self.key:
             size += len(self.key) + 50
         return size
@@ -79,9 +81,10 @@ def read_weight(m: Msg) -> int:
     plus READ_WEIGHT_BASE. Pages stop at STORAGE_READ_BYTES of it, so one page (and one
     more message at most) fits a frame whatever the messages carry. Storage inlines
     the same sum (keep them equal)."""
-    if m.headers:
-        return len(m.data) + READ_WEIGHT_BASE + sum(
-            len(k) + len(v) + 8 for k, v in m.headers.items())
+    headers = m.headers
+    if headers:
+        return len(m.data) + READ_WEIGHT_BASE + 8 * len(headers) + \
+            sum(map(len, headers)) + sum(map(len, headers.values()))
     return len(m.data) + READ_WEIGHT_BASE
 
 
@@ -93,7 +96,9 @@ def held_weight(m: Msg) -> int:
     (keep them equal). Weighed by read_weight alone (a wire measure: it cuts pages),
     1-byte messages with 64 headers counted 1/8 of their Msg.size, so the bounds let
     8 x as many of them be held."""
-    return max(read_weight(m), m.size())
+    if m.headers:  # a header adds 140 B to size, 8 to read_weight: size is the larger
+        return m.size()
+    return max(len(m.data) + READ_WEIGHT_BASE, m.size())
 
 
 def page_end(msgs: list[Msg], limit: int, max_bytes: int | None, upto: int) -> int:
