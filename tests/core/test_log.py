@@ -7,7 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minou.core.broker import Session
-from minou.core.log import GONE, MISSING, READ_WEIGHT_BASE, ChannelLog, Msg, page_end, read_weight
+from minou.core.log import (
+    GONE,
+    MISSING,
+    READ_WEIGHT_BASE,
+    ChannelLog,
+    Msg,
+    held_weight,
+    page_end,
+    read_weight,
+)
 
 from .helpers import Harness, send
 
@@ -207,6 +216,19 @@ def test_read_weight_is_payload_headers_and_a_base() -> None:
     assert read_weight(_m(1, 100)) == 100 + READ_WEIGHT_BASE
     assert read_weight(_m(1, 0, {"ab": "cde", "f": ""})) == \
         READ_WEIGHT_BASE + (2 + 3 + 8) + (1 + 0 + 8)
+
+
+def test_held_weight_is_the_memory_of_headers_and_key_and_never_less_than_read_weight(
+) -> None:
+    headers = {"ab": "cde", "f": ""}
+    with_headers = _m(1, 10, headers)
+    assert held_weight(with_headers) == with_headers.size() == \
+        10 + 280 + 240 + (2 + 3 + 140) + (1 + 0 + 140)
+    assert held_weight(with_headers) > read_weight(with_headers)
+    short_key = Msg("orders/v1/1", 2, "id-2", b"x" * 10, key="k")  # size 341 < 522
+    assert held_weight(short_key) == 10 + READ_WEIGHT_BASE
+    long_key = Msg("orders/v1/1", 3, "id-3", b"x" * 10, key="k" * 300)
+    assert held_weight(long_key) == long_key.size() == 10 + 280 + 300 + 50
 
 
 def test_page_end_says_where_the_next_page_starts() -> None:
