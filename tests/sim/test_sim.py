@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from minou.core.group import Group, GroupChannel
+from minou.core.group import BURST_BYTES, Group, GroupChannel, Subscription
 from minou.core.rights import Rights
 from minou.core.settlement import Settlement
 from minou.server.delivery_budget import DeliveryBudget
@@ -220,6 +220,20 @@ def test_catches_a_delivery_budget_that_never_pauses_a_writer(
     the tick's recount does): readers that stop pile up more than the budget allows."""
     planted.setattr(DeliveryBudget, "note", lambda self, holder, buffered, limit: False)
     assert _first_failure(200).violation.name == "delivery_budget"  # type: ignore[union-attr]
+
+
+def test_catches_in_flight_bounds_that_never_stop_a_member(
+        planted: pytest.MonkeyPatch) -> None:
+    """A subscription's credit without its in-flight check (``InFlightBytes.stops``,
+    inlined in ``Subscription.credit``, the one gate deliveries pass): members take past
+    their share and their own bound."""
+    def credit(self: Subscription) -> int:
+        if self.paused or not self.active or self.burst >= BURST_BYTES:
+            return 0
+        return self.prefetch - self.unsettled
+
+    planted.setattr(Subscription, "credit", property(credit))
+    assert _first_failure(100).violation.name == "in_flight_bytes"  # type: ignore[union-attr]
 
 
 def test_catches_a_redelivery_before_its_attempt_count_is_stored(
