@@ -584,3 +584,37 @@ def test_a_page_a_lost_connection_left_staged_is_aborted_on_the_next(tmp_path):
         eu.stop()
         us.stop()
         proxy.close()
+
+
+def test_a_push_direction_down_goes_on_counting_its_lag(tmp_path):
+    """While the remote is gone the direction is retrying, and its lag (status, metrics)
+    grows with what is published meanwhile, instead of freezing at the last connected
+    figure; it falls back to 0 once the remote is back and everything crossed."""
+    us = start(tmp_path, "us")
+    eu = start(tmp_path, "eu", KEEP + link("eu-us", us.url, push=["chat/v1/*"]))
+    try:
+        with eu.connect_sync("shop") as shop:
+            shop.send_many([("chat/v1/a", n) for n in range(5)])
+            wait_until(lambda: len(read_all(us, "chat/v1/a")) == 5, timeout=60,
+                       what="the first messages across")
+            us.kill()
+            shop.send_many([("chat/v1/a", n) for n in range(5, 25)])
+            wait_until(lambda: status(eu)["links"][0]["pipes"][0]["state"] == "retrying",
+                       timeout=60, what="the direction to notice the remote is gone")
+            shop.send_many([("chat/v1/a", n) for n in range(25, 35)])  # while it is down
+        time.sleep(1.0)
+        push = status(eu)["links"][0]["pipes"][0]
+        assert push["state"] == "retrying" and push["lag_messages"] == 30, push
+        assert push["lag_seconds"] >= 1.0, push
+        key = keyfiles.load_private(eu.admin_key)
+        admin = {"Authorization": f"Bearer {make_token('admin', key, 'eu', ttl=600)}"}
+        metrics = httpx.get(eu.http + "/metrics", headers=admin, timeout=30).text
+        assert 'minou_federation_lag_messages{direction="push",link="eu-us"} 30.0' in metrics
+        us.start()
+        wait_until(lambda: len(read_all(us, "chat/v1/a")) == 35, timeout=120,
+                   what="the rest across once the remote is back")
+        wait_until(lambda: status(eu)["links"][0]["pipes"][0]["lag_messages"] == 0,
+                   timeout=60, what="the lag back to 0")
+    finally:
+        eu.stop()
+        us.stop()

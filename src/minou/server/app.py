@@ -1367,8 +1367,7 @@ class BrokerServer:
             "schema_refused": dict(self.core.schema_refusals),
             "channels": channels,
             "groups": [self.core.group_stats(g, now) for g in self.core.groups.values()],
-            "federation": [p.status.view() for ps in self.federation.pipes.values()
-                           for p in ps],
+            "federation": self.federation.pipe_views(),
         }
 
     async def render_metrics(self) -> bytes:

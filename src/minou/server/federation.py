@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..core.log import Msg
 from ..errors import BadRequest, ErrorCode, MinouError, RequestError
 from ..limits import (
     FEDERATION_LOG_LINES,
@@ -50,7 +51,7 @@ from ..limits import (
     MAX_HEADER_SIZE,
     MAX_HEADERS,
 )
-from ..names import FEDERATED_FROM, FEDERATED_SEQ, dead_letter_channel
+from ..names import FEDERATED_FROM, FEDERATED_SEQ, consume_group_key, dead_letter_channel
 from ..protocol import frames as f
 from .front import ADOPT
 from .kv import woken
@@ -499,6 +500,30 @@ class Pipe:
                         "dead-lettered here: %s", self.link.name, self.direction,
                         msg.channel, msg.seq, exc.message)
 
+    def lag_while_down(self) -> None:
+        """A push direction that is not carrying: its lag from this broker's own group
+        (what the link has positioned, against what its channels hold now), so that the
+        status and metrics go on growing through an outage instead of freezing at the
+        last connected figure. Channels first made during the outage count once the
+        link is back (the group names only those it has positioned)."""
+        if self.direction != "push" or self.status.state in ("up", "elsewhere", "stopped"):
+            return
+        group = self.server.core.state.groups.get(consume_group_key(self.group))
+        if group is None:
+            return
+        behind, oldest = 0, None
+        for gc in group.gcs.values():
+            log_ = gc.log
+            waiting = log_.end - max(gc.floor, log_.first_seq)
+            if waiting > 0:
+                behind += waiting
+                first = log_.lookup(max(gc.floor, log_.first_seq))
+                if isinstance(first, Msg) and (oldest is None or first.published_at < oldest):
+                    oldest = first.published_at
+        self.status.lag_messages = behind
+        if oldest is not None:
+            self.status.lag_seconds = max(self.status.lag_seconds, time.time() - oldest)
+
     def _lag(self, offsets: dict[str, tuple[int, int]], positions: dict[str, int]) -> None:
         self.status.sample(time.monotonic())
         behind = sum(max(0, nxt - positions.get(ch, nxt)) for ch, (_, nxt) in offsets.items())
@@ -640,11 +665,23 @@ class Federation:
         self.links.clear()
         self.remotes.clear()
 
+    def pipe_views(self) -> list[dict[str, Any]]:
+        """Every direction's status (metrics), lag brought up to date while down."""
+        out = []
+        for pipes in self.pipes.values():
+            for pipe in pipes:
+                pipe.lag_while_down()
+                out.append(pipe.status.view())
+        return out
+
     def view(self) -> dict[str, Any]:
         out = []
         for name, link in self.links.items():
+            pipes = self.pipes.get(name, [])
+            for pipe in pipes:
+                pipe.lag_while_down()
             out.append({"name": name, "remote": link.remote, "prefix": link.prefix,
-                        "pipes": [p.status.view() for p in self.pipes.get(name, [])]})
+                        "pipes": [p.status.view() for p in pipes]})
         return {"links": out}
 
     async def local_client(self, name: str) -> Any:
