@@ -53,6 +53,7 @@ from ..limits import (
 )
 from ..names import FEDERATED_FROM, FEDERATED_SEQ, consume_group_key, dead_letter_channel
 from ..protocol import frames as f
+from . import oplog
 from .front import ADOPT
 from .kv import woken
 
@@ -149,30 +150,15 @@ class PipeStatus:
                 if not k.startswith("_")}
 
 
-class _LogBudget:
+def _refusal_budget(pipe: str) -> oplog.LineBudget:
     """A pipe's lines about refusals: at most FEDERATION_LOG_LINES per
     FEDERATION_LOG_WINDOW_S, then one line counting the rest (a destination refusing
     every message must not write a line per message)."""
-
-    def __init__(self, pipe: str) -> None:
-        self.pipe = pipe
-        self.window_start = 0.0
-        self.lines = 0
-        self.suppressed = 0
-
-    def allow(self, now: float) -> bool:
-        if now - self.window_start >= FEDERATION_LOG_WINDOW_S:
-            if self.suppressed:
-                log.warning("federation %s: %d more refusal(s) by the destination in the "
-                            "last %.0f s, not logged one by one (minou federation counts "
-                            "them: dead_lettered, refused_channels)", self.pipe,
-                            self.suppressed, now - self.window_start)
-            self.window_start, self.lines, self.suppressed = now, 0, 0
-        if self.lines < FEDERATION_LOG_LINES:
-            self.lines += 1
-            return True
-        self.suppressed += 1
-        return False
+    def summary(suppressed: int, seconds: float) -> None:
+        log.warning("federation %s: %d more refusal(s) by the destination in the last "
+                    "%.0f s, not logged one by one (minou federation counts them: "
+                    "dead_lettered, refused_channels)", pipe, suppressed, seconds)
+    return oplog.LineBudget(FEDERATION_LOG_LINES, FEDERATION_LOG_WINDOW_S, summary)
 
 
 class Pipe:
@@ -191,7 +177,7 @@ class Pipe:
         # Transactions staged on the destination whose connection was lost before they
         # were committed or aborted: aborted on the next connection.
         self._orphans: deque[str] = deque(maxlen=FEDERATION_ORPHANS_KEPT)
-        self._log_budget = _LogBudget(f"{link.name} ({direction})")
+        self._log_budget = _refusal_budget(f"{link.name} ({direction})")
         self._up_since = 0.0  # monotonic time the pipe last went up
 
     def start(self) -> None:

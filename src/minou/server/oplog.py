@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import NotAuthenticated, PendingApproval
@@ -20,35 +21,44 @@ from ..limits import SECURITY_LOG_LINES, SECURITY_LOG_WINDOW_S
 log = logging.getLogger("minou.security")
 
 
-class _Limiter:
-    """At most SECURITY_LOG_LINES per SECURITY_LOG_WINDOW_S for one kind, then a summary."""
+class LineBudget:
+    """At most ``lines`` lines per ``window_s`` seconds for one kind of line, then one
+    line counting the rest (``summary(suppressed, seconds)``, at the window's end)."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    def __init__(self, lines: int, window_s: float,
+                 summary: Callable[[int, float], None]) -> None:
+        self.max_lines, self.window_s, self.summary = lines, window_s, summary
         self.window_start = 0.0
         self.lines = 0
         self.suppressed = 0
 
     def allow(self, now: float) -> bool:
-        if now - self.window_start >= SECURITY_LOG_WINDOW_S:
+        if now - self.window_start >= self.window_s:
             if self.suppressed:
-                log.warning("%d more %s in the last %.0f s (not logged one by one; see "
-                            "/metrics)", self.suppressed, self.kind, now - self.window_start)
+                self.summary(self.suppressed, now - self.window_start)
             self.window_start, self.lines, self.suppressed = now, 0, 0
-        if self.lines < SECURITY_LOG_LINES:
+        if self.lines < self.max_lines:
             self.lines += 1
             return True
         self.suppressed += 1
         return False
 
 
-_limits: dict[str, _Limiter] = {}
+def _summary(kind: str) -> Callable[[int, float], None]:
+    def summary(suppressed: int, seconds: float) -> None:
+        log.warning("%d more %s in the last %.0f s (not logged one by one; see /metrics)",
+                    suppressed, kind, seconds)
+    return summary
+
+
+_limits: dict[str, LineBudget] = {}
 
 
 def _allow(kind: str) -> bool:
     limiter = _limits.get(kind)
     if limiter is None:
-        limiter = _limits[kind] = _Limiter(kind)
+        limiter = _limits[kind] = LineBudget(SECURITY_LOG_LINES, SECURITY_LOG_WINDOW_S,
+                                                _summary(kind))
     return limiter.allow(time.monotonic())
 
 
