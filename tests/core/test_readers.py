@@ -528,7 +528,7 @@ def test_the_patterns_of_all_groups_are_bounded_and_counted(monkeypatch) -> None
     monkeypatch.setattr(subscriptions, "MAX_GROUP_PATTERNS_PER_CLIENT", 4)
     h = Harness()
     c, d = Session("c"), Session("d")
-    count = h.broker.state.pattern_count
+    count = h.broker.state.patterns
     h.subscribe(c, 1, patterns=["a/v1/1", "b/*"], group="g1")
     h.subscribe(c, 2, patterns=["c/*", "d/v1/*"], group="g2")  # c's 4: its share
     assert count.total == 4

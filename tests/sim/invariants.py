@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from minou.core.broker import Broker
 from minou.core.writes import WriteBatch
-from minou.names import is_dead_letter
+from minou.names import is_dead_letter, match_keys
 from minou.protocol.frames import Outcome, Send
 
 from .ledger import Ledger, Read, Sent, Stored
@@ -80,6 +80,10 @@ INVARIANTS: dict[str, str] = {
     "scheduled_count":
         "the count of messages with a priority or a delay held (bounded by "
         "MAX_SCHEDULED_MESSAGES) is what the channels hold, after every step",
+    "reader_index":
+        "the indexes that find a new channel's groups and a new pattern's channels "
+        "answer what trying every group and every channel would, in the same order, "
+        "after every step",
     "progress": "the broker finishes its work: no endless loop of commits, pumps or loads",
 }
 
@@ -284,8 +288,8 @@ def on_step_in_flight(core: Broker, ledger: Ledger) -> None:
                      f"{grp.key} counts {sub.held} bytes unsettled, its leases weigh "
                      f"{held.get(id(sub), 0)}")
     patterns = sum(len(grp.patterns) for grp in core.groups.values())
-    if core.state.pattern_count.total != patterns:
-        fail("pattern_count", f"{core.state.pattern_count.total} patterns counted, the "
+    if core.state.patterns.total != patterns:
+        fail("pattern_count", f"{core.state.patterns.total} patterns counted, the "
              f"groups read {patterns}")
     specials = sum(len(log.special) for log in core.channels.values())
     if core.state.special_count.total != specials:
@@ -295,6 +299,34 @@ def on_step_in_flight(core: Broker, ledger: Ledger) -> None:
     if total != sum(held.values()) or total != ledger.held_total():
         fail("in_flight_bytes", f"{total} bytes unsettled counted, the leases weigh "
              f"{sum(held.values())}, the model's live deliveries {ledger.held_total()}")
+
+
+def on_step_indexes(core: Broker) -> None:
+    """After every step: ``BrokerState.patterns`` gives each channel the groups a scan
+    of every group finds (in the groups' order), and ``channel_index`` each wildcard
+    the channels a scan finds (in the channels' order); neither holds anything more."""
+    state = core.state
+    groups = list(state.groups.values())
+    for name in state.channels:
+        scan = [g for g in groups if any(p.matches(name) for p in g.patterns)]
+        found = state.patterns.groups_of(match_keys(name))
+        if found != scan:
+            fail("reader_index", f"channel {name}: the index gives groups "
+                 f"{[g.key for g in found]}, a scan {[g.key for g in scan]}")
+    held = sum(len(bucket) for bucket in state.patterns.readers.values())
+    if held != sum(len(g.prefixes) for g in groups):
+        fail("reader_index", f"the index holds {held} (prefix, group) pairs, the groups "
+             f"read {sum(len(g.prefixes) for g in groups)}")
+    logs = list(state.channels.values())
+    for prefix in {p.prefix for g in groups for p in g.patterns if not p.concrete}:
+        index = [log.name for log in state.channel_index.matching(prefix)]
+        scan = [log.name for log in logs if log.name.startswith(prefix)]
+        if index != scan:
+            fail("reader_index", f"wildcard {prefix}*: the index gives channels {index}, "
+                 f"a scan {scan}")
+    if len(state.channel_index) != len(logs):
+        fail("reader_index", f"the channel index holds {len(state.channel_index)} "
+             f"channels, the broker {len(logs)}")
 
 
 # -------------------------------------------------------------- settlements

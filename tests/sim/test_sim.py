@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from minou.core.group import BURST_BYTES, Group, GroupChannel, Subscription
+from minou.core.group import BURST_BYTES, Group, GroupChannel, PatternIndex, Subscription
 from minou.core.rights import Rights
 from minou.core.settlement import Settlement
 from minou.server.delivery_budget import DeliveryBudget
@@ -67,7 +67,9 @@ def test_same_history_whatever_the_hash_seed() -> None:
             "print(' '.join(run_case(Case(s, steps=250)).digest for s in range(8)))")
 
     def digests(hash_seed: str) -> str:
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(ROOT)}
+        # This tree's src first: the venv's own install may be another checkout's.
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed,
+               "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
         out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True,
                              capture_output=True, text=True, timeout=120)
         return out.stdout.strip()
@@ -260,3 +262,14 @@ def test_catches_a_store_that_does_not_fence_a_paused_broker(
             found = r
             break
     assert found is not None and found.violation.name == "fenced_after_takeover"  # type: ignore[union-attr]
+
+
+def test_catches_a_reader_index_out_of_the_groups_order(planted: pytest.MonkeyPatch) -> None:
+    """The groups of a new channel taken from the index bucket by bucket, not in the
+    order of the groups (``a/*`` made after ``a/v1/*`` attached first): delivery
+    order would follow the index's buckets, not what a scan of the groups gave."""
+    def groups_of(self: PatternIndex, keys: list[str]) -> list[Group]:
+        return list(dict.fromkeys(g for k in keys for g in self.readers.get(k, ())))
+
+    planted.setattr(PatternIndex, "groups_of", groups_of)
+    assert _first_failure().violation.name == "reader_index"  # type: ignore[union-attr]

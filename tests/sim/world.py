@@ -398,6 +398,7 @@ class World:
         try:
             text = self._do(event)
             inv.on_step_in_flight(self.engine.core, self.ledger)
+            inv.on_step_indexes(self.engine.core)
         except inv.Violation as v:
             self.log(f"{self._doing}: VIOLATION {v}")
             raise

@@ -67,7 +67,7 @@ class Expiry:
                 state.batch.meta[point_key(name, seq)] = None
         state.batch.truncates[name] = log.first_seq
         state.batch.channels[name] = log.next_seq
-        del state.channels[name]
+        state.drop_channel(log)
         del state.expiring[log]
         state.retired[name] = log.next_seq
         # An inbox's name is made once (a client object's): nothing of it needs to stay.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,13 +314,65 @@ class GroupDef:
     patterns: tuple[str, ...]
 
 
-class PatternCount:
-    """The patterns groups read, over every group of a broker (each held for good)."""
+class PatternIndex:
+    """The patterns groups read, over every group of a broker (each held for good): how
+    many (``total``), and each pattern's prefix -> the groups reading it (``readers``).
 
-    __slots__ = ("total",)
+    A channel's groups are then a few lookups by its ``match_keys``: trying every group
+    against each new channel cost ~8 ms with 20,000 groups (MAX_GROUPS), a stall of the
+    whole broker per new channel. A group changes its patterns only through
+    ``Group.add_pattern`` and ``Group.set_patterns``, which keep this up to date."""
+
+    __slots__ = ("_ranks", "readers", "total")
 
     def __init__(self) -> None:
         self.total = 0
+        self.readers: dict[str, dict[Group, None]] = {}  # ordered sets: values unused
+        self._ranks = 0
+
+    def next_rank(self) -> int:
+        self._ranks += 1
+        return self._ranks
+
+    def add(self, grp: Group, prefixes: Iterable[str]) -> None:
+        readers = self.readers
+        for prefix in prefixes:
+            bucket = readers.get(prefix)
+            if bucket is None:
+                readers[prefix] = {grp: None}
+            else:
+                bucket[grp] = None
+
+    def remove(self, grp: Group, prefixes: Iterable[str]) -> None:
+        readers = self.readers
+        for prefix in prefixes:
+            bucket = readers.get(prefix)
+            if bucket is not None:
+                bucket.pop(grp, None)
+                if not bucket:  # a prefix nobody reads takes no room
+                    del readers[prefix]
+
+    def groups_of(self, keys: list[str]) -> list[Group]:
+        """The groups reading a channel whose ``match_keys`` are ``keys``, each once, in
+        the order the broker took them (``Group.rank``: what a scan of ``groups`` gave;
+        delivery order follows the order channels are attached in)."""
+        readers = self.readers
+        found: list[Group] = []
+        several = False
+        for key in keys:
+            bucket = readers.get(key)
+            if bucket:
+                several = bool(found)
+                found.extend(bucket)
+        if len(found) > 1:
+            if several:  # a group reading two of them (a/* and a/v1/*) counts once
+                found = list(dict.fromkeys(found))
+            found.sort(key=_rank)
+        return found
+
+
+def _rank(grp: Group) -> int:
+    return grp.rank
 
 
 @dataclass(eq=False)
@@ -340,26 +393,36 @@ class Group:
     # (trying each of 10,000 wildcards of each group stalled every new channel).
     texts: set[str] = field(init=False, repr=False)
     prefixes: set[str] = field(init=False, repr=False)
-    # The broker's count of patterns over all groups (BrokerState.pattern_count) once
-    # the group is the broker's (``adopt``).
-    count: PatternCount = field(init=False, repr=False)
+    # The index of the broker's groups (BrokerState.patterns) once the group is the
+    # broker's (``adopt``), this group's own till then; and the group's place in the
+    # broker's order of groups (PatternIndex.groups_of).
+    index: PatternIndex = field(init=False, repr=False)
+    rank: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
-        self.count = PatternCount()
+        self.index = PatternIndex()
         self.texts, self.prefixes = set(), set()
         self.set_patterns(self.patterns)
 
-    def adopt(self, count: PatternCount) -> None:
-        """Count this group's patterns in ``count`` (the broker's) from now on."""
-        self.count.total -= len(self.patterns)
-        count.total += len(self.patterns)
-        self.count = count
+    def adopt(self, index: PatternIndex) -> None:
+        """Count and index this group's patterns in ``index`` (the broker's, or a fresh
+        one when the broker drops the group) from now on; the group comes last in its
+        order."""
+        self.index.total -= len(self.patterns)
+        self.index.remove(self, self.prefixes)
+        index.total += len(self.patterns)
+        index.add(self, self.prefixes)
+        self.rank = index.next_rank()
+        self.index = index
 
     def set_patterns(self, patterns: list[Pattern]) -> None:
-        self.count.total += len(patterns) - len(self.texts)
+        self.index.total += len(patterns) - len(self.texts)
+        old = self.prefixes
         self.patterns = patterns
         self.texts = {p.text for p in patterns}
         self.prefixes = {p.prefix for p in patterns}
+        self.index.remove(self, old - self.prefixes)
+        self.index.add(self, self.prefixes - old)
 
     def add_pattern(self, pattern: Pattern) -> bool:
         """Read ``pattern`` too; False if the group reads it already."""
@@ -368,7 +431,8 @@ class Group:
         self.patterns.append(pattern)
         self.texts.add(pattern.text)
         self.prefixes.add(pattern.prefix)
-        self.count.total += 1
+        self.index.total += 1
+        self.index.add(self, (pattern.prefix,))
         return True
 
     def matches(self, channel: str) -> bool:

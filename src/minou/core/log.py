@@ -218,6 +218,7 @@ class ChannelLog:
     frozen: bool = False  # its queue is being handed over: nothing more is delivered
     kv: KvIndex | None = None  # a key-value bucket's index (core/kv.py)
     stream_ids: StreamIds | None = None  # explicit Redis stream ids (core/stream_ids.py)
+    order: int = 0  # when the broker took it, among its channels (core/channel_index.py)
 
     def __post_init__(self) -> None:
         if is_kv(self.name):

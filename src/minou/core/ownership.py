@@ -90,7 +90,8 @@ def release(state: BrokerState, queue: str, now: float) -> int:
     forgotten = 0
     groups: dict[Group, None] = {}
     for name in names:
-        log = state.channels.pop(name)
+        log = state.channels[name]
+        state.drop_channel(log)
         state.special_count.total -= len(log.special)
         if log.kv is not None:
             log.kv.uncount()

@@ -47,8 +47,7 @@ from .state import BrokerState
 
 def has_responders(state: BrokerState, channel: str) -> bool:
     """Whether a connected consumer or listener reads ``channel`` now."""
-    keys = match_keys(channel)
-    return any(group.members and group.matches_keys(keys) for group in state.groups.values())
+    return any(group.members for group in state.patterns.groups_of(match_keys(channel)))
 
 
 def reply_token(secret: bytes, inbox: str, correlation: str, request_id: str) -> str:

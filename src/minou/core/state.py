@@ -29,8 +29,9 @@ from ..limits import (
     PRODUCER_IDLE_S,
 )
 from ..names import is_dead_letter, is_kv, match_keys, schema_key
+from .channel_index import ChannelIndex
 from .dedup import DedupWindow
-from .group import Group, GroupChannel, Lease, PatternCount
+from .group import Group, GroupChannel, Lease, PatternIndex
 from .ids import MessageIds
 from .in_flight import InFlightBytes
 from .kv import KvCount
@@ -67,7 +68,11 @@ class BrokerState:
         # here); None: every queue.
         self.hosts: Callable[[str], bool] | None = None
 
+        # Channels and groups change only through add_channel / drop_channel and
+        # add_group / drop_group, which keep their indexes: ``channel_index`` (the
+        # channels a wildcard matches) and ``patterns`` (the groups reading a channel).
         self.channels: dict[str, ChannelLog] = {}
+        self.channel_index = ChannelIndex()
         self.groups: dict[str, Group] = {}
         # Who made each group since this broker started (not stored): a client's share
         # of MAX_GROUPS is counted from it (Subscriptions._may_make_group).
@@ -75,7 +80,7 @@ class BrokerState:
         # Idle expiry (core/expiry.py): the channels whose options set expire_idle, and
         # the next seq of each channel removed so far (a channel made again goes on there)
         self.expiring: dict[ChannelLog, None] = {}
-        self.pattern_count = PatternCount()  # patterns over every group (core/group.py)
+        self.patterns = PatternIndex()  # patterns over every group (core/group.py)
         self.special_count = SpecialCount()  # priority or delayed messages held (core/log.py)
         self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
@@ -137,14 +142,27 @@ class BrokerState:
                 limit=self.max_channels)
 
     def add_group(self, grp: Group) -> Group:
-        """Keep ``grp`` (its patterns counted in ``pattern_count``)."""
+        """Keep ``grp`` (its patterns counted and indexed in ``patterns``), last in the
+        order of groups."""
+        old = self.groups.get(grp.key)
+        if old is not None:  # a group replaced: its place in the order goes too
+            self.drop_group(old)
         self.groups[grp.key] = grp
-        grp.adopt(self.pattern_count)
+        grp.adopt(self.patterns)
         return grp
 
     def drop_group(self, grp: Group) -> None:
         del self.groups[grp.key]
-        grp.adopt(PatternCount())
+        grp.adopt(PatternIndex())
+
+    def add_channel(self, log: ChannelLog) -> None:
+        """Keep ``log`` (a channel memory did not hold), last in the order of channels."""
+        self.channels[log.name] = log
+        self.channel_index.add(log)
+
+    def drop_channel(self, log: ChannelLog) -> None:
+        del self.channels[log.name]
+        self.channel_index.remove(log)
 
     def check_scheduled_room(self, count: int) -> None:
         """Raise unless ``count`` more messages with a priority or a delay may wait
@@ -172,14 +190,12 @@ class BrokerState:
                     self.forgetting.discard(name)
                     if name in self.batch.forgets:  # still pending: it keeps its record
                         self.batch.forgets.remove(name)
-            self.channels[name] = log
+            self.add_channel(log)
             self.track_expiry(log, now)
             self.batch.channels[name] = log.next_seq
-            keys = match_keys(name)
-            for group in self.groups.values():
-                if group.matches_keys(keys):
-                    # A new channel has no delayed messages to load at ``now``.
-                    self.attach(group, log, log.first_seq, now)  # pragma: no mutate
+            for group in self.patterns.groups_of(match_keys(name)):
+                # A new channel has no delayed messages to load at ``now``.
+                self.attach(group, log, log.first_seq, now)  # pragma: no mutate
         return log
 
     def track_expiry(self, log: ChannelLog, now: float) -> None:

@@ -228,8 +228,8 @@ class Subscriptions:
             if log is not None and text not in grp.gcs:
                 state.attach(grp, log, self._cursor_for(log, start), now)
             return True
-        for name, log in state.channels.items():
-            if name not in grp.gcs and pattern.matches(name):
+        for log in state.channel_index.matching(pattern.prefix):
+            if log.name not in grp.gcs:
                 state.attach(grp, log, self._cursor_for(log, start), now)
         return True
 
@@ -253,7 +253,7 @@ class Subscriptions:
                 limit=MAX_PATTERNS_PER_GROUP)
         if not fresh:
             return
-        held = state.pattern_count.total
+        held = state.patterns.total
         if held + new > MAX_GROUP_PATTERNS:
             raise QueueFull(
                 f"the broker's groups read {held} patterns (the limit is "
