@@ -47,6 +47,11 @@ class _Recorder:
         self.values.append(value)
 
 
+    def observe_many(self, values: list[float]) -> None:
+
+        self.values.extend(values)
+
+
 def test_an_ack_with_the_time_feeds_the_ack_latency_metric() -> None:
     h = Harness()
     h.broker.ack_latency = latency = _Recorder()

@@ -166,6 +166,9 @@ class _Latency:
     def observe(self, value: float) -> None:
         self.seen.append(value)
 
+    def observe_many(self, values: list[float]) -> None:
+        self.seen.extend(values)
+
 
 def test_a_delivery_carries_what_the_publisher_set_and_counts() -> None:
     from .helpers import send

@@ -778,6 +778,9 @@ def test_an_ack_through_the_engine_observes_its_latency() -> None:
         def observe(self, seconds: float) -> None:
             seen.append(seconds)
 
+        def observe_many(self, values: list[float]) -> None:
+            seen.extend(values)
+
     e.core.state.ack_latency = Histogram()
     session, [item] = consumer_holding(e, host, 1, prefetch=10)
     clock.now = 102.5

@@ -268,6 +268,23 @@ def test_histogram_edge_values_and_validation() -> None:
             Histogram(bad)
 
 
+@pytest.mark.parametrize("values", [
+    [],
+    [0.3],
+    [0.05, 0.1, 0.3, 0.5, 0.7, 2.0, 5.0],  # bounds fall in their own bucket
+    [0.2] * 3 + [-1.0, math.nan, 0.0, 1.0],  # a step back clamped, a NaN ignored
+    [0.1 * i for i in range(50)] + [math.inf],
+])
+def test_observe_many_counts_exactly_as_observe_one_by_one(values: list[float]) -> None:
+    one, many = Histogram([0.1, 0.5, 1.0]), Histogram([0.1, 0.5, 1.0])
+    for v in values:
+        one.observe(v)
+    many.observe_many(list(values))
+    (b1, s1), (b2, s2) = one.snapshot(), many.snapshot()
+    assert b2 == b1 and many.count == one.count
+    assert s2 == pytest.approx(s1)
+
+
 def test_rendered_histogram_buckets_sum_and_count() -> None:
     metrics = Metrics(lambda: SNAP)
     observed = (0.00005, 0.0003, 0.003, 0.003, 0.2, 3.0)

@@ -25,16 +25,22 @@ class Dispatcher:
         self.state = state
         self.dead_letters = dead_letters
         self._tags = itertools.count(1)
+        # When each message first delivered by the pump under way was published
+        self._first_published: list[float] = []
 
     def pump(self, now: float) -> tuple[dict[Subscription, list[Delivery]], list[NeedLoad]]:
         out: dict[Subscription, list[Delivery]] = {}
         loads: list[NeedLoad] = []
-        ready_groups = self.state.ready_groups
+        state = self.state
+        ready_groups = state.ready_groups
+        self._first_published = first = []
         for grp in list(ready_groups):
             if not self._pump_group(grp, now, out, loads):
                 del ready_groups[grp]
         for sub in out:
             sub.burst = 0
+        if first and state.delivery_latency is not None:
+            state.delivery_latency.observe_many([now - at for at in first])
         return out, loads
 
     def _pump_group(
@@ -114,8 +120,8 @@ class Dispatcher:
             headers = delivery_headers(state, msg, attempts, now)
         if attempts > 1:
             counters.redelivered += 1
-        elif state.delivery_latency is not None:
-            state.delivery_latency.observe(now - msg.published_at)
+        else:  # published -> first delivered, observed at the end of the pump
+            self._first_published.append(msg.published_at)
         return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, headers,
                         attempts, msg.published_at, msg.priority, msg.key)
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 from typing import Any
 
@@ -78,8 +79,8 @@ ACK_LATENCY_BUCKETS: tuple[float, ...] = (
 class Histogram:
     """A cheap cumulative-on-read histogram for the broker's hot paths.
 
-    ``observe`` is a bisect and two additions; cumulating happens only at scrape
-    time. No locks: the broker updates and scrapes from the same event loop.
+    ``observe`` is a bisect and two additions (``observe_many`` the same for a list, in
+    C); cumulating happens only at scrape time. No locks: the broker updates and scrapes from the same event loop.
     """
 
     __slots__ = ("_bounds", "_counts", "_les", "count", "sum")
@@ -113,6 +114,24 @@ class Histogram:
         self._counts[bisect_left(self._bounds, value)] += 1
         self.count += 1
         self.sum += value
+
+    def observe_many(self, values: list[float]) -> None:
+        """``observe`` each of ``values``: the hot paths hand over a pump's deliveries or
+        an ack frame's latencies at once (the bisecting and counting run in C: a
+        method call per message cost ~15 % of the broker core's deliver+ack)."""
+        if len(values) < 4:
+            for value in values:
+                self.observe(value)
+            return
+        total = sum(values)
+        if total != total or min(values) < 0.0:  # a NaN, or a clock stepped back: rare
+            values = [v if v > 0.0 else 0.0 for v in values if v == v]
+            total = sum(values)
+        counts = self._counts
+        for index, n in Counter(map(partial(bisect_left, self._bounds), values)).items():
+            counts[index] += n
+        self.count += len(values)
+        self.sum += total
 
     def snapshot(self) -> tuple[list[tuple[str, float]], float]:
         """Cumulative ``[(le, count), ..., ("+Inf", total)]`` and the sum."""
