@@ -80,7 +80,8 @@ class Histogram:
     """A cheap cumulative-on-read histogram for the broker's hot paths.
 
     ``observe`` is a bisect and two additions (``observe_many`` the same for a list, in
-    C); cumulating happens only at scrape time. No locks: the broker updates and scrapes from the same event loop.
+    C); cumulating happens only at scrape time. No locks: the broker updates and
+    scrapes from the same event loop.
     """
 
     __slots__ = ("_bounds", "_counts", "_les", "count", "sum")
