@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import minou
 from minou.client.sync import SyncClient
-from minou.errors import ConnectionClosed, NotAuthenticated, Timeout
+from minou.errors import ConnectionClosed, NotAuthenticated, Timeout, TooManyConnections
 from minou.limits import DEFAULT_CREDENTIAL_TTL_S, MAX_CREDENTIAL_TTL_S, MIN_CREDENTIAL_TTL_S
 
 from . import credentials
@@ -328,6 +328,30 @@ class LazyClient:
             except BaseException:
                 self.close_client()
                 raise
+
+    def with_client_when_room(self, call: Callable[[SyncClient], T], what: str) -> T:
+        """``with_client``, and a refusal for a bound on how many such requests one client
+        may have answered at once (``TooManyConnections``: this client's other queries
+        hold the slots: OFFSETS with ``at``, 4 at once) waited out, with backoff, until
+        reconnectTimeout; then fails naming the bound. Several queries planned at the
+        same moment under one clientId take turns instead of failing."""
+        deadline = time.monotonic() + self.config.reconnect_timeout
+        delay = 0.05
+        while True:
+            try:
+                return self.with_client(call, what)
+            except TooManyConnections as exc:
+                if time.monotonic() + delay > deadline:
+                    raise MinouSparkError(
+                        f"{what}: the broker at {self.config.brokers} refused it for "
+                        f"reconnectTimeout={self.config.reconnect_timeout:g} s because "
+                        f"this clientId's other requests of its kind held every slot: "
+                        f"{exc}. Give concurrent queries their own clientId, or raise "
+                        "reconnectTimeout") from exc
+                log.info("%s: refused while this client's other requests are answered "
+                         "(%s); trying again in %.2f s", what, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def wait_to_retry(self, exc: BaseException, what: str, deadline: float,
                       delay: float) -> None:

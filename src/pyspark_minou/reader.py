@@ -203,8 +203,9 @@ class _ReadOptions:
         for at, channels in wanted.items():
             for i in range(0, len(channels), 256):  # MAX_PATTERNS_PER_REQUEST
                 chunk = channels[i:i + 256]
-                found = reader.with_client(lambda c, ch=chunk, t=at: c.offsets_at(ch, t),
-                                           f"finding the seqs published at {at:.3f}")
+                found = reader.with_client_when_room(
+                    lambda c, ch=chunk, t=at: c.offsets_at(ch, t),
+                    f"finding the seqs published at {at:.3f}")
                 out.update({c: v[2] for c, v in found.items()})
         return out
 

@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql.datasource import ReadAllAvailable
 from pyspark.sql.types import MapType, StringType, StructField, StructType
 
+import minou
 from pyspark_minou import MinouSparkError
 from pyspark_minou.reader import MinouStreamReader
 from pyspark_minou.writer import MinouBatchWriter
@@ -341,3 +342,79 @@ def test_a_task_whose_credential_expired_says_what_to_do(
     monkeypatch.setattr(common, "in_task", lambda: True)
     with pytest.raises(MinouSparkError, match=r"expired.*credentialTtl=1 s.*Restart"):
         task.client()
+
+
+def test_a_timestamp_lookup_refused_while_its_clients_others_run_waits_its_turn(
+        broker_factory: Any, tmp_path: Any) -> None:
+    """A broker answers 4 OFFSETS-at lookups of one client at once; Spark's driver may
+    plan several queries under one clientId. Four lookups of that client keep the broker
+    busy; the stream's start at a timestamp is refused (counted) and waits its turn
+    instead of failing the query, then starts where it should."""
+    import threading
+    import time
+
+    config = tmp_path / "rules.toml"
+    config.write_text(RULES)
+    broker: BrokerProcess = broker_factory.make(config=config).start()
+    ep = unique("busy")
+    with broker.connect_sync("spark-writer") as c:
+        for lo in range(0, 10_000, 5_000):  # lookups long enough to hold their slots
+            c.send_many([{"channel": f"{ep}/v1/c{i}", "payload": i}
+                         for i in range(lo, lo + 5_000)])
+    cut = int(time.time() * 1000) + 1
+    time.sleep(0.01)
+    with broker.connect_sync("spark-writer") as c:
+        c.send_many([{"channel": f"{ep}/v1/c{i}", "payload": i} for i in range(3)])
+    options = client_options(broker, "spark-busy")
+    stop = threading.Event()
+
+    def busy() -> None:  # the same client, one lookup in flight after another
+        with broker.connect_sync("spark-busy") as c:
+            while not stop.is_set():
+                c.offsets_at([f"{ep}/*"], time.time() - 3600)
+
+    def refusals() -> int:
+        with minou.connect_sync(broker.url, **broker.admin_auth()) as admin:
+            refused = admin.admin("status")["counters"]["refused"]
+            return int(refused.get("too_many_connections", 0))
+
+    busy_threads = [threading.Thread(target=busy, daemon=True) for _ in range(4)]
+    for t in busy_threads:
+        t.start()
+    before = refusals()
+    started: dict[str, Any] = {}
+    try:
+        # Until one start was refused at least once (one may find a slot between two
+        # lookups of the others and need no turn: then it is tried again).
+        for _ in range(10):
+            stream = MinouStreamReader(spark_options(
+                **options, pattern=f"{ep}/*", startingTimestamp=str(cut),
+                reconnectTimeout="60"))
+
+            def start(stream: MinouStreamReader = stream) -> None:
+                try:
+                    started["offsets"] = stream.initialOffset()
+                except Exception as exc:  # the old behaviour: the query fails
+                    started["error"] = exc
+
+            runner = threading.Thread(target=start, daemon=True)
+            runner.start()
+            deadline = time.monotonic() + 30
+            while refusals() == before and runner.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if refusals() > before:
+                break
+            runner.join(30)
+            stream.stop()
+            started.clear()
+        assert refusals() > before, "the start was never refused: the test proves nothing"
+    finally:
+        stop.set()
+        for t in busy_threads:
+            t.join(60)
+    runner.join(60)
+    stream.stop()
+    assert "error" not in started, started.get("error")
+    offsets = started["offsets"]
+    assert offsets[f"{ep}/v1/c0"] == 2 and offsets[f"{ep}/v1/c9999"] == 2
+    assert len(offsets) == 10_000
