@@ -7,16 +7,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from redis.crc import key_slot
 
 from minou.core.group import GroupDef
+from minou.core.log import Msg
 from minou.core.writes import WriteBatch
 from minou.errors import StorageError, StorageFenced, StorageFull, StorageUnavailable
 from minou.storage.redis import RedisStorage
 from minou.storage.redis.keys import queue_of
+from minou.storage.redis.store import OPEN_PAGE_BYTES, OPEN_PAGE_CHANNELS, OPEN_PAGE_ENTRIES
+from minou.storage.sqlite import SQLiteStorage
 from tests.redis_server import RedisServer
 from tests.storage.test_contract import NOW, batch_of, msg, records, seqs
 
@@ -218,3 +222,102 @@ def test_open_warns_when_redis_would_lose_confirmed_messages(
         RedisStorage(own_redis.url).open(NOW)
     text = caplog.text
     assert "appendonly no" in text and "maxmemory-policy allkeys-lru" in text
+
+
+# ------------------------------------------------------------ start in pages
+def _both(redis_url: str, tmp_path: Path) -> tuple[RedisStorage, SQLiteStorage]:
+    """A Redis store and a SQLite one, to be given the same batches: SQLite reads a
+    start back in one pass, the oracle for what Redis reads back in pages."""
+    st, lite = RedisStorage(redis_url), SQLiteStorage(tmp_path / "oracle")
+    st.open(NOW)
+    lite.open(NOW)
+    return st, lite
+
+
+def _evalsha_calls(redis_url: str) -> int:
+    stats = redis.Redis.from_url(redis_url.split("?")[0]).info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_start_reads_special_segments_in_pages_and_gives_back_every_message(
+    redis_url: str, tmp_path: Path,
+) -> None:
+    """A start used to read every special segment's body (segments holding priority or
+    delayed messages) of every queue in one reply: as much memory as the data, and one
+    script blocking Redis all along. Now pages of about OPEN_PAGE_BYTES, read for the
+    messages' seq, priority and delay, and every one of those comes back exactly."""
+    st, lite = _both(redis_url, tmp_path)
+    a2, size = "orders/v1/2", 4096
+    sent: list[Msg] = []
+    for k in range(200):  # segments of 8 messages of 4 KiB: 32 KiB each, 5 MiB of specials
+        plain = k % 5 == 4  # a segment with no special message is not read at all
+        msgs = []
+        for s in range(8 * k + 1, 8 * k + 9):
+            kw: dict[str, Any] = {}
+            if not plain and s % 3 == 1:
+                kw["priority"] = s % 9 + 1
+            elif not plain and s % 3 == 2:
+                kw["deliver_at"] = NOW + s + 0.25
+                kw["priority"] = s % 2  # a delayed one keeps its priority too
+            msgs.append(msg(A, s, bytes([s % 251]) * size, **kw))
+        msgs.append(msg(a2 if k % 2 else B, k // 2 + 1, priority=k % 9 + 1))
+        sent += msgs
+        for store in (st, lite):
+            store.apply(batch_of(*msgs))
+    deleted = [(A, s) for s in range(1, 1601, 7)]  # removed seqs inside special segments
+    for store in (st, lite):
+        store.apply(WriteBatch(deletes=deleted, truncates={A: 40}, channels={A: 1601}))
+    gone = set(deleted)
+    expected = sorted((m.channel, m.seq, m.priority, m.deliver_at) for m in sent
+                      if m.special and (m.channel, m.seq) not in gone
+                      and not (m.channel == A and m.seq < 40))
+    specials_bytes = sum(len(m.data) for m in sent if m.channel == A)
+    st.close()
+
+    before = _evalsha_calls(redis_url)
+    again = RedisStorage(redis_url)
+    snap = again.open(NOW)
+    calls = _evalsha_calls(redis_url) - before
+    assert snap.specials == expected
+    oracle = lite.open(NOW)
+    assert snap.specials == sorted(oracle.specials)
+    assert records(snap) == records(oracle)
+    # Paged: Redis ran a script call per ~OPEN_PAGE_BYTES of special segments (4 of
+    # the 5 MiB are in them), none answering much more than that; the old start read
+    # each queue in one call (2 calls here, with the claims).
+    assert calls >= specials_bytes * 4 // 5 // OPEN_PAGE_BYTES + 2, calls
+    assert again.open_pages >= 4
+    assert OPEN_PAGE_BYTES // 2 < again.open_largest <= OPEN_PAGE_BYTES + (8 << 10) * 8
+    # And the store goes on from there: its next write lands after what it read.
+    again.apply(batch_of(msg(A, 1601, priority=9)))
+    assert (A, 1601, 9, None) in RedisStorage(redis_url, claim=False).open(NOW).specials
+
+
+def test_a_start_pages_many_segments_removed_seqs_and_channels(
+    redis_url: str, tmp_path: Path,
+) -> None:
+    """More segments and removed seqs in a channel than a page holds, and more
+    channels in a queue than a page names: read back as SQLite reads them."""
+    st, lite = _both(redis_url, tmp_path)
+    many = "wide/v1/many"
+    step = OPEN_PAGE_ENTRIES * 5 // 2
+    # every other seq: each message a segment of its own, the seqs between never stored
+    first = [msg(many, s, priority=s % 3) for s in range(1, 2 * step, 2)]
+    wide = [msg(f"wide/v1/c{i:04}", 1, deliver_at=NOW + i if i % 2 else None)
+            for i in range(OPEN_PAGE_CHANNELS + 20)]
+    deletes = [(many, s) for s in range(1, 2 * step, 4)]  # OPEN_PAGE_ENTRIES x 1.25
+    for store in (st, lite):
+        store.apply(batch_of(*first))
+        store.apply(batch_of(*wide))
+        store.apply(WriteBatch(deletes=deletes, channels={many: 2 * step}))
+    st.close()
+    again = RedisStorage(redis_url)
+    snap = again.open(NOW)
+    oracle = lite.open(NOW)
+    assert records(snap) == records(oracle)
+    assert len(records(snap)) == OPEN_PAGE_CHANNELS + 21
+    assert records(snap)[many].count == step - len(deletes)
+    assert snap.specials == sorted(oracle.specials)
+    assert len(snap.specials) == len([m for m in first if m.special
+                                      and (many, m.seq) not in set(deletes)]) + \
+        (OPEN_PAGE_CHANNELS + 20) // 2

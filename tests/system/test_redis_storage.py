@@ -11,6 +11,7 @@ clear error naming the URL (never the password), exit status 1.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -273,3 +274,53 @@ def test_rediss_runs_a_broker_over_tls(broker_factory: Any, tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_restart_gives_back_priority_and_delayed_messages_read_in_pages(
+        broker_factory: Any, redis: RedisServer) -> None:
+    """More priority and delayed messages than a page of a start's reads (about 1 MiB of
+    their segments a call, storage.redis.store.OPEN_PAGE_BYTES): after a restart each
+    comes once, those with a priority by priority, then the plain ones in order, and
+    the delayed ones not before their time."""
+    b = broker_factory.make(storage=redis.url).start()
+    ch, delay, body = "late/v1/1", 8.0, bytes(range(256)) * 32  # 8 KiB
+    kinds: dict[int, tuple[str, int]] = {}  # seq -> (kind, priority)
+
+    async def publish() -> None:
+        c = await b.connect("pub")
+        for k in range(50):  # 400 messages of 8 KiB: 3.2 MiB of special segments
+            items: list[dict[str, Any]] = []
+            for i in range(8 * k, 8 * k + 8):
+                item: dict[str, Any] = {"channel": ch, "payload": body}
+                if i % 4 == 0:
+                    item.update(delay=delay, priority=i % 3)
+                elif i % 4 != 3:
+                    item["priority"] = i % 9 + 1
+                items.append(item)
+            for item, receipt in zip(items, await c.send_many(items), strict=True):
+                kind = "delayed" if "delay" in item else "priority" if item.get(
+                    "priority") else "plain"
+                kinds[receipt.seq] = kind, item.get("priority", 0)
+        await c.close()
+
+    asyncio.run(publish())
+    assert b.stop() == 0
+    b.start()
+    got: list[tuple[int, int, float, float]] = []  # seq, priority, published_at, received
+    with b.connect_sync("cons") as c:
+        sub = c.consume(ch, prefetch=20)
+        while len(got) < len(kinds):
+            m = sub.get(60)
+            got.append((m.seq, m.priority, m.published_at, time.time()))
+            m.ack()
+    assert sorted(s for s, *_ in got) == sorted(kinds)  # each once
+    assert all(kinds[s][1] == p for s, p, *_ in got)  # its priority kept
+    # Not delayed: by priority (then seq), then the plain ones in seq order.
+    order = [s for s, *_ in got if kinds[s][0] != "delayed"]
+    assert order == sorted((s for s in kinds if kinds[s][0] == "priority"),
+                           key=lambda s: (-kinds[s][1], s)) + \
+        sorted(s for s in kinds if kinds[s][0] == "plain")
+    late = [(published + delay, received) for s, _, published, received in got
+            if kinds[s][0] == "delayed"]
+    assert len(late) == 100 and all(received >= due for due, received in late)
+    assert b.stop() == 0

@@ -16,6 +16,30 @@ encode = msgspec.msgpack.Encoder().encode
 decode_messages = msgspec.msgpack.Decoder(list[Msg]).decode
 
 
+class Placed(msgspec.Struct, array_like=True, gc=False):
+    """What a start needs of a stored message to schedule it (``Snapshot.specials``),
+    decoded from a segment without its body: ``Msg``'s fields in ``Msg``'s order, the
+    ones not needed as ``Raw`` (a view of the segment, nothing copied); the fields after
+    ``deliver_at`` are skipped."""
+
+    channel: str
+    seq: int
+    id: msgspec.Raw
+    data: msgspec.Raw
+    raw: msgspec.Raw
+    headers: msgspec.Raw
+    priority: int
+    published_at: msgspec.Raw
+    expires_at: msgspec.Raw
+    deliver_at: float | None
+
+
+# Read by position: a field added to Msg before deliver_at must be added here too.
+if Msg.__struct_fields__[:len(Placed.__struct_fields__)] != Placed.__struct_fields__:
+    raise RuntimeError("storage.segments.Placed no longer matches core.log.Msg's fields")
+decode_placed = msgspec.msgpack.Decoder(list[Placed]).decode
+
+
 def runs(msgs: list[Msg]) -> list[list[Msg]]:
     """Split one channel's messages into runs of consecutive seqs (a segment each).
 

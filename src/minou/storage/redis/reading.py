@@ -1,7 +1,8 @@
 """Redis replies turned back into what the core reads: pure, no Redis here.
 
-``queue_snapshot`` reads one reply of the ``DUMP`` script (scripts.py); ``shared_snapshot``
-the shared tables. Everything comes back sorted by key, the order SQLite's tables (by
+A queue is read in pages (``QueueState``: the ``HEAD`` script's reply, then its
+channels, special segments and dedup entries a page at a time); ``shared_snapshot``
+reads the shared tables. Everything comes back sorted by key, the order SQLite's tables (by
 primary key) give and MemoryStorage copies.
 """
 
@@ -15,7 +16,7 @@ import msgspec
 from ...core.group import GroupDef
 from ...core.snapshot import ChannelRecord, Snapshot
 from ...protocol.frames import Send
-from ..segments import channel_record, decode_messages
+from ..segments import channel_record, decode_placed
 
 _sends = msgspec.msgpack.Decoder(list[Send])
 _unpack = msgspec.msgpack.decode
@@ -35,7 +36,9 @@ def text(raw: bytes | str) -> str:
 
 @dataclass
 class QueueState:
-    """One queue as found: what goes into the snapshot, and what the writer must know."""
+    """One queue as found: what goes into the snapshot, and what the writer must know.
+    Built in steps as the pages of it arrive (``queue_head``, then ``add_channel`` for
+    each channel, ``add_specials`` and ``add_dedup`` for each page)."""
 
     used: int = 0
     channels: list[tuple[int, ChannelRecord]] = field(default_factory=list)  # (born, rec)
@@ -44,6 +47,10 @@ class QueueState:
     dedup: list[tuple[str, str, float, int, str]] = field(default_factory=list)
     producers: list[tuple[Any, ...]] = field(default_factory=list)
     fences: list[tuple[str, str, int]] = field(default_factory=list)
+    # channel -> (next seq, first seq, creation order), as the head gave them
+    heads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # channel -> (its first live seq, the seqs gone inside): what a special must be in
+    live: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
 
     @property
     def groups(self) -> set[str]:
@@ -54,47 +61,65 @@ class QueueState:
         return {w for w, *_ in self.fences}
 
 
-def queue_snapshot(reply: list[Any], now: float) -> QueueState:
-    used, nexts, firsts, borns, chans, specials, groups, dedup, prods, fences = reply
+def queue_head(reply: list[Any]) -> QueueState:
+    """A queue from the ``HEAD`` script's reply (scripts.py): all but its channels'
+    segments and removed seqs, its special messages and its dedup entries."""
+    used, nexts, firsts, borns, groups, prods, fences = reply
     q = QueueState(used=int(used))
     first_of = {text(k): int(v) for k, v in pairs(firsts)}
     born_of = {text(k): int(v) for k, v in pairs(borns)}
-    next_of = {text(k): int(v) for k, v in pairs(nexts)}
-    records: dict[str, tuple[ChannelRecord, set[int]]] = {}
-    for raw, metas, removed in chans:
+    for raw, nxt in pairs(nexts):
         name = text(raw)
-        spans = sorted((int(s), int(m.split(b" ", 1)[0])) for s, m in pairs(metas))
-        rec = channel_record(name, next_of[name], first_of.get(name, 1), spans,
-                             {int(r) for r in removed})
-        records[name] = rec, set(rec.gone)
-        q.channels.append((born_of.get(name, 0), rec))
-    for body in specials:
-        for m in decode_messages(body):
-            rec, gone = records.get(m.channel, (None, set()))
-            if rec is not None and m.special and m.seq >= rec.first_seq and m.seq not in gone:
-                q.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
+        q.heads[name] = (int(nxt), first_of.get(name, 1), born_of.get(name, 0))
     for grp, states in groups:
         for channel, value in pairs(states):
             floor, state = value.split(b":", 1)
             q.group_states.append((text(grp), text(channel), int(floor), state))
-    for key, value in pairs(dedup):
+    q.producers = [(*_unpack(k), *_unpack(v)) for k, v in pairs(prods)]
+    q.fences = [(text(w), text(c), int(b)) for w, hs in fences for c, b in pairs(hs)]
+    return q
+
+
+def add_channel(q: QueueState, name: str, spans: list[tuple[int, int]],
+                removed: set[int]) -> None:
+    """Channel ``name`` of ``q`` (one of its heads), from its segments' (first, last)
+    seqs in order and its removed seqs."""
+    next_seq, first_seq, born = q.heads[name]
+    rec = channel_record(name, next_seq, first_seq, spans, removed)
+    q.live[name] = rec.first_seq, set(rec.gone)
+    q.channels.append((born, rec))
+
+
+def add_specials(q: QueueState, bodies: list[bytes]) -> None:
+    """The live priority and delayed messages of a page of special segments (after
+    every channel of ``q`` is added); their bodies are not kept, nor even copied."""
+    for body in bodies:
+        for m in decode_placed(body):
+            first, gone = q.live.get(m.channel, (None, set()))
+            if first is not None and (m.priority > 0 or m.deliver_at is not None) and \
+                    m.seq >= first and m.seq not in gone:
+                q.specials.append((m.channel, m.seq, m.priority, m.deliver_at))
+
+
+def add_dedup(q: QueueState, entries: list[Any] | dict[Any, Any], now: float) -> None:
+    """A page of the queue's dedup hash: the entries not expired."""
+    for key, value in pairs(entries):
         channel, dkey = _unpack(key)
         expires_at, seq, msg_id = _unpack(value)
         if expires_at > now:
             q.dedup.append((channel, dkey, expires_at, seq, msg_id))
-    q.producers = [(*_unpack(k), *_unpack(v)) for k, v in pairs(prods)]
-    q.fences = [(text(w), text(c), int(b)) for w, hs in fences for c, b in pairs(hs)]
-    return q
 
 
 def merge(snap: Snapshot, queues: list[QueueState]) -> None:
     """Every queue's part into ``snap``: channels in creation order, the rest by key."""
     snap.channels = [rec for _, rec in sorted(
         (c for q in queues for c in q.channels), key=lambda c: (c[0], c[1].name))]
-    snap.specials = sorted(s for q in queues for s in q.specials)
+    # (SSCAN, which pages the special segments, may give a segment twice: once here)
+    snap.specials = sorted({s for q in queues for s in q.specials})
     snap.group_states = sorted(s for q in queues for s in q.group_states)
-    snap.dedup = sorted(snap.dedup + [d for q in queues for d in q.dedup],
-                        key=lambda d: d[:2])
+    # (so may HSCAN a dedup entry: a key is once in the hash)
+    found = {d[:2]: d for q in queues for d in q.dedup}
+    snap.dedup = sorted(snap.dedup + list(found.values()), key=lambda d: d[:2])
     snap.producers = sorted((p for q in queues for p in q.producers), key=lambda p: p[:3])
     snap.fences = sorted(f for q in queues for f in q.fences)
 

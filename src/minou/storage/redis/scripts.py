@@ -282,42 +282,86 @@ QUEUE_OOM = "#!lua flags=allow-oom\n" + _LIB + _QUEUE_BODY
 SHARED = "#!lua\n" + _LIB + _SHARED_BODY
 SHARED_OOM = "#!lua flags=allow-oom\n" + _LIB + _SHARED_BODY
 
-# Everything open() needs of one queue, in one reply:
-# {used, next, first, born, {channel, starts+metas, removed}..., special bodies,
-#  {group, states}..., dedup, producers, {writer, fences}...}
-DUMP = r"""#!lua flags=no-writes
+# What open() reads of one queue in one reply: what is small and fixed (a field per
+# channel, per group state, per producer, per fence):
+# {used, next, first, born, {group, states}..., producers, {writer, fences}...}
+# The rest grows with the data and comes in pages (below, and HSCAN of ``dedup``), so
+# that no reply, and no script, is as big as what the queue holds.
+HEAD = r"""#!lua flags=no-writes
 local base = ARGV[1]
 local out = {}
 out[1] = redis.call('GET', base .. 'used') or '0'
 out[2] = redis.call('HGETALL', base .. 'next')
 out[3] = redis.call('HGETALL', base .. 'first')
 out[4] = redis.call('HGETALL', base .. 'born')
-local chans = {}
-for j = 1, #out[2], 2 do
-  local ch = out[2][j]
-  chans[#chans + 1] = {ch, redis.call('HGETALL', base .. 'm:' .. ch),
-                       redis.call('ZRANGE', base .. 'r:' .. ch, 0, -1)}
-end
-out[5] = chans
-local specials = {}
-for _, m in ipairs(redis.call('SMEMBERS', base .. 'spec')) do
-  local ch, first = string.match(m, '^(.*)%z(%d+)$')
-  specials[#specials + 1] = redis.call('HGET', base .. 'b:' .. ch, first)
-end
-out[6] = specials
 local groups = {}
 for _, g in ipairs(redis.call('SMEMBERS', base .. 'groups')) do
   groups[#groups + 1] = {g, redis.call('HGETALL', base .. 'gs:' .. g)}
 end
-out[7] = groups
-out[8] = redis.call('HGETALL', base .. 'dedup')
-out[9] = redis.call('HGETALL', base .. 'prod')
+out[5] = groups
+out[6] = redis.call('HGETALL', base .. 'prod')
 local fences = {}
 for _, w in ipairs(redis.call('SMEMBERS', base .. 'fencers')) do
   fences[#fences + 1] = {w, redis.call('HGETALL', base .. 'fw:' .. w)}
 end
-out[10] = fences
+out[7] = fences
 return out
+"""
+
+# A page of one kind of sorted set over channels ARGV[5...] in turn, at most ARGV[3]
+# entries in all: ARGV[2] 's' (segments: their first seqs and their ``m:`` metas,
+# "last published_at") or 'r' (removed seqs); ARGV[4] where the first channel goes on
+# from (a ZRANGEBYSCORE min: '-inf', or '(' and the last entry had). One {entries,
+# metas} per channel read; the last one read may have more when the page is full.
+# (ARGV[3] stays under a few thousand: HMGET takes the page as arguments, unpack's.)
+PAGE = r"""#!lua flags=no-writes
+local base, kind, most, from = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local out, n = {}, 0
+for j = 5, #ARGV do
+  local ch = ARGV[j]
+  local page = redis.call('ZRANGEBYSCORE', base .. kind .. ':' .. ch, from, '+inf',
+                          'LIMIT', 0, most - n)
+  local metas = {}
+  if kind == 's' and #page > 0 then
+    metas = redis.call('HMGET', base .. 'm:' .. ch, unpack(page))
+  end
+  out[#out + 1] = {page, metas}
+  n = n + #page
+  from = '-inf'
+  if n >= most then break end
+end
+return out
+"""
+
+# Bodies of the queue's special segments (priority or delayed messages: the ``spec``
+# set), about ARGV[3] bytes a call: SSCAN from cursor ARGV[2] ('-': the scan is over,
+# only the members left over are to read), first the members ARGV[4...] a call before
+# left over. {cursor ('-' once the scan is over), bodies, members left over}: each
+# call sends at most one segment past ARGV[3] bytes, and leaves over at most one
+# SSCAN batch of members.
+SPECIALS = r"""#!lua flags=no-writes
+local base, cursor, most = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local bodies, left, size = {}, {}, 0
+local function take(m)
+  if size >= most then
+    left[#left + 1] = m
+    return
+  end
+  local ch, first = string.match(m, '^(.*)%z(%d+)$')
+  local body = redis.call('HGET', base .. 'b:' .. ch, first)
+  if body then
+    bodies[#bodies + 1] = body
+    size = size + #body
+  end
+end
+for j = 4, #ARGV do take(ARGV[j]) end
+while cursor ~= '-' and size < most do
+  local r = redis.call('SSCAN', base .. 'spec', cursor, 'COUNT', 64)
+  cursor = r[1]
+  if cursor == '0' then cursor = '-' end
+  for _, m in ipairs(r[2]) do take(m) end
+end
+return {cursor, bodies, left}
 """
 
 # Segments of one channel for seqs [lo, hi): {first seq, bodies from the segment holding
@@ -412,5 +456,5 @@ return 1
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
                  "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "disown": DISOWN,
                  "admit": ADMIT, "claim_term": CLAIM_TERM}
-READ_SCRIPTS = {"dump": DUMP, "read": READ, "first_at_or_after": FIRST_AT_OR_AFTER,
-                "segments": SEGMENTS}
+READ_SCRIPTS = {"head": HEAD, "page": PAGE, "specials": SPECIALS, "read": READ,
+                "first_at_or_after": FIRST_AT_OR_AFTER, "segments": SEGMENTS}

@@ -97,6 +97,13 @@ SOCKET_TIMEOUT = 10.0  # a commit Redis never answers fails rather than hangs th
 CONNECT_TIMEOUT = 5.0
 SHARED_TABLES = ("groups", "clients", "credentials", "reservations", "writers", "meta")
 MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
+# A start reads each queue in pages: about this many bytes of special segments (those
+# holding priority or delayed messages), or this many segments, removed seqs or dedup
+# entries, or this many channels' worth of them, a call. So what it holds at once, and
+# how long one script keeps Redis busy for everyone, is a page, not the data.
+OPEN_PAGE_BYTES = 1 << 20
+OPEN_PAGE_ENTRIES = 2_000  # (under Lua's unpack limit: HMGET takes a page's segments)
+OPEN_PAGE_CHANNELS = 500
 
 
 class RedisStorage:
@@ -145,6 +152,10 @@ class RedisStorage:
         self._group_queues: dict[str, set[str]] = {}  # where a group may have states
         self._writer_queues: dict[str, set[str]] = {}  # where a writer may have fences
         self._expiry_done: set[tuple[str, bytes]] = set()
+        # The last open's (or open_queue's) reads: calls, and the largest page of
+        # special segments in bytes (what bounds the memory a start needs).
+        self.open_pages = 0
+        self.open_largest = 0
 
     # ------------------------------------------------------------ errors
     @contextmanager
@@ -191,15 +202,16 @@ class RedisStorage:
                            self._client.smembers(self._shared + "queues"))
             if self.claim_on_open:
                 self._claim_all(found)
-            pipe = self._client.pipeline(transaction=False)
-            for q in found:
-                base = queue_base(self.prefix, q)
-                pipe.execute_command("EVALSHA", self._shas["dump"], 1, base + "next", base)
-                pipe.hgetall(base + "ids")  # stream ids clients gave (core/stream_ids.py)
-            replies = pipe.execute() if found else []
-            dumps, points = replies[0::2], replies[1::2]
             snap, used = self._read_shared(now)
-        states = [reading.queue_snapshot(d, now) for d in dumps]
+        self.open_pages = 0
+        self.open_largest = 0
+        # One queue at a time, each in pages: what the start holds at once is a page,
+        # not the data (a queue's reply used to hold every special segment's body).
+        states, points = [], []
+        for q in found:
+            state, ids = self._read_queue(q, now)
+            states.append(state)
+            points.append(ids)
         reading.merge(snap, states)
         for rows in points:
             snap.meta.update((reading.text(k), reading.text(v)) for k, v in rows.items())
@@ -214,7 +226,65 @@ class RedisStorage:
             self._writer_queues = {}
             for q, s in zip(found, states, strict=True):
                 self._index(q, s)
+        log.debug("read %d queue(s) from Redis in %d pages, the largest %d bytes",
+                  len(found), self.open_pages, self.open_largest)
         return snap
+
+    def _read_queue(self, queue: str, now: float) -> tuple[reading.QueueState, dict[Any, Any]]:
+        """One queue, page by page (``OPEN_PAGE_BYTES`` of special segments, or
+        ``OPEN_PAGE_ENTRIES`` entries, a call): its state, and the stream ids clients
+        gave in it (core/stream_ids.py)."""
+        base = queue_base(self.prefix, queue)
+        key = base + "next"  # routes every read of the queue to its slot
+        q = reading.queue_head(self._read("head", key, base))
+        self.open_pages += 1
+        names = sorted(q.heads)
+        spans: dict[str, list[tuple[int, int]]] = {name: [] for name in names}
+        for name, starts, metas in self._pages(key, base, "s", names):
+            spans[name].extend((int(s), int(m.split(b" ", 1)[0]))
+                               for s, m in zip(starts, metas, strict=True) if m is not None)
+        removed: dict[str, set[int]] = {name: set() for name in names}
+        for name, seqs, _ in self._pages(key, base, "r", names):
+            removed[name].update(int(r) for r in seqs)
+        for name in names:
+            reading.add_channel(q, name, spans.pop(name), removed.pop(name))
+        cursor, left = "0", []
+        while cursor != "-" or left:
+            raw, bodies, left = self._read("specials", key, base, cursor, OPEN_PAGE_BYTES,
+                                           *left)
+            cursor = reading.text(raw)
+            self.open_pages += 1
+            self.open_largest = max(self.open_largest, sum(map(len, bodies)))
+            reading.add_specials(q, bodies)
+            del bodies  # (the page's bodies go before the next one comes)
+        with self._redis(f"reading {queue}"):
+            scan = 0
+            while True:
+                scan, entries = self._client.hscan(base + "dedup", scan,
+                                                   count=OPEN_PAGE_ENTRIES)
+                reading.add_dedup(q, entries, now)
+                if not scan:
+                    break
+            ids = self._client.hgetall(base + "ids")
+        return q, ids
+
+    def _pages(self, key: str, base: str, kind: str, names: list[str]
+               ) -> Iterator[tuple[str, list[bytes], list[bytes | None]]]:
+        """The ``PAGE`` script's pages of sorted set ``kind`` over channels ``names``:
+        (channel, entries, their metas) for each channel in each page."""
+        i, start = 0, "-inf"
+        while i < len(names):
+            chunk = names[i:i + OPEN_PAGE_CHANNELS]
+            reply = self._read("page", key, base, kind, OPEN_PAGE_ENTRIES, start, *chunk)
+            self.open_pages += 1
+            for name, (entries, metas) in zip(chunk, reply, strict=False):
+                yield name, entries, metas
+            if sum(len(entries) for entries, _ in reply) >= OPEN_PAGE_ENTRIES:
+                # Full: it stopped in its last channel (on an entry), which goes on.
+                i += len(reply) - 1
+                start = "(" + reading.text(reply[-1][0][-1])
+            else:
+                i, start = i + len(chunk), "-inf"
 
     def _check_server(self) -> None:
         version = min((str(node.info("server").get("redis_version", "0"))
@@ -280,12 +350,11 @@ class RedisStorage:
         """Claim ``queue`` (its epoch goes up: its previous owner's writes are refused)
         and read it. StorageFenced naming the owner while another live broker owns it."""
         self._own([queue])
-        base = queue_base(self.prefix, queue)
+        self.open_pages = 0
+        self.open_largest = 0
+        state, points = self._read_queue(queue, now)
         with self._redis(f"opening {queue}"):
-            dump = self._client.evalsha(self._sha("dump"), 1, base + "next", base)
             groups = self._client.hgetall(self._shared + "groups")
-            points = self._client.hgetall(base + "ids")  # stream ids clients gave
-        state = reading.queue_snapshot(dump, now)
         snap = reading.shared_snapshot(
             {t: [] for t in SHARED_TABLES} | {"groups": groups, "meta": points},
             [], {}, [], now)
