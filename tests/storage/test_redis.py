@@ -293,11 +293,12 @@ def test_a_start_reads_special_segments_in_pages_and_gives_back_every_message(
     assert (A, 1601, 9, None) in RedisStorage(redis_url, claim=False).open(NOW).specials
 
 
-def test_a_start_pages_many_segments_removed_seqs_and_channels(
+def test_a_start_pages_many_segments_removed_seqs_channels_and_dedup_entries(
     redis_url: str, tmp_path: Path,
 ) -> None:
-    """More segments and removed seqs in a channel than a page holds, and more
-    channels in a queue than a page names: read back as SQLite reads them."""
+    """More segments, removed seqs and dedup entries in a queue than a page holds, and
+    more channels in it than a page names, beside more small queues than a round trip
+    reads (each read whole): read back as SQLite reads them."""
     st, lite = _both(redis_url, tmp_path)
     many = "wide/v1/many"
     step = OPEN_PAGE_ENTRIES * 5 // 2
@@ -306,18 +307,26 @@ def test_a_start_pages_many_segments_removed_seqs_and_channels(
     wide = [msg(f"wide/v1/c{i:04}", 1, deliver_at=NOW + i if i % 2 else None)
             for i in range(OPEN_PAGE_CHANNELS + 20)]
     deletes = [(many, s) for s in range(1, 2 * step, 4)]  # OPEN_PAGE_ENTRIES x 1.25
+    dedup = [(many, f"k{s}", NOW + (60 if s % 4 == 1 else -60), s, f"id{s}")  # half expired
+             for s in range(1, 2 * step, 2)]
+    small = [msg(f"small{i:02}/v1/c", 1, priority=1 + i % 9) for i in range(40)]
+    small_dedup = [(m.channel, "k", NOW + 60, 1, "id") for m in small]
     for store in (st, lite):
-        store.apply(batch_of(*first))
+        store.apply(batch_of(*first, dedup=dedup))
         store.apply(batch_of(*wide))
         store.apply(WriteBatch(deletes=deletes, channels={many: 2 * step}))
+        store.apply(batch_of(*small, dedup=small_dedup))
+        store.apply(WriteBatch(deletes=[(small[0].channel, 1)], channels={small[0].channel: 2}))
     st.close()
     again = RedisStorage(redis_url)
     snap = again.open(NOW)
     oracle = lite.open(NOW)
     assert records(snap) == records(oracle)
-    assert len(records(snap)) == OPEN_PAGE_CHANNELS + 21
+    assert len(records(snap)) == OPEN_PAGE_CHANNELS + 21 + 40
     assert records(snap)[many].count == step - len(deletes)
     assert snap.specials == sorted(oracle.specials)
     assert len(snap.specials) == len([m for m in first if m.special
                                       and (many, m.seq) not in set(deletes)]) + \
-        (OPEN_PAGE_CHANNELS + 20) // 2
+        (OPEN_PAGE_CHANNELS + 20) // 2 + 39
+    assert sorted(snap.dedup) == sorted(oracle.dedup)
+    assert len(snap.dedup) == step // 2 + 40

@@ -63,8 +63,9 @@ class QueueState:
 
 def queue_head(reply: list[Any]) -> QueueState:
     """A queue from the ``HEAD`` script's reply (scripts.py): all but its channels'
-    segments and removed seqs, its special messages and its dedup entries."""
-    used, nexts, firsts, borns, groups, prods, fences = reply
+    segments and removed seqs, its special messages and its dedup entries (``whole``
+    reads those when the reply has them)."""
+    used, nexts, firsts, borns, groups, prods, fences = reply[:7]
     q = QueueState(used=int(used))
     first_of = {text(k): int(v) for k, v in pairs(firsts)}
     born_of = {text(k): int(v) for k, v in pairs(borns)}
@@ -78,6 +79,21 @@ def queue_head(reply: list[Any]) -> QueueState:
     q.producers = [(*_unpack(k), *_unpack(v)) for k, v in pairs(prods)]
     q.fences = [(text(w), text(c), int(b)) for w, hs in fences for c, b in pairs(hs)]
     return q
+
+
+def whole(q: QueueState, reply: list[Any], now: float) -> bool:
+    """The rest of a small queue, when the ``HEAD`` reply has it (``False`` if not:
+    the start reads it in pages)."""
+    if reply[7] is None:
+        return False
+    chans, bodies, dedup = reply[7]
+    for raw, starts, metas, removed in chans:
+        spans = [(int(s), int(m.split(b" ", 1)[0]))
+                 for s, m in zip(starts, metas, strict=True) if m is not None]
+        add_channel(q, text(raw), spans, {int(r) for r in removed})
+    add_specials(q, bodies)
+    add_dedup(q, dedup, now)
+    return True
 
 
 def add_channel(q: QueueState, name: str, spans: list[tuple[int, int]],

@@ -284,11 +284,15 @@ SHARED_OOM = "#!lua flags=allow-oom\n" + _LIB + _SHARED_BODY
 
 # What open() reads of one queue in one reply: what is small and fixed (a field per
 # channel, per group state, per producer, per fence):
-# {used, next, first, born, {group, states}..., producers, {writer, fences}...}
-# The rest grows with the data and comes in pages (below, and HSCAN of ``dedup``), so
-# that no reply, and no script, is as big as what the queue holds.
+# {used, next, first, born, {group, states}..., producers, {writer, fences}..., whole}
+# The rest grows with the data: ``whole`` has it, {{channel, segment starts, their
+# metas, removed seqs}..., special segments' bodies, dedup}, only when it is within
+# ARGV[2] bytes of special segments and ARGV[3] entries (segments, removed seqs, spec
+# members, dedup entries), as a small queue's is: else false, and the start reads it in
+# pages (below, and HSCAN of ``dedup``), so that no reply, and no script, is as big as
+# what the queue holds.
 HEAD = r"""#!lua flags=no-writes
-local base = ARGV[1]
+local base, most, entries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 out[1] = redis.call('GET', base .. 'used') or '0'
 out[2] = redis.call('HGETALL', base .. 'next')
@@ -305,6 +309,34 @@ for _, w in ipairs(redis.call('SMEMBERS', base .. 'fencers')) do
   fences[#fences + 1] = {w, redis.call('HGETALL', base .. 'fw:' .. w)}
 end
 out[7] = fences
+out[8] = false
+local n = redis.call('SCARD', base .. 'spec') + redis.call('HLEN', base .. 'dedup')
+for j = 1, #out[2], 2 do
+  if n > entries then return out end
+  local ch = out[2][j]
+  n = n + redis.call('ZCARD', base .. 's:' .. ch) + redis.call('ZCARD', base .. 'r:' .. ch)
+end
+if n > entries then return out end
+local specials, size = redis.call('SMEMBERS', base .. 'spec'), 0
+for _, m in ipairs(specials) do
+  local ch, first = string.match(m, '^(.*)%z(%d+)$')
+  size = size + redis.call('HSTRLEN', base .. 'b:' .. ch, first)
+end
+if size > most then return out end
+local chans, bodies = {}, {}
+for j = 1, #out[2], 2 do
+  local ch = out[2][j]
+  local starts = redis.call('ZRANGE', base .. 's:' .. ch, 0, -1)
+  local metas = {}
+  if #starts > 0 then metas = redis.call('HMGET', base .. 'm:' .. ch, unpack(starts)) end
+  chans[#chans + 1] = {ch, starts, metas, redis.call('ZRANGE', base .. 'r:' .. ch, 0, -1)}
+end
+for _, m in ipairs(specials) do
+  local ch, first = string.match(m, '^(.*)%z(%d+)$')
+  local body = redis.call('HGET', base .. 'b:' .. ch, first)
+  if body then bodies[#bodies + 1] = body end
+end
+out[8] = {chans, bodies, redis.call('HGETALL', base .. 'dedup')}
 return out
 """
 

@@ -104,6 +104,7 @@ MIN_VERSION = (7, 0)  # script flags (#!lua) are Redis 7's
 OPEN_PAGE_BYTES = 1 << 20
 OPEN_PAGE_ENTRIES = 2_000  # (under Lua's unpack limit: HMGET takes a page's segments)
 OPEN_PAGE_CHANNELS = 500
+OPEN_QUEUES_AT_ONCE = 16  # queues a round trip, each whole within its share of a page
 
 
 class RedisStorage:
@@ -205,13 +206,7 @@ class RedisStorage:
             snap, used = self._read_shared(now)
         self.open_pages = 0
         self.open_largest = 0
-        # One queue at a time, each in pages: what the start holds at once is a page,
-        # not the data (a queue's reply used to hold every special segment's body).
-        states, points = [], []
-        for q in found:
-            state, ids = self._read_queue(q, now)
-            states.append(state)
-            points.append(ids)
+        states, points = self._read_queues(found, now)
         reading.merge(snap, states)
         for rows in points:
             snap.meta.update((reading.text(k), reading.text(v)) for k, v in rows.items())
@@ -230,14 +225,56 @@ class RedisStorage:
                   len(found), self.open_pages, self.open_largest)
         return snap
 
-    def _read_queue(self, queue: str, now: float) -> tuple[reading.QueueState, dict[Any, Any]]:
-        """One queue, page by page (``OPEN_PAGE_BYTES`` of special segments, or
-        ``OPEN_PAGE_ENTRIES`` entries, a call): its state, and the stream ids clients
-        gave in it (core/stream_ids.py)."""
+    def _read_queues(self, queues: list[str], now: float
+                     ) -> tuple[list[reading.QueueState], list[dict[Any, Any]]]:
+        """Every queue in ``queues`` (claimed): its state, and the stream ids clients
+        gave in it (core/stream_ids.py). A few queues a round trip, each whole if it is
+        within its share of a page (``HEAD``), else read in pages on its own: what is
+        held at once, and what any one script does, is about a page, not the data."""
+        states, points = [], []
+        for i in range(0, len(queues), OPEN_QUEUES_AT_ONCE):
+            group = queues[i:i + OPEN_QUEUES_AT_ONCE]
+            replies = self._heads(group)
+            self.open_pages += 1
+            self.open_largest = max(self.open_largest, sum(
+                len(body) for head in replies[0::2] if head[7] is not None
+                for body in head[7][1]))
+            for q, head, ids in zip(group, replies[0::2], replies[1::2], strict=True):
+                state = reading.queue_head(head)
+                if not reading.whole(state, head, now):
+                    self._read_in_pages(q, state, now)
+                states.append(state)
+                points.append(ids)
+            del replies  # (before the next group's come)
+        return states, points
+
+    def _heads(self, group: list[str]) -> list[Any]:
+        """``HEAD`` and the stream ids of each queue of ``group``, in one round trip;
+        each queue whole within its share of a page."""
+        most, entries = OPEN_PAGE_BYTES // len(group), OPEN_PAGE_ENTRIES // len(group)
+
+        def send() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            for q in group:
+                base = queue_base(self.prefix, q)
+                pipe.execute_command("EVALSHA", self._sha("head"), 1, base + "next", base,
+                                     most, entries)
+                pipe.hgetall(base + "ids")
+            return list(pipe.execute())
+
+        with self._redis("reading queues"):
+            try:
+                return send()
+            except redis.exceptions.NoScriptError:  # Redis lost them (restarted): again
+                self._load_scripts()
+                return send()
+
+    def _read_in_pages(self, queue: str, q: reading.QueueState, now: float) -> None:
+        """The rest of ``queue`` after its head (``q``), page by page
+        (``OPEN_PAGE_BYTES`` of special segments, or ``OPEN_PAGE_ENTRIES`` entries, a
+        call)."""
         base = queue_base(self.prefix, queue)
         key = base + "next"  # routes every read of the queue to its slot
-        q = reading.queue_head(self._read("head", key, base))
-        self.open_pages += 1
         names = sorted(q.heads)
         spans: dict[str, list[tuple[int, int]]] = {name: [] for name in names}
         for name, starts, metas in self._pages(key, base, "s", names):
@@ -265,8 +302,6 @@ class RedisStorage:
                 reading.add_dedup(q, entries, now)
                 if not scan:
                     break
-            ids = self._client.hgetall(base + "ids")
-        return q, ids
 
     def _pages(self, key: str, base: str, kind: str, names: list[str]
                ) -> Iterator[tuple[str, list[bytes], list[bytes | None]]]:
@@ -352,7 +387,7 @@ class RedisStorage:
         self._own([queue])
         self.open_pages = 0
         self.open_largest = 0
-        state, points = self._read_queue(queue, now)
+        [state], [points] = self._read_queues([queue], now)
         with self._redis(f"opening {queue}"):
             groups = self._client.hgetall(self._shared + "groups")
         snap = reading.shared_snapshot(
