@@ -99,9 +99,11 @@ def restart(broker: MinouBroker, settle: float) -> tuple[float, float, int, str]
     peak = status_mib(broker.pid, "VmHWM")
     worst = max(entries, key=lambda e: e["duration"])
     command = worst["command"]
-    name = (command.decode(errors="replace") if isinstance(command, bytes)
-            else str(command)).split(" ")[0]
-    return peak, took, int(worst["duration"]), name
+    words = (command.decode(errors="replace") if isinstance(command, bytes)
+             else str(command)).split(" ")
+    if words[0].upper() == "EVALSHA":  # which script: by its arguments after the key
+        words = [words[0], *words[4:7]]
+    return peak, took, int(worst["duration"]), " ".join(words)[:60]
 
 
 def main() -> None:

@@ -366,19 +366,20 @@ return out
 """
 
 # Bodies of the queue's special segments (priority or delayed messages: the ``spec``
-# set), about ARGV[3] bytes a call: SSCAN from cursor ARGV[2] ('-': the scan is over,
-# only the members left over are to read), first the members ARGV[4...] a call before
-# left over. {cursor ('-' once the scan is over), bodies, members left over}: each
-# call sends at most one segment past ARGV[3] bytes, and leaves over at most one
-# SSCAN batch of members.
+# set), about ARGV[3] bytes or ARGV[4] segments a call: SSCAN from cursor ARGV[2] ('-':
+# the scan is over, only the members left over are to read), first the members
+# ARGV[5...] a call before left over. {cursor ('-' once the scan is over), bodies,
+# members left over}: each call sends at most one segment past ARGV[3] bytes, and
+# leaves over at most one SSCAN batch of members.
 SPECIALS = r"""#!lua flags=no-writes
-local base, cursor, most = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local bodies, left, size = {}, {}, 0
+local base, cursor, most, count = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local bodies, left, size, taken = {}, {}, 0, 0
 local function take(m)
-  if size >= most then
+  if size >= most or taken >= count then
     left[#left + 1] = m
     return
   end
+  taken = taken + 1
   local ch, first = string.match(m, '^(.*)%z(%d+)$')
   local body = redis.call('HGET', base .. 'b:' .. ch, first)
   if body then
@@ -386,8 +387,8 @@ local function take(m)
     size = size + #body
   end
 end
-for j = 4, #ARGV do take(ARGV[j]) end
-while cursor ~= '-' and size < most do
+for j = 5, #ARGV do take(ARGV[j]) end
+while cursor ~= '-' and size < most and taken < count do
   local r = redis.call('SSCAN', base .. 'spec', cursor, 'COUNT', 64)
   cursor = r[1]
   if cursor == '0' then cursor = '-' end

@@ -271,8 +271,8 @@ class RedisStorage:
 
     def _read_in_pages(self, queue: str, q: reading.QueueState, now: float) -> None:
         """The rest of ``queue`` after its head (``q``), page by page
-        (``OPEN_PAGE_BYTES`` of special segments, or ``OPEN_PAGE_ENTRIES`` entries, a
-        call)."""
+        (``OPEN_PAGE_BYTES`` of special segments, or ``OPEN_PAGE_ENTRIES`` entries or
+        segments, a call)."""
         base = queue_base(self.prefix, queue)
         key = base + "next"  # routes every read of the queue to its slot
         names = sorted(q.heads)
@@ -288,7 +288,7 @@ class RedisStorage:
         cursor, left = "0", []
         while cursor != "-" or left:
             raw, bodies, left = self._read("specials", key, base, cursor, OPEN_PAGE_BYTES,
-                                           *left)
+                                           OPEN_PAGE_ENTRIES, *left)
             cursor = reading.text(raw)
             self.open_pages += 1
             self.open_largest = max(self.open_largest, sum(map(len, bodies)))
