@@ -1029,16 +1029,30 @@ def federation(conn: dict[str, Any], as_json: bool) -> None:
             since = time.strftime("%H:%M:%S", time.localtime(p["since"]))
             click.echo(f"  {p['direction']:<4} {', '.join(p['patterns'])}: {p['state']} since "
                        f"{since}, {p['forwarded']} carried ({p['rate']:.0f} msg/s), lag "
-                       f"{p['lag_messages']} msg / "
+                       f"{_lag_messages(p)} / "
                        f"{p['lag_seconds']:.1f} s"
                        + (f", {p['skipped_loops']} loop(s) skipped" if p["skipped_loops"]
                           else "")
                        + (f", {p['dead_lettered']} dead-lettered" if p["dead_lettered"]
                           else "")
                        + (f", {p['refused_channels']} channel(s) refused there"
-                          if p.get("refused_channels") else ""))
+                          if p.get("refused_channels") else "")
+                       + (f", {p['orphans_dropped']} staged page(s) aborted"
+                          if p.get("orphans_dropped") else ""))
             if p["last_error"]:
                 click.echo(f"       last error: {p['last_error']}")
+
+
+def _lag_messages(pipe: dict[str, Any]) -> str:
+    """A direction's lag in messages, said to be the last figure known when its source
+    (a pull's remote) is out of reach."""
+    if not pipe.get("lag_last_known"):
+        return f"{pipe['lag_messages']} msg"
+    counted = pipe.get("lag_counted_at")
+    if counted is None:
+        return "? msg (the remote not reached yet)"
+    at = time.strftime("%H:%M:%S", time.localtime(counted))
+    return f"{pipe['lag_messages']} msg (last known, at {at})"
 
 
 if __name__ == "__main__":

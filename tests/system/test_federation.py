@@ -618,3 +618,65 @@ def test_a_push_direction_down_goes_on_counting_its_lag(tmp_path):
     finally:
         eu.stop()
         us.stop()
+
+
+def test_a_pull_direction_down_ages_its_lag_and_says_its_count_is_the_last_known(tmp_path):
+    """A pull's source is the remote: while it is gone nothing can be counted there, and
+    the lag froze at the last connected figure (0 msg, 0 s for as long as the outage
+    lasted, the rate at its last figure). Now lag_seconds grows from the last contact
+    that found nothing behind, lag_messages is marked as the last figure known (with
+    when it was counted), the rate falls to 0, and the direction's "since" stays the
+    moment it went down through its retries; all back to current once the remote is."""
+    us = start(tmp_path, "us", KEEP)
+    eu = start(tmp_path, "eu", link("eu-us", us.url, pull=["chat/v1/*"]))
+    key = keyfiles.load_private(eu.admin_key)
+    admin = {"Authorization": f"Bearer {make_token('admin', key, 'eu', ttl=600)}"}
+
+    def pull() -> dict[str, Any]:
+        return status(eu)["links"][0]["pipes"][0]
+
+    try:
+        with us.connect_sync("talk") as talk:
+            talk.send_many([("chat/v1/a", n) for n in range(5)])
+        wait_until(lambda: len(read_all(eu, "chat/v1/a")) == 5, timeout=60,
+                   what="the first messages pulled")
+        wait_until(lambda: pull()["forwarded"] == 5 and pull()["lag_messages"] == 0,
+                   timeout=30, what="the pull caught up")
+        us.kill()
+        wait_until(lambda: pull()["state"] == "retrying", timeout=60,
+                   what="the direction to notice the remote is gone")
+        down = pull()
+        wait_until(lambda: pull()["lag_seconds"] >= down["lag_seconds"] + 2.0, timeout=60,
+                   what="the pull's lag to grow while the remote is gone")
+        later = pull()
+        assert later["state"] == "retrying" and later["since"] == down["since"], later
+        assert later["lag_counted_at"] is not None, later
+        assert later["lag_last_known"] is True and later["lag_messages"] == 0, later
+        assert later["lag_counted_at"] <= down["since"], later  # counted before it went
+        # The rate falls to 0 once its 10 s window passed (5 were carried just before).
+        wait_until(lambda: pull()["rate"] == 0.0, timeout=60, what="the rate to fall")
+        metrics = httpx.get(eu.http + "/metrics", headers=admin, timeout=30).text
+        lag = float(_metric(metrics, "minou_federation_lag_seconds", "pull"))
+        age = float(_metric(metrics, "minou_federation_lag_messages_age_seconds", "pull"))
+        assert lag >= later["lag_seconds"] and age >= 2.0, (lag, age)
+        cli = subprocess.run([sys.executable, "-m", "minou", "federation"],
+                             env=eu.cli_env(), capture_output=True, text=True, timeout=60)
+        assert "lag 0 msg (last known, at " in cli.stdout, cli.stdout
+        us.start()
+        with us.connect_sync("talk") as talk:
+            talk.send_many([("chat/v1/a", n) for n in range(5, 8)])
+        wait_until(lambda: len(read_all(eu, "chat/v1/a")) == 8, timeout=120,
+                   what="the rest pulled once the remote is back")
+        wait_until(lambda: pull()["lag_seconds"] == 0.0 and pull()["state"] == "up",
+                   timeout=60, what="the lag back to 0")
+        assert pull()["lag_last_known"] is False
+    finally:
+        eu.stop()
+        us.stop()
+
+
+def _metric(text: str, name: str, direction: str) -> str:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'direction="{direction}"' in line:
+            return line.rsplit(" ", 1)[1]
+    raise AssertionError(f"no {name} for {direction} in the metrics")

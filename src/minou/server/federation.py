@@ -125,6 +125,10 @@ class PipeStatus:
     orphans_dropped: int = 0  # pages left staged there by a lost connection, aborted later
     lag_messages: int = 0
     lag_seconds: float = 0.0
+    # When lag_messages was last counted on the source (None: never), and whether it is
+    # only the last figure known (a pull direction whose remote is out of reach).
+    lag_counted_at: float | None = None
+    lag_last_known: bool = False
     channels: int = 0
     remote_broker: str = ""
     rate: float = 0.0  # messages carried per second over the last RATE_WINDOW_S
@@ -179,6 +183,11 @@ class Pipe:
         self._orphans: deque[str] = deque(maxlen=FEDERATION_ORPHANS_KEPT)
         self._log_budget = _refusal_budget(f"{link.name} ({direction})")
         self._up_since = 0.0  # monotonic time the pipe last went up
+        # Until when (the source's time) this broker knew the destination held everything:
+        # the last turn that found nothing behind, or the last message carried while
+        # behind. A pull direction that is down ages its lag from there. Until the first
+        # contact, from the start: it has known nothing newer since then at least.
+        self._fresh_at = time.time()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"minou-{self.writer}")
@@ -389,6 +398,7 @@ class Pipe:
         positions[ch] = last + 1
         self.status.forwarded += len(sends) - (self.status.dead_lettered - dead)
         self.status.lag_seconds = max(0.0, time.time() - msgs[-1].published_at)
+        self._fresh_at = max(self._fresh_at, msgs[-1].published_at)
         await source.set_position(self.group, {ch: last + 1})
         return True
 
@@ -487,12 +497,26 @@ class Pipe:
                         msg.channel, msg.seq, exc.message)
 
     def lag_while_down(self) -> None:
-        """A push direction that is not carrying: its lag from this broker's own group
-        (what the link has positioned, against what its channels hold now), so that the
-        status and metrics go on growing through an outage instead of freezing at the
-        last connected figure. Channels first made during the outage count once the
-        link is back (the group names only those it has positioned)."""
-        if self.direction != "push" or self.status.state in ("up", "elsewhere", "stopped"):
+        """A direction that is not carrying: its figures brought up to date for the
+        status and metrics, which froze at the last connected ones through an outage.
+
+        * the rate falls to 0 as its window passes (it showed the last rate carried);
+        * a push direction counts its lag from this broker's own group (what the link
+          has positioned, against what its channels hold now); channels first made
+          during the outage count once the link is back (the group names only those it
+          has positioned);
+        * a pull direction cannot ask its source, the remote: ``lag_messages`` stays the
+          last figure counted there (``lag_last_known``, counted at ``lag_counted_at``)
+          and ``lag_seconds`` grows from the last moment this broker knew it held
+          everything the remote had (the last contact that found nothing behind, or
+          the last message carried while behind)."""
+        if self.status.state in ("up", "elsewhere", "stopped"):
+            return
+        self.status.sample(time.monotonic())
+        now = time.time()
+        if self.direction == "pull":
+            self.status.lag_last_known = True
+            self.status.lag_seconds = max(self.status.lag_seconds, now - self._fresh_at)
             return
         group = self.server.core.state.groups.get(consume_group_key(self.group))
         if group is None:
@@ -507,16 +531,19 @@ class Pipe:
                 if isinstance(first, Msg) and (oldest is None or first.published_at < oldest):
                     oldest = first.published_at
         self.status.lag_messages = behind
+        self.status.lag_counted_at = now
         if oldest is not None:
-            self.status.lag_seconds = max(self.status.lag_seconds, time.time() - oldest)
+            self.status.lag_seconds = max(self.status.lag_seconds, now - oldest)
 
     def _lag(self, offsets: dict[str, tuple[int, int]], positions: dict[str, int]) -> None:
         self.status.sample(time.monotonic())
         behind = sum(max(0, nxt - positions.get(ch, nxt)) for ch, (_, nxt) in offsets.items())
         self.status.lag_messages = behind
+        self.status.lag_counted_at, self.status.lag_last_known = time.time(), False
         self.status.channels = len(offsets)
         if not behind:
             self.status.lag_seconds = 0.0
+            self._fresh_at = self.status.lag_counted_at
 
 
 def _theirs(exc: RequestError) -> bool:

@@ -22,6 +22,7 @@ form their own queue ``_dead/endpoint/version``.
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -245,8 +246,14 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
         "lag_messages": GaugeMetricFamily("minou_federation_lag_messages", "Messages on the "
                                           "source not carried yet.", labels=labels),
         "lag_seconds": GaugeMetricFamily("minou_federation_lag_seconds", "Age of the last "
-                                         "message carried while behind (0: caught up).",
+                                         "message carried while behind (0: caught up); "
+                                         "while down, it goes on growing.",
                                          labels=labels),
+        "lag_age": GaugeMetricFamily("minou_federation_lag_messages_age_seconds", "Seconds "
+                                     "since lag_messages was counted on the source: it "
+                                     "grows while a pull direction's remote is out of "
+                                     "reach (lag_messages is then the last figure known); "
+                                     "absent until first counted.", labels=labels),
         "skipped_loops": CounterMetricFamily("minou_federation_loops_skipped", "Messages not "
                                              "sent back to the broker they began on.",
                                              labels=labels),
@@ -267,8 +274,12 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
                                     "attempt failed (its text: minou federation).",
                                     labels=labels),
     }
+    now = time.time()
     for p in pipes:
         key = [str(p.get("link", "")), str(p.get("direction", ""))]
+        counted = p.get("lag_counted_at")
+        if counted is not None:
+            families["lag_age"].add_metric(key, max(0.0, now - float(counted)))
         families["up"].add_metric(key, 1.0 if p.get("state") == "up" else 0.0)
         families["errors"].add_metric(key, 1.0 if p.get("state") == "retrying" else 0.0)
         for name in ("forwarded", "lag_messages", "lag_seconds", "skipped_loops",
