@@ -745,16 +745,28 @@ def _rgb_sum(page, expression: str) -> int:
 @pytest.mark.timeout(180)
 def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(browser,
                                                                                tmp_path):
-    """Broker eu has a link to us (push orders/v1/*, invoices/v1/*; pull prices/v1/*) and
-    one to a port nobody listens on: the page shows both directions of the first up,
+    """Broker eu has a link to us (push orders/v1/*, invoices/v1/*; pull prices/v1/*),
+    one to a port nobody listens on (push and pull), and one whose identity on us may
+    not write the channel it pushes: the page shows both directions of the first up,
     with what they carried and the dead letter us refused; the second retrying, with
-    the connection error in full; in the dark on a phone too."""
+    the connection error in full and its pull's lag not counted; the third up with its
+    refused channel; each with the pages it aborted (orphans); in the dark on a phone
+    too."""
     down = free_port()  # nobody listens there
-    us = start(tmp_path, "us", '[channels."invoices/v1"]\n'
-                               'schema = { type = "object", required = ["id"] }\n')
+    # us: everyone may do everything but "ruled", which may not write secret/v1.
+    us_config = tmp_path / "us.toml"
+    us_config.write_text(
+        'broker_id = "us"\n[channels."invoices/v1"]\n'
+        'schema = { type = "object", required = ["id"] }\n'
+        + "".join(f'[[rules]]\nclient = "{c}"\nread = ["*"]\nwrite = ["*"]\n'
+                  for c in ("bridge", "y"))
+        + '[[rules]]\nclient = "ruled"\nread = ["*"]\nwrite = ["orders/*"]\n')
+    us = BrokerProcess(tmp_path / "us", config=us_config).start()
     eu = start(tmp_path, "eu", link("eu-us", us.url, push=["orders/v1/*", "invoices/v1/*"],
                                     pull=["prices/v1/*"])
-               + link("eu-down", f"minou://127.0.0.1:{down}", push=["audit/v1/*"]))
+               + link("eu-down", f"minou://127.0.0.1:{down}", push=["audit/v1/*"],
+                      pull=["news/v1/*"])
+               + link("eu-ruled", us.url, push=["secret/v1/*"], client="ruled"))
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(10_000)
@@ -763,6 +775,7 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
             for n in range(5):
                 x.send("orders/v1/1", n)
             x.send("invoices/v1/1", "not an invoice")  # refused by us: dead-lettered here
+            x.send("secret/v1/1", "not for ruled")  # "ruled" may not write it there
         with us.connect_sync("y") as y:
             y.send_many([("prices/v1/tea", 4.2), ("prices/v1/tea", 4.3)])
         sign_in(page, eu, admin_token(eu, "eu"))
@@ -785,6 +798,8 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
             assert row.get_by_test_id("pipe-error").is_hidden()  # up, nothing failed
             assert _text(row, "pipe-lag") == "0 msg · 0 s"
             assert _text(row, "pipe-skipped") == "0"
+            assert _text(row, "pipe-refused") == "0"  # the status's refused_channels
+            assert _text(row, "pipe-orphans") == "0"  # and orphans_dropped ("—": absent)
         assert _text(push, "pipe-direction") == "push" and _text(pull, "pipe-direction") == "pull"
         assert push.get_by_test_id("pipe-patterns").locator("code").all_inner_texts() == [
             "orders/v1/*", "invoices/v1/*"]
@@ -799,9 +814,28 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
             "(els) => els.map((e) => e.getAttribute('href'))")
         assert hrefs == ["#/queues/_dead/orders/v1", "#/queues/_dead/invoices/v1"], hrefs
 
+        ruled = _pipe(page, "eu-ruled", "push")
+        wait_until(lambda: _text(ruled, "pipe-refused") == "1", 30,
+                   what="the channel us refuses counted")
+        assert "warn-text" in ruled.get_by_test_id("pipe-refused").get_attribute("class")
+        assert ruled.get_attribute("data-state") == "up"  # the other channels would go on
+        assert "secret/v1/1" in _text(ruled, "pipe-error")
+        assert _text(ruled, "pipe-orphans") == "0"
+        headers = page.locator('[data-link="eu-ruled"] [data-testid=pipes-table] th')
+        assert {"Refused channels", "Orphans dropped"} <= {
+            t.strip() for t in headers.all_inner_texts()}
+
         gone = _pipe(page, "eu-down", "push")
         wait_until(lambda: gone.get_attribute("data-state") == "retrying", 15,
                    what="the link to the port nobody listens on retrying")
+        gone_pull = _pipe(page, "eu-down", "pull")
+        wait_until(lambda: gone_pull.get_attribute("data-state") == "retrying", 15,
+                   what="its pull retrying")
+        # A pull that never reached its remote: nothing counted there, its age grows.
+        assert _text(gone_pull, "pipe-lag").startswith("? msg · ")
+        assert _text(gone_pull, "pipe-lag-known") == "not counted yet"
+        assert gone_pull.get_by_test_id("pipe-lag").get_attribute("data-last-known") == ""
+        assert push.get_by_test_id("pipe-lag-known").is_hidden()  # counted now
         state = gone.get_by_test_id("pipe-state")
         assert state.inner_text().strip() == "retrying"
         assert "badge-danger" in state.get_attribute("class").split()
@@ -812,7 +846,7 @@ def test_the_federation_page_shows_each_link_its_directions_and_a_remote_down(br
         assert _text(gone, "pipe-forwarded") == "0"
         assert _text(page.locator('[data-link="eu-down"]'), "link-remote") == \
             f"minou://127.0.0.1:{down}"
-        assert re.search(r"2 links · 3 directions: 2 up, 1 (retrying|connecting)",
+        assert re.search(r"3 links · 5 directions: 3 up, 2 retrying",
                          page.locator(".page-head .sub").inner_text())
         shot(page, "federation")
 

@@ -1,7 +1,8 @@
 // #/federation: the [[federation]] links of this broker (GET /v1/federation), one card
 // per link with a row per direction (push: here to the remote, pull: the remote to
-// here): its state, since when, the last error, messages carried, lag, loops skipped
-// and messages dead-lettered here.
+// here): its state, since when, the last error, messages carried, lag (the last figure
+// known while a pull's remote is out of reach), loops skipped, messages dead-lettered
+// here, channels the destination refuses and staged pages aborted.
 
 import { api } from "../api.js";
 import { card, createTable, emptyState, fill, h, setAttr, setText, show } from "../dom.js";
@@ -22,7 +23,14 @@ const DIRECTION_HINT = {
   pull: "pull: the remote's channels under these patterns come here",
 };
 const LAG_HINT = "Messages on the source not yet carried and, while some are, how long " +
-  "ago the last one carried was published";
+  "ago the last one carried was published; while the direction is down the age goes on growing";
+const LAST_KNOWN_HINT = "The remote is out of reach: this is the count of its last contact";
+const NOT_COUNTED_HINT = "The remote has not been reached since this broker started: " +
+  "nothing counted there yet";
+const REFUSED_HINT = "Channels waiting on a refusal of the destination (a rule, a full " +
+  "queue): tried again with backoff, the others go on";
+const ORPHANS_HINT = "Pages a lost connection left staged on the destination, aborted " +
+  "on the next connection (they would hold its staging room for an hour)";
 const LOOPS_HINT = "Messages not sent because they came from the destination " +
   "(x-federated-from): links both ways do not loop";
 const DEAD_HINT = "Messages the destination refused for what they are (a schema, a size), " +
@@ -125,18 +133,33 @@ function pipesTable(link) {
         key: "lag", label: "Lag", num: true, title: LAG_HINT,
         cell: (td, p) => {
           td.dataset.testid = "pipe-lag";
-          setText(td, `${fmtInt(p.lag_messages)} msg · ${fmtDuration(num(p.lag_seconds))}`);
+          if (!td._ui) {
+            const figures = h("span");
+            const note = h("div", { class: "muted small nowrap", "data-testid": "pipe-lag-known" });
+            td._ui = { figures, note };
+            td.append(figures, note);
+          }
+          // A pull whose remote is out of reach: its count is the last contact's.
+          const counted = num(p.lag_counted_at);
+          const known = !!p.lag_last_known;
+          setText(td._ui.figures, `${known && counted === null ? "?" : fmtInt(p.lag_messages)} msg · ` +
+            fmtDuration(num(p.lag_seconds)));
+          show(td._ui.note, known);
+          setText(td._ui.note, !known ? "" : counted === null ? "not counted yet" : `last known, ${fmtAgo(counted)}`);
+          setAttr(td, "data-last-known", known ? "" : null);
+          setAttr(td._ui.note, "title", !known ? null : counted === null ? NOT_COUNTED_HINT
+            : `${LAST_KNOWN_HINT}, ${fmtTime(counted)}`);
         },
       },
       {
-        key: "skipped_loops", label: "Loops skipped", num: true, thClass: "nowrap", title: LOOPS_HINT,
+        key: "skipped_loops", label: "Loops skipped", num: true, thClass: "th-wrap", title: LOOPS_HINT,
         cell: (td, p) => {
           td.dataset.testid = "pipe-skipped";
           setText(td, fmtInt(p.skipped_loops));
         },
       },
       {
-        key: "dead_lettered", label: "Dead-lettered", num: true, title: DEAD_HINT,
+        key: "dead_lettered", label: "Dead-lettered", num: true, thClass: "th-wrap", title: DEAD_HINT,
         cell: (td, p) => {
           const dead = num(p.dead_lettered) || 0;
           fill(td, [dead, p.direction, p.patterns, p._prefix], () => [
@@ -145,6 +168,22 @@ function pipesTable(link) {
               d.queue ? h("a", { href: queueHref(d.queue), "data-testid": "pipe-dead-link" }, d.text)
                 : h("code", null, d.text)))) : null,
           ]);
+        },
+      },
+      {
+        key: "refused_channels", label: "Refused channels", num: true, thClass: "th-wrap", title: REFUSED_HINT,
+        cell: (td, p) => {
+          const n = num(p.refused_channels);
+          fill(td, [n], () => [
+            h("span", { "data-testid": "pipe-refused", class: n > 0 ? "warn-text" : null }, fmtInt(n)),
+          ]);
+        },
+      },
+      {
+        key: "orphans_dropped", label: "Orphans dropped", num: true, thClass: "th-wrap", title: ORPHANS_HINT,
+        cell: (td, p) => {
+          td.dataset.testid = "pipe-orphans";
+          setText(td, fmtInt(num(p.orphans_dropped)));
         },
       },
     ],
