@@ -93,7 +93,8 @@ class MinouBroker:
     def __init__(self, workdir: Path, python: str = sys.executable,
                  storage: str = "sqlite", name: str = "minou", port: int = 0,
                  http_port: int = 0, placement: str = "primary",
-                 durability: str = "fsync", extra_config: str = "") -> None:
+                 durability: str = "fsync", extra_config: str = "",
+                 log_level: str = "warning") -> None:
         """``durability``: the bench channel's (bench/v1: "fsync", the default, or
         "interval", issue 19). ``storage``: "sqlite" (the default: minou.db in the data
         dir), "redis" (a
@@ -111,6 +112,7 @@ class MinouBroker:
         self.placement = placement  # [storage] placement on a shared Redis (docs/cluster.md)
         self.durability = durability
         self.extra_config = extra_config  # top-level keys first: put before the rest
+        self.log_level = log_level  # of the broker's log (workdir/<name>-broker.log)
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
         self.http_url: str | None = None  # the HTTP API (test e), e.g. http://127.0.0.1:PORT
@@ -169,7 +171,7 @@ class MinouBroker:
             [self.python, "-m", "minou", "start", "--data", str(self.data_dir),
              "--config", str(config),
              "--port", str(self.port), "--http-port", str(self.http_port),
-             "--log-level", "warning", *storage],
+             "--log-level", self.log_level, *storage],
             # a standby's only sign of life is a log line (stderr): read it with stdout
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT if standby else log,
             stdin=subprocess.DEVNULL, text=True,

@@ -4,9 +4,11 @@ conversation (docs/protocol.md), commits, flow control and slow consumers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import struct
 import time
+import weakref
 
 import pytest
 
@@ -184,6 +186,27 @@ async def test_anything_before_hello_is_fatal(broker: Harness) -> None:
     await peer.closed()
     assert peer.frames() == []  # the HELLO behind it was not answered
     assert peer.conn.session is None
+
+
+async def test_a_connection_that_went_is_not_held_until_its_hello_deadline(
+        broker: Harness) -> None:
+    """The HELLO deadline's timer goes with the HELLO or with the connection: left to
+    ring, it held every connection (its buffers, its session's objects) hello_timeout
+    (10 s) after it went, long enough for the cyclic GC to move it to its oldest
+    generation, freed only by a rare full collection: a client reconnecting in a loop
+    grew the broker ~3-5 KiB a connection (bench/federation_reconnect_loop.py)."""
+    welcomed = await broker.connect("leaves")
+    silent = await broker.connect(client_id=None)  # gone before its HELLO
+    gone = [weakref.ref(p.conn) for p in (welcomed, silent)]
+    for peer in (welcomed, silent):
+        peer.transport.close()
+    await asyncio.sleep(0)  # connection_lost runs on the next turn
+    await asyncio.sleep(0)
+    broker.peers.clear()
+    del welcomed, silent, peer
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+    assert len(broker.server.connections) == 0
 
 
 async def test_bye_closes_and_gives_unsettled_deliveries_back(broker: Harness) -> None:

@@ -680,3 +680,80 @@ def _metric(text: str, name: str, direction: str) -> str:
         if line.startswith(name + "{") and f'direction="{direction}"' in line:
             return line.rsplit(" ", 1)[1]
     raise AssertionError(f"no {name} for {direction} in the metrics")
+
+
+def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
+    """A remote whose link reconnects as fast as it can (a minou link backs off; another
+    implementation or a script may not): HELLO with the link's key, a pull's handshake
+    (its writer's fences, OFFSETS, SET_POSITION), its long poll sent, then the socket
+    reset; 3 loops at once. Meanwhile the broker answers another client's every PING
+    and publish, and once it ends nothing of those connections stays: no connection,
+    no long poll waiting, no descriptor, the one group, nothing logged."""
+    import asyncio
+    import os
+
+    us = start(tmp_path, "us", KEEP)
+    pid = us.proc.pid
+    with us.connect_sync("talk") as talk:
+        talk.send_many([(f"chat/v1/{i}", i) for i in range(4)])
+
+    def fds() -> int:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+
+    async def one() -> None:
+        c = await us.connect("bridge", reconnect=False)
+        await c.admin("txn.fences", writer_id="fed:loop:pull")
+        offsets = await c.offsets(["chat/v1/*"])
+        await c.set_position("federation:loop:pull",
+                             {ch: first for ch, (first, _) in offsets.items()})
+        after = json.dumps({ch: nxt for ch, (_, nxt) in offsets.items()})
+        poll = asyncio.ensure_future(c.admin("channels.wait", patterns='["chat/v1/*"]',
+                                             after=after, wait=5))
+        await asyncio.sleep(0.002)  # sent: the broker holds it
+        poll.cancel()
+        c._proto.transport.abort()  # no BYE: a crash, a cut
+        await c.close()
+
+    async def scenario() -> tuple[int, int]:
+        other = await us.connect("other")
+        served = 0
+        stop = asyncio.Event()
+
+        async def serve_other() -> None:
+            nonlocal served
+            while not stop.is_set():
+                await other.ping()
+                await other.send("chat/v1/other", served)
+                served += 1
+                await asyncio.sleep(0.01)
+
+        async def loop(n: int) -> int:
+            for _ in range(n):
+                await one()
+            return n
+
+        side = asyncio.ensure_future(serve_other())
+        made = sum(await asyncio.gather(*(loop(300) for _ in range(3))))
+        stop.set()
+        await side
+        await other.close()
+        return made, served
+
+    before = fds()
+    lines = len(us.output.splitlines())
+    try:
+        made, served = asyncio.run(scenario())
+        assert made == 900 and served > 0
+        assert len(read_all(us, "chat/v1/other")) == served  # every publish stored
+        import minou
+
+        with minou.connect_sync(us.url, **us.admin_auth()) as admin:
+            wait_until(lambda: admin.admin("status")["connections"] == 1, timeout=30,
+                       what="only the admin's connection left")
+            st = admin.admin("status")
+        assert st["long_polls"] == {} and st["groups"] == 1, st
+        assert st["transactions"]["staged"] == 0
+        assert fds() <= before + 2, (before, fds())  # the admin's socket, and slack
+        assert us.output.splitlines()[lines:] == []  # nothing logged per connection
+    finally:
+        us.stop()

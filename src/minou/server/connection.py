@@ -115,6 +115,7 @@ class NativeConnection:
         self.heartbeat = 0.0
         self.last_heard = time.monotonic()  # any bytes from the peer
         self._beat_timer: asyncio.TimerHandle | None = None
+        self.hello_timer: asyncio.TimerHandle | None = None  # the HELLO deadline (admit)
         self._beat_due = 0.0
         self._send_due = 0.0
         self._written_seen = 0
@@ -264,6 +265,7 @@ class NativeConnection:
         """Serve ``identity`` from now on (authenticated by the caller: a HELLO here, a
         Redis protocol AUTH for a connection that door drives); its producer id."""
         self.identity = identity
+        self._stop_hello_timer()
         self.server.authentications[identity.method] += 1
         self.session = self.server.open_session(identity, self)
         spread = getattr(self.server, "spread", None)
@@ -900,12 +902,18 @@ class NativeConnection:
             self._beat_timer.cancel()
             self._beat_timer = None
 
+    def _stop_hello_timer(self) -> None:
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+            self.hello_timer = None
+
     def lost(self) -> None:
         """The transport is gone: return unsettled deliveries."""
         if self.reader.buffered:
             self.core.counters.refuse("truncated_frame")
         self.closed = True
         self._stop_heartbeats()
+        self._stop_hello_timer()
         for task in [*self._long_polls, *self._lookups]:  # nobody is there to answer
             task.cancel()
         if self.front is not None:
