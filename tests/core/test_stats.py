@@ -35,8 +35,12 @@ def test_a_channels_figures_count_what_happened_to_its_messages() -> None:
         "published": 5, "requeued": 0, "dropped": 2, "expired": 1,
         "readers": ["consume:g", "listen:l:audit"],
         "expire_idle": None, "active_at": h.now,  # the last delivery
+        # 1 (dropped before its commit), 2 and 6: two runs of deleted seqs
+        "deleted": 3, "deleted_bytes": stats["deleted_bytes"],
     }
     assert h.broker.channel_stats(h.broker.channels[CH], h.now) == stats
+    assert list(h.broker.channels[CH].gone.runs()) == [(1, 3), (6, 7)]
+    assert 128 <= stats["deleted_bytes"] <= 256
 
 
 def test_a_groups_figures_sum_its_channels() -> None:

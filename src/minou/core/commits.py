@@ -91,7 +91,7 @@ class Commits:
             log = channels.get(msg.channel)
             if log is None:
                 continue
-            if msg.seq < log.first_seq or msg.seq in log.gone:
+            if msg.seq < log.first_seq or (log.gone.n and msg.seq in log.gone):
                 if log.kv is not None:
                     log.kv.unstage(msg)
                 continue  # dropped (overflow) before it was committed

@@ -172,12 +172,18 @@ class GroupChannel:
         if lo >= end:
             return 0, None
         gone, acked, pending = log.gone, self.acked, self.pending
-        taken = sum(1 for s in gone if lo <= s < end)
+        taken = gone.count_between(lo, end)  # over its runs, not its seqs
         taken += sum(1 for s in acked if lo <= s < end and s not in gone)
         taken += sum(1 for s in pending if lo <= s < end and s not in gone and s not in acked)
         seq = lo
-        while seq < end and (seq in gone or seq in acked or seq in pending):
-            seq += 1
+        while seq < end:
+            past = gone.skip(seq)  # a deleted run at once, not seq by seq
+            if past != seq:
+                seq = past
+            elif seq in acked or seq in pending:
+                seq += 1
+            else:
+                break
         return max(0, end - lo - taken), seq if seq < end else None
 
     # -- settling ---------------------------------------------------------

@@ -9,8 +9,6 @@ absent from its dict was deleted (``GONE``).
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,6 +20,7 @@ from ..limits import (
     DEFAULT_SYNC_INTERVAL_S,
 )
 from ..names import is_kv
+from .gone import Gone
 from .kv import KvIndex
 from .stream_ids import StreamIds
 
@@ -149,34 +148,6 @@ class ChannelOptions:
     history: int = 1
 
 
-class Gone(set[int]):
-    """The deleted seqs of a channel above its first: a set, with a heap of them so
-    that forgetting those below a seq costs what it forgets. Truncation follows every
-    commit that moves a reader: rebuilding the set each time made 2,000,000 deleted
-    seqs (a writer deleting every other message) slow every consumer of the channel."""
-
-    __slots__ = ("_heap",)
-
-    def __init__(self, seqs: Iterable[int] = ()) -> None:
-        super().__init__(seqs)
-        self._heap = sorted(self)
-
-    def add(self, seq: int) -> None:
-        if seq not in self:
-            super().add(seq)
-            heapq.heappush(self._heap, seq)
-
-    def drop_below(self, seq: int) -> int:
-        """Forget the seqs below ``seq``; return how many there were."""
-        heap, dropped = self._heap, 0
-        while heap and heap[0] < seq:
-            s = heapq.heappop(heap)
-            if s in self:  # (one discarded meanwhile left its heap entry: skipped)
-                super().discard(s)
-                dropped += 1
-        return dropped
-
-
 class SpecialCount:
     """The special (priority or delayed) messages held over every channel of a broker."""
 
@@ -225,7 +196,8 @@ class ChannelLog:
             self.kv = KvIndex()
 
     def lookup(self, seq: int) -> Msg | _Sentinel:
-        if seq < self.first_seq or seq in self.gone:
+        gone = self.gone  # (its ``n`` first: no Python call while nothing is deleted)
+        if seq < self.first_seq or (gone.n and seq in gone):
             return GONE
         if self.cache_lo <= seq < self.end:
             return self.cache.get(seq, GONE)
@@ -318,10 +290,9 @@ class ChannelLog:
         if seq < self.first_seq or seq in self.gone or seq >= self.end:
             return False
         if seq == self.first_seq:
-            self.first_seq += 1
-            while self.first_seq in self.gone:
-                self.gone.discard(self.first_seq)
-                self.first_seq += 1
+            # the deleted run right above it goes too: the channel starts after it
+            self.first_seq = self.gone.skip(seq + 1)
+            self.gone.drop_below(self.first_seq)
         else:
             self.gone.add(seq)
         m = self.cache.pop(seq, None)
@@ -339,16 +310,12 @@ class ChannelLog:
         """Drop the oldest message not yet committed; its commit will skip it."""
         # delete_one may have moved first_seq past end, over the gaps failed commits
         # left there (no longer in ``gone``): those seqs were never stored.
-        seq = max(self.end, self.first_seq)
-        while seq in self.gone:
-            seq += 1
+        seq = self.gone.skip(max(self.end, self.first_seq))
         self.gone.add(seq)
         self.inflight -= 1
         return seq
 
     def oldest_live(self) -> int | None:
         """The lowest live seq, if known without storage."""
-        s = self.first_seq
-        while s < self.end and s in self.gone:
-            s += 1
+        s = self.gone.skip(self.first_seq)
         return s if s < self.end else None

@@ -219,8 +219,14 @@ def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) ->
         return None
     floors = [gc.compute_floor() for gc in gcs] if gcs else [log.first_seq]
     seq = max(min(floors), log.first_seq)
-    while seq < log.end and (seq in log.gone or any(seq in gc.acked for gc in gcs)):
-        seq += 1
+    while seq < log.end:
+        past = log.gone.skip(seq)  # a deleted run at once, not seq by seq
+        if past != seq:
+            seq = past
+        elif any(seq in gc.acked for gc in gcs):
+            seq += 1
+        else:
+            break
     return seq if seq < log.end and seq >= log.first_seq else None
 
 

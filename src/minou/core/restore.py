@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from ..names import match_keys, migrate_listen_key, parse_pattern
 from .group import Group, GroupChannel
-from .log import ChannelLog, Gone
+from .log import ChannelLog
 from .snapshot import Snapshot
 from .state import BrokerState
 from .stream_ids import StreamIds, point_key, prune_points, stored_points
@@ -80,7 +80,7 @@ class Restorer:
             log.first_seq = min(rec.first_seq, rec.next_seq)
             log.cache_lo = rec.next_seq
             log.count = rec.count
-            log.gone = Gone(rec.gone)
+            log.gone = rec.gone  # adopted: storage built it for the log
             state.add_channel(log)
             state.track_expiry(log, now)
             logs.append(log)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dedup import DedupRows
+from .gone import Gone
 from .group import GroupDef
 from .stream_ids import parse_point_key
 
@@ -21,7 +22,12 @@ class ChannelRecord:
     first_seq: int
     count: int
     bytes: int = 0
-    gone: list[int] = field(default_factory=list)  # deleted seqs inside [first_seq, next_seq)
+    # deleted seqs inside [first_seq, next_seq), as runs: the core adopts it as it is
+    gone: Gone = field(default_factory=Gone)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gone, Gone):  # seqs in any order (tests, tools)
+            self.gone = Gone(sorted(self.gone))
 
 
 @dataclass

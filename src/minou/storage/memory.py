@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from ..core.gone import Gone
 from ..core.group import GroupDef
 from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ..core.snapshot import ChannelRecord, Snapshot
@@ -350,11 +351,12 @@ def _prune(w: _Work, batch: WriteBatch, commits: int) -> None:
 def _channel_record(name: str, ch: _Channel) -> ChannelRecord:
     """The channel as SQLiteStorage reads it back (the same steps on the same shape)."""
     spans = [(start, ch.segments[start].last) for start in ch.starts]
-    return segments.channel_record(name, ch.next_seq, ch.first_seq, spans, ch.removed)
+    return segments.channel_record(name, ch.next_seq, ch.first_seq, spans,
+                                   Gone.from_sorted(sorted(ch.removed)))
 
 
 def _specials(ch: _Channel, rec: ChannelRecord) -> Iterator[tuple[str, int, int, float | None]]:
-    gone = set(rec.gone)
+    gone = rec.gone
     for start in ch.starts:
         if ch.segments[start].special:
             for m in _messages.decode(ch.segments[start].body):

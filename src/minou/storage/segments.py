@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from ..core.gone import Gone
 from ..core.log import Msg
 from ..core.snapshot import ChannelRecord
 
@@ -61,13 +62,13 @@ def runs(msgs: list[Msg]) -> list[list[Msg]]:
 
 
 def channel_record(name: str, next_seq: int, first_seq: int, spans: list[tuple[int, int]],
-                   removed: set[int]) -> ChannelRecord:
+                   removed: Gone) -> ChannelRecord:
     """A channel as a restart reads it back, from its stored shape: ``spans`` are its
     segments' (first, last) seqs in order, ``removed`` the seqs deleted from inside
-    them. Seqs never stored (the holes failed publishes leave, between segments and
-    after the last) are gone but were never counted; only removed seqs are taken off
-    ``count``."""
-    holes: set[int] = set()
+    them (taken over: it becomes the record's ``gone``, no copy of it is made). Seqs
+    never stored (the holes failed publishes leave, between segments and after the
+    last) are gone but were never counted; only removed seqs are taken off ``count``."""
+    holes: list[tuple[int, int]] = []  # as runs: a failed batch leaves a long one
     first = next_seq
     if spans:
         next_seq = max(next_seq, spans[-1][1] + 1)
@@ -77,17 +78,21 @@ def channel_record(name: str, next_seq: int, first_seq: int, spans: list[tuple[i
         if last < first:
             continue
         start = max(start, first)
-        holes.update(range(expected, start))
+        if start > expected:
+            holes.append((expected, start))
         count += last - start + 1
         expected = last + 1
+    removed.drop_below(first)
+    removed.drop_from(next_seq)
+    count -= removed.count_between(first, expected) - \
+        sum(removed.count_between(a, b) for a, b in holes)
+    for a, b in holes:
+        removed.add_run(a, b)
     # Past the last segment too: failed publishes, when a later removal stored next_seq.
-    holes.update(range(expected, next_seq))
-    gone = {g for g in removed | holes if first <= g < next_seq}
-    count -= len([g for g in gone if g < expected and g not in holes])
-    while first in gone:  # leading removed messages: the channel starts after them
-        gone.discard(first)
-        first += 1
-    return ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
+    removed.add_run(expected, next_seq)
+    first = removed.skip(first)  # leading removed messages: the channel starts after them
+    removed.drop_below(first)
+    return ChannelRecord(name, next_seq, first, count, gone=removed)
 
 
 def retained_until(first_at_or_after: Callable[[int], tuple[int, float] | None],

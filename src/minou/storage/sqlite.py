@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from itertools import chain
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.request import pathname2url
@@ -37,9 +38,10 @@ from urllib.request import pathname2url
 import msgspec
 
 from ..core.dedup import DedupRows
+from ..core.gone import Gone
 from ..core.group import GroupDef
 from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
-from ..core.snapshot import ChannelRecord, Snapshot
+from ..core.snapshot import Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
 from ..limits import (
@@ -303,7 +305,7 @@ class SQLiteStorage:
     def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
         snap = Snapshot()
         firsts: dict[str, int] = {}
-        removed: dict[str, set[int]] = {}
+        removed: dict[str, Gone] = {}
         for cid, name, next_seq, first_seq in db.execute(
             "SELECT cid, name, next_seq, first_seq FROM channels"
         ):
@@ -312,35 +314,13 @@ class SQLiteStorage:
             spans = [(r & SEQ_MASK, last) for r, last in db.execute(
                 "SELECT rid, last_seq FROM segments WHERE rid BETWEEN ? AND ? ORDER BY rid",
                 (lo, hi))]
-            removed_rows = {r & SEQ_MASK for (r,) in db.execute(
-                "SELECT rid FROM removed WHERE rid BETWEEN ? AND ?", (lo, hi))}
-            holes: set[int] = set()  # seqs never stored (refused on a full disk)
-            if spans:
-                next_seq = max(next_seq, spans[-1][1] + 1)
-                first = max(first_seq, spans[0][0])
-            else:
-                first = next_seq
-            expected = first
-            count = 0
-            for start, last in spans:
-                if last < first:
-                    continue
-                start = max(start, first)
-                holes.update(range(expected, start))  # a hole between segments
-                count += last - start + 1
-                expected = last + 1
-            # Past the last segment too: failed publishes, when a later removal stored
-            # next_seq.
-            holes.update(range(expected, next_seq))
-            # Only removed messages that were stored were counted: holes were not.
-            count -= len({g for g in removed_rows if first <= g < expected} - holes)
-            gone = {g for g in removed_rows | holes if first <= g < next_seq}
-            while first in gone:  # leading removed messages: the channel starts after them
-                gone.discard(first)
-                first += 1
-            rec = ChannelRecord(name, next_seq, first, count, gone=sorted(gone))
+            # Streamed into runs, in rid order (the primary key's): no set of them.
+            removed_runs = Gone.from_sorted(chain.from_iterable(db.execute(
+                "SELECT rid & ? FROM removed WHERE rid BETWEEN ? AND ? ORDER BY rid",
+                (SEQ_MASK, lo, hi))))
+            rec = segments.channel_record(name, next_seq, first_seq, spans, removed_runs)
             snap.channels.append(rec)
-            firsts[name], removed[name] = first, gone
+            firsts[name], removed[name] = rec.first_seq, rec.gone
         for body, body_file in db.execute(
                 "SELECT body, body_file FROM segments WHERE special IS NOT NULL"):
             for m in _segment.decode(self._body(body, body_file)):

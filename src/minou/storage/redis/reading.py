@@ -13,12 +13,14 @@ from typing import Any
 
 import msgspec
 
+from ...core.gone import Gone
 from ...core.group import GroupDef
 from ...core.snapshot import ChannelRecord, Snapshot
 from ...protocol.frames import Send
 from ..segments import channel_record, decode_placed
 
 _sends = msgspec.msgpack.Decoder(list[Send])
+_NONE_GONE = Gone()  # for a special of a channel the queue does not list
 _unpack = msgspec.msgpack.decode
 
 
@@ -50,7 +52,7 @@ class QueueState:
     # channel -> (next seq, first seq, creation order), as the head gave them
     heads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # channel -> (its first live seq, the seqs gone inside): what a special must be in
-    live: dict[str, tuple[int, set[int]]] = field(default_factory=dict)
+    live: dict[str, tuple[int, Gone]] = field(default_factory=dict)
 
     @property
     def groups(self) -> set[str]:
@@ -90,19 +92,19 @@ def whole(q: QueueState, reply: list[Any], now: float) -> bool:
     for raw, starts, metas, removed in chans:
         spans = [(int(s), int(m.split(b" ", 1)[0]))
                  for s, m in zip(starts, metas, strict=True) if m is not None]
-        add_channel(q, text(raw), spans, {int(r) for r in removed})
+        add_channel(q, text(raw), spans, Gone.from_sorted(map(int, removed)))  # by seq
     add_specials(q, bodies)
     add_dedup(q, dedup, now)
     return True
 
 
 def add_channel(q: QueueState, name: str, spans: list[tuple[int, int]],
-                removed: set[int]) -> None:
+                removed: Gone) -> None:
     """Channel ``name`` of ``q`` (one of its heads), from its segments' (first, last)
-    seqs in order and its removed seqs."""
+    seqs in order and its removed seqs (taken over: the record's ``gone``)."""
     next_seq, first_seq, born = q.heads[name]
     rec = channel_record(name, next_seq, first_seq, spans, removed)
-    q.live[name] = rec.first_seq, set(rec.gone)
+    q.live[name] = rec.first_seq, rec.gone
     q.channels.append((born, rec))
 
 
@@ -111,7 +113,7 @@ def add_specials(q: QueueState, bodies: list[bytes]) -> None:
     every channel of ``q`` is added); their bodies are not kept, nor even copied."""
     for body in bodies:
         for m in decode_placed(body):
-            first, gone = q.live.get(m.channel, (None, set()))
+            first, gone = q.live.get(m.channel, (None, _NONE_GONE))
             if first is not None and (m.priority > 0 or m.deliver_at is not None) and \
                     m.seq >= first and m.seq not in gone:
                 q.specials.append((m.channel, m.seq, m.priority, m.deliver_at))

@@ -73,6 +73,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from ...core.gone import Gone
 from ...core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ...core.snapshot import Snapshot
 from ...core.writes import WriteBatch
@@ -280,9 +281,11 @@ class RedisStorage:
         for name, starts, metas in self._pages(key, base, "s", names):
             spans[name].extend((int(s), int(m.split(b" ", 1)[0]))
                                for s, m in zip(starts, metas, strict=True) if m is not None)
-        removed: dict[str, set[int]] = {name: set() for name in names}
+        removed: dict[str, Gone] = {name: Gone() for name in names}
         for name, seqs, _ in self._pages(key, base, "r", names):
-            removed[name].update(int(r) for r in seqs)
+            add = removed[name].add  # pages come by seq: each add extends the last run
+            for r in seqs:
+                add(int(r))
         for name in names:
             reading.add_channel(q, name, spans.pop(name), removed.pop(name))
         cursor, left = "0", []
