@@ -254,25 +254,3 @@ def test_cached_range_stops_at_max_bytes_with_one_message_at_least() -> None:
     assert seqs_of == [[1], [1, 2], [1, 2, 3], [2, 3], [1, 2, 3, 4, 5], [1, 2]]
     log.evict_below(3)  # 1 and 2 are in storage only now
     assert log.cached_range(1, 6, 10, 10 * w) is None
-
-
-@given(st.lists(st.tuples(st.sampled_from(["add", "discard", "drop"]),
-                          st.integers(0, 40)), max_size=200))
-def test_the_deleted_seqs_behave_as_a_set_that_forgets_below_a_seq(ops) -> None:
-    """``Gone`` keeps a heap beside its set so that forgetting the seqs below one costs
-    what it forgets; it must answer as the plain set it replaces, stale heap entries
-    (a seq discarded, or added again) included."""
-    from minou.core.log import Gone
-
-    gone, model = Gone([3, 1, 2]), {1, 2, 3}
-    for op, seq in ops:
-        if op == "add":
-            gone.add(seq)
-            model.add(seq)
-        elif op == "discard":
-            gone.discard(seq)
-            model.discard(seq)
-        else:
-            assert gone.drop_below(seq) == len({s for s in model if s < seq})
-            model = {s for s in model if s >= seq}
-        assert set(gone) == model and len(gone) == len(model)
