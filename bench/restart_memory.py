@@ -7,6 +7,7 @@ restart to the first publish it confirms.
 
   .venv/bin/python bench/restart_memory.py --cases dedup --dedup-keys 2000000
   .venv/bin/python bench/restart_memory.py --cases staged,groups
+  .venv/bin/python bench/restart_memory.py --cases gone --updates 2000000
   PYTHONPATH=/other/checkout/src .venv/bin/python bench/restart_memory.py ...
       (the broker runs the code on PYTHONPATH: compare two versions)
 
@@ -20,6 +21,10 @@ Cases:
             channels (DEFAULT_MAX_CHANNELS 100,000), each reading one channel: a restart
             attaches every group to the channels it reads and were made after its last
             save.
+``gone``    a key-value bucket (history 1): 1 cold key written once, then a hot key
+            updated ``--updates`` times: the cold key pins the channel's first seq, so
+            every older revision of the hot key stays a deleted seq inside the log
+            (core/gone.py), running and read back from the ``removed`` rows at a start.
 """
 
 from __future__ import annotations
@@ -85,6 +90,14 @@ async def fill_groups(url: str, groups: int, channels: int) -> None:
                 await sub.close()
 
 
+async def fill_gone(url: str, updates: int) -> None:
+    async with await connect(url) as c:
+        await c.send("_kv/v1/bench", "cold", key="cold")
+        for start in range(0, updates, BATCH):
+            await c.send_many([{"channel": "_kv/v1/bench", "payload": i, "key": "hot"}
+                               for i in range(start, min(start + BATCH, updates))])
+
+
 # ------------------------------------------------------------------ restart
 async def first_publish(url: str, deadline: float) -> None:
     while True:
@@ -107,6 +120,9 @@ def run_case(name: str, args: argparse.Namespace, work: Path) -> None:
         if name == "dedup":
             asyncio.run(fill_dedup(url, args.dedup_keys))
             size = f"{args.dedup_keys:,} keys"
+        elif name == "gone":
+            asyncio.run(fill_gone(url, args.updates))
+            size = f"1 cold key, {args.updates:,} updates of a hot one"
         elif name == "staged":
             asyncio.run(fill_staged(url, 0))
             size = "2 x 120 MiB staged"
@@ -136,6 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="dedup,staged,groups")
     parser.add_argument("--dedup-keys", type=int, default=1_000_000)
+    parser.add_argument("--updates", type=int, default=1_000_000)
     parser.add_argument("--groups", type=int, default=2_000)
     parser.add_argument("--channels", type=int, default=50_000)
     parser.add_argument("--settle", type=float, default=40.0,
