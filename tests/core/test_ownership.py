@@ -83,9 +83,9 @@ def _fingerprint(b: Broker, now: float) -> dict[str, Any]:
     st = b.state
     groups = {}
     for key, g in st.groups.items():
-        gcs = {name: (gc.cursor, gc.floor, sorted(gc.acked), sorted(gc.attempts.items()),
-                      sorted(gc.delayed), sorted(gc.front), sorted(gc.back), sorted(gc.prio),
-                      sorted(gc.sched), sorted(gc.skip))
+        gcs = {name: (gc.cursor, gc.floor, sorted({*gc.acked, *gc.acked_runs}),
+                      sorted(gc.attempts.items()), sorted(gc.delayed), sorted(gc.front),
+                      sorted(gc.back), sorted(gc.prio), sorted(gc.sched), sorted(gc.skip))
                for name, gc in g.gcs.items()}
         groups[key] = (g.kind, [p.text for p in g.patterns], gcs)
     return {

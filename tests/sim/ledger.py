@@ -82,8 +82,12 @@ class DurableGroup:
 
     @classmethod
     def decode(cls, floor: int, blob: bytes) -> DurableGroup:
-        # The blob is a msgspec array: [acked, attempts, delayed] (core/group.py _State).
-        acked, attempts, _delayed = msgspec.msgpack.decode(blob) if blob else ([], {}, [])
+        # The blob is a msgspec array: [acked, attempts, delayed, acked_runs] (core/
+        # group.py _State; an older version wrote the first three only).
+        fields = msgspec.msgpack.decode(blob) if blob else [[], {}, []]
+        acked, attempts = set(fields[0]), fields[1]
+        for lo, hi in fields[3] if len(fields) > 3 else ():
+            acked.update(range(lo, hi))
         return cls(floor, frozenset(acked), {int(s): int(a) for s, a in attempts.items()})
 
 

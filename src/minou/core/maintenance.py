@@ -223,8 +223,9 @@ def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) ->
         past = log.gone.skip(seq)  # a deleted run at once, not seq by seq
         if past != seq:
             seq = past
-        elif any(seq in gc.acked for gc in gcs):
-            seq += 1
+        elif any(gc.is_acked(seq) for gc in gcs):
+            # A long run of acks is passed in one step
+            seq = max(max(gc.acked_runs.end_of(seq), seq + 1) for gc in gcs if gc.is_acked(seq))
         else:
             break
     return seq if seq < log.end and seq >= log.first_seq else None
@@ -237,7 +238,7 @@ def receipt(core: Broker, log: ChannelLog, seq: int) -> dict[str, Any]:
     found = log.lookup(seq)  # not a message from the log's end on
     groups = []
     for gc in log.states:
-        if seq < gc.floor or seq in gc.acked:
+        if seq < gc.floor or gc.is_acked(seq):
             state = "acked"
         elif seq in gc.pending:
             state = "delivered"
