@@ -249,3 +249,20 @@ def test_waiting_counts_with_the_acks_in_runs() -> None:
     """The ``waiting`` property of test_group_channel with every ack folded at once."""
     with fold_at(0):
         test_group_channel.test_waiting_counts_stored_messages_neither_out_nor_settled()
+
+
+def test_a_group_channel_without_runs_shares_an_empty_one() -> None:
+    """Most group channels never fold: they hold no runs object of their own, and one
+    whose runs all fall below the floor gives its own back."""
+    _b, gc, _ = _pinned("nack", n=3_000)
+    assert gc.acked_runs.count_runs() == 1
+    other = Broker()
+    other.subscribe(Session("c"), 1, kind="consume", patterns=[CH], group="g", prefetch=1,
+                    now=1.0)
+    other.publish([Send(CH, b"1")], 1.0)
+    other.on_committed(other.take_writes(), 1.0)
+    fresh = other.state.groups["consume:g"].gcs[CH]
+    assert fresh.acked_runs is group_mod._NO_RUNS
+    gc.advance(5_000)
+    assert gc.acked_runs is group_mod._NO_RUNS and gc.runs_hi == 0
+    assert not group_mod._NO_RUNS
