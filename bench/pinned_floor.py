@@ -87,8 +87,14 @@ def run(n: int, pin: str) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ a real broker
-def _metric(http_url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{http_url}/metrics", timeout=30) as r:
+def _metric(http_url: str, admin_key: str, name: str) -> float:
+    from minou.auth import keys
+    from minou.auth.tokens import make_token
+
+    token = make_token("admin", keys.load_private(admin_key), "minou", ttl=600)
+    req = urllib.request.Request(f"{http_url}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
         for line in r.read().decode().splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])
@@ -102,7 +108,8 @@ def _rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-async def _drive(url: str, http_url: str, n: int, pin: str) -> tuple[float, float]:
+async def _drive(url: str, http_url: str, admin_key: str, n: int, pin: str
+                 ) -> tuple[float, float]:
     import minou
     from bench_clients import _process_key
 
@@ -118,7 +125,8 @@ async def _drive(url: str, http_url: str, n: int, pin: str) -> tuple[float, floa
         else:
             first.ack()
             todo = n - 1
-        commits0, t0 = _metric(http_url, "minou_storage_commits_total"), time.monotonic()
+        commits0 = _metric(http_url, admin_key, "minou_storage_commits_total")
+        t0 = time.monotonic()
         last = None
         for i in range(todo):
             msg = await sub.get(timeout=30)
@@ -128,7 +136,7 @@ async def _drive(url: str, http_url: str, n: int, pin: str) -> tuple[float, floa
         if last is not None:
             await last
         took = time.monotonic() - t0
-        commits = _metric(http_url, "minou_storage_commits_total") - commits0
+        commits = _metric(http_url, admin_key, "minou_storage_commits_total") - commits0
     return todo / took, commits / took
 
 
@@ -140,7 +148,9 @@ def run_broker(n: int, pin: str) -> None:
         try:
             url = broker.start()
             assert broker.http_url is not None and broker.pid is not None
-            acks_s, commits_s = asyncio.run(_drive(url, broker.http_url, n, pin))
+            assert broker.admin_key is not None
+            acks_s, commits_s = asyncio.run(_drive(url, broker.http_url, broker.admin_key,
+                                                   n, pin))
             time.sleep(1.0)
             rss = _rss_mib(broker.pid)
             assert broker.data_dir is not None
