@@ -46,7 +46,8 @@ def _held(gc: GroupChannel) -> int:
 
 def _pinned(pin: str, n: int = 199_000) -> tuple[Broker, GroupChannel, list[int]]:
     """``n`` acks after one message that waits: the first delivery nacked with a long
-    delay (``pin="nack"``) or a first message published with a delay ("sched").
+    delay (``pin="nack"``), held unsettled ("lease") or a first message published with
+    a delay ("sched").
     Returns the broker, its group's channel state and the group-state bytes of each
     commit."""
     b = Broker()
@@ -56,11 +57,11 @@ def _pinned(pin: str, n: int = 199_000) -> tuple[Broker, GroupChannel, list[int]
     if pin == "sched":
         b.publish([Send(CH, b"0", delay=1e6)], now)
         b.on_committed(b.take_writes(), now)
-    total = n + (pin == "nack")
+    total = n + (pin in ("nack", "lease"))
     for i in range(0, total, 1000):
         b.publish([Send(CH, b"1") for _ in range(min(1000, total - i))], now)
         b.on_committed(b.take_writes(), now)
-    first = pin == "nack"
+    first = pin in ("nack", "lease")
     done = 0
     sizes: list[int] = []
     while done < n:
@@ -69,8 +70,9 @@ def _pinned(pin: str, n: int = 199_000) -> tuple[Broker, GroupChannel, list[int]
         for _sub, items in out.items():
             tags = [d.tag for d in items]
             if first:
-                b.nack(s, tags[:1], delay=1e6, front=False, now=now)
-                tags, first = tags[1:], False
+                if pin == "nack":
+                    b.nack(s, tags[:1], delay=1e6, front=False, now=now)
+                tags, first = tags[1:], False  # "lease": held, not settled
             b.ack(s, tags, now)
             done += len(tags)
         w = b.take_writes()
@@ -94,6 +96,13 @@ def test_acks_after_a_delayed_retry_take_bounded_state() -> None:
 def test_acks_after_a_publish_delayed_message_take_bounded_state() -> None:
     _b, gc, sizes = _pinned("sched")
     assert gc.compute_floor() == 1
+    assert sizes[-1] < 10_000, sizes[-1]
+    assert _held(gc) <= group_mod.FOLD_ACKED + 2
+
+
+def test_acks_after_a_held_lease_take_bounded_state() -> None:
+    _b, gc, sizes = _pinned("lease", n=50_000)
+    assert gc.compute_floor() == 1 and 1 in gc.pending
     assert sizes[-1] < 10_000, sizes[-1]
     assert _held(gc) <= group_mod.FOLD_ACKED + 2
 
