@@ -275,3 +275,18 @@ def test_a_group_channel_without_runs_shares_an_empty_one() -> None:
     gc.advance(5_000)
     assert gc.acked_runs is group_mod._NO_RUNS and gc.runs_hi == 0
     assert not group_mod._NO_RUNS
+
+
+def test_scattered_acks_are_stored_no_larger_than_a_list_of_seqs() -> None:
+    """Acks out of order (every other seq: a gap each) make runs of one seq: stored as
+    seqs, not as ranges of two ints."""
+    _b, gc = _restored(b"", n=10)
+    for seq in range(2, 20_002, 2):
+        gc.settle(seq)
+    gc.compute_floor()
+    assert gc.acked_runs.count_runs() == 10_000  # folded: 10,000 > FOLD_ACKED
+    _floor, blob = gc.durable_state()
+    as_list = msgspec.msgpack.encode([list(range(2, 20_002, 2)), {}, [], []])
+    assert len(blob) <= len(as_list)
+    gc.restore(1, blob)
+    assert {*gc.acked, *gc.acked_runs} == set(range(2, 20_002, 2))

@@ -330,11 +330,16 @@ class GroupChannel:
 
     def durable_state(self) -> tuple[int, bytes]:
         floor = self.compute_floor()
+        acked, runs = self.acked, self.acked_runs.ranges()
+        if runs and any(hi - lo == 1 for lo, hi in runs):
+            # A run of one seq is smaller as a seq (acks out of order: one gap each)
+            acked = [*acked, *(lo for lo, hi in runs if hi - lo == 1)]
+            runs = [r for r in runs if r[1] - r[0] > 1]
         state = _State(
-            acked=sorted(self.acked),
+            acked=sorted(acked),
             attempts={s: a for s, a in self.attempts.items() if a},
             delayed=list(self.delayed),
-            acked_runs=self.acked_runs.ranges(),
+            acked_runs=runs,
         )
         return floor, _state_encoder.encode(state)
 
