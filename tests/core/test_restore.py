@@ -526,6 +526,48 @@ def test_a_group_reads_from_the_start_a_channel_it_has_no_stored_state_for() -> 
     assert grp.gcs[CH] in grp.ready
 
 
+def test_an_adopted_queue_is_read_from_its_start_by_the_groups_with_no_state_for_it(
+) -> None:
+    """A queue another broker held, adopted while running: a group this broker knows
+    that has no stored state for its channels (it was made while the other held them)
+    reads them from their first seq, and a message delayed by its publisher still
+    waits for its time."""
+    group = GroupDef("consume:g", "consume", ("orders/v1/*",))
+    broker = Broker()
+    broker.restore(Snapshot(groups=[group]), 1_000.0)
+    broker.adopt(Snapshot(
+        channels=[ChannelRecord(CH, next_seq=6, first_seq=2, count=4)],
+        specials=[(CH, 5, 0, 1_000.0 + 30.0)],  # seq 5 is delayed until T0 + 30
+        groups=[group]), 1_000.0)
+    grp = broker.groups["consume:g"]
+    gc = grp.gcs[CH]
+    assert (gc.floor, gc.cursor) == (2, 2)
+    assert gc.sched == [(1_000.0 + 30.0, 5)] and gc.prio == []  # not due yet
+    stats = broker.group_stats(grp, 1_000.0)
+    assert (stats["channels"], stats["lag"]) == (1, 4)
+
+
+@pytest.mark.parametrize("adopted", [False, True])
+def test_a_channel_restored_or_adopted_is_idle_from_then_not_before(adopted: bool) -> None:
+    """Idle expiry counts a channel's idle time from the restart (or from when its queue
+    was adopted): nothing in memory says how long it was idle before."""
+    def options(key: str) -> ChannelOptions:
+        return ChannelOptions(expire_idle=60.0) if key.startswith("tmp/") else ChannelOptions()
+
+    snap = Snapshot(channels=[ChannelRecord("tmp/v1/a", next_seq=3, first_seq=1, count=2),
+                              ChannelRecord("keep/v1/a", next_seq=3, first_seq=1, count=2)])
+    broker = Broker(channel_options=options)
+    if adopted:
+        broker.restore(Snapshot(), 500.0)
+        broker.adopt(snap, 1_000.0)
+    else:
+        broker.restore(snap, 1_000.0)
+    assert broker.channel_stats(broker.channels["tmp/v1/a"], 1_000.0)["active_at"] == 1_000.0
+    assert broker.tick(1_000.0 + 59.0) == []
+    assert broker.tick(1_000.0 + 60.0) == [("tmp/v1/a", 2)]
+    assert list(broker.channels) == ["keep/v1/a"]
+
+
 def test_a_restore_finds_the_groups_of_each_channel_by_its_name(monkeypatch) -> None:
     """A restore attaches each group to the channels it reads but has no state for by
     looking the groups up by the channel's name: trying every group against every

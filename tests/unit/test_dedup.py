@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from minou.core.dedup import RESTORE_STEP, DedupWindow
+from minou.core.dedup import RESTORE_STEP, DedupRows, DedupWindow
 
 CH = "orders/v1/1"
 T0 = 1_000_000.0
@@ -958,11 +958,12 @@ def test_evicting_past_forgotten_keys_counts_only_the_unexpired_live_ones() -> N
     assert w.get(CH, "k5", T0 + 1) == (6, mid(6))
 
 
-@pytest.mark.parametrize("seq", [0, 2**64 - 1, 2**64, -1])
+@pytest.mark.parametrize("seq", [0, 2**63, 2**64 - 2, 2**64 - 1, 2**64, -1])
 def test_a_restored_row_with_any_seq_comes_back_as_stored(seq: int) -> None:
     w = DedupWindow(generation=4)
     ident = f"{0x1234_5678_9ABC_DEF0:016x}{seq:x}"
     w.load([(CH, "k", T0 + 100, seq, ident), (CH, "other", T0 + 100, 6, mid(6))], T0)
+    assert w.get(CH, "k", T0) == (seq, ident)  # from the rows, while restoring
     build(w, T0)
     assert w.get(CH, "k", T0) == (seq, ident)
 
@@ -976,3 +977,99 @@ def test_load_takes_any_iterable_of_rows() -> None:
     assert len(w) == 20 and w.get(channel, key, T0) == (seq, ident)
     build(w, T0)
     assert w.get(channel, key, T0) == (seq, ident)
+
+
+# ------------------------------------------------- the rows storage reads at a start
+# SQLite reads the dedup table a page at a time (DEDUP_READ_PAGE rows) into DedupRows,
+# in (channel, key) order: the rows must come back exactly whatever the pages, a key
+# must be found only on its own channel, and rows that are not in order must be sorted
+# before a restore bisects them.
+PAGED = sorted([
+    ("a/v1/1", "k1", T0 + 10, 1, mid(1)),
+    ("a/v1/1", "k3", T0 + 11, 2, mid(2)),
+    ("a/v1/1", "k5", T0 + 12, 3, mid(3)),
+    ("a/v1/2", "k2", T0 + 13, 4, mid(4)),
+    ("a/v1/2", "k4", T0 + 14, 0, ""),  # a broadcast that reached no channel
+    ("a/v1/2", "k6", T0 + 15, 6, "id-6"),  # an id of an older form: kept whole
+    ("b/v1/1", "é", T0 + 16, 7, mid(7)),  # keys are any text: UTF-8 bytes sort as text
+    ("b/v1/1", "\ud800", T0 + 17, 8, mid(8)),  # a lone surrogate (JSON can carry one)
+    ("b/v1/1", "z" * 300, T0 + 18, 2**64, mid(2**64)),  # a seq no column holds
+])
+ABSENT = [  # (channel, key): none of them is stored
+    ("a/v1/1", "k0"), ("a/v1/1", "k2"), ("a/v1/1", "k6"),  # before, between, after its keys
+    ("a/v1/1", "k4"),  # a key only the next channel holds
+    ("a/v1/2", "k1"), ("a/v1/2", "k5"),  # keys only the channel before holds
+    ("b/v1/1", "\uffff"), ("b/v1/1", "z" * 301),  # past the last row of all
+    ("a/v1/0", "k1"), ("c/v1/1", "k1"), ("", ""),  # channels with no row
+]
+
+
+def pages(entries: list, size: int) -> list[list]:
+    return [entries[i:i + size] for i in range(0, len(entries), size)]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, len(PAGED)])
+def test_rows_read_a_page_at_a_time_are_the_rows_read_at_once(size: int) -> None:
+    read = DedupRows()
+    for page in pages(PAGED, size):
+        read.extend(page)
+    read.extend([])  # a cursor's last, empty page
+    assert read.ordered and len(read) == len(PAGED)
+    assert list(read) == PAGED and [read[i] for i in range(len(PAGED))] == PAGED
+    assert read == PAGED and read == tuple(PAGED) and read == DedupRows(PAGED)
+    assert read != PAGED[:-1] and read != PAGED[::-1]
+    assert read.__eq__(5) is NotImplemented and read != "rows" and read != set(PAGED)
+    assert DedupRows.of(read) is read  # in order: taken as it is, not copied
+    assert DedupRows(iter(PAGED)) == PAGED  # a cursor, not a list
+    for i, (channel, key, *_) in enumerate(PAGED):
+        assert read.find(channel, key) == i, (channel, key)
+    for channel, key in ABSENT:
+        assert read.find(channel, key) == -1, (channel, key)
+
+
+SHUFFLED = {  # rows storage might hand over out of (channel, key) order
+    "channels": PAGED[3:6] + PAGED[:3] + PAGED[6:],  # a channel's rows after the next's
+    "neighbours": PAGED[:1] + PAGED[2:3] + PAGED[1:2] + PAGED[3:],  # two keys swapped
+}
+
+
+@pytest.mark.parametrize("size", [1, 3, len(PAGED)])
+@pytest.mark.parametrize("how", sorted(SHUFFLED))
+def test_rows_out_of_order_are_sorted_before_a_restore_bisects_them(how: str,
+                                                                     size: int) -> None:
+    """Rows out of order, across pages or within one: the window's restore sorts them,
+    and finds each key while restoring and after."""
+    shuffled = SHUFFLED[how]
+    read = DedupRows()
+    for page in pages(shuffled, size):
+        read.extend(page)
+    assert not read.ordered and list(read) == shuffled
+    assert list(DedupRows.of(read)) == PAGED
+    w = DedupWindow(generation=4)
+    w.load(read, T0)
+    assert w.restoring
+    while True:
+        for channel, key, _, seq, ident in PAGED:
+            assert w.get(channel, key, T0) == (seq, ident), (channel, key)
+        for channel, key in ABSENT:
+            assert w.get(channel, key, T0) is None, (channel, key)
+        if not w.restoring:
+            break
+        w.expire(T0)
+
+
+def test_while_restoring_a_new_key_is_no_duplicate_whatever_its_neighbours_hold() -> None:
+    """Right after a restart the stored keys are looked up in the rows themselves (they
+    are built over the next ticks): a key that is not stored, on a channel with stored
+    keys around it, after them or only on another channel, or on a channel with none,
+    is no duplicate; its publish goes through and is remembered."""
+    w = DedupWindow()
+    w.load(DedupRows(PAGED), T0)
+    assert w.restoring
+    for n, (channel, key) in enumerate(ABSENT, 100):
+        assert w.get(channel, key, T0) is None, (channel, key)
+        w.put(channel, key, T0 + 50, n, mid(n))
+        assert w.get(channel, key, T0) == (n, mid(n))
+    assert w.restoring
+    for channel, key, _, seq, ident in PAGED:
+        assert w.get(channel, key, T0) == (seq, ident)

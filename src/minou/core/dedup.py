@@ -202,8 +202,9 @@ class DedupRows:
                 self.names.append(name)
             elif span[1] == pos:
                 self.spans[name] = (span[0], pos + n)
-            else:  # the channel's rows are not together: not in order
-                self.ordered = False
+            else:  # the channel's rows are not together: not in order. extend()'s checks
+                # found that first (rows in order keep each channel's rows together).
+                self.ordered = False  # pragma: no mutate
             self.chan.extend(repeat(self._index[name], n))
             pos += n
 
