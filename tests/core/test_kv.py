@@ -345,3 +345,28 @@ def test_a_put_staged_in_the_same_batch_is_the_revision_to_compare_with() -> Non
     assert (first.code, second.code) == (0, 0)
     (long,) = h.publish(put("k", 3, expect=int("9" * 60)))
     assert long.error.endswith(f"not {'9' * 40!r}")
+
+
+def test_staged_revisions_leave_in_order_and_a_dropped_one_from_anywhere() -> None:
+    """A batch of several updates of one key: each commit takes the oldest staged
+    revision off (commits come in seq order), one that will never be committed (a failed
+    commit, an overflow) goes from wherever it is, and a compare-and-set counts what is
+    left."""
+    from minou.core.kv import KvIndex
+    from minou.core.log import Msg
+
+    kv = KvIndex()
+    msgs = [Msg("_kv/v1/b", seq, f"id{seq}", b"1", key="k") for seq in range(1, 6)]
+    for m in msgs:
+        kv.stage(m)
+    kv.check("k", 5, 0.0)  # the newest staged revision
+    kv.unstage(msgs[2])  # seq 3 dropped from the middle
+    assert [s for s, _ in kv.staged["k"]] == [1, 2, 4, 5]
+    kv.commit(msgs[0], history=10)
+    kv.commit(msgs[1], history=10)
+    assert [s for s, _ in kv.staged["k"]] == [4, 5]
+    kv.unstage(msgs[4])  # the newest dropped: the one before it is the latest staged
+    kv.check("k", 4, 0.0)
+    kv.commit(msgs[3], history=10)
+    assert kv.staged == {}
+    assert kv.history("k") == [1, 2, 4] and kv.latest("k", 0.0) == 4

@@ -26,6 +26,7 @@ index is rebuilt from storage at start and when a broker adopts a spread queue
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -99,7 +100,7 @@ class KvIndex:
         self.tombstones: set[int] = set()  # revisions that are deletes
         self.expires: dict[int, float] = {}  # revisions with a TTL -> when they expire
         # Staged, not committed yet: key -> [(seq, is a delete)] in seq order.
-        self.staged: dict[str, list[tuple[int, bool]]] = {}
+        self.staged: dict[str, deque[tuple[int, bool]]] = {}  # by seq: oldest first
 
     def __len__(self) -> int:
         return len(self.key_of)
@@ -143,14 +144,22 @@ class KvIndex:
                 key=key, revision=current)
 
     def stage(self, msg: Msg) -> None:
-        self.staged.setdefault(msg.key or "", []).append((msg.seq, is_tombstone(msg.headers)))
+        self.staged.setdefault(msg.key or "", deque()).append(
+            (msg.seq, is_tombstone(msg.headers)))
 
     def unstage(self, msg: Msg) -> None:
-        """``msg`` will never be committed (its commit failed, or overflow dropped it)."""
+        """``msg`` will never be committed (its commit failed, or overflow dropped it),
+        or is committed now (``commit``)."""
         key = msg.key or ""
         staged = self.staged.get(key)
         if staged:
-            staged[:] = [s for s in staged if s[0] != msg.seq]
+            if staged[0][0] == msg.seq:  # commits come in seq order: the oldest staged
+                staged.popleft()
+            else:  # a failed or dropped one, anywhere: rebuilding the whole queue of a
+                # key per committed message made a batch of n updates of one key n^2
+                kept = [s for s in staged if s[0] != msg.seq]
+                staged.clear()
+                staged.extend(kept)
             if not staged:
                 del self.staged[key]
 
