@@ -214,18 +214,24 @@ _OPS = st.lists(st.one_of(
 ), max_size=60)
 
 
+def _one_message_group() -> Any:
+    """The group channel of a consumer group "g" of one member reading CH, which holds
+    one committed message."""
+    b = Broker()
+    b.subscribe(Session("c"), 1, kind="consume", patterns=[CH], group="g", prefetch=1,
+                now=1.0)
+    b.publish([Send(CH, b"1")], 1.0)
+    b.on_committed(b.take_writes(), 1.0)
+    return b.state.groups["consume:g"].gcs[CH]
+
+
 @settings(max_examples=300, deadline=None)
 @given(ops=_OPS, fold=st.sampled_from([0, 3, 1024]))
 def test_acked_seqs_behave_as_a_set(ops: list[Any], fold: int) -> None:
     """A group's acks (set + runs) against a plain set, through acks, folds, floor
     moves and an encode/decode round trip (``durable_state`` / ``restore``)."""
     with fold_at(fold):
-        b = Broker()
-        b.subscribe(Session("c"), 1, kind="consume", patterns=[CH], group="g", prefetch=1,
-                    now=1.0)
-        b.publish([Send(CH, b"1")], 1.0)
-        b.on_committed(b.take_writes(), 1.0)
-        gc = b.state.groups["consume:g"].gcs[CH]
+        gc = _one_message_group()
         gc.restore(1, b"")
         model: set[int] = set()
         floor = 1
@@ -265,12 +271,7 @@ def test_a_group_channel_without_runs_shares_an_empty_one() -> None:
     whose runs all fall below the floor gives its own back."""
     _b, gc, _ = _pinned("nack", n=3_000)
     assert gc.acked_runs.count_runs() == 1
-    other = Broker()
-    other.subscribe(Session("c"), 1, kind="consume", patterns=[CH], group="g", prefetch=1,
-                    now=1.0)
-    other.publish([Send(CH, b"1")], 1.0)
-    other.on_committed(other.take_writes(), 1.0)
-    fresh = other.state.groups["consume:g"].gcs[CH]
+    fresh = _one_message_group()
     assert fresh.acked_runs is group_mod._NO_RUNS
     gc.advance(5_000)
     assert gc.acked_runs is group_mod._NO_RUNS and gc.runs_hi == 0
