@@ -128,6 +128,9 @@ class Settings:
     max_clients: int = limits.DEFAULT_MAX_CLIENTS  # past it a new client id is refused
     # long polls (KV watches, XREAD BLOCK, federation pulls) one client may have waiting
     max_long_polls_per_client: int = limits.MAX_LONG_POLLS_PER_CLIENT
+    # OFFSETS with "at" (each matches and looks up many channels) one client may have
+    # being answered at once, over all its connections
+    max_offsets_at_per_client: int = limits.MAX_OFFSETS_AT_PER_CLIENT
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     slow_consumer_seconds: float = limits.CONSUMER_STALL_S
@@ -228,6 +231,8 @@ _TOP_KEYS = {
     "max_channels": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "max_clients": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "max_long_polls_per_client": (int, f"an integer >= 1 and <= {limits.MAX_KV_WAITERS}"),
+    "max_offsets_at_per_client": (int, f"an integer >= 1 and <= "
+                                  f"{limits.MAX_OFFSETS_AT_PER_CLIENT_SETTING}"),
     "publish_pause_bytes": _BYTES,
     "slow_consumer_bytes": _BYTES,
     "slow_consumer_seconds": _SECONDS,
@@ -252,6 +257,7 @@ _TOP_RANGES: dict[str, _Range] = {
     "max_channels": (1, MAX_SETTING_INT, False),
     "max_clients": (1, MAX_SETTING_INT, False),
     "max_long_polls_per_client": (1, limits.MAX_KV_WAITERS, False),
+    "max_offsets_at_per_client": (1, limits.MAX_OFFSETS_AT_PER_CLIENT_SETTING, False),
     "publish_pause_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_seconds": (0, MAX_SETTING_SECONDS, True),

@@ -275,7 +275,12 @@ OFFSETS_MATCH_SLICE = 5_000
 # 20 of them sent at once from a few connections of one client held every other
 # client's PING ~1.2 s. A reader asks one at a time (Spark's driver, once per query it
 # plans), so 4 lets a client plan 4 queries at once, as a connection has 4 READs.
+# The default of the setting max_offsets_at_per_client (reloadable).
 MAX_OFFSETS_AT_PER_CLIENT = 4
+# ... and what the setting may be raised to: each lookup being answered may hold an
+# answer of MAX_OFFSETS_CHANNELS channels (~10 MB) and ~70 ms of the loop per 50,000
+# channels, so past a few hundred one client could hold the broker for minutes.
+MAX_OFFSETS_AT_PER_CLIENT_SETTING = 1_000
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 # HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
 # message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).

@@ -1,12 +1,13 @@
 """OFFSETS with ``at`` (a Spark starting timestamp over many channels) costs the event
 loop a match of every channel and the reader thread a lookup of each: one client may
-have MAX_OFFSETS_AT_PER_CLIENT of them being answered at once over all its
+have max_offsets_at_per_client (a setting, 4 by default) of them being answered at once over all its
 connections. Past it the request is refused at once, precisely and counted; the
 client's others and every other client are answered as before, and its slots come
 back whatever ends a lookup. Real broker, raw sockets."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import minou
@@ -15,7 +16,7 @@ from minou.protocol import frames as f
 
 from ..conftest import RawPeer, wait_until
 
-BOUND = 4  # limits.MAX_OFFSETS_AT_PER_CLIENT, written out: what a client is told
+BOUND = 4  # max_offsets_at_per_client's default, written out: what a client is told
 CHANNELS = 20_000  # enough that a lookup is still going when the last request comes
 PATTERN = "bound/*"
 
@@ -83,14 +84,14 @@ def test_one_client_has_only_so_many_offsets_at_at_once_over_its_connections(bro
             assert error.code == ErrorCode.TOO_MANY_CONNECTIONS and not error.fatal
             assert "client 'greedy' has 4 OFFSETS requests with at being answered" in \
                 error.message
-            assert "MAX_OFFSETS_AT_PER_CLIENT" in error.message
+            assert "max_offsets_at_per_client" in error.message
             assert error.detail["limit"] == BOUND and error.detail["client"] == "greedy"
         answered = [a for a in answers if not isinstance(a, f.Error)]
         assert len(answered) >= BOUND and all(_answered_whole(a) for a in answered)
         assert _answered_whole(other.read())  # another client: not refused, answered
         assert _refusals(admin) - before == len(refused)
         wait_until(lambda: "client 'greedy' refused: it has 4 OFFSETS lookups with at being "
-                   "answered, the limit (MAX_OFFSETS_AT_PER_CLIENT)" in broker.output,
+                   "answered, the limit (max_offsets_at_per_client)" in broker.output,
                    what="the refusal logged")
         # All answered: the client's slots are free, over connections as before (a
         # refusal is not fatal: the connections refused go on).
@@ -173,3 +174,56 @@ def test_plain_offsets_over_many_channels_are_matched_between_other_work(broker)
     assert sorted(fr.req for fr in already + rest) == list(range(2, count + 1))
     assert all(fr.value == {} for fr in already + rest)
     assert len(already) < count - 1, "the PING waited for every OFFSETS match"
+
+
+def _pipelined(peer: RawPeer, count: int, since: float) -> list[f.Frame]:
+    """``count`` OFFSETS-at (at most READS_PER_CONNECTION, so none waits its turn on
+    the connection) in one write: read in one go, each takes its client's slot before
+    any can be answered; their answers, by request."""
+    _ask(peer, count, since)
+    return sorted((peer.read() for _ in range(count)), key=lambda fr: fr.req)
+
+
+def test_the_bound_per_client_is_a_setting_a_reload_moves(broker_factory, tmp_path):
+    """Many Spark queries planned at once under one identity need more than 4:
+    ``max_offsets_at_per_client`` sets it (refusals name it), a reload moves it on a
+    running broker, from the next request, and a bad value is refused by the reload
+    precisely with nothing changed."""
+    from ..conftest import OPEN_RULES
+    from .test_reload import minou_cli
+
+    cfg = tmp_path / "lookups.toml"
+    cfg.write_text("max_offsets_at_per_client = 1\n" + OPEN_RULES)
+    b = broker_factory.make(config=cfg).start()
+    writer = RawPeer(b.url)
+    writer.hello("writer")
+    writer.write(f.encode(f.Publish(1, [f.Send(f"bound/v1/c{i}", b"1") for i in range(2_000)])))
+    assert isinstance(writer.read(), f.Confirm)
+    writer.close()
+    since = time.time() - 3600
+    peer = _peers(b, "planner", 1)[0]
+
+    def refused_at(count: int, limit: int) -> None:
+        *answered, last = _pipelined(peer, count, since)
+        assert all(isinstance(a, f.Result) and len(a.value) == 2_000 for a in answered)
+        assert isinstance(last, f.Error) and last.code == ErrorCode.TOO_MANY_CONNECTIONS, last
+        assert not last.fatal and last.detail["limit"] == limit
+        assert f"a client may have {limit} at once (max_offsets_at_per_client)" in last.message
+
+    try:
+        refused_at(2, 1)
+        cfg.write_text("max_offsets_at_per_client = 3\n" + OPEN_RULES)
+        out = minou_cli(b, "reload", "--json")
+        assert out.returncode == 0, out.stderr
+        assert "max_offsets_at_per_client" in json.loads(out.stdout)["changed"]
+        answers = _pipelined(peer, 3, since)  # the same connection: three at once now
+        assert [type(a) for a in answers] == [f.Result] * 3, answers
+        refused_at(4, 3)
+        cfg.write_text("max_offsets_at_per_client = 0\n" + OPEN_RULES)
+        out = minou_cli(b, "reload", "--json")
+        assert out.returncode != 0
+        assert "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got 0" in \
+            out.stdout + out.stderr
+        refused_at(4, 3)  # nothing changed
+    finally:
+        peer.close()

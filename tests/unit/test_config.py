@@ -23,6 +23,7 @@ def test_the_commented_example_loads():
     assert s.channel_options("audit/v3").retention == 604800
     assert s.channel_options("other/v1").prefetch == 1
     assert s.in_flight_bytes == 512 << 20
+    assert (s.max_long_polls_per_client, s.max_offsets_at_per_client) == (100, 4)
     assert Path(s.data_dir).is_absolute()
 
 

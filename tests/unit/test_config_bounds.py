@@ -17,7 +17,13 @@ from minou.config import (
     load_settings,
 )
 from minou.errors import ConfigError
-from minou.limits import MAX_FRAME_SIZE, MAX_HEARTBEAT_S, MAX_LEASE_S, MAX_PREFETCH
+from minou.limits import (
+    MAX_FRAME_SIZE,
+    MAX_HEARTBEAT_S,
+    MAX_LEASE_S,
+    MAX_OFFSETS_AT_PER_CLIENT_SETTING,
+    MAX_PREFETCH,
+)
 
 HUGE = 99999999999999999999  # past 2**64: msgpack cannot carry it in a WELCOME
 
@@ -47,6 +53,14 @@ def refusal(tmp_path, text: str, name: str = "minou.toml") -> str:
         ("max_long_polls_per_client = 0",
          "max_long_polls_per_client: expected an integer >= 1 and <= 10000, got 0"),
         ("max_long_polls_per_client = 10001", "max_long_polls_per_client: expected an integer"),
+        ("max_offsets_at_per_client = 0",
+         "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got 0"),
+        ("max_offsets_at_per_client = 1001",
+         "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got 1001"),
+        ("max_offsets_at_per_client = 2.5",
+         "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got 2.5"),
+        ("max_offsets_at_per_client = true",
+         "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got true"),
         (f"in_flight_bytes = {HUGE}",
          f"in_flight_bytes: expected a number of bytes >= 1 and <= {MAX_SETTING_INT}, got"),
         (f"publish_pause_bytes = {HUGE}", "publish_pause_bytes: expected a number of bytes"),
@@ -101,10 +115,12 @@ def test_the_bounds_themselves_load(tmp_path):
                    f"default_lease = {MAX_LEASE_S}\n"
                    f"dedup_window = {MAX_SETTING_SECONDS}\n"
                    f"websocket_heartbeat = {MAX_HEARTBEAT_S}\n"
+                   f"max_offsets_at_per_client = {MAX_OFFSETS_AT_PER_CLIENT_SETTING}\n"
                    f'[channels."a/v1"]\nprefetch = {MAX_PREFETCH}\nttl = {MAX_SETTING_SECONDS}\n')
     s = load_settings(cfg)
     assert (s.max_message_size, s.default_lease) == (MAX_MESSAGE_SIZE_SETTING, MAX_LEASE_S)
     assert s.channel_options("a/v1").prefetch == MAX_PREFETCH
+    assert s.max_offsets_at_per_client == MAX_OFFSETS_AT_PER_CLIENT_SETTING
 
 
 def test_json_nan_and_infinity_are_refused_too(tmp_path):

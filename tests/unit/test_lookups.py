@@ -22,7 +22,7 @@ def test_a_client_has_only_so_many_lookups_and_another_is_not_refused_for_it() -
     assert exc.code == ErrorCode.TOO_MANY_CONNECTIONS
     assert exc.detail == {"limit": 2, "client": "greedy"}
     assert "client 'greedy' has 2 OFFSETS requests with at being answered" in exc.message
-    assert "MAX_OFFSETS_AT_PER_CLIENT" in exc.message
+    assert "max_offsets_at_per_client" in exc.message
     assert len(lookups) == 2  # the refused one took nothing
     lookups.take(other)()  # another client is not refused for it
     held.pop()()

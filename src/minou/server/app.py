@@ -254,7 +254,8 @@ class BrokerServer:
         self._retry_timer = False
         self._writer_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-writer")
         self._reader_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-reader")
-        self.lookups = ClientLookups()  # OFFSETS-at being answered, per client
+        # OFFSETS-at being answered, per client
+        self.lookups = ClientLookups(settings.max_offsets_at_per_client)
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
         self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
@@ -779,6 +780,7 @@ class BrokerServer:
         core.dedup.max_keys = new.max_dedup_keys
         core.max_channels = new.max_channels
         self.engine.long_polls.per_client = new.max_long_polls_per_client
+        self.lookups.per_client = new.max_offsets_at_per_client  # from the next request
         core.default_lease = new.default_lease
         core.in_flight.configure(new.in_flight_bytes)
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
@@ -1679,6 +1681,7 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
 
 _RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
                 "max_dedup_keys", "max_channels", "max_clients", "max_long_polls_per_client",
+                "max_offsets_at_per_client",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",

@@ -665,7 +665,7 @@ class NativeConnection:
     def _offsets_later(self, frame: f.Offsets, *, bounded: bool) -> None:
         """OFFSETS answered by a task that matches a slice a turn (and, with ``at``,
         looks up storage); cancelled if the connection goes (nobody is there to
-        answer). ``bounded``: one of its client's lookups (MAX_OFFSETS_AT_PER_CLIENT
+        answer). ``bounded``: one of its client's lookups (max_offsets_at_per_client
         over all its connections: refused before any work past it), given back
         however it ends."""
         give_back = self.server.lookups.take(self.identity) if bounded else nothing

@@ -47,11 +47,11 @@ class ClientLookups:
         held = self.clients[client]
         if held >= self.per_client:
             oplog.client_bound(client, "OFFSETS lookups with at being answered",
-                               "MAX_OFFSETS_AT_PER_CLIENT", self.per_client)
+                               "max_offsets_at_per_client", self.per_client)
             raise TooManyConnections(
                 f"client {client!r} has {held} OFFSETS requests with at being answered "
                 f"(over all its connections); a client may have {self.per_client} at once "
-                f"(MAX_OFFSETS_AT_PER_CLIENT), each matching and looking up many channels: "
+                f"(max_offsets_at_per_client), each matching and looking up many channels: "
                 "wait for an answer before asking again", limit=self.per_client,
                 client=client)
         self.clients[client] = held + 1
