@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from sys import getsizeof
 from typing import Any
 
 from ..errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
@@ -40,31 +41,63 @@ from ..names import check_label
 from ..protocol.frames import Send
 
 WRITER_LINEAGE_META = "writer_lineage:"  # + writer id: the run its fences belong to ("": none)
-# What a staged message holds besides the bytes it carries: the Send object, its slot
-# in the transaction's list, its stored row. Measured: 4,000,000 empty messages held
-# 747 MiB of the broker's memory, ~196 B each.
-STAGED_MESSAGE_BASE = 200
 
 
-def staged_weight(send: Send) -> int:
-    """What staging ``send`` costs the broker (counted against MAX_STAGED_BYTES):
-    weighing the payload alone let frames of empty messages hold memory uncounted."""
-    weight = len(send.data) + len(send.channel) + STAGED_MESSAGE_BASE
-    if send.headers:
-        weight += sum(len(k) + len(v) + 8 for k, v in send.headers.items())
-    if send.key:
-        weight += len(send.key)
-    if send.dedup:
-        weight += len(send.dedup)
-    return weight
-
-
-@dataclass
+@dataclass(slots=True)
 class StagedTxn:  # staged[(owner, txn)]: only its owner may commit or abort it
     touched: float  # the last STAGE: a transaction still being staged never expires
     sends: list[Send] = field(default_factory=list)
     bytes: int = 0
     parts: int = 0  # STAGE calls so far: each is stored as one part
+
+
+# What staged messages really hold is weighed with the objects the broker keeps, not
+# with a model of them: a model (payload + names + 8 B a header + 200 B a message, no
+# cost per transaction) counted a federation page of 10 messages with its two headers
+# 3.8 KB where it held 7.1 KB (a header is a dict entry and two str objects, ~110 B
+# before its text), and a transaction of one empty message 206 B where it held 525 B:
+# a client could hold 2-2.5x the staging bounds it was held to.
+_SLOT = 8  # a pointer
+# The Send struct and its pointer in the transaction's list, with the eighth more a
+# growing list keeps spare; its strings, bytes and dict are weighed one by one (a
+# str's size depends on its widest character).
+_SEND_HELD = getsizeof(Send("", b"")) + _SLOT + _SLOT // 8
+_BOXED = getsizeof(1 << 40)  # an int past the small ones Python shares (or a float)
+# A transaction: its StagedTxn, its (owner, id) key, its entry in ``staged`` (3
+# pointers and an index, up to half of the table spare after it grew: 7 pointers),
+# its list (and the 6 spare pointers a short one keeps) and the boxed numbers the
+# StagedTxn holds (its bytes, touched); its id's str is weighed with the id.
+_TXN_HELD = (getsizeof(StagedTxn(0.0)) + getsizeof(("", "")) + 7 * _SLOT
+             + getsizeof([]) + 6 * _SLOT + 2 * _BOXED)
+
+
+def staged_weight(send: Send) -> int:
+    """What staging ``send`` costs the broker (counted against MAX_STAGED_BYTES): the
+    objects of it the broker keeps, by ``sys.getsizeof`` (a header key shared between
+    messages by the decoder counts in each: over, never under)."""
+    weight = _SEND_HELD + getsizeof(send.data) + getsizeof(send.channel)
+    headers = send.headers
+    if headers is not None:
+        weight += getsizeof(headers)
+        for k, v in headers.items():
+            weight += getsizeof(k) + getsizeof(v)
+    if send.key is not None:
+        weight += getsizeof(send.key)
+    if send.dedup is not None:
+        weight += getsizeof(send.dedup)
+    if send.ttl is not None:
+        weight += _BOXED
+    if send.delay is not None:
+        weight += _BOXED
+    if not -5 <= send.pseq <= 256:  # (a priority is 0..9: shared)
+        weight += _BOXED
+    return weight
+
+
+def staged_txn_weight(txn: str) -> int:
+    """What holding a transaction costs besides its messages: a page of one message
+    (a federation link's, a writer's task) holds its id and its bookkeeping."""
+    return _TXN_HELD + getsizeof(txn)
 
 
 class Transactions:
@@ -92,7 +125,10 @@ class Transactions:
             raise BadRequest(f"a transaction id is 1..{MAX_TXN_ID} characters")
         if len(sends) > MAX_BATCH:
             raise BadRequest(f"{len(sends)} messages in one frame; the limit is {MAX_BATCH}")
+        staged = self.staged.get((owner, txn))
         size = sum(staged_weight(s) for s in sends)
+        if staged is None:
+            size += staged_txn_weight(txn)
         if self.bytes + size > MAX_STAGED_BYTES:
             raise QueueFull(f"{self.bytes} bytes are staged already (limit {MAX_STAGED_BYTES}); "
                             "commit or abort transactions first", limit=MAX_STAGED_BYTES)
@@ -101,14 +137,13 @@ class Transactions:
             raise QueueFull(
                 f"client {owner!r} has {mine} bytes staged already and this stage weighs "
                 f"{size} (a client may stage {MAX_STAGED_BYTES_PER_CLIENT} of the broker's "
-                f"{MAX_STAGED_BYTES}, a message weighing its bytes plus "
-                f"{STAGED_MESSAGE_BASE}); commit or abort transactions first",
+                f"{MAX_STAGED_BYTES}, a message weighing the memory it holds: its bytes "
+                "and its objects); commit or abort transactions first",
                 client=owner, limit=MAX_STAGED_BYTES_PER_CLIENT)
         if (owner, txn) in self.gone:
             raise NotFound(f"transaction {txn!r} expired (nothing staged for "
                            f"{STAGED_TTL_S:.0f} s); stage the whole of it again under a new id",
                            txns=txn)
-        staged = self.staged.get((owner, txn))
         if staged is None:
             staged = self.staged[(owner, txn)] = StagedTxn(now)
         staged.touched = now
@@ -270,11 +305,13 @@ class Transactions:
                 self.done[(owner, txn)] = (touched, sends)  # type: ignore[assignment]
                 continue
             staged = self.staged.get((owner, txn))
+            size = sum(staged_weight(s) for s in sends)
             if staged is None:
                 staged = self.staged[(owner, txn)] = StagedTxn(touched)
+                size += staged_txn_weight(txn)
             staged.touched = max(staged.touched, touched)
             staged.sends.extend(sends)
-            self._add_bytes(owner, staged, sum(staged_weight(s) for s in sends))
+            self._add_bytes(owner, staged, size)
             staged.parts += 1
 
     def stats(self) -> dict[str, int]:
