@@ -9,9 +9,11 @@ the guarantees of SPEC §1 from what the clients saw.
 
 Each broker restart reuses the data dir and ports; the clients reconnect on their own.
 
-The load test also measures what it cannot decide: an ack sent just before a kill whose
-answer was lost ("in doubt") may or may not have been made durable; the broker's final
-state (empty, and nothing back after one more kill) is what settles it.
+The load test also measures what it cannot decide: an ack still unanswered when the
+broker was killed ("in doubt": nothing its connection sent after it was answered) may
+or may not have been made durable; the broker's final state (empty, and nothing back
+after one more kill) is what settles it. In flight is judged by what the broker had
+answered, not by the clock: on a loaded machine answers took 4.6 s.
 
 The last tests pin client bugs the kills exposed (each deterministic), so they stay fixed.
 """
@@ -48,13 +50,15 @@ BATCH = 25  # a producer sends this many, then waits for their receipts
 MAX_PER_PRODUCER = 100_000  # bound on the producer loop, far above what a run sends
 PREFETCH = 16
 MAX_BACKLOG = 2_000  # producers wait while this many confirmed messages are not yet acked
-SETTLE_TIMEOUT = 3.0  # an ack's Settlement that takes longer than this counts as unresolved
+# An ack's Settlement resolves with the broker's answer, or False when its connection
+# goes (a kill): this is a deadline for a hang, not an expectation of speed (on a loaded
+# machine answers took 4.6 s, and one waited 3 s was judged unanswered).
+SETTLE_TIMEOUT = 30.0
 # A connection that dies during the handshake is only noticed after the request timeout
 # (test_connect_fails_fast_when_the_connection_drops_during_the_handshake); a kill -9 makes
 # that happen now and then, as clients reconnect at once to the dying broker. A short
 # timeout keeps such a client from sitting out 30 s of the load test.
 REQUEST_TIMEOUT = 2.0
-MAX_ACK_WAIT = 2.0  # an ack unanswered this long before a kill was not in flight at the kill
 
 
 # --------------------------------------------------------------------------- helpers
@@ -182,7 +186,7 @@ ACK_OUTCOMES = {
     "not_sent": "False at once: the client knew the connection was gone, nothing was sent",
     "refused": "the broker answered with an error",
     "no_answer": f"the ack was sent, then the connection was lost: False, or no answer "
-                 f"within {SETTLE_TIMEOUT} s",
+                 f"within {SETTLE_TIMEOUT:g} s",
     # True, but the connection was gone by then: the client resolves acks it never sent
     # as True when the connection drops before its flush (test_ack_not_confirmed_when_*).
     "suspect": "True, but the connection it was sent on was already gone",
@@ -204,6 +208,9 @@ class Delivery:
     order: int
     ack: str = ""  # what became of its ack: one of ACK_OUTCOMES ("" until known)
     acked_at: float = 0.0  # time.monotonic() when msg.ack() was called
+    ack_order: int = 0  # msg.ack() calls in order (World.next_order): a connection's
+    # acks are written in this order
+    durable_answer: bool = False  # the broker answered this ack: made durable
     run: int = -1  # broker run the delivery happened in (filled in at the end)
 
 
@@ -318,12 +325,15 @@ async def record_ack(world: World, d: Delivery, msg: minou.Message,
                      client: minou.Client) -> None:
     try:
         d.acked_at = time.monotonic()
+        d.ack_order = world.next_order()
         st = msg.ack()
         sent = st._fut is not None  # False: the client did not even try (connection gone)
         outcome = await settle_outcome(st)
     except BaseException as exc:
         d.ack = f"error {exc!r}"
         raise
+    # True comes only with the broker's answer (False with none: the connection lost)
+    d.durable_answer = outcome == "True"
     if outcome == "True":
         intact = client.connected and client._epoch == msg._epoch
         d.ack = "confirmed" if intact else "suspect"
@@ -358,6 +368,15 @@ def check_world(world: World) -> dict[str, Any]:
 
     in_doubt = same_attempts = 0
     doubt_age: list[float] = []  # how long before the kill the acks in doubt were sent
+    # Per consumer connection, the last ack (in the order they were written) the broker
+    # answered as durable: a connection's frames are handled in order and its acks
+    # answered after the commits that hold them, in commit order.
+    last_answered: dict[tuple[int, int], int] = defaultdict(int)
+    for d in world.deliveries:
+        if d.durable_answer:
+            key = (d.consumer, d.epoch)
+            last_answered[key] = max(last_answered[key], d.ack_order)
+    doubt_after_answer: list[Delivery] = []
     for mid, ds in by_id.items():
         ds.sort(key=lambda d: (d.run, d.order))
         # 2. duplicates only across a crash: at most one delivery per broker run, and a
@@ -381,14 +400,22 @@ def check_world(world: World) -> dict[str, Any]:
             if last.ack in ACK_IN_DOUBT and last.run < world_runs(world):
                 in_doubt += 1
                 doubt_age.append(world.kill_times[last.run] - last.acked_at)
+                if not last.durable_answer and \
+                        last.ack_order < last_answered[(last.consumer, last.epoch)]:
+                    doubt_after_answer.append(last)
             else:
                 problems.append(f"{mid}: last delivery not ack-confirmed ({last.ack}: "
                                 f"{ACK_OUTCOMES.get(last.ack)}), and it never came back: {last}")
         if ds[0].attempts < 1:
             problems.append(f"{mid}: attempts < 1: {ds}")
-    #    and in flight means sent just before the kill, not long before it
-    problems += [f"an ack sent {age:.2f} s before a kill got no answer, and its message "
-                 f"never came back" for age in doubt_age if age > MAX_ACK_WAIT]
+    #    and in flight means still unanswered when the broker died, not left
+    #    unanswered: judged by what the broker had seen, not by the clock (under load an
+    #    answer takes seconds). An ack written before one the broker answered as durable
+    #    on the same connection had reached it, and its answer would have come first: no
+    #    answer for it, and its message never back, is a message the broker lost.
+    problems += [f"{d.id}: its ack got no answer ({d.ack}) though a later ack on the same "
+                 f"connection was answered as durable before the kill, and it never came "
+                 f"back: {d}" for d in doubt_after_answer]
 
     # 4. seq identifies one message per channel, and is never reused after a restart
     by_seq: dict[tuple[str, int], set[str]] = defaultdict(set)
@@ -595,7 +622,7 @@ async def _load_and_kill(broker: Broker, admin: minou.Client, pad: str = ""
         await await_until(lambda: broker_empty(admin), 30, "the broker to drain",
                           interval=0.1)
         await await_until(lambda: not world.settle_tasks, SETTLE_TIMEOUT + 5,
-                          "every ack's settlement")
+                          "every ack's settlement")  # each resolved, or timed out
         state = await broker_state(admin)
         assert state["depth"] == 0 and state["unsettled"] == 0, state
         status = await admin.admin("status")
@@ -828,7 +855,7 @@ def test_ack_settlement_resolves_when_the_connection_drops(broker_factory: Any) 
             again = await sub.get(timeout=10)  # the broker did its part: it came back
             assert again.id == msg.id
             assert await settle(again.ack()) is True
-            return await settle(st)
+            return await settle(st, timeout=10)  # long resolved, or never: None
         finally:
             await client.close()
 
