@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -55,9 +56,9 @@ def connect(b: BrokerProcess, client_id: str = "app", *, timeout: float = 10, **
                        password=token(b, client_id), socket_timeout=timeout, **kw)
 
 
-# A script's time limit (SCRIPT_TIME_S, 5 s) is CPU time (Lua's os.clock): on a loaded
-# machine a script stopped by it answered after 28 s, past a 10 s socket timeout (and
-# redis-py then sent it again). Scripts that run into it are awaited this long.
+# A script that runs into its time limit (5 s of wall-clock time) answers late on a
+# loaded machine, and more than 10 s late made redis-py send it again: such scripts are
+# awaited this long.
 SCRIPT_DEADLINE_S = 120.0
 
 
@@ -668,13 +669,47 @@ def test_multi_exec_and_lua_as_redis_py_uses_them(broker) -> None:
     assert r.ping() is True
 
 
+def test_a_scripts_time_limit_is_wall_clock_time(broker) -> None:
+    """The limit is time a client waits, as Redis's: it counted the broker's CPU time
+    (Lua's os.clock), so a broker paused (or starved of CPU) past the limit let the
+    script run its whole 5 s of CPU again once it woke, and a loaded machine stretched
+    it to 28 s. Paused 1.5 x the limit mid-script, it now stops at its next check."""
+    r = connect(broker, timeout=SCRIPT_DEADLINE_S)
+    watcher = connect(broker, "watcher")
+    answer: list[Any] = []
+
+    def run() -> None:
+        try:
+            answer.append(r.eval("redis.call('SET', KEYS[1], '1'); while true do end", 1,
+                                 "looping"))
+        except redis.ResponseError as exc:
+            answer.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: watcher.get("looping") is not None, 30, what="the script to start")
+    broker.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.5 * 5.0)  # SCRIPT_TIME_S
+    finally:
+        broker.proc.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    t.join(SCRIPT_DEADLINE_S)
+    waited = time.monotonic() - resumed
+    assert answer and str(answer[0]).startswith("BUSY"), answer
+    # Past its limit when it woke: stopped at once, not after 5 s more of running (the
+    # old clock: >= 5 s; at once is milliseconds, 2.5 s is for a loaded machine)
+    assert waited < 2.5, f"the script ran {waited:.1f} s more after the broker woke"
+    assert watcher.ping() is True
+
+
 def _script_meets_a_write(r: Any, other: Any) -> str:
     """A script reads ``counter``, then waits for ``other`` to write it (once the script
     says it started) and writes it itself: what the script was answered. The script
-    waits within its time limit, CPU time the broker spends meanwhile (its own polling
-    included): on a loaded machine the other client may come only after it, and the
-    script ends BUSY with nothing written, which decides nothing. That is tried again
-    (until a deadline): the answer wanted is the one of a write that came in time."""
+    waits within its time limit: on a loaded machine the other client may come only
+    after it, and the script ends BUSY with nothing written, which decides nothing.
+    That is tried again (until a deadline): the answer wanted is the one of a write
+    that came in time."""
     deadline = time.monotonic() + SCRIPT_DEADLINE_S
     while True:
         r.set("counter", "0")
