@@ -377,6 +377,13 @@ MAX_STAGED_BYTES = 256 << 20  # everything staged, all writers together
 MAX_STAGED_BYTES_PER_CLIENT = 128 << 20  # ... of which one client's (so no one takes all)
 MAX_TXN_ID = 200  # characters of a transaction id, a writer id or a lineage (kept per writer)
 MAX_WRITERS_PER_CLIENT = 1_000  # writer ids one client may own (each is kept for good)
+# A commit's answer is kept for STAGED_TTL_S so a TXN_COMMIT sent again gets it again:
+# one per committed transaction (~1.3 KB held), so without a bound a client committing
+# small transactions fast held the broker's memory for an hour (3,000 commits/s: ~14 GB).
+# Past these the oldest answers go first (a commit sent again for one of them is told
+# "unknown transaction", as after the hour; fences still discard a replayed batch).
+MAX_ANSWERS_PER_CLIENT = 10_000
+MAX_ANSWERS = 100_000  # all clients together
 # Idempotent producers: refused ranges remembered per (producer, channel), so a resend of
 # a refused publish gets the same error; a few cover a run of refusals and retries.
 MAX_REFUSED_RANGES = 8

@@ -533,7 +533,72 @@ def test_transaction_stats_are_what_the_stats_endpoint_shows() -> None:
     assert h.broker.transactions.stats() == {
         "staged": 1, "committed": 2,
         "staged_bytes": staged_txn_weight("open") + staged_weight(Send("out/v1/a", b"[1,2]")),
-        "discarded_by_fence": 1, "expired": 0, "fences": 3, "writers": 1}
+        "discarded_by_fence": 1, "expired": 0, "answers": 2, "answers_forgotten": 0,
+        "fences": 3, "writers": 1}
+
+
+def test_commit_answers_are_bounded_per_client_and_in_all_oldest_first(tmp_path) -> None:
+    """Each committed transaction's answer is kept an hour for a TXN_COMMIT sent again:
+    with no bound, a client committing small transactions fast held ~1.3 KB of the
+    broker a commit for an hour (stored too, read back by a restart). Past the bounds
+    the oldest go, from memory and from storage."""
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(0.0)
+    h = Harness(storage=st)
+    h.broker.transactions.max_answers_per_client = 3
+    h.broker.transactions.max_answers = 5
+    answers: dict[tuple[str, str], dict] = {}
+    for n in range(6):  # one client: its 3 newest stay
+        h.broker.stage(Session("a"), f"t{n}", [Send("out/v1/x", js(n))], 0.0)
+        answers[("a", f"t{n}")] = h.broker.commit_txns(Session("a"), "wa", n, [f"t{n}"], 0.0)
+        h.commit()
+    kept = {k for k in answers if h.broker.transactions.answered(*k[:1], [k[1]])}
+    assert kept == {("a", "t3"), ("a", "t4"), ("a", "t5")}
+    for client, txn in (("b", "u"), ("c", "u"), ("a", "t6"), ("d", "u")):
+        h.broker.stage(Session(client), txn, [Send("out/v1/x", js(1))], 0.0)
+        h.broker.commit_txns(Session(client), "w" + client, int(txn[1:] or 0), [txn], 0.0)
+        h.commit()
+    t = h.broker.transactions
+    # a's t3 went for a's t6 (3 a client), then a's t4 for d's (5 in all: the oldest)
+    assert list(t.done) == [("a", "t5"), ("b", "u"), ("c", "u"), ("a", "t6"), ("d", "u")]
+    assert t.stats()["answers"] == 5 and t.stats()["answers_forgotten"] == 5
+    # A forgotten one sent again: unknown, as after its hour (nothing published twice)
+    with pytest.raises(NotFound, match="unknown transaction"):
+        h.broker.commit_txns(Session("a"), "wa", 3, ["t3"], 0.0)
+    assert h.broker.commit_txns(Session("a"), "wa", 6, ["t6"], 0.0)["published"] == 1
+    # Storage holds what memory holds: the forgotten rows went with their commits
+    st.close()
+    again = reopen(tmp_path, 10.0)
+    assert set(again.broker.transactions.done) == set(t.done)
+    again.storage.close()  # type: ignore[union-attr]
+
+
+def test_answers_read_back_past_the_bounds_are_forgotten_and_their_rows_go(tmp_path) -> None:
+    """A store written under wider bounds (an older broker) is cut to them at the
+    start, oldest first (storage reads them by name, not by age); the rows of the
+    answers dropped go with the next expiry sweep."""
+    st = SQLiteStorage(tmp_path / "m.db")
+    st.open(0.0)
+    h = Harness(storage=st)
+    for n, name in enumerate(("t9", "t8", "t2", "t3")):  # by name: the newest first
+        h.broker.stage(Session("a"), name, [Send("out/v1/x", js(n))], n * 0.1)
+        h.broker.commit_txns(Session("a"), "wa", n, [name], n * 0.1)
+        h.commit()
+    st.close()
+    st = SQLiteStorage(tmp_path / "m.db")
+    snap = st.open(1.0)
+    broker = Broker()
+    broker.transactions.max_answers_per_client = 2
+    broker.restore(snap, 1.0)
+    assert list(broker.transactions.done) == [("a", "t2"), ("a", "t3")]
+    h = Harness(storage=st, broker=broker, now=1.0)
+    broker.expire_txns(2.0)  # nothing is an hour old: only the forgotten rows go
+    h.commit()
+    st.close()
+    again = reopen(tmp_path, 3.0)
+    assert list(again.broker.transactions.done) == [("a", "t2"), ("a", "t3")]
+    assert [row[:3] for row in SQLiteStorage(tmp_path / "m.db").open(3.0).staged] == [
+        ("a", "t2", 0), ("a", "t3", 0)]
 
 
 def test_staged_parts_survive_restarts_in_order(tmp_path) -> None:

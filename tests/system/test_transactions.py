@@ -3,6 +3,8 @@ sink and of a reader that keeps its own offsets (Spark), over a real broker."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import minou
@@ -112,3 +114,44 @@ def test_a_read_page_says_what_the_channel_still_retains(txn_broker):
         a.send("orders/v1/r", {"i": 6})
         after = a.read_page("orders/v1/r", 3)
         assert after.first_seq == 7 and [m.seq for m in after.messages] == [7]
+
+
+def test_commit_answers_kept_for_a_commit_sent_again_are_bounded(txn_broker):
+    """Each committed transaction's answer is kept (an hour) for a TXN_COMMIT sent
+    again; a client committing small transactions fast held ~1.3 KB of the broker a
+    commit for that hour, unbounded (20,000 commits: +24 MiB). Past 10,000 a client the
+    oldest are forgotten (MAX_ANSWERS_PER_CLIENT), in memory and on disk."""
+    MAX_ANSWERS_PER_CLIENT = 10_000  # (limits.py)
+    n = MAX_ANSWERS_PER_CLIENT + 50
+
+    async def commit_many() -> list[dict]:
+        c = await minou.connect(txn_broker.url, **auth("job-1"))
+        try:
+            async def one(i: int) -> dict:  # (one in flight may pass another: its
+                await c.stage(f"t{i}", [("reports/v1/a", {"total": i})])  # fence then
+                return await c.commit_transactions("w", i, [f"t{i}"])  # discards it)
+
+            got = [await one(0)]  # the oldest
+            for lo in range(1, n, 64):  # 64 at a time: the commits share fsyncs
+                got += await asyncio.gather(*(one(i) for i in range(lo, min(n, lo + 64))))
+            return got
+        finally:
+            await c.close()
+
+    results = asyncio.run(commit_many())
+    with minou.connect_sync(txn_broker.url, **auth("job-1")) as c:
+        # the newest's answer is kept; the oldest's is forgotten, as after an hour
+        assert c.commit_transactions("w", n - 1, [f"t{n - 1}"]) == results[-1]
+        with pytest.raises(NotFound, match="unknown transaction"):
+            c.commit_transactions("w", 0, ["t0"])
+
+    def answers() -> dict:
+        with minou.connect_sync(txn_broker.url, **txn_broker.admin_auth()) as a:
+            return a.admin("status")["transactions"]
+
+    st = answers()
+    assert (st["answers"], st["answers_forgotten"]) == (MAX_ANSWERS_PER_CLIENT, 50)
+    txn_broker.stop()
+    txn_broker.start()
+    assert answers()["answers"] == MAX_ANSWERS_PER_CLIENT  # the disk held no more either
+    assert depth(txn_broker, "reports/v1/a") == sum(r["published"] for r in results)

@@ -172,7 +172,7 @@ class Commits:
         for channel, dedup_key, _, seq, msg_id in batch.dedup:
             state.dedup.forget(channel, dedup_key, seq, msg_id)
         for owner, txn, _, _ in batch.txn_done:  # not published: never "answered" as if
-            state.transactions.done.pop((owner, txn), None)
+            state.transactions.forget((owner, txn))
         for pstate, pseq in batch.sequenced:  # a resend gets this error, not "stored"
             pstate.refuse(pseq, pseq, int(error.code), error.message)
             state.producers.mark(pstate)

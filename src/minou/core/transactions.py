@@ -30,6 +30,8 @@ from typing import Any
 
 from ..errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
 from ..limits import (
+    MAX_ANSWERS,
+    MAX_ANSWERS_PER_CLIENT,
     MAX_BATCH,
     MAX_STAGED_BYTES,
     MAX_STAGED_BYTES_PER_CLIENT,
@@ -101,7 +103,8 @@ def staged_txn_weight(txn: str) -> int:
 
 
 class Transactions:
-    def __init__(self) -> None:
+    def __init__(self, max_answers: int = MAX_ANSWERS,
+                 max_answers_per_client: int = MAX_ANSWERS_PER_CLIENT) -> None:
         self.staged: dict[tuple[str, str], StagedTxn] = {}  # (owner, txn id) -> staged
         # Expired ids, for a TTL more: a late STAGE must fail, not silently start a new
         # transaction that a commit would then publish without the expired part.
@@ -112,7 +115,14 @@ class Transactions:
         # (owner, txn) -> (when, the commit's result): a TXN_COMMIT sent again (its answer
         # was lost with the connection, or the broker restarted) gets the same answer
         # instead of "unknown transaction", for as long as a staged one would live.
+        # Oldest first; at most max_answers of them, max_answers_per_client a client.
         self.done: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        self._done_of: dict[str, dict[str, None]] = {}  # owner -> its txns in done, in order
+        self.max_answers = max_answers
+        self.max_answers_per_client = max_answers_per_client
+        self.answers_forgotten = 0  # answers dropped before their hour, for room
+        # Forgotten while loading: their stored rows go with the next expiry's
+        self._forgotten_rows: list[tuple[str, str]] = []
         self.bytes = 0  # staged_weight of everything staged
         self.owner_bytes: dict[str, int] = {}  # ... by client
         self.committed = 0  # transactions committed since start
@@ -279,10 +289,45 @@ class Transactions:
             self.gone[t] = now
         self.gone = {t: at for t, at in self.gone.items() if now - at <= ttl}
         self.expired += len(old)
-        done = [t for t, (at, _) in self.done.items() if now - at > ttl]
-        for t in done:
-            del self.done[t]
-        return old + done
+        done = []
+        for key, (at, _) in self.done.items():  # oldest first: stop at the first young
+            if now - at <= ttl:
+                break
+            done.append(key)
+        for key in done:
+            self.forget(key)
+        forgotten, self._forgotten_rows = self._forgotten_rows, []
+        return old + done + forgotten
+
+    def remember(self, owner: str, txn: str, at: float, result: dict[str, Any]
+                 ) -> list[tuple[str, str]]:
+        """Keep the answer of ``owner``'s commit of ``txn`` (for a TXN_COMMIT sent again);
+        return the (owner, txn) of the oldest answers forgotten to stay within the
+        bounds (their stored rows go)."""
+        key = (owner, txn)
+        if key in self.done:  # committed again under the same id: the newest answer
+            self.forget(key)
+        self.done[key] = (at, result)
+        mine = self._done_of.get(owner)
+        if mine is None:
+            mine = self._done_of[owner] = {}
+        mine[txn] = None
+        dropped: list[tuple[str, str]] = []
+        while len(mine) > self.max_answers_per_client:
+            dropped.append(self.forget((owner, next(iter(mine)))))
+        while len(self.done) > self.max_answers:
+            dropped.append(self.forget(next(iter(self.done))))
+        self.answers_forgotten += len(dropped)
+        return dropped
+
+    def forget(self, key: tuple[str, str]) -> tuple[str, str]:
+        """Drop the answer kept for ``key`` (if any); return ``key``."""
+        if self.done.pop(key, None) is not None:
+            mine = self._done_of[key[0]]
+            del mine[key[1]]
+            if not mine:
+                del self._done_of[key[0]]
+        return key
 
     def present(self, owner: str, txns: list[str]) -> list[str]:
         """Those of ``owner``'s ``txns`` staged here, or committed here lately (queues
@@ -300,9 +345,10 @@ class Transactions:
 
     def load(self, parts: list[tuple[str, str, int, list[Send], float]]) -> None:
         """Staged transactions read back from storage (in part order)."""
+        answers = []
         for owner, txn, part, sends, touched in parts:
             if part == 0:  # a commit's answer (see ``done``)
-                self.done[(owner, txn)] = (touched, sends)  # type: ignore[assignment]
+                answers.append((touched, owner, txn, sends))
                 continue
             staged = self.staged.get((owner, txn))
             size = sum(staged_weight(s) for s in sends)
@@ -313,9 +359,15 @@ class Transactions:
             staged.sends.extend(sends)
             self._add_bytes(owner, staged, size)
             staged.parts += 1
+        # Oldest first, as commits added them (storage reads them by name): the expiry
+        # and the bounds take them from the front.
+        answers.sort(key=lambda a: a[0])
+        for touched, owner, txn, result in answers:
+            self._forgotten_rows += self.remember(owner, txn, touched, result)  # type: ignore[arg-type]
 
     def stats(self) -> dict[str, int]:
         return {"staged": len(self.staged), "staged_bytes": self.bytes,
                 "committed": self.committed, "discarded_by_fence": self.discarded,
-                "expired": self.expired, "fences": len(self.fences),
+                "expired": self.expired, "answers": len(self.done),
+                "answers_forgotten": self.answers_forgotten, "fences": len(self.fences),
                 "writers": len(self.writers)}

@@ -87,7 +87,7 @@ class TxnPublishing:
         result = {"published": len(staged), "discarded": len(sends) - len(keep),
                   "replayed_channels": skipped, "failed": failed[:20]}
         for t in txns:
-            tx.done[(session.client_id, t)] = (now, result)
+            batch.unstaged += tx.remember(session.client_id, t, now, result)
         batch.txn_done += [(session.client_id, t, result, now) for t in txns]
         return result
 
