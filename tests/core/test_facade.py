@@ -47,9 +47,8 @@ class _Recorder:
         self.values.append(value)
 
 
-    def observe_many(self, values: list[float]) -> None:
-
-        self.values.extend(values)
+    def observe_since(self, now: float, times: list[float]) -> None:
+        self.values.extend(now - t for t in times)
 
 
 def test_an_ack_with_the_time_feeds_the_ack_latency_metric() -> None:

@@ -166,8 +166,8 @@ class _Latency:
     def observe(self, value: float) -> None:
         self.seen.append(value)
 
-    def observe_many(self, values: list[float]) -> None:
-        self.seen.extend(values)
+    def observe_since(self, now: float, times: list[float]) -> None:
+        self.seen.extend(now - t for t in times)
 
 
 def test_a_delivery_carries_what_the_publisher_set_and_counts() -> None:

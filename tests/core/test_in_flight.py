@@ -103,6 +103,23 @@ def test_past_the_limit_a_subscription_within_its_share_goes_on_and_a_heavy_one_
     assert h.take(heavy) == [] and h.take(light) == []
 
 
+def test_the_pool_filling_mid_pump_stops_the_other_members_of_the_group_at_once() -> None:
+    """The pump asks a member for its credit once, then only after delivering to it:
+    the pool filling on one member's delivery lowers every member's bound, so the
+    others are asked again before the next message (a member past the new share gets
+    none, however much credit it had when the pump began)."""
+    h = harness(limit=3 * WEIGHT, share=WEIGHT)
+    a, b = Session("a"), Session("b")
+    first = h.subscribe(a, patterns=CH, group="g", prefetch=100)
+    second = h.subscribe(b, patterns=CH, group="g", prefetch=100)
+    h.publish(*big(10))
+    out = h.pump()
+    # Round-robin: the third delivery reaches the limit; both now hold their share.
+    assert seqs(out[first]) == [1, 3] and seqs(out[second]) == [2]
+    assert h.pump() == {}
+    assert accounted(h) == 3 * WEIGHT
+
+
 def test_header_heavy_messages_are_weighed_by_what_they_hold_in_memory() -> None:
     """A 3-byte message with 64 headers and a key holds ~9.8 KB of objects (Msg.size)
     and was weighed 1,283 (read_weight: the headers' text alone, no key): the bound

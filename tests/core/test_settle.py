@@ -432,8 +432,8 @@ class _Latency:
     def observe(self, value: float) -> None:
         self.seen.append(value)
 
-    def observe_many(self, values: list[float]) -> None:
-        self.seen.extend(values)
+    def observe_since(self, now: float, times: list[float]) -> None:
+        self.seen.extend(now - t for t in times)
 
 
 def test_ack_latency_is_the_time_from_delivery_to_ack_even_after_an_extend() -> None:

@@ -285,6 +285,24 @@ def test_observe_many_counts_exactly_as_observe_one_by_one(values: list[float]) 
     assert s2 == pytest.approx(s1)
 
 
+@pytest.mark.parametrize("times", [
+    [],
+    [99.7],
+    [99.0] * 500 + [99.5] * 300 + [99.9] * 200,  # runs: one bisect per distinct time
+    [99.95, 99.9, 99.7, 99.5, 99.3, 98.0, 95.0] * 20,  # bounds fall in their own bucket
+    [99.8] * 30 + [101.0] * 10 + [math.nan] * 5 + [100.0] * 5,  # a step back, NaNs
+    [100.0 - 0.013 * i for i in range(400)] + [-math.inf],  # mostly distinct
+])
+def test_observe_since_counts_exactly_as_observe_one_by_one(times: list[float]) -> None:
+    one, since = Histogram([0.1, 0.5, 1.0]), Histogram([0.1, 0.5, 1.0])
+    for t in times:
+        one.observe(100.0 - t)
+    since.observe_since(100.0, list(times))
+    (b1, s1), (b2, s2) = one.snapshot(), since.snapshot()
+    assert b2 == b1 and since.count == one.count
+    assert s2 == pytest.approx(s1)
+
+
 def test_rendered_histogram_buckets_sum_and_count() -> None:
     metrics = Metrics(lambda: SNAP)
     observed = (0.00005, 0.0003, 0.003, 0.003, 0.2, 3.0)

@@ -14,8 +14,8 @@ import itertools
 from ..names import REPLY_TO
 from ..protocol.frames import Delivery
 from .dead_letters import DeadLetters
-from .group import Group, GroupChannel, Lease, NeedLoad, Subscription
-from .log import Msg
+from .group import Group, GroupChannel, Lease, NeedLoad, Subscription, lease_weight
+from .log import READ_WEIGHT_BASE, Msg
 from .replies import delivery_headers
 from .state import BrokerState
 
@@ -40,90 +40,141 @@ class Dispatcher:
         for sub in out:
             sub.burst = 0
         if first and state.delivery_latency is not None:
-            state.delivery_latency.observe_many([now - at for at in first])
+            state.delivery_latency.observe_since(now, first)
         return out, loads
 
     def _pump_group(
         self, grp: Group, now: float, out: dict[Subscription, list[Delivery]],
         loads: list[NeedLoad],
     ) -> bool:
-        """Deliver what ``grp`` can; True while it still has both ready work and credit."""
-        ready = grp.ready
-        while ready:
-            found = grp.member_for()
-            if found is None:
-                self.state.in_flight.over(grp)
-                # Members that only hit their burst limit get more in the next round.
-                return any(m.burst and m.active and not m.paused
-                           and m.prefetch > m.unsettled for m in grp.members)
-            gc = next(iter(ready))
-            if gc.log.frozen:  # its queue is being handed over (ownership.freeze)
-                del ready[gc]
-                continue
-            try:
-                msg = gc.next_ready(now)
-            except NeedLoad as need:
-                del ready[gc]
-                if not need.log.loading:
-                    need.log.loading = True
-                    loads.append(need)
-                need.log.waiters[gc] = None
-                continue
-            if msg is None:
-                del ready[gc]
-                continue
-            if msg.expires_at is not None and msg.expires_at <= now:
-                self.dead_letters.expire(msg.channel, msg.seq, msg)
-                continue
-            if len(ready) > 1:  # rotate: the group's channels take turns
-                del ready[gc]
-                ready[gc] = None
-            # A message that came back from a member goes to another one with credit
-            # (``found`` above is still the turn's member: nothing since took credit).
-            if gc.returned_from:
-                found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
-                assert found is not None  # checked above; nothing since took credit away
-            sub, idx = found
-            grp.rr = (idx + 1) % len(grp.members)  # the next turn: the member after it
-            items = out.get(sub)
-            if items is None:
-                items = out[sub] = []
-            items.append(self._deliver(sub, gc, msg, now))
-            sub.burst += len(msg.data) + 64
-        return False
+        """Deliver what ``grp`` can; True while it still has both ready work and credit.
 
-    def _deliver(self, sub: Subscription, gc: GroupChannel, msg: Msg, now: float) -> Delivery:
+        Per message, so what does not change within a pump is looked up once: which
+        members have credit (asked again only of the member a delivery went to, and of
+        all once the in-flight pool fills; nothing else moves a member's credit during
+        a pump), what a group channel's first delivery of the pump notes, and each
+        member's lease dicts and delivery list."""
+        ready = grp.ready
+        if not ready:
+            return False
         state = self.state
-        tag = next(self._tags)
-        lease = Lease(tag, gc, msg, sub, now)
-        gc.pending[msg.seq] = lease
-        gc.log.touched = now
-        attempts = gc.attempts.get(msg.seq, 0) + 1
-        gc.attempts[msg.seq] = attempts
-        gc.delivered += 1
-        state.dirty[gc] = None  # attempts survive a crash: stored with the next commit
-        lease.count_in = state.taken + 1
-        sub.unsettled += 1
-        # Counted in the in-flight bounds (core/in_flight.py), inlined: per delivery
-        weight = lease.weight
-        sub.held += weight
         pool = state.in_flight
-        pool.total += weight
-        if pool.total >= pool.limit:
-            pool.reached()
-        sub.session.leases[tag] = lease
-        sub.leases[tag] = lease
         counters = state.counters
-        counters.delivered += 1
-        headers = msg.headers
-        if headers and REPLY_TO in headers:  # a request: the right to answer it
-            headers = delivery_headers(state, msg, attempts, now)
-        if attempts > 1:
-            counters.redelivered += 1
-        else:  # published -> first delivered, observed at the end of the pump
-            self._first_published.append(msg.published_at)
-        return Delivery(tag, msg.channel, msg.seq, msg.id, msg.data, msg.raw, headers,
-                        attempts, msg.published_at, msg.priority, msg.key)
+        dirty = state.dirty
+        first = self._first_published
+        tags = self._tags
+        members = grp.members
+        n = len(members)
+        has_credit = [m.credit > 0 for m in members]
+        cap = pool.cap
+        count_in = state.taken + 1  # the commit that will store these attempt counts
+        last_gc: GroupChannel | None = None
+        # Per member index: its delivery list, its and its session's leases, its lease
+        # length (at its first delivery of the pump)
+        slots: list[tuple[list[Delivery], dict[int, Lease], dict[int, Lease], float] | None]
+        slots = [None] * n
+        delivered = 0
+        try:
+            while ready:
+                # The next member with credit in round-robin order (Group.member_for,
+                # from the flags): the turn's member, else the next one after it.
+                if not n:
+                    idx = -1
+                else:
+                    idx = grp.rr % n
+                    if not has_credit[idx]:
+                        try:
+                            idx = has_credit.index(True, idx)
+                        except ValueError:
+                            idx = has_credit.index(True) if True in has_credit else -1
+                if idx < 0:
+                    pool.over(grp)
+                    # Members that only hit their burst limit get more in the next round.
+                    return any(m.burst and m.active and not m.paused
+                               and m.prefetch > m.unsettled for m in members)
+                gc = next(iter(ready))
+                if gc.log.frozen:  # its queue is being handed over (ownership.freeze)
+                    del ready[gc]
+                    continue
+                try:
+                    msg = gc.next_ready(now)
+                except NeedLoad as need:
+                    del ready[gc]
+                    if not need.log.loading:
+                        need.log.loading = True
+                        loads.append(need)
+                    need.log.waiters[gc] = None
+                    continue
+                if msg is None:
+                    del ready[gc]
+                    continue
+                if msg.expires_at is not None and msg.expires_at <= now:
+                    self.dead_letters.expire(msg.channel, msg.seq, msg)
+                    # (Rare.) A dead letter is a publish: take nothing cached on trust.
+                    has_credit = [m.credit > 0 for m in members]
+                    cap = pool.cap
+                    last_gc = None
+                    continue
+                if len(ready) > 1:  # rotate: the group's channels take turns
+                    del ready[gc]
+                    ready[gc] = None
+                # A message that came back from a member goes to another one with credit
+                # (``idx`` above is still the turn's member: nothing since took credit).
+                if gc.returned_from:
+                    found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
+                    assert found is not None  # checked above; nothing since took credit away
+                    idx = found[1]
+                sub = members[idx]
+                grp.rr = (idx + 1) % n  # the next turn: the member after it
+                slot = slots[idx]
+                if slot is None:  # its first delivery of this pump
+                    got = out.get(sub)
+                    if got is None:
+                        got = out[sub] = []
+                    slot = slots[idx] = (got, sub.leases, sub.session.leases, sub.lease_s)
+                items, sub_leases, session_leases, lease_s = slot
+                if gc is not last_gc:
+                    last_gc = gc
+                    gc.log.touched = now
+                    dirty[gc] = None  # attempts survive a crash: stored with the next commit
+                # -- the delivery: a lease, counted in the bounds, and what goes out
+                seq = msg.seq
+                tag = next(tags)
+                headers = msg.headers
+                weight = (len(msg.data) + READ_WEIGHT_BASE
+                          if not headers and msg.key is None else lease_weight(msg))
+                lease = Lease(tag, gc, msg, seq, sub, weight, now, now + lease_s, count_in)
+                gc.pending[seq] = lease
+                attempts = gc.attempts.get(seq, 0) + 1
+                gc.attempts[seq] = attempts
+                gc.delivered += 1
+                sub.unsettled += 1
+                # Counted in the in-flight bounds (core/in_flight.py), inlined
+                sub.held += weight
+                pool.total += weight
+                if pool.total >= pool.limit:
+                    pool.reached()
+                sub_leases[tag] = lease
+                session_leases[tag] = lease
+                delivered += 1
+                if headers and REPLY_TO in headers:  # a request: the right to answer it
+                    headers = delivery_headers(state, msg, attempts, now)
+                if attempts > 1:
+                    counters.redelivered += 1
+                else:  # published -> first delivered, observed at the end of the pump
+                    first.append(msg.published_at)
+                items.append(Delivery(tag, msg.channel, seq, msg.id, msg.data, msg.raw,
+                                      headers, attempts, msg.published_at, msg.priority,
+                                      msg.key))
+                sub.burst += len(msg.data) + 64
+                if pool.cap != cap:  # the pool filled: every member's credit may be less
+                    cap = pool.cap
+                    has_credit = [m.credit > 0 for m in members]
+                elif sub.credit <= 0:
+                    has_credit[idx] = False
+            return False
+        finally:
+            counters.delivered += delivered
 
     def on_loaded(self, channel: str, from_seq: int, msgs: list[Msg], upto: int) -> None:
         """Storage returned the live messages of ``[from_seq, upto)``."""

@@ -52,28 +52,37 @@ class Settlement:
         delivered: list[float] = []  # when each acked delivery was made, for ``latency``
         pool = state.in_flight
         leases = session.leases
-        for tag in tags:
-            # ``_lease``, inlined (per message): the same checks, the same refusal
-            lease = leases.pop(tag, None)
-            if lease is not None:
-                lease.sub.leases.pop(tag, None)
-            if lease is None or lease.gc.pending.get(lease.seq) is not lease:
-                self._refuse(tag, failed)
-                continue
-            gc = lease.gc
-            gc.settle(lease.seq)
-            sub = lease.sub
-            sub.unsettled -= 1
-            if sub.held < pool.cap and not pool.full:  # give_back, nothing to wake: inlined
-                sub.held -= lease.weight
-                pool.total -= lease.weight
-            else:
-                pool.give_back(sub, lease.weight)
-            counters.acked += 1
-            mark(gc)
-            delivered.append(lease.delivered)
+        marked = None  # the group channel marked last: an ack frame's tags run in one
+        acked = 0
+        try:
+            for tag in tags:
+                # ``_lease``, inlined (per message): the same checks, the same refusal
+                lease = leases.pop(tag, None)
+                if lease is not None:
+                    lease.sub.leases.pop(tag, None)
+                if lease is None or lease.gc.pending.get(lease.seq) is not lease:
+                    self._refuse(tag, failed)
+                    continue
+                gc = lease.gc
+                gc.settle(lease.seq)
+                sub = lease.sub
+                sub.unsettled -= 1
+                if sub.held < pool.cap and not pool.full:  # give_back, nothing to wake
+                    sub.held -= lease.weight
+                    pool.total -= lease.weight
+                else:
+                    pool.give_back(sub, lease.weight)
+                acked += 1
+                # Marking it again before another is marked changes nothing (ordered
+                # sets: a key already in keeps its place).
+                if gc is not marked:
+                    mark(gc)
+                    marked = gc
+                delivered.append(lease.delivered)
+        finally:
+            counters.acked += acked
         if latency is not None and delivered:
-            latency.observe_many([now - at for at in delivered])  # type: ignore[operator]
+            latency.observe_since(now, delivered)
         return failed
 
     def nack(

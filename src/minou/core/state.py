@@ -122,7 +122,7 @@ class BrokerState:
         self.schema_refusals: dict[str, int] = {}  # "orders/v1" -> payloads refused
         self.read_refusals: dict[str, list[Any]] = {}  # pattern -> [refusals, last client]
         # Histograms the adapter may plug in (anything with observe(seconds) and
-        # observe_many(list of seconds)).
+        # observe_since(now, list of times): observe(now - t) for each).
         self.delivery_latency: Any = None  # published -> first delivered
         self.ack_latency: Any = None  # delivered -> acked
 

