@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minou.core.broker import Session
+from minou.core.group import NeedLoad
 
 from .helpers import Harness, consumer, payloads, send, seqs
 
@@ -500,3 +501,52 @@ def test_two_delayed_messages_due_together_hold_the_floor_for_a_busy_reader() ->
     assert _truncated_to(h) == 2  # d2 waits (ready, with no credit): not past it
     assert payloads(h.take(sub)) == ["d2"]
     assert h.broker.group_stats(sub.group, h.now)["acked"] == 3
+
+
+# -------------------------------------------------- runs taken from the cursor
+@settings(max_examples=150, deadline=None)
+@given(
+    delivered=st.integers(1, 20),  # the first ones out (then the cursor goes back)
+    acked=st.sets(st.integers(1, 20)),
+    deleted=st.sets(st.integers(1, 24)),
+    priority=st.sets(st.integers(1, 24)),
+    evicted=st.integers(0, 24),  # the oldest bodies only in storage
+    limit=st.integers(0, 30),
+)
+def test_a_run_gives_what_the_cursor_gives_one_by_one(
+        delivered: int, acked: set[int], deleted: set[int], priority: set[int],
+        evicted: int, limit: int) -> None:
+    """``take_run`` (the pump's way through a backlog) gives the messages, and leaves
+    the cursor, as ``next_ready`` asked ``limit`` times does while nothing returned,
+    prioritized or delayed waits: past acked, out, deleted and special seqs, and stopping
+    before a body that is in storage only. ``put_back`` undoes what it gave."""
+    h = Harness()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=delivered)
+    h.publish(*(send(CH, i, priority=1 if i in priority else 0) for i in range(1, 25)))
+    h.ack(s, [d for d in h.take(sub) if d.seq in acked])  # the others stay out
+    gc = sub.group.gcs[CH]
+    gc.prio.clear()  # the specials stay special: the cursor passes them
+    log = h.broker.channels[CH]
+    for seq in deleted:
+        log.delete_one(seq)
+    log.evict_bytes(sum(m.size() for m in log.cache.values() if m.seq <= evicted))
+    gc.cursor = 1  # as a put_back leaves it: what it passes on the way is passed again
+    assert gc.plain()
+    one_by_one = []
+    while len(one_by_one) < limit:
+        try:
+            m = gc.next_ready(h.now)
+        except NeedLoad:
+            break
+        if m is None:
+            break
+        one_by_one.append(m.seq)
+    after = gc.cursor
+    gc.cursor = 1
+    run = gc.take_run(limit)
+    assert [m.seq for m in run] == one_by_one
+    assert gc.cursor == after
+    if run:
+        gc.put_back(run[0].seq)
+        assert gc.take_run(limit) == run

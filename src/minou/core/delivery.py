@@ -19,6 +19,10 @@ from .log import READ_WEIGHT_BASE, Msg
 from .replies import delivery_headers
 from .state import BrokerState
 
+# Messages a run takes from the cursor at most (the members' credit is the other bound;
+# their burst and in-flight bytes may stop them sooner: the rest goes back)
+RUN = 256
+
 
 class Dispatcher:
     def __init__(self, state: BrokerState, dead_letters: DeadLetters) -> None:
@@ -53,7 +57,11 @@ class Dispatcher:
         members have credit (asked again only of the member a delivery went to, and of
         all once the in-flight pool fills; nothing else moves a member's credit during
         a pump), what a group channel's first delivery of the pump notes, and each
-        member's lease dicts and delivery list."""
+        member's lease dicts and delivery list. And while the group has one ready
+        channel whose next messages come from its cursor alone (``GroupChannel.plain``:
+        the common case, a backlog), they are taken a run at a time
+        (``GroupChannel.take_run``) rather than looked for one by one; what the members
+        cannot take goes back (``put_back``)."""
         ready = grp.ready
         if not ready:
             return False
@@ -74,6 +82,8 @@ class Dispatcher:
         slots: list[tuple[list[Delivery], dict[int, Lease], dict[int, Lease], float] | None]
         slots = [None] * n
         delivered = 0
+        run: list[Msg] = []  # the run being delivered, of ``gc``; ``at`` is its next one
+        at = 0
         try:
             while ready:
                 # The next member with credit in round-robin order (Group.member_for,
@@ -92,38 +102,54 @@ class Dispatcher:
                     # Members that only hit their burst limit get more in the next round.
                     return any(m.burst and m.active and not m.paused
                                and m.prefetch > m.unsettled for m in members)
-                gc = next(iter(ready))
-                if gc.log.frozen:  # its queue is being handed over (ownership.freeze)
-                    del ready[gc]
-                    continue
-                try:
-                    msg = gc.next_ready(now)
-                except NeedLoad as need:
-                    del ready[gc]
-                    if not need.log.loading:
-                        need.log.loading = True
-                        loads.append(need)
-                    need.log.waiters[gc] = None
-                    continue
-                if msg is None:
-                    del ready[gc]
-                    continue
+                if at < len(run):
+                    msg = run[at]
+                    at += 1
+                else:
+                    gc = next(iter(ready))
+                    if gc.log.frozen:  # its queue is being handed over (ownership.freeze)
+                        del ready[gc]
+                        continue
+                    try:
+                        msg = gc.next_ready(now)
+                    except NeedLoad as need:
+                        del ready[gc]
+                        if not need.log.loading:
+                            need.log.loading = True
+                            loads.append(need)
+                        need.log.waiters[gc] = None
+                        continue
+                    if msg is None:
+                        del ready[gc]
+                        continue
+                    if len(ready) > 1:  # rotate: the group's channels take turns
+                        del ready[gc]
+                        ready[gc] = None
+                    elif not gc.returned_from and gc.plain():
+                        # As much as the members can take, this one included
+                        left = sum(m.prefetch - m.unsettled
+                                   for m, c in zip(members, has_credit, strict=True) if c)
+                        run, at = gc.take_run(min(left - 1, RUN)), 0
+                    # A message that came back from a member goes to another one with
+                    # credit (``idx`` is still the turn's member: nothing since took any).
+                    if gc.returned_from:
+                        found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
+                        assert found is not None  # checked above
+                        idx = found[1]
+                    if gc is not last_gc:
+                        last_gc = gc
+                        gc.log.touched = now
+                        dirty[gc] = None  # attempts survive a crash: stored with the commit
                 if msg.expires_at is not None and msg.expires_at <= now:
                     self.dead_letters.expire(msg.channel, msg.seq, msg)
                     # (Rare.) A dead letter is a publish: take nothing cached on trust.
+                    if at < len(run):
+                        gc.put_back(run[at].seq)
+                    run, at = [], 0
                     has_credit = [m.credit > 0 for m in members]
                     cap = pool.cap
                     last_gc = None
                     continue
-                if len(ready) > 1:  # rotate: the group's channels take turns
-                    del ready[gc]
-                    ready[gc] = None
-                # A message that came back from a member goes to another one with credit
-                # (``idx`` above is still the turn's member: nothing since took credit).
-                if gc.returned_from:
-                    found = grp.member_for(gc.returned_from.pop(msg.seq, 0))
-                    assert found is not None  # checked above; nothing since took credit away
-                    idx = found[1]
                 sub = members[idx]
                 grp.rr = (idx + 1) % n  # the next turn: the member after it
                 slot = slots[idx]
@@ -133,10 +159,6 @@ class Dispatcher:
                         got = out[sub] = []
                     slot = slots[idx] = (got, sub.leases, sub.session.leases, sub.lease_s)
                 items, sub_leases, session_leases, lease_s = slot
-                if gc is not last_gc:
-                    last_gc = gc
-                    gc.log.touched = now
-                    dirty[gc] = None  # attempts survive a crash: stored with the next commit
                 # -- the delivery: a lease, counted in the bounds, and what goes out
                 seq = msg.seq
                 tag = next(tags)
@@ -175,6 +197,8 @@ class Dispatcher:
             return False
         finally:
             counters.delivered += delivered
+            if at < len(run):  # what no member took goes back
+                gc.put_back(run[at].seq)
 
     def on_loaded(self, channel: str, from_seq: int, msgs: list[Msg], upto: int) -> None:
         """Storage returned the live messages of ``[from_seq, upto)``."""

@@ -199,6 +199,49 @@ class GroupChannel:
                 return m
         return None
 
+    def plain(self) -> bool:
+        """Whether the next messages come from the cursor alone (nothing returned,
+        prioritized or scheduled waits): ``take_run`` may hand them out."""
+        return not (self.front or self.prio or self.back or self.sched)
+
+    def take_run(self, limit: int) -> list[Msg]:
+        """Up to ``limit`` messages from the cursor, the ones ``next_ready`` would give
+        one by one while ``plain``; the cursor moves past them. It stops before a
+        message whose body is in storage only (``next_ready`` then raises NeedLoad for
+        it). The pump takes a member's run in one call, and sets the cursor back to
+        the first of them it did not deliver (``put_back``)."""
+        out: list[Msg] = []
+        if limit <= 0:
+            return out
+        log = self.log
+        special, acked, skip, pending = log.special, self.acked, self.skip, self.pending
+        runs_hi, runs = self.runs_hi, self.acked_runs
+        # ``log.lookup``'s common case inlined: nothing deleted, the seq in the cache
+        cache, cache_lo = log.cache, max(log.cache_lo, log.first_seq)
+        cached = not log.gone.n
+        seq, end = self.cursor, log.end
+        while seq < end:
+            if (seq in special or seq in acked or seq in skip
+                    or (seq < runs_hi and seq in runs)):
+                seq += 1
+                continue
+            m = cache.get(seq, GONE) if cached and seq >= cache_lo else log.lookup(seq)
+            if m is MISSING:
+                break
+            if m is not GONE and seq not in pending:
+                out.append(m)  # type: ignore[arg-type]
+                if len(out) >= limit:
+                    seq += 1
+                    break
+            seq += 1
+        self.cursor = seq
+        return out
+
+    def put_back(self, seq: int) -> None:
+        """The messages a ``take_run`` gave from ``seq`` on were not delivered: the
+        cursor goes back to it (what it passes on the way is passed again)."""
+        self.cursor = min(self.cursor, seq)
+
     def waiting(self) -> tuple[int, int | None]:
         """How many stored messages wait for this group (neither delivered nor settled
         yet: new, requeued or delayed), and the lowest of their seqs."""
