@@ -1174,12 +1174,14 @@ class Client:
         if op == "ack":
             if self._ack_future is None:
                 self._ack_future = asyncio.get_running_loop().create_future()
-            self._acks.append(msg.tag)
-            if len(self._acks) >= CLIENT_FRAME_MESSAGES:
+            tag = msg.tag
+            acks = self._acks
+            acks.append(tag)
+            if len(acks) >= CLIENT_FRAME_MESSAGES:
                 self._flush()  # a consumer working through a big batch frees credit early
-            else:
+            elif not self._flush_scheduled:  # (_schedule_flush, inlined: per ack)
                 self._schedule_flush()
-            return Settlement(self._ack_future, msg.tag)
+            return Settlement(self._ack_future, tag)
         fut: asyncio.Future[list[tuple[int, int, str]]] = (
             asyncio.get_running_loop().create_future()
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -68,29 +69,40 @@ class Settlement:
 
 
 class Message:
-    """A delivery. Settle it with ``ack()``, ``nack()``; ``extend()`` its lease."""
+    """A delivery. Settle it with ``ack()``, ``nack()``; ``extend()`` its lease.
 
-    __slots__ = (
-        "_client", "_epoch", "_payload", "attempts", "channel", "data", "headers", "id", "key",
-        "priority", "published_at", "raw", "seq", "sid", "tag",
-    )
+    Its fields are read from the delivery as decoded (a consumer reads ~200,000 a
+    second: copying eleven of them into each message was a sixth of the client's
+    time per message)."""
+
+    __slots__ = ("_client", "_d", "_epoch", "_headers", "_payload", "sid")
 
     def __init__(self, client: Client, epoch: int, sid: int, d: Any) -> None:
         self._client = client
         self._epoch = epoch
         self.sid = sid
-        self.tag: int = d.tag
-        self.channel: str = d.channel
-        self.seq: int = d.seq
-        self.id: str = d.id
-        self.data: bytes = d.data
-        self.raw: bool = d.raw
-        self.headers: dict[str, str] = d.headers or {}
-        self.attempts: int = d.attempts
-        self.published_at: float = d.published_at
-        self.priority: int = d.priority
-        self.key: str | None = d.key
+        self._d = d  # a protocol Delivery (frozen)
+        self._headers: dict[str, str] | None = None
         self._payload: Any = _UNSET
+
+    tag: int = property(attrgetter("_d.tag"))  # type: ignore[assignment]
+    channel: str = property(attrgetter("_d.channel"))  # type: ignore[assignment]
+    seq: int = property(attrgetter("_d.seq"))  # type: ignore[assignment]
+    id: str = property(attrgetter("_d.id"))  # type: ignore[assignment]
+    data: bytes = property(attrgetter("_d.data"))  # type: ignore[assignment]
+    raw: bool = property(attrgetter("_d.raw"))  # type: ignore[assignment]
+    attempts: int = property(attrgetter("_d.attempts"))  # type: ignore[assignment]
+    published_at: float = property(attrgetter("_d.published_at"))  # type: ignore[assignment]
+    priority: int = property(attrgetter("_d.priority"))  # type: ignore[assignment]
+    key: str | None = property(attrgetter("_d.key"))  # type: ignore[assignment]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The message's headers ({} when it has none; the same dict at each read)."""
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = self._d.headers or {}
+        return headers
 
     @property
     def payload(self) -> Any:
