@@ -43,8 +43,10 @@ from minou.protocol.frames import Send  # noqa: E402
 def held(gc: object) -> int:
     """Entries the group holds for its acks: set members, plus ranges where kept."""
     n = len(gc.acked)  # type: ignore[attr-defined]
-    runs = getattr(gc, "acked_runs", None)
-    return n + (runs.count_runs() if runs is not None else 0)
+    runs = getattr(gc, "acked_runs", None)  # None before runs; count_runs() before SeqRuns
+    if runs is None:                         # served the channel's deleted seqs too
+        return n
+    return n + (runs.run_count() if hasattr(runs, "run_count") else runs.count_runs())
 
 
 def run(n: int, pin: str) -> dict[str, float]:

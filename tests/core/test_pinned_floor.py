@@ -2,7 +2,7 @@
 every ack after it must not stay in memory and in every commit's group state one by one.
 
 A group keeps its acks above the floor as a set of recent ones plus runs
-(core/seq_runs.py) and stores them as ranges (core/group.py ``_State.acked_runs``);
+(``SeqRuns``, core/seq_runs.py) and stores them as ranges (core/group.py ``_State.acked_runs``);
 a state written by an older version (every seq in ``acked``) still restores.
 """
 
@@ -41,7 +41,7 @@ def fold_at(n: int) -> Iterator[None]:
 def _held(gc: GroupChannel) -> int:
     """What the group holds for its acks: set members and runs."""
     runs = getattr(gc, "acked_runs", None)  # None on the code before runs
-    return len(gc.acked) + (runs.count_runs() if runs is not None else 0)
+    return len(gc.acked) + (runs.run_count() if runs is not None else 0)
 
 
 def _pinned(pin: str, n: int = 199_000) -> tuple[Broker, GroupChannel, list[int]]:
@@ -109,7 +109,7 @@ def test_acks_after_a_held_lease_take_bounded_state() -> None:
 
 def test_the_floor_jumps_over_the_runs_once_the_delayed_one_is_acked() -> None:
     b, gc, _ = _pinned("nack", n=20_000)
-    assert gc.acked_runs.count_runs() == 1
+    assert gc.acked_runs.run_count() == 1
     now = 1000.0 + 1e6
     b.tick(now)
     out, _ = b.pump(now)
@@ -147,7 +147,7 @@ def test_a_state_written_by_the_old_version_restores() -> None:
     acked = [s for s in range(1, 4_002) if s != 7]
     blob = msgspec.msgpack.encode([acked, {7: 1}, [(2000.0, 7)]])
     b, gc = _restored(blob)
-    assert gc.acked_runs.ranges() == [(1, 7), (8, 4_002)]
+    assert list(gc.acked_runs.runs()) == [(1, 7), (8, 4_002)]
     assert not gc.acked
     assert _delivered(b) == list(range(4_002, 5_001))  # 7 waits for its time
     floor, state = gc.durable_state()
@@ -188,7 +188,7 @@ def test_a_restart_redelivers_nothing_acked_and_the_delayed_one_later() -> None:
         h.ack(s, got)
     h.commit()
     gc = h.broker.state.groups["consume:g"].gcs[CH]
-    assert gc.floor == 1 and gc.acked_runs.count_runs() == 1
+    assert gc.floor == 1 and gc.acked_runs.run_count() == 1
     st = h.storage
     h2 = Harness(storage=st, now=h.now + 1.0, broker=Broker())
     h2.broker.restore(st.open(h2.now), h2.now)
@@ -257,7 +257,7 @@ def test_acked_seqs_behave_as_a_set(ops: list[Any], fold: int) -> None:
             for s in range(floor, 400):
                 assert gc.is_acked(s) == (s in model), s
             assert {*gc.acked, *gc.acked_runs} == model
-            assert gc.acked_runs.count() == len(set(gc.acked_runs))
+            assert len(gc.acked_runs) == len(set(gc.acked_runs))
 
 
 def test_waiting_counts_with_the_acks_in_runs() -> None:
@@ -270,7 +270,7 @@ def test_a_group_channel_without_runs_shares_an_empty_one() -> None:
     """Most group channels never fold: they hold no runs object of their own, and one
     whose runs all fall below the floor gives its own back."""
     _b, gc, _ = _pinned("nack", n=3_000)
-    assert gc.acked_runs.count_runs() == 1
+    assert gc.acked_runs.run_count() == 1
     fresh = _one_message_group()
     assert fresh.acked_runs is group_mod._NO_RUNS
     gc.advance(5_000)
@@ -285,7 +285,7 @@ def test_scattered_acks_are_stored_no_larger_than_a_list_of_seqs() -> None:
     for seq in range(2, 20_002, 2):
         gc.settle(seq)
     gc.compute_floor()
-    assert gc.acked_runs.count_runs() == 10_000  # folded: 10,000 > FOLD_ACKED
+    assert gc.acked_runs.run_count() == 10_000  # folded: 10,000 > FOLD_ACKED
     _floor, blob = gc.durable_state()
     as_list = msgspec.msgpack.encode([list(range(2, 20_002, 2)), {}, [], []])
     assert len(blob) <= len(as_list)

@@ -113,7 +113,7 @@ class GroupChannel:
         # entry only costs a preference, never keeps a subscription alive.
         self.returned_from: dict[int, int] = {}
         # Acked seqs at or above the floor: the recent ones in ``acked``, older ones
-        # folded into ``acked_runs`` (FOLD_ACKED); ``runs_hi`` is acked_runs.hi, an int
+        # folded into ``acked_runs`` (FOLD_ACKED); ``runs_hi`` is acked_runs.end(), an int
         # check before a lookup on the delivery path. Both parts count: ``is_acked``.
         self.acked: set[int] = set()
         self.acked_runs = _NO_RUNS
@@ -252,8 +252,8 @@ class GroupChannel:
         gone, acked, runs, pending = log.gone, self.acked, self.acked_runs, self.pending
         is_acked = self.is_acked
         taken = gone.count_between(lo, end)  # over its runs, not its seqs
-        taken += runs.count(lo, end)  # the acked runs, less their seqs also gone
-        taken -= sum(gone.count_between(max(a, lo), min(b, end)) for a, b in runs.ranges()
+        taken += runs.count_between(lo, end)  # the acked runs, less their seqs also gone
+        taken -= sum(gone.count_between(max(a, lo), min(b, end)) for a, b in runs.runs()
                      if a < end and b > lo)
         taken += sum(1 for s in acked if lo <= s < end and s not in gone)
         taken += sum(1 for s in pending if lo <= s < end and s not in gone and not is_acked(s))
@@ -265,7 +265,7 @@ class GroupChannel:
             elif seq in acked or seq in pending:
                 seq += 1
             elif seq < self.runs_hi and seq in runs:  # an acked run in one step too
-                seq = runs.end_of(seq)
+                seq = runs.skip(seq)
             else:
                 break
         return max(0, end - lo - taken), seq if seq < end else None
@@ -358,7 +358,7 @@ class GroupChannel:
         if self.acked_runs is _NO_RUNS:
             self.acked_runs = SeqRuns()
         self.acked_runs.add_seqs(self.acked)
-        self.runs_hi = self.acked_runs.hi
+        self.runs_hi = self.acked_runs.end()
         self.acked = set()
 
     def _drop_acked_below(self, lo: int) -> None:
@@ -372,13 +372,13 @@ class GroupChannel:
                 self.acked = {s for s in acked if s >= lo}
         if self.runs_hi:
             self.acked_runs.drop_below(lo)
-            self.runs_hi = self.acked_runs.hi
+            self.runs_hi = self.acked_runs.end()
             if not self.runs_hi:
                 self.acked_runs = _NO_RUNS
 
     def durable_state(self) -> tuple[int, bytes]:
         floor = self.compute_floor()
-        acked, runs = self.acked, self.acked_runs.ranges()
+        acked, runs = self.acked, list(self.acked_runs.runs())
         if runs and any(hi - lo == 1 for lo, hi in runs):
             # A run of one seq is smaller as a seq (acks out of order: one gap each)
             acked = [*acked, *(lo for lo, hi in runs if hi - lo == 1)]
@@ -397,8 +397,9 @@ class GroupChannel:
         # A state of an older version has every acked seq in ``acked``: folded here
         # when many, written back as runs at the next commit.
         self.acked = set(state.acked)
-        self.acked_runs = SeqRuns(state.acked_runs) if state.acked_runs else _NO_RUNS
-        self.runs_hi = self.acked_runs.hi
+        self.acked_runs = (SeqRuns.from_runs(sorted(state.acked_runs)) if state.acked_runs
+                           else _NO_RUNS)
+        self.runs_hi = self.acked_runs.end()
         if len(self.acked) > FOLD_ACKED:
             self.fold_acked()
         self.attempts = dict(state.attempts)

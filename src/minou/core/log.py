@@ -20,8 +20,8 @@ from ..limits import (
     DEFAULT_SYNC_INTERVAL_S,
 )
 from ..names import is_kv
-from .gone import Gone
 from .kv import KvIndex
+from .seq_runs import SeqRuns
 from .stream_ids import StreamIds
 
 
@@ -176,7 +176,7 @@ class ChannelLog:
     # The broker's (BrokerState.special_count) once it holds this log: ``special``'s size
     # over every channel, kept as ``special`` changes.
     special_count: SpecialCount = field(default_factory=SpecialCount)
-    gone: Gone = field(default_factory=Gone)  # deleted seqs above first_seq
+    gone: SeqRuns = field(default_factory=SeqRuns)  # deleted seqs above first_seq
     states: list = field(default_factory=list)  # GroupChannel readers
     dropped: int = 0
     expired: int = 0

@@ -225,7 +225,7 @@ def oldest_unsettled(core: Broker, log: ChannelLog, group: str | None = None) ->
             seq = past
         elif any(gc.is_acked(seq) for gc in gcs):
             # A long run of acks is passed in one step
-            seq = max(max(gc.acked_runs.end_of(seq), seq + 1) for gc in gcs if gc.is_acked(seq))
+            seq = max(max(gc.acked_runs.skip(seq), seq + 1) for gc in gcs if gc.is_acked(seq))
         else:
             break
     return seq if seq < log.end and seq >= log.first_seq else None

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .dedup import DedupRows
-from .gone import Gone
 from .group import GroupDef
+from .seq_runs import SeqRuns
 from .stream_ids import parse_point_key
 
 
@@ -23,11 +23,11 @@ class ChannelRecord:
     count: int
     bytes: int = 0
     # deleted seqs inside [first_seq, next_seq), as runs: the core adopts it as it is
-    gone: Gone = field(default_factory=Gone)
+    gone: SeqRuns = field(default_factory=SeqRuns)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gone, Gone):  # seqs in any order (tests, tools)
-            self.gone = Gone(sorted(self.gone))
+        if not isinstance(self.gone, SeqRuns):  # seqs in any order (tests, tools)
+            self.gone = SeqRuns(self.gone)
 
 
 @dataclass

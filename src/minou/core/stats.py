@@ -45,7 +45,7 @@ def channel_stats(log: ChannelLog) -> dict[str, Any]:
         "readers": [gc.group.key for gc in log.states],
         "expire_idle": log.options.expire_idle, "active_at": log.touched,
         # deleted seqs above first_seq (a live message below pins them), and what the
-        # broker holds for them: 16 bytes a run of consecutive ones (core/gone.py)
+        # broker holds for them: 16 bytes a run of consecutive ones (core/seq_runs.py)
         "deleted": len(log.gone), "deleted_bytes": log.gone.nbytes(),
     }
 

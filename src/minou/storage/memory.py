@@ -38,9 +38,9 @@ from typing import Any
 
 import msgspec
 
-from ..core.gone import Gone
 from ..core.group import GroupDef
 from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
+from ..core.seq_runs import SeqRuns
 from ..core.snapshot import ChannelRecord, Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFenced, StorageFull, StorageUnavailable
@@ -352,7 +352,7 @@ def _channel_record(name: str, ch: _Channel) -> ChannelRecord:
     """The channel as SQLiteStorage reads it back (the same steps on the same shape)."""
     spans = [(start, ch.segments[start].last) for start in ch.starts]
     return segments.channel_record(name, ch.next_seq, ch.first_seq, spans,
-                                   Gone.from_sorted(sorted(ch.removed)))
+                                   SeqRuns.from_sorted(sorted(ch.removed)))
 
 
 def _specials(ch: _Channel, rec: ChannelRecord) -> Iterator[tuple[str, int, int, float | None]]:

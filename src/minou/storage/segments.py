@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from ..core.gone import Gone
 from ..core.log import Msg
+from ..core.seq_runs import SeqRuns
 from ..core.snapshot import ChannelRecord
 
 encode = msgspec.msgpack.Encoder().encode
@@ -62,7 +62,7 @@ def runs(msgs: list[Msg]) -> list[list[Msg]]:
 
 
 def channel_record(name: str, next_seq: int, first_seq: int, spans: list[tuple[int, int]],
-                   removed: Gone) -> ChannelRecord:
+                   removed: SeqRuns) -> ChannelRecord:
     """A channel as a restart reads it back, from its stored shape: ``spans`` are its
     segments' (first, last) seqs in order, ``removed`` the seqs deleted from inside
     them (taken over: it becomes the record's ``gone``, no copy of it is made). Seqs

@@ -38,9 +38,9 @@ from urllib.request import pathname2url
 import msgspec
 
 from ..core.dedup import DedupRows
-from ..core.gone import Gone
 from ..core.group import GroupDef
 from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
+from ..core.seq_runs import SeqRuns
 from ..core.snapshot import Snapshot
 from ..core.writes import WriteBatch
 from ..errors import StorageFull, StorageUnavailable
@@ -305,7 +305,7 @@ class SQLiteStorage:
     def _snapshot(self, db: sqlite3.Connection, now: float) -> Snapshot:
         snap = Snapshot()
         firsts: dict[str, int] = {}
-        removed: dict[str, Gone] = {}
+        removed: dict[str, SeqRuns] = {}
         for cid, name, next_seq, first_seq in db.execute(
             "SELECT cid, name, next_seq, first_seq FROM channels"
         ):
@@ -315,7 +315,7 @@ class SQLiteStorage:
                 "SELECT rid, last_seq FROM segments WHERE rid BETWEEN ? AND ? ORDER BY rid",
                 (lo, hi))]
             # Streamed into runs, in rid order (the primary key's): no set of them.
-            removed_runs = Gone.from_sorted(chain.from_iterable(db.execute(
+            removed_runs = SeqRuns.from_sorted(chain.from_iterable(db.execute(
                 "SELECT rid & ? FROM removed WHERE rid BETWEEN ? AND ? ORDER BY rid",
                 (SEQ_MASK, lo, hi))))
             rec = segments.channel_record(name, next_seq, first_seq, spans, removed_runs)

@@ -13,14 +13,14 @@ from typing import Any
 
 import msgspec
 
-from ...core.gone import Gone
 from ...core.group import GroupDef
+from ...core.seq_runs import SeqRuns
 from ...core.snapshot import ChannelRecord, Snapshot
 from ...protocol.frames import Send
 from ..segments import channel_record, decode_placed
 
 _sends = msgspec.msgpack.Decoder(list[Send])
-_NONE_GONE = Gone()  # for a special of a channel the queue does not list
+_NONE_GONE = SeqRuns()  # for a special of a channel the queue does not list
 _unpack = msgspec.msgpack.decode
 
 
@@ -52,7 +52,7 @@ class QueueState:
     # channel -> (next seq, first seq, creation order), as the head gave them
     heads: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     # channel -> (its first live seq, the seqs gone inside): what a special must be in
-    live: dict[str, tuple[int, Gone]] = field(default_factory=dict)
+    live: dict[str, tuple[int, SeqRuns]] = field(default_factory=dict)
 
     @property
     def groups(self) -> set[str]:
@@ -92,14 +92,14 @@ def whole(q: QueueState, reply: list[Any], now: float) -> bool:
     for raw, starts, metas, removed in chans:
         spans = [(int(s), int(m.split(b" ", 1)[0]))
                  for s, m in zip(starts, metas, strict=True) if m is not None]
-        add_channel(q, text(raw), spans, Gone.from_sorted(map(int, removed)))  # by seq
+        add_channel(q, text(raw), spans, SeqRuns.from_sorted(map(int, removed)))  # by seq
     add_specials(q, bodies)
     add_dedup(q, dedup, now)
     return True
 
 
 def add_channel(q: QueueState, name: str, spans: list[tuple[int, int]],
-                removed: Gone) -> None:
+                removed: SeqRuns) -> None:
     """Channel ``name`` of ``q`` (one of its heads), from its segments' (first, last)
     seqs in order and its removed seqs (taken over: the record's ``gone``)."""
     next_seq, first_seq, born = q.heads[name]

@@ -73,8 +73,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from ...core.gone import Gone
 from ...core.log import READ_WEIGHT_BASE, Msg, read_weight
+from ...core.seq_runs import SeqRuns
 from ...core.snapshot import Snapshot
 from ...core.writes import WriteBatch
 from ...errors import StorageFenced, StorageFull, StorageUnavailable
@@ -281,7 +281,7 @@ class RedisStorage:
         for name, starts, metas in self._pages(key, base, "s", names):
             spans[name].extend((int(s), int(m.split(b" ", 1)[0]))
                                for s, m in zip(starts, metas, strict=True) if m is not None)
-        removed: dict[str, Gone] = {name: Gone() for name in names}
+        removed: dict[str, SeqRuns] = {name: SeqRuns() for name in names}
         for name, seqs, _ in self._pages(key, base, "r", names):
             add = removed[name].add  # pages come by seq: each add extends the last run
             for r in seqs:
