@@ -24,7 +24,7 @@ Cases:
 ``gone``    a key-value bucket (history 1): 1 cold key written once, then a hot key
             updated ``--updates`` times: the cold key pins the channel's first seq, so
             every older revision of the hot key stays a deleted seq inside the log
-            (core/gone.py), running and read back from the ``removed`` rows at a start.
+            (core/seq_runs.py), running and read back from the ``removed`` rows at a start.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ apart."""
 from __future__ import annotations
 
 import random
-from itertools import pairwise
+from itertools import pairwise, product
 from typing import Any
 
 from hypothesis import given, settings
@@ -39,7 +39,7 @@ def check(runs: SeqRuns, model: set[int]) -> None:
     """Everything ``runs`` answers without changing is what ``model`` answers."""
     assert list(runs) == sorted(model)
     assert len(runs) == runs.n == len(model) and bool(runs) == bool(model)
-    assert runs.end() == (max(model) + 1 if model else 0)
+    assert runs.top == (max(model) + 1 if model else 0)
     spans = list(runs.runs())  # non-empty, ascending, apart (a gap between two)
     assert all(a < b for a, b in spans)
     assert all(b < c for (_, b), (c, _) in pairwise(spans))
@@ -52,6 +52,10 @@ def check(runs: SeqRuns, model: set[int]) -> None:
 def test_seq_runs_answer_as_a_plain_set(start: list[int], ops: list[Any]) -> None:
     runs, model = SeqRuns(start), set(start)
     check(runs, model)
+    one_by_one = SeqRuns()
+    for seq in start:
+        one_by_one.add(seq)
+    check(one_by_one, model)
     for op, arg, *more in ops:
         if op == "add":
             runs.add(arg)
@@ -86,9 +90,13 @@ def test_seq_runs_answer_as_a_plain_set(start: list[int], ops: list[Any]) -> Non
         else:
             assert (arg in runs) == (arg in model)
         check(runs, model)
-    for s in range(-1, TOP + 20):
+    for s in range(-1, TOP + 40):  # past the highest seq an op can add (TOP + 30)
         assert (s in runs) == (s in model), s
-    assert runs.count_between(-1, TOP + 20) == len(model)
+    assert runs.count_between(-1, TOP + 40) == len(model)
+    for seq in start:  # the ends, the middle and the whole of runs
+        runs.discard(seq)
+        model.discard(seq)
+        check(runs, model)
     assert SeqRuns.from_sorted(sorted(list(model) * 2)) == SeqRuns(model) == runs  # repeats
     assert SeqRuns.from_runs(runs.runs()) == runs
     assert eval(repr(runs), {"SeqRuns": SeqRuns}) == runs
@@ -126,13 +134,13 @@ def test_merging_below_between_and_above() -> None:
     runs.add_runs([(20, 30)])  # fills the gap: one run
     runs.add_runs([(0, 5), (8, 10)])
     assert list(runs.runs()) == [(0, 5), (8, 40), (45, 50)]
-    assert (runs.end(), len(runs), runs.run_count()) == (50, 42, 3)
+    assert (runs.top, len(runs), runs.run_count()) == (50, 42, 3)
     runs.add_seqs({60, 61, 62, 70, 5})  # scattered: one merge of their runs
     assert list(runs.runs()) == [(0, 6), (8, 40), (45, 50), (60, 63), (70, 71)]
     assert runs.drop_below(9) == 7
     assert list(runs.runs()) == [(9, 40), (45, 50), (60, 63), (70, 71)]
     runs.drop_below(71)
-    assert (list(runs.runs()), runs.end(), bool(runs)) == ([], 0, False)
+    assert (list(runs.runs()), runs.top, bool(runs)) == ([], 0, False)
 
 
 def test_forgetting_the_oldest_runs_compacts_them_away_and_answers_the_same() -> None:
@@ -167,3 +175,101 @@ def test_batches_merged_around_forgotten_runs_answer_the_same() -> None:
         check(runs, model)
         assert all((s in runs) == (s in model) for s in range(below - 5, below + 80))
         assert runs.skip(below) == min(set(range(below, 3500)) - model)
+
+
+def _below_forgotten_runs() -> tuple[SeqRuns, set[int]]:
+    """Runs added back below a floor, under forgotten runs not compacted away yet whose
+    bounds are all above them: a lookup that bisected the whole arrays, not only what
+    is kept, would be led astray by them."""
+    runs = SeqRuns.from_runs([(100 + 10 * i, 105 + 10 * i) for i in range(30)])
+    runs.drop_below(390)  # 29 runs forgotten, fewer than compaction waits for
+    runs.add_run(10, 20)
+    runs.add(30)
+    runs.add_runs([(40, 50), (60, 61)])
+    return runs, {*range(10, 20), 30, *range(40, 50), 60, *range(390, 395)}
+
+
+def test_runs_added_below_forgotten_ones_answer_as_a_set() -> None:
+    runs, model = _below_forgotten_runs()
+    check(runs, model)
+    for s in range(0, 400):
+        assert (s in runs) == (s in model), s
+        past = s
+        while past in model:
+            past += 1
+        assert runs.skip(s) == past, s
+    for a, b in [(0, 400), (12, 45), (15, 16), (30, 31), (45, 392), (0, 10), (50, 60)]:
+        assert runs.count_between(a, b) == len([s for s in model if a <= s < b]), (a, b)
+    changes: list[tuple[str, tuple[int, ...], set[int]]] = [
+        ("add_run", (15, 35), set(range(15, 35))), ("add_run", (0, 45), set(range(45))),
+        ("add_run", (5, 400), set(range(5, 400))), ("add_run", (20, 30), set(range(20, 30))),
+        ("add", (20,), {20}), ("add", (29,), {29}), ("add", (55,), {55}),
+        ("add_runs", ([(0, 12), (25, 42)],), {*range(12), *range(25, 42)}),
+    ]
+    for op, args, added in changes:
+        runs, model = _below_forgotten_runs()
+        getattr(runs, op)(*args)
+        check(runs, model | added)
+    for seq in (10, 15, 19, 30, 40, 49, 60, 390, 394, 100, 5):
+        runs, model = _below_forgotten_runs()
+        runs.discard(seq)
+        check(runs, model - {seq})
+    for seq in (0, 10, 15, 30, 31, 45, 392, 400):
+        runs, model = _below_forgotten_runs()
+        assert runs.drop_from(seq) == len([s for s in model if s >= seq])
+        check(runs, {s for s in model if s < seq})
+
+
+def test_forgetting_every_run_frees_the_arrays() -> None:
+    """Whether some runs were forgotten before or not, and however many."""
+    empty = SeqRuns().nbytes()
+    for top, first_below, forget in product((40, 4000), (0, 10), ("drop_below", "drop_from",
+                                                                   "discard")):
+        runs = SeqRuns(range(0, top, 2))
+        assert runs.nbytes() >= empty + 16 * runs.run_count()
+        runs.drop_below(first_below)  # forgotten runs kept until compacted
+        held = len(runs)
+        if forget == "drop_below":
+            assert runs.drop_below(top) == held
+        elif forget == "drop_from":
+            assert runs.drop_from(first_below) == held
+        else:
+            for seq in range(first_below, top, 2):
+                runs.discard(seq)
+        assert (len(runs), runs.run_count()) == (0, 0)
+        # (an array keeps its room when it shrinks by less than 16 items: one by one,
+        # ``discard`` frees none of it; nothing but tests calls it)
+        if forget != "discard":
+            assert runs.nbytes() <= empty + (512 if first_below else 0), forget
+        runs.add(7)  # and it starts again from nothing
+        assert list(runs.runs()) == [(7, 8)]
+
+
+def test_an_empty_one_answers_as_an_empty_set() -> None:
+    runs = SeqRuns()
+    assert (len(runs), bool(runs), list(runs), list(runs.runs())) == (0, False, [], [])
+    assert (5 in runs, runs.skip(5), runs.count_between(0, 10), runs.top) == (False, 5, 0, 0)
+    assert (runs.drop_below(5), runs.drop_from(5), runs.run_count()) == (0, 0, 0)
+    runs.discard(5)
+    runs.add_seqs([])
+    runs.add_runs([(3, 3), (4, 2)])
+    assert runs == set() and runs == SeqRuns.from_sorted([]) == SeqRuns.from_runs([])
+
+
+def test_a_batch_with_repeats_adds_each_seq_once() -> None:
+    runs = SeqRuns()
+    runs.add_seqs([5, 5, 7])  # as many as a contiguous 5..7, which it is not
+    assert list(runs.runs()) == [(5, 6), (7, 8)]
+    runs.add_seqs(iter([9, 8, 8]))
+    assert list(runs.runs()) == [(5, 6), (7, 10)]
+    assert SeqRuns([3, 1, 1]) == {1, 3}
+
+
+def test_equal_only_to_the_same_seqs() -> None:
+    runs = SeqRuns.from_runs([(1, 3), (5, 6)])
+    assert runs == SeqRuns([5, 1, 2]) and runs == {1, 2, 5} and runs == [1, 2, 5]
+    assert runs == (1, 2, 5) and runs == frozenset({1, 2, 5})
+    for other in (SeqRuns([1, 2, 6]), SeqRuns([1, 2]), {1, 2, 6}, {1, 2}, [1, 2, 6], [1, 2],
+                  [5, 2, 1], (1, 2, 5, 6), SeqRuns()):
+        assert runs != other and not runs == other, other  # noqa: SIM201
+    assert (runs == 5) is False and (runs == "1-3") is False

@@ -113,7 +113,7 @@ class GroupChannel:
         # entry only costs a preference, never keeps a subscription alive.
         self.returned_from: dict[int, int] = {}
         # Acked seqs at or above the floor: the recent ones in ``acked``, older ones
-        # folded into ``acked_runs`` (FOLD_ACKED); ``runs_hi`` is acked_runs.end(), an int
+        # folded into ``acked_runs`` (FOLD_ACKED); ``runs_hi`` is acked_runs.top, an int
         # check before a lookup on the delivery path. Both parts count: ``is_acked``.
         self.acked: set[int] = set()
         self.acked_runs = _NO_RUNS
@@ -358,7 +358,7 @@ class GroupChannel:
         if self.acked_runs is _NO_RUNS:
             self.acked_runs = SeqRuns()
         self.acked_runs.add_seqs(self.acked)
-        self.runs_hi = self.acked_runs.end()
+        self.runs_hi = self.acked_runs.top
         self.acked = set()
 
     def _drop_acked_below(self, lo: int) -> None:
@@ -372,7 +372,7 @@ class GroupChannel:
                 self.acked = {s for s in acked if s >= lo}
         if self.runs_hi:
             self.acked_runs.drop_below(lo)
-            self.runs_hi = self.acked_runs.end()
+            self.runs_hi = self.acked_runs.top
             if not self.runs_hi:
                 self.acked_runs = _NO_RUNS
 
@@ -399,7 +399,7 @@ class GroupChannel:
         self.acked = set(state.acked)
         self.acked_runs = (SeqRuns.from_runs(sorted(state.acked_runs)) if state.acked_runs
                            else _NO_RUNS)
-        self.runs_hi = self.acked_runs.end()
+        self.runs_hi = self.acked_runs.top
         if len(self.acked) > FOLD_ACKED:
             self.fold_acked()
         self.attempts = dict(state.attempts)

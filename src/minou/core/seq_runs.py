@@ -57,12 +57,13 @@ def runs_of(seqs: Sequence[int]) -> list[tuple[int, int]]:
 
 
 class SeqRuns:
-    """A set of ints as sorted disjoint runs. ``n`` (the number of seqs) is a plain
-    attribute so that the hot path (``ChannelLog.lookup``) tests emptiness without a
-    Python call; a caller that looks up seqs mostly above every run keeps ``end()`` in
-    an int and compares with it first (``GroupChannel.runs_hi``)."""
+    """A set of ints as sorted disjoint runs. ``n`` (the number of seqs) and ``top``
+    (one past the largest, 0 when empty) are plain attributes: the hot paths test them
+    without a Python call (``ChannelLog.lookup`` whether anything is deleted,
+    ``GroupChannel`` whether a seq is above every acked run, in ``runs_hi``), and a
+    lookup above every run (a new message) is one compare."""
 
-    __slots__ = ("_k", "hi", "lo", "n")
+    __slots__ = ("_k", "hi", "lo", "n", "top")
     __hash__ = None  # type: ignore[assignment]  (mutable)
 
     def __init__(self, seqs: Iterable[int] = ()) -> None:
@@ -70,6 +71,7 @@ class SeqRuns:
         self.lo = array("q")  # run starts, ascending
         self.hi = array("q")  # run ends (exclusive): lo[i] < hi[i] < lo[i + 1]
         self.n = 0
+        self.top = 0  # hi[-1], or 0 when empty
         self._k = 0  # runs below it are forgotten
         self.add_seqs(seqs)
 
@@ -92,6 +94,7 @@ class SeqRuns:
             hi.append(b)
             n += b - a
         g.n = n
+        g.top = hi[-1] if n else 0
         return g
 
     @classmethod
@@ -115,7 +118,7 @@ class SeqRuns:
         if n:
             lo.append(a)
             hi.append(b)
-        g.n = n
+        g.n, g.top = n, b
         return g
 
     # ------------------------------------------------------------ reading
@@ -126,13 +129,11 @@ class SeqRuns:
         return self.n != 0
 
     def __contains__(self, seq: object) -> bool:
-        if not self.n:
+        if seq >= self.top:  # type: ignore[operator]
             return False
-        hi = self.hi
-        if seq >= hi[-1]:  # type: ignore[operator]
-            return False
-        i = bisect_right(self.lo, seq, self._k) - 1  # type: ignore[call-overload]
-        return i >= self._k and seq < hi[i]  # type: ignore[operator]
+        k = self._k
+        i = bisect_right(self.lo, seq, k)  # type: ignore[call-overload]
+        return i > k and seq < self.hi[i - 1]  # type: ignore[operator]
 
     def __iter__(self) -> Iterator[int]:
         lo, hi = self.lo, self.hi
@@ -146,10 +147,6 @@ class SeqRuns:
 
     def run_count(self) -> int:
         return len(self.lo) - self._k
-
-    def end(self) -> int:
-        """One past the largest seq; 0 when empty."""
-        return self.hi[-1] if self.n else 0
 
     def nbytes(self) -> int:
         """What its two arrays hold: their allocation, runs forgotten but not yet
@@ -174,10 +171,11 @@ class SeqRuns:
 
     def skip(self, seq: int) -> int:
         """The first seq at or after ``seq`` that is not here (past a run at once)."""
-        if self.n and seq < self.hi[-1]:
-            i = bisect_right(self.lo, seq, self._k) - 1
-            if i >= self._k and seq < self.hi[i]:
-                return self.hi[i]
+        if seq < self.top:
+            k = self._k
+            i = bisect_right(self.lo, seq, k)
+            if i > k and seq < self.hi[i - 1]:
+                return self.hi[i - 1]
         return seq
 
     def __eq__(self, other: object) -> bool:
@@ -195,14 +193,16 @@ class SeqRuns:
     # ------------------------------------------------------------ changing
     def add(self, seq: int) -> None:
         lo, hi = self.lo, self.hi
-        if not self.n or seq > hi[-1]:  # past every run: the usual case
+        if not self.n or seq > self.top:  # past every run: the usual case
             lo.append(seq)
             hi.append(seq + 1)
             self.n += 1
+            self.top = seq + 1
             return
-        if seq == hi[-1]:
+        if seq == self.top:
             hi[-1] = seq + 1
             self.n += 1
+            self.top = seq + 1
             return
         i = bisect_right(lo, seq, self._k)  # runs before i start at or below seq
         left = i > self._k and hi[i - 1] >= seq
@@ -226,10 +226,11 @@ class SeqRuns:
         if start >= end:
             return
         lo, hi = self.lo, self.hi
-        if not self.n or start > hi[-1]:
+        if not self.n or start > self.top:
             lo.append(start)
             hi.append(end)
             self.n += end - start
+            self.top = end
             return
         i = bisect_left(hi, start, self._k)  # the first run reaching start (or touching)
         j = bisect_right(lo, end, i)  # runs before j start at or below end
@@ -241,6 +242,7 @@ class SeqRuns:
         lo[i:j] = array("q", (start,))
         hi[i:j] = array("q", (end,))
         self.n += end - start - covered
+        self.top = hi[-1]
 
     def add_seqs(self, seqs: Iterable[int]) -> None:
         """Add seqs in any order, repeats allowed (a group's acked set, folded)."""
@@ -251,34 +253,35 @@ class SeqRuns:
         if last - first + 1 == len(seqs):  # contiguous, the common case: no sort
             self.add_run(first, last + 1)
         else:
-            self.add_runs(runs_of(sorted(seqs)))
+            self._merge(runs_of(sorted(seqs)))
 
     def add_runs(self, new: Iterable[tuple[int, int]]) -> None:
         """Add runs ``(lo, hi)`` ordered by ``lo`` (touching or overlapping ones merged,
         empty ones skipped) in one merge: only the runs from the first one ``new``
         reaches to the last one it reaches are rewritten, not one insert per run."""
+        self._merge([(a, b) for a, b in new if a < b])
+
+    def _merge(self, new: list[tuple[int, int]]) -> None:
+        # ``new``: non-empty runs ordered by start
+        if not new:
+            return
         lo, hi = self.lo, self.hi
+        k = i = bisect_left(hi, new[0][0], self._k)  # the first run reaching new's start
+        end = len(lo)
         out_lo: list[int] = []
         out_hi: list[int] = []
-        k = i = end = 0
         for a, b in new:
-            if b <= a:
-                continue
-            if not out_lo:  # the first run that ends at or after a (or touches it)
-                k = i = bisect_left(hi, a, self._k)
-                end = len(lo)
             while i < end and lo[i] <= a:
                 _push(out_lo, out_hi, lo[i], hi[i])
                 i += 1
             _push(out_lo, out_hi, a, b)
-        if not out_lo:
-            return
         while i < end and lo[i] <= out_hi[-1]:  # runs the last new one reaches
             _push(out_lo, out_hi, lo[i], hi[i])
             i += 1
         self.n += sum(out_hi) - sum(out_lo) - (sum(hi[k:i]) - sum(lo[k:i]))
         lo[k:i] = array("q", out_lo)
         hi[k:i] = array("q", out_hi)
+        self.top = hi[-1]
 
     def discard(self, seq: int) -> None:
         if seq not in self:
@@ -297,9 +300,11 @@ class SeqRuns:
             lo.insert(i + 1, seq + 1)
             hi.insert(i + 1, b)
         self.n -= 1
-        if not self.n:
+        if self.n:
+            self.top = hi[-1]
+        else:
             del lo[:], hi[:]
-            self._k = 0
+            self._k = self.top = 0
 
     def drop_below(self, seq: int) -> int:
         """Forget the seqs below ``seq``; return how many there were."""
@@ -309,14 +314,14 @@ class SeqRuns:
         if lo[k] >= seq:
             return 0
         i = bisect_right(hi, seq, k)  # runs k..i end at or below seq: all forgotten
-        dropped = sum(hi[k:i]) - sum(lo[k:i]) if i > k else 0
+        dropped = sum(hi[k:i]) - sum(lo[k:i])
         if i < len(lo) and lo[i] < seq:
             dropped += seq - lo[i]
             lo[i] = seq
         self.n -= dropped
         if i >= len(lo):
             del lo[:], hi[:]
-            i = 0
+            i = self.top = 0
         elif i > 64 and i * 2 > len(lo):  # the forgotten half goes (amortized O(1))
             del lo[:i], hi[:i]
             i = 0
@@ -325,18 +330,20 @@ class SeqRuns:
 
     def drop_from(self, seq: int) -> int:
         """Forget the seqs at or above ``seq``; return how many there were."""
-        if not self.n or seq >= self.hi[-1]:
+        if seq >= self.top:
             return 0
-        dropped = self.count_between(seq, self.hi[-1])
+        dropped = self.count_between(seq, self.top)
         lo, hi = self.lo, self.hi
         j = bisect_left(lo, seq, self._k)  # runs from j on start at or after seq
         del lo[j:], hi[j:]
         if len(lo) > self._k and hi[-1] > seq:
             hi[-1] = seq
         self.n -= dropped
-        if len(lo) <= self._k:
+        if self.n:
+            self.top = hi[-1]
+        else:
             del lo[:], hi[:]
-            self._k = 0
+            self._k = self.top = 0
         return dropped
 
 
