@@ -309,6 +309,19 @@ def _mutation_rank(item: pytest.Item, mutant: str) -> tuple[int, int, int]:
                             len(_MUTATION_ORDER))
 
 
+# Under `make mutate` (which sets MINOU_MUTATION_KILLERS for mutmut and every child), a
+# property test fails a mutant at its first failing example: shrinking that example took
+# 5-24 s here, which mutmut's wall-clock limit took for a timeout. Loaded at import, before
+# the test modules, so that their own @settings inherit it.
+if os.environ.get("MINOU_MUTATION_KILLERS"):
+    from hypothesis import Phase
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile(
+        "mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    _hypothesis_settings.load_profile("mutation")
+
+
 def _under_mutation() -> str:
     """The mutant this process tests, or "" (not under mutmut, or its stats/fail runs)."""
     mutant = os.environ.get("MUTANT_UNDER_TEST", "")
