@@ -122,7 +122,7 @@ def serve(data: str, ready: Any, control: Any) -> None:
 
 
 def one_run(procs: int, conns: int, seconds: float) -> dict[str, Any]:
-    from http_floor import client
+    from http_floor import start_clients
 
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="minou-switches-") as data:
@@ -131,12 +131,7 @@ def one_run(procs: int, conns: int, seconds: float) -> dict[str, Any]:
         server.start()
         try:
             port = ready.get(timeout=60)
-            barrier = ctx.Barrier(procs + 1)
-            clients = [ctx.Process(target=client, args=(port, conns, seconds, barrier, out))
-                       for _ in range(procs)]
-            for c in clients:
-                c.start()
-            barrier.wait(60)
+            clients = start_clients(ctx, port, procs, conns, seconds, out)
             time.sleep(0.5)  # the writer's first apply has been seen
             control.put("mark")
             control.get(timeout=30)

@@ -135,6 +135,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def start_clients(ctx: Any, port: int, procs: int, conns: int, seconds: float,
+                  out: Any) -> list[Any]:
+    """``procs`` client processes of ``conns`` connections each, started together (a
+    barrier): they put their results on ``out``."""
+    barrier = ctx.Barrier(procs + 1)
+    clients = [ctx.Process(target=client, args=(port, conns, seconds, barrier, out))
+               for _ in range(procs)]
+    for c in clients:
+        c.start()
+    barrier.wait(60)
+    return clients
+
+
 def one_run(kind: str, procs: int, conns: int, seconds: float) -> tuple[float, float]:
     ctx = mp.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
@@ -142,12 +155,7 @@ def one_run(kind: str, procs: int, conns: int, seconds: float) -> tuple[float, f
     server.start()
     try:
         port = ready.get(timeout=30)
-        barrier = ctx.Barrier(procs + 1)
-        clients = [ctx.Process(target=client, args=(port, conns, seconds, barrier, out))
-                   for _ in range(procs)]
-        for c in clients:
-            c.start()
-        barrier.wait(60)
+        clients = start_clients(ctx, port, procs, conns, seconds, out)
         cpu0, wall0 = cpu_s(server.pid), time.monotonic()  # type: ignore[arg-type]
         results = [out.get(timeout=seconds + 60) for _ in clients]
         cpu1, wall1 = cpu_s(server.pid), time.monotonic()  # type: ignore[arg-type]
