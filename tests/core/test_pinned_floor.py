@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,10 @@ from minou.protocol.frames import Send
 
 from . import test_group_channel
 from .helpers import Harness, seqs
+
+# Tens of thousands of acks a test: under mutmut's trampolines far past the 5 s per-test
+# limit, which failed `make mutate`'s first (stats) run
+pytestmark = pytest.mark.timeout(300)
 
 CH = "o/v1/1"
 
