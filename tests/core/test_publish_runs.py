@@ -1,0 +1,176 @@
+"""A frame's run of plain sends to one channel is staged at once (``_publish_run``): the
+outcomes, the staged messages, the pending batch and every state must be exactly those
+the one-by-one path gives. Hypothesis drives both paths with the same frames (any mix
+of plain and other sends, bad payloads, refused channels, full channels, broken
+producer sequences) and compares everything they leave behind."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minou.auth.rules import ALLOW_ALL, Access
+from minou.core.broker import Broker, Session
+from minou.core.log import ChannelOptions
+from minou.core.publishing import MAX_PSEQ
+from minou.protocol.frames import Send
+from minou.schemas import compile_schema
+
+PLAIN, OTHER = "plain/v1/a", "plain/v1/b"
+SMALL_REFUSE, SMALL_DROP = "small/v1/r", "small/v1/d"
+WITH_SCHEMA, BARRED, BROADCAST = "typed/v1/1", "barred/v1/1", "plain/v1/*"
+CHANNELS = [PLAIN, OTHER, SMALL_REFUSE, SMALL_DROP, WITH_SCHEMA, BARRED, BROADCAST,
+            "bad name", "_kv/v1/orders/x", "_inbox/v1/x"]
+MAX_SIZE = 64
+SCHEMA = compile_schema({"type": "string"}, key="typed/v1")
+
+
+def _options(key: str) -> ChannelOptions:
+    if key == "small/v1":
+        return ChannelOptions(max_items=5)
+    if key == "typed/v1":
+        return ChannelOptions(schema=SCHEMA, ttl=30.0)
+    return ChannelOptions(ttl=60.0 if key == "plain/v1" else None)
+
+
+def _broker(bulk: bool) -> tuple[Broker, Session, Access]:
+    b = Broker(channel_options=_options, max_message_size=MAX_SIZE)
+    b.publishing.bulk = bulk
+    b.state.producers.max_states = 3  # states evicted while their sessions still hold them
+    opts = _options("small/v1")
+    for name in (SMALL_REFUSE, SMALL_DROP):  # overflow differs by channel: set per log
+        b.publish([Send(name, b'"x"')], 1.0)
+        b.channels[name].options = ChannelOptions(
+            max_items=opts.max_items, overflow="drop_oldest" if name == SMALL_DROP else "refuse")
+    b.on_committed(b.take_writes(), 1.0)
+    # Channels publishes create exist before the runs (a run needs its channel's log).
+    b.publish([Send(PLAIN, b"1"), Send(OTHER, b"1"), Send(BARRED, b"1")], 1.0)
+    b.on_committed(b.take_writes(), 1.0)
+    session = Session("c", producer_id="p")
+    access = Access("c", write=["plain/*", "small/*", "typed/*", "_kv/*"])
+    return b, session, access
+
+
+payloads = st.sampled_from([b'"hello"', b"12", b"[1, 2]", b'{"a": 1}', b"{not json",
+                            b"x" * 80, b'"' + b"y" * 60 + b'"', b"\xff\xfe"])
+send_specs = st.fixed_dictionaries({
+    "channel": st.sampled_from(CHANNELS),
+    "data": payloads,
+    "raw": st.booleans(),
+    "extra": st.sampled_from([None] * 12 + ["headers", "dedup", "priority", "ttl", "key",
+                                            "delay"]),
+    "pseq": st.sampled_from(["next"] * 8 + ["same", "skip", "zero", "back", "huge"]),
+})
+# Runs of one spec (a channel, a payload...) repeated: what a client's frame mostly is.
+runs = st.tuples(send_specs, st.integers(1, 8))
+frames = st.lists(st.tuples(st.lists(runs, min_size=1, max_size=5),
+                            st.booleans(), st.booleans()), min_size=1, max_size=8)
+
+
+def _sends(runs: list[tuple[dict[str, Any], int]], last: dict[str, int]) -> list[Send]:
+    out = []
+    for spec in (spec for spec, times in runs for _ in range(times)):
+        channel = spec["channel"]
+        prev = last.get(channel, 0)
+        pseq = {"next": prev + 1, "same": prev, "skip": prev + 3, "zero": 0,
+                "back": max(prev - 2, 0),  # a new producer state takes any first one:
+                "huge": prev + 1 if prev else MAX_PSEQ - 2}[spec["pseq"]]  # near the top
+        if pseq > prev:
+            last[channel] = pseq
+        extra: dict[str, Any] = {}
+        kind = spec["extra"]
+        if kind == "headers":
+            extra["headers"] = {"h": "1"}
+        elif kind == "dedup":
+            extra["dedup"] = f"d{len(out) % 3}"
+        elif kind == "priority":
+            extra["priority"] = 2
+        elif kind == "ttl":
+            extra["ttl"] = 5.0
+        elif kind == "key":
+            extra["key"] = "k"
+        elif kind == "delay":
+            extra["delay"] = 1.0
+        out.append(Send(channel, spec["data"], spec["raw"], pseq=pseq, **extra))
+    return out
+
+
+def _seen(b: Broker, outcomes: list[Any], staged: list[Any]) -> dict[str, Any]:
+    """Everything a publish leaves behind, as plain values."""
+    batch = b.state.batch
+    return {
+        "outcomes": [msgspec.structs.astuple(o) for o in outcomes],
+        "staged": [msgspec.structs.astuple(m) for m in staged],
+        "batch": (dict(batch.channels), [msgspec.structs.astuple(m) for m in batch.messages],
+                  list(batch.deletes), [(s.key, p) for s, p in batch.sequenced],
+                  batch.bytes, batch.specials, list(batch.dedup), len(batch.publishes)),
+        "producers": {k: s.row() for k, s in b.state.producers.states.items()},
+        "dirty": [s.key for s in b.state.producers.dirty],
+        "logs": {name: (log.next_seq, log.inflight, log.count, log.dropped, log.touched)
+                 for name, log in b.channels.items()},
+        "counters": dataclasses.asdict(b.counters),
+        "replays": [(i, s.key, p) for i, s, p in b.state.replays],
+        "refusals": dict(b.state.schema_refusals),
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames)
+def test_a_run_staged_at_once_leaves_what_one_by_one_leaves(
+        plan: list[tuple[list[dict[str, Any]], bool, bool]]) -> None:
+    bulk, one = _broker(True), _broker(False)
+    last: dict[str, int] = {}
+    for t, (specs, numbered, commit) in enumerate(plan):
+        sends = _sends(specs, last if numbered else {})  # (the unnumbered ones are not read)
+        now = 10.0 + t
+        seen = []
+        for b, session, access in (bulk, one):
+            outcomes, staged = b.publish(sends, now, access,
+                                         session if numbered else Session("u"))
+            seen.append(_seen(b, outcomes, staged))
+        assert seen[0] == seen[1]
+        if commit:
+            for b, _, _ in (bulk, one):
+                b.on_committed(b.take_writes(), now)
+
+
+def test_a_frame_of_plain_sends_takes_the_run() -> None:
+    """The comparison above is only worth something if runs are taken: a frame of plain
+    sends to one channel is staged by ``_publish_run``, its producer state moved on."""
+    b, session, access = _broker(True)
+    calls = []
+    run = b.publishing._publish_run
+
+    def counted(*args: Any) -> int:
+        calls.append(taken := run(*args))
+        return taken
+
+    b.publishing._publish_run = counted  # type: ignore[method-assign]
+    b.publish([Send(PLAIN, b"1", pseq=1)], 5.0, access, session)  # makes the state
+    outcomes, staged = b.publish([Send(PLAIN, b'"v"', pseq=p) for p in range(2, 102)], 6.0,
+                                 access, session)
+    assert calls[-1] == 100
+    assert [o.seq for o in outcomes] == list(range(3, 103))
+    pstate = session.producer_states[PLAIN]
+    assert (pstate.last, pstate.run_pseq, pstate.run_last, pstate.run_seq) == (101, 1, 101, 2)
+    assert all(m.expires_at == 66.0 for m in staged)  # the channel's ttl
+    assert ALLOW_ALL.unrestricted
+
+
+def test_a_run_stops_at_the_largest_producer_sequence() -> None:
+    """Sequences past MAX_PSEQ are refused one by one (they would break the commit)."""
+    seen = []
+    for bulk in (True, False):
+        b, session, access = _broker(bulk)
+        b.publish([Send(PLAIN, b"1", pseq=MAX_PSEQ - 3)], 5.0, access, session)
+        outcomes, staged = b.publish(
+            [Send(PLAIN, b"2", pseq=p) for p in range(MAX_PSEQ - 2, MAX_PSEQ + 3)], 6.0,
+            access, session)
+        assert [o.seq for o in outcomes] == [3, 4, 5, 0, 0]
+        assert "producer sequence (pseq) is 1.." in outcomes[3].error
+        seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
