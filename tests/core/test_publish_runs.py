@@ -1,8 +1,10 @@
-"""A frame's run of plain sends to one channel is staged at once (``_publish_run``): the
-outcomes, the staged messages, the pending batch and every state must be exactly those
-the one-by-one path gives. Hypothesis drives both paths with the same frames (any mix
-of plain and other sends, bad payloads, refused channels, full channels, broken
-producer sequences) and compares everything they leave behind."""
+"""A frame's run of plain sends to one channel is staged at once (``_publish_run``), and a
+commit's run of plain messages of one channel made visible at once (``_commit_run``):
+the outcomes, the staged messages, the pending batch, what the commit makes visible and
+every state must be exactly those the one-by-one paths give. Hypothesis drives both
+paths with the same frames (any mix of plain and other sends, bad payloads, refused
+channels, full channels, broken producer sequences) and compares everything they leave
+behind."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ def _options(key: str) -> ChannelOptions:
 
 def _broker(bulk: bool) -> tuple[Broker, Session, Access]:
     b = Broker(channel_options=_options, max_message_size=MAX_SIZE)
-    b.publishing.bulk = bulk
+    b.publishing.bulk = b.commits.bulk = bulk
     b.state.producers.max_states = 3  # states evicted while their sessions still hold them
     opts = _options("small/v1")
     for name in (SMALL_REFUSE, SMALL_DROP):  # overflow differs by channel: set per log
@@ -50,6 +52,9 @@ def _broker(bulk: bool) -> tuple[Broker, Session, Access]:
     # Channels publishes create exist before the runs (a run needs its channel's log).
     b.publish([Send(PLAIN, b"1"), Send(OTHER, b"1"), Send(BARRED, b"1")], 1.0)
     b.on_committed(b.take_writes(), 1.0)
+    # A group reading: commits mark its channels ready.
+    b.subscribe(Session("r"), 1, kind="consume", patterns=["plain/v1/*"], group="g",
+                prefetch=1000, now=1.0)
     session = Session("c", producer_id="p")
     access = Access("c", write=["plain/*", "small/*", "typed/*", "_kv/*"])
     return b, session, access
@@ -99,6 +104,19 @@ def _sends(runs: list[tuple[dict[str, Any], int]], last: dict[str, int]) -> list
     return out
 
 
+def _visible(b: Broker) -> dict[str, Any]:
+    """Everything a commit leaves behind, as plain values."""
+    return {
+        "logs": {name: (log.count, log.end, log.inflight, log.published, log.cache_bytes,
+                        sorted((seq, msgspec.structs.astuple(m)) for seq, m in log.cache.items()),
+                        dict(log.special))
+                 for name, log in b.channels.items()},
+        "counters": dataclasses.asdict(b.counters),
+        "ready": [(g.key, [(gc.log.name) for gc in g.ready]) for g in b.state.ready_groups],
+        "durable": b.state.durable,
+    }
+
+
 def _seen(b: Broker, outcomes: list[Any], staged: list[Any]) -> dict[str, Any]:
     """Everything a publish leaves behind, as plain values."""
     batch = b.state.batch
@@ -134,8 +152,14 @@ def test_a_run_staged_at_once_leaves_what_one_by_one_leaves(
             seen.append(_seen(b, outcomes, staged))
         assert seen[0] == seen[1]
         if commit:
+            after = []
             for b, _, _ in (bulk, one):
+                b.state.ready_groups.clear()  # as a pump does: the commit marks them again
+                for group in b.state.groups.values():
+                    group.ready.clear()
                 b.on_committed(b.take_writes(), now)
+                after.append(_visible(b))
+            assert after[0] == after[1]
 
 
 def test_a_frame_of_plain_sends_takes_the_run() -> None:
@@ -174,3 +198,19 @@ def test_a_run_stops_at_the_largest_producer_sequence() -> None:
         assert "producer sequence (pseq) is 1.." in outcomes[3].error
         seen.append(_seen(b, outcomes, staged))
     assert seen[0] == seen[1]
+
+
+def test_a_bucket_s_puts_are_committed_one_by_one() -> None:
+    """A bucket's commit compacts its keys message by message: never a run."""
+    seen = []
+    for bulk in (True, False):
+        b, session, _ = _broker(bulk)
+        puts = [Send("_kv/v1/config", b"1", key=k) for k in ("a", "b", "a", "c", "a")]
+        b.publish(puts, 5.0, ALLOW_ALL, session)
+        batch = b.take_writes()
+        b.on_committed(batch, 5.0)
+        kv = b.channels["_kv/v1/config"].kv
+        seen.append((_visible(b), kv.latest("a", 5.0), kv.history("a"), kv.keys("", 5.0),
+                     list(b.state.batch.deletes)))
+    assert seen[0] == seen[1]
+    assert seen[0][1:4] == (5, [5], ["a", "b", "c"])

@@ -22,9 +22,27 @@ from .stream_ids import point_key, prune_points
 from .writes import WriteBatch
 
 
+def _plain_run_end(messages: list[Msg], start: int) -> int:
+    """One past the run from ``start`` of messages of one channel with consecutive seqs,
+    none of them special (priority or delay)."""
+    first = messages[start]
+    if first.priority or first.deliver_at is not None:
+        return start
+    name, seq = first.channel, first.seq
+    end = start + 1
+    for msg in itertools.islice(messages, end, None):
+        if (msg.channel != name or msg.seq != seq + end - start or msg.priority
+                or msg.deliver_at is not None):
+            break
+        end += 1
+    return end
+
+
 class Commits:
     def __init__(self, state: BrokerState) -> None:
         self.state = state
+        # False: every message is made visible one by one (tests compare the two paths).
+        self.bulk = True  # pragma: no mutate  (either way the states are the same)
 
     @property
     def has_dirty(self) -> bool:
@@ -87,10 +105,22 @@ class Commits:
         # carried into the next: everything taken up to this one is durable now.
         state.durable = max(state.durable, batch.number)
         requeued = batch.requeued
-        for msg in batch.messages:
+        messages = batch.messages
+        i, count = 0, len(messages)
+        while i < count:
+            msg = messages[i]
+            i += 1
             log = channels.get(msg.channel)
             if log is None:
                 continue
+            if (i < count and self.bulk and not requeued and log.kv is None
+                    and msg.seq >= log.first_seq
+                    and (not log.gone.n or log.gone.top <= msg.seq)):
+                end = _plain_run_end(messages, i - 1)
+                if end - i >= 1:  # two or more: made visible at once
+                    self._commit_run(log, messages[i - 1:end])
+                    i = end
+                    continue
             if msg.seq < log.first_seq or (log.gone.n and msg.seq in log.gone):
                 if log.kv is not None:
                     log.kv.unstage(msg)
@@ -120,6 +150,21 @@ class Commits:
                 state.retired.pop(name, None)
         for callback in batch.on_commit:
             callback()
+
+    def _commit_run(self, log: ChannelLog, run: list[Msg]) -> None:
+        """What the loop of ``on_committed`` does message by message, for a run of
+        consecutive plain messages of ``log`` none of which was dropped meanwhile."""
+        taken = len(run)
+        log.inflight -= taken
+        log.append_run(run)
+        log.count += taken
+        log.published += taken
+        self.state.counters.published += taken
+        ready_groups = self.state.ready_groups
+        for gc in log.states:
+            gc.group.ready[gc] = None
+            if gc.group.members:
+                ready_groups[gc.group] = None
 
     def _forget_points(self, failed: WriteBatch, pending: WriteBatch) -> None:
         """The stream ids clients gave in ``failed`` (never stored) may be given again,

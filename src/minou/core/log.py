@@ -234,6 +234,13 @@ class ChannelLog:
         if msg.special:
             self.add_special(msg.seq, msg.priority, msg.deliver_at)
 
+    def append_run(self, msgs: list[Msg]) -> None:
+        """``append_committed`` of each of ``msgs``: consecutive seqs, none special."""
+        self.cache.update(zip(range(msgs[0].seq, msgs[-1].seq + 1), msgs, strict=True))
+        self.cache_bytes += sum(map(Msg.size, msgs))
+        if msgs[-1].seq >= self.end:
+            self.end = msgs[-1].seq + 1
+
     def add_special(self, seq: int, priority: int, deliver_at: float | None) -> None:
         if seq not in self.special:
             self.special_count.total += 1
