@@ -656,9 +656,14 @@ def test_kv_buckets_work_from_every_broker_and_survive_their_owner_s_death(
         rev = b.kv("config").put("limit", 2, revision=rev)
         assert a.kv("config").get("limit").revision == rev
         assert a.kv("config").keys() == ["limit"]
-    wait_until(lambda: "_kv/v1" in owners(brokers[0]), timeout=20)
-    owner = owners(brokers[0])["_kv/v1"]
-    victim = next(x for x in brokers if cluster_view(x)["this_broker"]["member"] == owner)
+    # The queue may show no owner for a moment (a 1 s lease on a loaded machine can
+    # lapse and be taken again): wait for one of the two, read once.
+    members = {cluster_view(x)["this_broker"]["member"]: x for x in brokers}
+    seen: dict[str, str] = {}
+    wait_until(lambda: seen.update(owners(brokers[0])) or seen.get("_kv/v1") in members,
+               timeout=20, what="one of the brokers to own _kv/v1")
+    owner = seen["_kv/v1"]
+    victim = members[owner]
     survivor = next(x for x in brokers if x is not victim)
     victim.kill()
     wait_until(lambda: owners(survivor).get("_kv/v1") not in (None, owner), timeout=30,
