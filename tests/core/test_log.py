@@ -97,6 +97,20 @@ def test_evict_bytes_frees_the_oldest_bodies_first_and_no_more_than_asked() -> N
     assert log.cache_lo == 4
 
 
+def test_evict_bytes_frees_what_headers_and_keys_hold_too() -> None:
+    """Each body is counted as ``Msg.size`` counts it, whatever it carries."""
+    log = ChannelLog(CH)
+    msgs = [Msg(CH, 1, "a", b"1"), Msg(CH, 2, "b", b"2", headers={"h": "v" * 50}),
+            Msg(CH, 3, "c", b"3", key="k" * 40),
+            Msg(CH, 4, "d", b"4", headers={"h": "1"}, key="k")]
+    for m in msgs:
+        log.append_committed(m)
+    sizes = [m.size() for m in msgs]
+    assert len(set(sizes)) == 4  # each shape is counted differently
+    assert [log.evict_bytes(1) for _ in msgs] == sizes
+    assert log.cache_bytes == 0
+
+
 def test_evict_bytes_passes_over_deleted_seqs() -> None:
     log = _log(4)
     one = log.cache[1].size()

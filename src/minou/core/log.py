@@ -24,6 +24,8 @@ from .kv import KvIndex
 from .seq_runs import SeqRuns
 from .stream_ids import StreamIds
 
+MSG_OVERHEAD = 280  # a Msg without headers or key in the body cache: object, slot, bytes
+
 
 class Msg(msgspec.Struct, array_like=True, gc=False):
     """One stored message. Bodies are bytes; JSON is not parsed past validation.
@@ -55,8 +57,8 @@ class Msg(msgspec.Struct, array_like=True, gc=False):
         and a slot each: 64 one-letter headers are ~8 KB) and its key. Counting the
         payload alone let headers and keys hold 40 x the cache's budget."""
         if self.headers is None and self.key is None:  # the common case, kept short
-            return len(self.data) + 280
-        size = len(self.data) + 280
+            return len(self.data) + MSG_OVERHEAD
+        size = len(self.data) + MSG_OVERHEAD
         headers = self.headers
         if headers:  # (summed with map: a generator over the items cost twice as much)
             size += 240 + 140 * len(headers) + sum(map(len, headers)) + \
@@ -261,11 +263,13 @@ class ChannelLog:
 
     def evict_bytes(self, need: int) -> int:
         """Drop the oldest cached bodies until ``need`` bytes are freed (they stay in storage)."""
-        seq, freed = self.cache_lo, 0
-        while seq < self.end and freed < need:
-            m = self.cache.pop(seq, None)
+        seq, freed, end = self.cache_lo, 0, self.end
+        pop = self.cache.pop  # (the per-message loop of a publish-only load: kept short)
+        while seq < end and freed < need:
+            m = pop(seq, None)
             if m is not None:
-                freed += m.size()
+                freed += len(m.data) + MSG_OVERHEAD if m.headers is None and m.key is None \
+                    else m.size()
             seq += 1
         self.cache_lo = seq
         self.cache_bytes -= freed
