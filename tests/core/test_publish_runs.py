@@ -191,11 +191,12 @@ def test_a_run_stops_at_the_largest_producer_sequence() -> None:
     for bulk in (True, False):
         b, session, access = _broker(bulk)
         b.publish([Send(PLAIN, b"1", pseq=MAX_PSEQ - 3)], 5.0, access, session)
-        outcomes, staged = b.publish(
-            [Send(PLAIN, b"2", pseq=p) for p in range(MAX_PSEQ - 2, MAX_PSEQ + 3)], 6.0,
-            access, session)
-        assert [o.seq for o in outcomes] == [3, 4, 5, 0, 0]
-        assert "producer sequence (pseq) is 1.." in outcomes[3].error
+        outcomes, staged = b.publish(  # the run starts inside the frame, not at its start
+            [Send(OTHER, b"0"), Send(OTHER, b"0")]
+            + [Send(PLAIN, b"2", pseq=p) for p in range(MAX_PSEQ - 2, MAX_PSEQ + 3)], 6.0,
+            access, Session("c", producer_id="p", producer_states=session.producer_states))
+        assert [o.seq for o in outcomes] == [2, 3, 3, 4, 5, 0, 0]
+        assert "producer sequence (pseq) is 1.." in outcomes[5].error
         seen.append(_seen(b, outcomes, staged))
     assert seen[0] == seen[1]
 
@@ -214,3 +215,17 @@ def test_a_bucket_s_puts_are_committed_one_by_one() -> None:
                      list(b.state.batch.deletes)))
     assert seen[0] == seen[1]
     assert seen[0][1:4] == (5, [5], ["a", "b", "c"])
+
+
+def test_plain_sends_to_an_inbox_are_checked_as_replies() -> None:
+    """An inbox takes only replies to a request its owner made: a run of plain sends to
+    one (its log exists once a reply was stored) is never staged unchecked."""
+    seen = []
+    for bulk in (True, False):
+        b, session, _ = _broker(bulk)
+        b.state.log("_inbox/v1/x", 5.0)
+        outcomes, staged = b.publish([Send("_inbox/v1/x", b"1") for _ in range(3)], 6.0,
+                                     ALLOW_ALL, session)
+        assert [o.code for o in outcomes] != [0, 0, 0] and not staged
+        seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
