@@ -437,11 +437,14 @@ class Client:
         self._ever_connected = False  # until then a lost connection is connect()'s failure
         self._requester: Requester | None = None  # its inbox, made at the first request
         self._standby_seen = False  # a standby answered the last attempt to connect
+        # The loop the connection runs on: asked for once, not on every send (asking
+        # asyncio for the running loop costs ~180 ns, a tenth of a send).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ connection
     async def _open(self) -> None:
         """Connect to the first URL that answers HELLO; raise ConnectionClosed if none."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         errors = []
         refused: NotAuthenticated | None = None
         order = [(self._url_index + i) % len(self.urls) for i in range(len(self.urls))]
@@ -877,7 +880,7 @@ class Client:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -962,7 +965,7 @@ class Client:
                 f"{self._pending_count} messages are waiting to be sent or confirmed "
                 f"(max_pending={self.max_pending}); is the broker reachable?"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = self._turn_deadline
         if deadline is None:  # the first send since the last flush
             timeout = self.confirm_timeout
