@@ -19,6 +19,7 @@ from minou.auth.rules import ALLOW_ALL, Access
 from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 from minou.core.publishing import MAX_PSEQ
+from minou.errors import StorageFull
 from minou.protocol.frames import Send
 from minou.schemas import compile_schema
 
@@ -228,4 +229,31 @@ def test_plain_sends_to_an_inbox_are_checked_as_replies() -> None:
                                      ALLOW_ALL, session)
         assert [o.code for o in outcomes] != [0, 0, 0] and not staged
         seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
+
+
+def test_a_run_whose_commit_fails_is_dropped_as_one_by_one() -> None:
+    """A full disk fails the commit that holds a run: its seqs become gaps, its producer
+    sequences are refused with the error (a resend gets it), exactly as one by one; the
+    next frame is then refused or stored the same way too."""
+    full = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+    seen = []
+    for bulk in (True, False):
+        b, session, access = _broker(bulk)
+        b.publish([Send(PLAIN, b"1", pseq=1)], 5.0, access, session)
+        b.on_committed(b.take_writes(), 5.0)
+        run = [Send(PLAIN, b'"v"', pseq=p) for p in range(2, 12)]
+        outcomes, staged = b.publish(run, 6.0, access, session)
+        assert len(staged) == 10
+        b.on_failed(b.take_writes(), full)
+        resent, _ = b.publish(run[:2], 7.0, access, session)  # answered from the state
+        later, staged_later = b.publish(
+            [Send(PLAIN, b'"w"', pseq=p) for p in range(12, 15)], 8.0, access, session)
+        b.on_committed(b.take_writes(), 8.0)
+        log = b.channels[PLAIN]
+        assert [o.code for o in resent] == [int(full.code)] * 2
+        assert [o.seq for o in later] == [13, 14, 15] and log.gone.n == 10
+        seen.append((_seen(b, later, staged_later), _visible(b),
+                     [msgspec.structs.astuple(o) for o in outcomes + resent],
+                     sorted(log.gone)))
     assert seen[0] == seen[1]
