@@ -11,10 +11,7 @@ Usage:  .venv/bin/python bench/core_deliver_ack.py [-n 200000] [--runs 5]
 
 from __future__ import annotations
 
-import argparse
-import gc
-import time
-
+from core_timing import cpu_us_per_message, parser, summary
 from minou.core.broker import Broker, Session
 from minou.protocol.frames import Send
 from minou.server.metrics import ACK_LATENCY_BUCKETS, DELIVERY_LATENCY_BUCKETS, Histogram
@@ -33,9 +30,8 @@ def run(members: int, n: int, histograms: bool = True) -> float:
     for _ in range(0, n, 1000):
         b.publish([Send("o/v1/1", body) for _ in range(1000)], now)
         b.on_committed(b.take_writes(), now)
-    gc.disable()
-    try:
-        t0 = time.thread_time()
+
+    def work() -> None:
         done = 0
         while done < n:
             out, loads = b.pump(now)
@@ -44,24 +40,18 @@ def run(members: int, n: int, histograms: bool = True) -> float:
                 b.ack(sub.session, [d.tag for d in items], now)
                 done += len(items)
             b.take_writes()
-        return (time.thread_time() - t0) / n * 1e6
-    finally:
-        gc.enable()
+
+    return cpu_us_per_message(work, n)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=200_000)
-    ap.add_argument("--runs", type=int, default=5)
+    ap = parser(__doc__)
     ap.add_argument("--no-histograms", action="store_true",
                     help="without the delivery/ack latency histograms a broker keeps")
     args = ap.parse_args()
     for members in (1, 4):
-        times = sorted(run(members, args.n, not args.no_histograms)
-                       for _ in range(args.runs))
-        print(f"members {members}: median {times[len(times) // 2]:.3f} µs/msg "
-              f"(best {times[0]:.3f})")
+        times = [run(members, args.n, not args.no_histograms) for _ in range(args.runs)]
+        print(f"members {members}: {summary(times)}")
 
 
 if __name__ == "__main__":

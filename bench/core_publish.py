@@ -11,10 +11,7 @@ Usage:  .venv/bin/python bench/core_publish.py [-n 200000] [--runs 5]
 
 from __future__ import annotations
 
-import argparse
-import gc
-import time
-
+from core_timing import cpu_us_per_message, parser, summary
 from minou.core.broker import Broker, Session
 from minou.protocol.frames import Send
 
@@ -28,27 +25,20 @@ def run(n: int, numbered: bool) -> float:
     frames = [[Send("o/v1/1", body, True, pseq=i + 1 if numbered else 0)
                for i in range(start, start + FRAME)] for start in range(0, n, FRAME)]
     now = 1000.0
-    gc.disable()
-    try:
-        t0 = time.thread_time()
+
+    def work() -> None:
         for sends in frames:
             b.publish(sends, now, session=session)
             b.on_committed(b.take_writes(), now)
-        return (time.thread_time() - t0) / n * 1e6
-    finally:
-        gc.enable()
+
+    return cpu_us_per_message(work, n)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=200_000)
-    ap.add_argument("--runs", type=int, default=5)
-    args = ap.parse_args()
+    args = parser(__doc__).parse_args()
     for numbered in (True, False):
-        times = sorted(run(args.n, numbered) for _ in range(args.runs))
-        print(f"{'numbered' if numbered else 'unnumbered':10s} producer: median "
-              f"{times[len(times) // 2]:.3f} µs/msg (best {times[0]:.3f})")
+        times = [run(args.n, numbered) for _ in range(args.runs)]
+        print(f"{'numbered' if numbered else 'unnumbered':10s} producer: {summary(times)}")
 
 
 if __name__ == "__main__":
