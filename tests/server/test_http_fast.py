@@ -113,6 +113,56 @@ async def test_a_publish_without_a_bearer_is_refused_401(make_server, http) -> N
     assert (status, body["seq"]) == (201, 1)
 
 
+async def test_each_pipelined_request_is_checked_with_its_own_token(make_server,
+                                                                   http) -> None:
+    """The identity checked at a request's headers serves that request only: one that
+    follows in the same read, with no body (not checked at its headers), is checked
+    with its own token when it runs."""
+    broker = await make_server(auth_mode="token", broker_token=TOKEN)
+    peer = http(broker)
+    refused_now = post(f"/v1/messages/{CH}", b"{", f"Authorization: Bearer {TOKEN}")
+    ack = post("/v1/ack/1.2.3", b"", "Authorization: Bearer wrong")
+    peer.send(refused_now + ack)
+    (first, _, _), (second, _, body) = peer.responses()  # both answered at once
+    assert first == 400  # bad JSON, so the ack runs as a hot request too
+    assert (second, json.loads(body)["error"]["detail"]["why"]) == (401, "bad_broker_token")
+
+
+async def test_a_connection_publishes_to_each_url_it_names(broker: Harness, http) -> None:
+    """The route of a URL is parsed once per connection and kept while the URL is the
+    same: a different one is routed anew."""
+    peer = http(broker)
+    other = "orders/v1/2"
+    for channel, n in [(CH, 1), (CH, 2), (other, 3), (f"{other}?priority=7", 4), (CH, 5)]:
+        peer.send(post(f"/v1/messages/{channel}", b'{"n": %d}' % n))
+        status, _, body = await peer.response()
+        assert (status, body["channel"]) == (201, channel.split("?")[0])
+    assert [m.data for m in broker.storage.stored(CH)] == [b'{"n": 1}', b'{"n": 2}',
+                                                          b'{"n": 5}']
+    assert [(m.data, m.priority) for m in broker.storage.stored(other)] == [
+        (b'{"n": 3}', 0), (b'{"n": 4}', 7)]
+
+
+async def test_answers_carry_the_current_default_headers(broker: Harness, http) -> None:
+    """Hot answers' heads are made once and kept until uvicorn's default headers
+    change (its date header, each second)."""
+    peer = http(broker)
+    state = peer.protocol.server_state
+    for date in (b"Mon, 30 Nov 2026 19:00:00 GMT", b"Mon, 30 Nov 2026 19:00:01 GMT"):
+        state.default_headers = [(b"date", date), (b"server", b"minou")]
+        for n in range(2):
+            peer.send(post(f"/v1/messages/{CH}", b"[%d]" % n))
+            status, headers, body = await peer.response()
+            assert (status, headers["date"], headers["server"]) == (201, date.decode(),
+                                                                   "minou")
+            assert headers["x-content-type-options"] == "nosniff"
+            assert int(headers["content-length"]) == len(json.dumps(body,
+                                                                    separators=(",", ":")))
+    peer.send(post(f"/v1/messages/{CH}", b"[9]", "Connection: close"))
+    status, headers, _ = await peer.response()
+    assert (status, headers["connection"]) == (201, "close")
+
+
 async def test_uvicorn_logs_through_the_brokers_logging(broker: Harness, http) -> None:
     """uvicorn's own logging setup would give its loggers their own handlers and
     format; the listener leaves them to propagate to the broker's."""

@@ -42,6 +42,7 @@ from .http_api import HEADER_PREFIX, body_too_large, hot_route, raw_channel_id
 from .wire import http_error
 
 if TYPE_CHECKING:
+    from ..auth.registry import Identity
     from ..errors import TooManyConnections
     from ..protocol.frames import Delivery
     from .http_api import HttpApi
@@ -131,6 +132,25 @@ class _NoEvent:
 _NO_EVENT = _NoEvent()
 
 
+class HotTarget:
+    """What a hot request's URL says, parsed once per URL a connection sends: a
+    keep-alive client mostly posts to the same one again (its query and path
+    parameters are only read, never changed)."""
+
+    __slots__ = ("channel", "kind", "params", "query", "raw_path", "takes_body")
+
+    def __init__(self, kind: str, params: dict[str, str], raw_path: bytes,
+                 query: bytes) -> None:
+        self.kind, self.params, self.raw_path = kind, params, raw_path
+        self.query = query_params(query) if query else {}
+        # As on Starlette's path, only publishes read their body (and not with ?payload=):
+        # any other body is let pass unread and unlimited, never kept.
+        self.takes_body = kind == "publish_batch" or (
+            kind == "publish" and "payload" not in self.query)
+        self.channel = (f"{params['endpoint']}/{params['version']}/"
+                        f"{raw_channel_id(raw_path, params)}") if kind == "publish" else ""
+
+
 class HotCycle:
     """One hot request, answered by the protocol. Has what uvicorn's protocol reads of
     its ``RequestResponseCycle`` (body, more_body, response_complete, disconnected,
@@ -138,17 +158,15 @@ class HotCycle:
 
     __slots__ = ("body", "disconnected", "give_up", "headers", "keep_alive", "kind", "limit",
                  "message_event", "more_body", "params", "protocol", "query", "raw_path",
-                 "response_complete", "takes_body")
+                 "response_complete", "takes_body", "target")
 
-    def __init__(self, protocol: MinouHttpProtocol, kind: str, params: dict[str, str],
-                 raw_path: bytes, query: bytes, keep_alive: bool) -> None:
+    def __init__(self, protocol: MinouHttpProtocol, target: HotTarget,
+                 keep_alive: bool) -> None:
         self.protocol = protocol
-        self.kind, self.params, self.raw_path = kind, params, raw_path
-        self.query = query_params(query) if query else {}
-        # As on Starlette's path, only publishes read their body (and not with ?payload=):
-        # any other body is let pass unread and unlimited, never kept.
-        self.takes_body = kind == "publish_batch" or (
-            kind == "publish" and "payload" not in self.query)
+        self.target = target
+        self.kind, self.params, self.raw_path = target.kind, target.params, target.raw_path
+        self.query = target.query
+        self.takes_body = target.takes_body
         self.headers: list[tuple[bytes, bytes]] = protocol.headers
         self.keep_alive = keep_alive
         self.body = bytearray()
@@ -157,7 +175,7 @@ class HotCycle:
         self.disconnected = False
         self.message_event = _NO_EVENT
         self.give_up: Callable[[], object] | None = None  # a consume that waits
-        self.limit = protocol.api.body_limit(one_message=kind == "publish")
+        self.limit = protocol.api.body_limit(one_message=self.kind == "publish")
 
     def add_body(self, chunk: bytes) -> None:
         if self.response_complete or not self.takes_body:
@@ -178,18 +196,18 @@ class HotCycle:
         api = self.protocol.api
         query = self.query
         try:
-            authorization = next((v.decode("latin-1") for k, v in self.headers
-                                  if k == b"authorization"), None)
-            identity = api.auth.identify(authorization, query.get("access_token"),
-                                         getattr(self.protocol, "client", None))
+            # Checked at its headers in this same read (nothing ran since), or now.
+            identity = self.protocol.identity
+            if identity is None:
+                authorization = next((v.decode("latin-1") for k, v in self.headers
+                                      if k == b"authorization"), None)
+                identity = api.auth.identify(authorization, query.get("access_token"),
+                                             getattr(self.protocol, "client", None))
             if self.kind == "publish":
-                p = self.params
-                channel = (f"{p['endpoint']}/{p['version']}/"
-                           f"{raw_channel_id(self.raw_path, p)}")
                 headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers
                            if k.startswith(_MESSAGE_HEADER)]  # the only ones it reads
-                api.publish_now(identity, channel, query, headers, bytes(self.body),
-                                self.answer_json, self.refuse)
+                api.publish_now(identity, self.target.channel, query, headers,
+                                bytes(self.body), self.answer_json, self.refuse)
             elif self.kind == "publish_batch":
                 api.publish_batch_now(identity, bytes(self.body), self.answer_json,
                                       self.refuse)
@@ -258,6 +276,12 @@ class HotCycle:
 
     def _answer(self, status: int, body: bytes | None,
                 headers: list[tuple[bytes, bytes]] | None) -> None:
+        if not headers:
+            before, after = self.protocol.heads.get(self.protocol, status, body is not None,
+                                                    self.keep_alive)
+            self._send(before + b"%d\r\n" % len(body) + after + body if body is not None
+                       else before + after)
+            return
         head = [STATUS_LINE[status]]
         for name, value in self.protocol.server_state.default_headers:
             head += (name, b": ", value, b"\r\n")
@@ -282,6 +306,50 @@ class HotCycle:
         if not self.keep_alive:
             protocol.finish(lingering=self.more_body)
         protocol.hot_response_complete()
+
+
+class ResponseHeads:
+    """The head of a hot answer without headers of its own, in two parts around its
+    content-length value, made once per status and kind of answer until uvicorn's
+    default headers change (a new date header each second)."""
+
+    __slots__ = ("_defaults", "_heads")
+
+    def __init__(self) -> None:
+        self._defaults: object = None
+        self._heads: dict[tuple[int, bool, bool], tuple[bytes, bytes]] = {}
+
+    def get(self, protocol: MinouHttpProtocol, status: int, body: bool,
+            keep_alive: bool) -> tuple[bytes, bytes]:
+        """(everything before the content-length value, or the whole head without a
+        body; what follows that value, up to the body)."""
+        defaults = protocol.server_state.default_headers
+        if defaults is not self._defaults:
+            self._defaults = defaults
+            self._heads.clear()
+        key = (status, body, keep_alive)
+        found = self._heads.get(key)
+        if found is None:
+            found = self._heads[key] = self._make(protocol, status, body, keep_alive)
+        return found
+
+    @staticmethod
+    def _make(protocol: MinouHttpProtocol, status: int, body: bool,
+              keep_alive: bool) -> tuple[bytes, bytes]:
+        before = [STATUS_LINE[status]]
+        for name, value in protocol.server_state.default_headers:
+            before += (name, b": ", value, b"\r\n")
+        after: list[bytes] = []
+        if body:
+            before.append(_JSON_HEAD)
+        for name, value in protocol.security_headers:
+            after += (name, b": ", value, b"\r\n")
+        if not keep_alive:
+            after.append(b"connection: close\r\n")
+        after.append(b"\r\n")
+        if not body:
+            return b"".join(before + after), b""
+        return b"".join(before), b"".join(after)
 
 
 class _Done:
@@ -341,6 +409,12 @@ class MinouHttpProtocol(HttpToolsProtocol):
     head_tail = b""  # the last bytes read while in a head: a blank line may span two reads
     idle = False  # ``deadline`` is the idle timeout after a hot answer, not a head's
     _watchdog: asyncio.TimerHandle | None = None
+    heads: ResponseHeads  # set by protocol_class: one per server
+    # The identity checked at the headers of the request being read, kept only until
+    # the end of the read that brought them (a revocation may come before the next).
+    identity: Identity | None = None
+    _hot_url: bytes | None = None  # the last URL a hot request had, and its target
+    _hot_target: HotTarget | None = None
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -356,7 +430,10 @@ class MinouHttpProtocol(HttpToolsProtocol):
             if self.head_bytes > MAX_HTTP_HEAD_BYTES:
                 self._head_too_large()
                 return
-        super().data_received(data)
+        try:
+            super().data_received(data)
+        finally:
+            self.identity = None
 
     def _head_too_large(self) -> None:
         exc = BadRequest(f"the request line and headers are over {MAX_HTTP_HEAD_BYTES} bytes "
@@ -383,6 +460,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
         # armed over the next request.
         self._unset_keepalive_if_required()
         self.reading, self.head_bytes, self.head_tail = True, 0, b""
+        self.identity = None  # a pipelined request's own headers are checked for it
         if self.idle:  # the idle deadline of a hot answer ends: the headers' begins now
             self.idle, self.deadline = False, None
         self.expect_headers(self.api.server.settings.http_header_timeout)
@@ -559,7 +637,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
                 query = b""
             query_token = dict(parse_qsl(query.decode("latin-1"))).get("access_token")
         try:
-            api.auth.identify(authorization, query_token, self.client)
+            self.identity = api.auth.identify(authorization, query_token, self.client)
         except NotAuthenticated as exc:
             api.count_refusal(exc)
             self.close_with(exc)
@@ -572,17 +650,15 @@ class MinouHttpProtocol(HttpToolsProtocol):
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or parser.get_method() != b"POST" or parser.should_upgrade()):
             return None
-        try:
-            url = httptools.parse_url(self.url)
-            path = url.path.decode("ascii")
-        except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
-            return None  # uvicorn's own handling answers it
-        found = hot_route(unquote(path) if "%" in path else path)
-        if found is None or found[0] not in HOT_KINDS:
+        if self.url == self._hot_url:
+            target = self._hot_target
+        else:
+            target = self._hot_target = _hot_target(self.url)
+            self._hot_url = self.url
+        if target is None:
             return None
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        self.cycle = HotCycle(self, found[0], found[1], url.path,  # type: ignore[assignment]
-                              url.query or b"", keep_alive)
+        self.cycle = HotCycle(self, target, keep_alive)  # type: ignore[assignment]
         return self.cycle  # type: ignore[return-value]
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -609,6 +685,20 @@ class MinouHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
 
+def _hot_target(url: bytes) -> HotTarget | None:
+    """The hot route a POST to ``url`` takes, or None: uvicorn's cycle and the app
+    answer it (any other route, or a URL uvicorn must refuse)."""
+    try:
+        parsed = httptools.parse_url(url)
+        path = parsed.path.decode("ascii")
+    except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
+        return None  # uvicorn's own handling answers it
+    found = hot_route(unquote(path) if "%" in path else path)
+    if found is None or found[0] not in HOT_KINDS:
+        return None
+    return HotTarget(found[0], found[1], parsed.path, parsed.query or b"")
+
+
 def protocol_class(api: HttpApi, security_headers: list[tuple[bytes, bytes]]) -> type:
     """The protocol for ``uvicorn.Config(http=...)``; AttributeError if this uvicorn's
     protocol lacks what the fast path uses."""
@@ -616,4 +706,5 @@ def protocol_class(api: HttpApi, security_headers: list[tuple[bytes, bytes]]) ->
                  "on_message_complete", "connection_made"):
         getattr(HttpToolsProtocol, name)
     return type("MinouHttpProtocol", (MinouHttpProtocol,),
-                {"api": api, "security_headers": security_headers})
+                {"api": api, "security_headers": security_headers,
+                 "heads": ResponseHeads()})
