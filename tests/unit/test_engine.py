@@ -234,6 +234,27 @@ def test_a_publish_is_answered_once_its_commit_is_durable() -> None:
     assert host.soon == [e.pump]  # what was stored may be delivered
 
 
+def test_commits_asked_while_the_writer_is_busy_follow_its_answer() -> None:
+    """An urgent commit asked while a batch is being written is the writer's answer's
+    to start; a forced one (group states that deliveries alone changed) and one
+    that may wait (settlements) are remembered, not dropped."""
+    e, host = engine()
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    [first] = host.writes
+    e.publish(sends(1), ALLOW_ALL, Door().reply, publisher=Door())
+    e.commit()
+    assert host.writes == [first] and host.later == []  # nothing more while it writes
+    e.committed(first)
+    assert len(host.writes) == 2 and len(host.writes[1].messages) == 1
+    e.commit(force=True)  # while the second is written: nothing staged, forced
+    assert e.scheduler._force  # remembered for the next batch taken
+    e.committed(host.writes[1])
+    e.commit()
+    assert len(host.writes) == 2 and not e.scheduler._force  # taken (nothing to write)
+    e.commit(urgent=False)  # a settlement-like ask right after a publish commit
+    assert host.later == [(DELAY, e._timer_fired)]  # it waits for the timer
+
+
 def test_a_failed_commit_answers_every_stored_outcome_with_its_error() -> None:
     e, host = engine()
     door = Door()

@@ -274,6 +274,8 @@ class Engine:
     # ------------------------------------------------------------- commits
     def commit(self, *, urgent: bool = True, force: bool = False) -> None:
         """Ask for a commit of what is staged (the scheduler decides when)."""
+        if urgent and not force and self.scheduler.writing is not None:
+            return  # the writer's answer kicks the next one (the request would say "now")
         self._follow(self.scheduler.request(self.monotonic(), urgent=urgent, force=force))
 
     def _follow(self, kick: Kick) -> None:
