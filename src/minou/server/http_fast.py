@@ -115,6 +115,11 @@ class CoalescingTransport:
         self._flush()
         self._transport.write_eof()
 
+    # Asked several times a request: a method of its own, not a miss of the attribute
+    # lookup that ``__getattr__`` then answers (a failed lookup costs about a microsecond).
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
