@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minou.errors import ErrorCode
+from minou.server.http_consumers import HttpConsumers
 from minou.server.http_fast import query_params
 
 from .conftest import Harness, post
@@ -141,6 +142,28 @@ async def test_a_connection_publishes_to_each_url_it_names(broker: Harness, http
                                                           b'{"n": 5}']
     assert [(m.data, m.priority) for m in broker.storage.stored(other)] == [
         (b'{"n": 3}', 0), (b'{"n": 4}', 7)]
+
+
+async def test_a_consumer_connection_consumes_and_acks_in_turn(broker: Harness, http) -> None:
+    """Consumes and acks alternate on one connection, each answered for its own
+    message; an ack's URL (a receipt, used once) does not displace the consume's as
+    the route the connection keeps."""
+    broker.server.http_consumers = HttpConsumers(broker.server)  # as the listener does
+    peer = http(broker)
+    for n in (1, 2):
+        peer.send(post(f"/v1/messages/{CH}", b'{"n": %d}' % n))
+        assert (await peer.response())[0] == 201
+    consume = f"/v1/consume/{CH}?group=g&wait=1"
+    for n in (1, 2):
+        peer.send(post(consume, b""))
+        status, _, body = await peer.response()
+        assert (status, body["payload"]) == (200, {"n": n})
+        peer.send(post(f"/v1/ack/{body['receipt']}", b""))
+        status, _, _ = await peer.response()
+        assert status == 200
+        assert peer.protocol._hot_url == consume.encode()
+    peer.send(post(consume, b""))
+    assert (await peer.response())[0] == 204  # both acked: nothing left
 
 
 async def test_answers_carry_the_current_default_headers(broker: Harness, http) -> None:

@@ -52,6 +52,9 @@ log = logging.getLogger("minou.http")
 _encode = msgspec.json.encode
 HOT_KINDS = frozenset(("publish", "publish_batch", "ack", "nack", "consume",
                        "consume_dead"))
+# Routes whose URL names a receipt, used once: not kept as the connection's last URL
+# (a consumer's next consume would parse its own URL again behind every ack).
+_ONE_USE_KINDS = frozenset(("ack", "nack"))
 _MESSAGE_HEADER = HEADER_PREFIX.encode("latin-1")
 _JSON_HEAD = b"content-type: application/json\r\ncontent-length: "
 _INTERNAL_ERROR = (b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain; "
@@ -658,8 +661,9 @@ class MinouHttpProtocol(HttpToolsProtocol):
         if self.url == self._hot_url:
             target = self._hot_target
         else:
-            target = self._hot_target = _hot_target(self.url)
-            self._hot_url = self.url
+            target = _hot_target(self.url)
+            if target is None or target.kind not in _ONE_USE_KINDS:
+                self._hot_url, self._hot_target = self.url, target
         if target is None:
             return None
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
