@@ -186,7 +186,7 @@ class HttpApi:
                            if k.startswith(HEADER_PREFIX)} or None
         send = Send(channel, data, False, message_headers, _int(q, "priority", 0),
                     _float(q, "ttl"), _float(q, "delay"), q.get("dedup") or None,
-                    q.get("key") or None)
+                    q.get("key") or None) if q else Send(channel, data, False, message_headers)
 
         self.publish_send(identity, send, lambda out: answer(201, {
             "channel": out.channel, "seq": out.seq, "id": out.id,
