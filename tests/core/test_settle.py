@@ -124,6 +124,31 @@ def test_nack_back_goes_after_the_messages_already_queued() -> None:
     assert order == [(2, 1), (3, 1), (1, 2), (4, 1)]
 
 
+@pytest.mark.parametrize("how", ["nack", "withdraw"])
+def test_a_delivery_given_back_does_not_expire_later_as_a_lease(how: str) -> None:
+    """A nacked or withdrawn delivery is over: when its lease would have run out,
+    nothing expires, no lease is counted as expired and the connection is not told
+    to recount its credit (only the redelivery holds a lease then)."""
+    from .test_timing import _PollConn
+
+    h = Harness()
+    conn = _PollConn()
+    s = Session("c", conn=conn)
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=1, lease=10.0)
+    h.publish_values(CH, [1])
+    (d,) = h.take(sub)
+    if how == "nack":
+        h.nack(s, [d])
+    else:
+        h.broker.withdraw(s, [d.tag], h.now)
+    h.tick(5.0)
+    (again,) = h.take(sub)  # its lease runs to 15 s
+    h.tick(5.0)  # 10 s: when the first delivery's lease would have run out
+    assert h.broker.counters.lease_expired == 0
+    assert conn.recounts == 0
+    assert h.ack(s, [again]) == []
+
+
 def test_nack_with_delay_waits_then_redelivers() -> None:
     h, s, sub = consumer(CH, [1, 2], prefetch=1)
     (d1,) = h.take(sub)
@@ -185,6 +210,20 @@ def test_extended_lease_still_expires_eventually() -> None:
     (again,) = h.take(sub)
     assert again.attempts == 2
     assert _codes(h.extend(s, [d], 5.0)) == [(d.tag, ErrorCode.UNKNOWN_DELIVERY)]
+
+
+def test_a_lease_extended_twice_to_the_same_time_comes_back_once() -> None:
+    """An extend frame naming a tag twice: when the lease runs out the message comes
+    back once, and the reader's credit once (prefetch 1 still means one at a time).
+    (``lease_expired`` counts such a lease once per extend: a known bug, in
+    docs/testing.md's settlement mutation run; not asserted here.)"""
+    h, s, sub = consumer(CH, [1, 2, 3], lease=10.0, prefetch=1)
+    (d,) = h.take(sub)
+    assert h.extend(s, [d, d], 20.0) == []
+    h.tick(20.0)
+    assert sub.unsettled == 0
+    assert [(x.seq, x.attempts) for x in h.take(sub)] == [(1, 2)]
+    assert sub.unsettled == 1
 
 
 def test_extend_rejects_bad_durations() -> None:
