@@ -95,6 +95,7 @@ def test_mixed_ack_reports_only_the_bad_tags() -> None:
     failed = h.ack(s, [got[0].tag, 999, got[2].tag])
     assert _codes(failed) == [(999, ErrorCode.UNKNOWN_DELIVERY)]
     assert sub.unsettled == 1
+    assert h.broker.counters.acked == 2  # each ack of the frame counted
 
 
 # ---------------------------------------------------------------------- nack
