@@ -211,3 +211,15 @@ def test_a_message_back_from_the_member_whose_turn_it_is_goes_to_the_next_in_tur
     assert h.nack(members[0].session, first[members[0]]) == []
     again = h.pump()
     assert list(again) == [members[1]] and payloads(again[members[1]]) == ["m1"]
+
+
+def test_a_member_without_credit_passes_its_turn_to_the_next_member_not_the_first() -> None:
+    """The round is a, b, c; b can hold one message only. Once b is full, each of its
+    turns goes to the member after it (c), not back to the first of the group (a): six
+    messages split a 3, b 1, c 2."""
+    h = Harness()
+    members = [h.subscribe(Session(n), patterns=CH, group="g", prefetch=p)
+               for n, p in (("a", 10), ("b", 1), ("c", 10))]
+    h.publish_values(CH, [f"m{i}" for i in range(1, 7)])
+    got = h.pump()
+    assert [payloads(got[s]) for s in members] == [["m1", "m4", "m6"], ["m2"], ["m3", "m5"]]
