@@ -43,6 +43,20 @@ def test_message_delivered_before_its_ttl_is_not_expired() -> None:
     assert h.broker.counters.expired == 0
 
 
+def test_an_expired_message_met_in_a_pump_gives_no_member_more_than_its_prefetch() -> None:
+    """Members a (prefetch 1) and b share a queue; the pump meets an expired message
+    after a took its one: a still has no credit, so the rest goes to b."""
+    h = Harness()
+    a = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=1)
+    b = h.subscribe(Session("b"), patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, "m1"), send(CH, "old", ttl=10.0), send(CH, "m3"), send(CH, "m4"))
+    h.advance(10.0)
+    got = h.pump()
+    assert payloads(got[a]) == ["m1"] and a.unsettled == 1
+    assert payloads(got[b]) == ["m3", "m4"]
+    assert h.broker.counters.expired == 1
+
+
 def test_per_channel_ttl() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(ttl=5.0) if key == "orders/v1"
                 else ChannelOptions())
