@@ -120,6 +120,21 @@ def test_the_pool_filling_mid_pump_stops_the_other_members_of_the_group_at_once(
     assert accounted(h) == 3 * WEIGHT
 
 
+def test_a_member_with_one_credit_left_when_the_pool_fills_still_gets_it_that_pump() -> None:
+    """The pool fills on the third delivery (to ``first``); ``second`` (prefetch 2)
+    holds one message, under the new share, and has room for one more: it gets the
+    next message in the same pump."""
+    h = harness(limit=3 * WEIGHT, share=2 * WEIGHT)
+    a, b = Session("a"), Session("b")
+    first = h.subscribe(a, patterns=CH, group="g", prefetch=100)
+    second = h.subscribe(b, patterns=CH, group="g", prefetch=2)
+    h.publish(*big(10))
+    out = h.pump()
+    assert seqs(out[first]) == [1, 3] and seqs(out[second]) == [2, 4]
+    assert h.pump() == {}
+    assert accounted(h) == 4 * WEIGHT
+
+
 def test_header_heavy_messages_are_weighed_by_what_they_hold_in_memory() -> None:
     """A 3-byte message with 64 headers and a key holds ~9.8 KB of objects (Msg.size)
     and was weighed 1,283 (read_weight: the headers' text alone, no key): the bound
