@@ -9,6 +9,7 @@ import pytest
 from minou.core.broker import Session
 from minou.core.group import Subscription
 from minou.core.log import ChannelOptions
+from minou.core.settlement import LEASE_HEAP_SLACK
 from minou.errors import BadRequest, ErrorCode
 from minou.protocol.frames import Delivery
 
@@ -214,17 +215,57 @@ def test_extended_lease_still_expires_eventually() -> None:
 
 
 def test_a_lease_extended_twice_to_the_same_time_comes_back_once() -> None:
-    """An extend frame naming a tag twice: when the lease runs out the message comes
-    back once, and the reader's credit once (prefetch 1 still means one at a time).
-    (``lease_expired`` counts such a lease once per extend: a known bug, in
-    docs/testing.md's settlement mutation run; not asserted here.)"""
+    """An extend frame naming a tag twice, and two extends to the same time: when the
+    lease runs out the message comes back once, the reader's credit once (prefetch 1
+    still means one at a time), and the expiry is counted once."""
     h, s, sub = consumer(CH, [1, 2, 3], lease=10.0, prefetch=1)
     (d,) = h.take(sub)
     assert h.extend(s, [d, d], 20.0) == []
+    assert h.extend(s, [d], 20.0) == []  # the same time again: the clock has not moved
     h.tick(20.0)
-    assert sub.unsettled == 0
+    assert sub.unsettled == 0 and h.broker.counters.lease_expired == 1
     assert [(x.seq, x.attempts) for x in h.take(sub)] == [(1, 2)]
     assert sub.unsettled == 1
+
+
+def test_extending_a_lease_again_and_again_holds_one_entry_for_it() -> None:
+    """A client extending the same lease in a loop (each extend a later time) made the
+    broker keep every earlier expiry until its time, up to MAX_LEASE_S: the lease heap
+    now keeps at most twice its live entries (plus a slack), and the lease still runs
+    out at the last time it was given, once."""
+    h, s, sub = consumer(CH, [1, 2], lease=10.0, prefetch=2)
+    d1, d2 = h.take(sub)
+    heap = h.broker.state.lease_heap
+    for i in range(3 * LEASE_HEAP_SLACK):
+        h.extend(s, [d1], 100.0 + i)  # later each time
+        assert len(heap) <= 2 + LEASE_HEAP_SLACK
+    h.extend(s, [d2], 50.0)
+    h.tick(50.0)
+    assert h.broker.counters.lease_expired == 1  # d2 only
+    h.tick(100.0 + (3 * LEASE_HEAP_SLACK - 1) - 50.0 - 0.5)  # just before d1's last time
+    assert h.broker.counters.lease_expired == 1 and sub.unsettled == 1
+    h.tick(0.5)
+    assert h.broker.counters.lease_expired == 2 and sub.unsettled == 0
+    assert heap == []
+
+
+def test_settled_leases_leave_no_heap_entries_behind_for_long() -> None:
+    """Extended leases acked long before their time: their entries go at the next
+    compaction, not at their (up to 12 h away) time; the ones still out stay."""
+    n = 2 * LEASE_HEAP_SLACK
+    h, s, sub = consumer(CH, list(range(n + 1)), lease=10.0, prefetch=n + 1)
+    got = h.take(sub)
+    assert h.extend(s, got, 3600.0) == []
+    assert h.ack(s, got[:n]) == []  # all but the last
+    heap = h.broker.state.lease_heap
+    assert len(heap) == n + 1  # their entries are still there: no extend since
+    for i in range(2 * n + LEASE_HEAP_SLACK):  # the one left, extended on and on
+        h.extend(s, got[n:], 3600.0 + i)
+        assert len(heap) <= 2 * (n + 1) + LEASE_HEAP_SLACK  # what was live, twice
+    assert {entry[3].tag for entry in heap} == {got[n].tag}  # the acked ones' went
+    assert len(heap) <= 2 + LEASE_HEAP_SLACK
+    h.tick(3600.0 + 2 * n + LEASE_HEAP_SLACK)
+    assert h.broker.counters.lease_expired == 1 and heap == []
 
 
 def test_extend_rejects_bad_durations() -> None:
@@ -576,3 +617,21 @@ def test_after_a_restart_the_first_delivery_returned_early_still_waits_for_its_c
     h.commit()
     (again,) = h.take(sub)
     assert (again.seq, again.attempts) == (d.seq, 2)
+
+
+def test_the_lease_heap_bound_follows_the_live_leases_down() -> None:
+    """Many extended leases running out by time (not compacted away) leave a heap
+    whose bound is again what is live: one lease extended on and on afterwards keeps
+    it small, not at twice the earlier crowd."""
+    n = 2 * LEASE_HEAP_SLACK
+    h, s, sub = consumer(CH, list(range(n)), lease=10.0, prefetch=n)
+    got = h.take(sub)
+    assert h.extend(s, got, 60.0) == []  # all live: kept as they are
+    h.tick(60.0)
+    assert h.broker.counters.lease_expired == n and h.broker.state.lease_heap == []
+    d = Session("d")
+    (again,) = h.take(h.subscribe(d, patterns=CH, group="g", prefetch=1))
+    heap = h.broker.state.lease_heap
+    for i in range(3 * LEASE_HEAP_SLACK):
+        assert h.extend(d, [again], 100.0 + i) == []
+    assert len(heap) <= 2 + LEASE_HEAP_SLACK

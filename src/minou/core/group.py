@@ -60,6 +60,9 @@ class Lease(msgspec.Struct):
     # whether it came back and waits for that commit to be requeued (Settlement).
     count_in: int = 0
     returning: bool = False
+    # Extends so far: the lease heap's entry carrying this number is its live one
+    # (Settlement.extend); older entries are stale and skipped.
+    extends: int = 0
 
     def __repr__(self) -> str:  # not the fields': they reach the whole group
         return f"Lease(tag={self.tag}, seq={self.seq})"

@@ -13,6 +13,15 @@ from .group import Lease
 from .session import Session
 from .state import BrokerState
 
+LEASE_HEAP_SLACK = 1024  # stale lease heap entries allowed beyond twice the live ones
+
+
+def live_lease_entry(entry: tuple[float, int, int, Lease]) -> bool:
+    """Whether a lease heap entry is its lease's current one, and the lease unsettled."""
+    lease = entry[3]
+    return (lease.extends == entry[2] and lease.gc.pending.get(lease.seq) is lease
+            and not lease.returning)
+
 
 class Settlement:
     def __init__(self, state: BrokerState, dead_letters: DeadLetters) -> None:
@@ -110,10 +119,27 @@ class Settlement:
                 failed.append((tag, int(exc.code), exc.message))
                 continue
             lease.expires = now + seconds
-            # An extended lease leaves its subscription's expiry order for the heap.
+            # An extended lease leaves its subscription's expiry order for the heap,
+            # where its entry of an earlier extend (if any) becomes stale.
             lease.sub.leases.pop(tag, None)
-            heapq.heappush(self.state.lease_heap, (lease.expires, tag, lease))
+            lease.extends += 1
+            heapq.heappush(self.state.lease_heap,
+                           (lease.expires, tag, lease.extends, lease))
+        self._compact_lease_heap()
         return failed
+
+    def _compact_lease_heap(self) -> None:
+        """Stale entries (extended again, settled) would otherwise stay until their
+        time, up to MAX_LEASE_S: a client extending in a loop grew the heap without
+        bound. Past twice what was live at the last compaction (plus some slack) only
+        the live entries are kept: at most one per unsettled lease."""
+        state = self.state
+        heap = state.lease_heap
+        if len(heap) <= 2 * state.lease_heap_kept + LEASE_HEAP_SLACK:
+            return
+        heap[:] = [entry for entry in heap if live_lease_entry(entry)]
+        heapq.heapify(heap)
+        state.lease_heap_kept = len(heap)
 
     def withdraw(self, session: Session, tags: Iterable[int], now: float) -> None:
         """Deliveries the adapter could hand to nobody (the request waiting for them went

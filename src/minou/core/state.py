@@ -98,8 +98,11 @@ class BrokerState:
         self.in_flight = InFlightBytes(self.mark_ready, self.ready_first)
         self.dirty: dict[GroupChannel, None] = {}
         self.timed: dict[GroupChannel, None] = {}
-        # Leases extended past their subscription's expiry order: (expires, tag, lease)
-        self.lease_heap: list[tuple[float, int, Lease]] = []
+        # Leases extended past their subscription's expiry order: (expires, tag, the
+        # lease's extends then, lease). Only an entry whose number is the lease's own is
+        # live; ``lease_heap_kept``: how many were live at the last compaction.
+        self.lease_heap: list[tuple[float, int, int, Lease]] = []
+        self.lease_heap_kept = 0
         self.ids = MessageIds()
         self.dedup = DedupWindow()  # (channel, dedup key) -> seq, id; its max_keys is set
         self.producers = Producers(MAX_PRODUCER_STATES, PRODUCER_IDLE_S)

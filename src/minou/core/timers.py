@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from .dead_letters import DeadLetters
 from .group import Lease
 from .log import Msg
-from .settlement import Settlement
+from .settlement import Settlement, live_lease_entry
 from .state import BrokerState
 
 
@@ -34,10 +34,11 @@ class Timers:
                     expired.append(lease)
         heap = state.lease_heap
         while heap and heap[0][0] <= now:
-            expires, _tag, lease = heapq.heappop(heap)
-            if (lease.expires == expires and lease.gc.pending.get(lease.seq) is lease
-                    and not lease.returning):
-                expired.append(lease)
+            entry = heapq.heappop(heap)
+            if live_lease_entry(entry):
+                expired.append(entry[3])
+        # What is live now is at most what is left: the next compaction's bar follows it down.
+        state.lease_heap_kept = min(state.lease_heap_kept, len(heap))
         for lease in expired:
             lease.sub.leases.pop(lease.tag, None)
             lease.sub.session.leases.pop(lease.tag, None)
