@@ -124,9 +124,13 @@ async def test_each_pipelined_request_is_checked_with_its_own_token(make_server,
     refused_now = post(f"/v1/messages/{CH}", b"{", f"Authorization: Bearer {TOKEN}")
     ack = post("/v1/ack/1.2.3", b"", "Authorization: Bearer wrong")
     peer.send(refused_now + ack)
-    (first, _, _), (second, _, body) = peer.responses()  # both answered at once
+    (first, _, _), (second, headers, body) = peer.responses()  # both answered at once
     assert first == 400  # bad JSON, so the ack runs as a hot request too
     assert (second, json.loads(body)["error"]["detail"]["why"]) == (401, "bad_broker_token")
+    # The refusal's own header, then the security headers, as on every answer
+    assert headers["www-authenticate"] == 'Bearer realm="minou"'
+    assert headers["x-content-type-options"] == "nosniff"
+    assert int(headers["content-length"]) == len(body)
 
 
 async def test_a_connection_publishes_to_each_url_it_names(broker: Harness, http) -> None:

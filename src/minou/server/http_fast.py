@@ -284,23 +284,15 @@ class HotCycle:
 
     def _answer(self, status: int, body: bytes | None,
                 headers: list[tuple[bytes, bytes]] | None) -> None:
-        if not headers:
-            before, after = self.protocol.heads.get(self.protocol, status, body is not None,
-                                                    self.keep_alive)
-            self._send(before + b"%d\r\n" % len(body) + after + body if body is not None
-                       else before + after)
-            return
-        head = [STATUS_LINE[status]]
-        for name, value in self.protocol.server_state.default_headers:
-            head += (name, b": ", value, b"\r\n")
-        if body is not None:
-            head += (_JSON_HEAD, b"%d\r\n" % len(body))
-        for name, value in (*(headers or ()), *self.protocol.security_headers):
-            head += (name, b": ", value, b"\r\n")
-        if not self.keep_alive:
-            head.append(b"connection: close\r\n")
-        head += (b"\r\n", body or b"")
-        self._send(b"".join(head))
+        protocol = self.protocol
+        if headers:  # an error's own headers (retry-after...): made for this answer
+            before, after = ResponseHeads.parts(protocol, status, body is not None,
+                                                self.keep_alive, headers)
+        else:
+            before, after = protocol.heads.get(protocol, status, body is not None,
+                                               self.keep_alive)
+        self._send(before + b"%d\r\n" % len(body) + after + body if body is not None
+                   else before + after)
 
     def _send(self, response: bytes) -> None:
         if self.response_complete:
@@ -338,19 +330,20 @@ class ResponseHeads:
         key = (status, body, keep_alive)
         found = self._heads.get(key)
         if found is None:
-            found = self._heads[key] = self._make(protocol, status, body, keep_alive)
+            found = self._heads[key] = self.parts(protocol, status, body, keep_alive)
         return found
 
     @staticmethod
-    def _make(protocol: MinouHttpProtocol, status: int, body: bool,
-              keep_alive: bool) -> tuple[bytes, bytes]:
+    def parts(protocol: MinouHttpProtocol, status: int, body: bool, keep_alive: bool,
+              extra: list[tuple[bytes, bytes]] | None = None) -> tuple[bytes, bytes]:
+        """The two parts of a head, ``extra`` headers after the content-length."""
         before = [STATUS_LINE[status]]
         for name, value in protocol.server_state.default_headers:
             before += (name, b": ", value, b"\r\n")
         after: list[bytes] = []
         if body:
             before.append(_JSON_HEAD)
-        for name, value in protocol.security_headers:
+        for name, value in (*(extra or ()), *protocol.security_headers):
             after += (name, b": ", value, b"\r\n")
         if not keep_alive:
             after.append(b"connection: close\r\n")
