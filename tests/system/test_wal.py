@@ -99,7 +99,7 @@ def test_a_failing_checkpoint_is_one_log_line_not_a_traceback_a_tick(tmp_path, c
                                        auth_mode="off"))
         await server.start()
         try:
-            def broken(truncate: bool = False) -> None:
+            def broken(truncate: bool = False, *, restart: bool = False) -> None:
                 raise StorageUnavailable("cannot open minou.db: unable to open database file")
 
             server.storage.checkpoint = broken  # type: ignore[method-assign]

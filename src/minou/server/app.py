@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -1190,11 +1191,13 @@ class BrokerServer:
             self._dedup_warned = (now, dedup.evicted)
 
     def _maybe_checkpoint(self, now: float) -> None:
-        """Keep the WAL near its threshold: checked every tick (0.25 s); past half of it
-        a passive checkpoint and a RESTART one (the file is written over from its start:
-        it stops growing; once past half, every tick checkpoints what came since), and
-        when idle a TRUNCATE one (the file is cut: the disk given back while no commit
-        waits for it). Checkpoints compete with commits for the disk: one at a time."""
+        """Keep the WAL near its threshold: checked every tick (0.25 s); once the file is
+        past half of it, a passive checkpoint every tick (the writer goes on meanwhile),
+        and a RESTART one whenever what the WAL holds since it last started over is past
+        half again (the file is written over from its start: it stops growing), or at
+        once while it crowds a nearly full disk; when idle a TRUNCATE one (the file is
+        cut: the disk given back while no commit waits for it). Checkpoints compete with
+        commits for the disk: one at a time."""
         if not isinstance(self.storage, Housekeeping):
             return
         if self._checkpoint is not None and not self._checkpoint.done():
@@ -1203,10 +1206,11 @@ class BrokerServer:
         if not wal:
             return
         idle = now - self._last_commit_at > 2.0
-        if idle or wal > self.settings.storage_wal_checkpoint // 2 or self._wal_crowds_disk(wal):
+        crowded = self._wal_crowds_disk(wal)
+        if idle or crowded or wal > self.settings.storage_wal_checkpoint // 2:
             assert self.loop is not None
             self._checkpoint = self.loop.run_in_executor(
-                self._house_pool, self.storage.checkpoint, idle)
+                self._house_pool, partial(self.storage.checkpoint, idle, restart=crowded))
             # Its failure is a line in the log (rate-limited), not a traceback a tick.
             self._checkpoint.add_done_callback(
                 lambda fut: fut.cancelled() or fut.exception() is None

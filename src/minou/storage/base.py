@@ -59,9 +59,10 @@ class Housekeeping(Protocol):
     """An optional capability: a backend with a write-ahead log to fold back in the
     background (SQLite). The server runs it beside the writer when it is there."""
 
-    def checkpoint(self, truncate: bool = False) -> None:
+    def checkpoint(self, truncate: bool = False, *, restart: bool = False) -> None:
         """Housekeeping the writer should not wait for (SQLite: WAL checkpoint);
-        ``truncate``: the broker is idle, give the disk back too."""
+        ``truncate``: the broker is idle, give the disk back too; ``restart``: the log
+        crowds the disk, start it over now rather than at its threshold."""
 
     def wal_bytes(self) -> int:
         """Bytes waiting in the write-ahead log."""

@@ -60,6 +60,7 @@ from .segments import runs, size_text
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
 SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
 RESERVE_FILE = "minou.reserve"
+WAL_FRAME_HEADER = 24  # bytes before each page in the WAL (sqlite.org/fileformat.html)
 log = logging.getLogger("minou.storage")
 _T = TypeVar("_T")
 # Dedup rows read at once at a start before they go into columns (core/dedup.DedupRows):
@@ -205,6 +206,13 @@ class SQLiteStorage:
         self._synced = 0
         self._sync_lock = threading.Lock()
         self._wal_fd: int | None = None
+        # Held by a checkpoint that shuts writers out (RESTART, TRUNCATE) and taken by the
+        # writer before it begins: a commit waits exactly that long, not in SQLite's busy
+        # handler, which polls with sleeps of 1, 2, 5, 10... ms (a 3 ms RESTART held a
+        # commit up to 20 ms: docs/benchmarks.md, "Checkpoints that held commits back").
+        self._writers_gate = threading.Lock()
+        self.restarts = 0  # RESTART/TRUNCATE checkpoints run (the WAL started over)
+        self._wal_frames = 0  # frames in the WAL at the last checkpoint
         # (device, inode) of the database file once opened: a file removed or replaced
         # under a running broker is noticed at the next commit (``_check_in_place``).
         self._identity: tuple[int, int] | None = None
@@ -391,7 +399,8 @@ class SQLiteStorage:
             if relaxed != self._local.relaxed:
                 db.execute(f"PRAGMA synchronous={'NORMAL' if relaxed else 'FULL'}")
                 self._local.relaxed = relaxed
-            db.execute("BEGIN IMMEDIATE")
+            with self._writers_gate:
+                db.execute("BEGIN IMMEDIATE")
             known = set(self._cids)
             mark = self.bodies.mark()
             try:
@@ -839,31 +848,48 @@ class SQLiteStorage:
 
         return segments.retained_until(first_at_or_after, body_of, below, cutoff)
 
-    def checkpoint(self, truncate: bool = False) -> None:
+    def checkpoint(self, truncate: bool = False, *, restart: bool = False) -> None:
         """Copy committed WAL pages into the database file without blocking the writer
-        (PASSIVE), then a RESTART checkpoint: it copies the few frames the writer
-        appended meanwhile (holding the writer back for just that) so that the next
-        commit writes the WAL from its start again. Without it a WAL under steady writes
-        is never caught up with, never reset, and only grows. The file keeps its size and
-        is written over: cutting it (TRUNCATE) under load cost the writer 15-25 ms each
-        time (freeing the file's blocks), so ``truncate`` is for an idle broker, to give
-        the disk back; ``journal_size_limit`` cuts it to the threshold at a reset too."""
+        (PASSIVE). Then, once the WAL would hold more than half its threshold by the next
+        call at the pace it grew since the last one (or ``restart``: it crowds a nearly
+        full disk), a RESTART checkpoint: it copies the few frames the writer appended
+        meanwhile (holding the writer back for just that) so that the next commit
+        writes the WAL from its start again. Without it a WAL under steady writes is
+        never caught up with, never reset, and only grows; run on every call (every
+        tick, 4 a second) it held the writer back 4 times a second for 2-12 ms, which
+        made the commits' p99. The file keeps its size and is written over: cutting it
+        (TRUNCATE) under load cost the writer 15-25 ms each time (freeing the file's
+        blocks), so ``truncate`` is for an idle broker, to give the disk back;
+        ``journal_size_limit`` cuts it to the threshold at a reset too."""
         db = self._db()
         if not self._room_to_checkpoint(db):
             return
         try:
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            _busy, frames, _copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.OperationalError as exc:
             if _is_full(exc):
                 return  # no room to grow the database file: the pages wait in the WAL
             raise
+        if self._local.page_size is None:
+            self._local.page_size = db.execute("PRAGMA page_size").fetchone()[0]
+        # What the WAL will hold at the next look if it grows as much as since the last
+        # one: past half the threshold, it starts over now (the file stays within the
+        # threshold and a half however fast commits come).
+        grown = frames - self._wal_frames if frames >= self._wal_frames else frames
+        self._wal_frames = frames
+        soon = (frames + grown) * (self._local.page_size + WAL_FRAME_HEADER)
+        if not (truncate or restart) and soon <= self.wal_limit // 2:
+            return
         if self.wal_bytes() > 0:
             # Never hold a waking writer back long: a reader still on the old pages
             # makes it give up (busy), and the next tick tries again.
             db.execute(f"PRAGMA busy_timeout={50 if truncate else 5}")
             try:
-                db.execute(f"PRAGMA wal_checkpoint({'TRUNCATE' if truncate else 'RESTART'})"
-                           ).fetchall()
+                mode = "TRUNCATE" if truncate else "RESTART"
+                with self._writers_gate:
+                    busy = db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()[0]
+                if not busy:
+                    self.restarts += 1
             except sqlite3.OperationalError:
                 pass  # busy: try again next time
             finally:
