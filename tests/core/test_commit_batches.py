@@ -119,6 +119,22 @@ def test_a_batch_of_interval_channels_alone_may_be_synced_later() -> None:
     assert h.commit().sync_within == 0.02
 
 
+def test_dedup_keys_and_producer_seqs_of_interval_channels_may_be_synced_later() -> None:
+    """A publish with a dedup id or from a numbered producer writes rows besides its
+    message, keyed by its channel: they follow the channel's durability too."""
+    from minou.auth.rules import ALLOW_ALL
+
+    h = interval_harness()
+    h.publish(send("metrics/v1/a", 1, dedup="k1"), commit=False)
+    assert h.broker.batch.dedup
+    assert h.commit().sync_within == 0.02
+    p = Session("p", producer_id="00000000000000aa")
+    h.engine.publish([send("metrics/v1/a", 2, pseq=1)], ALLOW_ALL, lambda *_: None,
+                     session=p, publisher=h)
+    batch = h.commit()
+    assert batch.producers and batch.sync_within == 0.02
+
+
 def test_one_fsync_channel_or_a_registry_write_makes_the_whole_batch_fsync() -> None:
     h = interval_harness()
     h.publish(send("metrics/v1/a", 1), commit=False)
@@ -145,3 +161,26 @@ def test_without_an_interval_channel_in_the_config_nothing_is_looked_at() -> Non
     h.broker.any_interval = False
     h.publish(send("metrics/v1/a", 1), commit=False)
     assert h.commit().sync_within is None
+
+
+def test_retention_drops_the_stream_ids_its_messages_no_longer_need() -> None:
+    """Explicit Redis stream ids (core/stream_ids.py) are kept as points: the ones
+    below the first message retention keeps go from memory and storage, the one that
+    still numbers a kept message stays."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    h = retained()
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2),
+              send(CH, 3, headers={ID_HEADER: "200-0"}), send(CH, 4),
+              send(CH, 5, headers={ID_HEADER: "300-0"}), resp_door=True)
+    h.ack(s, h.take(sub)[:4])
+    h.commit()
+    h.broker.truncate(CH, 5)
+    batch = h.commit()
+    assert batch.meta == {point_key(CH, 1): None, point_key(CH, 3): None}
+    ids = h.broker.channels[CH].stream_ids
+    assert ids is not None and list(ids.seqs) == [5] and ids.text(5) == b"300-0"
+    assert [k for k in h.storage.open(h.now).meta if k.startswith("resp-id/")] == [
+        point_key(CH, 5)]

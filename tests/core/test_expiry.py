@@ -9,7 +9,7 @@ from minou.core.broker import Broker, Session
 from minou.core.log import ChannelOptions
 from minou.names import inbox_of
 
-from .helpers import Harness, payloads, seqs
+from .helpers import Harness, payloads, send, seqs
 
 IDLE = 60.0
 
@@ -242,3 +242,69 @@ def test_a_forget_outlives_a_failed_commit_and_a_channel_made_again_meanwhile_st
     h.commit()  # ``two`` is stored again, as a new channel
     names = {r.name for r in h.storage.open(h.now).channels}
     assert one not in names and two in names
+
+
+def test_an_expired_inbox_does_not_count_against_the_bound_on_tombstones(monkeypatch) -> None:
+    """An inbox is forgotten at once: with the bound reached by other channels, its own
+    expiry forgets no other channel's tombstone, nor does a forget not committed yet."""
+    from minou.core import expiry
+
+    monkeypatch.setattr(expiry, "MAX_RETIRED_CHANNELS", 2)
+    h = Harness(broker=Broker(channel_options=lambda key: ChannelOptions(expire_idle=IDLE)))
+    inbox = inbox_of("a", "1")
+    for n in range(3):
+        h.publish_values(f"tmp/v1/c{n}", [1, 2])
+    s = Session("a")
+    h.subscribe(s, kind="listen", patterns=inbox)
+    h.disconnect(s)
+    h.commit()
+    h.tick(IDLE + 1)  # all four in one scan: c0 past the bound, the inbox as an inbox
+    assert h.broker.counters.channels_expired == 4
+    assert sorted(h.broker.batch.forgets) == sorted(["tmp/v1/c0", inbox])
+    h.commit()
+    assert list(h.broker.state.retired) == ["tmp/v1/c1", "tmp/v1/c2"]
+    (o,) = h.publish_values("tmp/v1/c1", [9])
+    assert o.seq == 3
+
+
+def test_an_expired_stream_leaves_none_of_its_explicit_ids_stored() -> None:
+    """A stream made again under the name of one that expired numbers its ids anew."""
+    from minou.core.stream_ids import ID_HEADER, point_key
+
+    h = harness()
+    ch = "tmp/v1/s"
+    outs = h.publish(send(ch, 1, headers={ID_HEADER: "100-0"}), send(ch, 2),
+                     send(ch, 3, headers={ID_HEADER: "200-5"}), resp_door=True)
+    assert [o.code for o in outs] == [0, 0, 0]
+    assert {k for k in h.storage.open(h.now).meta if k.startswith("resp-id/")} == {
+        point_key(ch, 1), point_key(ch, 3)}
+    h.tick(IDLE + 1)
+    batch = h.commit()
+    assert batch.meta == {point_key(ch, 1): None, point_key(ch, 3): None}
+    assert not any(k.startswith("resp-id/") for k in h.storage.open(h.now).meta)
+    (o,) = h.publish(send(ch, 4), resp_door=True)
+    assert h.broker.channels[ch].stream_ids is None and o.seq == 4
+
+
+def test_forgets_made_while_a_commit_fails_are_kept_with_the_carried_ones() -> None:
+    from minou.errors import StorageFull
+
+    h = Harness(broker=Broker(channel_options=lambda key: ChannelOptions(expire_idle=IDLE)))
+    full = StorageFull("full", data_dir="/x", free_bytes=0)
+    one, two = inbox_of("a", "1"), inbox_of("a", "2")
+    for inbox in (one, two):  # ``two`` half an idle time after ``one``
+        if inbox == two:
+            h.tick(IDLE / 2)
+        s = Session("a")
+        h.subscribe(s, kind="listen", patterns=inbox)
+        h.disconnect(s)
+        h.commit()
+    h.tick(IDLE / 2 + 1)
+    failed = h.broker.take_writes()  # being written when ``two`` expires
+    assert failed.forgets == [one]
+    h.tick(IDLE / 2)
+    assert h.broker.batch.forgets == [two]
+    h.broker.on_failed(failed, full)
+    assert h.broker.batch.forgets == [one, two]
+    h.commit()
+    assert not {one, two} & {r.name for r in h.storage.open(h.now).channels}

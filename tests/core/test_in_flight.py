@@ -354,3 +354,41 @@ def test_a_group_the_full_pool_stopped_may_lose_its_members_before_it_drains() -
     h.ack(a, taken)  # the pool drains and wakes what it stopped: no member there
     assert not h.broker.in_flight.full and accounted(h) == 0
     assert len(_pump_all(h).get(first, [])) == 4
+
+
+QUARTER_MIB = b'"' + b"x" * ((1 << 18) - 512 - 2) + b'"'  # weighs 256 KiB exactly
+
+
+def _diagnosis(h: Harness) -> str:
+    stats = maintenance.queue_stats(h.broker, "orders/v1", now=h.now)
+    return maintenance.diagnose(h.broker, "orders/v1", stats, h.now)
+
+
+def test_the_diagnosis_names_consumers_stopped_by_their_byte_bound() -> None:
+    h = harness(per_sub=1 << 20)
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=100)
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=100)
+    h.publish(*(Send(CH, QUARTER_MIB) for _ in range(10)))
+    got = h.pump()
+    assert (len(got[sa]), len(got[sb])) == (4, 4)  # each exactly at 1 MiB
+    assert _diagnosis(h) == (
+        "2 of 2 consumer(s) hold as many bytes of unsettled messages as they may (each "
+        "holds 1 MiB or more): they hold 8 message(s) in flight and get more as they ack.")
+    h.ack(a, got[sa][:1])
+    assert "as many bytes" not in _diagnosis(h)
+
+
+def test_the_diagnosis_names_the_broker_wide_byte_bound_when_it_stops_consumers() -> None:
+    h = harness(limit=2 << 20, share=1 << 19)
+    a, b = Session("a"), Session("b")
+    sa = h.subscribe(a, patterns=CH, group="g", prefetch=100)
+    h.publish(*(Send(CH, QUARTER_MIB) for _ in range(20)))
+    assert len(h.take(sa) + h.take(sa) + h.take(sa)) == 8  # 2 MiB: full, a over its share
+    sb = h.subscribe(b, patterns=CH, group="g", prefetch=100)
+    assert len(h.take(sb) + h.take(sb)) == 2  # its share, 512 KiB
+    assert accounted(h) == 10 << 18
+    assert _diagnosis(h) == (
+        "2 of 2 consumer(s) hold as many bytes of unsettled messages as they may (the "
+        "broker's consumers hold 2 MiB of unsettled messages together (in_flight_bytes "
+        "is 2 MiB)): they hold 10 message(s) in flight and get more as they ack.")

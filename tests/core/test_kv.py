@@ -370,3 +370,21 @@ def test_staged_revisions_leave_in_order_and_a_dropped_one_from_anywhere() -> No
     kv.commit(msgs[3], history=10)
     assert kv.staged == {}
     assert kv.history("k") == [1, 2, 4] and kv.latest("k", 0.0) == 4
+
+
+def test_a_watch_is_woken_once_by_the_commit_that_brings_its_bucket_a_revision() -> None:
+    """A KV watch (server/kv.py) waits in Engine.channel_waiters, by channel."""
+    h = harness()
+    other = kv_channel("other")
+    woken: list[str] = []
+    h.engine.channel_waiters[CFG] = {lambda: woken.append("a"): None,
+                                     lambda: woken.append("b"): None}
+    h.engine.channel_waiters[other] = {lambda: woken.append("other"): None}
+    h.publish(put("limit", 1), commit=False)
+    assert woken == []  # staged is not durable: a watch reading now would find nothing
+    h.commit()
+    assert sorted(woken) == ["a", "b"] and list(h.engine.channel_waiters) == [other]
+    h.publish(put("limit", 2), send("q/v1/1", 1))
+    assert sorted(woken) == ["a", "b"]  # woken once: the next revision is a new wait
+    h.publish(send(other, 1, key="k"), put("x", 3))
+    assert sorted(woken) == ["a", "b", "other"] and h.engine.channel_waiters == {}

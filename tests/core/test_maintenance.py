@@ -299,6 +299,7 @@ def test_requeue_dead_moves_dead_letters_back_with_new_seqs_and_clean_headers() 
     assert log.count == 3 and dead.count == 0
     # Counted as requeued, not as published: a requeue is no new traffic
     assert (log.published, log.requeued) == (3, 3)
+    assert mt.queue_stats(h.broker, Q, now=h.now)["requeued"] == 3
     # (the broker's published: the 3 sent and their 3 dead-letter copies; not 9)
     assert (h.broker.counters.published, h.broker.counters.requeued) == (6, 3)
     # The group reads them again as new messages: attempts start over.
@@ -356,6 +357,36 @@ def test_requeue_dead_into_a_full_channel_keeps_the_dead_letter() -> None:
     assert mt.requeue_dead(h.broker, dead, msgs, h.now) == 0
     assert dead.count == 1
     assert isinstance(dead.lookup(1), Msg)
+
+
+
+def test_a_letter_a_federation_link_could_not_deliver_is_kept_in_the_dead_letters() -> None:
+    """server/federation.py keeps what a link's destination refused in the source
+    channel's dead letters, whatever the channel's own options (dead_letter off here),
+    and a full dead-letter channel drops its oldest as for any dead letter."""
+    h = Harness(channel_options=lambda key: ChannelOptions(dead_letter=False, max_items=2))
+    dl = h.broker.dead_letters
+    first = dl.keep(CH, b'{"n": 1}', False, {"x-dead-reason": "federation"}, "k1", T0 + 5)
+    second = dl.keep(CH, b"\x00", True, {}, None, T0 + 6)
+    assert (first.channel, first.seq, second.seq) == (DEAD, 1, 2)
+    assert (first.data, first.raw, first.headers, first.key) == (
+        b'{"n": 1}', False, {"x-dead-reason": "federation"}, "k1")
+    assert (second.data, second.raw, second.key) == (b"\x00", True, None)
+    assert (first.published_at, second.published_at) == (T0 + 5, T0 + 6)
+    assert h.broker.counters.dead_lettered == 2
+    assert CH not in h.broker.channels  # the source channel is not made for it
+    batch = h.commit()
+    assert [(m.channel, m.seq) for m in batch.messages] == [(DEAD, 1), (DEAD, 2)]
+    dead = _log(h, DEAD)
+    assert (dead.count, dead.next_seq) == (2, 3)
+    dl.keep(CH, b'"third"', False, {}, None, T0 + 7)  # max_items=2: the oldest goes
+    batch = h.commit()
+    assert (DEAD, 1) in batch.deletes and (dead.count, dead.dropped) == (2, 1)
+    s = Session("reader")
+    sub = h.subscribe(s, patterns=DEAD, group="dead", prefetch=10)
+    got = h.take(sub)
+    assert seqs(got) == [2, 3] and [d.data for d in got] == [b"\x00", b'"third"']
+    assert h.broker.counters.dead_lettered == 3
 
 
 # ---------------------------------------------------------------- queue_stats
@@ -739,6 +770,18 @@ def test_diagnose_every_member_at_its_prefetch_limit() -> None:
     assert "prefetch limit" not in _diagnose(h)
 
 
+def test_diagnose_names_every_prefetch_limit_in_order() -> None:
+    h = Harness()
+    subs = [h.subscribe(Session(name), patterns=CH, group="g", prefetch=prefetch)
+            for name, prefetch in (("a", 5), ("b", 1), ("c", 2), ("d", 1))]
+    h.publish_values(CH, list(range(12)))
+    got = h.pump()
+    assert [len(got[sub]) for sub in subs] == [5, 1, 2, 1]
+    assert _diagnose(h) == ("All 4 consumer(s) are at their prefetch limit (they take at "
+                            "most 1, 2 and 5 at a time, as they subscribed): they hold 9 "
+                            "message(s) in flight and are not acking.")
+
+
 def test_diagnose_delayed_by_a_nack() -> None:
     h = Harness()
     s = Session("c")
@@ -942,6 +985,13 @@ def test_queue_stats_show_every_option_of_the_queue() -> None:
     options = mt.queue_stats(h.broker, Q, now=h.now)["options"]
     assert (options["prefetch"], options["durability"], options["sync_interval_ms"]) == (
         9, "fsync", None)
+
+
+def test_queue_stats_show_the_sync_interval_to_the_microsecond() -> None:
+    h = Harness(channel_options=lambda key: ChannelOptions(durability="interval",
+                                                           sync_interval=0.0012345))
+    h.publish_values(CH, [1])
+    assert mt.queue_stats(h.broker, Q, now=h.now)["options"]["sync_interval_ms"] == 1.234
 
 
 def test_oldest_waiting_is_none_when_the_group_has_everything_out() -> None:

@@ -410,3 +410,70 @@ def test_a_message_id_of_an_adopted_queue_is_found_again() -> None:
     b.adopt(queue_part(snap, "orders/v1"), h.now)
     found = b.find_message(o.id)
     assert found is not None and found[0].name == "orders/v1/1"
+
+
+def test_the_shared_part_and_the_queue_parts_hold_every_stored_row_once() -> None:
+    """What ``Storage.open_shared`` and ``open_queue`` hand over (queues spread over
+    brokers): each stored row goes to the queue its channel belongs to (a dead-letter
+    channel's to its source queue), or to the shared part if it names no one queue (a
+    pattern's dedup keys, clients, tokens, staged transactions...); group definitions go
+    to both (a queue's group states are read through them)."""
+    from minou.core.group import GroupDef
+    from minou.core.snapshot import ChannelRecord
+    from minou.core.stream_ids import point_key
+
+    chans = ["orders/v1/1", "_dead/orders/v1/1", "Xp/v1/X", "orders/v2/1"]
+    groups = [GroupDef("consume:g", "consume", ["orders/*"])]
+    snap = Snapshot(
+        channels=[ChannelRecord(c, 2, 1, 1) for c in chans],
+        specials=[(c, 1, 5, None) for c in chans],
+        groups=groups,
+        group_states=[("consume:g", c, 1, b"") for c in chans],
+        dedup=[(c, "k", 9.0, 1, "id") for c in [*chans, "orders/v1/*", "orders/v1/>"]],
+        clients=[b"client"], credentials=[b"credential"], reservations={"orders/v1/1": "c"},
+        fences=[("w", c, 3) for c in chans], writers={"w": "c"},
+        meta={**{point_key(c, 1): "1-0" for c in chans}, "listen_keys": "2"},
+        used_tokens=[("jti", 9.0)],
+        producers=[("p", 0, c, 1) for c in chans],
+        staged=[("c", "t", 0, [], 1.0)],
+    )
+    queues = {queue_of(c) for c in chans}
+    assert queues == {"orders/v1", "Xp/v1", "orders/v2"}
+    assert queue_of("orders/v1/*") is None and queue_of("_dead/orders/v1/>") is None
+    parts = [shared_part(snap)] + [queue_part(snap, q) for q in sorted(queues)]
+    for f in dataclasses.fields(Snapshot):
+        whole = getattr(snap, f.name)
+        got = [getattr(p, f.name) for p in parts]
+        if f.name == "groups":
+            assert all(g == groups for g in got)
+        elif isinstance(whole, dict):
+            merged: dict[str, str] = {}
+            for g in got:
+                assert not merged.keys() & g.keys(), f.name
+                merged.update(g)
+            assert merged == whole, f.name
+        else:
+            assert sorted(map(repr, (x for g in got for x in g))) == sorted(map(repr, whole)), \
+                f.name
+    orders = queue_part(snap, "orders/v1")
+    assert [c.name for c in orders.channels] == ["orders/v1/1", "_dead/orders/v1/1"]
+    assert list(orders.meta) == [point_key("orders/v1/1", 1), point_key("_dead/orders/v1/1", 1)]
+    assert [d[0] for d in shared_part(snap).dedup] == ["orders/v1/*", "orders/v1/>"]
+
+
+def test_a_released_queues_delayed_messages_leave_the_broker_wide_bound(monkeypatch) -> None:
+    """Priority and delayed messages are bounded over every channel of a broker: a
+    queue released takes its own with it, and the room they held is free again."""
+    from minou.core import state as state_mod
+    from minou.errors import QueueFull
+
+    monkeypatch.setattr(state_mod, "MAX_SCHEDULED_MESSAGES", 3)
+    h = Harness(storage=_store())
+    h.publish(send("orders/v1/1", 1, delay=500.0), send("orders/v1/1", 2, priority=5))
+    with pytest.raises(QueueFull):
+        h.broker.state.check_scheduled_room(2)
+    h.broker.release_queue("orders/v1", h.now)
+    outs = h.publish(*(send("prices/v2/eu", i, delay=500.0) for i in range(3)))
+    assert [o.code for o in outs] == [0, 0, 0]
+    (over,) = h.publish(send("prices/v2/eu", 9, delay=500.0))
+    assert over.code != 0

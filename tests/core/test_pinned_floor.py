@@ -296,3 +296,29 @@ def test_scattered_acks_are_stored_no_larger_than_a_list_of_seqs() -> None:
     assert len(blob) <= len(as_list)
     gc.restore(1, blob)
     assert {*gc.acked, *gc.acked_runs} == set(range(2, 20_002, 2))
+
+
+@pytest.mark.parametrize("fold", [0, 1024])
+def test_waiting_skips_acks_in_runs_and_counts_an_acked_then_expired_one_once(
+        fold: int) -> None:
+    """Group stats' waiting (and the oldest waiting seq) are the same whether the acks
+    above a pinned floor are held one by one or folded into runs: a returned message
+    below the top of the runs waits, an acked one does not, and an acked message that
+    then expired is taken away once."""
+    with fold_at(fold):
+        h = Harness()
+        s = Session("c")
+        sub = h.subscribe(s, patterns=CH, group="g", prefetch=4)
+        h.publish_values(CH, list(range(8)))
+        got = h.take(sub)
+        assert seqs(got) == [1, 2, 3, 4]
+        h.ack(s, [got[1], got[3]])  # 2 and 4; 1 stays out and pins the floor
+        h.nack(s, [got[2]])  # 3 waits again
+        assert h.broker.expire([(CH, 4)], h.now)
+        gc = h.broker.state.groups["consume:g"].gcs[CH]
+        assert gc.waiting() == (5, 3)  # 3, 5, 6, 7, 8
+        assert bool(gc.runs_hi) == (fold == 0)
+        h.ack(s, [got[0]])
+        assert gc.waiting() == (5, 3)
+        assert seqs(h.take(sub)) == [3, 5, 6, 7]
+        assert gc.waiting() == (1, 8)

@@ -12,7 +12,7 @@ import pytest
 from minou.auth.rules import Rules
 from minou.core.broker import Session
 from minou.core.replies import reply_token
-from minou.errors import BadRequest
+from minou.errors import BadRequest, NotAuthorized
 from minou.names import (
     CORRELATION_ID,
     REPLIED,
@@ -215,3 +215,18 @@ def test_the_engine_hands_a_committed_reply_to_whoever_waits_for_it() -> None:
     assert publish(h, asker, INBOX, "no headers").code == 0
     assert publish(h, asker, INBOX, "x", **{CORRELATION_ID: "nobody"}).code == 0
     assert len(got) == 1 and list(h.engine.reply_waiters) == [(INBOX, "other")]
+
+
+def test_no_one_reads_another_clients_inbox_or_a_pattern_over_inboxes() -> None:
+    h = Harness()
+    admin = Session("root", admin=True)
+    for who, pattern in ((Session("mallory"), INBOX), (admin, INBOX),
+                         (Session("asker"), "_inbox/v1/*"), (admin, "_dead/" + INBOX)):
+        with pytest.raises(NotAuthorized) as refused:
+            h.subscribe(who, kind="listen", patterns=pattern)
+        assert refused.value.detail == {"channel": pattern}
+        assert refused.value.message == (
+            f"{pattern!r} reads inboxes: client {who.client_id!r} may read only its own, "
+            f"by name (_inbox/v1/{who.client_id}!<instance>)")
+    h.subscribe(Session("asker"), kind="listen", patterns=INBOX)  # its owner, by name
+

@@ -251,6 +251,21 @@ def test_drop_oldest_past_a_failed_seq_drops_a_message_in_flight() -> None:
     assert h.storage.open(h.now).channels[0].count == 3
 
 
+def test_a_message_the_overflow_dropped_before_a_failed_commit_is_not_given_back_twice(
+) -> None:
+    """drop_oldest dropped a message still in flight; the commit holding them all then
+    failed: the room each took is given back once, so the channel's bound holds after."""
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=2, overflow="drop_oldest"))
+    h.broker.publish([send(CH, v) for v in (1, 2, 3)], h.now)  # 3 drops 1, in flight
+    fail(h)
+    log = h.broker.channels[CH]
+    assert (log.count, log.inflight) == (0, 0)
+    h.publish(*(send(CH, v) for v in (4, 5, 6)))
+    assert (log.count, log.inflight) == (2, 0)
+    sub = h.subscribe(Session("a"), patterns=CH, group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [5, 6]
+
+
 def test_the_first_publish_of_a_channel_lost_to_a_full_disk_leaves_room_for_a_resend() -> None:
     h = Harness(channel_options=lambda key: ChannelOptions(max_items=1))
     (o,) = h.publish(send(CH, 1), commit=False)
@@ -312,13 +327,17 @@ def test_fences_dropped_by_an_admin_while_their_commit_is_written_stay_dropped()
 def test_an_explicit_stream_id_whose_commit_failed_may_be_given_again(tmp_path: Path) -> None:
     """An XADD with the client's id (core/stream_ids.py) that was never stored: its
     retry is not refused as "equal or smaller than the top", and no row of it stays."""
-    from minou.core.stream_ids import ID_HEADER, point_key
+    from minou.core.stream_ids import ID_HEADER, StreamIds, point_key
 
     h = Harness(storage=_storage(tmp_path))
-    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), resp_door=True)
+    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}),
+              send("orders/v1/9", 0, headers={ID_HEADER: "7-0"}), resp_door=True)
+    held = StreamIds.held  # every stream's points count against one bound
     h.publish(send(CH, 2, headers={ID_HEADER: "200-0"}), send(CH, 3), commit=False,
               resp_door=True)
+    assert StreamIds.held == held + 1
     failed = fail(h)
+    assert StreamIds.held == held
     assert failed.meta == {point_key(CH, 2): "200-0"}
     ids = h.broker.channels[CH].stream_ids
     assert ids is not None and list(ids.seqs) == [1]
@@ -369,9 +388,10 @@ def test_every_failed_id_of_every_channel_may_be_given_again(tmp_path: Path) -> 
     other = "orders/v1/2"
     h = Harness(storage=_storage(tmp_path))
     h.publish(send(other, 0, headers={ID_HEADER: "5-0"}), resp_door=True)  # stored
-    h.publish(send(CH, 1, headers={ID_HEADER: "100-0"}), send(CH, 2, headers={ID_HEADER:
-              "200-0"}), send(other, 3, headers={ID_HEADER: "50-0"}), commit=False,
-              resp_door=True)
+    # (a channel without ids first: looking at it must not end the look at the others)
+    h.publish(send("orders/v1/3", 9), send(CH, 1, headers={ID_HEADER: "100-0"}),
+              send(CH, 2, headers={ID_HEADER: "200-0"}),
+              send(other, 3, headers={ID_HEADER: "50-0"}), commit=False, resp_door=True)
     fail(h)
     assert h.broker.channels[CH].stream_ids is not None
     assert list(h.broker.channels[CH].stream_ids.seqs) == []

@@ -399,6 +399,28 @@ def test_a_staged_message_weighs_what_it_holds_not_only_its_payload(monkeypatch)
     assert t.bytes == 0 and t.owner_bytes == {}
 
 
+def test_every_part_a_staged_message_holds_adds_to_its_weight() -> None:
+    """Each optional part is an object the broker keeps while the message is staged:
+    a long header name or value, a key, a dedup id, a TTL, a delay, a producer seq
+    outside the small ints Python shares (-5..256) each weigh at least their size."""
+    import sys
+
+    import minou.core.transactions as tx
+
+    def w(**kw: object) -> int:
+        return tx.staged_weight(Send("a/v1/1", b"x", **kw))  # type: ignore[arg-type]
+
+    base, one = w(), w(headers={"k": "v"})
+    assert one > base
+    assert w(headers={"k" * 101: "v"}) - one >= 100
+    assert w(headers={"k": "v" * 101}) - one >= 100
+    assert w(key="k" * 100) - base >= sys.getsizeof("k" * 100)
+    assert w(dedup="d" * 100) - base >= sys.getsizeof("d" * 100)
+    assert w(ttl=5.0) > base and w(delay=5.0) > base and w(ttl=5.0, delay=5.0) > w(ttl=5.0)
+    assert w(pseq=-5) == w(pseq=256) == base
+    assert w(pseq=-6) > base and w(pseq=257) > base
+
+
 def test_one_client_may_stage_only_its_share(monkeypatch) -> None:
     """A client may fill MAX_STAGED_BYTES_PER_CLIENT, not the broker's whole bound:
     another writer still stages. Its share comes back on commit, abort or expiry."""
@@ -432,6 +454,22 @@ def test_an_unknown_transaction_names_the_first_five_missing_ids() -> None:
     with pytest.raises(NotFound) as caught:
         t.peek("other-client", ["known"])  # ids are per client
     assert caught.value.detail == {"txns": "known"}
+
+
+def test_a_commit_naming_a_transaction_twice_names_the_first_five_repeated() -> None:
+    h = Harness()
+    c = Session("spark")
+    for t in ("a", "b"):
+        h.broker.stage(c, t, [Send("out/v1/a", js(t))], h.now)
+    with pytest.raises(BadRequest) as refused:
+        h.broker.commit_txns(c, "w", 0, ["b", "a", "b"], h.now)
+    assert refused.value.detail == {"txns": "b"}
+    names = [f"t{i}" for i in range(7)]
+    with pytest.raises(BadRequest) as refused:
+        h.broker.commit_txns(c, "w", 0, ["a", *names, *reversed(names)], h.now)
+    assert refused.value.detail == {"txns": "t0, t1, t2, t3, t4"}
+    assert "['t0', 't1', 't2', 't3', 't4'] more than once" in refused.value.message
+    assert h.broker.commit_txns(c, "w", 0, ["a", "b"], h.now)["published"] == 2
 
 
 def test_a_late_stage_to_an_expired_transaction_names_it() -> None:
@@ -960,3 +998,22 @@ def test_what_staged_pages_hold_is_counted_in_full(shape, page) -> None:
     assert t.bytes >= held, f"{shape}: {held / pages:.0f} B a page held, " \
                             f"{t.bytes / pages:.0f} counted"
     assert t.bytes <= 1.5 * held, f"{shape}: counted {t.bytes / held:.2f}x what is held"
+
+
+def test_a_broker_names_the_transactions_it_holds_staged_or_lately_committed() -> None:
+    """A front asks every broker which of a commit's transactions it holds (queues
+    spread over brokers: each part is staged on its queue's owner)."""
+    h = Harness()
+    c, other = Session("spark"), Session("other")
+    h.broker.stage(c, "t1", [Send("out/v1/a", js(1))], h.now)
+    h.broker.stage(c, "t2", [Send("out/v1/a", js(2))], h.now)
+    h.broker.stage(other, "t3", [Send("out/v1/a", js(3))], h.now)
+    h.broker.commit_txns(c, "w", 0, ["t1"], h.now)
+    h.commit()
+    asked = ["t3", "t2", "nothing", "t1"]
+    assert h.broker.txns_present(c, asked) == ["t2", "t1"]  # in the order asked
+    assert h.broker.txns_present(other, asked) == ["t3"]
+    assert h.broker.txns_present(Session("nobody"), asked) == []
+    h.broker.abort_txns(c, ["t2"])
+    assert h.broker.txns_present(c, asked) == ["t1"]
+

@@ -354,6 +354,25 @@ def test_json_text_is_the_value_in_a_frame_and_the_text_in_json(value, space):
     assert msgspec.json.decode(answer) == {"value": value}
 
 
+def test_encoding_json_text_leaves_the_garbage_collector_as_it_found_it():
+    """The hook pauses collections while it converts a value (its tree is freed by
+    reference counting): a frame encoded must not leave them off for the process."""
+    import gc
+
+    held = JsonText(msgspec.Raw(b'{"a": [1, 2, {"b": null}]}'))
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        encode(Result(7, {"value": held}))
+        assert gc.isenabled()
+        gc.disable()
+        encode(Result(7, {"value": held}))
+        assert not gc.isenabled()
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_json_text_is_refused_by_an_encoder_without_the_hook():
     held = JsonText(msgspec.Raw(b"[1]"))
     with pytest.raises(TypeError):

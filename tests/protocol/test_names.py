@@ -321,3 +321,34 @@ def test_a_slash_in_the_id_points_at_percent_2f(e, v, i, j):
 def test_a_durable_listeners_key_escapes_its_client_id(client: str, key: str) -> None:
     """Stored keys: their form is kept across versions."""
     assert listen_group_key(client, "n") == key
+
+
+def test_a_bad_bucket_name_is_refused_with_the_name_cut_to_80_characters():
+    from minou.names import kv_channel
+
+    assert kv_channel("a-Z_9") == "_kv/v1/a-Z_9"
+    for bad, shown in (("bad name", "bad name"), ("b" * 65, "b" * 65), ("é" * 200, "é" * 80),
+                       ("", "")):
+        with pytest.raises(InvalidChannel) as info:
+            kv_channel(bad)
+        assert info.value.code == ErrorCode.INVALID_CHANNEL
+        assert info.value.detail == {"channel": shown}
+        assert str(info.value).startswith(f"invalid bucket {shown!r}: 1 to 64 letters")
+
+
+def test_a_kv_key_is_1_to_max_key_length_characters_with_no_empty_segment():
+    from minou.errors import BadRequest
+    from minou.limits import MAX_KEY_LENGTH
+    from minou.names import validate_kv_key
+
+    assert validate_kv_key("a" * MAX_KEY_LENGTH) == "a" * MAX_KEY_LENGTH
+    assert validate_kv_key("a/b.c:d@e=f_g-h") == "a/b.c:d@e=f_g-h"
+    with pytest.raises(BadRequest) as info:
+        validate_kv_key("a" * (MAX_KEY_LENGTH + 1))
+    assert info.value.detail == {"limit": MAX_KEY_LENGTH}
+    assert info.value.message == (f"KV key is {MAX_KEY_LENGTH + 1} characters, "
+                                  f"the limit is {MAX_KEY_LENGTH}")
+    for bad in ("a//b", "/a", "a b", "", 5, None):
+        with pytest.raises(BadRequest) as info:
+            validate_kv_key(bad)
+        assert info.value.detail == {}, bad

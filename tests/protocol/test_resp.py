@@ -64,9 +64,12 @@ def test_inline_commands_split_as_redis_does() -> None:
     assert split_inline(b'ECHO "\\x41\\n\\"q"') == [b"ECHO", b'A\n"q']
     assert split_inline(b"ECHO 'it\\'s'") == [b"ECHO", b"it's"]
     assert split_inline(b'ECHO ""') == [b"ECHO", b""]
-    for bad in (b'ECHO "open', b"ECHO 'open", b'ECHO "a"b'):
-        with pytest.raises(RespProtocolError, match="unbalanced quotes in request"):
+    assert split_inline(b"SET 'a b' c\t'd'") == [b"SET", b"a b", b"c", b"d"]
+    for bad in (b'ECHO "open', b"ECHO 'open", b'ECHO "a"b', b"ECHO 'a'b", b"ECHO 'a'X",
+                b"ECHO 'a\\", b"ECHO 'a\\'"):
+        with pytest.raises(RespProtocolError) as err:
             split_inline(bad)
+        assert str(err.value) == "Protocol error: unbalanced quotes in request", bad
 
 
 def test_empty_and_null_arrays_are_ignored() -> None:
@@ -136,6 +139,14 @@ def test_replies_in_resp2_and_resp3() -> None:
     assert encode(Verbatim("a"), 3) == b"=5\r\ntxt:a\r\n" and encode(Verbatim("a")) == \
         b"$1\r\na\r\n"
     assert encode(Push([b"message", b"c"]), 3) == b">2\r\n$7\r\nmessage\r\n$1\r\nc\r\n"
+    assert encode(Push([b"message", b"c"])) == b"*2\r\n$7\r\nmessage\r\n$1\r\nc\r\n"
+    assert encode(Bool(False), 3) == b"#f\r\n" and encode(False) == b":0\r\n"
+    # what is inside a map, a set or a push is in the reply's protocol too
+    nested = Map([(b"k", None), (b"b", False), (b"s", Set([None])), (b"p", Push([None]))])
+    assert encode(nested, 3) == (b"%4\r\n$1\r\nk\r\n_\r\n$1\r\nb\r\n#f\r\n"
+                                 b"$1\r\ns\r\n~1\r\n_\r\n$1\r\np\r\n>1\r\n_\r\n")
+    assert encode(nested) == (b"*8\r\n$1\r\nk\r\n$-1\r\n$1\r\nb\r\n:0\r\n"
+                              b"$1\r\ns\r\n*1\r\n$-1\r\n$1\r\np\r\n*1\r\n$-1\r\n")
     assert encode(Simple("PONG")) == b"+PONG\r\n"
     # a reply a hot path made as RESP already goes out as it is, alone or inside another
     assert encode(Encoded(b"$3\r\n1-0\r\n"), 3) == b"$3\r\n1-0\r\n"

@@ -52,7 +52,8 @@ def test_a_block_led_by_a_token_carries_it() -> None:
     assert names(auth["arguments"]) == ["username", "password"]
 
 
-@pytest.mark.parametrize("bad", ["[key", "key]", "(a b", "a |", "| a", "...", "[]", "a (])"])
+@pytest.mark.parametrize("bad", ["[key", "key]", "(a b", "a |", "| a", "...", "[]", "a (])",
+                                 "a )"])
 def test_unbalanced_syntax_is_refused(bad: str) -> None:
     with pytest.raises(ValueError):
         parse_syntax(bad)
@@ -67,3 +68,42 @@ def test_docs_and_info_replies_name_the_known_commands_only() -> None:
                         1]
     assert xack[6] == [Simple("@stream")]
     assert len(info_reply([])) == len(COMMAND_DOCS)
+
+
+def test_xadds_docs_are_the_tree_redis_cli_builds_its_hints_from() -> None:
+    opt, many = [Simple("optional")], [Simple("multiple")]
+
+    def token(word: str, name: str) -> dict:
+        return {"name": name, "type": "pure-token", "token": word}
+
+    doc = COMMAND_DOCS["XADD"].docs()
+    assert doc["arguments"] == [
+        {"name": "key", "type": "key", "key_spec_index": 0},
+        {**token("NOMKSTREAM", "nomkstream"), "flags": opt},
+        {"name": "maxlen-minid-equal-approximately-threshold", "type": "block", "flags": opt,
+         "arguments": [
+             {"name": "maxlen-minid", "type": "oneof",
+              "arguments": [token("MAXLEN", "maxlen"), token("MINID", "minid")]},
+             {"name": "equal-approximately", "type": "oneof", "flags": opt,
+              "arguments": [token("=", "equal"), token("~", "approximately")]},
+             {"name": "threshold", "type": "integer"}]},
+        {"name": "auto-id-id", "type": "oneof",
+         "arguments": [token("*", "auto-id"), {"name": "id", "type": "string"}]},
+        {"name": "field-value", "type": "block", "flags": many,
+         "arguments": [{"name": "field", "type": "string"}, {"name": "value", "type": "string"}]},
+    ]
+
+
+def test_a_token_before_a_token_a_block_or_a_choice_leads_a_block() -> None:
+    opt = [Simple("optional")]
+    two, block, choice, twice, last = parse_syntax(
+        "[FOO BAR] [FOO (a b)] [FOO x|y] [[z]] a|b")
+    assert two == {"name": "foo", "type": "block", "token": "FOO", "flags": opt,
+                   "arguments": [{"name": "bar", "type": "pure-token", "token": "BAR"}]}
+    assert block["token"] == "FOO" and block["type"] == "block"
+    assert block["arguments"] == [{"name": "a-b", "type": "block", "arguments": [
+        {"name": "a", "type": "string"}, {"name": "b", "type": "string"}]}]
+    assert choice["token"] == "FOO" and choice["type"] == "block"
+    assert [(a["name"], a["type"]) for a in choice["arguments"]] == [("x-y", "oneof")]
+    assert twice == {"name": "z", "type": "string", "flags": opt}  # flagged once
+    assert last["type"] == "oneof" and names(last["arguments"]) == ["a", "b"]

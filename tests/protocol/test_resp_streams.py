@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from minou.protocol.resp import encode
 from minou.protocol.resp_streams import (
     BINARY,
     ENTRY_HEADER,
@@ -16,6 +17,9 @@ from minou.protocol.resp_streams import (
     StreamIdError,
     StreamKeyError,
     channel_to_key,
+    encoded_entry,
+    encoded_id,
+    encoded_message,
     entry_to_message,
     exact_seq,
     format_id,
@@ -193,3 +197,36 @@ def test_a_stream_key_too_long_is_shown_as_text_cut_short() -> None:
     message = str(refused.value)
     assert message.startswith("stream key 'ssss") and "...': channel name is" in message
     assert "b'" not in message  # (a Python bytes literal before)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=20)), min_size=1,
+                max_size=6),
+       st.integers(min_value=1, max_value=2 ** 63 - 1),
+       st.one_of(st.none(), st.binary(min_size=3, max_size=24)))
+def test_an_entry_reads_in_resp_as_its_id_and_fields(
+        pairs: list[tuple[bytes, bytes]], seq: int, sid: bytes | None) -> None:
+    # XREAD/XREADGROUP/XADD write these bytes straight to the socket: a client must read
+    # exactly what the general encoder would have sent for [id, [field, value, ...]].
+    fields = [x for pair in pairs for x in pair]
+    data, raw, headers = entry_to_message(fields)
+    entry_id = format_id(seq) if sid is None else sid
+    assert encoded_message(seq, data, raw, headers, sid) == encode([entry_id, fields])
+    assert encoded_entry(seq, fields, sid) == encode([entry_id, fields])
+    assert encoded_id(seq) == encode(format_id(seq))
+
+
+def test_a_message_from_another_interface_reads_in_resp_as_its_payload() -> None:
+    cases: list[tuple[bytes, bool, dict[str, str] | None]] = [
+        (b'{"n":1}', False, None),
+        (b"\x00\x01", True, {}),
+        (b"[1]", False, {ENTRY_HEADER: FIELDS}),  # a header that lies about the body
+        (b'{"a":"b"}', True, {ENTRY_HEADER: FIELDS}),  # fields, but a raw body
+        ('{"é":"ü"}'.encode(), False, {ENTRY_HEADER: FIELDS}),  # lengths in bytes
+    ]
+    for data, raw, headers in cases:
+        fields = message_to_entry(data, raw, headers)
+        for seq in (1, 9, 10, 123456):
+            assert encoded_message(seq, data, raw, headers) == \
+                encode([format_id(seq), fields])
+        assert encoded_message(7, data, raw, headers, b"7-5") == encode([b"7-5", fields])
