@@ -230,3 +230,21 @@ def test_no_one_reads_another_clients_inbox_or_a_pattern_over_inboxes() -> None:
             f"by name (_inbox/v1/{who.client_id}!<instance>)")
     h.subscribe(Session("asker"), kind="listen", patterns=INBOX)  # its owner, by name
 
+
+def test_an_admin_member_of_a_group_never_gets_another_clients_inbox() -> None:
+    """A client may read its own inbox in a consumer group, but not one an admin is a
+    member of: the group would hand the admin the inbox's messages (refused the other
+    way round too, and with a member of any other client)."""
+    h = Harness()
+    admin, asker = Session("root", admin=True), Session("asker")
+    h.subscribe(admin, patterns="q/v1/1", group="g", prefetch=10)
+    with pytest.raises(NotAuthorized) as refused:
+        h.subscribe(asker, patterns=["q/v1/1", INBOX], group="g", prefetch=10)
+    assert refused.value.detail == {"group": "g", "pattern": INBOX}
+    sub = h.subscribe(asker, 2, patterns=["q/v1/1"], group="g", prefetch=10)
+    with pytest.raises(NotAuthorized):
+        h.broker.add_pattern(asker, sub.sid, INBOX, h.now)
+    assert [p.text for p in sub.group.patterns] == ["q/v1/1"]
+    own = h.subscribe(asker, 3, patterns=["q/v1/2", INBOX], group="mine", prefetch=10)
+    assert publish(h, asker, INBOX, "for me").code == 0
+    assert [d.channel for d in h.take(own)] == [INBOX]

@@ -115,11 +115,13 @@ class Rights:
                     f"may not ({exc.message}); {instead}",
                     group=name, pattern=text) from None
         new = [text for text in dict.fromkeys(patterns) if text not in have]
-        # Rights are a client's: one (not admin) member of each will do, and the joiner's
-        # own client may read what it asks for (its checks came first).
+        # Rights are a client's: one member of each will do, and the joiner's own client
+        # may read what it asks for (its checks came first). Admin members are asked too:
+        # they may read anything but another client's inbox, which the group would hand
+        # them.
         checked = set() if session.admin else {session.client_id}
         for member in grp.members:
-            if member.session.admin or member.session.client_id in checked:
+            if member.session.client_id in checked:
                 continue
             checked.add(member.session.client_id)
             for text in new:
