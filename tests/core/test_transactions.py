@@ -419,6 +419,7 @@ def test_every_part_a_staged_message_holds_adds_to_its_weight() -> None:
     assert w(ttl=5.0) > base and w(delay=5.0) > base and w(ttl=5.0, delay=5.0) > w(ttl=5.0)
     assert w(pseq=-5) == w(pseq=256) == base
     assert w(pseq=-6) > base and w(pseq=257) > base
+    assert tx.staged_txn_weight("t" * 201) - tx.staged_txn_weight("t") >= 200
 
 
 def test_one_client_may_stage_only_its_share(monkeypatch) -> None:
@@ -653,6 +654,11 @@ def test_staged_parts_survive_restarts_in_order(tmp_path) -> None:
         h.commit()
     h.storage.close()  # type: ignore[union-attr]
     h = reopen(tmp_path, 4.0)
+    # what they hold counts against the bounds after a restart as when staged
+    held = staged_txn_weight("t") + sum(staged_weight(Send("out/v1/x", js(i)))
+                                        for i in range(8))
+    assert (h.broker.transactions.bytes, h.broker.transactions.owner_bytes) == (
+        held, {"app": held})
     result = h.broker.commit_txns(app, "job", 0, ["t"], h.now)
     h.commit()
     assert result["published"] == 8

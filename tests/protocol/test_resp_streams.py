@@ -230,3 +230,18 @@ def test_a_message_from_another_interface_reads_in_resp_as_its_payload() -> None
             assert encoded_message(seq, data, raw, headers) == \
                 encode([format_id(seq), fields])
         assert encoded_message(7, data, raw, headers, b"7-5") == encode([b"7-5", fields])
+
+
+def test_both_parts_of_an_id_are_unsigned_64_bit_as_in_redis() -> None:
+    top = 2 ** 64 - 1
+    assert parse_id(b"5-%d" % top, high=True) == 5
+    assert parse_id(b"(%d-%d" % (top, top - 1), high=False) == 2 ** 63 - 1  # the last id
+    assert exact_seq(b"5-%d" % top, None) is None  # an id, but no entry's: n is not 0
+    assert exact_seq(b"%d" % (2 ** 63 - 1), None) == 2 ** 63 - 1
+    assert exact_seq(b"%d" % 2 ** 63, None) is None
+    for bad in (b"5-%d" % (top + 1), b"%d-0" % (top + 1), b"(%d-%d" % (top, top)):
+        with pytest.raises(StreamIdError):
+            parse_id(bad, high=False)
+    for bad in (b"5-%d" % (top + 1), b"%d" % (top + 1)):
+        with pytest.raises(StreamIdError):
+            exact_seq(bad, None)

@@ -375,6 +375,41 @@ def test_a_duplicate_of_a_message_whose_commit_fails_gets_the_error() -> None:
     assert not out.duplicate and out.seq == 2
 
 
+def test_a_duplicate_waiting_for_the_commit_after_a_failed_one_gets_that_ones_error() -> None:
+    e, host = engine()
+    first, again = Door(), Door()
+    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, first.reply, publisher=first)
+    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, again.reply, publisher=again)
+    full = StorageFull("disk full")
+    e.not_written(host.writes.pop(), full, stop=False)
+    assert again.answers == []
+    still = StorageFull("disk still full")
+    e.not_written(host.writes.pop(), still, stop=False)
+    assert again.answers == [([(0, int(full.code))], still)]
+    assert e.core.state.awaited == {} and e.core.state.lost == {}
+
+
+def test_a_publish_to_another_brokers_queue_is_refused_unless_a_front_routed_it() -> None:
+    """Queues spread over brokers: ``route`` refuses sends whose queue this broker does
+    not own, before anything is staged; a front that just routed them says so."""
+    e, host = engine()
+    asked: list[list[str]] = []
+    moved = RequestError("queue orders/v1 is owned by another broker")
+
+    def route(batch: Any) -> RequestError | None:
+        asked.append([x.channel for x in batch])
+        return moved
+
+    e.route = route
+    door = Door()
+    with pytest.raises(RequestError) as refused:
+        e.publish(sends(2), ALLOW_ALL, door.reply, publisher=door)
+    assert refused.value is moved and asked == [["orders/v1/1", "orders/v1/1"]]
+    assert not e.core.batch and host.writes == []
+    [out] = e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door, routed=True)
+    assert out.seq == 1 and len(asked) == 1
+
+
 def test_answers_alone_are_given_without_a_write_once_the_writer_is_idle() -> None:
     e, host = engine()
     said: list[str] = []
