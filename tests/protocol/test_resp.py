@@ -212,3 +212,45 @@ def test_doubles_that_are_not_numbers() -> None:
     assert encode(Double(float("nan")), 3) == b",nan\r\n"
     assert encode(Double(float("-inf"))) == b"$4\r\n-inf\r\n"
     assert encode(Double(0.0), 3) == b",0.0\r\n"
+
+
+def test_length_lines_requests_and_inline_lines_at_their_exact_bounds() -> None:
+    from minou.protocol.resp import ARG_OVERHEAD, MAX_ARRAY, default_max_request
+
+    ping = b"$4\r\nPING\r\n"
+    # a length line holds 32 bytes at most ('*' or '$' and the digits), whole or not yet
+    assert parse(b"*" + b"0" * 30 + b"1\r\n" + ping) == [[b"PING"]]
+    assert parse(b"*1\r\n$" + b"0" * 30 + b"4\r\nPING\r\n") == [[b"PING"]]
+    for wire, why in ((b"*" + b"0" * 31 + b"1\r\n" + ping, "too big mbulk count string"),
+                      (b"*1\r\n$" + b"0" * 31 + b"4\r\nPING\r\n", "too big bulk count string"),
+                      (b"*" + b"0" * 32, "too big mbulk count string"),
+                      (b"*1\r\n$" + b"0" * 32, "too big bulk count string")):
+        with pytest.raises(RespProtocolError) as err:
+            parse(wire)
+        assert str(err.value) == f"Protocol error: {why}"
+    assert parse(b"*" + b"0" * 31) == [] and parse(b"*1\r\n$" + b"0" * 31) == []  # waiting
+    assert parse(b"*%d\r\n" % MAX_ARRAY) == []  # the most elements: waits for them
+    # the arguments of one request together, each with its overhead, up to max_request
+    args = (b"SET", b"k", b"v" * 100)
+    exact = sum(len(a) + ARG_OVERHEAD for a in args)
+    assert RespParser(1 << 20, exact).feed(command(*args)) == [list(args)]
+    over = RespParser(1 << 20, exact - 1)
+    assert over.feed(command(*args)) == [] and str(over.error) == \
+        "Protocol error: too big request"
+    assert default_max_request(1 << 20) == 2 << 20 and default_max_request(10) == 1 << 20
+    # an inline line at the limit after another command in the same read, or arriving
+    longest = b"ECHO " + b"a" * (MAX_INLINE - 6)
+    assert parse(b"PING\r\n" + longest + b"\r\n") == [[b"PING"], [b"ECHO", b"a" * (MAX_INLINE - 6)]]
+    p = RespParser(1 << 20)
+    assert p.feed(b"PING\r\n" + longest) == [[b"PING"]] and p.error is None
+    assert p.feed(b"\r\n") == [[b"ECHO", b"a" * (MAX_INLINE - 6)]]
+    assert parse(b"\nPING\r\n") == [[b"PING"]]  # an empty first line is skipped
+
+
+def test_inline_escapes_and_separators_cut_short_or_next_to_other_bytes() -> None:
+    assert split_inline(b"XLEN X1\tXx") == [b"XLEN", b"X1", b"Xx"]
+    assert split_inline(b'ECHO "\\xZ1"') == [b"ECHO", b"xZ1"]  # not hex: \x is x
+    for bad in (b'ECHO "\\x', b'ECHO "\\x4', b'ECHO "a\\', b'ECHO "a\\"', b'ECHO "a"X'):
+        with pytest.raises(RespProtocolError) as err:
+            split_inline(bad)
+        assert str(err.value) == "Protocol error: unbalanced quotes in request", bad
