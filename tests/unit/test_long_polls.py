@@ -126,3 +126,19 @@ def test_a_client_holds_only_so_many_slots_and_gives_each_back() -> None:
     with pytest.raises(ValueError), polls.slot("KV watches", alice):  # a poll that fails
         raise ValueError
     assert not polls.clients
+
+
+def test_the_engine_wakes_a_pattern_wait_once_a_commit_makes_a_match_durable() -> None:
+    """channels.wait (a federation pipe's long poll) waits in Engine.pattern_waiters."""
+    from tests.core.helpers import Harness, send
+
+    h = Harness()
+    woken: list[str] = []
+    h.engine.pattern_waiters.add([parse_pattern("orders/v1/*")], lambda: woken.append("o"))
+    h.engine.pattern_waiters.add([parse_pattern("prices/*")], lambda: woken.append("p"))
+    h.publish(send("orders/v1/1", 1), commit=False)
+    assert woken == []  # staged is not durable
+    h.commit()
+    assert woken == ["o"] and len(h.engine.pattern_waiters) == 1
+    h.publish(send("orders/v1/2", 2), send("prices/v2/eu", 3))
+    assert woken == ["o", "p"] and len(h.engine.pattern_waiters) == 0
