@@ -309,17 +309,20 @@ def _mutation_rank(item: pytest.Item, mutant: str) -> tuple[int, int, int]:
                             len(_MUTATION_ORDER))
 
 
-# Under `make mutate` (which sets MINOU_MUTATION_KILLERS for mutmut and every child), a
-# property test fails a mutant at its first failing example: shrinking that example took
-# 5-24 s here, which mutmut's wall-clock limit took for a timeout. Loaded at import, before
-# the test modules, so that their own @settings inherit it.
-if os.environ.get("MINOU_MUTATION_KILLERS"):
-    from hypothesis import Phase
-    from hypothesis import settings as _hypothesis_settings
+# Property tests have no per-example deadline: speed is measured in bench/, never asserted
+# in a test (hypothesis's default 200 ms failed an example that took 301 ms on a loaded
+# machine). Under `make mutate` (which sets MINOU_MUTATION_KILLERS for mutmut and every
+# child), a property test fails a mutant at its first failing example: shrinking that
+# example took 5-24 s here, which mutmut's wall-clock limit took for a timeout. Loaded at
+# import, before the test modules, so that their own @settings inherit it.
+from hypothesis import Phase  # noqa: E402
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
-    _hypothesis_settings.register_profile(
-        "mutation", phases=[Phase.explicit, Phase.reuse, Phase.generate])
-    _hypothesis_settings.load_profile("mutation")
+_hypothesis_settings.register_profile("minou", deadline=None)
+_hypothesis_settings.register_profile(
+    "mutation", deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+_hypothesis_settings.load_profile("mutation" if os.environ.get("MINOU_MUTATION_KILLERS")
+                                  else "minou")
 
 
 def _under_mutation() -> str:
