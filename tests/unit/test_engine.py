@@ -356,13 +356,19 @@ def test_a_duplicate_of_a_message_being_written_waits_for_its_commit() -> None:
     assert again.answers == [([(1, 0)], None)] and len(host.writes) == 1
 
 
-def test_a_duplicate_of_a_message_whose_commit_fails_gets_the_error() -> None:
+def _a_duplicate_behind_a_failed_commit() -> tuple[Engine, Host, Door, Door, StorageFull]:
+    """A publish and a repeat of its dedup key, the first's commit failed (disk full)."""
     e, host = engine()
     first, again = Door(), Door()
     e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, first.reply, publisher=first)
     e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, again.reply, publisher=again)
     full = StorageFull("disk full")
     e.not_written(host.writes.pop(), full, stop=False)
+    return e, host, first, again, full
+
+
+def test_a_duplicate_of_a_message_whose_commit_fails_gets_the_error() -> None:
+    e, host, first, again, full = _a_duplicate_behind_a_failed_commit()
     assert first.answers == [([(0, int(full.code))], full)]
     assert again.answers == []  # it waits for the next commit (what the failed one carried)
     e.committed(host.writes.pop())
@@ -376,12 +382,7 @@ def test_a_duplicate_of_a_message_whose_commit_fails_gets_the_error() -> None:
 
 
 def test_a_duplicate_waiting_for_the_commit_after_a_failed_one_gets_that_ones_error() -> None:
-    e, host = engine()
-    first, again = Door(), Door()
-    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, first.reply, publisher=first)
-    e.publish([Send("orders/v1/1", b"1", dedup="k")], ALLOW_ALL, again.reply, publisher=again)
-    full = StorageFull("disk full")
-    e.not_written(host.writes.pop(), full, stop=False)
+    e, host, _first, again, full = _a_duplicate_behind_a_failed_commit()
     assert again.answers == []
     still = StorageFull("disk still full")
     e.not_written(host.writes.pop(), still, stop=False)
