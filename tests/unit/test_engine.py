@@ -58,7 +58,7 @@ def test_settlements_ride_along_while_publishes_flow_and_go_alone_when_idle() ->
     # Just after a publish commit: an ack waits for the next one (a timer, armed once).
     assert s.request(10.0 + DELAY, urgent=False) == "timer"
     assert s.request(10.0 + DELAY, urgent=False) == "none"
-    s.timer_fired()
+    assert s.timer_fired(10.0 + 2 * DELAY) is None
     # Publishes are never held back, and neither is a forced commit.
     assert s.request(10.0 + DELAY) == "now"
     assert s.request(10.0 + DELAY, urgent=False, force=True) == "now"
@@ -897,8 +897,62 @@ def test_publishes_stop_flowing_exactly_two_settle_delays_after_their_last_commi
     assert batch is not None
     s.committed(batch, 1.0, 1.0)
     assert s.request(1.25, urgent=False) == "timer"  # still flowing: ride along
-    s.timer_fired()
+    assert s.timer_fired(1.5) is None
     assert s.request(1.5, urgent=False) == "now"  # 2 * settle_delay old: no longer
+
+
+def test_state_waits_settle_delay_from_when_it_was_staged_not_from_the_timer() -> None:
+    """The timer armed for an ack that a publish commit took since must not commit the
+    next ack alone at once: that one waits its own settle_delay for a publish commit."""
+    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
+                        resume_bytes=100)  # times exact in binary
+    publish(s)
+    first = s.take()
+    assert first is not None
+    s.committed(first, 1.0, 1.0)
+    s.core.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=1.0)
+    assert s.request(1.0, urgent=False) == "timer"  # armed at 1.0 for 1.25
+    publish(s)
+    assert s.request(1.0) == "now"
+    taken = s.take()  # the publish commit takes the subscription along
+    assert taken is not None and taken.group_defs
+    s.committed(taken, 1.125, 1.125)
+    s.core.subscribe(Session("d"), 1, kind="consume", patterns=["orders/v1/1"], group="h",
+                     prefetch=10, now=1.125)
+    assert s.request(1.125, urgent=False) == "none"  # the armed timer serves it
+    assert s.timer_fired(1.25) == 0.125  # staged at 1.125: it may wait until 1.375
+    assert s.request(1.25, urgent=False) == "none"  # the timer is still armed
+    assert s.timer_fired(1.375) is None  # its settle_delay is over: commit it now
+    batch = s.take()
+    assert batch is not None and not batch.messages and batch.group_defs
+    # Taken: the next change waits its own settle_delay, on a timer armed afresh.
+    s.committed(batch, 1.5, 1.5)
+    s.core.subscribe(Session("e"), 1, kind="consume", patterns=["orders/v1/1"], group="i",
+                     prefetch=10, now=1.5)
+    assert s.request(1.5, urgent=False) == "timer"
+    assert s.timer_fired(1.75) is None
+
+
+def test_state_held_past_settle_delay_by_a_commit_goes_when_that_commit_ends() -> None:
+    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
+                        resume_bytes=100)
+    publish(s)
+    first = s.take()
+    assert first is not None
+    s.core.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"], group="g",
+                     prefetch=10, now=1.0)
+    s.committed(first, 1.0, 1.0)  # publishes flow: the subscription rides along...
+    publish(s)
+    second = s.take()  # ...with this publish commit, which is slow
+    assert second is not None and second.group_defs
+    s.core.subscribe(Session("d"), 1, kind="consume", patterns=["orders/v1/1"], group="h",
+                     prefetch=10, now=1.0)
+    assert s.request(1.0, urgent=False) == "none"  # the timer armed by the first
+    assert s.timer_fired(1.25) is None and s.take() is None  # the writer is busy
+    # The commit ends past the staged state's settle_delay: it goes at once.
+    assert s.committed(second, 1.5, 1.5) == "now"
+    assert s.take() is not None
 
 
 def test_state_staged_during_a_publish_commit_rides_along_with_the_next() -> None:
