@@ -304,3 +304,38 @@ def test_a_commit_waits_at_the_gate_a_writer_blocking_checkpoint_holds(
         assert [m.seq for m in store.read_range(CH, 1, 2, 10)] == [1]
     finally:
         store.close()
+
+
+def test_a_commit_made_now_from_another_thread_is_read_back_and_never_waits_at_the_gate(
+        tmp_path: Path) -> None:
+    """``apply_now`` (the event loop's "interval" commits): from a thread other than the
+    writer's, on a connection of its own, read back like any commit; while a checkpoint
+    holds the writers' gate it returns False at once and writes nothing (the batch then
+    goes to the writer, which may wait)."""
+    import threading
+
+    store = SQLiteStorage(tmp_path)
+    store.open(NOW)
+    try:
+        store.apply(batch_of(msg(CH, 1)))  # the writer's thread (here: this one)
+        made: list[bool] = []
+        other = threading.Thread(
+            target=lambda: made.append(store.apply_now(batch_of(msg(CH, 2), sync_within=0.05))))
+        other.start()
+        other.join(10)
+        assert made == [True] and store.unsynced()
+        with store._writers_gate:
+            assert store.apply_now(batch_of(msg(CH, 3), sync_within=0.05)) is False
+        assert [m.seq for m in store.read_range(CH, 1, 10, 10)] == [1, 2]
+        store.apply(batch_of(msg(CH, 3)))  # the writer's connection sees the other's
+        assert [m.seq for m in store.read_range(CH, 1, 10, 10)] == [1, 2, 3]
+        with pytest.raises(AssertionError):
+            store.apply_now(batch_of(msg(CH, 4)))  # an fsync commit is never made here
+    finally:
+        store.close()
+    again = SQLiteStorage(tmp_path)
+    snap = again.open(NOW)
+    try:
+        assert [r.next_seq for r in snap.channels if r.name == CH] == [4]
+    finally:
+        again.close()

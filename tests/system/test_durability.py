@@ -542,11 +542,14 @@ async def _load_scenario(broker: Broker, durability: str = "fsync") -> dict[str,
             assert status["storage"]["body_files"] >= 1, status["storage"]
             stats["body_files"] = status["storage"]["body_files"]
         if await _syncs(admin) is not None:  # SQLite: the mode was what the config said
+            on_loop = (await admin.admin("status"))["storage"]["commits_on_loop"]
             if durability == "interval":
                 await await_until(lambda: _positive(_syncs(admin)), 5,
                                   "an fsync of the interval commits")
+                assert on_loop > 0, "no interval commit was made on the loop"
             else:
                 assert await _syncs(admin) == 0, "fsync commits were fsync'd apart"
+                assert on_loop == 0, "an fsync commit was made on the loop"
 
 
         # The acks are durable: one more kill -9, and nothing comes back.

@@ -133,9 +133,14 @@ def check_after_kill(broker: BrokerProcess, before: dict[int, int], after: dict[
 
 
 # ----------------------------------------------------------------------------- tests
-def test_a_full_quota_refuses_publishes_serves_the_rest_and_resumes(broker_factory, tmp_path):
+@pytest.mark.parametrize("durability", ["fsync", "interval"])
+def test_a_full_quota_refuses_publishes_serves_the_rest_and_resumes(broker_factory, tmp_path,
+                                                                    durability):
+    """Both modes: an "interval" commit this small is made on the broker's loop, not the
+    writer thread, and its SQLITE_FULL must be told and survived the same way."""
     cfg = tmp_path / "quota.toml"
-    cfg.write_text('[storage]\nmax_size = "4MB"\n')
+    cfg.write_text(f'[channels."{CH.rsplit("/", 1)[0]}"]\ndurability = "{durability}"\n'
+                   '[storage]\nmax_size = "4MB"\n')
     b = broker_factory.make(config=cfg).start()
     where = str(b.data_dir.resolve())
     http_auth = bearer(b, "http-pub")
@@ -144,6 +149,9 @@ def test_a_full_quota_refuses_publishes_serves_the_rest_and_resumes(broker_facto
         assert len(before) > 50
         check_refusals(b, pub, exc, where, http_auth)
         assert "max_size" in exc.message
+        with minou.connect_sync(b.url, **b.admin_auth()) as admin:
+            storage = admin.admin("status")["storage"]
+        assert (storage["commits_on_loop"] > 0) == (durability == "interval"), storage
 
         # What is stored is delivered and acked, all of it, once; nothing else.
         got, durable = drain(b, "worker", len(before))

@@ -2,7 +2,8 @@
 
 One event loop runs everything. Storage work goes to two threads (one writer
 connection that group-commits, one reader connection for pages and range
-reads), so the loop never blocks on the disk.
+reads), so the loop never waits for the disk; only a small "interval" commit,
+writes to the OS with no fsync, is cheaper made on the loop itself (``_write_here``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from ..errors import (
     UnexpectedFrame,
 )
 from ..limits import (
+    COMMIT_HERE_MAX_BYTES,
+    COMMIT_HERE_MAX_MESSAGES,
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     DRAIN_COMMIT_WAIT_S,
@@ -236,6 +239,7 @@ class BrokerServer:
         self._http_auth: Any = None
         self.commit_seconds_total = 0.0
         self.commits = 0
+        self.commits_here = 0  # of them, "interval" commits made on the loop (_write_here)
         self.messages_committed = 0
         self.stop_reason = ""  # what asked for the stop (a signal, a soft stop, a failure)
         self.exit_status = 0  # non-zero when the broker stops because it cannot go on
@@ -504,6 +508,8 @@ class BrokerServer:
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
+        if self.commits_here:
+            self.storage.close()  # the loop's own connection (_write_here)
         for pool in (self._writer_pool, self._reader_pool, self._house_pool):
             pool.shutdown()
         self._dir_lock.release()
@@ -883,8 +889,35 @@ class BrokerServer:
     def write(self, batch: WriteBatch) -> None:
         assert self.loop is not None
         started = time.perf_counter()
+        if self._write_here(batch, started):
+            return
         writing = self.loop.run_in_executor(self._writer_pool, self.storage.apply, batch)
         writing.add_done_callback(lambda fut: self._committed(fut, batch, started))
+
+    def _write_here(self, batch: WriteBatch, started: float) -> bool:
+        """Commit a small "interval" batch on the loop itself, answered a turn later as
+        from the writer. Such a commit is SQLite's writes to the OS (~0.1 ms, no fsync),
+        and handing it to the writer thread and back cost more than that: two wake-ups
+        across threads (and the VM's vCPUs) and the GIL passed back and forth through
+        every statement (docs/benchmarks.md, "Interval commits on the loop"). Larger
+        batches, those that must be fsync'd, and any that would wait for a checkpoint go
+        to the writer, so the loop never waits on the disk."""
+        if batch.sync_within is None or self.syncer is None or \
+                batch.bytes > COMMIT_HERE_MAX_BYTES or \
+                len(batch.messages) > COMMIT_HERE_MAX_MESSAGES:
+            return False
+        assert self.loop is not None
+        done: asyncio.Future[None] = self.loop.create_future()
+        try:
+            if not self.syncer.storage.apply_now(batch):
+                return False
+        except Exception as exc:  # the writer's failures, told the same way
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        self.commits_here += 1
+        self.loop.call_soon(self._committed, done, batch, started)
+        return True
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         if self.loop is not None:
@@ -917,7 +950,7 @@ class BrokerServer:
         if sync is None:
             return {}
         return {"syncs": sync.syncs, "sync_seconds": round(sync.sync_seconds, 3),
-                "syncs_late": sync.late}
+                "syncs_late": sync.late, "commits_on_loop": self.commits_here}
 
     def _body_file_status(self) -> dict[str, Any]:
         """Large bodies kept beside the database (SQLite): how many files, how big."""

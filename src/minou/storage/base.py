@@ -82,3 +82,9 @@ class Syncing(Protocol):
 
     def unsynced(self) -> bool:
         """Whether some commit is on the OS but not yet known to be on the disk."""
+
+    def apply_now(self, batch: WriteBatch) -> bool:
+        """``apply`` a batch whose ``sync_within`` is set from the caller's own thread
+        (the event loop: such a commit is local writes to the OS, no fsync, no network),
+        unless it would have to wait (SQLite: a checkpoint shuts writers out): False
+        then, and nothing was done."""

@@ -390,6 +390,15 @@ class SQLiteStorage:
         """Make ``batch`` durable in one transaction. Raises StorageFull when the disk or
         ``max_size`` is full, StorageUnavailable for anything else; either way nothing
         of the batch was written."""
+        self._commit(batch, wait=True)
+
+    def apply_now(self, batch: WriteBatch) -> bool:
+        """``apply`` a batch whose ``sync_within`` is set, unless it would wait for a
+        checkpoint that shuts writers out: False then, and nothing was done."""
+        assert batch.sync_within is not None  # an fsync must not hold the caller
+        return self._commit(batch, wait=False)
+
+    def _commit(self, batch: WriteBatch, *, wait: bool) -> bool:
         db = self._db()
         relaxed = batch.sync_within is not None
         try:
@@ -399,8 +408,12 @@ class SQLiteStorage:
             if relaxed != self._local.relaxed:
                 db.execute(f"PRAGMA synchronous={'NORMAL' if relaxed else 'FULL'}")
                 self._local.relaxed = relaxed
-            with self._writers_gate:
+            if not self._writers_gate.acquire(blocking=wait):
+                return False
+            try:
                 db.execute("BEGIN IMMEDIATE")
+            finally:
+                self._writers_gate.release()
             known = set(self._cids)
             mark = self.bodies.mark()
             try:
@@ -446,6 +459,7 @@ class SQLiteStorage:
                 self._relaxed += 1
             else:  # the WAL was synced through this commit: every frame before it too
                 self._synced = self._relaxed
+        return True
 
     def _check_in_place(self) -> None:
         """Raise StorageUnavailable if the database file is no longer the one this
