@@ -319,11 +319,16 @@ def test_a_commit_made_now_from_another_thread_is_read_back_and_never_waits_at_t
     try:
         store.apply(batch_of(msg(CH, 1)))  # the writer's thread (here: this one)
         made: list[bool] = []
-        other = threading.Thread(
-            target=lambda: made.append(store.apply_now(batch_of(msg(CH, 2), sync_within=0.05))))
+
+        def commit_here_then_close() -> None:
+            made.append(store.apply_now(batch_of(msg(CH, 2), sync_within=0.05)))
+            store.close_here()  # that thread's connection only
+
+        other = threading.Thread(target=commit_here_then_close)
         other.start()
         other.join(10)
         assert made == [True] and store.unsynced()
+        assert Path(store.path + "-wal").exists()  # the writer's connection is open still
         with store._writers_gate:
             assert store.apply_now(batch_of(msg(CH, 3), sync_within=0.05)) is False
         assert [m.seq for m in store.read_range(CH, 1, 10, 10)] == [1, 2]
@@ -333,6 +338,7 @@ def test_a_commit_made_now_from_another_thread_is_read_back_and_never_waits_at_t
             store.apply_now(batch_of(msg(CH, 4)))  # an fsync commit is never made here
     finally:
         store.close()
+    assert not Path(store.path + "-wal").exists()  # the last close folded it in
     again = SQLiteStorage(tmp_path)
     snap = again.open(NOW)
     try:

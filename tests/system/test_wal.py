@@ -115,3 +115,31 @@ def test_a_failing_checkpoint_is_one_log_line_not_a_traceback_a_tick(tmp_path, c
     failed = [r for r in caplog.records if "WAL checkpoint failed" in r.getMessage()]
     assert len(failed) == 3 and "unable to open database file" in failed[0].getMessage()
     assert not any("never retrieved" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "interval"])
+def test_a_stopped_broker_leaves_no_wal_behind(broker_factory, tmp_path, durability):
+    """A stop closes every connection the broker opened, the event loop's own
+    (``interval`` commits are made there) first: the last close folds the WAL into the
+    database and removes it, and what the loop committed is there after a restart."""
+    cfg = tmp_path / "stop.toml"
+    cfg.write_text(f'[channels."stop/v1"]\ndurability = "{durability}"\n')
+    b = broker_factory.make(config=cfg).start()
+    with b.connect_sync("stop-p") as p:
+        for i in range(20):
+            p.send("stop/v1/1", {"i": i})
+    with _admin(b) as admin:
+        on_loop = admin.admin("status")["storage"]["commits_on_loop"]
+    assert (on_loop > 0) == (durability == "interval")
+    assert (b.data_dir / "minou.db-wal").exists()
+    assert b.stop() == 0, b.output
+    assert not (b.data_dir / "minou.db-wal").exists()
+    with b.start().connect_sync("stop-c") as c:
+        sub = c.consume("stop/v1/*", group="g", prefetch=100)
+        assert sorted(sub.get(timeout=10).payload["i"] for _ in range(20)) == list(range(20))
+
+
+def _admin(b):
+    import minou
+
+    return minou.connect_sync(b.url, **b.admin_auth())

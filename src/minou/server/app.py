@@ -505,11 +505,13 @@ class BrokerServer:
         if self.syncer is not None:
             with contextlib.suppress(OSError):  # logged; the exit status says it
                 await self.syncer.close()
+        if self.commits_here and self.syncer is not None:
+            # The loop's own connection (_write_here), first: SQLite's last close
+            # checkpoints the whole WAL, which must not happen on the loop.
+            self.syncer.storage.close_here()
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
-        if self.commits_here:
-            self.storage.close()  # the loop's own connection (_write_here)
         for pool in (self._writer_pool, self._reader_pool, self._house_pool):
             pool.shutdown()
         self._dir_lock.release()

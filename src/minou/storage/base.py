@@ -88,3 +88,7 @@ class Syncing(Protocol):
         (the event loop: such a commit is local writes to the OS, no fsync, no network),
         unless it would have to wait (SQLite: a checkpoint shuts writers out): False
         then, and nothing was done."""
+
+    def close_here(self) -> None:
+        """Close what ``apply_now`` opened on the calling thread (its connection), and
+        nothing else: ``close`` on the writer's thread closes the rest."""

@@ -945,6 +945,9 @@ class SQLiteStorage:
                 os.close(self._wal_fd)
             self._wal_fd = None
         self.bodies.close()
+        self.close_here()
+
+    def close_here(self) -> None:
         db = getattr(self._local, "db", None)
         if db is not None:
             db.close()
