@@ -133,6 +133,14 @@ SETTLE_COMMIT_DELAY_S = 0.002
 # thread (server/app.py ``_write_here``): ~0.1 ms of SQLite writes to the OS.
 COMMIT_HERE_MAX_MESSAGES = 16
 COMMIT_HERE_MAX_BYTES = 64 << 10
+# One that took the loop longer than STALL, or SLOW_COUNT longer than SLOW within
+# SLOW_WINDOW (a slow disk or page cache, not the loop losing its CPU now and then),
+# sends them all to the writer thread for BACKOFF.
+COMMIT_HERE_SLOW_S = 0.005
+COMMIT_HERE_SLOW_COUNT = 3
+COMMIT_HERE_SLOW_WINDOW_S = 10.0
+COMMIT_HERE_STALL_S = 0.1
+COMMIT_HERE_BACKOFF_S = 30.0
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
 DRAIN_COMMIT_WAIT_S = 5.0  # a soft stop waits this long for the last acks' commit
 EXPIRY_LOG_LINES = 10  # channels expired in one scan logged one by one; the rest counted

@@ -9,6 +9,7 @@ writes to the OS with no fsync, is cheaper made on the loop itself (``_write_her
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import hmac
@@ -50,8 +51,13 @@ from ..errors import (
     UnexpectedFrame,
 )
 from ..limits import (
+    COMMIT_HERE_BACKOFF_S,
     COMMIT_HERE_MAX_BYTES,
     COMMIT_HERE_MAX_MESSAGES,
+    COMMIT_HERE_SLOW_COUNT,
+    COMMIT_HERE_SLOW_S,
+    COMMIT_HERE_SLOW_WINDOW_S,
+    COMMIT_HERE_STALL_S,
     CONSUMER_WRITE_HIGH,
     CONSUMER_WRITE_LOW,
     DRAIN_COMMIT_WAIT_S,
@@ -240,6 +246,10 @@ class BrokerServer:
         self.commit_seconds_total = 0.0
         self.commits = 0
         self.commits_here = 0  # of them, "interval" commits made on the loop (_write_here)
+        self.commits_here_slow = 0  # of those, the ones that took the loop too long
+        self._write_here_after = 0.0  # perf_counter before which none is made there
+        self._slow_commits_here: collections.deque[float] = collections.deque(
+            maxlen=COMMIT_HERE_SLOW_COUNT)  # when the last slow ones ended
         self.messages_committed = 0
         self.stop_reason = ""  # what asked for the stop (a signal, a soft stop, a failure)
         self.exit_status = 0  # non-zero when the broker stops because it cannot go on
@@ -906,7 +916,8 @@ class BrokerServer:
         to the writer, so the loop never waits on the disk."""
         if batch.sync_within is None or self.syncer is None or \
                 batch.bytes > COMMIT_HERE_MAX_BYTES or \
-                len(batch.messages) > COMMIT_HERE_MAX_MESSAGES:
+                len(batch.messages) > COMMIT_HERE_MAX_MESSAGES or \
+                started < self._write_here_after:
             return False
         assert self.loop is not None
         done: asyncio.Future[None] = self.loop.create_future()
@@ -918,8 +929,30 @@ class BrokerServer:
         else:
             done.set_result(None)
         self.commits_here += 1
+        now = time.perf_counter()
+        if now - started > COMMIT_HERE_SLOW_S:
+            self._commit_here_was_slow(started, now)
         self.loop.call_soon(self._committed, done, batch, started)
         return True
+
+    def _commit_here_was_slow(self, started: float, now: float) -> None:
+        """Writes to the OS can wait too (a page read from the disk, the kernel holding
+        writers back behind a slow disk), and the loop serves every connection: after
+        one very slow commit, or a few slow ones close together, the writer thread makes
+        them for a while. One slow now and then is the loop losing its CPU (a busy
+        machine: 2 of 13,000 commits at a load of 1.7), not the disk."""
+        self.commits_here_slow += 1
+        recent = self._slow_commits_here
+        recent.append(now)
+        took = now - started
+        if took < COMMIT_HERE_STALL_S and (len(recent) < COMMIT_HERE_SLOW_COUNT or
+                                           now - recent[0] > COMMIT_HERE_SLOW_WINDOW_S):
+            return
+        recent.clear()
+        self._write_here_after = now + COMMIT_HERE_BACKOFF_S
+        log.info("an interval commit made on the event loop took %.1f ms (the disk or the "
+                 "page cache is slow): the writer thread makes them for the next %g s",
+                 took * 1e3, COMMIT_HERE_BACKOFF_S)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         if self.loop is not None:
@@ -952,7 +985,8 @@ class BrokerServer:
         if sync is None:
             return {}
         return {"syncs": sync.syncs, "sync_seconds": round(sync.sync_seconds, 3),
-                "syncs_late": sync.late, "commits_on_loop": self.commits_here}
+                "syncs_late": sync.late, "commits_on_loop": self.commits_here,
+                "commits_on_loop_slow": self.commits_here_slow}
 
     def _body_file_status(self) -> dict[str, Any]:
         """Large bodies kept beside the database (SQLite): how many files, how big."""
