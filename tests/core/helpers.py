@@ -19,6 +19,7 @@ from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
 from minou.core.group import Subscription
 from minou.core.writes import WriteBatch
+from minou.limits import STORAGE_READ_BYTES
 from minou.protocol.frames import Delivery, Outcome, Send
 from minou.server import engine
 from minou.storage.base import Storage
@@ -69,6 +70,7 @@ class Harness:
             storage.open(now)
         self.storage = storage
         self.loads: list[engine.Load] = []  # every load pump() answered
+        self.read_bytes = STORAGE_READ_BYTES  # a page read back stops there, as the server's
         self._writing = False  # the writer takes a batch only inside commit()
         self._written: list[WriteBatch] = []
         self.replies: list[tuple[list[Outcome], Any]] = []  # what publishes were answered
@@ -185,9 +187,11 @@ class Harness:
         raise AssertionError("pump kept asking for loads")
 
     def serve_load(self, load: engine.Load) -> None:
-        """What the server's ``_load`` does: read a page, hand it to the engine."""
-        msgs = self.storage.read_range(load.channel, load.from_seq, load.upto, PAGE)
-        engine.loaded(self.broker, load, msgs, PAGE)
+        """What the server's ``_load`` does: read a page (at most ``PAGE`` messages and
+        ``read_bytes`` of them), hand it to the engine."""
+        msgs = self.storage.read_range(load.channel, load.from_seq, load.upto, PAGE,
+                                       self.read_bytes)
+        self.engine.loaded(load, msgs, PAGE, self.read_bytes)
 
     def take(self, sub: Subscription) -> list[Delivery]:
         """Pump and return what ``sub`` got (other subscriptions' deliveries are dropped)."""

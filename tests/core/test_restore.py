@@ -101,6 +101,19 @@ def test_unsettled_come_back_acked_do_not_and_bodies_load_from_storage(
     assert seqs(h2.take(sub2)) == [6]
 
 
+def test_a_backlog_read_back_in_pages_cut_at_their_byte_bound_is_delivered_whole(
+        h: Harness, tmp_path: Path) -> None:
+    """Pages stop at ``read_bytes`` (the server's STORAGE_READ_BYTES), short of their
+    message limit: the next page starts after the last message read, not at the end of
+    the range asked for."""
+    h.publish_values(CH, ["x" * 1000 for _ in range(5)])
+    h2 = _restart(h, tmp_path)
+    h2.read_bytes = 2500  # two or three of these messages a page
+    sub = h2.subscribe(Session("c"), patterns=CH, group="g", prefetch=10)
+    assert seqs(h2.take(sub)) == [1, 2, 3, 4, 5]
+    assert len(h2.loads) > 1 and h2.loads[0].from_seq == 1
+
+
 def test_messages_published_before_any_reader_survive(h: Harness, tmp_path: Path) -> None:
     h.publish(send(CH, "a", headers={"k": "v"}, key="key-1"), send(CH, "b"))
     h.publish(send(CH, "lost"), commit=False)  # never committed: not confirmed, not kept

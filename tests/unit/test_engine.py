@@ -11,6 +11,7 @@ from minou.auth.rules import ALLOW_ALL
 from minou.core.broker import Broker, Session
 from minou.errors import (
     ErrorCode,
+    OutOfSequence,
     PublishBacklog,
     RequestError,
     ShuttingDown,
@@ -612,6 +613,24 @@ def test_a_transaction_commit_carries_its_lineage() -> None:
     assert refused.value.detail["why"] == "lineage" and refused.value.detail["bound"] == "run-1"
 
 
+def test_a_transaction_commit_carries_the_fence_its_writer_believes_in() -> None:
+    """``after``: the batch covers (after, batch_id]; a fence inside that range (another
+    session of the writer committed part of it) refuses the commit."""
+    e, host, _ = timed_engine()
+    writer = Session("spark")
+    answers: list[Any] = []
+    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
+    e.commit_txns(writer, "job", 2, ["t1"], answers.append, answers.append)
+    e.committed(host.writes.pop())
+    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    with pytest.raises(OutOfSequence) as refused:
+        e.commit_txns(writer, "job", 5, ["t2"], answers.append, answers.append, after=1)
+    assert refused.value.detail["fence"] == 2 and refused.value.detail["after"] == 1
+    e.commit_txns(writer, "job", 5, ["t2"], answers.append, answers.append, after=2)
+    e.committed(host.writes.pop())
+    assert [a.get("replayed_channels") for a in answers] == [[], []]
+
+
 def test_a_transaction_commit_while_stopping_is_refused() -> None:
     e, host, _ = timed_engine()
     e.accepting = False
@@ -674,6 +693,27 @@ def test_once_storage_stopped_for_good_what_waits_for_a_commit_is_answered_at_on
     e.publish(sends(1), ALLOW_ALL, door.reply, publisher=door)  # native: refused, answered
     assert door.answers == [([(0, ErrorCode.SHUTTING_DOWN)], None)]
     assert host.writes == []
+
+
+def test_once_storage_stopped_for_good_a_resend_is_answered_from_its_producer_with_why(
+        ) -> None:
+    """A numbered resend of a stored send gets its duplicate outcome, and the reply
+    carries the error that stopped storage (nothing new is stored)."""
+    e, host, _ = timed_engine()
+    p = Session("app", producer_id="00000000000000aa")
+    e.publish([Send("orders/v1/1", b"1", pseq=1)], ALLOW_ALL, Door().reply, session=p,
+              publisher=Door())
+    e.committed(host.writes.pop())
+    consume(e, Session("c"))
+    e.commit(force=True)
+    fenced = StorageUnavailable("this broker no longer serves (another broker took over)")
+    e.not_written(host.writes.pop(), fenced, stop=True)
+    said: list[Any] = []
+    e.publish([Send("orders/v1/1", b"1", pseq=1)], ALLOW_ALL,
+              lambda outcomes, exc: said.append((outcomes, exc)), session=p, publisher=Door())
+    [([replay], exc)] = said
+    assert (replay.code, replay.duplicate, replay.seq) == (0, True, 1)
+    assert exc is fenced and host.writes == []
 
 
 def test_a_failed_commit_carries_what_it_held_into_the_next_commit() -> None:
@@ -890,15 +930,18 @@ def test_flow_pauses_count_each_pause_of_a_publisher() -> None:
 
 # ------------------------------------------- commit timing and flow-control bounds
 def test_publishes_stop_flowing_exactly_two_settle_delays_after_their_last_commit() -> None:
-    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
-                        resume_bytes=100)  # times exact in binary
-    publish(s)
-    batch = s.take()
-    assert batch is not None
-    s.committed(batch, 1.0, 1.0)
-    assert s.request(1.25, urgent=False) == "timer"  # still flowing: ride along
-    assert s.timer_fired(1.5) is None
-    assert s.request(1.5, urgent=False) == "now"  # 2 * settle_delay old: no longer
+    def committed_at_1() -> CommitScheduler:
+        s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
+                            resume_bytes=100)  # times exact in binary
+        publish(s)
+        batch = s.take()
+        assert batch is not None
+        s.committed(batch, 1.0, 1.0)
+        return s
+
+    assert committed_at_1().request(1.25, urgent=False) == "timer"  # flowing: ride along
+    # The first ask 2 * settle_delay after it (nothing staged before waits to ride along).
+    assert committed_at_1().request(1.5, urgent=False) == "now"  # no longer flowing
 
 
 def test_state_waits_settle_delay_from_when_it_was_staged_not_from_the_timer() -> None:
@@ -934,7 +977,9 @@ def test_state_waits_settle_delay_from_when_it_was_staged_not_from_the_timer() -
     assert s.timer_fired(1.75) is None
 
 
-def test_state_held_past_settle_delay_by_a_commit_goes_when_that_commit_ends() -> None:
+@pytest.mark.parametrize("ends", [1.25, 1.5])  # exactly its settle_delay, and past it
+def test_state_held_past_settle_delay_by_a_commit_goes_when_that_commit_ends(
+        ends: float) -> None:
     s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
                         resume_bytes=100)
     publish(s)
@@ -950,8 +995,8 @@ def test_state_held_past_settle_delay_by_a_commit_goes_when_that_commit_ends() -
                      prefetch=10, now=1.0)
     assert s.request(1.0, urgent=False) == "none"  # the timer armed by the first
     assert s.timer_fired(1.25) is None and s.take() is None  # the writer is busy
-    # The commit ends past the staged state's settle_delay: it goes at once.
-    assert s.committed(second, 1.5, 1.5) == "now"
+    # The commit ends once the staged state waited its settle_delay: it goes at once.
+    assert s.committed(second, ends, ends) == "now"
     assert s.take() is not None
 
 
