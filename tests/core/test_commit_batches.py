@@ -156,6 +156,27 @@ def test_acks_on_an_interval_channel_follow_its_durability() -> None:
     assert batch.sync_within == 0.02
 
 
+def test_a_batch_with_nothing_to_write_has_no_sync_to_wait_for() -> None:
+    h = interval_harness()
+    batch = h.commit()  # forced with nothing staged (the ticker's commit)
+    assert not batch.writes and batch.sync_within is None
+
+
+def test_the_removal_of_an_idle_interval_channel_follows_its_durability() -> None:
+    """The channel is gone from memory when its removal is committed: its durability
+    comes from the configuration."""
+    def options(key: str) -> ChannelOptions:
+        return ChannelOptions(durability="interval", sync_interval=0.02, expire_idle=60.0)
+
+    h = Harness(channel_options=options)
+    h.broker.any_interval = True
+    h.publish(send("metrics/v1/a", 1))
+    h.tick(61)
+    assert "metrics/v1/a" not in h.broker.channels
+    batch = h.commit()
+    assert batch.truncates == {"metrics/v1/a": 2} and batch.sync_within == 0.02
+
+
 def test_without_an_interval_channel_in_the_config_nothing_is_looked_at() -> None:
     h = interval_harness()
     h.broker.any_interval = False
