@@ -155,8 +155,9 @@ def test_bad_writes_to_a_bucket_are_refused_precisely() -> None:
 
 def test_a_bucket_is_not_written_in_a_transaction() -> None:
     h = harness()
-    with pytest.raises(Exception, match="not staged in a transaction"):
+    with pytest.raises(Exception, match="not staged in a transaction") as refused:
         h.broker.txn_publishing.stage(Session("w"), "t1", [put("k", 1)], h.now)
+    assert refused.value.detail["channel"] == put("k", 1).channel
 
 
 def test_the_index_is_rebuilt_from_storage_after_a_restart() -> None:

@@ -403,3 +403,46 @@ def test_every_dedup_duplicate_is_counted() -> None:
         (o,) = h.publish(send("orders/v1/1", 1, dedup="k"))
         assert o.duplicate
     assert h.broker.counters.duplicates == 3
+
+
+def test_a_client_publishes_only_where_its_rules_let_it_write() -> None:
+    """Alone, in a frame to one channel (the run path) or to a channel made just now: a
+    send to a channel the client may not write to is refused (NOT_AUTHORIZED), the
+    others of the frame are stored, and nothing of the refused ones is staged."""
+    from minou.auth.rules import Access
+
+    h = Harness()
+    access = Access("c", write=["orders/*"])
+    h.publish(send("secret/v1/a", 0))  # the channel exists (an unrestricted client)
+
+    def publish(*sends: Send) -> list[int]:
+        outcomes = h.engine.publish(sends, access, lambda *_: None, publisher=h)
+        h.commit()
+        return [o.code for o in outcomes]
+
+    denied = int(ErrorCode.NOT_AUTHORIZED)
+    assert publish(send("secret/v1/a", 1)) == [denied]
+    assert publish(send("secret/v1/b", 1)) == [denied]  # not made either
+    assert publish(send("secret/v1/a", 2), send("secret/v1/a", 3), send("orders/v1/1", 4)
+                   ) == [denied, denied, 0]
+    assert "secret/v1/b" not in h.broker.channels
+    sub = h.subscribe(Session("r"), patterns="secret/v1/a", group="g", prefetch=10)
+    assert payloads(h.take(sub)) == [0]
+
+
+def test_only_a_redis_broadcast_may_not_name_a_stream_id() -> None:
+    """Through the Redis door the header names the message's stream id, which one
+    channel gives: a broadcast naming one is refused, one without is stored to every
+    channel read under the prefix. From another door the header is an ordinary one."""
+    from minou.core.stream_ids import ID_HEADER
+
+    h = Harness()
+    for i, ch in enumerate(("a/v1/1", "a/v1/2")):
+        h.publish(send(ch, 0))
+        h.subscribe(Session("r"), i, patterns=ch, group=f"g{i}", prefetch=10)
+    [named] = h.publish(send("a/v1/*", 1, headers={ID_HEADER: "5-0"}), resp_door=True)
+    assert named.code == ErrorCode.BAD_REQUEST
+    [plain] = h.publish(send("a/v1/*", 2), resp_door=True)
+    assert (plain.code, plain.fanout) == (0, 2)
+    [native] = h.publish(send("a/v1/*", 3, headers={ID_HEADER: "5-0"}))
+    assert (native.code, native.fanout) == (0, 2)

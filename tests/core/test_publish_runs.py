@@ -232,6 +232,55 @@ def test_plain_sends_to_an_inbox_are_checked_as_replies() -> None:
     assert seen[0] == seen[1]
 
 
+def test_a_frame_to_a_channel_with_a_schema_is_checked_send_by_send() -> None:
+    """Once the channel exists, a frame of plain sends to it is still checked against
+    its schema: a payload it refuses is refused, the others stored."""
+    seen = []
+    for bulk in (True, False):
+        b, _, access = _broker(bulk)
+        b.publish([Send(WITH_SCHEMA, b'"first"')], 5.0, access)  # makes the channel
+        outcomes, staged = b.publish([Send(WITH_SCHEMA, d) for d in (b'"a"', b"1", b'"b"')],
+                                     6.0, access)
+        assert [o.code != 0 for o in outcomes] == [False, True, False]
+        seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
+
+
+def test_a_stream_whose_ids_are_used_up_refuses_a_frame_of_plain_sends() -> None:
+    """A Redis stream whose last id is the largest there is takes no more messages,
+    through any door: a run of plain sends to it is refused send by send too."""
+    from minou.core.stream_ids import ID_HEADER
+
+    last = f"{(1 << 64) - 1}-{(1 << 64) - 1}"
+    seen = []
+    for bulk in (True, False):
+        b, _, access = _broker(bulk)
+        [put], _ = b.publish([Send(PLAIN, b'"x"', headers={ID_HEADER: last})], 5.0, access,
+                             resp_door=True)
+        assert put.code == 0
+        outcomes, staged = b.publish([Send(PLAIN, b'"a"'), Send(PLAIN, b'"b"')], 6.0,
+                                     access)
+        assert all(o.code for o in outcomes) and not staged
+        assert "exhausted" in outcomes[0].error
+        seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
+
+
+def test_while_publishes_are_refused_a_frame_to_an_existing_channel_stages_nothing() -> None:
+    """A full disk (or a stopping broker) refuses every send, a run of plain sends to
+    a channel that exists too."""
+    full = StorageFull("storage full: test", data_dir="/nowhere", free_bytes=0)
+    seen = []
+    for bulk in (True, False):
+        b, _, access = _broker(bulk)
+        b.state.storage_refusal = full
+        outcomes, staged = b.publish([Send(PLAIN, b'"a"'), Send(PLAIN, b'"b"')], 6.0,
+                                     access)
+        assert [o.code for o in outcomes] == [int(full.code)] * 2 and not staged
+        seen.append(_seen(b, outcomes, staged))
+    assert seen[0] == seen[1]
+
+
 def test_a_run_whose_commit_fails_is_dropped_as_one_by_one() -> None:
     """A full disk fails the commit that holds a run: its seqs become gaps, its producer
     sequences are refused with the error (a resend gets it), exactly as one by one; the

@@ -130,11 +130,13 @@ def test_a_client_writes_its_own_inboxes_and_a_transaction_none() -> None:
     asker = Session("asker")
     assert publish(h, asker, inbox_of("asker", "other"), 1).code == 0
     # STAGE checks each send with Publishing.validate, which refuses both.
-    with pytest.raises(BadRequest, match="not staged in a transaction"):
+    with pytest.raises(BadRequest, match="not staged in a transaction") as refused:
         h.broker.publishing.validate(send(INBOX, 1), asker.access)
-    with pytest.raises(BadRequest, match="not staged in a transaction"):
+    assert refused.value.detail == {"channel": INBOX}
+    with pytest.raises(BadRequest, match="not staged in a transaction") as refused:
         h.broker.publishing.validate(send("q/v1/1", 1, headers={REPLY_TO: INBOX}),
                                      asker.access)
+    assert refused.value.detail == {"channel": "q/v1/1"}
 
 
 def test_a_request_answered_and_delivered_again_is_marked_at_once() -> None:

@@ -123,6 +123,10 @@ def test_a_payload_repeating_a_key_is_refused_where_a_schema_checks_it() -> None
     assert h.broker.schema_refusals == {"orders/v1": 2}
     # Without a schema nothing checks the value: stored as it came.
     assert codes(h, Send("orders/v2/1", b'{"qty": 0, "qty": 1}')) == [0]
+    # A long key is named by its first 64 characters.
+    long = "k" * 100
+    err = refusal(h.broker, Send(CH, f'{{"{long}": 0, "{long}": 1, "qty": 1}}'.encode()))
+    assert err.detail["key"] == long[:64]
 
 
 def test_strict_schemas_refuse_channels_that_declare_none_except_dead_letters() -> None:
@@ -293,3 +297,24 @@ def test_one_batch_cannot_pass_the_bound_of_scheduled_messages(monkeypatch) -> N
     assert [o.seq for o in out] == [1, 2, 3, 0, 4]
     assert "3 messages with a priority or a delay wait already" in out[3].error
     assert h.broker.state.special_count.total == 3
+
+
+def test_a_broadcast_counts_each_copy_against_the_bound_of_scheduled_messages(
+        monkeypatch) -> None:
+    """A broadcast is stored once per channel read under its prefix: with a delay or a
+    priority, every copy waits in memory, so it is refused whole when its copies would
+    pass the bound; a plain one is not counted."""
+    import minou.core.state as state_module
+
+    monkeypatch.setattr(state_module, "MAX_SCHEDULED_MESSAGES", 3)
+    h = Harness()
+    for i, ch in enumerate(("a/v1/1", "a/v1/2")):
+        h.publish(send(ch, 0))
+        h.subscribe(Session("r"), i, patterns=ch, group=f"g{i}", prefetch=10)
+    [delayed] = h.publish(send("a/v1/*", 1, delay=5.0))
+    assert (delayed.code, delayed.fanout) == (0, 2)
+    [urgent] = h.publish(send("a/v1/*", 2, priority=1))  # two more: 4 would wait
+    assert urgent.code == ErrorCode.QUEUE_FULL
+    [plain] = h.publish(send("a/v1/*", 3))
+    assert (plain.code, plain.fanout) == (0, 2)
+    assert h.broker.state.special_count.total == 2
