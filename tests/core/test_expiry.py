@@ -244,6 +244,37 @@ def test_a_forget_outlives_a_failed_commit_and_a_channel_made_again_meanwhile_st
     assert one not in names and two in names
 
 
+def test_a_name_forgotten_again_while_its_first_forget_is_written_keeps_what_comes_next(
+        monkeypatch) -> None:
+    """Made again and idle again while the commit of its first forget is still being
+    written (a slow disk), the name is forgotten a second time: the first commit must
+    not take that second forget for done. Else the name made once more reused seq 1 and
+    the pending forget deleted its record with the message just stored (a restart lost
+    a confirmed message). Found from ``Commits.on_committed`` 105 (mutation run of
+    2026-12-01)."""
+    from minou.core import expiry
+
+    monkeypatch.setattr(expiry, "MAX_RETIRED_CHANNELS", 0)  # every removed name forgotten
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])
+    h.tick(IDLE + 1)
+    first = h.broker.take_writes()  # its forget, being written
+    assert first.forgets == ["tmp/v1/a"]
+    reader = Session("r")  # made again by a reader, who leaves; idle again
+    h.broker.subscribe(reader, 1, kind="consume", patterns=["tmp/v1/a"], group="g",
+                       prefetch=1, now=h.advance(1))
+    h.broker.disconnect(reader, h.now)
+    h.broker.tick(h.advance(IDLE + 1))
+    assert "tmp/v1/a" not in h.broker.channels and h.broker.batch.forgets == ["tmp/v1/a"]
+    h.storage.apply(first)
+    h.broker.on_committed(first, h.now)
+    (o,) = h.publish_values("tmp/v1/a", [2])  # made once more: stored and committed
+    assert o.code == 0 and o.seq == 2  # before its second forget went: it goes on
+    h.commit()
+    assert "tmp/v1/a" in {r.name for r in h.storage.open(h.now).channels}
+    assert payloads(h.storage.read_range("tmp/v1/a", 1, 10, 10)) == [2]
+
+
 def test_an_expired_inbox_does_not_count_against_the_bound_on_tombstones(monkeypatch) -> None:
     """An inbox is forgotten at once: with the bound reached by other channels, its own
     expiry forgets no other channel's tombstone, nor does a forget not committed yet."""

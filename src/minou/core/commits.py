@@ -144,7 +144,12 @@ class Commits:
                 gc.group.ready[gc] = None
                 if gc.group.members:
                     ready_groups[gc.group] = None
+        pending_forgets = state.batch.forgets
         for name in batch.forgets:  # the record went: the tombstone too, unless made again
+            if name in pending_forgets:
+                # Made again and removed again while this batch was written: that second
+                # forget is still to come, with its own tombstone until then.
+                continue
             state.forgetting.discard(name)
             if name not in channels:
                 state.retired.pop(name, None)
