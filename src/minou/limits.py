@@ -129,8 +129,9 @@ STORAGE_READ_BYTES = 8 << 20
 # Acks, nacks and subscriptions wait at most this long for a commit to share; publishes
 # never wait (a commit starts as soon as the writer is free).
 SETTLE_COMMIT_DELAY_S = 0.002
-# An "interval" commit this small is made on the event loop, not handed to the writer
-# thread (server/app.py ``_write_here``): ~0.1 ms of SQLite writes to the OS.
+# A commit this small is written to the OS by the event loop, not handed to the writer
+# thread (server/app.py ``_write_here``): ~0.1 ms of SQLite writes; an fsync channel's
+# fdatasync of it still runs on the writer thread before its answer.
 COMMIT_HERE_MAX_MESSAGES = 16
 COMMIT_HERE_MAX_BYTES = 64 << 10
 # One that took the loop longer than STALL, or SLOW_COUNT longer than SLOW within

@@ -1,6 +1,7 @@
-"""Small "interval" commits made on the event loop (``BrokerServer._write_here``), on a
-real SQLite store: which commits go there, and the way back to the writer thread when
-they get slow (a slow disk or page cache must not hold every connection)."""
+"""Small commits made on the event loop (``BrokerServer._write_here``: SQLite's writes to
+the OS; an fsync channel's fdatasync still on the writer thread), on a real SQLite
+store: which commits go there, and the way back to the writer thread when they get
+slow (a slow disk or page cache must not hold every connection)."""
 
 from __future__ import annotations
 
@@ -85,13 +86,15 @@ async def test_small_interval_commits_are_made_on_the_loop_and_the_rest_by_the_w
     storage: SlowableStorage = broker.storage  # type: ignore[assignment]
     loop_thread = threading.current_thread().name
     await publish(peer, 1, FAST)
-    await publish(peer, 2, SAFE)  # fsync: the writer, always
+    await publish(peer, 2, SAFE)  # fsync: written here, confirmed after the fdatasync
+    assert not storage.unsynced()  # the WAL was on the disk before the confirm
     await publish(peer, 3, FAST, COMMIT_HERE_MAX_MESSAGES + 1)  # too big for the loop
-    await publish(peer, 4, FAST, COMMIT_HERE_MAX_MESSAGES)
-    assert [t == loop_thread for t in storage.threads] == [True, False, False, True]
-    assert broker.server.commits_here == 2
+    await publish(peer, 4, SAFE, COMMIT_HERE_MAX_MESSAGES + 1)
+    await publish(peer, 5, FAST, COMMIT_HERE_MAX_MESSAGES)
+    assert [t == loop_thread for t in storage.threads] == [True, True, False, False, True]
+    assert broker.server.commits_here == 3
     status = broker.server._sync_status()
-    assert (status["commits_on_loop"], status["commits_on_loop_slow"]) == (2, 0)
+    assert (status["commits_on_loop"], status["commits_on_loop_slow"]) == (3, 0)
 
 
 async def test_a_few_slow_commits_close_together_send_them_to_the_writer_for_a_while(
@@ -126,3 +129,31 @@ async def test_one_commit_that_stalled_the_loop_sends_them_to_the_writer_at_once
     await publish(peer, 1, FAST)
     await publish(peer, 2, FAST)
     assert (server.commits_here, server.commits_here_slow, server.commits) == (1, 1, 2)
+
+
+@pytest.mark.parametrize("channel", [FAST, SAFE])
+async def test_a_commit_that_would_wait_for_a_checkpoint_goes_to_the_writer_instead(
+        broker: Harness, channel: str) -> None:
+    """While a checkpoint shuts writers out (it holds the writers' gate), the loop does
+    not wait for it: the batch goes to the writer thread, which waits, and is confirmed
+    once the checkpoint lets it in."""
+    import asyncio
+
+    peer = await publisher(broker)
+    storage: SlowableStorage = broker.storage  # type: ignore[assignment]
+    loop_thread = threading.current_thread().name
+    storage._writers_gate.acquire()  # as a RESTART checkpoint does
+    try:
+        peer.send(f.Publish(1, [f.Send(channel, b"1")]))  # type: ignore[attr-defined]
+        for _ in range(100):
+            if len(storage.threads) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [t == loop_thread for t in storage.threads] == [True, False]
+        await asyncio.sleep(0.05)
+        assert peer.frames() == []  # type: ignore[attr-defined]  # held by the checkpoint
+    finally:
+        storage._writers_gate.release()
+    confirm = await peer.expect(f.Confirm)  # type: ignore[attr-defined]
+    assert confirm.req == 1 and confirm.outcomes[0].code == 0
+    assert broker.server.commits_here == 0

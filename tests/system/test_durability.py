@@ -546,10 +546,9 @@ async def _load_scenario(broker: Broker, durability: str = "fsync") -> dict[str,
             if durability == "interval":
                 await await_until(lambda: _positive(_syncs(admin)), 5,
                                   "an fsync of the interval commits")
-                assert on_loop > 0, "no interval commit was made on the loop"
             else:
                 assert await _syncs(admin) == 0, "fsync commits were fsync'd apart"
-                assert on_loop == 0, "an fsync commit was made on the loop"
+            assert on_loop > 0, "no commit was made on the loop"
 
 
         # The acks are durable: one more kill -9, and nothing comes back.

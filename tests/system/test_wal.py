@@ -119,8 +119,8 @@ def test_a_failing_checkpoint_is_one_log_line_not_a_traceback_a_tick(tmp_path, c
 
 @pytest.mark.parametrize("durability", ["fsync", "interval"])
 def test_a_stopped_broker_leaves_no_wal_behind(broker_factory, tmp_path, durability):
-    """A stop closes every connection the broker opened, the event loop's own
-    (``interval`` commits are made there) first: the last close folds the WAL into the
+    """A stop closes every connection the broker opened, the event loop's own (small
+    commits are made there) first: the last close folds the WAL into the
     database and removes it, and what the loop committed is there after a restart."""
     cfg = tmp_path / "stop.toml"
     cfg.write_text(f'[channels."stop/v1"]\ndurability = "{durability}"\n')
@@ -130,7 +130,7 @@ def test_a_stopped_broker_leaves_no_wal_behind(broker_factory, tmp_path, durabil
             p.send("stop/v1/1", {"i": i})
     with _admin(b) as admin:
         on_loop = admin.admin("status")["storage"]["commits_on_loop"]
-    assert (on_loop > 0) == (durability == "interval")
+    assert on_loop > 0
     assert (b.data_dir / "minou.db-wal").exists()
     assert b.stop() == 0, b.output
     assert not (b.data_dir / "minou.db-wal").exists()

@@ -457,9 +457,10 @@ class Metrics:
         yield CounterMetricFamily("minou_storage_syncs_late", 'fsyncs of "interval" commits '
                                   "that began more than 5 ms past their sync_interval.",
                                   num(storage, "syncs_late"))
-        yield CounterMetricFamily("minou_storage_commits_on_loop", 'Commits of "interval" '
-                                  "channels small enough to be made on the event loop rather "
-                                  "than handed to the writer thread.",
+        yield CounterMetricFamily("minou_storage_commits_on_loop", "Commits small enough "
+                                  "to be written by the event loop rather than handed to "
+                                  "the writer thread (whose fdatasync still makes an fsync "
+                                  "channel's durable before its answer).",
                                   num(storage, "commits_on_loop"))
         yield GaugeMetricFamily("minou_storage_body_files", "Files of large message bodies "
                                 "kept beside the SQLite database (part of "

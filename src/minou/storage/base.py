@@ -84,10 +84,10 @@ class Syncing(Protocol):
         """Whether some commit is on the OS but not yet known to be on the disk."""
 
     def apply_now(self, batch: WriteBatch) -> bool:
-        """``apply`` a batch whose ``sync_within`` is set from the caller's own thread
-        (the event loop: such a commit is local writes to the OS, no fsync, no network),
-        unless it would have to wait (SQLite: a checkpoint shuts writers out): False
-        then, and nothing was done."""
+        """Commit ``batch`` to the OS only, from the caller's own thread (the event
+        loop: local writes, no fsync, no network), unless it would have to wait
+        (SQLite: a checkpoint shuts writers out): False then, and nothing was done.
+        ``sync`` then makes it durable (at once for a batch without ``sync_within``)."""
 
     def close_here(self) -> None:
         """Close what ``apply_now`` opened on the calling thread (its connection), and

@@ -393,14 +393,14 @@ class SQLiteStorage:
         self._commit(batch, wait=True)
 
     def apply_now(self, batch: WriteBatch) -> bool:
-        """``apply`` a batch whose ``sync_within`` is set, unless it would wait for a
-        checkpoint that shuts writers out: False then, and nothing was done."""
-        assert batch.sync_within is not None  # an fsync must not hold the caller
-        return self._commit(batch, wait=False)
+        """Commit ``batch`` to the OS only (no fsync, whatever its ``sync_within``),
+        unless it would wait for a checkpoint that shuts writers out: False then, and
+        nothing was done. ``sync`` makes it durable."""
+        return self._commit(batch, wait=False, relaxed=True)
 
-    def _commit(self, batch: WriteBatch, *, wait: bool) -> bool:
+    def _commit(self, batch: WriteBatch, *, wait: bool, relaxed: bool = False) -> bool:
         db = self._db()
-        relaxed = batch.sync_within is not None
+        relaxed = relaxed or batch.sync_within is not None
         try:
             self._limit(db)
             if batch.messages and self.max_size is None:
@@ -494,9 +494,11 @@ class SQLiteStorage:
                 return
         # Every body those commits refer to was appended before they committed.
         self.bodies.sync()
-        if self._wal_fd is None:
-            self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
-        os.fdatasync(self._wal_fd)
+        with self._sync_lock:  # the writer's thread and the syncer's both sync
+            if self._wal_fd is None:
+                self._wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+            fd = self._wal_fd
+        os.fdatasync(fd)
         with self._sync_lock:
             self._synced = max(self._synced, upto)
 
