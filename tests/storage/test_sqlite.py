@@ -331,6 +331,19 @@ def test_a_commit_made_now_from_another_thread_is_read_back_and_never_waits_at_t
         assert Path(store.path + "-wal").exists()  # the writer's connection is open still
         with store._writers_gate:
             assert store.apply_now(batch_of(msg(CH, 3), sync_within=0.05)) is False
+        # Nor for SQLite's own write lock, held by another connection (a shell, a backup
+        # tool): no wait in the busy handler (up to 5 s), False at once.
+        other_db = sqlite3.connect(store.path, isolation_level=None)
+        other_db.execute("BEGIN IMMEDIATE")
+        try:
+            import time
+
+            t0 = time.monotonic()
+            assert store.apply_now(batch_of(msg(CH, 3), sync_within=0.05)) is False
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            other_db.execute("ROLLBACK")
+            other_db.close()
         assert [m.seq for m in store.read_range(CH, 1, 10, 10)] == [1, 2]
         store.apply(batch_of(msg(CH, 3)))  # the writer's connection sees the other's
         assert [m.seq for m in store.read_range(CH, 1, 10, 10)] == [1, 2, 3]

@@ -411,7 +411,10 @@ class SQLiteStorage:
             if not self._writers_gate.acquire(blocking=wait):
                 return False
             try:
-                db.execute("BEGIN IMMEDIATE")
+                if wait:
+                    db.execute("BEGIN IMMEDIATE")
+                elif not self._begin_now(db):
+                    return False
             finally:
                 self._writers_gate.release()
             known = set(self._cids)
@@ -459,6 +462,22 @@ class SQLiteStorage:
                 self._relaxed += 1
             else:  # the WAL was synced through this commit: every frame before it too
                 self._synced = self._relaxed
+        return True
+
+    @staticmethod
+    def _begin_now(db: sqlite3.Connection) -> bool:
+        """BEGIN IMMEDIATE without waiting: False if another connection holds SQLite's
+        write lock (an operator's shell, a backup tool), which the busy handler would
+        wait up to 5 s for: the caller's thread is the event loop."""
+        db.execute("PRAGMA busy_timeout=0")
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+                raise
+            return False
+        finally:
+            db.execute("PRAGMA busy_timeout=5000")
         return True
 
     def _check_in_place(self) -> None:
