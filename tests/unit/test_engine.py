@@ -598,15 +598,23 @@ def test_a_replay_of_a_durable_transaction_commit_is_answered_with_its_result() 
     assert again.get("replayed_channels") == ["orders/v1/1"]
 
 
-def test_a_transaction_commit_carries_its_lineage() -> None:
-    """A writer id bound to one run of batches refuses another run's commit."""
-    e, host, _ = timed_engine()
+def _writer_past_one_commit(e: Engine, host: Host, batch_id: int = 1, lineage: str = ""
+                            ) -> tuple[Session, list[Any]]:
+    """A Spark writer whose first transaction (batch ``batch_id``) is committed and
+    durable, with a second one, t2, staged; and the list its answers go to."""
     writer = Session("spark")
     answers: list[Any] = []
     e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
-    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append, "run-1")
+    e.commit_txns(writer, "job", batch_id, ["t1"], answers.append, answers.append, lineage)
     e.committed(host.writes.pop())
     e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    return writer, answers
+
+
+def test_a_transaction_commit_carries_its_lineage() -> None:
+    """A writer id bound to one run of batches refuses another run's commit."""
+    e, host, _ = timed_engine()
+    writer, answers = _writer_past_one_commit(e, host, lineage="run-1")
     with pytest.raises(RequestError) as refused:
         e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
     assert refused.value.code == ErrorCode.BAD_REQUEST
@@ -617,12 +625,7 @@ def test_a_transaction_commit_carries_the_fence_its_writer_believes_in() -> None
     """``after``: the batch covers (after, batch_id]; a fence inside that range (another
     session of the writer committed part of it) refuses the commit."""
     e, host, _ = timed_engine()
-    writer = Session("spark")
-    answers: list[Any] = []
-    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
-    e.commit_txns(writer, "job", 2, ["t1"], answers.append, answers.append)
-    e.committed(host.writes.pop())
-    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    writer, answers = _writer_past_one_commit(e, host, batch_id=2)
     with pytest.raises(OutOfSequence) as refused:
         e.commit_txns(writer, "job", 5, ["t2"], answers.append, answers.append, after=1)
     assert refused.value.detail["fence"] == 2 and refused.value.detail["after"] == 1
@@ -831,12 +834,7 @@ def test_a_nack_without_options_redelivers_at_once_and_first() -> None:
 
 def test_a_transaction_commit_without_a_lineage_binds_none() -> None:
     e, host, _ = timed_engine()
-    writer = Session("spark")
-    answers: list[Any] = []
-    e.core.stage(writer, "t1", [Send("orders/v1/1", b"1")], 100.0)
-    e.commit_txns(writer, "job", 1, ["t1"], answers.append, answers.append)
-    e.committed(host.writes.pop())
-    e.core.stage(writer, "t2", [Send("orders/v1/1", b"2")], 100.0)
+    writer, answers = _writer_past_one_commit(e, host)
     e.commit_txns(writer, "job", 2, ["t2"], answers.append, answers.append, "run-2")
     e.committed(host.writes.pop())
     assert all(isinstance(a, dict) for a in answers) and len(answers) == 2
