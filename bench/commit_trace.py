@@ -7,11 +7,14 @@ report it writes ``--report-after`` seconds after its start:
     .venv/bin/python bench/latency_probe.py minou://127.0.0.1:7794 --rate 2000 -n 10000
     cat /tmp/trace_report.txt
 
-Steps (ms: p50, p90, p99, mean): recv_to_handoff (the last publish received -> its
-commit handed to the writer: mostly waiting for the commit in progress), handoff
-(``write()`` called -> ``apply`` starts in the writer thread), apply (SQLite), back
-(``apply`` done -> the loop runs the done callback), committed_to_deliver (-> the first
-delivery written to a socket).
+Steps (ms: p50, p90, p99, mean): busy_at_recv (how long the commit in progress had
+been running when a publish came: 0 when none ran), recv_to_handoff (the last publish
+received -> its commit handed over: mostly waiting for the commit in progress), handoff
+(``write()`` called -> SQLite starts: ``apply`` in the writer thread, or ``apply_now``
+on the loop a turn later for a small batch), apply (SQLite), apply_to_sync and sync
+(a small batch committed on the loop: -> the writer thread's ``fdatasync`` starts, and
+its length), back (the last of those done -> the loop runs the done callback),
+committed_to_deliver (-> the first delivery written to a socket).
 """
 
 from __future__ import annotations
@@ -28,8 +31,25 @@ from minou.server import app as appmod
 from minou.server import connection as connmod
 
 STEPS: dict[str, list[float]] = {k: [] for k in (
-    "recv_to_handoff", "handoff", "apply", "back", "committed_to_deliver")}
-_last: dict[str, float | None] = {"recv": None, "committed": None}
+    "busy_at_recv", "recv_to_handoff", "handoff", "apply", "apply_to_sync", "sync", "back",
+    "committed_to_deliver")}
+_last: dict[str, Any] = {"recv": None, "committed": None, "busy_since": None, "batch": None}
+
+
+def _timed(storage: Any, name: str, start: str, end: str) -> None:
+    """Wrap ``storage.<name>`` to stamp the batch being written with its start and end
+    (one batch is written at a time: the engine's rule)."""
+    inner = getattr(storage, name)
+
+    def timed(*args: Any) -> Any:
+        batch = args[0] if args else _last["batch"]
+        setattr(batch, start, time.perf_counter())
+        try:
+            return inner(*args)
+        finally:
+            setattr(batch, end, time.perf_counter())
+
+    setattr(storage, name, timed)
 
 
 def patch() -> None:
@@ -38,34 +58,40 @@ def patch() -> None:
     send_deliveries = connmod.NativeConnection.send_deliveries
 
     def traced_on_publish(self: Any, frame: Any) -> None:
-        _last["recv"] = time.perf_counter()
+        now = _last["recv"] = time.perf_counter()
+        busy = _last["busy_since"]
+        STEPS["busy_at_recv"].append(0.0 if busy is None else now - busy)
         on_publish(self, frame)
 
     def traced_write(self: Any, batch: Any) -> None:
         now = time.perf_counter()
+        _last["busy_since"], _last["batch"] = now, batch
         if batch.messages and _last["recv"] is not None:
             STEPS["recv_to_handoff"].append(now - _last["recv"])
         storage = self.storage
         if not getattr(storage, "_traced", False):
-            apply = storage.apply
-
-            def traced_apply(b: Any) -> Any:
-                b._t_start = time.perf_counter()
-                try:
-                    return apply(b)
-                finally:
-                    b._t_end = time.perf_counter()
-
-            storage.apply, storage._traced = traced_apply, True
+            # The writer thread's commit (apply), or the loop's (apply_now) followed by
+            # the writer thread's fdatasync (sync): docs/reliability.md.
+            _timed(storage, "apply", "_t_start", "_t_end")
+            if hasattr(storage, "apply_now"):
+                _timed(storage, "apply_now", "_t_start", "_t_end")
+                _timed(storage, "sync", "_t_sync", "_t_synced")
+            storage._traced = True
         batch._t_hand = now
         write(self, batch)
 
     def traced_committed(self: Any, fut: Any, batch: Any, started: float) -> None:
         now = time.perf_counter()
+        _last["busy_since"] = None
         if hasattr(batch, "_t_end"):
             STEPS["handoff"].append(batch._t_start - batch._t_hand)
             STEPS["apply"].append(batch._t_end - batch._t_start)
-            STEPS["back"].append(now - batch._t_end)
+            last = batch._t_end
+            if batch.sync_within is None and hasattr(batch, "_t_synced"):
+                STEPS["apply_to_sync"].append(batch._t_sync - batch._t_end)
+                STEPS["sync"].append(batch._t_synced - batch._t_sync)
+                last = batch._t_synced
+            STEPS["back"].append(now - last)
         if batch.messages:
             _last["committed"] = now
         committed(self, fut, batch, started)
