@@ -16,13 +16,20 @@ from typing import Any
 
 
 def fdatasync_latency(directory: str | os.PathLike[str], n: int = 2000,
-                      size: int = 4096) -> dict[str, Any]:
+                      size: int = 4096, *, overwrite: bool = False) -> dict[str, Any]:
     """p50, p99 and max (ms) of ``n`` appends of ``size`` bytes, each made durable with
-    fdatasync, in a temporary file in ``directory`` (removed after)."""
+    fdatasync, in a temporary file in ``directory`` (removed after). ``overwrite``:
+    writes over a file written out (and synced) first, as minou's SQLite storage writes
+    its WAL (docs/reliability.md): the fdatasync has no new file size to make durable."""
     block = os.urandom(size)
     fd, name = tempfile.mkstemp(prefix="fsync-probe-", dir=directory)
     times: list[int] = []
     try:
+        if overwrite:
+            for _ in range(n):
+                os.write(fd, block)
+            os.fsync(fd)
+            os.lseek(fd, 0, os.SEEK_SET)
         for _ in range(n):
             t0 = time.perf_counter_ns()
             os.write(fd, block)
@@ -44,4 +51,6 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(fdatasync_latency(sys.argv[1] if len(sys.argv) > 1 else ".")))
+    where = sys.argv[1] if len(sys.argv) > 1 else "."
+    print(json.dumps({"append": fdatasync_latency(where),
+                      "overwrite": fdatasync_latency(where, overwrite=True)}))

@@ -360,3 +360,98 @@ def test_a_commit_made_now_from_another_thread_is_read_back_and_never_waits_at_t
         assert [r.next_seq for r in snap.channels if r.name == CH] == [5]
     finally:
         again.close()
+
+
+def _copy_as_after_a_crash(store: SQLiteStorage, to: Path) -> str:
+    """The database, WAL and all, as a killed process leaves them (its connections
+    never closed, so nothing was folded in): copied while the store is still open."""
+    to.mkdir()
+    for suffix in ("", "-wal"):
+        Path(str(to / "minou.db") + suffix).write_bytes(Path(store.path + suffix).read_bytes())
+    return str(to)
+
+
+def test_the_wal_is_written_out_at_open_and_commits_write_over_it(tmp_path: Path) -> None:
+    """Written out to half the checkpoint threshold at open, the WAL keeps its size
+    while commits go in (they write over its zeros: no size for an fdatasync to make
+    durable), and a store opened from it as a crash left it reads every commit."""
+    store = SQLiteStorage(tmp_path / "a", wal_limit=8 << 20)
+    store.open(NOW)
+    try:
+        assert store.wal_bytes() == 4 << 20
+        for seq in range(1, 201):
+            store.apply(batch_of(msg(CH, seq, b"x" * 300)))
+        assert store.wal_bytes() == 4 << 20
+        crashed = _copy_as_after_a_crash(store, tmp_path / "b")
+    finally:
+        store.close()
+    again = SQLiteStorage(crashed, wal_limit=8 << 20)
+    snap = again.open(NOW)
+    try:
+        assert [m.seq for m in again.read_range(CH, 1, 1000, 1000)] == list(range(1, 201))
+        assert {r.name: r.next_seq for r in snap.channels}[CH] == 201
+        again.apply(batch_of(msg(CH, 201, b"y")))  # what the crash left is written on
+        assert [m.data for m in again.read_range(CH, 200, 202, 10)] == [b"x" * 300, b"y"]
+    finally:
+        again.close()
+    assert _integrity(str(Path(crashed) / "minou.db")) == "ok"
+
+
+def test_the_wal_a_crash_left_is_kept_and_only_grown(tmp_path: Path) -> None:
+    """A WAL with commits in it (no clean stop) is never written over at open: the
+    zeros go past its end, and every commit in it is read back."""
+    store = SQLiteStorage(tmp_path / "a", wal_limit=1 << 20)  # written out to 512 KiB
+    store.open(NOW)
+    try:
+        for seq in range(1, 301):  # ~1.2 MiB of frames: past what was written out
+            store.apply(batch_of(msg(CH, seq, b"x" * 3000)))
+        grown = store.wal_bytes()
+        assert grown > 512 << 10
+        crashed = _copy_as_after_a_crash(store, tmp_path / "b")
+    finally:
+        store.close()
+    again = SQLiteStorage(crashed, wal_limit=8 << 20)  # a larger threshold now
+    again.open(NOW)
+    try:
+        assert again.wal_bytes() == 4 << 20
+        assert [m.seq for m in again.read_range(CH, 1, 1000, 1000)] == list(range(1, 301))
+    finally:
+        again.close()
+
+
+def test_under_a_quota_the_wal_is_not_written_out(tmp_path: Path) -> None:
+    store = SQLiteStorage(tmp_path, max_size=64 << 20)
+    store.open(NOW)
+    try:
+        assert store.wal_bytes() < 1 << 20
+    finally:
+        store.close()
+
+
+def test_an_idle_checkpoint_keeps_the_written_out_wal_while_the_disk_has_room(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle with room to spare: the WAL is folded in and started over, its file kept (the
+    next commits write over it). On a crowded disk it is cut, and written out again
+    at an idle moment once there is room."""
+    store = SQLiteStorage(tmp_path, wal_limit=8 << 20)
+    store.open(NOW)
+    try:
+        for seq in range(1, 51):
+            store.apply(batch_of(msg(CH, seq, b"x" * 300)))
+        start = _wal_restarts(store)
+        store.checkpoint(truncate=True)
+        assert store.wal_bytes() == 4 << 20
+        store.apply(batch_of(msg(CH, 51, b"y")))
+        assert _wal_restarts(store) == start + 1  # written from its start again
+        monkeypatch.setattr(store, "keeps_wal", lambda: False)  # the disk fills up
+        store.checkpoint(truncate=True)
+        assert store.wal_bytes() == 0
+        store.apply(batch_of(msg(CH, 52, b"z")))
+        monkeypatch.undo()  # room again
+        store.checkpoint(truncate=True)
+        assert store.wal_bytes() == 4 << 20
+        store.apply(batch_of(msg(CH, 53, b"w")))
+        assert [m.seq for m in store.read_range(CH, 1, 100, 100)] == list(range(1, 54))
+    finally:
+        store.close()
+    assert _integrity(store.path) == "ok"

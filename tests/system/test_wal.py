@@ -117,6 +117,47 @@ def test_a_failing_checkpoint_is_one_log_line_not_a_traceback_a_tick(tmp_path, c
     assert not any("never retrieved" in r.getMessage() for r in caplog.records)
 
 
+def test_an_idle_broker_folds_the_kept_wal_in_once_per_idle_spell(tmp_path):
+    """The WAL written out ahead is kept while idle (the disk has room): the first idle
+    tick folds it in, the next ones have nothing to do until a commit comes again."""
+    import asyncio
+
+    from minou.config import Settings
+    from minou.server.app import BrokerServer
+
+    calls: list[bool] = []
+
+    async def scenario() -> None:
+        server = BrokerServer(Settings(data_dir=str(tmp_path / "d"), port=0, http_port=None,
+                                       auth_mode="off"))
+        await server.start()
+        try:
+            assert server.storage.keeps_wal() and server.storage.wal_bytes() > 0
+            assert server.status()["storage"]["wal_bytes"] == server.storage.wal_bytes()
+            while server.engine.committing:  # what the start stored
+                await asyncio.sleep(0.01)
+            checkpoint = server.storage.checkpoint
+
+            def counted(truncate: bool = False, *, restart: bool = False) -> None:
+                calls.append(truncate)
+                checkpoint(truncate, restart=restart)
+
+            server.storage.checkpoint = counted  # type: ignore[method-assign]
+            for tick in range(3):
+                server._maybe_checkpoint(time.time() + 10 + tick)
+                await asyncio.sleep(0.05)
+            assert calls == [True]
+            server._last_commit_at = time.time()  # a commit: the next idle spell folds again
+            server._maybe_checkpoint(time.time() + 10)
+            await asyncio.sleep(0.05)
+            assert calls == [True, True]
+            assert server.storage.wal_bytes() > 0  # kept
+        finally:
+            await server.stop()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("durability", ["fsync", "interval"])
 def test_a_stopped_broker_leaves_no_wal_behind(broker_factory, tmp_path, durability):
     """A stop closes every connection the broker opened, the event loop's own (small

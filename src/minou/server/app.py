@@ -284,6 +284,7 @@ class BrokerServer:
         self.lookups = ClientLookups(settings.max_offsets_at_per_client)
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         self._checkpoint: asyncio.Future[None] | None = None
+        self._idle_checkpoint_after = -1.0  # the last commit's time at the last idle one
         self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
         # Every door's commands, commits, answers and deliveries (engine.py: no I/O; this
         # server is its Host: the writer thread, the reader thread, the loop's timers).
@@ -1021,6 +1022,13 @@ class BrokerServer:
                 "syncs_late": sync.late, "commits_on_loop": self.commits_here,
                 "commits_on_loop_slow": self.commits_here_slow}
 
+    def _wal_status(self) -> dict[str, Any]:
+        """The write-ahead log's file (SQLite): part of ``bytes``; kept written out ahead
+        while the disk has room (docs/reliability.md), so an empty broker has ~32 MiB."""
+        if not isinstance(self.storage, Housekeeping):
+            return {}
+        return {"wal_bytes": self.storage.wal_bytes()}
+
     def _body_file_status(self) -> dict[str, Any]:
         """Large bodies kept beside the database (SQLite): how many files, how big."""
         bodies = getattr(self.storage, "bodies", None)
@@ -1298,8 +1306,10 @@ class BrokerServer:
         and a RESTART one whenever what the WAL holds since it last started over is past
         half again (the file is written over from its start: it stops growing), or at
         once while it crowds a nearly full disk; when idle a TRUNCATE one (the file is
-        cut: the disk given back while no commit waits for it). Checkpoints compete with
-        commits for the disk: one at a time."""
+        cut: the disk given back while no commit waits for it), or, while the disk has
+        room to spare, one RESTART per idle spell (the file kept, written out ahead:
+        ``SQLiteStorage.keeps_wal``). Checkpoints compete with commits for the disk: one
+        at a time."""
         if not isinstance(self.storage, Housekeeping):
             return
         if self._checkpoint is not None and not self._checkpoint.done():
@@ -1309,14 +1319,24 @@ class BrokerServer:
             return
         idle = now - self._last_commit_at > 2.0
         crowded = self._wal_crowds_disk(wal)
+        if idle and not crowded and self._idle_checkpoint_after == self._last_commit_at \
+                and self.storage.keeps_wal():
+            return  # folded in once since the last commit, the file kept: nothing to do
         if idle or crowded or wal > self.settings.storage_wal_checkpoint // 2:
             assert self.loop is not None
             self._checkpoint = self.loop.run_in_executor(
                 self._house_pool, partial(self.storage.checkpoint, idle, restart=crowded))
-            # Its failure is a line in the log (rate-limited), not a traceback a tick.
             self._checkpoint.add_done_callback(
-                lambda fut: fut.cancelled() or fut.exception() is None
-                or oplog.checkpoint_failed(fut.exception()))  # type: ignore[arg-type]
+                partial(self._checkpointed, self._last_commit_at if idle else None))
+
+    def _checkpointed(self, idle_after: float | None, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:  # a line in the log (rate-limited), not a traceback a tick
+            oplog.checkpoint_failed(exc)
+        elif idle_after is not None:
+            self._idle_checkpoint_after = idle_after
 
     def _wal_crowds_disk(self, wal: int) -> bool:
         """Whether the WAL holds more than a quarter of what the disk has left: on a
@@ -1470,6 +1490,7 @@ class BrokerServer:
             "storage": {"bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": self.commit_seconds_total,
                         **self._sync_status(), **self._body_file_status(),
+                        **self._wal_status(),
                         "full": int(self.storage_full is not None),
                         "unavailable": int(self.storage_down is not None),
                         "unavailable_commits": self.storage_down_commits},
@@ -1715,6 +1736,7 @@ class BrokerServer:
                         "bytes": self.storage.size_bytes(), "commits": self.commits,
                         "commit_seconds": round(self.commit_seconds_total, 3),
                         **self._sync_status(), **self._body_file_status(),
+                        **self._wal_status(),
                         "max_size": self.storage.max_size,
                         "full": self.storage_full.message if self.storage_full else None,
                         "full_commits": self.storage_full_commits,

@@ -67,6 +67,10 @@ class Housekeeping(Protocol):
     def wal_bytes(self) -> int:
         """Bytes waiting in the write-ahead log."""
 
+    def keeps_wal(self) -> bool:
+        """Whether the log's file is kept while idle (``truncate`` then frees nothing):
+        the disk has room to spare."""
+
 
 @runtime_checkable
 class Syncing(Protocol):

@@ -132,7 +132,8 @@ export function mount(view) {
     setText(sUptime.value, fmtDuration(st.uptime_s));
     const storage = st.storage || {};
     setText(sStorage.value, `${storage.backend || "?"} · ${fmtBytes(storage.bytes)}`);
-    setText(sStorage.extra, storage.commits != null ? `${fmtInt(storage.commits)} commits` : "");
+    const wal = storage.wal_bytes != null ? ` · WAL file ${fmtBytes(storage.wal_bytes)}` : "";
+    setText(sStorage.extra, storage.commits != null ? `${fmtInt(storage.commits)} commits${wal}` : "");
     sStorage.value.title = storage.path || "";
     setText(sConns.value, String(st.connections ?? "—"));
     setText(sConns.extra, st.auth ? `auth: ${st.auth.mode}` : "");
