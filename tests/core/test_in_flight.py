@@ -179,6 +179,21 @@ def test_the_limit_set_again_by_a_reload_applies_to_the_next_delivery() -> None:
     assert seqs(h.take(sub)) == [3, 4, 5, 6]
 
 
+def test_a_reload_lowering_the_limit_to_exactly_what_readers_hold_fills_the_pool() -> None:
+    """Reaching the limit fills the pool (as a delivery that reaches it does): a reader
+    holding past its share then waits."""
+    h = harness(share=WEIGHT)
+    c = Session("c")
+    sub = h.subscribe(c, patterns=CH, group="g", prefetch=4)
+    h.publish(*big(6))
+    assert seqs(h.take(sub)) == [1, 2, 3, 4]  # its prefetch: the pool far from full
+    h.broker.in_flight.configure(4 * WEIGHT, WEIGHT)
+    assert h.broker.in_flight.full
+    sub.prefetch = 100
+    h.broker.mark_ready(sub.group)
+    assert h.take(sub) == []
+
+
 def _settle_paths() -> dict[str, Callable[[Harness, Session, Subscription, list[Delivery]],
                                           None]]:
     def ack(h: Harness, s: Session, sub: Subscription, out: list[Delivery]) -> None:
