@@ -218,6 +218,10 @@ def test_runs_added_below_forgotten_ones_answer_as_a_set() -> None:
         runs, model = _below_forgotten_runs()
         assert runs.drop_from(seq) == len([s for s in model if s >= seq])
         check(runs, {s for s in model if s < seq})
+    for seq in (0, 10, 15, 20, 35, 45, 61, 392, 400):
+        runs, model = _below_forgotten_runs()
+        assert runs.drop_below(seq) == len([s for s in model if s < seq])
+        check(runs, {s for s in model if s >= seq})
 
 
 def test_forgetting_every_run_frees_the_arrays() -> None:
