@@ -612,6 +612,19 @@ def test_commit_answers_are_bounded_per_client_and_in_all_oldest_first(tmp_path)
     again.storage.close()  # type: ignore[union-attr]
 
 
+def test_an_id_committed_again_keeps_the_newest_answer_and_its_age() -> None:
+    """A writer may commit a transaction id again (staged anew after its commit): its
+    answer is then the newest, so the bounds and the expiry take the others first."""
+    t = Transactions(max_answers_per_client=2)
+    t.remember("a", "t1", 0.0, {"published": 1})
+    t.remember("a", "t2", 1.0, {"published": 2})
+    assert t.remember("a", "t1", 2.0, {"published": 3}) == []
+    assert t.answered("a", ["t1"]) == {"published": 3}
+    assert t.expire(1.0 + STAGED_TTL_S + 0.5) == [("a", "t2")]  # t1 is an hour old later
+    t.remember("a", "t2", 3.0, {"published": 4})
+    assert t.remember("a", "t3", 4.0, {"published": 5}) == [("a", "t1")]  # the oldest
+
+
 def test_answers_read_back_past_the_bounds_are_forgotten_and_their_rows_go(tmp_path) -> None:
     """A store written under wider bounds (an older broker) is cut to them at the
     start, oldest first (storage reads them by name, not by age); the rows of the
