@@ -160,6 +160,21 @@ def test_publish_time_delay_after_a_replay_reset() -> None:
     assert payloads(h.take(sub)) == ["later"]
 
 
+def test_a_delayed_message_is_released_on_time_whatever_its_seq() -> None:
+    """The tick compares the due time with the clock: here the message's seq (21) is
+    past the clock's seconds (5), and nothing else wakes the reader."""
+    h = Harness(now=0.0)
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=100)
+    h.publish(*(send(CH, f"m{i}") for i in range(20)), send(CH, "later", delay=5.0))
+    h.ack(s, h.take(sub))
+    h.tick(4.9)
+    assert h.pump() == {}
+    h.tick(0.1)
+    (d,) = h.take(sub)
+    assert (payloads([d]), d.seq) == (["later"], 21)
+
+
 def test_delayed_message_reaches_a_late_reader_once_something_else_wakes_the_channel() -> None:
     h = Harness()
     h.publish(send(CH, "later", delay=10.0))
