@@ -243,6 +243,10 @@ def test_a_restored_delayed_retry_waits_for_its_time_when_the_floor_reaches_it(
     h2.ack(b, [d])
     h2.tick(100.0)
     assert h2.take(sub2) == []
+    # Past the retry, the floor leaves it behind; the cursor goes on reading
+    h2.commit()
+    h2.publish_values(CH, [5])
+    assert [d.seq for d in h2.take(sub2)] == [5]
 
 
 def test_a_priority_message_nacked_with_a_delay_waits_for_its_time_after_a_restart(
