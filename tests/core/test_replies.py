@@ -53,6 +53,10 @@ def test_inbox_names_encode_the_client_and_split_at_the_bang() -> None:
     assert inbox_of("a b!c", "x") == "_inbox/v1/a%20b%21c!x"
     assert inbox_owner("_inbox/v1/a%20b%21c!x") == "a b!c"
     assert inbox_owner("_dead/_inbox/v1/a%20b%21c") == "a b!c"
+    assert inbox_owner("_inbox/v1/c!x!y") == "c"  # the first bang: an instance may hold one
+    # A "/" is escaped too (ids registered before "/" was refused in new ones)
+    assert inbox_of("team/a", "x") == "_inbox/v1/team%2Fa!x"
+    assert inbox_owner("_inbox/v1/team%2Fa!x") == "team/a"
     assert inbox_owner("_inbox/v1/*") is None
     assert inbox_owner("_inbox/v2/a") is None
     assert inbox_owner("orders/v1/a") is None
