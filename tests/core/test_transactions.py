@@ -16,6 +16,7 @@ from minou.core.transactions import (
     staged_weight,
 )
 from minou.errors import BadRequest, NotAuthorized, NotFound, OutOfSequence, QueueFull
+from minou.limits import MAX_TXN_ID
 from minou.names import FEDERATED_FROM, FEDERATED_SEQ
 from minou.protocol.frames import Send
 from minou.storage.sqlite import SQLiteStorage
@@ -904,12 +905,22 @@ def test_a_commit_naming_no_transaction_binds_no_lineage_either() -> None:
                                 lineage="query-1")["published"] == 1
 
 
-@pytest.mark.parametrize("writer", ["a\x00b", "job\u202e", "my job", "line\nbreak"])
-def test_a_new_writer_id_must_be_printable_without_spaces(writer: str) -> None:
+@pytest.mark.parametrize(("writer", "character"), [
+    ("a\x00b", "U+0000"), ("job\u202e", "U+202E"), ("my job", "U+0020"),
+    ("line\nbreak", "U+000A"), ("a/b c", "U+0020")])  # ("/" is allowed in a writer id)
+def test_a_new_writer_id_must_be_printable_without_spaces(writer: str, character: str
+                                                          ) -> None:
     t = Transactions()
     with pytest.raises(BadRequest) as caught:
         t.check_writer("c", writer)
-    assert "printable" in caught.value.message and caught.value.detail["character"]
+    assert "printable" in caught.value.message
+    assert caught.value.detail["character"] == character  # the first one refused
+
+
+def test_a_new_writer_id_too_long_is_refused_with_the_limit() -> None:
+    with pytest.raises(BadRequest) as caught:
+        Transactions().check_writer("c", "w" * (MAX_TXN_ID + 1))
+    assert caught.value.detail["limit"] == MAX_TXN_ID
 
 
 def test_one_client_owns_at_most_max_writers_per_client_writer_ids(monkeypatch) -> None:
