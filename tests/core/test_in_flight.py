@@ -6,6 +6,7 @@ one message when it holds nothing, and every way a delivery ends gives its bytes
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -407,3 +408,37 @@ def test_the_diagnosis_names_the_broker_wide_byte_bound_when_it_stops_consumers(
         "2 of 2 consumer(s) hold as many bytes of unsettled messages as they may (the "
         "broker's consumers hold 2 MiB of unsettled messages together (in_flight_bytes "
         "is 2 MiB)): they hold 10 message(s) in flight and get more as they ack.")
+
+
+def test_a_drain_wakes_the_settling_group_last_though_the_settling_member_was_not_stopped(
+        ) -> None:
+    """The pool drains on the settlement of a member under the cap whose group the full
+    pool stopped (another member of it was at the cap): that group is woken too, after
+    the others, not left for whoever settled to mark ready."""
+    from dataclasses import dataclass, field
+
+    from minou.core.in_flight import InFlightBytes
+
+    @dataclass(eq=False)
+    class Group:
+        members: list[Any] = field(default_factory=list)
+
+    @dataclass(eq=False)
+    class Member:
+        held: int
+        group: Group
+
+    woken: list[Any] = []
+    first: list[list[Any]] = []
+    pool = InFlightBytes(woken.append, lambda groups: first.append(list(groups)))
+    pool.configure(limit=16, share=4, per_subscription=100)
+    a, b = Group(), Group()
+    a.members = [Member(6, a), Member(3, a)]  # one at the cap, one under it
+    b.members = [Member(7, b)]
+    pool.total = 16
+    pool.reached()
+    pool.over(a)
+    pool.over(b)
+    pool.give_back(a.members[1], 3)  # under the cap: nothing of its own to wake
+    assert not pool.full and woken == []
+    assert first == [[b, a]]

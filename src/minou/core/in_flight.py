@@ -101,7 +101,8 @@ class InFlightBytes:
         if not self.stopped:
             return
         stopped, self.stopped = self.stopped, {}
-        last = stopped.pop(settling, None) is not None
+        last = settling in stopped  # (its value is None: pop's result says nothing)
+        stopped.pop(settling, None)
         order = sorted(stopped, key=_least_held)
         if last:
             order.append(settling)
