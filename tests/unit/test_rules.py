@@ -443,6 +443,36 @@ def test_bounded_caches_do_not_change_answers(monkeypatch: pytest.MonkeyPatch) -
     assert len(rules._access) <= 3 and len(rules._exclusive_seen) <= 3
 
 
+def test_a_target_seen_once_is_answered_from_the_cache_without_deciding_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # check_write runs for every published message and is_exclusive for every concrete
+    # subscription: once a target has been seen, its answer must be one dict lookup, not a
+    # new walk over the patterns (a cache stored under the wrong key, or never read, gives
+    # the same answers, only recomputed each time).
+    decided: list[str] = []
+    for name in ("_decide_write", "_decide_read"):
+        real = getattr(Access, name)
+        monkeypatch.setattr(Access, name, lambda self, target, real=real, name=name: (
+            decided.append(f"{name} {target}"), real(self, target))[1])
+    matched: list[str] = []
+    real_matches = rules_mod.Pattern.matches
+    monkeypatch.setattr(rules_mod.Pattern, "matches", lambda self, channel: (
+        matched.append(channel), real_matches(self, channel))[1])
+    rules = Rules.parse(EXAMPLE)
+    access = rules.for_client("billing-7")
+    for _ in range(3):
+        access.check_write("invoice/v1/1")
+        assert not access.may_write("orders/v1/1")
+        access.check_read("orders/*")
+        assert not access.may_read("invoice/*")
+        assert rules.is_exclusive("invoice/v1/1") is True
+        assert rules.is_exclusive("orders/v1/1") is False
+    assert decided == ["_decide_write invoice/v1/1", "_decide_write orders/v1/1",
+                       "_decide_read orders/*", "_decide_read invoice/*"]
+    # Two exclusive patterns to try ("invoice/*" and its dead letters'), once per channel.
+    assert matched == ["invoice/v1/1", "orders/v1/1", "orders/v1/1"]
+
+
 def test_accesses_do_not_share_caches() -> None:
     rules = Rules.parse([{"client": "w", "write": ["a/*"]}, {"client": "r", "read": ["a/*"]}])
     assert rules.for_client("w").may_write("a/v1/1")
