@@ -927,30 +927,28 @@ def test_flow_pauses_count_each_pause_of_a_publisher() -> None:
 
 
 # ------------------------------------------- commit timing and flow-control bounds
-def test_publishes_stop_flowing_exactly_two_settle_delays_after_their_last_commit() -> None:
-    def committed_at_1() -> CommitScheduler:
-        s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
-                            resume_bytes=100)  # times exact in binary
-        publish(s)
-        batch = s.take()
-        assert batch is not None
-        s.committed(batch, 1.0, 1.0)
-        return s
+def _publish_committed_at_1() -> CommitScheduler:
+    """A scheduler (settle_delay 0.25: times exact in binary) that committed a publish
+    at t=1.0."""
+    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
+                        resume_bytes=100)
+    publish(s)
+    batch = s.take()
+    assert batch is not None
+    s.committed(batch, 1.0, 1.0)
+    return s
 
-    assert committed_at_1().request(1.25, urgent=False) == "timer"  # flowing: ride along
+
+def test_publishes_stop_flowing_exactly_two_settle_delays_after_their_last_commit() -> None:
+    assert _publish_committed_at_1().request(1.25, urgent=False) == "timer"  # ride along
     # The first ask 2 * settle_delay after it (nothing staged before waits to ride along).
-    assert committed_at_1().request(1.5, urgent=False) == "now"  # no longer flowing
+    assert _publish_committed_at_1().request(1.5, urgent=False) == "now"  # not flowing
 
 
 def test_state_waits_settle_delay_from_when_it_was_staged_not_from_the_timer() -> None:
     """The timer armed for an ack that a publish commit took since must not commit the
     next ack alone at once: that one waits its own settle_delay for a publish commit."""
-    s = CommitScheduler(Broker(), settle_delay=0.25, pause_bytes=lambda: 1000,
-                        resume_bytes=100)  # times exact in binary
-    publish(s)
-    first = s.take()
-    assert first is not None
-    s.committed(first, 1.0, 1.0)
+    s = _publish_committed_at_1()
     s.core.subscribe(Session("c"), 1, kind="consume", patterns=["orders/v1/1"], group="g",
                      prefetch=10, now=1.0)
     assert s.request(1.0, urgent=False) == "timer"  # armed at 1.0 for 1.25
