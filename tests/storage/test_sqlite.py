@@ -455,3 +455,35 @@ def test_an_idle_checkpoint_keeps_the_written_out_wal_while_the_disk_has_room(
     finally:
         store.close()
     assert _integrity(store.path) == "ok"
+
+
+def test_a_disk_that_fills_while_the_wal_is_written_out_leaves_it_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC part way: the zeros written are given back, storage opens all the same and
+    commits go on (appending, as without the write-out)."""
+    import errno
+    import os as real_os
+
+    from minou.storage import sqlite as sqlite_mod
+
+    written = [0]
+    pwrite = real_os.pwrite  # the module's own, before it is patched
+
+    def filling(fd: int, data: bytes, offset: int) -> int:
+        if real_os.readlink(f"/proc/self/fd/{fd}").endswith("-wal"):
+            if written[0] >= 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            written[0] += 1
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(sqlite_mod.os, "pwrite", filling)
+    store = SQLiteStorage(tmp_path, wal_limit=8 << 20)
+    store.open(NOW)
+    monkeypatch.undo()
+    try:
+        assert written[0] == 2 and store.wal_bytes() < 1 << 20  # cut back to where it was
+        for seq in range(1, 21):
+            store.apply(batch_of(msg(CH, seq, b"x" * 300)))
+        assert [m.seq for m in store.read_range(CH, 1, 100, 100)] == list(range(1, 21))
+    finally:
+        store.close()
