@@ -690,6 +690,7 @@ def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
     and publish, and once it ends nothing of those connections stays: no connection,
     no long poll waiting, no descriptor, the one group, nothing logged."""
     import asyncio
+    import contextlib
     import os
 
     us = start(tmp_path, "us", KEEP)
@@ -697,8 +698,18 @@ def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
     with us.connect_sync("talk") as talk:
         talk.send_many([(f"chat/v1/{i}", i) for i in range(4)])
 
+    def held() -> list[str]:
+        out = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(FileNotFoundError):  # closed while listed
+                out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        return sorted(out)
+
     def fds() -> int:
-        return len(os.listdir(f"/proc/{pid}/fd"))
+        # SQLite's files are opened once per thread that touches storage (the loop, the
+        # writer, the reader, the checkpointer: at most four, some only when first
+        # needed), never per connection: what a connection could leak is the rest.
+        return sum(1 for path in held() if "/minou.db" not in path)
 
     async def one() -> None:
         c = await us.connect("bridge", reconnect=False)
@@ -739,6 +750,7 @@ def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
         await other.close()
         return made, served
 
+    before_held = held()
     before = fds()
     lines = len(us.output.splitlines())
     try:
@@ -753,7 +765,14 @@ def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
             st = admin.admin("status")
         assert st["long_polls"] == {} and st["groups"] == 1, st
         assert st["transactions"]["staged"] == 0
-        assert fds() <= before + 2, (before, fds())  # the admin's socket, and slack
+        # The admin's socket is closed by the broker a moment after the client's, and a
+        # housekeeping step (a checkpoint, a disk check) may hold a descriptor for a moment:
+        # a leak is what never goes away.
+        try:
+            wait_until(lambda: fds() <= before + 1, timeout=10, what="descriptors back")
+        except AssertionError:
+            raise AssertionError((before_held, held())) from None
+        assert sum(1 for path in held() if path.endswith("/minou.db")) <= 4, held()
         assert us.output.splitlines()[lines:] == []  # nothing logged per connection
     finally:
         us.stop()
