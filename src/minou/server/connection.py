@@ -597,6 +597,15 @@ class NativeConnection:
         self._reply_after_commit(f.Result(frame.req, {"txn": frame.txn, "staged": held}))
 
     def _on_txn_commit(self, frame: f.TxnCommit) -> None:
+        spread = getattr(self.server, "spread", None)
+        if spread is not None and frame.txns:  # the writer id is one client's everywhere
+            claim = spread.writer_claim(frame.writer_id, self.session.client_id)
+            if claim is not None:
+                claim.add_done_callback(lambda done: self._txn_commit_claimed(frame, done))
+                return
+            # Here too when nothing of it is staged on this broker: the others trust it.
+            self.core.state.transactions.check_writer(self.session.client_id,
+                                                      frame.writer_id)
         if self.front is not None:  # each queue's owner holds its part of a transaction
             self.front.commit_txns(frame)
             return
@@ -611,6 +620,23 @@ class NativeConnection:
                 frame.req, exc,
                 message=f"{exc.message} The transactions are dropped: stage them again.")),
             frame.lineage, frame.after)
+
+    def _txn_commit_claimed(self, frame: f.TxnCommit, claim: asyncio.Future[None]) -> None:
+        """The commit, once its writer id's owner is known on this broker."""
+        if self.closed or claim.cancelled():
+            return
+        try:
+            if (exc := claim.exception()) is not None:
+                raise exc
+            self._on_txn_commit(frame)
+        except RequestError as exc:
+            self._refused(exc)
+            self._error(frame.req, exc)
+        except Exception:  # a bug must cost one request, never the broker
+            log.exception("internal error committing for %s", self.peer)
+            self.server.counters_internal += 1
+            self._send(native_error(frame.req, internal_error()))
+        self.flush()
 
     def commit_present(self, frame: f.TxnCommit, answer: Any) -> None:
         """Commit those of ``frame``'s transactions staged on this broker (queues

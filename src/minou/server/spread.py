@@ -48,6 +48,7 @@ from ..errors import (
     StartupError,
     StorageError,
     StorageFenced,
+    StorageUnavailable,
 )
 from ..storage.redis.keys import shared_base
 from . import placement
@@ -101,6 +102,7 @@ class SpreadRole:
         self._running: set[asyncio.Future[None]] = set()
         self._rebalancing: asyncio.Future[None] | None = None
         self._queues_of: dict[str, str | None] = {}  # channel -> its queue (route_channel)
+        self._writer_claims: dict[str, asyncio.Future[None]] = {}  # writer id -> its binding
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -282,6 +284,35 @@ class SpreadRole:
         if time.monotonic() - self.seen_from < self.lease_s:
             return True
         return self.cut_off and len(self.alive) <= 1
+
+    # ------------------------------------------------------------ Spark writers
+    def writer_claim(self, writer_id: str, client_id: str) -> asyncio.Future[None] | None:
+        """Before the first commit under ``writer_id`` this broker sees: bind the id in
+        Redis to ``client_id`` unless another client has it already, and learn who has
+        it (a future to wait for); None when this broker knows the owner already.
+        Each broker keeps the writers in memory, and one that never held a part of the
+        owner's commits would otherwise give the id to any client committing under it
+        here, whose batch ids would then fence the owner's next batches away."""
+        tx = self.server.core.state.transactions
+        if writer_id in tx.writers:
+            return None
+        pending = self._writer_claims.get(writer_id)
+        if pending is not None:
+            return pending
+        tx.check_writer(client_id, writer_id)  # its name and the client's count first
+        claim = asyncio.ensure_future(self._bind_writer(writer_id, client_id))
+        self._writer_claims[writer_id] = claim
+        claim.add_done_callback(lambda _: self._writer_claims.pop(writer_id, None))
+        return claim
+
+    async def _bind_writer(self, writer_id: str, client_id: str) -> None:
+        try:
+            owner = await self._call(self.server.storage.bind_writer, writer_id, client_id)
+        except StorageError as exc:
+            raise StorageUnavailable(f"cannot bind writer id {writer_id!r} in Redis: "
+                                     f"{exc}") from None
+        # As stored: the shared state is not written again by the commit that follows.
+        self.server.core.state.transactions.writers.setdefault(writer_id, owner)
 
     # ------------------------------------------------------- link credentials
     def link_credential(self, client_id: str) -> str:

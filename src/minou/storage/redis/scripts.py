@@ -486,8 +486,23 @@ redis.call('HDEL', KEYS[1], ARGV[2])
 return 1
 """
 
+# Bind a Spark writer id to the client committing under it first, on every broker at once
+# (queues spread over brokers: each holds the writers in memory, and a broker that never
+# held a part of a writer's commits would otherwise bind the id to whoever came first
+# there). Counted in ``used`` as the shared script counts a record. KEYS[1] the shared
+# ``used`` (its slot); ARGV[1] the shared base, ARGV[2] the writer id, ARGV[3] the
+# client. The client the id belongs to now.
+BIND_WRITER = r"""#!lua flags=allow-oom
+local w = ARGV[1] .. 'writers'
+if redis.call('HSETNX', w, ARGV[2], ARGV[3]) == 1 then
+  redis.call('INCRBY', KEYS[1], 64 + #ARGV[2] + #ARGV[3])
+end
+return redis.call('HGET', w, ARGV[2])
+"""
+
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
                  "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "disown": DISOWN,
-                 "admit": ADMIT, "claim_term": CLAIM_TERM}
+                 "admit": ADMIT, "claim_term": CLAIM_TERM,
+                 "bind_writer": BIND_WRITER}
 READ_SCRIPTS = {"head": HEAD, "page": PAGE, "specials": SPECIALS, "read": READ,
                 "first_at_or_after": FIRST_AT_OR_AFTER, "segments": SEGMENTS}

@@ -426,6 +426,12 @@ class RedisStorage:
                     qs.discard(queue)
         return bool(mine)
 
+    def bind_writer(self, writer_id: str, client_id: str) -> str:
+        """Make Spark writer ``writer_id`` ``client_id``'s in Redis unless it is
+        another's already (atomic: the first broker to ask wins); the client it is."""
+        return reading.text(self._read("bind_writer", self._shared + "used", self._shared,
+                                       writer_id, client_id))
+
     def owners(self) -> dict[str, str]:
         """Every owned queue and the broker owning it (live or not)."""
         with self._redis("reading the owners"):

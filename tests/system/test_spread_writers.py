@@ -1,0 +1,63 @@
+"""Spark writer ids with the queues spread over brokers: a ``writerId`` belongs to the
+client whose commit first used it, on every broker, not only on the brokers that held a
+part of that commit (docs/spark.md: "nobody can move a job's fences and make its next
+batches vanish")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import minou
+from minou.storage.redis.keys import shared_base
+
+from ..conftest import wait_until
+from ..redis_server import REDIS_SERVER, RedisServer
+from .test_spread import owners, publish_all, settled_spread, spread_brokers
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Any:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def test_a_writer_id_bound_on_one_broker_is_refused_to_another_client_on_every_broker(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """The victim commits under writer ``W`` to a queue owned by broker a only; the
+    thief, connected to broker b, commits under ``W`` to a queue b owns with a batch id
+    far ahead. b never held a part of the victim's commit, yet ``W`` is the victim's:
+    refused, and no fence moved (the victim's next batch there is published)."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    publish_all(a, 1)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    by_member: dict[str, list[str]] = {}
+    for q, m in owners(a).items():
+        by_member.setdefault(m, []).append(q)
+    mine = [m for m in by_member if f":{a.port}:" in m]  # member ids name the port
+    assert len(by_member) == 2 and mine, by_member
+    qa = by_member[mine[0]][0]
+    qb = next(q for m, qs in by_member.items() if m != mine[0] for q in qs)
+    with a.connect_sync("victim") as c:
+        c.stage("v1", [(f"{qa}/1", {"n": 100, "q": qa})])
+        assert c.commit_transactions("W", 1, ["v1"])["published"] == 1
+    with b.connect_sync("thief") as c:
+        c.stage("t1", [(f"{qb}/1", {"n": 101, "q": qb})])
+        with pytest.raises(minou.MinouError, match="belongs to client 'victim'"):
+            c.commit_transactions("W", 10**9, ["t1"])
+    with a.connect_sync("thief") as c:  # through a front whose broker knows the owner
+        c.stage("t2", [(f"{qb}/1", {"n": 103, "q": qb})])
+        with pytest.raises(minou.MinouError, match="belongs to client 'victim'"):
+            c.commit_transactions("W", 10**9, ["t2"])
+    stored = redis.client().hget(shared_base("minou") + "writers", "W")
+    assert stored == b"victim"
+    with b.connect_sync("victim") as c:  # the victim's next batch, on b's queue
+        c.stage("v2", [(f"{qb}/1", {"n": 102, "q": qb})])
+        done = c.commit_transactions("W", 2, ["v2"])
+        assert done["published"] == 1 and done["discarded"] == 0, done
