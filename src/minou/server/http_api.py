@@ -489,6 +489,9 @@ class HttpApi:
             "auth": server.settings.auth_mode,
             "accepting": server.accepting,
             "uptime_s": round(time.time() - server.started_at, 3)}
+        spread = getattr(server, "spread", None)
+        if spread is not None:  # how other brokers tell a partition from Redis down
+            body["redis_seen_s"] = round(spread.redis_seen_s(), 3)
         if failed:
             body["reason"] = server.stop_reason
         elif full is not None:  # deliveries and acks go on; publishes are refused

@@ -54,6 +54,7 @@ from ..storage.redis.keys import shared_base
 from . import placement
 from .front import ADOPT, Door, Front
 from .kv import read_buckets
+from .peer_reach import reaches_redis
 from .primary import Server, _reason, broker_info, member_id
 
 log = logging.getLogger("minou.cluster")
@@ -348,7 +349,7 @@ class SpreadRole:
 
     async def keep(self) -> None:
         """Every third of the lease: stay alive, look, adopt and hand over."""
-        last_ok, warned = time.monotonic(), False
+        last_ok, warned, alone = time.monotonic(), False, False
         while True:
             await asyncio.sleep(self.lease_s / 3)
             sent = time.monotonic()
@@ -358,16 +359,29 @@ class SpreadRole:
                 self.cut_off = True
                 out_for = time.monotonic() - last_ok
                 if out_for > self.lease_s and len(self.alive) > 1:
-                    self.stop_serving(f"Redis at {self.server.storage.path} has been out of "
-                                      f"reach for {out_for:.1f} s ({exc}), past the lease, "
-                                      "with other brokers to take its queues over")
-                    return
+                    if await self._others_reach_redis():
+                        self.stop_serving(f"Redis at {self.server.storage.path} has been out "
+                                          f"of reach for {out_for:.1f} s ({exc}), past the "
+                                          "lease, and other brokers reach it to take its "
+                                          "queues over")
+                        return
+                    if not alone:  # Redis itself is down: stopping would serve nobody
+                        alone = True
+                        log.error("spread: Redis at %s has been out of reach for %.1f s "
+                                  "(%s), past the lease, and no other live broker reaches "
+                                  "it either: this broker stays up, delivers nothing and "
+                                  "refuses publishes until Redis answers, then goes on if "
+                                  "no other broker took its queues meanwhile",
+                                  self.server.storage.path, out_for, exc)
+                    continue
                 if not warned and out_for > self.lease_s / 2:
                     warned = True
                     log.error("spread: cannot renew this broker's record on %s: %s",
                               self.server.storage.path, exc)
                 continue
-            last_ok, warned = time.monotonic(), False
+            if alone:
+                log.warning("spread: Redis at %s answers again", self.server.storage.path)
+            last_ok, warned, alone = time.monotonic(), False, False
             # Clients registered, approved, revoked, credentials issued on the others.
             self.server.refresh_registry(*self.stored_registry)
             # Woken from a pause, the record just renewed says nothing of the time it
@@ -384,6 +398,19 @@ class SpreadRole:
                     conn.front.sync()
             for front in [*self.http_fronts.values(), *self.fronts]:
                 front.sync()
+
+    async def _others_reach_redis(self) -> bool:
+        """Whether another live broker (at the last look) renewed its record lately: then
+        this one is cut off alone, and the others take its queues over. One that cannot
+        be asked (dead, paused) takes nothing."""
+        others = [r for m, r in self.addresses.items() if m != self.member]
+        # A live broker renews every third of the lease: half of it is already late.
+        asked = await asyncio.gather(*(reaches_redis(r, self.lease_s / 2) for r in others))
+        return any(asked)
+
+    def redis_seen_s(self) -> float:
+        """Seconds since this broker sent the last renewal of its record that landed."""
+        return time.monotonic() - self.seen_from
 
     def _renew(self) -> None:
         self.lease.seen(self.info)

@@ -1,0 +1,54 @@
+"""Redis out of reach for every broker spreading the queues (paused, restarting): not a
+partition of one broker, so none stops; once Redis answers they all go on. (A broker
+cut off alone stops: ``test_a_broker_cut_off_from_redis_exits_and_the_other_adopts_its_queues``.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ..conftest import wait_until
+from ..redis_server import REDIS_SERVER, RedisServer
+from .test_spread import LEASE, consume, publish_all, settled_spread, spread_brokers
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Any:
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def test_redis_paused_past_the_lease_stops_no_spreading_broker(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """redis-server SIGSTOPped for five leases, then SIGCONT: every broker's renewals
+    failed past its lease, and so did the others'; each asks the others' ``/health``,
+    finds none reaching Redis, and stays up (it used to stop: all of them exited 1 and
+    nothing served once Redis was back). Everything confirmed before and after is read
+    back once."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    sent = publish_all(a, 5)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    assert "redis_seen_s" in httpx.get(a.http + "/health").json()
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5 * LEASE)
+        assert a.alive and b.alive, (a.output + b.output)[-3000:]
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    wait_until(lambda: settled_spread(b, 2), timeout=20)
+    assert a.alive and b.alive, (a.output + b.output)[-3000:]
+    assert "no other live broker reaches it either" in a.output + b.output
+    sent += publish_all(b, 5, start=5)
+    got = consume(a, sent)
+    assert len(got) == sent and set(got.values()) == {1}
