@@ -28,25 +28,35 @@ def redis(tmp_path: Path) -> Any:
     server.stop()
 
 
-def test_redis_paused_past_the_lease_stops_no_spreading_broker(
-        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
-    """redis-server SIGSTOPped for five leases, then SIGCONT: every broker's renewals
-    failed past its lease, and so did the others'; each asks the others' ``/health``,
-    finds none reaching Redis, and stays up (it used to stop: all of them exited 1 and
-    nothing served once Redis was back). Everything confirmed before and after is read
-    back once."""
+@pytest.mark.parametrize("how", ["paused", "restarted"])
+def test_redis_out_of_reach_past_the_lease_stops_no_spreading_broker(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path, how: str) -> None:
+    """redis-server SIGSTOPped for five leases then SIGCONT, or killed -9 and started
+    again from its AOF five leases later: every broker's renewals failed past its lease,
+    and so did the others'; each asks the others' ``/health``, finds none reaching
+    Redis, and stays up (it used to stop: all of them exited 1 and nothing served once
+    Redis was back). Once Redis answers, the first broker to renew leaves the other's
+    queues to it for a lease (it used to adopt them at once, fencing the other, which
+    then stopped). Everything confirmed before and after is read back once."""
     a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
     sent = publish_all(a, 5)
     wait_until(lambda: settled_spread(a, 2), timeout=20)
     assert "redis_seen_s" in httpx.get(a.http + "/health").json()
     assert redis.proc is not None
-    os.kill(redis.proc.pid, signal.SIGSTOP)
+    if how == "paused":
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+    else:
+        redis.kill()
     try:
         time.sleep(5 * LEASE)
         assert a.alive and b.alive, (a.output + b.output)[-3000:]
     finally:
-        os.kill(redis.proc.pid, signal.SIGCONT)
+        if how == "paused":
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        else:
+            redis.start()
     wait_until(lambda: settled_spread(b, 2), timeout=20)
+    time.sleep(3 * LEASE)  # past the lease left to the other broker
     assert a.alive and b.alive, (a.output + b.output)[-3000:]
     assert "no other live broker reaches it either" in a.output + b.output
     sent += publish_all(b, 5, start=5)

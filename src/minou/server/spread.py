@@ -104,6 +104,7 @@ class SpreadRole:
         self._rebalancing: asyncio.Future[None] | None = None
         self._queues_of: dict[str, str | None] = {}  # channel -> its queue (route_channel)
         self._writer_claims: dict[str, asyncio.Future[None]] = {}  # writer id -> its binding
+        self.adopt_after = 0.0  # monotonic: others' queues are adopted from then on
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -381,6 +382,9 @@ class SpreadRole:
                 continue
             if alone:
                 log.warning("spread: Redis at %s answers again", self.server.storage.path)
+            if self.cut_off:  # the others' records may have run out meanwhile, as this
+                # one's did: a lease for them to renew before their queues are taken
+                self.adopt_after = time.monotonic() + self.lease_s
             last_ok, warned, alone = time.monotonic(), False, False
             # Clients registered, approved, revoked, credentials issued on the others.
             self.server.refresh_registry(*self.stored_registry)
@@ -398,6 +402,14 @@ class SpreadRole:
                     conn.front.sync()
             for front in [*self.http_fronts.values(), *self.fronts]:
                 front.sync()
+
+    def _owner_may_be_back(self, queue: str) -> bool:
+        """Whether ``queue``'s owner, absent from the alive set, may only have missed its
+        renewals while Redis was out of reach for this broker too: within a lease of
+        Redis answering again, its queues are left to it (taken, they would fence it and
+        it would stop, one broker fewer after a Redis outage every broker lived through)."""
+        owner = self.owners.get(queue)
+        return owner not in (None, self.member) and time.monotonic() < self.adopt_after
 
     async def _others_reach_redis(self) -> bool:
         """Whether another live broker (at the last look) renewed its record lately: then
@@ -437,7 +449,8 @@ class SpreadRole:
             return
         for q in sorted(self.queues - self.held() - set(self.adopting)):
             # each looked at again: an adoption awaited before may have made it ours
-            if q not in self.owned and self.owner_of(q) == self.member:
+            if q not in self.owned and self.owner_of(q) == self.member and \
+                    not self._owner_may_be_back(q):
                 await self.adopt(q)
         held = self.held()
         moves = [(q, target) for q in sorted(held)
