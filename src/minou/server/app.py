@@ -1064,9 +1064,10 @@ class BrokerServer:
             self.storage_down_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
             refusal = self._enter_down(StorageUnavailable(
-                f"this broker's primary lease had run out (it was paused or cut off, or "
-                f"Redis was down longer than the lease) and nobody took over: taking it "
-                f"again ({exc})"), why="refuses this broker's writes until it holds the lease")
+                f"this broker's lease (the primary's, or its record among brokers "
+                f"spreading the queues) had run out (it was paused or cut off, or Redis was "
+                f"down longer than the lease) and nobody took over: taking it again "
+                f"({exc})"), why="refuses this broker's writes until it holds the lease")
             self.engine.not_written(batch, refusal, stop=False)
             return
         if isinstance(exc, StorageFenced) and self.primary is not None:

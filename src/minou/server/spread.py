@@ -465,6 +465,9 @@ class SpreadRole:
         server = self.server
         loop = asyncio.get_running_loop()
         try:
+            if self._owner_may_be_back(queue):  # a publish for it: it waits until then,
+                # and the claim is refused if its owner renewed meanwhile (routed there)
+                await asyncio.sleep(self.adopt_after - time.monotonic())
             now = time.time()
             snap = await loop.run_in_executor(server._writer_pool, server.storage.open_queue,
                                               queue, now)
@@ -542,7 +545,13 @@ class SpreadRole:
 
     # ------------------------------------------------------------- failures
     def lapsed(self, exc: StorageFenced) -> bool:
-        return False
+        """A commit refused only because this broker's own record had run out (its
+        shared part; no queue's epoch moved: nobody claimed one): Redis was out of reach
+        for it, or it was paused, and it has not renewed since. True: the batch is
+        refused as STORAGE_UNAVAILABLE and tried again; the next renewal (a third of the
+        lease at most) says whether another broker took its queues (then it stops).
+        False: another broker claimed some of them."""
+        return not exc.queues and not exc.holder and self.role == "spread"
 
     def fenced(self, exc: Exception) -> None:
         self.fenced_writes += 1
