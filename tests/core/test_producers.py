@@ -431,3 +431,19 @@ def test_after_a_failed_commit_a_resend_from_before_it_never_names_another_messa
     h.broker.on_failed(h.broker.take_writes(), FULL)
     (again,) = publish(h, p, numbered(CH, 1))
     assert again.duplicate and again.seq in (0, first[0].seq)
+
+
+def test_a_refused_first_sequence_on_a_channel_keeps_no_state_and_writes_no_row() -> None:
+    """A producer's first publish to a channel refused (an invalid name, a full channel):
+    no state is kept and no row written. On Redis such a row claimed the channel's queue,
+    so publishes to names a client made up (``orders}/v1/x``, or queues it may not
+    write) left a queue in the registry each, keyed by whatever the name said."""
+    h = Harness(channel_options=lambda key: ChannelOptions(max_items=0))
+    p = producer()
+    refused = publish(h, p, numbered("orders}/v1/x", 1), numbered("a/{b}/x", 1),
+                      numbered(CH, 1), commit=False)
+    assert [o.code for o in refused] == [ErrorCode.INVALID_CHANNEL] * 2 + [ErrorCode.QUEUE_FULL]
+    assert len(h.broker.state.producers) == 0
+    assert not h.broker.take_writes().producers
+    again = publish(h, p, numbered("orders}/v1/x", 1))[0]  # sent again: refused alike
+    assert (again.code, again.error) == (refused[0].code, refused[0].error)

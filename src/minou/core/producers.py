@@ -179,6 +179,12 @@ class Producers:
         self.dirty.pop(state, None)
         self.gone.append(state.key)
 
+    def forget(self, state: ProducerState) -> None:
+        """Drop ``state``, never written (no row to delete)."""
+        if self.states.get(state.key) is state and state not in self.dirty:
+            del self.states[state.key]
+            state.evicted = True
+
     def release(self, channels: set[str]) -> int:
         """The queue of ``channels`` moved to another broker: forget their states
         without deleting their rows (the new owner reads them). Returns how many."""
