@@ -35,6 +35,13 @@ def _check_endpoint_version(endpoint: str, version: str, text: str) -> None:
         )
 
 
+def is_queue_name(queue: str) -> bool:
+    """Whether ``queue`` is a valid ``endpoint/version`` (what a valid channel's queue
+    is): a name that is not must never become Redis keys or a queue to claim."""
+    endpoint, _, version = queue.partition("/")
+    return bool(_ENDPOINT.fullmatch(endpoint) and _VERSION.fullmatch(version))
+
+
 @lru_cache(maxsize=65536)
 def validate_channel(name: str) -> str:
     """Return ``name`` if it is a valid concrete channel, else raise InvalidChannel."""

@@ -61,3 +61,4 @@ def test_a_writer_id_bound_on_one_broker_is_refused_to_another_client_on_every_b
         c.stage("v2", [(f"{qb}/1", {"n": 102, "q": qb})])
         done = c.commit_transactions("W", 2, ["v2"])
         assert done["published"] == 1 and done["discarded"] == 0, done
+

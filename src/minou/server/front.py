@@ -31,7 +31,7 @@ import msgspec
 
 from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
-from ..names import kv_channel
+from ..names import REPLY_TO, is_inbox, kv_channel
 from ..protocol import frames as f
 from .kv import KV_OPS
 from .upstream import Upstream
@@ -221,7 +221,8 @@ class Front:
         as ever), True if this front took it. A queue this broker must take over first
         holds the frame (and what came behind it) until it has; ``waited``: it tried."""
         conn, sp = self.conn, self.spread
-        routes = [sp.route_channel(s.channel) for s in frame.msgs]
+        routes = self._refused_here(frame.msgs, [sp.route_channel(s.channel)
+                                                 for s in frame.msgs], conn.session)
         if not waited and ADOPT in routes:
             adopt = sorted({q for s, r in zip(frame.msgs, routes, strict=True)
                             if r == ADOPT and (q := queue_of(s.channel)) is not None})
@@ -237,13 +238,33 @@ class Front:
         """Route ``sends``: False if all are this broker's now; else True and
         ``done(outcomes)`` once each is answered, here or by its queue's owner."""
         if routes is None:
-            routes = [self.spread.route_channel(s.channel) for s in sends]
+            routes = self._refused_here(sends, [self.spread.route_channel(s.channel)
+                                                for s in sends], session or self.conn.session)
         if all(r is None for r in routes):
             return False
         deadline = asyncio.get_running_loop().time() + MOVING_RETRY_S
         self._dispatch(_Confirming(sends, done), list(range(len(sends))), routes, deadline,
                        session, publisher)
         return True
+
+    def _refused_here(self, sends: list[f.Send], routes: list[str | None],
+                      session: Any) -> list[str | None]:
+        """``routes``, with here (None) for each message to a queue nobody made yet that
+        the client may not write to: refused by this broker's engine as by the owner's,
+        without the queue being claimed (a claim enters it in the registry for good:
+        a client could fill it with names it may not even write to)."""
+        access = getattr(session, "access", None)
+        if access is None or access.unrestricted:
+            return routes
+        known = self.spread.queues
+        for i, (send, route) in enumerate(zip(sends, routes, strict=True)):
+            if route is None or is_inbox(send.channel) or \
+                    (send.headers and REPLY_TO in send.headers):
+                continue  # replies may go where the rules say nothing: their owner checks
+            q = queue_of(send.channel)
+            if q is not None and q not in known and not access.may_write(send.channel):
+                routes[i] = None
+        return routes
 
     def _publish_again(self, frame: f.Publish) -> None:
         if not self.publish(frame, waited=True):

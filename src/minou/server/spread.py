@@ -50,6 +50,7 @@ from ..errors import (
     StorageFenced,
     StorageUnavailable,
 )
+from ..names import is_queue_name
 from ..storage.redis.keys import shared_base
 from . import placement
 from .front import ADOPT, Door, Front
@@ -171,6 +172,8 @@ class SpreadRole:
         made it since the last look, and served without its stored state it would
         start again from seq 1."""
         if queue in self.owned:
+            return None
+        if not is_queue_name(queue):  # an invalid channel's: refused here, never claimed
             return None
         if queue in self.adopting or queue in self.leaving:
             return ADOPT  # adoption() waits for either to end
