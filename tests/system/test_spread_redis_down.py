@@ -13,9 +13,18 @@ from typing import Any
 import httpx
 import pytest
 
+import minou
+
 from ..conftest import wait_until
 from ..redis_server import REDIS_SERVER, RedisServer
-from .test_spread import LEASE, consume, publish_all, settled_spread, spread_brokers
+from .test_spread import (
+    LEASE,
+    QUEUES,
+    consume,
+    publish_all,
+    settled_spread,
+    spread_brokers,
+)
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
@@ -62,3 +71,39 @@ def test_redis_out_of_reach_past_the_lease_stops_no_spreading_broker(
     sent += publish_all(b, 5, start=5)
     got = consume(a, sent)
     assert len(got) == sent and set(got.values()) == {1}
+
+
+def test_redis_over_maxmemory_spreading_brokers_stay_alive_deliver_and_resume(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Redis over ``maxmemory`` (noeviction: its operator lowered it under what is used):
+    publishes are refused (``STORAGE_FULL``), and the brokers' alive records are still
+    renewed (an allow-oom script), so they stay alive and deliver; consumers ack, the
+    acked messages go, and publishes resume by themselves. The records used to be plain
+    writes, refused like publishes: past the lease every broker delivered nothing (and
+    stopped), so nothing could free the room."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    with a.connect_sync("producer") as c:
+        for i in range(40):
+            c.send_many([(f"{q}/1", {"n": i, "q": q, "pad": "x" * 8000}) for q in QUEUES])
+    sent = 40 * len(QUEUES)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    client = redis.client()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(client.info("memory")["used_memory"] * 4 // 5))
+    with b.connect_sync("late") as c, pytest.raises(minou.MinouError, match="maxmemory"):
+        c.send("orders/v1/1", {"n": -1, "q": "orders/v1"})
+    time.sleep(3 * LEASE)  # past the lease: the records must have been renewed
+    assert a.alive and b.alive, (a.output + b.output)[-3000:]
+    assert "cannot renew" not in a.output + b.output
+    got = consume(a, sent)
+    assert len(got) == sent and set(got.values()) == {1}
+
+    def published() -> bool:
+        try:
+            with b.connect_sync("late") as c:
+                c.send("orders/v1/1", {"n": -1, "q": "orders/v1"})
+        except minou.MinouError:
+            return False
+        return True
+
+    wait_until(published, timeout=20, what="publishes accepted once the acked ones went")

@@ -34,6 +34,15 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZCARD', KEYS[1])
 """
+# A broker's record and its place in the alive set, in one step that a Redis at
+# ``maxmemory`` still runs (allow-oom: a few bounded bytes): refused, no broker would
+# stay alive, none would deliver, and consumers could not free the room publishes need.
+# KEYS[1] the member hash, KEYS[2] the alive set; ARGV: member, milliseconds it lives,
+# milliseconds its record lives, then field, value pairs.
+_RECORD = "#!lua flags=allow-oom\n" + r"""
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+""" + _SEEN.replace("KEYS[1]", "KEYS[2]")
 # Renew the lease only if it is still ours; refresh this member's record with it.
 # Returns 0 if the lease is not ours, else how many brokers are alive (this one too).
 _RENEW = r"""
@@ -82,13 +91,12 @@ class PrimaryLease:
         self.held_since: float | None = None  # monotonic, while this broker is primary
 
     def _record(self, info: dict[str, str]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hset(self.member_key, mapping=info)
-        pipe.pexpire(self.member_key, self.lease_ms * 3)  # outlives the lease a little
         # Alive for one lease (its record stays three, for `minou cluster` to show it
         # gone): a standby refreshes both every third of the lease.
-        pipe.execute_command("EVAL", _SEEN, 1, self._alive, self.member, self.lease_ms)
-        self.alive = int(pipe.execute()[-1])
+        fields = [x for pair in info.items() for x in pair]
+        self.alive = int(self.client.eval(_RECORD, 2, self.member_key, self._alive,
+                                          self.member, self.lease_ms, self.lease_ms * 3,
+                                          *fields))
 
     def seen(self, info: dict[str, str]) -> int:
         """Record this broker as alive for one lease (brokers spreading queues keep
