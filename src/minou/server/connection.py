@@ -817,6 +817,8 @@ class NativeConnection:
         paused = self._water_paused or self.budget_paused
         for sub in self.session.subs.values():
             sub.paused = paused
+        if self.front is not None:  # the other brokers' deliveries, relayed here
+            self.front.pause_links(paused)
         if not paused:
             self.server.wake_groups(self.session)
 

@@ -140,6 +140,7 @@ class Front:
         self.conn = conn
         self.spread = spread
         self.ups: dict[str, Upstream] = {}
+        self.links_paused = False  # the client's deliveries are paused: read no more
         self.subs: dict[int, f.Subscribe] = {}  # this connection's, to make on new links
         self.extra: dict[int, list[str]] = {}  # sid -> patterns added since (SUB_ADD)
         self.tags: dict[int, tuple[Upstream, int]] = {}
@@ -436,6 +437,17 @@ class Front:
         while len(self.tags) > MAX_REMOTE_TAGS:  # the oldest settle nothing any more
             del self.tags[next(iter(self.tags))]
         self.conn.send_deliveries(ev.sid, items)
+
+    def pause_links(self, paused: bool) -> None:
+        """The client's connection stopped taking deliveries (its write buffer over the
+        water mark, or its share of the broker's delivery budget) or takes them again:
+        the links stop (or go on) reading, so that the other brokers' deliveries wait
+        on their side. Read on, they were buffered here unsent, past this broker's
+        ``delivery_buffer_bytes``, up to the others' ``in_flight_bytes`` each."""
+        if paused != self.links_paused:
+            self.links_paused = paused
+            for up in self.ups.values():
+                up.pause(paused)
 
     # ------------------------------------------------------------- settle
     def split(self, tags: list[int]) -> tuple[list[int], list[int]]:

@@ -84,6 +84,19 @@ class Upstream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        if self.front.links_paused:
+            self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or go on) reading what the owner sends: its deliveries wait there, on
+        its link connection, under its own water mark and budgets, instead of piling
+        up here unsent to a client that does not read."""
+        if self.transport is None or self.closed or self.transport.is_closing():
+            return
+        if paused:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         self.reader.receive_data(data)
