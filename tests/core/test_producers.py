@@ -31,6 +31,13 @@ def numbered(channel: str, pseq: int, value: object = None, **kw: object) -> Sen
     return Send(channel, js(value if value is not None else pseq), pseq=pseq, **kw)
 
 
+def with_row(state: ProducerState) -> ProducerState:
+    """A state as storage knows it: loaded, or written with a message (a state only
+    ever refused has no row, and none is deleted when it goes)."""
+    state.written = True
+    return state
+
+
 def publish(h: Harness, session: Session, *sends: Send, commit: bool = True):
     outcomes, _ = h.broker.publish(sends, h.now, session=session)
     if commit:
@@ -165,7 +172,7 @@ def test_the_state_is_stored_with_the_messages_and_survives_a_restart(tmp_path: 
 
 def test_states_are_bounded_least_recently_used_first_and_expire_when_idle() -> None:
     prods = Producers(max_states=10, idle=100.0)
-    states = [prods.state(("c", f"{i:016x}", CH), float(i)) for i in range(11)]
+    states = [with_row(prods.state(("c", f"{i:016x}", CH), float(i))) for i in range(11)]
     assert len(prods) <= 10 and prods.evicted >= 1
     assert states[0].evicted and not states[10].evicted
     assert ("c", f"{0:016x}", CH) in prods.take()  # its row is deleted
@@ -333,7 +340,7 @@ def test_a_numbered_refusal_is_stored_for_a_resend_after_a_restart(tmp_path: Pat
 @given(cap=st.integers(1, 40))
 def test_past_max_states_a_tenth_of_the_least_recently_used_go_counted(cap: int) -> None:
     prods = Producers(max_states=cap, idle=1e9)
-    states = [prods.state(("c", f"{i:016x}", CH), float(i)) for i in range(cap)]
+    states = [with_row(prods.state(("c", f"{i:016x}", CH), float(i))) for i in range(cap)]
     assert len(prods) == cap and prods.evicted == 0
     prods.state(("c", "new", CH), float(cap))
     gone = max(1, 1 + cap // 10)  # the one over, and a tenth more at once
@@ -355,7 +362,7 @@ def test_a_state_used_again_is_kept_over_older_ones() -> None:
 
 def test_idle_states_expire_after_their_idle_time() -> None:
     prods = Producers(max_states=10, idle=100.0)
-    old = prods.state(("c", "a", CH), 0.0)
+    old = with_row(prods.state(("c", "a", CH), 0.0))
     young = prods.state(("c", "b", CH), 50.0)
     assert prods.expire(100.0) == 0  # exactly idle: kept
     assert prods.expire(100.5) == 1 and old.evicted and not young.evicted
@@ -364,8 +371,8 @@ def test_idle_states_expire_after_their_idle_time() -> None:
 
 def test_a_state_brought_back_keeps_its_row_and_the_others_still_go() -> None:
     prods = Producers(max_states=2, idle=1e9)
-    a = prods.state(("c", "a", CH), 1.0)
-    b = prods.state(("c", "b", CH), 2.0)
+    a = with_row(prods.state(("c", "a", CH), 1.0))
+    b = with_row(prods.state(("c", "b", CH), 2.0))
     prods.state(("c", "x", CH), 3.0)  # a goes
     prods.state(("c", "y", CH), 4.0)  # b goes
     assert a.evicted and b.evicted
@@ -433,17 +440,29 @@ def test_after_a_failed_commit_a_resend_from_before_it_never_names_another_messa
     assert again.duplicate and again.seq in (0, first[0].seq)
 
 
-def test_a_refused_first_sequence_on_a_channel_keeps_no_state_and_writes_no_row() -> None:
-    """A producer's first publish to a channel refused (an invalid name, a full channel):
-    no state is kept and no row written. On Redis such a row claimed the channel's queue,
-    so publishes to names a client made up (``orders}/v1/x``, or queues it may not
-    write) left a queue in the registry each, keyed by whatever the name said."""
+def test_a_refused_first_sequence_on_a_channel_writes_no_row_until_one_is_stored() -> None:
+    """A producer's first publishes to a channel refused (an invalid name, a full
+    channel): no row is written for them (on Redis such a row claimed the channel's
+    queue, so publishes to names a client made up, or to queues it may not write,
+    each left a queue in the registry, keyed by whatever the name said). The refusal is
+    kept in memory, answered the same when sent again, and written with the state once
+    a message of that producer is stored there."""
     h = Harness(channel_options=lambda key: ChannelOptions(max_items=0))
     p = producer()
     refused = publish(h, p, numbered("orders}/v1/x", 1), numbered("a/{b}/x", 1),
                       numbered(CH, 1), commit=False)
     assert [o.code for o in refused] == [ErrorCode.INVALID_CHANNEL] * 2 + [ErrorCode.QUEUE_FULL]
-    assert len(h.broker.state.producers) == 0
     assert not h.broker.take_writes().producers
-    again = publish(h, p, numbered("orders}/v1/x", 1))[0]  # sent again: refused alike
+    again = publish(h, p, numbered("orders}/v1/x", 1), commit=False)[0]
     assert (again.code, again.error) == (refused[0].code, refused[0].error)
+    assert not h.broker.take_writes().producers
+    # A refusal followed by a stored message: a resend of the refused one is refused,
+    # not taken for a duplicate of something stored, and the row holds both.
+    h2, p2 = Harness(), producer("another")
+    bad = publish(h2, p2, Send(CH, b"{not json", pseq=1))[0]
+    assert bad.code == ErrorCode.INVALID_PAYLOAD
+    assert publish(h2, p2, numbered(CH, 2), commit=False)[0].code == 0
+    rows = h2.broker.take_writes().producers
+    assert [row[-1] is not None for row in rows.values()] == [True]  # refusals kept
+    resent = publish(h2, p2, Send(CH, b"{not json", pseq=1))[0]
+    assert (resent.code, resent.duplicate) == (bad.code, False)

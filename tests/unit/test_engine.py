@@ -398,7 +398,7 @@ def test_a_publish_to_another_brokers_queue_is_refused_unless_a_front_routed_it(
     asked: list[list[str]] = []
     moved = RequestError("queue orders/v1 is owned by another broker")
 
-    def route(batch: Any) -> RequestError | None:
+    def route(batch: Any, access: Any) -> RequestError | None:
         asked.append([x.channel for x in batch])
         return moved
 
@@ -1049,17 +1049,24 @@ def test_a_pump_turn_with_nothing_staged_asks_for_no_commit() -> None:
 
 
 def test_a_refused_numbered_publish_is_answered_once_its_refusal_is_durable() -> None:
-    """Else a resend after a crash would look like a gap."""
+    """Else a resend after a crash would look like a gap. (A producer's first sequence
+    on a channel has no row to keep it in: its refusal is answered at once, and
+    written with the state once a message is stored there.)"""
     e, host = engine()
     door = Door()
     p = Session("app", producer_id="00000000000000aa")
-    [out] = e.publish([Send("bad", b"1", pseq=1)], ALLOW_ALL, door.reply, session=p,
-                      publisher=door)
-    assert out.code == int(ErrorCode.INVALID_CHANNEL)
+    [_, out] = e.publish([Send("orders/v1/1", b"1", pseq=1), Send("orders/v1/1", b"{", pseq=2)],
+                         ALLOW_ALL, door.reply, session=p, publisher=door)
+    assert out.code == int(ErrorCode.INVALID_PAYLOAD)
     assert door.answers == []
     [batch] = host.writes  # the producer state remembering the refusal
     e.committed(batch)
-    assert door.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
+    assert door.answers == [([(1, 0), (0, int(ErrorCode.INVALID_PAYLOAD))], None)]
+    door2 = Door()  # a first sequence refused: nothing to write, answered at once
+    [bad] = e.publish([Send("bad", b"1", pseq=1)], ALLOW_ALL, door2.reply, session=p,
+                      publisher=door2)
+    assert bad.code == int(ErrorCode.INVALID_CHANNEL) and host.writes == [batch]
+    assert door2.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
 
 
 def test_a_refused_numbered_publish_is_answered_when_its_refusal_cannot_be_stored() -> None:
@@ -1067,14 +1074,21 @@ def test_a_refused_numbered_publish_is_answered_when_its_refusal_cannot_be_store
     e, host = engine()
     door = Door()
     p = Session("app", producer_id="00000000000000aa")
-    e.publish([Send("bad", b"1", pseq=1)], ALLOW_ALL, door.reply, session=p, publisher=door)
+    p.producer_states.clear()
+    e.core.state.producers.states.clear()
+    bad = Session("app", producer_id="00000000000000bb")
+    e.publish([Send("orders/v1/1", b"{", pseq=1)], ALLOW_ALL, door.reply, session=bad,
+              publisher=door)
+    assert door.answers == [([(0, int(ErrorCode.INVALID_PAYLOAD))], None)]  # no row
+    e.publish([Send("orders/v1/1", b"1", pseq=2), Send("orders/v1/1", b"{", pseq=3)],
+              ALLOW_ALL, door.reply, session=p, publisher=door)
     [batch] = host.writes
     e.not_written(batch, StorageUnavailable("redis is down"), stop=False)
-    assert door.answers == [([(0, int(ErrorCode.INVALID_CHANNEL))], None)]
+    assert door.answers[1][0][1] == (0, int(ErrorCode.INVALID_PAYLOAD))
     # While the broker refuses publishes for it, a numbered refusal is answered at once.
     e.core.storage_refusal = StorageUnavailable("redis is down")
     door2 = Door()
-    [out] = e.publish([Send("orders/v1/1", b"2", pseq=2)], ALLOW_ALL, door2.reply,
+    [out] = e.publish([Send("orders/v1/1", b"2", pseq=4)], ALLOW_ALL, door2.reply,
                       session=p, publisher=door2)
     assert out.code == int(ErrorCode.STORAGE_UNAVAILABLE)
     assert door2.answers == [([(0, int(ErrorCode.STORAGE_UNAVAILABLE))], None)]

@@ -51,6 +51,7 @@ class ProducerState:
     refused: list[tuple[int, int, int, str]] = field(default_factory=list)
     evicted: bool = False
     moved: bool = False  # its queue went to another broker: never brought back
+    written: bool = False  # has (or will have, with the next commit) a stored row
 
     def row(self) -> tuple[Any, ...]:
         return (*self.key, self.last, self.run_pseq, self.run_last, self.run_seq,
@@ -147,6 +148,7 @@ class Producers:
             "reached the broker")
 
     def mark(self, state: ProducerState) -> None:
+        state.written = True
         self.dirty[state] = None
 
     def take(self) -> dict[Key, tuple[Any, ...] | None]:
@@ -177,13 +179,8 @@ class Producers:
         del self.states[state.key]
         state.evicted = True
         self.dirty.pop(state, None)
-        self.gone.append(state.key)
-
-    def forget(self, state: ProducerState) -> None:
-        """Drop ``state``, never written (no row to delete)."""
-        if self.states.get(state.key) is state and state not in self.dirty:
-            del self.states[state.key]
-            state.evicted = True
+        if state.written:  # a row to delete (none for a state only ever refused)
+            self.gone.append(state.key)
 
     def release(self, channels: set[str]) -> int:
         """The queue of ``channels`` moved to another broker: forget their states
@@ -204,4 +201,4 @@ class Producers:
             key = (client, producer, channel)
             self.states[key] = ProducerState(
                 key, last, run_pseq, run_last, run_seq, id_hash, used,
-                [tuple(r) for r in _unpack(refused)] if refused else [])
+                [tuple(r) for r in _unpack(refused)] if refused else [], written=True)

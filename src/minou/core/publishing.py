@@ -309,17 +309,16 @@ class Publishing:
             outcome = self._publish_one(send, now, staged, access, session, resp_door)
         except RequestError as exc:
             outcomes.append(self._refusal(send, exc))
-            if exc.code == ErrorCode.OUT_OF_SEQUENCE:
-                return
-            if pstate.last == 0:  # its first sequence here: nothing to keep in order, and
-                # a state stored for a channel nothing was ever stored to would be a row
-                # (on Redis, a queue claimed) per name a client makes up, invalid or not
-                # its to write. A resend is checked afresh, and refused alike.
-                producers.forget(pstate)
-                session.producer_states.pop(send.channel, None)
-                return
-            pstate.refuse(pseq, pseq, int(exc.code), exc.message)
-            producers.mark(pstate)
+            if exc.code != ErrorCode.OUT_OF_SEQUENCE:
+                pstate.refuse(pseq, pseq, int(exc.code), exc.message)
+                if pstate.written:
+                    producers.mark(pstate)
+                # else kept in memory only, and written with the state's first stored
+                # message (its row holds the refusals): a state stored for a channel
+                # nothing was ever stored to would be a row (on Redis, a queue claimed)
+                # per name a client makes up, invalid or not its to write. Lost with
+                # the process, a refusal nothing followed is checked afresh if sent
+                # again, and refused alike (or stored: it never was).
             return
         outcomes.append(outcome)
         pstate.stored(pseq, outcome.seq, outcome.id)
