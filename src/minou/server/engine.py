@@ -280,7 +280,7 @@ class Engine:
         self.may_deliver: Callable[[], bool] = lambda: True
         # Queues spread over brokers (spread.py): the refusal of a publish holding a
         # message for a queue this broker does not serve, or None.
-        self.route: Callable[[Sequence[Send]], RequestError | None] | None = None
+        self.route: Callable[[Sequence[Send], Any], RequestError | None] | None = None
         # Requests the broker itself waits on (HTTP's POST /v1/request): (inbox,
         # correlation id) -> called with the reply once it is committed.
         self.reply_waiters: dict[tuple[str, str], Callable[[Msg], None]] = {}
@@ -434,7 +434,7 @@ class Engine:
         refused send by send (a numbered publish's refusal is remembered) and paused
         while the disk is behind."""
         # ``routed``: a front (spread.py) found every send this broker's just now
-        if self.route is not None and not routed and (refusal := self.route(sends)):
+        if self.route is not None and not routed and (refusal := self.route(sends, access)):
             raise refusal
         stopping: RequestError | None = None
         if publisher is None:

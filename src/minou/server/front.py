@@ -31,7 +31,7 @@ import msgspec
 
 from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
-from ..names import REPLY_TO, is_inbox, kv_channel
+from ..names import kv_channel
 from ..protocol import frames as f
 from .kv import KV_OPS
 from .upstream import Upstream
@@ -250,20 +250,12 @@ class Front:
 
     def _refused_here(self, sends: list[f.Send], routes: list[str | None],
                       session: Any) -> list[str | None]:
-        """``routes``, with here (None) for each message to a queue nobody made yet that
-        the client may not write to: refused by this broker's engine as by the owner's,
-        without the queue being claimed (a claim enters it in the registry for good:
-        a client could fill it with names it may not even write to)."""
+        """``routes``, with here (None) for each message ``SpreadRole.claimable`` keeps
+        from its queue's owner: refused by this broker's engine as by the owner's,
+        without the queue being claimed."""
         access = getattr(session, "access", None)
-        if access is None or access.unrestricted:
-            return routes
-        known = self.spread.queues
-        for i, (send, route) in enumerate(zip(sends, routes, strict=True)):
-            if route is None or is_inbox(send.channel) or \
-                    (send.headers and REPLY_TO in send.headers):
-                continue  # replies may go where the rules say nothing: their owner checks
-            q = queue_of(send.channel)
-            if q is not None and q not in known and not access.may_write(send.channel):
+        for i, send in enumerate(sends):
+            if routes[i] is not None and not self.spread.claimable(send, access):
                 routes[i] = None
         return routes
 

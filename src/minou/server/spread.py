@@ -50,7 +50,7 @@ from ..errors import (
     StorageFenced,
     StorageUnavailable,
 )
-from ..names import is_queue_name
+from ..names import REPLY_TO, is_inbox, is_queue_name
 from ..storage.redis.keys import shared_base
 from . import placement
 from .front import ADOPT, Door, Front
@@ -236,12 +236,24 @@ class SpreadRole:
             task.add_done_callback(self._running.discard)
         return done
 
-    def refuse_remote(self, sends: Any) -> RequestError | None:
-        """For the doors without a front (HTTP, streams): a publish to a queue another
-        broker owns, or one being taken over, is refused with where to go."""
+    def claimable(self, send: Any, access: Any) -> bool:
+        """Whether ``send`` may go to its queue's owner, or make this broker claim the
+        queue: False for a queue nobody made yet that the client may not write to (this
+        broker's engine refuses it as the owner would). A claim enters the queue in the
+        registry for good, and a client could fill it with names it may not write to.
+        Replies may go where the rules say nothing: their owner checks them."""
+        if access is None or access.unrestricted or is_inbox(send.channel) or \
+                (send.headers and REPLY_TO in send.headers):
+            return True
+        q = queue_of(send.channel)
+        return q is None or q in self.queues or access.may_write(send.channel)
+
+    def refuse_remote(self, sends: Any, access: Any) -> RequestError | None:
+        """For the doors without a front (the Redis protocol's): a publish to a queue
+        another broker owns, or one being taken over, is refused with where to go."""
         for send in sends:
             where = self.route_channel(send.channel)
-            if where is None:
+            if where is None or not self.claimable(send, access):
                 continue
             q = queue_of(send.channel)
             if where == ADOPT:
