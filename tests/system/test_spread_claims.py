@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis import Redis as redis_client
+from redis import exceptions as redis_errors
 
 import minou
 from minou.storage.redis.keys import shared_base
 
 from ..redis_server import REDIS_SERVER, RedisServer
+from .test_full_disk import bearer
 from .test_spread import LEASE, publish_all, spread_brokers
 
 pytestmark = [pytest.mark.timeout(180),
@@ -56,14 +59,22 @@ def test_an_invalid_channel_name_is_refused_before_its_queue_is_claimed(
 
 def test_publishes_a_client_may_not_write_claim_no_queue(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
-    """A client allowed to write ``orders/v1`` only publishes to 300 other queues through
-    either broker: each refused (``NOT_AUTHORIZED``), none in the registry, at once (0.9 s
-    for 3,000 here; before, ~27 ms each: a claim per name, 3,000 queues left in Redis)."""
+    """A client allowed to write ``orders/v1`` only publishes to 300 other queues
+    through either broker (native), and to 50 through the Redis-protocol door: each
+    refused (``NOT_AUTHORIZED``), none in the registry, at once (3,000 native ones took
+    0.9 s in a probe; before, ~27 ms each: a claim per name, 3,000 queues left)."""
     cfg = tmp_path / "limited.toml"
     cfg.write_text(f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
                    'placement = "spread"\n[[rules]]\nclient = "*"\n'
                    'read = ["orders/v1/*"]\nwrite = ["orders/v1/*"]\n')
-    brokers = [broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2)]
+    brokers = [broker_factory.make(config=cfg, storage=redis.url, resp_port=0).start()
+               for _ in range(2)]
+    token = bearer(brokers[0], "limited")["Authorization"].split()[1]
+    door = redis_client(port=brokers[0].resp_port, username="limited", password=token)
+    for i in range(50):  # the Redis-protocol door, which has no front
+        with pytest.raises(redis_errors.NoPermissionError):
+            door.xadd(f"resp{i}/v1/x", {"payload": "{}"})
+    door.close()
     for n, b in enumerate(brokers):
         with b.connect_sync("limited") as c:
             c.send("orders/v1/1", {"n": n})
