@@ -11,6 +11,13 @@ DEFAULT_DATA_DIR = "./data"
 
 MAX_MESSAGE_SIZE = 1 << 20  # 1 MiB payload, as NATS' max_payload default
 MAX_FRAME_SIZE = 16 << 20  # a batch of publishes may hold many messages
+# Frames of a native connection before its HELLO is welcomed: a HELLO holds a token (4 KiB
+# at most), a public key (4 KiB) and a few short fields. Frames of MAX_FRAME_SIZE from a
+# stranger, who needs no key to send them, were read whole: 10 connections that sent 16 MB
+# of a frame each and no HELLO held +150 MiB for hello_timeout (max_connections of them,
+# 160 GB). Past it the connection is refused at the frame's header, as an HTTP request
+# whose head passes MAX_HTTP_HEAD_BYTES.
+MAX_HELLO_FRAME_SIZE = 64 << 10
 MAX_HEADERS = 64
 MAX_HEADER_SIZE = 8 << 10
 # Arrays and objects inside one another in a client's JSON (payloads, HTTP bodies, stream

@@ -6,12 +6,15 @@ import struct
 
 import msgspec
 import pytest
+import websockets.sync.client as wsc
+from websockets.exceptions import ConnectionClosed as WsClosed
 
 import minou
 from minou.errors import ErrorCode
+from minou.limits import MAX_HELLO_FRAME_SIZE
 from minou.protocol import frames as f
 
-from ..conftest import RawPeer, wait_until
+from ..conftest import RawPeer, signed_hello, wait_until
 
 
 @pytest.fixture
@@ -109,6 +112,38 @@ def test_frames_before_hello_are_refused(raw, bystander):
     assert "HELLO" in err.message and err.fatal
     assert peer.closed_by_peer()
     assert client_depth(bystander, "calm/v1/1") == 1
+
+
+def test_a_stranger_cannot_make_the_broker_read_a_large_frame_before_hello(broker, raw,
+                                                                          bystander):
+    """Before a HELLO is accepted, frames are a HELLO's size. A stranger (no key needed)
+    that sent most of a 16 MB frame and no HELLO had it read whole and held until
+    hello_timeout: 10 such connections held +150 MiB, max_connections of them 160 GB.
+    Now it is refused at the frame's header, natively and through /v1/ws."""
+    peer = raw()
+    peer.write(struct.pack(">IB", 16_000_000, f.FrameType.HELLO) + b"\0" * 1000)
+    err = peer.read()  # at once: the rest of the frame is never waited for
+    assert isinstance(err, f.Error) and err.code == ErrorCode.FRAME_TOO_LARGE and err.fatal
+    assert "before a HELLO is accepted" in err.message
+    assert err.detail["limit"] == MAX_HELLO_FRAME_SIZE
+    assert peer.closed_by_peer()
+    with wsc.connect(broker.http.replace("http://", "ws://") + "/v1/ws") as ws:
+        ws.send(struct.pack(">IB", 200_000, f.FrameType.HELLO) + b"\0" * 199_999)
+        with pytest.raises(WsClosed) as closed:
+            ws.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # too big
+    assert refused(bystander)["frame_too_large"] == 1
+
+
+def test_a_large_frame_right_behind_an_accepted_hello_is_taken(raw, bystander):
+    """The HELLO's limit ends when it is accepted, with the frames already read behind
+    it: a client may pipeline a large publish in the same write as its HELLO."""
+    peer = raw()
+    big = f.Send("calm/v1/2", b'"' + b"x" * 500_000 + b'"')
+    peer.write(f.encode(signed_hello("pipeliner")) + f.encode(f.Publish(1, [big])))
+    assert isinstance(peer.read(), f.Welcome)
+    confirm = peer.read()
+    assert isinstance(confirm, f.Confirm) and [o.code for o in confirm.outcomes] == [0]
 
 
 def test_bad_messages_in_a_batch_fail_alone(raw, bystander):

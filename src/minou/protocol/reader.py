@@ -28,11 +28,17 @@ _HTTP_STARTS = (b"HTTP", b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b
 
 
 class FrameReader:
-    def __init__(self, *, max_frame_size: int = MAX_FRAME_SIZE) -> None:
+    def __init__(self, *, max_frame_size: int = MAX_FRAME_SIZE, why_limit: str = "") -> None:
         self._buf = bytearray()
         self._pos = 0
         self._max = max_frame_size
+        self._why_limit = why_limit  # said after the limit in the error
         self._dead: ProtocolError | None = None
+
+    def allow(self, max_frame_size: int) -> None:
+        """Take frames up to ``max_frame_size`` from now on (a connection whose HELLO was
+        accepted gets the limit of an authenticated one); the frames still buffered too."""
+        self._max, self._why_limit = max_frame_size, ""
 
     def receive_data(self, data: bytes) -> None:
         if self._dead is not None:
@@ -67,7 +73,7 @@ class FrameReader:
                     "WebSocket clients (ws://host:port/v1/ws) the HTTP port")
                 raise self._dead
             self._dead = FrameTooLarge(
-                f"frame of {length} bytes is over the {self._max} byte limit",
+                f"frame of {length} bytes is over the {self._max} byte limit{self._why_limit}",
                 limit=self._max,
                 size=length,
             )

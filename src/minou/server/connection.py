@@ -32,6 +32,7 @@ from ..limits import (
     HEARTBEAT_MISSES,
     MAX_BATCH,
     MAX_HEARTBEAT_S,
+    MAX_HELLO_FRAME_SIZE,
     MAX_OFFSETS_CHANNELS,
     MAX_PATTERNS_PER_REQUEST,
     MAX_POSITION_CHANNELS,
@@ -77,7 +78,11 @@ class NativeConnection:
         self.engine = server.engine
         self.transport = transport
         self.peer = peer
-        self.reader = FrameReader(max_frame_size=server.max_frame_size)
+        # Until a HELLO is accepted, frames are a HELLO's size: a stranger's partial frames
+        # must not hold the broker's memory (begin() allows the full size).
+        self.reader = FrameReader(
+            max_frame_size=MAX_HELLO_FRAME_SIZE,
+            why_limit=" before a HELLO is accepted (a HELLO is a few KiB)")
         self.session: Any = None
         self.identity: Any = None  # auth.registry.Identity once HELLO succeeded
         # Queues spread over brokers: what is for another broker's queue goes there.
@@ -265,6 +270,7 @@ class NativeConnection:
         """Serve ``identity`` from now on (authenticated by the caller: a HELLO here, a
         Redis protocol AUTH for a connection that door drives); its producer id."""
         self.identity = identity
+        self.reader.allow(self.server.max_frame_size)
         self._stop_hello_timer()
         self.server.authentications[identity.method] += 1
         self.session = self.server.open_session(identity, self)

@@ -23,7 +23,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..errors import StartupError
-from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW
+from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW, MAX_HELLO_FRAME_SIZE
 from . import oplog
 from .connection import NativeConnection
 
@@ -377,6 +377,24 @@ def _ws_protocol(server: Server) -> Any:
                     self.transport.abort()
                     return
             super().keepalive_timeout()
+
+        def data_received(self, data: bytes) -> None:
+            """/v1/ws carries a native connection: until its HELLO is accepted a message is
+            a HELLO's size, not ws_max_size (the native reader refuses larger frames, but
+            websockets gathered a stranger's 16 MiB message whole first). So are frames
+            that come with the upgrade request itself, before the path is known."""
+            scope = getattr(self, "scope", None)
+            if not scope:
+                hello = True
+            elif scope.get("path") == "/v1/ws":
+                owner = scope.get(WS_OWNER)
+                hello = owner is None or owner.identity is None
+            else:
+                hello = False
+            # A message of one HELLO: the frame and its 4-byte length.
+            self.conn.max_message_size = (MAX_HELLO_FRAME_SIZE + 4 if hello
+                                          else self.config.ws_max_size)
+            super().data_received(data)
 
         def send_receive_event_to_app(self) -> None:
             if getattr(self, "curr_msg_data_type", None) == "text" and not self.close_sent:
