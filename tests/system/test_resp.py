@@ -520,8 +520,13 @@ def test_bad_bytes_get_a_protocol_error_the_broker_goes_on(broker) -> None:
     # many arguments, each within the limit, together over it: refused before the rest
     # arrives (the C reader hands such a command to the pure parser, which counts)
     arg = b"$1000000\r\n" + b"x" * 1_000_000 + b"\r\n"
+    jwt = token(broker, "bytes").encode()
+    auth = b"*3\r\n$4\r\nAUTH\r\n$5\r\nbytes\r\n$%d\r\n%s\r\n" % (len(jwt), jwt)
+    assert send(auth + b"*40\r\n" + arg * 2 + b"$1000000\r\n") == \
+        b"+OK\r\n-ERR Protocol error: too big request\r\n"
+    # before AUTH, a request over 64 KiB at all (it can only be an AUTH or a HELLO)
     assert send(b"*40\r\n" + arg * 2 + b"$1000000\r\n") == \
-        b"-ERR Protocol error: too big request\r\n"
+        b"-ERR Protocol error: unauthenticated request of over 65536 bytes; AUTH first\r\n"
     # before them, what was well framed is answered (here: it needs AUTH first)
     assert send(b"XLEN k\r\n*x\r\n") == (b"-NOAUTH Authentication required.\r\n"
                                         b"-ERR Protocol error: invalid multibulk length\r\n")
@@ -552,6 +557,36 @@ def test_a_connection_that_never_authenticates_is_closed(broker_factory) -> None
         assert s.recv(1000) == b"-ERR no AUTH within 1 s\r\n"
         assert s.recv(1000) == b""  # closed
         assert time.monotonic() - started < 5
+
+
+def test_a_stranger_cannot_make_the_broker_hold_a_large_request_before_auth(broker) -> None:
+    """Before AUTH a request is an AUTH's size (64 KiB): a stranger's unfinished 1 MB
+    command was held whole until hello_timeout, per socket (40 sockets: +43 MiB). An
+    AUTH pipelined ahead of a large XADD, in the same write, lets the XADD through."""
+    import socket
+
+    from minou.limits import MAX_HELLO_FRAME_SIZE
+
+    def bulk(*args: bytes) -> bytes:
+        return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a)
+                                                 for a in args)
+
+    with socket.create_connection(("127.0.0.1", broker.resp_port), timeout=10) as s:
+        s.sendall(b"*3\r\n$4\r\nAUTH\r\n$1\r\nx\r\n$1000000\r\n" + b"x" * 100_000)
+        started = time.monotonic()
+        answer = s.recv(1000)  # at once: not at hello_timeout (10 s)
+        assert answer.startswith(b"-ERR Protocol error: unauthenticated request of over "
+                                 b"%d bytes" % MAX_HELLO_FRAME_SIZE), answer
+        assert time.monotonic() - started < 5
+    jwt = token(broker, "app").encode()
+    with socket.create_connection(("127.0.0.1", broker.resp_port), timeout=10) as s:
+        s.sendall(bulk(b"AUTH", b"app", jwt)
+                  + bulk(b"XADD", b"big/v1/a", b"*", b"f", b"x" * 500_000))
+        answers = b""
+        while answers.count(b"\r\n") < 3:
+            answers += s.recv(1000)
+        assert answers.startswith(b"+OK\r\n$") and b"-0\r\n" in answers, answers
+    assert connect(broker).xlen("big/v1/a") == 1
 
 
 def test_plain_keys_for_locks_and_markers_are_durable(broker) -> None:

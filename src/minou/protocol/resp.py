@@ -138,6 +138,12 @@ class RespParser:
         return len(self._buf) - self._pos
 
     @property
+    def pending(self) -> int:
+        """Bytes held of the request not complete yet: what is buffered and the
+        arguments of it already read."""
+        return len(self._buf) - self._pos + (self._held if self._left else 0)
+
+    @property
     def at_boundary(self) -> bool:
         """Between two commands: nothing of a next one read yet."""
         return not self._left and len(self._buf) == self._pos and self.error is None

@@ -65,6 +65,11 @@ class HiredisParser:
         """Bytes held for a request not complete yet (bounded as ``RespParser``'s)."""
         return self._pure.buffered if self._pure is not None else len(self._raw)
 
+    @property
+    def pending(self) -> int:
+        """Bytes held of the request not complete yet (as ``RespParser.pending``)."""
+        return self._pure.pending if self._pure is not None else len(self._raw)
+
     def feed(self, data: bytes) -> list[list[bytes]]:
         if self.error is not None:
             return []

@@ -47,6 +47,7 @@ from ..errors import (
 from ..limits import (
     MAX_DELETE,
     MAX_FROM_SEQ,
+    MAX_HELLO_FRAME_SIZE,
     REFUSAL_LINGER_S,
     RESP_RANGE_BYTES,
     RESP_RANGE_TOTAL_BYTES,
@@ -62,6 +63,7 @@ from ..protocol.resp import (
     Error,
     Map,
     RespParser,
+    RespProtocolError,
     Simple,
     Verbatim,
     encode,
@@ -293,6 +295,16 @@ class RespConnection(asyncio.Protocol):
 
     def _finish_read(self) -> None:
         self._publish_batch()
+        if (self.identity is None and not self._backlog and self.parser.error is None
+                and self.server.settings.auth_mode != "off"
+                and self.parser.pending > MAX_HELLO_FRAME_SIZE):
+            # Before AUTH a request is an AUTH or a HELLO (a token is 4 KiB at most): a
+            # stranger's unfinished 1 MiB XADD was held until hello_timeout, per socket.
+            # Checked once what came before it ran, so an AUTH pipelined ahead of a large
+            # command lets it through, as Redis limits unauthenticated requests.
+            self.parser.error = RespProtocolError(
+                f"Protocol error: unauthenticated request of over {MAX_HELLO_FRAME_SIZE} "
+                f"bytes; AUTH first")
         if self.parser.error is not None and not self.closing and not self._backlog:
             self.server.core.counters.refuse("malformed_frame")
             self._fill(self._slot(), Error(f"ERR {self.parser.error}"))
