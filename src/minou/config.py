@@ -19,8 +19,15 @@ from urllib.parse import urlsplit
 from . import limits
 from .auth.rules import Rules
 from .core.log import ChannelOptions
-from .errors import ConfigError, InvalidChannel
-from .names import INBOX_ENDPOINT, KV_ENDPOINT, KV_PREFIX, kv_channel
+from .errors import BadRequest, ConfigError, InvalidChannel
+from .names import (
+    INBOX_ENDPOINT,
+    KV_ENDPOINT,
+    KV_PREFIX,
+    check_label,
+    kv_channel,
+    parse_pattern,
+)
 from .schemas import (
     Compatibility,
     CompiledSchema,
@@ -421,6 +428,14 @@ def _check_channel_key(name: str) -> None:
             f'channels."{name}": channel options are keyed by "endpoint/version" '
             f'(e.g. "orders/v1") or "endpoint/*"'
         )
+    # The endpoint and version as a channel must spell them: options under a key no
+    # channel can have ("../v1", "orders /v1", "orders/v01") applied to nothing, silently
+    # (a schema among them checked nothing).
+    try:
+        parse_pattern(name if parts[1] == "*" else f"{name}/*")
+    except InvalidChannel as exc:
+        reason = exc.message.split(": ", 1)[-1].split(" (", 1)[0]
+        raise ConfigError(f'channels."{name}": {reason}') from None
 
 
 def _secret(table: dict[str, Any], key: str, base_dir: Path, section: str = "auth"
@@ -650,6 +665,13 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
         _expect(key, value, types, what)
         if key in _TOP_RANGES and not _in_range(value, _TOP_RANGES[key]):
             raise ConfigError(f"{key}: expected {what}, got {value}")
+        if key == "broker_id":
+            # Every token names it (aud) and every listing, log line and WELCOME shows it:
+            # an empty one, or one with NUL or a line break, was taken as it was.
+            try:
+                check_label("broker_id", value, limits.MAX_CLIENT_ID, space=True)
+            except BadRequest as exc:
+                raise ConfigError(exc.message) from None
         values[key] = value
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):
         values["data_dir"] = str(base_dir / values["data_dir"])
