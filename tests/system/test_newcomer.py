@@ -4,6 +4,7 @@ say what happened, and logs an operator can use. Real broker processes throughou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,51 @@ def test_a_second_broker_on_the_same_data_dir_is_refused(broker_factory):
     with first.connect_sync("a") as c:
         got = [c.consume("dup/v1/*", group="g").get(timeout=5) for _ in range(1)]
         assert got[0].payload == {"from": "A"} and got[0].seq == 1
+
+
+@contextlib.contextmanager
+def read_only(path: Path) -> Iterator[None]:
+    """``path`` read-only for every process, root too (a chmod binds no root): a
+    read-only bind mount over it; skipped where mounting is not permitted."""
+    def mount(*args: str) -> None:
+        try:
+            done = subprocess.run(["mount", *args], capture_output=True, text=True,
+                                  timeout=20)
+        except (OSError, subprocess.SubprocessError) as exc:
+            pytest.skip(f"cannot mount here ({exc})")
+        if done.returncode != 0:
+            pytest.skip(f"mounting is not permitted here ({done.stderr.strip()})")
+
+    mount("--bind", str(path), str(path))
+    try:
+        mount("-o", "remount,bind,ro", str(path))
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True, timeout=20)
+
+
+def test_a_read_only_database_is_refused_at_start_not_at_the_first_publish(broker_factory):
+    """SQLite opens a file it may not write read-only, silently: the broker printed its
+    banner and served, then stopped at the first publish ("attempt to write a readonly
+    database"). It now refuses to start, naming the file."""
+    first = broker_factory.make().start()
+    with first.connect_sync("a") as c:
+        c.send("ro/v1/1", {"n": 1})
+    first.stop()
+    with read_only(first.data_dir / "minou.db"):
+        try:
+            out = subprocess.run(start_cmd(first.data_dir), capture_output=True, text=True,
+                                 timeout=20)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"the broker started on a read-only database: "
+                                 f"{exc.stdout!r}") from None
+    assert out.returncode == 1
+    assert "minou.db: the file is read-only (its permissions, or a read-only mount)" \
+        in out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    first.start()  # writable again: nothing was lost
+    with first.connect_sync("a") as c:
+        assert c.consume("ro/v1/*", group="g").get(timeout=5).payload == {"n": 1}
 
 
 def test_a_busy_port_is_named_and_leaves_no_database_behind(tmp_path):

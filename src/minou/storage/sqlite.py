@@ -268,6 +268,13 @@ class SQLiteStorage:
 
     def open(self, now: float) -> Snapshot:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if os.path.exists(self.path) and not os.access(self.path, os.W_OK):
+            # SQLite opens a file it may not write read-only, and says nothing until the
+            # first write: the broker said it was ready, then stopped at the first publish
+            # ("attempt to write a readonly database").
+            raise StorageUnavailable(
+                f"cannot open {self.path}: the file is read-only (its permissions, or a "
+                f"read-only mount), and the broker writes to it")
         db = self._db()
         try:
             self._create_schema(db)
