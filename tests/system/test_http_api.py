@@ -89,6 +89,37 @@ def test_publish_consume_ack_over_http(http_broker, http):
     assert empty.status_code == 204 and time.monotonic() - t0 >= 0.45
 
 
+def test_a_channel_id_is_the_same_whether_the_endpoint_is_percent_encoded_or_not(
+        http_broker):
+    """The id is taken from the path as sent (ids are URL-encoded inside channel names);
+    an endpoint or version sent percent-encoded ("ord%65rs", "v%31") made it fall back to
+    the decoded id: "a%2Fb" was refused as "a/b" and "a%252F" stored in "a%2F"."""
+    u = http_broker.http.removeprefix("http://")
+    host, port = u.rsplit(":", 1)
+    token = bearer(http_broker, "app-enc")["Authorization"].encode()
+
+    def post(path: str) -> tuple[int, dict[str, Any]]:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+                      b"Authorization: " + token + b"\r\ncontent-type: application/json"
+                      b"\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        return int(head.split()[1]), json.loads(body or b"{}")
+
+    for path, channel in [("/v1/messages/orders/v1/a%2Fb", "orders/v1/a%2Fb"),
+                          ("/v1/messages/ord%65rs/v1/a%2Fb", "orders/v1/a%2Fb"),
+                          ("/v1/messages/orders/v%31/a%2Fb", "orders/v1/a%2Fb"),
+                          ("/v1/messages/orders/v1/a%252F", "orders/v1/a%252F"),
+                          ("/v1/messages/ord%65rs/v1/a%252F", "orders/v1/a%252F")]:
+        status, answer = post(path)
+        assert (status, answer.get("channel")) == (201, channel), (path, answer)
+    status, got = post("/v1/consume/ord%65rs/v1/a%2Fb?group=g&wait=1")
+    assert status == 200 and got["channel"] == "orders/v1/a%2Fb", got
+
+
 def test_long_poll_wakes_when_a_message_arrives(http_broker, http):
     h = bearer(http_broker, "app-2")
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import msgspec
 from starlette.requests import Request
@@ -709,8 +710,18 @@ def raw_channel_id(raw_path: bytes, params: dict[str, str], tail: str = "") -> s
     if tail and path.endswith(tail):
         path = path[: -len(tail)]
     # /v1/<route>[/_dead]/<endpoint>/<version>/<id...>
-    _, _, rest = path.partition(f"/{params['endpoint']}/{params['version']}/")
-    return rest or str(params["id"])
+    endpoint, version = params["endpoint"], params["version"]
+    head, found, rest = path.partition(f"/{endpoint}/{version}/")
+    if found and "%" not in head:
+        return rest
+    # The endpoint or the version sent percent-encoded ("n%61mes"): the id follows the
+    # first two segments that decode to them. (Matched as sent, the id fell back to its
+    # decoded form: "a%252F" named the channel "a%2F", and "a%2Fb" was refused as "a/b".)
+    segments = path.split("/")
+    for i in range(len(segments) - 2):
+        if unquote(segments[i]) == endpoint and unquote(segments[i + 1]) == version:
+            return "/".join(segments[i + 2:]) or str(params["id"])
+    return str(params["id"])
 
 
 class FastLane:
