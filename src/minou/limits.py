@@ -150,6 +150,11 @@ COMMIT_HERE_SLOW_WINDOW_S = 10.0
 COMMIT_HERE_STALL_S = 0.1
 COMMIT_HERE_BACKOFF_S = 30.0
 SWEEP_INTERVAL_S = 0.25  # leases, delays, TTL
+# A sweep that comes this much later than SWEEP_INTERVAL_S means the broker itself was not
+# running (stopped, frozen, its loop held): before it expires leases, it serves what its
+# sockets got meanwhile (acks sent in time) for STALL_GRACE_S.
+STALL_S = 1.0
+STALL_GRACE_S = 0.5
 DRAIN_COMMIT_WAIT_S = 5.0  # a soft stop waits this long for the last acks' commit
 EXPIRY_LOG_LINES = 10  # channels expired in one scan logged one by one; the rest counted
 CHECKPOINT_WAL_BYTES = 64 << 20  # copy the WAL into the database past this size (or idle)

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -183,6 +184,52 @@ def test_a_black_holed_consumer_is_cut_by_the_broker_and_its_messages_redelivere
         assert "is dead: nothing heard for" in broker.output
 
     asyncio.run(run())
+
+
+def test_acks_sent_in_time_while_the_broker_was_stopped_are_taken_not_expired(broker):
+    """Acks written within their lease while the broker did not run (SIGSTOP, a VM
+    frozen, its loop held) wait in its sockets; uvloop runs timers before it polls them,
+    so the first sweep after the pause expired the leases first: every ack was refused
+    (UNKNOWN_DELIVERY) and every message delivered again (50 of 50 after 8 s, lease 5 s).
+    A sweep that comes late serves what came meanwhile first. Over HTTP too."""
+    import urllib.request
+
+    from .test_http_api import bearer
+
+    async def run() -> None:
+        producer = await broker.connect("st-producer")
+        worker = await broker.connect("st-worker", heartbeat=None)  # never cut for silence
+        try:
+            await producer.send_many([("st/v1/a", {"n": i}) for i in range(20)])
+            sub = await worker.consume("st/v1/a", group="st", prefetch=20, lease=2)
+            held = [await sub.get(5) for _ in range(20)]
+            _, woke = _paused(broker, 4)  # twice the lease
+            settlements = [m.ack() for m in held]  # written now, within their leases
+            await asyncio.get_running_loop().run_in_executor(None, woke.wait, 30)
+            assert [await s for s in settlements] == [True] * 20
+            with pytest.raises(minou.Timeout):
+                again = await sub.get(3)
+                pytest.fail(f"message {again.payload} was delivered again")
+        finally:
+            await producer.close()
+            await worker.close()
+
+    asyncio.run(run())
+    h = {**bearer(broker, "st-http"), "content-type": "application/json"}
+
+    def post(path: str, body: bytes = b"") -> Any:
+        return urllib.request.urlopen(urllib.request.Request(
+            broker.http + path, data=body, headers=h, method="POST"), timeout=30)
+
+    post("/v1/messages/st/v1/h", b"{}")
+    receipt = json.loads(post("/v1/consume/st/v1/h?group=sth&wait=5&lease=2").read())["receipt"]
+    _, woke = _paused(broker, 4)
+    acked: list[int] = []
+    acker = threading.Thread(target=lambda: acked.append(post(f"/v1/ack/{receipt}").status))
+    acker.start()  # a new connection and its request, while the broker is stopped
+    assert woke.wait(30)
+    acker.join(30)
+    assert acked == [200]
 
 
 def test_the_broker_does_not_cut_a_client_that_never_asked_for_heartbeats(broker):

@@ -72,6 +72,8 @@ from ..limits import (
     REFUSAL_WAIT_S,
     SEQS_AT_SLICE,
     SETTLE_COMMIT_DELAY_S,
+    STALL_GRACE_S,
+    STALL_S,
     STORAGE_PROBE_S,
     STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
@@ -1250,10 +1252,20 @@ class BrokerServer:
     async def _ticker(self) -> None:
         loop = asyncio.get_running_loop()
         last_expiry_scan = 0.0
+        swept = loop.time()
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_S)
+            if loop.time() - swept > SWEEP_INTERVAL_S + STALL_S:
+                # This process was not running (stopped, a VM frozen, the loop held):
+                # what clients sent meanwhile waits in the sockets, and uvloop runs timers
+                # before it polls them, so acks sent within their leases found them
+                # expired and every message went out again (an 8 s SIGSTOP: 50 of 50
+                # acked within a 5 s lease refused and redelivered). Serve them first,
+                # new connections (an HTTP ack) included, then sweep.
+                await asyncio.sleep(STALL_GRACE_S)
             now = time.time()
             expired = self.core.tick(now)
+            swept = loop.time()  # a stall anywhere until the next sweep counts
             for channel, messages in expired[:EXPIRY_LOG_LINES]:
                 log.info("channel %s expired: idle for %g s (expire_idle); removed with %d "
                          "message(s) and the groups that read only it", channel,
