@@ -582,6 +582,9 @@ def _storage(raw: Any) -> dict[str, Any]:
 def _check_data_dir(data_dir: str, key: str, example: str = "./data") -> None:
     """The broker writes its database, admin key and a reserve file into ``data_dir``:
     refuse the filesystem root and kernel pseudo-filesystems (``key`` names the source)."""
+    if not data_dir.strip():  # Path("") is the working directory: whatever else is there
+        raise ConfigError(f"{key}: the data directory is empty; give a directory of its "
+                          f"own, e.g. {example}")
     try:
         real = Path(data_dir).resolve()
     except (OSError, RuntimeError):  # a symlink loop: the lock names it at start
@@ -673,6 +676,8 @@ def parse_settings(raw: dict[str, Any], *, base_dir: Path, path: str | None = No
             except BadRequest as exc:
                 raise ConfigError(exc.message) from None
         values[key] = value
+    if "data_dir" in values and not values["data_dir"].strip():
+        _check_data_dir("", "data_dir")  # else the config file's own directory
     if "data_dir" in values and not os.path.isabs(values["data_dir"]):
         values["data_dir"] = str(base_dir / values["data_dir"])
     channels = values.get("channels", {})
@@ -718,13 +723,20 @@ def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) 
             text = p.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:  # it was a traceback, at start and at reload
+            raise ConfigError(f"{p}: not UTF-8 (TOML and JSON files are): byte "
+                              f"0x{exc.object[exc.start]:02x} at offset {exc.start}") from None
         try:
             raw = (tomllib.loads(text) if p.suffix == ".toml"
                    else _unique_keys(json.loads(text, object_pairs_hook=_Pairs), p, ""))
+            settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p),
+                                      check=False)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: "
                               f"{exc}") from exc
-        settings = parse_settings(raw, base_dir=p.resolve().parent, path=str(p), check=False)
+        except RecursionError:  # the readers recurse per level: a traceback too
+            raise ConfigError(f"{p}: arrays and tables nest too deep to read (a schema "
+                              "file it names included)") from None
     known = {f.name for f in fields(Settings)}
     clean = {k: v for k, v in overrides.items() if v is not None and k in known}
     if "storage" in clean:

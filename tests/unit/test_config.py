@@ -50,6 +50,7 @@ def test_flags_override_the_file(tmp_path):
         ('[channels."orders/v01"]\nttl = 3', "channels.\"orders/v01\": version 'v01' must"),
         ('[channels."orders/vX"]\nttl = 3', "version 'vX' must look like v1"),
         ('broker_id = ""', "broker_id is empty: give 1..200 printable characters"),
+        ('data_dir = ""', "data_dir: the data directory is empty; give a directory of its own"),
         ('broker_id = "a\\u0000b"', "broker_id 'a\\x00b' holds U+0000"),
         ('broker_id = "a\\nb"', "broker_id 'a\\nb' holds U+000A"),
         ('[channels."orders/v1"]\nttl = true', 'channels."orders/v1".ttl: expected'),
@@ -75,6 +76,30 @@ def test_flags_override_the_file(tmp_path):
 def test_bad_config_names_the_key(tmp_path, text, message):
     cfg = tmp_path / "minou.toml"
     cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("minou.toml", b"port = 1\n\xff\xfe", "minou.toml: not UTF-8 (TOML and JSON files are): "
+                                             "byte 0xff at offset 9"),
+        ("minou.json", b'{"port": "\xe9"}', "minou.json: not UTF-8"),
+        ("minou.json", b"[" * 100_000 + b"]" * 100_000, "nest too deep to read"),
+        ("minou.toml", b"a = " + b"[" * 100_000 + b"]" * 100_000, "nest too deep to read"),
+        ("minou.toml", b'[channels."orders/v1"]\nschema = "deep.json"\n',
+         "nest too deep to read"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_an_error_not_a_traceback(tmp_path, name,
+                                                                       content, message):
+    """A file that is not UTF-8, or nests so deep that the readers' recursion gives out
+    (its own arrays, or a schema file it names), was a traceback at start."""
+    (tmp_path / "deep.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    cfg = tmp_path / name
+    cfg.write_bytes(content)
     with pytest.raises(ConfigError) as info:
         load_settings(cfg)
     assert message in str(info.value)
