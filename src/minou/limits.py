@@ -211,6 +211,12 @@ REFUSAL_LINGER_S = 2.0  # a refused native socket: time to read the error before
 # connection must have sent its first request's headers within this of connecting
 # (slowloris; as the HELLO deadline of native connections).
 HTTP_HEADER_TIMEOUT_S = 10.0
+# HTTP requests pipelined behind the one being answered, per connection. uvicorn queues one
+# per head it parses and read on after every answer, however long the queue: six sockets
+# pipelining GET /health (no token needed) without reading the answers held +1.2 GB in
+# 5 s (~1 KB a queued request). Past it the connection answers those and closes; the rest
+# is not done (the client sends it again, as after any close).
+MAX_HTTP_PIPELINE = 100
 # An idle keep-alive HTTP connection is closed after this long without a request: longer
 # than the 5 s for which clients such as httpx keep an idle connection, so a client
 # reusing one does not race our close.

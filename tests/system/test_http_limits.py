@@ -25,7 +25,7 @@ from websockets.exceptions import InvalidStatus
 import minou
 from minou.config import load_settings
 from minou.errors import ConfigError, ConnectionClosed, ErrorCode
-from minou.limits import MAX_HTTP_HEAD_BYTES
+from minou.limits import MAX_HTTP_HEAD_BYTES, MAX_HTTP_PIPELINE
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
 
@@ -268,6 +268,34 @@ def test_an_idle_keep_alive_connection_is_closed_after_its_idle_timeout(broker_f
         answered = time.monotonic()
         assert fresh.closed_by_peer(timeout=15)
         assert 1.9 <= time.monotonic() - answered < 6
+
+
+def test_a_client_pipelining_without_reading_holds_a_bounded_queue(broker):
+    """uvicorn queued a request per head it parsed and read on after every answer, so a
+    client pipelining GET /health (no token needed) and reading none of the answers grew
+    the broker without end (six sockets: +1.2 GB in 5 s). Now MAX_HTTP_PIPELINE wait
+    behind the one being answered: those are answered, the last with the close, and what
+    came after is not done."""
+    http = Http(broker)
+    http.sock.sendall(HEALTH * 1000)  # 36 KB: one read, parsed whole
+    answers = []
+    while True:
+        try:
+            answers.append(http.response())
+        except ConnectionError:
+            break
+    assert 0 < len(answers) <= MAX_HTTP_PIPELINE + 1
+    assert all(code == 200 for code, _, _ in answers)
+    assert answers[-1][1]["connection"] == "close"
+    assert http.closed_by_peer()
+    http.close()
+    assert "over 100 requests pipelined (MAX_HTTP_PIPELINE)" in broker.output
+    # Pipelining within the bound is answered whole, in order, and the connection stays.
+    http = Http(broker)
+    http.sock.sendall(HEALTH * 50)
+    assert [http.response()[0] for _ in range(50)] == [200] * 50
+    assert http.get()[0] == 200
+    http.close()
 
 
 def test_blank_lines_do_not_keep_an_idle_connection_open(broker_factory, tmp_path):

@@ -36,7 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from ..errors import BadRequest, NotAuthenticated, RequestError, RequestTimeout
 from ..limits import HTTP_LINGER_S as LINGER_S
-from ..limits import MAX_HTTP_HEAD_BYTES, REFUSAL_WAIT_S
+from ..limits import MAX_HTTP_HEAD_BYTES, MAX_HTTP_PIPELINE, REFUSAL_WAIT_S
 from . import oplog
 from .http_api import HEADER_PREFIX, body_too_large, hot_route, raw_channel_id
 from .wire import http_error
@@ -566,6 +566,11 @@ class MinouHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.pipeline and not self.transport.is_closing():
+            # uvicorn reads on after every answer, however many requests still wait: a
+            # client pipelining without reading the answers grew the queue by a read's
+            # worth of requests per answer. Read on once they are all answered.
+            self.flow.pause_reading()
         if self.timeout_keep_alive_task is not None:  # idle now, nothing in the pipeline
             # Data cancels uvicorn's idle timer even if it begins no request (blank
             # lines): the next request's headers are due by idle + header timeout.
@@ -605,9 +610,24 @@ class MinouHttpProtocol(HttpToolsProtocol):
             self.cycle = _DONE  # type: ignore[assignment]
         elif self._refused_before_body():
             self.cycle = _DONE  # type: ignore[assignment]
+        elif len(self.pipeline) >= MAX_HTTP_PIPELINE:
+            self._pipeline_full()
         elif self._hot_cycle() is None:
             self._make_scope()
             super().on_headers_complete()
+
+    def _pipeline_full(self) -> None:
+        """MAX_HTTP_PIPELINE requests wait behind the one being answered: they are
+        answered, the last with the close, and nothing after them is done (a read
+        parsed whole may hold thousands; the client sends them again, as after any
+        close). An answer here would overtake the ones queued."""
+        limit = MAX_HTTP_PIPELINE
+        self.api.count_refusal(BadRequest(
+            f"over {limit} HTTP requests pipelined (MAX_HTTP_PIPELINE)", limit=limit))
+        oplog.request_pipeline_full(self.client, limit)
+        self.pipeline[0][0].keep_alive = False  # the newest: answered last, then the close
+        self.closing = True  # the rest is read and dropped
+        self.cycle = _DONE  # type: ignore[assignment]
 
     def _refused_before_body(self) -> bool:
         """A request with a body and no valid token is answered 401 at its headers: its

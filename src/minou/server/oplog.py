@@ -121,6 +121,14 @@ def request_head_too_large(peer: Any, limit: int) -> None:
                     _peer(peer), limit)
 
 
+def request_pipeline_full(peer: Any, limit: int) -> None:
+    """An HTTP connection that pipelined more requests than are queued."""
+    if _allow("HTTP pipelines too long"):
+        log.warning("HTTP connection from %s closed after its answers: over %d requests "
+                    "pipelined (MAX_HTTP_PIPELINE) while it read none of them", _peer(peer),
+                    limit)
+
+
 def connection_dead(peer: Any, client_id: str | None, silent: float, interval: float,
                     held: int) -> None:
     """A connection that missed its heartbeats: the peer (or the path to it) is gone."""
