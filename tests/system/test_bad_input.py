@@ -236,3 +236,30 @@ def test_max_connections_and_hello_deadline(broker_factory, tmp_path):
     assert isinstance(err, f.Error) and err.code == ErrorCode.UNEXPECTED_FRAME and err.fatal
     assert "no HELLO within 0.5 s" in err.message and silent.closed_by_peer()
     silent.close()
+
+
+def test_a_development_broker_checks_client_ids_as_any_other(tmp_path):
+    """--dev asks for no key, but an id is still an id: with a control character, a
+    right-to-left mark or a "/" it would forge lines of the log, the dashboard and the
+    listings. Refused at the HELLO with why=client_id; a plain id still gets in."""
+    from ..conftest import BrokerProcess
+
+    broker = BrokerProcess(tmp_path / "dev", extra=["--dev"], open_rules=False).start()
+    try:
+        for bad in ("a\x00b", "app\nFORGED line", "a/b", "rtl\u202eevil"):
+            peer = RawPeer(broker.url)
+            peer.write(f.encode(f.Hello(bad)))
+            err = peer.read()
+            assert isinstance(err, f.Error), (bad, err)
+            assert err.code == ErrorCode.NOT_AUTHENTICATED, (bad, err)
+            assert err.detail["why"] == "client_id"
+            assert "client id" in err.message
+            peer.sock.close()
+        peer = RawPeer(broker.url)
+        peer.write(f.encode(f.Hello("app-1")))
+        assert isinstance(peer.read(), f.Welcome)
+        peer.sock.close()
+        with minou.connect_sync(broker.url, client_id="app-2") as app:
+            assert app.admin("whoami")["client_id"] == "app-2"
+    finally:
+        broker.stop()

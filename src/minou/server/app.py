@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import __version__
 from ..auth import keys as keyfiles
 from ..auth.credentials import Credentials, decode_credential, encode_credential
-from ..auth.registry import ClientRecord, Identity, Registry, decode_record, encode_record
+from ..auth.registry import (
+    ClientRecord,
+    Identity,
+    Registry,
+    check_client_id,
+    decode_record,
+    encode_record,
+)
 from ..auth.rules import ALLOW_ALL
 from ..config import Settings
 from ..core.broker import Broker, Session
@@ -684,6 +691,9 @@ class BrokerServer:
             return Identity(hello.client_id,
                             self.registry.is_admin(hello.client_id, s.admins), method="link")
         if s.auth_mode == "off":
+            # No key, but the same id rules: an id with control characters or "/" would
+            # forge lines of the log and listings here as anywhere.
+            check_client_id(hello.client_id)
             return Identity(hello.client_id, True, method="development")
         if s.auth_mode == "token":
             return Identity(hello.client_id, True, method="broker_token")
