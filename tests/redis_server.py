@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .ports import spare_port
+
 REDIS_SERVER = shutil.which("redis-server")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return spare_port()  # not from the ephemeral range: ports.py says why
 
 
 class RedisServer:

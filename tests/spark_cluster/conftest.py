@@ -22,7 +22,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ pytest.importorskip("pyarrow")
 from minou.auth import keys as keyfiles
 
 from ..conftest import BrokerProcess
+from ..ports import spare_port
 from ..spark.conftest import rules_broker
 
 HERE = Path(__file__).resolve().parent
@@ -75,20 +75,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # ---------------------------------------------------------------- processes
-_HANDED_OUT: set[int] = set()
-
-
 def free_port() -> int:
-    """A free loopback port not handed out before in this run: a JVM binds its port
+    """A free loopback port not handed out before in this run (a JVM binds its port
     seconds after it was picked, so two daemons picked in a row could otherwise get the
-    same one (a worker's web UI then answered the master's /json/ with its HTML page)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
+    same one: a worker's web UI then answered the master's /json/ with its HTML page),
+    and outside the ephemeral range (``tests/ports.py``)."""
+    return spare_port()
 
 
 def descendants(root: int) -> list[int]:
