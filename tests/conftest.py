@@ -26,6 +26,7 @@ from minou.auth import keys as keyfiles
 from minou.auth.tokens import make_token
 from minou.protocol import frames as f
 from minou.protocol.reader import FrameReader
+from tests.ports import restartable_port
 from tests.redis_cluster import RedisCluster
 from tests.redis_sentinel import SentinelSet
 from tests.redis_server import REDIS_SERVER, RedisServer
@@ -104,36 +105,6 @@ def client_key(client_id: str) -> Path:
         path, _ = keyfiles.save(keyfiles.generate(), _KEY_DIR, client_id)
         _KEYS[client_id] = path
     return path
-
-
-def _port_slice() -> tuple[int, int]:
-    """This test process's own share of 21000-31999: xdist workers counting through one
-    shared range from random starts walked into each other's ports (a broker then found
-    its port taken by another worker's broker)."""
-    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    index = int(worker) % workers if worker.isdigit() else 0
-    size = 11000 // workers
-    return 21000 + index * size, size
-
-
-_PORT_BASE, _PORT_SPAN = _port_slice()
-_RESTART_PORTS = itertools.count(int.from_bytes(os.urandom(2), "big") % _PORT_SPAN)
-
-
-def restartable_port() -> int:
-    """A free loopback port below the kernel's ephemeral range (32768-60999): a broker
-    restarted on it after a kill -9 never finds it taken by some client's outgoing
-    connection, which port 0 (an ephemeral port) risks on a busy machine."""
-    for _ in range(2000):
-        port = _PORT_BASE + next(_RESTART_PORTS) % _PORT_SPAN
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port in {_PORT_BASE}-{_PORT_BASE + _PORT_SPAN - 1}")
 
 
 @dataclass

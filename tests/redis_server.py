@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .ports import spare_port
+from .ports import restartable_port
 
 REDIS_SERVER = shutil.which("redis-server")
 
 
 def free_port() -> int:
-    return spare_port()  # not from the ephemeral range: ports.py says why
+    return restartable_port()  # not from the ephemeral range: ports.py says why
 
 
 class RedisServer:

@@ -39,7 +39,7 @@ pytest.importorskip("pyarrow")
 from minou.auth import keys as keyfiles
 
 from ..conftest import BrokerProcess
-from ..ports import spare_port
+from ..ports import restartable_port
 from ..spark.conftest import rules_broker
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def free_port() -> int:
     seconds after it was picked, so two daemons picked in a row could otherwise get the
     same one: a worker's web UI then answered the master's /json/ with its HTML page),
     and outside the ephemeral range (``tests/ports.py``)."""
-    return spare_port()
+    return restartable_port()
 
 
 def descendants(root: int) -> list[int]:
