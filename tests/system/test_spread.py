@@ -37,8 +37,10 @@ from ..redis_sentinel import SentinelSet
 from ..redis_server import REDIS_SERVER, RedisServer
 from .test_full_disk import bearer
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+# Shared with the other test_spread_*.py files, as is the ``redis`` fixture.
+SPREAD_MARKS = [pytest.mark.timeout(180),
+                pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
+pytestmark = SPREAD_MARKS
 
 LEASE = 1.0
 QUEUES = [f"orders/v{i}" for i in range(1, 13)]

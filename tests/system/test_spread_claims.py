@@ -16,19 +16,18 @@ from redis import exceptions as redis_errors
 import minou
 from minou.storage.redis.keys import shared_base
 
-from ..redis_server import REDIS_SERVER, RedisServer
+from ..redis_server import RedisServer
+from . import test_spread
 from .test_full_disk import bearer
-from .test_spread import LEASE, publish_all, spread_brokers
+from .test_spread import (
+    LEASE,
+    SPREAD_MARKS,
+    publish_all,
+    spread_brokers,
+)
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
+pytestmark = SPREAD_MARKS
+redis = test_spread.redis  # the fixture: one Redis per test
 
 
 def registry(redis: RedisServer) -> set[str]:

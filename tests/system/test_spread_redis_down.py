@@ -16,25 +16,20 @@ import pytest
 import minou
 
 from ..conftest import wait_until
-from ..redis_server import REDIS_SERVER, RedisServer
+from ..redis_server import RedisServer
+from . import test_spread
 from .test_spread import (
     LEASE,
     QUEUES,
+    SPREAD_MARKS,
     consume,
     publish_all,
     settled_spread,
     spread_brokers,
 )
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
+pytestmark = SPREAD_MARKS
+redis = test_spread.redis  # the fixture: one Redis per test
 
 
 @pytest.mark.parametrize("how", ["paused", "restarted"])

@@ -8,24 +8,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import minou
 
 from ..conftest import wait_until
-from ..redis_server import REDIS_SERVER, RedisServer
+from ..redis_server import RedisServer
+from . import test_spread
 from .test_slow_consumers import BODY, rss_mib, silent_consumer
-from .test_spread import ADMINS, LEASE, cluster_view, owners
+from .test_spread import (
+    ADMINS,
+    LEASE,
+    SPREAD_MARKS,
+    cluster_view,
+    owners,
+)
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
+pytestmark = SPREAD_MARKS
+redis = test_spread.redis  # the fixture: one Redis per test
 
 
 def test_silent_consumers_of_another_broker_s_queue_pin_a_bounded_amount_here(

@@ -14,18 +14,18 @@ import minou
 from minou.storage.redis.keys import shared_base
 
 from ..conftest import wait_until
-from ..redis_server import REDIS_SERVER, RedisServer
-from .test_spread import owners, publish_all, settled_spread, spread_brokers
+from ..redis_server import RedisServer
+from . import test_spread
+from .test_spread import (
+    SPREAD_MARKS,
+    owners,
+    publish_all,
+    settled_spread,
+    spread_brokers,
+)
 
-pytestmark = [pytest.mark.timeout(180),
-              pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Any:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
+pytestmark = SPREAD_MARKS
+redis = test_spread.redis  # the fixture: one Redis per test
 
 
 def test_a_writer_id_bound_on_one_broker_is_refused_to_another_client_on_every_broker(
