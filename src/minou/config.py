@@ -128,6 +128,7 @@ class Settings:
     data_dir: str = limits.DEFAULT_DATA_DIR
     max_message_size: int = limits.MAX_MESSAGE_SIZE
     max_connections: int = limits.DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = limits.DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     default_lease: float = limits.DEFAULT_LEASE_S
     dedup_window: float = limits.DEFAULT_DEDUP_WINDOW_S
     max_dedup_keys: int = limits.MAX_DEDUP_KEYS  # past it the oldest keys expire early
@@ -232,6 +233,7 @@ _TOP_KEYS = {
     "max_message_size": (int, f"a number of bytes >= 1 and <= {MAX_MESSAGE_SIZE_SETTING} "
                          f"(a message fits one {limits.MAX_FRAME_SIZE >> 20} MiB frame)"),
     "max_connections": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
+    "max_connections_per_client": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
     "default_lease": ((int, float), f"a number of seconds > 0 and <= {limits.MAX_LEASE_S:g}"),
     "dedup_window": ((int, float), f"a number of seconds >= 0 and <= {_MAX_SECONDS_TEXT}"),
     "max_dedup_keys": (int, f"an integer >= 1 and <= {MAX_SETTING_INT}"),
@@ -258,6 +260,7 @@ _TOP_RANGES: dict[str, _Range] = {
     "resp_port": (0, 65535, False),
     "max_message_size": (1, MAX_MESSAGE_SIZE_SETTING, False),
     "max_connections": (1, MAX_SETTING_INT, False),
+    "max_connections_per_client": (1, MAX_SETTING_INT, False),
     "default_lease": (0, limits.MAX_LEASE_S, True),
     "dedup_window": (0, MAX_SETTING_SECONDS, False),
     "max_dedup_keys": (1, MAX_SETTING_INT, False),

@@ -58,6 +58,7 @@ class ErrorCode(IntEnum):
     STANDBY = 306
     REPLY_TIMEOUT = 307
     RESPONDER_ERROR = 308
+    INPUT_BUSY = 309
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,8 @@ ERROR_TABLE: dict[ErrorCode, CodeInfo] = {
                                      "storage full: nothing was stored (or made durable)"),
     ErrorCode.PUBLISH_BACKLOG: CodeInfo(503, "publish_backlog",
                                         "the disk is behind: nothing was stored; retry"),
+    ErrorCode.INPUT_BUSY: CodeInfo(503, "input_busy",
+                                   "too many large bodies arriving at once; retry"),
     ErrorCode.STANDBY: CodeInfo(503, "standby",
                                 "this broker is a standby: another broker serves"),
     ErrorCode.REPLY_TIMEOUT: CodeInfo(504, "reply_timeout", "no reply in time"),
@@ -269,6 +272,14 @@ class PublishBacklog(RequestError):
     ``detail.retry_after`` seconds. A socket publisher is paused instead."""
 
     code = ErrorCode.PUBLISH_BACKLOG
+
+
+class InputBusy(RequestError):
+    """An HTTP request with a body over 64 KiB while the broker's budget of unfinished
+    bodies and frames (or its client's share) is taken: nothing was done; retry after
+    ``Retry-After``. A socket connection waits for room instead."""
+
+    code = ErrorCode.INPUT_BUSY
 
 
 class StorageError(MinouError):

@@ -18,6 +18,21 @@ MAX_FRAME_SIZE = 16 << 20  # a batch of publishes may hold many messages
 # 160 GB). Past it the connection is refused at the frame's header, as an HTTP request
 # whose head passes MAX_HTTP_HEAD_BYTES.
 MAX_HELLO_FRAME_SIZE = 64 << 10
+# Unfinished frames and request bodies (server/input_budget.py). A connection holds a
+# HELLO's worth of one on its own; a larger one is reserved first from a budget of
+# INPUT_BUDGET_BYTES over every connection (or 4 of the largest frames allowed, if more),
+# a quarter of it per client: one authenticated client parking 16 MiB of a frame in every
+# connection slot it could open held the broker's memory without end. A reservation must
+# arrive at INPUT_MIN_RATE on average after INPUT_GRACE_S (a 16 MiB frame: 266 s), or
+# the connection is cut.
+INPUT_SMALL_BYTES = MAX_HELLO_FRAME_SIZE
+INPUT_BUDGET_BYTES = 256 << 20
+INPUT_CLIENT_SHARE = 4  # a client may reserve 1/4 of the budget
+INPUT_MIN_RATE = 64 << 10  # bytes a second
+INPUT_GRACE_S = 10.0
+# Input whose size is not known ahead (a WebSocket message, a Redis protocol command)
+# reserves its room as it arrives, this much at a time.
+INPUT_STEP_BYTES = 1 << 20
 MAX_HEADERS = 64
 MAX_HEADER_SIZE = 8 << 10
 # Arrays and objects inside one another in a client's JSON (payloads, HTTP bodies, stream
@@ -191,6 +206,10 @@ HELLO_TIMEOUT_S = 10.0
 # descriptor: native, HTTP and WebSocket ones count together against max_connections,
 # capped by what the descriptor limit leaves once these are set aside.
 DEFAULT_MAX_CONNECTIONS = 10_000
+# ... of which one client (not an admin, not a broker's link) may hold this many
+# authenticated: native and WebSocket sessions and Redis protocol connections once AUTHed.
+# Without it one client could take every slot and have every other refused.
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1_000
 # Channels the broker holds (config max_channels): each costs ~2 KB of memory for good
 # (its state, its groups' cursors, a stored row) and is made by its first publish or
 # named reader, so without a bound any client with write rights could make millions.

@@ -382,7 +382,7 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
         assert frame_of(native_ws.recv(5)) == f.Pong(7)
 
         st = admin.admin("status")
-        assert st["admission"]["refused"] == {"native": 2, "http": 3, "resp": 0}
+        assert st["admission"]["refused"] == {"native": 2, "http": 3, "resp": 0, "client": 0}
         assert st["counters"]["refused"]["too_many_connections"] == 5
         assert len(re.findall(r"native connection from 127\.0\.0\.1:\d+ refused: 4 "
                               r"connections open \(max_connections = 4\)",

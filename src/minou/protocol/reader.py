@@ -34,6 +34,7 @@ class FrameReader:
         self._max = max_frame_size
         self._why_limit = why_limit  # said after the limit in the error
         self._dead: ProtocolError | None = None
+        self.offset = 0  # bytes of the stream consumed as whole frames: where the next begins
 
     def allow(self, max_frame_size: int) -> None:
         """Take frames up to ``max_frame_size`` from now on (a connection whose HELLO was
@@ -52,6 +53,15 @@ class FrameReader:
     def buffered(self) -> int:
         """Bytes received but not yet consumed (a partial frame at EOF means truncation)."""
         return len(self._buf) - self._pos
+
+    def unfinished(self) -> int:
+        """The declared length of the frame whose header came and whose body has not all
+        come yet; 0 if none (what a connection must find room for before reading on)."""
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            return 0
+        length: int = HEADER.unpack_from(buf, pos)[0]
+        return length if len(buf) - pos < 4 + length else 0
 
     def next_event(self) -> Frame | BadFrame | None:
         if self._dead is not None:
@@ -83,6 +93,7 @@ class FrameReader:
             self._compact()
             return None
         self._pos = end
+        self.offset += end - pos
         # Decoded straight from the buffer (msgspec copies what it keeps): a copy of the
         # body first cost a quarter of the loop's time with 1 MiB publishes. The views
         # are released before the buffer can grow again.

@@ -78,8 +78,13 @@ class Admission:
     def __init__(self, *, max_connections: Callable[[], int],
                  count_refusal: Callable[[str], None],
                  descriptors: Callable[[], int] = lambda: 0,
-                 descriptors_before: int = 0) -> None:
+                 descriptors_before: int = 0,
+                 per_client: Callable[[], int] = lambda: 1 << 30) -> None:
         self.max_connections = max_connections
+        self.per_client = per_client
+        # Authenticated connections by client (admins and brokers' links not counted).
+        self.by_client: Counter[str] = Counter()
+        self.client_of: dict[Any, str] = {}
         self.count_refusal = count_refusal
         self.descriptor_limit = descriptors
         self.descriptors_before = descriptors_before
@@ -127,6 +132,38 @@ class Admission:
             self.refusing.add(transport)
         return exc
 
+    def enter_client(self, conn: Any, identity: Any, peer: Any) -> None:
+        """``conn`` is authenticated as ``identity``: count it against its client's share
+        (``max_connections_per_client``), or raise TooManyConnections (counted, logged)
+        when the client has that many already. Admins and brokers' links pass."""
+        if identity.admin or identity.method == "link":
+            return
+        client, limit = identity.client_id, self.per_client()
+        held = self.by_client[client]
+        if held >= limit:
+            exc = TooManyConnections(
+                f"client {client!r} already has {held} connections (native, WebSocket and "
+                f"Redis protocol together; max_connections_per_client = {limit}); close "
+                f"some, or ask an operator to raise it", limit=limit, client=client)
+            self.refused["client"] += 1
+            self.count_refusal(exc.reason)
+            oplog.connection_refused("client", peer,
+                                     f"client {client!r} has {held} connections "
+                                     f"(max_connections_per_client = {limit})")
+            raise exc
+        self.by_client[client] = held + 1
+        self.client_of[conn] = client
+
+    def leave_client(self, conn: Any) -> None:
+        """An authenticated connection ended (calling it twice is harmless)."""
+        client = self.client_of.pop(conn, None)
+        if client is not None:
+            held = self.by_client[client] - 1
+            if held:
+                self.by_client[client] = held
+            else:
+                del self.by_client[client]
+
     def leave(self, transport: Any) -> None:
         """A socket closed (admitted or refused; calling it twice is harmless)."""
         self.open.pop(transport, None)
@@ -140,5 +177,7 @@ class Admission:
                 "open": {"native": kinds["native"], "http": kinds["http"],
                          "resp": kinds["resp"]},
                 "refused": {"native": self.refused["native"], "http": self.refused["http"],
-                            "resp": self.refused["resp"]},
+                            "resp": self.refused["resp"], "client": self.refused["client"]},
+                "per_client": self.per_client(),
+                "busiest_client": max(self.by_client.values(), default=0),
                 "refusing": len(self.refusing), "dropped": self.dropped}

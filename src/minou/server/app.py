@@ -98,6 +98,7 @@ from .datadir import DataDirLocks
 from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
 from .federation import LOCAL_CREDENTIAL, Federation
+from .input_budget import InputBudget, input_budget_limits
 from .kv import read_buckets
 from .lookups import ClientLookups
 from .oplog import watch_handshakes
@@ -238,10 +239,12 @@ class BrokerServer:
         local = [Path(self.storage.path).parent] if self.storage.backend == "sqlite" else []
         self._dir_lock = DataDirLocks(settings.data_dir, *local)
         self.max_frame_size = max(MAX_FRAME_SIZE, settings.max_message_size * 2)
+        self.input_budget = InputBudget(*input_budget_limits(self.max_frame_size))
         self.connections: set[NativeConnection] = set()
         self.streams: set[StreamSession] = set()  # /v1/stream sockets
         # Every client socket of both listeners, against one limit (admission.py).
         self.admission = Admission(max_connections=lambda: self.settings.max_connections,
+                                   per_client=lambda: self.settings.max_connections_per_client,
                                    count_refusal=self.core.counters.refuse)
         self.counters_internal = 0
         self.slow_consumers = 0
@@ -581,6 +584,12 @@ class BrokerServer:
             self._http_auth = HttpAuth(self)
         return self._http_auth
 
+    def input_done(self, holder: Any) -> None:
+        """``holder``'s large frame or body is whole, or its connection gone: its room
+        goes to the connections waiting for some (input_budget.py)."""
+        for granted in self.input_budget.release(holder, time.monotonic()):
+            granted.input_granted()
+
     def admit(self, conn: NativeConnection) -> None:
         """A new native connection (TCP or /v1/ws), its socket already within the
         connection limit (self.admission): enforce the HELLO deadline."""
@@ -827,6 +836,7 @@ class BrokerServer:
         core.default_lease = new.default_lease
         core.in_flight.configure(new.in_flight_bytes)
         self.max_frame_size = max(MAX_FRAME_SIZE, new.max_message_size * 2)
+        self.input_budget.resize(*input_budget_limits(self.max_frame_size))
         self.storage.max_size = new.storage_max_size  # the writer applies it at its next commit
         closed = self._reapply_access()
         self.federation.apply(new.federation)
@@ -1285,6 +1295,9 @@ class BrokerServer:
                          len(expired) - EXPIRY_LOG_LINES)
             self._warn_dedup_evictions(now)
             self.watch_consumers(time.monotonic())
+            if self.input_budget.held:
+                for holder in self.input_budget.overdue(time.monotonic()):
+                    holder.input_too_slow()
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
                 self._sample_rates(now)
@@ -1505,6 +1518,7 @@ class BrokerServer:
             "uptime_s": now - self.started_at,
             "connections": len(self.connections),
             "sockets": self.admission.stats(),
+            "unfinished_input": self.input_budget.stats(),
             "counters": self.core.counters.as_dict(),
             "dedup": {"keys": len(self.core.dedup), "evicted": self.core.dedup.evicted},
             "producers": {"states": len(self.core.producers),
@@ -1790,6 +1804,7 @@ class BrokerServer:
             "long_polls": dict(self.engine.long_polls.kinds),  # waiting now, by kind
             "offsets_at": len(self.lookups),  # OFFSETS with at being answered now
             "admission": self.admission.stats(),
+            "unfinished_input": self.input_budget.stats(),
             "flow": {"publisher_pauses": self.flow_pauses,
                      "uncommitted_bytes": self.uncommitted_bytes,
                      "publish_pause_bytes": self.settings.publish_pause_bytes,
@@ -1830,7 +1845,8 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
     return key
 
 
-_RELOAD_KEYS = ("max_message_size", "max_connections", "default_lease", "dedup_window",
+_RELOAD_KEYS = ("max_message_size", "max_connections", "max_connections_per_client",
+                "default_lease", "dedup_window",
                 "max_dedup_keys", "max_channels", "max_clients", "max_long_polls_per_client",
                 "max_offsets_at_per_client",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",

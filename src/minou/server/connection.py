@@ -25,11 +25,16 @@ from ..errors import (
     NotAuthorized,
     ProtocolError,
     RequestError,
+    RequestTimeout,
     SlowConsumer,
+    TooManyConnections,
     UnexpectedFrame,
 )
 from ..limits import (
     HEARTBEAT_MISSES,
+    INPUT_GRACE_S,
+    INPUT_MIN_RATE,
+    INPUT_SMALL_BYTES,
     MAX_BATCH,
     MAX_HEARTBEAT_S,
     MAX_HELLO_FRAME_SIZE,
@@ -93,6 +98,11 @@ class NativeConnection:
         self.hellos = 0
         self.closed = False
         self.reading_paused = False
+        # A frame over INPUT_SMALL_BYTES being read: where it begins in the stream, once its
+        # room is reserved (server/input_budget.py); -1: none. ``input_waiting``: no room
+        # yet, reading paused until the budget grants it.
+        self._input_frame = -1
+        self.input_waiting = False
         # Deliveries stop for two reasons: the socket's write buffer is above its water
         # mark (the peer reads slowly), or all connections together hold more unsent
         # bytes than the broker's budget and this one holds a big share.
@@ -166,8 +176,54 @@ class NativeConnection:
             self.flush()
             self.close()
             return
+        if self._input_frame >= 0 or self.reader.buffered > INPUT_SMALL_BYTES:
+            self._reserve_input()
         self.flush()
         self.engine.after_input()
+
+    def _reserve_input(self) -> None:
+        """Room for the large frame being read (server/input_budget.py): released when it
+        is whole, reserved when one begins; without room, nothing more is read until
+        there is."""
+        reader, server = self.reader, self.server
+        size = reader.unfinished()
+        if self._input_frame >= 0 and (not size or reader.offset != self._input_frame):
+            self._input_frame = -1
+            server.input_done(self)
+        if not size or self._input_frame >= 0 or not server.input_budget.needs_room(size) \
+                or self.closed:
+            return
+        client = self.identity.client_id if self.identity is not None else self.peer
+        budget = server.input_budget
+        if budget.reserve(self, client, size, time.monotonic()):
+            self._input_frame = reader.offset
+            return
+        budget.enqueue(self, client, size)
+        oplog.input_budget_full(self.peer, client, size, budget.stats())
+        self.pause_reading()
+        self.input_waiting = True
+
+    def input_granted(self) -> None:
+        """The budget reserved room for the frame this connection waited to read."""
+        self.input_waiting = False
+        self._input_frame = self.reader.offset
+        self.resume_reading()
+
+    def input_too_slow(self) -> None:
+        """The large frame being read did not arrive in the time its reservation gave."""
+        if self.closed:
+            return
+        size = self.reader.unfinished()
+        seconds = self.server.input_budget.allowed_seconds(size)
+        self._input_frame = -1
+        self.server.input_done(self)  # the socket reads nothing more: its room is free
+        exc = RequestTimeout(
+            f"a frame of {size} bytes did not arrive within {seconds:.0f} s: frames over "
+            f"{INPUT_SMALL_BYTES} bytes must come at {INPUT_MIN_RATE >> 10} KiB/s or faster "
+            f"after the first {INPUT_GRACE_S:g} s", limit=seconds)
+        oplog.input_too_slow(self.peer, self.identity.client_id if self.identity else None,
+                             "frame", size, seconds)
+        self.refuse(exc)
 
     def _handle(self, event: f.Frame | BadFrame) -> None:
         if isinstance(event, BadFrame):
@@ -241,7 +297,13 @@ class NativeConnection:
                 return
             self.refuse(exc)
             return
-        producer = self.begin(identity, hello.producer_id)
+        try:
+            producer = self.begin(identity, hello.producer_id)
+        except TooManyConnections as exc:  # its client has max_connections_per_client
+            self._error(0, exc, fatal=True)
+            self.flush()
+            self.close()
+            return
         if hello.heartbeat > 0:
             self.heartbeat = min(max(float(hello.heartbeat), MIN_HEARTBEAT_S), MAX_HEARTBEAT_S)
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
@@ -268,7 +330,9 @@ class NativeConnection:
 
     def begin(self, identity: Any, producer_id: str | None = None) -> str:
         """Serve ``identity`` from now on (authenticated by the caller: a HELLO here, a
-        Redis protocol AUTH for a connection that door drives); its producer id."""
+        Redis protocol AUTH for a connection that door drives); its producer id. Raises
+        TooManyConnections when its client has ``max_connections_per_client`` already."""
+        self.server.admission.enter_client(self, identity, self.peer)
         self.identity = identity
         self.reader.allow(self.server.max_frame_size)
         self._stop_hello_timer()
@@ -919,7 +983,7 @@ class NativeConnection:
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.reading_paused and not self.closed:
+        if self.reading_paused and not self.closed and not self.input_waiting:
             self.reading_paused = False
             self.transport.resume_reading()
 
@@ -948,6 +1012,10 @@ class NativeConnection:
         self.closed = True
         self._stop_heartbeats()
         self._stop_hello_timer()
+        self.server.admission.leave_client(self)
+        if self._input_frame >= 0 or self.input_waiting:
+            self._input_frame, self.input_waiting = -1, False
+            self.server.input_done(self)
         for task in [*self._long_polls, *self._lookups]:  # nobody is there to answer
             task.cancel()
         if self.front is not None:

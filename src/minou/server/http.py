@@ -12,6 +12,7 @@ import dis
 import importlib
 import logging
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -23,7 +24,13 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..errors import StartupError
-from ..limits import CONSUMER_WRITE_HIGH, CONSUMER_WRITE_LOW, MAX_HELLO_FRAME_SIZE
+from ..limits import (
+    CONSUMER_WRITE_HIGH,
+    CONSUMER_WRITE_LOW,
+    INPUT_SMALL_BYTES,
+    INPUT_STEP_BYTES,
+    MAX_HELLO_FRAME_SIZE,
+)
 from . import oplog
 from .connection import NativeConnection
 
@@ -395,8 +402,75 @@ def _ws_protocol(server: Server) -> Any:
             self.conn.max_message_size = (MAX_HELLO_FRAME_SIZE + 4 if hello
                                           else self.config.ws_max_size)
             super().data_received(data)
+            if not hello and (self.frames or self.input_reserved
+                              or len(self.conn.reader.buffer) > INPUT_SMALL_BYTES):
+                self._reserve_input(scope)
+
+        input_reserved = 0  # bytes of the budget of unfinished input (input_budget.py)
+
+        def _reserve_input(self, scope: Any) -> None:
+            """A message still arriving holds room in the broker's budget of unfinished
+            input past INPUT_SMALL_BYTES, grown a MiB at a time (its size is not known
+            ahead); a socket that finds none is closed with 1013 (try again later), as an
+            HTTP body is refused with a 503."""
+            held = len(self.conn.reader.buffer) + sum(map(len, self.frames))
+            if held <= INPUT_SMALL_BYTES:
+                self.release_input()
+                return
+            if held <= self.input_reserved or self.close_sent:
+                return
+            step = INPUT_STEP_BYTES
+            want = min(-(-held // step) * step, self.config.ws_max_size + 1)
+            owner = scope.get(WS_OWNER) if scope else None
+            identity = getattr(owner, "identity", None)
+            client = identity.client_id if identity is not None else oplog.peer_host(
+                oplog.peer_text(self.client))
+            budget = server.input_budget
+            if budget.grow(self, client, want, time.monotonic()):
+                self.input_reserved = want
+                return
+            refuse("input_busy")
+            budget.waits += 1
+            oplog.input_budget_full(oplog.peer_text(self.client, "ws"), client, want,
+                                    budget.stats())
+            self.release_input()
+            self._close_now(1013, "too many large messages arriving at once: try again")
+
+        def release_input(self) -> None:
+            if self.input_reserved:
+                self.input_reserved = 0
+                server.input_done(self)
+
+        def input_granted(self) -> None:  # never queued: closed with 1013 instead
+            pass
+
+        def input_too_slow(self) -> None:
+            """The message did not arrive in the time its reservation gave: closed with
+            1008 (a policy), counted as a request timeout."""
+            size = self.input_reserved
+            self.release_input()
+            if self.close_sent or self.transport.is_closing():
+                return
+            refuse("request_timeout")
+            oplog.input_too_slow(oplog.peer_text(self.client, "ws"), None, "WebSocket message",
+                                 size, server.input_budget.allowed_seconds(size))
+            self._close_now(1008, "a message arrived too slowly (INPUT_MIN_RATE)")
+
+        def _close_now(self, code: int, reason: str) -> None:
+            self.frames = []
+            if self.conn.state is State.OPEN:
+                self.conn.send_close(code, reason)
+                self.handle_parser_exception()
+            else:
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.release_input()
+            super().connection_lost(exc)
 
         def send_receive_event_to_app(self) -> None:
+            if self.input_reserved:  # a whole message: the next one's clock starts anew
+                self.release_input()
             if getattr(self, "curr_msg_data_type", None) == "text" and not self.close_sent:
                 data = b"".join(self.frames)
                 try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -34,9 +35,16 @@ import httptools
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from ..errors import BadRequest, NotAuthenticated, RequestError, RequestTimeout
+from ..errors import BadRequest, InputBusy, NotAuthenticated, RequestError, RequestTimeout
 from ..limits import HTTP_LINGER_S as LINGER_S
-from ..limits import MAX_HTTP_HEAD_BYTES, MAX_HTTP_PIPELINE, REFUSAL_WAIT_S
+from ..limits import (
+    INPUT_GRACE_S,
+    INPUT_MIN_RATE,
+    INPUT_SMALL_BYTES,
+    MAX_HTTP_HEAD_BYTES,
+    MAX_HTTP_PIPELINE,
+    REFUSAL_WAIT_S,
+)
 from . import oplog
 from .http_api import HEADER_PREFIX, body_too_large, hot_route, raw_channel_id
 from .wire import http_error
@@ -608,7 +616,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
             # Requests behind one answered with "connection: close" (or a 413): the
             # client must assume they were not done, so none is.
             self.cycle = _DONE  # type: ignore[assignment]
-        elif self._refused_before_body():
+        elif self._refused_before_body() or self._no_room_for_body():
             self.cycle = _DONE  # type: ignore[assignment]
         elif len(self.pipeline) >= MAX_HTTP_PIPELINE:
             self._pipeline_full()
@@ -665,6 +673,78 @@ class MinouHttpProtocol(HttpToolsProtocol):
             return True
         return False
 
+    body_reserved = False  # room reserved for the body being read (input_budget.py)
+
+    def _no_room_for_body(self) -> bool:
+        """A body over INPUT_SMALL_BYTES is read only with room reserved for it in the
+        broker's budget of unfinished input: else the request is answered 503 at its
+        headers (a socket client waits instead; an HTTP client retries, and the body it
+        has not sent yet is not held meanwhile)."""
+        size = 0
+        for name, value in self.headers:
+            if name == b"content-length":
+                try:
+                    size = int(value)
+                except ValueError:
+                    return False  # the parser refuses it
+            elif name == b"transfer-encoding":
+                size = self.api.body_limit(one_message=False)  # no length known: the most
+        if size <= INPUT_SMALL_BYTES:
+            return False
+        size = min(size, self.api.body_limit(one_message=False) + 1)  # refused past it
+        server = self.api.server
+        budget = server.input_budget
+        identity = self.identity
+        client = identity.client_id if identity is not None else oplog.peer_host(
+            oplog.peer_text(self.client))
+        if budget.reserve(self, client, size, time.monotonic()):
+            self.body_reserved = True
+            return False
+        oplog.input_budget_full(self.client, identity.client_id if identity else None, size,
+                                budget.stats())
+        exc = InputBusy(
+            f"the broker is taking in {budget.used} bytes of bodies and frames over "
+            f"{INPUT_SMALL_BYTES} bytes (its limit {budget.total}, one client's "
+            f"{budget.per_client}): try again", limit=budget.total, retry_after=1)
+        self.api.count_refusal(exc)
+        budget.waits += 1
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._refuse_now_or_after(exc)  # an earlier request's answer goes first
+        else:
+            self.close_with(exc)  # with Retry-After (detail.retry_after)
+        return True
+
+    def release_body(self) -> None:
+        if self.body_reserved:
+            self.body_reserved = False
+            self.api.server.input_done(self)
+
+    def input_granted(self) -> None:  # never queued: refused with a 503 instead
+        pass
+
+    def input_too_slow(self) -> None:
+        """The body did not arrive in the time its reservation gave: a 408 and the
+        close (a route waiting for the body is told its client is gone)."""
+        budget = self.api.server.input_budget
+        size = budget.reserved(self)
+        seconds = budget.allowed_seconds(size)
+        self.release_body()
+        if self.closing or self.transport.is_closing():
+            return
+        exc = RequestTimeout(
+            f"a request body of {size} bytes did not arrive within {seconds:.0f} s: bodies "
+            f"over {INPUT_SMALL_BYTES} bytes must come at {INPUT_MIN_RATE >> 10} KiB/s or "
+            f"faster after the first {INPUT_GRACE_S:g} s", limit=seconds)
+        self.api.count_refusal(exc)
+        oplog.input_too_slow(self.client, None, "request body", size, seconds)
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle, HotCycle) \
+                and not cycle.response_complete:
+            cycle.disconnected = True  # its route stops waiting for the body
+            cycle.message_event.set()
+        self.close_with(exc)
+
     def _hot_cycle(self) -> HotCycle | None:
         parser = self.parser
         if (self.expect_100_continue or self.limit_concurrency is not None
@@ -685,6 +765,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.api.server.admission.leave(self.socket)
+        self.release_body()
         if self._watchdog is not None:
             self._watchdog.cancel()
         waiting = self.waiting
@@ -700,6 +781,8 @@ class MinouHttpProtocol(HttpToolsProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self.body_reserved:  # the body is whole: what it holds now is the request's
+            self.release_body()
         cycle = self.cycle
         if isinstance(cycle, HotCycle):
             cycle.run()

@@ -34,6 +34,7 @@ from ..core.broker import Session
 from ..errors import (
     BadRequest,
     RequestError,
+    TooManyConnections,
     UnknownDelivery,
     error_from_code,
 )
@@ -41,6 +42,7 @@ from ..limits import MAX_STREAM_PREFETCH, SLOW_CONSUMER_GRACE_S
 from ..payloads import decode_json
 from ..protocol import frames as f
 from ..protocol.frames import Outcome
+from . import oplog
 from .front import REMOTE_TAGS
 from .http_api import delivery_view
 from .wire import internal_error, stream_error
@@ -311,6 +313,20 @@ async def serve_stream(api: HttpApi, ws: WebSocket) -> None:
         server.core.counters.refuse(exc.reason)
         await ws.close(code=4401, reason=exc.message[:120])
         return
+    token = object()  # what the client's count of connections knows this socket by
+    try:
+        server.admission.enter_client(token, identity, oplog.peer_text(ws.client, "ws"))
+    except TooManyConnections as exc:  # max_connections_per_client (counted, logged)
+        await ws.close(code=1013, reason=exc.message[:120])  # try again later
+        return
+    try:
+        await _serve_stream(api, ws, identity)
+    finally:
+        server.admission.leave_client(token)
+
+
+async def _serve_stream(api: HttpApi, ws: WebSocket, identity: Identity) -> None:
+    server = api.server
     await ws.accept()
     stream = StreamSession(server, identity)
     stream.task = asyncio.current_task()

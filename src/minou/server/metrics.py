@@ -330,6 +330,7 @@ class Metrics:
          "storage": {"bytes": int, "commits": int, "commit_seconds": float, "full": 0|1},
          "dedup": {"keys": int, "evicted": int},
          "producers": {"states": int, "evicted": int}, "dead_connections": int,
+         "unfinished_input": {"reserved_bytes", "waiting", "waited", "cut": int},
          "auth_failures": {why: int}, "schema_refused": {schema: int},
          "authentications": {method: int}, "credentials": int,
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
@@ -363,6 +364,7 @@ class Metrics:
         counters: Mapping[str, Any] = snap.get("counters") or {}
         storage: Mapping[str, Any] = snap.get("storage") or {}
         dedup: Mapping[str, Any] = snap.get("dedup") or {}
+        unfinished: Mapping[str, Any] = snap.get("unfinished_input") or {}
         producers: Mapping[str, Any] = snap.get("producers") or {}
         queues = _aggregate(snap.get("channels") or ())
         groups: list[Mapping[str, Any]] = sorted(
@@ -500,6 +502,14 @@ class Metrics:
              "Producer states dropped past MAX_PRODUCER_STATES (least recently used first)."),
             (CounterMetricFamily, "minou_connections_dead", num(snap, "dead_connections"),
              "Connections cut because they sent nothing for two heartbeat intervals."),
+            (GaugeMetricFamily, "minou_input_reserved_bytes", num(unfinished, "reserved_bytes"),
+             "Bytes reserved for frames and bodies over 64 KiB still arriving."),
+            (GaugeMetricFamily, "minou_input_waiting", num(unfinished, "waiting"),
+             "Connections waiting for room to read a frame or body over 64 KiB."),
+            (CounterMetricFamily, "minou_input_waits", num(unfinished, "waited"),
+             "Frames and bodies over 64 KiB that had to wait for room."),
+            (CounterMetricFamily, "minou_input_cut", num(unfinished, "cut"),
+             "Connections cut because a frame or body over 64 KiB arrived too slowly."),
         ):
             yield family(name, doc, value)
 

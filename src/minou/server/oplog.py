@@ -114,6 +114,26 @@ def request_too_slow(peer: Any, seconds: float) -> None:
                     _peer(peer), seconds)
 
 
+def input_too_slow(peer: Any, client_id: str | None, what: str, size: int,
+                   seconds: float) -> None:
+    """A frame or body over INPUT_SMALL_BYTES that did not arrive in the time its
+    reservation gave it (server/input_budget.py)."""
+    if _allow("slow frames and bodies cut"):
+        who = repr(client_id) if client_id else "an unnamed client"
+        log.warning("connection of %s from %s cut: a %s of %d bytes not complete within "
+                    "%.0f s (INPUT_MIN_RATE)", who, _peer(peer), what, size, seconds)
+
+
+def input_budget_full(peer: Any, client_id: str | None, size: int, stats: dict[str, int]) -> None:
+    """A frame or body that must wait for room in the budget of unfinished input."""
+    if _allow("frames and bodies waiting for room"):
+        who = repr(client_id) if client_id else "an unnamed client"
+        log.warning("connection of %s from %s waits to read a %d-byte frame or body: %d "
+                    "of %d bytes of unfinished input reserved (%d by one client at most), "
+                    "%d waiting", who, _peer(peer), size, stats["reserved_bytes"],
+                    stats["limit_bytes"], stats["per_client_bytes"], stats["waiting"])
+
+
 def request_head_too_large(peer: Any, limit: int) -> None:
     """An HTTP request whose line and headers went past the limit."""
     if _allow("HTTP request heads too large"):

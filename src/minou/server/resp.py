@@ -43,8 +43,11 @@ from ..errors import (
     ErrorCode,
     NotAuthenticated,
     RequestError,
+    TooManyConnections,
 )
 from ..limits import (
+    INPUT_SMALL_BYTES,
+    INPUT_STEP_BYTES,
     MAX_DELETE,
     MAX_FROM_SEQ,
     MAX_HELLO_FRAME_SIZE,
@@ -253,8 +256,65 @@ class RespConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self._backlog.extend(self.parser.feed(data))
+        commands = self.parser.feed(data)
+        if commands and self.input_reserved:  # whole: the next one's clock starts anew
+            self.release_input()
+        self._backlog.extend(commands)
+        if self.identity is not None and (self.input_reserved or
+                                          self.parser.pending > INPUT_SMALL_BYTES):
+            self._reserve_input()
         self._run_backlog()
+
+    input_reserved = 0  # bytes of the budget of unfinished input (input_budget.py)
+
+    def _reserve_input(self) -> None:
+        """A command still arriving holds room in the broker's budget of unfinished input
+        past INPUT_SMALL_BYTES, a MiB at a time; a client that finds none is answered an
+        error and closed (Redis clients reconnect), as an HTTP body gets a 503."""
+        pending = self.parser.pending
+        if pending <= INPUT_SMALL_BYTES:
+            self.release_input()
+            return
+        if pending <= self.input_reserved or self.closing:
+            return
+        want = -(-pending // INPUT_STEP_BYTES) * INPUT_STEP_BYTES
+        budget = self.server.input_budget
+        client = self.identity.client_id
+        if budget.grow(self, client, want, time.monotonic()):
+            self.input_reserved = want
+            return
+        self.server.core.counters.refuse("input_busy")
+        budget.waits += 1
+        oplog.input_budget_full(self.peer, client, want, budget.stats())
+        self.release_input()
+        self._close_with("ERR input busy: too many large commands arriving at once; try again")
+
+    def release_input(self) -> None:
+        if self.input_reserved:
+            self.input_reserved = 0
+            self.server.input_done(self)
+
+    def input_granted(self) -> None:  # never queued: answered an error instead
+        pass
+
+    def input_too_slow(self) -> None:
+        size = self.input_reserved
+        self.release_input()
+        if self.closing or self.closed:
+            return
+        seconds = self.server.input_budget.allowed_seconds(size)
+        self.server.core.counters.refuse("request_timeout")
+        oplog.input_too_slow(self.peer, self.identity.client_id if self.identity else None,
+                             "command", size, seconds)
+        self._close_with(f"ERR a command of over {size >> 20} MiB did not arrive within "
+                         f"{seconds:.0f} s")
+
+    def _close_with(self, message: str) -> None:
+        self.closing = True
+        self._backlog.clear()
+        if self.transport is not None:
+            self.transport.write(encode(Error(message)))
+            self.transport.close()
 
     def _run_backlog(self) -> None:
         """Run the commands read, until a client that does not read its replies has
@@ -342,6 +402,7 @@ class RespConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._backlog.clear()
+        self.release_input()
         for end in list(self.blocked):  # what their waiting reads get goes back
             end()
         if self.mq is not None:
@@ -734,9 +795,10 @@ class RespConnection(asyncio.Protocol):
         self.inner._handle(frame)
 
     def _begin(self, identity: Identity) -> None:
-        self.identity = identity
+        """Serve ``identity`` (TooManyConnections: its client has its share already)."""
         inner = _Inner(self.server, self, self.peer)
         inner.begin(identity)
+        self.identity = identity
         self.inner = inner
         self.server.connections.add(inner)
 
@@ -760,7 +822,11 @@ class RespConnection(asyncio.Protocol):
         if self.identity is not None and self.inner is not None:  # AUTH again: a new identity
             self.inner.lost()
             self.server.connections.discard(self.inner)
-        self._begin(identity)
+            self.identity = self.inner = None
+        try:
+            self._begin(identity)
+        except TooManyConnections as exc:  # max_connections_per_client: not logged in
+            return refusal(exc)
         return OK
 
 
