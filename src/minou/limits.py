@@ -218,6 +218,10 @@ DEFAULT_MAX_CHANNELS = 100_000
 # data-directory lock, both listeners, the event loop, stdio, files read on demand
 # (config, keys, TLS, the dashboard's static files).
 FD_RESERVED = 64
+# At max_connections, a socket that is not logged in (no HELLO or AUTH yet) or is between
+# HTTP requests gives its place to a new one once it has been so this long, oldest first
+# (server/admission.py): younger ones are clients that just connected.
+EVICT_MIN_IDLE_S = 1.0
 # Sockets accepted only to be refused (an error frame or a 503, then closed): past this
 # many at once, a new one is dropped without an answer, so a flood of connects never
 # takes the descriptors the budget leaves to everything else.

@@ -331,15 +331,22 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
     broker = limited(broker_factory, tmp_path, "max_connections = 4\n")
     ws_base = broker.http.replace("http://", "ws://")
     stream_headers = bearer(broker, "app-stream")  # registers its key: a connection, gone
+    http_headers = bearer(broker, "app-http")
     with contextlib.ExitStack() as opened:
         admin = opened.enter_context(minou.connect_sync(broker.url, **broker.admin_auth()))
         wait_until(lambda: admin.admin("status")["admission"]["open"] == {"native": 1,
                                                                           "http": 0,
                                                                           "resp": 0},
                    what="only the admin connection to be counted")
+        # An HTTP connection being answered (a consume's long poll): it keeps its place
+        # (an idle one would give it to a newcomer: the next test).
         keep_alive = Http(broker)
         opened.callback(keep_alive.close)
         assert keep_alive.get()[0] == 200
+        keep_alive.sock.sendall(
+            b"POST /v1/consume/lim/v1/*?group=h&wait=30 HTTP/1.1\r\nHost: t\r\n"
+            b"Authorization: " + http_headers["Authorization"].encode() +
+            b"\r\nContent-Length: 0\r\n\r\n")
         native_ws = opened.enter_context(wsc.connect(ws_base + "/v1/ws"))
         native_ws.send(f.encode(signed_hello("app-ws")))
         assert isinstance(frame_of(native_ws.recv(5)), f.Welcome)
@@ -377,7 +384,8 @@ def test_native_http_and_websockets_share_one_limit_and_refusals_are_clean(broke
         assert admin.send("lim/v1/1", {"n": 1}).seq == 1
         message = json.loads(stream.recv(5))
         assert message["type"] == "message" and message["payload"] == {"n": 1}
-        assert keep_alive.get()[0] == 200
+        code, _, body = keep_alive.response()  # the long poll got it too
+        assert code == 200 and json.loads(body)["payload"] == {"n": 1}
         native_ws.send(f.encode(f.Ping(7)))
         assert frame_of(native_ws.recv(5)) == f.Pong(7)
 
@@ -512,3 +520,58 @@ def test_timeouts_must_be_positive(tmp_path):
         cfg.write_text(f"{key} = 0\n")
         with pytest.raises(ConfigError, match=f"{key}: expected a number of seconds > 0"):
             load_settings(cfg)
+
+
+def test_at_the_limit_sockets_not_logged_in_give_their_place_to_new_ones(broker_factory,
+                                                                        tmp_path):
+    """Strangers who connect and say nothing (or an idle keep-alive HTTP connection) no
+    longer keep clients out at max_connections: once idle for EVICT_MIN_IDLE_S, the
+    oldest gives its place to the new socket, a stranger with a precise error. Logged-in
+    connections never do, and a socket that just connected is not pushed out."""
+    broker = limited(broker_factory, tmp_path, "max_connections = 5\n")
+    admin = minou.connect_sync(broker.url, **broker.admin_auth())
+    keep_alive = Http(broker)
+    assert keep_alive.get()[0] == 200  # then idle between requests
+    strangers = [RawPeer(broker.url), RawPeer(broker.url)]
+    opened = contextlib.ExitStack()
+    silent_ws = opened.enter_context(
+        wsc.connect(broker.http.replace("http://", "ws://") + "/v1/ws", close_timeout=0.5))
+    wait_until(lambda: sum(admin.admin("status")["admission"]["open"].values()) == 5,
+               what="the limit reached")
+    time.sleep(1.2)  # EVICT_MIN_IDLE_S
+    clients = [minou.connect_sync(broker.url, **broker.auth("newcomer"))]
+    assert keep_alive.closed_by_peer(timeout=5)  # the oldest idle one went first
+    for stranger in strangers:
+        clients.append(minou.connect_sync(broker.url, **broker.auth("newcomer")))
+        err = stranger.read()
+        assert isinstance(err, f.Error) and err.fatal
+        assert err.code == ErrorCode.TOO_MANY_CONNECTIONS
+        assert "had not said HELLO within 1 s: its place went to a new connection" in \
+            err.message
+    clients.append(minou.connect_sync(broker.url, **broker.auth("newcomer")))
+    err = FrameReader()
+    err.receive_data(silent_ws.recv(timeout=5))  # a WebSocket without HELLO: the same
+    assert err.next_event().code == ErrorCode.TOO_MANY_CONNECTIONS  # type: ignore[union-attr]
+    opened.close()
+    # Every place is now a logged-in client's: the next one is refused.
+    with pytest.raises(ConnectionClosed, match="connections"):
+        minou.connect_sync(broker.url, **broker.auth("late"),
+                           reconnect=False)
+    # A socket that has just connected is not pushed out by the next.
+    clients.pop().close()
+    wait_until(lambda: sum(admin.admin("status")["admission"]["open"].values()) == 4,
+               what="a place free again")
+    young = RawPeer(broker.url)
+    with pytest.raises(ConnectionClosed, match="connections"):
+        minou.connect_sync(broker.url, **broker.auth("late"),
+                           reconnect=False)
+    admission = admin.admin("status")["admission"]
+    assert admission["evicted"] == 4
+    young.hello("late")  # still there, and may log in
+    for c in clients:
+        c.close()
+    admin.close()
+    keep_alive.close()
+    young.close()
+    for stranger in strangers:
+        stranger.close()

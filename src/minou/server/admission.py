@@ -14,6 +14,15 @@ frame; HTTP: a 503 -- counted, logged (rate limited) and closed shortly after. T
 refusals hold descriptors too while they are answered: past ``MAX_REFUSING`` of them a
 new socket is dropped without an answer, so the process never runs out.
 
+At the limit, a socket that is neither logged in nor busy gives its place to the new one
+instead of the new one being refused, oldest first, once it has been so for
+``EVICT_MIN_IDLE_S``: a native connection that has not said HELLO, an HTTP connection
+between requests or still sending a request's headers (nginx closes idle keep-alive
+connections when it runs out of them the same way). Strangers who connect and say
+nothing, or reconnect each time their deadline cuts them, can then no longer keep
+clients out; a client's own logged-in connections are bounded per client instead
+(``max_connections_per_client``).
+
 Sockets are counted per transport, not per protocol object: on a WebSocket upgrade
 uvicorn hands the transport to a new protocol, and the HTTP one is never told that
 its connection is gone (http_fast wraps the new protocol to report it).
@@ -21,12 +30,13 @@ its connection is gone (http_fast wraps the new protocol to report it).
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import TooManyConnections
-from ..limits import FD_RESERVED, MAX_REFUSING
+from ..limits import EVICT_MIN_IDLE_S, FD_RESERVED, MAX_REFUSING
 from . import oplog
 
 UNLIMITED_DESCRIPTORS = 1 << 20  # what we ask for when the hard limit is "unlimited"
@@ -79,9 +89,15 @@ class Admission:
                  count_refusal: Callable[[str], None],
                  descriptors: Callable[[], int] = lambda: 0,
                  descriptors_before: int = 0,
-                 per_client: Callable[[], int] = lambda: 1 << 30) -> None:
+                 per_client: Callable[[], int] = lambda: 1 << 30,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_connections = max_connections
         self.per_client = per_client
+        self.clock = clock
+        # Sockets that may give their place at the limit: transport -> (since, close),
+        # oldest first (``idle``/``busy`` keep the order by moving them).
+        self.evictable: OrderedDict[Any, tuple[float, Callable[[], None]]] = OrderedDict()
+        self.evicted = 0
         # Authenticated connections by client (admins and brokers' links not counted).
         self.by_client: Counter[str] = Counter()
         self.client_of: dict[Any, str] = {}
@@ -111,7 +127,7 @@ class Admission:
         (``transport.is_closing()`` then says there is no answer to write)."""
         configured, descriptors = self.max_connections(), self.descriptor_limit()
         limit = self._limit(configured, descriptors)
-        if len(self.open) < limit:
+        if len(self.open) < limit or self._evict_one():
             self.open[transport] = kind
             return None
         why = f"max_connections = {configured}" if limit == configured else (
@@ -131,6 +147,29 @@ class Admission:
         else:
             self.refusing.add(transport)
         return exc
+
+    def idle(self, transport: Any, close: Callable[[], None]) -> None:
+        """``transport`` is not logged in, or between requests: at the limit, once so for
+        EVICT_MIN_IDLE_S, ``close`` is called to give its place to a new socket."""
+        if transport in self.open:
+            self.evictable.pop(transport, None)
+            self.evictable[transport] = (self.clock(), close)
+
+    def busy(self, transport: Any) -> None:
+        """``transport`` logged in, or is being answered: it keeps its place."""
+        self.evictable.pop(transport, None)
+
+    def _evict_one(self) -> bool:
+        if not self.evictable:
+            return False
+        transport, (since, close) = next(iter(self.evictable.items()))
+        if self.clock() - since < EVICT_MIN_IDLE_S:
+            return False  # the oldest is too young: so are the others
+        del self.evictable[transport]
+        self.open.pop(transport, None)  # its place is the new socket's from now
+        self.evicted += 1
+        close()
+        return True
 
     def enter_client(self, conn: Any, identity: Any, peer: Any) -> None:
         """``conn`` is authenticated as ``identity``: count it against its client's share
@@ -168,6 +207,7 @@ class Admission:
         """A socket closed (admitted or refused; calling it twice is harmless)."""
         self.open.pop(transport, None)
         self.refusing.discard(transport)
+        self.evictable.pop(transport, None)
 
     def stats(self) -> dict[str, Any]:
         kinds = Counter(self.open.values())
@@ -180,4 +220,5 @@ class Admission:
                             "resp": self.refused["resp"], "client": self.refused["client"]},
                 "per_client": self.per_client(),
                 "busiest_client": max(self.by_client.values(), default=0),
-                "refusing": len(self.refusing), "dropped": self.dropped}
+                "refusing": len(self.refusing), "dropped": self.dropped,
+                "evictable": len(self.evictable), "evicted": self.evicted}

@@ -141,8 +141,9 @@ class _TcpProtocol(asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.conn = NativeConnection(self.server, transport, oplog.peer_text(peer))
-        self.server.admit(self.conn)
+        conn = self.conn = NativeConnection(self.server, transport, oplog.peer_text(peer))
+        self.server.admit(conn)
+        self.server.admission.idle(transport, conn.evicted)  # until its HELLO
 
     def data_received(self, data: bytes) -> None:
         if self.conn is not None:

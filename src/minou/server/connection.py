@@ -31,6 +31,7 @@ from ..errors import (
     UnexpectedFrame,
 )
 from ..limits import (
+    EVICT_MIN_IDLE_S,
     HEARTBEAT_MISSES,
     INPUT_GRACE_S,
     INPUT_MIN_RATE,
@@ -82,6 +83,7 @@ class NativeConnection:
         self.core = server.core
         self.engine = server.engine
         self.transport = transport
+        self.admitted_as: Any = transport  # what the connection limit counts (a socket)
         self.peer = peer
         # Until a HELLO is accepted, frames are a HELLO's size: a stranger's partial frames
         # must not hold the broker's memory (begin() allows the full size).
@@ -257,6 +259,14 @@ class NativeConnection:
             self.server.counters_internal += 1
             self._send(native_error(req, internal_error()))
 
+    def evicted(self) -> None:
+        """Its place went to a new connection (admission.py: the limit was reached and
+        this one had not said HELLO for EVICT_MIN_IDLE_S)."""
+        self.refuse(TooManyConnections(
+            f"the broker is at its connection limit and this connection had not said "
+            f"HELLO within {EVICT_MIN_IDLE_S:g} s: its place went to a new connection",
+            limit=self.server.admission.limit))
+
     def refuse(self, exc: RequestError) -> None:
         """Refuse the whole connection: a fatal error frame, then close."""
         self._refused(exc)
@@ -332,7 +342,9 @@ class NativeConnection:
         """Serve ``identity`` from now on (authenticated by the caller: a HELLO here, a
         Redis protocol AUTH for a connection that door drives); its producer id. Raises
         TooManyConnections when its client has ``max_connections_per_client`` already."""
-        self.server.admission.enter_client(self, identity, self.peer)
+        admission = self.server.admission
+        admission.enter_client(self, identity, self.peer)
+        admission.busy(self.admitted_as)  # logged in: keeps its place at the limit
         self.identity = identity
         self.reader.allow(self.server.max_frame_size)
         self._stop_hello_timer()

@@ -194,6 +194,10 @@ def build_app(server: Server) -> Any:
         ws.scope[WS_OWNER] = conn
         transport.conn, transport.task = conn, asyncio.current_task()
         server.admit(conn)
+        socket_ = ws.scope.get(WS_SOCKET)
+        if socket_ is not None:  # at the limit, its place may go to a newcomer until HELLO
+            conn.admitted_as = socket_
+            server.admission.idle(socket_, conn.evicted)
 
         async def pump_out() -> None:
             while (data := await transport.queue.get()) is not None:
@@ -336,6 +340,9 @@ def _http_protocol(app: Any) -> Any:
     return protocol_class(app.api, _SecurityHeaders.HEADERS)
 
 
+WS_SOCKET = "minou.socket"  # a WebSocket's transport, in its scope (admission.py)
+
+
 def _ws_protocol(server: Server) -> Any:
     """uvicorn's sans-I/O WebSocket protocol, except that a text message that is not
     UTF-8 closes the socket with 1007 (RFC 6455) counted as ``invalid_payload``, and
@@ -356,6 +363,12 @@ def _ws_protocol(server: Server) -> Any:
     refuse = server.core.counters.refuse
 
     class MinouWebSocketProtocol(WebSocketsSansIOProtocol):
+        def handle_connect(self, event: Any) -> None:
+            super().handle_connect(event)
+            if getattr(self, "scope", None):  # the route reaches the socket's admission
+                self.scope[WS_SOCKET] = getattr(  # type: ignore[literal-required]
+                    self.transport, "socket", self.transport)
+
         def keepalive_timeout(self) -> None:
             """No pong in time. uvicorn reads nothing (pongs included) while the route is
             not receiving: when the route paused on purpose (flow control), the silence

@@ -95,6 +95,11 @@ class CoalescingTransport:
         self._loop = asyncio.get_running_loop()
         self._buf: list[bytes] = []
 
+    @property
+    def socket(self) -> asyncio.Transport:
+        """The transport it wraps: what the connection limit counts."""
+        return self._transport
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._buf:
             self._loop.call_soon(self._flush)
@@ -492,6 +497,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
         self.timeout_keep_alive = server.settings.http_idle_timeout  # type: ignore[assignment]
         self.refusal = server.admission.enter(transport, "http", self.client)
         if self.refusal is None:
+            server.admission.idle(transport, transport.close)  # until a request's headers
             self.expect_headers(server.settings.http_header_timeout)
         elif not transport.is_closing():
             self.expect_headers(REFUSAL_WAIT_S)  # for a request to answer with a 503
@@ -571,6 +577,8 @@ class MinouHttpProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self.idle, self.deadline = True, self.loop.time() + self.timeout_keep_alive
         self._watch()
+        socket = self.socket
+        self.api.server.admission.idle(socket, socket.close)  # type: ignore[union-attr]
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -579,6 +587,10 @@ class MinouHttpProtocol(HttpToolsProtocol):
             # client pipelining without reading the answers grew the queue by a read's
             # worth of requests per answer. Read on once they are all answered.
             self.flow.pause_reading()
+        if not self.pipeline and self.cycle is not None and self.cycle.response_complete \
+                and not self.transport.is_closing():
+            socket = self.socket
+            self.api.server.admission.idle(socket, socket.close)  # type: ignore[union-attr]
         if self.timeout_keep_alive_task is not None:  # idle now, nothing in the pipeline
             # Data cancels uvicorn's idle timer even if it begins no request (blank
             # lines): the next request's headers are due by idle + header timeout.
@@ -589,6 +601,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
         if self.closing or self.transport.is_closing():
             return  # refused (answered with a 503), or behind a "connection: close"
         self.deadline = None
+        self.api.server.admission.busy(self.socket)
         super().handle_websocket_upgrade()
         socket = self.socket
         assert socket is not None
@@ -610,6 +623,7 @@ class MinouHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self.reading, self.deadline = False, None
+        self.api.server.admission.busy(self.socket)  # being answered: keeps its place
         if self.refusal is not None and not self.closing:
             self.close_with(self.refusal, (b"retry-after", b"1"))
         elif self.closing or self.transport.is_closing():

@@ -239,8 +239,15 @@ class RespConnection(asyncio.Protocol):
             return
         self.server.resp_connections.add(self)
         if self.server.settings.auth_mode != "off":
+            self.server.admission.idle(transport, self._evicted)  # until its AUTH
             assert self.server.loop is not None
             self.server.loop.call_later(self.server.settings.hello_timeout, self._auth_deadline)
+
+    def _evicted(self) -> None:
+        """Its place went to a new connection: at the limit, and no AUTH for
+        EVICT_MIN_IDLE_S (admission.py)."""
+        self._close_with("ERR max number of clients reached (no AUTH yet: this "
+                         "connection's place went to a new one)")
 
     def _auth_deadline(self) -> None:
         if not self.server.serving and not self.closed:  # loading: wait with it
@@ -798,6 +805,7 @@ class RespConnection(asyncio.Protocol):
         """Serve ``identity`` (TooManyConnections: its client has its share already)."""
         inner = _Inner(self.server, self, self.peer)
         inner.begin(identity)
+        self.server.admission.busy(self.transport)  # logged in: keeps its place
         self.identity = identity
         self.inner = inner
         self.server.connections.add(inner)
