@@ -62,3 +62,29 @@ def test_a_writer_id_bound_on_one_broker_is_refused_to_another_client_on_every_b
         done = c.commit_transactions("W", 2, ["v2"])
         assert done["published"] == 1 and done["discarded"] == 0, done
 
+
+
+def test_a_writer_s_fences_adopted_with_its_queue_are_shown_only_to_its_owner(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Broker b starts knowing no writer; the victim then commits under ``W`` to a queue
+    of broker a, which dies: b adopts the queue and W's fences with it, but never saw
+    W bound. ``txn.fences`` of W asked of b by another client is refused (b looks the
+    owner up in Redis), as a would have refused it; the victim still reads them."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    publish_all(a, 1)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    mine = [q for q, m in owners(a).items() if f":{a.port}:" in m]
+    assert mine
+    with a.connect_sync("victim") as c:
+        c.stage("v1", [(f"{mine[0]}/1", {"n": 1})])
+        assert c.commit_transactions("W", 7, ["v1"])["published"] == 1
+    with b.connect_sync("nosy"):
+        pass  # registered while a lives (a key is shared state)
+    a.kill()
+    wait_until(lambda: settled_spread(b, 1), timeout=20)
+    assert all(f":{b.port}:" in m for m in owners(b).values())
+    with b.connect_sync("nosy") as c, \
+            pytest.raises(minou.MinouError, match="is client 'victim'"):
+        c.admin("txn.fences", writer_id="W")
+    with b.connect_sync("victim") as c:
+        assert c.admin("txn.fences", writer_id="W")["fences"] == {f"{mine[0]}/1": 7}
