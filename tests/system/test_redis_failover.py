@@ -539,10 +539,44 @@ def test_a_primary_cut_off_from_redis_steps_down_and_its_clients_go_to_the_stand
             producer.join(30)
     finally:
         proxy.close()
-    assert "out of reach" in primary.output and "other broker(s) to take over" \
+    assert "out of reach" in primary.output and "another broker reaches it to take over" \
         in primary.output, primary.output[-3000:]
     assert_kept_every_confirmed(standby, producer)
     assert standby.stop() == 0
+
+
+def test_redis_out_of_reach_for_both_past_the_lease_stops_neither_and_the_primary_goes_on(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """redis-server SIGSTOPped for five leases: the primary's renewals fail past its
+    lease, but the standby's /health says it does not reach Redis either, so the primary
+    stays up (it used to exit 1, and the standby took over once Redis was back: one
+    broker fewer after every Redis outage). Once Redis answers, the standby leaves the
+    lease to the primary for one lease; the primary takes it again and goes on serving
+    what it had, and the standby stays a standby."""
+    primary, standby = pair(broker_factory, redis, tmp_path)
+    with minou.connect_sync(primary.url, **primary.auth("before")) as c:
+        for n in range(20):
+            c.send("fill/v1/1", {"n": n})
+    time.sleep(2 * LEASE)  # the primary has seen its standby (member records)
+    assert "redis_seen_s" in httpx.get(primary.http + "/health").json()
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5 * LEASE)
+        assert primary.alive and standby.alive, (primary.output + standby.output)[-3000:]
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    wait_until(lambda: serving(primary), 20, what="the primary to serve again")
+    with minou.connect_sync(primary.url, **primary.auth("after")) as c:
+        c.send("fill/v1/1", {"n": 20})
+    time.sleep(2 * LEASE)  # past the standby's wait: it must not take over now
+    assert primary.alive and serving(primary)  # (the standby relays /health to it)
+    got, _ = drain(primary, "recount", 21)
+    assert sorted(got.values()) == list(range(21))
+    assert "no standby reaches it either" in primary.output, primary.output[-3000:]
+    assert "took over" not in standby.output, standby.output[-3000:]
+    assert standby.stop() == 0
+    assert primary.stop() == 0
 
 
 def test_soft_stop_of_the_primary_hands_over_while_producers_keep_flowing(

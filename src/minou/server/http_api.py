@@ -490,9 +490,10 @@ class HttpApi:
             "auth": server.settings.auth_mode,
             "accepting": server.accepting,
             "uptime_s": round(time.time() - server.started_at, 3)}
-        spread = getattr(server, "spread", None)
-        if spread is not None:  # how other brokers tell a partition from Redis down
-            body["redis_seen_s"] = round(spread.redis_seen_s(), 3)
+        # How other brokers tell a partition from Redis down (peer_reach.py).
+        role = getattr(server, "spread", None) or getattr(server, "primary", None)
+        if role is not None:
+            body["redis_seen_s"] = round(role.redis_seen_s(), 3)
         if failed:
             body["reason"] = server.stop_reason
         elif full is not None:  # deliveries and acks go on; publishes are refused

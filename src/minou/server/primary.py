@@ -27,6 +27,7 @@ import redis
 
 from ..config import Settings
 from ..errors import StartupError, StorageFenced
+from .peer_reach import reaches_redis
 from .standby import StandbyDoor
 
 
@@ -101,6 +102,13 @@ class PrimaryRole:
         self._handed = False  # woken by a primary giving its lease up
         self.door: StandbyDoor | None = None
         self._retaking: asyncio.Future[bool] | None = None
+        # monotonic time of the last call to Redis that was answered (/health's
+        # redis_seen_s, asked by a primary cut off: peer_reach.py)
+        self.seen_from = time.monotonic()
+        # A standby that lost Redis leaves the lease to the primary for one lease once
+        # Redis answers again (both were cut off: the primary retakes it and goes on).
+        self.take_after = 0.0
+        self.peers: list[dict[str, str]] = []  # the other brokers' records (last look)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="minou-lease")
 
     def _info(self) -> dict[str, str]:
@@ -120,14 +128,24 @@ class PrimaryRole:
     async def acquire(self) -> bool:
         """Wait until this broker is primary (True), or the broker is asked to stop
         meanwhile (False). Redis unreachable at the first try: StartupError."""
-        server, first = self.server, True
+        server, first, out = self.server, True, False
         while True:
             try:
                 sent = time.monotonic()
-                if await self._call(self.lease.try_acquire, self._record()):
+                if out or sent < self.take_after:
+                    # Redis answers again after an outage every broker may have lived
+                    # through: the primary's lease ran out in it, not its life. It renews
+                    # every third of the lease and retakes it; taking it first would
+                    # stop it (one broker fewer after every Redis restart).
+                    holder = await self._call(self.lease.holder)
+                    if out:
+                        self.take_after, out = sent + self.lease_s, False
+                elif await self._call(self.lease.try_acquire, self._record()):
                     self.lease_from, self.cut_off = sent, False
                     break
-                holder = await self._call(self.lease.holder)
+                else:
+                    holder = await self._call(self.lease.holder)
+                self.seen_from = sent
                 if holder and holder.get("id") != self.member \
                         and holder.get("native") == self.info.get("native"):
                     # This broker's own previous process (killed, restarted at once):
@@ -139,6 +157,7 @@ class PrimaryRole:
                                        f"{_reason(exc)}") from exc
                 log.debug("standby: Redis out of reach: %s", exc)
                 holder = self.door.holder if self.door is not None else None
+                out = True
             first = False
             if self.door is None:
                 relay = server.settings.storage_standby == "relay"
@@ -146,6 +165,7 @@ class PrimaryRole:
                 limit = server.admission.limit
                 self.door = StandbyDoor(holder, relay=relay, max_relays=max(1, limit // 2),
                                         max_held=limit)
+                self.door.redis_seen_s = lambda: time.monotonic() - self.seen_from
                 await self.door.start(self.sockets[0], self.sockets[1] if len(self.sockets) > 1
                                       else None, self._door_tls)
                 log.warning(
@@ -216,32 +236,49 @@ class PrimaryRole:
     async def keep(self) -> None:
         """Renew the lease every third of it while primary; stop serving if it is lost,
         or if Redis stays out of reach past it while another broker could take over."""
-        last_ok, warned = time.monotonic(), False
+        last_ok, warned, alone, looked = time.monotonic(), False, False, 0.0
         while True:
             await asyncio.sleep(self.lease_s / 3)
             sent = time.monotonic()
             try:
                 ok = await self._call(self.lease.renew)
+                self.seen_from = sent
+                if sent - looked > self.lease_s:  # who could take over, and where
+                    looked = sent
+                    self.peers = await self._call(self._other_records)
             except redis.RedisError as exc:
                 self.cut_off = True
                 out_for = time.monotonic() - last_ok
                 peers = self.lease.alive - 1  # as of the last renewal
                 if out_for > self.lease_s and peers > 0:
-                    # Cut off from Redis (a partition, or Redis down for this broker
-                    # only): the lease has run out there and a standby that still
-                    # reaches Redis serves, or soon will. Clients held here would get
-                    # nothing but refusals: stop, so they reconnect to the others.
-                    self.stop_serving(f"Redis at {self.server.storage.path} has been out "
-                                      f"of reach for {out_for:.1f} s ({exc}), past the "
-                                      f"lease, with {peers} other broker(s) to take "
-                                      "over")
-                    return
+                    if await self._others_reach_redis():
+                        # Cut off from Redis alone (a partition): the lease has run out
+                        # there and a standby that still reaches Redis serves, or soon
+                        # will. Clients held here would get nothing but refusals: stop,
+                        # so they reconnect to the others.
+                        self.stop_serving(f"Redis at {self.server.storage.path} has been "
+                                          f"out of reach for {out_for:.1f} s ({exc}), past "
+                                          f"the lease, and another broker reaches it to "
+                                          "take over")
+                        return
+                    if not alone:  # Redis itself is down: stopping would serve nobody
+                        alone = True
+                        log.error("Redis at %s has been out of reach for %.1f s (%s), past "
+                                  "the lease, and no standby reaches it either: this "
+                                  "primary stays up, delivers nothing and refuses "
+                                  "publishes until Redis answers, then goes on if no "
+                                  "standby took over meanwhile", self.server.storage.path,
+                                  out_for, exc)
+                    continue
                 if not warned and out_for > self.lease_s / 2:
                     warned = True
                     log.error("cannot renew the primary lease on %s: %s; a standby takes "
                               "over if this lasts %g s", self.server.storage.path, exc,
                               self.lease_s)
                 continue
+            if alone:
+                log.warning("Redis at %s answers again", self.server.storage.path)
+                alone = False
             if ok:
                 last_ok, warned = time.monotonic(), False
                 self.lease_from, self.cut_off = sent, False
@@ -250,6 +287,21 @@ class PrimaryRole:
                 last_ok = time.monotonic()
                 continue
             return
+
+    def _other_records(self) -> list[dict[str, str]]:
+        return [r for r in self.lease.members() if r.get("id") != self.member and r["alive"]]
+
+    async def _others_reach_redis(self) -> bool:
+        """Whether another broker (at the last look) reached Redis lately, as its
+        ``/health`` says: then this one is cut off alone. One that cannot be asked (dead,
+        paused) takes nothing over."""
+        asked = await asyncio.gather(*(reaches_redis(r, self.lease_s / 2)
+                                       for r in self.peers))
+        return any(asked)
+
+    def redis_seen_s(self) -> float:
+        """Seconds since this broker's last call to Redis that was answered."""
+        return time.monotonic() - self.seen_from
 
     def lease_holds(self) -> bool:
         """Whether this primary may deliver now: its lease surely holds (it runs out in

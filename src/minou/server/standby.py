@@ -47,6 +47,9 @@ class StandbyDoor:
     def __init__(self, holder: dict[str, Any] | None, *, relay: bool = False,
                  max_relays: int = 0, max_held: int = 0) -> None:
         self.holder = holder  # the primary: id, native, http, since (None: nobody yet)
+        # Seconds since this broker last reached Redis, for /health (peer_reach.py: how
+        # the primary, cut off, tells a partition from Redis down for everyone).
+        self.redis_seen_s: Any = lambda: 0.0
         self.relay = relay
         self.max_relays = max_relays  # connections relayed at once, at most
         # Sockets the door holds at once, at most (a relay holds two: the client's and
@@ -330,7 +333,8 @@ class StandbyDoor:
             if path.split("?", 1)[0] == "/health":
                 status, extra = "503 Service Unavailable", {}
                 body: dict[str, Any] = {"status": "standby", "storage": "standby",
-                                        "accepting": False, "reason": message, **detail}
+                                        "accepting": False, "reason": message, **detail,
+                                        "redis_seen_s": round(self.redis_seen_s(), 3)}
             elif detail.get("primary_http"):
                 status = "307 Temporary Redirect"
                 extra = {"Location": detail["primary_http"].rstrip("/") + path}
