@@ -83,6 +83,9 @@ class Lease:
     def holder(self) -> dict[str, str] | None:
         return self.holder_now
 
+    def members(self) -> list[dict[str, Any]]:
+        return []  # the other brokers' records: none that can be asked here
+
     def take_handoff(self) -> bool:
         return False
 

@@ -243,9 +243,6 @@ class PrimaryRole:
             try:
                 ok = await self._call(self.lease.renew)
                 self.seen_from = sent
-                if sent - looked > self.lease_s:  # who could take over, and where
-                    looked = sent
-                    self.peers = await self._call(self._other_records)
             except redis.RedisError as exc:
                 self.cut_off = True
                 out_for = time.monotonic() - last_ok
@@ -282,6 +279,9 @@ class PrimaryRole:
             if ok:
                 last_ok, warned = time.monotonic(), False
                 self.lease_from, self.cut_off = sent, False
+                if sent - looked > self.lease_s:
+                    looked = sent
+                    await self._look_at_peers()
                 continue
             if await self.retake():
                 last_ok = time.monotonic()
@@ -290,6 +290,14 @@ class PrimaryRole:
 
     def _other_records(self) -> list[dict[str, str]]:
         return [r for r in self.lease.members() if r.get("id") != self.member and r["alive"]]
+
+    async def _look_at_peers(self) -> None:
+        """Note who could take over, and where to ask them, for a later cut-off. A
+        failed look keeps the last one: the next renewal tells whether Redis is gone."""
+        try:
+            self.peers = await self._call(self._other_records)
+        except redis.RedisError as exc:
+            log.debug("cannot list the other brokers: %s", exc)
 
     async def _others_reach_redis(self) -> bool:
         """Whether another broker (at the last look) reached Redis lately, as its
