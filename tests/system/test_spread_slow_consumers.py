@@ -65,6 +65,44 @@ def test_silent_consumers_of_another_broker_s_queue_pin_a_bounded_amount_here(
             s.close()
 
 
+def test_a_silent_consumer_of_another_broker_s_queue_is_cut_by_its_own_broker(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """A consumer on broker a, of a queue broker b owns, prefetches 3,000 and reads
+    nothing. b sees a relay that reads (a's link), not the consumer that stopped; a holds
+    the relayed deliveries unsent. a cuts it after slow_consumer_seconds as it cuts one of
+    its own queues, its front's links close, b requeues, and a reader gets all 3,000.
+    Before, neither broker cut anything: the deliveries stayed pinned to the silent one."""
+    cfg = tmp_path / "stall.toml"
+    cfg.write_text(f'slow_consumer_seconds = 2\n[storage]\nurl = "{redis.url}"\n'
+                   f'owner_lease = {LEASE}\nplacement = "spread"\n')
+    a, b = (broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2))
+    ADMINS[redis.url] = a
+    with b.connect_sync("producer") as p:
+        for k in range(1, 13):
+            p.send(f"cut{k}/v1/0", BODY)
+    wait_until(lambda: settled_spread_of(a, 2), timeout=20)
+    b_member = cluster_view(b)["this_broker"]["member"]
+    queue = next(q for q, m in sorted(owners(a).items()) if m == b_member)
+    stuck = silent_consumer(a.url, "stuck", f"{queue}/*", "g", prefetch=3000)
+    try:
+        with b.connect_sync("producer") as p:
+            p.send_many([(f"{queue}/{i % 8}", BODY) for i in range(3000)])  # ~12 MB
+        wait_until(lambda: status_of(a)["flow"]["slow_consumers_cut"] >= 1, 20,
+                   what="broker a to cut the silent consumer")
+        assert "no deliveries were read for 2 s" in a.output
+        seen: set[tuple[str, int]] = set()
+        with a.connect_sync("reader") as r:
+            sub = r.consume(f"{queue}/*", group="g", prefetch=100)
+            deadline = time.monotonic() + 60
+            while len(seen) < 3000 and time.monotonic() < deadline:
+                msg = sub.get(timeout=10)
+                seen.add((msg.channel, msg.seq))
+                msg.ack()
+        assert len(seen) == 3000
+    finally:
+        stuck.close()
+
+
 def settled_spread_of(b: Any, alive: int) -> bool:
     view = cluster_view(b)
     return len([m for m in view["brokers"] if m["alive"]]) == alive and \

@@ -908,10 +908,14 @@ class NativeConnection:
         """Called every tick: a consumer that has unsettled deliveries and unsent bytes
         but read nothing for ``slow_consumer_seconds`` is cut, so it holds neither
         messages nor memory until its leases end; so is a client whose requests wait for
-        it to read their answers."""
+        it to read their answers. Deliveries relayed from the broker that owns a queue
+        (front.py) count as its own: that broker sees a relay that reads, not the
+        consumer that stopped."""
         sent = self.bytes_written - buffered
+        held = 0 if self.session is None else len(self.session.leases) + (
+            len(self.front.tags) if self.front is not None else 0)
         if not buffered or sent != self._sent_seen or self.session is None \
-                or not (self.session.leases or self._read_room is not None):
+                or not (held or self._read_room is not None):
             self._sent_seen = sent
             self.stalled_since = None
             return
@@ -922,15 +926,14 @@ class NativeConnection:
         # Not ``now - stalled_since >= seconds``: a difference of two clock readings can
         # round below the sum it came from (when the sum crosses a power of two), so a
         # tick exactly ``seconds`` later could fail to cut (a test did, once).
-        if now >= self.stalled_since + seconds and not self.session.leases:
+        if now >= self.stalled_since + seconds and not held:
             self._cut_slow(SlowConsumer(
                 f"no answers were read for {seconds:g} s while more requests waited for "
                 "them to be; the connection is closed", seconds=seconds))
         elif now >= self.stalled_since + seconds:
             self._cut_slow(SlowConsumer(
-                f"no deliveries were read for {seconds:g} s while "
-                f"{len(self.session.leases)} were unsettled; the connection is closed and "
-                "its deliveries requeued", seconds=seconds))
+                f"no deliveries were read for {seconds:g} s while {held} were unsettled; "
+                "the connection is closed and its deliveries requeued", seconds=seconds))
 
     # ------------------------------------------------------------- heartbeats
     def _start_heartbeats(self) -> None:
