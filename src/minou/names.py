@@ -321,6 +321,10 @@ def validate_kv_key(key: object) -> str:
 
 # Federation (docs/federation.md): the broker a message was first published on, kept
 # over every hop (a link never sends a message to where it began), and where a copy
-# came from (the source channel and seq).
+# came from (the source channel and seq). From its second hop on, a message also names
+# every broker it was on (a JSON list, its origin first): a link never sends it to one
+# of them. The origin alone let a message of a third broker go round two brokers linked
+# both ways for ever (a hub and its spokes).
 FEDERATED_FROM = "x-federated-from"
 FEDERATED_SEQ = "x-federated-seq"
+FEDERATED_PATH = "x-federated-path"

@@ -776,3 +776,35 @@ def test_a_remote_reconnecting_in_a_tight_loop_leaves_nothing_behind(tmp_path):
         assert us.output.splitlines()[lines:] == []  # nothing logged per connection
     finally:
         us.stop()
+
+
+def test_a_message_from_a_third_broker_does_not_loop_between_two_linked_both_ways(tmp_path):
+    """A hub with spokes: a pushes into b, and b shares chat/* both ways with c. A
+    message of a's crosses to b, then c, and c's pull must not bring it back into b (it
+    was there): x-federated-from names a, which is neither b nor c, so the origin alone
+    let it go round b -> c -> b for ever, a new copy on each side at each turn."""
+    c = start(tmp_path, "c", KEEP)
+    b = start(tmp_path, "b", KEEP + link("b-c", c.url, push=["chat/*"], pull=["chat/*"]))
+    a = start(tmp_path, "a", KEEP + link("a-b", b.url, push=["chat/*"]))
+    try:
+        with a.connect_sync("alice") as alice:
+            for n in range(5):
+                alice.send("chat/v1/room", {"n": n})
+        wait_until(lambda: len(read_all(b, "chat/v1/room")) >= 5 and
+                   len(read_all(c, "chat/v1/room")) >= 5, timeout=30,
+                   what="a's messages on b and c")
+        time.sleep(2.0)  # what would loop would have come back by now, many times
+        for side in (b, c):
+            got = [m.payload["n"] for m in read_all(side, "chat/v1/room")]
+            assert got == list(range(5)), (side.data_dir.name, len(got))
+            assert {m.headers["x-federated-from"] for m in read_all(side, "chat/v1/room")} \
+                == {"a"}
+        # Past its first hop a message names every broker it was on.
+        assert "x-federated-path" not in read_all(b, "chat/v1/room")[0].headers
+        assert read_all(c, "chat/v1/room")[0].headers["x-federated-path"] == '["a","b"]'
+        skipped = sum(p["skipped_loops"] for ln in status(b)["links"] for p in ln["pipes"])
+        assert skipped >= 5  # each came back from c once and went no further
+    finally:
+        a.stop()
+        b.stop()
+        c.stop()

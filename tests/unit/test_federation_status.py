@@ -44,3 +44,19 @@ def test_backoff_doubles_while_tries_fail_and_starts_again_after_a_long_run() ->
     assert b.failed(0.0) == BACKOFF_MIN_S * 2
     b.ended()
     assert b.failed(0.0) == BACKOFF_MIN_S
+
+
+def test_a_messages_path_is_every_broker_it_was_on_whatever_its_headers_say() -> None:
+    from minou.server.federation import _path
+
+    assert _path({}, "a") == ["a"]  # published here
+    assert _path({"x-federated-from": "a"}, "b") == ["a", "b"]  # its first hop was a -> b
+    assert _path({"x-federated-from": "a", "x-federated-path": '["a","b"]'}, "c") == \
+        ["a", "b", "c"]
+    assert _path({"x-federated-from": "a", "x-federated-path": '["a","b"]'}, "b") == \
+        ["a", "b"]  # b's own last hop is not named twice
+    # Made up, or from a client: it does not parse, or names others; the brokers it
+    # really passes are added at each hop all the same.
+    assert _path({"x-federated-from": "a", "x-federated-path": "{nope"}, "b") == ["a", "b"]
+    assert _path({"x-federated-path": '[1, 2]'}, "b") == ["b"]
+    assert _path({"x-federated-path": '["z"]'}, "b") == ["z", "b"]

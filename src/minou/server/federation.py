@@ -17,9 +17,9 @@ broker over loopback with a secret only this process knows (``LocalDoor``). It
 * reports its progress to the source as a consumer group's position
   (``federation:<link>:<direction>``), so the source keeps every message until it
   crossed (and may then drop it by its own rules);
-* never sends a message back where it came from: ``x-federated-from`` names the
-  broker a message was first published on, and a pipe skips those whose origin is
-  its destination.
+* never sends a message to a broker it was on: ``x-federated-from`` names the
+  broker a message was first published on, ``x-federated-path`` (from its second hop)
+  every broker it passed, and a pipe skips those whose path holds its destination.
 
 Memory is bounded by one page per pipe; a slow destination slows the pipe. Failures
 (refused key, unreachable remote, a rule, a full disk) are the pipe's ``last_error``,
@@ -51,7 +51,13 @@ from ..limits import (
     MAX_HEADER_SIZE,
     MAX_HEADERS,
 )
-from ..names import FEDERATED_FROM, FEDERATED_SEQ, consume_group_key, dead_letter_channel
+from ..names import (
+    FEDERATED_FROM,
+    FEDERATED_PATH,
+    FEDERATED_SEQ,
+    consume_group_key,
+    dead_letter_channel,
+)
 from ..protocol import frames as f
 from . import oplog
 from .front import ADOPT
@@ -372,11 +378,13 @@ class Pipe:
         sends: list[f.Send] = []
         for i, m in enumerate(msgs):
             headers = dict(m.headers or {})
-            first = headers.get(FEDERATED_FROM)
-            if first is not None and first == avoid:
+            path = _path(headers, origin)
+            if avoid in path:  # it was there already (began there, or passed through)
                 self.status.skipped_loops += 1
                 continue
             headers.setdefault(FEDERATED_FROM, origin)
+            if len(path) > 1:  # a single broker is x-federated-from: no header needed
+                headers[FEDERATED_PATH] = msgspec.json.encode(path).decode()
             headers[FEDERATED_SEQ] = f"{m.channel}:{m.seq}"
             over = _headers_over(headers)
             if over:
@@ -553,16 +561,35 @@ def _theirs(exc: RequestError) -> bool:
                              int(ErrorCode.MESSAGE_TOO_LARGE))
 
 
+def _path(headers: dict[str, str], here: str) -> list[str]:
+    """Every broker a message was on, its origin first and ``here`` (its source now)
+    last: ``x-federated-path`` plus ``here``, or, before its second hop (or from a
+    broker that does not write the path), its origin (``x-federated-from``) and
+    ``here``. A path that does not parse counts from its origin again: each hop still
+    adds its own broker, so a made-up path cannot make a message loop."""
+    path: list[str] = []
+    text = headers.get(FEDERATED_PATH)
+    if text is not None:
+        with contextlib.suppress(msgspec.DecodeError):
+            path = msgspec.json.decode(text, type=list[str])
+    if not path and FEDERATED_FROM in headers:
+        path = [headers[FEDERATED_FROM]]
+    if not path or path[-1] != here:
+        path.append(here)
+    return path
+
+
 def _headers_over(headers: dict[str, str]) -> str:
     """Why the destination would refuse these headers (the two the link adds may take a
     message past MAX_HEADERS or MAX_HEADER_SIZE), or ""."""
     if len(headers) > MAX_HEADERS:
-        return (f"{len(headers)} headers with the link's {FEDERATED_FROM} and "
-                f"{FEDERATED_SEQ}, the limit is {MAX_HEADERS}")
+        return (f"{len(headers)} headers with the link's {FEDERATED_FROM}, "
+                f"{FEDERATED_SEQ} (and {FEDERATED_PATH}), the limit is {MAX_HEADERS}")
     size = sum(map(len, headers)) + sum(map(len, headers.values()))
     if size > MAX_HEADER_SIZE:
-        return (f"headers of {size} bytes with the link's {FEDERATED_FROM} and "
-                f"{FEDERATED_SEQ}, over the {MAX_HEADER_SIZE} byte limit")
+        return (f"headers of {size} bytes with the link's {FEDERATED_FROM}, "
+                f"{FEDERATED_SEQ} (and {FEDERATED_PATH}), over the {MAX_HEADER_SIZE} "
+                "byte limit")
     return ""
 
 
