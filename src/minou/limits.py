@@ -214,6 +214,13 @@ DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 1_000
 # (its state, its groups' cursors, a stored row) and is made by its first publish or
 # named reader, so without a bound any client with write rights could make millions.
 DEFAULT_MAX_CHANNELS = 100_000
+# ... of which one client's inboxes (_inbox/v1/<client>!<instance>, any client, admins
+# too) may be this share: every client writes and reads its own inboxes without a rule,
+# under any instance name, so a client allowed nothing else made channels until the
+# broker held max_channels, and every other client's new channel was refused. A tenth
+# (10,000 by default) leaves a service that makes a client object per job (an inbox
+# each, gone 10 minutes after it) ~16 of them a second.
+INBOXES_SHARE = 10
 # Not client sockets: storage (three SQLite connections x database, WAL and shm), the
 # data-directory lock, both listeners, the event loop, stdio, files read on demand
 # (config, keys, TLS, the dashboard's static files).

@@ -254,3 +254,35 @@ def test_an_admin_member_of_a_group_never_gets_another_clients_inbox() -> None:
     own = h.subscribe(asker, 3, patterns=["q/v1/2", INBOX], group="mine", prefetch=10)
     assert publish(h, asker, INBOX, "for me").code == 0
     assert [d.channel for d in h.take(own)] == [INBOX]
+
+
+def test_one_clients_inboxes_are_a_tenth_of_max_channels_and_go_back_as_they_go() -> None:
+    """No rule bounds a client's own inboxes (any instance name): a tenth of
+    max_channels is its share, refused past it to whoever would make one more (its
+    own publish or listen; a request naming a new one, to the requester), while the
+    inboxes it holds go on; one that expires gives its place back."""
+    from minou.core.log import ChannelOptions
+    from minou.errors import QueueFull
+
+    h, asker, _, _ = served()
+    h.broker.max_channels = 30  # a share of 3
+    for n in range(3):
+        assert publish(h, asker, inbox_of("asker", str(n)), n).code == 0
+    out = publish(h, asker, inbox_of("asker", "3"), 3)
+    assert out.code and "client 'asker' holds 3 inboxes and may hold 3" in out.error
+    assert publish(h, asker, inbox_of("asker", "0"), "again").code == 0  # it has this one
+    assert publish(h, Session("other"), inbox_of("other", "0"), 1).code == 0  # others' own
+    with pytest.raises(QueueFull, match="inboxes"):
+        h.subscribe(asker, kind="listen", patterns=inbox_of("asker", "4"))
+    out = publish(h, asker, "q/v1/1", {"n": 1}, **{REPLY_TO: inbox_of("asker", "5"),
+                                                   CORRELATION_ID: "c"})
+    assert out.code and "inboxes" in out.error and "q/v1/1" not in h.broker.state.channels
+    assert request(h, asker, **{REPLY_TO: inbox_of("asker", "1")}).code == 0  # one it has
+    # One of its inboxes goes (idle): its place comes back.
+    log = h.broker.state.channels[inbox_of("asker", "2")]
+    log.options = ChannelOptions(expire_idle=1.0)
+    h.broker.state.track_expiry(log, h.now)
+    h.now += 5
+    h.broker.expiry.remove(log)
+    assert h.broker.state.inboxes["asker"] == 2
+    assert publish(h, asker, inbox_of("asker", "3"), 3).code == 0

@@ -433,3 +433,48 @@ def test_an_http_consumer_answers_a_request_with_its_token(broker):
             await requester.close()
 
     run(scenario())
+
+
+def test_one_client_cannot_take_every_channel_with_inboxes(broker_factory, tmp_path):
+    """Every client writes and reads its own inboxes without a rule, under any instance
+    name (``_inbox/v1/<id>!<anything>``): pricing-1, whose rules let it write nothing,
+    made one new channel per instance until the broker held ``max_channels``, and from
+    then on every other client's first publish to a new channel was refused. One
+    client's inboxes are now a tenth of ``max_channels`` at most: past that its new
+    inbox is refused (a publish or a listen), precisely, and everyone else goes on."""
+    cfg = tmp_path / "rules.toml"
+    cfg.write_text("max_channels = 2000\n" + RULES)
+    b = broker_factory.make(config=cfg).start()
+
+    async def scenario() -> None:
+        hog = await b.connect("pricing-1")
+        shop = await b.connect("shop-1")
+        responder = await b.connect("pricing-2")
+        try:
+            with pytest.raises(NotAuthorized):  # it may write nothing...
+                await hog.send("pricing/v1/x", 1)
+            made = 0
+            for start in range(0, 2100, 100):  # ...but its inboxes, as many as it likes
+                try:
+                    await hog.send_many([(inbox_of("pricing-1", str(n)), n)
+                                         for n in range(start, start + 100)])
+                except minou.QueueFull as exc:
+                    made += sum(1 for r in exc.results if not isinstance(r, Exception))
+                    assert "inboxes" in str(exc) and "pricing-1" in str(exc), exc
+                    break
+                made += 100
+            assert made == 200  # 2000 // 10
+            # A listen on one more is refused too; those it has go on.
+            with pytest.raises(minou.QueueFull, match="inboxes"):
+                await hog.listen(inbox_of("pricing-1", "one-more"))
+            await hog.send(inbox_of("pricing-1", "7"), "again")
+            # Every other client still makes channels, and requests still work.
+            await shop.send("pricing/v1/new", 1)
+            await responder.serve("pricing/v1/*", _quote, group="pricing")
+            assert await shop.request("pricing/v1/q", {"item": "tea", "qty": 2},
+                                      timeout=10) == {"item": "tea", "price": 4}
+        finally:
+            for c in (hog, shop, responder):
+                await c.close()
+
+    run(scenario())

@@ -445,6 +445,7 @@ class Publishing:
             log = state.channels.get(target)
             if log is None:
                 state.check_new_channels(1)
+                state.check_new_inboxes((target,))
                 log = state.log(target, now)
             if resp_door and send.headers and ID_HEADER in send.headers:
                 msg = self._stage_with_id(log, send, now)

@@ -72,6 +72,10 @@ def check_request(state: BrokerState, send: Send, client_id: str) -> None:
             f"a request's {REPLY_TO} must be an inbox of the requester's own "
             f"({inbox_of(client_id)}!<instance>), not {reply_to[:255]!r}")
     validate_channel(reply_to)
+    if reply_to not in state.channels and (state.hosts is None or state.hosts(reply_to)):
+        # Its reply would make the inbox: past the requester's share it is refused to
+        # the requester now, not to the responder later.
+        state.check_new_inboxes((reply_to,))
     if not headers.get(CORRELATION_ID):
         raise BadRequest(f"a request needs a {CORRELATION_ID} header")
     if not has_responders(state, target):

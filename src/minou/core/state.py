@@ -17,6 +17,7 @@ The three work sets, each a dict used as an ordered set:
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,11 +25,12 @@ from ..auth.rules import Rules
 from ..errors import QueueFull, RequestError
 from ..limits import (
     DEFAULT_MAX_CHANNELS,
+    INBOXES_SHARE,
     MAX_PRODUCER_STATES,
     MAX_SCHEDULED_MESSAGES,
     PRODUCER_IDLE_S,
 )
-from ..names import is_dead_letter, is_kv, match_keys, schema_key
+from ..names import INBOX_PREFIX, inbox_owner, is_dead_letter, is_kv, match_keys, schema_key
 from .channel_index import ChannelIndex
 from .dedup import DedupWindow
 from .group import Group, GroupChannel, Lease, PatternIndex
@@ -53,6 +55,7 @@ class BrokerState:
             options_for or (lambda key: ChannelOptions()))
         self.max_message_size = max_message_size
         self.max_channels = DEFAULT_MAX_CHANNELS  # the adapter sets the config's
+        self.inboxes: Counter[str] = Counter()  # client -> its inbox channels held
         self.dedup_window = dedup_window
         self.default_lease = default_lease
         self.cache_budget = cache_budget
@@ -145,6 +148,23 @@ class BrokerState:
                 "(channel option expire_idle), or raise max_channels",
                 limit=self.max_channels)
 
+    def check_new_inboxes(self, names: Iterable[str]) -> None:
+        """Raise unless the inboxes among ``names`` (channels to be made) leave each
+        owner within its share of ``max_channels`` (``INBOXES_SHARE``): no rule bounds
+        them, and one client's could otherwise take every channel."""
+        new = Counter(inbox_owner(name) or "" for name in names
+                      if name.startswith(INBOX_PREFIX))
+        limit = max(1, self.max_channels // INBOXES_SHARE)
+        for owner, count in new.items():
+            held = self.inboxes.get(owner, 0)
+            if held + count > limit:
+                raise QueueFull(
+                    f"client {owner!r} holds {held} inboxes and may hold {limit} (a "
+                    f"tenth of max_channels, {self.max_channels}): use one inbox per "
+                    "client object (the client library does), let unused ones go "
+                    "(they expire once idle), or raise max_channels",
+                    limit=limit, client=owner)
+
     def add_group(self, grp: Group) -> Group:
         """Keep ``grp`` (its patterns counted and indexed in ``patterns``), last in the
         order of groups."""
@@ -163,10 +183,17 @@ class BrokerState:
         """Keep ``log`` (a channel memory did not hold), last in the order of channels."""
         self.channels[log.name] = log
         self.channel_index.add(log)
+        if log.name.startswith(INBOX_PREFIX):
+            self.inboxes[inbox_owner(log.name) or ""] += 1
 
     def drop_channel(self, log: ChannelLog) -> None:
         del self.channels[log.name]
         self.channel_index.remove(log)
+        if log.name.startswith(INBOX_PREFIX):
+            owner = inbox_owner(log.name) or ""
+            self.inboxes[owner] -= 1
+            if self.inboxes[owner] <= 0:  # gone: a client seen once is not kept for ever
+                del self.inboxes[owner]
 
     def check_scheduled_room(self, count: int) -> None:
         """Raise unless ``count`` more messages with a priority or a delay may wait

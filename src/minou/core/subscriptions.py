@@ -240,9 +240,10 @@ class Subscriptions:
         have = grp.texts if grp is not None else set()
         fresh = {t for t in texts if t not in have}
         state, hosts = self.state, self.state.hosts
-        state.check_new_channels(sum(
-            1 for t in fresh if t not in state.channels and parse_pattern(t).concrete
-            and (hosts is None or hosts(t))))
+        made = [t for t in fresh if t not in state.channels and parse_pattern(t).concrete
+                and (hosts is None or hosts(t))]
+        state.check_new_channels(len(made))
+        state.check_new_inboxes(made)
         new = len(fresh)
         if len(have) + new > MAX_PATTERNS_PER_GROUP:
             what = "group" if grp is None or grp.kind == "consume" else "listener"
