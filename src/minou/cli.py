@@ -1037,6 +1037,8 @@ def federation(conn: dict[str, Any], as_json: bool) -> None:
                           else "")
                        + (f", {p['refused_channels']} channel(s) refused there"
                           if p.get("refused_channels") else "")
+                       + (f", {p['foreign_channels']} channel(s) outside its patterns "
+                          "named by the source" if p.get("foreign_channels") else "")
                        + (f", {p['orphans_dropped']} staged page(s) aborted"
                           if p.get("orphans_dropped") else ""))
             if p["last_error"]:

@@ -808,3 +808,34 @@ def test_a_message_from_a_third_broker_does_not_loop_between_two_linked_both_way
         a.stop()
         b.stop()
         c.stop()
+
+
+def test_a_remote_naming_channels_outside_the_pull_patterns_writes_none_of_them(tmp_path):
+    """A pull direction writes into this broker with the broker's own authority, into
+    the channels its remote's OFFSETS answer names. A remote that lies (compromised, or
+    another implementation with a bug) named channels its ``pull`` patterns do not
+    match, and the link wrote them here: anything, an admin's channels included. Now
+    only channels the patterns match cross; the others are refused, said (the
+    direction's last_error, ``foreign_channels``) and logged, and the rest go on."""
+    from .fake_remote import FakeRemote
+
+    remote = FakeRemote("evil", {"prices/v1/tea": [b'{"eur": 4.2}'],
+                                 "billing/v1/acct": [b'{"owed": 0}'],
+                                 "_dead/orders/v1/1": [b'"forged"']}).start()
+    eu = start(tmp_path, "eu", KEEP + link("eu-evil", remote.url, pull=["prices/*"]))
+    try:
+        wait_until(lambda: len(read_all(eu, "prices/v1/tea")) == 1, timeout=30,
+                   what="the price pulled")
+        time.sleep(1.0)  # the lie has been heard a few times over
+        assert read_all(eu, "billing/v1/acct") == []
+        assert read_all(eu, "_dead/orders/v1/1") == []
+        assert set(remote.reads) == {"prices/v1/tea"}
+        (pipe,) = status(eu)["links"][0]["pipes"]
+        assert pipe["state"] == "up" and pipe["forwarded"] == 1
+        assert pipe["foreign_channels"] == 2
+        assert "billing/v1/acct" in pipe["last_error"] and "prices/*" in pipe["last_error"]
+        lines = [ln for ln in eu.output.splitlines() if "billing/v1/acct" in ln]
+        assert len(lines) == 1, lines  # once, not at each turn
+    finally:
+        eu.stop()
+        remote.stop()

@@ -60,3 +60,22 @@ def test_a_messages_path_is_every_broker_it_was_on_whatever_its_headers_say() ->
     assert _path({"x-federated-from": "a", "x-federated-path": "{nope"}, "b") == ["a", "b"]
     assert _path({"x-federated-path": '[1, 2]'}, "b") == ["b"]
     assert _path({"x-federated-path": '["z"]'}, "b") == ["z", "b"]
+
+
+def test_a_direction_carries_only_the_channels_its_patterns_match() -> None:
+    from typing import Any, cast
+
+    from minou.config import FederationLink
+    from minou.server.federation import Pipe
+
+    link = FederationLink("eu-us", "minou://127.0.0.1:1", pull=("prices/*", "fx/v1/usd"))
+    pipe = Pipe(cast(Any, None), link, "pull", link.pull)
+    offsets = {"prices/v1/tea": (1, 2), "fx/v1/usd": (1, 5), "fx/v1/eur": (1, 2),
+               "_dead/prices/v1/tea": (1, 2), "billing/v1/a": (1, 2)}
+    assert pipe._ours(offsets) == {"prices/v1/tea": (1, 2), "fx/v1/usd": (1, 5)}
+    assert pipe.status.foreign_channels == 3
+    assert pipe.status.last_error.startswith(
+        "the remote named 3 channel(s) the patterns ['prices/*', 'fx/v1/usd'] do not match "
+        "('_dead/prices/v1/tea', 'billing/v1/a', 'fx/v1/eur'): not carried")
+    assert pipe._ours({"prices/v1/tea": (1, 2)}) == {"prices/v1/tea": (1, 2)}
+    assert pipe.status.foreign_channels == 0

@@ -57,6 +57,7 @@ from ..names import (
     FEDERATED_SEQ,
     consume_group_key,
     dead_letter_channel,
+    parse_pattern,
 )
 from ..protocol import frames as f
 from . import oplog
@@ -128,6 +129,9 @@ class PipeStatus:
     skipped_loops: int = 0
     dead_lettered: int = 0
     refused_channels: int = 0  # channels waiting now on a refusal of the destination
+    # Channels the source named that the direction's patterns do not match (a remote
+    # that lies, or has a bug): never carried.
+    foreign_channels: int = 0
     orphans_dropped: int = 0  # pages left staged there by a lost connection, aborted later
     lag_messages: int = 0
     lag_seconds: float = 0.0
@@ -278,7 +282,7 @@ class Pipe:
         while True:
             if not await self._runs_here():
                 return  # another broker of the cluster runs the links now
-            offsets = await source.offsets(patterns)
+            offsets = self._ours(await source.offsets(patterns))
             new = {ch: max(first, fences.get(self._dest(ch), 0) + 1)
                    for ch, (first, _) in offsets.items() if ch not in positions}
             if new:  # the source keeps them from now on until they crossed
@@ -326,7 +330,7 @@ class Pipe:
                     refusals[ch] = exc.message
             self.status.refused_channels = len(blocked)
             self._lag(offsets, positions)
-            if not blocked:
+            if not blocked and not self.status.foreign_channels:
                 self.status.healthy(time.time())
             if moved:
                 idle = POLL_MIN_S
@@ -347,6 +351,30 @@ class Pipe:
             else:
                 await asyncio.sleep(idle)
                 idle = min(idle * 1.5, POLL_MAX_S)
+
+    def _ours(self, offsets: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """The channels of the source's OFFSETS answer that the direction's patterns
+        match. A pull writes here with this broker's authority, into the channels its
+        remote names: one that named others (compromised, or a bug) wrote anything
+        here, an admin's channels and dead letters included. The others are said (the
+        direction's ``last_error``, ``foreign_channels``) and logged when their count
+        changes, not at each turn."""
+        matchers = [parse_pattern(p) for p in self.status.patterns]
+        ours = {ch: v for ch, v in offsets.items() if any(p.matches(ch) for p in matchers)}
+        foreign = len(offsets) - len(ours)
+        if foreign and foreign != self.status.foreign_channels:
+            names = sorted(ch for ch in offsets if ch not in ours)
+            shown = ", ".join(repr(ch[:100]) for ch in names[:3])
+            self.status.last_error = (
+                f"the {'remote' if self.direction == 'pull' else 'source'} named "
+                f"{foreign} channel(s) the patterns {list(self.status.patterns)} do not "
+                f"match ({shown}{', ...' if foreign > 3 else ''}): not carried")
+            self.status.last_error_at = time.time()
+            if self._log_budget.allow(time.monotonic()):
+                log.warning("federation %s (%s): %s", self.link.name, self.direction,
+                            self.status.last_error)
+        self.status.foreign_channels = foreign
+        return ours
 
     async def _runs_here(self) -> bool:
         """Whether this broker runs the links. Alone or as a cluster's primary: yes.

@@ -294,6 +294,10 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
                                               "Channels waiting on a refusal of the "
                                               "destination (a rule, a full queue).",
                                               labels=labels),
+        "foreign_channels": GaugeMetricFamily("minou_federation_foreign_channels",
+                                              "Channels the source named that the "
+                                              "direction's patterns do not match: not "
+                                              "carried.", labels=labels),
         "orphans_dropped": CounterMetricFamily("minou_federation_orphans_dropped",
                                                "Pages a lost connection left staged on the "
                                                "destination, aborted on the next one.",
@@ -311,7 +315,8 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
         families["up"].add_metric(key, 1.0 if p.get("state") == "up" else 0.0)
         families["errors"].add_metric(key, 1.0 if p.get("state") == "retrying" else 0.0)
         for name in ("forwarded", "lag_messages", "lag_seconds", "skipped_loops",
-                     "dead_lettered", "rate", "refused_channels", "orphans_dropped"):
+                     "dead_lettered", "rate", "refused_channels", "foreign_channels",
+                     "orphans_dropped"):
             families[name].add_metric(key, float(p.get(name, 0) or 0))
     yield from families.values()
 
