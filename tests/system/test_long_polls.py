@@ -65,7 +65,7 @@ def test_one_client_gets_only_so_many_long_polls_and_another_still_waits(broker)
                     refused.value.message
                 assert refused.value.detail["limit"] == MAX_LONG_POLLS_PER_CLIENT
             with pytest.raises(TooManyConnections, match="client 'greedy' has 100 long "
-                               r"polls waiting \(KV watches and channels.wait together"):
+                               r"polls waiting \(KV watches, channels.wait and HTTP requests "):
                 await greedy.admin("channels.wait", patterns=quiet, after="{}", wait=25)
             assert await _refusals(admin) - before == 3
             assert not any(t.done() for t in watches + waits)  # refusing cut none

@@ -478,3 +478,50 @@ def test_one_client_cannot_take_every_channel_with_inboxes(broker_factory, tmp_p
                 await c.close()
 
     run(scenario())
+
+
+def test_one_http_client_cannot_hold_every_connection_with_requests_waiting(broker_factory,
+                                                                            tmp_path):
+    """``POST /v1/request`` holds its connection until the reply, up to 300 s: a client
+    whose requests a responder takes and never answers (its own, or a stuck one) held
+    as many connections as it opened, up to ``max_connections``, and every other
+    client was refused (503) until they timed out. A request waiting for its reply is
+    now one of the client's long polls (``max_long_polls_per_client``): past it, 503
+    ``too_many_connections`` naming the client at once, and the others are served."""
+    cfg = tmp_path / "limits.toml"
+    cfg.write_text("max_connections = 24\nmax_long_polls_per_client = 4\n")
+    b = broker_factory.make(config=cfg).start()
+    hog, shop = bearer(b, "hog"), bearer(b, "shop")
+
+    async def scenario() -> None:
+        responder = await b.connect("resp")
+        try:
+            await responder.consume("held/v1/*", group="held")  # takes them, never answers
+            await responder.serve("pricing/v1/*", _quote, group="pricing")
+            limits = httpx.Limits(max_connections=40, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=b.http, timeout=30, limits=limits) as http:
+                held = []
+                for _ in range(30):  # one after the other: a refused one frees its socket
+                    held.append(asyncio.ensure_future(http.post(
+                        "/v1/request/held/v1/q?timeout=25", json={}, headers=hog)))
+                    await asyncio.sleep(0.1)
+                done, _ = await asyncio.wait(held, timeout=3)
+                refused = [t.result() for t in done if not t.exception()]
+                assert len(refused) == 26, [r.status_code for r in refused]
+                for r in refused:
+                    assert r.status_code == 503, r.text
+                    error = r.json()["error"]
+                    assert error["reason"] == "too_many_connections", error
+                    assert error["detail"]["client"] == "hog" and \
+                        error["detail"]["limit"] == 4, error
+                r = await http.post("/v1/request/pricing/v1/q?timeout=10",
+                                    json={"item": "tea", "qty": 2}, headers=shop)
+                assert r.status_code == 200, r.text
+                assert r.json() == {"item": "tea", "price": 4}
+                for t in held:
+                    t.cancel()
+                await asyncio.gather(*held, return_exceptions=True)
+        finally:
+            await responder.close()
+
+    run(scenario())

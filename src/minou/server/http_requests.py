@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from .ports import Server
 
 HTTP_INBOX = "http"  # the instance part of the inbox HTTP requests are answered on
+# A request waiting for its reply holds its connection up to MAX_REQUEST_TIMEOUT_S: it is
+# one of its client's long polls (server/long_polls.py), else one client whose requests
+# nobody answers held every connection the broker has and had every other refused.
+WAITING = "HTTP requests"
 # Queues spread over brokers: the ADMIN op a broker sends the one holding the inboxes to
 # make an HTTP request there (its reply commits there), and how much longer than the
 # request's own timeout the asking broker waits for that answer.
@@ -65,6 +69,12 @@ async def ask(server: Server, identity: Identity, channel: str, data: bytes,
     queues spread over brokers the broker owning the inboxes (queue ``_inbox/v1``)
     waits for the reply, since it commits there: another broker asks it to
     (``REQUEST_OP`` over the link) and relays its answer."""
+    with server.engine.long_polls.slot(WAITING, identity):
+        return await _ask(server, identity, channel, data, headers, timeout)
+
+
+async def _ask(server: Server, identity: Identity, channel: str, data: bytes,
+               headers: Iterable[tuple[str, str]], timeout: float) -> Response:
     spread = server.spread
     if spread is not None:
         front = spread.http_front(identity)
@@ -180,5 +190,6 @@ async def request_op(server: Server, args: dict[str, Any], caller: Identity | No
         extra = msgspec.json.decode(headers, type=dict[str, str])
     except (ValueError, msgspec.DecodeError) as exc:
         raise BadRequest(f"{REQUEST_OP}: {exc}") from None
-    return await ask_here(server, caller, channel, body, extra,
-                          request_timeout(str(timeout)))
+    with server.engine.long_polls.slot(WAITING, caller):  # as on the broker asked first
+        return await ask_here(server, caller, channel, body, extra,
+                              request_timeout(str(timeout)))

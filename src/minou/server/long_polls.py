@@ -1,5 +1,6 @@
 """Long polls waiting for a commit (KV watches; ``channels.wait``: federation links,
-the Redis door's XREAD BLOCK): how many may wait, and who waits for which channels. No
+the Redis door's XREAD BLOCK; HTTP requests waiting for their reply, counted only): how
+many may wait, and who waits for which channels. No
 I/O: the engine wakes them after each commit, a poll forgets itself when it times out
 or is cancelled.
 
@@ -52,7 +53,8 @@ class LongPolls:
         if client is not None and self.clients[client] >= self.per_client:
             raise TooManyConnections(
                 f"client {client!r} has {self.clients[client]} long polls waiting (KV "
-                f"watches and channels.wait together, over all its connections); a client "
+                f"watches, channels.wait and HTTP requests waiting for their reply together, "
+                f"over all its connections); a client "
                 f"may have {self.per_client} at once (max_long_polls_per_client), so that "
                 f"no one takes all {self.per_kind:,} the broker holds: let one be answered "
                 "(or close a watch) before starting another", limit=self.per_client,
