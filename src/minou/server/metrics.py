@@ -283,7 +283,7 @@ def _federation_metrics(pipes: Any) -> Iterator[Metric]:
                                      "reach (lag_messages is then the last figure known); "
                                      "absent until first counted.", labels=labels),
         "skipped_loops": CounterMetricFamily("minou_federation_loops_skipped", "Messages not "
-                                             "sent back to the broker they began on.",
+                                             "sent to a broker they were on (a loop).",
                                              labels=labels),
         "dead_lettered": CounterMetricFamily("minou_federation_dead_lettered", "Messages the "
                                              "destination refused, dead-lettered here.",
