@@ -294,6 +294,13 @@ class StorageUnavailable(RequestError, StorageError):
     code = ErrorCode.STORAGE_UNAVAILABLE
 
 
+class StorageLocked(StorageUnavailable):
+    """Another process holds the storage's write lock (SQLite: an ``sqlite3`` shell
+    inside a transaction, a ``VACUUM``, a backup tool that writes) past the busy
+    timeout: nothing was written. It ends when that process lets go, so the broker
+    refuses publishes meanwhile and resumes on its own, as for Redis out of reach."""
+
+
 class StorageFenced(StorageError):
     """A shared store (Redis) refused this broker's writes to some queues: another
     broker claimed them since (their epoch moved on). Nothing was written for

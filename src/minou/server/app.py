@@ -54,6 +54,7 @@ from ..errors import (
     StorageError,
     StorageFenced,
     StorageFull,
+    StorageLocked,
     StorageUnavailable,
     TooManyConnections,
     UnexpectedFrame,
@@ -284,6 +285,7 @@ class BrokerServer:
         # While a storage that comes back by itself (Redis) cannot be reached: the
         # refusal publishes get (STORAGE_UNAVAILABLE), since when, commits it failed.
         self.storage_down: StorageUnavailable | None = None
+        self._down_locked = False  # storage_down: a write lock another process holds
         self.storage_down_since = 0.0
         self.storage_down_commits = 0
         # Several brokers on one Redis (a storage with ``lease``): this broker's part.
@@ -1073,7 +1075,9 @@ class BrokerServer:
     # commit (core.on_failed), deliveries and acks go on, and a probe every
     # STORAGE_PROBE_S accepts publishes again once there is room. A storage that
     # recovers by itself (Redis: ``recovers``) being out of reach is the same kind of
-    # episode (STORAGE_UNAVAILABLE), ended by a probe that reaches it. Any other failure
+    # episode (STORAGE_UNAVAILABLE), ended by a probe that reaches it; so is a write lock
+    # another process holds (StorageLocked: an operator's sqlite3 shell), ended by a
+    # probe that finds it free. Any other failure
     # stops the broker with a non-zero exit status.
     def _commit_failed(self, batch: WriteBatch, exc: BaseException | None) -> None:
         if isinstance(exc, StorageFull):
@@ -1100,7 +1104,8 @@ class BrokerServer:
                 "refused): nothing was stored; the client reconnects to the primary")
             self.engine.not_written(batch, error, stop=True)
             return
-        if isinstance(exc, StorageUnavailable) and self._recovers:
+        if isinstance(exc, StorageUnavailable) and (self._recovers or
+                                                    isinstance(exc, StorageLocked)):
             self.storage_down_commits += 1
             self._retry_at = time.monotonic() + STORAGE_RETRY_S
             refusal = self._enter_down(exc)
@@ -1143,6 +1148,9 @@ class BrokerServer:
         """Refuse publishes while storage is out of reach (or, ``why`` says, refuses
         this broker's writes for a moment); log once per episode; probe. Returns the
         refusal (what the failed batch's publishers get too)."""
+        self._down_locked = isinstance(exc, StorageLocked)
+        if self._down_locked:
+            why = "is locked by another process"
         first = self.storage_down is None
         refusal = StorageUnavailable(
             f"storage {self.storage.path} {why} ({exc.message}); nothing was "
@@ -1191,8 +1199,9 @@ class BrokerServer:
         if self.storage_full is None:
             self.core.storage_refusal = None
         self._retry_at = 0.0
-        log.warning("storage %s can be reached again after %.0f s: publishes are accepted",
-                    self.storage.path, time.time() - self.storage_down_since)
+        log.warning("storage %s %s after %.0f s: publishes are accepted", self.storage.path,
+                    "is no longer locked" if self._down_locked
+                    else "can be reached again", time.time() - self.storage_down_since)
         self.engine.commit()
 
     def backing_off(self) -> bool:

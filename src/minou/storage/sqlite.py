@@ -43,7 +43,7 @@ from ..core.log import READ_WEIGHT_BASE, Msg, read_weight
 from ..core.seq_runs import SeqRuns
 from ..core.snapshot import Snapshot
 from ..core.writes import WriteBatch
-from ..errors import StorageFull, StorageUnavailable
+from ..errors import StorageFull, StorageLocked, StorageUnavailable
 from ..limits import (
     BODY_FILE_LIMIT_BYTES,
     BODY_FILE_MIN_BYTES,
@@ -56,12 +56,16 @@ from ..limits import (
 from ..protocol.frames import Send
 from . import segments
 from .bodies import BodyFileError, BodyFileMissing, BodyFiles
+from .holders import other_holders
 from .segments import runs, size_text
 
 SQLITE_FULL = 13  # sqlite3.Error.sqlite_errorcode (its low byte): disk or max_page_count
 SQLITE_IOERR_SHMSIZE = 10 | (19 << 8)  # the WAL index could not grow: no room either
 RESERVE_FILE = "minou.reserve"
 WAL_FRAME_HEADER = 24  # bytes before each page in the WAL (sqlite.org/fileformat.html)
+# How long a commit waits for SQLite's write lock held by another connection (a
+# checkpoint, an operator's shell) before it is refused: StorageLocked.
+BUSY_TIMEOUT_MS = 5000
 log = logging.getLogger("minou.storage")
 _T = TypeVar("_T")
 # Dedup rows read at once at a start before they go into columns (core/dedup.DedupRows):
@@ -149,6 +153,12 @@ def _is_full(exc: BaseException) -> bool:
     return "database or disk is full" in str(exc)
 
 
+def _is_busy(exc: BaseException) -> bool:
+    """SQLITE_BUSY past the busy timeout: another connection holds the write lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+
+
 def _put_or_drop(db: sqlite3.Connection, table: str, key: str, value: str,
                  changes: dict[str, Any]) -> None:
     """Write ``changes`` to a two-column table: a value replaces the row, None drops it.
@@ -231,7 +241,7 @@ class SQLiteStorage:
                                      uri=self._identity is not None)
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
-                db.execute("PRAGMA busy_timeout=5000")
+                db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
                 db.execute("PRAGMA cache_size=-8000")  # KiB; bodies are cached by the core
                 # Checkpoints run beside the writer (``checkpoint``), not inside its commits,
                 # so a commit's latency is one WAL append and one fsync.
@@ -500,6 +510,8 @@ class SQLiteStorage:
         except sqlite3.Error as exc:
             if _is_full(exc):
                 raise self._full(db, str(exc)) from exc
+            if _is_busy(exc):
+                raise self._locked() from exc
             name = getattr(exc, "sqlite_errorname", type(exc).__name__)
             raise StorageUnavailable(f"commit failed: {exc} ({name})") from exc
         except (msgspec.EncodeError, TypeError, ValueError) as exc:
@@ -525,6 +537,33 @@ class SQLiteStorage:
                 self._synced = self._relaxed
         return True
 
+    def _locked(self) -> StorageLocked:
+        """The refusal for a commit that found SQLite's write lock held by another
+        process past the busy timeout, naming the processes that have the file open."""
+        who = other_holders([self.path, self.path + "-wal", self.path + "-shm"])
+        held = (f"the database is open in {', '.join(who)}" if who else
+                "no other process of this user has the database open")
+        return StorageLocked(
+            f"its write lock was held past SQLite's {BUSY_TIMEOUT_MS / 1000:g} s busy "
+            f"timeout; {held}: an sqlite3 shell inside a transaction, a VACUUM or a "
+            "backup tool that writes holds it until it ends", storage=self.path,
+            holders=who)
+
+    def _check_unlocked(self) -> None:
+        """Raise StorageLocked while another process holds the write lock (the probe
+        after a commit that found it held), without waiting for it."""
+        db = self._db()
+        with self._writers_gate:
+            try:
+                if not self._begin_now(db):
+                    raise self._locked()
+                db.execute("ROLLBACK")
+            except sqlite3.Error as exc:  # not a lock: the next commit says what
+                log.debug("the probe's BEGIN IMMEDIATE failed: %s", exc)
+                if db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        db.execute("ROLLBACK")
+
     @staticmethod
     def _begin_now(db: sqlite3.Connection) -> bool:
         """BEGIN IMMEDIATE without waiting: False if another connection holds SQLite's
@@ -538,7 +577,7 @@ class SQLiteStorage:
                 raise
             return False
         finally:
-            db.execute("PRAGMA busy_timeout=5000")
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         return True
 
     def _check_in_place(self) -> None:
@@ -648,7 +687,8 @@ class SQLiteStorage:
 
     def probe(self) -> tuple[bool, dict[str, Any]]:
         """After StorageFull: is there room again? If so, take the reserve back first.
-        Returns (room, space)."""
+        Returns (room, space). After StorageLocked: StorageLocked while still locked."""
+        self._check_unlocked()
         space = self.space()
         need = STORAGE_RESUME_BYTES
         if self.max_size is not None:
@@ -992,7 +1032,7 @@ class SQLiteStorage:
             except sqlite3.OperationalError:
                 pass  # busy: try again next time
             finally:
-                db.execute("PRAGMA busy_timeout=5000")
+                db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         if keep:
             self._prefill_wal(db)  # cut before, while the disk was crowded
 
