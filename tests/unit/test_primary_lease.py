@@ -86,6 +86,9 @@ class Lease:
     def members(self) -> list[dict[str, Any]]:
         return []  # the other brokers' records: none that can be asked here
 
+    def other_placements(self, placement: str) -> list[dict[str, Any]]:
+        return []  # no broker of the other placement
+
     def take_handoff(self) -> bool:
         return False
 

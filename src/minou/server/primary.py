@@ -54,6 +54,25 @@ def member_id(port: int) -> str:
     return f"{socket.gethostname()}:{port}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
+def check_placement(lease: Any, placement: str, path: str) -> None:
+    """Refuse to start beside live brokers of the other placement on this Redis: a
+    spreading broker would take a primary's queues (and the primary take them back),
+    each stopping the other in turn. Runs on a thread (it calls Redis)."""
+    others = lease.other_placements(placement)
+    if not others:
+        return
+    them = ", ".join(f"{r['id']} ({r.get('native') or '?'})" for r in others[:3])
+    theirs = others[0].get("placement", "?")
+    raise StartupError(
+        f"{'a live broker' if len(others) == 1 else f'{len(others)} live brokers'} on "
+        f"{path} ({them}) {'runs' if len(others) == 1 else 'run'} placement = "
+        f"\"{theirs}\"; "
+        f"this one is set to \"{placement}\". Every broker on one Redis (and key "
+        f"prefix) must use the same placement, or each takes the others' queues and "
+        f"stops them: set [storage] placement = \"{theirs}\" here, or stop those "
+        "brokers first to change it (docs/cluster.md)")
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, redis.AuthenticationError):
         return f"{exc} (check the password)"
@@ -68,7 +87,7 @@ def broker_info(server: Server, sockets: list[socket.socket]) -> dict[str, str]:
     info = {"native": f"{'minous' if tls else 'minou'}://{host}:"
                       f"{sockets[0].getsockname()[1]}",
             "host": socket.gethostname(), "pid": str(os.getpid()),
-            "since": f"{time.time():.3f}"}
+            "since": f"{time.time():.3f}", "placement": s.storage_placement}
     if len(sockets) > 1:
         info["http"] = f"{'https' if tls else 'http'}://{host}:{sockets[1].getsockname()[1]}"
     if tls and server.tls is not None:
@@ -132,6 +151,9 @@ class PrimaryRole:
         while True:
             try:
                 sent = time.monotonic()
+                if first:
+                    await self._call(check_placement, self.lease, "primary",
+                                     server.storage.path)
                 if out or sent < self.take_after:
                     # Redis answers again after an outage every broker may have lived
                     # through: the primary's lease ran out in it, not its life. It renews

@@ -56,7 +56,7 @@ from . import placement
 from .front import ADOPT, Door, Front
 from .kv import read_buckets
 from .peer_reach import reaches_redis
-from .primary import Server, _reason, broker_info, member_id
+from .primary import Server, _reason, broker_info, check_placement, member_id
 
 log = logging.getLogger("minou.cluster")
 
@@ -131,6 +131,7 @@ class SpreadRole:
                     self.server.storage.path)
 
     def _join(self) -> None:
+        check_placement(self.lease, "spread", self.server.storage.path)
         self.lease.seen(self.info)
         client, key = self.lease.client, shared_base(self.server.storage.prefix) + "link"
         client.set(key, secrets.token_bytes(32), nx=True)

@@ -193,6 +193,12 @@ class PrimaryLease:
                 continue
         return out
 
+    def other_placements(self, placement: str) -> list[dict[str, Any]]:
+        """The live brokers on this prefix whose record says another placement than
+        ``placement`` (records without one, of older brokers, are not judged)."""
+        return [r for r in self.members() if r["alive"] and r["id"] != self.member
+                and r.get("placement", placement) != placement]
+
     def members(self) -> list[dict[str, Any]]:
         """Every broker whose record is fresh (the primary and the standbys), with
         ``alive``: it renewed or tried the lease within the last lease."""
