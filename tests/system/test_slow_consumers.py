@@ -34,6 +34,19 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
+def read_all(broker: Any, pattern: str, group: str, count: int) -> set[tuple[str, int]]:
+    """(channel, seq) of up to ``count`` messages consumed and acked by a reader."""
+    seen: set[tuple[str, int]] = set()
+    with broker.connect_sync("reader") as r:
+        sub = r.consume(pattern, group=group, prefetch=100)
+        deadline = time.monotonic() + 60
+        while len(seen) < count and time.monotonic() < deadline:
+            msg = sub.get(timeout=10)
+            seen.add((msg.channel, msg.seq))
+            msg.ack()
+    return seen
+
+
 def status(broker) -> dict:
     with minou.connect_sync(broker.url, **broker.admin_auth()) as a:
         return a.admin("status")
@@ -55,15 +68,7 @@ def test_a_consumer_that_reads_nothing_is_cut_and_its_messages_go_to_a_reader(
                    what="the silent consumer to be cut")
         assert "no deliveries were read for 2 s" in b.output
         # Everything it held comes to a consumer that reads.
-        seen: set[tuple[str, int]] = set()
-        with b.connect_sync("reader") as r:
-            sub = r.consume("slow/v1/*", group="g", prefetch=100)
-            deadline = time.monotonic() + 60
-            while len(seen) < 3000 and time.monotonic() < deadline:
-                msg = sub.get(timeout=10)
-                seen.add((msg.channel, msg.seq))
-                msg.ack()
-        assert len(seen) == 3000
+        assert len(read_all(b, "slow/v1/*", "g", 3000)) == 3000
     finally:
         stuck.close()
 

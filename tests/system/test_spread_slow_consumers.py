@@ -13,7 +13,7 @@ import minou
 from ..conftest import wait_until
 from ..redis_server import RedisServer
 from . import test_spread
-from .test_slow_consumers import BODY, rss_mib, silent_consumer
+from .test_slow_consumers import BODY, read_all, rss_mib, silent_consumer
 from .test_spread import (
     ADMINS,
     LEASE,
@@ -39,14 +39,7 @@ def test_silent_consumers_of_another_broker_s_queue_pin_a_bounded_amount_here(
     cfg.write_text(f'delivery_buffer_bytes = {budget}\nslow_consumer_seconds = 600\n'
                    f'[storage]\nurl = "{redis.url}"\nowner_lease = {LEASE}\n'
                    'placement = "spread"\n')
-    a, b = (broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2))
-    ADMINS[redis.url] = a
-    with b.connect_sync("producer") as p:
-        for k in range(1, 13):
-            p.send(f"mem{k}/v1/0", BODY)
-    wait_until(lambda: settled_spread_of(a, 2), timeout=20)
-    b_member = cluster_view(b)["this_broker"]["member"]
-    queue = next(q for q, m in sorted(owners(a).items()) if m == b_member)
+    a, b, queue = two_brokers_and_a_queue_of_b(broker_factory, redis, cfg, "mem")
     silent = [silent_consumer(a.url, f"silent-{i}", f"{queue}/*", f"g{i}", prefetch=5000)
               for i in range(20)]
     try:
@@ -75,14 +68,7 @@ def test_a_silent_consumer_of_another_broker_s_queue_is_cut_by_its_own_broker(
     cfg = tmp_path / "stall.toml"
     cfg.write_text(f'slow_consumer_seconds = 2\n[storage]\nurl = "{redis.url}"\n'
                    f'owner_lease = {LEASE}\nplacement = "spread"\n')
-    a, b = (broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2))
-    ADMINS[redis.url] = a
-    with b.connect_sync("producer") as p:
-        for k in range(1, 13):
-            p.send(f"cut{k}/v1/0", BODY)
-    wait_until(lambda: settled_spread_of(a, 2), timeout=20)
-    b_member = cluster_view(b)["this_broker"]["member"]
-    queue = next(q for q, m in sorted(owners(a).items()) if m == b_member)
+    a, b, queue = two_brokers_and_a_queue_of_b(broker_factory, redis, cfg, "cut")
     stuck = silent_consumer(a.url, "stuck", f"{queue}/*", "g", prefetch=3000)
     try:
         with b.connect_sync("producer") as p:
@@ -90,17 +76,23 @@ def test_a_silent_consumer_of_another_broker_s_queue_is_cut_by_its_own_broker(
         wait_until(lambda: status_of(a)["flow"]["slow_consumers_cut"] >= 1, 20,
                    what="broker a to cut the silent consumer")
         assert "no deliveries were read for 2 s" in a.output
-        seen: set[tuple[str, int]] = set()
-        with a.connect_sync("reader") as r:
-            sub = r.consume(f"{queue}/*", group="g", prefetch=100)
-            deadline = time.monotonic() + 60
-            while len(seen) < 3000 and time.monotonic() < deadline:
-                msg = sub.get(timeout=10)
-                seen.add((msg.channel, msg.seq))
-                msg.ack()
-        assert len(seen) == 3000
+        assert len(read_all(a, f"{queue}/*", "g", 3000)) == 3000
     finally:
         stuck.close()
+
+
+def two_brokers_and_a_queue_of_b(broker_factory: Any, redis: RedisServer, cfg: Path,
+                                 prefix: str) -> tuple[Any, Any, str]:
+    """Brokers a and b spreading 12 queues ``<prefix>1/v1`` .. ``<prefix>12/v1``, settled;
+    one queue b owns."""
+    a, b = (broker_factory.make(config=cfg, storage=redis.url).start() for _ in range(2))
+    ADMINS[redis.url] = a
+    with b.connect_sync("producer") as p:
+        for k in range(1, 13):
+            p.send(f"{prefix}{k}/v1/0", BODY)
+    wait_until(lambda: settled_spread_of(a, 2), timeout=20)
+    b_member = cluster_view(b)["this_broker"]["member"]
+    return a, b, next(q for q, m in sorted(owners(a).items()) if m == b_member)
 
 
 def settled_spread_of(b: Any, alive: int) -> bool:
