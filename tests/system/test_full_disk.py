@@ -340,6 +340,65 @@ def test_a_database_removed_under_the_broker_stops_it_before_another_confirm(
         assert not db.exists()  # no empty database made where the old one was
 
 
+def test_a_write_ahead_log_removed_under_the_broker_loses_nothing_confirmed(
+        broker_factory, tmp_path):
+    """``rm data/minou.db-wal`` (taken for a temporary file): SQLite goes on writing to the
+    removed file, so every commit since the last checkpoint, and every one after, was
+    only there and gone at the next start: 10 confirmed messages, 0 after kill -9 and a
+    restart. Now the broker notices by itself within a tick (no commit needed), copies
+    what the removed log holds into the database file, and stops saying why; a commit
+    that notices it first is answered STORAGE_UNAVAILABLE, not confirmed."""
+    b = broker_factory.make().start()
+    with b.connect_sync("pub") as pub:
+        confirmed = [pub.send(CH, {"n": n}).seq for n in range(5)]
+    (b.data_dir / "minou.db-wal").unlink()
+    with contextlib.suppress(subprocess.TimeoutExpired):  # before: it ran on, at risk
+        assert b.proc is not None and b.proc.wait(20) != 0  # by itself, without a commit
+    assert "write-ahead log" in b.output and "was removed or replaced" in b.output
+    assert "copied into the database file" in b.output
+    b.kill()
+    b.start()
+    with b.connect_sync("reader") as r:
+        sub = r.consume(CH, group="g", start="oldest")
+        got = []
+        for _ in confirmed:
+            msg = sub.get(timeout=10)
+            got.append(msg.seq)
+            msg.ack()
+    assert got == confirmed
+
+
+@pytest.mark.parametrize("where", ["writer", "loop"])
+def test_a_write_ahead_log_removed_is_noticed_by_the_next_commit(broker_factory, tmp_path,
+                                                                 where):
+    """A commit that finds the log gone (before a tick does) is not confirmed: the
+    publisher gets STORAGE_UNAVAILABLE saying why, and what was committed is kept."""
+    from minou.errors import ErrorCode, RequestError
+
+    cfg = tmp_path / "wal.toml"
+    cfg.write_text('[channels."wal/v1"]\ndurability = "interval"\n' if where == "loop"
+                   else "")
+    b = broker_factory.make(config=cfg).start()
+    ch = "wal/v1/1"
+    with b.connect_sync("pub") as pub:
+        confirmed = [pub.send(ch, {"n": n}).seq for n in range(5)]
+        (b.data_dir / "minou.db-wal").unlink()
+        with pytest.raises(RequestError) as info:
+            pub.send(ch, {"n": 5})
+    assert info.value.code == ErrorCode.STORAGE_UNAVAILABLE, info.value
+    assert "write-ahead log" in info.value.message
+    assert b.proc is not None and b.proc.wait(20) != 0
+    b.start()
+    with b.connect_sync("reader") as r:
+        sub = r.consume(ch, group="g", start="oldest")
+        got = []
+        for _ in confirmed:
+            msg = sub.get(timeout=10)
+            got.append(msg.seq)
+            msg.ack()
+    assert got == confirmed
+
+
 def test_a_disk_filled_fast_with_small_messages_keeps_acks_durable_and_resumes_alone(
         broker_factory, tmp_path):
     """A fast publisher filled the disk with a WAL the database file could not grow to

@@ -285,6 +285,7 @@ class BrokerServer:
         # While a storage that comes back by itself (Redis) cannot be reached: the
         # refusal publishes get (STORAGE_UNAVAILABLE), since when, commits it failed.
         self.storage_down: StorageUnavailable | None = None
+        self._wal_rescue: asyncio.Future[None] | None = None  # the WAL removed: _watch_wal
         self._down_locked = False  # storage_down: a write lock another process holds
         self.storage_down_since = 0.0
         self.storage_down_commits = 0
@@ -1293,6 +1294,7 @@ class BrokerServer:
                 # acked within a 5 s lease refused and redelivered). Serve them first,
                 # new connections (an HTTP ack) included, then sweep.
                 await asyncio.sleep(STALL_GRACE_S)
+            self._watch_wal()  # first: a read below may be the first to find it gone
             now = time.time()
             expired = self.core.tick(now)
             swept = loop.time()  # a stall anywhere until the next sweep counts
@@ -1324,9 +1326,12 @@ class BrokerServer:
                     if expired:
                         self.core.expire(expired, time.time())
                     await self._apply_retention(now)
-                except StorageUnavailable:
+                except StorageUnavailable as exc:
                     if not self._recovers:
-                        raise
+                        # Raised, it ended this task without a word: no more sweeps,
+                        # leases or checkpoints, a broker that answered and did nothing.
+                        self._storage_failed(exc)
+                        return
                     # TTLs and retention are looked at again once storage is back.
             self._maybe_checkpoint(now)
             if self.core.batch or self.core.has_dirty:
@@ -1345,6 +1350,37 @@ class BrokerServer:
                         "lower dedup_window (%g s)", dedup.evicted - seen, dedup.max_keys,
                         self.core.dedup_window)
             self._dedup_warned = (now, dedup.evicted)
+
+    def _watch_wal(self) -> None:
+        """The write-ahead log removed under the broker is noticed within a tick, not at
+        the next commit (none may come before a crash): what it holds is copied into the
+        database file by the writer's connection (older than the removal: a connection
+        opened since sees a new, empty log), and the broker stops saying why."""
+        storage = self.storage
+        if self._wal_rescue is not None or not isinstance(storage, Housekeeping) or \
+                not storage.wal_moved():
+            return
+        assert self.loop is not None
+        self._wal_rescue = self.loop.run_in_executor(self._writer_pool,
+                                                     storage.check_wal_in_place)
+        self._wal_rescue.add_done_callback(self._wal_checked)
+
+    def _wal_checked(self, fut: asyncio.Future[None]) -> None:
+        exc = None if fut.cancelled() else fut.exception()
+        if exc is not None:  # else a commit said it meanwhile, and stops the broker
+            self._storage_failed(exc)
+
+    def _storage_failed(self, exc: BaseException) -> None:
+        """Storage failed outside a commit (a read, the log's rescue): stop, as a failed
+        commit does, first rescuing the write-ahead log if that is what failed."""
+        if self._wal_rescue is None and isinstance(self.storage, Housekeeping) and \
+                self.storage.wal_moved():
+            self._watch_wal()  # then here again, with what the rescue says
+            return
+        log.error("storage failure, the broker stops: %s", exc)
+        self.exit_status = 1
+        self.stop_reason = self.stop_reason or f"storage failure ({exc})"
+        self.request_stop()
 
     def _maybe_checkpoint(self, now: float) -> None:
         """Keep the WAL near its threshold: checked every tick (0.25 s); once the file is

@@ -71,6 +71,14 @@ class Housekeeping(Protocol):
         """Whether the log's file is kept while idle (``truncate`` then frees nothing):
         the disk has room to spare."""
 
+    def wal_moved(self) -> str:
+        """Why the log's file at its path is not the one being written ("" while it is):
+        removed or replaced under the broker."""
+
+    def check_wal_in_place(self) -> None:
+        """Raise StorageUnavailable if the log's file was removed or replaced, once what
+        the log holds is copied into the database file."""
+
 
 @runtime_checkable
 class Syncing(Protocol):

@@ -228,6 +228,9 @@ class SQLiteStorage:
         # (device, inode) of the database file once opened: a file removed or replaced
         # under a running broker is noticed at the next commit (``_check_in_place``).
         self._identity: tuple[int, int] | None = None
+        # ... and of its write-ahead log: SQLite writes on to a log removed under it
+        # (``rm *-wal``), and what only the log holds is gone at the next start.
+        self._wal_identity: tuple[int, int] | None = None
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -297,6 +300,9 @@ class SQLiteStorage:
                                      ) from exc
         st = os.stat(self.path)
         self._identity = (st.st_dev, st.st_ino)
+        with contextlib.suppress(OSError):  # made by the first write (the schema's)
+            st = os.stat(self.path + "-wal")
+            self._wal_identity = (st.st_dev, st.st_ino)
         if not self._make_reserve():
             log.warning("no room for the %s reserve %s: if the disk fills up, acks may not "
                         "be recorded until space is freed", size_text(self.reserve),
@@ -523,6 +529,7 @@ class SQLiteStorage:
                 raise self._full(db, f"body file: {exc.strerror}") from exc
             raise StorageUnavailable(f"commit failed: body file: {exc}") from exc
         self._check_in_place()
+        self.check_wal_in_place()
         self._commits += 1
         if batch.forgets:
             with self._cid_lock:
@@ -579,6 +586,45 @@ class SQLiteStorage:
         finally:
             db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         return True
+
+    def wal_moved(self) -> str:
+        """Why the write-ahead log at its path is not the one SQLite writes ("" while
+        it is): removed (taken for a temporary file) or replaced. One ``stat``."""
+        if self._wal_identity is None:
+            return ""
+        try:
+            st = os.stat(self.path + "-wal")
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return "" if (st.st_dev, st.st_ino) == self._wal_identity else \
+            "another file is there now"
+
+    def check_wal_in_place(self) -> None:
+        """Raise StorageUnavailable if the write-ahead log was removed or replaced while
+        the broker ran, once what it holds is copied into the database file: SQLite goes
+        on writing to the removed file, so every commit since the last checkpoint, and
+        every one after, would be gone at the next start. The broker stops (a connection
+        opened since writes a new log beside the old one); started again, it has
+        everything. Run on a thread whose connection is older than the removal (the
+        writer's: it opened the storage), which still has the old log open."""
+        why = self.wal_moved()
+        if not why:
+            return
+        try:
+            db = self._db()
+            with self._writers_gate:
+                busy, frames, copied = db.execute("PRAGMA wal_checkpoint(FULL)").fetchone()
+            rescued = (f"what it held ({copied} page(s)) was copied into the database "
+                       "file" if not busy and copied >= frames else
+                       f"only {copied} of its {frames} page(s) could be copied into the "
+                       "database file (a reader held them)")
+        except sqlite3.Error as exc:
+            rescued = f"what it held could NOT be copied into the database file ({exc})"
+        self._wal_identity = None  # said once
+        raise StorageUnavailable(
+            f"the write-ahead log {self.path}-wal was removed or replaced while the broker "
+            f"ran ({why}): {rescued}; this commit is not confirmed, and the broker stops "
+            "(start it again: it has everything that was copied)")
 
     def _check_in_place(self) -> None:
         """Raise StorageUnavailable if the database file is no longer the one this
