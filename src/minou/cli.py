@@ -438,6 +438,14 @@ def _expiry(ch: dict[str, Any]) -> str:
     return f"after {limit:g} s idle ({max(0.0, left):.0f} s left if nothing happens)"
 
 
+def _some(names: list[str], total: int | None, shown: int = 5) -> str:
+    """The first ``shown`` of ``names`` and how many more there are (``total``: all of
+    them; an answer lists the first MAX_LISTED_NAMES)."""
+    rest = max(total if total is not None else len(names), len(names)) - shown
+    text = ", ".join(names[:shown])
+    return f"{text} (+{rest} more)" if rest > 0 else text
+
+
 def _print_message(msg: Any, as_json: bool) -> None:
     payload = msg.payload if not msg.raw else msg.data.decode("utf-8", "replace")
     if as_json:
@@ -477,13 +485,15 @@ def list_(conn: dict[str, Any], queue: str | None, channel: str, messages: bool,
                          else "left")
     for ch in data["channels"]:
         table.add_row(ch["channel"], str(ch["depth"]), str(ch["unsettled"]),
-                      str(ch["next_seq"]), ", ".join(ch["readers"]) or "-", _expiry(ch))
+                      str(ch["next_seq"]), _some(ch["readers"], ch.get("readers_total"))
+                      or "-", _expiry(ch))
     console.print(table)
     groups = Table(title="groups")
     for col in ("group", "kind", "patterns", "members", "lag", "in flight"):
         groups.add_column(col)
     for g in data["groups"]:
-        groups.add_row(g["group"], g["kind"], ", ".join(g["patterns"]), str(g["members"]),
+        groups.add_row(g["group"], g["kind"], _some(g["patterns"], g.get("patterns_total")),
+                       str(g["members"]),
                        str(g["lag"]), str(g["unsettled"]))
     console.print(groups)
     for ch in data["channels"] if messages else []:

@@ -347,6 +347,11 @@ MAX_OFFSETS_AT_PER_CLIENT = 4
 # answer of MAX_OFFSETS_CHANNELS channels (~10 MB) and ~70 ms of the loop per 50,000
 # channels, so past a few hundred one client could hold the broker for minutes.
 MAX_OFFSETS_AT_PER_CLIENT_SETTING = 1_000
+# Names an admin view (list, queues, a queue's page, metrics) gives of one group's
+# patterns or one channel's readers; the answer says how many there are in all. One
+# client's 7 groups of 10,000 patterns of 255 characters made `list` a 17 MB answer,
+# over MAX_FRAME_SIZE: the admin's client dropped the connection and `minou list` failed.
+MAX_LISTED_NAMES = 100
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 # HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
 # message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).

@@ -33,7 +33,7 @@ def test_a_channels_figures_count_what_happened_to_its_messages() -> None:
     assert stats == {
         "channel": CH, "depth": 3, "first_seq": 1, "next_seq": 7, "unsettled": 1,
         "published": 5, "requeued": 0, "dropped": 2, "expired": 1,
-        "readers": ["consume:g", "listen:l:audit"],
+        "readers": ["consume:g", "listen:l:audit"], "readers_total": 2,
         "expire_idle": None, "active_at": h.now,  # the last delivery
         # 1 (dropped before its commit), 2 and 6: two runs of deleted seqs
         "deleted": 3, "deleted_bytes": stats["deleted_bytes"],
@@ -57,6 +57,7 @@ def test_a_groups_figures_sum_its_channels() -> None:
     stats = h.broker.group_stats(grp, h.now)
     assert stats == {
         "group": "consume:g", "kind": "consume", "patterns": ["orders/v1/*"],
+        "patterns_total": 1,
         "members": 2, "channels": 2, "unsettled": 1, "waiting": 3, "in_flight": 1,
         "lag": 3, "delivered": 2, "acked": 1,
     }

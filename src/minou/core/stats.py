@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..limits import MAX_LISTED_NAMES
 from .group import Group
 from .log import ChannelLog
 
@@ -42,7 +43,8 @@ def channel_stats(log: ChannelLog) -> dict[str, Any]:
         "channel": log.name, "depth": log.count, "first_seq": log.first_seq,
         "next_seq": log.end, "unsettled": unsettled, "published": log.published,
         "requeued": log.requeued, "dropped": log.dropped, "expired": log.expired,
-        "readers": [gc.group.key for gc in log.states],
+        "readers": [gc.group.key for gc in log.states[:MAX_LISTED_NAMES]],
+        "readers_total": len(log.states),
         "expire_idle": log.options.expire_idle, "active_at": log.touched,
         # deleted seqs above first_seq (a live message below pins them), and what the
         # broker holds for them: 16 bytes a run of consecutive ones (core/seq_runs.py)
@@ -54,7 +56,9 @@ def group_stats(grp: Group) -> dict[str, Any]:
     gcs = grp.gcs.values()
     in_flight = sum(len(gc.pending) for gc in gcs)
     return {
-        "group": grp.key, "kind": grp.kind, "patterns": [p.text for p in grp.patterns],
+        "group": grp.key, "kind": grp.kind,
+        "patterns": [p.text for p in grp.patterns[:MAX_LISTED_NAMES]],
+        "patterns_total": len(grp.patterns),
         "members": len(grp.members), "channels": len(grp.gcs),
         "unsettled": in_flight,  # the old name of in_flight
         "waiting": sum(gc.waiting()[0] for gc in gcs),

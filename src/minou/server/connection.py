@@ -21,6 +21,7 @@ from ..core.producers import PRODUCER_ID
 from ..errors import (
     BadRequest,
     ErrorCode,
+    FrameTooLarge,
     NotAuthenticated,
     NotAuthorized,
     ProtocolError,
@@ -37,6 +38,7 @@ from ..limits import (
     INPUT_MIN_RATE,
     INPUT_SMALL_BYTES,
     MAX_BATCH,
+    MAX_FRAME_SIZE,
     MAX_HEARTBEAT_S,
     MAX_HELLO_FRAME_SIZE,
     MAX_OFFSETS_CHANNELS,
@@ -822,8 +824,27 @@ class NativeConnection:
     def _reply_after_commit(self, frame: f.Frame) -> None:
         self.engine.after_commit(lambda: self.send(frame))
 
-    def _send(self, frame: f.Frame) -> None:
+    def _encoded(self, frame: f.Frame) -> bytes:
+        """``frame`` as bytes; a RESULT over MAX_FRAME_SIZE becomes its request's error
+        (FRAME_TOO_LARGE, not fatal), counted and logged: a client's reader refuses a
+        larger frame and drops the connection, so the caller saw it closed, its library
+        retried the request until its timeout, and nothing said why."""
         data = f.encode(frame)
+        if len(data) - 4 > MAX_FRAME_SIZE and isinstance(frame, f.Result):
+            exc = FrameTooLarge(
+                f"the answer to request {frame.req} would be a frame of {len(data) - 4} "
+                f"bytes, over the {MAX_FRAME_SIZE} byte limit: ask for less (admin views "
+                "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX)",
+                limit=MAX_FRAME_SIZE, size=len(data) - 4)
+            self._refused(exc)
+            oplog.answer_too_large(self.peer, self.identity.client_id
+                                   if self.identity is not None else None,
+                                   len(data) - 4, MAX_FRAME_SIZE)
+            data = f.encode(native_error(frame.req, exc))
+        return data
+
+    def _send(self, frame: f.Frame) -> None:
+        data = self._encoded(frame)
         self._out.append(data)
         self._out_bytes += len(data)
 
@@ -841,7 +862,7 @@ class NativeConnection:
     def send(self, frame: f.Frame) -> None:
         """Write one frame now (used from commit callbacks and the pump)."""
         if not self.closed:
-            data = f.encode(frame)
+            data = self._encoded(frame)
             self.bytes_written += len(data)
             self.transport.write(data)
 

@@ -31,6 +31,7 @@ import msgspec
 
 from ..core.snapshot import queue_of
 from ..errors import ErrorCode, RequestError
+from ..limits import MAX_LISTED_NAMES
 from ..names import kv_channel
 from ..protocol import frames as f
 from .kv import KV_OPS
@@ -778,6 +779,10 @@ def merge_groups(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                     seen[k] = seen.get(k, 0) + g[k]
             seen["members"] = max(seen.get("members", 0), g.get("members", 0))
             seen["patterns"] += [p for p in g.get("patterns", []) if p not in seen["patterns"]]
+            # (every broker holds the group's whole definition: its count is theirs)
+            seen["patterns"] = seen["patterns"][:MAX_LISTED_NAMES]
+            seen["patterns_total"] = max(seen.get("patterns_total", 0),
+                                         g.get("patterns_total", 0))
     return [groups[k] for k in sorted(groups)]
 
 

@@ -134,6 +134,15 @@ def input_budget_full(peer: Any, client_id: str | None, size: int, stats: dict[s
                     stats["limit_bytes"], stats["per_client_bytes"], stats["waiting"])
 
 
+def answer_too_large(peer: Any, client_id: str | None, size: int, limit: int) -> None:
+    """A native answer that would pass the frame limit, refused instead of sent."""
+    if _allow("answers too large"):
+        who = repr(client_id) if client_id else "an unnamed client"
+        log.warning("an answer to %s from %s would be a frame of %d bytes, over the %d "
+                    "byte limit: refused with frame_too_large (the client asks for less)",
+                    who, _peer(peer), size, limit)
+
+
 def request_head_too_large(peer: Any, limit: int) -> None:
     """An HTTP request whose line and headers went past the limit."""
     if _allow("HTTP request heads too large"):
