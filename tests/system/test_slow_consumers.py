@@ -230,3 +230,59 @@ def test_kv_reads_pipelined_by_a_client_that_reads_no_answer_wait(broker) -> Non
     first = [peer.read() for _ in range(30)]
     assert [a.req for a in first] == list(range(1, 31))  # type: ignore[attr-defined]
     peer.close()
+
+
+def test_kv_watch_polls_answered_at_once_by_a_client_that_reads_no_answer_wait(
+        broker) -> None:
+    """A KV watch's long poll (``kv.read`` with ``wait``) that has revisions to answer
+    answers at once, a page of up to 4 MiB (KV_PAGE_BYTES), as a ``kv.read`` without
+    ``wait`` does, and counts as one: 200 of them (after=0, wait=30) sent by a client
+    reading nothing were not counted by READS_PER_CONNECTION, and held ~800 MB of
+    answers in the broker (the long-poll bound counts only those that wait). Now at
+    most 4 are on their way at once, none past 16 MiB unread; once it reads, they come
+    in order, each the whole page."""
+    with broker.connect_sync("app") as c:
+        bucket = c.kv("wide")
+        for i in range(5):  # 4.5 MB of values: each poll answers them all, one page
+            bucket.put(f"k{i}", "x" * 900_000)
+    before = _anon_mib(broker.proc.pid)
+    peer = _small_window_peer(broker)
+    polls = b"".join(f.encode(f.Admin(i + 1, "kv.read", {"bucket": "wide", "after": 0,
+                                                         "wait": 30}))
+                     for i in range(200))
+    peer.write(f.encode(signed_hello("app")) + polls)
+    last = _steady_anon_mib(broker.proc.pid)
+    assert last - before < 80, f"200 unread KV polls grew the broker by {last - before:.0f} MiB"
+    assert isinstance(peer.read(), f.Welcome)
+    first = [peer.read() for _ in range(10)]
+    assert [a.req for a in first] == list(range(1, 11))  # type: ignore[attr-defined]
+    assert [len(a.value["entries"]) for a in first] == [5] * 10  # type: ignore[attr-defined]
+    peer.close()
+
+
+def test_kv_watch_polls_woken_at_once_by_a_commit_answer_a_few_at_a_time(broker) -> None:
+    """60 polls that wait (after the bucket's revision), from a client reading nothing,
+    all woken by one commit of 4.5 MB of values: each is to answer that page. They
+    answer as reads do, 4 at most on their way and none past 16 MiB unread (before,
+    the 60 pages, ~270 MB, were built and held at once); once it reads, all come."""
+    with broker.connect_sync("app") as c:
+        revision = c.kv("wide").put("k", "start")
+    before = _anon_mib(broker.proc.pid)
+    peer = _small_window_peer(broker)
+    polls = b"".join(f.encode(f.Admin(i + 1, "kv.read", {"bucket": "wide",
+                                                         "after": revision, "wait": 30}))
+                     for i in range(60))
+    peer.write(f.encode(signed_hello("app")) + polls)
+    wait_until(lambda: status(broker)["long_polls"].get("KV watches") == 60,
+               what="60 polls waiting")
+    with broker.connect_sync("app") as c:  # one commit: every poll woken at once
+        c.send_many([{"channel": "_kv/v1/wide", "payload": "x" * 900_000, "key": f"v{i}"}
+                     for i in range(5)])
+    last = _steady_anon_mib(broker.proc.pid)
+    assert last - before < 80, f"60 woken unread KV polls grew the broker by " \
+                               f"{last - before:.0f} MiB"
+    assert isinstance(peer.read(), f.Welcome)
+    answers = [peer.read() for _ in range(60)]
+    assert sorted(a.req for a in answers) == list(range(1, 61))  # type: ignore[attr-defined]
+    assert {len(a.value["entries"]) for a in answers} == {5}  # type: ignore[attr-defined]
+    peer.close()

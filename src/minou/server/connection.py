@@ -56,7 +56,7 @@ from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
 from .admin import LOOK_OPS, SELF_SERVICE_OPS
 from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
-from .kv import KV_OPS
+from .kv import KV_OPS, POLL_DOOR
 from .lookups import nothing
 from .wire import internal_error, native_error
 
@@ -73,6 +73,34 @@ class Transport(Protocol):
     def get_write_buffer_size(self) -> int: ...
     def pause_reading(self) -> None: ...
     def resume_reading(self) -> None: ...
+
+
+class _PollCount:
+    """A KV poll's place among its connection's reads (``kv.PollDoor``): held from
+    its start and while it answers, given back while it waits for a commit."""
+
+    __slots__ = ("conn", "held")
+
+    def __init__(self, conn: NativeConnection) -> None:
+        self.conn = conn
+        self.held = False
+
+    def start(self, task: asyncio.Future[Any]) -> None:
+        self.held = True
+        self.conn.reads_out += 1
+        task.add_done_callback(self._done)
+
+    def waiting(self) -> None:
+        if self.held:
+            self.held = False
+            self.conn._read_done(None)
+
+    async def answering(self) -> None:
+        await self.conn.poll_room()
+        self.held = True
+
+    def _done(self, _: object) -> None:
+        self.waiting()
 
 
 class NativeConnection:
@@ -128,6 +156,7 @@ class NativeConnection:
         # OFFSETS-at lookups (each holds a slot of its client's): cancelled likewise.
         self._lookups: set[asyncio.Future[Any]] = set()
         self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
+        self._poll_rooms: list[asyncio.Future[None]] = []  # woken KV polls, oldest first
         self._out: list[bytes] = []
         self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
         # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
@@ -584,6 +613,29 @@ class NativeConnection:
                 self.transport.get_write_buffer_size() <= READ_ANSWERS_UNSENT:
             self._read_room = None
             room.set_result(None)
+        # Woken KV polls, one at a time: each counts as a read once let through.
+        while self._poll_rooms and not self.closed and not self._no_room():
+            poll_room = self._poll_rooms.pop(0)
+            if not poll_room.done():
+                self.reads_out += 1
+                poll_room.set_result(None)
+
+    async def poll_room(self) -> None:
+        """Once this connection may answer one more read (a woken KV poll's page);
+        counted in ``reads_out`` from then."""
+        if not self._poll_rooms and not self._no_room():
+            self.reads_out += 1
+            return
+        room = asyncio.get_running_loop().create_future()
+        self._poll_rooms.append(room)
+        try:
+            await room
+        except asyncio.CancelledError:
+            if room in self._poll_rooms:
+                self._poll_rooms.remove(room)
+            elif room.done() and not room.cancelled():  # counted just before the cancel
+                self._read_done(None)
+            raise
 
     def _on_admin(self, frame: f.Admin, adopted: bool = False) -> None:
         if frame.op == LINK_CREDIT:
@@ -608,13 +660,22 @@ class NativeConnection:
         if front is not None and frame.op in MERGED_OPS and not frame.args.get("here"):
             result = self._everywhere(frame, result)  # every broker's queues, merged
         if inspect.isawaitable(result):  # KV reads read committed state: answered at once
-            task = self.server.spawn_reply(self, frame.req, result,
-                                           read_only=frame.op in KV_OPS or frame.op in LOOK_OPS)
-            if not (isinstance(frame.args, dict) and frame.args.get("wait")):
+            polls = isinstance(frame.args, dict) and bool(frame.args.get("wait"))
+            count = _PollCount(self) if polls and frame.op == "kv.read" else None
+            door = POLL_DOOR.set(count)  # the task copies it: its poll reports to count
+            try:
+                task = self.server.spawn_reply(self, frame.req, result,
+                                               read_only=frame.op in KV_OPS
+                                               or frame.op in LOOK_OPS)
+            finally:
+                POLL_DOOR.reset(door)
+            if not polls:
                 self._answer_later(task)
             else:  # a long poll waits: counted by its own bound (server/long_polls.py)
                 self._long_polls.add(task)
                 task.add_done_callback(self._long_polls.discard)
+                if count is not None:  # ... and counted as a read while it answers
+                    count.start(task)
         elif frame.op in LOOK_OPS:  # changed nothing: answered now
             self.send(f.Result(frame.req, result))
         else:  # changed state: answered once durable, or the commit's error
@@ -936,7 +997,7 @@ class NativeConnection:
         held = 0 if self.session is None else len(self.session.leases) + (
             len(self.front.tags) if self.front is not None else 0)
         if not buffered or sent != self._sent_seen or self.session is None \
-                or not (held or self._read_room is not None):
+                or not (held or self._read_room is not None or self._poll_rooms):
             self._sent_seen = sent
             self.stalled_since = None
             return

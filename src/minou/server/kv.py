@@ -14,7 +14,8 @@ import asyncio
 import base64
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -43,6 +44,24 @@ if TYPE_CHECKING:
 # answers them all (front.ask_owner).
 KV_OPS = frozenset({"kv.buckets", "kv.get", "kv.keys", "kv.history", "kv.read"})
 _EMPTY = KvIndex()
+
+
+class PollDoor(Protocol):
+    """How a watch's long poll (``kv.read`` with ``wait``) tells the native connection
+    that runs it when it holds an answer: its page (up to KV_PAGE_BYTES) counts as a
+    read (READS_PER_CONNECTION, and none while 16 MiB wait unread), except while it
+    waits for a commit, which the long-poll bound counts. Uncounted, 200 polls with
+    revisions to answer, from a client reading nothing, held ~800 MB of answers."""
+
+    def waiting(self) -> None:
+        """It waits for a commit: it holds no answer meanwhile."""
+
+    async def answering(self) -> None:
+        """Woken: it is to build an answer again, once its connection has room."""
+
+
+# Set by the native connection around the task running a poll (the task copies it).
+POLL_DOOR: ContextVar[PollDoor | None] = ContextVar("minou_poll_door", default=None)
 
 
 def _text(args: dict[str, Any], name: str, default: str | None = None) -> str:
@@ -249,8 +268,13 @@ async def _next_commit(server: Server, channel: str, timeout: float,
             if not mine:
                 del waiters[channel]
 
+    door = POLL_DOOR.get()
     with server.engine.long_polls.slot("KV watches", caller):
+        if door is not None:
+            door.waiting()
         await woken(add, forget, timeout)
+    if door is not None:
+        await door.answering()
 
 
 async def woken(add: Callable[[Callable[[], None]], None],
