@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .cli_kv import kv_group
+from .cli_kv import FiniteRange, kv_group
 from .config import load_settings
 from .errors import BadRequest, ConfigError, MinouError
 from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_CLIENT_ID, MAX_REQUEST_TIMEOUT_S
@@ -329,7 +329,7 @@ def publish(conn: dict[str, Any], channel: str, payload: str, header: tuple[str,
 @click.argument("channel")
 @click.argument("payload")
 @click.option("--header", "-H", multiple=True, help="KEY=VALUE (repeatable).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True,
+@click.option("--timeout", type=FiniteRange(min=0, min_open=True,
                                                  max=MAX_REQUEST_TIMEOUT_S),
               default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
               help="Seconds to wait for the reply.")
@@ -391,7 +391,7 @@ def _read_payload(payload: str) -> str:
 @click.option("--group", "-g", help="Consumer group (default: the pattern).")
 @click.option("--count", "-n", type=click.IntRange(min=0), default=0,
               help="Stop after N messages (0 = no limit).")
-@click.option("--timeout", "-t", type=click.FloatRange(min=0), default=CONSUME_WAIT_S,
+@click.option("--timeout", "-t", type=FiniteRange(min=0), default=CONSUME_WAIT_S,
               show_default=True,
               help="Stop when nothing arrives for this many seconds (0 = wait until Ctrl-C).")
 @click.option("--no-ack", is_flag=True, help="Return the messages instead of acking them.")
@@ -888,7 +888,7 @@ def credentials() -> None:
 
 @credentials.command(name="issue")
 @connection_options
-@click.option("--ttl", type=click.FloatRange(1, 7 * 86400), default=3600.0,
+@click.option("--ttl", type=FiniteRange(1, 7 * 86400), default=3600.0,
               show_default=True, help="Seconds it lives (renew to extend).")
 @click.option("--purpose", default="", help="Shown in listings and logs.")
 @json_option
@@ -926,7 +926,7 @@ def credentials_list(conn: dict[str, Any], as_json: bool) -> None:
 @credentials.command(name="renew")
 @connection_options
 @click.argument("credential_id", metavar="ID")
-@click.option("--ttl", type=click.FloatRange(1, 7 * 86400), default=3600.0,
+@click.option("--ttl", type=FiniteRange(1, 7 * 86400), default=3600.0,
               show_default=True, help="Seconds from now.")
 @json_option
 def credentials_renew(conn: dict[str, Any], credential_id: str, ttl: float,

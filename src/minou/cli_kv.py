@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,26 @@ from typing import Any
 import click
 
 from .errors import MinouError, NotFound, RevisionMismatch, Timeout
+from .limits import MAX_KV_REVISION
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` without NaN and the infinities: its bounds are comparisons,
+    which NaN passes, so ``--timeout nan`` reached the client and ended in a
+    traceback."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number.", param, ctx)
+        return number
+
+
+# A revision given on the command line: past MAX_KV_REVISION (an integer past 64 bits),
+# the broker refuses it, or the client cannot send it.
+def _revision(lowest: int) -> click.IntRange:
+    return click.IntRange(min=lowest, max=MAX_KV_REVISION)
 
 
 def _shown(value: Any) -> str:
@@ -63,7 +84,7 @@ def kv_group(connection_options: Callable[..., Any], json_option: Callable[..., 
     @connection_options
     @click.argument("bucket")
     @click.argument("name", metavar="KEY")
-    @click.option("--revision", "-r", type=click.IntRange(min=1), help="A stored revision.")
+    @click.option("--revision", "-r", type=_revision(1), help="A stored revision.")
     @json_option
     def get(conn: dict[str, Any], bucket: str, name: str, revision: int | None,
             as_json: bool) -> None:
@@ -84,10 +105,10 @@ def kv_group(connection_options: Callable[..., Any], json_option: Callable[..., 
     @click.argument("bucket")
     @click.argument("name", metavar="KEY")
     @click.argument("value")
-    @click.option("--revision", "-r", type=click.IntRange(min=0),
+    @click.option("--revision", "-r", type=_revision(0),
                   help="Compare-and-set: only if KEY is at this revision (0: has no value).")
     @click.option("--create", is_flag=True, help="Only if KEY has no value (--revision 0).")
-    @click.option("--ttl", type=click.FloatRange(min=0, min_open=True),
+    @click.option("--ttl", type=FiniteRange(min=0, min_open=True),
                   help="Seconds the value lives (default: the bucket's ttl).")
     @json_option
     def put(conn: dict[str, Any], bucket: str, name: str, value: str, revision: int | None,
@@ -105,7 +126,7 @@ def kv_group(connection_options: Callable[..., Any], json_option: Callable[..., 
     @connection_options
     @click.argument("bucket")
     @click.argument("name", metavar="KEY")
-    @click.option("--revision", "-r", type=click.IntRange(min=0),
+    @click.option("--revision", "-r", type=_revision(0),
                   help="Only if KEY is at this revision.")
     @json_option
     def delete(conn: dict[str, Any], bucket: str, name: str, revision: int | None,
@@ -169,14 +190,17 @@ def kv_group(connection_options: Callable[..., Any], json_option: Callable[..., 
     @click.option("--no-initial", is_flag=True, help="Only changes, not the current values.")
     @click.option("--count", "-n", type=click.IntRange(min=0), default=0,
                   help="Stop after N entries (0 = no limit).")
-    @click.option("--timeout", "-t", type=click.FloatRange(min=0), default=0.0,
+    @click.option("--timeout", "-t", type=FiniteRange(min=0), default=0.0,
                   help="Stop when nothing changes for this many seconds (0 = until Ctrl-C).")
     @json_option
     def watch(conn: dict[str, Any], bucket: str, prefix: str, no_initial: bool, count: int,
               timeout: float, as_json: bool) -> None:
         """Print BUCKET's current values, then every change as it is committed."""
         with connect(conn) as client:
-            watching = client._client.kv(bucket).watch(prefix, initial=not no_initial)
+            try:  # a bad bucket name is refused here, before any poll
+                watching = client._client.kv(bucket).watch(prefix, initial=not no_initial)
+            except MinouError as exc:
+                fail("refused:", exc, 1)
             runner = client._runner
             seen = 0
             try:

@@ -38,6 +38,7 @@ from ..errors import (
     ConfigError,
     ConnectionClosed,
     ErrorCode,
+    FrameTooLarge,
     MinouError,
     NotAuthenticated,
     PendingApproval,
@@ -65,6 +66,7 @@ from ..limits import (
     DEFAULT_REQUEST_TIMEOUT_S,
     HEARTBEAT_MISSES,
     MAX_DELAY_S,
+    MAX_FRAME_SIZE,
     MAX_PRIORITY,
     MIN_PRIORITY,
     PROTOCOL_VERSION,
@@ -864,12 +866,13 @@ class Client:
         if self._gone:
             raise ConnectionClosed("the connection was lost and this client does not "
                                    "reconnect (reconnect=False): connect again")
+        data = _request_bytes(frame)  # before it is kept: it is sent again after reconnects
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         req = frame.req  # type: ignore[attr-defined]
         self._requests[req] = (frame, fut)
         if self.connected or not wait_connected:
-            self._write(f.encode(frame))
+            self._write(data)
         try:
             return await asyncio.wait_for(fut, self.request_timeout)
         except TimeoutError:
@@ -1410,7 +1413,45 @@ def _checked_fields(channel: Any, headers: Any, priority: Any, ttl: Any, delay: 
     for label, text in (("dedup", dedup), ("key", key)):
         if text is not None and type(text) is not str:
             raise TypeError(f"{label} must be a string, got {type(text).__name__}")
+    _text_ok("channel", channel)
+    for label, text in (("dedup", dedup), ("key", key)):
+        if text is not None:
+            _text_ok(label, text)
+    if headers:
+        for name, value in headers.items():
+            _text_ok("header name", name)
+            _text_ok(f"header {name!r}", value)
     return priority, ttl, delay
+
+
+def _request_bytes(frame: f.Frame) -> bytes:
+    """``frame`` encoded, or BadRequest (it cannot be: an integer past 64 bits, text with
+    a lone surrogate, an object) or FrameTooLarge (the broker would drop the connection
+    on it). Either way it is not kept: a request that failed to encode stayed among
+    those sent again after a reconnect, so every reconnect failed on it from then on
+    and each later request of the client timed out."""
+    name = type(frame).__name__.upper()
+    try:
+        data = f.encode(frame)
+    except (OverflowError, UnicodeEncodeError, TypeError) as exc:
+        raise BadRequest(f"{name} cannot be sent: {exc} (integers fit 64 bits, text is "
+                         "valid Unicode)") from None
+    if len(data) - 4 > MAX_FRAME_SIZE:
+        raise FrameTooLarge(f"{name} would be a frame of {len(data) - 4} bytes, over the "
+                            f"{MAX_FRAME_SIZE} byte limit: send less at once",
+                            limit=MAX_FRAME_SIZE, size=len(data) - 4)
+    return data
+
+
+def _text_ok(label: str, text: str) -> None:
+    """BadRequest unless ``text`` can be sent (UTF-8): a lone surrogate failed the
+    encoding of the whole frame of publishes later, each of them left to time out."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise BadRequest(f"{label} {text[:80]!r} is not valid Unicode text (a lone "
+                             f"surrogate at {exc.start})") from None
 
 
 def _seconds(label: str, value: Any) -> float | None:
