@@ -323,6 +323,46 @@ def test_a_consume_whose_client_left_does_not_keep_the_next_message(http_broker,
         assert msg.ack()
 
 
+def test_admin_routes_that_change_state_refuse_arguments_they_would_ignore(http_broker,
+                                                                          http):
+    """A purge given its channel as a JSON body, or as a misspelt parameter, emptied
+    every channel of the queue (the route read neither and went on without them), and a
+    requeue given ``{"seqs": ...}`` moved every dead letter. Now: 400 naming what the
+    route takes, counted, nothing done."""
+    h = bearer(http_broker, "app-7")
+    admin = admin_bearer(http_broker)
+    for channel in ("a", "b"):
+        http.post(f"/v1/messages/orders/v1/{channel}", json={"c": channel}, headers=h)
+
+    def depths() -> dict[str, int]:
+        return {c["channel"]: c["depth"] for c in http.get(
+            "/v1/queues/orders/v1", headers=admin).json()["channels"]}
+
+    def refused() -> int:
+        return http.get("/v1/status", headers=admin).json()["counters"]["refused"].get(
+            "bad_request", 0)
+
+    before = refused()
+    for kw in ({"json": {"channel": "a"}}, {"params": {"chanel": "a"}},
+               {"content": b"channel=a"}):
+        r = http.post("/v1/queues/orders/v1/purge", headers=admin, **kw)
+        assert r.status_code == 400, r.text
+        assert "(it takes: channel); nothing was done" in r.json()["error"]["message"]
+    r = http.post("/v1/dead/orders/v1/requeue", json={"seqs": "1"}, headers=admin)
+    assert r.status_code == 400 and "takes no body" in r.json()["error"]["message"]
+    r = http.post("/v1/credentials", params={"ttl": "60"}, headers=h)  # ttl is in the body
+    assert r.status_code == 400 and "'ttl'" in r.json()["error"]["message"]
+    assert refused() == before + 5
+    assert depths() == {"orders/v1/a": 1, "orders/v1/b": 1}
+    purged = http.post("/v1/queues/orders/v1/purge", params={"channel": "a"}, headers=admin)
+    assert purged.status_code == 200 and purged.json()["messages"] == 1
+    assert depths() == {"orders/v1/a": 0, "orders/v1/b": 1}
+    token = admin["Authorization"].removeprefix("Bearer ")  # as the dashboard's links do
+    r = http.post("/v1/queues/orders/v1/purge", params={"channel": "b",
+                                                        "access_token": token})
+    assert r.status_code == 200 and r.json()["messages"] == 1
+
+
 def test_admin_routes_browse_purge_requeue_delete(http_broker, http):
     h = bearer(http_broker, "app-9")
     admin = admin_bearer(http_broker)

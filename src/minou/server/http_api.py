@@ -415,10 +415,29 @@ class HttpApi:
                 "seqs": seq}
         return json_response(await self.admin_op("messages.delete", args, identity))
 
+    async def _no_ignored_arguments(self, request: Request, query: tuple[str, ...],
+                                    body: bool) -> None:
+        """Refuse what an admin route that changes state would not read: a query
+        parameter it does not take, or a body where it takes none. Ignored, a purge
+        given ``{"channel": "1"}`` as a body, or ``?chanel=1``, emptied every channel
+        of the queue, and a requeue given ``{"seqs": "3"}`` moved every dead letter."""
+        takes = ", ".join(query) or "none"
+        for name in request.query_params:
+            if name not in query and name != "access_token":
+                raise BadRequest(f"{request.method} {request.url.path} takes no query "
+                                 f"parameter {name[:64]!r} (it takes: {takes}); nothing "
+                                 "was done", parameter=name[:64])
+        if not body and await self.body(request):
+            raise BadRequest(f"{request.method} {request.url.path} takes no body: its "
+                             f"arguments go in the query string (it takes: {takes}); "
+                             "nothing was done")
+
     def admin_route(self, op: str, *, query: tuple[str, ...] = (),
                     queue: bool = False, body: bool = False,
                     self_service: bool = False) -> Handler:
         async def run(request: Request, identity: Identity) -> Response:
+            if request.method != "GET":
+                await self._no_ignored_arguments(request, query, body)
             args: dict[str, Any] = {k: request.query_params[k] for k in query
                                     if k in request.query_params}
             args.update({k: v for k, v in request.path_params.items()
