@@ -6,7 +6,7 @@ import { api, channelId, queuePath } from "../api.js";
 import { legend, loadHistory, RateChart, RateSeries } from "../chart.js";
 import { card, confirmAction, createTable, emptyState, fill, h, scrollable, setAttr, setText, show, stat, toast } from "../dom.js";
 import { DASH, fmtAgo, fmtBytes, fmtDuration, fmtInt, fmtTime, plural } from "../format.js";
-import { IN_FLIGHT_HINT, publishExample, WAITING_HINT } from "./queues.js";
+import { IN_FLIGHT_HINT, patternsText, publishExample, WAITING_HINT } from "./queues.js";
 
 const DEAD = "_dead/";
 const PAGE_SIZE = 20;
@@ -169,7 +169,7 @@ export function mount(view, params, ctx) {
     sort: { key: "group", dir: "asc" },
     columns: [
       { key: "group", label: "Group", sort: true, cell: (td, g) => fill(td, g.group, () => h("code", null, g.group)) },
-      { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, (g.patterns || []).join(", ")) },
+      { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, patternsText(g)) },
       { key: "members", label: "Members", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.members)) },
       {
         key: "waiting", label: "Waiting", num: true, sort: true, title: WAITING_HINT,
@@ -276,7 +276,8 @@ export function mount(view, params, ctx) {
       if (c) {
         setText(btn.querySelector(".count"), fmtInt(c.depth));
         btn.title = `${c.channel}: depth ${c.depth}, in flight ${c.unsettled}, seq ${c.first_seq}–${c.next_seq - 1}` +
-          (c.readers && c.readers.length ? `, read by ${c.readers.join(", ")}` : "");
+          (c.readers && c.readers.length ? `, read by ${c.readers.join(", ")}` : "") +
+          ((c.readers_total ?? 0) > (c.readers || []).length ? ` and ${c.readers_total - c.readers.length} more` : "");
       }
     }
     show(channelsMore, channels.length > shown.length);

@@ -6,6 +6,14 @@ import { CounterRates } from "../chart.js";
 import { card, createTable, emptyState, fill, h, setText } from "../dom.js";
 import { DASH, fmtDuration, fmtInt, fmtRate } from "../format.js";
 
+/** A group's patterns as listed: the broker gives the first 100 (MAX_LISTED_NAMES)
+ * and their count, so a group of 10,000 says how many more it reads. */
+export function patternsText(g) {
+  const shown = g.patterns || [];
+  const more = (g.patterns_total ?? shown.length) - shown.length;
+  return shown.join(", ") + (more > 0 ? ` … (+${fmtInt(more)} more)` : "");
+}
+
 const DEAD = "_dead/";
 export const WAITING_HINT = "Waiting: stored, not yet delivered (new, requeued or delayed); " +
   "its age is the oldest one's, since it was published";
@@ -101,7 +109,7 @@ export function mount(view) {
     columns: [
       { key: "group", label: "Group", sort: true, cell: (td, g) => fill(td, g.group, () => h("code", null, g.group)) },
       { key: "kind", label: "Kind", sort: true, cell: (td, g) => setText(td, g.kind) },
-      { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, (g.patterns || []).join(", ")) },
+      { key: "patterns", label: "Patterns", class: "wrap", cell: (td, g) => setText(td, patternsText(g)) },
       { key: "members", label: "Members", num: true, sort: true, cell: (td, g) => setText(td, fmtInt(g.members)) },
       {
         key: "waiting", label: "Waiting", num: true, sort: true, title: WAITING_HINT,
