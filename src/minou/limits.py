@@ -237,6 +237,11 @@ MAX_REFUSING = 64
 # frame) comes, so that its client reads the refusal as the answer; at most this long.
 REFUSAL_WAIT_S = 1.0
 REFUSAL_LINGER_S = 2.0  # a refused native socket: time to read the error before the close
+# HTTP answers written and not read, over every HTTP socket (server/http_unread.py):
+# past it, the sockets that have read nothing for EVICT_MIN_IDLE_S are cut, the fullest
+# first. Each holds its whole answer (a KV page 4 MiB, a browse page 8 MiB) until read:
+# 100 sockets asking a KV watch page and reading nothing held 434 MiB for good.
+HTTP_UNSENT_BYTES = 128 << 20
 # HTTP: a request's headers must be complete within this of its first byte, and a new
 # connection must have sent its first request's headers within this of connecting
 # (slowloris; as the HELLO deadline of native connections).

@@ -72,6 +72,7 @@ from ..limits import (
     DRAIN_COMMIT_WAIT_S,
     EXPIRY_LOG_LINES,
     GC_THRESHOLD,
+    HTTP_UNSENT_BYTES,
     MAX_FRAME_SIZE,
     MIN_CHECKPOINT_WAL_BYTES,
     OFFSETS_MATCH_SLICE,
@@ -99,6 +100,7 @@ from .datadir import DataDirLocks
 from .delivery_budget import DeliveryBudget
 from .engine import Engine, Load
 from .federation import LOCAL_CREDENTIAL, Federation
+from .http_unread import UnreadAnswers, cut_all
 from .input_budget import InputBudget, input_budget_limits
 from .kv import read_buckets
 from .lookups import ClientLookups
@@ -253,6 +255,7 @@ class BrokerServer:
         self.dead_connections = 0  # cut after missing their heartbeats
         self.unsent_delivery_bytes = 0  # deliveries written but not yet sent (last tick)
         self.delivery_budget = DeliveryBudget()
+        self.http_unread = UnreadAnswers()  # HTTP answers written, not read (last tick)
         self.started_at = time.time()
         self.native_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
@@ -1452,7 +1455,24 @@ class BrokerServer:
         for conn, size in zip(conns, sizes, strict=True):
             conn.watch_progress(size, now)
         self.unsent_delivery_bytes = total
+        self._watch_http_answers(now)
         return total
+
+    def _watch_http_answers(self, now: float) -> None:
+        """Cut the HTTP sockets that hold answers unread too long, or too many of them
+        (``http_unread``); upgraded ones (WebSockets) have bounds of their own."""
+        sockets = [(sock, proto) for sock, kind in self.admission.open.items()
+                   if kind == "http" and not getattr(proto := sock.get_protocol(),
+                                                     "upgraded", False)]
+        cut = self.http_unread.check(sockets, now, self.settings.slow_consumer_seconds,
+                                     HTTP_UNSENT_BYTES)
+        if cut:
+            self.slow_consumers += cut_all(cut, self._http_answer_cut)
+
+    def _http_answer_cut(self, sock: Any, size: int, silent: float) -> None:
+        self.core.counters.refuse("slow_consumer")
+        oplog.http_answer_unread(sock.get_extra_info("peername"), size, silent,
+                                 self.http_unread.unsent, HTTP_UNSENT_BYTES)
 
     async def _apply_retention(self, now: float) -> None:
         loop = asyncio.get_running_loop()
@@ -1858,6 +1878,8 @@ class BrokerServer:
                      "dead_connections_cut": self.dead_connections,
                      "unsent_delivery_bytes": self.unsent_delivery_bytes,
                      "delivery_buffer_budget": self.settings.delivery_buffer_bytes,
+                     "unread_http_answer_bytes": self.http_unread.unsent,
+                     "unread_http_answer_limit": HTTP_UNSENT_BYTES,
                      "in_flight_bytes": self.core.in_flight.total,
                      "in_flight_limit": self.core.in_flight.limit,
                      "budget_paused_connections": sum(c.budget_paused

@@ -88,12 +88,21 @@ def query_params(raw: bytes) -> dict[str, str]:
 class CoalescingTransport:
     """The real transport, but writes made in one turn of the loop leave together."""
 
-    __slots__ = ("_buf", "_loop", "_transport")
+    __slots__ = ("_buf", "_loop", "_transport", "outstanding")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self._transport = transport
         self._loop = asyncio.get_running_loop()
         self._buf: list[bytes] = []
+        # Bytes written since the socket's buffer was last empty: what the answers not
+        # yet read hold (an answer is held whole until written out; http_unread).
+        self.outstanding = 0
+
+    def _counted(self, data: bytes) -> None:
+        if not self._transport.get_write_buffer_size():
+            self.outstanding = 0
+        self.outstanding += len(data)
+        self._transport.write(data)
 
     @property
     def socket(self) -> asyncio.Transport:
@@ -110,7 +119,7 @@ class CoalescingTransport:
         if self._buf:
             self._flush()
         if not self._transport.is_closing():
-            self._transport.write(data)
+            self._counted(data)
 
     def writelines(self, items: Any) -> None:
         for data in items:
@@ -121,7 +130,7 @@ class CoalescingTransport:
             data = b"".join(self._buf)
             self._buf.clear()
             if not self._transport.is_closing():
-                self._transport.write(data)
+                self._counted(data)
 
     def close(self) -> None:
         self._flush()
@@ -386,6 +395,7 @@ class _Upgraded(asyncio.Protocol):
     the HTTP protocol that its connection is gone)."""
 
     __slots__ = ("left", "protocol")
+    upgraded = True  # its unsent bytes are the WebSocket's to bound (http_unread)
 
     def __init__(self, protocol: asyncio.Protocol, left: Callable[[], None]) -> None:
         self.protocol, self.left = protocol, left

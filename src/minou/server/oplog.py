@@ -143,6 +143,15 @@ def answer_too_large(peer: Any, client_id: str | None, size: int, limit: int) ->
                     who, _peer(peer), size, limit)
 
 
+def http_answer_unread(peer: Any, size: int, silent: float, unsent: int, limit: int) -> None:
+    """An HTTP socket cut for holding an answer its client does not read."""
+    if _allow("HTTP answers unread"):
+        log.warning("HTTP connection from %s cut: %d bytes of answers unread, none read for "
+                    "%.1f s (HTTP answers unread over all connections: %d bytes, limit %d; "
+                    "a connection reading nothing is cut after slow_consumer_seconds)",
+                    _peer(peer), size, silent, unsent, limit)
+
+
 def request_head_too_large(peer: Any, limit: int) -> None:
     """An HTTP request whose line and headers went past the limit."""
     if _allow("HTTP request heads too large"):
