@@ -389,3 +389,45 @@ def test_a_watch_is_woken_once_by_the_commit_that_brings_its_bucket_a_revision()
     assert sorted(woken) == ["a", "b"]  # woken once: the next revision is a new wait
     h.publish(send(other, 1, key="k"), put("x", 3))
     assert sorted(woken) == ["a", "b", "other"] and h.engine.channel_waiters == {}
+
+
+@pytest.mark.parametrize("stale_kept", [1_000, 3])
+def test_keys_and_their_count_are_what_walking_every_key_finds(monkeypatch,
+                                                               stale_kept) -> None:
+    """``keys`` reads its page from the keys kept in order (added since: merged at the
+    next read; gone: skipped, then dropped), and ``live_keys`` counts without walking
+    them: both must answer what sorting every key of the index answers, through puts,
+    deletes, TTLs, history compaction, forgets and keys that come back."""
+    import random
+
+    from minou.core.kv import KvIndex
+
+    def naive(kv: KvIndex, prefix: str, now: float, after: str, limit: int) -> list[str]:
+        found = sorted(k for k in kv.revisions if k.startswith(prefix) and k > after
+                       and kv.latest(k, now))
+        return found[:limit] if limit else found
+
+    monkeypatch.setattr("minou.core.kv.STALE_KEPT", stale_kept)
+    rng = random.Random(7)
+    kv = KvIndex()
+    names = [f"{p}/{i:02d}" for p in ("a", "ab", "b") for i in range(40)]
+    seq = 0
+    for step in range(6_000):
+        roll = rng.random()
+        if roll < 0.55 or not kv.key_of:
+            seq += 1
+            key = rng.choice(names)
+            expires = float(rng.randint(1, 50)) if rng.random() < 0.2 else None
+            for old in kv.commit(_msg(seq, key, deleted=rng.random() < 0.25,
+                                      expires=expires), rng.randint(1, 3)):
+                kv.forget(old)
+        elif roll < 0.9:
+            kv.forget(rng.choice(list(kv.key_of)))
+        else:
+            kv.forget_below(rng.randint(seq - 30, seq))
+        now = float(rng.randint(0, 60))
+        prefix = rng.choice(["", "a", "ab/", "b/1", "c"])
+        after = rng.choice(["", "a/10", "ab/05", "b/39", "zz"])
+        limit = rng.choice([0, 1, 3, 50])
+        assert kv.keys(prefix, now, after, limit) == naive(kv, prefix, now, after, limit), step
+        assert kv.live_keys(now) == len(naive(kv, "", now, "", 0)), step

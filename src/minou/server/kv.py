@@ -138,7 +138,7 @@ def kv_buckets(server: Server, args: dict[str, Any], caller: Identity | None) ->
         if log.kv is None or (access is not None and not access.may_read(name)):
             continue
         opts = log.options
-        out.append({"bucket": kv_bucket(name), "keys": len(log.kv.keys("", now)),
+        out.append({"bucket": kv_bucket(name), "keys": log.kv.live_keys(now),
                     "revisions": len(log.kv), "revision": log.end - 1,
                     "history": opts.history, "ttl": opts.ttl, "max_revisions": opts.max_items,
                     "schema": opts.schema.key if opts.schema is not None else None,
