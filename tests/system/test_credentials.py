@@ -7,6 +7,7 @@ and the key never leaves the issuer. Each refusal is precise and counted.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -270,3 +271,53 @@ def test_renew_and_revoke_by_purpose_touch_only_my_credentials_for_it(secure):
         assert theirs.admin("credentials.list")["credentials"][0]["id"] == foreign["id"]
         with pytest.raises(BadRequest, match="give id"):
             mine.admin("credentials.renew")
+
+
+def test_connections_a_credential_opened_end_when_it_expires(broker_factory, tmp_path):
+    """A credential is good until it expires: the connections it opened too, by every
+    door (native, /v1/stream, the Redis protocol). They lived on for good, so whoever
+    held it for a second (a leaked one, a job whose driver stopped renewing) kept the
+    client's rights for as long as it kept a socket open. A renewed one goes on."""
+    import json
+
+    import redis
+    import websockets.sync.client as wsc
+    from websockets.exceptions import ConnectionClosed
+
+    cfg = tmp_path / "jobs.toml"
+    cfg.write_text(CONFIG)
+    b = broker_factory.make(config=cfg, resp_port=0).start()
+    with keyed(b, "job-30") as owner:
+        short = owner.issue_credential(ttl=3)
+        kept = owner.issue_credential(ttl=3)
+        owner.renew_credential(kept["id"], ttl=600)
+        worker = delegated(b, "job-30", short["credential"])
+        steady = delegated(b, "job-30", kept["credential"])
+        ws = wsc.connect(b.http.replace("http://", "ws://") + "/v1/stream",
+                         additional_headers={"Authorization": f"Bearer {short['credential']}"})
+        r = redis.Redis(host="127.0.0.1", port=b.resp_port, username="job-30",
+                        password=short["credential"], socket_timeout=5)
+        assert r.ping() and worker.admin("whoami")["client_id"] == "job-30"
+        wait_until(lambda: _closed(worker), timeout=15,
+                   what="the expired credential's native connection to be closed")
+        deadline = time.monotonic() + 10
+        closed_by_broker = False
+        with ws:
+            try:
+                while time.monotonic() < deadline:
+                    message = json.loads(ws.recv(max(0.01, deadline - time.monotonic())))
+                    if message["type"] == "error":
+                        assert message["reason"] == "not_authenticated", message
+                        assert "expired" in message["message"], message
+            except ConnectionClosed:
+                closed_by_broker = True
+            except TimeoutError:
+                pass
+        assert closed_by_broker, "the expired credential's /v1/stream went on"
+        with pytest.raises(redis.ResponseError, match="expired"):  # the broker's last word
+            r.ping()
+        with pytest.raises(redis.ConnectionError):  # then it closed the connection
+            r.ping()
+        assert steady.admin("whoami")["client_id"] == "job-30"  # renewed: goes on
+        steady.close()
+        worker.close()

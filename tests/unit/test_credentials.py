@@ -86,3 +86,18 @@ def test_an_expired_credential_is_named_expired_for_an_hour_then_forgotten() -> 
     store.expire(10.0 + creds.EXPIRED_KEPT_S)
     with pytest.raises(NotAuthenticated, match="unknown"):
         store.verify(secret, {"job": owner()}, now=10.0 + creds.EXPIRED_KEPT_S)
+
+
+def test_lapsed_names_each_expired_credential_once_and_never_a_renewed_one() -> None:
+    store = Credentials()
+    _, short = store.issue(owner(), ttl=10, now=0.0)
+    _, renewed = store.issue(owner(), ttl=10, now=0.0)
+    _, dropped = store.issue(owner(), ttl=5, now=0.0)
+    store.renew(renewed.id, client_id="job", ttl=100, now=5.0)
+    store.expire(20.0, kept=0.0)  # forgotten before anyone asked: still its end
+    assert store.lapsed(4.0) == set()
+    assert store.lapsed(20.0) == {short.id, dropped.id}
+    assert store.lapsed(30.0) == set()  # once
+    assert store.lapsed(105.0) == {renewed.id}
+    loaded = Credentials([decode_credential(encode_credential(short))])  # at a restart
+    assert loaded.lapsed(11.0) == {short.id}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import heapq
 import hmac
 import secrets
 import time
@@ -89,6 +90,12 @@ class Credentials:
         self.records: dict[str, Credential] = {r.id: r for r in records}
         self._changes: dict[str, Credential | None] = {}
         self._missing: set[str] = set()  # refresh(): not in storage at the last one
+        # (expires_at, id) of every expiry still to come, for lapsed(): the connections
+        # a credential opened end with it. A renewal pushes its new end; the old entry
+        # is skipped when it comes up.
+        self._ends: list[tuple[float, str]] = [(r.expires_at, r.id)
+                                               for r in self.records.values()]
+        heapq.heapify(self._ends)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -109,11 +116,36 @@ class Credentials:
         self._missing = missing - self._missing
         for credential_id, record in fresh.items():
             if credential_id not in self._changes:
+                mine = self.records.get(credential_id)
+                if mine is None or mine.expires_at != record.expires_at:
+                    self._will_end(record)
                 self.records[credential_id] = record
 
     def _save(self, record: Credential) -> None:
         self.records[record.id] = record
         self._changes[record.id] = record
+        self._will_end(record)
+
+    def _will_end(self, record: Credential) -> None:
+        ends = self._ends
+        if len(ends) > 4 * len(self.records) + 1024:  # renewals left stale entries
+            ends[:] = [(r.expires_at, r.id) for r in self.records.values()]
+            heapq.heapify(ends)
+        heapq.heappush(ends, (record.expires_at, record.id))
+
+    def lapsed(self, now: float) -> set[str]:
+        """The credentials that expired since the last call (and were not renewed in
+        time): the connections that presented them must go, as on a revocation."""
+        ended: set[str] = set()
+        ends = self._ends
+        while ends and ends[0][0] <= now:
+            _, credential_id = heapq.heappop(ends)
+            record = self.records.get(credential_id)
+            # Gone (expired and forgotten, or revoked: cutting again is harmless), or
+            # ended at this entry's time rather than renewed past it.
+            if record is None or record.expires_at <= now:
+                ended.add(credential_id)
+        return ended
 
     def _drop(self, credential_id: str) -> None:
         if self.records.pop(credential_id, None) is not None:

@@ -792,14 +792,40 @@ class BrokerServer:
                     identity.method in ("key", "credential")
             if self.credentials.revoke_client(client_id):
                 self.persist_registry()
+        return self._close_where(gone, lambda _: NotAuthenticated(reason, why="revoked"))
+
+    def end_lapsed_credentials(self, now: float) -> int:
+        """Close the connections (every door) that presented a credential which has
+        just expired: it was good until then, and so are they."""
+        ended = self.credentials.lapsed(now)
+        if not ended:
+            return 0
+
+        def gone(identity: Identity) -> bool:
+            return identity.method == "credential" and identity.credential in ended
+
+        def why(identity: Identity) -> NotAuthenticated:
+            return NotAuthenticated(
+                f"credential {identity.credential!r} of client {identity.client_id!r} "
+                "expired; the process holding the client's key must issue or renew one",
+                why="credential_expired")
+
+        closed = self._close_where(gone, why)
+        if closed:
+            log.info("%d connection(s) closed: their delegated credential expired", closed)
+        return closed
+
+    def _close_where(self, gone: Callable[[Identity], bool],
+                     refusal: Callable[[Identity], NotAuthenticated]) -> int:
         dropped = 0
         for conn in list(self.connections):
             if conn.identity is not None and gone(conn.identity):
-                conn.refuse(NotAuthenticated(reason, why="revoked"))
+                conn.refuse(refusal(conn.identity))
                 dropped += 1
         for stream in list(self.streams):
             if gone(stream.identity):
-                stream.end(int(NotAuthenticated.code), reason, "not_authenticated")
+                stream.end(int(NotAuthenticated.code), refusal(stream.identity).message,
+                           "not_authenticated")
                 dropped += 1
         return dropped
 
@@ -1317,6 +1343,7 @@ class BrokerServer:
                 last_expiry_scan = now
                 self._sample_rates(now)
                 self.core.expire_txns(now)
+                self.end_lapsed_credentials(now)
                 if self.credentials.expire(now):
                     self._stage_registry()
                 if self.http_consumers is not None:
