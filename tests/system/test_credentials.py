@@ -321,3 +321,23 @@ def test_connections_a_credential_opened_end_when_it_expires(broker_factory, tmp
         assert steady.admin("whoami")["client_id"] == "job-30"  # renewed: goes on
         steady.close()
         worker.close()
+
+
+def test_an_admins_credential_opens_no_admin_route(secure):
+    """Admin routes that answer without an admin operation (metrics, statistics, rate
+    history, a federation link's check) took the admin's credential for the admin: it
+    carries the admin's reading rights, never its admin rights."""
+    with minou.connect_sync(secure.url, **secure.admin_auth(reconnect=False)) as a:
+        secret = a.issue_credential(ttl=120)["credential"]
+        a.send("in/v1/a", {"n": 1})
+    as_worker = {"Authorization": f"Bearer {secret}"}
+    admin = admin_bearer(secure)
+    with httpx.Client(base_url=secure.http, timeout=5) as http:
+        for path in ("/metrics", "/statistics", "/v1/rates/history", "/v1/queues",
+                     "/status/federation/nowhere", "/status/queues/in/v1",
+                     "/status/nagios/in/v1", "/v1/status", "/v1/clients"):
+            assert http.get(path, headers=admin).status_code == 200, path
+            r = http.get(path, headers=as_worker)
+            assert r.status_code == 403, (path, r.status_code, r.text[:200])
+            assert "delegated credential" in r.json()["error"]["message"], path
+        assert http.get("/v1/whoami", headers=as_worker).json()["client_id"] == "admin"

@@ -592,6 +592,39 @@ def test_a_client_revoked_on_one_broker_is_cut_and_refused_on_the_other(
         minou.connect_sync(b.url, **b.auth("short-lived"))
 
 
+def test_an_admins_credential_cannot_have_another_broker_run_an_admin_operation(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """A credential never carries admin rights, an admin's neither. Through a broker
+    that does not own the queue, an admin operation for it (purge, browse, dead letters)
+    went to its owner over the brokers' link, which speaks for the admin without saying
+    a credential was presented: the owner ran it. Now the broker the credential reached
+    refuses it first, natively and over HTTP."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    publish_all(a, 1)
+    wait_until(lambda: settled_spread(a, 2), timeout=20)
+    here = cluster_view(a)["this_broker"]["member"]
+    queue = next(q for q, owner in owners(a).items() if owner != here and q in QUEUES)
+    with minou.connect_sync(a.url, **a.admin_auth(reconnect=False)) as admin:
+        secret = admin.issue_credential(ttl=120)["credential"]
+    with minou.connect_sync(a.url, client_id="admin", credential=secret, reconnect=False,
+                            request_timeout=10) as worker:
+        for op in ("purge", "browse", "dead.purge"):
+            queue_arg = f"_dead/{queue}" if op == "dead.purge" else queue
+            args = {"channel": f"{queue}/1"} if op == "browse" else {"queue": queue_arg}
+            with pytest.raises(minou.NotAuthorized, match="delegated credential"):
+                worker.admin(op, **args)
+        assert worker.read(f"{queue}/1")[0][0].payload == {"n": 0, "q": queue}
+    endpoint, version = queue.split("/")
+    with httpx.Client(base_url=a.http, timeout=10,
+                      headers={"Authorization": f"Bearer {secret}"}) as http:
+        r = http.post(f"/v1/queues/{endpoint}/{version}/purge")
+        assert r.status_code == 403, r.text
+        r = http.get(f"/v1/queues/{endpoint}/{version}/1/messages")
+        assert r.status_code == 403, r.text
+    with minou.connect_sync(b.url, **b.auth("checker")) as checker:
+        assert [m.payload for m in checker.read(f"{queue}/1")[0]] == [{"n": 0, "q": queue}]
+
+
 def test_request_reply_across_brokers_that_spread_the_queues(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     """Requests to queues owned by every broker, the responder on one broker, the

@@ -602,8 +602,16 @@ def run_admin(server: Server, op: str, args: dict[str, Any],
         if not isinstance(value, str | int | float | bool | None):
             raise BadRequest(f"admin argument {str(name)[:64]!r} must be a string, a number, "
                              "a boolean or null")
+    refuse_credential(op, caller)
+    return handler(server, args, caller)
+
+
+def refuse_credential(op: str, caller: Identity | None) -> None:
+    """NotAuthorized for an admin operation asked with a delegated credential (an
+    admin's too: its identity says admin, for its reading rights). Checked here and
+    by every door before it forwards an operation to another broker, whose link
+    speaks for the client without saying how it proved itself."""
     if caller is not None and caller.method == "credential" and op not in SELF_SERVICE_OPS:
         raise NotAuthorized(
             f"admin operation {op!r} refused: this connection presented a delegated "
             "credential, which never carries admin rights", op=op)
-    return handler(server, args, caller)

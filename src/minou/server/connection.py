@@ -54,7 +54,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
-from .admin import LOOK_OPS, SELF_SERVICE_OPS
+from .admin import LOOK_OPS, SELF_SERVICE_OPS, refuse_credential
 from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
 from .kv import KV_OPS, POLL_DOOR
 from .lookups import nothing
@@ -645,6 +645,7 @@ class NativeConnection:
             raise NotAuthorized(
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)
+        refuse_credential(frame.op, self.identity)  # before the queue's owner is asked
         front = self.front
         if front is not None and isinstance(frame.args, dict):
             waiting = front.adopting(frame) if frame.op in KV_OPS and not adopted else None

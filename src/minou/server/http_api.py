@@ -45,6 +45,7 @@ from ..names import validate_channel
 from ..payloads import check_depth, decode_json, not_utf8, undecodable
 from ..protocol.frames import Admin, Delivery, Error, Outcome, Result, Send, json_text_hook
 from . import nagios
+from .admin import refuse_credential
 from .front import MERGED_OPS, OWNER_OPS
 from .http_auth import HttpAuth
 from .http_consumers import HttpConsumer
@@ -125,6 +126,12 @@ class HttpApi:
                     raise NotAuthorized(
                         f"this route needs an admin identity (auth.admins); "
                         f"{identity.client_id!r} is not one")
+                if admin and identity.method == "credential":
+                    # An admin's credential says admin (it reads as the admin) but
+                    # carries no admin right: not every admin route runs an operation.
+                    raise NotAuthorized(
+                        "this route needs an admin identity: this request presented a "
+                        "delegated credential, which never carries admin rights")
                 return await handler(request, identity)
             except RequestError as exc:
                 self.count_refusal(exc)
@@ -145,6 +152,7 @@ class HttpApi:
         await fut
 
     async def admin_op(self, op: str, args: dict[str, Any], identity: Identity) -> Any:
+        refuse_credential(op, identity)  # before the queue's owner is asked
         spread = self.server.spread
         front = spread.http_front(identity) if spread is not None else None
         if front is not None and op in KV_OPS:
