@@ -154,3 +154,27 @@ def test_on_a_cluster_a_claim_cut_between_its_two_steps_raises_no_epoch(
     assert b.st.owners() == {"orders/v1": "b"}
     b.st.apply(batch_of(msg(A1, 2)))  # b still writes
     assert [m.data for m in b.st.read_range(A1, 1, 10, 10)] == [b"1", b"2"]
+
+
+def test_a_token_id_is_claimed_once_over_every_broker_and_counted_once(brokers) -> None:
+    """A HELLO token's id, claimed before the WELCOME: the first broker wins, any other
+    (or the same again) is told it is used; counted in ``used`` as a commit's TK would
+    count it, and not again when that commit stores it too."""
+    a, b = brokers("a"), brokers("b")
+    a.st.open_shared(NOW)
+    b.st.open_shared(NOW)
+    shared = a.st._shared  # the {shared} keys' prefix
+
+    def used() -> int:
+        return int(a.st._client.get(shared + "used") or 0)
+
+    before = used()
+    assert a.st.claim_token("jti-1", NOW + 60) is True
+    assert b.st.claim_token("jti-1", NOW + 60) is False
+    assert a.st.claim_token("jti-1", NOW + 60) is False
+    assert used() == before + 64 + len("jti-1")
+    a.st.apply(batch_of(used_tokens=[("jti-1", NOW + 60)]))
+    assert used() == before + 64 + len("jti-1")
+    assert b.st.claim_token("jti-2", NOW + 60) is True
+    assert sorted(a.st.open_shared(NOW).used_tokens) == [("jti-1", NOW + 60),
+                                                         ("jti-2", NOW + 60)]

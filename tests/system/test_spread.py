@@ -29,9 +29,11 @@ import minou
 from minou.auth import keys as keyfiles
 from minou.auth.registry import decode_record, encode_record
 from minou.auth.tokens import make_token
+from minou.errors import ErrorCode
+from minou.protocol import frames as f
 from minou.storage.redis.keys import queue_base
 
-from ..conftest import BrokerProcess, wait_until
+from ..conftest import BrokerProcess, RawPeer, signed_hello, wait_until
 from ..redis_cluster import RedisCluster
 from ..redis_sentinel import SentinelSet
 from ..redis_server import REDIS_SERVER, RedisServer
@@ -623,6 +625,45 @@ def test_an_admins_credential_cannot_have_another_broker_run_an_admin_operation(
         assert r.status_code == 403, r.text
     with minou.connect_sync(b.url, **b.auth("checker")) as checker:
         assert [m.payload for m in checker.read(f"{queue}/1")[0]] == [{"n": 0, "q": queue}]
+
+
+def test_a_hello_token_used_on_one_broker_is_refused_on_the_others(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """A native HELLO's token opens one connection, on any broker of the cluster: its
+    id is claimed in Redis before the WELCOME. Each broker remembered only the ids it
+    saw itself, so a captured token opened a connection on each of the others."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    with a.connect_sync("replayed-1"):  # registered, on every broker within a look
+        pass
+    wait_until(lambda: _welcomes(b, signed_hello("replayed-1")), timeout=10,
+               what="b to know the client a registered")
+    hello = signed_hello("replayed-1")
+    assert _welcomes(a, hello)
+    peer = RawPeer(b.url)
+    try:
+        peer.write(f.encode(hello))
+        refused = peer.read()
+        assert isinstance(refused, f.Error) and refused.fatal, refused
+        assert refused.code == ErrorCode.NOT_AUTHENTICATED
+        assert "already used" in refused.message and "replayed" in refused.message
+        assert peer.closed_by_peer()
+    finally:
+        peer.close()
+    fresh = signed_hello("replayed-1")  # a fresh token works on either
+    assert _welcomes(b, fresh)
+    with b.connect_sync("replayed-1") as client:
+        assert client.admin("whoami")["client_id"] == "replayed-1"
+
+
+def _welcomes(broker: BrokerProcess, hello: f.Hello) -> bool:
+    peer = RawPeer(broker.url)
+    try:
+        peer.write(f.encode(hello))
+        return isinstance(peer.read(), f.Welcome)
+    except ConnectionError:
+        return False
+    finally:
+        peer.close()
 
 
 def test_request_reply_across_brokers_that_spread_the_queues(

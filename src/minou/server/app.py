@@ -726,6 +726,10 @@ class BrokerServer:
                 audience=self.core.broker_id, admins=s.admins, accepts=s.rules.accepts,
                 address=oplog.peer_host(peer), max_clients=s.max_clients)
         finally:
+            if self.spread is not None:
+                # Its id is claimed in Redis before the WELCOME (SpreadRole.token_claim):
+                # stored by the commit first, it would be found there, as if replayed.
+                self.registry.replay.take_new()
             self._stage_registry()
 
     def delegated(self, credential: str, client_id: str | None = None) -> Identity:

@@ -350,6 +350,39 @@ class NativeConnection:
         welcome = f.Welcome(self.core.broker_id, PROTOCOL_VERSION, str(id(self)),
                             self.core.max_message_size, identity.client_id, identity.admin,
                             self.heartbeat, producer)
+        spread = getattr(self.server, "spread", None)
+        if spread is not None and identity.method == "key" and hello.token:
+            # Queues spread over brokers: the token's id must be new to every one of
+            # them, not only to this one. Nothing is answered meanwhile.
+            self._held = []
+            self.pause_reading()
+            token = hello.token
+            spread.token_claim(token).add_done_callback(
+                lambda claim: self._token_claimed(claim, welcome, token))
+            return
+        self._answer_hello(welcome)
+
+    def _token_claimed(self, claim: asyncio.Future[bool], welcome: f.Welcome,
+                       token: str) -> None:
+        if self.closed or claim.cancelled():
+            return
+        exc = claim.exception()
+        if exc is None and not claim.result():
+            self.server.registry.failures["replayed_jti"] += 1
+            refused = NotAuthenticated(
+                "token already used (replayed jti) on another broker of this cluster; "
+                "sign a new one", why="replayed_jti")
+            oplog.refused(refused, welcome.client_id, self.peer, "native")
+            self.refuse(refused)
+            return
+        if exc is not None:  # Redis out of reach (logged by the spread role): as when
+            # storage is (_answer_hello), welcomed; this broker remembers the id, and
+            # stores it with a later commit.
+            log.debug("HELLO token of %s not claimed in Redis: %s", welcome.client_id, exc)
+            self.server.spread.token_unclaimed(token)
+        self._answer_hello(welcome)
+
+    def _answer_hello(self, welcome: f.Welcome) -> None:
         refusal = self.core.storage_refusal
         unreachable = refusal is not None and refusal.code == ErrorCode.STORAGE_UNAVAILABLE
         if (self.core.batch.clients or self.core.batch.used_tokens) and not unreachable:
@@ -358,13 +391,16 @@ class NativeConnection:
             # Not while storage is out of reach: nothing could be made durable, and an
             # operator must still get in to look (this process remembers the token's
             # id meanwhile, so it cannot be replayed here; it is stored once back).
-            self._held = []
+            if self._held is None:  # else: held while its token was claimed
+                self._held = []
             self.pause_reading()
             # A commit that fails for want of storage (a full disk, Redis gone) is no
             # reason to shut the client out: welcomed all the same, as when storage was
             # already known to be out of reach.
             self.engine.after_commit(lambda: self._welcome(welcome),
                                      lambda exc: self._welcome(welcome), urgent=True)
+        elif self._held is not None:  # held while its token was claimed (stored there)
+            self._welcome(welcome)
         else:
             self._send(welcome)
             self._start_heartbeats()

@@ -38,6 +38,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import jwt
 import redis
 
 from ..core.snapshot import queue_of
@@ -67,6 +68,12 @@ HANDOVER_DRAIN_S = 10.0  # ... and, before, for its deliveries out to settle (at
 HISTORY_KEPT = 20  # recent adoptions and hand-overs `minou cluster` shows
 HTTP_FRONTS = 256  # HTTP clients whose links to other brokers are kept
 QUEUE_MEMO = 1 << 16  # channels whose queue route_channel remembers
+
+
+def _token_id(token: str) -> tuple[str, float]:
+    """A verified token's id and expiry."""
+    claims = jwt.decode(token, options={"verify_signature": False})
+    return str(claims["jti"]), float(claims["exp"])
 
 
 class SpreadRole:
@@ -331,6 +338,19 @@ class SpreadRole:
                                      f"{exc}") from None
         # As stored: the shared state is not written again by the commit that follows.
         self.server.core.state.transactions.writers.setdefault(writer_id, owner)
+
+    # ------------------------------------------------------------ HELLO tokens
+    def token_claim(self, token: str) -> asyncio.Future[bool]:
+        """Claim a native HELLO token's id in Redis before the WELCOME: whether no broker
+        of the cluster had it. Each broker's replay guard knows the ids it saw itself
+        only; without this a token used on one opened a connection on every other."""
+        jti, expires = _token_id(token)
+        return asyncio.ensure_future(self._call(self.server.storage.claim_token, jti,
+                                                expires))
+
+    def token_unclaimed(self, token: str) -> None:
+        """Redis was out of reach for the claim: the id goes with the next commit."""
+        self.server.core.batch.used_tokens.append(_token_id(token))
 
     # ------------------------------------------------------- link credentials
     def link_credential(self, client_id: str) -> str:

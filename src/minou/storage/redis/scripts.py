@@ -500,9 +500,22 @@ end
 return redis.call('HGET', w, ARGV[2])
 """
 
+# A native HELLO's token id, claimed before the WELCOME (queues spread over brokers:
+# each broker remembers the ids it saw, so a token used on one would open a connection
+# on each of the others). Counted in ``used`` as the shared script's TK counts it (that
+# TK, from the commit that follows, then finds it there). KEYS[1] the shared ``used``;
+# ARGV[1] the shared base, ARGV[2] the id, ARGV[3] its expiry. 1: claimed here, 0: used.
+CLAIM_TOKEN = r"""#!lua flags=allow-oom
+if redis.call('ZADD', ARGV[1] .. 'tokens', 'NX', ARGV[3], ARGV[2]) == 1 then
+  redis.call('INCRBY', KEYS[1], 64 + #ARGV[2])
+  return 1
+end
+return 0
+"""
+
 WRITE_SCRIPTS = {"queue": QUEUE, "queue_oom": QUEUE_OOM, "shared": SHARED,
                  "shared_oom": SHARED_OOM, "claim": CLAIM, "own": OWN, "disown": DISOWN,
                  "admit": ADMIT, "claim_term": CLAIM_TERM,
-                 "bind_writer": BIND_WRITER}
+                 "bind_writer": BIND_WRITER, "claim_token": CLAIM_TOKEN}
 READ_SCRIPTS = {"head": HEAD, "page": PAGE, "specials": SPECIALS, "read": READ,
                 "first_at_or_after": FIRST_AT_OR_AFTER, "segments": SEGMENTS}

@@ -432,6 +432,12 @@ class RedisStorage:
         return reading.text(self._read("bind_writer", self._shared + "used", self._shared,
                                        writer_id, client_id))
 
+    def claim_token(self, jti: str, expires: float) -> bool:
+        """Record a HELLO token's id as used unless a broker did already (atomic: the
+        first to ask wins); whether this call recorded it."""
+        return int(self._read("claim_token", self._shared + "used", self._shared, jti,
+                              repr(float(expires)))) == 1
+
     def owners(self) -> dict[str, str]:
         """Every owned queue and the broker owning it (live or not)."""
         with self._redis("reading the owners"):
