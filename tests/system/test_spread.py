@@ -666,6 +666,44 @@ def _welcomes(broker: BrokerProcess, hello: f.Hello) -> bool:
         peer.close()
 
 
+def test_a_credential_revoked_on_one_broker_cuts_its_connections_on_the_other(
+        broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
+    """Revoking a credential closes the connections that presented it, on every broker:
+    the others learnt it was gone (it stopped opening new connections there) and kept
+    the connections it had opened."""
+    a, b = spread_brokers(broker_factory, redis, tmp_path, 2)
+    with a.connect_sync("job-r1", reconnect=False) as owner:
+        issued = owner.issue_credential(ttl=600)
+
+        def opened() -> Any:
+            try:
+                return minou.connect_sync(b.url, client_id="job-r1", reconnect=False,
+                                          credential=issued["credential"],
+                                          request_timeout=10)
+            except minou.NotAuthenticated:  # b has not read it yet
+                return None
+
+        held: list[Any] = []
+        wait_until(lambda: held.append(opened()) or held[-1] is not None, timeout=10,
+                   what="b to know the credential a issued")
+        worker = held[-1]
+        assert worker.admin("whoami")["client_id"] == "job-r1"
+        owner.revoke_credential(issued["id"])
+
+    def cut() -> bool:
+        try:
+            worker.admin("whoami")
+        except Exception:  # closed by the broker: any error says so
+            return True
+        return False
+
+    wait_until(cut, timeout=10, what="the revoked credential's connection on b to close")
+    worker.close()
+    with pytest.raises(minou.NotAuthenticated):
+        minou.connect_sync(b.url, client_id="job-r1", credential=issued["credential"],
+                           reconnect=False)
+
+
 def test_request_reply_across_brokers_that_spread_the_queues(
         broker_factory: Any, redis: RedisServer, tmp_path: Path) -> None:
     """Requests to queues owned by every broker, the responder on one broker, the

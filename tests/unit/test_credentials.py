@@ -101,3 +101,14 @@ def test_lapsed_names_each_expired_credential_once_and_never_a_renewed_one() -> 
     assert store.lapsed(105.0) == {renewed.id}
     loaded = Credentials([decode_credential(encode_credential(short))])  # at a restart
     assert loaded.lapsed(11.0) == {short.id}
+
+
+def test_refresh_names_the_credentials_gone_from_storage_once_sure() -> None:
+    here = Credentials()
+    _, mine = here.issue(owner(), ttl=60, now=0.0)
+    here.take_changes()  # stored
+    _, other = Credentials().issue(owner(), ttl=60, now=0.0)  # another broker's
+    assert here.refresh([mine, other]) == set()
+    assert here.refresh([other]) == set()  # missing once: maybe still being written
+    assert here.refresh([other]) == {mine.id}  # twice: revoked there
+    assert mine.id not in here.records and other.id in here.records

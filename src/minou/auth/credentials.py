@@ -104,14 +104,16 @@ class Credentials:
         changes, self._changes = self._changes, {}
         return changes
 
-    def refresh(self, stored: Iterable[Credential]) -> None:
+    def refresh(self, stored: Iterable[Credential]) -> set[str]:
         """Take the credentials another broker stored (issued, renewed or revoked
-        there), keeping those changed here and not yet stored."""
+        there), keeping those changed here and not yet stored; return those gone from
+        storage (the connections that presented them must go here too)."""
         fresh = {r.id: r for r in stored}
         # Missing twice in a row (once may be one this broker issued and is still
         # writing): revoked or expired elsewhere.
         missing = {c for c in self.records if c not in fresh and c not in self._changes}
-        for credential_id in missing & self._missing:
+        gone = missing & self._missing
+        for credential_id in gone:
             del self.records[credential_id]
         self._missing = missing - self._missing
         for credential_id, record in fresh.items():
@@ -120,6 +122,7 @@ class Credentials:
                 if mine is None or mine.expires_at != record.expires_at:
                     self._will_end(record)
                 self.records[credential_id] = record
+        return gone
 
     def _save(self, record: Credential) -> None:
         self.records[record.id] = record

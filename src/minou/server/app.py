@@ -768,10 +768,13 @@ class BrokerServer:
         second or so; the connections of a client revoked elsewhere go."""
         records = [decode_record(b) for b in clients.values()]
         gone = self.registry.refresh(records)
-        self.credentials.refresh(decode_credential(b) for b in credentials.values())
+        voided = self.credentials.refresh(decode_credential(b) for b in credentials.values())
         self._check_admin_key(next((r for r in records if r.client_id == "admin"), None))
         for client_id in gone:
             self.drop_client(client_id, "revoked (or its key rotated) on another broker")
+        for credential_id in voided:  # revoked (or expired and forgotten) elsewhere
+            self.drop_client("", f"credential {credential_id!r} was revoked on another "
+                                 "broker (or expired there)", credential=credential_id)
 
     def persist_registry(self) -> None:
         if self._stage_registry():
