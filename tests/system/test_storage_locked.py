@@ -63,6 +63,9 @@ def lock_holder() -> Iterator[Any]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        for pipe in (proc.stdin, proc.stdout):  # else a ResourceWarning in a later test
+            if pipe is not None:
+                pipe.close()
 
 
 def release(proc: subprocess.Popen[str]) -> None:
