@@ -13,7 +13,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,7 +26,13 @@ from . import __version__
 from .cli_kv import FiniteRange, kv_group
 from .config import load_settings
 from .errors import BadRequest, ConfigError, MinouError
-from .limits import DEFAULT_REQUEST_TIMEOUT_S, MAX_CLIENT_ID, MAX_REQUEST_TIMEOUT_S
+from .limits import (
+    DEFAULT_ADMIN_PAGE,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    MAX_ADMIN_PAGE,
+    MAX_CLIENT_ID,
+    MAX_REQUEST_TIMEOUT_S,
+)
 
 DEFAULT_URL = "minou://127.0.0.1:7700"
 CONSUME_WAIT_S = 10.0  # `minou consume` gives up after this much silence (0 = never)
@@ -790,17 +796,33 @@ def clients() -> None:
 @clients.command(name="list")
 @connection_options
 @json_option
-def clients_list(conn: dict[str, Any], as_json: bool) -> None:
+@click.option("--limit", type=click.IntRange(1, MAX_ADMIN_PAGE), default=DEFAULT_ADMIN_PAGE,
+              show_default=True, help="Clients asked for per page (every page is printed).")
+def clients_list(conn: dict[str, Any], as_json: bool, limit: int) -> None:
     """Registered and pending clients with their key fingerprints and rights."""
-    data = _admin(conn, "clients.list")
+    pages = _admin_pages(conn, "clients.list", limit)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(_joined(pages, "clients"), indent=2))
         return
     console = out()
-    table = Table(title="clients")
+    first: dict[str, Any] = {}
+    for data in pages:  # printed as they come: 200,000 clients are not held at once
+        _print_clients(console, data["clients"], title="" if first else "clients")
+        first = first or data
+    if first.get("reservations"):
+        res = Table(title="reserved channels (!)")
+        res.add_column("channel")
+        res.add_column("owner")
+        for channel, owner in first["reservations"].items():
+            res.add_row(channel, owner)
+        console.print(res)
+
+
+def _print_clients(console: Any, clients: list[dict[str, Any]], title: str) -> None:
+    table = Table(title=title or None)
     for col in ("client", "status", "admin", "online", "last seen", "note"):
         table.add_column(col)
-    for c in data["clients"]:
+    for c in clients:
         style = {"pending": "yellow", "revoked": "red"}.get(c["status"], "")
         seen = (f"{max(0.0, _now() - c['last_seen']):.0f} s ago" if c["last_seen"] else "-")
         admin = "yes" if c["admin"] else \
@@ -810,15 +832,41 @@ def clients_list(conn: dict[str, Any], as_json: bool) -> None:
     console.print(table)
     # Fingerprints are compared whole, so each gets a line of its own rather than a
     # table cell that a narrow terminal would fold or cut.
-    for c in data["clients"]:
+    for c in clients:
         console.print(f"{c['fingerprint']}  {c['client_id']}", soft_wrap=True)
-    if data["reservations"]:
-        res = Table(title="reserved channels (!)")
-        res.add_column("channel")
-        res.add_column("owner")
-        for channel, owner in data["reservations"].items():
-            res.add_row(channel, owner)
-        console.print(res)
+
+
+def _admin_pages(conn: dict[str, Any], op: str, limit: int, **args: Any
+                 ) -> Iterator[dict[str, Any]]:
+    """Every page of a paged admin listing (core/paging.py), over one connection, each
+    as it comes; a refusal is printed, not a traceback."""
+    from .errors import NotFound, RequestError
+
+    with _client(conn) as client:
+        after = ""
+        while True:
+            try:
+                page = client.admin(op, **args, limit=limit, after=after)
+            except NotFound as exc:
+                fail("not found:", exc)
+            except RequestError as exc:
+                fail("refused:", exc)
+            yield page
+            # A broker without paging answers everything once, with no "more".
+            if not page.get("more") or page.get("next") in (None, after):
+                return
+            after = page["next"]
+
+
+def _joined(pages: Iterable[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The pages of a listing as one answer: the first page's fields, every item."""
+    whole: dict[str, Any] = {}
+    items: list[Any] = []
+    for page in pages:
+        whole = whole or dict(page)
+        items += page[key]
+    whole.update({key: items, "more": False, "next": None})
+    return whole
 
 
 def _now() -> float:

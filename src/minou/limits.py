@@ -357,6 +357,13 @@ MAX_OFFSETS_AT_PER_CLIENT_SETTING = 1_000
 # client's 7 groups of 10,000 patterns of 255 characters made `list` a 17 MB answer,
 # over MAX_FRAME_SIZE: the admin's client dropped the connection and `minou list` failed.
 MAX_LISTED_NAMES = 100
+# Admin listings of everything registered (clients.list, credentials.list, kv.buckets)
+# answer a page at a time, sorted by name, as kv.keys does: 200,000 registered keys
+# (an auto-accepting rule, pending approvals) listed whole were ~67 MB, over
+# MAX_FRAME_SIZE, and no admin view could show anyone. A client's entry is ~340 bytes
+# with a few rule patterns: the largest page stays a few MB, with room for long rules.
+DEFAULT_ADMIN_PAGE = 1_000
+MAX_ADMIN_PAGE = 5_000
 MAX_POSITION_CHANNELS = 10_000  # channels one POSITION request may move
 # HTTP publishes in one POST /v1/messages: the body is decoded whole, into one object per
 # message, before the first is checked (MAX_BATCH is the native frame's, read as it goes).

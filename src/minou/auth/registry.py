@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ..core.paging import page_of
 from ..errors import BadRequest, ConfigError, NotAuthenticated, PendingApproval
 from ..limits import (
     DEFAULT_MAX_CLIENTS,
@@ -393,3 +394,9 @@ class Registry:
 
     def listing(self) -> list[dict[str, object]]:
         return [r.public() for _, r in sorted(self.records.items())]
+
+    def page(self, after: str, limit: int) -> tuple[list[dict[str, object]], bool]:
+        """The records after client id ``after``, sorted, at most ``limit`` of them;
+        whether more follow."""
+        ids, more = page_of(self.records, after, limit)
+        return [self.records[cid].public() for cid in ids], more

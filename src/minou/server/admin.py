@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..auth.credentials import check_ttl
 from ..core import maintenance
 from ..core.log import Msg, page_end, read_weight
+from ..core.paging import page_args
 from ..errors import BadRequest, NotAuthenticated, NotAuthorized, NotFound
 from ..limits import (
     DEFAULT_BROWSE,
@@ -54,6 +55,29 @@ SELF_SERVICE_OPS = frozenset({"whoami", "credentials.issue", "credentials.renew"
 # cannot happen would hold the answer).
 LOOK_OPS = frozenset({"status", "list", "queues", "whoami", "queue", "clients.list",
                       "cluster", "credentials.list", "federation"})
+# How to ask for less, named in the FRAME_TOO_LARGE refusal of an answer over
+# MAX_FRAME_SIZE: the listings of everything registered page, the others narrow.
+NARROWING = {
+    "list": "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX",
+    "queues": "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX",
+    "queue": "take a channel or a group: minou list -q QUEUE --channel PREFIX",
+    "clients.list": "ask a smaller page: limit, then after=next "
+                    "(minou clients list --limit N)",
+    "credentials.list": "ask a smaller page: limit, then after=next "
+                        "(minou credentials list --limit N)",
+    "kv.buckets": "ask a smaller page: limit, then after=next (minou kv ls --limit N)",
+    "kv.keys": "ask a smaller page: limit, then after=next",
+    "kv.history": "ask a smaller page: limit, then after=next",
+    "kv.read": "ask a smaller page: limit, then after=next",
+}
+
+
+def narrowing(op: str | None) -> str:
+    """What the refusal of ``op``'s too large answer suggests."""
+    if op in NARROWING:
+        return f"ask for less ({op}: {NARROWING[op]})"
+    return ("ask for less (admin listings take a page: limit, then after=next; list and "
+            "queues take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX)")
 
 
 def _str_arg(args: dict[str, Any], name: str, *, required: bool = True) -> str | None:
@@ -368,13 +392,18 @@ def _registry_op(server: Server, action: Callable[[], Any]) -> Any:
 
 
 def _clients_list(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
+    """A page of the registered and pending clients (core/paging.py: ``limit``,
+    ``after``; ``more``, ``next``, ``total``), with the rules, reservations and writers."""
+    after, limit = page_args(args)
+    page, more = server.registry.page(after, limit)
+    listed = {str(item["client_id"]) for item in page}
     online: dict[str, int] = {}
     for c in server.connections:
-        if c.identity is not None:
+        if c.identity is not None and c.identity.client_id in listed:
             online[c.identity.client_id] = online.get(c.identity.client_id, 0) + 1
     rules = server.settings.rules
     out = []
-    for item in server.registry.listing():
+    for item in page:
         client_id = str(item["client_id"])
         item["connections"] = online.get(client_id, 0)
         item["admin"] = server.registry.is_admin(client_id, server.settings.admins)
@@ -385,7 +414,10 @@ def _clients_list(server: Server, args: dict[str, Any], caller: Identity | None)
         out.append(item)
     writers = server.core.transactions.writers
     # The first 1,000 only: an answer must fit a frame however many ids clients own.
-    return {"clients": out, "reservations": dict(sorted(server.core.reservations.items())),
+    return {"clients": out, "more": more,
+            "next": str(out[-1]["client_id"]) if out else after,
+            "total": len(server.registry.records),
+            "reservations": dict(sorted(server.core.reservations.items())),
             "writers": dict(sorted(writers.items())[:1000]), "writers_total": len(writers),
             "rules": rules.describe(), "admins": sorted(server.settings.admins)}
 

@@ -54,7 +54,7 @@ from ..limits import (
 from ..protocol import frames as f
 from ..protocol.reader import BadFrame, FrameReader
 from . import oplog
-from .admin import LOOK_OPS, SELF_SERVICE_OPS, refuse_credential
+from .admin import LOOK_OPS, NARROWING, SELF_SERVICE_OPS, narrowing, refuse_credential
 from .front import LINK_CREDIT, MERGED_OPS, OWNER_OPS
 from .kv import KV_OPS, POLL_DOOR
 from .lookups import nothing
@@ -158,6 +158,9 @@ class NativeConnection:
         self._read_room: asyncio.Future[None] | None = None  # a READ waits for room
         self._poll_rooms: list[asyncio.Future[None]] = []  # woken KV polls, oldest first
         self._out: list[bytes] = []
+        # The admin requests being answered whose answer can grow with what the broker
+        # holds (NARROWING): their op names the hint of a FRAME_TOO_LARGE refusal.
+        self._listing_ops: dict[int, str] = {}
         self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
         # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
         self.heartbeat = 0.0
@@ -682,6 +685,8 @@ class NativeConnection:
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)
         refuse_credential(frame.op, self.identity)  # before the queue's owner is asked
+        if frame.op in NARROWING:
+            self._listing_ops[frame.req] = frame.op
         front = self.front
         if front is not None and isinstance(frame.args, dict):
             waiting = front.adopting(frame) if frame.op in KV_OPS and not adopted else None
@@ -928,11 +933,12 @@ class NativeConnection:
         larger frame and drops the connection, so the caller saw it closed, its library
         retried the request until its timeout, and nothing said why."""
         data = f.encode(frame)
+        op = self._listing_ops.pop(frame.req, None) \
+            if self._listing_ops and isinstance(frame, f.Result | f.Error) else None
         if len(data) - 4 > MAX_FRAME_SIZE and isinstance(frame, f.Result):
             exc = FrameTooLarge(
                 f"the answer to request {frame.req} would be a frame of {len(data) - 4} "
-                f"bytes, over the {MAX_FRAME_SIZE} byte limit: ask for less (admin views "
-                "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX)",
+                f"bytes, over the {MAX_FRAME_SIZE} byte limit: {narrowing(op)}",
                 limit=MAX_FRAME_SIZE, size=len(data) - 4)
             self._refused(exc)
             oplog.answer_too_large(self.peer, self.identity.client_id

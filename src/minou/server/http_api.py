@@ -77,6 +77,7 @@ class BatchMessage(msgspec.Struct, forbid_unknown_fields=True):
 
 # Lenient on numbers: JSON Schema counts 8.0 as an integer, and so does this.
 _batch_decode = msgspec.json.Decoder(list[BatchMessage], strict=False).decode
+PAGE_QUERY = ("after", "limit")  # an admin listing's page (core/paging.py)
 HEADER_PREFIX = "x-minou-header-"
 Handler = Callable[[Request], Awaitable[Response]]
 # How the message routes answer (both the Starlette routes and the fast path): a status
@@ -583,7 +584,8 @@ class HttpApi:
                   methods=["POST"]),
             Route("/v1/groups/{group:path}",
                   self.admin_route("group.delete", query=("force",)), methods=["DELETE"]),
-            Route("/v1/clients", self.admin_route("clients.list"), methods=["GET"]),
+            Route("/v1/clients", self.admin_route("clients.list", query=PAGE_QUERY),
+                  methods=["GET"]),
             Route("/v1/reservations/{channel:path}/release",
                   self.admin_route("reservations.release"), methods=["POST"]),
             Route("/v1/clients/{client_id}/approve", self.admin_route("clients.approve"),

@@ -13,11 +13,13 @@ from typing import Any
 from .. import __version__
 from ..errors import ERROR_TABLE
 from ..limits import (
+    DEFAULT_ADMIN_PAGE,
     DEFAULT_BROWSE,
     DEFAULT_CREDENTIAL_TTL_S,
     DEFAULT_KV_PAGE,
     DEFAULT_REQUEST_TIMEOUT_S,
     KV_PAGE_BYTES,
+    MAX_ADMIN_PAGE,
     MAX_BATCH_HTTP,
     MAX_BROWSE,
     MAX_CHANNEL_LENGTH,
@@ -79,6 +81,14 @@ def _path(name: str, schema: dict[str, Any], description: str = "") -> dict[str,
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema,
             "description": description}
+
+
+def _paging(what: str) -> list[dict[str, Any]]:
+    """An admin listing's page arguments (core/paging.py)."""
+    return [_query("after", {"type": "string"}, f"{what} after this one (paging: the "
+                   "answer's next)"),
+            _query("limit", {"type": "integer", "minimum": 1, "maximum": MAX_ADMIN_PAGE},
+                   f"at most this many (default {DEFAULT_ADMIN_PAGE})")]
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -445,8 +455,11 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             "Release a reserved (!) channel for its next reader", tag="admin",
             params=[_path("channel", {"type": "string"}, "the reserved channel")],
             ok=_json(OBJECT, "released"))},
-        "/v1/clients": {"get": _op("Registered and pending clients, rules, reservations",
-                                   tag="admin", ok=_json(OBJECT, "clients"))},
+        "/v1/clients": {"get": _op(
+            "Registered and pending clients, sorted by id, a page at a time (after=next "
+            "while more), with rules and reservations", tag="admin",
+            params=_paging("client ids"),
+            ok=_json(OBJECT, "clients, more (another page), next, total"))},
         "/v1/admin/reload": {"post": _op("Re-read the config file", tag="admin",
                                          ok=_json(OBJECT, "what changed"))},
         "/v1/admin/soft-stop": {"post": _op(

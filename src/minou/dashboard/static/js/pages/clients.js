@@ -223,14 +223,18 @@ export function mount(view, params, ctx) {
 
     setText(sMode.value, auth.mode || DASH);
     setText(sMode.extra, auth.broker_token ? "broker token required" : "no broker token");
-    setText(sClients.value, String(clients.length));
-    setText(sClients.extra, `${clients.filter((c) => c.connections).length} online`);
+    // GET /v1/clients answers the first page (1,000, sorted by id); total counts all.
+    const total = cl.total ?? clients.length;
+    const unlisted = total - clients.length;
+    setText(sClients.value, String(total));
+    setText(sClients.extra, `${clients.filter((c) => c.connections).length} online` +
+      (unlisted > 0 ? ` · ${unlisted} more not listed (minou clients list)` : ""));
     const pending = clients.filter((c) => c.status === "pending").length;
     setText(sPending.value, String(pending));
     sPending.el.classList.toggle("attention", pending > 0);
     setText(sTls.value, st.tls ? (st.tls.self_signed ? "self-signed" : "certificate") : "off");
     setText(sTls.extra, st.tls ? st.tls.fingerprint : "plain text (loopback)");
-    setText(sub, `${plural(clients.length, "client")} · ${pending} pending · ` +
+    setText(sub, `${plural(total, "client")} · ${pending}${cl.more ? "+" : ""} pending · ` +
       `${plural((cl.rules || []).length, "rule")} · ${plural(Object.keys(cl.reservations || {}).length, "reservation")}`);
 
     table.update(clients);
