@@ -793,11 +793,15 @@ def clients() -> None:
     """Registered client keys: list, approve, revoke, rotate, forget (admin only)."""
 
 
+page_option = click.option(
+    "--limit", type=click.IntRange(1, MAX_ADMIN_PAGE), default=DEFAULT_ADMIN_PAGE,
+    show_default=True, help="Asked for per page (every page is printed).")
+
+
 @clients.command(name="list")
 @connection_options
 @json_option
-@click.option("--limit", type=click.IntRange(1, MAX_ADMIN_PAGE), default=DEFAULT_ADMIN_PAGE,
-              show_default=True, help="Clients asked for per page (every page is printed).")
+@page_option
 def clients_list(conn: dict[str, Any], as_json: bool, limit: int) -> None:
     """Registered and pending clients with their key fingerprints and rights."""
     pages = _admin_pages(conn, "clients.list", limit)
@@ -955,20 +959,22 @@ def credentials_issue(conn: dict[str, Any], ttl: float, purpose: str, as_json: b
 @credentials.command(name="list")
 @connection_options
 @json_option
-def credentials_list(conn: dict[str, Any], as_json: bool) -> None:
+@page_option
+def credentials_list(conn: dict[str, Any], as_json: bool, limit: int) -> None:
     """Live credentials (yours; an admin's: everyone's), never their secrets."""
-    data = _admin(conn, "credentials.list")
+    pages = _admin_pages(conn, "credentials.list", limit)
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(_joined(pages, "credentials"), indent=2))
         return
-    table = Table(title="credentials")
-    for col in ("id", "client", "expires in", "renewed", "purpose"):
-        table.add_column(col)
-    for c in data["credentials"]:
-        renewed = f"{_now() - c['renewed_at']:.0f} s ago" if c["renewed_at"] else "-"
-        table.add_row(c["id"], c["client_id"], f"{c['expires_at'] - _now():.0f} s", renewed,
-                      c["purpose"])
-    out().print(table)
+    for n, data in enumerate(pages):  # printed as they come
+        table = Table(title=None if n else "credentials")
+        for col in ("id", "client", "expires in", "renewed", "purpose"):
+            table.add_column(col)
+        for c in data["credentials"]:
+            renewed = f"{_now() - c['renewed_at']:.0f} s ago" if c["renewed_at"] else "-"
+            table.add_row(c["id"], c["client_id"], f"{c['expires_at'] - _now():.0f} s",
+                          renewed, c["purpose"])
+        out().print(table)
 
 
 @credentials.command(name="renew")

@@ -10,6 +10,7 @@ FRAME_TOO_LARGE, with a hint (``minou list -q QUEUE``) that did not apply, and n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
@@ -22,7 +23,7 @@ import minou
 from minou.auth import keys as keyfiles
 from minou.auth.registry import ACTIVE, ClientRecord, encode_record
 from minou.auth.tokens import make_token
-from minou.limits import DEFAULT_ADMIN_PAGE
+from minou.limits import DEFAULT_ADMIN_PAGE, MAX_CREDENTIALS_PER_CLIENT
 
 from ..conftest import TEST_STORAGE
 from .test_admin_cli import cli
@@ -101,3 +102,28 @@ def test_minou_clients_list_prints_everyone_across_pages(crowded):
     assert human.returncode == 0, human.stderr[-2000:]
     for cid in ("admin", "reg-00000", "reg-00999", "reg-01000", "reg-02499"):
         assert f"  {cid}\n" in human.stdout  # its fingerprint line
+
+
+def test_credentials_list_pages_and_minou_credentials_list_prints_them_all(broker):
+    """An admin's own 1,000 credentials (MAX_CREDENTIALS_PER_CLIENT), issued at once."""
+    async def issue_many() -> set[str]:
+        c = await minou.connect(broker.url, **broker.admin_auth(request_timeout=60))
+        try:
+            got = await asyncio.gather(*(c.issue_credential(ttl=600, purpose="p" * 200)
+                                         for _ in range(MAX_CREDENTIALS_PER_CLIENT)))
+        finally:
+            await c.close()
+        return {g["id"] for g in got}
+
+    issued = asyncio.run(issue_many())
+    with minou.connect_sync(broker.url, **broker.admin_auth(request_timeout=60)) as admin:
+        first = admin.admin("credentials.list", limit=300)
+        assert [c["id"] for c in first["credentials"]] == sorted(issued)[:300]
+        assert first["more"] is True and first["total"] == len(issued)
+        assert first["next"] == sorted(issued)[299]
+    listed = cli(broker, "credentials", "list", "--json", "--limit", "300")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [c["id"] for c in json.loads(listed.stdout)["credentials"]] == sorted(issued)
+    human = cli(broker, "credentials", "list", "--limit", "300")
+    assert human.returncode == 0, human.stderr[-2000:]
+    assert all(i in human.stdout for i in issued)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 import msgspec
 
+from ..core.paging import page_of
 from ..errors import BadRequest, NotAuthenticated, NotFound
 from ..limits import (
     MAX_CREDENTIAL_TTL_S,
@@ -242,6 +243,16 @@ class Credentials:
         moment = time.time() if now is None else now
         return [r.public() for r in sorted(self.records.values(), key=lambda r: r.issued_at)
                 if (client_id is None or r.client_id == client_id) and r.expires_at > moment]
+
+    def page(self, client_id: str | None, after: str, limit: int, now: float | None = None
+             ) -> tuple[list[dict[str, object]], bool, int]:
+        """The live credentials of ``client_id`` (None: everyone's) after id ``after``,
+        sorted by id, at most ``limit``; whether more follow; how many there are."""
+        moment = time.time() if now is None else now
+        live = [r.id for r in self.records.values()
+                if (client_id is None or r.client_id == client_id) and r.expires_at > moment]
+        ids, more = page_of(live, after, limit)
+        return [self.records[i].public() for i in ids], more, len(live)
 
     # ----------------------------------------------------------------- verify
     def verify(self, token: str, owners: dict[str, ClientRecord], *,

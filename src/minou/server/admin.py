@@ -545,7 +545,14 @@ def _credential_ids(server: Server, args: dict[str, Any], caller: Identity | Non
 
 def _list_credentials(server: Server, args: dict[str, Any], caller: Identity | None
                       ) -> Any:
-    return {"credentials": server.credentials.listing(_credential_owner(server, caller))}
+    """A page of the live credentials the caller may see (core/paging.py: ``limit``,
+    ``after``; ``more``, ``next``, ``total``), sorted by id: up to 50,000 of up to
+    200-character purposes listed whole passed the frame limit."""
+    after, limit = page_args(args)
+    page, more, total = server.credentials.page(_credential_owner(server, caller), after,
+                                                limit)
+    return {"credentials": page, "more": more,
+            "next": str(page[-1]["id"]) if page else after, "total": total}
 
 
 def _release(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:

@@ -525,7 +525,9 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                     "purpose": {"type": "string", "maxLength": MAX_PURPOSE_CHARS}}}}}},
             ok=_json(OBJECT, "id, expires_at and credential (the secret)")),
         "get": _op("The caller's live credentials (an admin's: everyone's), without "
-                   "secrets", tag="credentials", ok=_json(OBJECT, "credentials"))}
+                   "secrets, sorted by id, a page at a time (after=next while more)",
+                   tag="credentials", params=_paging("credential ids"),
+                   ok=_json(OBJECT, "credentials, more (another page), next, total"))}
     paths["/v1/credentials/{id}/renew"] = {"post": _op(
         "Extend a live credential to now + ttl", tag="credentials", params=credential_id,
         body={"required": False, "content": {"application/json": {"schema": {
