@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from .errors import MinouError, NotFound, RevisionMismatch, Timeout
-from .limits import MAX_KV_REVISION
+from .limits import DEFAULT_ADMIN_PAGE, MAX_ADMIN_PAGE, MAX_KV_REVISION
 
 
 class FiniteRange(click.FloatRange):
@@ -42,6 +42,31 @@ def _shown(value: Any) -> str:
     if isinstance(value, bytes):
         return f"<{len(value)} raw bytes>"
     return json.dumps(value)
+
+
+def _buckets(client: Any, limit: int, each: Callable[[dict[str, Any]], None] | None
+             ) -> list[dict[str, Any]]:
+    """Every bucket, a page (kv.buckets) at a time: handed to ``each`` as they come
+    (then not kept), else returned together."""
+    found: list[dict[str, Any]] = []
+    after = ""
+    while True:
+        page = client.admin("kv.buckets", limit=limit, after=after)
+        for b in page["buckets"]:
+            if each is None:
+                found.append(b)
+            else:
+                each(b)
+                found[:1] = [b]  # "any at all", for the empty listing's line
+        if not page.get("more") or page.get("next") in (None, after):
+            return found  # (a broker without pages answers every bucket, no "more")
+        after = page["next"]
+
+
+def _print_bucket(b: dict[str, Any]) -> None:
+    ttl = f"ttl {b['ttl']:g} s" if b["ttl"] else "no ttl"
+    click.echo(f"{b['bucket']}: {b['keys']} key(s), {b['revisions']} revision(s) held, "
+               f"history {b['history']}, {ttl}")
 
 
 def _entry_json(entry: Any) -> dict[str, Any]:
@@ -141,21 +166,19 @@ def kv_group(connection_options: Callable[..., Any], json_option: Callable[..., 
     @click.argument("bucket", required=False)
     @click.option("--prefix", "-p", default="", help="Only keys starting with this.")
     @click.option("--values", "-v", is_flag=True, help="Show each key's value and revision.")
+    @click.option("--limit", type=click.IntRange(1, MAX_ADMIN_PAGE), default=DEFAULT_ADMIN_PAGE,
+                  show_default=True,
+                  help="Buckets asked for per page (every page is printed).")
     @json_option
-    def ls(conn: dict[str, Any], bucket: str | None, prefix: str, values: bool,
+    def ls(conn: dict[str, Any], bucket: str | None, prefix: str, values: bool, limit: int,
            as_json: bool) -> None:
         """List the buckets you may read, or BUCKET's keys."""
         if bucket is None:
-            found = run(conn, lambda c: c.admin("kv.buckets"))["buckets"]
+            found = run(conn, lambda c: _buckets(c, limit, None if as_json else _print_bucket))
             if as_json:
                 click.echo(json.dumps(found))
-                return
-            if not found:
+            elif not found:
                 click.echo("no bucket yet (the first put makes one)")
-            for b in found:
-                ttl = f"ttl {b['ttl']:g} s" if b["ttl"] else "no ttl"
-                click.echo(f"{b['bucket']}: {b['keys']} key(s), {b['revisions']} revision(s) "
-                           f"held, history {b['history']}, {ttl}")
             return
         if values:
             items = run(conn, lambda c: c.kv(bucket).items(prefix))

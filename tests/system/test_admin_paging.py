@@ -127,3 +127,32 @@ def test_credentials_list_pages_and_minou_credentials_list_prints_them_all(broke
     human = cli(broker, "credentials", "list", "--limit", "300")
     assert human.returncode == 0, human.stderr[-2000:]
     assert all(i in human.stdout for i in issued)
+
+
+BUCKETS = 1_200
+
+
+def test_kv_buckets_pages_and_minou_kv_ls_prints_them_all(broker):
+    names = sorted(f"b{i:04d}" for i in range(BUCKETS))
+
+    async def make_buckets() -> None:
+        c = await broker.connect("bucket-maker", request_timeout=60)
+        try:
+            await asyncio.gather(*(c.kv(b).put("k", 1) for b in names))
+        finally:
+            await c.close()
+
+    asyncio.run(make_buckets())
+    with minou.connect_sync(broker.url, **broker.admin_auth(request_timeout=60)) as admin:
+        first = admin.admin("kv.buckets")  # no paging arguments: an older caller
+        assert [b["bucket"] for b in first["buckets"]] == names[:DEFAULT_ADMIN_PAGE]
+        assert first["more"] is True and first["total"] == BUCKETS
+        second = admin.admin("kv.buckets", after=first["next"], limit=DEFAULT_ADMIN_PAGE)
+        assert [b["bucket"] for b in second["buckets"]] == names[DEFAULT_ADMIN_PAGE:]
+        assert second["more"] is False
+    listed = cli(broker, "kv", "ls", "--json", "--limit", "500")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert [b["bucket"] for b in json.loads(listed.stdout)] == names
+    human = cli(broker, "kv", "ls", "--limit", "500")
+    assert human.returncode == 0, human.stderr[-2000:]
+    assert [line.split(":")[0] for line in human.stdout.splitlines()] == names

@@ -71,7 +71,9 @@ class HttpKv:
         ]
 
     async def buckets(self, request: Request, identity: Identity) -> Response:
-        return self.json(await self.api.admin_op("kv.buckets", {}, identity))
+        q = request.query_params  # a page (core/paging.py)
+        args = {k: q[k] for k in ("after", "limit") if k in q}
+        return self.json(await self.api.admin_op("kv.buckets", args, identity))
 
     async def keys(self, request: Request, identity: Identity) -> Response:
         q = request.query_params

@@ -21,6 +21,7 @@ import msgspec
 
 from ..core.kv import KvIndex, Revision, is_tombstone, revision_of
 from ..core.log import ChannelLog, Msg, page_end, read_weight
+from ..core.paging import page_args, page_of
 from ..errors import BadRequest, NotFound
 from ..limits import (
     DEFAULT_KV_PAGE,
@@ -31,7 +32,7 @@ from ..limits import (
     STORAGE_READ_BYTES,
     STORAGE_READ_PAGE,
 )
-from ..names import is_kv, kv_bucket, kv_channel, validate_kv_key
+from ..names import KV_PREFIX, is_kv, kv_bucket, kv_channel, validate_kv_key
 from ..protocol.frames import JsonText
 
 if TYPE_CHECKING:
@@ -130,20 +131,30 @@ async def _revision(server: Server, log: ChannelLog, seq: int) -> Msg | None:
 
 
 def kv_buckets(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:
-    """The buckets the caller may read: each one's keys, revisions held and options."""
+    """A page of the buckets the caller may read (core/paging.py: ``limit``, ``after``
+    a bucket name; ``more``, ``next``, ``total``), sorted by name: each one's keys,
+    revisions held and options."""
+    after, limit = page_args(args)
     access = server.access_for(caller) if caller is not None else None
+    channels = server.core.channels
+    readable = [name for name, log in channels.items() if log.kv is not None
+                and (access is None or access.may_read(name))]
+    # Every bucket's channel is KV_PREFIX + bucket: the same order. The cursor is any
+    # string (a bucket forgotten since, or none at all), not checked as a bucket name.
+    names, more = page_of(readable, KV_PREFIX + after, limit)
     now = time.time()
     out = []
-    for name, log in sorted(server.core.channels.items()):
-        if log.kv is None or (access is not None and not access.may_read(name)):
-            continue
+    for name in names:
+        log = channels[name]
+        index = log.kv if log.kv is not None else _EMPTY
         opts = log.options
-        out.append({"bucket": kv_bucket(name), "keys": log.kv.live_keys(now),
-                    "revisions": len(log.kv), "revision": log.end - 1,
+        out.append({"bucket": kv_bucket(name), "keys": index.live_keys(now),
+                    "revisions": len(index), "revision": log.end - 1,
                     "history": opts.history, "ttl": opts.ttl, "max_revisions": opts.max_items,
                     "schema": opts.schema.key if opts.schema is not None else None,
                     "active_at": log.touched or None})
-    return {"buckets": out}
+    return {"buckets": out, "more": more, "next": out[-1]["bucket"] if out else after,
+            "total": len(readable)}
 
 
 async def kv_get(server: Server, args: dict[str, Any], caller: Identity | None) -> Any:

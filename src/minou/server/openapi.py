@@ -254,8 +254,10 @@ def _kv_paths() -> dict[str, Any]:
                                                     "revision": _REVISION}}}}}
     return {
         "/v1/kv": {"get": _op(
-            "The buckets the caller may read: keys, revisions held, options", tag="kv",
-            ok=_json(OBJECT, "buckets"))},
+            "The buckets the caller may read: keys, revisions held, options; sorted by "
+            "name, a page at a time (after=next while more)", tag="kv",
+            params=_paging("buckets"),
+            ok=_json(OBJECT, "buckets, more (another page), next, total"))},
         "/v1/kv/{bucket}": {"get": _op(
             "A bucket's keys with a value, sorted (page with after=)", tag="kv",
             params=[bucket, _query("prefix", {"type": "string"}, "keys starting with this"),
