@@ -59,8 +59,10 @@ LOOK_OPS = frozenset({"status", "list", "queues", "whoami", "queue", "clients.li
 # MAX_FRAME_SIZE: the listings of everything registered page, the others narrow.
 NARROWING = {
     "list": "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX",
-    "queues": "take a queue or a channel prefix: minou list -q QUEUE, --channel PREFIX",
-    "queue": "take a channel or a group: minou list -q QUEUE --channel PREFIX",
+    # queues takes no narrowing: one queue at a time is list's or queue's
+    "queues": "ask one queue at a time: list with a queue (minou list -q QUEUE), "
+              "or queue (GET /v1/queues/QUEUE)",
+    "queue": "name a channel or a group (GET /v1/queues/QUEUE?channel=ID&group=G)",
     "clients.list": "ask a smaller page: limit, then after=next "
                     "(minou clients list --limit N)",
     "credentials.list": "ask a smaller page: limit, then after=next "
