@@ -74,6 +74,7 @@ def test_an_answer_over_the_frame_limit_is_refused_precisely_and_the_connection_
     listed = cli(broker, "list")
     assert listed.returncode == 1
     assert "refused:" in listed.stderr and "minou list -q QUEUE" in listed.stderr
+    assert "ask for less (list: " in listed.stderr  # the hint of its own op
     assert "Traceback" not in listed.stderr
     assert "over the 16777216 byte limit: refused with frame_too_large" in \
         broker.log_path.read_text()

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from .ports import Server
 
 log = logging.getLogger("minou.connection")
+HINTED_REQUESTS = 1_000  # admin requests in flight whose op a too-large refusal names
 
 
 class Transport(Protocol):
@@ -159,7 +160,9 @@ class NativeConnection:
         self._poll_rooms: list[asyncio.Future[None]] = []  # woken KV polls, oldest first
         self._out: list[bytes] = []
         # The admin requests being answered whose answer can grow with what the broker
-        # holds (NARROWING): their op names the hint of a FRAME_TOO_LARGE refusal.
+        # holds (NARROWING): their op names the hint of a FRAME_TOO_LARGE refusal. An
+        # entry goes with its answer; at most HINTED_REQUESTS (one whose answer never
+        # came, a forward that failed, stays), past which a refusal's hint is generic.
         self._listing_ops: dict[int, str] = {}
         self._out_bytes = 0  # in _out (written at the end of a read, or past 1 MiB)
         # Heartbeats (negotiated at HELLO; 0: the client did not ask, none are kept).
@@ -685,7 +688,7 @@ class NativeConnection:
                 f"admin operation {frame.op!r} needs an admin identity (auth.admins); "
                 f"client {self.session.client_id!r} is not one", op=frame.op)
         refuse_credential(frame.op, self.identity)  # before the queue's owner is asked
-        if frame.op in NARROWING:
+        if frame.op in NARROWING and len(self._listing_ops) < HINTED_REQUESTS:
             self._listing_ops[frame.req] = frame.op
         front = self.front
         if front is not None and isinstance(frame.args, dict):
