@@ -20,6 +20,7 @@ from minou.errors import PendingApproval
 from ..conftest import BrokerProcess, auth, wait_until
 from ..redis_server import REDIS_SERVER, RedisServer, free_port
 from .conftest import CHROMIUM
+from .test_admin_paging import client_ids, stage_clients
 from .test_federation import link, start
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -1029,3 +1030,27 @@ def test_dead_letters_are_a_view_of_their_own(page, dash_broker):
         assert counter("minou_messages_requeued_total") >= 1
         # the requeue is no publish (the dead letters' copies were counted before)
         assert counter("minou_messages_published_total") == published
+
+
+def test_the_clients_page_of_a_crowded_broker_shows_the_first_page_and_how_many_more(
+        browser, tmp_path):
+    """GET /v1/clients answers a page (1,000 clients): the page shows the total and
+    says how many it does not list (a broker's 200,000, listed whole, were one answer
+    over the frame limit)."""
+    broker = start_dashboard_broker(tmp_path)
+    try:
+        stage_clients(broker, client_ids(1_200))
+        context = browser.new_context(viewport={"width": 1280, "height": 860})
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        sign_in(page, broker)
+        page.get_by_test_id("nav-clients").click()
+        count = page.get_by_test_id("clients-count")
+        wait_until(lambda: count.inner_text().strip() == "1201", 20, what="the total")
+        extra = page.locator(".card.stat", has=count).locator(".extra").inner_text()
+        assert "201 more not listed" in extra, extra
+        page.locator('tr[data-client="reg-00998"]').wait_for()  # on the first page
+        assert page.locator('tr[data-client="reg-01100"]').count() == 0
+        context.close()
+    finally:
+        broker.kill()
