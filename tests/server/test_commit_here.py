@@ -18,6 +18,7 @@ from minou.config import load_settings
 from minou.core.writes import WriteBatch
 from minou.limits import COMMIT_HERE_MAX_MESSAGES, COMMIT_HERE_SLOW_S, COMMIT_HERE_STALL_S
 from minou.protocol import frames as f
+from minou.server import app as app_module
 from minou.server.app import BrokerServer
 from minou.storage.sqlite import SQLiteStorage
 
@@ -28,15 +29,32 @@ pytestmark = pytest.mark.anyio
 FAST, SAFE = "fast/v1/1", "safe/v1/1"
 
 
+class DiskClock:
+    """The clock the broker times its commits on (``time.perf_counter`` in the server
+    module): it moves only by the delays the storage below adds, so that a commit the
+    test means to be fast is never measured slow because a loaded machine took the
+    loop's CPU (that made the counts flaky in a full ``make test``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+
 class SlowableStorage(SQLiteStorage):
-    """SQLite whose next commits made with ``apply_now`` take ``delay`` seconds longer:
-    a disk or page cache that makes the loop wait. The threads that made each commit
-    are kept."""
+    """SQLite whose next commits made with ``apply_now`` take ``delay`` seconds longer
+    on the broker's commit clock: a disk or page cache that makes the loop wait. The
+    threads that made each commit are kept."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.delays: list[float] = []
         self.threads: list[str] = []
+        self.clock = DiskClock()
 
     def apply(self, batch: WriteBatch) -> None:
         self.threads.append(threading.current_thread().name)
@@ -45,17 +63,18 @@ class SlowableStorage(SQLiteStorage):
     def apply_now(self, batch: WriteBatch) -> bool:
         self.threads.append(threading.current_thread().name)
         if self.delays:
-            time.sleep(self.delays.pop(0))
+            self.clock.now += self.delays.pop(0)
         return super().apply_now(batch)
 
 
 @pytest.fixture
-async def broker(tmp_path: Path) -> AsyncIterator[Harness]:
+async def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     cfg = tmp_path / "minou.toml"
     cfg.write_text('[channels."fast/v1"]\ndurability = "interval"\n')
     settings = load_settings(cfg, host="127.0.0.1", port=0, http_port=None, auth_mode="off",
                              data_dir=str(tmp_path / "data"))
     storage = SlowableStorage(tmp_path / "data")
+    monkeypatch.setattr(app_module, "time", storage.clock)
     server = BrokerServer(settings, storage=storage)
     await server.open()
     yield Harness(server, storage)  # type: ignore[arg-type]
