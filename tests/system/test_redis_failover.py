@@ -630,9 +630,12 @@ def test_soft_stop_of_the_primary_hands_over_while_producers_keep_flowing(
         stop_consuming.set()
         consumer.join(30)
     assert took < LEASE / 3 + 1.5, f"the standby took {took:.2f} s after the stop"
-    events = [e["what"] for e in cluster_view(standby, primary)["events"]]
+    recorded = cluster_view(standby, primary)["events"]
+    events = [e["what"] for e in recorded]
     assert events[:3] == ["took over (handed over)", "gave the lease back (clean stop)",
                           "handing over (soft stop)"], events
+    # named even when the standby's last look found the lease already given back
+    assert recorded[0].get("from") == recorded[1]["by"], recorded[:2]
     assert "gave its lease up: taking over now" in standby.output or took < 0.5
     dup = [seq for seq in set(seen) if seen.count(seq) > 1]
     assert dup == [], f"delivered twice: {dup[:10]}"

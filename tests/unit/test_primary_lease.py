@@ -309,3 +309,40 @@ def test_on_the_real_clock_the_lease_runs_out(sock: socket.socket) -> None:
     role, _ = primary_role(lease, sock, lease_s=0.05)
     time.sleep(0.06)
     assert not role.lease_holds()
+
+
+class HandedOverLease(Lease):
+    """A standby's view of a primary's clean stop that its look raced: the primary
+    holds the lease at the first look, the next look finds it already given back (the
+    take tried just before it lost), then the hand-over wakes the standby and it takes
+    the lease. The events it records are kept."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.takes = [False, False, True]
+        self.holders: list[dict[str, str] | None] = [{"id": "old-primary",
+                                                      "native": "minou://10.0.0.9:7700"},
+                                                     None]
+        self.events: list[dict[str, Any]] = []
+
+    def try_acquire(self, info: dict[str, str]) -> bool:
+        self._round_trip()
+        return self.takes.pop(0)
+
+    def holder(self) -> dict[str, str] | None:
+        return self.holders.pop(0)
+
+    def wait_handoff(self, seconds: float) -> bool:
+        return True  # handed over: the standby tries again at once
+
+    def note(self, what: str, **detail: Any) -> None:
+        self.events.append({"what": what, **detail})
+
+
+def test_a_standby_handed_the_lease_names_the_primary_it_last_saw_not_the_empty_lease(
+        clock: Clock, sock: socket.socket) -> None:
+    lease = HandedOverLease(clock)
+    role = PrimaryRole(Server(lease), [sock])  # type: ignore[arg-type]
+    assert asyncio.run(role.acquire()) is True
+    assert role.role == "primary" and role.door is None
+    assert lease.events == [{"what": "took over (handed over)", "from": "old-primary"}]

@@ -120,6 +120,9 @@ class PrimaryRole:
         self.handing_over = False  # a soft stop is draining, to give the lease up
         self._handed = False  # woken by a primary giving its lease up
         self.door: StandbyDoor | None = None
+        # The last primary a standby saw: the one it takes over from, even when its last
+        # look found the lease already given up (a clean stop hands it over).
+        self.last_primary: dict[str, Any] | None = None
         self._retaking: asyncio.Future[bool] | None = None
         # monotonic time of the last call to Redis that was answered (/health's
         # redis_seen_s, asked by a primary cut off: peer_reach.py)
@@ -173,6 +176,8 @@ class PrimaryRole:
                     # This broker's own previous process (killed, restarted at once):
                     # dead, so no primary to relay to or name until its lease runs out.
                     holder = None
+                if holder:
+                    self.last_primary = holder
             except redis.RedisError as exc:
                 if first:
                     raise StartupError(f"cannot use Redis at {server.storage.path}: "
@@ -204,7 +209,7 @@ class PrimaryRole:
                 await self.close_door()
                 return False
         was_standby = self.door is not None
-        previous = self.door.holder if self.door is not None else None
+        previous = self.last_primary if self.door is not None else None
         handed = self._handed
         if was_standby and not handed:  # the lease was given up between two waits
             with contextlib.suppress(redis.RedisError):
