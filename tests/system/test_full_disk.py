@@ -340,6 +340,19 @@ def test_a_database_removed_under_the_broker_stops_it_before_another_confirm(
         assert not db.exists()  # no empty database made where the old one was
 
 
+def read_back(broker: BrokerProcess, channel: str, count: int) -> list[int]:
+    """The seqs of the first ``count`` messages of ``channel``, from the oldest, read by
+    a new group (after a restart: what was kept)."""
+    with broker.connect_sync("reader") as r:
+        sub = r.consume(channel, group="g", start="oldest")
+        got = []
+        for _ in range(count):
+            msg = sub.get(timeout=10)
+            got.append(msg.seq)
+            msg.ack()
+    return got
+
+
 def test_a_write_ahead_log_removed_under_the_broker_loses_nothing_confirmed(
         broker_factory, tmp_path):
     """``rm data/minou.db-wal`` (taken for a temporary file): SQLite goes on writing to the
@@ -357,15 +370,7 @@ def test_a_write_ahead_log_removed_under_the_broker_loses_nothing_confirmed(
     assert "write-ahead log" in b.output and "was removed or replaced" in b.output
     assert "copied into the database file" in b.output
     b.kill()
-    b.start()
-    with b.connect_sync("reader") as r:
-        sub = r.consume(CH, group="g", start="oldest")
-        got = []
-        for _ in confirmed:
-            msg = sub.get(timeout=10)
-            got.append(msg.seq)
-            msg.ack()
-    assert got == confirmed
+    assert read_back(b.start(), CH, len(confirmed)) == confirmed
 
 
 @pytest.mark.parametrize("where", ["writer", "loop"])
@@ -388,15 +393,7 @@ def test_a_write_ahead_log_removed_is_noticed_by_the_next_commit(broker_factory,
     assert info.value.code == ErrorCode.STORAGE_UNAVAILABLE, info.value
     assert "write-ahead log" in info.value.message
     assert b.proc is not None and b.proc.wait(20) != 0
-    b.start()
-    with b.connect_sync("reader") as r:
-        sub = r.consume(ch, group="g", start="oldest")
-        got = []
-        for _ in confirmed:
-            msg = sub.get(timeout=10)
-            got.append(msg.seq)
-            msg.ack()
-    assert got == confirmed
+    assert read_back(b.start(), ch, len(confirmed)) == confirmed
 
 
 def test_a_disk_filled_fast_with_small_messages_keeps_acks_durable_and_resumes_alone(

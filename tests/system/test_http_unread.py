@@ -53,6 +53,14 @@ def cut_so_far(broker: Any) -> int:
     return int(flow_status(broker)["slow_consumers_cut"])
 
 
+def served_whole(broker: Any, token: str) -> None:
+    """A client that reads its answer gets the whole bucket page."""
+    with httpx.Client(base_url=broker.http, timeout=30) as http:
+        page = http.get("/v1/kv-watch/wide", params={"after": 0},
+                        headers={"Authorization": token})
+        assert page.status_code == 200 and len(page.json()["entries"]) == 5
+
+
 def test_http_sockets_reading_no_answer_are_cut_after_slow_consumer_seconds(
         broker_factory, tmp_path):
     cfg = tmp_path / "stall.toml"
@@ -67,11 +75,7 @@ def test_http_sockets_reading_no_answer_are_cut_after_slow_consumer_seconds(
         grown = _steady_anon_mib(broker.proc.pid) - before
         assert grown < 60, f"40 cut sockets still hold {grown:.0f} MiB"
         assert "HTTP connection from" in broker.log_path.read_text()
-        # A client that reads is served whole, on a broker that goes on.
-        with httpx.Client(base_url=broker.http, timeout=30) as http:
-            page = http.get("/v1/kv-watch/wide", params={"after": 0},
-                            headers={"Authorization": token})
-            assert page.status_code == 200 and len(page.json()["entries"]) == 5
+        served_whole(broker, token)  # a client that reads, on a broker that goes on
     finally:
         for s in silent:
             s.close()
@@ -96,10 +100,7 @@ def test_http_answers_unread_over_all_sockets_stay_near_the_budget(broker):
         # freed while the answers kept are held beside them)
         assert flow_status(broker)["unread_http_answer_limit"] == HTTP_UNSENT_BYTES
         assert cut_so_far(broker) <= 100 - fits + 1  # the rest are kept: they fit
-        with httpx.Client(base_url=broker.http, timeout=30) as http:
-            page = http.get("/v1/kv-watch/wide", params={"after": 0},
-                            headers={"Authorization": token})
-            assert page.status_code == 200 and len(page.json()["entries"]) == 5
+        served_whole(broker, token)
     finally:
         for s in silent:
             s.close()
