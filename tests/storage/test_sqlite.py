@@ -487,3 +487,25 @@ def test_a_disk_that_fills_while_the_wal_is_written_out_leaves_it_as_it_was(
         assert [m.seq for m in store.read_range(CH, 1, 100, 100)] == list(range(1, 21))
     finally:
         store.close()
+
+
+def test_a_channel_created_by_a_failed_commit_is_created_again_by_the_next(
+        tmp_path: Path) -> None:
+    """The rolled-back transaction took the new channel's row with it: the store forgets
+    that channel's id (and only that one), so its next commit inserts the row again."""
+    data = tmp_path / "quota"
+    store = SQLiteStorage(data, max_size=2 << 20, reserve=0)
+    store.open(NOW)
+    last, exc = _fill(store)
+    assert isinstance(exc, StorageFull)
+    with pytest.raises(StorageFull):  # a new channel with the full channel's message
+        store.apply(batch_of(msg(CH2, 1, b"y" * (64 << 10)), msg(CH, last + 1)))
+    store.max_size = 8 << 20  # what a reload does
+    store.apply(batch_of(msg(CH2, 1), msg(CH, last + 1)))
+    store.close()
+    again = SQLiteStorage(data)
+    try:
+        counts = {r.name: r.count for r in again.open(NOW).channels}
+        assert (counts[CH], counts[CH2]) == (last + 1, 1)
+    finally:
+        again.close()

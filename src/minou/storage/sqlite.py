@@ -256,6 +256,7 @@ class SQLiteStorage:
                 # full disk, makes the deletes that would free room need room first.
                 db.execute("PRAGMA secure_delete=FAST")
                 self._local.relaxed = False  # synchronous=NORMAL now (interval batches)
+                self._local.busy_wait = True  # busy_timeout as set above
                 self._local.unlimited = db.execute("PRAGMA max_page_count").fetchone()[0]
                 self._local.page_limit = None
                 self._local.page_size = None
@@ -489,12 +490,15 @@ class SQLiteStorage:
                 return False
             try:
                 if wait:
+                    self._busy_wait(db, True)
                     db.execute("BEGIN IMMEDIATE")
                 elif not self._begin_now(db):
                     return False
             finally:
                 self._writers_gate.release()
-            known = set(self._cids)
+            # Only the batch's channels can be created by it: a copy of every name per
+            # commit cost ~2 ms on the loop at 100,000 channels.
+            created = [name for name in batch.channels if name not in self._cids]
             mark = self.bodies.mark()
             try:
                 self._apply(db, batch)
@@ -510,8 +514,8 @@ class SQLiteStorage:
                     with contextlib.suppress(sqlite3.Error):
                         db.execute("ROLLBACK")
                 with self._cid_lock:  # channels created in the rolled-back transaction
-                    for name in set(self._cids) - known:
-                        del self._cids[name]
+                    for name in created:
+                        self._cids.pop(name, None)
                 raise
         except sqlite3.Error as exc:
             if _is_full(exc):
@@ -570,21 +574,31 @@ class SQLiteStorage:
                 if db.in_transaction:
                     with contextlib.suppress(sqlite3.Error):
                         db.execute("ROLLBACK")
+            finally:  # the probe's thread reads too: those wait for a lock as before
+                with contextlib.suppress(sqlite3.Error):
+                    self._busy_wait(db, True)
 
-    @staticmethod
-    def _begin_now(db: sqlite3.Connection) -> bool:
+    def _busy_wait(self, db: sqlite3.Connection, wait: bool) -> None:
+        """This thread's connection waits up to the busy timeout for SQLite's locks, or
+        not at all. Set only when it changes: the event loop's connection begins every
+        commit without waiting, and two more statements a commit were ~4 % of the
+        broker's CPU at 2,000 msg/s."""
+        if self._local.busy_wait != wait:
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS if wait else 0}")
+            self._local.busy_wait = wait
+
+    def _begin_now(self, db: sqlite3.Connection) -> bool:
         """BEGIN IMMEDIATE without waiting: False if another connection holds SQLite's
         write lock (an operator's shell, a backup tool), which the busy handler would
-        wait up to 5 s for: the caller's thread is the event loop."""
-        db.execute("PRAGMA busy_timeout=0")
+        wait up to 5 s for: the caller's thread is the event loop. The connection stays
+        without a wait until this thread's next waiting commit."""
+        self._busy_wait(db, False)
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
                 raise
             return False
-        finally:
-            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         return True
 
     def wal_moved(self) -> str:
@@ -797,8 +811,10 @@ class SQLiteStorage:
             elif name in removing:
                 db.execute("UPDATE channels SET next_seq = max(next_seq, ?) WHERE cid = ?",
                            (next_seq, self._cids[name]))
-        unknown = {m.channel for m in batch.messages} | set(batch.truncates)
-        unknown -= self._cids.keys()
+        # (a set less a dict's keys walks every key: ~1.5 ms a commit at 100,000 channels)
+        cids = self._cids
+        unknown = {c for c in {m.channel for m in batch.messages} | set(batch.truncates)
+                   if c not in cids}
         if unknown:  # a core bug: a channel's first write must carry its next seq
             raise StorageUnavailable(f"batch writes to channels storage does not know: "
                                      f"{sorted(unknown)[:5]} (no next_seq given)")
@@ -1079,6 +1095,7 @@ class SQLiteStorage:
                 pass  # busy: try again next time
             finally:
                 db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+                self._local.busy_wait = True
         if keep:
             self._prefill_wal(db)  # cut before, while the disk was crowded
 
