@@ -78,7 +78,7 @@ def plan(batch: WriteBatch, *, known: set[str], next_order: int,
     try:
         _channels(p, batch, known, next_order)
         _messages(p, batch.messages)
-        _removals(p, batch, known | set(p.created))
+        _removals(p, batch, known)
         _groups(p, batch, group_queues)
         _dedup(p, batch)
         _producers(p, batch)
@@ -121,13 +121,16 @@ def _messages(p: Plan, messages: list[Msg]) -> None:
 
 
 def _removals(p: Plan, batch: WriteBatch, known: set[str]) -> None:
+    # Stored: known, or created by this batch (not ``known | created``: a copy of every
+    # channel's name per commit, ~2 ms on the loop at 100,000 channels).
+    created = p.created
     for name, seq in batch.deletes:
-        if name in known:  # a channel never stored has nothing to delete
+        if name in known or name in created:  # one never stored has nothing to delete
             p.add(_queue(name), "D", name, int(seq))
     for name, first in batch.truncates.items():
         p.add(_queue(name), "T", name, int(first))
     for name in batch.forgets:
-        if name in known:
+        if name in known or name in created:
             p.add(_queue(name), "CX", name)
             p.forgotten.append(name)
 
