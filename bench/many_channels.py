@@ -53,19 +53,28 @@ def main() -> None:
     parser.add_argument("--channels", default="100,99999",
                         help="comma-separated sizes (max_channels is 100,000 by default)")
     parser.add_argument("--sends", type=int, default=500)
+    parser.add_argument("--expire-idle", type=float, default=None,
+                        help="give the channels this expire_idle (s): idle expiry watches "
+                             "each of them")
     args = parser.parse_args()
+    options = "" if args.expire_idle is None else \
+        f'[channels."bench/v1"]\nexpire_idle = {args.expire_idle}\n'
+
     rows = []
     with tempfile.TemporaryDirectory(prefix="minou-many-") as tmp:
         for n in (int(x) for x in args.channels.split(",")):
-            broker = MinouBroker(Path(tmp) / f"n{n}", name=f"minou-{n}")
+            broker = MinouBroker(Path(tmp) / f"n{n}", name=f"minou-{n}",
+                                 extra_config=options)
             (Path(tmp) / f"n{n}").mkdir()
             url = broker.start()
             try:
                 rows.append((n, *asyncio.run(measure(url, n, args.sends))))
             finally:
                 broker.close()
+    watched = "" if args.expire_idle is None else \
+        f", each with expire_idle = {args.expire_idle:g} s"
     print(f"\n{args.sends} sends one at a time, each confirmed (fsync), to one channel of a "
-          "broker holding N channels\n")
+          f"broker holding N channels{watched}\n")
     print("| channels | fill (s) | confirm p50 (ms) | confirm p99 (ms) |")
     print("|---:|---:|---:|---:|")
     for n, filled, p50, p99 in rows:

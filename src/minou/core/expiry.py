@@ -14,6 +14,8 @@ from seq 1.
 
 from __future__ import annotations
 
+import heapq
+
 from ..limits import MAX_RETIRED_CHANNELS
 from ..names import is_inbox
 from .group import Group
@@ -38,12 +40,22 @@ class Expiry:
             return []
         self._next_scan = now + EXPIRY_SCAN_S
         state = self.state
+        heap, expiring = state.expiry_heap, state.expiring
         gone: list[tuple[str, int]] = []
-        for log in list(state.expiring):  # live channels whose options set expire_idle
+        while heap and heap[0][0] <= now:
+            due, _, log = heapq.heappop(heap)
+            if expiring.get(log) != due:
+                continue  # stale: the channel went, or is watched with another due
+            idle: float = log.options.expire_idle  # type: ignore[assignment]
             if log.inflight or any(gc.group.members or gc.pending for gc in log.states):
-                log.touched = now  # a publish on its way, or a reader connected
-            elif now - log.touched >= log.options.expire_idle:  # type: ignore[operator]
+                # A publish on its way, or a reader connected: looked at each scan
+                # while so, so that its idle time counts from when it was last seen.
+                log.touched = now
+                state.watch_expiry(log, now + min(idle, EXPIRY_SCAN_S))
+            elif now - log.touched >= idle:
                 gone.append((log.name, self.remove(log)))
+            else:  # published to or delivered from since: idle from then
+                state.watch_expiry(log, log.touched + idle)
         return gone
 
     def remove(self, log: ChannelLog) -> int:
