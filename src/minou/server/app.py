@@ -77,6 +77,7 @@ from ..limits import (
     MIN_CHECKPOINT_WAL_BYTES,
     OFFSETS_MATCH_SLICE,
     PUBLISH_RESUME_BYTES,
+    RATE_SAMPLE_SLICE,
     REFUSAL_LINGER_S,
     REFUSAL_WAIT_S,
     SEQS_AT_SLICE,
@@ -232,6 +233,7 @@ class BrokerServer:
 
         self.metrics = Metrics(self.metrics_snapshot)
         self.rates = self.metrics.rates
+        self._queue_names: dict[str, str] = {}  # channel -> its queue, for _sample_rates
         self.core.delivery_latency = self.metrics.delivery_latency
         self.core.ack_latency = self.metrics.ack_latency
         self._snapshot: dict[str, Any] | None = None
@@ -1348,7 +1350,7 @@ class BrokerServer:
                     holder.input_too_slow()
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
-                self._sample_rates(now)
+                await self._sample_rates(now)
                 self.core.expire_txns(now)
                 self.end_lapsed_credentials(now)
                 if self.credentials.expire(now):
@@ -1661,17 +1663,35 @@ class BrokerServer:
         return {name: round(self.rates.rate(f"{queue}|{name}"), 3)
                 for name in ("published", "delivered", "acked", "schema_refused")}
 
-    def _sample_rates(self, now: float) -> None:
+    async def _sample_rates(self, now: float) -> None:
+        """Each queue's totals for the rate charts and gauges, summed over its channels a
+        slice at a time: the whole walk at once held the loop 150-320 ms every second at
+        100,000 channels (docs/benchmarks.md, "A commit's cost with many channels")."""
         from ..core.maintenance import queue_of
 
+        sums: dict[str, list[int]] = {}
+        queue_names = self._queue_names
+        for done, (name, log_) in enumerate(list(self.core.channels.items()), 1):
+            q = queue_names.get(name)
+            if q is None:
+                q = queue_names[name] = queue_of(name)
+            counts = sums.get(q)
+            if counts is None:
+                counts = sums[q] = [0, 0, 0]
+            counts[0] += log_.published
+            for reader in log_.states:
+                counts[1] += reader.delivered
+                counts[2] += reader.acks
+            if done % RATE_SAMPLE_SLICE == 0:
+                await asyncio.sleep(0)
+        if len(queue_names) > 2 * len(self.core.channels) + RATE_SAMPLE_SLICE:
+            self._queue_names = {n: q for n, q in queue_names.items()
+                                 if n in self.core.channels}  # channels gone since
         totals: dict[str, float] = {}
-        for name, log_ in self.core.channels.items():
-            q = queue_of(name)
-            totals[f"{q}|published"] = totals.get(f"{q}|published", 0) + log_.published
-            delivered = sum(gc.delivered for gc in log_.states)
-            acked = sum(gc.acks for gc in log_.states)
-            totals[f"{q}|delivered"] = totals.get(f"{q}|delivered", 0) + delivered
-            totals[f"{q}|acked"] = totals.get(f"{q}|acked", 0) + acked
+        for q, (published, delivered, acked) in sums.items():
+            totals[f"{q}|published"] = published
+            totals[f"{q}|delivered"] = delivered
+            totals[f"{q}|acked"] = acked
         for key, refused in self.core.schema_refusals.items():
             totals[f"{key}|schema_refused"] = refused
         c = self.core.counters
