@@ -365,3 +365,28 @@ def test_a_scan_looks_only_at_channels_whose_time_came_and_reloads_leave_it_boun
     h.tick(2)
     assert not any(name.startswith("tmp/") for name in h.broker.channels)
     assert h.broker.counters.channels_expired == 20
+
+
+def test_the_broker_s_cached_bytes_follow_every_channel_s_cache() -> None:
+    """``trim_cache`` reads the total kept as each channel's cache changes, not a sum
+    over every channel each tick: it must equal that sum through publishes, evictions,
+    a purge-like truncation and a channel expiring."""
+    h = harness()
+    state = h.broker.state
+
+    def summed() -> int:
+        return sum(log.cache_bytes for log in h.broker.channels.values())
+
+    for i in range(5):
+        h.publish_values(f"tmp/v1/c{i}", list(range(20)))
+        h.publish_values(f"keep/v1/c{i}", list(range(10)))
+    assert state.cached_bytes.total == summed() > 0
+    h.broker.channels["keep/v1/c0"].evict_bytes(50)
+    h.broker.channels["keep/v1/c1"].evict_below(5)
+    assert state.cached_bytes.total == summed()
+    h.tick(IDLE + 1)  # the tmp/ channels expire with their caches
+    assert not any(name.startswith("tmp/") for name in h.broker.channels)
+    assert state.cached_bytes.total == summed() > 0
+    state.cache_budget = 1  # every body over the budget: trimmed to a quarter of it
+    h.broker.trim_cache()
+    assert state.cached_bytes.total == summed() == 0

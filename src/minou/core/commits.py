@@ -277,7 +277,7 @@ class Commits:
         """Channels with a retention period and the seq below which all readers settled."""
         out = []
         for log in self.state.channels.values():
-            if log.options.retention is not None and log.states and log.kv is None:
+            if log.states and log.options.retention is not None and log.kv is None:
                 floor = min(gc.compute_floor() for gc in log.states)
                 if floor > log.first_seq:
                     out.append((log.name, floor))

@@ -150,6 +150,17 @@ class ChannelOptions:
     history: int = 1
 
 
+class CachedBytes:
+    """The bytes of message bodies cached in memory over every channel of a broker, kept
+    as each channel's ``cache_bytes`` changes: summing them each tick walked every
+    channel (~10 ms of the loop four times a second at 100,000 channels)."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
 class SpecialCount:
     """The special (priority or delayed) messages held over every channel of a broker."""
 
@@ -171,6 +182,7 @@ class ChannelLog:
     cache: dict[int, Msg] = field(default_factory=dict)
     cache_lo: int = 1
     cache_bytes: int = 0
+    cached: CachedBytes = field(default_factory=CachedBytes)  # the broker's, once held
     readback: dict[int, Msg] = field(default_factory=dict)
     rb_lo: int = 0
     rb_hi: int = 0
@@ -230,7 +242,9 @@ class ChannelLog:
 
     def append_committed(self, msg: Msg) -> None:
         self.cache[msg.seq] = msg
-        self.cache_bytes += msg.size()
+        size = msg.size()
+        self.cache_bytes += size
+        self.cached.total += size
         if msg.seq >= self.end:
             self.end = msg.seq + 1
         if msg.special:
@@ -239,7 +253,9 @@ class ChannelLog:
     def append_run(self, msgs: list[Msg]) -> None:
         """``append_committed`` of each of ``msgs``: consecutive seqs, none special."""
         self.cache.update(zip(range(msgs[0].seq, msgs[-1].seq + 1), msgs, strict=True))
-        self.cache_bytes += sum(map(Msg.size, msgs))
+        size = sum(map(Msg.size, msgs))
+        self.cache_bytes += size
+        self.cached.total += size
         if msgs[-1].seq >= self.end:
             self.end = msgs[-1].seq + 1
 
@@ -259,6 +275,7 @@ class ChannelLog:
                 freed += m.size()
         self.cache_lo = seq
         self.cache_bytes -= freed
+        self.cached.total -= freed
         return freed
 
     def evict_bytes(self, need: int) -> int:
@@ -273,6 +290,7 @@ class ChannelLog:
             seq += 1
         self.cache_lo = seq
         self.cache_bytes -= freed
+        self.cached.total -= freed
         return freed
 
     def truncate_below(self, seq: int) -> int:
@@ -308,7 +326,9 @@ class ChannelLog:
             self.gone.add(seq)
         m = self.cache.pop(seq, None)
         if m is not None:
-            self.cache_bytes -= m.size()
+            size = m.size()
+            self.cache_bytes -= size
+            self.cached.total -= size
         self.readback.pop(seq, None)
         if self.special.pop(seq, None) is not None:
             self.special_count.total -= 1

@@ -74,6 +74,7 @@ class Restorer:
         for rec in snap.channels:
             log = ChannelLog(rec.name, state.options(rec.name))
             log.special_count = state.special_count
+            log.cached = state.cached_bytes
             if log.kv is not None:
                 log.kv.count = state.kv_count
             log.next_seq = log.end = rec.next_seq

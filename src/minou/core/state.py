@@ -39,7 +39,7 @@ from .group import Group, GroupChannel, Lease, PatternIndex
 from .ids import MessageIds
 from .in_flight import InFlightBytes
 from .kv import KvCount
-from .log import ChannelLog, ChannelOptions, SpecialCount
+from .log import CachedBytes, ChannelLog, ChannelOptions, SpecialCount
 from .producers import Producers, ProducerState
 from .stats import Counters
 from .transactions import Transactions
@@ -96,6 +96,7 @@ class BrokerState:
         self._expiry_pushes = itertools.count()
         self.patterns = PatternIndex()  # patterns over every group (core/group.py)
         self.special_count = SpecialCount()  # priority or delayed messages held (core/log.py)
+        self.cached_bytes = CachedBytes()  # message bodies cached over every channel
         self.kv_count = KvCount()  # revisions indexed over every bucket (core/kv.py)
         self.retired: dict[str, int] = {}
         # Retired names whose tombstone goes with a batch not yet committed (forgets)
@@ -199,6 +200,10 @@ class BrokerState:
 
     def drop_channel(self, log: ChannelLog) -> None:
         del self.channels[log.name]
+        # What it still caches is no longer the broker's (it keeps counting its own).
+        self.cached_bytes.total -= log.cache_bytes
+        log.cached = CachedBytes()
+        log.cached.total = log.cache_bytes
         self.channel_index.remove(log)
         if log.name.startswith(INBOX_PREFIX):
             owner = inbox_owner(log.name) or ""
@@ -223,6 +228,7 @@ class BrokerState:
         if log is None:
             log = ChannelLog(name, self.options(name))
             log.special_count = self.special_count
+            log.cached = self.cached_bytes
             if log.kv is not None:
                 log.kv.count = self.kv_count
             seq = self.retired.pop(name, None)

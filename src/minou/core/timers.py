@@ -65,10 +65,10 @@ class Timers:
     def trim_cache(self) -> int:
         """Keep message bodies in memory under the budget; return bytes freed."""
         budget = self.state.cache_budget
-        logs = self.state.channels.values()
-        total = sum(log.cache_bytes for log in logs)
+        total = self.state.cached_bytes.total
         if total <= budget:
             return 0
+        logs = self.state.channels.values()
         need = total - budget * 3 // 4
         freed = 0
         for log in sorted(logs, key=lambda lg: lg.cache_bytes, reverse=True):
