@@ -370,7 +370,7 @@ def test_a_scan_looks_only_at_channels_whose_time_came_and_reloads_leave_it_boun
 def test_the_broker_s_cached_bytes_follow_every_channel_s_cache() -> None:
     """``trim_cache`` reads the total kept as each channel's cache changes, not a sum
     over every channel each tick: it must equal that sum through publishes, evictions,
-    a purge-like truncation and a channel expiring."""
+    channels expiring and a queue handed to another broker."""
     h = harness()
     state = h.broker.state
 
@@ -387,6 +387,34 @@ def test_the_broker_s_cached_bytes_follow_every_channel_s_cache() -> None:
     h.tick(IDLE + 1)  # the tmp/ channels expire with their caches
     assert not any(name.startswith("tmp/") for name in h.broker.channels)
     assert state.cached_bytes.total == summed() > 0
+    # A queue handed to another broker leaves with its cache still held (only memory
+    # forgets it): the broker's total drops it too.
+    from minou.core.ownership import release
+
+    assert state.channels["keep/v1/c3"].cache_bytes > 0
+    release(state, "keep/v1", h.now)
+    assert not any(name.startswith("keep/") for name in h.broker.channels)
+    assert state.cached_bytes.total == summed() == 0
+    h.publish_values("keep/v1/c9", [1, 2])
+    assert state.cached_bytes.total == summed() > 0
     state.cache_budget = 1  # every body over the budget: trimmed to a quarter of it
     h.broker.trim_cache()
     assert state.cached_bytes.total == summed() == 0
+
+
+def test_a_channel_read_for_longer_than_expire_idle_counts_its_idle_time_from_the_reader_leaving(
+        ) -> None:
+    """While read, a channel is looked at every scan (not once per expire_idle): its idle
+    time counts from the last scan that saw the reader, not from an earlier one."""
+    h = harness()
+    h.publish_values("tmp/v1/a", [1])
+    s = Session("c")
+    sub = h.subscribe(s, patterns="tmp/v1/a", group="g")
+    h.ack(s, h.take(sub))
+    for _ in range(int(IDLE) + 5):  # read past one expire_idle, a scan a second
+        h.tick(1)
+    h.disconnect(s)
+    h.tick(IDLE - 1)
+    assert "tmp/v1/a" in h.broker.channels  # idle IDLE - 1 since the reader left
+    h.tick(2)
+    assert "tmp/v1/a" not in h.broker.channels
