@@ -8,6 +8,7 @@ the channels it holds (it did: a copy of every channel's name per commit).
 
   .venv/bin/python bench/many_channels.py                      # 100 and 99,999
   .venv/bin/python bench/many_channels.py --channels 1000,50000
+  .venv/bin/python bench/many_channels.py --queues          # a queue per channel
   PYTHONPATH=/other/checkout/src .venv/bin/python bench/many_channels.py
       (the broker runs the code on PYTHONPATH: compare two versions)
 """
@@ -32,17 +33,23 @@ from bench_servers import MinouBroker  # noqa: E402
 BATCH = 5_000
 
 
-async def measure(url: str, channels: int, sends: int) -> tuple[float, float, float, float]:
+def channel_name(i: int, queues: bool) -> str:
+    """``bench/v1/c<i>``: channels of one queue; ``bench<i>/v1/c``: a queue each."""
+    return f"bench{i}/v1/c" if queues else f"bench/v1/c{i}"
+
+
+async def measure(url: str, channels: int, sends: int, queues: bool
+                  ) -> tuple[float, float, float, float]:
     async with await minou.connect(url, client_id="bench-many", key=_process_key()) as c:
         began = time.perf_counter()
         for start in range(0, channels, BATCH):
-            await c.send_many([(f"bench/v1/c{i}", 1)
+            await c.send_many([(channel_name(i, queues), 1)
                                for i in range(start, min(start + BATCH, channels))])
         filled = time.perf_counter() - began
         took = []
         for i in range(sends):
             began = time.perf_counter()
-            await c.send("bench/v1/c0", i)
+            await c.send(channel_name(0, queues), i)
             took.append(time.perf_counter() - began)
     took.sort()
     return filled, took[len(took) // 2], took[int(len(took) * 0.99)], took[-1]
@@ -56,6 +63,9 @@ def main() -> None:
     parser.add_argument("--expire-idle", type=float, default=None,
                         help="give the channels this expire_idle (s): idle expiry watches "
                              "each of them")
+    parser.add_argument("--queues", action="store_true",
+                        help="each channel in a queue of its own (bench<i>/v1/c): the "
+                             "per-queue rate gauges and charts hold one entry per channel")
     args = parser.parse_args()
     options = "" if args.expire_idle is None else \
         f'[channels."bench/v1"]\nexpire_idle = {args.expire_idle}\n'
@@ -68,11 +78,13 @@ def main() -> None:
             (Path(tmp) / f"n{n}").mkdir()
             url = broker.start()
             try:
-                rows.append((n, *asyncio.run(measure(url, n, args.sends))))
+                rows.append((n, *asyncio.run(measure(url, n, args.sends, args.queues))))
             finally:
                 broker.close()
     watched = "" if args.expire_idle is None else \
         f", each with expire_idle = {args.expire_idle:g} s"
+    if args.queues:
+        watched += ", each channel a queue of its own"
     print(f"\n{args.sends} sends one at a time, each confirmed (fsync), to one channel of a "
           f"broker holding N channels{watched}\n")
     print("| channels | fill (s) | confirm p50 (ms) | confirm p99 (ms) | max (ms) |")

@@ -12,11 +12,8 @@ def _tick(h: RateHistory, t: float, published: int, delivered: int = 0, acked: i
           **queues: tuple[int, int, int]) -> None:
     counters = {"published": published, "delivered": delivered, "acked": acked,
                 "schema_refused": 7}
-    for name, (p, d, a) in queues.items():
-        q = name.replace("_", "/")
-        counters |= {f"{q}|published": p, f"{q}|delivered": d, f"{q}|acked": a,
-                     f"{q}|schema_refused": 1}
-    h.sample(t, counters)
+    h.sample(t, counters, {name.replace("_", "/"): (p, d, a, 1)
+                           for name, (p, d, a) in queues.items()})
 
 
 def test_rates_between_samples_oldest_first_with_the_first_unknown() -> None:

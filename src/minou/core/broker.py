@@ -42,6 +42,7 @@ from ..errors import NotAuthorized, RequestError
 from ..limits import BODY_CACHE_BYTES, DEFAULT_DEDUP_WINDOW_S, DEFAULT_LEASE_S, MAX_MESSAGE_SIZE
 from ..protocol.frames import Delivery, Outcome, Send
 from . import ownership, stats
+from .channel_index import ChannelIndex
 from .commits import Commits
 from .dead_letters import DeadLetters
 from .dedup import DedupWindow
@@ -107,6 +108,7 @@ class Broker:
     any_interval = _Shared[bool]()
     storage_refusal = _Shared["RequestError | None"]()
     channels = _Shared[dict[str, ChannelLog]]()
+    channel_index = _Shared[ChannelIndex]()
     groups = _Shared[dict[str, Group]]()
     batch = _Shared[WriteBatch]()
     dedup = _Shared[DedupWindow]()

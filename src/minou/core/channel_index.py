@@ -47,6 +47,11 @@ class ChannelIndex:
         """Every prefix the index keeps (each holds a channel: the bound on its size)."""
         return set(self._filed) | set(self._below)
 
+    def buckets(self) -> list[tuple[str, dict[str, ChannelLog]]]:
+        """Each name cut after its last "/" (``orders/v1/``) with its channels: a list
+        taken now of the live buckets, for a walk of every channel a queue at a time."""
+        return list(self._filed.items())
+
     def add(self, log: ChannelLog) -> None:
         self._orders += 1
         log.order = self._orders

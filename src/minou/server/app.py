@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -77,7 +77,9 @@ from ..limits import (
     MIN_CHECKPOINT_WAL_BYTES,
     OFFSETS_MATCH_SLICE,
     PUBLISH_RESUME_BYTES,
-    RATE_SAMPLE_SLICE,
+    RATE_SAMPLE_LOOK,
+    RATE_SAMPLE_SLICE_S,
+    RATE_SAMPLE_SPACING,
     REFUSAL_LINGER_S,
     REFUSAL_WAIT_S,
     SEQS_AT_SLICE,
@@ -110,6 +112,7 @@ from .syncer import IntervalSync
 from .wire import internal_error, native_error
 
 if TYPE_CHECKING:
+    from ..core.log import ChannelLog
     from .http_stream import StreamSession
     from .primary import PrimaryRole
     from .spread import SpreadRole
@@ -202,6 +205,17 @@ def _sync_commit(storage: Syncing) -> None:
                                  f"({exc.strerror or exc})") from exc
 
 
+def _channel_totals(logs: Iterable[ChannelLog]) -> tuple[int, int, int]:
+    """What ``logs`` published, and delivered and acked over all their readers."""
+    published = delivered = acked = 0
+    for log_ in logs:
+        published += log_.published
+        for reader in log_.states:
+            delivered += reader.delivered
+            acked += reader.acks
+    return published, delivered, acked
+
+
 class BrokerServer:
     def __init__(self, settings: Settings, storage: Storage | None = None) -> None:
         self.settings = settings
@@ -233,7 +247,7 @@ class BrokerServer:
 
         self.metrics = Metrics(self.metrics_snapshot)
         self.rates = self.metrics.rates
-        self._queue_names: dict[str, str] = {}  # channel -> its queue, for _sample_rates
+        self._queue_names: dict[str, str] = {}  # "orders/v1/" -> its queue (_sample_rates)
         self.core.delivery_latency = self.metrics.delivery_latency
         self.core.ack_latency = self.metrics.ack_latency
         self._snapshot: dict[str, Any] | None = None
@@ -408,6 +422,7 @@ class BrokerServer:
             self._dir_lock.release()
             raise
         self._tasks.append(asyncio.create_task(self._ticker(), name="minou-ticker"))
+        self._tasks.append(asyncio.create_task(self._rate_sampler(), name="minou-rates"))
         self.engine.commit()
         self.engine.request_pump()
         self.federation.apply(self.settings.federation)  # links to other places
@@ -1350,7 +1365,6 @@ class BrokerServer:
                     holder.input_too_slow()
             if now - last_expiry_scan >= 1.0:
                 last_expiry_scan = now
-                await self._sample_rates(now)
                 self.core.expire_txns(now)
                 self.end_lapsed_credentials(now)
                 if self.credentials.expire(now):
@@ -1660,43 +1674,92 @@ class BrokerServer:
         self._snapshot = self._build_snapshot(oldest)
 
     def queue_rates(self, queue: str) -> dict[str, float]:
-        return {name: round(self.rates.rate(f"{queue}|{name}"), 3)
-                for name in ("published", "delivered", "acked", "schema_refused")}
+        from .metrics import QUEUE_RATES
 
-    async def _sample_rates(self, now: float) -> None:
-        """Each queue's totals for the rate charts and gauges, summed over its channels a
-        slice at a time: the whole walk at once held the loop 150-320 ms every second at
-        100,000 channels (docs/benchmarks.md, "A commit's cost with many channels")."""
+        rates = self.rates.queue_rates(queue) or (0.0,) * len(QUEUE_RATES)
+        return {name: round(rate, 3) for name, rate in zip(QUEUE_RATES, rates, strict=True)}
+
+    async def _rate_sampler(self) -> None:
+        """Each queue's totals for the rate gauges and charts, about once a second, in
+        a task of its own (the ticker's sweeps never wait for it). At 100,000 queues a
+        sample holds the loop ~60-120 ms in all (a 2 ms slice at a time): the next one
+        waits ``RATE_SAMPLE_SPACING`` times that, so sampling never takes more than a
+        small part of the broker's time whatever the number of queues."""
+        while True:
+            began = time.monotonic()
+            try:
+                held = await self._sample_rates(time.time())
+            except Exception:  # a bug here must not freeze the gauges without a word
+                log.exception("sampling the queues' rates failed; trying again")
+                held = 1.0
+            wait = max(1.0, RATE_SAMPLE_SPACING * held) - (time.monotonic() - began)
+            await asyncio.sleep(max(wait, 0.0))
+
+    async def _sample_rates(self, now: float) -> float:
+        """Sample each queue's (published, delivered, acked, schema_refused) by walking
+        its channels through the channel index, a slice of ~``RATE_SAMPLE_SLICE_S`` of
+        the loop at a time, and hand the rate tracker those and the queues that changed
+        since the last sample (it keeps only those). Returns the seconds it held the
+        loop. At 100,000 queues a flat ``queue|counter`` key each, built and compared
+        whole, held the loop ~0.4-1 s every second (docs/benchmarks.md)."""
         from ..core.maintenance import queue_of
 
-        sums: dict[str, list[int]] = {}
+        clock = time.perf_counter
+        began = clock()
+        held = 0.0
+        previous = self.rates.latest_queues()
+        refusals = self.core.schema_refusals
         queue_names = self._queue_names
-        for done, (name, log_) in enumerate(list(self.core.channels.items()), 1):
-            q = queue_names.get(name)
+        queues: dict[str, tuple[int, ...]] = {}
+        changed: dict[str, tuple[int, ...]] = {}
+        buckets = self.core.channel_index.buckets()
+        walked, next_look = 0, RATE_SAMPLE_LOOK
+        for prefix, bucket in buckets:
+            if not bucket:
+                continue  # its last channel went since the list was taken
+            if len(bucket) <= RATE_SAMPLE_LOOK:
+                published, delivered, acked = _channel_totals(bucket.values())
+            else:  # a queue of many channels: looked at in parts, the loop let go between
+                logs = list(bucket.values())
+                published = delivered = acked = 0
+                for at in range(0, len(logs), RATE_SAMPLE_LOOK):
+                    p, d, a = _channel_totals(logs[at:at + RATE_SAMPLE_LOOK])
+                    published, delivered, acked = published + p, delivered + d, acked + a
+                    if clock() - began > RATE_SAMPLE_SLICE_S:
+                        held += clock() - began
+                        await asyncio.sleep(0)
+                        began = clock()
+            q = queue_names.get(prefix)
             if q is None:
-                q = queue_names[name] = queue_of(name)
-            counts = sums.get(q)
-            if counts is None:
-                counts = sums[q] = [0, 0, 0]
-            counts[0] += log_.published
-            for reader in log_.states:
-                counts[1] += reader.delivered
-                counts[2] += reader.acks
-            if done % RATE_SAMPLE_SLICE == 0:
-                await asyncio.sleep(0)
-        if len(queue_names) > 2 * len(self.core.channels) + RATE_SAMPLE_SLICE:
-            self._queue_names = {n: q for n, q in queue_names.items()
-                                 if n in self.core.channels}  # channels gone since
-        totals: dict[str, float] = {}
-        for q, (published, delivered, acked) in sums.items():
-            totals[f"{q}|published"] = published
-            totals[f"{q}|delivered"] = delivered
-            totals[f"{q}|acked"] = acked
-        for key, refused in self.core.schema_refusals.items():
-            totals[f"{key}|schema_refused"] = refused
+                q = queue_names[prefix] = queue_of(prefix + "x")
+            totals = (published, delivered, acked, refusals.get(q, 0))
+            other = queues.get(q)
+            if other is not None:  # ids with a "/": a queue filed under several prefixes
+                totals = (other[0] + published, other[1] + delivered, other[2] + acked,
+                          totals[3])
+                changed.pop(q, None)
+            queues[q] = totals
+            if previous.get(q) != totals:
+                changed[q] = totals
+            walked += len(bucket)
+            if walked >= next_look:
+                next_look = walked + RATE_SAMPLE_LOOK
+                if clock() - began > RATE_SAMPLE_SLICE_S:
+                    held += clock() - began
+                    await asyncio.sleep(0)
+                    began = clock()
+        if len(queue_names) > 2 * len(buckets) + RATE_SAMPLE_LOOK:
+            self._queue_names = {prefix: queue_names[prefix] for prefix, _ in buckets
+                                 if prefix in queue_names}  # prefixes gone since
+        for key, refused in refusals.items():
+            if key not in queues:  # refused payloads on a queue of no channel
+                totals = queues[key] = (0, 0, 0, refused)
+                if previous.get(key) != totals:
+                    changed[key] = totals
         c = self.core.counters
-        totals.update(published=c.published, delivered=c.delivered, acked=c.acked)
-        self.rates.sample(now, totals)
+        self.rates.sample(now, {"published": c.published, "delivered": c.delivered,
+                                "acked": c.acked}, queues, changed)
+        return held + clock() - began
 
     def offsets_at(self, session: Session, patterns: list[str], at: float,
                    limit: int | None) -> asyncio.Future[dict[str, list[int]]]:

@@ -49,6 +49,7 @@ __all__ = [
     "COMMIT_DURATION_BUCKETS",
     "DELIVERY_LATENCY_BUCKETS",
     "PUBLISH_LATENCY_BUCKETS",
+    "QUEUE_RATES",
     "Histogram",
     "Metrics",
     "RateTracker",
@@ -173,13 +174,18 @@ class Histogram:
         return out, self.sum
 
 
+# What each queue's tuple given to RateTracker.sample holds, in order.
+QUEUE_RATES = ("published", "delivered", "acked", "schema_refused")
+
+
 class RateTracker:
     """Per-second averages over a sliding window, for the ``*_per_seconds_average`` gauges.
 
-    The broker's once-a-second ticker calls :meth:`sample` with a monotonic clock
-    and its current counters; a scrape reads :meth:`rate`. Nothing is computed
-    per message. Each sample also goes to ``history`` when there is one (the
-    dashboard's last minutes, see rate_history).
+    The broker's once-a-second ticker calls :meth:`sample` with a monotonic clock, its
+    current counters and each queue's totals (a tuple per queue: ``QUEUE_RATES``); a
+    scrape reads :meth:`rate` and :meth:`queue_rates`. Nothing is computed per message.
+    Each sample also goes to ``history`` when there is one (the dashboard's last
+    minutes, see rate_history).
     """
 
     def __init__(self, window_s: float = 60.0, *, history: RateHistory | None = None
@@ -187,56 +193,106 @@ class RateTracker:
         if not window_s > 0:
             raise ValueError(f"window_s must be positive, got {window_s!r}")
         self.window_s = float(window_s)
-        # Each sample keeps only the counters that changed since the one before it (None:
-        # gone): a copy of every counter per sample, with three per queue, held ~2 GB
-        # over the window at 100,000 queues. ``_first`` is every counter as of the
-        # oldest sample kept, ``_last`` as of the newest.
-        self._samples: deque[tuple[float, dict[str, float | None]]] = deque()
+        # Each sample keeps only what changed since the one before it (None: gone): a copy
+        # of every counter per sample held ~2 GB over the window at 100,000 queues.
+        # ``_first`` is every counter as of the oldest sample kept, ``_last`` as of the
+        # newest; the same for the queues' tuples in ``_first_q``/``_last_q``.
+        self._samples: deque[tuple[float, dict[str, float | None],
+                                   dict[str, tuple[float, ...] | None]]] = deque()
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
+        self._first_q: dict[str, tuple[float, ...]] = {}
+        self._last_q: Mapping[str, tuple[float, ...]] = {}
+        # A queue that came after the window's first sample: the time of the sample just
+        # before it came, when its counters (they start at 0 with the queue) were 0.
+        self._born: dict[str, float] = {}
         self.history = history
 
-    def sample(self, now: float, counters: Mapping[str, float]) -> None:
-        # Keep only numbers, so Counters.as_dict() (which nests "refused") can be passed;
-        # a copy, so a live dict the broker keeps mutating cannot change history.
+    def sample(self, now: float, counters: Mapping[str, float],
+               queues: Mapping[str, tuple[float, ...]] | None = None,
+               changed_queues: Mapping[str, tuple[float, ...]] | None = None) -> None:
+        """``counters``: the broker's own (non-numbers skipped, so Counters.as_dict()
+        with its nested "refused" can be passed; copied). ``queues``: a tuple per queue,
+        kept as given (no copy: at 100,000 queues a copy and flat ``queue|name`` keys
+        were most of the broker's CPU), so pass a fresh mapping each time.
+        ``changed_queues``: those of ``queues`` that differ from :meth:`latest_queues`,
+        when the caller found them already (the broker does, a slice at a time)."""
         values = {
             k: float(v)
             for k, v in counters.items()
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        last = self._last
+        queues = {} if queues is None else queues
+        last, last_q = self._last, self._last_q
         changed: dict[str, float | None] = {k: v for k, v in values.items()
                                             if last.get(k) != v}
         changed.update((k, None) for k in last.keys() - values.keys())
-        self._last = values
+        changed_q: dict[str, tuple[float, ...] | None] = (
+            {q: t for q, t in queues.items() if last_q.get(q) != t}
+            if changed_queues is None else dict(changed_queues))
+        came = sum(1 for q in changed_q if q not in last_q)
+        if len(queues) - came != len(last_q):  # some queue went: find which (~8 ms)
+            changed_q.update((q, None) for q in last_q.keys() - queues.keys())
+        self._last, self._last_q = values, queues
         if not self._samples:
-            self._first = dict(values)
-        self._samples.append((now, changed))
+            self._first, self._first_q = dict(values), dict(queues)
+        else:
+            before = self._samples[-1][0]
+            for q, totals in changed_q.items():
+                if totals is None:
+                    self._born.pop(q, None)
+                elif q not in last_q:
+                    self._born[q] = before
+        self._samples.append((now, changed, changed_q))
         horizon = now - self.window_s
         while len(self._samples) > 1 and self._samples[0][0] < horizon:
             self._samples.popleft()
-            self._advance(self._samples[0][1])
+            _, changed, changed_q = self._samples[0]
+            _advance(self._first, changed)
+            _advance(self._first_q, changed_q)
+            for q in changed_q:
+                self._born.pop(q, None)  # the window starts with it now
         if self.history is not None:
-            self.history.sample(now, values)
+            self.history.sample(now, values, queues)
 
-    def _advance(self, changed: Mapping[str, float | None]) -> None:
-        """The oldest sample kept is now the next one: ``_first`` takes its changes."""
-        first = self._first
-        for key, value in changed.items():
-            if value is None:
-                first.pop(key, None)
-            else:
-                first[key] = value
+    def latest_queues(self) -> Mapping[str, tuple[float, ...]]:
+        """Each queue's tuple as of the newest sample."""
+        return self._last_q
+
+    def _elapsed(self) -> float:
+        return self._samples[-1][0] - self._samples[0][0] if len(self._samples) > 1 else 0.0
 
     def rate(self, name: str) -> float:
         """(latest - oldest) / elapsed over the window; 0.0 until there are two samples."""
-        if len(self._samples) < 2:
-            return 0.0
-        elapsed = self._samples[-1][0] - self._samples[0][0]
+        elapsed = self._elapsed()
         first, last = self._first.get(name), self._last.get(name)
         if elapsed <= 0 or first is None or last is None:
             return 0.0
         return (last - first) / elapsed
+
+    def queue_rates(self, queue: str) -> tuple[float, ...]:
+        """A queue's rates, one per element of its tuple (as :meth:`rate`); for a queue
+        that came within the window, since it came (from 0); () for one not there now."""
+        elapsed = self._elapsed()
+        first, last = self._first_q.get(queue), self._last_q.get(queue)
+        if last is None or elapsed <= 0:
+            return ()
+        if first is None:
+            born = self._born.get(queue)
+            if born is None:
+                return ()
+            elapsed = self._samples[-1][0] - born
+            first = (0,) * len(last)
+        return tuple((b - a) / elapsed for a, b in zip(first, last, strict=True))
+
+
+def _advance(first: dict[str, Any], changed: Mapping[str, Any]) -> None:
+    """The oldest sample kept is now the next one: ``first`` takes its changes."""
+    for key, value in changed.items():
+        if value is None:
+            first.pop(key, None)
+        else:
+            first[key] = value
 
 
 @dataclass

@@ -194,7 +194,8 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "queue": {"type": ["string", "null"], "description": "null: the whole broker"},
             "now": {"type": "number", "description": "the broker's clock (unix seconds)"},
-            "interval_s": {"type": "number", "description": "about one sample a second"},
+            "interval_s": {"type": "number", "description": "about one sample a second (less "
+                           "often with tens of thousands of queues: see t)"},
             "t": {"type": "array", "items": {"type": "number"},
                   "description": "sample times (unix seconds), oldest first; empty for a "
                                  "queue with no history (at most "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..limits import RATE_HISTORY_QUEUES, RATE_HISTORY_S
@@ -35,39 +35,58 @@ class RateHistory:
         self._pos = 0  # the slot the next sample goes to
         self._count = 0  # slots written so far (at most ``seconds``)
         self._rings: dict[str, array[float]] = {}  # key -> 3 * seconds rates, interleaved
-        self._last: dict[str, tuple[float, float, float]] = {}  # the previous totals
+        # The previous tick's totals: the queues' mapping as given (not copied).
+        self._last: Mapping[str, Sequence[float]] = {}
+        self._last_broker: tuple[float, float, float] | None = None
         self._last_t: float | None = None
 
-    def sample(self, now: float, counters: Mapping[str, float]) -> None:
-        """Take the counters of one tick: ``published``, ``delivered``, ``acked`` for the
-        broker and ``<queue>|published`` (…) per queue, as the ticker gives RateTracker."""
-        totals = _totals(counters)
+    def sample(self, now: float, counters: Mapping[str, float],
+               queues: Mapping[str, Sequence[float]] | None = None) -> None:
+        """Take the totals of one tick: ``published``, ``delivered``, ``acked`` of the
+        broker in ``counters``, and per queue a tuple beginning with those three, as
+        the ticker gives RateTracker. Only the queues with a ring (at most
+        ``max_queues``) are looked at once the rings are taken: a walk of every queue
+        each second held the loop at 100,000 queues."""
+        queues = {} if queues is None else queues
+        broker = _broker_totals(counters)
         dt = now - self._last_t if self._last_t is not None else 0.0
         pos = self._pos
         self._times[pos] = now
         for key in list(self._rings):
-            if key not in totals:
+            values = broker if key == BROKER else queues.get(key)
+            if values is None:
                 if self._absent_everywhere(key):
                     del self._rings[key]  # gone for a whole window: its slot is free
                 else:
                     self._write(self._rings[key], pos, None)
-        for key, values in totals.items():
-            ring = self._rings.get(key)
-            if ring is None:
-                if key != BROKER and len(self._rings) - (BROKER in self._rings) \
-                        >= self.max_queues:
-                    continue
-                ring = self._rings[key] = array("d", [math.nan]) * (3 * self.seconds)
-            before = self._last.get(key)
-            rates = None
-            if before is not None and dt > 0:
-                rates = tuple((v - b) / dt if v >= b else math.nan
-                              for v, b in zip(values, before, strict=True))
-            self._write(ring, pos, rates)
-        self._last = totals
+            else:
+                self._write(self._rings[key], pos, self._rates(key, values, dt))
+        if broker is not None and BROKER not in self._rings:
+            self._add(BROKER, broker, dt)
+        if len(self._rings) - (BROKER in self._rings) < self.max_queues:
+            for key, values in queues.items():
+                if key not in self._rings:
+                    self._add(key, values, dt)
+                    if len(self._rings) - (BROKER in self._rings) >= self.max_queues:
+                        break
+        self._last, self._last_broker = queues, broker
         self._last_t = now
         self._pos = (pos + 1) % self.seconds
         self._count = min(self._count + 1, self.seconds)
+
+    def _add(self, key: str, values: Sequence[float], dt: float) -> None:
+        ring = self._rings[key] = array("d", [math.nan]) * (3 * self.seconds)
+        self._write(ring, self._pos, self._rates(key, values, dt))
+
+    def _rates(self, key: str, values: Sequence[float], dt: float
+               ) -> tuple[float, ...] | None:
+        """The rates since the previous tick (NaN for a counter that went down: purged
+        and recreated); None without a previous tick."""
+        before = self._last_broker if key == BROKER else self._last.get(key)
+        if before is None or dt <= 0:
+            return None
+        return tuple((v - b) / dt if v >= b else math.nan
+                     for v, b in zip(values[:3], before[:3], strict=True))
 
     def series(self, queue: str | None = None) -> dict[str, Any]:
         """Oldest first: ``t`` (unix seconds) and a list per rate (None where unknown);
@@ -90,15 +109,12 @@ class RateHistory:
         return self._count == self.seconds and all(math.isnan(v) for v in ring)
 
 
-def _totals(counters: Mapping[str, float]) -> dict[str, tuple[float, float, float]]:
-    out: dict[str, list[float]] = {}
-    for name, value in counters.items():
-        key, sep, rate = name.rpartition("|")
-        if not sep:
-            key, rate = BROKER, name
-        if rate in RATES:
-            out.setdefault(key, [0.0, 0.0, 0.0])[RATES.index(rate)] = float(value)
-    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
+def _broker_totals(counters: Mapping[str, float]) -> tuple[float, float, float] | None:
+    """The broker's (published, delivered, acked), 0 for one missing; None for none."""
+    if not any(rate in counters for rate in RATES):
+        return None
+    p, d, a = (float(counters.get(rate, 0.0)) for rate in RATES)
+    return p, d, a
 
 
 def _num(value: float) -> float | None:
