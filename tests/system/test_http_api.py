@@ -166,9 +166,24 @@ def test_a_queue_shows_its_rates_and_its_last_minutes(http_broker, http):
     listed = {q["queue"]: q["rates"] for q in
               http.get("/v1/queues", headers=admin).json()["queues"]}
     assert listed["orders/v1"]["published"] > 0 and listed["orders/v2"]["acked"] == 0
-    history = http.get("/v1/rates/history", params={"queue": "orders/v1"},
-                       headers=admin).json()
-    assert any(v for v in history["published"] if v) and len(history["t"]) >= 2
+
+    def history(queue: str) -> dict[str, Any]:
+        return http.get("/v1/rates/history", params={"queue": queue}, headers=admin).json()
+
+    # A chart's point is the rate between two samples: the first one with the queue
+    # in it has none, the next (about a second later) has one.
+    wait_until(lambda: any(history("orders/v1")["published"][1:]), what="a chart's point")
+    # A queue of more channels than the sampler sums at once (RATE_SAMPLE_LOOK): in parts.
+    with minou.connect_sync(http_broker.url, **auth("app-2")) as native:
+        native.send_many([(f"orders/v3/{i}", {"n": i}) for i in range(600)])
+    wait_until(lambda: rates("orders/v3")["published"] > 0, what="the many channels' rate")
+    # The chart's points add up to the 600 published, however commits and samples fell.
+    def charted() -> float:
+        h = history("orders/v3")
+        return sum(rate * (h["t"][i] - h["t"][i - 1])
+                   for i, rate in enumerate(h["published"]) if i and rate)
+
+    wait_until(lambda: charted() == pytest.approx(600, abs=1), what="600 on the chart")
 
 
 async def _group_has_a_member(c: httpx.AsyncClient, broker, group: str) -> bool:

@@ -41,14 +41,14 @@ def test_the_ring_keeps_only_the_last_seconds() -> None:
     assert s["published"] == [3.0] * 4
 
 
-def test_a_queue_appearing_later_has_no_rates_before_and_a_counter_reset_is_unknown() -> None:
+def test_a_queue_appearing_later_is_rated_from_zero_and_a_counter_reset_is_unknown() -> None:
     h = RateHistory(seconds=6)
     _tick(h, 1.0, 0)
     _tick(h, 2.0, 0)
-    _tick(h, 3.0, 5, audit_v1=(5, 0, 0))
-    _tick(h, 4.0, 9, audit_v1=(9, 0, 0))
+    _tick(h, 3.0, 5, audit_v1=(5, 0, 0))  # came since 2.0 with 5 published: its counters
+    _tick(h, 4.0, 9, audit_v1=(9, 0, 0))  # start with it, so that is 5 a second
     _tick(h, 5.0, 9, audit_v1=(1, 0, 0))  # purged and recreated: counters went down
-    assert h.series("audit/v1")["published"] == [None, None, None, 4.0, None]
+    assert h.series("audit/v1")["published"] == [None, None, 5.0, 4.0, None]
 
 
 def test_memory_is_bounded_in_queues_and_forgotten_queues_free_their_slot() -> None:

@@ -1732,13 +1732,8 @@ class BrokerServer:
             q = queue_names.get(prefix)
             if q is None:
                 q = queue_names[prefix] = queue_of(prefix + "x")
-            totals = (published, delivered, acked, refusals.get(q, 0))
-            other = queues.get(q)
-            if other is not None:  # ids with a "/": a queue filed under several prefixes
-                totals = (other[0] + published, other[1] + delivered, other[2] + acked,
-                          totals[3])
-                changed.pop(q, None)
-            queues[q] = totals
+            # A channel is endpoint/version/id (no "/" in an id): one prefix a queue.
+            totals = queues[q] = (published, delivered, acked, refusals.get(q, 0))
             if previous.get(q) != totals:
                 changed[q] = totals
             walked += len(bucket)

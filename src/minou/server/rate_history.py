@@ -18,6 +18,7 @@ from typing import Any
 from ..limits import RATE_HISTORY_QUEUES, RATE_HISTORY_S
 
 BROKER = ""  # the key of the whole broker's series
+_NEW = (0.0, 0.0, 0.0)  # a queue's totals before it came
 RATES = ("published", "delivered", "acked")
 
 
@@ -81,8 +82,10 @@ class RateHistory:
     def _rates(self, key: str, values: Sequence[float], dt: float
                ) -> tuple[float, ...] | None:
         """The rates since the previous tick (NaN for a counter that went down: purged
-        and recreated); None without a previous tick."""
-        before = self._last_broker if key == BROKER else self._last.get(key)
+        and recreated); None without a previous tick. A queue that came since the
+        previous tick is rated from 0: its counters start with it (a burst that made it
+        shows)."""
+        before = self._last_broker if key == BROKER else self._last.get(key, _NEW)
         if before is None or dt <= 0:
             return None
         return tuple((v - b) / dt if v >= b else math.nan
