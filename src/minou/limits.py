@@ -335,6 +335,17 @@ MAX_BROADCAST_BYTES = 256 << 20  # payload bytes x channels of one broadcast
 MAX_PATTERNS_PER_REQUEST = 256  # patterns of one OFFSETS request
 MAX_OFFSETS_CHANNELS = 100_000  # channels one OFFSETS answer may list
 SEQS_AT_SLICE = 500  # channels an OFFSETS "at" looks up in storage per turn of the reader
+# Retention (a channel's settled messages kept for replay): a channel whose settled ones
+# were all too young to go is looked at again when the oldest can (its publish time in
+# memory), else after a tenth of its retention, between 1 s and RETENTION_RECHECK_S.
+# Each tick (a second) walks RETENTION_WALK_SLICE channels, the next ones the next tick
+# (a walk of 100,000 held the loop 25-70 ms each second; now one takes 10 s), and looks
+# up at most RETENTION_LOOKS_PER_TICK of them in storage, a RETENTION_LOOK_SLICE a turn
+# of the reader thread (the rest wait for the walk's next round).
+RETENTION_RECHECK_S = 60.0
+RETENTION_WALK_SLICE = 10_000
+RETENTION_LOOKS_PER_TICK = 5_000
+RETENTION_LOOK_SLICE = 500
 # ... and it tries the broker's channels against its patterns this many a turn of the
 # event loop (~1 us each: ~6 ms a turn), so other clients' frames go between the turns
 # of a lookup over 100,000 channels (whole, 50,000 held the loop ~60 ms a request); so

@@ -119,11 +119,10 @@ class SimHost:
                 core.expire(due, now)
             # BrokerServer._apply_retention: settled messages kept for replay go when
             # their retention passed.
-            for channel, floor in core.retention_candidates():
+            for channel, floor in core.retention_candidates(now):
                 keep = core.channels[channel].options.retention or 0.0
                 first = w.storage.retained_until(channel, floor, now - keep)
-                if first is not None:
-                    core.truncate(channel, first)
+                core.retention_looked(channel, floor, first, now)
         if core.batch or core.has_dirty:
             engine.commit(force=True)
         engine.request_pump()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -94,6 +95,46 @@ def test_replay_from_seq_and_range_read(broker_factory, tmp_path):
         assert [m.seq for m in msgs] == [3, 4, 5, 6] and next_seq == 7
         msgs, next_seq = await c.read("log/v1/x", next_seq, limit=100)
         assert [m.payload for m in msgs] == [6, 7, 8, 9] and next_seq == 11
+        await c.close()
+
+    run(main())
+
+
+def test_settled_messages_go_once_their_retention_passed_and_not_before(broker_factory,
+                                                                       tmp_path):
+    """Retention keeps settled messages for replay, then they go: a channel looked at
+    while its settled messages were too young is looked at again when the oldest can
+    go (it was looked up in storage every second), and then they do go."""
+    config = tmp_path / "minou.toml"
+    config.write_text('[channels."log/v1"]\nretention = 2\n')
+    broker = broker_factory.make(config=config).start()
+
+    async def stored(c, channel: str) -> list[int]:
+        msgs, _ = await c.read(channel, 1, limit=100)
+        return [m.payload for m in msgs]
+
+    async def gone(c, channel: str, timeout: float = 8.0) -> float:
+        began = time.monotonic()
+        while await stored(c, channel):
+            assert time.monotonic() - began < timeout, await stored(c, channel)
+            await asyncio.sleep(0.1)
+        return time.monotonic() - began
+
+    async def main():
+        c = await broker.connect()
+        sub = await c.consume("log/v1/*", group="g", prefetch=10)
+        await c.send_many([("log/v1/a", i) for i in range(3)])
+        for _ in range(3):
+            await (await sub.get(5)).ack()
+        assert await stored(c, "log/v1/a") == [0, 1, 2]  # settled, kept for replay
+        await asyncio.sleep(1.2)  # looked at (too young) at least once meanwhile
+        assert await stored(c, "log/v1/a") == [0, 1, 2]
+        await gone(c, "log/v1/a")
+        await c.send("log/v1/a", 3)
+        await (await sub.get(5)).ack()
+        assert await stored(c, "log/v1/a") == [3]
+        took = await gone(c, "log/v1/a")
+        assert took > 1.0  # kept its own two seconds, not the first ones' time
         await c.close()
 
     run(main())

@@ -213,9 +213,18 @@ class Broker:
         commit that makes it durable."""
         self.commits.after_commit(callback, failed)
 
-    def retention_candidates(self) -> list[tuple[str, int]]:
-        """Channels with a retention period and the seq below which all readers settled."""
-        return self.commits.retention_candidates()
+    def retention_candidates(self, now: float = 0.0, start: int = 0,
+                             count: int | None = None) -> list[tuple[str, int]]:
+        """Channels with a retention period and the seq below which all readers settled
+        (those found all too young to go are left out until they can: see
+        ``retention_looked``), of ``count`` channels from the ``start``-th if given."""
+        return self.commits.retention_candidates(now, start, count)
+
+    def retention_looked(self, channel: str, floor: int, first: int | None,
+                         now: float) -> None:
+        """Storage's answer for a retention candidate (``retained_until``): truncate
+        below ``first`` (None: nothing), and when to look at the channel again."""
+        self.commits.retention_looked(channel, floor, first, now)
 
     def truncate(self, channel: str, first_seq: int) -> None:
         """Retention passed for every seq below ``first_seq``: forget them."""

@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Callable
 
 from ..errors import RequestError, StorageFull
+from ..limits import RETENTION_RECHECK_S
 from .log import ChannelLog, Msg
 from .state import BrokerState
 from .stream_ids import point_key, prune_points
@@ -273,15 +274,47 @@ class Commits:
         self.state.batch.on_commit.append(callback)
         self.state.batch.on_fail.append(failed)
 
-    def retention_candidates(self) -> list[tuple[str, int]]:
-        """Channels with a retention period and the seq below which all readers settled."""
+    def retention_candidates(self, now: float = 0.0, start: int = 0,
+                             count: int | None = None) -> list[tuple[str, int]]:
+        """Channels with a retention period and the seq below which all readers settled,
+        but not those whose settled messages were all found too young to go before
+        ``now`` (``retention_looked``); of ``count`` channels from the ``start``-th (in
+        the order they were made) when given: the broker walks a part a tick."""
         out = []
-        for log in self.state.channels.values():
-            if log.states and log.options.retention is not None and log.kv is None:
+        logs = self.state.channels.values()
+        part = logs if start == 0 and count is None else \
+            itertools.islice(logs, start, None if count is None else start + count)
+        for log in part:
+            if log.states and log.options.retention is not None and log.kv is None \
+                    and log.retention_due <= now:
                 floor = min(gc.compute_floor() for gc in log.states)
                 if floor > log.first_seq:
                     out.append((log.name, floor))
         return out
+
+    def retention_looked(self, channel: str, floor: int, first: int | None,
+                         now: float) -> None:
+        """Storage answered a retention candidate: keep only from ``first`` (None: keep
+        all), and look at the channel again no sooner than its oldest settled message
+        kept can go: when it was published plus the retention if memory holds it, else
+        after ``RETENTION_RECHECK_S`` at most. A channel whose settled messages were all
+        younger than the retention was looked up in storage every second, each of them:
+        20,000 such channels held 71 % of a core of an idle broker."""
+        log = self.state.channels.get(channel)
+        if log is None:  # handed over or dropped while storage was read
+            return
+        if first is not None:
+            self.truncate(channel, first)
+        kept = log.first_seq
+        if kept >= floor:
+            log.retention_due = 0.0  # nothing settled is kept: the floor says when
+            return
+        retention = log.options.retention or 0.0
+        oldest = log.cache.get(kept)
+        if oldest is not None and oldest.published_at + retention > now:
+            log.retention_due = oldest.published_at + retention
+        else:
+            log.retention_due = now + min(max(retention / 10, 1.0), RETENTION_RECHECK_S)
 
     def truncate(self, channel: str, first_seq: int) -> None:
         """Retention passed for every seq below ``first_seq``: forget them."""

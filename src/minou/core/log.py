@@ -198,6 +198,7 @@ class ChannelLog:
     requeued: int = 0  # dead letters moved back here (not in published)
     loading: bool = False
     touched: float = 0.0  # the last publish or delivery, or when a reader was last seen
+    retention_due: float = 0.0  # no retention candidate before (Commits.retention_looked)
     waiters: dict = field(default_factory=dict)  # GroupChannels waiting for a load
     id_hash: int = 0  # names the channel inside message ids (Broker.new_id)
     frozen: bool = False  # its queue is being handed over: nothing more is delivered
