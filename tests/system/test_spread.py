@@ -807,8 +807,14 @@ def test_a_federation_link_runs_on_one_broker_of_those_that_spread_the_queues(
         sent = publish_all(brokers[0], 50, seqs=False)
         wait_until(lambda: sum(len(read_all(remote, f"{q}/1")) for q in QUEUES) >= sent,
                    timeout=60, what="every message on the remote")
-        runner = owners(brokers[0]).get("_federation/v1")
-        victim = next(b for b in brokers if cluster_view(b)["this_broker"]["member"] == runner)
+        members = {cluster_view(b)["this_broker"]["member"]: b for b in brokers}
+        # The links' queue may be between owners for a moment (its owner found it last
+        # at a renewal): wait for one of the two.
+        wait_until(lambda: owners(brokers[0]).get("_federation/v1") in members, timeout=30,
+                   interval=0.2,
+                   what="a broker running the links")
+        runner = owners(brokers[0])["_federation/v1"]
+        victim = members[runner]
         survivor = next(b for b in brokers if b is not victim)
         victim.kill()
         sent += publish_all(survivor, 50, start=50, seqs=False)
@@ -863,8 +869,14 @@ def test_a_federation_runner_paused_past_its_lease_carries_nothing_twice(
 
         produce(brokers[0], lambda: sent[0] >= 50)
         wait_until(lambda: on_remote() >= 200, timeout=60, what="the first on the remote")
-        runner = owners(brokers[0]).get("_federation/v1")
-        victim = next(b for b in brokers if cluster_view(b)["this_broker"]["member"] == runner)
+        members = {cluster_view(b)["this_broker"]["member"]: b for b in brokers}
+        # The links' queue may be between owners for a moment (its owner found it last
+        # at a renewal): wait for one of the two.
+        wait_until(lambda: owners(brokers[0]).get("_federation/v1") in members, timeout=30,
+                   interval=0.2,
+                   what="a broker running the links")
+        runner = owners(brokers[0])["_federation/v1"]
+        victim = members[runner]
         survivor = next(b for b in brokers if b is not victim)
         done = threading.Event()
         producer = threading.Thread(target=produce, args=(survivor, done.is_set))

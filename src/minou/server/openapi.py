@@ -451,7 +451,7 @@ def document(server_url: str | None = None) -> dict[str, Any]:
             ok=_json(OBJECT, "messages removed per channel"))},
         "/v1/groups/{group}": {"delete": _op(
             "Delete a reader group (a durable listener that will not come back)", tag="admin",
-            params=[_path("group", {"type": "string"}, "e.g. consume:billing"),
+            params=[_path("group", _GROUP, "e.g. consume:billing"),
                     _query("force", {"type": "boolean"}, "even with connected members")],
             ok=_json(OBJECT, "deleted"))},
         "/v1/reservations/{channel}/release": {"post": _op(
