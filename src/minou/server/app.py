@@ -21,7 +21,7 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -87,6 +87,7 @@ from ..limits import (
     RETENTION_WALK_SLICE,
     SEQS_AT_SLICE,
     SETTLE_COMMIT_DELAY_S,
+    SNAPSHOT_LOOK,
     STALL_GRACE_S,
     STALL_S,
     STORAGE_PROBE_S,
@@ -254,7 +255,6 @@ class BrokerServer:
         self._retention_walked = 0  # channels before it were looked at (_apply_retention)
         self.core.delivery_latency = self.metrics.delivery_latency
         self.core.ack_latency = self.metrics.ack_latency
-        self._snapshot: dict[str, Any] | None = None
         self.http_consumers: Any = None  # http_consumers.HttpConsumers with the HTTP API
         self.http_asks: set[asyncio.Future[Any]] = set()  # HTTP requests awaiting replies
         self.closing = False  # stop() has begun: long polls answer at once
@@ -322,6 +322,8 @@ class BrokerServer:
         # OFFSETS-at being answered, per client
         self.lookups = ClientLookups(settings.max_offsets_at_per_client)
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
+        # Writes the text of a scrape (one at a time): never on the loop, never with storage
+        self._metrics_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-metrics")
         self._checkpoint: asyncio.Future[None] | None = None
         self._idle_checkpoint_after = -1.0  # the last commit's time at the last idle one
         self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
@@ -558,7 +560,8 @@ class BrokerServer:
         if lost:  # a commit may be stuck in a partition: not waited for (run_broker)
             if self.syncer is not None:
                 self.syncer.abandon()
-            for pool in (self._writer_pool, self._reader_pool, self._house_pool):
+            for pool in (self._writer_pool, self._reader_pool, self._house_pool,
+                         self._metrics_pool):
                 pool.shutdown(wait=False, cancel_futures=True)
             self._dir_lock.release()
             log.info("stopped on %s: %d connection(s) closed; nothing more is written",
@@ -574,7 +577,8 @@ class BrokerServer:
         await loop.run_in_executor(self._writer_pool, self.storage.close)
         await loop.run_in_executor(self._reader_pool, self.storage.close)
         await loop.run_in_executor(self._house_pool, self.storage.close)
-        for pool in (self._writer_pool, self._reader_pool, self._house_pool):
+        for pool in (self._writer_pool, self._reader_pool, self._house_pool,
+                     self._metrics_pool):
             pool.shutdown()
         self._dir_lock.release()
         left = len(self.core.batch.messages)
@@ -1632,20 +1636,36 @@ class BrokerServer:
                                                                            group))
 
     def metrics_snapshot(self) -> dict[str, Any]:
-        """What a scrape shows (see metrics.Metrics); ages come from the last refresh."""
-        if self._snapshot is not None:
-            return self._snapshot
+        """What a scrape shows (see metrics.Metrics), built at once; a scrape itself
+        (render_metrics) builds it a slice at a time, with the oldest messages' ages."""
         return self._build_snapshot({})
 
     def _build_snapshot(self, oldest: dict[str, float | None]) -> dict[str, Any]:
+        snapshot: dict[str, Any] = {}
+        for _ in self._snapshot_steps(oldest, snapshot):
+            pass
+        return snapshot
+
+    def _snapshot_steps(self, oldest: dict[str, float | None], out: dict[str, Any]
+                        ) -> Iterator[None]:
+        """Fill ``out`` with what a scrape shows, yielding every ``SNAPSHOT_LOOK``
+        channels or groups (the caller lets the loop go between): at 100,000 channels
+        the whole walk held the loop ~0.4 s a scrape."""
         now = time.time()
-        channels = []
-        for name, log_ in self.core.channels.items():
+        channels: list[dict[str, Any]] = []
+        for done, (name, log_) in enumerate(list(self.core.channels.items()), 1):
             st = self.core.channel_stats(log_, now)
             published = oldest.get(name)
             st["oldest_age_s"] = round(now - published, 3) if published else 0.0
             channels.append(st)
-        return {
+            if done % SNAPSHOT_LOOK == 0:
+                yield
+        groups: list[dict[str, Any]] = []
+        for done, group in enumerate(list(self.core.groups.values()), 1):
+            groups.append(self.core.group_stats(group, now))
+            if done % SNAPSHOT_LOOK == 0:
+                yield
+        out.update({
             "uptime_s": now - self.started_at,
             "connections": len(self.connections),
             "sockets": self.admission.stats(),
@@ -1668,25 +1688,28 @@ class BrokerServer:
             "credentials": self.credentials.live(time.time()),
             "schema_refused": dict(self.core.schema_refusals),
             "channels": channels,
-            "groups": [self.core.group_stats(g, now) for g in self.core.groups.values()],
+            "groups": groups,
             "federation": self.federation.pipe_views(),
-        }
+        })
 
     async def render_metrics(self) -> bytes:
-        """The Prometheus text of one scrape."""
-        await self.refresh_metrics_snapshot()
-        try:
-            return self.metrics.render()
-        finally:
-            self._snapshot = None
+        """The Prometheus text of one scrape: its snapshot taken on the loop a slice at
+        a time, its text written on a thread of its own. Both on the loop held it ~3 s
+        a scrape at 100,000 queues (34 MB of text)."""
+        snapshot = await self.refresh_metrics_snapshot()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._metrics_pool, self.metrics.render, snapshot)
 
-    async def refresh_metrics_snapshot(self, max_reads: int = 200) -> None:
-        """Build the scrape's snapshot, reading the oldest unsettled message of each
+    async def refresh_metrics_snapshot(self, max_reads: int = 200) -> dict[str, Any]:
+        """Build a scrape's snapshot, reading the oldest unsettled message of each
         channel from storage when memory does not have it (at most ``max_reads``)."""
         oldest: dict[str, float | None] = {}
         for name, log_ in list(self.core.channels.items())[:max_reads]:
             oldest[name] = await self.oldest_published(log_)
-        self._snapshot = self._build_snapshot(oldest)
+        snapshot: dict[str, Any] = {}
+        for _ in self._snapshot_steps(oldest, snapshot):
+            await asyncio.sleep(0)
+        return snapshot
 
     def queue_rates(self, queue: str) -> dict[str, float]:
         from .metrics import QUEUE_RATES

@@ -296,6 +296,13 @@ def _advance(first: dict[str, Any], changed: Mapping[str, Any]) -> None:
 
 
 @dataclass
+class _Collecting:
+    """What ``generate_latest`` takes: something to ``collect()`` from."""
+
+    collect: Callable[[], Iterator[Metric]]
+
+
+@dataclass
 class _QueueStats:
     published: float = 0
     dropped: float = 0
@@ -438,12 +445,19 @@ class Metrics:
         # The 0.0.4 text format: what every Prometheus version scrapes.
         self.content_type: str = CONTENT_TYPE_PLAIN_0_0_4
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4) of the current state."""
-        return generate_latest(self.registry)
+    def render(self, snapshot: Mapping[str, Any] | None = None) -> bytes:
+        """The Prometheus text exposition (format 0.0.4) of the current state, or of
+        ``snapshot`` when given: then nothing but the snapshot, the rate tracker's and
+        the histograms' numbers is read, so a thread may write it (34 MB at 100,000
+        queues: ~3 s of Python)."""
+        if snapshot is None:
+            return generate_latest(self.registry)
+        return generate_latest(_Collecting(partial(self.collect_of, snapshot)))  # type: ignore[arg-type]
 
     def collect(self) -> Iterator[Metric]:
-        snap = self._snapshot() or {}
+        return self.collect_of(self._snapshot() or {})
+
+    def collect_of(self, snap: Mapping[str, Any]) -> Iterator[Metric]:
         counters: Mapping[str, Any] = snap.get("counters") or {}
         storage: Mapping[str, Any] = snap.get("storage") or {}
         dedup: Mapping[str, Any] = snap.get("dedup") or {}
