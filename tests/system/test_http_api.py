@@ -272,6 +272,11 @@ def test_metrics_parse_with_prometheus_own_parser(http_broker, http):
         http.post("/v1/messages/orders/v1/m", json={"i": i}, headers=h)
     d = http.post("/v1/consume/orders/v1/m", params={"wait": 3}, headers=h).json()
     http.post(f"/v1/ack/{d['receipt']}", headers=h)
+    for i in range(2):  # another channel of the queue: the queue's series sum both
+        http.post("/v1/messages/orders/v1/n", json={"i": i}, headers=h)
+    held = http.post("/v1/consume/orders/v1/n", params={"wait": 3, "group": "held"},
+                     headers=h)
+    assert held.status_code == 200  # delivered, not settled
     http.post("/v1/messages/orders/x/m", json={}, headers=h)  # refused: bad version
     r = http.get("/metrics", headers=admin_bearer(http_broker))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
@@ -279,15 +284,18 @@ def test_metrics_parse_with_prometheus_own_parser(http_broker, http):
     for family in text_string_to_metric_families(r.text):
         for s in family.samples:
             samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    assert samples[("kitten_mq_messages_received_count", ())] == 3
-    assert samples[("kitten_mq_messages_sent_count", ())] == 1
+    assert samples[("kitten_mq_messages_received_count", ())] == 5
+    assert samples[("kitten_mq_messages_sent_count", ())] == 2
     assert samples[("kitten_mq_messages_acked_count", ())] == 1
-    assert samples[("kitten_mq_queue_messages_count", (("queue", "orders/v1"),))] == 3
-    assert samples[("minou_queue_depth", (("queue", "orders/v1"),))] == 2
+    queue = (("queue", "orders/v1"),)
+    assert samples[("kitten_mq_queue_messages_count", queue)] == 5
+    assert samples[("minou_queue_depth", queue)] == 4
+    assert samples[("minou_queue_unsettled", queue)] == 1
+    assert samples[("minou_queue_oldest_age_seconds", queue)] > 0
     assert samples[("minou_requests_refused_total", (("reason", "invalid_channel"),))] == 1
     assert samples[("kitten_mq_info_uptime", ())] > 0
     assert samples[("minou_storage_commit_duration_seconds_count", ())] > 0
-    assert samples[("minou_delivery_latency_seconds_count", ())] == 1
+    assert samples[("minou_delivery_latency_seconds_count", ())] == 2
     assert samples[("minou_ack_latency_seconds_count", ())] == 1
     assert ("kitten_mq_messages_received_per_seconds_average", ()) in samples
     assert http.get("/statistics", headers=admin_bearer(http_broker)).text.count(

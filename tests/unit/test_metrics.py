@@ -388,6 +388,21 @@ def test_empty_snapshot_still_renders_all_global_metrics(empty: dict[str, Any]) 
     assert not any(labels for (n, labels) in samples if not n.endswith("_bucket"))
 
 
+def test_a_snapshot_summed_per_queue_renders_as_its_channels_do() -> None:
+    """The broker sums each queue while taking a scrape's snapshot ("queues"); the
+    text is the one its channels ("channels") gave."""
+    channels = {**SNAP, "channels": SNAP["channels"] + [
+        {"channel": "orders/v1/2", "depth": 3, "unsettled": 1, "published": 4, "dropped": 0,
+         "expired": 1, "oldest_age_s": 9.5}]}
+    queues = {k: v for k, v in channels.items() if k != "channels"} | {"queues": {
+        "orders/v1": {"published": 9, "dropped": 1, "expired": 3, "depth": 4, "unsettled": 1,
+                      "oldest_age_s": 9.5}}}
+    by_channel, by_queue = Metrics(lambda: channels), Metrics(lambda: queues)
+    assert by_queue.render(queues) == by_channel.render(channels)
+    _, samples, _ = scrape(by_queue)
+    assert value(samples, "minou_queue_oldest_age_seconds", queue="orders/v1") == 9.5
+
+
 def test_metrics_use_a_private_registry() -> None:
     a = Metrics(lambda: SNAP)
     b = Metrics(lambda: {})  # a second broker in the same process does not collide

@@ -425,6 +425,8 @@ class Metrics:
          "authentications": {method: int}, "credentials": int,
          "channels": [{"channel", "depth", "unsettled", "published", "dropped", "expired",
                        "oldest_age_s"}, ...],
+         or, summed per queue already (the broker's: a dict per channel was most of a
+         scrape at 100,000 channels), "queues": {queue: {the same numbers}},
          "groups": [{"group", "kind", "members", "lag", "unsettled", "delivered", "acked"}, ...]}
 
     Missing keys read as zero/empty, so a broker still starting can be scraped.
@@ -463,7 +465,8 @@ class Metrics:
         dedup: Mapping[str, Any] = snap.get("dedup") or {}
         unfinished: Mapping[str, Any] = snap.get("unfinished_input") or {}
         producers: Mapping[str, Any] = snap.get("producers") or {}
-        queues = _aggregate(snap.get("channels") or ())
+        queues = {q: _QueueStats(**v) for q, v in snap["queues"].items()} \
+            if "queues" in snap else _aggregate(snap.get("channels") or ())
         groups: list[Mapping[str, Any]] = sorted(
             snap.get("groups") or (), key=lambda g: str(g.get("group", ""))
         )
