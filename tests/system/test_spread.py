@@ -83,6 +83,17 @@ def owners(b: BrokerProcess) -> dict[str, str]:
     return {q["queue"]: q["owner"] for q in cluster_view(b)["queues"]}
 
 
+def links_runner(brokers: list[BrokerProcess]) -> tuple[str, BrokerProcess]:
+    """The member running the federation links (the owner of ``_federation/v1``) and its
+    broker. The links' queue may be between owners for a moment (its owner found it last
+    at a renewal): wait for one of ``brokers``."""
+    members = {cluster_view(b)["this_broker"]["member"]: b for b in brokers}
+    wait_until(lambda: owners(brokers[0]).get("_federation/v1") in members, timeout=30,
+               interval=0.2, what="a broker running the links")
+    runner = owners(brokers[0])["_federation/v1"]
+    return runner, members[runner]
+
+
 def settled_spread(b: BrokerProcess, alive: int) -> bool:
     """Every queue owned by the broker placement gives it to, over ``alive`` brokers."""
     view = cluster_view(b)
@@ -807,14 +818,7 @@ def test_a_federation_link_runs_on_one_broker_of_those_that_spread_the_queues(
         sent = publish_all(brokers[0], 50, seqs=False)
         wait_until(lambda: sum(len(read_all(remote, f"{q}/1")) for q in QUEUES) >= sent,
                    timeout=60, what="every message on the remote")
-        members = {cluster_view(b)["this_broker"]["member"]: b for b in brokers}
-        # The links' queue may be between owners for a moment (its owner found it last
-        # at a renewal): wait for one of the two.
-        wait_until(lambda: owners(brokers[0]).get("_federation/v1") in members, timeout=30,
-                   interval=0.2,
-                   what="a broker running the links")
-        runner = owners(brokers[0])["_federation/v1"]
-        victim = members[runner]
+        _, victim = links_runner(brokers)
         survivor = next(b for b in brokers if b is not victim)
         victim.kill()
         sent += publish_all(survivor, 50, start=50, seqs=False)
@@ -869,14 +873,7 @@ def test_a_federation_runner_paused_past_its_lease_carries_nothing_twice(
 
         produce(brokers[0], lambda: sent[0] >= 50)
         wait_until(lambda: on_remote() >= 200, timeout=60, what="the first on the remote")
-        members = {cluster_view(b)["this_broker"]["member"]: b for b in brokers}
-        # The links' queue may be between owners for a moment (its owner found it last
-        # at a renewal): wait for one of the two.
-        wait_until(lambda: owners(brokers[0]).get("_federation/v1") in members, timeout=30,
-                   interval=0.2,
-                   what="a broker running the links")
-        runner = owners(brokers[0])["_federation/v1"]
-        victim = members[runner]
+        runner, victim = links_runner(brokers)
         survivor = next(b for b in brokers if b is not victim)
         done = threading.Event()
         producer = threading.Thread(target=produce, args=(survivor, done.is_set))
