@@ -160,7 +160,8 @@ def test_a_queue_shows_its_rates_and_its_last_minutes(http_broker, http):
 
     wait_until(lambda: rates("orders/v1")["acked"] > 0, what="the acks' rate")
     busy = http.get("/v1/queues/orders/v1", headers=admin).json()
-    assert 0 < busy["rates"]["published"] <= 6 and busy["rates"]["schema_refused"] == 0
+    # 6 published; a rate over a second or more (the sampler's clock may read a hair less)
+    assert 0 < busy["rates"]["published"] <= 6.1 and busy["rates"]["schema_refused"] == 0
     assert busy["rates"]["delivered"] > 0
     assert rates("orders/v2")["delivered"] == 0 < rates("orders/v2")["published"]
     listed = {q["queue"]: q["rates"] for q in
