@@ -69,6 +69,20 @@ def test_a_channel_whose_settled_messages_are_too_young_waits_until_the_oldest_c
     assert h.broker.retention_candidates(t0 + 76.0) == [(CH, 4)]
 
 
+def test_a_short_retention_not_in_memory_is_looked_at_again_a_second_later() -> None:
+    """A tenth of the retention, but never sooner than a second (nor later than
+    RETENTION_RECHECK_S)."""
+    h = Harness(channel_options=lambda key: ChannelOptions(retention=5.0))
+    s = Session("c")
+    sub = h.subscribe(s, patterns=CH, group="g", prefetch=10)
+    h.publish_values(CH, [1, 2])
+    h.ack(s, h.take(sub)[:1])
+    h.commit()
+    h.broker.channels[CH].evict_below(3)
+    h.broker.retention_looked(CH, 2, None, 1000.0)
+    assert h.broker.channels[CH].retention_due == 1001.0
+
+
 def test_retention_candidates_of_a_part_of_the_channels() -> None:
     """The broker walks the channels a part a tick (all of 100,000 each second held its
     loop 25-70 ms): ``start`` and ``count`` in the order the channels were made."""
@@ -85,6 +99,7 @@ def test_retention_candidates_of_a_part_of_the_channels() -> None:
     assert h.broker.retention_candidates(1e12, 3, 2) == [(n, 2) for n in names[3:]]
     assert h.broker.retention_candidates(1e12, 4, 10) == [(names[4], 2)]
     assert h.broker.retention_candidates(1e12, 5, 10) == []
+    assert h.broker.retention_candidates(1e12, 3) == [(n, 2) for n in names[3:]]
 
 
 def test_truncating_what_is_gone_already_or_an_unknown_channel_writes_nothing() -> None:

@@ -281,10 +281,8 @@ class Commits:
         ``now`` (``retention_looked``); of ``count`` channels from the ``start``-th (in
         the order they were made) when given: the broker walks a part a tick."""
         out = []
-        logs = self.state.channels.values()
-        part = logs if start == 0 and count is None else \
-            itertools.islice(logs, start, None if count is None else start + count)
-        for log in part:
+        for log in itertools.islice(self.state.channels.values(), start,
+                                    None if count is None else start + count):
             if log.states and log.options.retention is not None and log.kv is None \
                     and log.retention_due <= now:
                 floor = min(gc.compute_floor() for gc in log.states)
