@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 # The same bodies as the peers' (monotonic ns at publish time, then padding).
-from peers import TS, make_body, now_ns
+from peers import TS, make_body, now_ns, pace
 
 CHANNEL = "bench/v1/q"
 GROUP = "bench_g"
@@ -151,7 +151,7 @@ class MinouPeer:
             while sent < due:
                 futs.append(send(CHANNEL, make_body(size, now_ns())))
                 sent += 1
-            await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+            await pace(t0, sent, rate)
         await asyncio.wait_for(asyncio.gather(*futs), 30)
         return sent
 

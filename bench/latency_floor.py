@@ -99,6 +99,7 @@ def relay(ready: Any, mode: str, path: str, seconds: float) -> None:
 
 
 async def _produce(port: int, rate: float, seconds: float) -> None:
+    from peers import pace  # bench/, beside this file
     _reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"p")
     await asyncio.sleep(0.5)
@@ -109,7 +110,7 @@ async def _produce(port: int, rate: float, seconds: float) -> None:
         while sent < due:
             writer.write(STAMP.pack(time.monotonic_ns()) + pad)
             sent += 1
-        await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+        await pace(t0, sent, rate)
     await asyncio.sleep(1)
 
 

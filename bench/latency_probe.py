@@ -29,11 +29,17 @@ async def probe(url: str, rate: float, n: int) -> tuple[float, float]:
 
     task = asyncio.create_task(consume())
     t0 = time.perf_counter()
-    for i in range(n):
-        wait = t0 + i / rate - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        producer.send("latency-probe/v1/1", time.perf_counter())
+    sent = 0
+    while sent < n:
+        # What is due, then a sleep of at least a millisecond: uvloop rounds a shorter one
+        # down to none and the loop would spin a core the broker needs (bench/peers.py's
+        # `pace` sleeps in the kernel instead, which a one-process probe cannot: it would
+        # hold its own consumer back).
+        due = min(n, int((time.perf_counter() - t0) * rate) + 1)
+        while sent < due:
+            producer.send("latency-probe/v1/1", time.perf_counter())
+            sent += 1
+        await asyncio.sleep(max(0.001, t0 + sent / rate - time.perf_counter()))
     await task
     await producer.close()
     await consumer.close()

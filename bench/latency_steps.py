@@ -87,6 +87,7 @@ def _uvloop() -> None:
 
 async def _produce(url: str, rate: float, n: int) -> None:
     import minou
+    from peers import pace  # bench/, beside this file
 
     client = await minou.connect(url, client_id="latency-steps-p")
     await asyncio.sleep(0.5)
@@ -97,7 +98,7 @@ async def _produce(url: str, rate: float, n: int) -> None:
         while sent < due:
             futs.append(client.send(CHANNEL, STAMP.pack(time.monotonic_ns()) + pad))
             sent += 1
-        await asyncio.sleep(max(0.0, t0 + sent / rate - time.monotonic()))
+        await pace(t0, sent, rate)
     await asyncio.gather(*futs)
     await client.close()
 

@@ -257,6 +257,13 @@ class Bench:
     def ports(self) -> dict[str, int]:
         return {n: s.port for n, s in self.peer_servers.items()}
 
+    @staticmethod
+    def cpu_pct(result: dict[str, Any]) -> float | None:
+        """One worker process's CPU over its own run, in % of one core."""
+        wall = result["t1"] - result["t0"]
+        used = result["cli_cpu1"] - result["cli_cpu0"]
+        return round(100 * used / wall, 1) if wall > 0 else None
+
     def pid(self, system: str) -> int | None:
         if system in self.brokers:
             return self.brokers[system].pid
@@ -393,7 +400,16 @@ class Bench:
                      name="c0", latency=True, limit_s=a.duration + 15),
             ], timeout=a.duration + 120)
             prod = next(r for r in out if "lat_ns" not in r)
-            lat = sorted(next(r for r in out if "lat_ns" in r)["lat_ns"])
+            cons = next(r for r in out if "lat_ns" in r)
+            lat = sorted(cons["lat_ns"])
+            # Three processes on the machine's cores: what each burns decides how often
+            # one waits for a CPU, which is most of the tail here (docs/benchmarks.md).
+            self.peers.throughput(out, cpu, test)
+            c = cpu.get(test, {})
+            if c:
+                c["producer"] = self.cpu_pct(prod)
+                c["consumer"] = self.cpu_pct(cons)
+            aux = f" + redis-server {c['aux']}" if "aux" in c else ""
             if lat:
                 def q(p: float) -> float:
                     return lat[min(len(lat) - 1, int(p * len(lat)))] / 1e6
@@ -403,7 +419,9 @@ class Bench:
                            lat_rate=round(prod["count"] / (prod["t1"] - prod["t0"])))
             log(f"  {system:11s} latency     p50 {res.get('lat_p50_ms')} ms  p99 "
                 f"{res.get('lat_p99_ms')} ms  max {res.get('lat_max_ms')} ms "
-                f"({res.get('lat_received')}/{total} msgs, achieved {res.get('lat_rate')} msg/s)")
+                f"({res.get('lat_received')}/{total} msgs, achieved {res.get('lat_rate')} msg/s; "
+                f"CPU% server {c.get('server')}{aux}, producer {c.get('producer')}, "
+                f"consumer {c.get('consumer')})")
         elif test == "disk":
             if system != "minou":
                 return  # the machine's, measured once: where minou keeps its data
