@@ -139,6 +139,8 @@ class Settings:
     # OFFSETS with "at" (each matches and looks up many channels) one client may have
     # being answered at once, over all its connections
     max_offsets_at_per_client: int = limits.MAX_OFFSETS_AT_PER_CLIENT
+    # queues (and reader groups) whose own series a scrape lists at most (by name)
+    metrics_max_queues: int = limits.DEFAULT_METRICS_MAX_QUEUES
     publish_pause_bytes: int = limits.PUBLISH_PAUSE_BYTES
     slow_consumer_bytes: int = limits.CONSUMER_HARD_LIMIT
     slow_consumer_seconds: float = limits.CONSUMER_STALL_S
@@ -242,6 +244,7 @@ _TOP_KEYS = {
     "max_long_polls_per_client": (int, f"an integer >= 1 and <= {limits.MAX_KV_WAITERS}"),
     "max_offsets_at_per_client": (int, f"an integer >= 1 and <= "
                                   f"{limits.MAX_OFFSETS_AT_PER_CLIENT_SETTING}"),
+    "metrics_max_queues": (int, f"an integer >= 0 and <= {MAX_SETTING_INT}"),
     "publish_pause_bytes": _BYTES,
     "slow_consumer_bytes": _BYTES,
     "slow_consumer_seconds": _SECONDS,
@@ -268,6 +271,7 @@ _TOP_RANGES: dict[str, _Range] = {
     "max_clients": (1, MAX_SETTING_INT, False),
     "max_long_polls_per_client": (1, limits.MAX_KV_WAITERS, False),
     "max_offsets_at_per_client": (1, limits.MAX_OFFSETS_AT_PER_CLIENT_SETTING, False),
+    "metrics_max_queues": (0, MAX_SETTING_INT, False),
     "publish_pause_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_bytes": (1, MAX_SETTING_INT, False),
     "slow_consumer_seconds": (0, MAX_SETTING_SECONDS, True),

@@ -496,3 +496,8 @@ RATE_SAMPLE_SPACING = 15.0
 # A scrape's snapshot (/metrics, /statistics): channels or groups summed between two turns
 # of the loop (~1-2 ms of it at 100,000 channels).
 SNAPSHOT_LOOK = 1_000
+# Queues (and reader groups) a scrape lists series of at most, by default
+# (``metrics_max_queues``): each is ~8 series, and 100,000 queues made a 34 MB scrape that
+# took its thread 3-4 s and is more than a Prometheus server wants from one target
+# (docs/benchmarks.md). Past it the first ones by name are listed, the rest counted.
+DEFAULT_METRICS_MAX_QUEUES = 10_000

@@ -303,6 +303,50 @@ def test_metrics_parse_with_prometheus_own_parser(http_broker, http):
         "kitten_mq_messages_received_count") >= 1
 
 
+def test_a_scrape_lists_the_first_queues_and_groups_past_metrics_max_queues(broker_factory,
+                                                                          tmp_path):
+    """``metrics_max_queues``: past it the first queues and reader groups by name keep
+    their series, the rest are counted (and said in the log); a reload raises it."""
+    cfg = tmp_path / "few.toml"
+    cfg.write_text("metrics_max_queues = 2\n" + RULES)
+    broker = broker_factory.make(config=cfg).start()
+    with httpx.Client(base_url=broker.http, timeout=30) as http:
+        h, admin = bearer(broker, "app-8"), admin_bearer(broker)
+        names = ["orders/v3", "orders/v1", "orders/v4", "orders/v2"]
+        for name in names:  # a reader group of its own each: g3, g1, g4, g2
+            assert http.post(f"/v1/messages/{name}/1", json={}, headers=h).status_code == 201
+            consumed = http.post(f"/v1/consume/{name}/1",
+                                 params={"wait": 3, "group": f"g{name[-1]}"}, headers=h)
+            assert consumed.status_code == 200
+
+        def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+            r = http.get("/metrics", headers=admin)
+            assert r.status_code == 200
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for family in text_string_to_metric_families(r.text)
+                    for s in family.samples}
+
+        samples = scrape()
+        assert sorted(dict(labels)["queue"] for n, labels in samples
+                      if n == "minou_queue_depth") == ["orders/v1", "orders/v2"]
+        assert samples[("minou_metrics_series_omitted", (("kind", "queue"),))] == 2
+        groups = [dict(labels)["group"] for n, labels in samples if n == "minou_group_lag"]
+        assert groups == ["consume:g1", "consume:g2"]
+        assert samples[("minou_metrics_series_omitted", (("kind", "group"),))] == 2
+        assert samples[("kitten_mq_messages_received_count", ())] == 4  # totals: all
+        wait_until(lambda: "metrics_max_queues = 2" in broker.output)
+        scrape()
+        assert broker.output.count("past metrics_max_queues") == 1  # once an hour
+
+        cfg.write_text("metrics_max_queues = 10\n" + RULES)
+        assert http.post("/v1/admin/reload", headers=admin).status_code == 200
+        samples = scrape()
+        assert sorted(dict(labels)["queue"] for n, labels in samples
+                      if n == "minou_queue_depth") == sorted(names)
+        assert samples[("minou_metrics_series_omitted", (("kind", "queue"),))] == 0
+        assert samples[("minou_metrics_series_omitted", (("kind", "group"),))] == 0
+
+
 def test_nagios_and_queue_status(http_broker, http):
     h = bearer(http_broker, "app-8")
     admin = admin_bearer(http_broker)

@@ -61,6 +61,9 @@ def refusal(tmp_path, text: str, name: str = "minou.toml") -> str:
          "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got 2.5"),
         ("max_offsets_at_per_client = true",
          "max_offsets_at_per_client: expected an integer >= 1 and <= 1000, got true"),
+        ("metrics_max_queues = -1",
+         f"metrics_max_queues: expected an integer >= 0 and <= {MAX_SETTING_INT}, got -1"),
+        ('metrics_max_queues = "all"', "metrics_max_queues: expected an integer >= 0"),
         (f"in_flight_bytes = {HUGE}",
          f"in_flight_bytes: expected a number of bytes >= 1 and <= {MAX_SETTING_INT}, got"),
         (f"publish_pause_bytes = {HUGE}", "publish_pause_bytes: expected a number of bytes"),
@@ -116,11 +119,13 @@ def test_the_bounds_themselves_load(tmp_path):
                    f"dedup_window = {MAX_SETTING_SECONDS}\n"
                    f"websocket_heartbeat = {MAX_HEARTBEAT_S}\n"
                    f"max_offsets_at_per_client = {MAX_OFFSETS_AT_PER_CLIENT_SETTING}\n"
+                   "metrics_max_queues = 0\n"
                    f'[channels."a/v1"]\nprefetch = {MAX_PREFETCH}\nttl = {MAX_SETTING_SECONDS}\n')
     s = load_settings(cfg)
     assert (s.max_message_size, s.default_lease) == (MAX_MESSAGE_SIZE_SETTING, MAX_LEASE_S)
     assert s.channel_options("a/v1").prefetch == MAX_PREFETCH
     assert s.max_offsets_at_per_client == MAX_OFFSETS_AT_PER_CLIENT_SETTING
+    assert s.metrics_max_queues == 0  # no queue's own series: the totals alone
 
 
 def test_json_nan_and_infinity_are_refused_too(tmp_path):

@@ -495,3 +495,34 @@ def test_a_new_queue_is_rated_from_zero_until_the_window_starts_with_it() -> Non
     assert rt.queue_rates("new/v1") == (0.0, 0.0, 0.0, 0.0) and not rt._born
     rt.sample(6.0, {}, {"a/v1": (1, 0, 0, 0)})  # gone: no rate, nothing kept for it
     assert rt.queue_rates("new/v1") == () and not rt._born
+
+
+@pytest.mark.parametrize("most", [0, 2, 5, 9])
+def test_queues_and_groups_past_the_limit_are_counted_not_listed(most: int) -> None:
+    """``max_queue_series`` (metrics_max_queues): the first queues and groups by name
+    keep their series, the rest are counted in minou_metrics_series_omitted; the totals
+    still count every queue."""
+    names = [f"q{i}/v1" for i in (3, 0, 4, 1, 2)]  # not in name order
+    snap = {**SNAP, "max_queue_series": most, "counters": {"published": 15}, "queues": {
+        q: {"published": 3, "dropped": 0, "expired": 0, "depth": 1, "unsettled": 0,
+            "oldest_age_s": 0.0} for q in names},
+        "groups": [{"group": f"consume:{q}", "kind": "consume", "members": 1, "lag": 1,
+                    "unsettled": 0} for q in reversed(names)]}
+    _, samples, _ = scrape(Metrics(lambda: snap))
+    listed = sorted(names)[:most]
+    for family in ("kitten_mq_queue_messages_count", "minou_queue_depth"):
+        shown = sorted(dict(labels)["queue"] for n, labels in samples if n == family)
+        assert shown == listed, family
+    groups = sorted(dict(labels)["group"] for n, labels in samples if n == "minou_group_lag")
+    assert groups == [f"consume:{q}" for q in listed]
+    assert value(samples, "minou_metrics_series_omitted", kind="queue") == max(0, 5 - most)
+    assert value(samples, "minou_metrics_series_omitted", kind="group") == max(0, 5 - most)
+    assert value(samples, "minou_messages_published_total") == 15
+
+
+def test_without_a_limit_every_queue_is_listed_and_nothing_said_omitted() -> None:
+    snap = {**SNAP, "queues": {f"q{i}/v1": {"published": 1} for i in range(20)}}
+    _, samples, types = scrape(Metrics(lambda: snap))
+    assert sum(n == "kitten_mq_queue_messages_count" for n, _ in samples) == 20
+    assert "minou_metrics_series_omitted" in types
+    assert not any(n == "minou_metrics_series_omitted" for n, _ in samples)

@@ -338,6 +338,7 @@ class BrokerServer:
         self._house_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-checkpoint")
         # Writes the text of a scrape (one at a time): never on the loop, never with storage
         self._metrics_pool = ThreadPoolExecutor(1, thread_name_prefix="minou-metrics")
+        self._series_omitted_said = float("-inf")  # monotonic: metrics_max_queues logged
         self._checkpoint: asyncio.Future[None] | None = None
         self._idle_checkpoint_after = -1.0  # the last commit's time at the last idle one
         self.syncer: IntervalSync | None = None  # durability "interval": the fsyncs after
@@ -1717,6 +1718,7 @@ class BrokerServer:
             "schema_refused": dict(self.core.schema_refusals),
             "queues": queues,
             "groups": groups,
+            "max_queue_series": self.settings.metrics_max_queues,
             "federation": self.federation.pipe_views(),
         })
 
@@ -1725,8 +1727,23 @@ class BrokerServer:
         a time, its text written on a thread of its own. Both on the loop held it ~3 s
         a scrape at 100,000 queues (34 MB of text)."""
         snapshot = await self.refresh_metrics_snapshot()
+        self._say_series_omitted(snapshot)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._metrics_pool, self.metrics.render, snapshot)
+
+    def _say_series_omitted(self, snapshot: dict[str, Any]) -> None:
+        """A line in the log, at most once an hour, when a scrape leaves queues or groups
+        out (metrics_max_queues): the operator's dashboard is missing some."""
+        most = snapshot["max_queue_series"]
+        queues, groups = len(snapshot["queues"]), len(snapshot["groups"])
+        now = time.monotonic()
+        if max(queues, groups) <= most or now < self._series_omitted_said + 3600:
+            return
+        self._series_omitted_said = now
+        log.warning("/metrics: %d queues and %d reader groups, past metrics_max_queues = %d: "
+                    "only the first %d of each by name have series of their own; the rest "
+                    "are counted in minou_metrics_series_omitted and in the totals (said at "
+                    "most once an hour)", queues, groups, most, most)
 
     async def refresh_metrics_snapshot(self, max_reads: int = 200) -> dict[str, Any]:
         """Build a scrape's snapshot, reading the oldest unsettled message of each
@@ -2094,7 +2111,7 @@ def _what_changed(key: str, before: Any, after: Any) -> str:
 _RELOAD_KEYS = ("max_message_size", "max_connections", "max_connections_per_client",
                 "default_lease", "dedup_window",
                 "max_dedup_keys", "max_channels", "max_clients", "max_long_polls_per_client",
-                "max_offsets_at_per_client",
+                "max_offsets_at_per_client", "metrics_max_queues",
                 "publish_pause_bytes", "slow_consumer_bytes", "slow_consumer_seconds",
                 "delivery_buffer_bytes", "in_flight_bytes", "hello_timeout",
                 "http_header_timeout", "http_idle_timeout", "strict_schemas",

@@ -427,7 +427,8 @@ class Metrics:
                        "oldest_age_s"}, ...],
          or, summed per queue already (the broker's: a dict per channel was most of a
          scrape at 100,000 channels), "queues": {queue: {the same numbers}},
-         "groups": [{"group", "kind", "members", "lag", "unsettled", "delivered", "acked"}, ...]}
+         "groups": [{"group", "kind", "members", "lag", "unsettled", "delivered", "acked"}, ...],
+         "max_queue_series": int (metrics_max_queues; absent: no limit)}
 
     Missing keys read as zero/empty, so a broker still starting can be scraped.
     """
@@ -471,6 +472,16 @@ class Metrics:
             snap.get("groups") or (), key=lambda g: str(g.get("group", ""))
         )
         queue_names = sorted(queues)
+        # The first ones by name: the same ones every scrape, so no series comes and goes
+        # (a counter that vanishes and comes back reads as a reset to rate()).
+        most = snap.get("max_queue_series")
+        omitted = {"queue": 0, "group": 0}
+        if most is not None and len(queue_names) > most:
+            omitted["queue"] = len(queue_names) - most
+            queue_names = queue_names[:most]
+        if most is not None and len(groups) > most:
+            omitted["group"] = len(groups) - most
+            groups = groups[:most]
 
         def num(source: Mapping[str, Any], key: str) -> float:
             return float(source.get(key, 0) or 0)
@@ -624,6 +635,14 @@ class Metrics:
             for q in queue_names:
                 gauge.add_metric([q], getattr(queues[q], attr))
             yield gauge
+        left_out = GaugeMetricFamily(
+            "minou_metrics_series_omitted", "Queues or reader groups past metrics_max_queues "
+            "(by name) whose own series this scrape leaves out; the totals count them.",
+            labels=["kind"])
+        if most is not None:  # (the broker's snapshots always say)
+            for kind in ("queue", "group"):
+                left_out.add_metric([kind], omitted[kind])
+        yield left_out
         for name, key, doc in (
             ("minou_group_lag", "lag", "Messages the group has yet to receive."),
             ("minou_group_members", "members", "Connected members of the group."),

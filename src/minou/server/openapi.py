@@ -322,8 +322,9 @@ def document(server_url: str | None = None) -> dict[str, Any]:
                                extra={"503": _json(OBJECT, "stopping, storage failed, "
                                                    "storage full or storage unavailable "
                                                    "(with the reason)")})},
-        "/metrics": {"get": _op("Prometheus metrics (kitten_mq_* and minou_*)",
-                                tag="monitoring", ok=TEXT)},
+        "/metrics": {"get": _op("Prometheus metrics (kitten_mq_* and minou_*); per-queue "
+                                "and per-group series for the first metrics_max_queues "
+                                "of each by name", tag="monitoring", ok=TEXT)},
         "/statistics": {"get": _op("Same as /metrics", tag="monitoring", ok=TEXT)},
         "/v1/messages/{endpoint}/{version}/{id}": {"post": _op(
             "Publish a message (durable when this returns)", tag="messages",
