@@ -6,7 +6,9 @@ queue each: one series per queue and metric), then one client sends one message 
 time while ``--scrapes`` scrapes are made a second apart.
 
   .venv/bin/python bench/scrape_many.py                  # 99,999 channels of one queue
-  .venv/bin/python bench/scrape_many.py --queues         # 99,999 queues (34 MB a scrape)
+  .venv/bin/python bench/scrape_many.py --queues         # 99,999 queues (the first 10,000
+                                                          # with series: metrics_max_queues)
+  .venv/bin/python bench/scrape_many.py --queues --max-series 1000000   # every one: 34 MB
   PYTHONPATH=/other/checkout/src .venv/bin/python bench/scrape_many.py
       (the broker runs the code on PYTHONPATH: compare two versions)
 """
@@ -71,9 +73,13 @@ def main() -> None:
     parser.add_argument("--queues", action="store_true",
                         help="each channel a queue of its own (bench<i>/v1/c)")
     parser.add_argument("--scrapes", type=int, default=3)
+    parser.add_argument("--max-series", type=int, default=None,
+                        help="the broker's metrics_max_queues (default: its default, 10,000)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="minou-scrape-") as tmp:
-        broker = MinouBroker(Path(tmp) / "data", name="minou-scrape")
+        extra = ("" if args.max_series is None
+                 else f"metrics_max_queues = {args.max_series}\n")
+        broker = MinouBroker(Path(tmp) / "data", name="minou-scrape", extra_config=extra)
         (Path(tmp) / "data").mkdir()
         url = broker.start()
         try:
@@ -85,8 +91,10 @@ def main() -> None:
         finally:
             broker.close()
     kind = "queues" if args.queues else "channels of one queue"
+    cap = "its default" if args.max_series is None else f"{args.max_series:,}"
     print(f"\n{args.scrapes} scrapes of /metrics, a second apart, of a broker holding "
-          f"{args.channels:,} {kind}; one client sending meanwhile, each send confirmed\n")
+          f"{args.channels:,} {kind} (metrics_max_queues: {cap}); one client sending "
+          "meanwhile, each send confirmed\n")
     print("| scrape (s) | size (MB) | confirms | confirm p50 (ms) | p99 (ms) | max (ms) |")
     print("|---:|---:|---:|---:|---:|---:|")
     seconds = " / ".join(f"{s:.2f}" for s, _ in scrapes)
