@@ -347,6 +347,30 @@ def test_a_scrape_lists_the_first_queues_and_groups_past_metrics_max_queues(brok
         assert samples[("minou_metrics_series_omitted", (("kind", "group"),))] == 0
 
 
+def test_scrapes_that_come_while_one_is_made_get_its_text(http_broker, http):
+    """Concurrent scrapes share the one being made instead of each holding a snapshot
+    of its own while they wait for the metrics thread: same text, uptime and all."""
+    with minou.connect_sync(http_broker.url, **auth("app-2")) as native:
+        native.send_many([(f"orders/v{i}/c", {"n": i}) for i in range(1, 3001)])
+    admin = admin_bearer(http_broker)
+
+    async def scrapes() -> list[str]:
+        async with httpx.AsyncClient(base_url=http_broker.http, timeout=30) as c:
+            answers = await asyncio.gather(*(c.get("/metrics", headers=admin)
+                                             for _ in range(8)))
+        assert all(a.status_code == 200 for a in answers)
+        return [a.text for a in answers]
+
+    texts = asyncio.run(scrapes())
+    assert len(set(texts)) < len(texts)  # made apart, each would say another uptime
+    for text in set(texts):
+        depths = [s for f in text_string_to_metric_families(text)
+                  if f.name == "minou_queue_depth" for s in f.samples]
+        assert len(depths) == 3000
+    later = http.get("/metrics", headers=admin)  # the shared one over: a new scrape
+    assert later.status_code == 200 and later.text not in texts
+
+
 def test_nagios_and_queue_status(http_broker, http):
     h = bearer(http_broker, "app-8")
     admin = admin_bearer(http_broker)
