@@ -475,13 +475,9 @@ class Metrics:
         # The first ones by name: the same ones every scrape, so no series comes and goes
         # (a counter that vanishes and comes back reads as a reset to rate()).
         most = snap.get("max_queue_series")
-        omitted = {"queue": 0, "group": 0}
-        if most is not None and len(queue_names) > most:
-            omitted["queue"] = len(queue_names) - most
-            queue_names = queue_names[:most]
-        if most is not None and len(groups) > most:
-            omitted["group"] = len(groups) - most
-            groups = groups[:most]
+        omitted = {"queue": max(len(queue_names) - most, 0) if most is not None else 0,
+                   "group": max(len(groups) - most, 0) if most is not None else 0}
+        queue_names, groups = queue_names[:most], groups[:most]  # [:None]: all
 
         def num(source: Mapping[str, Any], key: str) -> float:
             return float(source.get(key, 0) or 0)
