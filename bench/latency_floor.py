@@ -12,6 +12,12 @@ in and, depending on the mode, makes it durable before passing it on:
   write         os.write to a file on the loop (no fsync)
   fsync         os.write + fdatasync on the loop (blocks the loop: a design minou avoids)
   fsync_thread  os.write + fdatasync on a worker thread, as minou commits
+  sqlite        a SQLite transaction per batch on the loop (WAL, synchronous=NORMAL: the
+                batch's rows and a channel row), then a confirm to the producer (8 B a
+                message) and the delivery: the shape of an ``interval`` commit, with
+                none of minou's own work around it (issue 19, target 2)
+  sqlite_fsync  the same, then an fdatasync of the WAL on a worker thread before the
+                confirm and the delivery: the shape of an ``fsync`` commit (target 1)
 
     .venv/bin/python bench/latency_floor.py --runs 3          # every mode, medians
     .venv/bin/python bench/latency_floor.py --modes fsync_thread --runs 5
@@ -24,6 +30,7 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
+import sqlite3
 import statistics
 import struct
 import tempfile
@@ -31,7 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-MODES = ("relay", "thread", "write", "fsync", "fsync_thread")
+MODES = ("relay", "thread", "write", "fsync", "fsync_thread", "sqlite", "sqlite_fsync")
+CONFIRM = struct.Struct("<q")
 STAMP = struct.Struct("<q")
 SIZE = 100
 
@@ -53,6 +61,40 @@ async def _relay(ready: Any, mode: str, path: str, seconds: float) -> None:
     pool = ThreadPoolExecutor(1)
     pending: list[bytes] = []
     busy = False
+    producers: list[asyncio.StreamWriter] = []
+    db: sqlite3.Connection | None = None
+    wal_fd: int | None = None
+    seq = 0
+    if mode.startswith("sqlite"):
+        db = sqlite3.connect(path + ".db", isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        # minou checkpoints on a thread of its own: none on the loop's commits here
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        db.execute("CREATE TABLE m (seq INTEGER PRIMARY KEY, body BLOB)")
+        db.execute("CREATE TABLE c (name TEXT PRIMARY KEY, last INTEGER)")
+        db.execute("INSERT INTO c VALUES ('floor', 0)")
+        # As minou writes its WAL out ahead: the run's frames go over written blocks
+        # (25,000 pages, more than a run of 10,000 two-page commits writes), not appended.
+        db.execute("CREATE TABLE warm (b BLOB)")
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO warm VALUES (zeroblob(4000))", ([] for _ in range(25_000)))
+        db.execute("COMMIT")
+        db.execute("PRAGMA wal_checkpoint(RESTART)")
+        wal_fd = os.open(path + ".db-wal", os.O_RDONLY)
+
+    def commit(data: bytes) -> int:
+        # one row a message, as minou keeps a segment, and the channel's row
+        nonlocal seq
+        first = seq + 1
+        rows = [(first + i, data[i * SIZE:(i + 1) * SIZE]) for i in range(len(data) // SIZE)]
+        seq += len(rows)
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany("INSERT INTO m VALUES (?, ?)", rows)
+        db.execute("UPDATE c SET last = ? WHERE name = 'floor'", (seq,))
+        db.execute("COMMIT")
+        return len(rows)
     tasks: set[asyncio.Task[None]] = set()
 
     def persist(data: bytes) -> None:
@@ -69,6 +111,13 @@ async def _relay(ready: Any, mode: str, path: str, seconds: float) -> None:
             pending.clear()
             if mode in ("thread", "fsync_thread"):
                 await loop.run_in_executor(pool, persist, data)
+            elif mode.startswith("sqlite"):
+                count = commit(data)
+                if mode == "sqlite_fsync":
+                    await loop.run_in_executor(pool, os.fdatasync, wal_fd)
+                for writer in producers:  # one producer: its confirms
+                    writer.write(b"".join(CONFIRM.pack(seq - count + i + 1)
+                                          for i in range(count)))
             else:
                 persist(data)
             for writer in consumers:
@@ -80,6 +129,7 @@ async def _relay(ready: Any, mode: str, path: str, seconds: float) -> None:
         if await reader.readexactly(1) == b"c":
             consumers.append(writer)
             return
+        producers.append(writer)
         while data := await reader.read(65536):
             pending.append(data)
             if not busy:
@@ -100,8 +150,14 @@ def relay(ready: Any, mode: str, path: str, seconds: float) -> None:
 
 async def _produce(port: int, rate: float, seconds: float) -> None:
     from peers import pace  # bench/, beside this file
-    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"p")
+
+    async def confirms() -> None:  # read and dropped, as a client takes its confirms
+        while await reader.read(65536):
+            pass
+
+    drain = asyncio.get_running_loop().create_task(confirms())
     await asyncio.sleep(0.5)
     total, sent, t0 = int(rate * seconds), 0, time.monotonic()
     pad = b"x" * (SIZE - STAMP.size)
@@ -112,6 +168,7 @@ async def _produce(port: int, rate: float, seconds: float) -> None:
             sent += 1
         await pace(t0, sent, rate)
     await asyncio.sleep(1)
+    drain.cancel()
 
 
 def produce(port: int, rate: float, seconds: float) -> None:
@@ -154,8 +211,9 @@ def one_run(mode: str, rate: float, seconds: float, directory: str) -> tuple[flo
     for proc in procs:
         proc.kill()
         proc.join()
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+    for leftover in (path, path + ".db", path + ".db-wal", path + ".db-shm"):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
     return (latencies[len(latencies) // 2] / 1e6, latencies[int(len(latencies) * 0.99)] / 1e6)
 
 
