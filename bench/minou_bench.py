@@ -50,9 +50,10 @@ rows marked * ("noisy") in the table, with the load averages under it and in the
 
 The minou broker is started here (python -m minou start --port 0, fresh temp data
 dir; a fresh broker before every test, as peers.py deletes and recreates its queue).
-With the "peer" minou-interval (default) the SQLite broker runs tests a-c again with the
-bench channel's durability "interval" (confirmed once written to the OS, fsync'd within
-50 ms; issue 19: its e2e p99 <= Redis AOF everysec's, printed under the table).
+With the "peer" minou-interval (default) the SQLite broker runs tests a-c and HTTP publish
+again with the bench channel's durability "interval" (confirmed once written to the OS,
+fsync'd within 50 ms; issue 19: its e2e p99 <= Redis AOF everysec's, printed under the
+table).
 With the "peer" minou-redis (default when redis-server is installed) a second minou
 broker runs tests a-c with --storage redis://... on a redis-server of its own
 (appendonly yes, appendfsync always; a fresh one before every test), and the table
@@ -109,7 +110,7 @@ REDIS_TARGET = 0.5  # minou-redis / minou on throughput (issue 17: >= 50 % of SQ
 # written to the OS, fsync'd within 50 ms): a column of its own, like a peer. Issue 19's
 # target: its e2e p99 <= 1.0 x Redis AOF everysec's in the same run.
 INTERVAL = "minou-interval"
-INTERVAL_TESTS = GROUPS["a"] + GROUPS["b"] + ["lat"]
+INTERVAL_TESTS = GROUPS["a"] + GROUPS["b"] + ["lat", "http_pub"]
 INTERVAL_P99_TARGET = 1.0
 ALL_TESTS = [t for g in GROUPS.values() for t in g]
 # The cluster test (g) starts 8 clusters a run and asks another question (scale over
@@ -352,12 +353,13 @@ class Bench:
                 self.run_spark(res, cpu)
             return
         if test in HTTP_TESTS:
-            if system != "minou":
+            if system != "minou" and not (system == INTERVAL and test in INTERVAL_TESTS):
                 return  # no peer has an HTTP API in this harness
             self.reset(system)
-            if not self.minou.http_url:
-                raise RuntimeError("the minou broker printed no HTTP URL")
-            http = dict(self.base(system), peer="minou-http", http_url=self.minou.http_url,
+            broker = self.brokers[system]
+            if not broker.http_url:
+                raise RuntimeError(f"the {system} broker printed no HTTP URL")
+            http = dict(self.base(system), peer="minou-http", http_url=broker.http_url,
                         conns=a.http_conns, http_client=a.http_client)
             procs = a.http_procs
             if test in ("http_pub", "http_pubb"):
@@ -997,7 +999,7 @@ def main() -> int:
     ap.add_argument("--peers", default=None,
                     help="comma separated: minou-redis (a minou broker on Redis, tests a-c), "
                          "minou-interval (the SQLite broker, its channel's durability "
-                         "'interval', tests a-c), "
+                         "'interval', tests a-c and http_pub), "
                          "redis-aof,redis-mem,nats-js,rabbitmq; 'none' for the SQLite "
                          "broker alone (default: each whose server binary is installed)")
     ap.add_argument("--limit-s", type=float, default=10.0, help="time cap per throughput test")

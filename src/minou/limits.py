@@ -152,9 +152,13 @@ STORAGE_READ_BYTES = 8 << 20
 # never wait (a commit starts as soon as the writer is free).
 SETTLE_COMMIT_DELAY_S = 0.002
 # A commit this small is written to the OS by the event loop, not handed to the writer
-# thread (server/app.py ``_write_here``): ~0.1 ms of SQLite writes; an fsync channel's
-# fdatasync of it still runs on the writer thread before its answer.
-COMMIT_HERE_MAX_MESSAGES = 16
+# thread (server/app.py ``_write_here``): ~0.1-0.4 ms of SQLite writes; an fsync
+# channel's fdatasync of it still runs on the writer thread before its answer. 64, not
+# 16: an HTTP client's 64 keep-alive connections commit ~32-64 publishes at a time, and
+# on the writer thread (the GIL passed back and forth through every statement) an
+# ``interval`` channel took 16k requests a second, 23k on the loop (docs/benchmarks.md,
+# "HTTP publish on an interval channel").
+COMMIT_HERE_MAX_MESSAGES = 64
 COMMIT_HERE_MAX_BYTES = 64 << 10
 # One that took the loop longer than STALL, or SLOW_COUNT longer than SLOW within
 # SLOW_WINDOW (a slow disk or page cache, not the loop losing its CPU now and then),
